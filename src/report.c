@@ -1,0 +1,23 @@
+/* Diagnostics on stderr, one whole line per message (one fprintf call, so
+ * lines of concurrent threads do not interleave). */
+#include "report.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+void report(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "cudefer: %s\n", line);
+}
+
+void report_cuda(const char *what, const char *call, cudaError_t err,
+                 const char *detail)
+{
+    report("%s: %s failed: %s (%s)%s", what, call, cudaGetErrorString(err),
+           cudaGetErrorName(err), detail);
+}

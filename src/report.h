@@ -1,0 +1,16 @@
+/* Diagnostics: every message cudefer prints goes to stderr as one line that
+ * starts with "cudefer: ". */
+#ifndef CUDEFER_REPORT_H
+#define CUDEFER_REPORT_H
+
+#include <cuda_runtime_api.h>
+
+/* Any thread.  Prints "cudefer: <message>\n" on stderr. */
+void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Any thread.  Prints "cudefer: <what>: <call> failed: <error string>
+ * (<error name>)<detail>"; detail may be "". */
+void report_cuda(const char *what, const char *call, cudaError_t err,
+                 const char *detail);
+
+#endif

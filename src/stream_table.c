@@ -1,0 +1,130 @@
+/* Per-stream FIFOs of pending entries: a chained hash table for lookup and a
+ * dense array for the reclaimer's pass over every pending stream. */
+#include "stream_table.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#define INITIAL_BUCKETS 64
+
+static size_t bucket_of(const struct stream_table *t, int device,
+                        unsigned long long stream_id)
+{
+    uint64_t h = (stream_id ^ ((uint64_t)(unsigned)device << 56)) *
+                 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 32) & (t->nbuckets - 1);
+}
+
+bool stream_table_init(struct stream_table *t)
+{
+    *t = (struct stream_table){0};
+    t->buckets = calloc(INITIAL_BUCKETS, sizeof *t->buckets);
+    t->fifos = malloc(INITIAL_BUCKETS * sizeof *t->fifos);
+    if (t->buckets == NULL || t->fifos == NULL) {
+        stream_table_destroy(t);
+        return false;
+    }
+    t->nbuckets = t->capacity = INITIAL_BUCKETS;
+    return true;
+}
+
+void stream_table_destroy(struct stream_table *t)
+{
+    for (size_t i = 0; i < t->count; i++)
+        free(t->fifos[i]);
+    while (t->spare != NULL) {
+        struct stream_fifo *next = t->spare->hash_next;
+        free(t->spare);
+        t->spare = next;
+    }
+    free(t->buckets);
+    free(t->fifos);
+    *t = (struct stream_table){0};
+}
+
+/* Double the buckets and the dense array when the table is full. */
+static bool grow(struct stream_table *t)
+{
+    size_t n = t->capacity * 2;
+    struct stream_fifo **fifos = realloc(t->fifos, n * sizeof *fifos);
+    if (fifos == NULL)
+        return false;
+    t->fifos = fifos;
+    struct stream_fifo **buckets = calloc(n, sizeof *buckets);
+    if (buckets == NULL)
+        return false;
+    free(t->buckets);
+    t->buckets = buckets;
+    t->nbuckets = t->capacity = n;
+    for (size_t i = 0; i < t->count; i++) {
+        struct stream_fifo *f = t->fifos[i];
+        size_t b = bucket_of(t, f->device, f->stream_id);
+        f->hash_next = t->buckets[b];
+        t->buckets[b] = f;
+    }
+    return true;
+}
+
+static struct stream_fifo *find_or_add(struct stream_table *t, int device,
+                                       unsigned long long stream_id)
+{
+    size_t b = bucket_of(t, device, stream_id);
+    for (struct stream_fifo *f = t->buckets[b]; f != NULL; f = f->hash_next)
+        if (f->stream_id == stream_id && f->device == device)
+            return f;
+    if (t->count == t->capacity) {
+        if (!grow(t))
+            return NULL;
+        b = bucket_of(t, device, stream_id);
+    }
+    struct stream_fifo *f = t->spare;
+    if (f != NULL)
+        t->spare = f->hash_next;
+    else if ((f = malloc(sizeof *f)) == NULL)
+        return NULL;
+    *f = (struct stream_fifo){.stream_id = stream_id, .device = device,
+                              .hash_next = t->buckets[b], .index = t->count};
+    t->buckets[b] = f;
+    t->fifos[t->count++] = f;
+    return f;
+}
+
+bool stream_table_append(struct stream_table *t, struct entry *e)
+{
+    struct stream_fifo *f = find_or_add(t, e->device, e->stream_id);
+    if (f == NULL)
+        return false;
+    e->fifo_next = NULL;
+    if (f->tail != NULL)
+        f->tail->fifo_next = e;
+    else
+        f->head = e;
+    f->tail = e;
+    return true;
+}
+
+/* Unlink an empty FIFO from its bucket and the dense array; keep it spare. */
+static void remove_fifo(struct stream_table *t, struct stream_fifo *f)
+{
+    struct stream_fifo **link = &t->buckets[bucket_of(t, f->device, f->stream_id)];
+    while (*link != f)
+        link = &(*link)->hash_next;
+    *link = f->hash_next;
+    struct stream_fifo *last = t->fifos[--t->count];
+    t->fifos[f->index] = last;
+    last->index = f->index;
+    f->hash_next = t->spare;
+    t->spare = f;
+}
+
+struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo)
+{
+    struct entry *e = fifo->head;
+    fifo->head = e->fifo_next;
+    if (fifo->head == NULL) {
+        fifo->tail = NULL;
+        remove_fifo(t, fifo);
+    }
+    e->fifo_next = NULL;
+    return e;
+}

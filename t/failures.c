@@ -1,0 +1,153 @@
+/* Failures of the runtime: the caller gets the error and keeps its pointer,
+ * or the entry is released safely anyway; nothing is ever released early,
+ * and every failure is named on stderr and counted. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static void test_record_fails(cudaStream_t s)
+{
+    void *p = device_alloc(64);
+    uint64_t deferred = stats_now().deferred;
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 1);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, s);
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaErrorInvalidResourceHandle, "a failed record is returned");
+    ok(strstr(msg, "cudaEventRecord failed") != NULL, "and named on stderr");
+    is_int(stats_now().deferred - deferred, 0, "nothing was queued");
+    is_int(fake_is_released(p), 0, "the caller still owns the pointer");
+    is_int(defer_free(p, s), cudaSuccess, "the next try succeeds");
+    defer_flush();
+    is_int(fake_is_released(p), 1, "and releases it");
+}
+
+static void test_destroyed_stream(void)
+{
+    cudaStream_t gone = stream_new();
+    cudaStreamDestroy(gone);
+    void *p = device_alloc(64);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, gone);
+    stderr_capture_end();
+    ok(err != cudaSuccess, "a destroyed stream is an error (%s)",
+       cudaGetErrorName(err));
+    is_int(fake_is_released(p), 0, "the caller still owns the pointer");
+    cudaFree(p);
+}
+
+static void test_event_create_fails(cudaStream_t s)
+{
+    /* Take every idle event with entries held on another stream, so the
+     * next defer_free must create an event. */
+    defer_flush();
+    size_t idle = stats_now().events_in_pool;
+    cudaStream_t hs = stream_new();
+    fake_work *gate = work_held(hs, NULL);
+    void **hold = calloc(idle, sizeof *hold);
+    for (size_t i = 0; i < idle; i++) {
+        hold[i] = device_alloc(64);
+        work_timed(hs, 0, hold[i]);
+        defer_free(hold[i], hs);
+    }
+    is_int(stats_now().events_in_pool, 0, "the event pool is empty");
+    void *p = device_alloc(64);
+    fake_work *w = work_timed(s, 2000, p);
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, 1);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, s);
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaSuccess, "no event: accepted anyway");
+    ok(fake_work_done(w), "the caller waited for the stream's work");
+    is_int(fake_is_released(p), 1, "and released the pointer synchronously");
+    ok(strstr(msg, "releasing synchronously") != NULL, "saying so on stderr");
+    is_int(stats_now().sync_releases, 1, "counted as a synchronous release");
+    fake_complete(gate);
+    is_int(defer_flush(), cudaSuccess, "the held entries drain");
+    free(hold);
+    cudaStreamDestroy(hs);
+}
+
+static void test_free_fails(cudaStream_t s)
+{
+    void *p = device_alloc(64);
+    uint64_t failed = stats_now().failed;
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    defer_free(p, s);
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(stats_now().failed - failed, 1, "a failed cudaFree is counted");
+    ok(strstr(msg, "cudaFree failed") != NULL, "and named on stderr");
+    is_int(fake_is_released(p), 0, "the pointer was not released");
+    cudaFree(p);
+}
+
+static void test_host_pointer_to_defer_free(cudaStream_t s)
+{
+    void *h = host_alloc(64);
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    is_int(defer_free(h, s), cudaSuccess, "a host pointer is accepted at the call");
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(stats_now().failed - failed, 1, "its cudaFree fails and is counted");
+    ok(strstr(msg, "cudaFree failed") != NULL, "with the pointer named");
+    cudaFreeHost(h);
+}
+
+static void test_sticky_query_error(cudaStream_t s)
+{
+    void *p = device_alloc(64);
+    fake_work *w = work_held(s, p);
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    stderr_capture_begin();
+    defer_free(p, s);
+    cudaError_t flush_err = defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(flush_err, cudaErrorIllegalAddress, "flush returns the sticky error");
+    is_int(fake_is_released(p), 0, "a failed query is never taken as completion");
+    ok(strstr(msg, "cudaEventQuery failed") != NULL &&
+       strstr(msg, "illegal memory access") != NULL,
+       "reported with the CUDA error string");
+    void *q = device_alloc(64);
+    stderr_capture_begin();
+    is_int(defer_free(q, s), cudaErrorIllegalAddress,
+           "later defer calls on the device return the error");
+    stderr_capture_end();
+    is_int(fake_is_released(q), 0, "and leave the pointer to the caller");
+    struct defer_stats st = stats_now();
+    is_int(st.pending, 0, "the abandoned entry is not pending");
+    fake_fail_clear();
+    fake_complete(w);
+    cudaFree(p);
+    cudaFree(q);
+}
+
+static void test_start_fails(void)
+{
+    fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
+    void *p = device_alloc(64);
+    is_int(defer_free(p, 0), cudaErrorNoDevice,
+           "start-up failure is returned to the caller");
+    is_int(defer_free(p, 0), cudaSuccess, "the next call starts the reclaimer");
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    test_start_fails();
+    cudaStream_t s = stream_new();
+    test_record_fails(s);
+    test_destroyed_stream();
+    test_event_create_fails(s);
+    test_free_fails(s);
+    test_host_pointer_to_defer_free(s);
+    test_sticky_query_error(s);
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: no premature or double release");
+    return 0;
+}

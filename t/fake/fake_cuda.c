@@ -1,0 +1,1391 @@
+/*
+ * fake_cuda.c — a fake CUDA runtime for GPU-less tests; see fake_cuda.h.
+ *
+ * All state lives in `g`, guarded by g.lock; blocking calls wait on g.cond
+ * (CLOCK_MONOTONIC).  Registries are dynamic arrays reachable from `g`
+ * (LeakSanitizer sees them) and are freed only by fake_reset.
+ *
+ * Work completion is computed lazily: eval_stream() walks a stream from its
+ * first pending item and marks items done, in order, as far as their
+ * conditions hold now; done items keep their completion time so that later
+ * timed items start at max(previous completion, launch time).
+ */
+#define _GNU_SOURCE
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#error "compile fake_cuda.c without CUDA_API_PER_THREAD_DEFAULT_STREAM (it defines the _ptsz entry points itself)"
+#endif
+
+#include "fake_cuda.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define INF_NS        INT64_MAX
+#define STREAM_BASE   ((uintptr_t)0x5a0000000000u)  /* handle = BASE + id*16 */
+#define EVENT_BASE    ((uintptr_t)0x5e0000000000u)
+#define HANDLE_STRIDE 16u
+#define ADDR_BASE     ((uintptr_t)0x7f0000000000u)  /* first fake address */
+#define PAGE          ((uintptr_t)4096u)
+#define MAX_ALLOC     ((size_t)1 << 46)             /* larger: out of memory */
+#define MAX_WAIT_NS   ((int64_t)50000000)           /* re-check blocked waits */
+
+enum work_kind { W_TIMED, W_HELD, W_BARRIER };
+enum alloc_kind { A_DEVICE, A_POOL, A_HOST };
+enum stream_kind { S_USER, S_LEGACY, S_PER_THREAD };
+
+struct fstream;
+
+struct fake_work {
+    struct fake_work *next;       /* next item on the same stream */
+    struct fstream *stream;
+    unsigned long long id;        /* 1, 2, ... since fake_reset */
+    enum work_kind kind;
+    int64_t launch_ns, duration_ns;
+    int released;                 /* W_HELD: fake_complete called */
+    int64_t release_ns;
+    struct fake_work *wait_for;   /* W_BARRIER: an event's captured work */
+    int done;                     /* cached: completed (by done_ns) */
+    int64_t done_ns;
+};
+
+struct fstream {
+    unsigned long long id;
+    int dev;
+    enum stream_kind kind;
+    int destroyed;
+    int evaluating;               /* recursion guard for eval_stream */
+    struct fake_work *head, *tail;
+    struct fake_work *first_pending;  /* items before it are done */
+    int64_t last_done_ns;         /* completion time of the last done item */
+};
+
+struct fevent {
+    int dev;
+    int destroyed;
+    struct fake_work *cap;        /* last work captured by record; NULL: none */
+};
+
+struct falloc {
+    uintptr_t addr;
+    size_t size;
+    int dev;
+    enum alloc_kind kind;
+    int released;
+    struct fake_work **users;     /* work that uses it (pruned when done) */
+    size_t nusers, capusers;
+};
+
+struct injection { long skip, count; cudaError_t err; };
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    unsigned gen;                 /* bumped by each reset (thread state) */
+    int ndev;
+    size_t devmem[FAKE_MAX_DEVICES], devused[FAKE_MAX_DEVICES];
+    int touched[FAKE_MAX_DEVICES], app_touched[FAKE_MAX_DEVICES];
+    struct fstream *legacy[FAKE_MAX_DEVICES];
+    struct fstream **streams;     /* index = id - stream_base */
+    size_t nstreams, capstreams;
+    unsigned long long stream_base;
+    struct fevent *events;        /* index = id - event_base */
+    size_t nevents, capevents, live_events;
+    unsigned long long event_base;
+    struct fake_work **works;     /* all work, for freeing at reset */
+    size_t nworks, capworks;
+    struct falloc *allocs;        /* sorted by addr (addresses only grow) */
+    size_t nallocs, capallocs, live_allocs, invalid_releases;
+    struct injection inj[FAKE_NCALLS];
+    unsigned long calls[FAKE_NCALLS];
+    char last_violation[512];
+    /* Never reset, so that no id or address is ever reused: */
+    unsigned long long next_stream_id, next_event_id;
+    uintptr_t next_addr;
+} g = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_stream_id = 1,
+        .next_event_id = 1, .next_addr = ADDR_BASE };
+
+static atomic_long g_violations;
+static _Atomic unsigned g_latency[FAKE_NCALLS];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* Per-thread state; stale (and cleared) when t_gen != g.gen. */
+static _Thread_local unsigned t_gen;
+static _Thread_local int t_dev;
+static _Thread_local struct fstream *t_pts[FAKE_MAX_DEVICES];
+
+/* ---- Helpers ---------------------------------------------------------- */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static void die(const char *msg)
+{
+    fprintf(stderr, "fake_cuda: %s\n", msg);
+    abort();
+}
+
+/* Make room for one more element in a dynamic array. */
+static void *grow(void *arr, size_t n, size_t *cap, size_t elem)
+{
+    if (n < *cap)
+        return arr;
+    *cap = *cap ? *cap * 2 : 16;
+    arr = realloc(arr, *cap * elem);
+    if (arr == NULL)
+        die("out of memory");
+    return arr;
+}
+
+/* Record a violation: count it, remember it, print it as a TAP comment. */
+static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void violation(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(g.last_violation, sizeof g.last_violation, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&g_violations, 1);
+    printf("# fake oracle: %s\n", g.last_violation);
+    fflush(stdout);
+}
+
+/* At exit: fail the process if violations were not forgiven. */
+static void at_exit(void)
+{
+    long v = atomic_load(&g_violations);
+
+    if (v > 0) {
+        fflush(stdout);
+        printf("# fake oracle: %ld violation(s)\n", v);
+        fflush(stdout);
+        _exit(1);
+    }
+}
+
+/* 1 if the calling thread is cudefer's reclaimer (by its name). */
+static int is_reclaimer(void)
+{
+    char name[32] = "";
+
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0)
+        return 0;
+    return strcmp(name, FAKE_RECLAIMER_THREAD_NAME) == 0;
+}
+
+/* Note that the calling thread used device dev. */
+static void touch(int dev)
+{
+    g.touched[dev] = 1;
+    if (!g.app_touched[dev] && !is_reclaimer())
+        g.app_touched[dev] = 1;
+}
+
+/* ---- Streams and work ------------------------------------------------- */
+
+static struct fstream *new_stream(int dev, enum stream_kind kind)
+{
+    struct fstream *s = calloc(1, sizeof *s);
+
+    if (s == NULL)
+        die("out of memory");
+    s->id = g.next_stream_id++;
+    s->dev = dev;
+    s->kind = kind;
+    g.streams = grow(g.streams, g.nstreams, &g.capstreams, sizeof *g.streams);
+    g.streams[g.nstreams++] = s;
+    return s;
+}
+
+static cudaStream_t stream_handle(const struct fstream *s)
+{
+    return (cudaStream_t)(STREAM_BASE + (uintptr_t)s->id * HANDLE_STRIDE);
+}
+
+/* The stream a handle names for the calling thread, or NULL if the handle
+ * is not a live stream.  Unknown handles are never dereferenced. */
+static struct fstream *resolve(cudaStream_t h)
+{
+    uintptr_t v = (uintptr_t)h;
+    unsigned long long id;
+    struct fstream *s;
+
+    if (h == 0 || h == cudaStreamLegacy) {
+        touch(t_dev);
+        return g.legacy[t_dev];
+    }
+    if (h == cudaStreamPerThread) {
+        touch(t_dev);
+        if (t_pts[t_dev] == NULL)
+            t_pts[t_dev] = new_stream(t_dev, S_PER_THREAD);
+        return t_pts[t_dev];
+    }
+    if (v < STREAM_BASE || (v - STREAM_BASE) % HANDLE_STRIDE != 0)
+        return NULL;
+    id = (v - STREAM_BASE) / HANDLE_STRIDE;
+    if (id < g.stream_base || id - g.stream_base >= g.nstreams)
+        return NULL;
+    s = g.streams[id - g.stream_base];
+    return (s->kind == S_USER && !s->destroyed) ? s : NULL;
+}
+
+/* Append a new work item to s. */
+static struct fake_work *new_work(struct fstream *s, enum work_kind kind)
+{
+    struct fake_work *w = calloc(1, sizeof *w);
+
+    if (w == NULL)
+        die("out of memory");
+    g.works = grow(g.works, g.nworks, &g.capworks, sizeof *g.works);
+    g.works[g.nworks++] = w;
+    w->id = g.nworks;
+    w->stream = s;
+    w->kind = kind;
+    w->launch_ns = now_ns();
+    if (s->tail)
+        s->tail->next = w;
+    else
+        s->head = w;
+    s->tail = w;
+    if (s->first_pending == NULL)
+        s->first_pending = w;
+    return w;
+}
+
+/* Mark done, in order, the items of s that have completed by now.  *hint
+ * is lowered to when the first pending item would complete, if known. */
+static void eval_stream(struct fstream *s, int64_t now, int64_t *hint)
+{
+    struct fake_work *w;
+    int64_t t;
+
+    if (s->evaluating)
+        return;
+    s->evaluating = 1;
+    for (w = s->first_pending; w != NULL; w = w->next) {
+        int64_t prev = s->last_done_ns;
+
+        if (w->kind == W_TIMED) {
+            t = max64(prev, w->launch_ns) + w->duration_ns;
+            if (t > now) {
+                if (t < *hint)
+                    *hint = t;
+                break;
+            }
+        } else if (w->kind == W_HELD) {
+            if (!w->released)
+                break;
+            t = max64(prev, w->release_ns);
+        } else {
+            struct fake_work *x = w->wait_for;
+
+            if (!x->done)
+                eval_stream(x->stream, now, hint);
+            if (!x->done)
+                break;
+            t = max64(prev, x->done_ns);
+        }
+        w->done = 1;
+        w->done_ns = t;
+        s->last_done_ns = t;
+        s->first_pending = w->next;
+    }
+    s->evaluating = 0;
+}
+
+/* 1 if w (NULL: nothing) has completed by now. */
+static int work_done(struct fake_work *w, int64_t now, int64_t *hint)
+{
+    if (w == NULL || w->done)
+        return 1;
+    eval_stream(w->stream, now, hint);
+    return w->done;
+}
+
+/* Block (lock held) until the n items in ws have completed. */
+static void wait_work(struct fake_work *const *ws, size_t n)
+{
+    for (;;) {
+        int64_t now = now_ns(), hint = INF_NS, until;
+        struct timespec ts;
+        size_t i, left = 0;
+
+        for (i = 0; i < n; i++)
+            left += !work_done(ws[i], now, &hint);
+        if (left == 0)
+            return;
+        until = hint - now < MAX_WAIT_NS ? hint : now + MAX_WAIT_NS;
+        ts.tv_sec = (time_t)(until / 1000000000);
+        ts.tv_nsec = (long)(until % 1000000000);
+        pthread_cond_timedwait(&g.cond, &g.lock, &ts);
+    }
+}
+
+/* 1 if pending work u is ordered before item upto of stream x: on the
+ * same stream, or (transitively) before a pending cudaStreamWaitEvent
+ * barrier of x that precedes upto. */
+static int ordered_before(const struct fake_work *u, const struct fstream *x,
+                          const struct fake_work *upto, int depth)
+{
+    const struct fake_work *w;
+
+    if (upto == NULL || depth > 64)
+        return 0;
+    if (u->stream == x)
+        return u->id <= upto->id;
+    for (w = x->first_pending; w != NULL && w->id <= upto->id; w = w->next)
+        if (w->kind == W_BARRIER && !w->wait_for->done &&
+            ordered_before(u, w->wait_for->stream, w->wait_for, depth + 1))
+            return 1;
+    return 0;
+}
+
+/* ---- Allocations ------------------------------------------------------ */
+
+/* The allocation containing p (exact: starting at p), or NULL. */
+static struct falloc *find_alloc(const void *p, int exact)
+{
+    uintptr_t v = (uintptr_t)p;
+    size_t lo = 0, hi = g.nallocs;
+
+    while (lo < hi) {           /* first allocation with addr > v */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (g.allocs[mid].addr <= v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    {
+        struct falloc *a = &g.allocs[lo - 1];
+
+        if (exact ? a->addr == v : v - a->addr < a->size)
+            return a;
+    }
+    return NULL;
+}
+
+/* Register a new allocation; returns its address. */
+static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
+{
+    struct falloc *a;
+
+    g.allocs = grow(g.allocs, g.nallocs, &g.capallocs, sizeof *g.allocs);
+    a = &g.allocs[g.nallocs++];
+    memset(a, 0, sizeof *a);
+    a->addr = g.next_addr;
+    a->size = size;
+    a->dev = dev;
+    a->kind = kind;
+    g.next_addr += (size + PAGE - 1) / PAGE * PAGE + PAGE;  /* + a gap */
+    g.live_allocs++;
+    if (kind != A_HOST)
+        g.devused[dev] += size;
+    return (void *)a->addr;
+}
+
+/* Note that w uses the allocation containing p (if any). */
+static void add_use(struct fake_work *w, const void *p)
+{
+    struct falloc *a = find_alloc(p, 0);
+    size_t i, n;
+
+    if (a == NULL)
+        return;
+    if (a->released) {
+        violation("work #%llu launched on stream id %llu uses %p, which was "
+                  "already released", w->id, w->stream->id, p);
+        return;
+    }
+    if (a->nusers == a->capusers) {     /* drop users known to be done */
+        for (i = n = 0; i < a->nusers; i++)
+            if (!a->users[i]->done)
+                a->users[n++] = a->users[i];
+        a->nusers = n;
+    }
+    a->users = grow(a->users, a->nusers, &a->capusers, sizeof *a->users);
+    a->users[a->nusers++] = w;
+}
+
+/* Release p for function fn (host: cudaFreeHost; async: the stream of a
+ * cudaFreeAsync), with the oracle's checks.  Lock held. */
+static cudaError_t release(const char *fn, void *p, int host,
+                           struct fstream *async)
+{
+    struct falloc *a;
+    int64_t now = now_ns(), hint = INF_NS;
+    size_t i;
+
+    if (p == NULL)
+        return cudaSuccess;
+    a = find_alloc(p, 1);
+    if (a == NULL) {
+        g.invalid_releases++;
+        return cudaErrorInvalidValue;
+    }
+    if (a->released) {
+        violation("double release of %p (%s)", p, fn);
+        return cudaErrorInvalidValue;
+    }
+    if ((a->kind == A_HOST) != host) {
+        g.invalid_releases++;
+        return cudaErrorInvalidValue;
+    }
+    for (i = 0; i < a->nusers; i++) {
+        struct fake_work *u = a->users[i];
+
+        if (work_done(u, now, &hint))
+            continue;
+        if (async != NULL && ordered_before(u, async, async->tail, 0))
+            continue;
+        violation("premature release of %p (%s): work #%llu on stream id "
+                  "%llu still pending", p, fn, u->id, u->stream->id);
+        break;
+    }
+    a->released = 1;
+    free(a->users);
+    a->users = NULL;
+    a->nusers = a->capusers = 0;
+    g.live_allocs--;
+    if (a->kind != A_HOST)
+        g.devused[a->dev] -= a->size;
+    return cudaSuccess;
+}
+
+/* ---- Locking, reset, call accounting ---------------------------------- */
+
+/* Throw away all state and create ndev devices.  Lock held. */
+static void reset_locked(int ndev)
+{
+    size_t i;
+    int d;
+
+    if (ndev < 1 || ndev > FAKE_MAX_DEVICES)
+        die("fake_reset: ndevices must be 1..16");
+    for (i = 0; i < g.nstreams; i++)
+        free(g.streams[i]);
+    for (i = 0; i < g.nworks; i++)
+        free(g.works[i]);
+    for (i = 0; i < g.nallocs; i++)
+        free(g.allocs[i].users);
+    free(g.streams);
+    free(g.works);
+    free(g.allocs);
+    free(g.events);
+    g.streams = NULL;
+    g.works = NULL;
+    g.allocs = NULL;
+    g.events = NULL;
+    g.nstreams = g.capstreams = g.nworks = g.capworks = 0;
+    g.nallocs = g.capallocs = g.nevents = g.capevents = 0;
+    g.live_allocs = g.invalid_releases = g.live_events = 0;
+    g.stream_base = g.next_stream_id;
+    g.event_base = g.next_event_id;
+    g.gen++;
+    g.ndev = ndev;
+    memset(g.touched, 0, sizeof g.touched);
+    memset(g.app_touched, 0, sizeof g.app_touched);
+    memset(g.devused, 0, sizeof g.devused);
+    memset(g.inj, 0, sizeof g.inj);
+    memset(g.calls, 0, sizeof g.calls);
+    memset(g.legacy, 0, sizeof g.legacy);
+    g.last_violation[0] = '\0';
+    for (d = 0; d < FAKE_MAX_DEVICES; d++)
+        g.devmem[d] = FAKE_DEFAULT_DEVICE_MEMORY;
+    for (d = 0; d < ndev; d++)
+        g.legacy[d] = new_stream(d, S_LEGACY);
+    for (i = 0; i < FAKE_NCALLS; i++)
+        atomic_store(&g_latency[i], 0);
+    atomic_store(&g_violations, 0);
+    pthread_cond_broadcast(&g.cond);
+}
+
+static void init_cond(void)
+{
+    pthread_condattr_t ca;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g.cond, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+/* fork() while another thread (the reclaimer) holds the lock must not leave
+ * the child with a lock nobody will release: hold it across the fork. */
+static void fork_prepare(void) { pthread_mutex_lock(&g.lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&g.lock); }
+static void fork_child(void)
+{
+    init_cond();                /* its waiters do not exist in the child */
+    pthread_mutex_unlock(&g.lock);
+}
+
+static void init_once(void)
+{
+    init_cond();
+    if (atexit(at_exit) != 0 ||
+        pthread_atfork(fork_prepare, fork_parent, fork_child) != 0)
+        die("cannot register exit or fork handlers");
+    reset_locked(1);
+}
+
+/* Take the lock (initialising lazily) and bring the thread's state up to
+ * date with the last reset. */
+static void lock(void)
+{
+    pthread_once(&g_once, init_once);
+    pthread_mutex_lock(&g.lock);
+    if (t_gen != g.gen) {
+        t_gen = g.gen;
+        t_dev = 0;
+        memset(t_pts, 0, sizeof t_pts);
+    }
+}
+
+static void unlock(void) { pthread_mutex_unlock(&g.lock); }
+
+/* Start a cudart call of kind c: emulate its latency, take the lock, count
+ * it and apply failure injection.  On an injected error the lock is
+ * released and the error returned; otherwise cudaSuccess, lock held. */
+static cudaError_t enter(enum fake_call c)
+{
+    unsigned lat = atomic_load(&g_latency[c]);
+    struct injection *in;
+
+    if (lat != 0) {
+        int64_t end = now_ns() + lat;
+
+        while (now_ns() < end)
+            ;
+    }
+    lock();
+    g.calls[c]++;
+    in = &g.inj[c];
+    if (in->count != 0) {
+        if (in->skip > 0) {
+            in->skip--;
+        } else {
+            cudaError_t err = in->err;
+
+            if (in->count > 0)
+                in->count--;
+            unlock();
+            return err;
+        }
+    }
+    return cudaSuccess;
+}
+
+/* Finish a call: release the lock, return r. */
+static cudaError_t leave(cudaError_t r)
+{
+    unlock();
+    return r;
+}
+
+#define ENTER(c) do { cudaError_t e_ = enter(c); \
+                      if (e_ != cudaSuccess) return e_; } while (0)
+
+/* ---- Control API ------------------------------------------------------ */
+
+void fake_reset(int ndevices)
+{
+    lock();
+    reset_locked(ndevices);
+    t_gen = g.gen;
+    t_dev = 0;
+    memset(t_pts, 0, sizeof t_pts);
+    unlock();
+}
+
+void fake_set_device_memory(int dev, size_t bytes)
+{
+    lock();
+    if (dev >= 0 && dev < FAKE_MAX_DEVICES)
+        g.devmem[dev] = bytes;
+    unlock();
+}
+
+int fake_device_touched(int dev)
+{
+    int r;
+
+    lock();
+    r = dev >= 0 && dev < g.ndev && g.touched[dev];
+    unlock();
+    return r;
+}
+
+int fake_device_touched_by_app(int dev)
+{
+    int r;
+
+    lock();
+    r = dev >= 0 && dev < g.ndev && g.app_touched[dev];
+    unlock();
+    return r;
+}
+
+/* Common part of fake_launch and fake_launch_held. */
+static fake_work *launch(cudaStream_t h, enum work_kind kind, unsigned us,
+                         void *const *uses, size_t nuses)
+{
+    struct fstream *s;
+    struct fake_work *w = NULL;
+    size_t i;
+
+    lock();
+    s = resolve(h);
+    if (s != NULL) {
+        w = new_work(s, kind);
+        w->duration_ns = (int64_t)us * 1000;
+        for (i = 0; uses != NULL && i < nuses; i++)
+            add_use(w, uses[i]);
+    }
+    unlock();
+    return w;
+}
+
+fake_work *fake_launch(cudaStream_t s, unsigned duration_us,
+                       void *const *uses, size_t nuses)
+{
+    return launch(s, W_TIMED, duration_us, uses, nuses);
+}
+
+fake_work *fake_launch_held(cudaStream_t s, void *const *uses, size_t nuses)
+{
+    return launch(s, W_HELD, 0, uses, nuses);
+}
+
+void fake_complete(fake_work *w)
+{
+    lock();
+    if (w != NULL && w->kind == W_HELD && !w->released) {
+        w->released = 1;
+        w->release_ns = now_ns();
+        pthread_cond_broadcast(&g.cond);
+    }
+    unlock();
+}
+
+int fake_work_done(const fake_work *w)
+{
+    int64_t hint = INF_NS;
+    int r;
+
+    if (w == NULL)
+        return 0;
+    lock();
+    r = work_done((struct fake_work *)w, now_ns(), &hint);
+    unlock();
+    return r;
+}
+
+unsigned long long fake_work_id(const fake_work *w)
+{
+    return w ? w->id : 0;
+}
+
+long fake_violations(void) { return atomic_load(&g_violations); }
+
+void fake_oracle_forgive(void) { atomic_store(&g_violations, 0); }
+
+char *fake_last_violation(char *buf, size_t len)
+{
+    if (len == 0)
+        return buf;
+    lock();
+    snprintf(buf, len, "%s", g.last_violation);
+    unlock();
+    return buf;
+}
+
+size_t fake_live_allocations(void)
+{
+    size_t n;
+
+    lock();
+    n = g.live_allocs;
+    unlock();
+    return n;
+}
+
+size_t fake_invalid_releases(void)
+{
+    size_t n;
+
+    lock();
+    n = g.invalid_releases;
+    unlock();
+    return n;
+}
+
+int fake_is_released(const void *p)
+{
+    struct falloc *a;
+    int r;
+
+    lock();
+    a = find_alloc(p, 1);
+    r = a ? a->released : -1;
+    unlock();
+    return r;
+}
+
+size_t fake_live_events(void)
+{
+    size_t n;
+
+    lock();
+    n = g.live_events;
+    unlock();
+    return n;
+}
+
+void fake_fail(enum fake_call c, cudaError_t err, long skip, long count)
+{
+    if ((unsigned)c >= FAKE_NCALLS)
+        return;
+    lock();
+    g.inj[c].err = err;
+    g.inj[c].skip = skip > 0 ? skip : 0;
+    g.inj[c].count = count;
+    unlock();
+}
+
+void fake_fail_clear(void)
+{
+    lock();
+    memset(g.inj, 0, sizeof g.inj);
+    unlock();
+}
+
+unsigned long fake_calls(enum fake_call c)
+{
+    unsigned long n = 0;
+
+    lock();
+    if ((unsigned)c < FAKE_NCALLS)
+        n = g.calls[c];
+    unlock();
+    return n;
+}
+
+const char *fake_call_name(enum fake_call c)
+{
+    static const char *const names[FAKE_NCALLS] = {
+        [FAKE_EVENT_CREATE] = "cudaEventCreate",
+        [FAKE_EVENT_RECORD] = "cudaEventRecord",
+        [FAKE_EVENT_QUERY] = "cudaEventQuery",
+        [FAKE_EVENT_DESTROY] = "cudaEventDestroy",
+        [FAKE_EVENT_SYNCHRONIZE] = "cudaEventSynchronize",
+        [FAKE_FREE] = "cudaFree",
+        [FAKE_FREE_HOST] = "cudaFreeHost",
+        [FAKE_FREE_ASYNC] = "cudaFreeAsync",
+        [FAKE_SET_DEVICE] = "cudaSetDevice",
+        [FAKE_GET_DEVICE] = "cudaGetDevice",
+        [FAKE_GET_DEVICE_COUNT] = "cudaGetDeviceCount",
+        [FAKE_STREAM_GET_DEVICE] = "cudaStreamGetDevice",
+        [FAKE_STREAM_GET_ID] = "cudaStreamGetId",
+        [FAKE_STREAM_CREATE] = "cudaStreamCreate",
+        [FAKE_STREAM_DESTROY] = "cudaStreamDestroy",
+        [FAKE_STREAM_SYNCHRONIZE] = "cudaStreamSynchronize",
+        [FAKE_STREAM_IS_CAPTURING] = "cudaStreamIsCapturing",
+        [FAKE_POINTER_GET_ATTRIBUTES] = "cudaPointerGetAttributes",
+        [FAKE_MEM_GET_INFO] = "cudaMemGetInfo",
+        [FAKE_MALLOC] = "cudaMalloc",
+        [FAKE_MALLOC_HOST] = "cudaMallocHost",
+        [FAKE_MALLOC_ASYNC] = "cudaMallocAsync",
+        [FAKE_STREAM_QUERY] = "cudaStreamQuery",
+        [FAKE_STREAM_WAIT_EVENT] = "cudaStreamWaitEvent",
+        [FAKE_DEVICE_SYNCHRONIZE] = "cudaDeviceSynchronize",
+        [FAKE_DEVICE_GET_ATTRIBUTE] = "cudaDeviceGetAttribute",
+        [FAKE_DRIVER_GET_VERSION] = "cudaDriverGetVersion",
+        [FAKE_RUNTIME_GET_VERSION] = "cudaRuntimeGetVersion",
+    };
+
+    return (unsigned)c < FAKE_NCALLS && names[c] ? names[c] : "?";
+}
+
+void fake_set_latency(enum fake_call c, unsigned ns)
+{
+    if ((unsigned)c < FAKE_NCALLS)
+        atomic_store(&g_latency[c], ns);
+}
+
+/* ---- cudart: devices -------------------------------------------------- */
+
+/* Number of fake devices. */
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    ENTER(FAKE_GET_DEVICE_COUNT);
+    if (count == NULL)
+        return leave(cudaErrorInvalidValue);
+    *count = g.ndev;
+    return leave(cudaSuccess);
+}
+
+/* The calling thread's current device. */
+cudaError_t cudaGetDevice(int *device)
+{
+    ENTER(FAKE_GET_DEVICE);
+    if (device == NULL)
+        return leave(cudaErrorInvalidValue);
+    *device = t_dev;
+    return leave(cudaSuccess);
+}
+
+/* Set the calling thread's current device.  The reclaimer setting a device
+ * the application never used is a violation (it would create a context). */
+cudaError_t cudaSetDevice(int device)
+{
+    ENTER(FAKE_SET_DEVICE);
+    if (device < 0 || device >= g.ndev)
+        return leave(cudaErrorInvalidDevice);
+    if (is_reclaimer()) {
+        if (!g.app_touched[device])
+            violation("reclaimer thread set device %d, which the application "
+                      "never used (would create a context there)", device);
+        g.touched[device] = 1;
+    } else {
+        touch(device);
+    }
+    t_dev = device;
+    return leave(cudaSuccess);
+}
+
+/* Wait for all work on all streams of the current device. */
+cudaError_t cudaDeviceSynchronize(void)
+{
+    struct fake_work **tails;
+    size_t i, n = 0;
+
+    ENTER(FAKE_DEVICE_SYNCHRONIZE);
+    touch(t_dev);
+    tails = malloc((g.nstreams + 1) * sizeof *tails);
+    if (tails == NULL)
+        die("out of memory");
+    for (i = 0; i < g.nstreams; i++)
+        if (g.streams[i]->dev == t_dev && g.streams[i]->tail != NULL)
+            tails[n++] = g.streams[i]->tail;
+    wait_work(tails, n);
+    free(tails);
+    return leave(cudaSuccess);
+}
+
+/* Plausible attributes of an H100-like device; 0 for the others. */
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
+                                   int device)
+{
+    ENTER(FAKE_DEVICE_GET_ATTRIBUTE);
+    if (value == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (device < 0 || device >= g.ndev)
+        return leave(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrPciBusId: *value = device + 1; break;
+    case cudaDevAttrCanMapHostMemory:
+    case cudaDevAttrUnifiedAddressing:
+    case cudaDevAttrConcurrentManagedAccess:
+    case cudaDevAttrHostRegisterSupported:
+    case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
+    default: *value = 0; break;
+    }
+    return leave(cudaSuccess);
+}
+
+/* 13000 (CUDA 13.0). */
+cudaError_t cudaDriverGetVersion(int *driverVersion)
+{
+    ENTER(FAKE_DRIVER_GET_VERSION);
+    if (driverVersion == NULL)
+        return leave(cudaErrorInvalidValue);
+    *driverVersion = 13000;
+    return leave(cudaSuccess);
+}
+
+/* 13000 (CUDA 13.0). */
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
+{
+    ENTER(FAKE_RUNTIME_GET_VERSION);
+    if (runtimeVersion == NULL)
+        return leave(cudaErrorInvalidValue);
+    *runtimeVersion = 13000;
+    return leave(cudaSuccess);
+}
+
+/* The fake has no sticky errors. */
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+
+static const struct { cudaError_t code; const char *name, *text; } errtab[] = {
+#define E(code, text) { code, #code, text }
+    E(cudaSuccess, "no error"),
+    E(cudaErrorInvalidValue, "invalid argument"),
+    E(cudaErrorMemoryAllocation, "out of memory"),
+    E(cudaErrorInitializationError, "initialization error"),
+    E(cudaErrorCudartUnloading, "driver shutting down"),
+    E(cudaErrorInsufficientDriver,
+      "CUDA driver version is insufficient for CUDA runtime version"),
+    E(cudaErrorDevicesUnavailable,
+      "CUDA-capable device(s) is/are busy or unavailable"),
+    E(cudaErrorNoDevice, "no CUDA-capable device is detected"),
+    E(cudaErrorInvalidDevice, "invalid device ordinal"),
+    E(cudaErrorDeviceUninitialized, "invalid device context"),
+    E(cudaErrorECCUncorrectable, "uncorrectable ECC error encountered"),
+    E(cudaErrorInvalidResourceHandle, "invalid resource handle"),
+    E(cudaErrorNotReady, "device not ready"),
+    E(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
+    E(cudaErrorLaunchTimeout, "the launch timed out and was terminated"),
+    E(cudaErrorContextIsDestroyed, "context is destroyed"),
+    E(cudaErrorLaunchFailure, "unspecified launch failure"),
+    E(cudaErrorNotPermitted, "operation not permitted"),
+    E(cudaErrorNotSupported, "operation not supported"),
+    E(cudaErrorStreamCaptureUnsupported,
+      "operation not permitted when stream is capturing"),
+    E(cudaErrorStreamCaptureInvalidated,
+      "operation failed due to a previous error during capture"),
+    E(cudaErrorUnknown, "unknown error"),
+#undef E
+};
+
+/* Message of err, as CUDA words it. */
+const char *cudaGetErrorString(cudaError_t error)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof errtab / sizeof errtab[0]; i++)
+        if (errtab[i].code == error)
+            return errtab[i].text;
+    return "unrecognized error code";
+}
+
+/* Enumerator name of err ("cudaErrorNotReady"). */
+const char *cudaGetErrorName(cudaError_t error)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof errtab / sizeof errtab[0]; i++)
+        if (errtab[i].code == error)
+            return errtab[i].name;
+    return "unrecognized error code";
+}
+
+/* ---- cudart: streams -------------------------------------------------- */
+
+/* Create a stream on the current device (flags and priority ignored). */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream,
+                                         unsigned int flags, int priority)
+{
+    (void)flags;
+    (void)priority;
+    ENTER(FAKE_STREAM_CREATE);
+    if (pStream == NULL)
+        return leave(cudaErrorInvalidValue);
+    touch(t_dev);
+    *pStream = stream_handle(new_stream(t_dev, S_USER));
+    return leave(cudaSuccess);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream,
+                                      unsigned int flags)
+{
+    return cudaStreamCreateWithPriority(pStream, flags, 0);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *pStream)
+{
+    return cudaStreamCreateWithPriority(pStream, 0, 0);
+}
+
+/* Destroy a user stream; its pending work still completes. */
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_STREAM_DESTROY);
+    if (stream == 0 || stream == cudaStreamLegacy ||
+        stream == cudaStreamPerThread || (s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    s->destroyed = 1;
+    return leave(cudaSuccess);
+}
+
+/* Block until all work enqueued on stream so far has completed. */
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    struct fstream *s;
+    struct fake_work *tail;
+
+    ENTER(FAKE_STREAM_SYNCHRONIZE);
+    if ((s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    tail = s->tail;
+    wait_work(&tail, 1);
+    return leave(cudaSuccess);
+}
+
+/* cudaSuccess if all work on stream has completed, else NotReady. */
+cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+    struct fstream *s;
+    int64_t hint = INF_NS;
+
+    ENTER(FAKE_STREAM_QUERY);
+    if ((s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    return leave(work_done(s->tail, now_ns(), &hint) ? cudaSuccess
+                                                     : cudaErrorNotReady);
+}
+
+/* The stream's unique id (never reused, not even after fake_reset). */
+cudaError_t cudaStreamGetId(cudaStream_t hStream, unsigned long long *streamId)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_STREAM_GET_ID);
+    if (streamId == NULL)
+        return leave(cudaErrorInvalidValue);
+    if ((s = resolve(hStream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    *streamId = s->id;
+    return leave(cudaSuccess);
+}
+
+/* The device of the stream. */
+cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_STREAM_GET_DEVICE);
+    if (device == NULL)
+        return leave(cudaErrorInvalidValue);
+    if ((s = resolve(hStream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    *device = s->dev;
+    return leave(cudaSuccess);
+}
+
+/* Never capturing. */
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    ENTER(FAKE_STREAM_IS_CAPTURING);
+    if (pCaptureStatus == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (resolve(stream) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    *pCaptureStatus = cudaStreamCaptureStatusNone;
+    return leave(cudaSuccess);
+}
+
+/* ---- cudart: events --------------------------------------------------- */
+
+/* The live event a handle names, or NULL. */
+static struct fevent *find_event(cudaEvent_t h)
+{
+    uintptr_t v = (uintptr_t)h;
+    unsigned long long id;
+
+    if (v < EVENT_BASE || (v - EVENT_BASE) % HANDLE_STRIDE != 0)
+        return NULL;
+    id = (v - EVENT_BASE) / HANDLE_STRIDE;
+    if (id < g.event_base || id - g.event_base >= g.nevents)
+        return NULL;
+    return g.events[id - g.event_base].destroyed
+               ? NULL : &g.events[id - g.event_base];
+}
+
+/* Make later work on stream wait for event's captured work (a no-op for
+ * an event never recorded or already complete). */
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned int flags)
+{
+    struct fstream *s;
+    struct fevent *e;
+    int64_t hint = INF_NS;
+
+    (void)flags;
+    ENTER(FAKE_STREAM_WAIT_EVENT);
+    if ((e = find_event(event)) == NULL || (s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    if (!work_done(e->cap, now_ns(), &hint))
+        new_work(s, W_BARRIER)->wait_for = e->cap;
+    return leave(cudaSuccess);
+}
+
+/* Create an event on the current device (flags ignored). */
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    struct fevent *e;
+    unsigned long long id;
+
+    (void)flags;
+    ENTER(FAKE_EVENT_CREATE);
+    if (event == NULL)
+        return leave(cudaErrorInvalidValue);
+    touch(t_dev);
+    g.events = grow(g.events, g.nevents, &g.capevents, sizeof *g.events);
+    e = &g.events[g.nevents++];
+    memset(e, 0, sizeof *e);
+    e->dev = t_dev;
+    id = g.next_event_id++;
+    g.live_events++;
+    *event = (cudaEvent_t)(EVENT_BASE + (uintptr_t)id * HANDLE_STRIDE);
+    return leave(cudaSuccess);
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+    return cudaEventCreateWithFlags(event, 0);
+}
+
+/* Destroy an event. */
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    struct fevent *e;
+
+    ENTER(FAKE_EVENT_DESTROY);
+    if ((e = find_event(event)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    e->destroyed = 1;
+    g.live_events--;
+    return leave(cudaSuccess);
+}
+
+/* Capture the work enqueued on stream so far.  The event and the stream
+ * must belong to the same device. */
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
+                                     unsigned int flags)
+{
+    struct fevent *e;
+    struct fstream *s;
+
+    (void)flags;
+    ENTER(FAKE_EVENT_RECORD);
+    if ((e = find_event(event)) == NULL || (s = resolve(stream)) == NULL ||
+        e->dev != s->dev)
+        return leave(cudaErrorInvalidResourceHandle);
+    e->cap = s->tail;
+    return leave(cudaSuccess);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    return cudaEventRecordWithFlags(event, stream, 0);
+}
+
+/* cudaSuccess if the captured work has completed (or the event was never
+ * recorded), else cudaErrorNotReady. */
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    struct fevent *e;
+    int64_t hint = INF_NS;
+
+    ENTER(FAKE_EVENT_QUERY);
+    if ((e = find_event(event)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    return leave(work_done(e->cap, now_ns(), &hint) ? cudaSuccess
+                                                    : cudaErrorNotReady);
+}
+
+/* Block until the captured work has completed. */
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    struct fevent *e;
+    struct fake_work *cap;
+
+    ENTER(FAKE_EVENT_SYNCHRONIZE);
+    if ((e = find_event(event)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    cap = e->cap;
+    wait_work(&cap, 1);
+    return leave(cudaSuccess);
+}
+
+/* ---- cudart: memory --------------------------------------------------- */
+
+/* Device allocation on dev if it fits.  Lock held. */
+static cudaError_t device_alloc(void **p, size_t size, int dev,
+                                enum alloc_kind kind)
+{
+    if (p == NULL)
+        return cudaErrorInvalidValue;
+    if (size == 0) {
+        *p = NULL;
+        return cudaSuccess;
+    }
+    if (size > MAX_ALLOC || size > g.devmem[dev] - g.devused[dev])
+        return cudaErrorMemoryAllocation;
+    *p = add_alloc(size, dev, kind);
+    return cudaSuccess;
+}
+
+/* Allocate device memory on the current device. */
+cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    ENTER(FAKE_MALLOC);
+    touch(t_dev);
+    return leave(device_alloc(devPtr, size, t_dev, A_DEVICE));
+}
+
+/* Allocate pool memory on the stream's device. */
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_MALLOC_ASYNC);
+    if ((s = resolve(hStream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    return leave(device_alloc(devPtr, size, s->dev, A_POOL));
+}
+
+/* Allocate pinned host memory (a fake address too: never dereference). */
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    (void)flags;
+    ENTER(FAKE_MALLOC_HOST);
+    if (pHost == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (size > MAX_ALLOC)
+        return leave(cudaErrorMemoryAllocation);
+    touch(t_dev);
+    *pHost = size ? add_alloc(size, t_dev, A_HOST) : NULL;
+    return leave(cudaSuccess);
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    return cudaHostAlloc(ptr, size, 0);
+}
+
+/* Release device or pool memory (oracle-checked). */
+cudaError_t cudaFree(void *devPtr)
+{
+    ENTER(FAKE_FREE);
+    return leave(release("cudaFree", devPtr, 0, NULL));
+}
+
+/* Release pinned host memory (oracle-checked). */
+cudaError_t cudaFreeHost(void *ptr)
+{
+    ENTER(FAKE_FREE_HOST);
+    return leave(release("cudaFreeHost", ptr, 1, NULL));
+}
+
+/* Release device memory in stream order: work ordered before the free on
+ * hStream may still be pending. */
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_FREE_ASYNC);
+    if ((s = resolve(hStream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    return leave(release("cudaFreeAsync", devPtr, 0, s));
+}
+
+/* Free and total memory of the current device. */
+cudaError_t cudaMemGetInfo(size_t *freeMem, size_t *totalMem)
+{
+    ENTER(FAKE_MEM_GET_INFO);
+    if (freeMem == NULL || totalMem == NULL)
+        return leave(cudaErrorInvalidValue);
+    touch(t_dev);
+    *totalMem = g.devmem[t_dev];
+    *freeMem = g.devmem[t_dev] > g.devused[t_dev]
+                ? g.devmem[t_dev] - g.devused[t_dev] : 0;
+    return leave(cudaSuccess);
+}
+
+/* Device or host attributes of a live allocation; an unknown or released
+ * pointer is cudaMemoryTypeUnregistered (cudaSuccess, as CUDA 11+). */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                     const void *ptr)
+{
+    struct falloc *a;
+
+    ENTER(FAKE_POINTER_GET_ATTRIBUTES);
+    if (attributes == NULL)
+        return leave(cudaErrorInvalidValue);
+    memset(attributes, 0, sizeof *attributes);
+    a = find_alloc(ptr, 0);
+    if (a == NULL || a->released) {
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2;
+        attributes->hostPointer = (void *)ptr;
+    } else if (a->kind == A_HOST) {
+        attributes->type = cudaMemoryTypeHost;
+        attributes->device = a->dev;
+        attributes->devicePointer = (void *)ptr;
+        attributes->hostPointer = (void *)ptr;
+    } else {
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->device = a->dev;
+        attributes->devicePointer = (void *)ptr;
+    }
+    return leave(cudaSuccess);
+}
+
+/* ---- Per-thread-default-stream entry points ----------------------------
+ * Code compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM calls these; there
+ * stream 0 means the per-thread stream. */
+
+#define PTDS(h) ((h) == 0 ? cudaStreamPerThread : (h))
+
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t, cudaStream_t, unsigned);
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
+cudaError_t cudaStreamGetId_ptsz(cudaStream_t, unsigned long long *);
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t, int *);
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t,
+                                       enum cudaStreamCaptureStatus *);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned);
+cudaError_t cudaMallocAsync_ptsz(void **, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void *, cudaStream_t);
+
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s)
+{ return cudaEventRecordWithFlags(e, PTDS(s), 0); }
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s,
+                                          unsigned f)
+{ return cudaEventRecordWithFlags(e, PTDS(s), f); }
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
+{ return cudaStreamQuery(PTDS(s)); }
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s)
+{ return cudaStreamSynchronize(PTDS(s)); }
+cudaError_t cudaStreamGetId_ptsz(cudaStream_t s, unsigned long long *id)
+{ return cudaStreamGetId(PTDS(s), id); }
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t s, int *dev)
+{ return cudaStreamGetDevice(PTDS(s), dev); }
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s,
+                                       enum cudaStreamCaptureStatus *st)
+{ return cudaStreamIsCapturing(PTDS(s), st); }
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned f)
+{ return cudaStreamWaitEvent(PTDS(s), e, f); }
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s)
+{ return cudaMallocAsync(p, n, PTDS(s)); }
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
+{ return cudaFreeAsync(p, PTDS(s)); }

@@ -1,0 +1,111 @@
+/* defer_flush waits for what was deferred before it (and only that);
+ * defer_shutdown drains, stops, and refuses later calls clearly. */
+#include <pthread.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static int flushed;
+
+static void *flush_thread(void *unused)
+{
+    (void)unused;
+    cudaError_t err = defer_flush();
+    __atomic_store_n(&flushed, err == cudaSuccess ? 1 : -1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void test_flush_waits(void)
+{
+    is_int(defer_flush(), cudaSuccess, "flush with nothing deferred returns");
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    fake_work *w = work_held(s, p);
+    defer_free(p, s);
+    pthread_t t;
+    pthread_create(&t, NULL, flush_thread, NULL);
+    sleep_ms(30);
+    is_int(__atomic_load_n(&flushed, __ATOMIC_SEQ_CST), 0,
+           "flush blocks while an earlier entry is pending");
+    /* An entry deferred after the flush began does not hold it up. */
+    cudaStream_t other = stream_new();
+    void *later = device_alloc(64);
+    fake_work *wl = work_held(other, later);
+    defer_free(later, other);
+    fake_complete(w);
+    ok(wait_flag(&flushed, 2000), "flush returns once the earlier entry is released");
+    is_int(fake_is_released(p), 1, "the earlier entry is released");
+    is_int(fake_is_released(later), 0, "the later entry is still held");
+    pthread_join(t, NULL);
+    fake_complete(wl);
+    is_int(defer_flush(), cudaSuccess, "second flush");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(other);
+}
+
+static cudaError_t flush_in_callback = cudaSuccess;
+static cudaError_t shutdown_in_callback = cudaSuccess;
+
+static void call_flush(void *unused)
+{
+    (void)unused;
+    flush_in_callback = defer_flush();
+    shutdown_in_callback = defer_shutdown();
+}
+
+static void test_flush_from_callback(void)
+{
+    stderr_capture_begin();
+    defer_call(call_flush, NULL, 0);
+    cudaError_t err = defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaSuccess, "flush after a callback that flushes");
+    is_int(flush_in_callback, cudaErrorNotPermitted,
+           "defer_flush inside a callback is refused, not a deadlock");
+    is_int(shutdown_in_callback, cudaErrorNotPermitted,
+           "defer_shutdown inside a callback is refused");
+    ok(strstr(msg, "defer_flush called from a defer_call callback") != NULL,
+       "and says why");
+}
+
+static void test_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    work_timed(s, 5000, p);
+    defer_free(p, s);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown drains and stops");
+    is_int(fake_is_released(p), 1, "the pending entry was released first");
+    is_int(fake_live_events(), 0, "all events destroyed");
+
+    void *q = device_alloc(64);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(q, s);
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaErrorNotPermitted, "defer_free after shutdown is refused");
+    ok(strstr(msg, "defer_free called after defer_shutdown") != NULL,
+       "with a message naming the problem");
+    is_int(fake_is_released(q), 0, "the caller still owns the pointer");
+    stderr_capture_begin();
+    is_int(defer_call(call_flush, NULL, s), cudaErrorNotPermitted,
+           "defer_call after shutdown is refused");
+    is_int(defer_flush(), cudaErrorNotPermitted, "defer_flush after shutdown too");
+    stderr_capture_end();
+    is_int(defer_shutdown(), cudaSuccess, "a second shutdown is harmless");
+    struct defer_stats st = stats_now();
+    is_int(st.rejected, 3, "the refused calls are counted");
+    cudaFree(q);
+    cudaStreamDestroy(s);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    test_flush_waits();
+    test_flush_from_callback();
+    test_shutdown();
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: no premature or double release");
+    return 0;
+}
