@@ -128,7 +128,7 @@ panels=0
     echo "set output '$out'"
     echo "cr = \"$cratio\""
     echo "cc = \"$ccall\""
-    echo 'set datafile separator "\t"'
+    printf '%s\n' 'set datafile separator "\t"'
     echo 'set datafile missing "NaN"'
     echo 'set style data histograms'
     echo 'set style fill solid 0.85 border -1'
