@@ -137,6 +137,10 @@ static bool use_device(int device)
 /* Take in a flush request: it waits for every entry taken in before it. */
 static void take_flush(struct flush_request *f)
 {
+    /* A failed device is reported to every flush, even one that arrives
+     * after its entries were abandoned. */
+    for (int d = 0; d < r.ndevices && f->err == cudaSuccess; d++)
+        f->err = device_error(d);
     f->barrier = r.next_seq;
     f->remaining = r.tracked;
     if (f->remaining == 0) {
