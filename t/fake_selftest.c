@@ -130,6 +130,7 @@ static int child_main(const char *mode)
     if (strcmp(mode, "--child-tap-lazy") == 0) {
         plan_lazy();
         ok(1, "one");
+        diag("line %s\nline two", "one");
         is_int(2, 2, "two");
         skip("three %d", 3);
         return 0;
@@ -201,7 +202,8 @@ static void test_exit_behaviour(void)
        "tap: plan mismatch reported");
     is_int(run_child("--child-tap-lazy", out, sizeof out), 0,
            "tap: lazy plan, all passed: exit status 0");
-    is_str(out, "ok 1 - one\nok 2 - two\nok 3 # skip three 3\n1..3\n",
+    is_str(out, "ok 1 - one\n# line one\n# line two\nok 2 - two\n"
+           "ok 3 # skip three 3\n1..3\n",
            "tap: lazy plan output");
     is_int(run_child("--child-skip-all", out, sizeof out), 0,
            "tap: skip_all exits 0");
@@ -645,6 +647,13 @@ static void test_allocations(void)
     cudaFree(a);
     is_int(cudaMalloc(&b, 600 << 10), cudaSuccess, "fits after a free");
     is_int(cudaFree(pool), cudaSuccess, "cudaFree of pool memory");
+    is_int(cudaMalloc(&a, 300 << 10), cudaSuccess, "300 KiB more fits");
+    fake_set_device_memory(1, 100 << 10);
+    cudaMemGetInfo(&fr, &tot);
+    is_hex(fr, 0, "memory shrunk below use: 0 free");
+    is_int(cudaMalloc(&pool, 1), cudaErrorMemoryAllocation,
+           "... and no allocation fits");
+    cudaFree(a);
     cudaFree(b);
     cudaSetDevice(0);
     cudaMemGetInfo(&fr, &tot);
@@ -1218,6 +1227,11 @@ static void test_fork(void)
     cudaEventDestroy(e);
 }
 
+/* Run a group of tests; fake_reset clears violations, so check after each
+ * group that it left none it did not expect. */
+#define SECTION(fn) (fn(), is_int(fake_violations(), 0, \
+                                 #fn ": no unexpected violations"))
+
 int main(int argc, char **argv)
 {
     int n = 0;
@@ -1228,17 +1242,17 @@ int main(int argc, char **argv)
     is_int(cudaGetDeviceCount(&n), cudaSuccess,
            "cudaGetDeviceCount before any fake_reset");
     is_int(n, 1, "lazy default: one device");
-    test_exit_behaviour();
-    test_devices();
-    test_streams();
-    test_work();
-    test_events();
-    test_allocations();
-    test_oracle();
-    test_injection();
-    test_misc();
-    test_reset();
-    test_concurrency();
-    test_fork();
+    SECTION(test_exit_behaviour);
+    SECTION(test_devices);
+    SECTION(test_streams);
+    SECTION(test_work);
+    SECTION(test_events);
+    SECTION(test_allocations);
+    SECTION(test_oracle);
+    SECTION(test_injection);
+    SECTION(test_misc);
+    SECTION(test_reset);
+    SECTION(test_concurrency);
+    SECTION(test_fork);
     return 0;
 }

@@ -1237,7 +1237,8 @@ static cudaError_t device_alloc(void **p, size_t size, int dev,
         *p = NULL;
         return cudaSuccess;
     }
-    if (size > MAX_ALLOC || size > g.devmem[dev] - g.devused[dev])
+    if (size > MAX_ALLOC || g.devused[dev] > g.devmem[dev] ||
+        size > g.devmem[dev] - g.devused[dev])
         return cudaErrorMemoryAllocation;
     *p = add_alloc(size, dev, kind);
     return cudaSuccess;
