@@ -29,23 +29,61 @@
 extern "C" {
 #endif
 
+/* How completed device and pinned memory is released. */
+enum defer_policy {
+    /* Hold completed entries and release them in batches: when the device
+     * has been quiet for idle_us, when more than max_pending_bytes are held,
+     * when the oldest is older than max_delay_ms, or on flush/trim. */
+    DEFER_POLICY_BATCHED = 0,
+    /* Release each entry as soon as its work completes. */
+    DEFER_POLICY_EAGER = 1,
+};
+
+/* Every knob; each has a CUDEFER_* environment variable of the same name in
+ * capitals (CUDEFER_POLL_US, ...), which overrides the value given here. */
+struct defer_config {
+    uint32_t poll_us;           /* first wait between polls (1 us .. 1 s) */
+    uint32_t poll_max_us;       /* backed-off wait while nothing completes (poll_us .. 1 s) */
+    uint32_t idle_us;           /* quiet time before an idle-time release (0 .. 10 s) */
+    uint64_t max_pending_bytes; /* held completed bytes above which they are
+                                   released even while busy; 0: a quarter of
+                                   the device's memory */
+    uint32_t max_delay_ms;      /* completed entries older than this are released
+                                   anyway (0: no limit; .. 1 h) */
+    enum defer_policy policy;
+    uint32_t event_pool_max;    /* idle events kept per device (0 .. 1048576) */
+    int disable;                /* 1: every defer call waits for its stream and releases at once */
+    int verbose;                /* 1: print the configuration in force at start-up */
+    int print_stats;            /* 1: print the statistics at exit */
+};
+
 /* Counters since the reclaimer started.  A snapshot: fields are read one by
  * one, so under load they may disagree by the entries in flight. */
 struct defer_stats {
-    uint64_t deferred;       /* entries accepted by defer_free/_host/defer_call */
+    uint64_t deferred;       /* entries accepted by the defer_* calls */
     uint64_t released;       /* entries released (or callbacks run) successfully */
     uint64_t pending;        /* accepted and not yet released or failed */
     uint64_t failed;         /* entries whose release returned an error, or that
-                                were abandoned (fork child, runtime unloading) */
+                                were abandoned (failed device, fork child, exit) */
     uint64_t rejected;       /* defer calls refused (bad stream, after shutdown...) */
     uint64_t sync_releases;  /* entries released synchronously on the caller
-                                (no event could be had) */
+                                (no event could be had, or CUDEFER_DISABLE) */
     uint64_t event_queries;  /* cudaEventQuery calls made by the reclaimer */
     uint64_t wakeups;        /* times the reclaimer thread woke up */
-    uint64_t batches;        /* release batches (one per pass that released) */
-    uint64_t largest_batch;  /* most entries released in one batch */
+    uint64_t batches;        /* passes of the reclaimer that released something */
+    uint64_t largest_batch;  /* most entries released in one pass */
     uint64_t events_created; /* CUDA events created for the event pool */
-    uint64_t events_in_pool; /* idle events held in the pool now */
+    uint64_t events_in_pool; /* idle events (with their entries) held for reuse */
+    uint64_t held;           /* completed entries the release policy holds now */
+    uint64_t held_bytes;     /* their bytes */
+    uint64_t idle_releases;  /* entries released because the application was quiet */
+    uint64_t cap_releases;   /* ... because a device held more than its cap */
+    uint64_t age_releases;   /* ... because they were older than max_delay_ms */
+    uint64_t demand_releases;/* ... because of defer_flush, defer_trim or shutdown */
+    uint64_t latency_p50_us; /* completion (as the reclaimer saw it) to release:
+                                median, as a power-of-two upper bound */
+    uint64_t latency_max_us; /* ... and the largest */
+    uint64_t leaked_at_exit; /* entries still pending when the process exited */
 };
 
 /*
@@ -62,6 +100,15 @@ CUDEFER_API cudaError_t defer_free(void *ptr, cudaStream_t stream);
 /* defer_free_host: cudaFreeHost(ptr) once stream's work so far is done.
  * Same contract as defer_free. */
 CUDEFER_API cudaError_t defer_free_host(void *ptr, cudaStream_t stream);
+
+/*
+ * defer_free_n: cudaFree each of the n pointers once stream's work so far is
+ * done, with one event for all of them.  NULL pointers are skipped; n == 0
+ * does nothing.  ptrs is copied (the caller may reuse the array at once).
+ * Same contract as defer_free; cudaErrorInvalidValue for a NULL ptrs.
+ */
+CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
+                                     cudaStream_t stream);
 
 /*
  * defer_call: run fn(arg) on the reclaimer thread once all work enqueued on
@@ -83,11 +130,33 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
 CUDEFER_API cudaError_t defer_flush(void);
 
 /*
+ * defer_trim: release every completed entry now, whatever the policy — what
+ * an application calls when cudaMalloc fails, before it retries.  Blocks
+ * while the reclaimer polls every stream once and releases what completed;
+ * does not wait for work still running.  *released_bytes (if not NULL) gets
+ * the bytes of device and pinned memory released (pool memory is released as
+ * soon as it completes and is not counted).  Errors as for defer_flush.
+ */
+CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
+
+/*
  * defer_shutdown: flush, then stop and join the reclaimer and destroy its
  * events.  Later defer_* calls return cudaErrorNotPermitted.  Calling it again
  * returns cudaSuccess.  Blocks.  Not from inside a callback.
  */
 CUDEFER_API cudaError_t defer_shutdown(void);
+
+/* defer_config_defaults: fill *cfg with the built-in defaults. */
+CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
+
+/*
+ * defer_configure: use *cfg (then the CUDEFER_* environment on top) when the
+ * reclaimer starts.  Only before the first defer call: afterwards it returns
+ * cudaErrorNotPermitted and changes nothing.  A value out of range is
+ * cudaErrorInvalidValue (reported on stderr, nothing changed).  Thread-safe;
+ * never blocks on the GPU.
+ */
+CUDEFER_API cudaError_t defer_configure(const struct defer_config *cfg);
 
 /* defer_stats_get: copy the counters into *out.  Never blocks. */
 CUDEFER_API void defer_stats_get(struct defer_stats *out);

@@ -1,7 +1,11 @@
-/* The public API: each defer call records an event on the caller's stream and
- * hands an entry to the reclaimer. */
+/* The public API.  Each defer call, on the launching thread, finds its
+ * stream's device and identity, takes a pooled entry with an event, records
+ * the event and pushes the entry: one CUDA call (cudaEventRecord) in the
+ * steady state for a created stream, no lock, no allocation. */
 #include <stdlib.h>
+#include <string.h>
 
+#include "config.h"
 #include "cudefer.h"
 #include "entry.h"
 #include "event_pool.h"
@@ -9,6 +13,27 @@
 #include "release.h"
 #include "report.h"
 #include "stats.h"
+
+/* What a defer call asks for, before it becomes an entry. */
+struct request_args {
+    const char *what; /* the public function, for messages */
+    enum entry_kind kind;
+    void *const *ptrs;
+    size_t nptrs;
+    void (*fn)(void *arg);
+    void *arg;
+};
+
+/* The last created stream this thread deferred on: its device and id.  A
+ * stream handle can be destroyed and its value reused; then recording fails
+ * (another device) and the lookup is redone, or the entry joins the old
+ * stream's FIFO, which only delays it: every entry waits for its own event. */
+static _Thread_local struct {
+    cudaStream_t handle;
+    int device;
+    unsigned long long id;
+    bool valid;
+} last_stream;
 
 /* The caller was refused: say why (call failed with err), count it. */
 static cudaError_t reject(const char *what, const char *call, cudaError_t err)
@@ -19,69 +44,143 @@ static cudaError_t reject(const char *what, const char *call, cudaError_t err)
     return err;
 }
 
-/* No event could be had: wait for the stream here and release at once. */
-static cudaError_t release_synchronously(struct entry *e, cudaStream_t stream)
+/* Device and id of stream.  The special handles (0, cudaStreamLegacy,
+ * cudaStreamPerThread) depend on the thread's current device: never cached. */
+static cudaError_t identify(cudaStream_t stream, int *device,
+                            unsigned long long *id, const char **failed)
+{
+    bool special = stream == 0 || stream == cudaStreamLegacy ||
+                   stream == cudaStreamPerThread;
+    if (!special && last_stream.valid && last_stream.handle == stream) {
+        *device = last_stream.device;
+        *id = last_stream.id;
+        return cudaSuccess;
+    }
+    cudaError_t err = cudaStreamGetDevice(stream, device);
+    if (err != cudaSuccess) {
+        *failed = "cudaStreamGetDevice";
+        return err;
+    }
+    if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
+        *failed = "cudaStreamGetId";
+        return err;
+    }
+    if (!special)
+        last_stream.handle = stream, last_stream.device = *device,
+        last_stream.id = *id, last_stream.valid = true;
+    return cudaSuccess;
+}
+
+/* Copy the request's pointers into e (an array only for several). */
+static bool set_pointers(struct entry *e, const struct request_args *a)
+{
+    e->nptrs = a->nptrs;
+    e->ptrs = &e->one_ptr;
+    if (a->nptrs == 1) {
+        e->one_ptr = a->ptrs[0];
+    } else if (a->nptrs > 1) {
+        e->ptrs = malloc(a->nptrs * sizeof *e->ptrs);
+        if (e->ptrs == NULL) {
+            e->ptrs = &e->one_ptr;
+            e->nptrs = 0;
+            return false;
+        }
+        memcpy(e->ptrs, a->ptrs, a->nptrs * sizeof *e->ptrs);
+    }
+    return true;
+}
+
+/* Wait for stream here and release at once: no event could be had, or
+ * CUDEFER_DISABLE.  Callbacks then run on the calling thread. */
+static cudaError_t release_synchronously(const struct request_args *a,
+                                         cudaStream_t stream)
 {
     cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess)
-        return err;
+        return reject(a->what, "cudaStreamSynchronize", err);
+    struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
+                      .nptrs = a->nptrs, .ptrs = (void **)a->ptrs};
     stats_add(&stats.deferred, 1);
     stats_add(&stats.sync_releases, 1);
-    err = release_entry(e);
+    err = release_entry(&e, NULL);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    return cudaSuccess; /* the entry was accepted; a release error is counted */
+    return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 
-/* Record an event for e on stream (launching thread) and push e.  Takes e's
- * ownership in every case. */
-static cudaError_t record_and_push(const char *what, struct entry *e,
+/* Take an entry for device, fill it in and record its event on stream.  On
+ * success the entry is returned; otherwise NULL with *err (and *call). */
+static struct entry *record(const struct request_args *a, cudaStream_t stream,
+                            int device, unsigned long long id,
+                            cudaError_t *err, const char **call)
+{
+    struct entry *e = event_pool_take(device, err);
+    if (e == NULL) {
+        *call = "cudaEventCreateWithFlags";
+        return NULL;
+    }
+    e->kind = a->kind;
+    e->stream_id = id;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    e->request = NULL;
+    e->held_bytes = 0; /* learned by the reclaimer */
+    e->pool = false;
+    if (!set_pointers(e, a)) {
+        event_pool_give_unused(e);
+        *err = cudaErrorMemoryAllocation;
+        *call = "malloc";
+        return NULL;
+    }
+    if ((*err = cudaEventRecord(e->event, stream)) != cudaSuccess) {
+        release_forget_pointers(e);
+        event_pool_give_unused(e);
+        *call = "cudaEventRecord";
+        return NULL;
+    }
+    return e;
+}
+
+/* The path every defer call takes, admitted by the reclaimer's gate. */
+static cudaError_t submit_admitted(const struct request_args *a,
                                    cudaStream_t stream)
 {
-    cudaError_t err;
-    if ((err = cudaStreamGetDevice(stream, &e->device)) != cudaSuccess) {
-        free(e);
-        return reject(what, "cudaStreamGetDevice", err);
+    if (reclaimer_config()->disable)
+        return release_synchronously(a, stream);
+    int device;
+    unsigned long long id;
+    const char *call = NULL;
+    cudaError_t err = identify(stream, &device, &id, &call);
+    if (err != cudaSuccess)
+        return reject(a->what, call, err);
+    if ((err = reclaimer_device_error(device)) != cudaSuccess)
+        return reject(a->what, "an earlier CUDA call on this device", err);
+    struct entry *e = record(a, stream, device, id, &err, &call);
+    if (e == NULL && last_stream.valid && last_stream.handle == stream &&
+        err == cudaErrorInvalidResourceHandle) {
+        /* The cached identity may be stale: look again, once. */
+        last_stream.valid = false;
+        if ((err = identify(stream, &device, &id, &call)) != cudaSuccess)
+            return reject(a->what, call, err);
+        e = record(a, stream, device, id, &err, &call);
     }
-    if ((err = reclaimer_device_error(e->device)) != cudaSuccess) {
-        free(e);
-        return reject(what, "an earlier CUDA call on this device", err);
-    }
-    if ((err = cudaStreamGetId(stream, &e->stream_id)) != cudaSuccess) {
-        free(e);
-        return reject(what, "cudaStreamGetId", err);
-    }
-    if ((err = event_pool_take(e->device, &e->event)) != cudaSuccess) {
-        report_cuda(what, "cudaEventCreateWithFlags", err,
+    if (e == NULL && strcmp(call, "cudaEventCreateWithFlags") == 0) {
+        report_cuda(a->what, call, err,
                     "; waiting for the stream and releasing synchronously");
-        err = release_synchronously(e, stream);
-        free(e);
-        return err == cudaSuccess ? err
-                                  : reject(what, "cudaStreamSynchronize", err);
+        return release_synchronously(a, stream);
     }
-    if ((err = cudaEventRecord(e->event, stream)) != cudaSuccess) {
-        event_pool_give(e->device, &e->event, 1);
-        free(e);
-        return reject(what, "cudaEventRecord", err);
-    }
+    if (e == NULL)
+        return reject(a->what, call, err);
     stats_add(&stats.deferred, 1);
     reclaimer_push(e);
     return cudaSuccess;
 }
 
-/* Admit, build and submit one entry. */
-static cudaError_t submit(const char *what, struct entry proto,
-                          cudaStream_t stream)
+static cudaError_t submit(const struct request_args *a, cudaStream_t stream)
 {
-    cudaError_t err = reclaimer_enter(what);
+    cudaError_t err = reclaimer_enter(a->what);
     if (err != cudaSuccess)
         return err;
-    struct entry *e = malloc(sizeof *e);
-    if (e == NULL) {
-        err = reject(what, "malloc", cudaErrorMemoryAllocation);
-    } else {
-        *e = proto;
-        err = record_and_push(what, e, stream);
-    }
+    err = submit_admitted(a, stream);
     reclaimer_leave();
     return err;
 }
@@ -90,18 +189,48 @@ cudaError_t defer_free(void *ptr, cudaStream_t stream)
 {
     if (ptr == NULL)
         return cudaSuccess;
-    return submit("defer_free",
-                  (struct entry){.kind = ENTRY_FREE_DEVICE, .u.ptr = ptr},
-                  stream);
+    struct request_args a = {.what = "defer_free", .kind = ENTRY_FREE_DEVICE,
+                             .ptrs = &ptr, .nptrs = 1};
+    return submit(&a, stream);
 }
 
 cudaError_t defer_free_host(void *ptr, cudaStream_t stream)
 {
     if (ptr == NULL)
         return cudaSuccess;
-    return submit("defer_free_host",
-                  (struct entry){.kind = ENTRY_FREE_HOST, .u.ptr = ptr},
-                  stream);
+    struct request_args a = {.what = "defer_free_host", .kind = ENTRY_FREE_HOST,
+                             .ptrs = &ptr, .nptrs = 1};
+    return submit(&a, stream);
+}
+
+cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if (ptrs == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_free_n: ptrs is NULL with n = %zu: refused", n);
+        return cudaErrorInvalidValue;
+    }
+    /* NULL pointers are no-ops, like cudaFree(NULL): leave them out. */
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++)
+        live += ptrs[i] != NULL;
+    if (live == 0)
+        return cudaSuccess;
+    void **copy = NULL;
+    if (live != n) {
+        if ((copy = malloc(live * sizeof *copy)) == NULL)
+            return reject("defer_free_n", "malloc", cudaErrorMemoryAllocation);
+        for (size_t i = 0, k = 0; i < n; i++)
+            if (ptrs[i] != NULL)
+                copy[k++] = ptrs[i];
+    }
+    struct request_args a = {.what = "defer_free_n", .kind = ENTRY_FREE_DEVICE,
+                             .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
+    cudaError_t err = submit(&a, stream);
+    free(copy);
+    return err;
 }
 
 cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
@@ -111,15 +240,19 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
         report("defer_call: fn is NULL: refused");
         return cudaErrorInvalidValue;
     }
-    return submit("defer_call",
-                  (struct entry){.kind = ENTRY_CALL,
-                                 .u.call = {.fn = fn, .arg = arg}},
-                  stream);
+    struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
+                             .fn = fn, .arg = arg};
+    return submit(&a, stream);
 }
 
 cudaError_t defer_flush(void)
 {
     return reclaimer_flush();
+}
+
+cudaError_t defer_trim(size_t *released_bytes)
+{
+    return reclaimer_trim(released_bytes);
 }
 
 cudaError_t defer_shutdown(void)

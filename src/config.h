@@ -1,29 +1,61 @@
 /*
- * Configuration: defaults, CUDEFER_* environment variables, and the values in
- * force.  Read once, when the reclaimer starts.
+ * Configuration: the built-in defaults, the application's defer_configure,
+ * the CUDEFER_* environment variables on top, and the values in force.  The
+ * environment is read once, when the reclaimer starts (config_at_start).
  */
 #ifndef CUDEFER_CONFIG_H
 #define CUDEFER_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-struct config {
-    uint32_t poll_us; /* CUDEFER_POLL_US: wait between polls while work is pending */
-};
+#include "cudefer.h"
 
-/* Any thread.  The built-in defaults. */
-void config_defaults(struct config *cfg);
+/* Any thread.  Fills *cfg with the built-in defaults (the public
+ * defer_config_defaults does the same). */
+void config_defaults(struct defer_config *cfg);
 
-/* Any thread.  Overrides fields of *cfg from the environment.  Each invalid
- * value is reported on stderr ("cudefer: invalid value for CUDEFER_X: ...")
- * and leaves that field unchanged.  Returns the number of invalid values. */
-int config_load_env(struct config *cfg);
+/* Any thread.  Overrides fields of *cfg from the CUDEFER_* environment.  Each
+ * invalid value is reported on stderr ("cudefer: invalid value for
+ * CUDEFER_X: ...") and leaves that field unchanged.  Then a poll_max_us below
+ * poll_us is reported and raised to poll_us (not counted as invalid).
+ * Returns the number of invalid values. */
+int config_load_env(struct defer_config *cfg);
 
-/* Any thread.  Parses a whole string as a duration in microseconds: digits
- * with an optional unit "us", "ms" or "s"; true when it is within
- * [min_us, max_us].  Exposed for the tests. */
+/* Any thread.  True when every field of *cfg is within its range, the policy
+ * is known, the booleans are 0 or 1 and poll_max_us >= poll_us; otherwise
+ * false with the first problem written to why (len bytes, NUL-terminated;
+ * nothing printed). */
+bool config_validate(const struct defer_config *cfg, char *why, size_t len);
+
+/* Any thread.  Writes the configuration, one "cudefer: CUDEFER_X=value" line
+ * per knob, to out. */
+void config_print(const struct defer_config *cfg, FILE *out);
+
+/* The reclaimer, when it starts (any thread, any number of times).  The first
+ * call settles the configuration in force: the one given to defer_configure
+ * (or the defaults), then the environment on top, printed when verbose; from
+ * then on defer_configure is refused.  Every call copies it into *out. */
+void config_at_start(struct defer_config *out);
+
+/* Any thread.  Parsers of a whole string; true when it is valid and within
+ * [min, max], with the value in *out; *out unchanged otherwise.  Exposed for
+ * the tests.
+ *   duration_us: digits with an optional unit "us", "ms" or "s"; microseconds.
+ *   duration_ms: digits with an optional unit "ms" or "s"; milliseconds.
+ *   size: digits with an optional binary multiple k/K, M, G or T, then an
+ *     optional "B" (or "iB" after a multiple): "64M", "512MiB", "4096"; in
+ *     [0, max] bytes.
+ *   bool: 0/1, yes/no, true/false, on/off, in any case.
+ *   policy: "batched" or "eager", in any case. */
 bool config_parse_duration_us(const char *text, uint64_t min_us,
                               uint64_t max_us, uint64_t *out);
+bool config_parse_duration_ms(const char *text, uint64_t min_ms,
+                              uint64_t max_ms, uint64_t *out);
+bool config_parse_size(const char *text, uint64_t max, uint64_t *out);
+bool config_parse_bool(const char *text, bool *out);
+bool config_parse_policy(const char *text, enum defer_policy *out);
 
 #endif

@@ -1,24 +1,27 @@
 /*
- * An entry: one deferred release (or callback, or flush request) on its way
- * from a launching thread to the reclaimer.  Made by the launching thread,
- * owned by the reclaimer from the moment it is pushed.
+ * An entry: one deferred release (or callback, or request) on its way from a
+ * launching thread to the reclaimer.  Entries are recycled with their CUDA
+ * event (see event_pool.h): taken by a launching thread, owned by the
+ * reclaimer from the moment they are pushed, given back when done.
  */
 #ifndef CUDEFER_ENTRY_H
 #define CUDEFER_ENTRY_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
 #include "queue.h"
 
 enum entry_kind {
-    ENTRY_FREE_DEVICE, /* cudaFree(ptr) */
-    ENTRY_FREE_HOST,   /* cudaFreeHost(ptr) */
+    ENTRY_FREE_DEVICE, /* cudaFree (or cudaFreeAsync for pool memory) */
+    ENTRY_FREE_HOST,   /* cudaFreeHost */
     ENTRY_CALL,        /* fn(arg) */
-    ENTRY_FLUSH,       /* not work: wake flush->waiter once earlier entries are done */
+    ENTRY_REQUEST,     /* not work: a flush or trim waiting for the reclaimer */
 };
 
-struct flush_request;
+struct request;
 
 struct entry {
     struct queue_node node; /* first: entries are queue nodes */
@@ -26,16 +29,17 @@ struct entry {
     enum entry_kind kind;
     int device;
     unsigned long long stream_id;
-    cudaEvent_t event;
-    uint64_t seq; /* order of arrival at the reclaimer */
-    union {
-        void *ptr;
-        struct {
-            void (*fn)(void *arg);
-            void *arg;
-        } call;
-        struct flush_request *flush;
-    } u;
+    cudaEvent_t event;     /* recycled with the entry; NULL for requests */
+    uint64_t seq;          /* order of arrival at the reclaimer */
+    uint64_t completed_ns; /* when the reclaimer saw the event complete */
+    uint64_t held_bytes;   /* memory it keeps from the application */
+    bool pool;             /* every pointer is stream-ordered pool memory */
+    size_t nptrs;          /* pointers to free: ptrs[0..nptrs) */
+    void **ptrs;           /* &one_ptr, or an array owned by the entry */
+    void *one_ptr;
+    void (*fn)(void *arg);
+    void *arg;
+    struct request *request;
 };
 
 static inline struct entry *entry_of_node(struct queue_node *node)

@@ -1,16 +1,29 @@
-/* Per-device pools of idle CUDA events: see event_pool.h. */
+/* Entries with their events, pooled per device and cached per thread: see
+ * event_pool.h. */
 #include "event_pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
+#include "release.h"
 #include "stats.h"
 
+/* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
+#define CACHED_DEVICES 16
+#define BATCH 32 /* entries moved between a cache and a pool at once */
+
 struct pool {
-    pthread_mutex_t lock; /* guards idle and count only */
-    cudaEvent_t *idle;
+    pthread_mutex_t lock; /* guards head and count only */
+    struct entry *head;   /* chained by fifo_next */
     size_t count;
+};
+
+struct thread_cache {
+    struct entry *head[CACHED_DEVICES];
+    size_t count[CACHED_DEVICES];
+    struct thread_cache *next, **prev; /* in the registry */
 };
 
 static struct pool *pools;
@@ -18,100 +31,246 @@ static int pool_count;
 static size_t pool_max_idle;
 static _Atomic size_t idle_total;
 
+/* Every thread cache, so shutdown can empty them. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct thread_cache *registry;
+static pthread_key_t cache_key;
+static pthread_once_t cache_key_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct thread_cache cache;
+static _Thread_local bool cache_registered;
+
+/* ---- pools ----------------------------------------------------------------- */
+
+/* Push a chain first..last of n entries onto device's pool; returns the
+ * entries that did not fit (the pool is bounded), chained. */
+static struct entry *pool_push(int device, struct entry *first, size_t n)
+{
+    struct pool *p = &pools[device];
+    size_t room, kept = 0;
+    struct entry *last = NULL, *rest = first;
+    pthread_mutex_lock(&p->lock);
+    room = pool_max_idle > p->count ? pool_max_idle - p->count : 0;
+    while (rest != NULL && kept < room) {
+        last = rest;
+        rest = rest->fifo_next;
+        kept++;
+    }
+    if (last != NULL) {
+        last->fifo_next = p->head;
+        p->head = first;
+        p->count += kept;
+    }
+    pthread_mutex_unlock(&p->lock);
+    atomic_fetch_add_explicit(&idle_total, kept, memory_order_relaxed);
+    (void)n;
+    return rest;
+}
+
+/* Pop up to n entries from device's pool, chained; *got says how many. */
+static struct entry *pool_pop(int device, size_t n, size_t *got)
+{
+    struct pool *p = &pools[device];
+    struct entry *first, *last = NULL;
+    size_t k = 0;
+    pthread_mutex_lock(&p->lock);
+    first = p->head;
+    for (struct entry *e = first; e != NULL && k < n; e = e->fifo_next) {
+        last = e;
+        k++;
+    }
+    if (last != NULL) {
+        p->head = last->fifo_next;
+        last->fifo_next = NULL;
+        p->count -= k;
+    } else {
+        first = NULL;
+    }
+    pthread_mutex_unlock(&p->lock);
+    atomic_fetch_sub_explicit(&idle_total, k, memory_order_relaxed);
+    *got = k;
+    return first;
+}
+
+/* Destroy a chain of entries and their events. */
+static void destroy_chain(struct entry *e)
+{
+    while (e != NULL) {
+        struct entry *next = e->fifo_next;
+        cudaEventDestroy(e->event);
+        release_forget_pointers(e);
+        free(e);
+        e = next;
+    }
+}
+
 cudaError_t event_pool_init(int ndevices, size_t max_idle)
 {
     pools = calloc((size_t)ndevices, sizeof *pools);
     if (pools == NULL)
         return cudaErrorMemoryAllocation;
-    for (int d = 0; d < ndevices; d++) {
-        pools[d].idle = malloc(max_idle * sizeof *pools[d].idle);
-        if (pools[d].idle == NULL) {
-            while (d-- > 0)
-                free(pools[d].idle);
-            free(pools);
-            pools = NULL;
-            return cudaErrorMemoryAllocation;
-        }
+    for (int d = 0; d < ndevices; d++)
         pthread_mutex_init(&pools[d].lock, NULL);
-    }
     pool_count = ndevices;
     pool_max_idle = max_idle;
     atomic_store(&idle_total, 0);
     return cudaSuccess;
 }
 
-/* Create an event on device from any thread, restoring its current device. */
-static cudaError_t create_on_device(int device, cudaEvent_t *event)
+/* ---- thread caches ------------------------------------------------------- */
+
+/* Thread exit: the cache goes back to the pools. */
+static void cache_at_thread_exit(void *c)
 {
+    struct thread_cache *tc = c;
+    pthread_mutex_lock(&registry_lock);
+    for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+        destroy_chain(pool_push(d, tc->head[d], tc->count[d]));
+        atomic_fetch_sub_explicit(&idle_total, tc->count[d], memory_order_relaxed);
+        tc->head[d] = NULL;
+        tc->count[d] = 0;
+    }
+    if (tc->prev != NULL) {
+        *tc->prev = tc->next;
+        if (tc->next != NULL)
+            tc->next->prev = tc->prev;
+        tc->prev = NULL;
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void make_cache_key(void)
+{
+    pthread_key_create(&cache_key, cache_at_thread_exit);
+}
+
+static void register_cache(void)
+{
+    pthread_once(&cache_key_once, make_cache_key);
+    pthread_setspecific(cache_key, &cache);
+    pthread_mutex_lock(&registry_lock);
+    cache.next = registry;
+    if (registry != NULL)
+        registry->prev = &cache.next;
+    cache.prev = &registry;
+    registry = &cache;
+    pthread_mutex_unlock(&registry_lock);
+    cache_registered = true;
+}
+
+/* Create an entry with an event on device, restoring the current device. */
+static struct entry *create_entry(int device, cudaError_t *err)
+{
+    struct entry *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        *err = cudaErrorMemoryAllocation;
+        return NULL;
+    }
     int current;
-    cudaError_t err = cudaGetDevice(&current);
-    if (err != cudaSuccess)
-        return err;
-    if (current != device && (err = cudaSetDevice(device)) != cudaSuccess)
-        return err;
-    err = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+    if ((*err = cudaGetDevice(&current)) != cudaSuccess)
+        goto fail;
+    if (current != device && (*err = cudaSetDevice(device)) != cudaSuccess)
+        goto fail;
+    *err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
     if (current != device) {
         cudaError_t back = cudaSetDevice(current);
-        if (err == cudaSuccess && back != cudaSuccess) {
-            cudaEventDestroy(*event);
-            err = back;
+        if (*err == cudaSuccess && back != cudaSuccess) {
+            cudaEventDestroy(e->event);
+            *err = back;
         }
     }
-    if (err == cudaSuccess)
-        stats_add(&stats.events_created, 1);
-    return err;
+    if (*err != cudaSuccess)
+        goto fail;
+    stats_add(&stats.events_created, 1);
+    e->device = device;
+    e->ptrs = &e->one_ptr;
+    return e;
+fail:
+    free(e);
+    return NULL;
 }
 
-cudaError_t event_pool_take(int device, cudaEvent_t *event)
+struct entry *event_pool_take(int device, cudaError_t *err)
 {
-    struct pool *p = &pools[device];
-    pthread_mutex_lock(&p->lock);
-    if (p->count > 0) {
-        *event = p->idle[--p->count];
-        pthread_mutex_unlock(&p->lock);
-        atomic_fetch_sub_explicit(&idle_total, 1, memory_order_relaxed);
-        return cudaSuccess;
+    if (device >= CACHED_DEVICES) {
+        size_t got;
+        struct entry *e = pool_pop(device, 1, &got);
+        return e != NULL ? e : create_entry(device, err);
     }
-    pthread_mutex_unlock(&p->lock);
-    return create_on_device(device, event);
+    if (!cache_registered)
+        register_cache();
+    if (cache.head[device] == NULL) {
+        size_t got;
+        cache.head[device] = pool_pop(device, BATCH, &got);
+        cache.count[device] = got;
+        atomic_fetch_add_explicit(&idle_total, got, memory_order_relaxed);
+        if (got == 0)
+            return create_entry(device, err);
+    }
+    struct entry *e = cache.head[device];
+    cache.head[device] = e->fifo_next;
+    cache.count[device]--;
+    atomic_fetch_sub_explicit(&idle_total, 1, memory_order_relaxed);
+    e->fifo_next = NULL;
+    return e;
 }
 
-void event_pool_give(int device, cudaEvent_t *events, size_t n)
+void event_pool_give_unused(struct entry *e)
 {
-    struct pool *p = &pools[device];
-    size_t kept;
-    pthread_mutex_lock(&p->lock);
-    kept = pool_max_idle - p->count;
-    if (kept > n)
-        kept = n;
-    for (size_t i = 0; i < kept; i++)
-        p->idle[p->count++] = events[i];
-    pthread_mutex_unlock(&p->lock);
-    atomic_fetch_add_explicit(&idle_total, kept, memory_order_relaxed);
-    for (size_t i = kept; i < n; i++)
-        cudaEventDestroy(events[i]);
+    int d = e->device;
+    e->fifo_next = NULL;
+    if (d >= CACHED_DEVICES || !cache_registered) {
+        destroy_chain(pool_push(d, e, 1));
+        return;
+    }
+    e->fifo_next = cache.head[d];
+    cache.head[d] = e;
+    cache.count[d]++;
+    atomic_fetch_add_explicit(&idle_total, 1, memory_order_relaxed);
+}
+
+void event_pool_give_chain(int device, struct entry *first, size_t n)
+{
+    destroy_chain(pool_push(device, first, n));
 }
 
 void event_pool_destroy_all(void)
 {
+    pthread_mutex_lock(&registry_lock);
+    for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next) {
+        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+            if (tc->head[d] != NULL && cudaSetDevice(d) == cudaSuccess)
+                destroy_chain(tc->head[d]);
+            tc->head[d] = NULL;
+            tc->count[d] = 0;
+        }
+        tc->prev = NULL; /* unlinked: its thread's exit leaves the list be */
+    }
+    registry = NULL;
+    pthread_mutex_unlock(&registry_lock);
     for (int d = 0; d < pool_count; d++) {
-        struct pool *p = &pools[d];
-        if (p->count > 0 && cudaSetDevice(d) == cudaSuccess)
-            for (size_t i = 0; i < p->count; i++)
-                cudaEventDestroy(p->idle[i]);
-        pthread_mutex_destroy(&p->lock);
+        if (pools[d].head != NULL && cudaSetDevice(d) == cudaSuccess)
+            destroy_chain(pools[d].head);
+        pthread_mutex_destroy(&pools[d].lock);
     }
     event_pool_abandon();
 }
 
 void event_pool_abandon(void)
 {
-    for (int d = 0; d < pool_count; d++)
-        free(pools[d].idle);
+    /* In a fork child another thread may have held the registry lock, and
+     * the other threads' caches are gone with them. */
+    pthread_mutex_init(&registry_lock, NULL);
+    cache.prev = NULL;
     free(pools);
     pools = NULL;
     pool_count = 0;
     atomic_store(&idle_total, 0);
+    registry = NULL;
+    cache_registered = false;
+    for (int d = 0; d < CACHED_DEVICES; d++) {
+        cache.head[d] = NULL;
+        cache.count[d] = 0;
+    }
 }
 
 size_t event_pool_idle_count(void)

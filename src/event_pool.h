@@ -1,7 +1,12 @@
 /*
- * Event pool: idle CUDA events (cudaEventDisableTiming), one pool per device,
- * reused so the launching thread rarely creates one.  A pool lock guards only
- * the list of idle events: no CUDA call is made while it is held.
+ * Event pool: entries with a CUDA event each (cudaEventDisableTiming), kept
+ * for reuse so a launching thread rarely creates an event or allocates.
+ *
+ * Each device has a pool (a stack under a lock that guards only the stack:
+ * no CUDA call is made while it is held).  Each launching thread keeps a
+ * small cache per device, filled from and drained to the pool in batches,
+ * so the steady state takes no lock at all.  The reclaimer gives entries
+ * back in batches.
  */
 #ifndef CUDEFER_EVENT_POOL_H
 #define CUDEFER_EVENT_POOL_H
@@ -9,27 +14,33 @@
 #include <stddef.h>
 #include <cuda_runtime_api.h>
 
-/* Start-up only (one thread).  Room for ndevices pools of at most max_idle
- * idle events each.  Returns cudaErrorMemoryAllocation on failure. */
+#include "entry.h"
+
+/* Start-up only (one thread, before any other call).  ndevices pools, each
+ * keeping at most max_idle idle entries (beyond that they are destroyed).
+ * Returns cudaSuccess or cudaErrorMemoryAllocation. */
 cudaError_t event_pool_init(int ndevices, size_t max_idle);
 
-/* Any thread.  An event of device (created on it, with the calling thread's
- * current device switched for the call and switched back, when the pool is
- * empty).  Returns cudaSuccess or the error of creating one. */
-cudaError_t event_pool_take(int device, cudaEvent_t *event);
+/* Any thread.  An entry whose event belongs to device (taken from the
+ * thread's cache; the cache refills from the pool; an empty pool means a new
+ * event, created with the thread's current device switched to device and
+ * back).  NULL with *err set when no event could be had. */
+struct entry *event_pool_take(int device, cudaError_t *err);
 
-/* Any thread.  Gives n idle events of device back; those beyond the bound are
- * destroyed (the calling thread's current device must be device). */
-void event_pool_give(int device, cudaEvent_t *events, size_t n);
+/* Any thread.  Gives back an entry taken by this thread and not pushed. */
+void event_pool_give_unused(struct entry *e);
 
-/* Reclaimer only, at shutdown: destroys every idle event (switching the
- * calling thread's device) and frees the pools. */
+/* The reclaimer.  Gives back n entries of device, chained by fifo_next. */
+void event_pool_give_chain(int device, struct entry *first, size_t n);
+
+/* The reclaimer, at shutdown, once no launching thread is inside cudefer:
+ * destroys every idle event, the threads' caches included. */
 void event_pool_destroy_all(void);
 
-/* Fork child only: forgets the pools without any CUDA call. */
+/* Fork child only: forgets every pool and cache without any CUDA call. */
 void event_pool_abandon(void);
 
-/* Any thread.  Idle events in all pools now. */
+/* Any thread.  Idle entries in the pools and caches now. */
 size_t event_pool_idle_count(void);
 
 #endif

@@ -1,9 +1,10 @@
 /*
  * The reclaimer: one thread that takes every pushed entry at once, keeps it
- * in its stream's FIFO, polls the oldest event of each stream and releases
- * what has completed, as a batch.  With nothing pending it sleeps on a
- * condition variable until the next push.  Also the library's lifecycle:
- * lazy start, flush, shutdown.
+ * in its stream's FIFO, polls the oldest event of each stream, and hands what
+ * completed to the release policy, which releases it now or holds it for a
+ * better moment.  With nothing pending or held it sleeps on a condition
+ * variable until the next push.  Also the library's lifecycle: lazy start,
+ * flush, trim, shutdown, process exit and fork.
  *
  * Launching threads bracket a submission with reclaimer_enter and
  * reclaimer_leave, so shutdown can wait for submissions already under way.
@@ -12,15 +13,16 @@
 #define CUDEFER_RECLAIMER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <cuda_runtime_api.h>
 
-#include "config.h"
+#include "cudefer.h"
 #include "entry.h"
 
-/* Any thread.  Starts the reclaimer on first use (reading the configuration)
- * and admits one submission.  Returns cudaSuccess (then call
- * reclaimer_leave), cudaErrorNotPermitted after defer_shutdown (reported with
- * the name of the caller, what), or the error that prevented start-up.  */
+/* Any thread.  Starts the reclaimer on first use (settling the
+ * configuration) and admits one submission.  Returns cudaSuccess (then call
+ * reclaimer_leave), cudaErrorNotPermitted after defer_shutdown or in a forked
+ * child (reported naming the caller, what), or the start-up error. */
 cudaError_t reclaimer_enter(const char *what);
 
 /* Any thread, between enter and leave.  Hands e to the reclaimer (which now
@@ -30,17 +32,22 @@ void reclaimer_push(struct entry *e);
 /* Any thread, after a successful reclaimer_enter. */
 void reclaimer_leave(void);
 
-/* Any thread, between enter and leave.  The configuration in force, the
- * number of devices, and the sticky error of a device (cudaSuccess if none;
- * cudaErrorInvalidDevice for a device the reclaimer does not know). */
-const struct config *reclaimer_config(void);
+/* Any thread, between enter and leave: the configuration in force, and the
+ * sticky error of a device (cudaSuccess if none; cudaErrorInvalidDevice for
+ * a device the reclaimer does not know). */
+const struct defer_config *reclaimer_config(void);
 cudaError_t reclaimer_device_error(int device);
 
 /* Any thread but the reclaimer.  Blocks until everything pushed before the
  * call has been released or has failed.  Returns cudaSuccess, the error of a
  * failed device, or cudaErrorNotPermitted (on the reclaimer thread, after
- * shutdown). */
+ * shutdown, in a forked child). */
 cudaError_t reclaimer_flush(void);
+
+/* Any thread but the reclaimer.  Blocks while the reclaimer polls every
+ * stream once and releases every completed entry, whatever the policy;
+ * *bytes (if not NULL) gets the bytes released.  Errors as for flush. */
+cudaError_t reclaimer_trim(size_t *bytes);
 
 /* Any thread but the reclaimer.  Refuses new submissions, drains, stops and
  * joins the thread.  Blocks.  A second call returns cudaSuccess. */

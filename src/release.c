@@ -2,33 +2,54 @@
 #include "release.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "report.h"
 
-cudaError_t release_entry(const struct entry *e)
+/* Free one pointer of e; report a failure with the pointer named. */
+static cudaError_t release_pointer(const struct entry *e, void *ptr,
+                                   cudaStream_t async_stream)
 {
-    cudaError_t err = cudaSuccess;
-    const char *call = NULL;
-    switch (e->kind) {
-    case ENTRY_FREE_DEVICE:
-        err = cudaFree(e->u.ptr);
-        call = "cudaFree";
-        break;
-    case ENTRY_FREE_HOST:
-        err = cudaFreeHost(e->u.ptr);
+    cudaError_t err;
+    const char *call;
+    if (e->kind == ENTRY_FREE_HOST) {
+        err = cudaFreeHost(ptr);
         call = "cudaFreeHost";
-        break;
-    case ENTRY_CALL:
-        e->u.call.fn(e->u.call.arg);
-        break;
-    case ENTRY_FLUSH:
-        break;
+    } else if (e->pool && async_stream != NULL) {
+        err = cudaFreeAsync(ptr, async_stream);
+        call = "cudaFreeAsync";
+    } else {
+        err = cudaFree(ptr);
+        call = "cudaFree";
     }
     if (err != cudaSuccess) {
         char detail[96];
-        snprintf(detail, sizeof detail,
-                 "; %p (device %d) is not released", e->u.ptr, e->device);
+        snprintf(detail, sizeof detail, "; %p (device %d) is not released",
+                 ptr, e->device);
         report_cuda("release", call, err, detail);
     }
     return err;
+}
+
+cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream)
+{
+    if (e->kind == ENTRY_CALL) {
+        e->fn(e->arg);
+        return cudaSuccess;
+    }
+    cudaError_t first = cudaSuccess;
+    for (size_t i = 0; i < e->nptrs; i++) {
+        cudaError_t err = release_pointer(e, e->ptrs[i], async_stream);
+        if (first == cudaSuccess)
+            first = err;
+    }
+    return first;
+}
+
+void release_forget_pointers(struct entry *e)
+{
+    if (e->ptrs != &e->one_ptr)
+        free(e->ptrs);
+    e->ptrs = &e->one_ptr;
+    e->nptrs = 0;
 }

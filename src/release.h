@@ -1,7 +1,7 @@
 /*
- * Release: what it means to finish one entry's work — cudaFree, cudaFreeHost
- * or the callback — and how a failure is reported.  When to release is the
- * reclaimer's decision.
+ * Release: what it means to finish one entry's work — cudaFree, cudaFreeAsync
+ * (pool memory), cudaFreeHost or the callback — and how a failure is
+ * reported.  When to release is the release policy's decision.
  */
 #ifndef CUDEFER_RELEASE_H
 #define CUDEFER_RELEASE_H
@@ -9,8 +9,13 @@
 #include "entry.h"
 
 /* The reclaimer (or a launching thread, in the synchronous fallback), once
- * the entry's work is complete.  Blocks as long as the release does.  Returns
- * the CUDA error of the release, already reported; cudaSuccess for calls. */
-cudaError_t release_entry(const struct entry *e);
+ * the entry's work is complete.  async_stream is where pool memory is freed
+ * (cudaFreeAsync); NULL frees it with cudaFree.  Blocks as long as the
+ * release does.  Returns the first CUDA error (each one already reported);
+ * cudaSuccess for calls. */
+cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream);
+
+/* Any thread: free the pointer array of a multi-pointer entry. */
+void release_forget_pointers(struct entry *e);
 
 #endif

@@ -1,14 +1,16 @@
 /*
- * Statistics: counters any thread may bump, read as a snapshot by
- * defer_stats_get.  Relaxed atomics: exact counts, no ordering between them.
+ * Statistics: counters bumped by the launching threads and the reclaimer,
+ * read as a snapshot by defer_stats_get.  Relaxed atomics: exact counts, no
+ * ordering between them.
  */
 #ifndef CUDEFER_STATS_H
 #define CUDEFER_STATS_H
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 
-struct defer_stats;
+#define LATENCY_BUCKETS 40 /* bucket i: latencies below 2^i microseconds */
 
 struct stats {
     _Atomic uint64_t deferred;
@@ -21,6 +23,15 @@ struct stats {
     _Atomic uint64_t batches;
     _Atomic uint64_t largest_batch;
     _Atomic uint64_t events_created;
+    _Atomic uint64_t held;
+    _Atomic uint64_t held_bytes;
+    _Atomic uint64_t idle_releases;
+    _Atomic uint64_t cap_releases;
+    _Atomic uint64_t age_releases;
+    _Atomic uint64_t demand_releases;
+    _Atomic uint64_t latency_max_us;
+    _Atomic uint64_t leaked_at_exit;
+    _Atomic uint64_t latency[LATENCY_BUCKETS];
 };
 
 extern struct stats stats;
@@ -30,10 +41,18 @@ static inline void stats_add(_Atomic uint64_t *counter, uint64_t n)
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
 }
 
-/* Reclaimer only (single writer): a batch of n releases happened. */
+static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)
+{
+    atomic_store_explicit(counter, v, memory_order_relaxed);
+}
+
+/* Reclaimer only (single writer): a pass released n entries. */
 void stats_record_batch(uint64_t n);
 
-/* Any thread: zero every counter (start-up, fork child). */
-void stats_reset(void);
+/* Reclaimer only: one release, latency_ns after its completion was seen. */
+void stats_record_latency(uint64_t latency_ns);
+
+/* Any thread: print every counter, one line, to out (CUDEFER_STATS=1). */
+void stats_print(FILE *out);
 
 #endif

@@ -10,7 +10,9 @@ static void test_record_fails(cudaStream_t s)
 {
     void *p = device_alloc(64);
     uint64_t deferred = stats_now().deferred;
-    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 1);
+    /* Twice: a failed record on a known stream is retried once, in case
+     * the stream's handle was reused. */
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 2);
     stderr_capture_begin();
     cudaError_t err = defer_free(p, s);
     const char *msg = stderr_capture_end();

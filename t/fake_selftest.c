@@ -9,6 +9,8 @@
  */
 #define _GNU_SOURCE
 
+#include <cuda.h>
+
 #include "fake_cuda.h"
 #include "tap.h"
 
@@ -796,6 +798,29 @@ static void test_oracle(void)
 
 /* ---- Failure injection ------------------------------------------------ */
 
+/* The driver's cuPointerGetAttributes (through the runtime's entry-point
+ * query) on a fresh allocation: cudaSuccess, or the injected error. */
+static cudaError_t cu_range_size_of_new_alloc(void)
+{
+    CUresult (*get)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+    void *fn = NULL, *p = NULL;
+    size_t size = 0;
+    CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+    void *data = &size;
+    CUresult r;
+
+    cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, 0,
+                                     NULL);
+    get = (CUresult (*)(unsigned, CUpointer_attribute *, void **,
+                        CUdeviceptr))fn;
+    cudaMalloc(&p, 100);
+    r = get(1, &attr, &data, (CUdeviceptr)(uintptr_t)p);
+    cudaFree(p);
+    if (r != CUDA_SUCCESS)
+        return cudaErrorIllegalAddress; /* what the test injects */
+    return size == 100 ? cudaSuccess : cudaErrorUnknown;
+}
+
 /* Make one call of kind c with valid arguments; return its result. */
 static cudaError_t call_one(enum fake_call c, cudaStream_t s, cudaEvent_t e)
 {
@@ -862,6 +887,11 @@ static cudaError_t call_one(enum fake_call c, cudaStream_t s, cudaEvent_t e)
     case FAKE_STREAM_IS_CAPTURING: return cudaStreamIsCapturing(s, &cs);
     case FAKE_POINTER_GET_ATTRIBUTES: return cudaPointerGetAttributes(&at, &i);
     case FAKE_MEM_GET_INFO: return cudaMemGetInfo(&f, &t);
+    case FAKE_DRIVER_ENTRY_POINT:
+        return cudaGetDriverEntryPointByVersion("cuPointerGetAttributes",
+                                                &p, 12000, 0, NULL);
+    case FAKE_CU_POINTER_GET_ATTRIBUTES:
+        return cu_range_size_of_new_alloc();
     case FAKE_MALLOC:
         r = cudaMalloc(&p, 8);
         cudaFree(p);
@@ -904,7 +934,7 @@ static void test_injection(void)
     for (c = 0; c < FAKE_NCALLS; c++) {
         cudaError_t r1, r2;
 
-        ok(strncmp(fake_call_name((enum fake_call)c), "cuda", 4) == 0,
+        ok(strncmp(fake_call_name((enum fake_call)c), "cu", 2) == 0,
            "fake_call_name(%d) = %s", c, fake_call_name((enum fake_call)c));
         before = fake_calls((enum fake_call)c);
         fake_fail((enum fake_call)c, cudaErrorIllegalAddress, 0, 1);

@@ -16,6 +16,8 @@
 #error "compile fake_cuda.c without CUDA_API_PER_THREAD_DEFAULT_STREAM (it defines the _ptsz entry points itself)"
 #endif
 
+#include <cuda.h>
+
 #include "fake_cuda.h"
 
 #include <pthread.h>
@@ -816,6 +818,8 @@ const char *fake_call_name(enum fake_call c)
         [FAKE_STREAM_QUERY] = "cudaStreamQuery",
         [FAKE_STREAM_WAIT_EVENT] = "cudaStreamWaitEvent",
         [FAKE_DEVICE_SYNCHRONIZE] = "cudaDeviceSynchronize",
+        [FAKE_DRIVER_ENTRY_POINT] = "cudaGetDriverEntryPointByVersion",
+        [FAKE_CU_POINTER_GET_ATTRIBUTES] = "cuPointerGetAttributes",
         [FAKE_DEVICE_GET_ATTRIBUTE] = "cudaDeviceGetAttribute",
         [FAKE_DRIVER_GET_VERSION] = "cudaDriverGetVersion",
         [FAKE_RUNTIME_GET_VERSION] = "cudaRuntimeGetVersion",
@@ -1347,6 +1351,76 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
         attributes->device = a->dev;
         attributes->devicePointer = (void *)ptr;
     }
+    return leave(cudaSuccess);
+}
+
+/* ---- Driver entry points ------------------------------------------------
+ * cudefer asks the runtime for the driver's cuPointerGetAttributes (to learn
+ * an allocation's size and whether it came from a memory pool); the fake
+ * hands out its own version. */
+
+/* Stands in for a pool handle: non-NULL for pool allocations. */
+#define FAKE_POOL_HANDLE(dev) ((void *)(uintptr_t)(0x9000 + (dev)))
+
+static CUresult fake_cuPointerGetAttributes(unsigned int n,
+                                            CUpointer_attribute *attrs,
+                                            void **data, CUdeviceptr ptr)
+{
+    struct falloc *a;
+
+    if (enter(FAKE_CU_POINTER_GET_ATTRIBUTES) != cudaSuccess)
+        return CUDA_ERROR_INVALID_VALUE;
+    a = find_alloc((const void *)(uintptr_t)ptr, 0);
+    if (a == NULL || a->released) {
+        unlock();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        switch (attrs[i]) {
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)data[i] = a->size;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(CUdeviceptr *)data[i] = (CUdeviceptr)a->addr;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            *(void **)data[i] = a->kind == A_POOL ? FAKE_POOL_HANDLE(a->dev) : NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data[i] = a->kind == A_HOST ? CU_MEMORYTYPE_HOST
+                                                         : CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data[i] = a->dev;
+            break;
+        default:
+            unlock();
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    unlock();
+    return CUDA_SUCCESS;
+}
+
+/* Only "cuPointerGetAttributes" is known; anything else is not found. */
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char *symbol, void **funcPtr, unsigned int cudaVersion,
+    unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
+{
+    (void)cudaVersion;
+    (void)flags;
+    ENTER(FAKE_DRIVER_ENTRY_POINT);
+    if (symbol == NULL || funcPtr == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (strcmp(symbol, "cuPointerGetAttributes") != 0) {
+        *funcPtr = NULL;
+        if (status != NULL)
+            *status = cudaDriverEntryPointSymbolNotFound;
+        return leave(cudaErrorSymbolNotFound);
+    }
+    *funcPtr = (void *)fake_cuPointerGetAttributes;
+    if (status != NULL)
+        *status = cudaDriverEntryPointSuccess;
     return leave(cudaSuccess);
 }
 

@@ -181,6 +181,9 @@ enum fake_call {
     FAKE_DEVICE_GET_ATTRIBUTE,
     FAKE_DRIVER_GET_VERSION,
     FAKE_RUNTIME_GET_VERSION,
+    FAKE_DRIVER_ENTRY_POINT,    /* cudaGetDriverEntryPointByVersion */
+    FAKE_CU_POINTER_GET_ATTRIBUTES, /* the driver's cuPointerGetAttributes,
+                                   as returned by the entry-point query */
     FAKE_NCALLS
 };
 

@@ -1,0 +1,114 @@
+/* Release policy: which held entries to release, and when (see the header). */
+#include "release_policy.h"
+
+#include <stddef.h>
+
+#define NS_PER_US UINT64_C(1000)
+#define NS_PER_MS UINT64_C(1000000)
+
+bool policy_release_at_once(const struct defer_config *cfg,
+                            const struct entry *e)
+{
+    return cfg->policy == DEFER_POLICY_EAGER || e->kind == ENTRY_CALL ||
+           (e->held_bytes == 0 && e->pool);
+}
+
+void held_push(struct held_list *h, struct entry *e)
+{
+    e->fifo_next = NULL;
+    if (h->tail != NULL)
+        h->tail->fifo_next = e;
+    else
+        h->head = e;
+    h->tail = e;
+    h->bytes += e->held_bytes;
+    h->count++;
+}
+
+struct entry *held_pop(struct held_list *h)
+{
+    struct entry *e = h->head;
+    if (e == NULL)
+        return NULL;
+    h->head = e->fifo_next;
+    if (h->head == NULL)
+        h->tail = NULL;
+    h->bytes -= e->held_bytes;
+    h->count--;
+    e->fifo_next = NULL;
+    return e;
+}
+
+static bool too_old(const struct defer_config *cfg, const struct entry *e,
+                    uint64_t now_ns)
+{
+    return cfg->max_delay_ms != 0 &&
+           now_ns - e->completed_ns >= cfg->max_delay_ms * NS_PER_MS;
+}
+
+static bool quiet(const struct defer_config *cfg, const struct policy_view *v)
+{
+    return !v->work_pending &&
+           v->now_ns - v->last_activity_ns >= cfg->idle_us * NS_PER_US;
+}
+
+enum release_reason policy_decide(const struct defer_config *cfg,
+                                  const struct held_list *h,
+                                  const struct policy_view *view)
+{
+    if (h->head == NULL)
+        return RELEASE_NONE;
+    if (view->demand || cfg->policy == DEFER_POLICY_EAGER)
+        return RELEASE_DEMAND;
+    if (h->bytes > h->cap)
+        return RELEASE_CAP;
+    if (quiet(cfg, view))
+        return RELEASE_IDLE;
+    if (too_old(cfg, h->head, view->now_ns))
+        return RELEASE_AGE;
+    return RELEASE_NONE;
+}
+
+bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
+                     enum release_reason reason, uint64_t now_ns)
+{
+    switch (reason) {
+    case RELEASE_CAP:
+        return h->bytes > h->cap / 2;
+    case RELEASE_AGE:
+        return too_old(cfg, h->head, now_ns);
+    case RELEASE_DEMAND:
+    case RELEASE_IDLE:
+        return true;
+    case RELEASE_NONE:
+        break;
+    }
+    return false;
+}
+
+uint64_t policy_wait_ns(const struct defer_config *cfg,
+                        const struct held_list *h,
+                        const struct policy_view *view)
+{
+    if (h->head == NULL)
+        return UINT64_MAX;
+    uint64_t wait = UINT64_MAX;
+    if (!view->work_pending) {
+        uint64_t idle_at = view->last_activity_ns + cfg->idle_us * NS_PER_US;
+        wait = idle_at > view->now_ns ? idle_at - view->now_ns : 0;
+    }
+    if (cfg->max_delay_ms != 0) {
+        uint64_t old_at = h->head->completed_ns + cfg->max_delay_ms * NS_PER_MS;
+        uint64_t age_wait = old_at > view->now_ns ? old_at - view->now_ns : 0;
+        if (age_wait < wait)
+            wait = age_wait;
+    }
+    return wait;
+}
+
+uint64_t policy_cap(const struct defer_config *cfg, uint64_t total_bytes)
+{
+    if (cfg->max_pending_bytes != 0)
+        return cfg->max_pending_bytes;
+    return total_bytes / 4;
+}

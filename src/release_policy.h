@@ -1,0 +1,85 @@
+/*
+ * Release policy: WHEN completed memory is released.
+ *
+ * cudaFree and cudaFreeHost wait for all work on the device and hold a driver
+ * lock that the application's launches need, so releasing each entry as soon
+ * as it completes stalls the application at every call.  Instead, completed
+ * device and pinned memory is HELD, per device, oldest first, and released
+ * as a batch when
+ *   - the application is quiet: no stream cudefer tracks has work pending and
+ *     no defer call arrived for idle_us (such a batch stops at the next
+ *     defer call, so it never stands long in the application's way);
+ *   - a device holds more than its cap (max_pending_bytes, or a quarter of
+ *     its memory): released down to half the cap, one drain for many frees;
+ *   - the oldest held entry is older than max_delay_ms;
+ *   - a flush, trim or shutdown asks for everything.
+ * Pool memory (cudaMallocAsync) is not held: cudaFreeAsync on the
+ * reclaimer's own stream costs the application nothing.  Callbacks are not
+ * held either.  With policy "eager" nothing is held.
+ *
+ * Everything here belongs to the reclaimer thread.
+ */
+#ifndef CUDEFER_RELEASE_POLICY_H
+#define CUDEFER_RELEASE_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cudefer.h"
+#include "entry.h"
+
+/* Completed entries of one device waiting for release, oldest first. */
+struct held_list {
+    struct entry *head, *tail;
+    uint64_t bytes;
+    uint64_t count;
+    uint64_t cap; /* bytes above which a batch is released while busy */
+};
+
+enum release_reason {
+    RELEASE_NONE,
+    RELEASE_DEMAND, /* flush, trim or shutdown: everything now */
+    RELEASE_IDLE,   /* the application is quiet: everything, until it is not */
+    RELEASE_CAP,    /* over the cap: the oldest, down to half the cap */
+    RELEASE_AGE,    /* the oldest are older than max_delay_ms */
+};
+
+/* What the reclaimer knows when it decides. */
+struct policy_view {
+    uint64_t now_ns;
+    uint64_t last_activity_ns; /* last time new entries arrived */
+    bool work_pending;         /* some tracked stream has incomplete entries */
+    bool demand;               /* a flush, trim or shutdown is waiting */
+};
+
+/* True when an entry that just completed should be released at once rather
+ * than held (a callback, pool memory, or the eager policy). */
+bool policy_release_at_once(const struct defer_config *cfg,
+                            const struct entry *e);
+
+/* Append a completed entry to the held list. */
+void held_push(struct held_list *h, struct entry *e);
+
+/* Remove and return the oldest held entry (NULL when empty). */
+struct entry *held_pop(struct held_list *h);
+
+/* Why the held entries of h should be released now, or RELEASE_NONE. */
+enum release_reason policy_decide(const struct defer_config *cfg,
+                                  const struct held_list *h,
+                                  const struct policy_view *view);
+
+/* Given reason, whether the oldest entry of h (not empty) is still to be
+ * released in this batch. */
+bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
+                     enum release_reason reason, uint64_t now_ns);
+
+/* Nanoseconds from view->now_ns until policy_decide could change its answer
+ * for h without anything new happening (UINT64_MAX: never). */
+uint64_t policy_wait_ns(const struct defer_config *cfg,
+                        const struct held_list *h,
+                        const struct policy_view *view);
+
+/* The cap of a device of total_bytes memory under cfg. */
+uint64_t policy_cap(const struct defer_config *cfg, uint64_t total_bytes);
+
+#endif

@@ -1,0 +1,70 @@
+/* defer_configure through the library: the values given before the first
+ * defer call are the ones the reclaimer starts with (shown by
+ * CUDEFER_VERBOSE=1, the environment on top), and a later call is refused. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static void expect_line(const char *text, const char *line)
+{
+    ok(strstr(text, line) != NULL, "start-up print has \"%.*s\"",
+       (int)strcspn(line, "\n"), line);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    cfg.poll_us = 20;
+    cfg.poll_max_us = 400;
+    cfg.idle_us = 0;
+    cfg.max_pending_bytes = UINT64_C(64) << 20;
+    cfg.max_delay_ms = 250;
+    cfg.policy = DEFER_POLICY_EAGER;
+    cfg.event_pool_max = 8;
+    is_int(defer_configure(&cfg), cudaSuccess,
+           "defer_configure before any defer call");
+    cfg.poll_us = 0;
+    stderr_capture_begin();
+    cudaError_t err = defer_configure(&cfg);
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaErrorInvalidValue, "an invalid configuration is refused");
+    is_str(msg, "cudefer: defer_configure: poll_us is 0 (expected "
+                "microseconds, 1..1000000)\n", "and reported");
+
+    setenv("CUDEFER_VERBOSE", "1", 1);
+    setenv("CUDEFER_MAX_DELAY_MS", "2s", 1);
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    stderr_capture_begin();
+    err = defer_free(p, s);
+    const char *text = stderr_capture_end();
+    is_int(err, cudaSuccess, "the first defer_free starts the reclaimer");
+    expect_line(text, "cudefer: CUDEFER_POLL_US=20us\n");
+    expect_line(text, "cudefer: CUDEFER_POLL_MAX_US=400us\n");
+    expect_line(text, "cudefer: CUDEFER_IDLE_US=0us\n");
+    expect_line(text, "cudefer: CUDEFER_MAX_PENDING=64M\n");
+    expect_line(text, "cudefer: CUDEFER_MAX_DELAY_MS=2000ms\n");
+    expect_line(text, "cudefer: CUDEFER_POLICY=eager\n");
+    expect_line(text, "cudefer: CUDEFER_EVENT_POOL=8\n");
+    expect_line(text, "cudefer: CUDEFER_VERBOSE=1\n");
+    ok(strstr(text, "invalid") == NULL, "nothing reported invalid");
+    ok(wait_released(p, 2000), "the buffer is released");
+
+    defer_config_defaults(&cfg);
+    stderr_capture_begin();
+    err = defer_configure(&cfg);
+    msg = stderr_capture_end();
+    is_int(err, cudaErrorNotPermitted,
+           "defer_configure after the first defer call");
+    is_str(msg, "cudefer: defer_configure called after the first defer call: "
+                "ignored\n", "is reported");
+
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    cudaStreamDestroy(s);
+    return 0;
+}
