@@ -1,0 +1,746 @@
+/* The release policy, one scenario per process (the configuration is read
+ * once per process): completed memory is held while the application is
+ * busy and released in batches when it is quiet, over the cap, too old, or
+ * on flush/trim; pool memory and the eager policy release at once; the
+ * reclaimer backs off while it waits and sleeps when there is nothing. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+/* ---- scenario runner ------------------------------------------------------ */
+
+/* A scenario runs in a child process, which must not report TAP results of
+ * its own (the parent numbers them): its checks only count and explain. */
+static int failed_checks;
+
+static bool check(bool cond, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool check(bool cond, int line, const char *fmt, ...)
+{
+    if (cond)
+        return true;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    diag("  line %d: check failed: %s", line, msg);
+    failed_checks++;
+    return false;
+}
+#define CHECK(cond, ...) check((cond), __LINE__, __VA_ARGS__)
+
+/* Poll cond every millisecond, for at most ms milliseconds. */
+#define WAIT_UNTIL(cond, ms)                                                   \
+    for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
+    sleep_ms(1)
+
+#define ULL(x) ((unsigned long long)(x))
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Unset every CUDEFER_* variable, then set those of env
+ * ("CUDEFER_X=1 CUDEFER_Y=2"). */
+static void set_env(const char *env)
+{
+    extern char **environ;
+    for (bool again = true; again;) {
+        again = false;
+        for (char **e = environ; e != NULL && *e != NULL; e++) {
+            if (strncmp(*e, "CUDEFER_", 8) != 0)
+                continue;
+            char name[256];
+            size_t len = strcspn(*e, "=");
+            if (len >= sizeof name)
+                len = sizeof name - 1;
+            memcpy(name, *e, len);
+            name[len] = '\0';
+            unsetenv(name);
+            again = true; /* environ changed: start over */
+            break;
+        }
+    }
+    char *copy = strdup(env != NULL ? env : ""), *save = NULL;
+    for (char *tok = strtok_r(copy, " ", &save); tok != NULL;
+         tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        if (eq == NULL)
+            bail("scenario environment: no '=' in %s", tok);
+        *eq = '\0';
+        setenv(tok, eq + 1, 1);
+    }
+    free(copy);
+}
+
+/* Wait for pid at most timeout_ms; false (and the child killed) if it did
+ * not end in time. */
+static bool wait_child(pid_t pid, unsigned timeout_ms, int *status)
+{
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        pid_t got = waitpid(pid, status, WNOHANG);
+        if (got == pid)
+            return true;
+        if (got < 0 && errno != EINTR)
+            sysbail("waitpid");
+        if (now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+            }
+            return false;
+        }
+        sleep_ms(2);
+    }
+}
+
+#define SCENARIO_TIMEOUT_MS 20000
+
+/* Run fn in a child process with the CUDEFER_* settings of env; the child
+ * shuts cudefer down (fn must leave no work held), checks the oracle and
+ * exits with its number of failed checks. */
+static void scenario(const char *name, const char *env, int (*fn)(void))
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        sysbail("fork");
+    if (pid == 0) {
+        set_env(env);
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        cudaError_t err = defer_shutdown();
+        CHECK(err == cudaSuccess, "defer_shutdown at the end: %s",
+              cudaGetErrorName(err));
+        long v = fake_violations();
+        char last[256];
+        CHECK(v == 0, "oracle: %ld violation(s), the last: %s", v,
+              fake_last_violation(last, sizeof last));
+        fflush(stdout);
+        fflush(stderr);
+        _exit(failed_checks > 100 ? 100 : failed_checks);
+    }
+    int status = 0;
+    bool ended = wait_child(pid, SCENARIO_TIMEOUT_MS, &status);
+    if (!ended)
+        diag("%s: no end after %d s: killed", name, SCENARIO_TIMEOUT_MS / 1000);
+    else if (WIFSIGNALED(status))
+        diag("%s: killed by signal %d", name, WTERMSIG(status));
+    else if (WEXITSTATUS(status) != 0)
+        diag("%s: %d check(s) failed", name, WEXITSTATUS(status));
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]", name,
+       env != NULL && *env != '\0' ? env : "defaults");
+}
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* A stream kept busy: an entry deferred behind work that completes only at
+ * busy_end, so the reclaimer always has work pending until then. */
+struct busy {
+    cudaStream_t s;
+    void *p;
+    fake_work *w;
+};
+
+static struct busy busy_begin(void)
+{
+    struct busy b;
+    b.s = stream_new();
+    b.p = device_alloc(512);
+    b.w = work_held(b.s, b.p);
+    cudaError_t err = defer_free(b.p, b.s);
+    CHECK(err == cudaSuccess, "defer_free of the busy stream's buffer: %s",
+          cudaGetErrorName(err));
+    return b;
+}
+
+static void busy_end(struct busy *b)
+{
+    fake_complete(b->w);
+}
+
+/* n buffers of size bytes on s, each used by work that completes at once,
+ * each deferred. */
+static void defer_fast(cudaStream_t s, void **p, int n, size_t size)
+{
+    for (int i = 0; i < n; i++) {
+        p[i] = device_alloc(size);
+        work_timed(s, 0, p[i]);
+        cudaError_t err = defer_free(p[i], s);
+        CHECK(err == cudaSuccess, "defer_free #%d: %s", i, cudaGetErrorName(err));
+    }
+}
+
+static int count_released(void *const *p, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += fake_is_released(p[i]) == 1;
+    return k;
+}
+
+/* ---- 1. batched: held while busy, released when quiet --------------------- */
+
+static int s_batched_holds_while_busy(void)
+{
+    enum { N = 8 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *p[N];
+    uint64_t bytes = 0;
+    for (int i = 0; i < N; i++) {
+        size_t size = 1024 * (size_t)(i + 1);
+        p[i] = device_alloc(size);
+        work_timed(sb, 100, p[i]);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
+        bytes += size;
+    }
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    sleep_ms(50);
+    struct defer_stats st = stats_now();
+    CHECK(count_released(p, N) == 0,
+          "B's buffers are held while A's work is pending (%d of %d released)",
+          count_released(p, N), N);
+    CHECK(st.held == N, "stats.held %llu, want %d", ULL(st.held), N);
+    CHECK(st.held_bytes == bytes, "stats.held_bytes %llu, want %llu",
+          ULL(st.held_bytes), ULL(bytes));
+    CHECK(st.idle_releases + st.cap_releases + st.age_releases +
+                  st.demand_releases == 0,
+          "nothing released by the policy yet (idle %llu cap %llu age %llu "
+          "demand %llu)", ULL(st.idle_releases), ULL(st.cap_releases),
+          ULL(st.age_releases), ULL(st.demand_releases));
+
+    double t0 = now_ms();
+    busy_end(&a);
+    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 2000);
+    double dt = now_ms() - t0;
+    CHECK(count_released(p, N) == N && fake_is_released(a.p) == 1,
+          "everything released once the application is quiet (%d of %d, "
+          "busy buffer %d)", count_released(p, N), N, fake_is_released(a.p));
+    CHECK(dt < 1000, "released %.1f ms after the last work completed "
+          "(idle time 2 ms)", dt);
+    WAIT_UNTIL(stats_now().idle_releases == N + 1, 1000);
+    st = stats_now();
+    CHECK(st.idle_releases == N + 1, "stats.idle_releases %llu, want %d",
+          ULL(st.idle_releases), N + 1);
+    CHECK(st.cap_releases + st.age_releases + st.demand_releases == 0,
+          "no other reason (cap %llu age %llu demand %llu)",
+          ULL(st.cap_releases), ULL(st.age_releases), ULL(st.demand_releases));
+    CHECK(st.held == 0 && st.held_bytes == 0, "nothing held (%llu, %llu bytes)",
+          ULL(st.held), ULL(st.held_bytes));
+    return failed_checks;
+}
+
+/* ---- 2. cap --------------------------------------------------------------- */
+
+static int s_cap(void)
+{
+    enum { N = 32, SIZE = 16 << 10, CAP = 64 << 10 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *p[N];
+    uint64_t max_held_bytes = 0;
+    for (int i = 0; i < N; i++) {
+        defer_fast(sb, &p[i], 1, SIZE);
+        uint64_t hb = stats_now().held_bytes;
+        if (hb > max_held_bytes)
+            max_held_bytes = hb;
+    }
+    /* Settled: every B entry is released or held. */
+    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 2000);
+    sleep_ms(20);
+    struct defer_stats st = stats_now();
+    int released = count_released(p, N);
+    CHECK(st.cap_releases > 0, "released because of the cap (cap_releases %llu)",
+          ULL(st.cap_releases));
+    CHECK(st.held_bytes <= CAP, "held_bytes %llu <= the cap %d after settling",
+          ULL(st.held_bytes), CAP);
+    CHECK(st.held_bytes == st.held * SIZE, "held_bytes %llu == held %llu x %d",
+          ULL(st.held_bytes), ULL(st.held), SIZE);
+    CHECK(max_held_bytes <= CAP + SIZE,
+          "held_bytes never far above the cap (max seen %llu)",
+          ULL(max_held_bytes));
+    CHECK(released + (int)st.held == N, "%d released + %llu held == %d",
+          released, ULL(st.held), N);
+    CHECK(st.cap_releases == (uint64_t)released,
+          "every release was for the cap (cap_releases %llu, released %d)",
+          ULL(st.cap_releases), released);
+    CHECK(st.idle_releases + st.age_releases + st.demand_releases == 0,
+          "no other reason (idle %llu age %llu demand %llu)",
+          ULL(st.idle_releases), ULL(st.age_releases), ULL(st.demand_releases));
+    CHECK(st.held >= 1, "some entries stay held (%llu)", ULL(st.held));
+    /* Oldest first: the released ones are the first ones. */
+    bool fifo = true;
+    for (int i = 0; i < N; i++)
+        fifo &= fake_is_released(p[i]) == (i < released);
+    CHECK(fifo, "the oldest entries are released first");
+    CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
+
+    busy_end(&a);
+    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 2000);
+    CHECK(count_released(p, N) == N && fake_is_released(a.p) == 1,
+          "the rest is released once quiet");
+    return failed_checks;
+}
+
+/* ---- 3. age --------------------------------------------------------------- */
+
+static int s_age(void)
+{
+    enum { N = 3 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *p[N];
+    double t0 = now_ms();
+    defer_fast(sb, p, N, 4096);
+    double first = -1;
+    while (now_ms() - t0 < 2000 && count_released(p, N) < N) {
+        if (first < 0 && count_released(p, N) > 0)
+            first = now_ms() - t0;
+        sleep_ms(1);
+    }
+    if (first < 0 && count_released(p, N) > 0)
+        first = now_ms() - t0;
+    double all = now_ms() - t0;
+    CHECK(count_released(p, N) == N, "released within 2 s (%d of %d)",
+          count_released(p, N), N);
+    CHECK(first >= 40, "not released before about 50 ms (first after %.1f ms)",
+          first);
+    diag("  age: first release after %.1f ms, all after %.1f ms", first, all);
+    WAIT_UNTIL(stats_now().age_releases == N, 1000);
+    struct defer_stats st = stats_now();
+    CHECK(st.age_releases == N, "stats.age_releases %llu, want %d",
+          ULL(st.age_releases), N);
+    CHECK(st.idle_releases + st.cap_releases + st.demand_releases == 0,
+          "no other reason (idle %llu cap %llu demand %llu)",
+          ULL(st.idle_releases), ULL(st.cap_releases), ULL(st.demand_releases));
+    CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
+    busy_end(&a);
+    CHECK(wait_released(a.p, 2000), "the busy buffer is released after");
+    return failed_checks;
+}
+
+/* ---- 4. pool memory ------------------------------------------------------- */
+
+static int s_pool(void)
+{
+    enum { N = 4 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *p[N];
+    unsigned long frees = fake_calls(FAKE_FREE);
+    unsigned long async_frees = fake_calls(FAKE_FREE_ASYNC);
+    for (int i = 0; i < N; i++) {
+        cudaError_t err = cudaMallocAsync(&p[i], 4096, sb);
+        if (err != cudaSuccess)
+            bail("cudaMallocAsync: %s", cudaGetErrorName(err));
+        work_timed(sb, 0, p[i]);
+        err = defer_free(p[i], sb);
+        CHECK(err == cudaSuccess, "defer_free of pool memory #%d: %s", i,
+              cudaGetErrorName(err));
+    }
+    uint64_t max_held = 0;
+    double t0 = now_ms();
+    while (count_released(p, N) < N && now_ms() - t0 < 500) {
+        uint64_t h = stats_now().held;
+        if (h > max_held)
+            max_held = h;
+        sleep_ms(1);
+    }
+    CHECK(count_released(p, N) == N,
+          "pool memory released within 500 ms while busy (%d of %d)",
+          count_released(p, N), N);
+    sleep_ms(5);
+    struct defer_stats st = stats_now();
+    CHECK(fake_calls(FAKE_FREE_ASYNC) - async_frees == N,
+          "with cudaFreeAsync (%lu calls, want %d)",
+          fake_calls(FAKE_FREE_ASYNC) - async_frees, N);
+    CHECK(fake_calls(FAKE_FREE) == frees, "not with cudaFree (%lu calls)",
+          fake_calls(FAKE_FREE) - frees);
+    CHECK(max_held == 0 && st.held == 0 && st.held_bytes == 0,
+          "never held (max held seen %llu, now %llu, %llu bytes)",
+          ULL(max_held), ULL(st.held), ULL(st.held_bytes));
+    CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
+    busy_end(&a);
+    CHECK(wait_released(a.p, 2000), "the busy buffer is released after");
+    return failed_checks;
+}
+
+/* ---- 5. eager ------------------------------------------------------------- */
+
+static int s_eager(void)
+{
+    enum { N = 4 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *p[N + 1];
+    defer_fast(sb, p, N, 4096);
+    p[N] = host_alloc(4096);
+    work_timed(sb, 0, p[N]);
+    CHECK(defer_free_host(p[N], sb) == cudaSuccess, "defer_free_host");
+    uint64_t max_held = 0;
+    double t0 = now_ms();
+    while (count_released(p, N + 1) < N + 1 && now_ms() - t0 < 500) {
+        uint64_t h = stats_now().held;
+        if (h > max_held)
+            max_held = h;
+        sleep_ms(1);
+    }
+    CHECK(count_released(p, N + 1) == N + 1,
+          "released within 500 ms while another stream is busy (%d of %d)",
+          count_released(p, N + 1), N + 1);
+    struct defer_stats st = stats_now();
+    CHECK(max_held == 0 && st.held == 0, "never held (max seen %llu, now %llu)",
+          ULL(max_held), ULL(st.held));
+    CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
+    busy_end(&a);
+    CHECK(wait_released(a.p, 500), "the busy buffer is released at once after");
+    return failed_checks;
+}
+
+/* ---- 6. trim -------------------------------------------------------------- */
+
+static int s_trim(void)
+{
+    size_t bytes = 12345;
+    cudaError_t err = defer_trim(&bytes);
+    CHECK(err == cudaSuccess, "trim before any defer call: %s",
+          cudaGetErrorName(err));
+    CHECK(bytes == 0, "trim before any defer call: %zu bytes", bytes);
+    CHECK(defer_trim(NULL) == cudaSuccess, "trim(NULL) before any defer call");
+
+    struct busy a = busy_begin();
+    /* Another entry whose work is pending, to be trimmed later. */
+    cudaStream_t sp = stream_new();
+    void *pending = device_alloc(777);
+    fake_work *wp = work_held(sp, pending);
+    CHECK(defer_free(pending, sp) == cudaSuccess, "defer_free (pending)");
+    /* Completed entries: device and pinned memory. */
+    cudaStream_t sb = stream_new();
+    void *p[3] = {device_alloc(1000), device_alloc(2000), host_alloc(3000)};
+    for (int i = 0; i < 3; i++)
+        work_timed(sb, 0, p[i]);
+    CHECK(defer_free(p[0], sb) == cudaSuccess, "defer_free");
+    CHECK(defer_free(p[1], sb) == cudaSuccess, "defer_free");
+    CHECK(defer_free_host(p[2], sb) == cudaSuccess, "defer_free_host");
+    WAIT_UNTIL(stats_now().held == 3, 2000);
+    struct defer_stats st = stats_now();
+    CHECK(st.held == 3 && st.held_bytes == 6000, "3 entries held (%llu), "
+          "6000 bytes (%llu)", ULL(st.held), ULL(st.held_bytes));
+    uint64_t demand = st.demand_releases;
+
+    bytes = 0;
+    err = defer_trim(&bytes);
+    CHECK(err == cudaSuccess, "trim: %s", cudaGetErrorName(err));
+    CHECK(bytes == 6000, "trim released %zu bytes, want 6000", bytes);
+    CHECK(count_released(p, 3) == 3, "the held entries are released by the "
+          "time trim returns (%d of 3)", count_released(p, 3));
+    CHECK(fake_is_released(a.p) == 0 && fake_is_released(pending) == 0,
+          "entries whose work is pending are not released");
+    st = stats_now();
+    CHECK(st.demand_releases - demand == 3, "demand_releases grew by %llu, "
+          "want 3", ULL(st.demand_releases - demand));
+    CHECK(st.held == 0 && st.held_bytes == 0, "nothing held after trim");
+
+    bytes = 12345;
+    err = defer_trim(&bytes);
+    CHECK(err == cudaSuccess && bytes == 0,
+          "trim with nothing held: %s, %zu bytes", cudaGetErrorName(err), bytes);
+
+    fake_complete(wp);
+    WAIT_UNTIL(stats_now().held == 1, 2000);
+    CHECK(stats_now().held == 1, "the completed entry is held while busy");
+    bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess && bytes == 777,
+          "trim after its work completed: %zu bytes, want 777", bytes);
+    CHECK(fake_is_released(pending) == 1, "and released it");
+
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    bytes = 12345;
+    CHECK(defer_trim(&bytes) == cudaSuccess && bytes == 0,
+          "trim after a flush: %zu bytes", bytes);
+    CHECK(fake_live_allocations() == 0, "no allocation left (%zu)",
+          fake_live_allocations());
+    return failed_checks;
+}
+
+/* ---- 7. flush ------------------------------------------------------------- */
+
+enum { FLUSH_N = 3 };
+static struct busy flush_busy;
+static void *flush_p[FLUSH_N];
+static int flush_held_released_early;
+static int flush_busy_completed;
+
+/* After ~30 ms, note whether the flush released the held entries while the
+ * busy work was still pending, then complete it. */
+static void *flush_helper(void *unused)
+{
+    (void)unused;
+    sleep_ms(30);
+    WAIT_UNTIL(count_released(flush_p, FLUSH_N) == FLUSH_N, 2000);
+    __atomic_store_n(&flush_held_released_early,
+                     count_released(flush_p, FLUSH_N) == FLUSH_N &&
+                         fake_is_released(flush_busy.p) == 0,
+                     __ATOMIC_SEQ_CST);
+    __atomic_store_n(&flush_busy_completed, 1, __ATOMIC_SEQ_CST);
+    busy_end(&flush_busy);
+    return NULL;
+}
+
+static int s_flush(void)
+{
+    flush_busy = busy_begin();
+    cudaStream_t sb = stream_new();
+    defer_fast(sb, flush_p, FLUSH_N, 4096);
+    WAIT_UNTIL(stats_now().held == FLUSH_N, 2000);
+    CHECK(stats_now().held == FLUSH_N, "%d entries held before the flush (%llu)",
+          FLUSH_N, ULL(stats_now().held));
+    CHECK(count_released(flush_p, FLUSH_N) == 0, "none released before");
+    uint64_t demand = stats_now().demand_releases;
+    pthread_t t;
+    pthread_create(&t, NULL, flush_helper, NULL);
+    cudaError_t err = defer_flush();
+    int completed = __atomic_load_n(&flush_busy_completed, __ATOMIC_SEQ_CST);
+    CHECK(err == cudaSuccess, "flush: %s", cudaGetErrorName(err));
+    CHECK(completed, "flush waited for the busy entry deferred before it");
+    CHECK(count_released(flush_p, FLUSH_N) == FLUSH_N &&
+              fake_is_released(flush_busy.p) == 1,
+          "everything deferred before the flush is released when it returns");
+    pthread_join(t, NULL);
+    CHECK(flush_held_released_early,
+          "the held entries were released at once, while the flush still "
+          "waited for the busy work");
+    struct defer_stats st = stats_now();
+    CHECK(st.demand_releases - demand == FLUSH_N + 1,
+          "demand_releases grew by %llu, want %d",
+          ULL(st.demand_releases - demand), FLUSH_N + 1);
+    CHECK(st.held == 0, "nothing held after the flush (%llu)", ULL(st.held));
+    return failed_checks;
+}
+
+/* ---- 8. an idle batch yields to the application -------------------------- */
+
+static int s_idle_batch_yields(void)
+{
+    enum { N = 200 };
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    static void *p[N];
+    defer_fast(sb, p, N, 256);
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    CHECK(stats_now().held == N, "%d entries held (%llu)", N,
+          ULL(stats_now().held));
+    fake_set_latency(FAKE_FREE, 1000000); /* 1 ms per cudaFree */
+    busy_end(&a); /* quiet: the idle batch starts */
+    CHECK(wait_released(p[0], 2000), "the idle batch started");
+    sleep_ms(10);
+    /* The application is back. */
+    cudaStream_t sc = stream_new();
+    void *n = device_alloc(64);
+    fake_work *wn = work_held(sc, n);
+    CHECK(defer_free(n, sc) == cudaSuccess, "defer_free while the batch runs");
+    /* Without the yield, the batch (1 ms a release) would be over by now. */
+    sleep_ms(300);
+    struct defer_stats st = stats_now();
+    int released = count_released(p, N);
+    CHECK(st.held > 50, "the batch stopped early: %llu still held",
+          ULL(st.held));
+    CHECK(released < N - 50, "the batch stopped early: %d of %d released",
+          released, N);
+    sleep_ms(50);
+    CHECK(count_released(p, N) == released,
+          "and stays stopped while the new work is pending (%d, then %d)",
+          released, count_released(p, N));
+    fake_set_latency(FAKE_FREE, 0);
+    fake_complete(wn);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, N) == N && fake_is_released(n) == 1 &&
+              fake_is_released(a.p) == 1,
+          "all released after the flush (%d of %d)", count_released(p, N), N);
+    return failed_checks;
+}
+
+/* ---- 9. defer_free_n ------------------------------------------------------ */
+
+static int s_free_n(void)
+{
+    cudaStream_t s = stream_new();
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = device_alloc(1024);
+    fake_work *w = fake_launch_held(s, p, 4);
+    void *ptrs[5] = {p[0], p[1], NULL, p[2], p[3]};
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    cudaError_t err = defer_free_n(ptrs, 5, s);
+    CHECK(err == cudaSuccess, "defer_free_n of 5 (one NULL): %s",
+          cudaGetErrorName(err));
+    memset(ptrs, 0, sizeof ptrs); /* the caller may reuse the array */
+    CHECK(fake_calls(FAKE_EVENT_RECORD) - records == 1, "one event (%lu "
+          "recorded)", fake_calls(FAKE_EVENT_RECORD) - records);
+    CHECK(stats_now().deferred == 1, "one entry (deferred %llu)",
+          ULL(stats_now().deferred));
+    sleep_ms(20);
+    CHECK(count_released(p, 4) == 0, "nothing released before the work "
+          "completes (%d)", count_released(p, 4));
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, 4) == 4, "all released after (%d of 4)",
+          count_released(p, 4));
+
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    err = defer_free_n(NULL, 3, s);
+    stderr_capture_end();
+    CHECK(err == cudaErrorInvalidValue, "defer_free_n(NULL, 3): %s",
+          cudaGetErrorName(err));
+    CHECK(stats_now().rejected - rejected == 1, "counted as rejected");
+    CHECK(defer_free_n(ptrs, 0, s) == cudaSuccess, "n == 0: cudaSuccess");
+    CHECK(defer_free_n(NULL, 0, s) == cudaSuccess, "NULL, n == 0: cudaSuccess");
+    uint64_t deferred = stats_now().deferred;
+    CHECK(defer_free_n(ptrs, 5, s) == cudaSuccess, "all NULL: cudaSuccess");
+    CHECK(stats_now().deferred == deferred, "all NULL: nothing deferred");
+    return failed_checks;
+}
+
+/* ---- 10. CUDEFER_DISABLE -------------------------------------------------- */
+
+static pthread_t disable_caller;
+static int disable_call_on_caller;
+
+static void disable_cb(void *arg)
+{
+    *(int *)arg = 1;
+    disable_call_on_caller = pthread_equal(pthread_self(), disable_caller);
+}
+
+static int s_disable(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_work *w = work_timed(s, 2000, p);
+    cudaError_t err = defer_free(p, s);
+    CHECK(err == cudaSuccess, "defer_free: %s", cudaGetErrorName(err));
+    CHECK(fake_work_done(w), "defer_free waited for the stream's work");
+    CHECK(fake_is_released(p) == 1, "and released the buffer at once");
+    struct defer_stats st = stats_now();
+    CHECK(st.sync_releases == 1, "sync_releases %llu, want 1",
+          ULL(st.sync_releases));
+    CHECK(st.deferred == 1 && st.released == 1 && st.pending == 0,
+          "deferred %llu released %llu pending %llu", ULL(st.deferred),
+          ULL(st.released), ULL(st.pending));
+
+    void *h = host_alloc(4096);
+    w = work_timed(s, 2000, h);
+    CHECK(defer_free_host(h, s) == cudaSuccess, "defer_free_host");
+    CHECK(fake_work_done(w) && fake_is_released(h) == 1,
+          "defer_free_host waited and released at once");
+
+    int ran = 0;
+    disable_caller = pthread_self();
+    w = work_timed(s, 2000, NULL);
+    CHECK(defer_call(disable_cb, &ran, s) == cudaSuccess, "defer_call");
+    CHECK(fake_work_done(w) && ran, "the callback ran after the work, before "
+          "defer_call returned");
+    CHECK(disable_call_on_caller, "on the calling thread");
+    CHECK(stats_now().sync_releases == 3, "sync_releases %llu, want 3",
+          ULL(stats_now().sync_releases));
+    return failed_checks;
+}
+
+/* ---- 11. no wake-ups when idle -------------------------------------------- */
+
+static int s_idle_no_wakeups(void)
+{
+    enum { N = 4 };
+    cudaStream_t s = stream_new();
+    void *p[N];
+    defer_fast(s, p, N, 4096);
+    WAIT_UNTIL(count_released(p, N) == N, 2000);
+    CHECK(count_released(p, N) == N, "released by the policy (%d of %d)",
+          count_released(p, N), N);
+    sleep_ms(100);
+    struct defer_stats before = stats_now();
+    sleep_ms(300);
+    struct defer_stats after = stats_now();
+    CHECK(after.wakeups == before.wakeups, "%llu wake-ups in 300 quiet ms",
+          ULL(after.wakeups - before.wakeups));
+    CHECK(after.event_queries == before.event_queries,
+          "%llu event queries in 300 quiet ms",
+          ULL(after.event_queries - before.event_queries));
+    return failed_checks;
+}
+
+/* ---- 12. polling backs off ------------------------------------------------ */
+
+static int s_adaptive_polling(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_work *w = work_held(s, p);
+    struct defer_stats before = stats_now();
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    sleep_ms(300);
+    struct defer_stats after = stats_now();
+    uint64_t queries = after.event_queries - before.event_queries;
+    uint64_t wakeups = after.wakeups - before.wakeups;
+    diag("  polling: %llu event queries, %llu wake-ups in 300 ms",
+         ULL(queries), ULL(wakeups));
+    CHECK(queries > 0, "the pending entry is polled");
+    CHECK(queries < 300, "%llu event queries in 300 ms (50 us polls without "
+          "back-off would make 6000)", ULL(queries));
+    CHECK(wakeups < 300, "%llu wake-ups in 300 ms", ULL(wakeups));
+    CHECK(fake_is_released(p) == 0, "not released while its work is pending");
+    fake_complete(w);
+    CHECK(wait_released(p, 2000), "released after its work completes");
+    return failed_checks;
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("batched: held while another stream is busy, released when quiet",
+             "CUDEFER_IDLE_US=2000 CUDEFER_MAX_DELAY_MS=0",
+             s_batched_holds_while_busy);
+    scenario("cap: released down to the cap while busy",
+             "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
+    scenario("age: released after max_delay_ms while busy",
+             "CUDEFER_MAX_DELAY_MS=50", s_age);
+    scenario("pool memory: released at once with cudaFreeAsync, never held",
+             "CUDEFER_MAX_DELAY_MS=0", s_pool);
+    scenario("eager: released at once while busy", "CUDEFER_POLICY=eager",
+             s_eager);
+    scenario("trim: releases what completed, reports its bytes",
+             "CUDEFER_MAX_DELAY_MS=0", s_trim);
+    scenario("flush: releases held entries at once, waits for pending ones",
+             "CUDEFER_MAX_DELAY_MS=0", s_flush);
+    scenario("idle batch: stops when the application is back",
+             "CUDEFER_IDLE_US=1000 CUDEFER_MAX_DELAY_MS=0", s_idle_batch_yields);
+    scenario("defer_free_n: one event for several pointers", "", s_free_n);
+    scenario("CUDEFER_DISABLE: every call waits and releases at once",
+             "CUDEFER_DISABLE=1", s_disable);
+    scenario("idle: no wake-ups once everything is released", "",
+             s_idle_no_wakeups);
+    scenario("adaptive polling: backs off while nothing completes",
+             "CUDEFER_POLL_US=50 CUDEFER_POLL_MAX_US=5000", s_adaptive_polling);
+    return 0;
+}
