@@ -690,8 +690,10 @@ cudaError_t reclaimer_device_error(int device)
 
 /* Push a request and wait for it (at most until deadline_ns, if not 0);
  * false if the deadline passed first, and then the request is left to the
- * reclaimer (q must outlive it: the caller is exiting). */
-static bool request_and_wait(struct request *q, uint64_t deadline_ns)
+ * reclaimer (q must outlive it: the caller is exiting).  With leave_gate, the
+ * caller's admission ends once the request is pushed. */
+static bool request_and_wait(struct request *q, uint64_t deadline_ns,
+                             bool leave_gate)
 {
     struct entry marker = {.kind = ENTRY_REQUEST, .request = q};
     pthread_condattr_t attr;
@@ -701,6 +703,8 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns)
     pthread_cond_init(&q->cond, &attr);
     pthread_condattr_destroy(&attr);
     reclaimer_push(&marker);
+    if (leave_gate)
+        reclaimer_leave();
     wake(); /* do not wait for a napping reclaimer's next pass */
     pthread_mutex_lock(&q->lock);
     while (!q->done) {
@@ -748,9 +752,11 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
         return cudaSuccess; /* nothing was ever deferred */
     if ((err = reclaimer_enter(what)) != cudaSuccess)
         return err;
+    /* The gate is held only while pushing: a waiting flush must not keep
+     * shutdown or exit from closing it.  The reclaimer answers every request
+     * it took before it stops. */
     struct request q = {.trim = trim, .err = cudaSuccess};
-    request_and_wait(&q, 0);
-    reclaimer_leave();
+    request_and_wait(&q, 0, true);
     if (bytes != NULL)
         *bytes = (size_t)q.bytes;
     return q.err;
@@ -766,12 +772,18 @@ cudaError_t reclaimer_trim(size_t *bytes)
     return request("defer_trim", true, bytes);
 }
 
-/* Close the gate and wait for the submissions already admitted. */
-static void close_gate(void)
+/* Close the gate and wait for the submissions already admitted (until
+ * deadline_ns, if not 0: one may be blocked for good, e.g. in
+ * cudaStreamSynchronize under CUDEFER_DISABLE).  False if it passed. */
+static bool close_gate(uint64_t deadline_ns)
 {
     atomic_fetch_or(&r.gate, GATE_CLOSED);
-    while ((atomic_load(&r.gate) & ~GATE_CLOSED) != 0)
+    while ((atomic_load(&r.gate) & ~GATE_CLOSED) != 0) {
+        if (deadline_ns != 0 && now_ns() > deadline_ns)
+            return false;
         sched_yield();
+    }
+    return true;
 }
 
 /* Ask the thread to stop once everything is released, and join it. */
@@ -796,9 +808,9 @@ cudaError_t reclaimer_shutdown(void)
     pthread_mutex_lock(&r.life_lock);
     cudaError_t err = cudaSuccess;
     if (atomic_load(&r.state) == STATE_RUNNING) {
-        close_gate();
+        close_gate(0);
         struct request q = {.err = cudaSuccess};
-        request_and_wait(&q, 0);
+        request_and_wait(&q, 0, false);
         err = q.err;
         stop_and_join();
     } else {
@@ -817,10 +829,10 @@ static void at_exit(void)
     if (pthread_mutex_trylock(&r.life_lock) != 0)
         return; /* exit() from inside start or shutdown: leave it be */
     if (atomic_load(&r.state) == STATE_RUNNING && !on_reclaimer_thread) {
-        close_gate();
+        uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
-        if (request_and_wait(&q, now_ns() + EXIT_DRAIN_NS)) {
+        if (close_gate(deadline) && request_and_wait(&q, deadline, false)) {
             stop_and_join();
         } else {
             struct defer_stats s;
