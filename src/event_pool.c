@@ -255,12 +255,32 @@ void event_pool_destroy_all(void)
     event_pool_abandon();
 }
 
+void event_pool_after_fork(void)
+{
+    /* Another thread may have held these locks at the fork: they are reset.
+     * The pools stay as they are (reachable, never used again). */
+    pthread_mutex_init(&registry_lock, NULL);
+    for (int d = 0; d < pool_count; d++)
+        pthread_mutex_init(&pools[d].lock, NULL);
+    /* The other threads are gone; their caches (still mapped) go to the
+     * pools, so nothing is lost track of. */
+    for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
+        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+            struct entry *e = tc->head[d];
+            while (e != NULL) {
+                struct entry *next = e->fifo_next;
+                e->fifo_next = pools[d].head;
+                pools[d].head = e;
+                pools[d].count++;
+                e = next;
+            }
+            tc->head[d] = NULL;
+            tc->count[d] = 0;
+        }
+}
+
 void event_pool_abandon(void)
 {
-    /* In a fork child another thread may have held the registry lock, and
-     * the other threads' caches are gone with them. */
-    pthread_mutex_init(&registry_lock, NULL);
-    cache.prev = NULL;
     free(pools);
     pools = NULL;
     pool_count = 0;

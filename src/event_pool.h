@@ -37,8 +37,12 @@ void event_pool_give_chain(int device, struct entry *first, size_t n);
  * destroys every idle event, the threads' caches included. */
 void event_pool_destroy_all(void);
 
-/* Fork child only: forgets every pool and cache without any CUDA call. */
+/* Start-up failure or shutdown: forgets the (empty) pools without any CUDA
+ * call. */
 void event_pool_abandon(void);
+
+/* Fork child only: makes the pools' locks usable again; no CUDA call. */
+void event_pool_after_fork(void);
 
 /* Any thread.  Idle entries in the pools and caches now. */
 size_t event_pool_idle_count(void);

@@ -67,6 +67,7 @@ static struct {
     pthread_t thread;
 
     /* The reclaimer thread's alone. */
+    struct queue_batch batch;    /* entries being taken in */
     struct stream_table streams; /* entries whose work is incomplete */
     uint64_t incomplete;         /* entries in streams */
     struct held_list *held;      /* per device: completed, held by policy */
@@ -256,14 +257,16 @@ static void learn_cap(int device)
 /* Move every pushed entry into its stream's FIFO; returns how many came. */
 static size_t take_pushed(void)
 {
-    struct queue_batch batch;
+    /* The batch lives in r, not on this stack: a fork child (which has no
+     * reclaimer thread) can still see the entries it holds. */
+    struct queue_batch *batch = &r.batch;
     size_t arrived = 0;
-    if (!queue_take_all_sc(&r.queue, &batch))
+    if (!queue_take_all_sc(&r.queue, batch))
         return 0;
-    struct queue_node *node = batch.first;
+    struct queue_node *node = batch->first;
     while (node != NULL) {
         /* Read the link first: a completed request may be gone. */
-        struct queue_node *next = queue_batch_next(&batch, node);
+        struct queue_node *next = queue_batch_next(batch, node);
         struct entry *e = entry_of_node(node);
         node = next;
         if (e->kind == ENTRY_REQUEST) {
@@ -864,6 +867,6 @@ static void fork_child(void)
     pthread_mutex_init(&r.wake_lock, NULL);
     pthread_cond_init(&r.wake_cond, NULL);
     pthread_mutex_init(&r.life_lock, NULL);
-    event_pool_abandon();
+    event_pool_after_fork();
     alloc_info_reset();
 }
