@@ -2,8 +2,13 @@
 #define _GNU_SOURCE
 #include "helpers.h"
 
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,4 +114,107 @@ const char *stderr_capture_end(void)
     if (n > 0)
         diag("stderr: %s", text);
     return text;
+}
+
+/* ---- scenarios run in child processes ------------------------------------ */
+
+int failed_checks;
+
+bool check(bool cond, int line, const char *fmt, ...)
+{
+    if (cond)
+        return true;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    diag("  line %d: check failed: %s", line, msg);
+    failed_checks++;
+    return false;
+}
+
+pid_t fork_flushed(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        sysbail("fork");
+    return pid;
+}
+
+void child_end(int failures)
+{
+    fflush(stdout);
+    fflush(stderr);
+    _exit(failures > 100 ? 100 : failures);
+}
+
+void scenario_child_end(void)
+{
+    long v = fake_violations();
+    char last[256];
+    CHECK(v == 0, "oracle: %ld violation(s), the last: %s", v,
+          fake_last_violation(last, sizeof last));
+    child_end(failed_checks);
+}
+
+double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void set_cudefer_env(const char *env)
+{
+    extern char **environ;
+    for (bool again = true; again;) {
+        again = false;
+        for (char **e = environ; e != NULL && *e != NULL; e++) {
+            if (strncmp(*e, "CUDEFER_", 8) != 0)
+                continue;
+            char name[256];
+            size_t len = strcspn(*e, "=");
+            if (len >= sizeof name)
+                len = sizeof name - 1;
+            memcpy(name, *e, len);
+            name[len] = '\0';
+            unsetenv(name);
+            again = true; /* environ changed: start over */
+            break;
+        }
+    }
+    char *copy = strdup(env != NULL ? env : ""), *save = NULL;
+    if (copy == NULL)
+        sysbail("strdup");
+    for (char *tok = strtok_r(copy, " ", &save); tok != NULL;
+         tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        if (eq == NULL)
+            bail("scenario environment: no '=' in %s", tok);
+        *eq = '\0';
+        setenv(tok, eq + 1, 1);
+    }
+    free(copy);
+}
+
+bool wait_child(pid_t pid, double timeout_ms, int *status)
+{
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        pid_t got = waitpid(pid, status, WNOHANG);
+        if (got == pid)
+            return true;
+        if (got < 0 && errno != EINTR)
+            sysbail("waitpid");
+        if (now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+            }
+            return false;
+        }
+        sleep_ms(2);
+    }
 }

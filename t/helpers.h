@@ -1,10 +1,12 @@
 /* Helpers shared by the fake-runtime tests: allocations, simulated work,
- * waiting with a deadline, and capturing what the library prints. */
+ * waiting with a deadline, capturing what the library prints, and running
+ * scenarios in child processes (checks, the environment, fork and wait). */
 #ifndef CUDEFER_TEST_HELPERS_H
 #define CUDEFER_TEST_HELPERS_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "cudefer.h"
 #include "fake_cuda.h"
@@ -33,5 +35,54 @@ struct defer_stats stats_now(void);
  * (static buffer, NUL-terminated) and echoes it as TAP diagnostics. */
 void stderr_capture_begin(void);
 const char *stderr_capture_end(void);
+
+/* ---- scenarios run in child processes (policy, lifecycle) ---------------- */
+
+/* A check in a process that must not print TAP results of its own, since
+ * its parent numbers them: in a scenario child (or a worker it forks) only.
+ * A failure is explained with diag ("line N: check failed: ...") and
+ * counted in failed_checks, which the child resets at its start and turns
+ * into its exit status; check returns cond. */
+extern int failed_checks;
+bool check(bool cond, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define CHECK(cond, ...) check((cond), __LINE__, __VA_ARGS__)
+
+/* A counter (uint64_t and the like) as unsigned long long, for %llu.
+ * Anyone. */
+#define ULL(x) ((unsigned long long)(x))
+
+/* Now on the monotonic clock, in milliseconds: for measuring intervals and
+ * deadlines only.  Anyone. */
+double now_ms(void);
+
+/* fork() with stdout and stderr flushed first, so that the child does not
+ * write again what the parent had buffered; bails if fork fails.  Returns
+ * 0 in the child, its pid in the parent.  For starting a scenario child or
+ * a worker; the parent waits for it with wait_child. */
+pid_t fork_flushed(void);
+
+/* End a forked child now, with exit status failures (at most 100), stdout
+ * and stderr flushed, without running exit handlers.  In a child started
+ * with fork_flushed only. */
+_Noreturn void child_end(int failures);
+
+/* End a scenario child: CHECK that the fake's oracle saw no violation (a
+ * failure names a line of helpers.c), then child_end(failed_checks).  In a
+ * scenario child only, once its scenario is over. */
+_Noreturn void scenario_child_end(void);
+
+/* Unset every CUDEFER_* variable, then set those of env
+ * ("CUDEFER_X=1 CUDEFER_Y=2"; NULL or "" sets none); bails on a word with
+ * no '='.  Only where cudefer has not read its configuration yet: in a
+ * scenario child before its first cudefer call, between fork and exec, or
+ * in a test that calls the configuration parser itself. */
+void set_cudefer_env(const char *env);
+
+/* Wait for the child pid at most timeout_ms, polling every 2 ms: true, with
+ * *status from waitpid, if it ended; false if not, after killing it with
+ * SIGKILL and reaping it (*status is then that of the kill).  Only in the
+ * process that forked pid. */
+bool wait_child(pid_t pid, double timeout_ms, int *status);
 
 #endif

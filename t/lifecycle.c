@@ -11,69 +11,15 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
-
-/* ---- checks in a child process -------------------------------------------- */
-
-static int failed_checks;
-
-static bool check(bool cond, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool check(bool cond, int line, const char *fmt, ...)
-{
-    if (cond)
-        return true;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    diag("  line %d: check failed: %s", line, msg);
-    failed_checks++;
-    return false;
-}
-#define CHECK(cond, ...) check((cond), __LINE__, __VA_ARGS__)
-
-#define ULL(x) ((unsigned long long)(x))
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Wait for pid at most timeout_ms; false (and the child killed) if it did
- * not end in time. */
-static bool wait_child(pid_t pid, double timeout_ms, int *status)
-{
-    double deadline = now_ms() + timeout_ms;
-    for (;;) {
-        pid_t got = waitpid(pid, status, WNOHANG);
-        if (got == pid)
-            return true;
-        if (got < 0 && errno != EINTR)
-            sysbail("waitpid");
-        if (now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
-            }
-            return false;
-        }
-        sleep_ms(2);
-    }
-}
 
 /* ---- workers: processes forked by a scenario ------------------------------ */
 
@@ -92,21 +38,14 @@ static void run_worker(int (*fn)(void), unsigned timeout_ms, struct worker *w)
     int fds[2];
     if (pipe(fds) != 0)
         sysbail("pipe");
-    fflush(stdout);
-    fflush(stderr);
     double t0 = now_ms(), deadline = t0 + timeout_ms;
-    pid_t pid = fork();
-    if (pid < 0)
-        sysbail("fork");
+    pid_t pid = fork_flushed();
     if (pid == 0) {
         close(fds[0]);
         dup2(fds[1], STDERR_FILENO);
         close(fds[1]);
         failed_checks = 0;
-        int n = fn();
-        fflush(stdout);
-        fflush(stderr);
-        _exit(n > 100 ? 100 : n);
+        child_end(fn());
     }
     close(fds[1]);
     size_t len = 0;
@@ -735,59 +674,17 @@ static int run_scenario(const char *key)
         fake_reset(1);
         failed_checks = 0;
         scenarios[i].fn();
-        long v = fake_violations();
-        char last[256];
-        CHECK(v == 0, "oracle: %ld violation(s), the last: %s", v,
-              fake_last_violation(last, sizeof last));
-        fflush(stdout);
-        fflush(stderr);
-        _exit(failed_checks > 100 ? 100 : failed_checks);
+        scenario_child_end();
     }
     diag("no scenario %s", key);
     _exit(100);
 }
 
-/* Unset every CUDEFER_* variable, then set those of env. */
-static void set_env(const char *env)
-{
-    extern char **environ;
-    for (bool again = true; again;) {
-        again = false;
-        for (char **e = environ; e != NULL && *e != NULL; e++) {
-            if (strncmp(*e, "CUDEFER_", 8) != 0)
-                continue;
-            char name[256];
-            size_t len = strcspn(*e, "=");
-            if (len >= sizeof name)
-                len = sizeof name - 1;
-            memcpy(name, *e, len);
-            name[len] = '\0';
-            unsetenv(name);
-            again = true;
-            break;
-        }
-    }
-    char *copy = strdup(env), *save = NULL;
-    for (char *tok = strtok_r(copy, " ", &save); tok != NULL;
-         tok = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(tok, '=');
-        if (eq == NULL)
-            bail("scenario environment: no '=' in %s", tok);
-        *eq = '\0';
-        setenv(tok, eq + 1, 1);
-    }
-    free(copy);
-}
-
 static void scenario(const char *argv0, const struct scenario *sc)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
-        sysbail("fork");
+    pid_t pid = fork_flushed();
     if (pid == 0) {
-        set_env(sc->env);
+        set_cudefer_env(sc->env);
         execl("/proc/self/exe", argv0, "--scenario", sc->key, (char *)NULL);
         printf("# exec /proc/self/exe: %s\n", strerror(errno));
         fflush(stdout);

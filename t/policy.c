@@ -4,111 +4,23 @@
  * on flush/trim; pool memory and the eager policy release at once; the
  * reclaimer backs off while it waits and sleeps when there is nothing. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
 
 /* ---- scenario runner ------------------------------------------------------ */
 
-/* A scenario runs in a child process, which must not report TAP results of
- * its own (the parent numbers them): its checks only count and explain. */
-static int failed_checks;
-
-static bool check(bool cond, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool check(bool cond, int line, const char *fmt, ...)
-{
-    if (cond)
-        return true;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    diag("  line %d: check failed: %s", line, msg);
-    failed_checks++;
-    return false;
-}
-#define CHECK(cond, ...) check((cond), __LINE__, __VA_ARGS__)
-
 /* Poll cond every millisecond, for at most ms milliseconds. */
 #define WAIT_UNTIL(cond, ms)                                                   \
     for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
     sleep_ms(1)
-
-#define ULL(x) ((unsigned long long)(x))
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Unset every CUDEFER_* variable, then set those of env
- * ("CUDEFER_X=1 CUDEFER_Y=2"). */
-static void set_env(const char *env)
-{
-    extern char **environ;
-    for (bool again = true; again;) {
-        again = false;
-        for (char **e = environ; e != NULL && *e != NULL; e++) {
-            if (strncmp(*e, "CUDEFER_", 8) != 0)
-                continue;
-            char name[256];
-            size_t len = strcspn(*e, "=");
-            if (len >= sizeof name)
-                len = sizeof name - 1;
-            memcpy(name, *e, len);
-            name[len] = '\0';
-            unsetenv(name);
-            again = true; /* environ changed: start over */
-            break;
-        }
-    }
-    char *copy = strdup(env != NULL ? env : ""), *save = NULL;
-    for (char *tok = strtok_r(copy, " ", &save); tok != NULL;
-         tok = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(tok, '=');
-        if (eq == NULL)
-            bail("scenario environment: no '=' in %s", tok);
-        *eq = '\0';
-        setenv(tok, eq + 1, 1);
-    }
-    free(copy);
-}
-
-/* Wait for pid at most timeout_ms; false (and the child killed) if it did
- * not end in time. */
-static bool wait_child(pid_t pid, unsigned timeout_ms, int *status)
-{
-    double deadline = now_ms() + timeout_ms;
-    for (;;) {
-        pid_t got = waitpid(pid, status, WNOHANG);
-        if (got == pid)
-            return true;
-        if (got < 0 && errno != EINTR)
-            sysbail("waitpid");
-        if (now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
-            }
-            return false;
-        }
-        sleep_ms(2);
-    }
-}
 
 #define SCENARIO_TIMEOUT_MS 20000
 
@@ -117,26 +29,16 @@ static bool wait_child(pid_t pid, unsigned timeout_ms, int *status)
  * exits with its number of failed checks. */
 static void scenario(const char *name, const char *env, int (*fn)(void))
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
-        sysbail("fork");
+    pid_t pid = fork_flushed();
     if (pid == 0) {
-        set_env(env);
+        set_cudefer_env(env);
         fake_reset(1);
         failed_checks = 0;
         fn();
         cudaError_t err = defer_shutdown();
         CHECK(err == cudaSuccess, "defer_shutdown at the end: %s",
               cudaGetErrorName(err));
-        long v = fake_violations();
-        char last[256];
-        CHECK(v == 0, "oracle: %ld violation(s), the last: %s", v,
-              fake_last_violation(last, sizeof last));
-        fflush(stdout);
-        fflush(stderr);
-        _exit(failed_checks > 100 ? 100 : failed_checks);
+        scenario_child_end();
     }
     int status = 0;
     bool ended = wait_child(pid, SCENARIO_TIMEOUT_MS, &status);

@@ -18,12 +18,6 @@ static const char *const all_vars[] = {
 };
 #define NVARS (sizeof all_vars / sizeof *all_vars)
 
-static void unset_all(void)
-{
-    for (size_t i = 0; i < NVARS; i++)
-        unsetenv(all_vars[i]);
-}
-
 /* The field a variable sets, widened. */
 static uint64_t field_of(const struct defer_config *c, const char *var)
 {
@@ -308,7 +302,7 @@ static void test_env_several(void)
     stderr_capture_begin();
     int invalid = config_load_env(&cfg);
     const char *err = stderr_capture_end();
-    unset_all();
+    set_cudefer_env("");
     is_int(invalid, 2, "two invalid values counted");
     is_str(err,
            "cudefer: invalid value for CUDEFER_POLL_US: \"abc\" (expected "
@@ -341,13 +335,13 @@ static void test_poll_max_fixup(void)
            "poll_max below poll is reported");
     ok(cfg.poll_us == 500 && cfg.poll_max_us == 500, "poll_max raised to poll");
 
-    unset_all();
+    set_cudefer_env("");
     config_defaults(&cfg);
     setenv("CUDEFER_POLL_US", "2ms", 1);
     stderr_capture_begin();
     config_load_env(&cfg);
     err = stderr_capture_end();
-    unset_all();
+    set_cudefer_env("");
     is_str(err,
            "cudefer: CUDEFER_POLL_MAX_US (1000us) is below CUDEFER_POLL_US "
            "(2000us): using 2000us\n",
@@ -419,7 +413,7 @@ static void test_print(void)
     struct defer_config back;
     config_defaults(&back);
     is_int(config_load_env(&back), 0, "the printed values are all valid");
-    unset_all();
+    set_cudefer_env("");
     ok(same_config(&back, &odd), "and read back the same");
 }
 
@@ -563,7 +557,7 @@ static void test_start(void)
     stderr_capture_begin();
     config_at_start(&got);
     const char *msg = stderr_capture_end();
-    unset_all();
+    set_cudefer_env("");
     ok(same_config(&got, &want),
        "at start: defer_configure's values, the environment on top, the "
        "invalid call ignored");
@@ -588,7 +582,7 @@ static void test_start(void)
     stderr_capture_begin();
     config_at_start(&again);
     msg = stderr_capture_end();
-    unset_all();
+    set_cudefer_env("");
     ok(same_config(&again, &want) && msg[0] == '\0',
        "a second config_at_start: the same values, nothing read or printed");
 
@@ -613,7 +607,7 @@ static void test_start(void)
 int main(void)
 {
     plan_lazy();
-    unset_all();
+    set_cudefer_env("");
     test_duration_us();
     test_duration_ms();
     test_size();

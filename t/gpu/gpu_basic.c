@@ -470,6 +470,7 @@ int main(void)
 
     if (err != cudaSuccess || count == 0)
         skip_all("no CUDA device");
+    gpu_tests_serialize();
 
     plan(55);
     CHECK(cudaSetDevice(0));

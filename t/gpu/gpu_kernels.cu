@@ -1,6 +1,12 @@
 /* Kernels for the GPU tests, the demo and the benchmark (see gpu_kernels.h). */
 #include "gpu_kernels.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 __device__ static uint64_t global_ns(void)
 {
     uint64_t t;
@@ -77,4 +83,15 @@ extern "C" cudaError_t gpu_wait_flag(cudaStream_t stream, volatile int *flag,
 {
     wait_flag_kernel<<<1, 1, 0, stream>>>(flag, timeout_ns);
     return cudaGetLastError();
+}
+
+extern "C" void gpu_tests_serialize(void)
+{
+    const char *dir = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cudefer-gpu-tests.lock",
+             dir != NULL && *dir != '\0' ? dir : "/tmp");
+    int fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    if (fd >= 0)
+        flock(fd, LOCK_EX); /* released when the process exits */
 }

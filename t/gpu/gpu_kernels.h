@@ -29,6 +29,11 @@ cudaError_t gpu_spin_set_flag(cudaStream_t stream, uint64_t ns,
 cudaError_t gpu_wait_flag(cudaStream_t stream, volatile int *flag,
                           uint64_t timeout_ns);
 
+/* Block until no other GPU test of this build runs (an flock on a file in
+ * the temporary directory, held until the process exits): tests that count
+ * device memory must not see another test's allocations.  Call it first. */
+void gpu_tests_serialize(void);
+
 #ifdef __cplusplus
 }
 #endif

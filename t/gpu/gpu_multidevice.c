@@ -177,6 +177,7 @@ int main(void)
 
     if (err != cudaSuccess || count < DEVICES)
         skip_all("needs 2 CUDA devices");
+    gpu_tests_serialize();
 
     plan(13);
     setup();
