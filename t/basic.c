@@ -3,6 +3,7 @@
  * reclaimer sleeps when idle. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -52,8 +53,15 @@ static int call_order[NCALLS];
 static int calls_done;
 static int called_on_reclaimer;
 
+static int signals_blocked_in_callback;
+
 static void record_call(void *arg)
 {
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, NULL, &mask);
+    signals_blocked_in_callback += sigismember(&mask, SIGINT) == 1 &&
+                                   sigismember(&mask, SIGTERM) == 1 &&
+                                   sigismember(&mask, SIGCHLD) == 1;
     char name[16] = "";
     pthread_getname_np(pthread_self(), name, sizeof name);
     called_on_reclaimer += strcmp(name, "cudefer-reclaim") == 0;
@@ -77,6 +85,8 @@ static void test_call_order(void)
         in_order &= call_order[i] == i;
     ok(in_order, "callbacks of one stream run in the order deferred");
     is_int(called_on_reclaimer, NCALLS, "callbacks run on cudefer-reclaim");
+    is_int(signals_blocked_in_callback, NCALLS,
+           "with signals masked (they go to the application's threads)");
     is_int(defer_call(NULL, NULL, s), cudaErrorInvalidValue,
            "defer_call(NULL fn) is an invalid value");
     cudaStreamDestroy(s);
