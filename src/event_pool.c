@@ -123,6 +123,10 @@ static void cache_at_thread_exit(void *c)
 {
     struct thread_cache *tc = c;
     pthread_mutex_lock(&registry_lock);
+    if (tc->prev == NULL) { /* emptied and unlinked by shutdown */
+        pthread_mutex_unlock(&registry_lock);
+        return;
+    }
     for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
         destroy_chain(pool_push(d, tc->head[d], tc->count[d]));
         atomic_fetch_sub_explicit(&idle_total, tc->count[d], memory_order_relaxed);
