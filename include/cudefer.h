@@ -55,6 +55,9 @@ struct defer_config {
     int disable;                /* 1: every defer call waits for its stream and releases at once */
     int verbose;                /* 1: print the configuration in force at start-up */
     int print_stats;            /* 1: print the statistics at exit */
+    int check;                  /* 1: report a pointer deferred again while
+                                   still pending (costs the reclaimer a hash
+                                   lookup per pointer) */
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by

@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "report.h"
+
 typedef CUresult (*pointer_get_attributes_fn)(unsigned int,
                                               CUpointer_attribute *,
                                               void **, CUdeviceptr);
@@ -28,6 +30,12 @@ static bool resolve(void)
             resolution = RESOLVED;
         } else {
             resolution = UNAVAILABLE;
+            report_cuda("reclaimer", "cudaGetDriverEntryPointByVersion"
+                        "(cuPointerGetAttributes)",
+                        err != cudaSuccess ? err : cudaErrorSymbolNotFound,
+                        "; allocation sizes and pools are unknown: pool "
+                        "memory is freed with cudaFree, and the cap does "
+                        "not see these bytes");
         }
     }
     return resolution == RESOLVED;

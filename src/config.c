@@ -67,6 +67,7 @@ static const struct knob knobs[] = {
     KNOB(DISABLE, disable, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(VERBOSE, verbose, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(STATS, print_stats, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
+    KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "release.h"
+#include "report.h"
 #include "stats.h"
 
 /* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
@@ -96,7 +97,10 @@ static void destroy_chain(struct entry *e)
 {
     while (e != NULL) {
         struct entry *next = e->fifo_next;
-        cudaEventDestroy(e->event);
+        cudaError_t err = cudaEventDestroy(e->event);
+        if (err != cudaSuccess)
+            report_cuda("event pool", "cudaEventDestroy", err,
+                        "; the event is forgotten");
         release_forget_pointers(e);
         free(e);
         e = next;

@@ -16,6 +16,7 @@
 #include "alloc_info.h"
 #include "config.h"
 #include "event_pool.h"
+#include "pointer_set.h"
 #include "queue.h"
 #include "release.h"
 #include "release_policy.h"
@@ -68,6 +69,7 @@ static struct {
 
     /* The reclaimer thread's alone. */
     struct queue_batch batch;    /* entries being taken in */
+    struct pointer_set deferred; /* CUDEFER_CHECK: pointers not yet released */
     struct stream_table streams; /* entries whose work is incomplete */
     uint64_t incomplete;         /* entries in streams */
     struct held_list *held;      /* per device: completed, held by policy */
@@ -148,6 +150,9 @@ static void take_request(struct request *q)
  * and tell the flushes that wait for it. */
 static void finish_entry(struct entry *e, cudaError_t err)
 {
+    if (r.cfg.check)
+        for (size_t i = 0; i < e->nptrs; i++)
+            pointer_set_remove(&r.deferred, e->ptrs[i]);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     r.tracked--;
     for (struct request **link = &r.flushes; *link != NULL;) {
@@ -204,10 +209,15 @@ static bool use_device(int device)
  * could be made (pool memory is then freed with cudaFree). */
 static cudaStream_t free_stream(int device)
 {
-    if (r.free_streams[device] == NULL &&
-        cudaStreamCreateWithFlags(&r.free_streams[device],
-                                  cudaStreamNonBlocking) != cudaSuccess)
+    if (r.free_streams[device] != NULL)
+        return r.free_streams[device];
+    cudaError_t err = cudaStreamCreateWithFlags(&r.free_streams[device],
+                                                cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
         r.free_streams[device] = NULL;
+        report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
+                    "; pool memory is freed with cudaFree");
+    }
     return r.free_streams[device];
 }
 
@@ -249,9 +259,31 @@ static void size_up(struct entry *e)
 static void learn_cap(int device)
 {
     size_t free_bytes = 0, total = 0;
-    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
+    cudaError_t err = cudaMemGetInfo(&free_bytes, &total);
+    if (err != cudaSuccess) {
         total = (size_t)80 << 30; /* what today's large GPUs have */
+        report_cuda("reclaimer", "cudaMemGetInfo", err,
+                    "; the cap assumes 80 GiB of device memory");
+    }
     r.held[device].cap = policy_cap(&r.cfg, total);
+}
+
+/* CUDEFER_CHECK: drop (and report) the pointers of e that are already
+ * pending; false when none is left. */
+static bool check_pointers(struct entry *e)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < e->nptrs; i++) {
+        if (pointer_set_add(&r.deferred, e->ptrs[i])) {
+            e->ptrs[kept++] = e->ptrs[i];
+            continue;
+        }
+        report("CUDEFER_CHECK: %p (device %d) was deferred again while its "
+               "first release is still pending: the second request is "
+               "dropped", e->ptrs[i], e->device);
+    }
+    e->nptrs = kept;
+    return kept > 0 || e->kind == ENTRY_CALL;
 }
 
 /* Move every pushed entry into its stream's FIFO; returns how many came. */
@@ -278,6 +310,10 @@ static size_t take_pushed(void)
         r.tracked++;
         if (device_error(e->device) != cudaSuccess) {
             finish_entry(e, device_error(e->device));
+            continue;
+        }
+        if (r.cfg.check && !check_pointers(e)) {
+            finish_entry(e, cudaErrorInvalidValue);
             continue;
         }
         if (r.cfg.policy != DEFER_POLICY_EAGER && use_device(e->device)) {
@@ -515,10 +551,13 @@ static void wait_for_work(bool progress, uint64_t now)
 
 static void destroy_free_streams(void)
 {
-    for (int d = 0; d < r.ndevices; d++)
+    for (int d = 0; d < r.ndevices; d++) {
+        cudaError_t err;
         if (r.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
-            use_device(d))
-            cudaStreamDestroy(r.free_streams[d]);
+            use_device(d) &&
+            (err = cudaStreamDestroy(r.free_streams[d])) != cudaSuccess)
+            report_cuda("shutdown", "cudaStreamDestroy", err, "");
+    }
 }
 
 static void *reclaimer_main(void *unused)
@@ -796,6 +835,7 @@ static void stop_and_join(void)
     wake();
     pthread_join(r.thread, NULL);
     stream_table_destroy(&r.streams);
+    pointer_set_destroy(&r.deferred);
     free_per_device();
 }
 

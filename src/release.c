@@ -15,10 +15,16 @@ static cudaError_t release_pointer(const struct entry *e, void *ptr,
     if (e->kind == ENTRY_FREE_HOST) {
         err = cudaFreeHost(ptr);
         call = "cudaFreeHost";
-    } else if (e->pool && async_stream != NULL) {
-        err = cudaFreeAsync(ptr, async_stream);
+    } else if (e->pool && async_stream != NULL &&
+               (err = cudaFreeAsync(ptr, async_stream)) == cudaSuccess) {
         call = "cudaFreeAsync";
     } else {
+        if (e->pool && async_stream != NULL) {
+            char detail[96];
+            snprintf(detail, sizeof detail, "; freeing %p with cudaFree instead",
+                     ptr);
+            report_cuda("release", "cudaFreeAsync", err, detail);
+        }
         err = cudaFree(ptr);
         call = "cudaFree";
     }

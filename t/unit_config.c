@@ -14,7 +14,7 @@ static const char *const all_vars[] = {
     "CUDEFER_POLL_US",      "CUDEFER_POLL_MAX_US", "CUDEFER_IDLE_US",
     "CUDEFER_MAX_PENDING",  "CUDEFER_MAX_DELAY_MS", "CUDEFER_POLICY",
     "CUDEFER_EVENT_POOL",   "CUDEFER_DISABLE",     "CUDEFER_VERBOSE",
-    "CUDEFER_STATS",
+    "CUDEFER_STATS",        "CUDEFER_CHECK",
 };
 #define NVARS (sizeof all_vars / sizeof *all_vars)
 
@@ -36,6 +36,7 @@ static uint64_t field_of(const struct defer_config *c, const char *var)
         F("CUDEFER_DISABLE", disable),
         F("CUDEFER_VERBOSE", verbose),
         F("CUDEFER_STATS", print_stats),
+        F("CUDEFER_CHECK", check),
 #undef F
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
@@ -272,6 +273,9 @@ static const struct var_cases var_cases[] = {
     {"CUDEFER_STATS", "0 or 1",
      {{"1", 1}, {"Yes", 1}, {"0", 0}},
      {"2", "-1"}},
+    {"CUDEFER_CHECK", "0 or 1",
+     {{"1", 1}, {"true", 1}, {"0", 0}},
+     {"2", "check"}},
 };
 
 static void test_env_vars(void)
@@ -387,7 +391,8 @@ static void test_print(void)
            "cudefer: CUDEFER_EVENT_POOL=4096\n"
            "cudefer: CUDEFER_DISABLE=0\n"
            "cudefer: CUDEFER_VERBOSE=0\n"
-           "cudefer: CUDEFER_STATS=0\n",
+           "cudefer: CUDEFER_STATS=0\n"
+           "cudefer: CUDEFER_CHECK=0\n",
            "the defaults, one line per knob");
 
     /* Every value printed reads back the same through the environment. */
@@ -573,7 +578,8 @@ static void test_start(void)
            "cudefer: CUDEFER_EVENT_POOL=77\n"
            "cudefer: CUDEFER_DISABLE=0\n"
            "cudefer: CUDEFER_VERBOSE=1\n"
-           "cudefer: CUDEFER_STATS=1\n",
+           "cudefer: CUDEFER_STATS=1\n"
+           "cudefer: CUDEFER_CHECK=0\n",
            "the invalid value reported, then (verbose) the values in force");
 
     /* A second start (the first one failed further on) settles nothing new. */
