@@ -46,6 +46,7 @@ struct request {
     uint64_t remaining; /* flush: of those, how many have not */
     uint64_t bytes;     /* trim: bytes released */
     struct request *next;
+    struct entry marker; /* what travels through the queue */
 };
 
 /* The gate admits submissions: the count of those under way, plus the CLOSED
@@ -731,20 +732,22 @@ cudaError_t reclaimer_device_error(int device)
 }
 
 /* Push a request and wait for it (at most until deadline_ns, if not 0);
- * false if the deadline passed first, and then the request is left to the
- * reclaimer (q must outlive it: the caller is exiting).  With leave_gate, the
+ * false if the deadline passed first, and then the request (with its queue
+ * marker) is left to the reclaimer: q must outlive it (the caller is
+ * exiting).  With leave_gate, the
  * caller's admission ends once the request is pushed. */
 static bool request_and_wait(struct request *q, uint64_t deadline_ns,
                              bool leave_gate)
 {
-    struct entry marker = {.kind = ENTRY_REQUEST, .request = q};
+    struct entry *marker = &q->marker;
+    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, &attr);
     pthread_condattr_destroy(&attr);
-    reclaimer_push(&marker);
+    reclaimer_push(marker);
     if (leave_gate)
         reclaimer_leave();
     wake(); /* do not wait for a napping reclaimer's next pass */
