@@ -115,9 +115,11 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
 
 /*
  * defer_call: run fn(arg) on the reclaimer thread once all work enqueued on
- * stream so far is done.  fn may call CUDA; it must not call defer_flush or
- * defer_shutdown (they return cudaErrorNotPermitted there).  Callbacks of one
- * stream run in the order they were deferred.  A NULL fn is
+ * stream so far is done.  fn may call CUDA and the other defer calls
+ * (defer_free, defer_call, ...); defer_flush, defer_trim and defer_shutdown
+ * would wait for fn itself and return cudaErrorNotPermitted there.  There is
+ * one reclaimer thread: while fn runs, nothing else is polled or released,
+ * so keep it short.  Callbacks of one stream run in the order deferred.  A NULL fn is
  * cudaErrorInvalidValue.  Otherwise same contract as defer_free.
  */
 CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,

@@ -1,6 +1,7 @@
 /* Failures of the runtime: the caller gets the error and keeps its pointer,
  * or the entry is released safely anyway; nothing is ever released early,
  * and every failure is named on stderr and counted. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,6 +100,24 @@ static void test_host_pointer_to_defer_free(cudaStream_t s)
     cudaFreeHost(h);
 }
 
+static void test_device_pointer_to_defer_free_host(cudaStream_t s)
+{
+    void *d = device_alloc(64);
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    is_int(defer_free_host(d, s), cudaSuccess,
+           "a device pointer is accepted by defer_free_host at the call");
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(stats_now().failed - failed, 1, "its cudaFreeHost fails and is counted");
+    char want[64];
+    snprintf(want, sizeof want, "cudaFreeHost failed");
+    ok(strstr(msg, want) != NULL && strstr(msg, "is not released") != NULL,
+       "with the call and the pointer named");
+    is_int(fake_is_released(d), 0, "the device buffer is left alone");
+    cudaFree(d);
+}
+
 static void test_sticky_query_error(cudaStream_t s)
 {
     void *p = device_alloc(64);
@@ -148,6 +167,7 @@ int main(void)
     test_event_create_fails(s);
     test_free_fails(s);
     test_host_pointer_to_defer_free(s);
+    test_device_pointer_to_defer_free_host(s);
     test_sticky_query_error(s);
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: no premature or double release");

@@ -68,6 +68,27 @@ static void test_flush_from_callback(void)
        "and says why");
 }
 
+static void *inner_ptr;
+static cudaError_t inner_err = cudaErrorUnknown;
+
+static void defer_from_callback(void *stream)
+{
+    inner_err = defer_free(inner_ptr, (cudaStream_t)stream);
+}
+
+static void test_defer_from_callback(void)
+{
+    cudaStream_t s = stream_new();
+    inner_ptr = device_alloc(64);
+    work_timed(s, 100, inner_ptr);
+    defer_call(defer_from_callback, s, s);
+    is_int(defer_flush(), cudaSuccess, "flush after a callback that defers");
+    is_int(inner_err, cudaSuccess, "defer_free inside a callback is accepted");
+    is_int(defer_flush(), cudaSuccess, "and a later flush covers it");
+    is_int(fake_is_released(inner_ptr), 1, "so it is released");
+    cudaStreamDestroy(s);
+}
+
 static void test_shutdown(void)
 {
     cudaStream_t s = stream_new();
@@ -104,6 +125,7 @@ int main(void)
     fake_reset(1);
     test_flush_waits();
     test_flush_from_callback();
+    test_defer_from_callback();
     test_shutdown();
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: no premature or double release");
