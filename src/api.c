@@ -108,14 +108,16 @@ static cudaError_t release_synchronously(const struct request_args *a,
 }
 
 /* Take an entry for device, fill it in and record its event on stream.  On
- * success the entry is returned; otherwise NULL with *err (and *call). */
+ * success the entry is returned; otherwise NULL with *err and *call, and
+ * *no_event set when it was the event that could not be had. */
 static struct entry *record(const struct request_args *a, cudaStream_t stream,
                             int device, unsigned long long id,
-                            cudaError_t *err, const char **call)
+                            cudaError_t *err, const char **call,
+                            bool *no_event)
 {
-    struct entry *e = event_pool_take(device, err);
+    struct entry *e = event_pool_take(device, err, call);
     if (e == NULL) {
-        *call = "cudaEventCreateWithFlags";
+        *no_event = true;
         return NULL;
     }
     e->kind = a->kind;
@@ -154,16 +156,17 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return reject(a->what, call, err);
     if ((err = reclaimer_device_error(device)) != cudaSuccess)
         return reject(a->what, "an earlier CUDA call on this device", err);
-    struct entry *e = record(a, stream, device, id, &err, &call);
+    bool no_event = false;
+    struct entry *e = record(a, stream, device, id, &err, &call, &no_event);
     if (e == NULL && last_stream.valid && last_stream.handle == stream &&
         err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
         last_stream.valid = false;
         if ((err = identify(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
-        e = record(a, stream, device, id, &err, &call);
+        e = record(a, stream, device, id, &err, &call, &no_event);
     }
-    if (e == NULL && strcmp(call, "cudaEventCreateWithFlags") == 0) {
+    if (e == NULL && no_event) {
         report_cuda(a->what, call, err,
                     "; waiting for the stream and releasing synchronously");
         return release_synchronously(a, stream);

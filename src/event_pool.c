@@ -165,25 +165,34 @@ static void register_cache(void)
     cache_registered = true;
 }
 
-/* Create an entry with an event on device, restoring the current device. */
-static struct entry *create_entry(int device, cudaError_t *err)
+/* Create an entry with an event on device, restoring the current device.
+ * On failure NULL, with the error and the call that failed. */
+static struct entry *create_entry(int device, cudaError_t *err,
+                                  const char **call)
 {
     struct entry *e = calloc(1, sizeof *e);
+    int current;
     if (e == NULL) {
         *err = cudaErrorMemoryAllocation;
+        *call = "calloc";
         return NULL;
     }
-    int current;
-    if ((*err = cudaGetDevice(&current)) != cudaSuccess)
+    if ((*err = cudaGetDevice(&current)) != cudaSuccess) {
+        *call = "cudaGetDevice";
         goto fail;
-    if (current != device && (*err = cudaSetDevice(device)) != cudaSuccess)
+    }
+    if (current != device && (*err = cudaSetDevice(device)) != cudaSuccess) {
+        *call = "cudaSetDevice";
         goto fail;
+    }
     *err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
+    *call = "cudaEventCreateWithFlags";
     if (current != device) {
         cudaError_t back = cudaSetDevice(current);
         if (*err == cudaSuccess && back != cudaSuccess) {
             cudaEventDestroy(e->event);
             *err = back;
+            *call = "cudaSetDevice (back to the caller's device)";
         }
     }
     if (*err != cudaSuccess)
@@ -197,12 +206,13 @@ fail:
     return NULL;
 }
 
-struct entry *event_pool_take(int device, cudaError_t *err)
+struct entry *event_pool_take(int device, cudaError_t *err,
+                              const char **call)
 {
     if (device >= CACHED_DEVICES) {
         size_t got;
         struct entry *e = pool_pop(device, 1, &got);
-        return e != NULL ? e : create_entry(device, err);
+        return e != NULL ? e : create_entry(device, err, call);
     }
     if (!cache_registered)
         register_cache();
@@ -212,7 +222,7 @@ struct entry *event_pool_take(int device, cudaError_t *err)
         cache.count[device] = got;
         atomic_fetch_add_explicit(&idle_total, got, memory_order_relaxed);
         if (got == 0)
-            return create_entry(device, err);
+            return create_entry(device, err, call);
     }
     struct entry *e = cache.head[device];
     cache.head[device] = e->fifo_next;

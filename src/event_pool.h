@@ -24,8 +24,9 @@ cudaError_t event_pool_init(int ndevices, size_t max_idle);
 /* Any thread.  An entry whose event belongs to device (taken from the
  * thread's cache; the cache refills from the pool; an empty pool means a new
  * event, created with the thread's current device switched to device and
- * back).  NULL with *err set when no event could be had. */
-struct entry *event_pool_take(int device, cudaError_t *err);
+ * back).  NULL when no event could be had, with *err and *call (the CUDA
+ * call that failed). */
+struct entry *event_pool_take(int device, cudaError_t *err, const char **call);
 
 /* Any thread.  Gives back an entry taken by this thread and not pushed. */
 void event_pool_give_unused(struct entry *e);

@@ -223,7 +223,7 @@ static cudaStream_t free_stream(int device)
 }
 
 /* Release one completed entry now (device current) and finish it. */
-static void release_now(struct entry *e, uint64_t now)
+static cudaError_t release_now(struct entry *e, uint64_t now)
 {
     cudaError_t err = device_error(e->device);
     if (err == cudaSuccess && use_device(e->device)) {
@@ -236,6 +236,7 @@ static void release_now(struct entry *e, uint64_t now)
     }
     r.pass_released++;
     finish_entry(e, err);
+    return err;
 }
 
 /* Learn what a free entry holds: its bytes and whether it is pool memory. */
@@ -448,9 +449,11 @@ static void release_held(uint64_t now)
             if (reason == RELEASE_IDLE && !queue_is_empty(&r.queue))
                 break;
             struct entry *e = held_pop(h);
+            uint64_t bytes = e->held_bytes;
+            if (release_now(e, now) != cudaSuccess)
+                continue; /* reported and counted as failed */
             if (reason == RELEASE_DEMAND)
-                r.pass_demand_bytes += e->held_bytes;
-            release_now(e, now);
+                r.pass_demand_bytes += bytes;
             n++;
         }
         stats_add(reason_counter(reason), n);
@@ -616,17 +619,23 @@ static void free_per_device(void)
     r.recycle_count = NULL;
 }
 
-/* Start the reclaimer; life_lock held.  On failure nothing stays allocated
- * and the next defer call tries again. */
-static cudaError_t start_locked(void)
+/* Start the reclaimer for the first call, what; life_lock held.  On
+ * failure (reported) nothing stays allocated and the next call tries again. */
+static cudaError_t start_locked(const char *what)
 {
+    static const char *const kept = "; nothing was deferred (the caller "
+                                    "keeps ownership; the next call tries "
+                                    "again)";
     config_at_start(&r.cfg);
     int n;
     cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess)
+    if (err != cudaSuccess) {
+        report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
+    }
     if (!alloc_per_device(n)) {
         free_per_device();
+        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
     if ((err = event_pool_init(n, r.cfg.event_pool_max)) != cudaSuccess) {
@@ -690,10 +699,12 @@ cudaError_t reclaimer_enter(const char *what)
     pthread_mutex_lock(&r.life_lock);
     cudaError_t err = cudaSuccess;
     int state = atomic_load(&r.state);
-    if (state == STATE_NEW)
-        err = start_locked();
-    else if (state != STATE_RUNNING) /* shut down while we waited */
+    if (state == STATE_NEW) {
+        if ((err = start_locked(what)) != cudaSuccess)
+            stats_add(&stats.rejected, 1);
+    } else if (state != STATE_RUNNING) { /* shut down while we waited */
         err = refuse(what);
+    }
     pthread_mutex_unlock(&r.life_lock);
     if (err != cudaSuccess)
         atomic_fetch_sub(&r.gate, 1);
