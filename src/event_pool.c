@@ -97,10 +97,11 @@ static void destroy_chain(struct entry *e)
 {
     while (e != NULL) {
         struct entry *next = e->fifo_next;
+        static _Atomic bool reported; /* once: thousands may follow */
         cudaError_t err = cudaEventDestroy(e->event);
-        if (err != cudaSuccess)
+        if (err != cudaSuccess && !atomic_exchange(&reported, true))
             report_cuda("event pool", "cudaEventDestroy", err,
-                        "; the event is forgotten");
+                        "; such events are forgotten (reported once)");
         release_forget_pointers(e);
         free(e);
         e = next;

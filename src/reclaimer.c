@@ -215,9 +215,13 @@ static cudaStream_t free_stream(int device)
     cudaError_t err = cudaStreamCreateWithFlags(&r.free_streams[device],
                                                 cudaStreamNonBlocking);
     if (err != cudaSuccess) {
+        static bool reported; /* once: it is tried again for each entry */
         r.free_streams[device] = NULL;
-        report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
-                    "; pool memory is freed with cudaFree");
+        if (!reported)
+            report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
+                        "; pool memory is freed with cudaFree until a "
+                        "stream can be made (reported once)");
+        reported = true;
     }
     return r.free_streams[device];
 }

@@ -18,6 +18,10 @@ void report(const char *fmt, ...)
 void report_cuda(const char *what, const char *call, cudaError_t err,
                  const char *detail)
 {
+    /* The runtime is unloading: the process is exiting, every call fails
+     * alike, and the failures are counted; a line each says nothing. */
+    if (err == cudaErrorCudartUnloading)
+        return;
     report("%s: %s failed: %s (%s)%s", what, call, cudaGetErrorString(err),
            cudaGetErrorName(err), detail);
 }

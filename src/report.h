@@ -9,7 +9,8 @@
 void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Any thread.  Prints "cudefer: <what>: <call> failed: <error string>
- * (<error name>)<detail>"; detail may be "". */
+ * (<error name>)<detail>"; detail may be "".  Prints nothing for
+ * cudaErrorCudartUnloading (the process is exiting). */
 void report_cuda(const char *what, const char *call, cudaError_t err,
                  const char *detail);
 
