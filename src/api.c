@@ -104,6 +104,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
     stats_add(&stats.sync_releases, 1);
     err = release_entry(&e, NULL);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    if (cuda_error_is_sticky(err)) /* the device's error: say it here */
+        report_cuda(a->what, "the synchronous release", err,
+                    "; the device is unusable");
     return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 

@@ -234,6 +234,10 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
         err = release_entry(e, e->pool ? free_stream(e->device) : NULL);
         if (e->kind == ENTRY_CALL)
             r.current_device = -1; /* the callback may have switched */
+        if (cuda_error_is_sticky(err))
+            fail_device(e->device, e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
+                                                              : "cudaFree",
+                        err);
         stats_record_latency(now - e->completed_ns);
     } else {
         err = device_error(e->device);

@@ -25,3 +25,23 @@ void report_cuda(const char *what, const char *call, cudaError_t err,
     report("%s: %s failed: %s (%s)%s", what, call, cudaGetErrorString(err),
            cudaGetErrorName(err), detail);
 }
+
+bool cuda_error_is_sticky(cudaError_t err)
+{
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorTensorMemoryLeak:
+        return true;
+    default:
+        return false;
+    }
+}

@@ -3,6 +3,7 @@
 #ifndef CUDEFER_REPORT_H
 #define CUDEFER_REPORT_H
 
+#include <stdbool.h>
 #include <cuda_runtime_api.h>
 
 /* Any thread.  Prints "cudefer: <message>\n" on stderr. */
@@ -13,5 +14,9 @@ void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * cudaErrorCudartUnloading (the process is exiting). */
 void report_cuda(const char *what, const char *call, cudaError_t err,
                  const char *detail);
+
+/* Any thread.  True for the errors that leave the device's context unusable
+ * (a kernel fault): every later call on it fails the same way. */
+bool cuda_error_is_sticky(cudaError_t err);
 
 #endif

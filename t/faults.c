@@ -860,6 +860,50 @@ static void s_reclaimer_set_device(const struct scenario *sc)
 
 /* ---- reclaimer: cudaFree, cudaFreeHost ------------------------------------ */
 
+/* A sticky error from cudaFree (a kernel fault surfacing there) is the
+ * device's: it fails like a failed query, said once, not once per pointer. */
+static void s_free_sticky(const struct scenario *sc)
+{
+    enum { N = 4 };
+    const cudaError_t bad = sc->err;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(1024);
+        work_timed(sb, 0, p[i]);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer #%d", i);
+    }
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, sc->count);
+    defer_trim(NULL); /* the first cudaFree fails: the device with it */
+    cudaError_t f = defer_flush();
+    void *q = device_alloc(64);
+    cudaError_t later = defer_free(q, sb);
+    const char *msg = capture_end();
+    fake_fail_clear();
+    struct defer_stats st = stats_now();
+    CHECK(f == bad, "flush returns %s (%s)", EN(bad), EN(f));
+    CHECK(later == bad, "a later defer_free returns it (%s)", EN(later));
+    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names the device, cudaFree and %s", EN(bad));
+    CHECK(lines_with(msg, "release: cudaFree failed", NULL, NULL) == 0,
+          "no line per pointer");
+    CHECK(st.failed == N + 1 && st.released == 0 && st.pending == 0,
+          "all %d entries failed (failed %llu released %llu pending %llu)",
+          N + 1, ULL(st.failed), ULL(st.released), ULL(st.pending));
+    for (int i = 0; i < N; i++)
+        CHECK(fake_is_released(p[i]) == 0, "#%d not released", i);
+    fake_complete(w);
+    cudaFree(q);
+    cudaFree(busy);
+    for (int i = 0; i < N; i++)
+        cudaFree(p[i]);
+}
+
 static void s_free_fails(const struct scenario *sc)
 {
     enum { N = 4 };
@@ -1547,10 +1591,10 @@ static const struct scenario scenarios[] = {
      cudaErrorLaunchFailure, ALWAYS, cudaSuccess, NULL},
     {"CUDEFER_DISABLE: the caller's cudaFree fails once: counted, reported",
      "CUDEFER_DISABLE=1", 1, s_disable_free_fails, FAKE_FREE,
-     cudaErrorLaunchFailure, ONCE, cudaSuccess, NULL},
+     cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"CUDEFER_DISABLE: the caller's cudaFree fails persistently",
      "CUDEFER_DISABLE=1", 1, s_disable_free_fails, FAKE_FREE,
-     cudaErrorLaunchFailure, ALWAYS, cudaSuccess, NULL},
+     cudaErrorInvalidValue, ALWAYS, cudaSuccess, NULL},
     /* reclaimer */
     {"cudaEventQuery fails once: device 0 abandoned, device 1 carries on",
      "CUDEFER_MAX_DELAY_MS=0", 2, s_query_fails, FAKE_EVENT_QUERY,
@@ -1569,17 +1613,20 @@ static const struct scenario scenarios[] = {
      ALWAYS, cudaErrorDevicesUnavailable, NULL},
     {"cudaFree fails once: counted, named with the pointer, not released",
      "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails, FAKE_FREE,
-     cudaErrorLaunchFailure, ONCE, cudaSuccess, NULL},
+     cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"cudaFree fails persistently", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
-     FAKE_FREE, cudaErrorLaunchFailure, ALWAYS, cudaSuccess, NULL},
+     FAKE_FREE, cudaErrorInvalidValue, ALWAYS, cudaSuccess, NULL},
     {"cudaFree fails once: defer_trim's bytes and demand_releases count "
      "only what was released", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
-     FAKE_FREE, cudaErrorLaunchFailure, ONCE, cudaSuccess, "accounting"},
+     FAKE_FREE, cudaErrorInvalidValue, ONCE, cudaSuccess, "accounting"},
     {"cudaFreeHost fails once", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
-     FAKE_FREE_HOST, cudaErrorLaunchFailure, ONCE, cudaSuccess, NULL},
+     FAKE_FREE_HOST, cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"cudaFreeHost fails persistently", "CUDEFER_MAX_DELAY_MS=0", 1,
-     s_free_fails, FAKE_FREE_HOST, cudaErrorLaunchFailure, ALWAYS, cudaSuccess,
+     s_free_fails, FAKE_FREE_HOST, cudaErrorInvalidValue, ALWAYS, cudaSuccess,
      NULL},
+    {"cudaFree fails with a sticky error: the device fails, one line",
+     "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky, FAKE_FREE,
+     cudaErrorIllegalAddress, ALWAYS, cudaErrorIllegalAddress, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE,
      cudaSuccess, NULL},

@@ -13,6 +13,10 @@
  *  - NULL arguments and calls after defer_shutdown behave as documented
  *    (after shutdown the caller still owns the pointer).
  * Without a CUDA device the whole test is skipped.
+ *
+ * CUDEFER_TEST_SCALE (a fraction, 0.001 .. 1; default 1) scales the bulk
+ * counts (10 000 device buffers, 256 pinned buffers, 8 x 500 thread
+ * iterations) down, for runs under compute-sanitizer.  make check unsets it.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -20,6 +24,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include <cuda_runtime_api.h>
@@ -39,6 +45,31 @@
 #define MEM_TOLERANCE (8 * MIB)
 
 #define CHECK(call) check_cuda((call), #call, __LINE__)
+
+/* CUDEFER_TEST_SCALE, read by main. */
+static double test_scale = 1.0;
+
+/* n scaled by CUDEFER_TEST_SCALE, at least 1. */
+static int scaled(int n)
+{
+    int m = (int)(n * test_scale + 0.5);
+    return m < 1 ? 1 : m;
+}
+
+static void read_test_scale(void)
+{
+    const char *text = getenv("CUDEFER_TEST_SCALE");
+    char *end;
+    double v;
+
+    if (text == NULL || *text == '\0')
+        return;
+    v = strtod(text, &end);
+    if (end == text || *end != '\0' || !(v >= 0.001 && v <= 1.0))
+        bail("CUDEFER_TEST_SCALE=\"%s\": expected a fraction 0.001 .. 1",
+             text);
+    test_scale = v;
+}
 
 static void check_cuda(cudaError_t err, const char *what, int line)
 {
@@ -307,7 +338,7 @@ static void test_free_not_early(cudaStream_t s)
     check_memory_back(mem_before, "64 MiB buffer");
 }
 
-#define MANY_BUFFERS 10000
+#define MANY_BUFFERS scaled(10000)
 #define MANY_BYTES (64 * KIB)
 
 /* 7 tests. */
@@ -317,7 +348,9 @@ static void test_many_device_buffers(cudaStream_t s)
     struct defer_stats before = stats_now();
     int failures = 0;
     double t0 = now_us();
+    char what[64];
 
+    snprintf(what, sizeof what, "%d device buffers", MANY_BUFFERS);
     for (int i = 0; i < MANY_BUFFERS; i++) {
         void *buf = device_alloc(MANY_BYTES);
 
@@ -333,12 +366,12 @@ static void test_many_device_buffers(cudaStream_t s)
 
     is_int(failures, 0, "%d defer_free of device buffers succeed",
            MANY_BUFFERS);
-    flush_ok("10000 device buffers");
-    check_all_released(&before, MANY_BUFFERS, "10000 device buffers");
-    check_memory_back(mem_before, "10000 device buffers");
+    flush_ok(what);
+    check_all_released(&before, MANY_BUFFERS, what);
+    check_memory_back(mem_before, what);
 }
 
-#define HOST_BUFFERS 256
+#define HOST_BUFFERS scaled(256)
 #define HOST_BYTES (256 * KIB)
 
 /* 6 tests. */
@@ -366,7 +399,7 @@ static void test_host_buffers(cudaStream_t s)
 }
 
 #define THREADS 8
-#define THREAD_ITERS 500
+#define THREAD_ITERS scaled(500)
 #define THREAD_BYTES (256 * KIB)
 
 struct worker {
@@ -471,8 +504,13 @@ int main(void)
     if (err != cudaSuccess || count == 0)
         skip_all("no CUDA device");
     gpu_tests_serialize();
+    read_test_scale();
 
     plan(55);
+    if (test_scale != 1.0)
+        diag("CUDEFER_TEST_SCALE=%g: %d device buffers, %d pinned buffers, "
+             "%d iterations per thread", test_scale, MANY_BUFFERS,
+             HOST_BUFFERS, THREAD_ITERS);
     CHECK(cudaSetDevice(0));
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     warm_up(s);

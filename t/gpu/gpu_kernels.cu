@@ -85,6 +85,17 @@ extern "C" cudaError_t gpu_wait_flag(cudaStream_t stream, volatile int *flag,
     return cudaGetLastError();
 }
 
+__global__ static void fault_kernel(volatile int *bad)
+{
+    *bad = 1;
+}
+
+extern "C" cudaError_t gpu_fault_illegal_address(cudaStream_t stream)
+{
+    fault_kernel<<<1, 1, 0, stream>>>((volatile int *)(uintptr_t)0x10);
+    return cudaGetLastError();
+}
+
 extern "C" void gpu_tests_serialize(void)
 {
     const char *dir = getenv("TMPDIR");

@@ -29,6 +29,11 @@ cudaError_t gpu_spin_set_flag(cudaStream_t stream, uint64_t ns,
 cudaError_t gpu_wait_flag(cudaStream_t stream, volatile int *flag,
                           uint64_t timeout_ns);
 
+/* Write through an invalid device address (a store to 0x10), which the
+ * device reports as an illegal address: the context is lost for the rest of
+ * the process (a sticky error).  For tests that run it in a child process. */
+cudaError_t gpu_fault_illegal_address(cudaStream_t stream);
+
 /* Block until no other GPU test of this build runs (an flock on a file in
  * the temporary directory, held until the process exits): tests that count
  * device memory must not see another test's allocations.  Call it first. */
