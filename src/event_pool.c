@@ -92,13 +92,15 @@ static struct entry *pool_pop(int device, size_t n, size_t *got)
     return first;
 }
 
-/* Destroy a chain of entries and their events. */
-static void destroy_chain(struct entry *e)
+/* Free a chain of entries and destroy their events (unless the events'
+ * device cannot be used any more: then they are only forgotten). */
+static void free_chain(struct entry *e, bool destroy_events)
 {
     while (e != NULL) {
         struct entry *next = e->fifo_next;
         static _Atomic bool reported; /* once: thousands may follow */
-        cudaError_t err = cudaEventDestroy(e->event);
+        cudaError_t err =
+            destroy_events ? cudaEventDestroy(e->event) : cudaSuccess;
         if (err != cudaSuccess && !atomic_exchange(&reported, true))
             report_cuda("event pool", "cudaEventDestroy", err,
                         "; such events are forgotten (reported once)");
@@ -106,6 +108,12 @@ static void destroy_chain(struct entry *e)
         free(e);
         e = next;
     }
+}
+
+/* Free a chain of entries and destroy their events. */
+static void destroy_chain(struct entry *e)
+{
+    free_chain(e, true);
 }
 
 cudaError_t event_pool_init(int ndevices, size_t max_idle)
@@ -257,8 +265,8 @@ void event_pool_destroy_all(void)
     pthread_mutex_lock(&registry_lock);
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next) {
         for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-            if (tc->head[d] != NULL && cudaSetDevice(d) == cudaSuccess)
-                destroy_chain(tc->head[d]);
+            if (tc->head[d] != NULL)
+                free_chain(tc->head[d], cudaSetDevice(d) == cudaSuccess);
             tc->head[d] = NULL;
             tc->count[d] = 0;
         }
@@ -267,8 +275,8 @@ void event_pool_destroy_all(void)
     registry = NULL;
     pthread_mutex_unlock(&registry_lock);
     for (int d = 0; d < pool_count; d++) {
-        if (pools[d].head != NULL && cudaSetDevice(d) == cudaSuccess)
-            destroy_chain(pools[d].head);
+        if (pools[d].head != NULL)
+            free_chain(pools[d].head, cudaSetDevice(d) == cudaSuccess);
         pthread_mutex_destroy(&pools[d].lock);
     }
     event_pool_abandon();
