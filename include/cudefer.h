@@ -114,6 +114,26 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
                                      cudaStream_t stream);
 
 /*
+ * defer_free_streams: cudaFree(ptr) once the work enqueued so far on ALL n
+ * streams (1..64) is done — memory used by several streams, without making
+ * the streams wait for each other.  One event per stream, recorded on the
+ * calling thread; if any cannot be recorded, nothing is deferred and the
+ * caller keeps ptr.  defer_free_host_streams and defer_call_streams likewise
+ * (the callback runs once, after all the streams' work).  Otherwise the
+ * contract of defer_free; cudaErrorInvalidValue for a NULL streams or an n
+ * out of range.
+ */
+CUDEFER_API cudaError_t defer_free_streams(void *ptr,
+                                           const cudaStream_t *streams,
+                                           size_t n);
+CUDEFER_API cudaError_t defer_free_host_streams(void *ptr,
+                                                const cudaStream_t *streams,
+                                                size_t n);
+CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
+                                           const cudaStream_t *streams,
+                                           size_t n);
+
+/*
  * defer_call: run fn(arg) on the reclaimer thread once all work enqueued on
  * stream so far is done.  fn may call CUDA and the other defer calls
  * (defer_free, defer_call, ...); defer_flush, defer_trim and defer_shutdown

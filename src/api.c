@@ -130,6 +130,9 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
     e->request = NULL;
     e->held_bytes = 0; /* learned by the reclaimer */
     e->pool = false;
+    e->group = NULL;
+    e->group_remaining = 1; /* its own event */
+    e->group_err = cudaSuccess;
     if (!set_pointers(e, a)) {
         event_pool_give_unused(e);
         *err = cudaErrorMemoryAllocation;
@@ -179,6 +182,75 @@ static cudaError_t submit_admitted(const struct request_args *a,
     stats_add(&stats.deferred, 1);
     reclaimer_push(e);
     return cudaSuccess;
+}
+
+/* The group path (defer_*_streams), admitted: one entry per stream, all
+ * recorded before any is pushed, so a failure leaves nothing behind.  The
+ * first stream's entry is the payload; the others are members that count
+ * down the payload's group. */
+static cudaError_t submit_group_admitted(const struct request_args *a,
+                                         const cudaStream_t *streams, size_t n)
+{
+    if (reclaimer_config()->disable) {
+        for (size_t i = 1; i < n; i++) {
+            cudaError_t err = cudaStreamSynchronize(streams[i]);
+            if (err != cudaSuccess)
+                return reject(a->what, "cudaStreamSynchronize", err);
+        }
+        return release_synchronously(a, streams[0]);
+    }
+    struct entry *parts[64] = {NULL};
+    cudaError_t err = cudaSuccess;
+    const char *call = NULL;
+    size_t made = 0;
+    struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
+    for (; made < n; made++) {
+        int device;
+        unsigned long long id;
+        bool no_event = false;
+        if ((err = identify(streams[made], &device, &id, &call)) != cudaSuccess)
+            break;
+        if ((err = reclaimer_device_error(device)) != cudaSuccess) {
+            call = "an earlier CUDA call on this device";
+            break;
+        }
+        parts[made] = record(made == 0 ? a : &member, streams[made], device,
+                             id, &err, &call, &no_event);
+        if (parts[made] == NULL)
+            break;
+    }
+    if (made < n) {
+        while (made-- > 0) {
+            release_forget_pointers(parts[made]);
+            event_pool_give_unused(parts[made]);
+        }
+        return reject(a->what, call, err);
+    }
+    parts[0]->group_remaining = (uint32_t)n;
+    for (size_t i = 1; i < n; i++)
+        parts[i]->group = parts[0];
+    stats_add(&stats.deferred, 1);
+    for (size_t i = n; i-- > 0;)
+        reclaimer_push(parts[i]); /* the payload last */
+    return cudaSuccess;
+}
+
+/* Checks shared by the defer_*_streams calls, then the group path. */
+static cudaError_t submit_group(const struct request_args *a,
+                                const cudaStream_t *streams, size_t n)
+{
+    if (streams == NULL || n == 0 || n > 64) {
+        stats_add(&stats.rejected, 1);
+        report("%s: %zu streams%s: refused (expected 1..64 streams)", a->what,
+               n, streams == NULL ? " (NULL)" : "");
+        return cudaErrorInvalidValue;
+    }
+    cudaError_t err = reclaimer_enter(a->what);
+    if (err != cudaSuccess)
+        return err;
+    err = submit_group_admitted(a, streams, n);
+    reclaimer_leave();
+    return err;
 }
 
 static cudaError_t submit(const struct request_args *a, cudaStream_t stream)
@@ -249,6 +321,41 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
     struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
                              .fn = fn, .arg = arg};
     return submit(&a, stream);
+}
+
+cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,
+                               size_t n)
+{
+    if (ptr == NULL)
+        return cudaSuccess;
+    struct request_args a = {.what = "defer_free_streams",
+                             .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
+                             .nptrs = 1};
+    return submit_group(&a, streams, n);
+}
+
+cudaError_t defer_free_host_streams(void *ptr, const cudaStream_t *streams,
+                                    size_t n)
+{
+    if (ptr == NULL)
+        return cudaSuccess;
+    struct request_args a = {.what = "defer_free_host_streams",
+                             .kind = ENTRY_FREE_HOST, .ptrs = &ptr,
+                             .nptrs = 1};
+    return submit_group(&a, streams, n);
+}
+
+cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
+                               const cudaStream_t *streams, size_t n)
+{
+    if (fn == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_call_streams: fn is NULL: refused");
+        return cudaErrorInvalidValue;
+    }
+    struct request_args a = {.what = "defer_call_streams", .kind = ENTRY_CALL,
+                             .fn = fn, .arg = arg};
+    return submit_group(&a, streams, n);
 }
 
 cudaError_t defer_flush(void)

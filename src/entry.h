@@ -19,6 +19,7 @@ enum entry_kind {
     ENTRY_FREE_HOST,   /* cudaFreeHost */
     ENTRY_CALL,        /* fn(arg) */
     ENTRY_REQUEST,     /* not work: a flush or trim waiting for the reclaimer */
+    ENTRY_MEMBER,      /* only an event: one of the streams a group waits for */
 };
 
 struct request;
@@ -29,7 +30,9 @@ struct entry {
     enum entry_kind kind;
     int device;
     unsigned long long stream_id;
-    cudaEvent_t event;     /* recycled with the entry; NULL for requests */
+    cudaEvent_t event;     /* recycled with the entry; NULL for requests
+                              and for entries complete when they arrive
+                              (not pooled: freed when done) */
     uint64_t seq;          /* order of arrival at the reclaimer */
     uint64_t completed_ns; /* when the reclaimer saw the event complete */
     uint64_t held_bytes;   /* memory it keeps from the application */
@@ -40,6 +43,13 @@ struct entry {
     void (*fn)(void *arg);
     void *arg;
     struct request *request;
+    /* A group waits for the events of several entries (defer_*_streams):
+     * its payload (the entry that releases) counts the parts still to come,
+     * its own event included; each ENTRY_MEMBER points to it.  An ordinary
+     * entry is a group of one.  Reclaimer only, but for the set-up. */
+    struct entry *group;       /* members: their payload */
+    uint32_t group_remaining;  /* payload: parts not done */
+    cudaError_t group_err;     /* payload: the first part that failed */
 };
 
 static inline struct entry *entry_of_node(struct queue_node *node)

@@ -154,7 +154,8 @@ static void finish_entry(struct entry *e, cudaError_t err)
     if (r.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             pointer_set_remove(&r.deferred, e->ptrs[i]);
-    stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries */
+        stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     r.tracked--;
     for (struct request **link = &r.flushes; *link != NULL;) {
         struct request *q = *link;
@@ -170,8 +171,8 @@ static void finish_entry(struct entry *e, cudaError_t err)
         link = &q->next;
     }
     release_forget_pointers(e);
-    if (device_error(e->device) != cudaSuccess) {
-        free(e); /* its event died with the device's context */
+    if (e->event == NULL || device_error(e->device) != cudaSuccess) {
+        free(e); /* no event, or it died with the device's context */
         return;
     }
     e->fifo_next = r.recycle[e->device];
@@ -247,6 +248,42 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
     return err;
 }
 
+/* A completed entry: released at once or held, as the policy says. */
+static void completed(struct entry *e, uint64_t now)
+{
+    e->completed_ns = now;
+    if (policy_release_at_once(&r.cfg, e))
+        release_now(e, now);
+    else
+        held_push(&r.held[e->device], e);
+}
+
+/* One part of payload p's group is done (err: it failed, never completed).
+ * When the last part is done, p completes, or fails if any part failed. */
+static void part_done(struct entry *p, cudaError_t err, uint64_t now)
+{
+    if (err != cudaSuccess && p->group_err == cudaSuccess)
+        p->group_err = err;
+    if (--p->group_remaining > 0)
+        return;
+    if (p->group_err != cudaSuccess)
+        finish_entry(p, p->group_err);
+    else
+        completed(p, now);
+}
+
+/* Entry e's event completed (err == cudaSuccess) or never will (err). */
+static void event_done(struct entry *e, cudaError_t err, uint64_t now)
+{
+    if (e->kind == ENTRY_MEMBER) {
+        struct entry *payload = e->group;
+        finish_entry(e, err);
+        part_done(payload, err, now);
+    } else {
+        part_done(e, err, now);
+    }
+}
+
 /* Learn what a free entry holds: its bytes and whether it is pool memory. */
 static void size_up(struct entry *e)
 {
@@ -319,17 +356,21 @@ static size_t take_pushed(void)
         e->seq = r.next_seq++;
         r.tracked++;
         if (device_error(e->device) != cudaSuccess) {
-            finish_entry(e, device_error(e->device));
+            event_done(e, device_error(e->device), now_ns());
             continue;
         }
-        if (r.cfg.check && !check_pointers(e)) {
-            finish_entry(e, cudaErrorInvalidValue);
+        if (r.cfg.check && e->nptrs > 0 && !check_pointers(e)) {
+            event_done(e, cudaErrorInvalidValue, now_ns());
             continue;
         }
         if (r.cfg.policy != DEFER_POLICY_EAGER && use_device(e->device)) {
             if (r.held[e->device].cap == 0)
                 learn_cap(e->device);
             size_up(e);
+        }
+        if (e->event == NULL) { /* complete on arrival (graph capture) */
+            event_done(e, cudaSuccess, now_ns());
+            continue;
         }
         if (stream_table_append(&r.streams, e)) {
             r.incomplete++;
@@ -341,12 +382,7 @@ static size_t take_pushed(void)
         cudaError_t err = use_device(e->device)
                               ? cudaEventSynchronize(e->event)
                               : device_error(e->device);
-        if (err == cudaSuccess) {
-            e->completed_ns = now_ns();
-            release_now(e, e->completed_ns);
-        } else {
-            finish_entry(e, err);
-        }
+        event_done(e, err, now_ns());
     }
     return arrived;
 }
@@ -364,7 +400,7 @@ static void abandon_failed_devices(void)
         /* Popping the last entry removes f and moves another FIFO to i. */
         while (r.streams.count > i && r.streams.fifos[i] == f) {
             r.incomplete--;
-            finish_entry(stream_table_pop(&r.streams, f), err);
+            event_done(stream_table_pop(&r.streams, f), err, now_ns());
         }
     }
     for (int d = 0; d < r.ndevices; d++) {
@@ -373,16 +409,6 @@ static void abandon_failed_devices(void)
                (e = held_pop(&r.held[d])) != NULL)
             finish_entry(e, device_error(d));
     }
-}
-
-/* A completed entry: released at once or held, as the policy says. */
-static void completed(struct entry *e, uint64_t now)
-{
-    e->completed_ns = now;
-    if (policy_release_at_once(&r.cfg, e))
-        release_now(e, now);
-    else
-        held_push(&r.held[e->device], e);
 }
 
 /* Poll the oldest entries of every stream; returns how many completed. */
@@ -407,7 +433,7 @@ static size_t poll_streams(uint64_t now)
             emptied = f->head == f->tail;
             r.incomplete--;
             done++;
-            completed(stream_table_pop(&r.streams, f), now);
+            event_done(stream_table_pop(&r.streams, f), cudaSuccess, now);
         }
         any_failed |= device_error(f->device) != cudaSuccess;
         if (!emptied)

@@ -1,0 +1,127 @@
+/* Memory used by several streams (defer_free_streams and its host and call
+ * variants): released only after the work of every stream, without the
+ * streams waiting for each other; a failure on any stream defers nothing. */
+#include <string.h>
+
+#include "helpers.h"
+
+static int calls;
+
+static void count_call(void *arg)
+{
+    (void)arg;
+    __atomic_fetch_add(&calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void test_waits_for_every_stream(void)
+{
+    cudaStream_t s[3] = {stream_new(), stream_new(), stream_new()};
+    void *p = device_alloc(4096);
+    fake_work *w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = work_held(s[i], p);
+    is_int(defer_free_streams(p, s, 3), cudaSuccess, "defer_free_streams on 3");
+    fake_complete(w[0]);
+    fake_complete(w[2]);
+    sleep_ms(20);
+    is_int(fake_is_released(p), 0, "held while one stream's work is pending");
+    fake_complete(w[1]);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(p), 1, "released once every stream is done");
+    for (int i = 0; i < 3; i++)
+        cudaStreamDestroy(s[i]);
+}
+
+static void test_host_and_call(void)
+{
+    cudaStream_t s[2] = {stream_new(), stream_new()};
+    void *h = host_alloc(256);
+    fake_work *a = work_held(s[0], h), *b = work_held(s[1], h);
+    is_int(defer_free_host_streams(h, s, 2), cudaSuccess,
+           "defer_free_host_streams");
+    is_int(defer_call_streams(count_call, NULL, s, 2), cudaSuccess,
+           "defer_call_streams");
+    fake_complete(b);
+    sleep_ms(20);
+    ok(fake_is_released(h) == 0 && __atomic_load_n(&calls, __ATOMIC_SEQ_CST) == 0,
+       "neither released nor called while stream 0 is busy");
+    fake_complete(a);
+    defer_flush();
+    ok(fake_is_released(h) == 1 && calls == 1,
+       "pinned buffer released and callback run once, after both");
+    cudaStreamDestroy(s[0]);
+    cudaStreamDestroy(s[1]);
+}
+
+static void test_failure_defers_nothing(void)
+{
+    cudaStream_t good = stream_new(), gone = stream_new();
+    cudaStreamDestroy(gone);
+    cudaStream_t s[2] = {good, gone};
+    void *p = device_alloc(64);
+    uint64_t deferred = stats_now().deferred;
+    size_t idle = stats_now().events_in_pool;
+    stderr_capture_begin();
+    cudaError_t err = defer_free_streams(p, s, 2);
+    const char *msg = stderr_capture_end();
+    ok(err != cudaSuccess, "a bad second stream is an error (%s)",
+       cudaGetErrorName(err));
+    ok(strstr(msg, "defer_free_streams") != NULL, "named on stderr");
+    is_int(stats_now().deferred - deferred, 0, "nothing deferred");
+    is_int(stats_now().events_in_pool, idle, "the first stream's event went back");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(p), 0, "the caller still owns the pointer");
+    cudaFree(p);
+    stderr_capture_begin();
+    is_int(defer_free_streams(p, NULL, 2), cudaErrorInvalidValue, "NULL streams");
+    is_int(defer_free_streams(p, s, 0), cudaErrorInvalidValue, "no streams");
+    stderr_capture_end();
+    is_int(defer_free_streams(NULL, s, 2), cudaSuccess, "NULL ptr: a no-op");
+    cudaStreamDestroy(good);
+}
+
+static void test_failed_member_device(void)
+{
+    /* Device 1's queries fail: the group's payload on device 0 must not be
+     * released (device 1 may still use the memory): it fails. */
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    cudaSetDevice(0);
+    cudaStream_t s0 = stream_new();
+    cudaStream_t s[2] = {s0, s1};
+    void *p = device_alloc(64);
+    fake_work *a = work_held(s0, p), *b = work_held(s1, p);
+    is_int(defer_free_streams(p, s, 2), cudaSuccess, "across two devices");
+    fake_complete(a);
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    cudaSetDevice(1);
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    cudaError_t f = defer_flush();
+    fake_fail_clear();
+    cudaSetDevice(0);
+    stderr_capture_end();
+    is_int(f, cudaErrorIllegalAddress, "flush returns the member device's error");
+    is_int(fake_is_released(p), 0, "the payload is not released");
+    is_int(stats_now().failed - failed, 1, "it counts as one failed entry");
+    fake_complete(b);
+    cudaFree(p);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    test_waits_for_every_stream();
+    test_host_and_call();
+    test_failure_defers_nothing();
+    test_failed_member_device();
+    struct defer_stats st = stats_now();
+    ok(st.pending == 0 && st.deferred == st.released + st.failed,
+       "stats agree: deferred %llu = released %llu + failed %llu",
+       (unsigned long long)st.deferred, (unsigned long long)st.released,
+       (unsigned long long)st.failed);
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
