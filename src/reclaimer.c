@@ -23,6 +23,7 @@
 #include "report.h"
 #include "stats.h"
 #include "stream_table.h"
+#include "trace.h"
 
 /* At process exit, how long to wait for pending work before giving up on it
  * (the process must never hang in exit). */
@@ -232,7 +233,10 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
 {
     cudaError_t err = device_error(e->device);
     if (err == cudaSuccess && use_device(e->device)) {
+        trace_push(e->kind == ENTRY_CALL ? "cudefer: callback"
+                                         : "cudefer: release");
         err = release_entry(e, e->pool ? free_stream(e->device) : NULL);
+        trace_pop();
         if (e->kind == ENTRY_CALL)
             r.current_device = -1; /* the callback may have switched */
         if (cuda_error_is_sticky(err))
@@ -458,6 +462,21 @@ static _Atomic uint64_t *reason_counter(enum release_reason reason)
     }
 }
 
+/* The trace range of a batch released for reason. */
+static const char *reason_name(enum release_reason reason)
+{
+    switch (reason) {
+    case RELEASE_IDLE:
+        return "cudefer: idle-time batch";
+    case RELEASE_CAP:
+        return "cudefer: over-cap batch";
+    case RELEASE_AGE:
+        return "cudefer: max-delay batch";
+    default:
+        return "cudefer: flush/trim batch";
+    }
+}
+
 static struct policy_view view_now(uint64_t now)
 {
     return (struct policy_view){
@@ -478,6 +497,7 @@ static void release_held(uint64_t now)
         if (reason == RELEASE_NONE)
             continue;
         uint64_t n = 0;
+        trace_push(reason_name(reason));
         while (h->head != NULL && policy_continue(&r.cfg, h, reason, now)) {
             /* An idle-time batch yields as soon as the application is back. */
             if (reason == RELEASE_IDLE && !queue_is_empty(&r.queue))
@@ -490,6 +510,7 @@ static void release_held(uint64_t now)
                 r.pass_demand_bytes += bytes;
             n++;
         }
+        trace_pop();
         stats_add(reason_counter(reason), n);
     }
 }
