@@ -87,6 +87,8 @@ struct defer_stats {
                                 median, as a power-of-two upper bound */
     uint64_t latency_max_us; /* ... and the largest */
     uint64_t leaked_at_exit; /* entries still pending when the process exited */
+    uint64_t reused;         /* held allocations handed out again by defer_alloc
+                                (counted as released) */
 };
 
 /*
@@ -112,6 +114,23 @@ CUDEFER_API cudaError_t defer_free_host(void *ptr, cudaStream_t stream);
  */
 CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
                                      cudaStream_t stream);
+
+/*
+ * defer_alloc: *ptr = device memory of at least bytes on stream's device.
+ * It is taken back, when there is one, from a completed but not yet
+ * released entry of the same size class (device memory deferred with
+ * defer_free whose work is done: no stream can still be using it), else
+ * made with cudaMalloc of the class's size; if that runs out of memory,
+ * defer_trim runs and cudaMalloc is tried once more.  Size classes: four
+ * per power of two (2^k, 1.25, 1.5, 1.75 x 2^k) from 512 bytes, so at most
+ * 25 % is wasted; requests above 2^40 bytes are not rounded.  Free the
+ * memory with defer_free (or cudaFree).  Thread-safe; blocks only in
+ * cudaMalloc and the trim.  Returns cudaSuccess, the cudaMalloc error, or
+ * cudaErrorInvalidValue for a NULL ptr (bytes == 0 gives NULL and
+ * cudaSuccess).
+ */
+CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
+                                    cudaStream_t stream);
 
 /*
  * defer_free_streams: cudaFree(ptr) once the work enqueued so far on ALL n

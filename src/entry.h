@@ -20,6 +20,7 @@ enum entry_kind {
     ENTRY_CALL,        /* fn(arg) */
     ENTRY_REQUEST,     /* not work: a flush or trim waiting for the reclaimer */
     ENTRY_MEMBER,      /* only an event: one of the streams a group waits for */
+    ENTRY_REUSED,      /* held memory that defer_alloc took back: finish it */
 };
 
 struct request;
@@ -50,6 +51,11 @@ struct entry {
     struct entry *group;       /* members: their payload */
     uint32_t group_remaining;  /* payload: parts not done */
     cudaError_t group_err;     /* payload: the first part that failed */
+    /* While held (see held.h): the list is doubly linked by fifo_next and
+     * held_prev; a shelved entry is also on its size class's shelf. */
+    struct entry *held_prev;
+    struct entry *shelf_next, *shelf_prev;
+    int size_class; /* -1: not shelved */
 };
 
 static inline struct entry *entry_of_node(struct queue_node *node)

@@ -16,6 +16,7 @@
 #include "alloc_info.h"
 #include "config.h"
 #include "event_pool.h"
+#include "held.h"
 #include "pointer_set.h"
 #include "queue.h"
 #include "release.h"
@@ -256,10 +257,14 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
 static void completed(struct entry *e, uint64_t now)
 {
     e->completed_ns = now;
-    if (policy_release_at_once(&r.cfg, e))
+    if (policy_release_at_once(&r.cfg, e)) {
         release_now(e, now);
-    else
-        held_push(&r.held[e->device], e);
+        return;
+    }
+    struct held_list *h = &r.held[e->device];
+    held_lock(h);
+    held_push_locked(h, e);
+    held_unlock(h);
 }
 
 /* One part of payload p's group is done (err: it failed, never completed).
@@ -356,6 +361,10 @@ static size_t take_pushed(void)
             take_request(e->request);
             continue;
         }
+        if (e->kind == ENTRY_REUSED) { /* taken and tracked before */
+            finish_entry(e, cudaSuccess);
+            continue;
+        }
         arrived++;
         e->seq = r.next_seq++;
         r.tracked++;
@@ -408,10 +417,14 @@ static void abandon_failed_devices(void)
         }
     }
     for (int d = 0; d < r.ndevices; d++) {
-        struct entry *e;
-        while (device_error(d) != cudaSuccess &&
-               (e = held_pop(&r.held[d])) != NULL)
+        while (device_error(d) != cudaSuccess) {
+            held_lock(&r.held[d]);
+            struct entry *e = held_pop_locked(&r.held[d]);
+            held_unlock(&r.held[d]);
+            if (e == NULL)
+                break;
             finish_entry(e, device_error(d));
+        }
     }
 }
 
@@ -493,16 +506,24 @@ static void release_held(uint64_t now)
     struct policy_view view = view_now(now);
     for (int d = 0; d < r.ndevices; d++) {
         struct held_list *h = &r.held[d];
+        held_lock(h);
         enum release_reason reason = policy_decide(&r.cfg, h, &view);
+        held_unlock(h);
         if (reason == RELEASE_NONE)
             continue;
         uint64_t n = 0;
         trace_push(reason_name(reason));
-        while (h->head != NULL && policy_continue(&r.cfg, h, reason, now)) {
+        for (;;) {
             /* An idle-time batch yields as soon as the application is back. */
             if (reason == RELEASE_IDLE && !queue_is_empty(&r.queue))
                 break;
-            struct entry *e = held_pop(h);
+            held_lock(h);
+            struct entry *e = policy_continue(&r.cfg, h, reason, now)
+                                  ? held_pop_locked(h)
+                                  : NULL;
+            held_unlock(h);
+            if (e == NULL)
+                break;
             uint64_t bytes = e->held_bytes;
             if (release_now(e, now) != cudaSuccess)
                 continue; /* reported and counted as failed */
@@ -524,8 +545,10 @@ static void end_pass(void)
             event_pool_give_chain(d, r.recycle[d], r.recycle_count[d]);
         r.recycle[d] = NULL;
         r.recycle_count[d] = 0;
+        held_lock(&r.held[d]);
         held += r.held[d].count;
         held_bytes += r.held[d].bytes;
+        held_unlock(&r.held[d]);
     }
     stats_set(&stats.held, held);
     stats_set(&stats.held_bytes, held_bytes);
@@ -568,8 +591,11 @@ static void nap_us(uint64_t us)
 static uint64_t held_count(void)
 {
     uint64_t n = 0;
-    for (int d = 0; d < r.ndevices; d++)
+    for (int d = 0; d < r.ndevices; d++) {
+        held_lock(&r.held[d]);
         n += r.held[d].count;
+        held_unlock(&r.held[d]);
+    }
     return n;
 }
 
@@ -592,7 +618,9 @@ static void wait_for_work(bool progress, uint64_t now)
         struct policy_view view = view_now(now);
         uint64_t wait = UINT64_MAX;
         for (int d = 0; d < r.ndevices; d++) {
+            held_lock(&r.held[d]);
             uint64_t w = policy_wait_ns(cfg, &r.held[d], &view);
+            held_unlock(&r.held[d]);
             if (w < wait)
                 wait = w;
         }
@@ -702,6 +730,8 @@ static cudaError_t start_locked(const char *what)
         free_per_device();
         return cudaErrorMemoryAllocation;
     }
+    for (int d = 0; d < n; d++)
+        held_init(&r.held[d]);
     r.ndevices = n;
     r.current_device = -1;
     queue_init(&r.queue);
@@ -783,6 +813,21 @@ void reclaimer_push(struct entry *e)
     queue_push_mpsc(&r.queue, &e->node);
     if (atomic_load(&r.sleeping))
         wake();
+}
+
+void *reclaimer_reuse(int device, int size_class)
+{
+    if (device < 0 || device >= r.ndevices ||
+        r.cfg.policy == DEFER_POLICY_EAGER)
+        return NULL;
+    struct entry *e = held_take_shelved(&r.held[device], size_class);
+    if (e == NULL)
+        return NULL;
+    void *ptr = e->ptrs[0];
+    e->kind = ENTRY_REUSED; /* the reclaimer finishes it without freeing */
+    reclaimer_push(e);
+    stats_add(&stats.reused, 1);
+    return ptr;
 }
 
 const struct defer_config *reclaimer_config(void)

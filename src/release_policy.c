@@ -13,32 +13,6 @@ bool policy_release_at_once(const struct defer_config *cfg,
            (e->held_bytes == 0 && e->pool);
 }
 
-void held_push(struct held_list *h, struct entry *e)
-{
-    e->fifo_next = NULL;
-    if (h->tail != NULL)
-        h->tail->fifo_next = e;
-    else
-        h->head = e;
-    h->tail = e;
-    h->bytes += e->held_bytes;
-    h->count++;
-}
-
-struct entry *held_pop(struct held_list *h)
-{
-    struct entry *e = h->head;
-    if (e == NULL)
-        return NULL;
-    h->head = e->fifo_next;
-    if (h->head == NULL)
-        h->tail = NULL;
-    h->bytes -= e->held_bytes;
-    h->count--;
-    e->fifo_next = NULL;
-    return e;
-}
-
 static bool too_old(const struct defer_config *cfg, const struct entry *e,
                     uint64_t now_ns)
 {
@@ -72,6 +46,8 @@ enum release_reason policy_decide(const struct defer_config *cfg,
 bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
                      enum release_reason reason, uint64_t now_ns)
 {
+    if (h->head == NULL)
+        return false;
     switch (reason) {
     case RELEASE_CAP:
         return h->bytes > h->cap / 2;

@@ -27,14 +27,7 @@
 
 #include "cudefer.h"
 #include "entry.h"
-
-/* Completed entries of one device waiting for release, oldest first. */
-struct held_list {
-    struct entry *head, *tail;
-    uint64_t bytes;
-    uint64_t count;
-    uint64_t cap; /* bytes above which a batch is released while busy */
-};
+#include "held.h"
 
 enum release_reason {
     RELEASE_NONE,
@@ -57,19 +50,15 @@ struct policy_view {
 bool policy_release_at_once(const struct defer_config *cfg,
                             const struct entry *e);
 
-/* Append a completed entry to the held list. */
-void held_push(struct held_list *h, struct entry *e);
-
-/* Remove and return the oldest held entry (NULL when empty). */
-struct entry *held_pop(struct held_list *h);
+/* The policy reads a held list: call these with its lock held. */
 
 /* Why the held entries of h should be released now, or RELEASE_NONE. */
 enum release_reason policy_decide(const struct defer_config *cfg,
                                   const struct held_list *h,
                                   const struct policy_view *view);
 
-/* Given reason, whether the oldest entry of h (not empty) is still to be
- * released in this batch. */
+/* Given reason, whether the oldest entry of h is still to be released in
+ * this batch (false when h is empty). */
 bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
                      enum release_reason reason, uint64_t now_ns);
 

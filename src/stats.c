@@ -74,6 +74,7 @@ void defer_stats_get(struct defer_stats *out)
     out->latency_p50_us = latency_p50_us();
     out->latency_max_us = read(&stats.latency_max_us);
     out->leaked_at_exit = read(&stats.leaked_at_exit);
+    out->reused = read(&stats.reused);
 }
 
 void stats_print(FILE *out)
@@ -89,11 +90,11 @@ void stats_print(FILE *out)
             " held %" PRIu64 " held_bytes %" PRIu64 " releases(idle %" PRIu64
             " cap %" PRIu64 " age %" PRIu64 " demand %" PRIu64
             ") latency_p50_us %" PRIu64 " latency_max_us %" PRIu64
-            " leaked_at_exit %" PRIu64 "\n",
+            " leaked_at_exit %" PRIu64 " reused %" PRIu64 "\n",
             s.deferred, s.released, s.pending, s.failed, s.rejected,
             s.sync_releases, s.event_queries, s.wakeups, s.batches,
             s.largest_batch, s.events_created, s.events_in_pool, s.held,
             s.held_bytes, s.idle_releases, s.cap_releases, s.age_releases,
             s.demand_releases, s.latency_p50_us, s.latency_max_us,
-            s.leaked_at_exit);
+            s.leaked_at_exit, s.reused);
 }

@@ -31,6 +31,7 @@ struct stats {
     _Atomic uint64_t demand_releases;
     _Atomic uint64_t latency_max_us;
     _Atomic uint64_t leaked_at_exit;
+    _Atomic uint64_t reused;
     _Atomic uint64_t latency[LATENCY_BUCKETS];
 };
 
