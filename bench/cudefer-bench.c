@@ -69,13 +69,17 @@ extern char **environ;
 #define DEF_REPS         3
 #define DEF_TIMEOUT_S    120
 
-enum kind { K_LIMIT, K_INLINE_FREE, K_INLINE_ASYNC, K_NAIVE, K_CUDEFER, K_N };
+enum kind { K_LIMIT, K_INLINE_FREE, K_INLINE_ASYNC, K_NAIVE, K_CUDEFER,
+             K_CUDEFER_ALLOC, K_N };
 static const char *const kind_names[K_N] = {
     "limit", "inline-cudaFree", "inline-async", "naive-reclaimer", "cudefer",
+    "cudefer-alloc",
 };
+/* cudefer-alloc: W1 with defer_alloc in place of cudaMalloc, defer_free. */
+#define IS_CUDEFER(k) ((k) == K_CUDEFER || (k) == K_CUDEFER_ALLOC)
 #define KM(k) (1u << (k))
 #define KM_ALL (KM(K_LIMIT) | KM(K_INLINE_FREE) | KM(K_INLINE_ASYNC) | \
-                KM(K_NAIVE) | KM(K_CUDEFER))
+                KM(K_NAIVE) | KM(K_CUDEFER) | KM(K_CUDEFER_ALLOC))
 
 enum wl { W1, W2, W3, W4, W5, W6, W_N };
 static const struct wl_desc {
@@ -284,7 +288,7 @@ static struct cpu reclaimer_cpu(enum kind k, struct naive_reclaimer *nr)
         c.threads = 1;
         return c;
     }
-    if (k != K_CUDEFER) {
+    if (!IS_CUDEFER(k)) {
         c.clock_ms = c.stat_ms = NAN;
         return c;
     }
@@ -342,7 +346,7 @@ struct snap {
 static void snap_get(enum kind k, struct naive_reclaimer *nr, struct snap *s)
 {
     memset(s, 0, sizeof *s);
-    if (k == K_CUDEFER) {
+    if (IS_CUDEFER(k)) {
         struct defer_stats st;
         memset(&st, 0, sizeof st);
         defer_stats_get(&st);
@@ -535,6 +539,8 @@ static cudaError_t alloc_buf(enum kind k, int pool, void **p, cudaStream_t s)
 {
     if (k == K_INLINE_ASYNC || pool)
         return cudaMallocAsync(p, BUF_BYTES, s);
+    if (k == K_CUDEFER_ALLOC)
+        return defer_alloc(p, BUF_BYTES, s);
     return cudaMalloc(p, BUF_BYTES);
 }
 
@@ -551,6 +557,7 @@ static cudaError_t release_buf(enum kind k, struct naive_reclaimer *nr,
     case K_NAIVE:
         return naive_free(nr, p, s);
     case K_CUDEFER:
+    case K_CUDEFER_ALLOC:
         return defer_free(p, s);
     default:
         return cudaErrorInvalidValue;
@@ -560,7 +567,7 @@ static cudaError_t release_buf(enum kind k, struct naive_reclaimer *nr,
 /* Wait until everything released so far is really released. */
 static void release_all(enum kind k, struct naive_reclaimer *nr)
 {
-    if (k == K_CUDEFER)
+    if (IS_CUDEFER(k))
         CK(defer_flush());
     else if (k == K_NAIVE)
         naive_drain(nr);
@@ -697,7 +704,7 @@ static void run_loops(enum wl wl, enum kind k, int rep, const char *label,
     qsort(iter_all, n, sizeof(uint64_t), cmp_u64);
     qsort(call_all, n, sizeof(uint64_t), cmp_u64);
 
-    if ((k == K_CUDEFER || k == K_NAIVE) && s1.released - s0.released != (double)n)
+    if ((IS_CUDEFER(k) || k == K_NAIVE) && s1.released - s0.released != (double)n)
         fprintf(stderr, "%s: note: %.0f entries released in the timed part, "
                 "%zu deferred (sync releases %.0f, failed %.0f)\n", g_who,
                 s1.released - s0.released, n,
@@ -1176,7 +1183,7 @@ static int child_main(const char *wlname, const char *kindname, int rep,
         die("unknown workload");
     }
 
-    if (k == K_CUDEFER) {
+    if (IS_CUDEFER(k)) {
         cudaError_t rc = defer_shutdown();
         if (rc != cudaSuccess) {
             fprintf(stderr, "%s: defer_shutdown: %s\n", g_who,
@@ -1937,7 +1944,7 @@ static void usage(FILE *f)
         "usage: cudefer-bench [options]\n"
         "  --workloads W1,W2,...  workloads to run (default W1,W2,W3,W4,W5,W6)\n"
         "  --strategies a,b,...   built-in strategies to run (default all:\n"
-        "                         limit,inline-cudaFree,inline-async,naive-reclaimer,cudefer;\n"
+        "                         limit,inline-cudaFree,inline-async,naive-reclaimer,cudefer,cudefer-alloc;\n"
         "                         limit is always run)\n"
         "  --variant NAME=ENV=VAL[,ENV=VAL...]\n"
         "                         also run cudefer with these environment settings\n"
