@@ -99,6 +99,17 @@ struct defer_stats {
  * the event (ptr still belongs to the caller; nothing was queued), or
  * cudaErrorNotPermitted after defer_shutdown or in a forked child.
  * defer_free(NULL, s) does nothing and returns cudaSuccess.
+ *
+ * On a capturing stream (CUDA graph capture) no event is recorded: the call
+ * belongs to the graph being captured.  ptr is released once that graph
+ * and every executable graph instantiated from it have been destroyed and
+ * all their launches have completed (CUDA runs the destructor of a user
+ * object the graph holds, on a thread of its own; it hands ptr to the
+ * reclaimer).  Until then it counts as pending, but defer_flush and
+ * defer_shutdown do not wait for it.  If the graph dies after
+ * defer_shutdown, ptr is never released (reported, counted as failed).  A
+ * capture already invalidated gives cudaErrorStreamCaptureInvalidated;
+ * CUDEFER_DISABLE does not apply (a capture cannot be waited for).
  */
 CUDEFER_API cudaError_t defer_free(void *ptr, cudaStream_t stream);
 
@@ -140,7 +151,9 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * caller keeps ptr.  defer_free_host_streams and defer_call_streams likewise
  * (the callback runs once, after all the streams' work).  Otherwise the
  * contract of defer_free; cudaErrorInvalidValue for a NULL streams or an n
- * out of range.
+ * out of range.  Streams that all capture into one graph: as defer_free on
+ * a capturing stream; some capturing and some not, or captures into
+ * different graphs: cudaErrorStreamCaptureUnsupported.
  */
 CUDEFER_API cudaError_t defer_free_streams(void *ptr,
                                            const cudaStream_t *streams,
@@ -160,6 +173,11 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * one reclaimer thread: while fn runs, nothing else is polled or released,
  * so keep it short.  Callbacks of one stream run in the order deferred.  A NULL fn is
  * cudaErrorInvalidValue.  Otherwise same contract as defer_free.
+ *
+ * On a capturing stream fn runs (on the reclaimer thread) once the graph
+ * being captured and every executable graph made from it are destroyed and
+ * their launches are done, as for defer_free; never if that happens after
+ * defer_shutdown.  Its order relative to other callbacks is not kept.
  */
 CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
                                    cudaStream_t stream);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "config.h"
 #include "cudefer.h"
 #include "entry.h"
@@ -110,6 +111,26 @@ static cudaError_t release_synchronously(const struct request_args *a,
     return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 
+/* Streams being captured: the entry waits for the capture's graph, not for
+ * an event (capture.h). */
+static cudaError_t submit_captured(const struct request_args *a,
+                                   const cudaStream_t *streams, size_t n)
+{
+    struct entry *e = capture_entry_new();
+    if (e == NULL)
+        return reject(a->what, "calloc", cudaErrorMemoryAllocation);
+    e->kind = a->kind;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    if (!set_pointers(e, a)) {
+        capture_entry_discard(e);
+        return reject(a->what, "malloc", cudaErrorMemoryAllocation);
+    }
+    const char *call = NULL;
+    cudaError_t err = capture_defer(a->what, e, streams, n, &call);
+    return err == cudaSuccess ? cudaSuccess : reject(a->what, call, err);
+}
+
 /* Take an entry for device, fill it in and record its event on stream.  On
  * success the entry is returned; otherwise NULL with *err and *call, and
  * *no_event set when it was the event that could not be had. */
@@ -152,12 +173,18 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
 static cudaError_t submit_admitted(const struct request_args *a,
                                    cudaStream_t stream)
 {
+    bool capturing = false;
+    const char *call = NULL;
+    cudaError_t err = capture_status(&stream, 1, &capturing, &call);
+    if (err != cudaSuccess)
+        return reject(a->what, call, err);
+    if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
+        return submit_captured(a, &stream, 1);
     if (reclaimer_config()->disable)
         return release_synchronously(a, stream);
     int device;
     unsigned long long id;
-    const char *call = NULL;
-    cudaError_t err = identify(stream, &device, &id, &call);
+    err = identify(stream, &device, &id, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     if ((err = reclaimer_device_error(device)) != cudaSuccess)
@@ -191,17 +218,22 @@ static cudaError_t submit_admitted(const struct request_args *a,
 static cudaError_t submit_group_admitted(const struct request_args *a,
                                          const cudaStream_t *streams, size_t n)
 {
+    bool capturing = false;
+    const char *call = NULL;
+    cudaError_t err = capture_status(streams, n, &capturing, &call);
+    if (err != cudaSuccess)
+        return reject(a->what, call, err);
+    if (capturing)
+        return submit_captured(a, streams, n);
     if (reclaimer_config()->disable) {
         for (size_t i = 1; i < n; i++) {
-            cudaError_t err = cudaStreamSynchronize(streams[i]);
+            err = cudaStreamSynchronize(streams[i]);
             if (err != cudaSuccess)
                 return reject(a->what, "cudaStreamSynchronize", err);
         }
         return release_synchronously(a, streams[0]);
     }
     struct entry *parts[64] = {NULL};
-    cudaError_t err = cudaSuccess;
-    const char *call = NULL;
     size_t made = 0;
     struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
     for (; made < n; made++) {

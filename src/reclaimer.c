@@ -652,6 +652,10 @@ static void *reclaimer_main(void *unused)
     (void)unused;
     on_reclaimer_thread = true;
     pthread_setname_np(pthread_self(), "cudefer-reclaim");
+    /* The reclaimer's queries and frees must never invalidate a capture
+     * that another thread runs in the global mode (the default). */
+    enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&relaxed);
     r.nap_us = r.cfg.poll_us;
     for (;;) {
         size_t arrived = take_pushed();

@@ -21,6 +21,7 @@
 #include "fake_cuda.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -33,17 +34,27 @@
 #define INF_NS        INT64_MAX
 #define STREAM_BASE   ((uintptr_t)0x5a0000000000u)  /* handle = BASE + id*16 */
 #define EVENT_BASE    ((uintptr_t)0x5e0000000000u)
+#define GRAPH_BASE    ((uintptr_t)0x6a0000000000u)
+#define EXEC_BASE     ((uintptr_t)0x6c0000000000u)
+#define UOBJ_BASE     ((uintptr_t)0x6e0000000000u)
 #define HANDLE_STRIDE 16u
 #define ADDR_BASE     ((uintptr_t)0x7f0000000000u)  /* first fake address */
 #define PAGE          ((uintptr_t)4096u)
 #define MAX_ALLOC     ((size_t)1 << 46)             /* larger: out of memory */
 #define MAX_WAIT_NS   ((int64_t)50000000)           /* re-check blocked waits */
 
-enum work_kind { W_TIMED, W_HELD, W_BARRIER };
+/* W_CAPTURED: launched on a capturing stream; part of a graph, never run. */
+enum work_kind { W_TIMED, W_HELD, W_BARRIER, W_CAPTURED };
 enum alloc_kind { A_DEVICE, A_POOL, A_HOST };
 enum stream_kind { S_USER, S_LEGACY, S_PER_THREAD };
+enum uobj_state { U_LIVE, U_RUNNING, U_DONE };
+
+/* Calls counted and injectable: enum fake_call, then enum fake_graph_call. */
+#define NCALLS (FAKE_NCALLS + FAKE_GRAPH_NCALLS)
+#define GCALL(c) (FAKE_NCALLS + (int)(c))
 
 struct fstream;
+struct fgraph;
 
 struct fake_work {
     struct fake_work *next;       /* next item on the same stream */
@@ -67,6 +78,40 @@ struct fstream {
     struct fake_work *head, *tail;
     struct fake_work *first_pending;  /* items before it are done */
     int64_t last_done_ns;         /* completion time of the last done item */
+    struct fgraph *capture;       /* the graph it captures into; NULL: none */
+};
+
+/* A user object: a destructor and its references. */
+struct fuobj {
+    unsigned long long id;
+    void *ptr;
+    cudaHostFn_t fn;
+    unsigned long own;            /* references the application owns */
+    unsigned long refs;           /* all references: own + graphs' */
+    enum uobj_state state;
+};
+
+struct uref { struct fuobj *o; unsigned long count; };
+
+/* A graph (made by a capture) or an executable graph (exec = 1). */
+struct fgraph {
+    unsigned long long id;
+    int exec;
+    int destroyed;
+    int capturing, invalidated;   /* graph: being captured into */
+    enum cudaStreamCaptureMode mode; /* ... the capture's */
+    pthread_t thread;             /* ... by the thread that began it */
+    unsigned long long capture_id;
+    struct fstream *origin;       /* the stream whose capture made it */
+    int64_t duration_ns;          /* the captured timed work, in all */
+    uintptr_t *uses;              /* allocations (start addresses) it uses */
+    size_t nuses, capuses;
+    struct uref *refs;            /* user object references it owns */
+    size_t nrefs, caprefs;
+    int holding;                  /* exec destroyed, launches pending: its
+                                     references go when they complete */
+    struct fake_work **launches;  /* exec: its launches (pruned when done) */
+    size_t nlaunches, caplaunches;
 };
 
 struct fevent {
@@ -105,23 +150,35 @@ static struct {
     size_t nworks, capworks;
     struct falloc *allocs;        /* sorted by addr (addresses only grow) */
     size_t nallocs, capallocs, live_allocs, invalid_releases;
-    struct injection inj[FAKE_NCALLS];
-    unsigned long calls[FAKE_NCALLS];
+    struct fgraph **graphs, **execs; /* index = id - graph_base, exec_base */
+    size_t ngraphs, capgraphs, nexecs, capexecs;
+    unsigned long long graph_base, exec_base;
+    struct fuobj **uobjs;         /* index = id - uobj_base */
+    size_t nuobjs, capuobjs, live_uobjs;
+    unsigned long long uobj_base;
+    int uobj_thread;              /* the destructor thread runs */
+    struct injection inj[NCALLS];
+    unsigned long calls[NCALLS];
     char last_violation[512];
     /* Never reset, so that no id or address is ever reused: */
     unsigned long long next_stream_id, next_event_id;
+    unsigned long long next_graph_id, next_exec_id, next_uobj_id;
+    unsigned long long next_capture_id;
     uintptr_t next_addr;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_stream_id = 1,
-        .next_event_id = 1, .next_addr = ADDR_BASE };
+        .next_event_id = 1, .next_graph_id = 1, .next_exec_id = 1,
+        .next_uobj_id = 1, .next_capture_id = 1, .next_addr = ADDR_BASE };
 
 static atomic_long g_violations;
-static _Atomic unsigned g_latency[FAKE_NCALLS];
+static _Atomic unsigned g_latency[NCALLS];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* Per-thread state; stale (and cleared) when t_gen != g.gen. */
 static _Thread_local unsigned t_gen;
 static _Thread_local int t_dev;
 static _Thread_local struct fstream *t_pts[FAKE_MAX_DEVICES];
+static _Thread_local int t_in_destructor; /* running a user object's */
+static _Thread_local enum cudaStreamCaptureMode t_mode; /* its capture mode */
 
 /* ---- Helpers ---------------------------------------------------------- */
 
@@ -426,12 +483,33 @@ static void add_use(struct fake_work *w, const void *p)
     a->users[a->nusers++] = w;
 }
 
+/* A graph or executable graph, not destroyed, that uses the allocation at
+ * addr (it can still be launched), or NULL. */
+static struct fgraph *graph_using(uintptr_t addr)
+{
+    struct fgraph **lists[2] = { g.graphs, g.execs };
+    size_t counts[2] = { g.ngraphs, g.nexecs };
+
+    for (int l = 0; l < 2; l++)
+        for (size_t i = 0; i < counts[l]; i++) {
+            struct fgraph *x = lists[l][i];
+
+            if (x->destroyed)
+                continue;
+            for (size_t k = 0; k < x->nuses; k++)
+                if (x->uses[k] == addr)
+                    return x;
+        }
+    return NULL;
+}
+
 /* Release p for function fn (host: cudaFreeHost; async: the stream of a
  * cudaFreeAsync), with the oracle's checks.  Lock held. */
 static cudaError_t release(const char *fn, void *p, int host,
                            struct fstream *async)
 {
     struct falloc *a;
+    struct fgraph *x;
     int64_t now = now_ns(), hint = INF_NS;
     size_t i;
 
@@ -461,6 +539,10 @@ static cudaError_t release(const char *fn, void *p, int host,
                   "%llu still pending", p, fn, u->id, u->stream->id);
         break;
     }
+    if (i == a->nusers && (x = graph_using(a->addr)) != NULL)
+        violation("premature release of %p (%s): %s #%llu, which uses it, "
+                  "can still be launched", p, fn,
+                  x->exec ? "executable graph" : "graph", x->id);
     a->released = 1;
     free(a->users);
     a->users = NULL;
@@ -487,6 +569,26 @@ static void reset_locked(int ndev)
         free(g.works[i]);
     for (i = 0; i < g.nallocs; i++)
         free(g.allocs[i].users);
+    for (i = 0; i < g.ngraphs + g.nexecs; i++) {
+        struct fgraph *x = i < g.ngraphs ? g.graphs[i] : g.execs[i - g.ngraphs];
+
+        free(x->uses);
+        free(x->refs);
+        free(x->launches);
+        free(x);
+    }
+    for (i = 0; i < g.nuobjs; i++)
+        free(g.uobjs[i]);
+    free(g.graphs);
+    free(g.execs);
+    free(g.uobjs);
+    g.graphs = g.execs = NULL;
+    g.uobjs = NULL;
+    g.ngraphs = g.capgraphs = g.nexecs = g.capexecs = 0;
+    g.nuobjs = g.capuobjs = g.live_uobjs = 0;
+    g.graph_base = g.next_graph_id;
+    g.exec_base = g.next_exec_id;
+    g.uobj_base = g.next_uobj_id;
     free(g.streams);
     free(g.works);
     free(g.allocs);
@@ -513,7 +615,7 @@ static void reset_locked(int ndev)
         g.devmem[d] = FAKE_DEFAULT_DEVICE_MEMORY;
     for (d = 0; d < ndev; d++)
         g.legacy[d] = new_stream(d, S_LEGACY);
-    for (i = 0; i < FAKE_NCALLS; i++)
+    for (i = 0; i < NCALLS; i++)
         atomic_store(&g_latency[i], 0);
     atomic_store(&g_violations, 0);
     pthread_cond_broadcast(&g.cond);
@@ -536,6 +638,7 @@ static void fork_parent(void) { pthread_mutex_unlock(&g.lock); }
 static void fork_child(void)
 {
     init_cond();                /* its waiters do not exist in the child */
+    g.uobj_thread = 0;          /* nor does the destructor thread */
     pthread_mutex_unlock(&g.lock);
 }
 
@@ -557,16 +660,20 @@ static void lock(void)
     if (t_gen != g.gen) {
         t_gen = g.gen;
         t_dev = 0;
+        t_mode = cudaStreamCaptureModeGlobal;
         memset(t_pts, 0, sizeof t_pts);
     }
 }
 
 static void unlock(void) { pthread_mutex_unlock(&g.lock); }
 
-/* Start a cudart call of kind c: emulate its latency, take the lock, count
- * it and apply failure injection.  On an injected error the lock is
- * released and the error returned; otherwise cudaSuccess, lock held. */
-static cudaError_t enter(enum fake_call c)
+static const char *call_name(int c);
+
+/* Start a cudart call of kind c (an enum fake_call, or GCALL of an enum
+ * fake_graph_call): emulate its latency, take the lock, count it and apply
+ * failure injection.  On an injected error the lock is released and the
+ * error returned; otherwise cudaSuccess, lock held. */
+static cudaError_t enter(int c)
 {
     unsigned lat = atomic_load(&g_latency[c]);
     struct injection *in;
@@ -578,6 +685,9 @@ static cudaError_t enter(enum fake_call c)
             ;
     }
     lock();
+    if (t_in_destructor)
+        violation("a user object's destructor called %s (destructors may "
+                  "not call CUDA)", call_name(c));
     g.calls[c]++;
     in = &g.inj[c];
     if (in->count != 0) {
@@ -613,6 +723,7 @@ void fake_reset(int ndevices)
     reset_locked(ndevices);
     t_gen = g.gen;
     t_dev = 0;
+    t_mode = cudaStreamCaptureModeGlobal;
     memset(t_pts, 0, sizeof t_pts);
     unlock();
 }
@@ -645,6 +756,10 @@ int fake_device_touched_by_app(int dev)
     return r;
 }
 
+static struct fake_work *capture_work(struct fstream *s, enum work_kind kind,
+                                      unsigned us, void *const *uses,
+                                      size_t nuses);
+
 /* Common part of fake_launch and fake_launch_held. */
 static fake_work *launch(cudaStream_t h, enum work_kind kind, unsigned us,
                          void *const *uses, size_t nuses)
@@ -655,7 +770,9 @@ static fake_work *launch(cudaStream_t h, enum work_kind kind, unsigned us,
 
     lock();
     s = resolve(h);
-    if (s != NULL) {
+    if (s != NULL && s->capture != NULL) {
+        w = capture_work(s, kind, us, uses, nuses);
+    } else if (s != NULL) {
         w = new_work(s, kind);
         w->duration_ns = (int64_t)us * 1000;
         for (i = 0; uses != NULL && i < nuses; i++)
@@ -790,6 +907,56 @@ unsigned long fake_calls(enum fake_call c)
     return n;
 }
 
+const char *fake_graph_call_name(enum fake_graph_call c)
+{
+    static const char *const names[FAKE_GRAPH_NCALLS] = {
+        [FAKE_STREAM_BEGIN_CAPTURE] = "cudaStreamBeginCapture",
+        [FAKE_STREAM_END_CAPTURE] = "cudaStreamEndCapture",
+        [FAKE_STREAM_GET_CAPTURE_INFO] = "cudaStreamGetCaptureInfo",
+        [FAKE_GRAPH_INSTANTIATE] = "cudaGraphInstantiate",
+        [FAKE_GRAPH_LAUNCH] = "cudaGraphLaunch",
+        [FAKE_GRAPH_DESTROY] = "cudaGraphDestroy",
+        [FAKE_GRAPH_EXEC_DESTROY] = "cudaGraphExecDestroy",
+        [FAKE_USER_OBJECT_CREATE] = "cudaUserObjectCreate",
+        [FAKE_USER_OBJECT_RELEASE] = "cudaUserObjectRelease",
+        [FAKE_GRAPH_RETAIN_USER_OBJECT] = "cudaGraphRetainUserObject",
+        [FAKE_THREAD_EXCHANGE_CAPTURE_MODE] =
+            "cudaThreadExchangeStreamCaptureMode",
+    };
+
+    return (unsigned)c < FAKE_GRAPH_NCALLS && names[c] ? names[c] : "?";
+}
+
+void fake_graph_fail(enum fake_graph_call c, cudaError_t err, long skip,
+                     long count)
+{
+    if ((unsigned)c >= FAKE_GRAPH_NCALLS)
+        return;
+    lock();
+    g.inj[GCALL(c)].err = err;
+    g.inj[GCALL(c)].skip = skip > 0 ? skip : 0;
+    g.inj[GCALL(c)].count = count;
+    unlock();
+}
+
+unsigned long fake_graph_calls(enum fake_graph_call c)
+{
+    unsigned long n = 0;
+
+    lock();
+    if ((unsigned)c < FAKE_GRAPH_NCALLS)
+        n = g.calls[GCALL(c)];
+    unlock();
+    return n;
+}
+
+/* The name of call c of either enum (see enter). */
+static const char *call_name(int c)
+{
+    return c < FAKE_NCALLS ? fake_call_name((enum fake_call)c)
+                           : fake_graph_call_name((enum fake_graph_call)(c - FAKE_NCALLS));
+}
+
 const char *fake_call_name(enum fake_call c)
 {
     static const char *const names[FAKE_NCALLS] = {
@@ -883,6 +1050,16 @@ cudaError_t cudaDeviceSynchronize(void)
 
     ENTER(FAKE_DEVICE_SYNCHRONIZE);
     touch(t_dev);
+    {   /* refused during any capture on the device, whatever the modes */
+        int refused = 0;
+
+        for (i = 0; i < g.ngraphs; i++)
+            if (g.graphs[i]->capturing && !g.graphs[i]->invalidated &&
+                g.graphs[i]->origin->dev == t_dev)
+                g.graphs[i]->invalidated = refused = 1;
+        if (refused)
+            return leave(cudaErrorStreamCaptureUnsupported);
+    }
     tails = malloc((g.nstreams + 1) * sizeof *tails);
     if (tails == NULL)
         die("out of memory");
@@ -971,6 +1148,12 @@ static const struct { cudaError_t code; const char *name, *text; } errtab[] = {
       "operation not permitted when stream is capturing"),
     E(cudaErrorStreamCaptureInvalidated,
       "operation failed due to a previous error during capture"),
+    E(cudaErrorStreamCaptureUnmatched,
+      "capture was not initiated in this stream"),
+    E(cudaErrorStreamCaptureImplicit,
+      "operation would make the legacy stream depend on a capturing blocking stream"),
+    E(cudaErrorIllegalState,
+      "the operation cannot be performed in the present state"),
     E(cudaErrorUnknown, "unknown error"),
 #undef E
 };
@@ -1037,6 +1220,44 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
     return leave(cudaSuccess);
 }
 
+/* A call that may not be made on a capturing stream was: the capture is
+ * invalidated (as CUDA does).  Lock held. */
+static cudaError_t invalidate_capture(struct fstream *s)
+{
+    s->capture->invalidated = 1;
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* A "potentially unsafe" call (see THE MODEL) by the calling thread:
+ * cudaSuccess if allowed; else the captures it conflicts with are
+ * invalidated and it is refused.  Lock held. */
+static cudaError_t unsafe_call(void)
+{
+    int refused = 0;
+    size_t i;
+
+    if (t_mode == cudaStreamCaptureModeRelaxed)
+        return cudaSuccess;
+    for (i = 0; i < g.ngraphs; i++) {
+        struct fgraph *x = g.graphs[i];
+        int own;
+
+        if (!x->capturing || x->invalidated)
+            continue;
+        own = pthread_equal(x->thread, pthread_self());
+        if ((own && x->mode != cudaStreamCaptureModeRelaxed) ||
+            (!own && x->mode == cudaStreamCaptureModeGlobal &&
+             t_mode == cudaStreamCaptureModeGlobal)) {
+            x->invalidated = 1;
+            refused = 1;
+        }
+    }
+    return refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+#define UNSAFE_CALL() do { cudaError_t u_ = unsafe_call(); \
+                           if (u_ != cudaSuccess) return leave(u_); } while (0)
+
 /* Block until all work enqueued on stream so far has completed. */
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
@@ -1046,6 +1267,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     ENTER(FAKE_STREAM_SYNCHRONIZE);
     if ((s = resolve(stream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)
+        return leave(invalidate_capture(s));
+    UNSAFE_CALL();
     tail = s->tail;
     wait_work(&tail, 1);
     return leave(cudaSuccess);
@@ -1060,6 +1284,9 @@ cudaError_t cudaStreamQuery(cudaStream_t stream)
     ENTER(FAKE_STREAM_QUERY);
     if ((s = resolve(stream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)
+        return leave(invalidate_capture(s));
+    UNSAFE_CALL();
     return leave(work_done(s->tail, now_ns(), &hint) ? cudaSuccess
                                                      : cudaErrorNotReady);
 }
@@ -1074,6 +1301,8 @@ cudaError_t cudaStreamGetId(cudaStream_t hStream, unsigned long long *streamId)
         return leave(cudaErrorInvalidValue);
     if ((s = resolve(hStream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* whatever the thread's mode */
+        return leave(invalidate_capture(s));
     *streamId = s->id;
     return leave(cudaSuccess);
 }
@@ -1088,20 +1317,33 @@ cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device)
         return leave(cudaErrorInvalidValue);
     if ((s = resolve(hStream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* whatever the thread's mode */
+        return leave(invalidate_capture(s));
     *device = s->dev;
     return leave(cudaSuccess);
 }
 
-/* Never capturing. */
+/* The capture status of s.  Lock held. */
+static enum cudaStreamCaptureStatus capture_status(const struct fstream *s)
+{
+    if (s->capture == NULL)
+        return cudaStreamCaptureStatusNone;
+    return s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                   : cudaStreamCaptureStatusActive;
+}
+
+/* None, Active, or Invalidated (see cudaStreamBeginCapture). */
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
                                   enum cudaStreamCaptureStatus *pCaptureStatus)
 {
+    struct fstream *s;
+
     ENTER(FAKE_STREAM_IS_CAPTURING);
     if (pCaptureStatus == NULL)
         return leave(cudaErrorInvalidValue);
-    if (resolve(stream) == NULL)
+    if ((s = resolve(stream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
-    *pCaptureStatus = cudaStreamCaptureStatusNone;
+    *pCaptureStatus = capture_status(s);
     return leave(cudaSuccess);
 }
 
@@ -1135,6 +1377,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
     ENTER(FAKE_STREAM_WAIT_EVENT);
     if ((e = find_event(event)) == NULL || (s = resolve(stream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* not modeled: see fake_capture_join */
+        return leave(cudaErrorNotSupported);
     if (!work_done(e->cap, now_ns(), &hint))
         new_work(s, W_BARRIER)->wait_for = e->cap;
     return leave(cudaSuccess);
@@ -1192,6 +1436,12 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
     if ((e = find_event(event)) == NULL || (s = resolve(stream)) == NULL ||
         e->dev != s->dev)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL) {
+        violation("event recorded into a capture: cudaEventRecord on stream "
+                  "id %llu, which captures into graph #%llu", s->id,
+                  s->capture->id);
+        return leave(cudaErrorStreamCaptureUnsupported);
+    }
     e->cap = s->tail;
     return leave(cudaSuccess);
 }
@@ -1211,6 +1461,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
     ENTER(FAKE_EVENT_QUERY);
     if ((e = find_event(event)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    UNSAFE_CALL();
     return leave(work_done(e->cap, now_ns(), &hint) ? cudaSuccess
                                                     : cudaErrorNotReady);
 }
@@ -1224,6 +1475,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     ENTER(FAKE_EVENT_SYNCHRONIZE);
     if ((e = find_event(event)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    UNSAFE_CALL();
     cap = e->cap;
     wait_work(&cap, 1);
     return leave(cudaSuccess);
@@ -1252,6 +1504,7 @@ static cudaError_t device_alloc(void **p, size_t size, int dev,
 cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     ENTER(FAKE_MALLOC);
+    UNSAFE_CALL();
     touch(t_dev);
     return leave(device_alloc(devPtr, size, t_dev, A_DEVICE));
 }
@@ -1264,6 +1517,8 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
     ENTER(FAKE_MALLOC_ASYNC);
     if ((s = resolve(hStream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* memory nodes are not modeled */
+        return leave(invalidate_capture(s));
     return leave(device_alloc(devPtr, size, s->dev, A_POOL));
 }
 
@@ -1274,6 +1529,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     ENTER(FAKE_MALLOC_HOST);
     if (pHost == NULL)
         return leave(cudaErrorInvalidValue);
+    UNSAFE_CALL();
     if (size > MAX_ALLOC)
         return leave(cudaErrorMemoryAllocation);
     touch(t_dev);
@@ -1290,6 +1546,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t size)
 cudaError_t cudaFree(void *devPtr)
 {
     ENTER(FAKE_FREE);
+    UNSAFE_CALL();
     return leave(release("cudaFree", devPtr, 0, NULL));
 }
 
@@ -1297,6 +1554,7 @@ cudaError_t cudaFree(void *devPtr)
 cudaError_t cudaFreeHost(void *ptr)
 {
     ENTER(FAKE_FREE_HOST);
+    UNSAFE_CALL();
     return leave(release("cudaFreeHost", ptr, 1, NULL));
 }
 
@@ -1309,6 +1567,9 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
     ENTER(FAKE_FREE_ASYNC);
     if ((s = resolve(hStream)) == NULL)
         return leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* memory nodes are not modeled */
+        return leave(invalidate_capture(s));
+    UNSAFE_CALL();
     return leave(release("cudaFreeAsync", devPtr, 0, s));
 }
 
@@ -1352,6 +1613,593 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
         attributes->devicePointer = (void *)ptr;
     }
     return leave(cudaSuccess);
+}
+
+/* ---- cudart: graphs and user objects -----------------------------------
+ * A capture builds a graph (struct fgraph); instantiating copies it into an
+ * executable graph, user object references included.  Destructors run on
+ * the fake's own thread (uobj_main), outside the lock. */
+
+static void kick(void);
+
+static struct fgraph *new_graph(int exec)
+{
+    struct fgraph *x = calloc(1, sizeof *x);
+
+    if (x == NULL)
+        die("out of memory");
+    x->exec = exec;
+    if (exec) {
+        x->id = g.next_exec_id++;
+        g.execs = grow(g.execs, g.nexecs, &g.capexecs, sizeof *g.execs);
+        g.execs[g.nexecs++] = x;
+    } else {
+        x->id = g.next_graph_id++;
+        g.graphs = grow(g.graphs, g.ngraphs, &g.capgraphs, sizeof *g.graphs);
+        g.graphs[g.ngraphs++] = x;
+    }
+    return x;
+}
+
+static void *graph_handle(const struct fgraph *x)
+{
+    return (void *)((x->exec ? EXEC_BASE : GRAPH_BASE) +
+                    (uintptr_t)x->id * HANDLE_STRIDE);
+}
+
+/* The index into a registry (of n, the first with id first) that handle h
+ * of base names; -1 if none.  Unknown handles are never dereferenced. */
+static long handle_index(const void *h, uintptr_t base,
+                         unsigned long long first, size_t n)
+{
+    uintptr_t v = (uintptr_t)h;
+    unsigned long long id;
+
+    if (v < base || (v - base) % HANDLE_STRIDE != 0)
+        return -1;
+    id = (v - base) / HANDLE_STRIDE;
+    if (id < first || id - first >= n)
+        return -1;
+    return (long)(id - first);
+}
+
+/* The live graph (exec = 0) or executable graph h names, or NULL. */
+static struct fgraph *find_graph(const void *h, int exec)
+{
+    long i = exec ? handle_index(h, EXEC_BASE, g.exec_base, g.nexecs)
+                  : handle_index(h, GRAPH_BASE, g.graph_base, g.ngraphs);
+    struct fgraph *x;
+
+    if (i < 0)
+        return NULL;
+    x = exec ? g.execs[i] : g.graphs[i];
+    return x->destroyed ? NULL : x;
+}
+
+/* The user object h names, if its destructor has not run, or NULL. */
+static struct fuobj *find_uobj(cudaUserObject_t h)
+{
+    long i = handle_index(h, UOBJ_BASE, g.uobj_base, g.nuobjs);
+
+    return i < 0 || g.uobjs[i]->state != U_LIVE ? NULL : g.uobjs[i];
+}
+
+/* Work launched on capturing stream s: added to its graph, never run.
+ * Lock held. */
+static struct fake_work *capture_work(struct fstream *s, enum work_kind kind,
+                                      unsigned us, void *const *uses,
+                                      size_t nuses)
+{
+    struct fgraph *x = s->capture;
+    struct fake_work *w = calloc(1, sizeof *w);
+    size_t i, k;
+
+    if (w == NULL)
+        die("out of memory");
+    g.works = grow(g.works, g.nworks, &g.capworks, sizeof *g.works);
+    g.works[g.nworks++] = w;
+    w->id = g.nworks;
+    w->stream = s;
+    w->kind = W_CAPTURED;
+    w->launch_ns = now_ns();
+    if (kind == W_TIMED)
+        x->duration_ns += (int64_t)us * 1000;
+    for (i = 0; uses != NULL && i < nuses; i++) {
+        struct falloc *a = find_alloc(uses[i], 0);
+
+        if (a == NULL)
+            continue;
+        if (a->released) {
+            violation("work #%llu captured on stream id %llu uses %p, which "
+                      "was already released", w->id, s->id, uses[i]);
+            continue;
+        }
+        for (k = 0; k < x->nuses && x->uses[k] != a->addr; k++)
+            ;
+        if (k < x->nuses)
+            continue;
+        x->uses = grow(x->uses, x->nuses, &x->capuses, sizeof *x->uses);
+        x->uses[x->nuses++] = a->addr;
+    }
+    return w;
+}
+
+/* Give x count references to o (taken from nobody: the caller moves its
+ * own first if it moves them).  Lock held. */
+static void add_ref(struct fgraph *x, struct fuobj *o, unsigned long count)
+{
+    size_t i;
+
+    o->refs += count;
+    for (i = 0; i < x->nrefs; i++)
+        if (x->refs[i].o == o) {
+            x->refs[i].count += count;
+            return;
+        }
+    x->refs = grow(x->refs, x->nrefs, &x->caprefs, sizeof *x->refs);
+    x->refs[x->nrefs].o = o;
+    x->refs[x->nrefs].count = count;
+    x->nrefs++;
+}
+
+/* Drop every user object reference x owns.  Lock held. */
+static void drop_refs(struct fgraph *x)
+{
+    size_t i;
+
+    for (i = 0; i < x->nrefs; i++)
+        x->refs[i].o->refs -= x->refs[i].count;
+    x->nrefs = 0;
+    kick();
+}
+
+/* 1 if every launch of executable graph x has completed (those that have
+ * are forgotten).  Lock held. */
+static int launches_done(struct fgraph *x, int64_t now, int64_t *hint)
+{
+    size_t i, n = 0;
+
+    for (i = 0; i < x->nlaunches; i++)
+        if (!work_done(x->launches[i], now, hint))
+            x->launches[n++] = x->launches[i];
+    x->nlaunches = n;
+    return n == 0;
+}
+
+/* After dropping the references of destroyed executable graphs whose
+ * launches have all completed: a user object with no reference left whose
+ * destructor has not run, or NULL.  *holding: an executable graph still
+ * waits for its launches.  Lock held. */
+static struct fuobj *due_uobj(int *holding)
+{
+    int64_t now = now_ns(), hint = INF_NS;
+    size_t i;
+
+    *holding = 0;
+    for (i = 0; i < g.nexecs; i++) {
+        struct fgraph *x = g.execs[i];
+
+        if (!x->holding)
+            continue;
+        if (launches_done(x, now, &hint)) {
+            x->holding = 0;
+            drop_refs(x);
+        } else {
+            *holding = 1;
+        }
+    }
+    for (i = 0; i < g.nuobjs; i++)
+        if (g.uobjs[i]->state == U_LIVE && g.uobjs[i]->refs == 0)
+            return g.uobjs[i];
+    return NULL;
+}
+
+/* The destructor thread: runs each due destructor outside the lock, and
+ * polls (every millisecond) while an executable graph waits for its
+ * launches. */
+static void *uobj_main(void *unused)
+{
+    (void)unused;
+    pthread_setname_np(pthread_self(), "fake-cuda-uobj");
+    lock();
+    for (;;) {
+        int holding;
+        struct fuobj *o = due_uobj(&holding);
+
+        if (o != NULL) {
+            cudaHostFn_t fn = o->fn;
+            void *ptr = o->ptr;
+            unsigned gen = g.gen;
+
+            o->state = U_RUNNING;
+            unlock();
+            t_in_destructor = 1;
+            fn(ptr);
+            t_in_destructor = 0;
+            lock();
+            if (g.gen == gen) {  /* o is gone after a fake_reset */
+                o->state = U_DONE;
+                g.live_uobjs--;
+            }
+            pthread_cond_broadcast(&g.cond);
+            continue;
+        }
+        {
+            int64_t until = now_ns() + (holding ? 1000000 : MAX_WAIT_NS);
+            struct timespec ts;
+
+            ts.tv_sec = (time_t)(until / 1000000000);
+            ts.tv_nsec = (long)(until % 1000000000);
+            pthread_cond_timedwait(&g.cond, &g.lock, &ts);
+        }
+    }
+    return NULL;
+}
+
+/* References may have dropped: make sure the destructor thread runs, and
+ * wake it.  Lock held. */
+static void kick(void)
+{
+    if (!g.uobj_thread) {
+        pthread_t t;
+        pthread_attr_t attr;
+        sigset_t all, old;
+
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&t, &attr, uobj_main, NULL) != 0)
+            die("cannot start the destructor thread");
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+        g.uobj_thread = 1;
+    }
+    pthread_cond_broadcast(&g.cond);
+}
+
+/* Start capturing stream into a new graph (mode: any valid one). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                   enum cudaStreamCaptureMode mode)
+{
+    struct fstream *s;
+    struct fgraph *x;
+
+    ENTER(GCALL(FAKE_STREAM_BEGIN_CAPTURE));
+    if ((unsigned)mode > cudaStreamCaptureModeRelaxed)
+        return leave(cudaErrorInvalidValue);
+    if ((s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    if (s->kind == S_LEGACY)
+        return leave(cudaErrorStreamCaptureUnsupported);
+    if (s->capture != NULL)
+        return leave(cudaErrorIllegalState);
+    x = new_graph(0);
+    x->capturing = 1;
+    x->mode = mode;
+    x->thread = pthread_self();
+    x->capture_id = g.next_capture_id++;
+    x->origin = s;
+    s->capture = x;
+    return leave(cudaSuccess);
+}
+
+/* End the capture begun on stream (and on the streams that joined it):
+ * the graph, or NULL and cudaErrorStreamCaptureInvalidated (the graph is
+ * destroyed) if the capture was invalidated. */
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    struct fstream *s;
+    struct fgraph *x;
+    size_t i;
+
+    ENTER(GCALL(FAKE_STREAM_END_CAPTURE));
+    if (pGraph == NULL)
+        return leave(cudaErrorInvalidValue);
+    if ((s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    if ((x = s->capture) == NULL)
+        return leave(cudaErrorIllegalState);
+    if (x->origin != s)
+        return leave(cudaErrorStreamCaptureUnmatched);
+    for (i = 0; i < g.nstreams; i++)
+        if (g.streams[i]->capture == x)
+            g.streams[i]->capture = NULL;
+    x->capturing = 0;
+    if (x->invalidated) {
+        x->destroyed = 1;
+        drop_refs(x);
+        *pGraph = NULL;
+        return leave(cudaErrorStreamCaptureInvalidated);
+    }
+    *pGraph = (cudaGraph_t)graph_handle(x);
+    return leave(cudaSuccess);
+}
+
+/* The capture status of stream and, while it is active, the capture's id
+ * and graph (no dependency nodes: the fake's graphs have none). */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+    enum cudaStreamCaptureStatus *captureStatus_out,
+    unsigned long long *id_out, cudaGraph_t *graph_out,
+    const cudaGraphNode_t **dependencies_out,
+    const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    struct fstream *s;
+
+    ENTER(GCALL(FAKE_STREAM_GET_CAPTURE_INFO));
+    if (captureStatus_out == NULL ||
+        (edgeData_out != NULL && dependencies_out == NULL))
+        return leave(cudaErrorInvalidValue);
+    if ((s = resolve(stream)) == NULL)
+        return leave(cudaErrorInvalidResourceHandle);
+    *captureStatus_out = capture_status(s);
+    if (*captureStatus_out != cudaStreamCaptureStatusActive)
+        return leave(cudaSuccess);
+    if (id_out != NULL)
+        *id_out = s->capture->capture_id;
+    if (graph_out != NULL)
+        *graph_out = (cudaGraph_t)graph_handle(s->capture);
+    if (dependencies_out != NULL)
+        *dependencies_out = NULL;
+    if (edgeData_out != NULL)
+        *edgeData_out = NULL;
+    if (numDependencies_out != NULL)
+        *numDependencies_out = 0;
+    return leave(cudaSuccess);
+}
+
+/* An executable graph of graph (flags ignored): its work, its allocations
+ * and a reference to each of its user objects. */
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec,
+                                          cudaGraph_t graph,
+                                          unsigned long long flags)
+{
+    struct fgraph *x, *e;
+    size_t i;
+
+    (void)flags;
+    ENTER(GCALL(FAKE_GRAPH_INSTANTIATE));
+    if (pGraphExec == NULL || (x = find_graph(graph, 0)) == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (x->capturing)
+        return leave(cudaErrorStreamCaptureUnsupported);
+    e = new_graph(1);
+    e->duration_ns = x->duration_ns;
+    for (i = 0; i < x->nuses; i++) {
+        e->uses = grow(e->uses, e->nuses, &e->capuses, sizeof *e->uses);
+        e->uses[e->nuses++] = x->uses[i];
+    }
+    for (i = 0; i < x->nrefs; i++)
+        add_ref(e, x->refs[i].o, x->refs[i].count);
+    *pGraphExec = (cudaGraphExec_t)graph_handle(e);
+    return leave(cudaSuccess);
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec,
+                                 cudaGraph_t graph, unsigned long long flags)
+{
+    return cudaGraphInstantiateWithFlags(pGraphExec, graph, flags);
+}
+
+/* Enqueue executable graph h on stream as one work item of kind; NULL with
+ * *err if not.  Lock held. */
+static struct fake_work *launch_graph(cudaGraphExec_t h, cudaStream_t stream,
+                                      enum work_kind kind, cudaError_t *err)
+{
+    struct fgraph *x;
+    struct fstream *s;
+    struct fake_work *w;
+    size_t i;
+
+    if ((x = find_graph(h, 1)) == NULL) {
+        *err = cudaErrorInvalidValue;
+        return NULL;
+    }
+    if ((s = resolve(stream)) == NULL) {
+        *err = cudaErrorInvalidResourceHandle;
+        return NULL;
+    }
+    if (s->capture != NULL) {   /* child graph nodes are not modeled */
+        *err = cudaErrorNotSupported;
+        return NULL;
+    }
+    w = new_work(s, kind);
+    if (kind == W_TIMED)
+        w->duration_ns = x->duration_ns;
+    for (i = 0; i < x->nuses; i++)
+        add_use(w, (void *)x->uses[i]);
+    if (x->nlaunches == x->caplaunches) {
+        int64_t hint = INF_NS;
+
+        launches_done(x, now_ns(), &hint);     /* prune */
+    }
+    x->launches = grow(x->launches, x->nlaunches, &x->caplaunches,
+                       sizeof *x->launches);
+    x->launches[x->nlaunches++] = w;
+    *err = cudaSuccess;
+    return w;
+}
+
+/* Enqueue the graph's work on stream, as one timed item. */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+    cudaError_t err;
+
+    ENTER(GCALL(FAKE_GRAPH_LAUNCH));
+    launch_graph(graphExec, stream, W_TIMED, &err);
+    return leave(err);
+}
+
+fake_work *fake_graph_launch_held(cudaGraphExec_t exec, cudaStream_t s)
+{
+    cudaError_t err;
+    struct fake_work *w;
+
+    if (enter(GCALL(FAKE_GRAPH_LAUNCH)) != cudaSuccess)
+        return NULL;
+    w = launch_graph(exec, s, W_HELD, &err);
+    unlock();
+    return w;
+}
+
+/* Destroy a graph: its references to user objects go. */
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    struct fgraph *x;
+
+    ENTER(GCALL(FAKE_GRAPH_DESTROY));
+    if ((x = find_graph(graph, 0)) == NULL)
+        return leave(cudaErrorInvalidValue);
+    if (x->capturing)
+        return leave(cudaErrorIllegalState);
+    x->destroyed = 1;
+    drop_refs(x);
+    return leave(cudaSuccess);
+}
+
+/* Destroy an executable graph: its references to user objects go once
+ * every launch of it has completed. */
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
+{
+    struct fgraph *x;
+    int64_t hint = INF_NS;
+
+    ENTER(GCALL(FAKE_GRAPH_EXEC_DESTROY));
+    if ((x = find_graph(graphExec, 1)) == NULL)
+        return leave(cudaErrorInvalidValue);
+    x->destroyed = 1;
+    if (launches_done(x, now_ns(), &hint)) {
+        drop_refs(x);
+    } else {
+        x->holding = 1;
+        kick();
+    }
+    return leave(cudaSuccess);
+}
+
+/* A user object with initialRefcount references owned by the caller;
+ * flags must be cudaUserObjectNoDestructorSync. */
+cudaError_t cudaUserObjectCreate(cudaUserObject_t *object_out, void *ptr,
+                                 cudaHostFn_t destroy,
+                                 unsigned int initialRefcount,
+                                 unsigned int flags)
+{
+    struct fuobj *o;
+
+    ENTER(GCALL(FAKE_USER_OBJECT_CREATE));
+    if (object_out == NULL || destroy == NULL || initialRefcount == 0 ||
+        initialRefcount > INT32_MAX || flags != cudaUserObjectNoDestructorSync)
+        return leave(cudaErrorInvalidValue);
+    if ((o = calloc(1, sizeof *o)) == NULL)
+        die("out of memory");
+    o->id = g.next_uobj_id++;
+    o->ptr = ptr;
+    o->fn = destroy;
+    o->own = o->refs = initialRefcount;
+    o->state = U_LIVE;
+    g.uobjs = grow(g.uobjs, g.nuobjs, &g.capuobjs, sizeof *g.uobjs);
+    g.uobjs[g.nuobjs++] = o;
+    g.live_uobjs++;
+    kick();
+    *object_out = (cudaUserObject_t)(UOBJ_BASE +
+                                     (uintptr_t)o->id * HANDLE_STRIDE);
+    return leave(cudaSuccess);
+}
+
+/* Release count of the caller's references. */
+cudaError_t cudaUserObjectRelease(cudaUserObject_t object, unsigned int count)
+{
+    struct fuobj *o;
+
+    ENTER(GCALL(FAKE_USER_OBJECT_RELEASE));
+    if ((o = find_uobj(object)) == NULL || count == 0 || count > INT32_MAX)
+        return leave(cudaErrorInvalidValue);
+    if (count > o->own) {
+        violation("cudaUserObjectRelease of %u references to user object "
+                  "#%llu: the application owns %lu", count, o->id, o->own);
+        return leave(cudaErrorInvalidValue);
+    }
+    o->own -= count;
+    o->refs -= count;
+    kick();
+    return leave(cudaSuccess);
+}
+
+/* Give graph count references to object: new ones, or (with
+ * cudaGraphUserObjectMove) count of the caller's. */
+cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph,
+                                      cudaUserObject_t object,
+                                      unsigned int count, unsigned int flags)
+{
+    struct fgraph *x;
+    struct fuobj *o;
+
+    ENTER(GCALL(FAKE_GRAPH_RETAIN_USER_OBJECT));
+    if ((x = find_graph(graph, 0)) == NULL || (o = find_uobj(object)) == NULL ||
+        count == 0 || count > INT32_MAX ||
+        (flags & ~(unsigned)cudaGraphUserObjectMove) != 0)
+        return leave(cudaErrorInvalidValue);
+    if (flags & cudaGraphUserObjectMove) {
+        if (count > o->own)
+            return leave(cudaErrorInvalidValue);
+        o->own -= count;
+        o->refs -= count;
+    }
+    add_ref(x, o, count);
+    return leave(cudaSuccess);
+}
+
+/* Swap the calling thread's capture mode with *mode. */
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    enum cudaStreamCaptureMode old;
+
+    ENTER(GCALL(FAKE_THREAD_EXCHANGE_CAPTURE_MODE));
+    if (mode == NULL || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
+        return leave(cudaErrorInvalidValue);
+    old = t_mode;
+    t_mode = *mode;
+    *mode = old;
+    return leave(cudaSuccess);
+}
+
+cudaError_t fake_capture_join(cudaStream_t h, cudaStream_t capturing)
+{
+    struct fstream *s, *c;
+    cudaError_t err = cudaSuccess;
+
+    lock();
+    if ((s = resolve(h)) == NULL || (c = resolve(capturing)) == NULL)
+        err = cudaErrorInvalidResourceHandle;
+    else if (c->capture == NULL || s->capture != NULL)
+        err = cudaErrorIllegalState;
+    else
+        s->capture = c->capture;
+    unlock();
+    return err;
+}
+
+size_t fake_live_user_objects(void)
+{
+    size_t n;
+
+    lock();
+    n = g.live_uobjs;
+    unlock();
+    return n;
+}
+
+size_t fake_live_graphs(void)
+{
+    size_t i, n = 0;
+
+    lock();
+    for (i = 0; i < g.ngraphs; i++)
+        n += !g.graphs[i]->destroyed;
+    for (i = 0; i < g.nexecs; i++)
+        n += !g.execs[i]->destroyed;
+    unlock();
+    return n;
 }
 
 /* ---- Driver entry points ------------------------------------------------
@@ -1441,6 +2289,13 @@ cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t,
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned);
 cudaError_t cudaMallocAsync_ptsz(void **, size_t, cudaStream_t);
 cudaError_t cudaFreeAsync_ptsz(void *, cudaStream_t);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t,
+                                        enum cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t *);
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t,
+    enum cudaStreamCaptureStatus *, unsigned long long *, cudaGraph_t *,
+    const cudaGraphNode_t **, const cudaGraphEdgeData **, size_t *);
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t);
 
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s)
 { return cudaEventRecordWithFlags(e, PTDS(s), 0); }
@@ -1464,3 +2319,14 @@ cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s)
 { return cudaMallocAsync(p, n, PTDS(s)); }
 cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
 { return cudaFreeAsync(p, PTDS(s)); }
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s,
+                                        enum cudaStreamCaptureMode m)
+{ return cudaStreamBeginCapture(PTDS(s), m); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *gr)
+{ return cudaStreamEndCapture(PTDS(s), gr); }
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s,
+    enum cudaStreamCaptureStatus *st, unsigned long long *id, cudaGraph_t *gr,
+    const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges, size_t *n)
+{ return cudaStreamGetCaptureInfo(PTDS(s), st, id, gr, deps, edges, n); }
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t x, cudaStream_t s)
+{ return cudaGraphLaunch(x, PTDS(s)); }

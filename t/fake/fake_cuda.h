@@ -36,6 +36,53 @@
  *   counter that never goes back, so no address is ever reused.  Device
  *   memory is limited per device (80 GiB unless fake_set_device_memory).
  *
+ *   Graphs: cudaStreamBeginCapture starts capturing a stream into a new
+ *   graph.  While it captures, fake_launch and fake_launch_held on it do
+ *   not run: they add their work to the graph (timed work adds its
+ *   duration; held work adds none) and return a handle that never
+ *   completes.  cudaStreamEndCapture returns the graph;
+ *   cudaGraphInstantiate(WithFlags) makes an executable graph of it;
+ *   cudaGraphLaunch enqueues the whole graph on a stream as ONE timed item
+ *   (the sum of the captured durations) that uses every allocation the
+ *   captured work used, and fake_graph_launch_held as one held item.
+ *   cudaStreamSynchronize or cudaStreamQuery on a capturing stream
+ *   invalidates its capture (cudaErrorStreamCaptureUnsupported), and
+ *   cudaStreamEndCapture of an invalidated capture destroys its graph and
+ *   returns cudaErrorStreamCaptureInvalidated.  fake_capture_join makes
+ *   another stream join a capture (what an event recorded on the capturing
+ *   stream and waited for on the other one does in CUDA).  Not modeled
+ *   (the call returns an error): cudaStreamWaitEvent, cudaMallocAsync,
+ *   cudaFreeAsync and cudaGraphLaunch on a capturing stream; the legacy
+ *   stream's implicit dependency on capturing blocking streams.
+ *
+ *   What may be called during a capture, as measured on an H200 with CUDA
+ *   13.0 (each refusal returns cudaErrorStreamCaptureUnsupported and
+ *   invalidates the captures it conflicts with):
+ *     - cudaStreamGetDevice and cudaStreamGetId on a capturing stream:
+ *       refused, whatever the thread and its mode;
+ *     - cudaDeviceSynchronize: refused while any stream of the device
+ *       captures, whatever the modes;
+ *     - the "potentially unsafe" cudaFree, cudaFreeHost, cudaFreeAsync,
+ *       cudaEventQuery, cudaEventSynchronize, cudaStreamQuery,
+ *       cudaStreamSynchronize, cudaMalloc and cudaMallocHost/cudaHostAlloc:
+ *       refused unless the calling thread's mode
+ *       (cudaThreadExchangeStreamCaptureMode; Global by default) is
+ *       Relaxed, when the thread has a capture of its own not begun Relaxed,
+ *       or (the thread's mode Global) another thread has one begun Global;
+ *     - everything else is allowed (cudaGetDevice, cudaSetDevice,
+ *       cudaEventCreate, cudaEventRecord on other streams, cudaMemGetInfo,
+ *       cudaPointerGetAttributes, cudaStreamIsCapturing, ...).
+ *
+ *   User objects: cudaUserObjectCreate, cudaUserObjectRelease and
+ *   cudaGraphRetainUserObject (with or without cudaGraphUserObjectMove)
+ *   count references.  A graph's references are also taken by every
+ *   executable graph instantiated from it.  cudaGraphDestroy drops the
+ *   graph's; cudaGraphExecDestroy drops the executable graph's once every
+ *   launch of it has completed.  When an object has no reference left its
+ *   destructor runs, asynchronously, on the fake's own thread (named
+ *   "fake-cuda-uobj"), never on the caller's and never under the fake's
+ *   lock, as CUDA runs it on an internal thread.
+ *
  * THE ORACLE
  *   Work declares the allocations it uses.  Every release (cudaFree,
  *   cudaFreeHost, cudaFreeAsync) is checked; a VIOLATION is counted and
@@ -48,6 +95,12 @@
  *   Also a violation: fake_launch of work using an already released
  *   allocation, and a thread named "cudefer-reclaim" calling cudaSetDevice
  *   on a device that no application thread has used.
+ *   Graphs add three: releasing an allocation that a graph or an executable
+ *   graph not yet destroyed uses (it can still be launched); cudaEventRecord
+ *   on a capturing stream ("event recorded into a capture": cudefer must
+ *   never do it; the call returns cudaErrorStreamCaptureUnsupported and
+ *   records nothing; tests join streams with fake_capture_join instead);
+ *   and any CUDA call made from a user object's destructor.
  *   Not violations (the call returns cudaErrorInvalidValue, the allocation
  *   stays live, fake_invalid_releases() counts it): releasing a pointer
  *   the fake never allocated, or with the wrong function (cudaFree of
@@ -82,10 +135,12 @@ extern "C" {
 
 /* ---- State ------------------------------------------------------------ */
 
-/* Throw away all state (streams, events, work, allocations, counters,
- * failure injections, latencies, violations) and create ndevices devices
- * (1..FAKE_MAX_DEVICES; anything else aborts).  Every thread's current
- * device becomes 0.  Handles and fake_work pointers from before are stale. */
+/* Throw away all state (streams, events, work, allocations, graphs, user
+ * objects (their destructors are not run), counters, failure injections,
+ * latencies, violations) and create ndevices devices (1..FAKE_MAX_DEVICES;
+ * anything else aborts).  Every thread's current device becomes 0 and its
+ * capture mode Global.  Handles and fake_work pointers from before are
+ * stale. */
 void fake_reset(int ndevices);
 
 /* Set the memory of device dev (cudaMemGetInfo total, cudaMalloc limit). */
@@ -204,6 +259,48 @@ const char *fake_call_name(enum fake_call c);
 /* Make every call of c busy-wait ns nanoseconds, outside the fake's lock
  * (0: no latency). */
 void fake_set_latency(enum fake_call c, unsigned ns);
+
+/* ---- Graphs ----------------------------------------------------------- */
+
+/* The graph calls, for failure injection and counting (an enum of their
+ * own: enum fake_call is left as it was). */
+enum fake_graph_call {
+    FAKE_STREAM_BEGIN_CAPTURE,
+    FAKE_STREAM_END_CAPTURE,
+    FAKE_STREAM_GET_CAPTURE_INFO,
+    FAKE_GRAPH_INSTANTIATE,     /* cudaGraphInstantiate, ...WithFlags */
+    FAKE_GRAPH_LAUNCH,          /* cudaGraphLaunch, fake_graph_launch_held */
+    FAKE_GRAPH_DESTROY,
+    FAKE_GRAPH_EXEC_DESTROY,
+    FAKE_USER_OBJECT_CREATE,
+    FAKE_USER_OBJECT_RELEASE,
+    FAKE_GRAPH_RETAIN_USER_OBJECT,
+    FAKE_THREAD_EXCHANGE_CAPTURE_MODE, /* cudaThreadExchangeStreamCaptureMode */
+    FAKE_GRAPH_NCALLS
+};
+
+/* fake_fail, fake_calls and fake_call_name for the graph calls (fake_reset
+ * and fake_fail_clear disarm these too). */
+void fake_graph_fail(enum fake_graph_call c, cudaError_t err, long skip,
+                     long count);
+unsigned long fake_graph_calls(enum fake_graph_call c);
+const char *fake_graph_call_name(enum fake_graph_call c);
+
+/* Launch exec on stream s as one held item (see THE MODEL): it completes
+ * once fake_complete(w) was called.  NULL if exec or s is invalid (or the
+ * injected failure of FAKE_GRAPH_LAUNCH). */
+fake_work *fake_graph_launch_held(cudaGraphExec_t exec, cudaStream_t s);
+
+/* Make stream s join the capture of stream capturing.  cudaSuccess, or
+ * cudaErrorIllegalState if capturing does not capture or s already does,
+ * cudaErrorInvalidResourceHandle for an invalid stream. */
+cudaError_t fake_capture_join(cudaStream_t s, cudaStream_t capturing);
+
+/* User objects whose destructor has not returned yet. */
+size_t fake_live_user_objects(void);
+
+/* Graphs and executable graphs not yet destroyed. */
+size_t fake_live_graphs(void);
 
 #ifdef __cplusplus
 }
