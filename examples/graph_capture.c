@@ -51,6 +51,15 @@ int main(int argc, char **argv)
         }
     }
 
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        fprintf(stderr, "graph_capture: no CUDA device found "
+                "(cudaGetDeviceCount: %s)\n",
+                cudaGetErrorString(err != cudaSuccess ? err : cudaErrorNoDevice));
+        return 1;
+    }
+
     cudaStream_t s;
     void *buf;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),

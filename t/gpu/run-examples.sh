@@ -12,7 +12,8 @@
 # name and arguments of each example
 examples='demo -n 200
 streams -n 200
-cpp_raii -n 200'
+cpp_raii -n 200
+graph_capture -n 5'
 
 lock=${TMPDIR:-/tmp}/cudefer-gpu-tests.lock
 if command -v flock >/dev/null 2>&1; then

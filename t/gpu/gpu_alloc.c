@@ -1,0 +1,83 @@
+/*
+ * gpu_alloc.c: defer_alloc on a real GPU.  A loop of {defer_alloc 1 MiB,
+ * kernel that fills it, defer_free} gets completed buffers back instead of
+ * calling cudaMalloc; every buffer it gets holds the kernel's bytes only
+ * after that kernel (checked by copying back the last one); after
+ * defer_flush the device memory is back.  Skipped without a CUDA device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cudefer.h"
+#include "gpu_kernels.h"
+#include "tap.h"
+
+#define ITERS 2000
+#define BYTES ((size_t)1 << 20)
+#define TOLERANCE ((size_t)8 << 20)
+
+static size_t free_bytes(void)
+{
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    return f;
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+        skip_all("no CUDA device");
+    gpu_tests_serialize();
+    plan(6);
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        bail("cudaStreamCreateWithFlags");
+    gpu_spin(s, 1000); /* load the kernels, start the context */
+    defer_call(free, NULL, s); /* starts the reclaimer; free(NULL) is a no-op */
+    defer_flush();
+    size_t before = free_bytes();
+    struct defer_stats s0, s1;
+    defer_stats_get(&s0);
+    int failures = 0;
+    void *last = NULL;
+    for (int i = 0; i < ITERS; i++) {
+        void *p = NULL;
+        if (defer_alloc(&p, BYTES, s) != cudaSuccess || p == NULL ||
+            gpu_spin_fill(s, 20000, p, BYTES, (unsigned char)(i & 0xff)) !=
+                cudaSuccess) {
+            failures++;
+            continue;
+        }
+        if (i == ITERS - 1) {
+            last = p; /* checked below, freed after */
+            break;
+        }
+        if (defer_free(p, s) != cudaSuccess)
+            failures++;
+    }
+    is_int(failures, 0, "%d x {defer_alloc, kernel, defer_free}", ITERS);
+    unsigned char host[4096];
+    cudaMemcpyAsync(host, last, sizeof host, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    int good = 1;
+    for (size_t i = 0; i < sizeof host; i++)
+        good &= host[i] == (unsigned char)((ITERS - 1) & 0xff);
+    ok(good, "the last buffer holds its own kernel's bytes");
+    defer_free(last, s);
+    is_int(defer_flush(), cudaSuccess, "defer_flush");
+    defer_stats_get(&s1);
+    diag("reused %llu of %d allocations",
+         (unsigned long long)(s1.reused - s0.reused), ITERS);
+    ok(s1.reused - s0.reused > ITERS / 2,
+       "most allocations were completed buffers handed back");
+    is_int((long long)(s1.pending), 0, "nothing pending");
+    long long missing = (long long)before - (long long)free_bytes();
+    diag("%lld KiB of device memory not back", missing / 1024);
+    ok(missing <= (long long)TOLERANCE, "device memory back after the flush");
+    defer_shutdown();
+    return 0;
+}
