@@ -42,9 +42,9 @@ static _Thread_local bool cache_registered;
 
 /* ---- pools ----------------------------------------------------------------- */
 
-/* Push a chain first..last of n entries onto device's pool; returns the
- * entries that did not fit (the pool is bounded), chained. */
-static struct entry *pool_push(int device, struct entry *first, size_t n)
+/* Push a chain of entries onto device's pool; returns the entries that did
+ * not fit (the pool is bounded), chained. */
+static struct entry *pool_push(int device, struct entry *first)
 {
     struct pool *p = &pools[device];
     size_t room, kept = 0;
@@ -63,7 +63,6 @@ static struct entry *pool_push(int device, struct entry *first, size_t n)
     }
     pthread_mutex_unlock(&p->lock);
     atomic_fetch_add_explicit(&idle_total, kept, memory_order_relaxed);
-    (void)n;
     return rest;
 }
 
@@ -141,7 +140,7 @@ static void cache_at_thread_exit(void *c)
         return;
     }
     for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-        destroy_chain(pool_push(d, tc->head[d], tc->count[d]));
+        destroy_chain(pool_push(d, tc->head[d]));
         atomic_fetch_sub_explicit(&idle_total, tc->count[d], memory_order_relaxed);
         tc->head[d] = NULL;
         tc->count[d] = 0;
@@ -246,7 +245,7 @@ void event_pool_give_unused(struct entry *e)
     int d = e->device;
     e->fifo_next = NULL;
     if (d >= CACHED_DEVICES || !cache_registered) {
-        destroy_chain(pool_push(d, e, 1));
+        destroy_chain(pool_push(d, e));
         return;
     }
     e->fifo_next = cache.head[d];
@@ -255,9 +254,9 @@ void event_pool_give_unused(struct entry *e)
     atomic_fetch_add_explicit(&idle_total, 1, memory_order_relaxed);
 }
 
-void event_pool_give_chain(int device, struct entry *first, size_t n)
+void event_pool_give_chain(int device, struct entry *first)
 {
-    destroy_chain(pool_push(device, first, n));
+    destroy_chain(pool_push(device, first));
 }
 
 void event_pool_destroy_all(void)

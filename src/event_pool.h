@@ -31,8 +31,8 @@ struct entry *event_pool_take(int device, cudaError_t *err, const char **call);
 /* Any thread.  Gives back an entry taken by this thread and not pushed. */
 void event_pool_give_unused(struct entry *e);
 
-/* The reclaimer.  Gives back n entries of device, chained by fifo_next. */
-void event_pool_give_chain(int device, struct entry *first, size_t n);
+/* The reclaimer.  Gives back entries of device, chained by fifo_next. */
+void event_pool_give_chain(int device, struct entry *first);
 
 /* The reclaimer, at shutdown, once no launching thread is inside cudefer:
  * destroys every idle event, the threads' caches included. */

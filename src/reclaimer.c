@@ -78,7 +78,6 @@ static struct {
     struct held_list *held;      /* per device: completed, held by policy */
     cudaStream_t *free_streams;  /* per device: for cudaFreeAsync; lazy */
     struct entry **recycle;      /* per device: done entries to give back */
-    size_t *recycle_count;
     uint64_t next_seq;
     uint64_t tracked; /* entries taken in and not yet finished */
     struct request *flushes, *trims, *done_requests;
@@ -179,7 +178,6 @@ static void finish_entry(struct entry *e, cudaError_t err)
     }
     e->fifo_next = r.recycle[e->device];
     r.recycle[e->device] = e;
-    r.recycle_count[e->device]++;
 }
 
 /* Mark device failed with err (first error wins) and say so once; a runtime
@@ -542,9 +540,8 @@ static void end_pass(void)
     uint64_t held = 0, held_bytes = 0;
     for (int d = 0; d < r.ndevices; d++) {
         if (r.recycle[d] != NULL)
-            event_pool_give_chain(d, r.recycle[d], r.recycle_count[d]);
+            event_pool_give_chain(d, r.recycle[d]);
         r.recycle[d] = NULL;
-        r.recycle_count[d] = 0;
         held_lock(&r.held[d]);
         held += r.held[d].count;
         held_bytes += r.held[d].bytes;
@@ -687,9 +684,7 @@ static bool alloc_per_device(int n)
     r.held = calloc((size_t)n, sizeof *r.held);
     r.free_streams = calloc((size_t)n, sizeof *r.free_streams);
     r.recycle = calloc((size_t)n, sizeof *r.recycle);
-    r.recycle_count = calloc((size_t)n, sizeof *r.recycle_count);
-    return r.device_errors && r.held && r.free_streams && r.recycle &&
-           r.recycle_count;
+    return r.device_errors && r.held && r.free_streams && r.recycle;
 }
 
 static void free_per_device(void)
@@ -698,12 +693,10 @@ static void free_per_device(void)
     free(r.held);
     free(r.free_streams);
     free(r.recycle);
-    free(r.recycle_count);
     r.device_errors = NULL;
     r.held = NULL;
     r.free_streams = NULL;
     r.recycle = NULL;
-    r.recycle_count = NULL;
 }
 
 /* Start the reclaimer for the first call, what; life_lock held.  On
