@@ -1,6 +1,8 @@
-/* The reclaimer thread and the library's lifecycle: see reclaimer.h. */
+/* The reclaimer thread: take in, poll, release or hold, sleep (see
+ * reclaimer.h); its lifecycle is in lifecycle.c. */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np */
 #include "reclaimer.h"
+#include "reclaimer_state.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,79 +28,13 @@
 #include "stream_table.h"
 #include "trace.h"
 
-/* At process exit, how long to wait for pending work before giving up on it
- * (the process must never hang in exit). */
-#define EXIT_DRAIN_NS (UINT64_C(2) * 1000000000)
+_Thread_local bool on_reclaimer_thread;
 
-enum state {
-    STATE_NEW,     /* no defer call yet: nothing started */
-    STATE_RUNNING, /* the reclaimer thread runs */
-    STATE_STOPPED, /* after defer_shutdown or exit: every call is refused */
-    STATE_FORKED,  /* in a fork child: every call is refused */
-};
-
-/* A defer_flush or defer_trim caller waits on one of these, on its stack. */
-struct request {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool done;
-    bool trim;
-    cudaError_t err;
-    uint64_t barrier;   /* flush: entries with seq < barrier must finish */
-    uint64_t remaining; /* flush: of those, how many have not */
-    uint64_t bytes;     /* trim: bytes released */
-    struct request *next;
-    struct entry marker; /* what travels through the queue */
-};
-
-/* The gate admits submissions: the count of those under way, plus the CLOSED
- * bit once shutdown has begun. */
-#define GATE_CLOSED (UINT64_C(1) << 63)
-
-static struct {
-    /* Shared with launching threads. */
-    _Atomic int state;
-    _Atomic uint64_t gate;
-    struct queue queue;
-    _Atomic bool sleeping;
-    _Atomic bool stop;
-    _Atomic cudaError_t *device_errors; /* per device; set once, sticky */
-    int ndevices;
-    struct defer_config cfg;
-    pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
-    pthread_cond_t wake_cond;
-    pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
-    pthread_t thread;
-
-    /* The reclaimer thread's alone. */
-    struct queue_batch batch;    /* entries being taken in */
-    struct pointer_set deferred; /* CUDEFER_CHECK: pointers not yet released */
-    struct stream_table streams; /* entries whose work is incomplete */
-    uint64_t incomplete;         /* entries in streams */
-    struct held_list *held;      /* per device: completed, held by policy */
-    cudaStream_t *free_streams;  /* per device: for cudaFreeAsync; lazy */
-    struct entry **recycle;      /* per device: done entries to give back */
-    uint64_t next_seq;
-    uint64_t tracked; /* entries taken in and not yet finished */
-    struct request *flushes, *trims, *done_requests;
-    uint64_t pass_released, pass_demand_bytes;
-    int current_device; /* -1: unknown */
-    uint64_t last_activity_ns;
-    uint32_t nap_us;
-} r = {
+struct reclaimer_state rs = {
     .wake_lock = PTHREAD_MUTEX_INITIALIZER,
     .wake_cond = PTHREAD_COND_INITIALIZER,
     .life_lock = PTHREAD_MUTEX_INITIALIZER,
 };
-
-static _Thread_local bool on_reclaimer_thread;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the reclaimer thread: requests -------------------------------------- */
 
@@ -114,13 +50,8 @@ static void complete_request(struct request *q)
  * statistics are in place when its waiter wakes). */
 static void request_done(struct request *q)
 {
-    q->next = r.done_requests;
-    r.done_requests = q;
-}
-
-static cudaError_t device_error(int device)
-{
-    return atomic_load_explicit(&r.device_errors[device], memory_order_relaxed);
+    q->next = rs.done_requests;
+    rs.done_requests = q;
 }
 
 /* Take in a flush (waits for every entry taken in before it) or a trim
@@ -129,21 +60,21 @@ static void take_request(struct request *q)
 {
     /* A failed device is reported to every request, even one that arrives
      * after its entries were abandoned. */
-    for (int d = 0; d < r.ndevices && q->err == cudaSuccess; d++)
+    for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
         q->err = device_error(d);
     if (q->trim) {
-        q->next = r.trims;
-        r.trims = q;
+        q->next = rs.trims;
+        rs.trims = q;
         return;
     }
-    q->barrier = r.next_seq;
-    q->remaining = r.tracked;
+    q->barrier = rs.next_seq;
+    q->remaining = rs.tracked;
     if (q->remaining == 0) {
         request_done(q);
         return;
     }
-    q->next = r.flushes;
-    r.flushes = q;
+    q->next = rs.flushes;
+    rs.flushes = q;
 }
 
 /* ---- the reclaimer thread: entries ---------------------------------------- */
@@ -152,13 +83,13 @@ static void take_request(struct request *q)
  * and tell the flushes that wait for it. */
 static void finish_entry(struct entry *e, cudaError_t err)
 {
-    if (r.cfg.check)
+    if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
-            pointer_set_remove(&r.deferred, e->ptrs[i]);
+            pointer_set_remove(&rs.deferred, e->ptrs[i]);
     if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries */
         stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    r.tracked--;
-    for (struct request **link = &r.flushes; *link != NULL;) {
+    rs.tracked--;
+    for (struct request **link = &rs.flushes; *link != NULL;) {
         struct request *q = *link;
         if (e->seq < q->barrier) {
             if (err != cudaSuccess && q->err == cudaSuccess)
@@ -176,8 +107,8 @@ static void finish_entry(struct entry *e, cudaError_t err)
         free(e); /* no event, or it died with the device's context */
         return;
     }
-    e->fifo_next = r.recycle[e->device];
-    r.recycle[e->device] = e;
+    e->fifo_next = rs.recycle[e->device];
+    rs.recycle[e->device] = e;
 }
 
 /* Mark device failed with err (first error wins) and say so once; a runtime
@@ -185,7 +116,7 @@ static void finish_entry(struct entry *e, cudaError_t err)
 static void fail_device(int device, const char *call, cudaError_t err)
 {
     cudaError_t none = cudaSuccess;
-    if (atomic_compare_exchange_strong(&r.device_errors[device], &none, err) &&
+    if (atomic_compare_exchange_strong(&rs.device_errors[device], &none, err) &&
         err != cudaErrorCudartUnloading)
         report("reclaimer: device %d: %s failed: %s (%s); its pending entries "
                "will not be released, and later defer calls on it return "
@@ -196,14 +127,14 @@ static void fail_device(int device, const char *call, cudaError_t err)
 /* Make device current on the reclaimer thread; false if that failed. */
 static bool use_device(int device)
 {
-    if (r.current_device == device)
+    if (rs.current_device == device)
         return true;
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) {
         fail_device(device, "cudaSetDevice", err);
         return false;
     }
-    r.current_device = device;
+    rs.current_device = device;
     return true;
 }
 
@@ -211,20 +142,20 @@ static bool use_device(int device)
  * could be made (pool memory is then freed with cudaFree). */
 static cudaStream_t free_stream(int device)
 {
-    if (r.free_streams[device] != NULL)
-        return r.free_streams[device];
-    cudaError_t err = cudaStreamCreateWithFlags(&r.free_streams[device],
+    if (rs.free_streams[device] != NULL)
+        return rs.free_streams[device];
+    cudaError_t err = cudaStreamCreateWithFlags(&rs.free_streams[device],
                                                 cudaStreamNonBlocking);
     if (err != cudaSuccess) {
         static bool reported; /* once: it is tried again for each entry */
-        r.free_streams[device] = NULL;
+        rs.free_streams[device] = NULL;
         if (!reported)
             report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
                         "; pool memory is freed with cudaFree until a "
                         "stream can be made (reported once)");
         reported = true;
     }
-    return r.free_streams[device];
+    return rs.free_streams[device];
 }
 
 /* Release one completed entry now (device current) and finish it. */
@@ -237,7 +168,7 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
         err = release_entry(e, e->pool ? free_stream(e->device) : NULL);
         trace_pop();
         if (e->kind == ENTRY_CALL)
-            r.current_device = -1; /* the callback may have switched */
+            rs.current_device = -1; /* the callback may have switched */
         if (cuda_error_is_sticky(err))
             fail_device(e->device, e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
                                                               : "cudaFree",
@@ -246,7 +177,7 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
     } else {
         err = device_error(e->device);
     }
-    r.pass_released++;
+    rs.pass_released++;
     finish_entry(e, err);
     return err;
 }
@@ -255,11 +186,11 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
 static void completed(struct entry *e, uint64_t now)
 {
     e->completed_ns = now;
-    if (policy_release_at_once(&r.cfg, e)) {
+    if (policy_release_at_once(&rs.cfg, e)) {
         release_now(e, now);
         return;
     }
-    struct held_list *h = &r.held[e->device];
+    struct held_list *h = &rs.held[e->device];
     held_lock(h);
     held_push_locked(h, e);
     held_unlock(h);
@@ -319,7 +250,7 @@ static void learn_cap(int device)
         report_cuda("reclaimer", "cudaMemGetInfo", err,
                     "; the cap assumes 80 GiB of device memory");
     }
-    r.held[device].cap = policy_cap(&r.cfg, total);
+    rs.held[device].cap = policy_cap(&rs.cfg, total);
 }
 
 /* CUDEFER_CHECK: drop (and report) the pointers of e that are already
@@ -328,7 +259,7 @@ static bool check_pointers(struct entry *e)
 {
     size_t kept = 0;
     for (size_t i = 0; i < e->nptrs; i++) {
-        if (pointer_set_add(&r.deferred, e->ptrs[i])) {
+        if (pointer_set_add(&rs.deferred, e->ptrs[i])) {
             e->ptrs[kept++] = e->ptrs[i];
             continue;
         }
@@ -345,9 +276,9 @@ static size_t take_pushed(void)
 {
     /* The batch lives in r, not on this stack: a fork child (which has no
      * reclaimer thread) can still see the entries it holds. */
-    struct queue_batch *batch = &r.batch;
+    struct queue_batch *batch = &rs.batch;
     size_t arrived = 0;
-    if (!queue_take_all_sc(&r.queue, batch))
+    if (!queue_take_all_sc(&rs.queue, batch))
         return 0;
     struct queue_node *node = batch->first;
     while (node != NULL) {
@@ -364,18 +295,18 @@ static size_t take_pushed(void)
             continue;
         }
         arrived++;
-        e->seq = r.next_seq++;
-        r.tracked++;
+        e->seq = rs.next_seq++;
+        rs.tracked++;
         if (device_error(e->device) != cudaSuccess) {
             event_done(e, device_error(e->device), now_ns());
             continue;
         }
-        if (r.cfg.check && e->nptrs > 0 && !check_pointers(e)) {
+        if (rs.cfg.check && e->nptrs > 0 && !check_pointers(e)) {
             event_done(e, cudaErrorInvalidValue, now_ns());
             continue;
         }
-        if (r.cfg.policy != DEFER_POLICY_EAGER && use_device(e->device)) {
-            if (r.held[e->device].cap == 0)
+        if (rs.cfg.policy != DEFER_POLICY_EAGER && use_device(e->device)) {
+            if (rs.held[e->device].cap == 0)
                 learn_cap(e->device);
             size_up(e);
         }
@@ -383,8 +314,8 @@ static size_t take_pushed(void)
             event_done(e, cudaSuccess, now_ns());
             continue;
         }
-        if (stream_table_append(&r.streams, e)) {
-            r.incomplete++;
+        if (stream_table_append(&rs.streams, e)) {
+            rs.incomplete++;
             continue;
         }
         /* Out of memory for a FIFO: wait for this one entry here. */
@@ -401,24 +332,24 @@ static size_t take_pushed(void)
 /* Drop every pending and held entry of failed devices, as failed. */
 static void abandon_failed_devices(void)
 {
-    for (size_t i = 0; i < r.streams.count;) {
-        struct stream_fifo *f = r.streams.fifos[i];
+    for (size_t i = 0; i < rs.streams.count;) {
+        struct stream_fifo *f = rs.streams.fifos[i];
         cudaError_t err = device_error(f->device);
         if (err == cudaSuccess) {
             i++;
             continue;
         }
         /* Popping the last entry removes f and moves another FIFO to i. */
-        while (r.streams.count > i && r.streams.fifos[i] == f) {
-            r.incomplete--;
-            event_done(stream_table_pop(&r.streams, f), err, now_ns());
+        while (rs.streams.count > i && rs.streams.fifos[i] == f) {
+            rs.incomplete--;
+            event_done(stream_table_pop(&rs.streams, f), err, now_ns());
         }
     }
-    for (int d = 0; d < r.ndevices; d++) {
+    for (int d = 0; d < rs.ndevices; d++) {
         while (device_error(d) != cudaSuccess) {
-            held_lock(&r.held[d]);
-            struct entry *e = held_pop_locked(&r.held[d]);
-            held_unlock(&r.held[d]);
+            held_lock(&rs.held[d]);
+            struct entry *e = held_pop_locked(&rs.held[d]);
+            held_unlock(&rs.held[d]);
             if (e == NULL)
                 break;
             finish_entry(e, device_error(d));
@@ -431,8 +362,8 @@ static size_t poll_streams(uint64_t now)
 {
     size_t done = 0;
     bool any_failed = false;
-    for (size_t i = 0; i < r.streams.count;) {
-        struct stream_fifo *f = r.streams.fifos[i];
+    for (size_t i = 0; i < rs.streams.count;) {
+        struct stream_fifo *f = rs.streams.fifos[i];
         bool emptied = false;
         while (!emptied && device_error(f->device) == cudaSuccess &&
                use_device(f->device)) {
@@ -446,9 +377,9 @@ static size_t poll_streams(uint64_t now)
                 break;
             }
             emptied = f->head == f->tail;
-            r.incomplete--;
+            rs.incomplete--;
             done++;
-            event_done(stream_table_pop(&r.streams, f), cudaSuccess, now);
+            event_done(stream_table_pop(&rs.streams, f), cudaSuccess, now);
         }
         any_failed |= device_error(f->device) != cudaSuccess;
         if (!emptied)
@@ -492,9 +423,9 @@ static struct policy_view view_now(uint64_t now)
 {
     return (struct policy_view){
         .now_ns = now,
-        .last_activity_ns = r.last_activity_ns,
-        .work_pending = r.incomplete > 0,
-        .demand = r.flushes != NULL || r.trims != NULL || atomic_load(&r.stop),
+        .last_activity_ns = rs.last_activity_ns,
+        .work_pending = rs.incomplete > 0,
+        .demand = rs.flushes != NULL || rs.trims != NULL || atomic_load(&rs.stop),
     };
 }
 
@@ -502,10 +433,10 @@ static struct policy_view view_now(uint64_t now)
 static void release_held(uint64_t now)
 {
     struct policy_view view = view_now(now);
-    for (int d = 0; d < r.ndevices; d++) {
-        struct held_list *h = &r.held[d];
+    for (int d = 0; d < rs.ndevices; d++) {
+        struct held_list *h = &rs.held[d];
         held_lock(h);
-        enum release_reason reason = policy_decide(&r.cfg, h, &view);
+        enum release_reason reason = policy_decide(&rs.cfg, h, &view);
         held_unlock(h);
         if (reason == RELEASE_NONE)
             continue;
@@ -513,10 +444,10 @@ static void release_held(uint64_t now)
         trace_push(reason_name(reason));
         for (;;) {
             /* An idle-time batch yields as soon as the application is back. */
-            if (reason == RELEASE_IDLE && !queue_is_empty(&r.queue))
+            if (reason == RELEASE_IDLE && !queue_is_empty(&rs.queue))
                 break;
             held_lock(h);
-            struct entry *e = policy_continue(&r.cfg, h, reason, now)
+            struct entry *e = policy_continue(&rs.cfg, h, reason, now)
                                   ? held_pop_locked(h)
                                   : NULL;
             held_unlock(h);
@@ -526,7 +457,7 @@ static void release_held(uint64_t now)
             if (release_now(e, now) != cudaSuccess)
                 continue; /* reported and counted as failed */
             if (reason == RELEASE_DEMAND)
-                r.pass_demand_bytes += bytes;
+                rs.pass_demand_bytes += bytes;
             n++;
         }
         trace_pop();
@@ -538,43 +469,43 @@ static void release_held(uint64_t now)
 static void end_pass(void)
 {
     uint64_t held = 0, held_bytes = 0;
-    for (int d = 0; d < r.ndevices; d++) {
-        if (r.recycle[d] != NULL)
-            event_pool_give_chain(d, r.recycle[d]);
-        r.recycle[d] = NULL;
-        held_lock(&r.held[d]);
-        held += r.held[d].count;
-        held_bytes += r.held[d].bytes;
-        held_unlock(&r.held[d]);
+    for (int d = 0; d < rs.ndevices; d++) {
+        if (rs.recycle[d] != NULL)
+            event_pool_give_chain(d, rs.recycle[d]);
+        rs.recycle[d] = NULL;
+        held_lock(&rs.held[d]);
+        held += rs.held[d].count;
+        held_bytes += rs.held[d].bytes;
+        held_unlock(&rs.held[d]);
     }
     stats_set(&stats.held, held);
     stats_set(&stats.held_bytes, held_bytes);
-    if (r.pass_released > 0)
-        stats_record_batch(r.pass_released);
-    while (r.trims != NULL) {
-        struct request *q = r.trims;
-        r.trims = q->next;
-        q->bytes = r.pass_demand_bytes;
+    if (rs.pass_released > 0)
+        stats_record_batch(rs.pass_released);
+    while (rs.trims != NULL) {
+        struct request *q = rs.trims;
+        rs.trims = q->next;
+        q->bytes = rs.pass_demand_bytes;
         request_done(q);
     }
-    while (r.done_requests != NULL) {
-        struct request *q = r.done_requests;
-        r.done_requests = q->next;
+    while (rs.done_requests != NULL) {
+        struct request *q = rs.done_requests;
+        rs.done_requests = q->next;
         complete_request(q);
     }
-    r.pass_released = 0;
-    r.pass_demand_bytes = 0;
+    rs.pass_released = 0;
+    rs.pass_demand_bytes = 0;
 }
 
 /* Sleep until something is pushed or stop is requested. */
 static void sleep_until_pushed(void)
 {
-    pthread_mutex_lock(&r.wake_lock);
-    atomic_store(&r.sleeping, true);
-    while (queue_is_empty(&r.queue) && !atomic_load(&r.stop))
-        pthread_cond_wait(&r.wake_cond, &r.wake_lock);
-    atomic_store(&r.sleeping, false);
-    pthread_mutex_unlock(&r.wake_lock);
+    pthread_mutex_lock(&rs.wake_lock);
+    atomic_store(&rs.sleeping, true);
+    while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop))
+        pthread_cond_wait(&rs.wake_cond, &rs.wake_lock);
+    atomic_store(&rs.sleeping, false);
+    pthread_mutex_unlock(&rs.wake_lock);
 }
 
 static void nap_us(uint64_t us)
@@ -588,10 +519,10 @@ static void nap_us(uint64_t us)
 static uint64_t held_count(void)
 {
     uint64_t n = 0;
-    for (int d = 0; d < r.ndevices; d++) {
-        held_lock(&r.held[d]);
-        n += r.held[d].count;
-        held_unlock(&r.held[d]);
+    for (int d = 0; d < rs.ndevices; d++) {
+        held_lock(&rs.held[d]);
+        n += rs.held[d].count;
+        held_unlock(&rs.held[d]);
     }
     return n;
 }
@@ -603,21 +534,21 @@ static uint64_t held_count(void)
  * wakes it. */
 static void wait_for_work(bool progress, uint64_t now)
 {
-    const struct defer_config *cfg = &r.cfg;
-    r.nap_us = progress ? cfg->poll_us
-                        : (r.nap_us * 2 < cfg->poll_max_us ? r.nap_us * 2
+    const struct defer_config *cfg = &rs.cfg;
+    rs.nap_us = progress ? cfg->poll_us
+                        : (rs.nap_us * 2 < cfg->poll_max_us ? rs.nap_us * 2
                                                            : cfg->poll_max_us);
-    if (r.incomplete > 0) {
-        nap_us(r.nap_us);
+    if (rs.incomplete > 0) {
+        nap_us(rs.nap_us);
         return;
     }
     if (held_count() > 0) {
         struct policy_view view = view_now(now);
         uint64_t wait = UINT64_MAX;
-        for (int d = 0; d < r.ndevices; d++) {
-            held_lock(&r.held[d]);
-            uint64_t w = policy_wait_ns(cfg, &r.held[d], &view);
-            held_unlock(&r.held[d]);
+        for (int d = 0; d < rs.ndevices; d++) {
+            held_lock(&rs.held[d]);
+            uint64_t w = policy_wait_ns(cfg, &rs.held[d], &view);
+            held_unlock(&rs.held[d]);
             if (w < wait)
                 wait = w;
         }
@@ -626,8 +557,8 @@ static void wait_for_work(bool progress, uint64_t now)
                                  : us > cfg->poll_max_us ? cfg->poll_max_us : us);
         return;
     }
-    if (now - r.last_activity_ns < (uint64_t)cfg->poll_max_us * 1000) {
-        nap_us(r.nap_us);
+    if (now - rs.last_activity_ns < (uint64_t)cfg->poll_max_us * 1000) {
+        nap_us(rs.nap_us);
         return;
     }
     sleep_until_pushed();
@@ -635,16 +566,16 @@ static void wait_for_work(bool progress, uint64_t now)
 
 static void destroy_free_streams(void)
 {
-    for (int d = 0; d < r.ndevices; d++) {
+    for (int d = 0; d < rs.ndevices; d++) {
         cudaError_t err;
-        if (r.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
+        if (rs.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
             use_device(d) &&
-            (err = cudaStreamDestroy(r.free_streams[d])) != cudaSuccess)
+            (err = cudaStreamDestroy(rs.free_streams[d])) != cudaSuccess)
             report_cuda("shutdown", "cudaStreamDestroy", err, "");
     }
 }
 
-static void *reclaimer_main(void *unused)
+void *reclaimer_main(void *unused)
 {
     (void)unused;
     on_reclaimer_thread = true;
@@ -653,16 +584,16 @@ static void *reclaimer_main(void *unused)
      * that another thread runs in the global mode (the default). */
     enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&relaxed);
-    r.nap_us = r.cfg.poll_us;
+    rs.nap_us = rs.cfg.poll_us;
     for (;;) {
         size_t arrived = take_pushed();
         uint64_t now = now_ns();
         if (arrived > 0)
-            r.last_activity_ns = now;
-        size_t done = r.incomplete > 0 ? poll_streams(now) : 0;
+            rs.last_activity_ns = now;
+        size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         release_held(now);
         end_pass();
-        if (r.tracked == 0 && atomic_load(&r.stop) && queue_is_empty(&r.queue))
+        if (rs.tracked == 0 && atomic_load(&rs.stop) && queue_is_empty(&rs.queue))
             break;
         wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);
@@ -672,352 +603,3 @@ static void *reclaimer_main(void *unused)
     return NULL;
 }
 
-/* ---- lifecycle (any thread) ---------------------------------------------- */
-
-static void at_exit(void);
-static void fork_child(void);
-
-/* Allocate the reclaimer's per-device state; false when out of memory. */
-static bool alloc_per_device(int n)
-{
-    r.device_errors = calloc((size_t)n, sizeof *r.device_errors);
-    r.held = calloc((size_t)n, sizeof *r.held);
-    r.free_streams = calloc((size_t)n, sizeof *r.free_streams);
-    r.recycle = calloc((size_t)n, sizeof *r.recycle);
-    return r.device_errors && r.held && r.free_streams && r.recycle;
-}
-
-static void free_per_device(void)
-{
-    free(r.device_errors);
-    free(r.held);
-    free(r.free_streams);
-    free(r.recycle);
-    r.device_errors = NULL;
-    r.held = NULL;
-    r.free_streams = NULL;
-    r.recycle = NULL;
-}
-
-/* Start the reclaimer for the first call, what; life_lock held.  On
- * failure (reported) nothing stays allocated and the next call tries again. */
-static cudaError_t start_locked(const char *what)
-{
-    static const char *const kept = "; nothing was deferred (the caller "
-                                    "keeps ownership; the next call tries "
-                                    "again)";
-    config_at_start(&r.cfg);
-    int n;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-        report_cuda(what, "cudaGetDeviceCount", err, kept);
-        return err;
-    }
-    if (!alloc_per_device(n)) {
-        free_per_device();
-        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
-        return cudaErrorMemoryAllocation;
-    }
-    if ((err = event_pool_init(n, r.cfg.event_pool_max)) != cudaSuccess) {
-        free_per_device();
-        return err;
-    }
-    if (!stream_table_init(&r.streams)) {
-        event_pool_abandon();
-        free_per_device();
-        return cudaErrorMemoryAllocation;
-    }
-    for (int d = 0; d < n; d++)
-        held_init(&r.held[d]);
-    r.ndevices = n;
-    r.current_device = -1;
-    queue_init(&r.queue);
-
-    /* The thread inherits a full signal mask: signals go to the app. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&r.thread, NULL, reclaimer_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        report("cannot start the reclaimer thread: %s", strerror(rc));
-        stream_table_destroy(&r.streams);
-        event_pool_abandon();
-        free_per_device();
-        return cudaErrorOperatingSystem;
-    }
-    static bool hooks_registered;
-    if (!hooks_registered) {
-        /* Registered after the CUDA runtime's own exit handler (the runtime
-         * is initialized by now), so ours runs first, while it still works. */
-        atexit(at_exit);
-        pthread_atfork(NULL, NULL, fork_child);
-        hooks_registered = true;
-    }
-    atomic_store(&r.state, STATE_RUNNING);
-    return cudaSuccess;
-}
-
-static cudaError_t refuse(const char *what)
-{
-    stats_add(&stats.rejected, 1);
-    if (atomic_load(&r.state) == STATE_FORKED)
-        report("%s called in a forked child: refused (CUDA cannot be used "
-               "after fork; the caller keeps ownership)", what);
-    else
-        report("%s called after defer_shutdown: refused (the caller keeps "
-               "ownership)", what);
-    return cudaErrorNotPermitted;
-}
-
-cudaError_t reclaimer_enter(const char *what)
-{
-    if (atomic_fetch_add(&r.gate, 1) & GATE_CLOSED) {
-        atomic_fetch_sub(&r.gate, 1);
-        return refuse(what);
-    }
-    if (atomic_load_explicit(&r.state, memory_order_acquire) == STATE_RUNNING)
-        return cudaSuccess;
-    pthread_mutex_lock(&r.life_lock);
-    cudaError_t err = cudaSuccess;
-    int state = atomic_load(&r.state);
-    if (state == STATE_NEW) {
-        if ((err = start_locked(what)) != cudaSuccess)
-            stats_add(&stats.rejected, 1);
-    } else if (state != STATE_RUNNING) { /* shut down while we waited */
-        err = refuse(what);
-    }
-    pthread_mutex_unlock(&r.life_lock);
-    if (err != cudaSuccess)
-        atomic_fetch_sub(&r.gate, 1);
-    return err;
-}
-
-void reclaimer_leave(void)
-{
-    atomic_fetch_sub_explicit(&r.gate, 1, memory_order_release);
-}
-
-static void wake(void)
-{
-    pthread_mutex_lock(&r.wake_lock);
-    pthread_cond_signal(&r.wake_cond);
-    pthread_mutex_unlock(&r.wake_lock);
-}
-
-void reclaimer_push(struct entry *e)
-{
-    queue_push_mpsc(&r.queue, &e->node);
-    if (atomic_load(&r.sleeping))
-        wake();
-}
-
-void *reclaimer_reuse(int device, int size_class)
-{
-    if (device < 0 || device >= r.ndevices ||
-        r.cfg.policy == DEFER_POLICY_EAGER)
-        return NULL;
-    struct entry *e = held_take_shelved(&r.held[device], size_class);
-    if (e == NULL)
-        return NULL;
-    void *ptr = e->ptrs[0];
-    e->kind = ENTRY_REUSED; /* the reclaimer finishes it without freeing */
-    reclaimer_push(e);
-    stats_add(&stats.reused, 1);
-    return ptr;
-}
-
-const struct defer_config *reclaimer_config(void)
-{
-    return &r.cfg;
-}
-
-cudaError_t reclaimer_device_error(int device)
-{
-    if (device < 0 || device >= r.ndevices)
-        return cudaErrorInvalidDevice;
-    return device_error(device);
-}
-
-/* Push a request and wait for it (at most until deadline_ns, if not 0);
- * false if the deadline passed first, and then the request (with its queue
- * marker) is left to the reclaimer: q must outlive it (the caller is
- * exiting).  With leave_gate, the
- * caller's admission ends once the request is pushed. */
-static bool request_and_wait(struct request *q, uint64_t deadline_ns,
-                             bool leave_gate)
-{
-    struct entry *marker = &q->marker;
-    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->cond, &attr);
-    pthread_condattr_destroy(&attr);
-    reclaimer_push(marker);
-    if (leave_gate)
-        reclaimer_leave();
-    wake(); /* do not wait for a napping reclaimer's next pass */
-    pthread_mutex_lock(&q->lock);
-    while (!q->done) {
-        if (deadline_ns == 0) {
-            pthread_cond_wait(&q->cond, &q->lock);
-            continue;
-        }
-        struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
-                              .tv_nsec = (long)(deadline_ns % 1000000000u)};
-        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
-            !q->done) {
-            pthread_mutex_unlock(&q->lock);
-            return false;
-        }
-    }
-    pthread_mutex_unlock(&q->lock);
-    pthread_cond_destroy(&q->cond);
-    pthread_mutex_destroy(&q->lock);
-    return true;
-}
-
-/* Checks shared by flush and trim; cudaSuccess when they may go on. */
-static cudaError_t may_wait(const char *what)
-{
-    if (on_reclaimer_thread) {
-        report("%s called from a defer_call callback: refused (it would wait "
-               "for itself)", what);
-        return cudaErrorNotPermitted;
-    }
-    int state = atomic_load(&r.state);
-    if (state == STATE_FORKED || state == STATE_STOPPED ||
-        (atomic_load(&r.gate) & GATE_CLOSED))
-        return refuse(what);
-    return cudaSuccess;
-}
-
-static cudaError_t request(const char *what, bool trim, size_t *bytes)
-{
-    if (bytes != NULL)
-        *bytes = 0;
-    cudaError_t err = may_wait(what);
-    if (err != cudaSuccess)
-        return err;
-    if (atomic_load_explicit(&r.state, memory_order_acquire) == STATE_NEW)
-        return cudaSuccess; /* nothing was ever deferred */
-    if ((err = reclaimer_enter(what)) != cudaSuccess)
-        return err;
-    /* The gate is held only while pushing: a waiting flush must not keep
-     * shutdown or exit from closing it.  The reclaimer answers every request
-     * it took before it stops. */
-    struct request q = {.trim = trim, .err = cudaSuccess};
-    request_and_wait(&q, 0, true);
-    if (bytes != NULL)
-        *bytes = (size_t)q.bytes;
-    return q.err;
-}
-
-cudaError_t reclaimer_flush(void)
-{
-    return request("defer_flush", false, NULL);
-}
-
-cudaError_t reclaimer_trim(size_t *bytes)
-{
-    return request("defer_trim", true, bytes);
-}
-
-/* Close the gate and wait for the submissions already admitted (until
- * deadline_ns, if not 0: one may be blocked for good, e.g. in
- * cudaStreamSynchronize under CUDEFER_DISABLE).  False if it passed. */
-static bool close_gate(uint64_t deadline_ns)
-{
-    atomic_fetch_or(&r.gate, GATE_CLOSED);
-    while ((atomic_load(&r.gate) & ~GATE_CLOSED) != 0) {
-        if (deadline_ns != 0 && now_ns() > deadline_ns)
-            return false;
-        sched_yield();
-    }
-    return true;
-}
-
-/* Ask the thread to stop once everything is released, and join it. */
-static void stop_and_join(void)
-{
-    atomic_store(&r.stop, true);
-    wake();
-    pthread_join(r.thread, NULL);
-    stream_table_destroy(&r.streams);
-    pointer_set_destroy(&r.deferred);
-    free_per_device();
-}
-
-cudaError_t reclaimer_shutdown(void)
-{
-    if (on_reclaimer_thread) {
-        report("defer_shutdown called from a defer_call callback: refused "
-               "(it would wait for itself)");
-        return cudaErrorNotPermitted;
-    }
-    if (atomic_load(&r.state) == STATE_FORKED)
-        return refuse("defer_shutdown");
-    pthread_mutex_lock(&r.life_lock);
-    cudaError_t err = cudaSuccess;
-    if (atomic_load(&r.state) == STATE_RUNNING) {
-        close_gate(0);
-        struct request q = {.err = cudaSuccess};
-        request_and_wait(&q, 0, false);
-        err = q.err;
-        stop_and_join();
-    } else {
-        atomic_fetch_or(&r.gate, GATE_CLOSED);
-    }
-    atomic_store(&r.state, STATE_STOPPED);
-    pthread_mutex_unlock(&r.life_lock);
-    return err;
-}
-
-/* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
- * does not is counted as leaked, never waited for without end.  The thread is
- * joined only when it finished, so a hung device cannot hang exit. */
-static void at_exit(void)
-{
-    if (pthread_mutex_trylock(&r.life_lock) != 0)
-        return; /* exit() from inside start or shutdown: leave it be */
-    if (atomic_load(&r.state) == STATE_RUNNING && !on_reclaimer_thread) {
-        uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
-        static struct request q; /* outlives this call if the wait gives up */
-        q = (struct request){.err = cudaSuccess};
-        if (close_gate(deadline) && request_and_wait(&q, deadline, false)) {
-            stop_and_join();
-        } else {
-            struct defer_stats s;
-            defer_stats_get(&s);
-            stats_set(&stats.leaked_at_exit, s.pending);
-            report("exit: %llu entries still pending after %llu ms: left "
-                   "unreleased", (unsigned long long)s.pending,
-                   (unsigned long long)(EXIT_DRAIN_NS / 1000000));
-        }
-        atomic_store(&r.state, STATE_STOPPED);
-    }
-    if (r.cfg.print_stats)
-        stats_print(stderr);
-    pthread_mutex_unlock(&r.life_lock);
-}
-
-/* In a fork child: no reclaimer thread exists and CUDA cannot be used.
- * Every entry still pending is abandoned (counted, never freed here), and
- * every later call is refused. */
-static void fork_child(void)
-{
-    if (atomic_load(&r.state) != STATE_RUNNING)
-        return;
-    atomic_store(&r.state, STATE_FORKED);
-    atomic_store(&r.gate, GATE_CLOSED);
-    struct defer_stats s;
-    defer_stats_get(&s);
-    stats_add(&stats.failed, s.pending);
-    pthread_mutex_init(&r.wake_lock, NULL);
-    pthread_cond_init(&r.wake_cond, NULL);
-    pthread_mutex_init(&r.life_lock, NULL);
-    event_pool_after_fork();
-    alloc_info_reset();
-}

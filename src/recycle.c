@@ -5,8 +5,26 @@
 #include "cudefer.h"
 #include "held.h"
 #include "reclaimer.h"
+#include "reclaimer_state.h"
 #include "report.h"
 #include "stats.h"
+
+/* Any thread, admitted (see reclaimer.h): a shelved entry, taken back and
+ * handed to the reclaimer to finish without freeing; its pointer, or NULL. */
+void *reclaimer_reuse(int device, int size_class)
+{
+    if (device < 0 || device >= rs.ndevices ||
+        rs.cfg.policy == DEFER_POLICY_EAGER)
+        return NULL;
+    struct entry *e = held_take_shelved(&rs.held[device], size_class);
+    if (e == NULL)
+        return NULL;
+    void *ptr = e->ptrs[0];
+    e->kind = ENTRY_REUSED; /* the reclaimer finishes it without freeing */
+    reclaimer_push(e);
+    stats_add(&stats.reused, 1);
+    return ptr;
+}
 
 /* cudaMalloc on device from any thread, restoring its current device. */
 static cudaError_t malloc_on(int device, void **ptr, size_t bytes)

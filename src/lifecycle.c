@@ -1,0 +1,359 @@
+/* The library's lifecycle: lazy start, admission of defer calls (the gate),
+ * flush and trim requests, shutdown, process exit and fork (see
+ * reclaimer.h). */
+#define _GNU_SOURCE
+#include "reclaimer.h"
+#include "reclaimer_state.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc_info.h"
+#include "config.h"
+#include "event_pool.h"
+#include "report.h"
+#include "stats.h"
+
+/* At process exit, how long to wait for pending work before giving up on it
+ * (the process must never hang in exit). */
+#define EXIT_DRAIN_NS (UINT64_C(2) * 1000000000)
+
+static void at_exit(void);
+static void fork_child(void);
+
+/* Allocate the reclaimer's per-device state; false when out of memory. */
+static bool alloc_per_device(int n)
+{
+    rs.device_errors = calloc((size_t)n, sizeof *rs.device_errors);
+    rs.held = calloc((size_t)n, sizeof *rs.held);
+    rs.free_streams = calloc((size_t)n, sizeof *rs.free_streams);
+    rs.recycle = calloc((size_t)n, sizeof *rs.recycle);
+    return rs.device_errors && rs.held && rs.free_streams && rs.recycle;
+}
+
+static void free_per_device(void)
+{
+    free(rs.device_errors);
+    free(rs.held);
+    free(rs.free_streams);
+    free(rs.recycle);
+    rs.device_errors = NULL;
+    rs.held = NULL;
+    rs.free_streams = NULL;
+    rs.recycle = NULL;
+}
+
+/* Start the reclaimer for the first call, what; life_lock held.  On
+ * failure (reported) nothing stays allocated and the next call tries again. */
+static cudaError_t start_locked(const char *what)
+{
+    static const char *const kept = "; nothing was deferred (the caller "
+                                    "keeps ownership; the next call tries "
+                                    "again)";
+    config_at_start(&rs.cfg);
+    int n;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        report_cuda(what, "cudaGetDeviceCount", err, kept);
+        return err;
+    }
+    if (!alloc_per_device(n)) {
+        free_per_device();
+        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
+        return cudaErrorMemoryAllocation;
+    }
+    if ((err = event_pool_init(n, rs.cfg.event_pool_max)) != cudaSuccess) {
+        free_per_device();
+        return err;
+    }
+    if (!stream_table_init(&rs.streams)) {
+        event_pool_abandon();
+        free_per_device();
+        return cudaErrorMemoryAllocation;
+    }
+    for (int d = 0; d < n; d++)
+        held_init(&rs.held[d]);
+    rs.ndevices = n;
+    rs.current_device = -1;
+    queue_init(&rs.queue);
+
+    /* The thread inherits a full signal mask: signals go to the app. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&rs.thread, NULL, reclaimer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        report("cannot start the reclaimer thread: %s", strerror(rc));
+        stream_table_destroy(&rs.streams);
+        event_pool_abandon();
+        free_per_device();
+        return cudaErrorOperatingSystem;
+    }
+    static bool hooks_registered;
+    if (!hooks_registered) {
+        /* Registered after the CUDA runtime's own exit handler (the runtime
+         * is initialized by now), so ours runs first, while it still works. */
+        atexit(at_exit);
+        pthread_atfork(NULL, NULL, fork_child);
+        hooks_registered = true;
+    }
+    atomic_store(&rs.state, STATE_RUNNING);
+    return cudaSuccess;
+}
+
+static cudaError_t refuse(const char *what)
+{
+    stats_add(&stats.rejected, 1);
+    if (atomic_load(&rs.state) == STATE_FORKED)
+        report("%s called in a forked child: refused (CUDA cannot be used "
+               "after fork; the caller keeps ownership)", what);
+    else
+        report("%s called after defer_shutdown: refused (the caller keeps "
+               "ownership)", what);
+    return cudaErrorNotPermitted;
+}
+
+cudaError_t reclaimer_enter(const char *what)
+{
+    if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
+        atomic_fetch_sub(&rs.gate, 1);
+        return refuse(what);
+    }
+    if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_RUNNING)
+        return cudaSuccess;
+    pthread_mutex_lock(&rs.life_lock);
+    cudaError_t err = cudaSuccess;
+    int state = atomic_load(&rs.state);
+    if (state == STATE_NEW) {
+        if ((err = start_locked(what)) != cudaSuccess)
+            stats_add(&stats.rejected, 1);
+    } else if (state != STATE_RUNNING) { /* shut down while we waited */
+        err = refuse(what);
+    }
+    pthread_mutex_unlock(&rs.life_lock);
+    if (err != cudaSuccess)
+        atomic_fetch_sub(&rs.gate, 1);
+    return err;
+}
+
+void reclaimer_leave(void)
+{
+    atomic_fetch_sub_explicit(&rs.gate, 1, memory_order_release);
+}
+
+static void wake(void)
+{
+    pthread_mutex_lock(&rs.wake_lock);
+    pthread_cond_signal(&rs.wake_cond);
+    pthread_mutex_unlock(&rs.wake_lock);
+}
+
+void reclaimer_push(struct entry *e)
+{
+    queue_push_mpsc(&rs.queue, &e->node);
+    if (atomic_load(&rs.sleeping))
+        wake();
+}
+
+const struct defer_config *reclaimer_config(void)
+{
+    return &rs.cfg;
+}
+
+cudaError_t reclaimer_device_error(int device)
+{
+    if (device < 0 || device >= rs.ndevices)
+        return cudaErrorInvalidDevice;
+    return device_error(device);
+}
+
+/* Push a request and wait for it (at most until deadline_ns, if not 0);
+ * false if the deadline passed first, and then the request (with its queue
+ * marker) is left to the reclaimer: q must outlive it (the caller is
+ * exiting).  With leave_gate, the
+ * caller's admission ends once the request is pushed. */
+static bool request_and_wait(struct request *q, uint64_t deadline_ns,
+                             bool leave_gate)
+{
+    struct entry *marker = &q->marker;
+    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    reclaimer_push(marker);
+    if (leave_gate)
+        reclaimer_leave();
+    wake(); /* do not wait for a napping reclaimer's next pass */
+    pthread_mutex_lock(&q->lock);
+    while (!q->done) {
+        if (deadline_ns == 0) {
+            pthread_cond_wait(&q->cond, &q->lock);
+            continue;
+        }
+        struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
+                              .tv_nsec = (long)(deadline_ns % 1000000000u)};
+        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
+            !q->done) {
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&q->lock);
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+    return true;
+}
+
+/* Checks shared by flush and trim; cudaSuccess when they may go on. */
+static cudaError_t may_wait(const char *what)
+{
+    if (on_reclaimer_thread) {
+        report("%s called from a defer_call callback: refused (it would wait "
+               "for itself)", what);
+        return cudaErrorNotPermitted;
+    }
+    int state = atomic_load(&rs.state);
+    if (state == STATE_FORKED || state == STATE_STOPPED ||
+        (atomic_load(&rs.gate) & GATE_CLOSED))
+        return refuse(what);
+    return cudaSuccess;
+}
+
+static cudaError_t request(const char *what, bool trim, size_t *bytes)
+{
+    if (bytes != NULL)
+        *bytes = 0;
+    cudaError_t err = may_wait(what);
+    if (err != cudaSuccess)
+        return err;
+    if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_NEW)
+        return cudaSuccess; /* nothing was ever deferred */
+    if ((err = reclaimer_enter(what)) != cudaSuccess)
+        return err;
+    /* The gate is held only while pushing: a waiting flush must not keep
+     * shutdown or exit from closing it.  The reclaimer answers every request
+     * it took before it stops. */
+    struct request q = {.trim = trim, .err = cudaSuccess};
+    request_and_wait(&q, 0, true);
+    if (bytes != NULL)
+        *bytes = (size_t)q.bytes;
+    return q.err;
+}
+
+cudaError_t reclaimer_flush(void)
+{
+    return request("defer_flush", false, NULL);
+}
+
+cudaError_t reclaimer_trim(size_t *bytes)
+{
+    return request("defer_trim", true, bytes);
+}
+
+/* Close the gate and wait for the submissions already admitted (until
+ * deadline_ns, if not 0: one may be blocked for good, e.g. in
+ * cudaStreamSynchronize under CUDEFER_DISABLE).  False if it passed. */
+static bool close_gate(uint64_t deadline_ns)
+{
+    atomic_fetch_or(&rs.gate, GATE_CLOSED);
+    while ((atomic_load(&rs.gate) & ~GATE_CLOSED) != 0) {
+        if (deadline_ns != 0 && now_ns() > deadline_ns)
+            return false;
+        sched_yield();
+    }
+    return true;
+}
+
+/* Ask the thread to stop once everything is released, and join it. */
+static void stop_and_join(void)
+{
+    atomic_store(&rs.stop, true);
+    wake();
+    pthread_join(rs.thread, NULL);
+    stream_table_destroy(&rs.streams);
+    pointer_set_destroy(&rs.deferred);
+    free_per_device();
+}
+
+cudaError_t reclaimer_shutdown(void)
+{
+    if (on_reclaimer_thread) {
+        report("defer_shutdown called from a defer_call callback: refused "
+               "(it would wait for itself)");
+        return cudaErrorNotPermitted;
+    }
+    if (atomic_load(&rs.state) == STATE_FORKED)
+        return refuse("defer_shutdown");
+    pthread_mutex_lock(&rs.life_lock);
+    cudaError_t err = cudaSuccess;
+    if (atomic_load(&rs.state) == STATE_RUNNING) {
+        close_gate(0);
+        struct request q = {.err = cudaSuccess};
+        request_and_wait(&q, 0, false);
+        err = q.err;
+        stop_and_join();
+    } else {
+        atomic_fetch_or(&rs.gate, GATE_CLOSED);
+    }
+    atomic_store(&rs.state, STATE_STOPPED);
+    pthread_mutex_unlock(&rs.life_lock);
+    return err;
+}
+
+/* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
+ * does not is counted as leaked, never waited for without end.  The thread is
+ * joined only when it finished, so a hung device cannot hang exit. */
+static void at_exit(void)
+{
+    if (pthread_mutex_trylock(&rs.life_lock) != 0)
+        return; /* exit() from inside start or shutdown: leave it be */
+    if (atomic_load(&rs.state) == STATE_RUNNING && !on_reclaimer_thread) {
+        uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
+        static struct request q; /* outlives this call if the wait gives up */
+        q = (struct request){.err = cudaSuccess};
+        if (close_gate(deadline) && request_and_wait(&q, deadline, false)) {
+            stop_and_join();
+        } else {
+            struct defer_stats s;
+            defer_stats_get(&s);
+            stats_set(&stats.leaked_at_exit, s.pending);
+            report("exit: %llu entries still pending after %llu ms: left "
+                   "unreleased", (unsigned long long)s.pending,
+                   (unsigned long long)(EXIT_DRAIN_NS / 1000000));
+        }
+        atomic_store(&rs.state, STATE_STOPPED);
+    }
+    if (rs.cfg.print_stats)
+        stats_print(stderr);
+    pthread_mutex_unlock(&rs.life_lock);
+}
+
+/* In a fork child: no reclaimer thread exists and CUDA cannot be used.
+ * Every entry still pending is abandoned (counted, never freed here), and
+ * every later call is refused. */
+static void fork_child(void)
+{
+    if (atomic_load(&rs.state) != STATE_RUNNING)
+        return;
+    atomic_store(&rs.state, STATE_FORKED);
+    atomic_store(&rs.gate, GATE_CLOSED);
+    struct defer_stats s;
+    defer_stats_get(&s);
+    stats_add(&stats.failed, s.pending);
+    pthread_mutex_init(&rs.wake_lock, NULL);
+    pthread_cond_init(&rs.wake_cond, NULL);
+    pthread_mutex_init(&rs.life_lock, NULL);
+    event_pool_after_fork();
+    alloc_info_reset();
+}

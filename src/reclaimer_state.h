@@ -1,0 +1,103 @@
+/*
+ * The reclaimer's state, shared by the reclaimer thread (reclaimer.c) and
+ * the library's lifecycle (lifecycle.c: start, admission, flush and trim
+ * requests, shutdown, exit, fork).  Internal: nothing else includes it.
+ */
+#ifndef CUDEFER_RECLAIMER_STATE_H
+#define CUDEFER_RECLAIMER_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+#include <cuda_runtime_api.h>
+
+#include "cudefer.h"
+#include "entry.h"
+#include "held.h"
+#include "pointer_set.h"
+#include "queue.h"
+#include "stream_table.h"
+
+enum state {
+    STATE_NEW,     /* no defer call yet: nothing started */
+    STATE_RUNNING, /* the reclaimer thread runs */
+    STATE_STOPPED, /* after defer_shutdown or exit: every call is refused */
+    STATE_FORKED,  /* in a fork child: every call is refused */
+};
+
+/* A defer_flush or defer_trim caller waits on one of these, on its stack. */
+struct request {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done;
+    bool trim;
+    cudaError_t err;
+    uint64_t barrier;   /* flush: entries with seq < barrier must finish */
+    uint64_t remaining; /* flush: of those, how many have not */
+    uint64_t bytes;     /* trim: bytes released */
+    struct request *next;
+    struct entry marker; /* what travels through the queue */
+};
+
+/* The gate admits submissions: the count of those under way, plus the CLOSED
+ * bit once shutdown has begun. */
+#define GATE_CLOSED (UINT64_C(1) << 63)
+
+/* The one reclaimer's state: rs. */
+struct reclaimer_state {
+    /* Shared with launching threads. */
+    _Atomic int state;
+    _Atomic uint64_t gate;
+    struct queue queue;
+    _Atomic bool sleeping;
+    _Atomic bool stop;
+    _Atomic cudaError_t *device_errors; /* per device; set once, sticky */
+    int ndevices;
+    struct defer_config cfg;
+    pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
+    pthread_cond_t wake_cond;
+    pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
+    pthread_t thread;
+
+    /* The reclaimer thread's alone. */
+    struct queue_batch batch;    /* entries being taken in */
+    struct pointer_set deferred; /* CUDEFER_CHECK: pointers not yet released */
+    struct stream_table streams; /* entries whose work is incomplete */
+    uint64_t incomplete;         /* entries in streams */
+    struct held_list *held;      /* per device: completed, held by policy */
+    cudaStream_t *free_streams;  /* per device: for cudaFreeAsync; lazy */
+    struct entry **recycle;      /* per device: done entries to give back */
+    uint64_t next_seq;
+    uint64_t tracked; /* entries taken in and not yet finished */
+    struct request *flushes, *trims, *done_requests;
+    uint64_t pass_released, pass_demand_bytes;
+    int current_device; /* -1: unknown */
+    uint64_t last_activity_ns;
+    uint32_t nap_us;
+};
+
+extern struct reclaimer_state rs;
+
+
+/* True on the reclaimer thread (callbacks run there). */
+extern _Thread_local bool on_reclaimer_thread;
+
+/* The reclaimer thread's body (pthread_create). */
+void *reclaimer_main(void *unused);
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Any thread: the sticky error of device (cudaSuccess if none). */
+static inline cudaError_t device_error(int device)
+{
+    return atomic_load_explicit(&rs.device_errors[device], memory_order_relaxed);
+}
+
+#endif
