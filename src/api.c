@@ -184,6 +184,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return release_synchronously(a, stream);
     int device;
     unsigned long long id;
+    bool cached = last_stream.valid && last_stream.handle == stream;
     err = identify(stream, &device, &id, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
@@ -191,8 +192,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return reject(a->what, "an earlier CUDA call on this device", err);
     bool no_event = false;
     struct entry *e = record(a, stream, device, id, &err, &call, &no_event);
-    if (e == NULL && last_stream.valid && last_stream.handle == stream &&
-        err == cudaErrorInvalidResourceHandle) {
+    if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
         last_stream.valid = false;
         if ((err = identify(stream, &device, &id, &call)) != cudaSuccess)
