@@ -26,7 +26,6 @@
  * call. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1431,30 +1430,7 @@ static void exec_worker(const char *argv0, const char *name, unsigned timeout_ms
         _exit(101);
     }
     close(fds[1]);
-    size_t len = 0;
-    for (;;) {
-        double left = deadline - now_ms();
-        if (left <= 0)
-            break;
-        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
-        int r = poll(&pfd, 1, (int)left + 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        char buf[4096];
-        ssize_t n = read(fds[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        size_t take = (size_t)n < sizeof w->err - 1 - len
-                          ? (size_t)n
-                          : sizeof w->err - 1 - len;
-        memcpy(w->err + len, buf, take);
-        len += take;
-    }
-    w->err[len] = '\0';
+    read_until(fds[0], deadline, w->err, sizeof w->err);
     close(fds[0]);
     double left = deadline - now_ms();
     w->ended = wait_child(pid, left > 0 ? left : 0, &w->status);

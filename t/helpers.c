@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,4 +218,31 @@ bool wait_child(pid_t pid, double timeout_ms, int *status)
         }
         sleep_ms(2);
     }
+}
+
+size_t read_until(int fd, double deadline_ms, char *buf, size_t cap)
+{
+    size_t len = 0;
+    for (;;) {
+        double left = deadline_ms - now_ms();
+        if (left <= 0)
+            break;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int r = poll(&pfd, 1, (int)left + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        char chunk[4096];
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break; /* end of file: the writer is gone */
+        size_t take = (size_t)n < cap - 1 - len ? (size_t)n : cap - 1 - len;
+        memcpy(buf + len, chunk, take);
+        len += take;
+    }
+    buf[len] = '\0';
+    return len;
 }

@@ -85,4 +85,9 @@ void set_cudefer_env(const char *env);
  * process that forked pid. */
 bool wait_child(pid_t pid, double timeout_ms, int *status);
 
+/* Anyone.  Read fd into buf (cap bytes, NUL-terminated, the rest dropped)
+ * until end of file or until now_ms() passes deadline_ms; returns the
+ * length kept. */
+size_t read_until(int fd, double deadline_ms, char *buf, size_t cap);
+
 #endif

@@ -9,7 +9,6 @@
  * and the fake's exit handlers, never the TAP trailer of the parent. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -61,30 +60,7 @@ static void run_worker(int (*fn)(void), unsigned timeout_ms, struct worker *w)
         child_end(fn());
     }
     close(fds[1]);
-    size_t len = 0;
-    for (;;) {
-        double left = deadline - now_ms();
-        if (left <= 0)
-            break;
-        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
-        int r = poll(&pfd, 1, (int)left + 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        char buf[4096];
-        ssize_t n = read(fds[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break; /* end of file: the worker is gone */
-        size_t take = (size_t)n;
-        if (take > sizeof w->err - 1 - len)
-            take = sizeof w->err - 1 - len;
-        memcpy(w->err + len, buf, take);
-        len += take;
-    }
-    w->err[len] = '\0';
+    read_until(fds[0], deadline, w->err, sizeof w->err);
     close(fds[0]);
     double left = deadline - now_ms();
     w->ended = wait_child(pid, left > 0 ? left : 0, &w->status);
