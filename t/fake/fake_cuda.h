@@ -1,10 +1,16 @@
 /*
  * fake_cuda.h — a fake CUDA runtime for testing cudefer without a GPU.
  *
- * fake_cuda.c DEFINES the cudart functions cudefer calls (cudaEventRecord,
- * cudaFree, ...) with the exact prototypes of <cuda_runtime_api.h>; a test
- * links the library's objects with fake_cuda.o instead of -lcudart.  This
- * header adds the control and inspection API tests use.
+ * The t/fake/fake_*.c files DEFINE the cudart functions cudefer calls
+ * (cudaEventRecord, cudaFree, ...) with the exact prototypes of
+ * <cuda_runtime_api.h>; a test links the library's objects with them
+ * (t/libcudefer-fake.la) instead of -lcudart.  This header adds the control
+ * and inspection API tests use.  Where each part lives: streams, work and
+ * events on the simulated clock in fake_stream.c; memory and the oracle in
+ * fake_memory.c; capture, graphs and user objects in fake_graph.c; devices
+ * in fake_device.c; driver and _ptsz entry points in fake_driver.c; reset,
+ * failure injection and latencies in fake_control.c (fake_internal.h, their
+ * shared state, says more).
  *
  * THE MODEL
  *   Devices: fake_reset(n) creates n devices (1..FAKE_MAX_DEVICES) and

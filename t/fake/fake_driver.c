@@ -1,0 +1,148 @@
+/*
+ * fake_driver.c — entry points other than the plain cudart calls: the
+ * driver's cuPointerGetAttributes, which cudefer obtains through
+ * cudaGetDriverEntryPointByVersion, and the _ptsz variants that code
+ * compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM calls.
+ */
+#define _GNU_SOURCE
+#include "fake_internal.h"
+
+#include <cuda.h>
+
+#include <string.h>
+
+/* ---- Driver entry points ------------------------------------------------
+ * cudefer asks the runtime for the driver's cuPointerGetAttributes (to learn
+ * an allocation's size and whether it came from a memory pool); the fake
+ * hands out its own version. */
+
+/* Stands in for a pool handle: non-NULL for pool allocations. */
+#define FAKE_POOL_HANDLE(dev) ((void *)(uintptr_t)(0x9000 + (dev)))
+
+/* The driver's cuPointerGetAttributes over the fake's allocations: size,
+ * start, pool handle, memory type and device of a live allocation;
+ * CUDA_ERROR_INVALID_VALUE for an unknown or released pointer,
+ * CUDA_ERROR_NOT_SUPPORTED for another attribute.  Any thread. */
+static CUresult fake_cuPointerGetAttributes(unsigned int n,
+                                            CUpointer_attribute *attrs,
+                                            void **data, CUdeviceptr ptr)
+{
+    struct falloc *a;
+
+    if (fake_enter(FAKE_CU_POINTER_GET_ATTRIBUTES) != cudaSuccess)
+        return CUDA_ERROR_INVALID_VALUE;
+    a = fake_alloc_find((const void *)(uintptr_t)ptr, 0);
+    if (a == NULL || a->released) {
+        fake_unlock();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        switch (attrs[i]) {
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)data[i] = a->size;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(CUdeviceptr *)data[i] = (CUdeviceptr)a->addr;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            *(void **)data[i] = a->kind == A_POOL ? FAKE_POOL_HANDLE(a->dev)
+                                                  : NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data[i] = a->kind == A_HOST ? CU_MEMORYTYPE_HOST
+                                                         : CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data[i] = a->dev;
+            break;
+        default:
+            fake_unlock();
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    fake_unlock();
+    return CUDA_SUCCESS;
+}
+
+/* Only "cuPointerGetAttributes" is known; anything else is not found. */
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char *symbol, void **funcPtr, unsigned int cudaVersion,
+    unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
+{
+    (void)cudaVersion;
+    (void)flags;
+    ENTER(FAKE_DRIVER_ENTRY_POINT);
+    if (symbol == NULL || funcPtr == NULL)
+        return fake_leave(cudaErrorInvalidValue);
+    if (strcmp(symbol, "cuPointerGetAttributes") != 0) {
+        *funcPtr = NULL;
+        if (status != NULL)
+            *status = cudaDriverEntryPointSymbolNotFound;
+        return fake_leave(cudaErrorSymbolNotFound);
+    }
+    *funcPtr = (void *)fake_cuPointerGetAttributes;
+    if (status != NULL)
+        *status = cudaDriverEntryPointSuccess;
+    return fake_leave(cudaSuccess);
+}
+
+/* ---- Per-thread-default-stream entry points ----------------------------
+ * Code compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM calls these; there
+ * stream 0 means the per-thread stream. */
+
+#define PTDS(h) ((h) == 0 ? cudaStreamPerThread : (h))
+
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t, cudaStream_t, unsigned);
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
+cudaError_t cudaStreamGetId_ptsz(cudaStream_t, unsigned long long *);
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t, int *);
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t,
+                                       enum cudaStreamCaptureStatus *);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned);
+cudaError_t cudaMallocAsync_ptsz(void **, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void *, cudaStream_t);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t,
+                                        enum cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t *);
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t,
+    enum cudaStreamCaptureStatus *, unsigned long long *, cudaGraph_t *,
+    const cudaGraphNode_t **, const cudaGraphEdgeData **, size_t *);
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t);
+
+/* Each forwards to the plain call with stream 0 read as the per-thread
+ * stream. */
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s)
+{ return cudaEventRecordWithFlags(e, PTDS(s), 0); }
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s,
+                                          unsigned f)
+{ return cudaEventRecordWithFlags(e, PTDS(s), f); }
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
+{ return cudaStreamQuery(PTDS(s)); }
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s)
+{ return cudaStreamSynchronize(PTDS(s)); }
+cudaError_t cudaStreamGetId_ptsz(cudaStream_t s, unsigned long long *id)
+{ return cudaStreamGetId(PTDS(s), id); }
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t s, int *dev)
+{ return cudaStreamGetDevice(PTDS(s), dev); }
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s,
+                                       enum cudaStreamCaptureStatus *st)
+{ return cudaStreamIsCapturing(PTDS(s), st); }
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned f)
+{ return cudaStreamWaitEvent(PTDS(s), e, f); }
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s)
+{ return cudaMallocAsync(p, n, PTDS(s)); }
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
+{ return cudaFreeAsync(p, PTDS(s)); }
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s,
+                                        enum cudaStreamCaptureMode m)
+{ return cudaStreamBeginCapture(PTDS(s), m); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *gr)
+{ return cudaStreamEndCapture(PTDS(s), gr); }
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s,
+    enum cudaStreamCaptureStatus *st, unsigned long long *id, cudaGraph_t *gr,
+    const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges, size_t *n)
+{ return cudaStreamGetCaptureInfo(PTDS(s), st, id, gr, deps, edges, n); }
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t x, cudaStream_t s)
+{ return cudaGraphLaunch(x, PTDS(s)); }
