@@ -796,6 +796,144 @@ static void test_oracle(void)
     cudaStreamDestroy(t);
 }
 
+/* fake_oracle_handout: a block handed out for a stream must be free of work
+ * on other streams that is pending and not ordered before the stream. */
+static void test_handout(void)
+{
+    cudaStream_t s, t, u, c;
+    cudaEvent_t e, f;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    void *p, *q, *uses[1];
+    fake_work *w, *w2;
+    char msg[160];
+    int local;
+
+    diag("oracle: handouts (violations below are on purpose)");
+    fake_reset(1);
+    cudaStreamCreate(&s);
+    cudaStreamCreate(&t);
+    cudaStreamCreate(&u);
+    cudaStreamCreate(&c);
+    cudaEventCreate(&e);
+    cudaEventCreate(&f);
+    cudaMalloc(&p, 4096);
+
+    w = fake_launch_held(t, &p, 1);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1,
+           "handout for s while work on t still uses the block: a violation");
+    snprintf(msg, sizeof msg, "work #%llu on stream id %llu",
+             fake_work_id(w), stream_id(t));
+    ok(last_violation_has("premature reuse") && last_violation_has(msg),
+       "... premature reuse, naming the work and its stream");
+    snprintf(msg, sizeof msg, "handed out for stream id %llu", stream_id(s));
+    ok(last_violation_has(msg), "... and the stream it was handed out for");
+    fake_oracle_forgive();
+    fake_oracle_handout(p, t);
+    is_int(fake_violations(), 0,
+           "handout for the stream the work is pending on: fine (stream "
+           "order)");
+    fake_complete(w);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 0,
+           "handout for another stream once the work completed: fine");
+
+    uses[0] = (char *)p + 2048;
+    w = fake_launch_held(t, uses, 1);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1,
+           "work on one part of the allocation counts for all of it (limit)");
+    fake_oracle_forgive();
+    cudaEventRecord(e, t);
+    cudaStreamWaitEvent(u, e, 0);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1,
+           "a wait by a third stream does not order the work before s");
+    fake_oracle_forgive();
+    cudaStreamWaitEvent(s, e, 0);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 0,
+           "after s waited on an event recorded after the work: fine");
+    w2 = fake_launch_held(t, &p, 1);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1,
+           "... but not for work enqueued on t after that event");
+    fake_oracle_forgive();
+    cudaEventRecord(e, t);
+    cudaStreamWaitEvent(u, e, 0);
+    cudaEventRecord(f, u);
+    cudaStreamWaitEvent(s, f, 0);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 0, "ordered through a chain of waits: fine");
+    fake_complete(w);
+    fake_complete(w2);
+
+    w = fake_launch_held(0, &p, 1);
+    fake_oracle_handout(p, 0);
+    fake_oracle_handout(p, cudaStreamLegacy);
+    is_int(fake_violations(), 0,
+           "pending on the legacy stream, handed out for 0 or "
+           "cudaStreamLegacy: the same stream");
+    fake_oracle_handout(p, cudaStreamPerThread);
+    is_int(fake_violations(), 1,
+           "... for the per-thread stream: another stream, a violation");
+    fake_oracle_forgive();
+    fake_complete(w);
+
+    w = fake_launch_held(c, &p, 1);
+    cudaStreamBeginCapture(c, cudaStreamCaptureModeRelaxed);
+    fake_oracle_handout(p, c);
+    is_int(fake_violations(), 1,
+           "handout for a capturing stream with its own work pending: a "
+           "violation");
+    ok(last_violation_has("captures"), "... saying the stream captures");
+    fake_oracle_forgive();
+    fake_complete(w);
+    fake_oracle_handout(p, c);
+    is_int(fake_violations(), 0, "... fine once that work completed");
+    fake_launch(c, 10, &p, 1);
+    cudaStreamEndCapture(c, &graph);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1,
+           "handout while a graph that uses the block exists: a violation");
+    ok(last_violation_has("graph"), "... naming the graph");
+    fake_oracle_forgive();
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1, "... or an executable graph");
+    ok(last_violation_has("executable graph"), "... naming it");
+    fake_oracle_forgive();
+    cudaGraphExecDestroy(exec);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 0, "fine once the graphs are destroyed");
+
+    cudaFree(p);
+    fake_oracle_handout(p, s);
+    is_int(fake_violations(), 1, "handout of released memory: a violation");
+    ok(last_violation_has("already released"), "... saying so");
+    fake_oracle_forgive();
+    fake_oracle_handout(NULL, s);
+    is_int(fake_violations(), 0, "handout of NULL: nothing checked");
+    fake_oracle_handout(&local, s);
+    is_int(fake_violations(), 1,
+           "handout of a pointer the fake never allocated: a violation");
+    fake_oracle_forgive();
+    cudaMalloc(&q, 64);
+    fake_oracle_handout(q, (cudaStream_t)(uintptr_t)0x1230);
+    is_int(fake_violations(), 1, "handout for an invalid stream: a violation");
+    ok(last_violation_has("not a live stream"), "... saying so");
+    fake_oracle_forgive();
+    cudaFree(q);
+    cudaEventDestroy(e);
+    cudaEventDestroy(f);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(t);
+    cudaStreamDestroy(u);
+    cudaStreamDestroy(c);
+}
+
 /* ---- Failure injection ------------------------------------------------ */
 
 /* The driver's cuPointerGetAttributes (through the runtime's entry-point
@@ -1279,6 +1417,7 @@ int main(int argc, char **argv)
     SECTION(test_events);
     SECTION(test_allocations);
     SECTION(test_oracle);
+    SECTION(test_handout);
     SECTION(test_injection);
     SECTION(test_misc);
     SECTION(test_reset);

@@ -40,6 +40,16 @@ cudaStream_t stream_new(void)
     return s;
 }
 
+/* See helpers.h. */
+cudaError_t alloc_checked(void **p, size_t bytes, cudaStream_t s)
+{
+    cudaError_t err = defer_alloc(p, bytes, s);
+
+    if (err == cudaSuccess && p != NULL && *p != NULL)
+        fake_oracle_handout(*p, s);
+    return err;
+}
+
 fake_work *work_held(cudaStream_t s, void *p)
 {
     fake_work *w = fake_launch_held(s, &p, p != NULL);

@@ -17,6 +17,14 @@ void *device_alloc(size_t bytes);
 void *host_alloc(size_t bytes);
 cudaStream_t stream_new(void);
 
+/* defer_alloc(p, bytes, s), then, when it succeeded with a block, the
+ * oracle's check that the block is free of other streams' pending work
+ * (fake_oracle_handout: a premature reuse is a violation, which fails the
+ * test at exit).  Returns what defer_alloc returned.  Any thread, as
+ * defer_alloc; blocks where defer_alloc does.  Use it in place of
+ * defer_alloc wherever a test reuses memory. */
+cudaError_t alloc_checked(void **p, size_t bytes, cudaStream_t s);
+
 /* Simulated work on s that uses p: held until fake_complete, or timed. */
 fake_work *work_held(cudaStream_t s, void *p);
 fake_work *work_timed(cudaStream_t s, unsigned us, void *p);

@@ -107,6 +107,11 @@
  *   never do it; the call returns cudaErrorStreamCaptureUnsupported and
  *   records nothing; tests join streams with fake_capture_join instead);
  *   and any CUDA call made from a user object's destructor.
+ *   Reuse: the fake cannot see an allocator hand memory out again (the
+ *   allocation stays live), so a test tells it with fake_oracle_handout
+ *   right after cudefer's defer_alloc returned a block for a stream; a
+ *   block handed out while other work may still use it is a violation
+ *   ("premature reuse", see fake_oracle_handout).
  *   Not violations (the call returns cudaErrorInvalidValue, the allocation
  *   stays live, fake_invalid_releases() counts it): releasing a pointer
  *   the fake never allocated, or with the wrong function (cudaFree of
@@ -197,6 +202,32 @@ void fake_oracle_forgive(void);
 /* Copy the message of the last violation (without the "# fake oracle: "
  * prefix) into buf; "" if none since fake_reset.  Returns buf. */
 char *fake_last_violation(char *buf, size_t len);
+
+/* Check that ptr, just handed out by an allocator (cudefer's defer_alloc
+ * or defer_pluggable_alloc) for use on stream, is free of other work: call
+ * it right after the allocation returned, on the thread that asked (stream
+ * 0 and cudaStreamPerThread mean what they mean for that thread).  Counts
+ * and prints one violation, "# fake oracle: premature reuse of PTR (handed
+ * out for stream id N): ...", when the allocation containing ptr:
+ *   - is used by work that has not completed, was enqueued on a stream
+ *     other than stream, and is not ordered before stream's later work
+ *     (stream has not waited, with cudaStreamWaitEvent, on an event
+ *     recorded after that work); work still pending on stream itself is
+ *     fine: stream order runs it before anything enqueued on stream later;
+ *   - or, when stream captures, is used by any work not completed (the
+ *     graph will run wherever it is launched, ordered after nothing);
+ *   - or is used by a graph or executable graph not yet destroyed (it can
+ *     still be launched);
+ *   - or was already released.
+ * Also a violation (a test's mistake): stream not a live stream, or ptr in
+ * no allocation of the fake.  NULL ptr: nothing is checked.  Blocks only on
+ * the fake's lock.
+ * Limit: uses are tracked per allocation (what cudaMalloc returned), not
+ * per byte range, so work on one part of an allocation counts as using all
+ * of it: an allocator that splits one cudaMalloc allocation into blocks
+ * gets a violation for handing out one block while another block of the
+ * same allocation is in use on another stream. */
+void fake_oracle_handout(const void *ptr, cudaStream_t stream);
 
 /* Allocations (all kinds) not yet released. */
 size_t fake_live_allocations(void);

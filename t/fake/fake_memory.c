@@ -166,6 +166,72 @@ static cudaError_t release(const char *fn, void *p, int host,
     return cudaSuccess;
 }
 
+/* The reason the work of user u would be a hazard for a block handed out
+ * for stream s, or NULL if none: u has completed, or is ordered before s's
+ * future work (on s itself, unless s captures, or before a barrier of s
+ * from cudaStreamWaitEvent).  Lock held. */
+static const char *handout_hazard(struct fake_work *u, struct fstream *s,
+                                  int64_t now, int64_t *hint)
+{
+    if (fake_work_completed(u, now, hint))
+        return NULL;
+    if (s->capture != NULL)     /* captured work runs wherever the graph is
+                                   launched: ordered after nothing */
+        return "still pending, and the stream captures";
+    if (u->stream == s || fake_work_ordered_before(u, s, s->tail, 0))
+        return NULL;
+    return "still pending on another stream, not ordered before the "
+           "stream's later work";
+}
+
+/* Check a block an allocator handed out for stream h (fake_cuda.h): one
+ * violation for the first hazard found.  Any thread; does not block. */
+void fake_oracle_handout(const void *ptr, cudaStream_t h)
+{
+    struct fstream *s;
+    struct falloc *a;
+    struct fgraph *x;
+    int64_t now, hint = INF_NS;
+    size_t i;
+
+    if (ptr == NULL)
+        return;
+    fake_lock();
+    now = fake_now_ns();
+    s = fake_stream_resolve(h);
+    a = fake_alloc_find(ptr, 0);
+    if (s == NULL) {
+        fake_violation("fake_oracle_handout: %p handed out for %p, which is "
+                       "not a live stream", ptr, (void *)h);
+    } else if (a == NULL) {
+        fake_violation("fake_oracle_handout: %p handed out for stream id "
+                       "%llu is not in any allocation of the fake", ptr,
+                       s->id);
+    } else if (a->released) {
+        fake_violation("premature reuse of %p (handed out for stream id "
+                       "%llu): its allocation was already released", ptr,
+                       s->id);
+    } else {
+        for (i = 0; i < a->nusers; i++) {
+            struct fake_work *u = a->users[i];
+            const char *why = handout_hazard(u, s, now, &hint);
+
+            if (why != NULL) {
+                fake_violation("premature reuse of %p (handed out for stream "
+                               "id %llu): work #%llu on stream id %llu %s",
+                               ptr, s->id, u->id, u->stream->id, why);
+                break;
+            }
+        }
+        if (i == a->nusers && (x = fake_graph_using(a->addr)) != NULL)
+            fake_violation("premature reuse of %p (handed out for stream id "
+                           "%llu): %s #%llu, which uses it, can still be "
+                           "launched", ptr, s->id,
+                           x->exec ? "executable graph" : "graph", x->id);
+    }
+    fake_unlock();
+}
+
 /* The oracle queries of the control API (fake_cuda.h).  Any thread. */
 long fake_violations(void) { return atomic_load(&violation_count); }
 
