@@ -185,9 +185,10 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
 /*
  * defer_flush: block until everything deferred before this call (by any
  * thread, as far as this thread can see) has been released or has failed.
- * Returns cudaSuccess, cudaErrorNotPermitted on the reclaimer thread (inside
- * a callback) or after defer_shutdown, or the sticky error of a device whose
- * entries cannot complete.
+ * Returns cudaSuccess, cudaErrorNotPermitted inside a defer_call callback
+ * (on the reclaimer thread, or on the calling thread when the callback ran
+ * synchronously) or after defer_shutdown, or the sticky error of a device
+ * whose entries cannot complete.
  */
 CUDEFER_API cudaError_t defer_flush(void);
 
@@ -204,7 +205,8 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 /*
  * defer_shutdown: flush, then stop and join the reclaimer and destroy its
  * events.  Later defer_* calls return cudaErrorNotPermitted.  Calling it again
- * returns cudaSuccess.  Blocks.  Not from inside a callback.
+ * returns cudaSuccess.  Blocks.  Inside a defer_call callback it would wait
+ * for the callback itself: cudaErrorNotPermitted there.
  */
 CUDEFER_API cudaError_t defer_shutdown(void);
 

@@ -109,6 +109,19 @@ static cudaError_t start_locked(const char *what)
     return cudaSuccess;
 }
 
+/* Admissions this thread holds now: more than 0 inside a defer call, e.g.
+ * in a callback run on the calling thread (a synchronous release).  Such a
+ * thread must not wait for admissions to end: its own never would. */
+static _Thread_local unsigned admissions_here;
+
+/* True when the caller is inside a callback (on the reclaimer thread, or
+ * on its own thread inside a defer call): waiting for the reclaimer or for
+ * the admissions would wait for itself. */
+static bool inside_callback(void)
+{
+    return on_reclaimer_thread || admissions_here > 0;
+}
+
 static cudaError_t refuse(const char *what)
 {
     stats_add(&stats.rejected, 1);
@@ -121,31 +134,44 @@ static cudaError_t refuse(const char *what)
     return cudaErrorNotPermitted;
 }
 
+/* Admit a submission: count it in the gate unless the gate is closed.  Until
+ * the reclaimer runs, the first callers start it under life_lock, holding no
+ * admission while they wait for that lock: shutdown and exit take the lock
+ * and then wait for every admission to end, so an admission held while
+ * waiting for the lock would never end (issue 12, item 1). */
 cudaError_t reclaimer_enter(const char *what)
 {
-    if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
+    for (;;) {
+        if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
+            atomic_fetch_sub(&rs.gate, 1);
+            return refuse(what);
+        }
+        if (atomic_load_explicit(&rs.state, memory_order_acquire) ==
+            STATE_RUNNING) {
+            admissions_here++;
+            return cudaSuccess;
+        }
         atomic_fetch_sub(&rs.gate, 1);
-        return refuse(what);
+        pthread_mutex_lock(&rs.life_lock);
+        cudaError_t err = cudaSuccess;
+        int state = atomic_load(&rs.state);
+        if (state == STATE_NEW) {
+            if ((err = start_locked(what)) != cudaSuccess)
+                stats_add(&stats.rejected, 1);
+        } else if (state != STATE_RUNNING) { /* shut down while we waited */
+            err = refuse(what);
+        }
+        pthread_mutex_unlock(&rs.life_lock);
+        if (err != cudaSuccess)
+            return err;
+        /* Running now: be admitted like any other call (or refused, if a
+         * shutdown closed the gate meanwhile). */
     }
-    if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_RUNNING)
-        return cudaSuccess;
-    pthread_mutex_lock(&rs.life_lock);
-    cudaError_t err = cudaSuccess;
-    int state = atomic_load(&rs.state);
-    if (state == STATE_NEW) {
-        if ((err = start_locked(what)) != cudaSuccess)
-            stats_add(&stats.rejected, 1);
-    } else if (state != STATE_RUNNING) { /* shut down while we waited */
-        err = refuse(what);
-    }
-    pthread_mutex_unlock(&rs.life_lock);
-    if (err != cudaSuccess)
-        atomic_fetch_sub(&rs.gate, 1);
-    return err;
 }
 
 void reclaimer_leave(void)
 {
+    admissions_here--;
     atomic_fetch_sub_explicit(&rs.gate, 1, memory_order_release);
 }
 
@@ -218,7 +244,7 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
 /* Checks shared by flush and trim; cudaSuccess when they may go on. */
 static cudaError_t may_wait(const char *what)
 {
-    if (on_reclaimer_thread) {
+    if (inside_callback()) {
         report("%s called from a defer_call callback: refused (it would wait "
                "for itself)", what);
         return cudaErrorNotPermitted;
@@ -261,16 +287,24 @@ cudaError_t reclaimer_trim(size_t *bytes)
     return request("defer_trim", true, bytes);
 }
 
-/* Close the gate and wait for the submissions already admitted (until
- * deadline_ns, if not 0: one may be blocked for good, e.g. in
- * cudaStreamSynchronize under CUDEFER_DISABLE).  False if it passed. */
+/* Close the gate and wait for the submissions already admitted, but for
+ * the caller's own (exit() from a callback run inside a defer call), until
+ * deadline_ns if not 0: one may be blocked for good, e.g. in
+ * cudaStreamSynchronize under CUDEFER_DISABLE.  False if it passed.  Yields
+ * at first, then naps: a submission blocked in CUDA may take long. */
 static bool close_gate(uint64_t deadline_ns)
 {
     atomic_fetch_or(&rs.gate, GATE_CLOSED);
-    while ((atomic_load(&rs.gate) & ~GATE_CLOSED) != 0) {
+    for (unsigned spins = 0;
+         (atomic_load(&rs.gate) & ~GATE_CLOSED) > admissions_here; spins++) {
         if (deadline_ns != 0 && now_ns() > deadline_ns)
             return false;
-        sched_yield();
+        if (spins < 1000) {
+            sched_yield();
+        } else {
+            struct timespec nap = {.tv_nsec = 100000}; /* 100 us */
+            nanosleep(&nap, NULL);
+        }
     }
     return true;
 }
@@ -288,7 +322,7 @@ static void stop_and_join(void)
 
 cudaError_t reclaimer_shutdown(void)
 {
-    if (on_reclaimer_thread) {
+    if (inside_callback()) {
         report("defer_shutdown called from a defer_call callback: refused "
                "(it would wait for itself)");
         return cudaErrorNotPermitted;

@@ -1,0 +1,150 @@
+/* What a defer_call callback may call (issue 12, items 2 and 10).
+ *
+ * A callback runs on the reclaimer thread, or on the calling thread when
+ * the call falls back to a synchronous release (CUDEFER_DISABLE, or no
+ * event could be had).  Either way defer_flush, defer_trim and
+ * defer_shutdown inside it would wait for the callback itself: they return
+ * cudaErrorNotPermitted; exit() inside it must not wait for it either.
+ * Each scenario runs in a child process, killed if it hangs. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+static cudaError_t flush_err, trim_err, shutdown_err;
+static size_t trim_bytes;
+static int called;
+
+/* The callback: every call that would wait for it. */
+static void wait_calls(void *unused)
+{
+    (void)unused;
+    trim_bytes = 99;
+    flush_err = defer_flush();
+    trim_err = defer_trim(&trim_bytes);
+    shutdown_err = defer_shutdown();
+    __atomic_store_n(&called, 1, __ATOMIC_RELEASE);
+}
+
+/* defer_call(wait_calls) must return, the three calls refused. */
+static void check_wait_calls_refused(cudaStream_t s)
+{
+    stderr_capture_begin();
+    cudaError_t err = defer_call(wait_calls, NULL, s);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_call: %s", cudaGetErrorName(err));
+    CHECK(called, "the callback ran on the calling thread");
+    CHECK(flush_err == cudaErrorNotPermitted, "defer_flush in the callback: %s",
+          cudaGetErrorName(flush_err));
+    CHECK(trim_err == cudaErrorNotPermitted && trim_bytes == 0,
+          "defer_trim in the callback: %s, %zu bytes",
+          cudaGetErrorName(trim_err), trim_bytes);
+    CHECK(shutdown_err == cudaErrorNotPermitted,
+          "defer_shutdown in the callback: %s", cudaGetErrorName(shutdown_err));
+    CHECK(strstr(msg, "defer_shutdown called from a defer_call callback") !=
+              NULL,
+          "the refusal is explained");
+}
+
+/* After the refusals the library works as before. */
+static void check_still_works(cudaStream_t s)
+{
+    void *p = device_alloc(256);
+    work_timed(s, 100, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free afterwards");
+    CHECK(defer_flush() == cudaSuccess, "defer_flush afterwards");
+    CHECK(fake_is_released(p) == 1, "released");
+    CHECK(defer_shutdown() == cudaSuccess, "defer_shutdown afterwards");
+}
+
+static void s_disable(void)
+{
+    cudaStream_t s = stream_new();
+    work_timed(s, 1000, NULL);
+    check_wait_calls_refused(s);
+    check_still_works(s);
+}
+
+static void s_no_event(void)
+{
+    cudaStream_t s = stream_new();
+    work_timed(s, 1000, NULL);
+    /* No event: every cudaEventCreate fails (the pool starts empty). */
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    check_wait_calls_refused(s);
+    fake_fail_clear();
+    CHECK(stats_now().sync_releases >= 1, "it was a synchronous release");
+    check_still_works(s);
+}
+
+/* exit() inside a callback run on the calling thread: the exit drain must
+ * not wait for that thread's own call to end. */
+static double exit_called_ms;
+static void *pending_ptr;
+
+static void exit_in_callback(void *unused)
+{
+    (void)unused;
+    exit_called_ms = now_ms();
+    exit(0);
+}
+
+static void judge_exit(void)
+{
+    double took = now_ms() - exit_called_ms;
+    struct defer_stats st = stats_now();
+    diag("  exit took %.0f ms", took);
+    CHECK(took < 1000, "exit waited %.0f ms for the callback's own call", took);
+    CHECK(st.leaked_at_exit == 0, "leaked_at_exit %llu", ULL(st.leaked_at_exit));
+    CHECK(fake_is_released(pending_ptr) == 1,
+          "the entry pending at exit was released by the drain");
+    scenario_child_end();
+}
+
+static void s_exit_in_sync_callback(void)
+{
+    atexit(judge_exit); /* before cudefer's: runs after it */
+    cudaStream_t s = stream_new(), other = stream_new();
+    pending_ptr = device_alloc(256);
+    work_timed(other, 20000, pending_ptr);
+    CHECK(defer_free(pending_ptr, other) == cudaSuccess, "defer_free");
+    work_timed(s, 1000, NULL);
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    defer_call(exit_in_callback, NULL, s);
+    CHECK(false, "exit() in the callback returned");
+}
+
+/* Run fn in a child process (fresh fake, env set); ok when it ends in time
+ * with no failed check. */
+static void scenario(const char *title, const char *env, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 15000, &status);
+    if (!ended)
+        diag("no end after 15 s: killed (a hang)");
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
+       title, *env != '\0' ? env : "defaults");
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("flush, trim and shutdown inside a callback run synchronously "
+             "(CUDEFER_DISABLE): refused, no hang", "CUDEFER_DISABLE=1",
+             s_disable);
+    scenario("flush, trim and shutdown inside a callback run synchronously "
+             "(no event): refused, no hang", "", s_no_event);
+    scenario("exit inside a callback run synchronously (no event): the drain "
+             "does not wait for it", "", s_exit_in_sync_callback);
+    return 0;
+}
