@@ -58,6 +58,9 @@ struct defer_config {
     int check;                  /* 1: report a pointer deferred again while
                                    still pending (costs the reclaimer a hash
                                    lookup per pointer) */
+    uint32_t cache_keep_ms;     /* a block of defer_alloc's, freed and not
+                                   reused for this long, is released
+                                   (0: kept until defer_trim; .. 1 h) */
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by
@@ -87,8 +90,15 @@ struct defer_stats {
                                 median, as a power-of-two upper bound */
     uint64_t latency_max_us; /* ... and the largest */
     uint64_t leaked_at_exit; /* entries still pending when the process exited */
-    uint64_t reused;         /* held allocations handed out again by defer_alloc
-                                (counted as released) */
+    uint64_t reused;         /* blocks handed out again by defer_alloc */
+    uint64_t reused_same_stream; /* ... of them, before their work was done, to
+                                the stream they were freed on */
+    uint64_t cache_bytes;    /* bytes of the blocks defer_alloc made and
+                                cudefer has not released (live or free) */
+    uint64_t cache_free_bytes; /* ... of them, freed and waiting for reuse */
+    uint64_t cache_mallocs;  /* cudaMalloc calls made by defer_alloc */
+    uint64_t cache_releases; /* blocks released (not reused for cache_keep_ms,
+                                or defer_trim, or shutdown) */
 };
 
 /*
@@ -127,21 +137,75 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
                                      cudaStream_t stream);
 
 /*
- * defer_alloc: *ptr = device memory of at least bytes on stream's device.
- * It is taken back, when there is one, from a completed but not yet
- * released entry of the same size class (device memory deferred with
- * defer_free whose work is done: no stream can still be using it), else
- * made with cudaMalloc of the class's size; if that runs out of memory,
- * defer_trim runs and cudaMalloc is tried once more.  Size classes: four
- * per power of two (2^k, 1.25, 1.5, 1.75 x 2^k) from 512 bytes, so at most
- * 25 % is wasted; requests above 2^40 bytes are not rounded.  Free the
- * memory with defer_free (or cudaFree).  Thread-safe; blocks only in
- * cudaMalloc and the trim.  Returns cudaSuccess, the cudaMalloc error, or
- * cudaErrorInvalidValue for a NULL ptr (bytes == 0 gives NULL and
- * cudaSuccess).
+ * defer_alloc: *ptr = a block of device memory of at least bytes for use on
+ * stream (on stream's device).  Blocks come from cudefer's block cache:
+ *   - a block freed with defer_free on the SAME stream is handed out again
+ *     at once, before its work is done: work enqueued later on that stream
+ *     runs after the work that used it (the stream-ordered rule of
+ *     cudaMallocAsync and of PyTorch's caching allocator).  Stream means the
+ *     stream itself (cudaStreamGetId), not the handle: the per-thread
+ *     default stream is a different stream on every thread; the legacy
+ *     stream is one stream per device;
+ *   - a block freed on another stream, with defer_free_streams or
+ *     defer_free_n, recorded on other streams (defer_record_stream), or of
+ *     another device's stream, is handed out only once all its work is done;
+ *   - otherwise cudaMalloc of bytes rounded up to one of 16 sizes per power
+ *     of two (at most 6.25 % more); out of memory, cudefer releases what it
+ *     holds (defer_trim) and tries again, then with bytes exactly.
+ * A request takes the smallest cached block of at least bytes and at most
+ * 1/8 above the rounded size.  A freed block that nobody takes for cache_keep_ms
+ * (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree, as is every free
+ * block on defer_trim and defer_shutdown.  Only memory defer_alloc made is
+ * ever reused; pointers cudefer did not allocate are released as before.
+ * Return a block with defer_free (or defer_free_n, defer_free_streams),
+ * never with cudaFree: a block freed twice is refused and reported.  Blocks
+ * still live at defer_shutdown stay the application's (cudaFree them).
+ * On a stream being captured into a graph it is refused with
+ * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
+ * before the capture begins.  Thread-safe; blocks only in cudaMalloc and the
+ * trim.  Returns cudaSuccess, the cudaMalloc error, cudaErrorInvalidValue
+ * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess), the error of
+ * cudaStreamGetDevice for a bad stream, a failed device's error, or
+ * cudaErrorNotPermitted after defer_shutdown; every refusal is counted in
+ * the stats' rejected.
  */
 CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
                                     cudaStream_t stream);
+
+/*
+ * defer_record_stream: tell cudefer that the block ptr (from defer_alloc or
+ * defer_pluggable_alloc, not yet freed) is also used by stream, so that when
+ * it is freed it waits for the work enqueued on stream up to its free too:
+ * the block is then never handed out again, not even on its free stream,
+ * before that work is done (PyTorch's Tensor.record_stream).  Call it once
+ * the other stream uses the block; recording a stream twice is once; at
+ * most 63 streams per block.  The stream must outlive the block's free (its
+ * event is recorded then).  cudaStreamPerThread is refused (the thread that
+ * frees could not name it); stream 0 means the legacy stream of the device
+ * current when the block is freed.  Returns cudaSuccess,
+ * cudaErrorInvalidValue (reported) when ptr is not the start of a live block
+ * of cudefer's or has 63 streams already, cudaErrorStreamCaptureUnsupported
+ * on a capturing stream, or the errors of defer_free.  Thread-safe; never
+ * blocks on the GPU.
+ */
+CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
+
+/*
+ * The two entry points of PyTorch's pluggable allocator:
+ *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
+ *       "defer_pluggable_alloc", "defer_pluggable_free")
+ * defer_pluggable_alloc is defer_alloc on device (the caller's current
+ * device is left as it was); NULL when out of memory or on error (reported).
+ * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
+ * stream of the allocation, so a block used on other streams must be
+ * recorded with defer_record_stream (python/cudefer_torch.py wires
+ * Tensor.record_stream to it).  size and device are checked against the
+ * block (a mismatch is reported; the block is still freed).
+ */
+CUDEFER_API void *defer_pluggable_alloc(size_t size, int device,
+                                        cudaStream_t stream);
+CUDEFER_API void defer_pluggable_free(void *ptr, size_t size, int device,
+                                      cudaStream_t stream);
 
 /*
  * defer_free_streams: cudaFree(ptr) once the work enqueued so far on ALL n

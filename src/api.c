@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_cache.h"
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
@@ -14,6 +15,7 @@
 #include "release.h"
 #include "report.h"
 #include "stats.h"
+#include "stream_identity.h"
 
 /* What a defer call asks for, before it becomes an entry. */
 struct request_args {
@@ -25,17 +27,6 @@ struct request_args {
     void *arg;
 };
 
-/* The last created stream this thread deferred on: its device and id.  A
- * stream handle can be destroyed and its value reused; then recording fails
- * (another device) and the lookup is redone, or the entry joins the old
- * stream's FIFO, which only delays it: every entry waits for its own event. */
-static _Thread_local struct {
-    cudaStream_t handle;
-    int device;
-    unsigned long long id;
-    bool valid;
-} last_stream;
-
 /* The caller was refused: say why (call failed with err), count it. */
 static cudaError_t reject(const char *what, const char *call, cudaError_t err)
 {
@@ -45,31 +36,12 @@ static cudaError_t reject(const char *what, const char *call, cudaError_t err)
     return err;
 }
 
-/* Device and id of stream.  The special handles (0, cudaStreamLegacy,
- * cudaStreamPerThread) depend on the thread's current device: never cached. */
+/* Device and id of stream (stream_identity.h). */
 static cudaError_t identify(cudaStream_t stream, int *device,
                             unsigned long long *id, const char **failed)
 {
-    bool special = stream == 0 || stream == cudaStreamLegacy ||
-                   stream == cudaStreamPerThread;
-    if (!special && last_stream.valid && last_stream.handle == stream) {
-        *device = last_stream.device;
-        *id = last_stream.id;
-        return cudaSuccess;
-    }
-    cudaError_t err = cudaStreamGetDevice(stream, device);
-    if (err != cudaSuccess) {
-        *failed = "cudaStreamGetDevice";
-        return err;
-    }
-    if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
-        *failed = "cudaStreamGetId";
-        return err;
-    }
-    if (!special)
-        last_stream.handle = stream, last_stream.device = *device,
-        last_stream.id = *id, last_stream.valid = true;
-    return cudaSuccess;
+    bool cached;
+    return stream_identify(stream, device, id, &cached, failed);
 }
 
 /* Copy the request's pointers into e (an array only for several). */
@@ -154,6 +126,9 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
     e->group = NULL;
     e->group_remaining = 1; /* its own event */
     e->group_err = cudaSuccess;
+    e->cache_blocks = false;
+    e->block = NULL;
+    e->handout = 0;
     if (!set_pointers(e, a)) {
         event_pool_give_unused(e);
         *err = cudaErrorMemoryAllocation;
@@ -169,7 +144,23 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
     return e;
 }
 
-/* The path every defer call takes, admitted by the reclaimer's gate. */
+static cudaError_t submit_group_admitted(const struct request_args *a,
+                                         const cudaStream_t *streams,
+                                         size_t n);
+
+/* A block of the cache freed a second time (or by two threads at once). */
+static cudaError_t refuse_freed_block(const struct request_args *a)
+{
+    stats_add(&stats.rejected, 1);
+    report("%s: %p is a block of defer_alloc's that is already free (freed "
+           "twice?): refused", a->what, a->ptrs[0]);
+    return cudaErrorInvalidValue;
+}
+
+/* The path every defer call takes, admitted by the reclaimer's gate.  A
+ * block of the cache (block_cache.h) freed on a stream of its device becomes
+ * an ENTRY_BLOCK, reusable on that stream at once; one recorded on other
+ * streams waits for all of them (a group). */
 static cudaError_t submit_admitted(const struct request_args *a,
                                    cudaStream_t stream)
 {
@@ -184,17 +175,33 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return release_synchronously(a, stream);
     int device;
     unsigned long long id;
-    bool cached = last_stream.valid && last_stream.handle == stream;
-    err = identify(stream, &device, &id, &call);
+    bool cached = false;
+    err = stream_identify(stream, &device, &id, &cached, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     if ((err = reclaimer_device_error(device)) != cudaSuccess)
         return reject(a->what, "an earlier CUDA call on this device", err);
+    struct request_args block_args;
+    struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
+    if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && block_cache_active()) {
+        block_cache_plan_free(a->ptrs[0], device, id, &plan);
+        if (plan.path == BLOCK_NOT_LIVE)
+            return refuse_freed_block(a);
+        if (plan.path == BLOCK_AFTER_STREAMS) {
+            plan.streams[0] = stream;
+            return submit_group_admitted(a, plan.streams, plan.nstreams);
+        }
+        if (plan.path == BLOCK_STREAM_ORDERED) {
+            block_args = *a;
+            block_args.kind = ENTRY_BLOCK;
+            a = &block_args;
+        }
+    }
     bool no_event = false;
     struct entry *e = record(a, stream, device, id, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
-        last_stream.valid = false;
+        stream_identity_forget();
         if ((err = identify(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
         e = record(a, stream, device, id, &err, &call, &no_event);
@@ -206,6 +213,17 @@ static cudaError_t submit_admitted(const struct request_args *a,
     }
     if (e == NULL)
         return reject(a->what, call, err);
+    if (e->kind == ENTRY_BLOCK && e->device != plan.block->device) {
+        e->kind = ENTRY_FREE_DEVICE; /* a stale identity hid another device */
+    } else if (e->kind == ENTRY_BLOCK) {
+        e->block = plan.block;
+        e->handout = plan.handout;
+        if (!block_cache_park(&plan, id)) {
+            release_forget_pointers(e);
+            event_pool_give_unused(e);
+            return refuse_freed_block(a);
+        }
+    }
     stats_add(&stats.deferred, 1);
     reclaimer_push(e);
     return cudaSuccess;

@@ -68,6 +68,8 @@ static const struct knob knobs[] = {
     KNOB(VERBOSE, verbose, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(STATS, print_stats, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
+    KNOB(CACHE_KEEP_MS, cache_keep_ms, KIND_MS, 10000, 0, 3600000,
+         "milliseconds, 0..3600000", "0 (kept until defer_trim)"),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 

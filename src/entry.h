@@ -20,10 +20,12 @@ enum entry_kind {
     ENTRY_CALL,        /* fn(arg) */
     ENTRY_REQUEST,     /* not work: a flush or trim waiting for the reclaimer */
     ENTRY_MEMBER,      /* only an event: one of the streams a group waits for */
-    ENTRY_REUSED,      /* held memory that defer_alloc took back: finish it */
+    ENTRY_BLOCK,       /* a block of the cache, freed on its stream (see
+                          block_cache.h): FREE once the event completes */
 };
 
 struct request;
+struct cache_block;
 
 struct entry {
     struct queue_node node; /* first: entries are queue nodes */
@@ -38,6 +40,10 @@ struct entry {
     uint64_t completed_ns; /* when the reclaimer saw the event complete */
     uint64_t held_bytes;   /* memory it keeps from the application */
     bool pool;             /* every pointer is stream-ordered pool memory */
+    bool cache_blocks;     /* every pointer is a block of the cache: given
+                              back to it, never released, never held */
+    struct cache_block *block; /* ENTRY_BLOCK: the block, of hand-out */
+    uint64_t handout;
     size_t nptrs;          /* pointers to free: ptrs[0..nptrs) */
     void **ptrs;           /* &one_ptr, or an array owned by the entry */
     void *one_ptr;
@@ -52,10 +58,8 @@ struct entry {
     uint32_t group_remaining;  /* payload: parts not done */
     cudaError_t group_err;     /* payload: the first part that failed */
     /* While held (see held.h): the list is doubly linked by fifo_next and
-     * held_prev; a shelved entry is also on its size class's shelf. */
+     * held_prev. */
     struct entry *held_prev;
-    struct entry *shelf_next, *shelf_prev;
-    int size_class; /* -1: not shelved */
 };
 
 static inline struct entry *entry_of_node(struct queue_node *node)

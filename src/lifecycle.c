@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "alloc_info.h"
+#include "block_cache.h"
 #include "config.h"
 #include "event_pool.h"
 #include "report.h"
@@ -64,7 +65,8 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
-    if (!alloc_per_device(n)) {
+    if (!alloc_per_device(n) || !block_cache_init(n)) {
+        block_cache_destroy();
         free_per_device();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
@@ -317,6 +319,7 @@ static void stop_and_join(void)
     pthread_join(rs.thread, NULL);
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
+    block_cache_destroy();
     free_per_device();
 }
 
@@ -390,4 +393,5 @@ static void fork_child(void)
     pthread_mutex_init(&rs.life_lock, NULL);
     event_pool_after_fork();
     alloc_info_reset();
+    block_cache_fork_child();
 }

@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include "alloc_info.h"
+#include "block_cache.h"
+#include "block_map.h"
 #include "config.h"
 #include "event_pool.h"
 #include "held.h"
@@ -83,7 +85,10 @@ static void take_request(struct request *q)
  * and tell the flushes that wait for it. */
 static void finish_entry(struct entry *e, cudaError_t err)
 {
-    if (rs.cfg.check)
+    if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
+        block_cache_event_done(e->block, e->handout, err == cudaSuccess,
+                               now_ns());
+    else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             pointer_set_remove(&rs.deferred, e->ptrs[i]);
     if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries */
@@ -178,6 +183,8 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
         err = device_error(e->device);
     }
     rs.pass_released++;
+    if (err == cudaSuccess)
+        rs.pass_released_bytes += e->held_bytes;
     finish_entry(e, err);
     return err;
 }
@@ -186,6 +193,11 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
 static void completed(struct entry *e, uint64_t now)
 {
     e->completed_ns = now;
+    if (e->kind == ENTRY_BLOCK) { /* FREE in the cache from now: no release */
+        rs.pass_released++;
+        finish_entry(e, cudaSuccess);
+        return;
+    }
     if (policy_release_at_once(&rs.cfg, e)) {
         release_now(e, now);
         return;
@@ -222,19 +234,30 @@ static void event_done(struct entry *e, cudaError_t err, uint64_t now)
     }
 }
 
-/* Learn what a free entry holds: its bytes and whether it is pool memory. */
+/* Learn what a free entry holds: its bytes, whether it is pool memory, and
+ * whether every pointer is a block of the cache (given back, never held). */
 static void size_up(struct entry *e)
 {
     e->held_bytes = 0;
     e->pool = e->kind == ENTRY_FREE_DEVICE;
-    if (e->kind == ENTRY_CALL)
+    e->cache_blocks = false;
+    if (e->kind != ENTRY_FREE_DEVICE && e->kind != ENTRY_FREE_HOST)
         return;
+    size_t blocks = 0;
     for (size_t i = 0; i < e->nptrs; i++) {
+        if (e->kind == ENTRY_FREE_DEVICE && block_cache_active() &&
+            block_map_find(e->ptrs[i]) != NULL) {
+            blocks++;
+            continue;
+        }
         struct alloc_info info;
         alloc_info_query(e->ptrs[i], &info);
         e->pool &= info.pool;
         e->held_bytes += info.bytes;
     }
+    e->cache_blocks = blocks > 0 && blocks == e->nptrs;
+    if (blocks > 0)
+        e->pool = false;
     if (e->pool)
         e->held_bytes = 0; /* cudaFreeAsync costs nothing: never held */
 }
@@ -290,10 +313,6 @@ static size_t take_pushed(void)
             take_request(e->request);
             continue;
         }
-        if (e->kind == ENTRY_REUSED) { /* taken and tracked before */
-            finish_entry(e, cudaSuccess);
-            continue;
-        }
         arrived++;
         e->seq = rs.next_seq++;
         rs.tracked++;
@@ -301,11 +320,14 @@ static size_t take_pushed(void)
             event_done(e, device_error(e->device), now_ns());
             continue;
         }
-        if (rs.cfg.check && e->nptrs > 0 && !check_pointers(e)) {
+        if (rs.cfg.check && e->nptrs > 0 && e->kind != ENTRY_BLOCK &&
+            !check_pointers(e)) {
             event_done(e, cudaErrorInvalidValue, now_ns());
             continue;
         }
-        if (rs.cfg.policy != DEFER_POLICY_EAGER && use_device(e->device)) {
+        /* Sized under the eager policy too: pool memory is then still
+         * freed with cudaFreeAsync, and a trim can say what it released. */
+        if (use_device(e->device)) {
             if (rs.held[e->device].cap == 0)
                 learn_cap(e->device);
             size_up(e);
@@ -453,16 +475,74 @@ static void release_held(uint64_t now)
             held_unlock(h);
             if (e == NULL)
                 break;
-            uint64_t bytes = e->held_bytes;
             if (release_now(e, now) != cudaSuccess)
                 continue; /* reported and counted as failed */
-            if (reason == RELEASE_DEMAND)
-                rs.pass_demand_bytes += bytes;
             n++;
         }
         trace_pop();
         stats_add(reason_counter(reason), n);
     }
+}
+
+#define NS_PER_MS UINT64_C(1000000)
+
+/* Release the cache's FREE blocks that nobody took for cache_keep_ms, or
+ * every one on a trim and at shutdown: a batch per device, one cudaFree
+ * each.  Blocks are reused in the steady state, so these batches are rare:
+ * each block is released at most once. */
+static void release_cache(uint64_t now, bool stopping)
+{
+    bool all = rs.trims != NULL || stopping;
+    uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+    if (!all && (keep_ns == 0 || now <= keep_ns))
+        return;
+    uint64_t before = all ? UINT64_MAX : now - keep_ns;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t oldest = block_cache_oldest_free_ns(d);
+        if (oldest == UINT64_MAX || oldest > before ||
+            device_error(d) != cudaSuccess || !use_device(d))
+            continue;
+        trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
+        struct cache_block *batch[64];
+        uint64_t released = 0;
+        size_t n;
+        while ((n = block_cache_collect(d, before, batch, 64)) > 0) {
+            for (size_t i = 0; i < n; i++) {
+                cudaError_t err = cudaFree(batch[i]->ptr);
+                if (err == cudaSuccess) {
+                    released++;
+                    rs.pass_released_bytes += batch[i]->size;
+                } else if (cuda_error_is_sticky(err)) {
+                    fail_device(d, "cudaFree", err);
+                } else {
+                    char detail[96];
+                    snprintf(detail, sizeof detail,
+                             "; block %p (device %d) is not released",
+                             batch[i]->ptr, d);
+                    report_cuda("release", "cudaFree", err, detail);
+                }
+                block_cache_forget(batch[i]);
+            }
+        }
+        trace_pop();
+        stats_add(&stats.cache_releases, released);
+    }
+}
+
+/* When the next cached block expires (UINT64_MAX: none, or never). */
+static uint64_t cache_expiry_ns(void)
+{
+    if (rs.cfg.cache_keep_ms == 0)
+        return UINT64_MAX;
+    uint64_t oldest = UINT64_MAX;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t t = block_cache_oldest_free_ns(d);
+        if (t < oldest)
+            oldest = t;
+    }
+    return oldest == UINT64_MAX
+               ? UINT64_MAX
+               : oldest + (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
 }
 
 /* End of a pass: recycle entries, publish counts, wake finished waiters. */
@@ -485,7 +565,7 @@ static void end_pass(void)
     while (rs.trims != NULL) {
         struct request *q = rs.trims;
         rs.trims = q->next;
-        q->bytes = rs.pass_demand_bytes;
+        q->bytes = rs.pass_released_bytes;
         request_done(q);
     }
     while (rs.done_requests != NULL) {
@@ -494,16 +574,31 @@ static void end_pass(void)
         complete_request(q);
     }
     rs.pass_released = 0;
-    rs.pass_demand_bytes = 0;
+    rs.pass_released_bytes = 0;
 }
 
-/* Sleep until something is pushed or stop is requested. */
-static void sleep_until_pushed(void)
+/* Sleep until something is pushed or stop is requested, or (deadline_ns on
+ * the monotonic clock, if not UINT64_MAX) a cached block expires. */
+static void sleep_until_pushed(uint64_t deadline_ns)
 {
+    struct timespec until;
+    if (deadline_ns != UINT64_MAX) {
+        /* wake_cond waits on the realtime clock: carry the distance over. */
+        uint64_t now = now_ns(), wait = deadline_ns > now ? deadline_ns - now : 0;
+        clock_gettime(CLOCK_REALTIME, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + wait % 1000000000u;
+        until.tv_sec += (time_t)(wait / 1000000000u + ns / 1000000000u);
+        until.tv_nsec = (long)(ns % 1000000000u);
+    }
     pthread_mutex_lock(&rs.wake_lock);
     atomic_store(&rs.sleeping, true);
-    while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop))
-        pthread_cond_wait(&rs.wake_cond, &rs.wake_lock);
+    while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop)) {
+        if (deadline_ns == UINT64_MAX)
+            pthread_cond_wait(&rs.wake_cond, &rs.wake_lock);
+        else if (pthread_cond_timedwait(&rs.wake_cond, &rs.wake_lock,
+                                        &until) == ETIMEDOUT)
+            break;
+    }
     atomic_store(&rs.sleeping, false);
     pthread_mutex_unlock(&rs.wake_lock);
 }
@@ -561,7 +656,7 @@ static void wait_for_work(bool progress, uint64_t now)
         nap_us(rs.nap_us);
         return;
     }
-    sleep_until_pushed();
+    sleep_until_pushed(cache_expiry_ns());
 }
 
 static void destroy_free_streams(void)
@@ -586,14 +681,18 @@ void *reclaimer_main(void *unused)
     cudaThreadExchangeStreamCaptureMode(&relaxed);
     rs.nap_us = rs.cfg.poll_us;
     for (;;) {
+        /* Read once, first: the pass that ends the loop has seen it all
+         * through (the cache is emptied only by a pass that knew). */
+        bool stopping = atomic_load(&rs.stop);
         size_t arrived = take_pushed();
         uint64_t now = now_ns();
         if (arrived > 0)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         release_held(now);
+        release_cache(now, stopping);
         end_pass();
-        if (rs.tracked == 0 && atomic_load(&rs.stop) && queue_is_empty(&rs.queue))
+        if (rs.tracked == 0 && stopping && queue_is_empty(&rs.queue))
             break;
         wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);

@@ -32,11 +32,6 @@ void reclaimer_push(struct entry *e);
 /* Any thread, after a successful reclaimer_enter. */
 void reclaimer_leave(void);
 
-/* Any thread, between enter and leave.  A completed, held allocation of
- * exactly size class size_class on device, taken back from the release
- * policy (it is the caller's now), or NULL when there is none. */
-void *reclaimer_reuse(int device, int size_class);
-
 /* Any thread, between enter and leave: the configuration in force, and the
  * sticky error of a device (cudaSuccess if none; cudaErrorInvalidDevice for
  * a device the reclaimer does not know). */

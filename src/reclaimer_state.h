@@ -72,7 +72,7 @@ struct reclaimer_state {
     uint64_t next_seq;
     uint64_t tracked; /* entries taken in and not yet finished */
     struct request *flushes, *trims, *done_requests;
-    uint64_t pass_released, pass_demand_bytes;
+    uint64_t pass_released, pass_released_bytes;
     int current_device; /* -1: unknown */
     uint64_t last_activity_ns;
     uint32_t nap_us;

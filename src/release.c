@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "block_cache.h"
 #include "report.h"
 
 /* Free one pointer of e; report a failure with the pointer named. */
@@ -12,6 +13,9 @@ static cudaError_t release_pointer(const struct entry *e, void *ptr,
 {
     cudaError_t err;
     const char *call;
+    /* A block of the cache goes back to it: reusable by any stream now. */
+    if (e->kind != ENTRY_FREE_HOST && block_cache_adopt(ptr))
+        return cudaSuccess;
     if (e->kind == ENTRY_FREE_HOST) {
         err = cudaFreeHost(ptr);
         call = "cudaFreeHost";

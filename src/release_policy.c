@@ -10,7 +10,7 @@ bool policy_release_at_once(const struct defer_config *cfg,
                             const struct entry *e)
 {
     return cfg->policy == DEFER_POLICY_EAGER || e->kind == ENTRY_CALL ||
-           (e->held_bytes == 0 && e->pool);
+           e->cache_blocks || (e->held_bytes == 0 && e->pool);
 }
 
 static bool too_old(const struct defer_config *cfg, const struct entry *e,

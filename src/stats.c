@@ -75,6 +75,11 @@ void defer_stats_get(struct defer_stats *out)
     out->latency_max_us = read(&stats.latency_max_us);
     out->leaked_at_exit = read(&stats.leaked_at_exit);
     out->reused = read(&stats.reused);
+    out->reused_same_stream = read(&stats.reused_same_stream);
+    out->cache_bytes = read(&stats.cache_bytes);
+    out->cache_free_bytes = read(&stats.cache_free_bytes);
+    out->cache_mallocs = read(&stats.cache_mallocs);
+    out->cache_releases = read(&stats.cache_releases);
 }
 
 void stats_print(FILE *out)
@@ -90,11 +95,15 @@ void stats_print(FILE *out)
             " held %" PRIu64 " held_bytes %" PRIu64 " releases(idle %" PRIu64
             " cap %" PRIu64 " age %" PRIu64 " demand %" PRIu64
             ") latency_p50_us %" PRIu64 " latency_max_us %" PRIu64
-            " leaked_at_exit %" PRIu64 " reused %" PRIu64 "\n",
+            " leaked_at_exit %" PRIu64 " reused %" PRIu64
+            " reused_same_stream %" PRIu64 " cache_bytes %" PRIu64
+            " cache_free_bytes %" PRIu64 " cache_mallocs %" PRIu64
+            " cache_releases %" PRIu64 "\n",
             s.deferred, s.released, s.pending, s.failed, s.rejected,
             s.sync_releases, s.event_queries, s.wakeups, s.batches,
             s.largest_batch, s.events_created, s.events_in_pool, s.held,
             s.held_bytes, s.idle_releases, s.cap_releases, s.age_releases,
             s.demand_releases, s.latency_p50_us, s.latency_max_us,
-            s.leaked_at_exit, s.reused);
+            s.leaked_at_exit, s.reused, s.reused_same_stream, s.cache_bytes,
+            s.cache_free_bytes, s.cache_mallocs, s.cache_releases);
 }

@@ -32,6 +32,11 @@ struct stats {
     _Atomic uint64_t latency_max_us;
     _Atomic uint64_t leaked_at_exit;
     _Atomic uint64_t reused;
+    _Atomic uint64_t reused_same_stream;
+    _Atomic uint64_t cache_bytes;
+    _Atomic uint64_t cache_free_bytes;
+    _Atomic uint64_t cache_mallocs;
+    _Atomic uint64_t cache_releases;
     _Atomic uint64_t latency[LATENCY_BUCKETS];
 };
 
@@ -40,6 +45,11 @@ extern struct stats stats;
 static inline void stats_add(_Atomic uint64_t *counter, uint64_t n)
 {
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);
+}
+
+static inline void stats_sub(_Atomic uint64_t *counter, uint64_t n)
+{
+    atomic_fetch_sub_explicit(counter, n, memory_order_relaxed);
 }
 
 static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)

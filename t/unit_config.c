@@ -392,7 +392,8 @@ static void test_print(void)
            "cudefer: CUDEFER_DISABLE=0\n"
            "cudefer: CUDEFER_VERBOSE=0\n"
            "cudefer: CUDEFER_STATS=0\n"
-           "cudefer: CUDEFER_CHECK=0\n",
+           "cudefer: CUDEFER_CHECK=0\n"
+           "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n",
            "the defaults, one line per knob");
 
     /* Every value printed reads back the same through the environment. */
@@ -400,7 +401,7 @@ static void test_print(void)
         .poll_us = 7, .poll_max_us = 999, .idle_us = 0,
         .max_pending_bytes = (UINT64_C(3) << 30) + 4096, .max_delay_ms = 1,
         .policy = DEFER_POLICY_EAGER, .event_pool_max = 0, .disable = 1,
-        .verbose = 1, .print_stats = 1,
+        .verbose = 1, .print_stats = 1, .cache_keep_ms = 5,
     };
     text = printed(&odd);
     ok(strstr(text, "cudefer: CUDEFER_MAX_PENDING=3145732K\n") != NULL,
@@ -579,7 +580,8 @@ static void test_start(void)
            "cudefer: CUDEFER_DISABLE=0\n"
            "cudefer: CUDEFER_VERBOSE=1\n"
            "cudefer: CUDEFER_STATS=1\n"
-           "cudefer: CUDEFER_CHECK=0\n",
+           "cudefer: CUDEFER_CHECK=0\n"
+           "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n",
            "the invalid value reported, then (verbose) the values in force");
 
     /* A second start (the first one failed further on) settles nothing new. */

@@ -1,0 +1,222 @@
+/* The allocation calls: defer_alloc, defer_record_stream and PyTorch's
+ * pluggable-allocator entry points, over the block cache (block_cache.h):
+ * a block freed on a stream goes back to a request on that stream at once,
+ * to any stream once its work is done, and a miss is a cudaMalloc. */
+#include "block_cache.h"
+#include "block_map.h"
+#include "capture.h"
+#include "cudefer.h"
+#include "reclaimer.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_identity.h"
+
+/* cudaMalloc on device from any thread, restoring its current device. */
+static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
+{
+    int current;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err != cudaSuccess)
+        return err;
+    if (current != device && (err = cudaSetDevice(device)) != cudaSuccess)
+        return err;
+    err = cudaMalloc(ptr, bytes);
+    if (current != device) {
+        cudaError_t back = cudaSetDevice(current);
+        if (err == cudaSuccess && back != cudaSuccess) {
+            cudaFree(*ptr);
+            *ptr = NULL;
+            err = back;
+        }
+    }
+    if (err == cudaErrorMemoryAllocation)
+        cudaGetLastError(); /* not sticky: clear it for the caller */
+    return err;
+}
+
+/* A fresh block for a request of bytes: its rounded size; out of memory,
+ * everything cudefer holds is trimmed and the rounded size tried again, then
+ * the exact size (which may fit where the rounded one does not). */
+static cudaError_t malloc_block(int device, void **ptr, size_t bytes,
+                                size_t *size)
+{
+    *size = block_cache_round(bytes);
+    cudaError_t err = malloc_on(device, ptr, *size);
+    if (err != cudaErrorMemoryAllocation)
+        return err;
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    if ((err = malloc_on(device, ptr, *size)) != cudaErrorMemoryAllocation)
+        return err;
+    *size = (bytes + 511) & ~(size_t)511;
+    return malloc_on(device, ptr, *size);
+}
+
+/* A refusal of an allocation call: counted, reported. */
+static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
+                          const char *detail)
+{
+    stats_add(&stats.rejected, 1);
+    report_cuda(what, call, err, detail);
+    return err;
+}
+
+/* defer_alloc, admitted: the cache, else cudaMalloc. */
+static cudaError_t alloc_admitted(void **ptr, size_t bytes,
+                                  cudaStream_t stream, int *device)
+{
+    /* cudaStreamGetDevice would invalidate a capture, and cudaMalloc is
+     * refused in the default capture mode: refuse before either. */
+    bool capturing = false;
+    const char *call = NULL;
+    cudaError_t err = capture_status(&stream, 1, &capturing, &call);
+    if (err != cudaSuccess)
+        return refuse("defer_alloc", call, err, "");
+    if (capturing)
+        return refuse("defer_alloc", "the stream", cudaErrorStreamCaptureUnsupported,
+                      ": it is being captured into a graph; allocate before "
+                      "the capture begins (the capture is left intact)");
+    unsigned long long id;
+    bool cached;
+    if ((err = stream_identify(stream, device, &id, &cached, &call)) != cudaSuccess)
+        return refuse("defer_alloc", call, err, "");
+    if ((err = reclaimer_device_error(*device)) != cudaSuccess)
+        return refuse("defer_alloc", "an earlier CUDA call on this device", err,
+                      "");
+    size_t size;
+    *ptr = block_cache_take(*device, id, bytes, &size);
+    return cudaSuccess;
+}
+
+cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+{
+    if (ptr == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_alloc: ptr is NULL: refused");
+        return cudaErrorInvalidValue;
+    }
+    *ptr = NULL;
+    if (bytes == 0)
+        return cudaSuccess; /* like cudaMalloc: nothing to allocate */
+    cudaError_t err = reclaimer_enter("defer_alloc");
+    if (err != cudaSuccess)
+        return err;
+    int device = -1;
+    err = alloc_admitted(ptr, bytes, stream, &device);
+    reclaimer_leave(); /* a trim below must not wait behind our admission */
+    if (err != cudaSuccess || *ptr != NULL)
+        return err;
+    size_t size;
+    if ((err = malloc_block(device, ptr, bytes, &size)) != cudaSuccess) {
+        if (err == cudaErrorMemoryAllocation)
+            stats_add(&stats.rejected, 1); /* the caller sees it: no report */
+        return err;
+    }
+    stats_add(&stats.cache_mallocs, 1);
+    /* Filed only while admitted: a shutdown may have come meanwhile.  A
+     * block that cannot be filed is plain cudaMalloc memory: defer_free
+     * releases it like any other. */
+    if (reclaimer_enter("defer_alloc") != cudaSuccess)
+        return cudaSuccess;
+    if (!block_cache_add(device, *ptr, size))
+        report("defer_alloc: out of memory for the record of %p: it is "
+               "released when freed, never reused", *ptr);
+    reclaimer_leave();
+    return cudaSuccess;
+}
+
+cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
+{
+    if (ptr == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_record_stream: ptr is NULL: refused");
+        return cudaErrorInvalidValue;
+    }
+    if (stream == cudaStreamPerThread) {
+        stats_add(&stats.rejected, 1);
+        report("defer_record_stream: cudaStreamPerThread names a different "
+               "stream on each thread, so the thread that frees %p could not "
+               "wait for it: refused (record a created stream)", ptr);
+        return cudaErrorInvalidValue;
+    }
+    cudaError_t err = reclaimer_enter("defer_record_stream");
+    if (err != cudaSuccess)
+        return err;
+    int device;
+    unsigned long long id;
+    bool cached, capturing = false;
+    const char *call = NULL;
+    if ((err = capture_status(&stream, 1, &capturing, &call)) == cudaSuccess &&
+        !capturing)
+        err = stream_identify(stream, &device, &id, &cached, &call);
+    if (err != cudaSuccess)
+        refuse("defer_record_stream", call, err, "; nothing recorded");
+    else if (capturing)
+        err = refuse("defer_record_stream", "the stream",
+                     cudaErrorStreamCaptureUnsupported,
+                     ": it is being captured into a graph; nothing recorded");
+    else if ((err = block_cache_record_stream(ptr, stream, id)) != cudaSuccess)
+        stats_add(&stats.rejected, 1);
+    reclaimer_leave();
+    return err;
+}
+
+/* Make device current for a call on a special stream handle (which means
+ * the current device's stream); *previous gets the device to go back to, or
+ * -1 when nothing changed. */
+static cudaError_t enter_device(int device, cudaStream_t stream,
+                                int *previous)
+{
+    *previous = -1;
+    if (!stream_is_special(stream))
+        return cudaSuccess;
+    int current;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err == cudaSuccess && current != device &&
+        (err = cudaSetDevice(device)) == cudaSuccess)
+        *previous = current;
+    return err;
+}
+
+static void leave_device(int previous)
+{
+    if (previous >= 0)
+        cudaSetDevice(previous);
+}
+
+void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
+{
+    int previous;
+    cudaError_t err = enter_device(device, stream, &previous);
+    if (err != cudaSuccess) {
+        report_cuda("defer_pluggable_alloc", "cudaSetDevice", err,
+                    "; returning NULL");
+        return NULL;
+    }
+    void *ptr = NULL;
+    err = defer_alloc(&ptr, size, stream);
+    leave_device(previous);
+    return err == cudaSuccess ? ptr : NULL;
+}
+
+void defer_pluggable_free(void *ptr, size_t size, int device,
+                          cudaStream_t stream)
+{
+    if (ptr == NULL)
+        return;
+    struct cache_block *b = block_cache_active() ? block_map_find(ptr) : NULL;
+    if (b != NULL && (b->size < size || b->device != device))
+        report("defer_pluggable_free: %p is a block of %zu bytes on device "
+               "%d, freed as %zu bytes on device %d: freed all the same",
+               ptr, b->size, b->device, size, device);
+    int previous;
+    cudaError_t err = enter_device(device, stream, &previous);
+    if (err == cudaSuccess)
+        err = defer_free(ptr, stream);
+    else
+        report_cuda("defer_pluggable_free", "cudaSetDevice", err, "");
+    leave_device(previous);
+    if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
+        report("defer_pluggable_free: %p could not be freed: it stays "
+               "allocated", ptr);
+}

@@ -1,0 +1,564 @@
+/* Block cache: size classes, per-stream and per-device bins, hand-out and
+ * return of blocks (see the header). */
+#include "block_cache.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "block_map.h"
+#include "report.h"
+#include "stats.h"
+
+/* ---- size classes ------------------------------------------------------- */
+
+#define MIN_SHIFT 9  /* 512 bytes: the smallest block */
+#define MAX_SHIFT 40 /* classes up to 2^40 bytes */
+#define STEPS 16     /* classes per power of two */
+#define OVERFLOW_BIN ((MAX_SHIFT - MIN_SHIFT) * STEPS + 1)
+#define NBINS (OVERFLOW_BIN + 1)
+#define NWORDS ((NBINS + 63) / 64)
+#define MIN_BLOCK ((size_t)1 << MIN_SHIFT)
+
+/* The smallest class of at least bytes, and its size in *class_bytes; the
+ * overflow bin (bytes rounded to 512) above 2^40. */
+static int class_of(size_t bytes, size_t *class_bytes)
+{
+    if (bytes <= MIN_BLOCK) {
+        *class_bytes = MIN_BLOCK;
+        return 0;
+    }
+    if (bytes > ((size_t)1 << MAX_SHIFT)) {
+        *class_bytes = (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+        return OVERFLOW_BIN;
+    }
+    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
+    size_t base = (size_t)1 << k, step_bytes = base / STEPS;
+    size_t step = (bytes - base + step_bytes - 1) / step_bytes; /* 1..STEPS */
+    *class_bytes = base + step * step_bytes;
+    return (k - MIN_SHIFT) * STEPS + (int)step;
+}
+
+/* The bin a block of size bytes (>= 512) is filed in: the largest class not
+ * above its size, so every block in a bin above a request's is big enough. */
+static int bin_of(size_t bytes)
+{
+    size_t class_bytes;
+    int c = class_of(bytes, &class_bytes);
+    return class_bytes > bytes && c != OVERFLOW_BIN ? c - 1 : c;
+}
+
+size_t block_cache_round(size_t bytes)
+{
+    size_t class_bytes;
+    class_of(bytes, &class_bytes);
+    return class_bytes;
+}
+
+/* ---- bins --------------------------------------------------------------- */
+
+struct bins {
+    struct cache_block *head[NBINS]; /* newest first */
+    uint64_t nonempty[NWORDS];
+    uint64_t count;
+};
+
+/* The blocks PENDING on one stream of a device. */
+struct stream_bins {
+    unsigned long long stream_id;
+    struct stream_bins *next;
+    struct bins bins;
+};
+
+#define STREAM_BUCKETS 64
+#define MAX_SPARE 4
+
+struct device_cache {
+    pthread_mutex_t lock;
+    struct bins free;                             /* FREE blocks */
+    struct stream_bins *streams[STREAM_BUCKETS]; /* streams with PENDING */
+    struct stream_bins *spare;                    /* emptied, for reuse */
+    int nspare;
+    struct cache_block *lru_head, *lru_tail; /* FREE, oldest first */
+};
+
+static struct device_cache *caches;
+static int ncaches;
+static _Atomic bool active;
+static _Atomic uint64_t next_handout = 1;
+
+static void bins_push(struct bins *s, struct cache_block *b)
+{
+    b->prev = NULL;
+    b->next = s->head[b->bin];
+    if (b->next != NULL)
+        b->next->prev = b;
+    s->head[b->bin] = b;
+    s->nonempty[b->bin / 64] |= UINT64_C(1) << (b->bin % 64);
+    s->count++;
+}
+
+static void bins_unlink(struct bins *s, struct cache_block *b)
+{
+    if (b->prev != NULL)
+        b->prev->next = b->next;
+    else if ((s->head[b->bin] = b->next) == NULL)
+        s->nonempty[b->bin / 64] &= ~(UINT64_C(1) << (b->bin % 64));
+    if (b->next != NULL)
+        b->next->prev = b->prev;
+    b->prev = b->next = NULL;
+    s->count--;
+}
+
+/* The first non-empty bin of s in [lo, hi], or -1. */
+static int bins_next(const struct bins *s, int lo, int hi)
+{
+    for (int w = lo / 64; w <= hi / 64; w++) {
+        uint64_t bits = s->nonempty[w];
+        if (w == lo / 64)
+            bits &= ~UINT64_C(0) << (lo % 64);
+        if (bits != 0) {
+            int bin = w * 64 + __builtin_ctzll(bits);
+            return bin <= hi ? bin : -1;
+        }
+    }
+    return -1;
+}
+
+/* A block of bin bin of s with min <= size <= max, or NULL. */
+static struct cache_block *bins_fit(const struct bins *s, int bin, size_t min,
+                                    size_t max)
+{
+    for (struct cache_block *b = s->head[bin]; b != NULL; b = b->next)
+        if (b->size >= min && b->size <= max)
+            return b;
+    return NULL;
+}
+
+/* ---- per-device state --------------------------------------------------- */
+
+static struct device_cache *cache_of(int device)
+{
+    return &caches[device];
+}
+
+static struct stream_bins **stream_slot(struct device_cache *c,
+                                        unsigned long long id)
+{
+    struct stream_bins **link = &c->streams[id % STREAM_BUCKETS];
+    while (*link != NULL && (*link)->stream_id != id)
+        link = &(*link)->next;
+    return link;
+}
+
+/* Lock held.  The bins of stream id, made if needed; NULL when out of
+ * memory. */
+static struct stream_bins *stream_bins_get(struct device_cache *c,
+                                           unsigned long long id)
+{
+    struct stream_bins **link = stream_slot(c, id);
+    if (*link != NULL)
+        return *link;
+    struct stream_bins *s = c->spare;
+    if (s != NULL) {
+        c->spare = s->next;
+        c->nspare--;
+    } else if ((s = calloc(1, sizeof *s)) == NULL) {
+        return NULL;
+    }
+    s->stream_id = id;
+    s->next = NULL;
+    *link = s;
+    return s;
+}
+
+/* Lock held.  Unlinks PENDING b from its stream's bins; an emptied stream
+ * leaves the table. */
+static void stream_unlink(struct device_cache *c, struct cache_block *b)
+{
+    struct stream_bins *s = b->stream;
+    b->stream = NULL;
+    if (s == NULL)
+        return;
+    bins_unlink(&s->bins, b);
+    if (s->bins.count > 0)
+        return;
+    *stream_slot(c, s->stream_id) = s->next;
+    if (c->nspare < MAX_SPARE) {
+        s->next = c->spare;
+        c->spare = s;
+        c->nspare++;
+    } else {
+        free(s);
+    }
+}
+
+static void lru_unlink(struct device_cache *c, struct cache_block *b)
+{
+    if (b->lru_prev != NULL)
+        b->lru_prev->lru_next = b->lru_next;
+    else
+        c->lru_head = b->lru_next;
+    if (b->lru_next != NULL)
+        b->lru_next->lru_prev = b->lru_prev;
+    else
+        c->lru_tail = b->lru_prev;
+    b->lru_prev = b->lru_next = NULL;
+}
+
+/* Lock held.  b's work is done: FREE, filed for any stream. */
+static void make_free(struct device_cache *c, struct cache_block *b,
+                      uint64_t now_ns)
+{
+    if (b->state == BLOCK_PENDING)
+        stream_unlink(c, b);
+    else /* LIVE: it was the application's until now */
+        stats_add(&stats.cache_free_bytes, b->size);
+    b->state = BLOCK_FREE;
+    b->nrecorded = 0;
+    b->freed_ns = now_ns;
+    bins_push(&c->free, b);
+    b->lru_next = NULL;
+    b->lru_prev = c->lru_tail;
+    if (c->lru_tail != NULL)
+        c->lru_tail->lru_next = b;
+    else
+        c->lru_head = b;
+    c->lru_tail = b;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+bool block_cache_init(int ndevices)
+{
+    caches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *caches);
+    if (caches == NULL)
+        return false;
+    for (int d = 0; d < ndevices; d++)
+        pthread_mutex_init(&caches[d].lock, NULL);
+    ncaches = ndevices;
+    return true;
+}
+
+static void forget_all_records(void)
+{
+    block_map_clear(block_cache_forget);
+    for (int d = 0; d < ncaches; d++) {
+        struct device_cache *c = &caches[d];
+        for (int i = 0; i < STREAM_BUCKETS; i++)
+            for (struct stream_bins *s = c->streams[i], *next; s; s = next) {
+                next = s->next;
+                free(s);
+            }
+        for (struct stream_bins *s = c->spare, *next; s; s = next) {
+            next = s->next;
+            free(s);
+        }
+        pthread_mutex_destroy(&c->lock);
+    }
+    free(caches);
+    caches = NULL;
+    ncaches = 0;
+    atomic_store(&active, false);
+}
+
+void block_cache_destroy(void)
+{
+    forget_all_records();
+}
+
+void block_cache_fork_child(void)
+{
+    /* The child has no CUDA: its records are of no use.  Other threads may
+     * have held the locks at the fork, so nothing here takes one. */
+    block_map_reset();
+    caches = NULL; /* the parent's records stay allocated in the child */
+    ncaches = 0;
+    atomic_store(&active, false);
+}
+
+bool block_cache_active(void)
+{
+    return atomic_load_explicit(&active, memory_order_acquire);
+}
+
+/* ---- the launching threads ---------------------------------------------- */
+
+void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
+                       size_t *size)
+{
+    if (device < 0 || device >= ncaches || !block_cache_active())
+        return NULL;
+    /* At most 1/8 above what a fresh block for the request would get. */
+    size_t min = bytes < MIN_BLOCK ? MIN_BLOCK : bytes;
+    size_t fresh = block_cache_round(min), max = fresh + fresh / 8, max_class;
+    int lo = bin_of(min), hi = class_of(max, &max_class);
+    struct device_cache *c = cache_of(device);
+    pthread_mutex_lock(&c->lock);
+    struct stream_bins *own = *stream_slot(c, stream_id);
+    struct cache_block *b = NULL;
+    /* Size for size, the stream's own pending block first: it keeps the
+     * stream's memory warm and leaves FREE blocks for other streams. */
+    for (int bin = lo; b == NULL && bin <= hi; bin++) {
+        int next_own = own != NULL ? bins_next(&own->bins, bin, hi) : -1;
+        int next_free = bins_next(&c->free, bin, hi);
+        if (next_own < 0 && next_free < 0)
+            break;
+        bin = next_own < 0 ? next_free
+              : next_free < 0 ? next_own
+              : next_own < next_free ? next_own : next_free;
+        if (own != NULL && (b = bins_fit(&own->bins, bin, min, max)) != NULL)
+            break;
+        b = bins_fit(&c->free, bin, min, max);
+    }
+    if (b != NULL) {
+        bool same_stream = b->state == BLOCK_PENDING;
+        if (same_stream) {
+            stream_unlink(c, b);
+        } else {
+            bins_unlink(&c->free, b);
+            lru_unlink(c, b);
+        }
+        b->state = BLOCK_LIVE;
+        b->nrecorded = 0;
+        b->handout = atomic_fetch_add(&next_handout, 1);
+        *size = b->size;
+        stats_sub(&stats.cache_free_bytes, b->size);
+        stats_add(&stats.reused, 1);
+        if (same_stream)
+            stats_add(&stats.reused_same_stream, 1);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return b != NULL ? b->ptr : NULL;
+}
+
+/* A record found under a fresh block's address: its memory was freed with
+ * cudaFree behind cudefer's back.  Drop it from every list. */
+static void drop_stale(struct cache_block *stale)
+{
+    report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
+           "as its block of %zu bytes: that block was freed with cudaFree "
+           "instead of defer_free; its record is dropped", stale->ptr,
+           stale->size);
+    struct device_cache *c = cache_of(stale->device);
+    pthread_mutex_lock(&c->lock);
+    if (stale->state == BLOCK_PENDING) {
+        stream_unlink(c, stale);
+    } else if (stale->state == BLOCK_FREE) {
+        bins_unlink(&c->free, stale);
+        lru_unlink(c, stale);
+    }
+    if (stale->state != BLOCK_LIVE)
+        stats_sub(&stats.cache_free_bytes, stale->size);
+    stats_sub(&stats.cache_bytes, stale->size);
+    bool named = stale->events > 0;
+    stale->state = BLOCK_LIVE;
+    stale->handout = 0; /* no entry's hand-out matches it any more */
+    pthread_mutex_unlock(&c->lock);
+    if (!named) /* else an entry still points to it: a small leak */
+        block_cache_forget(stale);
+}
+
+bool block_cache_add(int device, void *ptr, size_t size)
+{
+    if (device < 0 || device >= ncaches)
+        return false;
+    struct cache_block *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return false;
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    b->bin = bin_of(size);
+    b->state = BLOCK_LIVE;
+    b->handout = atomic_fetch_add(&next_handout, 1);
+    struct cache_block *stale = NULL;
+    if (!block_map_insert(b, &stale)) {
+        free(b);
+        return false;
+    }
+    if (stale != NULL)
+        drop_stale(stale);
+    stats_add(&stats.cache_bytes, size);
+    atomic_store_explicit(&active, true, memory_order_release);
+    return true;
+}
+
+void block_cache_plan_free(void *ptr, int stream_device,
+                           unsigned long long stream_id,
+                           struct block_free_plan *plan)
+{
+    plan->path = BLOCK_NOT_OURS;
+    plan->block = NULL;
+    plan->nstreams = 0;
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    plan->block = b;
+    plan->handout = b->handout;
+    if (b->state != BLOCK_LIVE) {
+        plan->path = BLOCK_NOT_LIVE;
+    } else {
+        plan->nstreams = 1; /* streams[0]: the caller's */
+        for (uint32_t i = 0; i < b->nrecorded; i++)
+            if (b->recorded_ids[i] != stream_id)
+                plan->streams[plan->nstreams++] = b->recorded[i];
+    }
+    if (plan->path == BLOCK_NOT_LIVE) {
+        /* said */
+    } else if (plan->nstreams > 1) {
+        plan->path = BLOCK_AFTER_STREAMS;
+    } else {
+        plan->path = b->device == stream_device ? BLOCK_STREAM_ORDERED
+                                                : BLOCK_AFTER_EVENT;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool block_cache_park(const struct block_free_plan *plan,
+                      unsigned long long stream_id)
+{
+    struct cache_block *b = plan->block;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    bool mine = b->state == BLOCK_LIVE && b->handout == plan->handout;
+    if (mine) {
+        b->state = BLOCK_PENDING;
+        b->events++;
+        /* Without bins for the stream (out of memory) it waits for its
+         * event like any other block. */
+        struct stream_bins *s = stream_bins_get(c, stream_id);
+        b->stream = s;
+        if (s != NULL)
+            bins_push(&s->bins, b);
+        stats_add(&stats.cache_free_bytes, b->size);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return mine;
+}
+
+cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
+                                      unsigned long long stream_id)
+{
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return cudaErrorInvalidValue;
+    struct device_cache *c = cache_of(b->device);
+    cudaError_t err = cudaSuccess;
+    pthread_mutex_lock(&c->lock);
+    bool known = false;
+    for (uint32_t i = 0; i < b->nrecorded && !known; i++)
+        known = b->recorded_ids[i] == stream_id;
+    if (b->state != BLOCK_LIVE) {
+        err = cudaErrorInvalidValue;
+    } else if (known) {
+        /* once is enough */
+    } else if (b->nrecorded == BLOCK_MAX_RECORDED) {
+        err = cudaErrorInvalidValue;
+    } else {
+        /* Arrays of the largest size at once: a block rarely has any. */
+        if (b->recorded == NULL) {
+            b->recorded = malloc(BLOCK_MAX_RECORDED * sizeof *b->recorded);
+            b->recorded_ids = malloc(BLOCK_MAX_RECORDED *
+                                     sizeof *b->recorded_ids);
+        }
+        if (b->recorded == NULL || b->recorded_ids == NULL) {
+            err = cudaErrorMemoryAllocation;
+        } else {
+            b->recorded[b->nrecorded] = stream;
+            b->recorded_ids[b->nrecorded++] = stream_id;
+        }
+    }
+    bool full = b->nrecorded == BLOCK_MAX_RECORDED && !known;
+    pthread_mutex_unlock(&c->lock);
+    if (err == cudaErrorInvalidValue)
+        report("defer_record_stream: %p %s: nothing recorded", ptr,
+               full ? "is already recorded on 63 streams (the most)"
+                    : "is no live block of cudefer's (already freed?)");
+    return err;
+}
+
+/* ---- the reclaimer ------------------------------------------------------ */
+
+void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
+                            uint64_t now_ns)
+{
+    (void)ok; /* a failed device's blocks are never handed out again: its
+                 defer_alloc calls fail first */
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    b->events--;
+    if (b->state == BLOCK_PENDING && b->handout == handout)
+        make_free(c, b, now_ns);
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool block_cache_adopt(void *ptr)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (!block_cache_active())
+        return false;
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return false;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    bool live = b->state == BLOCK_LIVE;
+    if (live)
+        make_free(c, b, now_ns);
+    pthread_mutex_unlock(&c->lock);
+    if (!live)
+        report("release: %p (device %d) is a block of cudefer's that was "
+               "already free: freed twice; the second free is ignored", ptr,
+               b->device);
+    return true;
+}
+
+size_t block_cache_collect(int device, uint64_t freed_before_ns,
+                           struct cache_block **out, size_t max)
+{
+    if (device < 0 || device >= ncaches)
+        return 0;
+    struct device_cache *c = cache_of(device);
+    size_t n = 0;
+    pthread_mutex_lock(&c->lock);
+    struct cache_block *b = c->lru_head;
+    while (b != NULL && n < max && b->freed_ns <= freed_before_ns) {
+        struct cache_block *next = b->lru_next;
+        if (b->events == 0) { /* else an old entry still names it */
+            bins_unlink(&c->free, b);
+            lru_unlink(c, b);
+            block_map_remove(b);
+            stats_sub(&stats.cache_free_bytes, b->size);
+            stats_sub(&stats.cache_bytes, b->size);
+            out[n++] = b;
+        }
+        b = next;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+void block_cache_forget(struct cache_block *b)
+{
+    free(b->recorded);
+    free(b->recorded_ids);
+    free(b);
+}
+
+uint64_t block_cache_oldest_free_ns(int device)
+{
+    if (device < 0 || device >= ncaches)
+        return UINT64_MAX;
+    struct device_cache *c = cache_of(device);
+    pthread_mutex_lock(&c->lock);
+    uint64_t t = c->lru_head != NULL ? c->lru_head->freed_ns : UINT64_MAX;
+    pthread_mutex_unlock(&c->lock);
+    return t;
+}

@@ -1,0 +1,148 @@
+/*
+ * Block cache: the device memory defer_alloc hands out, and what comes back.
+ *
+ * Every block is one cudaMalloc allocation of cudefer's own, known by its
+ * start address (block_map.h), its device and its size.  A block is
+ *   LIVE     the application's (handed out, not yet freed);
+ *   PENDING  freed with defer_free on stream S, its event not yet seen
+ *            complete: reusable at once, but only by a request on S — work
+ *            enqueued later on S runs after the work that used it (the rule
+ *            cudaMallocAsync pools and PyTorch's caching allocator follow);
+ *   FREE     its work is done: reusable by any stream of its device.
+ * A FREE block that nobody took for cache_keep_ms is released (cudaFree, on
+ * the reclaimer thread), as is every FREE block on defer_trim and shutdown.
+ *
+ * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
+ * classes per power of two (at most 6.25 % more), from 512 bytes; a request
+ * takes the smallest cached block of at least n bytes and at most 1/8
+ * above that rounded size, preferring, size for size, one pending on its
+ * own stream.
+ *
+ * Who calls what: the launching threads take, add and park blocks and record
+ * streams; the reclaimer completes, adopts and collects them (adopt also on
+ * a thread that releases synchronously).  One mutex per device guards its
+ * lists; no CUDA call is ever made under it.
+ */
+#ifndef CUDEFER_BLOCK_CACHE_H
+#define CUDEFER_BLOCK_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+/* A block may be recorded on this many streams besides the one it is freed
+ * on (defer_free_streams takes at most 64). */
+#define BLOCK_MAX_RECORDED 63
+
+enum block_state { BLOCK_LIVE, BLOCK_PENDING, BLOCK_FREE };
+
+struct stream_bins;
+
+struct cache_block {
+    void *ptr;
+    size_t size;
+    int device;
+    int bin;
+    enum block_state state;
+    uint64_t handout;           /* unique per hand-out: names the owner */
+    uint32_t events;            /* reclaimer entries naming this block */
+    struct stream_bins *stream; /* PENDING: the stream it may go to now */
+    uint64_t freed_ns;          /* FREE: when its work was seen done */
+    struct cache_block *prev, *next;         /* its bin */
+    struct cache_block *lru_prev, *lru_next; /* FREE: oldest first */
+    struct cache_block *map_next;            /* block_map.c */
+    uint32_t nrecorded;                      /* defer_record_stream */
+    cudaStream_t *recorded;
+    unsigned long long *recorded_ids;
+};
+
+/* How defer_free must treat a pointer (block_cache_plan_free). */
+enum block_free_path {
+    BLOCK_NOT_OURS,       /* not a block: the ordinary release */
+    BLOCK_NOT_LIVE,       /* a block already freed: refuse (reported) */
+    BLOCK_STREAM_ORDERED, /* record an event, park, push an ENTRY_BLOCK */
+    BLOCK_AFTER_EVENT,    /* another device's stream: the ordinary entry,
+                             adopted back when its event completed */
+    BLOCK_AFTER_STREAMS,  /* recorded streams: a group over plan->streams */
+};
+
+struct block_free_plan {
+    enum block_free_path path;
+    struct cache_block *block;
+    uint64_t handout;
+    size_t nstreams; /* AFTER_STREAMS: the free's stream, then the recorded */
+    cudaStream_t streams[BLOCK_MAX_RECORDED + 1];
+};
+
+/* Lifecycle, under the library's start/shutdown lock: make the per-device
+ * state (false when out of memory); forget every record after the reclaimer
+ * released what it could (LIVE blocks stay the application's memory); in a
+ * fork child, forget everything without touching the locks' owners. */
+bool block_cache_init(int ndevices);
+void block_cache_destroy(void);
+void block_cache_fork_child(void);
+
+/* Any thread: true once a block was ever made (defer_free skips the lookup
+ * until then). */
+bool block_cache_active(void);
+
+/* Any thread: the size a new block for a request of bytes gets. */
+size_t block_cache_round(size_t bytes);
+
+/* Any thread.  Takes a reusable block of at least bytes for a request on
+ * stream stream_id of device; LIVE now.  Its pointer (and *size its size),
+ * or NULL when none fits.  Never blocks but on the device's mutex. */
+void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
+                       size_t *size);
+
+/* Any thread.  Files a block fresh from cudaMalloc as LIVE; false when no
+ * record could be allocated (the caller keeps plain cudaMalloc memory). */
+bool block_cache_add(int device, void *ptr, size_t size);
+
+/* Any thread, the block's owner.  Decides how defer_free(ptr) on stream
+ * stream_id of stream_device goes (see enum block_free_path); streams
+ * recorded that are stream_id itself do not count.  Never blocks. */
+void block_cache_plan_free(void *ptr, int stream_device,
+                           unsigned long long stream_id,
+                           struct block_free_plan *plan);
+
+/* Any thread, after the event of a BLOCK_STREAM_ORDERED plan was recorded:
+ * the block becomes PENDING on stream_id and one reclaimer entry names it.
+ * False (nothing changed) when the block was freed meanwhile by another
+ * thread (reported: a double free). */
+bool block_cache_park(const struct block_free_plan *plan,
+                      unsigned long long stream_id);
+
+/* Reclaimer.  The event of an entry naming block (for hand-out handout)
+ * completed (ok) or never will: a PENDING block of that hand-out is FREE
+ * from now. */
+void block_cache_event_done(struct cache_block *block, uint64_t handout,
+                            bool ok, uint64_t now_ns);
+
+/* Any thread releasing a pointer whose work is done (reclaimer, or a
+ * synchronous release).  True when ptr is a block: it is FREE now (or was
+ * already free: reported), and must not be cudaFree'd. */
+bool block_cache_adopt(void *ptr);
+
+/* Any thread, the block's owner.  Records stream (its handle and id) as a
+ * user of the LIVE block at ptr.  cudaSuccess (also when already recorded,
+ * or when stream is the only one), cudaErrorInvalidValue when ptr is no
+ * live block or it has BLOCK_MAX_RECORDED streams (reported),
+ * cudaErrorMemoryAllocation. */
+cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
+                                      unsigned long long stream_id);
+
+/* Reclaimer.  Removes up to max FREE blocks of device that became free at or
+ * before freed_before_ns (UINT64_MAX: all), oldest first, into out; the
+ * caller cudaFree's each and gives it to block_cache_forget.  Returns how
+ * many. */
+size_t block_cache_collect(int device, uint64_t freed_before_ns,
+                           struct cache_block **out, size_t max);
+void block_cache_forget(struct cache_block *block);
+
+/* Reclaimer.  When the oldest FREE block of device became free
+ * (UINT64_MAX: none). */
+uint64_t block_cache_oldest_free_ns(int device);
+
+#endif

@@ -1,0 +1,141 @@
+/* Block map: a hash of chained records, sharded by address (see the
+ * header). */
+#include "block_map.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_cache.h"
+
+#define SHARDS 64
+
+struct shard {
+    pthread_mutex_t lock;
+    struct cache_block **buckets;
+    size_t nbuckets, count;
+};
+
+static struct shard shards[SHARDS] = {
+#define S {.lock = PTHREAD_MUTEX_INITIALIZER}
+    S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S,
+    S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S,
+    S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S, S,
+#undef S
+};
+
+/* Blocks start at 512-byte boundaries at least: the low bits say nothing. */
+static uint64_t hash_of(const void *ptr)
+{
+    uint64_t h = (uint64_t)(uintptr_t)ptr >> 9;
+    h ^= h >> 29;
+    h *= UINT64_C(0xbf58476d1ce4e5b9);
+    return h ^ (h >> 32);
+}
+
+static struct shard *shard_of(uint64_t h)
+{
+    return &shards[h % SHARDS];
+}
+
+/* Shard lock held.  Doubles the buckets; false when out of memory. */
+static bool grow(struct shard *s)
+{
+    size_t n = s->nbuckets ? s->nbuckets * 2 : 64;
+    struct cache_block **b = calloc(n, sizeof *b);
+    if (b == NULL)
+        return false;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        for (struct cache_block *x = s->buckets[i], *next; x != NULL; x = next) {
+            next = x->map_next;
+            size_t j = (hash_of(x->ptr) / SHARDS) % n;
+            x->map_next = b[j];
+            b[j] = x;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = n;
+    return true;
+}
+
+static struct cache_block **slot_of(struct shard *s, uint64_t h,
+                                    const void *ptr)
+{
+    struct cache_block **link = &s->buckets[(h / SHARDS) % s->nbuckets];
+    while (*link != NULL && (*link)->ptr != ptr)
+        link = &(*link)->map_next;
+    return link;
+}
+
+struct cache_block *block_map_find(const void *ptr)
+{
+    uint64_t h = hash_of(ptr);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    struct cache_block *b = s->nbuckets ? *slot_of(s, h, ptr) : NULL;
+    pthread_mutex_unlock(&s->lock);
+    return b;
+}
+
+bool block_map_insert(struct cache_block *b, struct cache_block **stale)
+{
+    uint64_t h = hash_of(b->ptr);
+    struct shard *s = shard_of(h);
+    *stale = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->count >= s->nbuckets && !grow(s) && s->nbuckets == 0) {
+        pthread_mutex_unlock(&s->lock);
+        return false;
+    }
+    struct cache_block **link = slot_of(s, h, b->ptr);
+    if (*link != NULL) {
+        *stale = *link;
+        b->map_next = (*link)->map_next;
+        s->count--;
+    } else {
+        b->map_next = NULL;
+    }
+    *link = b;
+    s->count++;
+    pthread_mutex_unlock(&s->lock);
+    return true;
+}
+
+void block_map_remove(struct cache_block *b)
+{
+    uint64_t h = hash_of(b->ptr);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    struct cache_block **link = s->nbuckets ? slot_of(s, h, b->ptr) : NULL;
+    if (link != NULL && *link == b) {
+        *link = b->map_next;
+        s->count--;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void block_map_clear(void (*dispose)(struct cache_block *b))
+{
+    for (int i = 0; i < SHARDS; i++) {
+        struct shard *s = &shards[i];
+        for (size_t j = 0; j < s->nbuckets; j++)
+            for (struct cache_block *x = s->buckets[j], *next; x; x = next) {
+                next = x->map_next;
+                dispose(x);
+            }
+        free(s->buckets);
+        s->buckets = NULL;
+        s->nbuckets = s->count = 0;
+    }
+}
+
+void block_map_reset(void)
+{
+    for (int i = 0; i < SHARDS; i++) {
+        pthread_mutex_init(&shards[i].lock, NULL);
+        free(shards[i].buckets);
+        shards[i].buckets = NULL;
+        shards[i].nbuckets = shards[i].count = 0;
+    }
+}

@@ -1,0 +1,237 @@
+/* The block cache on its own (no reclaimer): size classes and fit, the
+ * states LIVE -> PENDING (reusable on its stream only) -> FREE (any stream),
+ * stale hand-outs, recorded streams, double frees, expiry, accounting. */
+#include <stdint.h>
+#include <string.h>
+
+#include "block_cache.h"
+#include "block_map.h"
+#include "helpers.h"
+
+/* Made-up addresses: the cache never dereferences them. */
+#define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
+
+static void test_rounding(void)
+{
+    static const struct {
+        size_t bytes, rounded;
+    } cases[] = {
+        {1, 512},
+        {512, 512},
+        {513, 544},
+        {1000, 1024},
+        {1025, 1088},
+        {(size_t)1 << 20, (size_t)1 << 20},
+        {((size_t)1 << 20) + 1, ((size_t)1 << 20) + 65536},
+        {((size_t)1 << 40) + 1, ((size_t)1 << 40) + 512},
+    };
+    int good = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t r = block_cache_round(cases[i].bytes);
+        if (r != cases[i].rounded) {
+            diag("round(%zu) = %zu; want %zu", cases[i].bytes, r,
+                 cases[i].rounded);
+            good = 0;
+        }
+    }
+    ok(good, "rounding: 16 classes per power of two from 512 bytes; above "
+             "2^40 to 512 bytes");
+    int within = 1;
+    for (size_t n = 513; n < (1u << 22); n = n * 3 / 2 + 7) {
+        size_t r = block_cache_round(n);
+        within &= r >= n && r - n <= n / 16;
+    }
+    ok(within, "a rounded request wastes at most 1/16");
+}
+
+/* Free b (ptr p) on stream id of device 0 the stream-ordered way; returns
+ * the hand-out its entry would name. */
+static uint64_t free_on(void *p, unsigned long long id)
+{
+    struct block_free_plan plan;
+    block_cache_plan_free(p, 0, id, &plan);
+    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id)) {
+        diag("free_on(%p, %llu): path %d", p, id, (int)plan.path);
+        return 0;
+    }
+    return plan.handout;
+}
+
+static void test_stream_order(void)
+{
+    size_t size = 0;
+    ok(block_cache_take(0, 7, 1000, &size) == NULL, "empty: nothing to take");
+    ok(block_cache_add(0, ADDR(1), 1024), "a fresh block is filed");
+    ok(block_cache_active(), "the cache is active from the first block");
+    struct cache_block *b = block_map_find(ADDR(1));
+    ok(b != NULL && b->state == BLOCK_LIVE, "it is LIVE");
+    uint64_t h1 = free_on(ADDR(1), 7);
+    ok(h1 != 0 && b->state == BLOCK_PENDING, "freed on stream 7: PENDING");
+    ok(block_cache_take(0, 8, 1000, &size) == NULL,
+       "another stream cannot take it before its work is done");
+    ok(block_cache_take(0, 7, 1000, &size) == ADDR(1) && size == 1024,
+       "its own stream takes it at once");
+    is_int(stats_now().reused_same_stream, 1, "counted as a same-stream reuse");
+    uint64_t h2 = free_on(ADDR(1), 7);
+    ok(h2 != h1, "a new hand-out, a new id");
+    block_cache_event_done(b, h1, true, 100);
+    ok(b->state == BLOCK_PENDING,
+       "the first free's event completing changes nothing: a stale hand-out");
+    ok(block_cache_take(0, 8, 1000, &size) == NULL, "still not for stream 8");
+    block_cache_event_done(b, h2, true, 200);
+    ok(b->state == BLOCK_FREE && b->freed_ns == 200,
+       "its own event completed: FREE");
+    ok(block_cache_take(0, 8, 1000, &size) == ADDR(1), "now any stream takes it");
+    is_int(b->events, 0, "no entry names it any more");
+}
+
+static void test_fit(void)
+{
+    size_t size;
+    ok(block_cache_add(0, ADDR(2), 4096) && block_cache_adopt(ADDR(2)),
+       "a 4096-byte block, adopted back: FREE");
+    ok(block_cache_take(0, 1, 1000, &size) == NULL,
+       "too big for 1000 bytes (more than 1/8 over)");
+    ok(block_cache_take(0, 1, 4097, &size) == NULL, "too small for 4097");
+    ok(block_cache_take(0, 1, 3700, &size) == ADDR(2) && size == 4096,
+       "3700 takes it (4096 <= 3700 + 3700/8)");
+    ok(block_cache_add(0, ADDR(3), 1088) && block_cache_add(0, ADDR(4), 1024),
+       "two neighbours");
+    block_cache_adopt(ADDR(3));
+    block_cache_adopt(ADDR(4));
+    ok(block_cache_take(0, 1, 1000, &size) == ADDR(4),
+       "best fit: 1024 before 1088");
+    ok(block_cache_take(0, 1, 1000, &size) == ADDR(3), "then 1088");
+    /* An exact-size block (the out-of-memory fallback) between classes. */
+    ok(block_cache_add(0, ADDR(5), 614400) && block_cache_adopt(ADDR(5)),
+       "an exact-size block of 600 KiB");
+    ok(block_cache_take(0, 1, 614401, &size) == NULL, "not for one byte more");
+    ok(block_cache_take(0, 1, 614400, &size) == ADDR(5),
+       "found for its own size, filed below its class");
+}
+
+static void test_double_free(void)
+{
+    ok(block_cache_add(0, ADDR(6), 512), "a block");
+    free_on(ADDR(6), 3);
+    struct block_free_plan plan;
+    block_cache_plan_free(ADDR(6), 0, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_LIVE, "freed again while PENDING: not live");
+    stderr_capture_begin();
+    ok(block_cache_adopt(ADDR(6)), "an adopt of it is still 'ours'");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "freed twice") != NULL, "and reported as a double free");
+    block_cache_plan_free(ADDR(99), 0, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_OURS, "an unknown pointer is not ours");
+    block_cache_plan_free((char *)ADDR(2) + 2048, 0, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_OURS, "nor is an interior pointer");
+}
+
+static void test_recorded(void)
+{
+    size_t size;
+    ok(block_cache_add(0, ADDR(7), 2048), "a block");
+    cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
+    is_int(block_cache_record_stream(ADDR(7), x, 9), cudaSuccess,
+           "recorded on stream 9");
+    is_int(block_cache_record_stream(ADDR(7), x, 9), cudaSuccess,
+           "recording it twice is once");
+    struct block_free_plan plan;
+    block_cache_plan_free(ADDR(7), 0, 9, &plan);
+    is_int(plan.path, BLOCK_STREAM_ORDERED,
+           "freed on the recorded stream itself: stream-ordered");
+    block_cache_plan_free(ADDR(7), 0, 4, &plan);
+    ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2 &&
+           plan.streams[1] == x,
+       "freed on another stream: waits for both");
+    int all = 1;
+    for (unsigned long long id = 100; id < 100 + BLOCK_MAX_RECORDED - 1; id++)
+        all &= block_cache_record_stream(ADDR(7), x, id) == cudaSuccess;
+    ok(all, "up to 63 streams recorded");
+    stderr_capture_begin();
+    is_int(block_cache_record_stream(ADDR(7), x, 5000), cudaErrorInvalidValue,
+           "a 64th is refused");
+    ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
+    ok(block_cache_adopt(ADDR(7)), "its work done: adopted");
+    ok(block_cache_take(0, 4, 2048, &size) == ADDR(7) &&
+           block_map_find(ADDR(7))->nrecorded == 0,
+       "handed out again with no stream recorded");
+    stderr_capture_begin();
+    is_int(block_cache_record_stream(ADDR(98), x, 9), cudaErrorInvalidValue,
+           "recording an unknown pointer is refused");
+    stderr_capture_end();
+}
+
+static void test_devices_and_collect(void)
+{
+    ok(block_cache_add(1, ADDR(8), 512), "a block of device 1");
+    struct block_free_plan plan;
+    block_cache_plan_free(ADDR(8), 0, 3, &plan);
+    is_int(plan.path, BLOCK_AFTER_EVENT,
+           "freed on a device-0 stream: waits for its event, no stream order");
+    block_cache_adopt(ADDR(8));
+    size_t size;
+    int never = 1;
+    for (int i = 0; i < 4; i++)
+        never &= block_cache_take(0, 3, 512, &size) != ADDR(8);
+    ok(never, "device 0 never gets device 1's block");
+    /* Expiry: blocks that became free at 10 and 20; one still named. */
+    ok(block_cache_add(1, ADDR(9), 512) && block_cache_add(1, ADDR(10), 512),
+       "two more");
+    block_cache_adopt(ADDR(9));
+    struct cache_block *named = block_map_find(ADDR(10));
+    struct block_free_plan p10;
+    block_cache_plan_free(ADDR(10), 1, 5, &p10);
+    block_cache_park(&p10, 5);
+    named->events++; /* as if a second, older entry still named it */
+    block_cache_event_done(named, p10.handout, true, 1);
+    uint64_t oldest = block_cache_oldest_free_ns(1);
+    ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
+    struct cache_block *out[8];
+    size_t n = block_cache_collect(1, UINT64_MAX, out, 8);
+    is_int(n, 2, "collect takes the FREE blocks no entry names");
+    ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
+       "and removes them from the map");
+    ok(block_map_find(ADDR(10)) != NULL, "a block still named stays");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+    named->events--;
+    is_int(block_cache_collect(1, 0, out, 8), 0,
+           "nothing became free before time 0... ");
+    n = block_cache_collect(1, UINT64_MAX, out, 8);
+    is_int(n, 1, "once unnamed it goes too");
+    block_cache_forget(out[0]);
+}
+
+static void test_stale_record(void)
+{
+    ok(block_cache_add(0, ADDR(11), 512), "a block");
+    uint64_t before = stats_now().cache_bytes;
+    stderr_capture_begin();
+    ok(block_cache_add(0, ADDR(11), 1024), "cudaMalloc returned its address "
+                                           "again (it was cudaFree'd)");
+    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
+       "reported");
+    is_int(stats_now().cache_bytes, before - 512 + 1024,
+           "the old record is dropped from the accounting");
+    is_int(block_map_find(ADDR(11))->size, 1024, "the new one counts");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    ok(block_cache_init(2), "init for two devices");
+    test_rounding();
+    test_stream_order();
+    test_fit();
+    test_double_free();
+    test_recorded();
+    test_devices_and_collect();
+    test_stale_record();
+    struct defer_stats s = stats_now();
+    ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
+    block_cache_destroy();
+    ok(!block_cache_active(), "destroyed: inactive");
+    return 0;
+}
