@@ -1,9 +1,11 @@
 /*
  * gpu_alloc.c: defer_alloc on a real GPU.  A loop of {defer_alloc 1 MiB,
- * kernel that fills it, defer_free} gets completed buffers back instead of
- * calling cudaMalloc; every buffer it gets holds the kernel's bytes only
- * after that kernel (checked by copying back the last one); after
- * defer_flush the device memory is back.  Skipped without a CUDA device.
+ * kernel that fills it, defer_free} on one stream gets its own block back
+ * at once (stream order: one cudaMalloc for the whole loop); every buffer it
+ * gets holds the kernel's bytes only after that kernel (checked by copying
+ * back the last one); a second stream never gets a block whose kernel still
+ * runs; after defer_trim the device memory is back.  Skipped without a CUDA
+ * device.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +34,7 @@ int main(void)
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
         skip_all("no CUDA device");
     gpu_tests_serialize();
-    plan(6);
+    plan(9);
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
         bail("cudaStreamCreateWithFlags");
@@ -70,16 +72,36 @@ int main(void)
     defer_free(last, s);
     is_int(defer_flush(), cudaSuccess, "defer_flush");
     defer_stats_get(&s1);
-    diag("reused %llu of %d allocations",
-         (unsigned long long)(s1.reused - s0.reused), ITERS);
-    /* How many depends on how far the loop runs ahead of the GPU: the
-     * first buffers are new until completed ones come back. */
-    ok(s1.reused - s0.reused > 0,
-       "completed buffers were handed back instead of new ones");
+    diag("reused %llu of %d allocations (%llu on their own stream), "
+         "%llu cudaMalloc", (unsigned long long)(s1.reused - s0.reused), ITERS,
+         (unsigned long long)(s1.reused_same_stream - s0.reused_same_stream),
+         (unsigned long long)(s1.cache_mallocs - s0.cache_mallocs));
+    ok(s1.reused_same_stream - s0.reused_same_stream >= ITERS - 1,
+       "every allocation after the first reused the stream's own block");
+    is_int((long long)(s1.cache_mallocs - s0.cache_mallocs), 1,
+           "one cudaMalloc for the whole loop");
     is_int((long long)(s1.pending), 0, "nothing pending");
+    /* Another stream: a block whose 50 ms kernel still runs on s is never
+     * handed to s2, and what s2 gets is not overwritten by s's kernel. */
+    cudaStream_t s2;
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    void *busy = NULL, *other = NULL;
+    defer_alloc(&busy, BYTES, s);
+    gpu_spin_fill(s, 50000, busy, BYTES, 0xAB);
+    defer_free(busy, s);
+    defer_alloc(&other, BYTES, s2);
+    ok(other != busy, "a block in use on s is not handed to s2");
+    defer_free(other, s2);
+    cudaStreamSynchronize(s);
+    cudaStreamSynchronize(s2);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    diag("defer_trim released %zu KiB", trimmed / 1024);
+    cudaStreamDestroy(s2);
     long long missing = (long long)before - (long long)free_bytes();
     diag("%lld KiB of device memory not back", missing / 1024);
-    ok(missing <= (long long)TOLERANCE, "device memory back after the flush");
+    ok(missing <= (long long)TOLERANCE, "device memory back after the trim");
     defer_shutdown();
     return 0;
 }
