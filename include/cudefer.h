@@ -279,10 +279,12 @@ CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
 
 /*
  * defer_configure: use *cfg (then the CUDEFER_* environment on top) when the
- * reclaimer starts.  Only before the first defer call: afterwards it returns
- * cudaErrorNotPermitted and changes nothing.  A value out of range is
- * cudaErrorInvalidValue (reported on stderr, nothing changed).  Thread-safe;
- * never blocks on the GPU.
+ * reclaimer starts.  Only before the first defer call and before
+ * defer_shutdown: afterwards it returns cudaErrorNotPermitted and changes
+ * nothing.  A value out of range is cudaErrorInvalidValue (reported on
+ * stderr, nothing changed).  A bad CUDEFER_* value is reported and ignored:
+ * that knob keeps the value given here.  Thread-safe; never blocks on the
+ * GPU.
  */
 CUDEFER_API cudaError_t defer_configure(const struct defer_config *cfg);
 

@@ -404,6 +404,7 @@ static struct {
     pthread_mutex_t lock;
     bool configured;              /* defer_configure stored app */
     bool started;                 /* in_force settled: too late to configure */
+    bool shut_down;               /* defer_shutdown came first: never starts */
     struct defer_config app;      /* from defer_configure */
     struct defer_config in_force; /* app or defaults, then the environment */
 } state = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -432,9 +433,19 @@ void config_at_start(struct defer_config *out)
     pthread_mutex_unlock(&state.lock);
 }
 
+/* defer_shutdown before any start: from now on defer_configure is refused
+ * (the reclaimer will never start to use it). */
+void config_refuse_from_now(void)
+{
+    pthread_mutex_lock(&state.lock);
+    state.shut_down = true;
+    pthread_mutex_unlock(&state.lock);
+}
+
 /* Public, any thread, before the first defer call.  Returns cudaSuccess, or
  * the first that applies: cudaErrorInvalidValue for NULL, cudaErrorNotPermitted
- * once started, cudaErrorInvalidValue when out of range; each reported. */
+ * once started or after defer_shutdown, cudaErrorInvalidValue when out of
+ * range; each reported. */
 cudaError_t defer_configure(const struct defer_config *cfg)
 {
     if (cfg == NULL) {
@@ -444,14 +455,18 @@ cudaError_t defer_configure(const struct defer_config *cfg)
     char why[256];
     bool valid = config_validate(cfg, why, sizeof why);
     pthread_mutex_lock(&state.lock);
-    bool started = state.started;
-    if (!started && valid) {
+    bool started = state.started, shut_down = state.shut_down;
+    if (!started && !shut_down && valid) {
         state.app = *cfg;
         state.configured = true;
     }
     pthread_mutex_unlock(&state.lock);
     if (started) {
         report("defer_configure called after the first defer call: ignored");
+        return cudaErrorNotPermitted;
+    }
+    if (shut_down) {
+        report("defer_configure called after defer_shutdown: ignored");
         return cudaErrorNotPermitted;
     }
     if (!valid) {

@@ -40,6 +40,10 @@ void config_print(const struct defer_config *cfg, FILE *out);
  * then on defer_configure is refused.  Every call copies it into *out. */
 void config_at_start(struct defer_config *out);
 
+/* Any thread (defer_shutdown, when nothing was started).  From then on
+ * defer_configure returns cudaErrorNotPermitted: nothing will use it. */
+void config_refuse_from_now(void);
+
 /* Any thread.  Parsers of a whole string; true when it is valid and within
  * [min, max], with the value in *out; *out unchanged otherwise.  Exposed for
  * the tests.

@@ -342,6 +342,7 @@ cudaError_t reclaimer_shutdown(void)
         stop_and_join();
     } else {
         atomic_fetch_or(&rs.gate, GATE_CLOSED);
+        config_refuse_from_now();
     }
     atomic_store(&rs.state, STATE_STOPPED);
     pthread_mutex_unlock(&rs.life_lock);

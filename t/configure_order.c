@@ -1,0 +1,81 @@
+/* defer_configure against the lifecycle and the environment (issue 12,
+ * item 12): after a defer_shutdown that came before any defer call it is
+ * refused (nothing will ever start to use it), and a bad CUDEFER_* value
+ * keeps the value given to defer_configure, not the built-in default.
+ * Each scenario runs in a child process: the configuration is settled once
+ * per process. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+static void s_configure_after_early_shutdown(void)
+{
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown before any defer call");
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    cfg.poll_us = 20;
+    stderr_capture_begin();
+    cudaError_t err = defer_configure(&cfg);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_configure after it: %s",
+          cudaGetErrorName(err));
+    CHECK(strstr(msg, "cudefer: defer_configure called after defer_shutdown: "
+                      "ignored") != NULL,
+          "the refusal is explained; stderr: %s", msg);
+}
+
+static void s_bad_env_keeps_configured_value(void)
+{
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    cfg.poll_us = 20;
+    cfg.max_delay_ms = 250;
+    CHECK(defer_configure(&cfg) == cudaSuccess, "defer_configure");
+    setenv("CUDEFER_VERBOSE", "1", 1);
+    setenv("CUDEFER_POLL_US", "abc", 1);
+    setenv("CUDEFER_MAX_DELAY_MS", "-5", 1);
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, s);
+    const char *text = stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_free: %s", cudaGetErrorName(err));
+    CHECK(strstr(text, "invalid value for CUDEFER_POLL_US") != NULL,
+          "the bad CUDEFER_POLL_US is reported");
+    CHECK(strstr(text, "cudefer: CUDEFER_POLL_US=20us\n") != NULL,
+          "and defer_configure's poll_us (20us, not the default 50us) is "
+          "kept");
+    CHECK(strstr(text, "cudefer: CUDEFER_MAX_DELAY_MS=250ms\n") != NULL,
+          "likewise defer_configure's max_delay_ms (250ms, not 1000ms)");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_is_released(p) == 1, "released");
+}
+
+/* Run fn in a child process (fresh fake, no CUDEFER_* set); ok when it ends
+ * in time with no failed check. */
+static void scenario(const char *title, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("");
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 15000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("defer_configure after a defer_shutdown that came before any "
+             "defer call: refused", s_configure_after_early_shutdown);
+    scenario("a bad CUDEFER_* value keeps the defer_configure value",
+             s_bad_env_keeps_configured_value);
+    return 0;
+}
