@@ -1,0 +1,560 @@
+#!/usr/bin/env python3
+"""Train one real model under one CUDA allocator, once, and print the result.
+
+    python3 bench/torch_train.py --model {cnn,lm} \
+        --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free} \
+        [--steps N] [--warmup W] [--seed S] [--ddp] [--lib PATH] [--side-stream]
+
+One (model, allocator, repetition) per process: an allocator cannot be
+changed once PyTorch has allocated CUDA memory, and each run must start from
+a fresh device.  The last line of stdout is one JSON object (bench/run.py
+reads it; t/gpu/gpu_torch.sh compares them); everything else goes to stderr.
+
+Models, built here with random weights (nothing is downloaded):
+  cnn  torchvision's ResNet-50, batch 64 at 224x224, 1000 classes
+  lm   a GPT-like decoder from torch.nn: 12 layers, d 768, 12 heads,
+       sequence 1024, batch 8, vocabulary 32768 (about 110 M parameters)
+Both train with AdamW under bf16 autocast on random data drawn each step
+from a generator seeded by (seed, rank, step), with deterministic kernels
+(cudnn.deterministic, torch.use_deterministic_algorithms,
+CUBLAS_WORKSPACE_CONFIG=:4096:8), so that every allocator must give the same
+losses bit for bit.  Losses stay on the GPU until the end (no per-step
+synchronisation: the CPU runs ahead of the GPU as real training does).
+
+Allocators:
+  native           PyTorch's caching allocator
+  native-async     PyTorch's cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF)
+  cudefer          libcudefer's defer_pluggable_alloc/free through
+                   python/cudefer_torch.py, record_stream wired
+  pluggable-async  cudaMallocAsync/cudaFreeAsync     } pluggable shims of
+  malloc-defer     cudaMalloc/defer_free             } bench/torch_shims.c,
+  malloc-free      cudaMalloc/cudaFree               } compiled at first use
+
+ms_per_step: wall time of the steps after the warm-up, with one
+torch.cuda.synchronize before and one after the timed window.  peak_mib:
+the most device memory NVML saw this process use (sampled about every
+millisecond by a helper process; per process when NVML can name our pid,
+else the device's used memory above what it was before we started; which
+one is in peak_source), the largest over the ranks under --ddp.
+
+--side-stream: each step also draws a tensor on the main stream, has a side
+stream read it in a long computation, protects it with record_stream (as
+PyTorch's documentation says), frees it at once on the main stream and asks
+for tensors of the same size there, which it fills.  An allocator that
+ignores record_stream can hand the block out while the side stream still
+reads it; side_sha256 (one hash per step) then differs from native's.
+--ddp: one process per visible GPU (NCCL, DistributedDataParallel); the
+JSON has rank 0's losses, each rank's weights hash and whether all are
+identical.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(TOP, "python"))
+
+import cudefer_torch  # noqa: E402  (standard library only until enable())
+
+ALLOCATORS = ["native", "native-async", "pluggable-async", "cudefer",
+              "malloc-defer", "malloc-free"]
+# allocator -> (alloc function, free function) in bench/torch_shims.c
+SHIMS = {
+    "pluggable-async": ("shim_async_alloc", "shim_async_free"),
+    "malloc-defer": ("shim_malloc_alloc", "shim_defer_free"),
+    "malloc-free": ("shim_malloc_alloc", "shim_cudafree"),
+}
+# Allocators that load libcudefer (their JSON carries its counters).
+USES_CUDEFER = ("cudefer", "malloc-defer")
+
+MODEL_DEFAULTS = {
+    "cnn": dict(batch=64, image=224, classes=1000, lr=1e-3),
+    "lm": dict(batch=8, seq=1024, vocab=32768, layers=12, dim=768, heads=12,
+               lr=3e-4),
+}
+
+# The NVML sampler, run as `python3 -c SAMPLER nvml_index pid period_s`.
+# It prints "ready" once it has read the device's memory before the trainer
+# makes its CUDA context, then samples until its stdin closes and prints
+# one JSON line.  A process of its own: the trainer's GIL stays free.
+SAMPLER = r"""
+import json, sys, threading, time
+try:
+    import pynvml
+except ImportError as e:
+    print("ready", flush=True); sys.stdin.read()
+    print(json.dumps({"error": "pynvml: %s" % e})); sys.exit(0)
+index, pid, period = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(index)
+baseline = pynvml.nvmlDeviceGetMemoryInfo(h).used
+stop = threading.Event()
+def wait_for_eof():
+    sys.stdin.read()
+    stop.set()
+threading.Thread(target=wait_for_eof, daemon=True).start()
+print("ready", flush=True)
+peak_proc = peak_dev = samples = 0
+seen = False
+while True:
+    last = stop.is_set()
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    except pynvml.NVMLError:
+        procs = []
+    for p in procs:
+        if p.pid == pid and p.usedGpuMemory is not None:
+            seen = True
+            peak_proc = max(peak_proc, p.usedGpuMemory)
+    peak_dev = max(peak_dev, pynvml.nvmlDeviceGetMemoryInfo(h).used - baseline)
+    samples += 1
+    if last:
+        break
+    time.sleep(period)
+print(json.dumps({"peak_bytes": peak_proc if seen else peak_dev,
+                  "source": "nvml-process" if seen else "nvml-device-delta",
+                  "samples": samples, "nvml_index": index}))
+"""
+
+
+def log(msg):
+    print("torch_train: " + msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(MODEL_DEFAULTS), required=True)
+    p.add_argument("--allocator", choices=ALLOCATORS, required=True)
+    p.add_argument("--steps", type=int, default=40,
+                   help="timed steps after the warm-up (default 40)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="untimed first steps (default 10)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ddp", action="store_true",
+                   help="DistributedDataParallel over every visible GPU")
+    p.add_argument("--lib", metavar="PATH",
+                   help="libcudefer.so (default: cudefer_torch.find_library)")
+    p.add_argument("--side-stream", action="store_true",
+                   help="add the record_stream side-stream computation")
+    p.add_argument("--batch", type=int, help="override the model's batch size")
+    p.add_argument("--no-record-stream-hook", action="store_true",
+                   help="cudefer without the record_stream hook (to show "
+                   "what the hook prevents)")
+    p.add_argument("--no-amp", action="store_true", help="train in fp32")
+    p.add_argument("--sample-ms", type=float, default=1.0,
+                   help="NVML sampling period (default 1 ms)")
+    a = p.parse_args(argv)
+    if a.steps < 1 or a.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    if a.no_record_stream_hook and a.allocator != "cudefer":
+        p.error("--no-record-stream-hook applies to --allocator cudefer only")
+    return a
+
+
+# ---- preparation, in the parent before any rank starts ----------------------
+
+def loaded_library(fragment):
+    """Path of the first shared object mapped into this process whose name
+    contains fragment (e.g. the libcudart torch loaded), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if fragment in os.path.basename(path) and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def build_shims(lib_path):
+    """Compile bench/torch_shims.c against the CUDA runtime torch loaded and
+    libcudefer at lib_path, once per source and flags (cached beside the
+    record_stream hook); return the shared object's path.  Blocks while cc
+    runs.  Exits with a message on failure."""
+    import torch
+    source = os.path.join(HERE, "torch_shims.c")
+    cudart = loaded_library("libcudart.so")
+    _, lib_dirs = cudefer_torch._torch_build_paths(torch)
+    cuda_include = cudefer_torch._cuda_include_dir(lib_dirs)
+    if cudart is None or cuda_include is None:
+        sys.exit("torch_train: cannot build the shims: %s" % (
+            "torch loaded no libcudart" if cudart is None
+            else "no CUDA headers (set CUDA_HOME)"))
+    cc = os.environ.get("CC", "cc")
+    lib_dir = os.path.dirname(os.path.abspath(lib_path))
+    cmd = [cc, "-std=c11", "-O2", "-shared", "-fPIC",
+           "-I" + os.path.join(TOP, "include"), "-I" + cuda_include, source,
+           os.path.abspath(lib_path), cudart,
+           "-Wl,-rpath," + lib_dir, "-Wl,-rpath," + os.path.dirname(cudart)]
+    with open(source, "rb") as f:
+        key = hashlib.sha256(f.read())
+    key.update(repr(cmd).encode())
+    out_dir = cudefer_torch._cache_dir()
+    target = os.path.join(out_dir, "torch_shims-%s.so" % key.hexdigest()[:16])
+    if os.path.isfile(target):
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        run = subprocess.run(cmd + ["-o", tmp], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        if run.returncode != 0:
+            sys.exit("torch_train: %s failed:\n%s" % (" ".join(cmd),
+                                                      run.stdout[-4000:]))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def prepare(args):
+    """What every rank needs, resolved once: {'lib', 'shims', 'hook'}."""
+    prep = {"lib": None, "shims": None}
+    if args.allocator in USES_CUDEFER:
+        prep["lib"] = cudefer_torch.find_library(args.lib)
+    if args.allocator in SHIMS:
+        lib = prep["lib"] or cudefer_torch.find_library(args.lib)
+        prep["shims"] = build_shims(lib)
+    if args.allocator == "cudefer" and not args.no_record_stream_hook:
+        cudefer_torch.build_hook()  # compiled once here, not by every rank
+    return prep
+
+
+def install_allocator(args, prep):
+    """Make the chosen allocator PyTorch's, before any CUDA allocation.
+    Returns whether Tensor.record_stream reaches it (None: n/a)."""
+    import torch
+    if args.allocator in ("native", "native-async"):
+        return True
+    if args.allocator == "cudefer":
+        if args.no_record_stream_hook:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cudefer_torch.RecordStreamWarning)
+                cudefer_torch.enable(prep["lib"], record_stream=False)
+            log("cudefer WITHOUT the record_stream hook (as asked)")
+            return False
+        cudefer_torch.enable(prep["lib"], record_stream=True)
+        return True
+    alloc_fn, free_fn = SHIMS[args.allocator]
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(prep["shims"],
+                                                         alloc_fn, free_fn)
+    torch.cuda.memory.change_current_allocator(allocator)
+    return False
+
+
+# ---- memory sampling ---------------------------------------------------------
+
+class Sampler:
+    """The NVML sampler process of one device (see SAMPLER)."""
+
+    def __init__(self, nvml_index, period_s):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SAMPLER, str(nvml_index), str(os.getpid()),
+             str(period_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        self.proc.stdout.readline()  # "ready": the baseline is taken
+
+    def finish(self):
+        """Stop sampling; the sampler's JSON result as a dict."""
+        out, _ = self.proc.communicate("", timeout=60)
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"error": "sampler printed %r" % out[-200:]}
+
+
+# ---- models ------------------------------------------------------------------
+
+def build_lm(torch, cfg):
+    """A GPT-like decoder: token and position embeddings, pre-norm blocks
+    of causal self-attention and an MLP, a head tied to the embedding."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d = cfg["dim"]
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            h = cfg["heads"]
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(cfg["vocab"], cfg["dim"])
+            self.pos = nn.Embedding(cfg["seq"], cfg["dim"])
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg["layers"]))
+            self.ln = nn.LayerNorm(cfg["dim"])
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.tok(idx) + self.pos(pos)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.ln(x) @ self.tok.weight.t()
+
+    return GPT()
+
+
+def build_model(torch, model, cfg):
+    if model == "lm":
+        return build_lm(torch, cfg)
+    try:
+        import torchvision
+    except ImportError:
+        sys.exit("torch_train: --model cnn needs torchvision")
+    return torchvision.models.resnet50(weights=None,
+                                       num_classes=cfg["classes"])
+
+
+def make_batch(torch, model, cfg, gen, device):
+    """(inputs, targets) drawn from gen on device."""
+    b = cfg["batch"]
+    if model == "cnn":
+        x = torch.randn(b, 3, cfg["image"], cfg["image"], device=device,
+                        generator=gen)
+        y = torch.randint(0, cfg["classes"], (b,), device=device, generator=gen)
+        return x, y
+    tokens = torch.randint(0, cfg["vocab"], (b, cfg["seq"] + 1), device=device,
+                           generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def tensor_bytes(t):
+    """The bytes of a tensor's elements, in order (bf16 as raw 16-bit)."""
+    import torch
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.contiguous().cpu().reshape(-1).numpy().tobytes()
+
+
+def params_sha256(module):
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        h.update(name.encode())
+        h.update(tensor_bytes(p))
+    return h.hexdigest()
+
+
+# ---- one rank ----------------------------------------------------------------
+
+def run_rank(rank, world, args, prep, port):
+    """Train on GPU rank of world (1 without --ddp); return the rank's
+    result dict.  Blocks for the whole run."""
+    import torch
+    nvml_index = torch.cuda._get_nvml_device_index(rank)
+    sampler = Sampler(nvml_index, args.sample_ms / 1000.0)
+    hooked = install_allocator(args, prep)
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist = None
+    if args.ddp:
+        import torch.distributed as dist
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        dist.init_process_group("nccl", rank=rank, world_size=world,
+                                device_id=device)
+
+    torch.manual_seed(args.seed)
+    torch.cuda.manual_seed_all(args.seed)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True)
+
+    cfg = dict(MODEL_DEFAULTS[args.model])
+    if args.batch:
+        cfg["batch"] = args.batch
+    model = build_model(torch, args.model, cfg).to(device)
+    net = model
+    if dist is not None:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+    gen = torch.Generator(device=device)
+    total = args.warmup + args.steps
+    losses = torch.zeros(total, device=device)
+
+    side = None
+    side_results = []
+    if args.side_stream:
+        side = torch.cuda.Stream(device=device)
+        side_n = 2048
+        side_w = torch.randn(side_n, side_n, device=device) / side_n ** 0.5
+    main = torch.cuda.current_stream(device)
+
+    def side_step(i):
+        # x is made on the main stream, read on the side stream for several
+        # milliseconds, freed on the main stream right away; same-size
+        # blocks requested and overwritten on the main stream at once.
+        gen.manual_seed(args.seed * 1000003 + rank * 7919 + i * 31 + 17)
+        x = torch.randn(side_n, side_n, device=device, generator=gen)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            acc = x @ side_w
+            for _ in range(12):
+                acc = torch.tanh(acc) @ side_w + x
+            side_results.append(acc.sum(dim=0))
+        x.record_stream(side)
+        del x
+        return [torch.full((side_n, side_n), float(i), device=device)
+                for _ in range(3)]
+
+    def step(i):
+        fillers = side_step(i) if side is not None else None
+        gen.manual_seed(args.seed * 1000003 + rank * 7919 + i)
+        x, y = make_batch(torch, args.model, cfg, gen, device)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.no_amp):
+            out = net(x)
+        loss = torch.nn.functional.cross_entropy(
+            out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        losses[i].copy_(loss.detach())
+        del fillers
+
+    started = time.time()
+    for i in range(args.warmup):
+        step(i)
+    torch.cuda.synchronize(device)
+    if dist is not None:
+        dist.barrier()
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for i in range(args.warmup, total):
+        step(i)
+    torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    if side is not None:
+        side.synchronize()
+
+    loss_hex = [float(v).hex() for v in losses.cpu().tolist()]
+    result = {
+        "rank": rank,
+        "ms_per_step": elapsed * 1000.0 / args.steps,
+        "losses": loss_hex,
+        "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
+        "weights_sha256": params_sha256(model),
+        "params": sum(p.numel() for p in model.parameters()),
+        "record_stream_reaches_allocator": hooked,
+        "device": torch.cuda.get_device_name(device),
+        "train_s": time.time() - started,
+        "cfg": cfg,
+    }
+    if side is not None:
+        result["side_sha256"] = [hashlib.sha256(tensor_bytes(r)).hexdigest()
+                                 for r in side_results]
+    if args.allocator in USES_CUDEFER:
+        result["cudefer_stats"] = cudefer_torch.stats(prep["lib"])
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+    mem = sampler.finish()
+    if "error" in mem:
+        log("no peak memory: %s" % mem["error"])
+        result["peak_mib"], result["peak_source"] = None, None
+    else:
+        result["peak_mib"] = mem["peak_bytes"] / 1048576.0
+        result["peak_source"], result["nvml_samples"] = mem["source"], mem["samples"]
+    return result
+
+
+def ddp_rank(rank, world, args, prep, port, out_dir):
+    """torch.multiprocessing.spawn's entry: run the rank, write its result."""
+    result = run_rank(rank, world, args, prep, port)
+    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+        json.dump(result, f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.allocator == "native-async":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    elif "backend:" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        sys.exit("torch_train: PYTORCH_CUDA_ALLOC_CONF chooses a backend; "
+                 "unset it (--allocator chooses)")
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("torch_train: no CUDA device")
+    prep = prepare(args)
+    started = time.time()
+    if args.ddp:
+        import torch.multiprocessing as mp
+        world = torch.cuda.device_count()
+        with tempfile.TemporaryDirectory(prefix="torch_train.") as out_dir:
+            mp.spawn(ddp_rank, args=(world, args, prep, free_port(), out_dir),
+                     nprocs=world, join=True)
+            ranks = []
+            for r in range(world):
+                with open(os.path.join(out_dir, "rank%d.json" % r)) as f:
+                    ranks.append(json.load(f))
+    else:
+        world = 1
+        ranks = [run_rank(0, 1, args, prep, None)]
+
+    first = ranks[0]
+    peaks = [r["peak_mib"] for r in ranks]
+    result = {
+        "model": args.model, "allocator": args.allocator,
+        "device": first["device"], "gpus": world, "ddp": args.ddp,
+        "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+        "side_stream": args.side_stream,
+        "ms_per_step": first["ms_per_step"],
+        "peak_mib": None if None in peaks else max(peaks),
+        "peak_source": first["peak_source"],
+        "losses": first["losses"], "losses_sha256": first["losses_sha256"],
+        "weights_sha256": first["weights_sha256"],
+        "params": first["params"], "batch": first["cfg"]["batch"],
+        "amp": "off" if args.no_amp else "bf16",
+        "record_stream_reaches_allocator": first["record_stream_reaches_allocator"],
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "wall_s": time.time() - started,
+    }
+    if prep["lib"]:
+        result["lib"] = prep["lib"]
+    if args.side_stream:
+        result["side_sha256"] = first["side_sha256"]
+    if args.allocator in USES_CUDEFER:
+        result["cudefer_stats"] = first["cudefer_stats"]
+    if args.ddp:
+        result["ms_per_step_ranks"] = [r["ms_per_step"] for r in ranks]
+        result["peak_mib_ranks"] = peaks
+        result["weights_sha256_ranks"] = [r["weights_sha256"] for r in ranks]
+        result["weights_identical_across_ranks"] = \
+            len(set(result["weights_sha256_ranks"])) == 1
+        result["losses_sha256_ranks"] = [r["losses_sha256"] for r in ranks]
+        if args.side_stream:
+            result["side_sha256_ranks"] = [r["side_sha256"] for r in ranks]
+        if args.allocator in USES_CUDEFER:
+            result["cudefer_stats_ranks"] = [r["cudefer_stats"] for r in ranks]
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

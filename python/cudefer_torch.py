@@ -1,0 +1,383 @@
+"""cudefer as PyTorch's CUDA allocator.
+
+    import cudefer_torch
+    cudefer_torch.enable()          # before the first CUDA tensor
+    x = torch.randn(1 << 20, device="cuda")   # now allocated by cudefer
+
+enable() loads libcudefer, installs its two pluggable-allocator entry points
+(defer_pluggable_alloc, defer_pluggable_free) with
+torch.cuda.memory.change_current_allocator, and wires Tensor.record_stream
+to defer_record_stream.
+
+Why record_stream needs more than Python: PyTorch tells a pluggable
+allocator about record_stream only through the C++ call
+CUDAPluggableAllocator::set_record_stream_fn, and passes free the stream of
+the allocation, not of the last use.  Without the hook a tensor read on a
+side stream and protected by record_stream (as PyTorch's documentation
+says) could be handed out again while the side stream still reads it.
+enable() therefore compiles python/record_stream_hook.cpp once with g++
+against the installed torch (its headers and libraries, the CUDA runtime
+headers) into a cache directory ($CUDEFER_TORCH_CACHE, else
+$XDG_CACHE_HOME/cudefer or ~/.cache/cudefer) and loads it.  If that is not
+possible (no C++ compiler, no torch headers, no CUDA headers) enable()
+raises HookError, saying why, and changes nothing: call
+enable(record_stream=False) to use cudefer anyway, which warns
+(RecordStreamWarning) that record_stream is then NOT honoured; a program
+that uses record_stream (or DataParallel/DDP moving inputs between GPUs on a
+side stream) must not do that.
+
+Limits: enable() must run before CUDA memory is first allocated (PyTorch
+cannot swap an allocator in use) and before other threads use CUDA.  Under
+a pluggable allocator torch.cuda.memory_allocated, memory_stats and
+memory_snapshot raise; CUDA graph private pools and IPC are not available.
+With the hook, torch.cuda.empty_cache() calls defer_trim (without it, it
+does nothing; trim() here always works).  ProcessGroupNCCL of PyTorch 2.11
+does not call record_stream (TORCH_NCCL_AVOID_RECORD_STREAMS is its default
+and the variable is deprecated: it keeps a collective's tensors alive until
+the work is waited for), so DistributedDataParallel needs no hook for its
+allreduce; the hook still matters for user code and for DDP's copies of
+inputs that arrive on another GPU (torch.distributed.utils._recursive_to).
+
+Standard library only (plus torch, imported when enable() is called).
+"""
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+
+__all__ = ["enable", "find_library", "build_hook", "stats", "trim",
+           "HookError", "RecordStreamWarning", "LIBRARY_ENV"]
+
+# The environment variable naming libcudefer.so (overrides the search).
+LIBRARY_ENV = "CUDEFER_LIB"
+# The environment variable naming the directory of the compiled hook.
+CACHE_ENV = "CUDEFER_TORCH_CACHE"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_HOOK_SOURCE = os.path.join(_HERE, "record_stream_hook.cpp")
+_HOOK_SYMBOL = "cudefer_torch_set_record_stream"
+
+_lock = threading.Lock()
+_state = {"library": None, "handle": None, "record_stream": None}
+
+
+class HookError(RuntimeError):
+    """The record_stream hook could not be built or installed."""
+
+
+class RecordStreamWarning(UserWarning):
+    """cudefer is PyTorch's allocator but Tensor.record_stream is ignored."""
+
+
+def find_library(lib=None):
+    """Return the path (or soname) of libcudefer to load.
+
+    Order: the argument; $CUDEFER_LIB; src/.libs/libcudefer.so of the
+    source tree this file belongs to and of the current directory (an
+    in-tree build); the installed library (ctypes.util.find_library).
+    Raises FileNotFoundError naming every place looked at.  Never blocks.
+    """
+    tried = []
+    for source, path in (("argument lib", lib),
+                         ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
+        if path:
+            if os.path.isfile(path):
+                return os.path.abspath(path)
+            raise FileNotFoundError(
+                "cudefer: %s names %r, which is not a file" % (source, path))
+    for base in (os.path.dirname(_HERE), os.getcwd()):
+        path = os.path.join(base, "src", ".libs", "libcudefer.so")
+        tried.append(path)
+        if os.path.isfile(path):
+            return path
+    installed = ctypes.util.find_library("cudefer")
+    if installed:
+        return installed
+    tried.append("the installed library (ctypes.util.find_library)")
+    raise FileNotFoundError(
+        "cudefer: libcudefer.so not found; pass enable(lib=PATH) or set $%s."
+        " Looked at: %s" % (LIBRARY_ENV, ", ".join(tried)))
+
+
+def _load(path):
+    """ctypes handle of libcudefer at path, checked for the PyTorch entry
+    points.  Raises OSError when it cannot be loaded, AttributeError when it
+    lacks them (a library older than the PyTorch support)."""
+    handle = ctypes.CDLL(path)
+    missing = [name for name in ("defer_pluggable_alloc",
+                                 "defer_pluggable_free",
+                                 "defer_record_stream", "defer_stats_get",
+                                 "defer_trim")
+               if not hasattr(handle, name)]
+    if missing:
+        raise AttributeError("cudefer: %s has no %s (a library built before "
+                             "the PyTorch entry points?)"
+                             % (path, ", ".join(missing)))
+    handle.defer_record_stream.restype = ctypes.c_int
+    handle.defer_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    handle.defer_trim.restype = ctypes.c_int
+    handle.defer_trim.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    return handle
+
+
+def _cache_dir():
+    """Directory for the compiled hook (created if missing)."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+            os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "cudefer")
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def _cuda_include_dir(torch_lib_dirs):
+    """A directory holding cuda_runtime_api.h, or None.  Looks at
+    $CUDA_HOME/$CUDA_PATH, torch's idea of CUDA_HOME, nvcc's toolkit,
+    /usr/local/cuda, and the CUDA headers of pip's nvidia packages."""
+    candidates = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], "include"))
+    try:
+        from torch.utils import cpp_extension
+        if cpp_extension.CUDA_HOME:
+            candidates.append(os.path.join(cpp_extension.CUDA_HOME, "include"))
+    except Exception:  # torch without cpp_extension's dependencies
+        pass
+    nvcc = None
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if d and os.path.isfile(os.path.join(d, "nvcc")):
+            nvcc = os.path.join(d, "nvcc")
+            break
+    if nvcc:
+        candidates.append(os.path.join(
+            os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+            "include"))
+    candidates.append("/usr/local/cuda/include")
+    for lib_dir in torch_lib_dirs:
+        site = os.path.dirname(os.path.dirname(lib_dir))
+        for sub in ("cu13", "cu12", "cuda_runtime"):
+            candidates.append(os.path.join(site, "nvidia", sub, "include"))
+    for d in candidates:
+        if os.path.isfile(os.path.join(d, "cuda_runtime_api.h")):
+            return d
+    return None
+
+
+def _torch_build_paths(torch):
+    """(include dirs, library dirs) of the installed torch."""
+    try:
+        from torch.utils import cpp_extension
+        return cpp_extension.include_paths(), cpp_extension.library_paths()
+    except Exception:
+        root = os.path.dirname(torch.__file__)
+        return ([os.path.join(root, "include"),
+                 os.path.join(root, "include", "torch", "csrc", "api",
+                              "include")],
+                [os.path.join(root, "lib")])
+
+
+def build_hook(verbose=False):
+    """Compile python/record_stream_hook.cpp for the torch in use, unless a
+    build for this exact source, torch and compiler flags is cached; return
+    the path of the shared object.  Blocks while g++ runs (a few seconds,
+    once).  Safe against concurrent callers (each compiles to a temporary
+    name and renames).  Raises HookError with the compiler's output, or
+    saying what is missing."""
+    import torch
+    if not os.path.isfile(_HOOK_SOURCE):
+        raise HookError("cudefer: %s is missing" % _HOOK_SOURCE)
+    includes, lib_dirs = _torch_build_paths(torch)
+    if not os.path.isfile(os.path.join(
+            includes[0], "torch", "csrc", "cuda", "CUDAPluggableAllocator.h")):
+        raise HookError("cudefer: torch %s ships no C++ headers (looked in %s)"
+                        % (torch.__version__, includes[0]))
+    cuda_include = _cuda_include_dir(lib_dirs)
+    if cuda_include is None:
+        raise HookError("cudefer: no CUDA runtime headers (cuda_runtime_api.h)"
+                        " found; set CUDA_HOME to the CUDA toolkit")
+    cxx = shlex.split(os.environ.get("CXX") or "g++")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = cxx + ["-shared", "-fPIC", "-O2", "-std=c++17",
+           "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
+    cmd += ["-I" + d for d in includes + [cuda_include]]
+    cmd += [_HOOK_SOURCE]
+    for d in lib_dirs:
+        cmd += ["-L" + d, "-Wl,-rpath," + d]
+    cmd += ["-lc10", "-lc10_cuda", "-ltorch_cuda"]
+    with open(_HOOK_SOURCE, "rb") as f:
+        key = hashlib.sha256(f.read())
+    key.update(repr((torch.__version__, torch.__file__, cmd)).encode())
+    out_dir = _cache_dir()
+    target = os.path.join(out_dir, "record_stream_hook-%s.so"
+                          % key.hexdigest()[:16])
+    if os.path.isfile(target):
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        if verbose:
+            print("cudefer: " + " ".join(cmd + ["-o", tmp]), file=sys.stderr)
+        try:
+            run = subprocess.run(cmd + ["-o", tmp], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            raise HookError("cudefer: cannot run the C++ compiler %s (%s); "
+                            "set CXX" % (" ".join(cxx), e)) from None
+        if run.returncode != 0:
+            raise HookError("cudefer: compiling %s failed (%s exit %d):\n%s"
+                            % (_HOOK_SOURCE, " ".join(cxx), run.returncode,
+                               run.stdout[-4000:]))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load_hook(hook_path):
+    """The compiled hook's two setters, (record_stream, empty_cache).
+    Raises HookError."""
+    try:
+        hook = ctypes.CDLL(hook_path)
+        setters = (getattr(hook, _HOOK_SYMBOL),
+                   getattr(hook, "cudefer_torch_set_empty_cache"))
+    except (OSError, AttributeError) as e:
+        raise HookError("cudefer: cannot load %s: %s" % (hook_path, e)) from None
+    for setter in setters:
+        setter.restype = ctypes.c_int
+        setter.argtypes = [ctypes.c_void_p]
+    return setters
+
+
+def _install_hook(setters, handle):
+    """Point the current pluggable allocator's record_stream at
+    defer_record_stream of handle and its empty_cache at defer_trim.
+    Raises HookError."""
+    for setter, target in zip(setters, (handle.defer_record_stream,
+                                        handle.defer_trim)):
+        rc = setter(ctypes.cast(target, ctypes.c_void_p).value)
+        if rc != 0:
+            raise HookError("cudefer: setting the PyTorch hook failed (%d: %s)"
+                            % (rc, "PyTorch's current allocator is not a "
+                               "CUDAPluggableAllocator" if rc == 1 else
+                               "no function given"))
+
+
+def enable(lib=None, record_stream=True):
+    """Make cudefer PyTorch's CUDA allocator; return the library's path.
+
+    lib: path of libcudefer.so (default: find_library()).
+    record_stream: True (default) wires Tensor.record_stream to
+    defer_record_stream through the compiled hook; if the hook cannot be
+    built, HookError is raised before anything is changed.  False skips the
+    hook and warns (RecordStreamWarning) that record_stream is ignored.
+
+    Call once, before the first CUDA allocation and before other threads use
+    CUDA; a second call with the same library returns at once, with another
+    raises RuntimeError.  Blocks while the hook compiles (first use only).
+    Raises FileNotFoundError/OSError/AttributeError for a missing or
+    unsuitable library, RuntimeError from PyTorch when CUDA memory was
+    already allocated with another allocator.
+    """
+    import torch
+    with _lock:
+        path = find_library(lib)
+        if _state["library"] is not None:
+            if _state["library"] != path:
+                raise RuntimeError("cudefer: already enabled with %s"
+                                   % _state["library"])
+            if record_stream and not _state["record_stream"]:
+                raise RuntimeError("cudefer: already enabled without the "
+                                   "record_stream hook")
+            return path
+        handle = _load(path)
+        # Everything that can fail for want of a compiler or headers
+        # happens before PyTorch's allocator is changed.
+        setters = _load_hook(build_hook()) if record_stream else None
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            path, "defer_pluggable_alloc", "defer_pluggable_free")
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            raise RuntimeError(
+                "cudefer: PyTorch refused to change its allocator (%s): "
+                "call cudefer_torch.enable() before the first CUDA tensor"
+                % e) from None
+        if setters is not None:
+            _install_hook(setters, handle)
+        else:
+            warnings.warn(
+                "cudefer: enabled without the record_stream hook: "
+                "Tensor.record_stream is ignored, so memory used on another "
+                "stream may be reused before that stream is done with it",
+                RecordStreamWarning, stacklevel=2)
+        _state.update(library=path, handle=handle,
+                      record_stream=setters is not None)
+        return path
+
+
+def enabled():
+    """(library path, whether record_stream is wired), or None."""
+    if _state["library"] is None:
+        return None
+    return _state["library"], _state["record_stream"]
+
+
+def _stats_fields():
+    """Names of struct defer_stats' fields, in order: read from cudefer.h
+    when this file sits in a source tree (so fields added later are
+    picked up), else the fields this file knows."""
+    header = os.path.join(os.path.dirname(_HERE), "include", "cudefer.h")
+    try:
+        with open(header) as f:
+            text = f.read()
+        body = re.search(r"struct defer_stats\s*\{(.*?)\};", text, re.S).group(1)
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        fields = re.findall(r"uint64_t\s+(\w+)\s*;", body)
+        if fields:
+            return fields
+    except (OSError, AttributeError):
+        pass
+    return ["deferred", "released", "pending", "failed", "rejected",
+            "sync_releases", "event_queries", "wakeups", "batches",
+            "largest_batch", "events_created", "events_in_pool", "held",
+            "held_bytes", "idle_releases", "cap_releases", "age_releases",
+            "demand_releases", "latency_p50_us", "latency_max_us",
+            "leaked_at_exit", "reused"]
+
+
+def stats(lib=None):
+    """cudefer's counters (defer_stats_get) as a dict.  Uses the library
+    enable() loaded, else loads lib (or finds one).  Never blocks."""
+    handle = _state["handle"]
+    if handle is None:
+        handle = ctypes.CDLL(find_library(lib))
+    fields = _stats_fields()
+    # Room for fields this file does not know of, should the struct grow.
+    buf = (ctypes.c_uint64 * max(256, len(fields)))()
+    handle.defer_stats_get(ctypes.byref(buf))
+    return {name: int(buf[i]) for i, name in enumerate(fields)}
+
+
+def trim():
+    """defer_trim: release every completed block cudefer holds; returns the
+    bytes released.  Blocks while the reclaimer polls once.  Raises
+    RuntimeError with the CUDA error number on failure."""
+    handle = _state["handle"]
+    if handle is None:
+        raise RuntimeError("cudefer: trim() before enable()")
+    released = ctypes.c_size_t(0)
+    rc = handle.defer_trim(ctypes.byref(released))
+    if rc != 0:
+        raise RuntimeError("cudefer: defer_trim failed with CUDA error %d" % rc)
+    return released.value
