@@ -1,0 +1,364 @@
+/*
+ * faults_release.c — fault injection into releasing memory: cudaFree and
+ * cudaFreeHost (once, persistently, sticky), pool memory (cudaFreeAsync
+ * and its stream), the allocation sizes (the driver entry point and
+ * cuPointerGetAttributes) and the cap (cudaMemGetInfo).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "faults.h"
+
+/* ---- reclaimer: cudaFree, cudaFreeHost ------------------------------------ */
+
+/* A sticky error from cudaFree (a kernel fault surfacing there) is the
+ * device's: it fails like a failed query, said once, not once per pointer. */
+void s_free_sticky(const struct scenario *sc)
+{
+    enum { N = 4 };
+    const cudaError_t bad = sc->err;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(1024);
+        work_timed(sb, 0, p[i]);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer #%d", i);
+    }
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, sc->count);
+    defer_trim(NULL); /* the first cudaFree fails: the device with it */
+    cudaError_t f = defer_flush();
+    void *q = device_alloc(64);
+    cudaError_t later = defer_free(q, sb);
+    const char *msg = capture_end();
+    fake_fail_clear();
+    struct defer_stats st = stats_now();
+    CHECK(f == bad, "flush returns %s (%s)", EN(bad), EN(f));
+    CHECK(later == bad, "a later defer_free returns it (%s)", EN(later));
+    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names the device, cudaFree and %s", EN(bad));
+    CHECK(lines_with(msg, "release: cudaFree failed", NULL, NULL) == 0,
+          "no line per pointer");
+    CHECK(st.failed == N + 1 && st.released == 0 && st.pending == 0,
+          "all %d entries failed (failed %llu released %llu pending %llu)",
+          N + 1, ULL(st.failed), ULL(st.released), ULL(st.pending));
+    for (int i = 0; i < N; i++)
+        CHECK(fake_is_released(p[i]) == 0, "#%d not released", i);
+    fake_complete(w);
+    cudaFree(q);
+    cudaFree(busy);
+    for (int i = 0; i < N; i++)
+        cudaFree(p[i]);
+}
+
+void s_free_fails(const struct scenario *sc)
+{
+    enum { N = 4 };
+    const cudaError_t bad = sc->err;
+    bool host = sc->call == FAKE_FREE_HOST;
+    const char *failed = host ? "cudaFreeHost failed" : "cudaFree failed";
+    int fails = sc->count == ONCE ? 1 : N;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = host ? host_alloc(1024) : device_alloc(1024);
+        work_timed(sb, 0, p[i]);
+        cudaError_t err = host ? defer_free_host(p[i], sb) : defer_free(p[i], sb);
+        CHECK(err == cudaSuccess, "defer #%d", i);
+    }
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    CHECK(stats_now().held == N, "held %llu, want %d", ULL(stats_now().held), N);
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, sc->count);
+    size_t bytes = 0;
+    cudaError_t t = defer_trim(&bytes); /* releases the held entries now */
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(t == cudaSuccess, "defer_trim: %s", EN(t));
+    struct defer_stats st = stats_now();
+    if (sc->variant != NULL) { /* "accounting" */
+        CHECK(bytes == (size_t)(N - fails) * 1024, "defer_trim reports %zu "
+              "bytes released, want %d (the failed releases freed nothing)",
+              bytes, (N - fails) * 1024);
+        CHECK(st.demand_releases == (uint64_t)(N - fails),
+              "demand_releases %llu, want %d (only what was released)",
+              ULL(st.demand_releases), N - fails);
+    }
+    CHECK(st.failed == (uint64_t)fails && st.released == (uint64_t)(N - fails),
+          "failed %llu released %llu, want %d and %d", ULL(st.failed),
+          ULL(st.released), fails, N - fails);
+    for (int i = 0; i < N; i++) {
+        CHECK(fake_is_released(p[i]) == (i >= fails), "#%d released: %d", i,
+              fake_is_released(p[i]));
+        if (i < fails)
+            CHECK(lines_with(msg, failed, EN(bad), ptr_text(p[i])) == 1,
+                  "one line names %s, %s and #%d's pointer", failed, EN(bad),
+                  i);
+    }
+    CHECK(lines_with(msg, failed, NULL, NULL) == fails, "%d lines, want %d",
+          lines_with(msg, failed, NULL, NULL), fails);
+    /* Later entries carry on. */
+    void *q = host ? host_alloc(64) : device_alloc(64);
+    work_timed(sb, 0, q);
+    CHECK((host ? defer_free_host(q, sb) : defer_free(q, sb)) == cudaSuccess,
+          "a later entry is accepted");
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(q) == 1 && fake_is_released(busy) == 1,
+          "and released");
+    for (int i = 0; i < fails; i++)
+        host ? cudaFreeHost(p[i]) : cudaFree(p[i]);
+    CHECK(fake_live_allocations() == 0, "nothing else left (%zu)",
+          fake_live_allocations());
+    CHECK_STATS();
+}
+
+/* ---- reclaimer: pool memory (cudaFreeAsync, its stream) ------------------- */
+
+/* cudaFreeAsync fails: cudaFree instead. */
+void s_free_async_fails(const struct scenario *sc)
+{
+    enum { N = 3 };
+    const cudaError_t bad = sc->err;
+    int fails = sc->count == ONCE ? 1 : N;
+    cudaStream_t s = stream_new();
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = pool_alloc(s, 4096);
+        work_timed(s, 0, p[i]);
+    }
+    unsigned long frees = fake_calls(FAKE_FREE);
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, bad, 0, sc->count);
+    for (int i = 0; i < N; i++)
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    cudaError_t f = defer_flush();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(f == cudaSuccess, "flush: %s", EN(f));
+    CHECK(count_released(p, N) == N, "all released (%d of %d)",
+          count_released(p, N), N);
+    struct defer_stats st = stats_now();
+    CHECK(st.released == N && st.failed == 0, "released %llu failed %llu",
+          ULL(st.released), ULL(st.failed));
+    CHECK(fake_calls(FAKE_FREE) - frees == (unsigned long)fails,
+          "%lu cudaFree calls, want %d", fake_calls(FAKE_FREE) - frees, fails);
+    for (int i = 0; i < fails; i++)
+        CHECK(lines_with(msg, "cudaFreeAsync failed", EN(bad), ptr_text(p[i])) ==
+                  1, "a line names cudaFreeAsync, %s and #%d's pointer",
+              EN(bad), i);
+    CHECK(lines_with(msg, "cudaFreeAsync failed", NULL, NULL) == fails,
+          "%d lines, want %d", lines_with(msg, "cudaFreeAsync failed", NULL,
+                                          NULL), fails);
+    CHECK(lines_with(msg, "cudaFree failed", NULL, NULL) == 0,
+          "the fallback cudaFree worked");
+    CHECK_STATS();
+}
+
+/* The reclaimer cannot create its stream: cudaFree instead. */
+void s_free_stream_fails(const struct scenario *sc)
+{
+    enum { N = 3 };
+    const cudaError_t bad = sc->err;
+    int fails = sc->count == ONCE ? 1 : N;
+    cudaStream_t s = stream_new(); /* before the injection: the app's own */
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = pool_alloc(s, 4096);
+        work_timed(s, 0, p[i]);
+    }
+    unsigned long frees = fake_calls(FAKE_FREE);
+    unsigned long async_frees = fake_calls(FAKE_FREE_ASYNC);
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_CREATE, bad, 0, sc->count);
+    for (int i = 0; i < N; i++)
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    cudaError_t f = defer_flush();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(f == cudaSuccess, "flush: %s", EN(f));
+    CHECK(count_released(p, N) == N, "all released (%d of %d)",
+          count_released(p, N), N);
+    CHECK(fake_calls(FAKE_FREE) - frees == (unsigned long)fails &&
+              fake_calls(FAKE_FREE_ASYNC) - async_frees ==
+                  (unsigned long)(N - fails),
+          "%lu with cudaFree (want %d), %lu with cudaFreeAsync (want %d)",
+          fake_calls(FAKE_FREE) - frees, fails,
+          fake_calls(FAKE_FREE_ASYNC) - async_frees, N - fails);
+    struct defer_stats st = stats_now();
+    CHECK(st.released == N && st.failed == 0, "released %llu failed %llu",
+          ULL(st.released), ULL(st.failed));
+    int lines = lines_with(msg, "cudaStreamCreateWithFlags failed", EN(bad),
+                           NULL);
+    CHECK(sc->count == ONCE ? lines == 1 : lines >= 1,
+          "stderr names cudaStreamCreateWithFlags and %s (%d lines)", EN(bad),
+          lines);
+    CHECK_STATS();
+}
+
+/* ---- reclaimer: allocation sizes (driver entry point, attributes) --------- */
+
+/* The entry point cannot be had: nothing is known of any allocation. */
+void s_entry_point_fails(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    stderr_capture_begin();
+    fake_fail(FAKE_DRIVER_ENTRY_POINT, bad, 0, sc->count);
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    enum { N = 5 };
+    void *p[N] = {device_alloc(1000), device_alloc(2000), host_alloc(3000),
+                  pool_alloc(sb, 4096), pool_alloc(sb, 4096)};
+    for (int i = 0; i < N; i++) {
+        work_timed(sb, 0, p[i]);
+        cudaError_t err = i == 2 ? defer_free_host(p[i], sb)
+                                 : defer_free(p[i], sb);
+        CHECK(err == cudaSuccess, "defer #%d", i);
+    }
+    WAIT_UNTIL(stats_now().held == N, 2000);
+    struct defer_stats st = stats_now();
+    CHECK(st.held == N && st.held_bytes == 0, "all %d held, their bytes "
+          "unknown (held %llu, held_bytes %llu)", N, ULL(st.held),
+          ULL(st.held_bytes));
+    CHECK(count_released(p, N) == 0, "none released while busy (%d)",
+          count_released(p, N));
+    unsigned long frees = fake_calls(FAKE_FREE);
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
+          "all released (%d of %d)", count_released(p, N), N);
+    CHECK(fake_calls(FAKE_FREE_ASYNC) == 0, "pool memory not with "
+          "cudaFreeAsync (%lu calls)", fake_calls(FAKE_FREE_ASYNC));
+    CHECK(fake_calls(FAKE_FREE) - frees == N, "with cudaFree: %lu calls, want "
+          "%d", fake_calls(FAKE_FREE) - frees, N);
+    CHECK(lines_with(msg, "cudaGetDriverEntryPointByVersion", EN(bad), NULL) ==
+              1, "one line names cudaGetDriverEntryPointByVersion and %s",
+          EN(bad));
+    diag("  cudaGetDriverEntryPointByVersion called %lu time(s)",
+         fake_calls(FAKE_DRIVER_ENTRY_POINT));
+    CHECK_STATS();
+}
+
+/* cuPointerGetAttributes fails: that entry's size and pool are unknown. */
+void s_pointer_attributes_fail(const struct scenario *sc)
+{
+    enum { N = 5 };
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    WAIT_UNTIL(fake_calls(FAKE_CU_POINTER_GET_ATTRIBUTES) >= 1, 2000);
+    CHECK(fake_calls(FAKE_CU_POINTER_GET_ATTRIBUTES) >= 1, "the busy entry "
+          "was sized up");
+    /* Two pool buffers first (the first is the one the "once" injection
+     * hits), then device and pinned memory of known sizes. */
+    void *p[N] = {pool_alloc(sb, 4096), pool_alloc(sb, 4096), device_alloc(1000),
+                  device_alloc(2000), host_alloc(3000)};
+    for (int i = 0; i < N; i++)
+        work_timed(sb, 0, p[i]);
+    /* The fake's cuPointerGetAttributes returns CUDA_ERROR_INVALID_VALUE. */
+    stderr_capture_begin();
+    fake_fail(FAKE_CU_POINTER_GET_ATTRIBUTES, cudaErrorInvalidValue, 0,
+              sc->count);
+    for (int i = 0; i < N; i++) {
+        cudaError_t err = i == 4 ? defer_free_host(p[i], sb)
+                                 : defer_free(p[i], sb);
+        CHECK(err == cudaSuccess, "defer #%d", i);
+    }
+    bool once = sc->count == ONCE;
+    uint64_t want_held = once ? N - 1 : N, want_bytes = once ? 6000 : 0;
+    WAIT_UNTIL(stats_now().held == want_held &&
+                   (!once || fake_is_released(p[1]) == 1), 2000);
+    struct defer_stats st = stats_now();
+    const char *msg = capture_end();
+    CHECK(st.held == want_held && st.held_bytes == want_bytes,
+          "held %llu (want %llu), held_bytes %llu (want %llu)", ULL(st.held),
+          ULL(want_held), ULL(st.held_bytes), ULL(want_bytes));
+    CHECK(fake_is_released(p[0]) == 0, "the pool buffer of unknown kind is "
+          "held like device memory");
+    CHECK(fake_is_released(p[1]) == (once ? 1 : 0), "the other pool buffer %s",
+          once ? "is released at once" : "too");
+    fake_fail_clear();
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
+          "all released (%d of %d)", count_released(p, N), N);
+    CHECK(fake_calls(FAKE_FREE_ASYNC) == (once ? 1u : 0u), "cudaFreeAsync "
+          "only for the pool buffer known as such (%lu calls)",
+          fake_calls(FAKE_FREE_ASYNC));
+    int lines = lines_with(msg, "cuPointerGetAttributes", "failed", NULL);
+    bool with_error = lines_with(msg, "cuPointerGetAttributes",
+                                 "CUDA_ERROR_INVALID_VALUE", NULL) +
+                          lines_with(msg, "cuPointerGetAttributes",
+                                     "invalid argument", NULL) +
+                          lines_with(msg, "cuPointerGetAttributes", "error 1",
+                                     NULL) >
+                      0;
+    CHECK(lines >= 1 && with_error, "stderr names cuPointerGetAttributes and "
+          "its error (CUDA_ERROR_INVALID_VALUE) (%d lines)", lines);
+    CHECK_STATS();
+}
+
+/* ---- reclaimer: cudaMemGetInfo (the cap) ----------------------------------- */
+
+/* A 4 MiB device: its cap is 1 MiB, unless cudaMemGetInfo fails (count 0:
+ * the control run, where it works). */
+void s_mem_get_info(const struct scenario *sc)
+{
+    enum { N = 12, SIZE = 256 << 10 };
+    fake_set_device_memory(0, (size_t)4 << 20);
+    stderr_capture_begin();
+    if (sc->count != 0)
+        fake_fail(FAKE_MEM_GET_INFO, sc->err, 0, sc->count);
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = busy_buffer(sb, SIZE, 0);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
+    }
+    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 2000);
+    sleep_ms(10);
+    struct defer_stats st = stats_now();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    if (sc->count != 0) {
+        CHECK(st.held == N && st.held_bytes == (uint64_t)N * SIZE &&
+                  st.cap_releases == 0,
+              "the cap is 20 GiB: all held (%llu, %llu bytes), no cap release "
+              "(%llu)", ULL(st.held), ULL(st.held_bytes), ULL(st.cap_releases));
+        CHECK(lines_with(msg, "cudaMemGetInfo failed", EN(sc->err), NULL) == 1,
+              "one line names cudaMemGetInfo and %s", EN(sc->err));
+    } else {
+        CHECK(st.cap_releases > 0 && st.held_bytes <= (1 << 20),
+              "control: the 1 MiB cap releases (cap_releases %llu, held_bytes "
+              "%llu)", ULL(st.cap_releases), ULL(st.held_bytes));
+        CHECK(lines_with(msg, NULL, NULL, NULL) == 0, "control: nothing on "
+              "stderr");
+    }
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
+          "all released by the flush (%d of %d)", count_released(p, N), N);
+    CHECK_STATS();
+}
