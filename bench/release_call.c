@@ -1,0 +1,212 @@
+/*
+ * bench-release-call: workload W5, the cost of the release call alone.
+ * N buffers of 1 MiB are allocated first; then each release call (cudaFree,
+ * cudaFreeAsync, naive_free or defer_free) is timed by itself.  W5-idle: the
+ * stream is idle.  W5-busy: a 200 ms kernel is queued first, so the calls
+ * see a busy stream; its process runs the idle phase first, untimed, so
+ * that it finds the library in the state the idle phase leaves (as when both
+ * phases ran in one process).  One phase per process, one JSON object.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "cudefer.h"
+#include "gpu_kernels.h"
+
+#define BUF_BYTES     ((size_t)1 << 20)
+#define BUSY_NS       200000000ull   /* W5-busy: a 200 ms gpu_spin first */
+#define WARMUP_CALLS  64
+#define NAIVE_POLL_US 50
+
+enum strategy { S_INLINE_FREE, S_INLINE_ASYNC, S_NAIVE, S_CUDEFER, S_N };
+
+static const char *const strategy_names[S_N] = {
+    "inline-cudaFree", "inline-async", "naive-reclaimer", "cudefer",
+};
+
+static const char usage[] =
+    "--workload W5-idle|W5-busy --strategy S [--label NAME] [--rep N]\n"
+    "       [--calls N] | --info\n"
+    "  strategies: inline-cudaFree, inline-async, naive-reclaimer, cudefer\n";
+
+struct run {
+    enum strategy strategy;
+    struct naive_reclaimer *nr;
+    cudaStream_t stream;
+    void **ptrs;
+    uint64_t *lat;
+};
+
+static cudaError_t alloc_buf(struct run *r, void **p)
+{
+    if (r->strategy == S_INLINE_ASYNC)
+        return cudaMallocAsync(p, BUF_BYTES, r->stream);
+    return cudaMalloc(p, BUF_BYTES);
+}
+
+static cudaError_t release_buf(struct run *r, void *p)
+{
+    switch (r->strategy) {
+    case S_INLINE_FREE:
+        return cudaFree(p);
+    case S_INLINE_ASYNC:
+        return cudaFreeAsync(p, r->stream);
+    case S_NAIVE:
+        return naive_free(r->nr, p, r->stream);
+    case S_CUDEFER:
+        return defer_free(p, r->stream);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
+static void release_all(struct run *r)
+{
+    if (r->strategy == S_CUDEFER)
+        CK(defer_flush());
+    else if (r->strategy == S_NAIVE)
+        naive_drain(r->nr);
+}
+
+static void snap(struct run *r, struct bench_snap *s, struct bench_cpu *c)
+{
+    if (r->strategy == S_CUDEFER) {
+        bench_snap_cudefer(s);
+        *c = bench_cpu_cudefer();
+    } else if (r->strategy == S_NAIVE) {
+        bench_snap_naive(r->nr, s);
+        *c = bench_cpu_naive(r->nr);
+    } else {
+        bench_snap_none(s);
+        *c = bench_cpu_none();
+    }
+}
+
+/* Allocate up to want buffers (fewer when the device is full); the count. */
+static size_t allocate(struct run *r, size_t want)
+{
+    size_t n;
+
+    for (n = 0; n < want; n++) {
+        cudaError_t rc = alloc_buf(r, &r->ptrs[n]);
+
+        if (rc == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            bench_note("out of device memory after %zu buffers; timing %zu calls",
+                       n, n);
+            break;
+        }
+        CK(rc);
+    }
+    if (n < 100)
+        bench_die("only %zu buffers could be allocated", n);
+    CK(cudaStreamSynchronize(r->stream));
+    CK(cudaDeviceSynchronize());
+    return n;
+}
+
+/* Release n buffers, each call timed alone, into r->lat. */
+static void release_timed(struct run *r, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        uint64_t a = bench_now_ns();
+        cudaError_t rc = release_buf(r, r->ptrs[i]);
+        uint64_t b = bench_now_ns();
+
+        if (rc != cudaSuccess)
+            bench_die("release call %zu: %s", i, cudaGetErrorString(rc));
+        r->lat[i] = b - a;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct bench_args a;
+    struct run r;
+    struct bench_snap s0, s1;
+    struct bench_cpu c0, c1;
+    double held = NAN;
+    size_t n, i;
+    int busy, s;
+
+    bench_parse_args(argc, argv, "bench-release-call", usage, &a);
+    memset(&r, 0, sizeof r);
+    r.strategy = S_N;
+    for (s = 0; s < S_N; s++)
+        if (strcmp(a.strategy, strategy_names[s]) == 0)
+            r.strategy = (enum strategy)s;
+    if (r.strategy == S_N)
+        bench_die("unknown strategy '%s' for W5", a.strategy);
+    if (strcmp(a.workload, "W5-idle") != 0 && strcmp(a.workload, "W5-busy") != 0)
+        bench_die("unknown workload '%s' (W5-idle or W5-busy)", a.workload);
+    busy = strcmp(a.workload, "W5-busy") == 0;
+    bench_cuda_init();
+    r.ptrs = bench_calloc((size_t)a.calls, sizeof(void *));
+    r.lat = bench_calloc((size_t)a.calls, sizeof(uint64_t));
+    if (r.strategy == S_NAIVE && naive_start(&r.nr, NAIVE_POLL_US) != 0)
+        bench_die("naive_start failed");
+    CK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+
+    /* warm-up: the same calls, untimed */
+    for (i = 0; i < WARMUP_CALLS; i++) {
+        void *p;
+
+        CK(alloc_buf(&r, &p));
+        CK(release_buf(&r, p));
+    }
+    CK(cudaStreamSynchronize(r.stream));
+    release_all(&r);
+    if (busy) {   /* the idle phase, untimed */
+        n = allocate(&r, (size_t)a.calls);
+        release_timed(&r, n);
+        CK(cudaStreamSynchronize(r.stream));
+        release_all(&r);
+    }
+
+    n = allocate(&r, (size_t)a.calls);
+    if (busy)
+        CK(gpu_spin(r.stream, BUSY_NS));
+    snap(&r, &s0, &c0);
+    release_timed(&r, n);
+    if (busy) {
+        cudaError_t q = cudaStreamQuery(r.stream);
+
+        cudaGetLastError();    /* a not-ready query must not linger */
+        held = q == cudaErrorNotReady ? 1.0 : 0.0;
+    }
+    CK(cudaStreamSynchronize(r.stream));
+    release_all(&r);
+    snap(&r, &s1, &c1);
+    bench_sort_u64(r.lat, n);
+
+    json_begin();
+    bench_json_head(&a);
+    json_num("calls", (double)n);
+    json_num("buf_bytes", (double)BUF_BYTES);
+    json_num("call_p50_us", bench_pct_us(r.lat, n, 50));
+    json_num("call_p99_us", bench_pct_us(r.lat, n, 99));
+    json_num("call_max_us", bench_pct_us(r.lat, n, 100));
+    json_num("call_mean_us", bench_mean_us(r.lat, n));
+    json_num("busy_ms", busy ? (double)BUSY_NS / 1e6 : NAN);
+    json_num("busy_held", held);
+    json_num("reclaimer_cpu_ms", bench_cpu_delta(&c0, &c1, 0));
+    json_num("reclaimer_cpu_ms_stat", bench_cpu_delta(&c0, &c1, 1));
+    json_num("queries_per_release",
+             bench_ratio(s1.queries - s0.queries, s1.released - s0.released));
+    json_num("released", s1.released - s0.released);
+    json_num("sync_releases", s1.sync_releases - s0.sync_releases);
+    json_end();
+
+    if (r.nr)
+        naive_stop(r.nr);
+    CK(cudaStreamDestroy(r.stream));
+    free(r.ptrs);
+    free(r.lat);
+    return bench_finish(r.strategy == S_CUDEFER);
+}
