@@ -548,8 +548,6 @@ def select_workloads(o):
     why, found = None, None
     if not os.path.exists(o.torch_script):
         why = '%s does not exist' % o.torch_script
-    elif o.dry_run:
-        found = ('?', 2)
     else:
         found = torch_check(sys.executable)
         if not found:

@@ -217,6 +217,7 @@ def test_end_to_end():
         make_fakes(tmp, gpus=2)
         out = os.path.join(tmp, 'r.jsonl')
         rc, so, se = run_py(tmp, ['--reps', '2', '--json', out, '--iters', '7',
+                                  '--workloads', 'W1,W5,W6,train-lm,train-cnn-ddp',
                                   '--variant', 'poll=CUDEFER_POLL_US=10',
                                   '--torch-lib', '/x/libcudefer.so'],
                             env={'FAKE_FAIL': 'naive-reclaimer', 'CUDEFER_STRAY': '1'})
@@ -260,8 +261,8 @@ def test_end_to_end():
         assert mf['losses_identical'] is False
         ddp = [x for x in reps if x['workload'] == 'train-cnn-ddp']
         assert ddp and all(x['gpus'] == 2 for x in ddp)
-        assert sums[('train-cnn', 'malloc-free')]['losses_identical'] is False
-        assert sums[('train-cnn', 'native')]['losses_identical_reps'] == 2
+        assert sums[('train-lm', 'malloc-free')]['losses_identical'] is False
+        assert sums[('train-lm', 'native')]['losses_identical_reps'] == 2
         for needle in ('== W1 steady', 'done x floor', '1.050 [1.050-1.050]',
                        '0 (2 FAILED)', '== W5 call cost',
                        '== W6 scale', 'x no-library', '== train-lm', 'NO (0/2)',
@@ -296,11 +297,14 @@ def test_skips_and_timeouts():
 def test_dry_run():
     tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
     try:
-        make_fakes(tmp)
+        make_fakes(tmp, gpus=2)
         rc, so, se = run_py(tmp, ['--dry-run', '--reps', '1', '--workloads', 'W5,train-cnn',
                                   '--variant', 'v=CUDEFER_A=1'])
         lines = so.splitlines()
         assert rc == 0 and len(lines) == 2 * 5 + 7, so
+        rc, so, se = run_py(tmp, ['--dry-run', '--quick'])   # 2 GPUs: the -ddp ones too
+        assert '--model lm --allocator malloc-free --steps 15 --warmup 5 --ddp' in so, so
+        assert '--workload W6 --strategy no-library' in so and '--workload W4' in so
         assert lines[0].endswith('--workload W5-idle --strategy inline-cudaFree '
                                  '--label inline-cudaFree --rep 0 --calls 20000'), lines[0]
         assert any(l.startswith('CUDEFER_A=1 ') and '--allocator cudefer' in l
