@@ -147,15 +147,18 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     default stream is a different stream on every thread; the legacy
  *     stream is one stream per device;
  *   - a block freed on another stream, with defer_free_streams or
- *     defer_free_n, recorded on other streams (defer_record_stream), or of
+ *     defer_free_n of several pointers, recorded on other streams (defer_record_stream), or of
  *     another device's stream, is handed out only once all its work is done;
  *   - otherwise cudaMalloc of bytes rounded up to one of 16 sizes per power
  *     of two (at most 6.25 % more); out of memory, cudefer releases what it
- *     holds (defer_trim) and tries again, then with bytes exactly.
+ *     holds (defer_trim) and tries again, then with bytes rounded up to
+ *     512 only.
  * A request takes the smallest cached block of at least bytes and at most
- * 1/8 above the rounded size.  A freed block that nobody takes for cache_keep_ms
- * (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree, as is every free
- * block on defer_trim and defer_shutdown.  Only memory defer_alloc made is
+ * 1/8 above the rounded size.  A freed block that nobody takes for
+ * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at
+ * the next quiet moment (no work cudefer tracks pending, no defer call for
+ * CUDEFER_IDLE_US), or after 4 x cache_keep_ms anyway; every free block is
+ * released on defer_trim and defer_shutdown.  Only memory defer_alloc made is
  * ever reused; pointers cudefer did not allocate are released as before.
  * Return a block with defer_free (or defer_free_n, defer_free_streams),
  * never with cudaFree: a block freed twice is refused and reported.  Blocks
@@ -182,10 +185,14 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * most 63 streams per block.  The stream must outlive the block's free (its
  * event is recorded then).  cudaStreamPerThread is refused (the thread that
  * frees could not name it); stream 0 means the legacy stream of the device
- * current when the block is freed.  Returns cudaSuccess,
- * cudaErrorInvalidValue (reported) when ptr is not the start of a live block
- * of cudefer's or has 63 streams already, cudaErrorStreamCaptureUnsupported
- * on a capturing stream, or the errors of defer_free.  Thread-safe; never
+ * current when the block is freed.  Every way of freeing the block waits
+ * for them (defer_free, defer_free_n, defer_free_streams, CUDEFER_DISABLE);
+ * freeing it into a graph capture is refused
+ * (cudaErrorStreamCaptureUnsupported: the capture could not wait for them).
+ * Returns cudaSuccess, cudaErrorInvalidValue (reported) when ptr is not the
+ * start of a live block of cudefer's or has 63 streams already,
+ * cudaErrorStreamCaptureUnsupported on a capturing stream,
+ * cudaErrorMemoryAllocation, or the errors of defer_free.  Thread-safe; never
  * blocks on the GPU.
  */
 CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
@@ -195,7 +202,8 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
- * device is left as it was); NULL when out of memory or on error (reported).
+ * device is left as it was); NULL when out of memory (PyTorch then raises
+ * its out-of-memory error) or on another error (reported).
  * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires

@@ -63,6 +63,29 @@ static bool set_pointers(struct entry *e, const struct request_args *a)
     return true;
 }
 
+/* How many streams the blocks of a free were recorded on (block_cache.h);
+ * their frees must wait for those streams too.  Copied to out (64 of room)
+ * when not NULL; a count above 64 means too many. */
+static size_t recorded_streams(const struct request_args *a, cudaStream_t *out)
+{
+    if (a->kind != ENTRY_FREE_DEVICE || !block_cache_active())
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < a->nptrs; i++) {
+        cudaStream_t mine[BLOCK_MAX_RECORDED];
+        size_t k = block_cache_recorded(a->ptrs[i], mine);
+        for (size_t j = 0; j < k; j++) {
+            bool seen = false;
+            for (size_t m = 0; out != NULL && m < n && m < 64 && !seen; m++)
+                seen = out[m] == mine[j];
+            if (!seen && out != NULL && n < 64)
+                out[n] = mine[j];
+            n += !seen;
+        }
+    }
+    return n;
+}
+
 /* Wait for stream here and release at once: no event could be had, or
  * CUDEFER_DISABLE.  Callbacks then run on the calling thread. */
 static cudaError_t release_synchronously(const struct request_args *a,
@@ -71,6 +94,11 @@ static cudaError_t release_synchronously(const struct request_args *a,
     cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess)
         return reject(a->what, "cudaStreamSynchronize", err);
+    cudaStream_t recorded[64];
+    size_t nrec = recorded_streams(a, recorded);
+    for (size_t i = 0; i < nrec && i < 64; i++)
+        if ((err = cudaStreamSynchronize(recorded[i])) != cudaSuccess)
+            return reject(a->what, "cudaStreamSynchronize", err);
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
                       .nptrs = a->nptrs, .ptrs = (void **)a->ptrs};
     stats_add(&stats.deferred, 1);
@@ -88,6 +116,13 @@ static cudaError_t release_synchronously(const struct request_args *a,
 static cudaError_t submit_captured(const struct request_args *a,
                                    const cudaStream_t *streams, size_t n)
 {
+    if (recorded_streams(a, NULL) > 0) {
+        stats_add(&stats.rejected, 1);
+        report("%s: a block recorded on other streams (defer_record_stream) "
+               "cannot be freed into a graph capture, which would not wait "
+               "for them: refused (the caller keeps ownership)", a->what);
+        return cudaErrorStreamCaptureUnsupported;
+    }
     struct entry *e = capture_entry_new();
     if (e == NULL)
         return reject(a->what, "calloc", cudaErrorMemoryAllocation);
@@ -173,6 +208,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return submit_captured(a, &stream, 1);
     if (reclaimer_config()->disable)
         return release_synchronously(a, stream);
+    if (a->nptrs > 1 && recorded_streams(a, NULL) > 0)
+        return submit_group_admitted(a, &stream, 1);
     int device;
     unsigned long long id;
     bool cached = false;
@@ -187,10 +224,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
         block_cache_plan_free(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
             return refuse_freed_block(a);
-        if (plan.path == BLOCK_AFTER_STREAMS) {
-            plan.streams[0] = stream;
-            return submit_group_admitted(a, plan.streams, plan.nstreams);
-        }
+        if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
+            return submit_group_admitted(a, &stream, 1);
         if (plan.path == BLOCK_STREAM_ORDERED) {
             block_args = *a;
             block_args.kind = ENTRY_BLOCK;
@@ -234,8 +269,26 @@ static cudaError_t submit_admitted(const struct request_args *a,
  * first stream's entry is the payload; the others are members that count
  * down the payload's group. */
 static cudaError_t submit_group_admitted(const struct request_args *a,
-                                         const cudaStream_t *streams, size_t n)
+                                         const cudaStream_t *given, size_t n)
 {
+    /* The streams its blocks were recorded on join the group. */
+    cudaStream_t streams[64];
+    memcpy(streams, given, n * sizeof *streams);
+    cudaStream_t recorded[64];
+    size_t nrec = recorded_streams(a, recorded);
+    for (size_t i = 0; i < nrec; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < n && !seen; j++)
+            seen = streams[j] == recorded[i];
+        if (!seen && (i >= 64 || n == 64)) {
+            stats_add(&stats.rejected, 1);
+            report("%s: with the streams its blocks were recorded on, more "
+                   "than 64 streams: refused", a->what);
+            return cudaErrorInvalidValue;
+        }
+        if (!seen)
+            streams[n++] = recorded[i];
+    }
     bool capturing = false;
     const char *call = NULL;
     cudaError_t err = capture_status(streams, n, &capturing, &call);

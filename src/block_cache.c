@@ -482,6 +482,20 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
     return err;
 }
 
+size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
+{
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return 0;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    size_t n = b->state == BLOCK_LIVE ? b->nrecorded : 0;
+    if (out != NULL && n > 0)
+        memcpy(out, b->recorded, n * sizeof *out);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
 /* ---- the reclaimer ------------------------------------------------------ */
 
 void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,

@@ -133,6 +133,11 @@ bool block_cache_adopt(void *ptr);
 cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
                                       unsigned long long stream_id);
 
+/* Any thread, the block's owner.  The streams recorded on the LIVE block at
+ * ptr, copied to out (BLOCK_MAX_RECORDED of room) when not NULL; how many
+ * (0 when ptr is no live block). */
+size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
+
 /* Reclaimer.  Removes up to max FREE blocks of device that became free at or
  * before freed_before_ns (UINT64_MAX: all), oldest first, into out; the
  * caller cudaFree's each and gives it to block_cache_forget.  Returns how

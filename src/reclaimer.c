@@ -189,11 +189,31 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
     return err;
 }
 
+/* A completed entry of several pointers, some of them blocks of the cache:
+ * the blocks go back to the cache now (reusable at once), the rest stays in
+ * e for the policy.  False when nothing is left in e. */
+static bool give_back_blocks(struct entry *e)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < e->nptrs; i++) {
+        if (!block_cache_adopt(e->ptrs[i])) {
+            e->ptrs[kept++] = e->ptrs[i];
+            continue;
+        }
+        if (rs.cfg.check)
+            pointer_set_remove(&rs.deferred, e->ptrs[i]);
+    }
+    e->nptrs = kept;
+    return kept > 0;
+}
+
 /* A completed entry: released at once or held, as the policy says. */
 static void completed(struct entry *e, uint64_t now)
 {
     e->completed_ns = now;
-    if (e->kind == ENTRY_BLOCK) { /* FREE in the cache from now: no release */
+    if (e->kind == ENTRY_BLOCK || /* FREE in the cache from now */
+        (e->kind == ENTRY_FREE_DEVICE && !e->cache_blocks && e->nptrs > 1 &&
+         block_cache_active() && !give_back_blocks(e))) {
         rs.pass_released++;
         finish_entry(e, cudaSuccess);
         return;
@@ -486,14 +506,18 @@ static void release_held(uint64_t now)
 
 #define NS_PER_MS UINT64_C(1000000)
 
-/* Release the cache's FREE blocks that nobody took for cache_keep_ms, or
- * every one on a trim and at shutdown: a batch per device, one cudaFree
- * each.  Blocks are reused in the steady state, so these batches are rare:
- * each block is released at most once. */
+/* Release the cache's FREE blocks that nobody took for cache_keep_ms, at a
+ * quiet moment (or once 4 x cache_keep_ms passed, quiet or not), and every
+ * one on a trim and at shutdown: a batch per device, one cudaFree each.
+ * Blocks are reused in the steady state, so these batches are rare: each
+ * block is released at most once. */
 static void release_cache(uint64_t now, bool stopping)
 {
     bool all = rs.trims != NULL || stopping;
+    struct policy_view view = view_now(now);
     uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+    if (!policy_quiet(&rs.cfg, &view))
+        keep_ns *= 4;
     if (!all && (keep_ns == 0 || now <= keep_ns))
         return;
     uint64_t before = all ? UINT64_MAX : now - keep_ns;

@@ -20,7 +20,7 @@ static bool too_old(const struct defer_config *cfg, const struct entry *e,
            now_ns - e->completed_ns >= cfg->max_delay_ms * NS_PER_MS;
 }
 
-static bool quiet(const struct defer_config *cfg, const struct policy_view *v)
+bool policy_quiet(const struct defer_config *cfg, const struct policy_view *v)
 {
     return !v->work_pending &&
            v->now_ns - v->last_activity_ns >= cfg->idle_us * NS_PER_US;
@@ -36,7 +36,7 @@ enum release_reason policy_decide(const struct defer_config *cfg,
         return RELEASE_DEMAND;
     if (h->bytes > h->cap)
         return RELEASE_CAP;
-    if (quiet(cfg, view))
+    if (policy_quiet(cfg, view))
         return RELEASE_IDLE;
     if (too_old(cfg, h->head, view->now_ns))
         return RELEASE_AGE;

@@ -51,6 +51,11 @@ struct policy_view {
 bool policy_release_at_once(const struct defer_config *cfg,
                             const struct entry *e);
 
+/* Whether the application is quiet: no stream cudefer tracks has work
+ * pending and nothing arrived for idle_us. */
+bool policy_quiet(const struct defer_config *cfg,
+                  const struct policy_view *view);
+
 /* The policy reads a held list: call these with its lock held. */
 
 /* Why the held entries of h should be released now, or RELEASE_NONE. */

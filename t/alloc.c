@@ -145,6 +145,89 @@ static void test_record_stream(cudaStream_t s, cudaStream_t side)
     ok(strstr(said, "no live block") != NULL, "the message names the problem");
 }
 
+/* Every way to free a block waits for the streams it was recorded on. */
+static void test_recorded_paths(cudaStream_t s, cudaStream_t side)
+{
+    cudaStream_t s3 = stream_new();
+    void *p = NULL, *q = NULL, *r = NULL;
+    /* defer_free_streams on one stream */
+    alloc_checked(&p, 16384, s);
+    fake_work *w = work_held(side, p);
+    defer_record_stream(p, side);
+    is_int(defer_free_streams(p, &s, 1), cudaSuccess, "defer_free_streams");
+    alloc_checked(&q, 16384, s3);
+    ok(q != p, "defer_free_streams waits for the recorded stream");
+    fake_complete(w);
+    void *t = take_when_done(16384, s3, p);
+    ok(t == p, "then it comes back");
+    /* defer_free_n of a recorded block and another */
+    w = work_held(side, t);
+    defer_record_stream(t, side);
+    void *two[2] = {t, q};
+    is_int(defer_free_n(two, 2, s3), cudaSuccess, "defer_free_n");
+    alloc_checked(&r, 16384, s);
+    ok(r != t, "defer_free_n waits for a block's recorded stream");
+    defer_free(r, s);
+    /* into a capture: refused, the caller keeps it */
+    void *c = NULL;
+    alloc_checked(&c, 512, s);
+    defer_record_stream(c, side);
+    cudaStream_t cap = stream_new();
+    cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal);
+    stderr_capture_begin();
+    is_int(defer_free(c, cap), cudaErrorStreamCaptureUnsupported,
+           "a recorded block cannot be freed into a capture");
+    ok(strstr(stderr_capture_end(), "recorded on other streams") != NULL,
+       "saying why");
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(cap, &g);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(cap);
+    fake_complete(w);
+    defer_free(c, s);
+    defer_flush();
+    cudaStreamDestroy(s3);
+}
+
+/* A defer_free_n of a block and of memory the application allocated: the
+ * block is back in the cache as soon as the work is done, while the
+ * policy holds the other (the device is kept busy). */
+static void test_mixed_free_n(cudaStream_t s, cudaStream_t busy)
+{
+    void *b = NULL, *plain = device_alloc(4096);
+    alloc_checked(&b, 32768, s);
+    fake_work *gate = work_held(busy, NULL);
+    void *two[2] = {b, plain};
+    work_timed(s, 10, b);
+    defer_free_n(two, 2, s);
+    cudaStream_t other = stream_new();
+    void *t = take_when_done(32768, other, b);
+    ok(t == b, "the block comes back while the rest is held");
+    ok(fake_is_released(plain) == 0, "the application's memory is held");
+    defer_free(t, other);
+    fake_complete(gate);
+    defer_flush();
+    ok(wait_released(plain, 2000), "and released in the end");
+    cudaStreamDestroy(other);
+}
+
+/* CUDEFER_DISABLE=1: a free waits here for the recorded streams too. */
+static void scenario_disable_recorded(void)
+{
+    set_cudefer_env("CUDEFER_DISABLE=1");
+    fake_reset(1);
+    cudaStream_t s = stream_new(), side = stream_new();
+    void *p = NULL;
+    alloc_checked(&p, 4096, s);
+    fake_work *w = work_timed(side, 20000, p);
+    defer_record_stream(p, side);
+    defer_free(p, s);
+    CHECK(fake_work_done(w), "disabled: defer_free waited for the recorded "
+                             "stream's work");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    scenario_child_end();
+}
+
 static void test_groups(cudaStream_t s, cudaStream_t s2)
 {
     void *p = NULL, *q = NULL;
@@ -324,6 +407,12 @@ int main(void)
     ok(wait_child(pid, 10000, &status) && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0,
        "CUDEFER_CACHE_KEEP_MS: unused blocks expire; shutdown releases");
+    pid = fork_flushed();
+    if (pid == 0)
+        scenario_disable_recorded();
+    ok(wait_child(pid, 10000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "CUDEFER_DISABLE: a free waits for the recorded streams");
     set_cudefer_env(NULL);
     fake_reset(2);
     cudaStream_t s = stream_new(), s2 = stream_new();
@@ -338,6 +427,8 @@ int main(void)
     test_legacy_stream();
     test_record_stream(s, s2);
     test_groups(s, s2);
+    test_recorded_paths(s, s2);
+    test_mixed_free_n(s, s2);
     test_double_free(s);
     test_foreign(s);
     test_other_device(s);
