@@ -48,7 +48,8 @@ def load(path):
             results = {}
             for r in reps:
                 results.setdefault((r['workload'], r['strategy']), []).append(r)
-            rows = run.summarize(run.WORKLOADS, results, {})
+            facts = {k: reps[0][k] for k in run.RUN_FACTS + ('device',) if k in reps[0]}
+            rows = run.summarize(run.WORKLOADS, results, facts)
     latest = {}
     for r in rows:
         latest[(r['workload'], r['strategy'])] = r

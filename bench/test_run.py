@@ -322,6 +322,20 @@ def test_plot_reads_old_and_new():
     rows = plot.load(old)
     assert any(r['workload'] == 'W4' and r['strategy'] == 'cudefer-alloc' for r in rows)
     assert all('ratio_done' in r for r in rows if r['workload'] in ('W1', 'W2'))
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:   # a run stopped before its summaries: only repetition lines
+        path = os.path.join(tmp, 'reps.jsonl')
+        with open(path, 'w') as f:
+            for rep, done in ((0, 100.0), (1, 110.0)):
+                f.write(json.dumps(dict(record='rep', workload='W1', strategy='cudefer',
+                                        kind='cudefer', env='', rep=rep, ok=True,
+                                        exit_status=0, device='X', ratio_done=done / 100,
+                                        done_ms=done)) + '\n')
+        rows = plot.load(path)
+        assert len(rows) == 1 and rows[0]['device'] == 'X' and rows[0]['reps'] == 2
+        assert rows[0]['ratio_done_max'] == 1.1 and rows[0]['done_ms'] == 105.0, rows
+    finally:
+        shutil.rmtree(tmp)
 
 
 TESTS = [v for k, v in sorted(globals().items()) if k.startswith('test_')]
