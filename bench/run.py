@@ -287,6 +287,9 @@ class Runner:
                                   result.get('strategy') != st.name):
             error = 'result for another run: %s %s' % (result.get('workload'),
                                                          result.get('strategy'))
+        elif wl.is_train and not isinstance(result.get('ms_per_step'), (int, float)):
+            error = 'no ms_per_step in the result (exit status %d)%s' % (
+                status, ': ' + str(result['error']) if 'error' in result else '')
         if error is None:
             rec.update(result)
             for k in RUN_FACTS:   # the run's facts win; a child's own go aside

@@ -57,9 +57,11 @@ print(json.dumps(r))
 
 # torch_train.py: native 40 ms/step, 7000 MiB; malloc-free's losses differ.
 FAKE_TRAIN = r'''#!PYTHON
-import hashlib, json, sys
+import hashlib, json, os, sys
 a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 alloc, model = a['--allocator'], a['--model']
+if os.environ.get('FAKE_FAIL') == alloc:
+    print(json.dumps(dict(error='CUDA out of memory'))); sys.exit(1)
 ms = {'native': 40.0, 'cudefer': 41.0, 'malloc-free': 150.0}.get(alloc, 44.0)
 peak = {'native': 7000.0, 'cudefer': 7700.0}.get(alloc, 6900.0)
 losses = ['0x1.8p+1', '0x1.4p+1'] if alloc != 'malloc-free' else ['0x1.8p+1', '0x1.3p+1']
@@ -286,6 +288,11 @@ def test_skips_and_timeouts():
             ['limit', 'malloc-never-free', 'cudefer']
         assert '== W1' in so and '== train' not in so
         make_fakes(tmp, gpus=1)
+        rc, so, se = run_py(tmp, ['--quick', '--workloads', 'train-cnn',
+                                  '--strategies', 'malloc-free'],
+                            env={'FAKE_FAIL': 'malloc-free'})
+        assert rc == 1 and 'FAILED: no ms_per_step in the result (exit status 1): ' \
+            'CUDA out of memory' in se, se
         rc, so, se = run_py(tmp, ['--quick', '--workloads', 'train-lm-ddp'])
         assert rc == 2 and 'skipping the -ddp workloads' in se, se
         rc, so, se = run_py(tmp, ['--quick', '--workloads', 'W2', '--bindir', '/nonexistent'])
