@@ -72,7 +72,7 @@ struct defer_stats {
     uint64_t failed;         /* entries whose release returned an error, or that
                                 were abandoned (failed device, fork child, exit) */
     uint64_t rejected;       /* defer calls refused (bad stream, after shutdown...) */
-    uint64_t sync_releases;  /* entries released synchronously on the caller
+    uint64_t sync_releases;  /* entries whose stream the caller waited for
                                 (no event could be had, or CUDEFER_DISABLE) */
     uint64_t event_queries;  /* cudaEventQuery calls made by the reclaimer */
     uint64_t wakeups;        /* times the reclaimer thread woke up */
@@ -243,8 +243,17 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * (defer_free, defer_call, ...); defer_flush, defer_trim and defer_shutdown
  * would wait for fn itself and return cudaErrorNotPermitted there.  There is
  * one reclaimer thread: while fn runs, nothing else is polled or released,
- * so keep it short.  Callbacks of one stream run in the order deferred.  A NULL fn is
- * cudaErrorInvalidValue.  Otherwise same contract as defer_free.
+ * so keep it short.  A NULL fn is cudaErrorInvalidValue.  Otherwise same
+ * contract as defer_free.
+ *
+ * Order: callbacks deferred on one stream run in the order deferred (by
+ * any threads), also when one of them found no event and waited for its
+ * stream (it is then queued behind the earlier ones).  A callback deferred
+ * on several streams (defer_call_streams) runs after the callbacks
+ * deferred before it on each of them; one deferred after it on one of
+ * those streams with defer_call does not wait for the other streams, so it
+ * may run first.  Under CUDEFER_DISABLE every callback runs on the calling
+ * thread, in the order of the calls.
  *
  * On a capturing stream fn runs (on the reclaimer thread) once the graph
  * being captured and every executable graph made from it are destroyed and

@@ -86,8 +86,41 @@ static size_t recorded_streams(const struct request_args *a, cudaStream_t *out)
     return n;
 }
 
+/* A callback whose stream the caller has just synchronized, when no event
+ * could be had: queued in its stream's FIFO with no event, so it runs on
+ * the reclaimer thread after the stream's earlier callbacks (issue 12,
+ * item 8), and waited for, so that it has run when the call returns, as a
+ * synchronous release has.  False when it could not be queued (out of
+ * memory: the caller runs it). */
+static bool queue_synced_call(const struct request_args *a,
+                              cudaStream_t stream)
+{
+    int device;
+    unsigned long long id;
+    const char *call;
+    if (identify(stream, &device, &id, &call) != cudaSuccess)
+        return false;
+    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
+    if (e == NULL)
+        return false;
+    e->kind = ENTRY_CALL;
+    e->device = device;
+    e->stream_id = id;
+    e->synced = true;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    e->ptrs = &e->one_ptr;
+    e->group_remaining = 1;
+    e->group_err = cudaSuccess;
+    stats_add(&stats.deferred, 1);
+    stats_add(&stats.sync_releases, 1);
+    reclaimer_push_and_wait(e);
+    return true;
+}
+
 /* Wait for stream here and release at once: no event could be had, or
- * CUDEFER_DISABLE.  Callbacks then run on the calling thread. */
+ * CUDEFER_DISABLE.  Callbacks then run on the calling thread, but for one
+ * with no event, which is queued behind its stream's earlier callbacks. */
 static cudaError_t release_synchronously(const struct request_args *a,
                                          cudaStream_t stream)
 {
@@ -99,6 +132,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
     for (size_t i = 0; i < nrec && i < 64; i++)
         if ((err = cudaStreamSynchronize(recorded[i])) != cudaSuccess)
             return reject(a->what, "cudaStreamSynchronize", err);
+    if (a->kind == ENTRY_CALL && !reclaimer_config()->disable &&
+        queue_synced_call(a, stream))
+        return cudaSuccess;
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
                       .nptrs = a->nptrs, .ptrs = (void **)a->ptrs};
     stats_add(&stats.deferred, 1);
@@ -310,15 +346,34 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     for (; made < n; made++) {
         int device;
         unsigned long long id;
-        bool no_event = false;
-        if ((err = identify(streams[made], &device, &id, &call)) != cudaSuccess)
+        bool no_event = false, cached = false;
+        if (a->kind == ENTRY_CALL) /* ordered per stream: look up afresh */
+            stream_identity_forget();
+        if ((err = stream_identify(streams[made], &device, &id, &cached,
+                                   &call)) != cudaSuccess)
             break;
         if ((err = reclaimer_device_error(device)) != cudaSuccess) {
             call = "an earlier CUDA call on this device";
             break;
         }
-        parts[made] = record(made == 0 ? a : &member, streams[made], device,
-                             id, &err, &call, &no_event);
+        const struct request_args *part = made == 0 ? a : &member;
+        parts[made] = record(part, streams[made], device, id, &err, &call,
+                             &no_event);
+        if (parts[made] == NULL && cached &&
+            err == cudaErrorInvalidResourceHandle) {
+            /* The cached identity may be stale: look again, once, as the
+             * single-stream path does (issue 12, item 9). */
+            stream_identity_forget();
+            if ((err = identify(streams[made], &device, &id, &call)) !=
+                cudaSuccess)
+                break;
+            if ((err = reclaimer_device_error(device)) != cudaSuccess) {
+                call = "an earlier CUDA call on this device";
+                break;
+            }
+            parts[made] = record(part, streams[made], device, id, &err, &call,
+                                 &no_event);
+        }
         if (parts[made] == NULL)
             break;
     }
@@ -423,6 +478,9 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
     }
     struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
                              .fn = fn, .arg = arg};
+    /* Callbacks are ordered per stream: look the stream up afresh (a cached
+     * identity may name a destroyed stream whose handle was reused). */
+    stream_identity_forget();
     return submit(&a, stream);
 }
 

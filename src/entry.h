@@ -36,6 +36,10 @@ struct entry {
     cudaEvent_t event;     /* recycled with the entry; NULL for requests
                               and for entries complete when they arrive
                               (not pooled: freed when done) */
+    bool synced;           /* no event, but its stream was synchronized
+                              before the push: complete once it heads its
+                              stream's FIFO (in order behind the earlier
+                              entries; a callback with no event) */
     uint64_t seq;          /* order of arrival at the reclaimer */
     uint64_t completed_ns; /* when the reclaimer saw the event complete */
     uint64_t held_bytes;   /* memory it keeps from the application */

@@ -243,6 +243,26 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
     return true;
 }
 
+void reclaimer_push_and_wait(struct entry *e)
+{
+    if (on_reclaimer_thread) { /* it runs once this callback returns */
+        e->request = NULL;
+        reclaimer_push(e);
+        return;
+    }
+    struct request q = {.err = cudaSuccess};
+    pthread_mutex_init(&q.lock, NULL);
+    pthread_cond_init(&q.cond, NULL);
+    e->request = &q;
+    reclaimer_push(e);
+    pthread_mutex_lock(&q.lock);
+    while (!q.done)
+        pthread_cond_wait(&q.cond, &q.lock);
+    pthread_mutex_unlock(&q.lock);
+    pthread_cond_destroy(&q.cond);
+    pthread_mutex_destroy(&q.lock);
+}
+
 /* Checks shared by flush and trim; cudaSuccess when they may go on. */
 static cudaError_t may_wait(const char *what)
 {
@@ -354,10 +374,19 @@ cudaError_t reclaimer_shutdown(void)
  * joined only when it finished, so a hung device cannot hang exit. */
 static void at_exit(void)
 {
-    if (pthread_mutex_trylock(&rs.life_lock) != 0)
+    /* Another thread may hold life_lock for a moment (a first call that
+     * found the reclaimer started): wait for it, within the drain's time.
+     * Inside a callback, the holder may be a shutdown waiting for this very
+     * thread: do not wait then. */
+    uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)(EXIT_DRAIN_NS / 1000000000u);
+    if ((inside_callback() ? pthread_mutex_trylock(&rs.life_lock)
+                           : pthread_mutex_timedlock(&rs.life_lock, &until)) !=
+        0)
         return; /* exit() from inside start or shutdown: leave it be */
     if (atomic_load(&rs.state) == STATE_RUNNING && !on_reclaimer_thread) {
-        uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
         if (close_gate(deadline) && request_and_wait(&q, deadline, false)) {

@@ -107,6 +107,10 @@ static void finish_entry(struct entry *e, cudaError_t err)
         }
         link = &q->next;
     }
+    if (e->synced && e->request != NULL) { /* its caller waits for it */
+        e->request->err = err;
+        request_done(e->request);
+    }
     release_forget_pointers(e);
     if (e->event == NULL || device_error(e->device) != cudaSuccess) {
         free(e); /* no event, or it died with the device's context */
@@ -352,7 +356,7 @@ static size_t take_pushed(void)
                 learn_cap(e->device);
             size_up(e);
         }
-        if (e->event == NULL) { /* complete on arrival (graph capture) */
+        if (e->event == NULL && !e->synced) { /* complete on arrival */
             event_done(e, cudaSuccess, now_ns());
             continue;
         }
@@ -363,7 +367,8 @@ static size_t take_pushed(void)
         /* Out of memory for a FIFO: wait for this one entry here. */
         report("reclaimer: out of memory; waiting for one entry's event "
                "synchronously");
-        cudaError_t err = use_device(e->device)
+        cudaError_t err = e->event == NULL ? cudaSuccess /* synced */
+                          : use_device(e->device)
                               ? cudaEventSynchronize(e->event)
                               : device_error(e->device);
         event_done(e, err, now_ns());
@@ -409,8 +414,12 @@ static size_t poll_streams(uint64_t now)
         bool emptied = false;
         while (!emptied && device_error(f->device) == cudaSuccess &&
                use_device(f->device)) {
-            cudaError_t err = cudaEventQuery(f->head->event);
-            stats_add(&stats.event_queries, 1);
+            /* A synced entry (no event) is complete once it heads its FIFO. */
+            cudaError_t err = cudaSuccess;
+            if (f->head->event != NULL) {
+                err = cudaEventQuery(f->head->event);
+                stats_add(&stats.event_queries, 1);
+            }
             if (err == cudaErrorNotReady)
                 break;
             if (err != cudaSuccess) {

@@ -32,6 +32,13 @@ void reclaimer_push(struct entry *e);
 /* Any thread, after a successful reclaimer_enter. */
 void reclaimer_leave(void);
 
+/* Any thread, between enter and leave.  Hands the synced entry e (see
+ * entry.h: no event, its stream already synchronized) to the reclaimer and
+ * blocks until the reclaimer has finished it, behind the earlier entries of
+ * its stream; on the reclaimer thread (a callback) it only pushes e, which
+ * then runs after the callback. */
+void reclaimer_push_and_wait(struct entry *e);
+
 /* Any thread, between enter and leave: the configuration in force, and the
  * sticky error of a device (cudaSuccess if none; cudaErrorInvalidDevice for
  * a device the reclaimer does not know). */

@@ -1,0 +1,207 @@
+/* The order of defer_call callbacks (issue 12, item 8): callbacks deferred
+ * on one stream run in the order deferred, also when one of them falls
+ * back to a synchronous release (no event could be had), when a callback's
+ * stream identity was cached by the thread, and when a callback deferred
+ * on several streams (defer_call_streams) comes first. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+/* The order in which callbacks ran: each appends its number. */
+static int order[16];
+static int norder;
+static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note(void *arg)
+{
+    pthread_mutex_lock(&order_lock);
+    if (norder < 16)
+        order[norder++] = (int)(intptr_t)arg;
+    pthread_mutex_unlock(&order_lock);
+}
+
+static void order_reset(void)
+{
+    pthread_mutex_lock(&order_lock);
+    norder = 0;
+    pthread_mutex_unlock(&order_lock);
+}
+
+/* "1,2,3" */
+static const char *order_text(void)
+{
+    static char text[64];
+    size_t len = 0;
+    text[0] = '\0';
+    pthread_mutex_lock(&order_lock);
+    for (int i = 0; i < norder && len < sizeof text - 4; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s%d",
+                                i ? "," : "", order[i]);
+    pthread_mutex_unlock(&order_lock);
+    return text;
+}
+
+/* Wait until n callbacks ran, at most 2 s. */
+static void wait_order(int n)
+{
+    for (int waited = 0; waited < 2000; waited++) {
+        pthread_mutex_lock(&order_lock);
+        int have = norder;
+        pthread_mutex_unlock(&order_lock);
+        if (have >= n)
+            return;
+        sleep_ms(1);
+    }
+}
+
+static void *complete_later(void *w)
+{
+    sleep_ms(30);
+    fake_complete(w);
+    return NULL;
+}
+
+/* No event for the second callback: it waits for the stream on the calling
+ * thread, and must still run after the first, which the reclaimer (polling
+ * slowly here) has not run yet. */
+static void s_sync_fallback_keeps_order(void)
+{
+    cudaStream_t s = stream_new();
+    fake_work *w = work_held(s, NULL);
+    CHECK(defer_call(note, (void *)1, s) == cudaSuccess, "defer_call 1");
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    pthread_t t;
+    pthread_create(&t, NULL, complete_later, w);
+    stderr_capture_begin();
+    cudaError_t err = defer_call(note, (void *)2, s); /* waits for s */
+    stderr_capture_end();
+    pthread_join(t, NULL);
+    CHECK(err == cudaSuccess, "defer_call 2 (no event): %s",
+          cudaGetErrorName(err));
+    CHECK(stats_now().sync_releases == 1, "it waited for the stream (%llu "
+          "synchronous releases)", ULL(stats_now().sync_releases));
+    err = defer_call(note, (void *)3, s);
+    CHECK(err == cudaSuccess, "defer_call 3 (no event either): %s",
+          cudaGetErrorName(err));
+    fake_fail_clear();
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(strcmp(order_text(), "1,2,3") == 0, "callbacks ran in the order %s, "
+          "want 1,2,3", order_text());
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* Run fn in a child process (fresh fake, env set); ok when it ends in time
+ * with no failed check. */
+static void scenario(const char *title, const char *env, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        fake_reset(2);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 15000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
+       title, *env != '\0' ? env : "defaults");
+}
+
+/* Every defer_call looks its stream up afresh: a thread's cached identity
+ * can name a destroyed stream whose handle now names a new one (on the
+ * same device its entry would join the old stream's FIFO, out of order
+ * with the other threads' callbacks on the new stream). */
+static void test_callbacks_identify_afresh(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    work_timed(s, 100, p);
+    is_int(defer_free(p, s), cudaSuccess, "defer_free caches s's identity");
+    unsigned long ids = fake_calls(FAKE_STREAM_GET_ID);
+    for (int i = 0; i < 3; i++)
+        defer_call(note, (void *)(intptr_t)(i + 1), s);
+    is_int(fake_calls(FAKE_STREAM_GET_ID) - ids, 3,
+           "each defer_call asked for its stream's id");
+    defer_flush();
+    is_str(order_text(), "1,2,3", "and the callbacks ran in order");
+    order_reset();
+    cudaStreamDestroy(s);
+}
+
+/* defer_call_streams looks each of its streams up afresh too. */
+static void test_group_callbacks_identify_afresh(void)
+{
+    cudaStream_t s[2] = {stream_new(), stream_new()};
+    unsigned long ids = fake_calls(FAKE_STREAM_GET_ID);
+    for (int i = 0; i < 2; i++)
+        defer_call_streams(note, (void *)(intptr_t)(i + 1), s, 2);
+    is_int(fake_calls(FAKE_STREAM_GET_ID) - ids, 4,
+           "each defer_call_streams asked for each stream's id");
+    defer_flush();
+    is_str(order_text(), "1,2", "and the callbacks ran in order");
+    order_reset();
+    cudaStreamDestroy(s[0]);
+    cudaStreamDestroy(s[1]);
+}
+
+/* What is ordered for a callback deferred on several streams (the
+ * header's words): it runs after the callbacks deferred before it on each
+ * of its streams; a callback deferred after it on one of them with
+ * defer_call does not wait for the other streams, so it may run first. */
+static void test_group_callback_order(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    fake_work *a = work_held(s, NULL), *b = work_held(s2, NULL);
+    cudaStream_t both[2] = {s, s2};
+    defer_call(note, (void *)1, s);
+    defer_call(note, (void *)2, s2);
+    defer_call_streams(note, (void *)3, both, 2);
+    fake_complete(b);
+    wait_order(1);
+    sleep_ms(10);
+    is_str(order_text(), "2", "s2's earlier callback ran; the group waits for "
+           "s");
+    fake_complete(a);
+    defer_flush();
+    is_str(order_text(), "2,1,3", "the group ran after the earlier callbacks "
+           "of both its streams");
+    order_reset();
+
+    /* The documented limit: a later defer_call on s does not wait for a
+     * group that still waits for s2. */
+    b = work_held(s2, NULL);
+    defer_call_streams(note, (void *)4, both, 2);
+    defer_call(note, (void *)5, s);
+    wait_order(1);
+    sleep_ms(10);
+    is_str(order_text(), "5", "a later callback on s alone ran while the "
+           "group waits for s2 (documented in the header)");
+    fake_complete(b);
+    defer_flush();
+    is_str(order_text(), "5,4", "then the group");
+    order_reset();
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("a callback with no event waits for its stream and still runs "
+             "after the earlier callbacks of the stream",
+             "CUDEFER_POLL_US=200000 CUDEFER_POLL_MAX_US=400000",
+             s_sync_fallback_keeps_order);
+    fake_reset(2);
+    test_callbacks_identify_afresh();
+    test_group_callbacks_identify_afresh();
+    test_group_callback_order();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}

@@ -1,0 +1,85 @@
+/* A thread's cached stream identity can be stale: the stream was destroyed
+ * and its handle now names another stream (on another device, recording
+ * then fails with cudaErrorInvalidResourceHandle).  The single-stream path
+ * then looks the stream up again and retries once; the *_streams path must
+ * do the same (issue 12, item 9).  The stale identity is emulated by a
+ * record that fails once with cudaErrorInvalidResourceHandle on a stream
+ * whose identity the thread has cached. */
+#include <string.h>
+
+#include "helpers.h"
+
+static int calls;
+
+static void count_call(void *arg)
+{
+    (void)arg;
+    __atomic_fetch_add(&calls, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A defer_free on s makes s the thread's cached stream. */
+static void cache_stream(cudaStream_t s)
+{
+    void *p = device_alloc(64);
+    work_timed(s, 100, p);
+    if (defer_free(p, s) != cudaSuccess)
+        bail("defer_free");
+}
+
+/* The group's first record (on s0, from the cache) fails once, as for a
+ * stale identity. */
+static void test_group_retries(void)
+{
+    cudaStream_t s[2] = {stream_new(), stream_new()};
+    void *p = device_alloc(4096), *h = host_alloc(64);
+    work_timed(s[0], 1000, p);
+    work_timed(s[1], 2000, p);
+    uint64_t rejected = stats_now().rejected;
+    cache_stream(s[0]);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 1);
+    cudaError_t err = defer_free_streams(p, s, 2);
+    is_int(err, cudaSuccess, "defer_free_streams: a stale cached identity is "
+           "looked up again and the record retried (%s)", cudaGetErrorName(err));
+    work_timed(s[0], 100, h);
+    cache_stream(s[0]);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 1);
+    err = defer_free_host_streams(h, s, 2);
+    is_int(err, cudaSuccess, "defer_free_host_streams likewise (%s)",
+           cudaGetErrorName(err));
+    /* (defer_call_streams never uses the cache: t/callback_order.) */
+    err = defer_call_streams(count_call, NULL, s, 2);
+    is_int(err, cudaSuccess, "defer_call_streams");
+    is_int(stats_now().rejected - rejected, 0, "nothing refused");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 && fake_is_released(h) == 1 && calls == 1,
+       "released after both streams, callback run once");
+
+    /* A record that fails again after the fresh look-up is the caller's
+     * error, and nothing is deferred. */
+    void *r = device_alloc(64);
+    cache_stream(s[0]);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidResourceHandle, 0, 2);
+    stderr_capture_begin();
+    err = defer_free_streams(r, s, 2);
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    is_int(err, cudaErrorInvalidResourceHandle, "a record failing again is "
+           "returned");
+    ok(strstr(msg, "defer_free_streams") != NULL, "and reported");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(r), 0, "the caller keeps r");
+    cudaFree(r);
+    cudaStreamDestroy(s[0]);
+    cudaStreamDestroy(s[1]);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    test_group_retries();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
