@@ -39,8 +39,15 @@ enum defer_policy {
     DEFER_POLICY_EAGER = 1,
 };
 
-/* Every knob; each has a CUDEFER_* environment variable of the same name in
- * capitals (CUDEFER_POLL_US, ...), which overrides the value given here. */
+/*
+ * Every knob; each has a CUDEFER_* environment variable, which overrides the
+ * value given here.  The variable is the field's name in capitals
+ * (CUDEFER_POLL_US, CUDEFER_POLICY, ...) except for three:
+ * max_pending_bytes is CUDEFER_MAX_PENDING, event_pool_max is
+ * CUDEFER_EVENT_POOL and print_stats is CUDEFER_STATS.
+ *
+ * The struct only grows, at its end (see "Structs that grow" below).
+ */
 struct defer_config {
     uint32_t poll_us;           /* first wait between polls (1 us .. 1 s) */
     uint32_t poll_max_us;       /* backed-off wait while nothing completes (poll_us .. 1 s) */
@@ -64,7 +71,9 @@ struct defer_config {
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by
- * one, so under load they may disagree by the entries in flight. */
+ * one, so under load they may disagree by the entries in flight.  Every
+ * field is a uint64_t; the struct only grows, at its end (see "Structs that
+ * grow" below). */
 struct defer_stats {
     uint64_t deferred;       /* entries accepted by the defer_* calls */
     uint64_t released;       /* entries released (or callbacks run) successfully */
@@ -291,22 +300,70 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
  */
 CUDEFER_API cudaError_t defer_shutdown(void);
 
-/* defer_config_defaults: fill *cfg with the built-in defaults. */
-CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
+/*
+ * Structs that grow.  struct defer_config and struct defer_stats gain fields
+ * (knobs, counters) in later versions, always at their end.  The calls that
+ * take them are macros that pass the size of the struct this header
+ * declares, so a program built against it keeps working with a later
+ * library: fields the program's struct lacks are never read nor written
+ * (the library uses its defaults for the knobs, and keeps the counters).
+ * The functions behind the macros are the *_sized ones; call them directly
+ * with sizeof(struct ...) where the macro cannot be used (a function
+ * pointer, dlsym, ctypes).
+ *
+ * The plain symbols (defer_config_defaults, defer_configure,
+ * defer_stats_get) are those of cudefer 0.1.0, for programs built against
+ * it: they read and write only the fields 0.1.0 had (defer_config through
+ * check, defer_stats through reused).  Reached without the macro, e.g.
+ * (defer_stats_get)(&s), they give the newer fields nothing: the defaults
+ * for the knobs, no value for the counters.
+ */
 
 /*
- * defer_configure: use *cfg (then the CUDEFER_* environment on top) when the
- * reclaimer starts.  Only before the first defer call and before
- * defer_shutdown: afterwards it returns cudaErrorNotPermitted and changes
- * nothing.  A value out of range is cudaErrorInvalidValue (reported on
- * stderr, nothing changed).  A bad CUDEFER_* value is reported and ignored:
- * that knob keeps the value given here.  Thread-safe; never blocks on the
- * GPU.
+ * defer_config_defaults_sized: fill the size bytes of *cfg with the
+ * built-in defaults (bytes that are no field of this library's are
+ * zeroed).  A NULL cfg does nothing; a size smaller than cudefer 0.1.0's
+ * fields (through check) writes nothing and is reported.  Never blocks.
  */
-CUDEFER_API cudaError_t defer_configure(const struct defer_config *cfg);
+CUDEFER_API void defer_config_defaults_sized(struct defer_config *cfg,
+                                             size_t size);
+/* defer_config_defaults(cfg): fill *cfg with the built-in defaults. */
+CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
+#define defer_config_defaults(cfg) \
+    defer_config_defaults_sized((cfg), sizeof(struct defer_config))
 
-/* defer_stats_get: copy the counters into *out.  Never blocks. */
+/*
+ * defer_configure_sized: use *cfg, of size bytes (then the CUDEFER_*
+ * environment on top), when the reclaimer starts.  Only before the first
+ * defer call and before defer_shutdown: afterwards it returns
+ * cudaErrorNotPermitted and changes nothing.  A value out of range is
+ * cudaErrorInvalidValue (reported on stderr, nothing changed).  The knobs
+ * that do not fit in size bytes keep their defaults; past this library's
+ * struct (a program built against a later header) they are ignored.  A
+ * NULL cfg, or a size smaller than cudefer 0.1.0's fields (through check),
+ * is cudaErrorInvalidValue (reported, nothing changed).  A bad CUDEFER_*
+ * value is reported and ignored: that knob keeps the value given here.
+ * Thread-safe; never blocks on the GPU.
+ */
+CUDEFER_API cudaError_t defer_configure_sized(const struct defer_config *cfg,
+                                              size_t size);
+/* defer_configure(cfg): defer_configure_sized with this header's struct. */
+CUDEFER_API cudaError_t defer_configure(const struct defer_config *cfg);
+#define defer_configure(cfg) \
+    defer_configure_sized((cfg), sizeof(struct defer_config))
+
+/*
+ * defer_stats_get_sized: copy the counters into *out, of size bytes: the
+ * fields that fit, no byte more (bytes past this library's struct, for
+ * counters it does not keep, are set to 0).  A NULL out does nothing; a
+ * size smaller than cudefer 0.1.0's struct (through reused) writes nothing
+ * and is reported.  Never blocks.
+ */
+CUDEFER_API void defer_stats_get_sized(struct defer_stats *out, size_t size);
+/* defer_stats_get(out): defer_stats_get_sized with this header's struct. */
 CUDEFER_API void defer_stats_get(struct defer_stats *out);
+#define defer_stats_get(out) \
+    defer_stats_get_sized((out), sizeof(struct defer_stats))
 
 /* defer_version: "MAJOR.MINOR.PATCH" of the library in use. */
 CUDEFER_API const char *defer_version(void);

@@ -365,7 +365,15 @@ def stats(lib=None):
     fields = _stats_fields()
     # Room for fields this file does not know of, should the struct grow.
     buf = (ctypes.c_uint64 * max(256, len(fields)))()
-    handle.defer_stats_get(ctypes.byref(buf))
+    if hasattr(handle, "defer_stats_get_sized"):
+        # The plain symbol writes only cudefer 0.1.0's counters (cudefer.h,
+        # "Structs that grow"); the sized one every counter that fits.
+        handle.defer_stats_get_sized.restype = None
+        handle.defer_stats_get_sized.argtypes = [ctypes.c_void_p,
+                                                 ctypes.c_size_t]
+        handle.defer_stats_get_sized(ctypes.byref(buf), ctypes.sizeof(buf))
+    else:
+        handle.defer_stats_get(ctypes.byref(buf))
     return {name: int(buf[i]) for i, name in enumerate(fields)}
 
 

@@ -102,6 +102,20 @@ static void field_set(struct defer_config *cfg, const struct knob *k,
     }
 }
 
+/* ---- structs of other sizes (cudefer.h: "Structs that grow") ------------ */
+
+/* Where the fields of cudefer 0.1.0's struct defer_config end (check was
+ * its last): the plain 0.1.0 symbols read and write no further, and a
+ * smaller size is refused. */
+#define CONFIG_END_0_1_0 \
+    (offsetof(struct defer_config, check) + sizeof(((struct defer_config *)0)->check))
+
+/* True when knob k's field lies wholly within the first size bytes. */
+static bool knob_fits(const struct knob *k, size_t size)
+{
+    return k->offset + k->size <= size;
+}
+
 /* Any thread.  *cfg zeroed, then every knob's default from the table. */
 void config_defaults(struct defer_config *cfg)
 {
@@ -110,11 +124,43 @@ void config_defaults(struct defer_config *cfg)
         field_set(cfg, &knobs[i], knobs[i].def);
 }
 
-/* Public, any thread.  config_defaults; a NULL cfg does nothing. */
-void defer_config_defaults(struct defer_config *cfg)
+/* Public, any thread; never blocks.  The size bytes of *cfg zeroed, then
+ * the default of every knob whose field fits.  A NULL cfg does nothing; a
+ * size below 0.1.0's fields writes nothing (reported). */
+void defer_config_defaults_sized(struct defer_config *cfg, size_t size)
 {
-    if (cfg != NULL)
-        config_defaults(cfg);
+    if (cfg == NULL)
+        return;
+    if (size < CONFIG_END_0_1_0) {
+        report("defer_config_defaults_sized: size %zu is smaller than any "
+               "struct defer_config (%zu bytes in cudefer 0.1.0): nothing "
+               "written", size, (size_t)CONFIG_END_0_1_0);
+        return;
+    }
+    memset(cfg, 0, size);
+    for (size_t i = 0; i < NKNOBS; i++) {
+        if (knob_fits(&knobs[i], size))
+            field_set(cfg, &knobs[i], knobs[i].def);
+    }
+}
+
+/* Public, any thread: cudefer 0.1.0's symbol (programs built against it,
+ * callers that bypass the header's macro).  Writes 0.1.0's fields only. */
+void (defer_config_defaults)(struct defer_config *cfg)
+{
+    defer_config_defaults_sized(cfg, CONFIG_END_0_1_0);
+}
+
+/* *full = the defaults, then the value of every knob of the caller's cfg
+ * (size bytes, at least 0.1.0's fields) whose field fits in size bytes. */
+static void config_from_caller(struct defer_config *full,
+                               const struct defer_config *cfg, size_t size)
+{
+    config_defaults(full);
+    for (size_t i = 0; i < NKNOBS; i++) {
+        if (knob_fits(&knobs[i], size))
+            field_set(full, &knobs[i], field_get(cfg, &knobs[i]));
+    }
 }
 
 /* ---- parsers ------------------------------------------------------------ */
@@ -442,22 +488,32 @@ void config_refuse_from_now(void)
     pthread_mutex_unlock(&state.lock);
 }
 
-/* Public, any thread, before the first defer call.  Returns cudaSuccess, or
- * the first that applies: cudaErrorInvalidValue for NULL, cudaErrorNotPermitted
- * once started or after defer_shutdown, cudaErrorInvalidValue when out of
- * range; each reported. */
-cudaError_t defer_configure(const struct defer_config *cfg)
+/* Public, any thread, before the first defer call; never blocks on the GPU.
+ * *cfg is size bytes (the knobs that do not fit take their defaults).
+ * Returns cudaSuccess, or the first that applies: cudaErrorInvalidValue for
+ * NULL or a size below 0.1.0's fields, cudaErrorNotPermitted once started or
+ * after defer_shutdown, cudaErrorInvalidValue when out of range; each
+ * reported. */
+cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
 {
     if (cfg == NULL) {
         report("defer_configure: cfg is NULL: ignored");
         return cudaErrorInvalidValue;
     }
+    if (size < CONFIG_END_0_1_0) {
+        report("defer_configure: size %zu is smaller than any struct "
+               "defer_config (%zu bytes in cudefer 0.1.0): ignored",
+               size, (size_t)CONFIG_END_0_1_0);
+        return cudaErrorInvalidValue;
+    }
+    struct defer_config full;
+    config_from_caller(&full, cfg, size);
     char why[256];
-    bool valid = config_validate(cfg, why, sizeof why);
+    bool valid = config_validate(&full, why, sizeof why);
     pthread_mutex_lock(&state.lock);
     bool started = state.started, shut_down = state.shut_down;
     if (!started && !shut_down && valid) {
-        state.app = *cfg;
+        state.app = full;
         state.configured = true;
     }
     pthread_mutex_unlock(&state.lock);
@@ -474,4 +530,12 @@ cudaError_t defer_configure(const struct defer_config *cfg)
         return cudaErrorInvalidValue;
     }
     return cudaSuccess;
+}
+
+/* Public, any thread: cudefer 0.1.0's symbol (programs built against it,
+ * callers that bypass the header's macro).  Reads 0.1.0's fields only; the
+ * later knobs take their defaults.  Returns as defer_configure_sized. */
+cudaError_t (defer_configure)(const struct defer_config *cfg)
+{
+    return defer_configure_sized(cfg, CONFIG_END_0_1_0);
 }

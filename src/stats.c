@@ -1,11 +1,14 @@
-/* Statistics counters and the defer_stats_get snapshot. */
+/* Statistics counters, the defer_stats_get snapshot and the one-line print,
+ * all from the list in stats_counters.h. */
 #include "stats.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "cudefer.h"
 #include "event_pool.h"
+#include "report.h"
 
 struct stats stats;
 
@@ -46,64 +49,114 @@ static uint64_t latency_p50_us(void)
     return 0;
 }
 
-void defer_stats_get(struct defer_stats *out)
+/* ---- the public struct agrees with the list ------------------------------ */
+
+/* struct defer_stats is written out in cudefer.h for its readers; the list
+ * in stats_counters.h must name the same uint64_t fields in the same order.
+ * A mirror of the list, then each field's offset compared. */
+#define STATS_MIRROR(name) uint64_t name;
+struct stats_mirror {
+    STATS_FIELDS(STATS_MIRROR, STATS_MIRROR, STATS_MIRROR)
+};
+#define STATS_SAME_PLACE(name)                                              \
+    _Static_assert(offsetof(struct defer_stats, name) ==                    \
+                       offsetof(struct stats_mirror, name) &&               \
+                   sizeof(((struct defer_stats *)0)->name) == sizeof(uint64_t), \
+                   "struct defer_stats and stats_counters.h disagree at " #name);
+STATS_FIELDS(STATS_SAME_PLACE, STATS_SAME_PLACE, STATS_SAME_PLACE)
+_Static_assert(sizeof(struct defer_stats) == sizeof(struct stats_mirror),
+               "struct defer_stats has fields stats_counters.h does not list");
+
+/* Where the fields of cudefer 0.1.0's struct defer_stats end: the plain
+ * defer_stats_get symbol writes no further (its callers' structs end there)
+ * and a smaller size is refused. */
+#define STATS_END_0_1_0                                                     \
+    (offsetof(struct defer_stats, STATS_LAST_FIELD_0_1_0) + sizeof(uint64_t))
+
+/* ---- gauges: computed when the snapshot is taken ------------------------- */
+
+/* Accepted and neither released nor failed; the finished counts in *snap
+ * were read before deferred, so this never underflows from a race. */
+static uint64_t stats_gauge_pending(const struct defer_stats *snap)
+{
+    uint64_t done = snap->released + snap->failed;
+    return snap->deferred > done ? snap->deferred - done : 0;
+}
+
+static uint64_t stats_gauge_events_in_pool(const struct defer_stats *snap)
+{
+    (void)snap;
+    return event_pool_idle_count();
+}
+
+static uint64_t stats_gauge_latency_p50_us(const struct defer_stats *snap)
+{
+    (void)snap;
+    return latency_p50_us();
+}
+
+/* ---- the snapshot --------------------------------------------------------- */
+
+/* Any thread; never blocks.  Every field of *snap from the list: the
+ * finished counts first, then the other counters, then the gauges. */
+static void stats_snapshot(struct defer_stats *snap)
+{
+#define STATS_READ(name) snap->name = read(&stats.name);
+#define STATS_SKIP(name)
+#define STATS_GAUGE(name) snap->name = stats_gauge_##name(snap);
+    memset(snap, 0, sizeof *snap);
+    STATS_FIELDS(STATS_SKIP, STATS_READ, STATS_SKIP)
+    STATS_FIELDS(STATS_READ, STATS_SKIP, STATS_SKIP)
+    STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE)
+#undef STATS_READ
+#undef STATS_SKIP
+#undef STATS_GAUGE
+}
+
+/* Public, any thread; never blocks.  The whole fields of the snapshot that
+ * fit in size bytes are written to out; bytes past this library's struct
+ * (a caller built against a later header) are zeroed: counters this
+ * library does not keep read 0.  A NULL out writes nothing; a size below
+ * 0.1.0's fields writes nothing and is reported. */
+void defer_stats_get_sized(struct defer_stats *out, size_t size)
 {
     if (out == NULL)
         return;
-    memset(out, 0, sizeof *out);
-    /* Finished counts first: pending never underflows from a race. */
-    out->released = read(&stats.released);
-    out->failed = read(&stats.failed);
-    out->deferred = read(&stats.deferred);
-    uint64_t done = out->released + out->failed;
-    out->pending = out->deferred > done ? out->deferred - done : 0;
-    out->rejected = read(&stats.rejected);
-    out->sync_releases = read(&stats.sync_releases);
-    out->event_queries = read(&stats.event_queries);
-    out->wakeups = read(&stats.wakeups);
-    out->batches = read(&stats.batches);
-    out->largest_batch = read(&stats.largest_batch);
-    out->events_created = read(&stats.events_created);
-    out->events_in_pool = event_pool_idle_count();
-    out->held = read(&stats.held);
-    out->held_bytes = read(&stats.held_bytes);
-    out->idle_releases = read(&stats.idle_releases);
-    out->cap_releases = read(&stats.cap_releases);
-    out->age_releases = read(&stats.age_releases);
-    out->demand_releases = read(&stats.demand_releases);
-    out->latency_p50_us = latency_p50_us();
-    out->latency_max_us = read(&stats.latency_max_us);
-    out->leaked_at_exit = read(&stats.leaked_at_exit);
-    out->reused = read(&stats.reused);
-    out->reused_same_stream = read(&stats.reused_same_stream);
-    out->cache_bytes = read(&stats.cache_bytes);
-    out->cache_free_bytes = read(&stats.cache_free_bytes);
-    out->cache_mallocs = read(&stats.cache_mallocs);
-    out->cache_releases = read(&stats.cache_releases);
+    if (size < STATS_END_0_1_0) {
+        report("defer_stats_get_sized: size %zu is smaller than any struct "
+               "defer_stats (%zu bytes in cudefer 0.1.0): nothing written",
+               size, (size_t)STATS_END_0_1_0);
+        return;
+    }
+    struct defer_stats snap;
+    stats_snapshot(&snap);
+    size_t known = size < sizeof snap ? size : sizeof snap;
+    known -= known % sizeof(uint64_t); /* whole fields only */
+    memcpy(out, &snap, known);
+    if (size > sizeof snap)
+        memset((char *)out + sizeof snap, 0, size - sizeof snap);
 }
 
+/* Public, any thread: cudefer 0.1.0's symbol, kept for the programs built
+ * against it (and for callers that bypass the header's macro: dlsym,
+ * ctypes).  Writes 0.1.0's fields only, never more. */
+void (defer_stats_get)(struct defer_stats *out)
+{
+    defer_stats_get_sized(out, STATS_END_0_1_0);
+}
+
+/* Any thread: every field of the list, "name value", on one line. */
 void stats_print(FILE *out)
 {
     struct defer_stats s;
-    defer_stats_get(&s);
-    fprintf(out,
-            "cudefer: stats: deferred %" PRIu64 " released %" PRIu64
-            " pending %" PRIu64 " failed %" PRIu64 " rejected %" PRIu64
-            " sync_releases %" PRIu64 " event_queries %" PRIu64
-            " wakeups %" PRIu64 " batches %" PRIu64 " largest_batch %" PRIu64
-            " events_created %" PRIu64 " events_in_pool %" PRIu64
-            " held %" PRIu64 " held_bytes %" PRIu64 " releases(idle %" PRIu64
-            " cap %" PRIu64 " age %" PRIu64 " demand %" PRIu64
-            ") latency_p50_us %" PRIu64 " latency_max_us %" PRIu64
-            " leaked_at_exit %" PRIu64 " reused %" PRIu64
-            " reused_same_stream %" PRIu64 " cache_bytes %" PRIu64
-            " cache_free_bytes %" PRIu64 " cache_mallocs %" PRIu64
-            " cache_releases %" PRIu64 "\n",
-            s.deferred, s.released, s.pending, s.failed, s.rejected,
-            s.sync_releases, s.event_queries, s.wakeups, s.batches,
-            s.largest_batch, s.events_created, s.events_in_pool, s.held,
-            s.held_bytes, s.idle_releases, s.cap_releases, s.age_releases,
-            s.demand_releases, s.latency_p50_us, s.latency_max_us,
-            s.leaked_at_exit, s.reused, s.reused_same_stream, s.cache_bytes,
-            s.cache_free_bytes, s.cache_mallocs, s.cache_releases);
+    char line[2048];
+    size_t used = 0;
+    stats_snapshot(&s);
+#define STATS_PRINT(name)                                                   \
+    if (used < sizeof line)                                                 \
+        used += (size_t)snprintf(line + used, sizeof line - used,          \
+                                 " " #name " %" PRIu64, s.name);
+    STATS_FIELDS(STATS_PRINT, STATS_PRINT, STATS_PRINT)
+#undef STATS_PRINT
+    fprintf(out, "cudefer: stats:%s\n", line);
 }

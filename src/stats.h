@@ -1,7 +1,7 @@
 /*
  * Statistics: counters bumped by the launching threads and the reclaimer,
  * read as a snapshot by defer_stats_get.  Relaxed atomics: exact counts, no
- * ordering between them.
+ * ordering between them.  The fields come from the list in stats_counters.h.
  */
 #ifndef CUDEFER_STATS_H
 #define CUDEFER_STATS_H
@@ -10,35 +10,20 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "stats_counters.h"
+
 #define LATENCY_BUCKETS 40 /* bucket i: latencies below 2^i microseconds */
 
+/* One atomic per kept counter of stats_counters.h (gauges are computed by
+ * the snapshot), then the latency histogram. */
+#define STATS_ATOMIC(name) _Atomic uint64_t name;
+#define STATS_NOT_KEPT(name)
 struct stats {
-    _Atomic uint64_t deferred;
-    _Atomic uint64_t released;
-    _Atomic uint64_t failed;
-    _Atomic uint64_t rejected;
-    _Atomic uint64_t sync_releases;
-    _Atomic uint64_t event_queries;
-    _Atomic uint64_t wakeups;
-    _Atomic uint64_t batches;
-    _Atomic uint64_t largest_batch;
-    _Atomic uint64_t events_created;
-    _Atomic uint64_t held;
-    _Atomic uint64_t held_bytes;
-    _Atomic uint64_t idle_releases;
-    _Atomic uint64_t cap_releases;
-    _Atomic uint64_t age_releases;
-    _Atomic uint64_t demand_releases;
-    _Atomic uint64_t latency_max_us;
-    _Atomic uint64_t leaked_at_exit;
-    _Atomic uint64_t reused;
-    _Atomic uint64_t reused_same_stream;
-    _Atomic uint64_t cache_bytes;
-    _Atomic uint64_t cache_free_bytes;
-    _Atomic uint64_t cache_mallocs;
-    _Atomic uint64_t cache_releases;
+    STATS_FIELDS(STATS_ATOMIC, STATS_ATOMIC, STATS_NOT_KEPT)
     _Atomic uint64_t latency[LATENCY_BUCKETS];
 };
+#undef STATS_ATOMIC
+#undef STATS_NOT_KEPT
 
 extern struct stats stats;
 
