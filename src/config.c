@@ -106,7 +106,11 @@ static void field_set(struct defer_config *cfg, const struct knob *k,
 
 /* Where the fields of cudefer 0.1.0's struct defer_config end (check was
  * its last): the plain 0.1.0 symbols read and write no further, and a
- * smaller size is refused. */
+ * smaller size is refused.  (0.1.0's sizeof is larger: cache_keep_ms went
+ * into its tail padding, which is why the end of the fields is used.)  A new
+ * knob goes at the end of struct defer_config, at or past the sizeof of the
+ * last release's struct (add an explicit padding field if need be): the
+ * size a caller passes must never cover a field lying in its padding. */
 #define CONFIG_END_0_1_0 \
     (offsetof(struct defer_config, check) + sizeof(((struct defer_config *)0)->check))
 
