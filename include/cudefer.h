@@ -249,7 +249,9 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
 /*
  * defer_call: run fn(arg) on the reclaimer thread once all work enqueued on
  * stream so far is done.  fn may call CUDA and the other defer calls
- * (defer_free, defer_call, ...); defer_flush, defer_trim and defer_shutdown
+ * (defer_free, defer_call, ...), also while defer_shutdown or process exit
+ * drains (what fn defers is drained too; at exit within the drain's 2 s);
+ * defer_flush, defer_trim and defer_shutdown
  * would wait for fn itself and return cudaErrorNotPermitted there.  There is
  * one reclaimer thread: while fn runs, nothing else is polled or released,
  * so keep it short.  A NULL fn is cudaErrorInvalidValue.  Otherwise same

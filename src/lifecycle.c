@@ -145,6 +145,14 @@ cudaError_t reclaimer_enter(const char *what)
 {
     for (;;) {
         if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
+            /* The drain of a shutdown or exit runs callbacks; they may
+             * defer until the reclaimer stops (it finishes what they add
+             * before it does; issue 12, item 10). */
+            if (on_reclaimer_thread &&
+                atomic_load(&rs.state) == STATE_RUNNING) {
+                admissions_here++;
+                return cudaSuccess;
+            }
             atomic_fetch_sub(&rs.gate, 1);
             return refuse(what);
         }
@@ -331,16 +339,31 @@ static bool close_gate(uint64_t deadline_ns)
     return true;
 }
 
-/* Ask the thread to stop once everything is released, and join it. */
-static void stop_and_join(void)
+/* Ask the thread to stop once everything is released (what callbacks
+ * defer meanwhile included), and join it, until deadline_ns if not 0: false
+ * if that passed first (the thread is left running, its state kept). */
+static bool stop_and_join(uint64_t deadline_ns)
 {
     atomic_store(&rs.stop, true);
     wake();
-    pthread_join(rs.thread, NULL);
+    if (deadline_ns == 0) {
+        pthread_join(rs.thread, NULL);
+    } else {
+        /* pthread_timedjoin_np waits until a time of the realtime clock. */
+        uint64_t now = now_ns(), wait = deadline_ns > now ? deadline_ns - now : 0;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + wait % 1000000000u;
+        until.tv_sec += (time_t)(wait / 1000000000u + ns / 1000000000u);
+        until.tv_nsec = (long)(ns % 1000000000u);
+        if (pthread_timedjoin_np(rs.thread, NULL, &until) != 0)
+            return false;
+    }
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
     block_cache_destroy();
     free_per_device();
+    return true;
 }
 
 cudaError_t reclaimer_shutdown(void)
@@ -359,7 +382,7 @@ cudaError_t reclaimer_shutdown(void)
         struct request q = {.err = cudaSuccess};
         request_and_wait(&q, 0, false);
         err = q.err;
-        stop_and_join();
+        stop_and_join(0);
     } else {
         atomic_fetch_or(&rs.gate, GATE_CLOSED);
         config_refuse_from_now();
@@ -389,9 +412,8 @@ static void at_exit(void)
     if (atomic_load(&rs.state) == STATE_RUNNING && !on_reclaimer_thread) {
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
-        if (close_gate(deadline) && request_and_wait(&q, deadline, false)) {
-            stop_and_join();
-        } else {
+        if (!close_gate(deadline) || !request_and_wait(&q, deadline, false) ||
+            !stop_and_join(deadline)) {
             struct defer_stats s;
             defer_stats_get(&s);
             stats_set(&stats.leaked_at_exit, s.pending);

@@ -115,6 +115,103 @@ static void s_exit_in_sync_callback(void)
     CHECK(false, "exit() in the callback returned");
 }
 
+/* ---- item 10: a callback run by the shutdown or exit drain defers ---- */
+
+static cudaStream_t drain_stream;
+static void *drain_ptr;
+static cudaError_t drain_err = cudaErrorUnknown;
+
+/* Run during the drain: defers a buffer with work still running. */
+static void defer_in_drain(void *unused)
+{
+    (void)unused;
+    drain_ptr = device_alloc(256);
+    work_timed(drain_stream, 20000, drain_ptr);
+    drain_err = defer_free(drain_ptr, drain_stream);
+}
+
+/* A callback whose work is still running when the drain begins. */
+static void defer_call_pending(void)
+{
+    cudaStream_t s = stream_new();
+    drain_stream = stream_new();
+    work_timed(s, 20000, NULL);
+    CHECK(defer_call(defer_in_drain, NULL, s) == cudaSuccess, "defer_call");
+}
+
+static void s_defer_during_shutdown(void)
+{
+    defer_call_pending();
+    stderr_capture_begin();
+    cudaError_t err = defer_shutdown();
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+    CHECK(drain_err == cudaSuccess, "defer_free in a callback run by the "
+          "shutdown's drain: %s", cudaGetErrorName(drain_err));
+    CHECK(strstr(msg, "after defer_shutdown") == NULL, "not refused");
+    CHECK(fake_is_released(drain_ptr) == 1, "released before shutdown "
+          "returned");
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.failed == 0, "pending %llu, failed %llu",
+          ULL(st.pending), ULL(st.failed));
+}
+
+static void judge_drain_exit(void)
+{
+    struct defer_stats st = stats_now();
+    CHECK(drain_err == cudaSuccess, "defer_free in a callback run by the "
+          "exit drain: %s", cudaGetErrorName(drain_err));
+    CHECK(drain_ptr != NULL && fake_is_released(drain_ptr) == 1,
+          "released by the exit drain");
+    CHECK(st.leaked_at_exit == 0 && st.pending == 0, "leaked_at_exit %llu, "
+          "pending %llu", ULL(st.leaked_at_exit), ULL(st.pending));
+    scenario_child_end();
+}
+
+static void s_defer_during_exit(void)
+{
+    atexit(judge_drain_exit); /* before cudefer's: runs after it */
+    defer_call_pending();
+    exit(0);
+}
+
+/* A callback of the exit drain that defers work which never completes:
+ * exit still ends within its drain time, and counts it as leaked. */
+static void defer_stuck_in_drain(void *unused)
+{
+    (void)unused;
+    drain_ptr = device_alloc(256);
+    work_held(drain_stream, drain_ptr); /* never completed */
+    drain_err = defer_free(drain_ptr, drain_stream);
+}
+
+static void judge_stuck_exit(void)
+{
+    double took = now_ms() - exit_called_ms;
+    struct defer_stats st = stats_now();
+    diag("  exit took %.0f ms", took);
+    CHECK(took < 3000, "exit took %.0f ms: it waited for the stuck entry "
+          "beyond its drain time", took);
+    CHECK(drain_err == cudaSuccess, "defer_free in the drain: %s",
+          cudaGetErrorName(drain_err));
+    CHECK(st.leaked_at_exit == 1, "leaked_at_exit %llu, want 1",
+          ULL(st.leaked_at_exit));
+    CHECK(fake_is_released(drain_ptr) == 0, "the stuck buffer is not freed");
+    scenario_child_end();
+}
+
+static void s_stuck_defer_during_exit(void)
+{
+    atexit(judge_stuck_exit);
+    cudaStream_t s = stream_new();
+    drain_stream = stream_new();
+    work_timed(s, 20000, NULL);
+    CHECK(defer_call(defer_stuck_in_drain, NULL, s) == cudaSuccess,
+          "defer_call");
+    exit_called_ms = now_ms();
+    exit(0);
+}
+
 /* Run fn in a child process (fresh fake, env set); ok when it ends in time
  * with no failed check. */
 static void scenario(const char *title, const char *env, void (*fn)(void))
@@ -146,5 +243,12 @@ int main(void)
     scenario("exit inside a callback run synchronously (CUDEFER_DISABLE): the "
              "drain does not wait for it", "CUDEFER_DISABLE=1",
              s_exit_in_sync_callback);
+    scenario("a callback run by the shutdown's drain may defer: accepted and "
+             "released before shutdown returns", "", s_defer_during_shutdown);
+    scenario("a callback run by the exit drain may defer: accepted and "
+             "released by the drain", "", s_defer_during_exit);
+    scenario("a callback of the exit drain defers work that never completes: "
+             "exit ends within its drain time, counts it leaked", "",
+             s_stuck_defer_during_exit);
     return 0;
 }
