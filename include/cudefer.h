@@ -113,7 +113,9 @@ struct defer_stats {
 /*
  * defer_free: cudaFree(ptr) once all work enqueued on stream so far is done.
  * Thread-safe; never blocks on the GPU.  The event is recorded on the calling
- * thread, so stream 0 and cudaStreamPerThread mean the caller's stream.
+ * thread, so stream 0 and cudaStreamPerThread mean the caller's stream
+ * (built with --default-stream per-thread, 0 is the per-thread stream:
+ * see the end of this header).
  * Returns cudaSuccess (ptr now belongs to cudefer), or the error of recording
  * the event (ptr still belongs to the caller; nothing was queued), or
  * cudaErrorNotPermitted after defer_shutdown or in a forked child.
@@ -369,6 +371,35 @@ CUDEFER_API void defer_stats_get(struct defer_stats *out);
 
 /* defer_version: "MAJOR.MINOR.PATCH" of the library in use. */
 CUDEFER_API const char *defer_version(void);
+
+/*
+ * A program built with nvcc --default-stream per-thread (or that defines
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM) means its per-thread default stream
+ * by stream 0.  cudefer, built apart, would take 0 for the legacy stream
+ * (safe, as that waits for the per-thread stream, but a device-wide
+ * barrier).  In such a program these calls pass cudaStreamPerThread for a
+ * stream 0.  The *_streams calls take arrays: pass cudaStreamPerThread in
+ * them yourself.  Define CUDEFER_NO_STREAM_MACROS to call the functions
+ * as they are.
+ */
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM) && \
+    !defined(CUDEFER_NO_STREAM_MACROS)
+static inline cudaStream_t cudefer_per_thread_(cudaStream_t stream)
+{
+    return stream == 0 ? cudaStreamPerThread : stream;
+}
+#define defer_free(ptr, stream) defer_free((ptr), cudefer_per_thread_(stream))
+#define defer_free_host(ptr, stream) \
+    defer_free_host((ptr), cudefer_per_thread_(stream))
+#define defer_free_n(ptrs, n, stream) \
+    defer_free_n((ptrs), (n), cudefer_per_thread_(stream))
+#define defer_alloc(ptr, bytes, stream) \
+    defer_alloc((ptr), (bytes), cudefer_per_thread_(stream))
+#define defer_record_stream(ptr, stream) \
+    defer_record_stream((ptr), cudefer_per_thread_(stream))
+#define defer_call(fn, arg, stream) \
+    defer_call((fn), (arg), cudefer_per_thread_(stream))
+#endif
 
 #ifdef __cplusplus
 }

@@ -459,6 +459,27 @@ static struct {
     struct defer_config in_force; /* app or defaults, then the environment */
 } state = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* In a fork child: the lock may have been held by a thread that does not
+ * exist there (issue 12, item 13). */
+static void config_fork_child(void)
+{
+    pthread_mutex_init(&state.lock, NULL);
+}
+
+static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
+
+static void register_fork_hook(void)
+{
+    pthread_atfork(NULL, NULL, config_fork_child);
+}
+
+/* Take state.lock (after making sure a fork child gets it unlocked). */
+static void state_lock(void)
+{
+    pthread_once(&fork_hook_once, register_fork_hook);
+    pthread_mutex_lock(&state.lock);
+}
+
 /* state.lock held.  The first start: settle in_force, once. */
 static void settle_locked(void)
 {
@@ -476,7 +497,7 @@ static void settle_locked(void)
  * configuration in force is copied into *out. */
 void config_at_start(struct defer_config *out)
 {
-    pthread_mutex_lock(&state.lock);
+    state_lock();
     if (!state.started)
         settle_locked();
     *out = state.in_force;
@@ -487,7 +508,7 @@ void config_at_start(struct defer_config *out)
  * (the reclaimer will never start to use it). */
 void config_refuse_from_now(void)
 {
-    pthread_mutex_lock(&state.lock);
+    state_lock();
     state.shut_down = true;
     pthread_mutex_unlock(&state.lock);
 }
@@ -514,7 +535,7 @@ cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
     config_from_caller(&full, cfg, size);
     char why[256];
     bool valid = config_validate(&full, why, sizeof why);
-    pthread_mutex_lock(&state.lock);
+    state_lock();
     bool started = state.started, shut_down = state.shut_down;
     if (!started && !shut_down && valid) {
         state.app = full;

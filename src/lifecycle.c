@@ -29,6 +29,16 @@
 static void at_exit(void);
 static void fork_child(void);
 
+/* The fork handler is registered before the first use of life_lock, so a
+ * child forked while another thread holds it (a start in progress) gets it
+ * unlocked. */
+static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
+
+static void register_fork_hook(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
 /* Allocate the reclaimer's per-device state; false when out of memory. */
 static bool alloc_per_device(int n)
 {
@@ -104,7 +114,6 @@ static cudaError_t start_locked(const char *what)
         /* Registered after the CUDA runtime's own exit handler (the runtime
          * is initialized by now), so ours runs first, while it still works. */
         atexit(at_exit);
-        pthread_atfork(NULL, NULL, fork_child);
         hooks_registered = true;
     }
     atomic_store(&rs.state, STATE_RUNNING);
@@ -162,6 +171,7 @@ cudaError_t reclaimer_enter(const char *what)
             return cudaSuccess;
         }
         atomic_fetch_sub(&rs.gate, 1);
+        pthread_once(&fork_hook_once, register_fork_hook);
         pthread_mutex_lock(&rs.life_lock);
         cudaError_t err = cudaSuccess;
         int state = atomic_load(&rs.state);
@@ -375,6 +385,7 @@ cudaError_t reclaimer_shutdown(void)
     }
     if (atomic_load(&rs.state) == STATE_FORKED)
         return refuse("defer_shutdown");
+    pthread_once(&fork_hook_once, register_fork_hook);
     pthread_mutex_lock(&rs.life_lock);
     cudaError_t err = cudaSuccess;
     if (atomic_load(&rs.state) == STATE_RUNNING) {
@@ -433,16 +444,21 @@ static void at_exit(void)
  * every later call is refused. */
 static void fork_child(void)
 {
-    if (atomic_load(&rs.state) != STATE_RUNNING)
+    /* Whatever the state, the locks may have been held by threads that do
+     * not exist here (a start in progress, say): usable again. */
+    pthread_mutex_init(&rs.wake_lock, NULL);
+    pthread_cond_init(&rs.wake_cond, NULL);
+    pthread_mutex_init(&rs.life_lock, NULL);
+    if (atomic_load(&rs.state) != STATE_RUNNING) {
+        /* Admissions of threads that are gone never end. */
+        atomic_fetch_and(&rs.gate, GATE_CLOSED);
         return;
+    }
     atomic_store(&rs.state, STATE_FORKED);
     atomic_store(&rs.gate, GATE_CLOSED);
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
-    pthread_mutex_init(&rs.wake_lock, NULL);
-    pthread_cond_init(&rs.wake_cond, NULL);
-    pthread_mutex_init(&rs.life_lock, NULL);
     event_pool_after_fork();
     alloc_info_reset();
     block_cache_fork_child();

@@ -1,0 +1,109 @@
+/* fork() while another thread holds one of cudefer's locks (issue 12,
+ * item 13): the child must not inherit them locked.  Here the thread that
+ * starts the reclaimer is stopped inside the start, holding the lifecycle
+ * and configuration locks: CUDEFER_VERBOSE=1 prints the configuration to a
+ * pipe that is full and not read.  A fork child then calls defer_configure
+ * and defer_free: each must return, whatever it returns. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static cudaStream_t stream;
+static void *starter_ptr;
+
+static void *starter(void *unused)
+{
+    (void)unused;
+    if (defer_free(starter_ptr, stream) != cudaSuccess)
+        CHECK(false, "the starter's defer_free was refused");
+    return NULL;
+}
+
+/* The fork child.  The starter holds stderr's stdio lock too (it is
+ * blocked writing), and the child inherits that lock: it must not print.
+ * So: no CUDEFER_VERBOSE, and _exit with the result. */
+static void child_calls(void)
+{
+    unsetenv("CUDEFER_VERBOSE");
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    defer_configure(&cfg); /* returns: the configuration lock is usable */
+    void *p = device_alloc(64);
+    defer_free(p, 0); /* returns: the lifecycle lock is usable */
+    _exit(0);
+}
+
+static void s_fork_during_start(void)
+{
+    stream = stream_new();
+    starter_ptr = device_alloc(64);
+    work_timed(stream, 100, starter_ptr);
+    /* stderr: a pipe filled to the brim, so the start's print blocks. */
+    int fds[2];
+    if (pipe(fds) != 0)
+        sysbail("pipe");
+    int saved = dup(STDERR_FILENO);
+    fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    char junk[4096];
+    memset(junk, 'x', sizeof junk);
+    while (write(fds[1], junk, sizeof junk) > 0) {
+    }
+    fcntl(fds[1], F_SETFL, 0);
+    dup2(fds[1], STDERR_FILENO);
+    pthread_t t;
+    pthread_create(&t, NULL, starter, NULL);
+    sleep_ms(100); /* the starter now blocks in the start's print */
+
+    fflush(stdout); /* not stderr: its lock is the starter's */
+    pid_t pid = fork();
+    if (pid < 0)
+        sysbail("fork");
+    if (pid == 0)
+        child_calls();
+    int status = 0;
+    bool ended = wait_child(pid, 5000, &status);
+
+    /* Let the starter finish: read the pipe until it is done. */
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    for (int i = 0; i < 2000 && fake_is_released(starter_ptr) != 1; i++) {
+        while (read(fds[0], junk, sizeof junk) > 0) {
+        }
+        defer_flush();
+        sleep_ms(1);
+    }
+    dup2(saved, STDERR_FILENO);
+    pthread_join(t, NULL);
+    CHECK(ended, "the fork child hung on a lock held at the fork (killed "
+          "after 5 s)");
+    CHECK(!ended || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+          "the fork child's status %d", status);
+    CHECK(defer_shutdown() == cudaSuccess, "the parent shuts down");
+    CHECK(fake_is_released(starter_ptr) == 1, "the parent released its "
+          "buffer");
+}
+
+int main(void)
+{
+    plan_lazy();
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_VERBOSE=1");
+        fake_reset(1);
+        failed_checks = 0;
+        s_fork_during_start();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 30000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+       "fork while a thread holds the lifecycle and configuration locks: the "
+       "child's defer_configure and defer_free return");
+    return 0;
+}
