@@ -5,15 +5,22 @@
  * pool memory, sometimes on a stream that only waits for the work through an
  * event), defer_free_host, defer_free_n, defer_call, defer_flush and
  * defer_trim, with quiet moments, under a release configuration drawn from
- * the seed.  The fake runtime's oracle checks every release (never while
- * work that uses the memory is pending, never twice); this program checks
- * that each flush released everything its thread deferred before it, that
- * each trim released every entry whose work had completed, that every
- * callback ran exactly once, in stream order, never early, and that nothing
- * is left and the counters agree at the end.
+ * the seed; and defer_alloc's blocks (stress_alloc.c): allocated on every
+ * kind of stream of every device, used on one or two streams, freed every
+ * way (on other streams and devices too, beside other memory), kept live
+ * across operations, freed behind held work, and wrong inputs.  The fake
+ * runtime's oracle checks every release (never while work that uses the
+ * memory is pending, never twice) and every hand-out of a block (never while
+ * another stream's work may use it); this program checks that each flush
+ * released everything its thread deferred before it, that each trim
+ * released every entry whose work had completed, that every callback ran
+ * exactly once, in stream order, never early, that each hand-out is a live
+ * device block of the stream's device owned by no one else, that each wrong
+ * input got its expected result, and at the end that only the blocks the
+ * test still owns are left and the counters agree.
  *
  *   t/stress [--entries N] [--seed S] [--threads T] [--devices D]
- *            [--streams K]
+ *            [--streams K] [--double-free-every-path]
  *
  * make check runs it with the defaults (100 000 entries, a new seed each
  * run); make stress with 1 000 000.  The seed is printed first; it fixes
@@ -23,7 +30,7 @@
  *
  * This file: the options, the configuration drawn from the seed, failures,
  * the watchdog and main; a thread's operations and their checks are in
- * stress_worker.c (stress.h: what the two share).
+ * stress_worker.c and stress_alloc.c (stress.h: what they share).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +51,7 @@
 /* ---- options and the run's identity --------------------------------------- */
 
 struct stress_options opt = {0, DEFAULT_ENTRIES, DEFAULT_THREADS,
-                             DEFAULT_DEVICES, DEFAULT_STREAMS};
+                             DEFAULT_DEVICES, DEFAULT_STREAMS, false};
 
 static char replay[256]; /* the command that replays this run */
 
@@ -59,14 +66,18 @@ static void make_replay(void)
         n += snprintf(replay + n, sizeof replay - (size_t)n, " --devices %d",
                       opt.devices);
     if (opt.streams != DEFAULT_STREAMS)
-        snprintf(replay + n, sizeof replay - (size_t)n, " --streams %d",
-                 opt.streams);
+        n += snprintf(replay + n, sizeof replay - (size_t)n, " --streams %d",
+                      opt.streams);
+    if (opt.double_free_every_path)
+        snprintf(replay + n, sizeof replay - (size_t)n,
+                 " --double-free-every-path");
 }
 
 static void usage(void)
 {
     fprintf(stderr, "usage: t/stress [--entries N] [--seed S] [--threads T "
-                    "(1..%d)] [--devices D (1..%d)] [--streams K (1..%d)]\n",
+                    "(1..%d)] [--devices D (1..%d)] [--streams K (1..%d)] "
+                    "[--double-free-every-path]\n",
             MAX_THREADS, FAKE_MAX_DEVICES, MAX_STREAMS);
     exit(2);
 }
@@ -213,7 +224,9 @@ int main(int argc, char **argv)
     bool seeded = false;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--entries") == 0)
+        if (strcmp(a, "--double-free-every-path") == 0)
+            opt.double_free_every_path = true, i--; /* takes no value */
+        else if (strcmp(a, "--entries") == 0)
             opt.entries = (unsigned long)number(v, 1, UINT64_C(1) << 40);
         else if (strcmp(a, "--seed") == 0)
             opt.seed = number(v, 0, UINT64_MAX), seeded = true;
@@ -240,10 +253,14 @@ int main(int argc, char **argv)
          config_env);
     set_cudefer_env(config_env);
     diag("expected on stderr: one \"defer_flush called from a defer_call "
-         "callback: refused\"");
-    plan(16);
+         "callback: refused\"; for the wrong inputs, \"already free (freed "
+         "twice?): refused\", \"is no live block\", \"cudaStreamPerThread "
+         "names a different stream\" and \"cudaFree failed ... is not "
+         "released\"");
+    plan(23);
 
     fake_reset(opt.devices);
+    alloc_init();
     workers = calloc((size_t)opt.threads, sizeof *workers);
     if (workers == NULL)
         stress_die("out of memory");
@@ -268,12 +285,28 @@ int main(int argc, char **argv)
 
     atomic_store(&phase, "final defer_flush");
     cudaError_t flush_err = defer_flush();
+    size_t trimmed = 0;
+    cudaError_t trim_err = defer_trim(&trimmed);
     double t_flush = now_ms() - t0;
 
     unsigned long made = 0, flushes = 0, trims = 0, flush_checked = 0,
                   trim_checked = 0, calls = 0, ops[NOPS] = {0};
+    unsigned long handouts = 0, pluggable = 0, held_frees = 0, wrong[NWRONG] = {0};
+    unsigned long kept = 0;
+    uint64_t kept_min = 0, kept_max = 0; /* the bytes cached for them */
     for (int i = 0; i < opt.threads; i++) {
         struct worker *w = &workers[i];
+        handouts += w->handouts;
+        pluggable += w->pluggable;
+        held_frees += w->held_frees;
+        for (int k = 0; k < NWRONG; k++)
+            wrong[k] += w->wrong[k];
+        for (int k = 0; k < w->nkept; k++) {
+            uint64_t b = w->kept[k].bytes < 512 ? 512 : w->kept[k].bytes;
+            kept++;
+            kept_min += b;
+            kept_max += b * 6 / 5 + 512; /* rounded, and taken 1/8 larger */
+        }
         made += w->deferred;
         flushes += w->flushes;
         trims += w->trims;
@@ -303,14 +336,47 @@ int main(int argc, char **argv)
            "order");
     is_int(failures[F_IN_CALLBACK], 0, "in a callback, defer_free is "
            "accepted and defer_flush refused");
-    is_int(flush_err, cudaSuccess, "the final defer_flush");
-    is_int(fake_live_allocations(), 0, "every allocation released");
+    is_int(failures[F_HANDOUT], 0, "every hand-out was the start of a live "
+           "device allocation of its stream's device, owned by no one else "
+           "(%lu hand-outs, %lu by defer_pluggable_alloc)", handouts,
+           pluggable);
+    is_int(failures[F_REUSE], 0, "a block freed behind held work went to no "
+           "other stream, and its own stream got a block freed there (%lu "
+           "times)", held_frees);
+    unsigned long refused = atomic_load(&wrong_refused),
+                  failing = atomic_load(&wrong_failing);
+    char wrongs[256];
+    int wn = 0;
+    for (int k = 0; k < NWRONG; k++)
+        wn += snprintf(wrongs + wn, sizeof wrongs - (size_t)wn, "%s%s %lu",
+                       k ? ", " : "", wrong_names[k], wrong[k]);
+    is_int(failures[F_WRONG], 0, "every wrong input got its expected result "
+           "(%s)", wrongs);
+    is_int(failures[F_DEVICE], 0, "the pluggable entry points left the "
+           "current device as it was");
+    ok(flush_err == cudaSuccess && trim_err == cudaSuccess,
+       "the final defer_flush (%s) and defer_trim (%s)",
+       cudaGetErrorName(flush_err), cudaGetErrorName(trim_err));
+    is_int(fake_live_allocations(), kept, "after the final flush and trim, "
+           "only the %lu blocks the test kept are live", kept);
     struct defer_stats st = stats_now();
-    ok(st.deferred == made + nested && st.released == st.deferred &&
-           st.pending == 0 && st.failed == 0 && st.rejected == 0,
+    ok(st.deferred == made + nested && st.released + st.failed == st.deferred &&
+           st.pending == 0 && st.failed == failing && st.rejected == refused,
        "statistics agree: deferred %llu (want %lu), released %llu, pending "
-       "%llu, failed %llu, rejected %llu", ULL(st.deferred), made + nested,
-       ULL(st.released), ULL(st.pending), ULL(st.failed), ULL(st.rejected));
+       "%llu, failed %llu (want %lu), rejected %llu (want %lu)",
+       ULL(st.deferred), made + nested, ULL(st.released), ULL(st.pending),
+       ULL(st.failed), failing, ULL(st.rejected), refused);
+    ok(st.reused + st.cache_mallocs == handouts &&
+           st.reused_same_stream <= st.reused && st.cache_free_bytes == 0 &&
+           st.cache_bytes >= kept_min && st.cache_bytes <= kept_max,
+       "block statistics agree: reused %llu + cache_mallocs %llu = %lu "
+       "hand-outs, reused_same_stream %llu <= reused; after the trim "
+       "cache_free_bytes %llu = 0, cache_bytes %llu in [%llu, %llu] (the "
+       "kept blocks)", ULL(st.reused), ULL(st.cache_mallocs), handouts,
+       ULL(st.reused_same_stream), ULL(st.cache_free_bytes),
+       ULL(st.cache_bytes), ULL(kept_min), ULL(kept_max));
+    is_int(fake_invalid_releases(), failing, "the releases that failed are "
+           "those of the interior and host pointers given to defer_free");
     char last[256];
     ok(fake_violations() == 0, "oracle: no premature or double release "
        "(%ld violations; the last: %s)", fake_violations(),
@@ -319,6 +385,19 @@ int main(int argc, char **argv)
     atomic_store(&phase, "defer_shutdown");
     is_int(defer_shutdown(), cudaSuccess, "defer_shutdown");
     is_int(fake_live_events(), 0, "no CUDA event left after shutdown");
+    size_t live_after = fake_live_allocations();
+    for (int d = 0; d < opt.devices; d++) { /* the kept blocks' work */
+        cudaSetDevice(d);
+        cudaDeviceSynchronize();
+    }
+    unsigned long freed = 0;
+    for (int i = 0; i < opt.threads; i++)
+        for (int k = 0; k < workers[i].nkept; k++)
+            freed += cudaFree(workers[i].kept[k].p) == cudaSuccess;
+    ok(live_after == kept && freed == kept && fake_live_allocations() == 0,
+       "after shutdown the %lu kept blocks are still the test's (%zu live); "
+       "cudaFree released %lu of them; %zu allocations left", kept,
+       live_after, freed, fake_live_allocations());
     is_int(fake_violations(), 0, "oracle: still no violation after shutdown");
     atomic_store(&phase_done, 1);
     pthread_join(watchdog, NULL);
@@ -333,6 +412,12 @@ int main(int argc, char **argv)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "%s%s %lu",
                       k ? ", " : "", op_names[k], ops[k]);
     diag("operations: %s", buf);
+    diag("blocks: %lu hand-outs (%lu by defer_pluggable_alloc), %llu reused "
+         "(%llu on their own stream before their work was done), %llu "
+         "cudaMalloc, %llu released; %lu freed behind held work; %lu kept to "
+         "the end; the final trim released %zu bytes", handouts, pluggable,
+         ULL(st.reused), ULL(st.reused_same_stream), ULL(st.cache_mallocs),
+         ULL(st.cache_releases), held_frees, kept, trimmed);
     diag("releases: idle %llu, cap %llu, age %llu, demand %llu; %llu batches "
          "(largest %llu), %llu event queries, %llu wake-ups, %llu events "
          "created, latency p50 %llu us max %llu us, %llu sync releases",

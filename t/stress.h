@@ -1,7 +1,9 @@
 /*
- * stress.h — what the two halves of the stress test share: stress.c (the
+ * stress.h — what the parts of the stress test share: stress.c (the
  * options, the configuration drawn from the seed, failures, the watchdog and
- * main) and stress_worker.c (a thread's operations and their checks).
+ * main), stress_worker.c (a thread's operations and their checks),
+ * stress_blocks.c (how a block of defer_alloc's is got, used and freed,
+ * checked) and stress_alloc.c (the operations on blocks).
  */
 #ifndef CUDEFER_STRESS_H
 #define CUDEFER_STRESS_H
@@ -31,6 +33,10 @@ _Static_assert(MAX_N <= MAX_PER_OP && MAX_HELPER_ENTRIES <= MAX_PER_OP,
 #define STALL_S 60            /* no progress this long: a hang */
 #define MAX_DIAGS 20          /* failure messages printed, in all */
 #define MAX_FAILURES 1000     /* then the run stops: the library is broken */
+#define MAX_KEPT 8            /* blocks a thread keeps live across operations */
+#define MAX_BAND 128          /* blocks of its own size a thread tracks */
+#define MAX_MISTAKEN 16       /* host pointers given to defer_free by mistake,
+                                 freed after the thread's next flush */
 
 /* ---- options and configuration (stress.c) --------------------------------- */
 
@@ -39,6 +45,10 @@ struct stress_options {
     uint64_t seed;
     unsigned long entries;
     int threads, devices, streams;
+    /* --double-free-every-path: a block is freed twice after every way of
+     * freeing it, not only after a stream-ordered defer_free (see
+     * t/alloc_stress_found.c: the others are accepted today). */
+    bool double_free_every_path;
 };
 extern struct stress_options opt;
 
@@ -96,6 +106,13 @@ enum failure {
     F_CALL_ORDER,   /* callbacks of one stream ran out of order */
     F_IN_CALLBACK,  /* defer_free in a callback refused, or defer_flush not */
     F_CUDA,         /* a CUDA call of the test itself failed */
+    F_HANDOUT,      /* defer_alloc handed out what it must not (not the start
+                       of a live device allocation of the stream's device, or
+                       a block still live elsewhere) */
+    F_REUSE,        /* a block freed behind held work went to another stream,
+                       or its own stream did not get one back */
+    F_WRONG,        /* a wrong input did not get its expected result */
+    F_DEVICE,       /* a pluggable entry point changed the current device */
     NFAILURES
 };
 
@@ -154,6 +171,24 @@ struct item {
     bool due;           /* trim check: complete before the trim */
 };
 
+/* A block the thread keeps live across operations: lane is where it was
+ * allocated and used (its blocks are freed before its stream is destroyed). */
+struct kept_block {
+    void *p;
+    size_t bytes;
+    struct lane *lane;
+    bool pluggable;
+};
+
+/* A block of the thread's held-work size (stress_alloc.c) and the stream it
+ * was last freed on: the lane, and its handle then (own lanes are
+ * recreated with new handles). */
+struct band_block {
+    void *p;
+    const struct lane *lane;
+    cudaStream_t h;
+};
+
 struct worker {
     int index;
     pthread_t thread;
@@ -168,8 +203,15 @@ struct worker {
     struct call *free_calls;
     struct item items[MAX_ITEMS];
     size_t nitems;
-    unsigned long ops[16];         /* by enum op */
+    unsigned long ops[24];         /* by enum op */
     unsigned long flushes, trims, flush_checked, trim_checked, calls;
+    struct kept_block kept[MAX_KEPT];
+    int nkept;
+    struct band_block band[MAX_BAND];
+    size_t nband;
+    void *mistaken[MAX_MISTAKEN];
+    size_t nmistaken;
+    unsigned long handouts, pluggable, held_frees, wrong[8];
     _Atomic unsigned long progress;
 };
 
@@ -177,6 +219,9 @@ extern struct worker *workers;
 
 /* Totals across threads and callbacks. */
 extern _Atomic unsigned long calls_run, nested_deferred;
+/* Wrong inputs given so far: refused ones (stats' rejected) and accepted
+ * ones whose release fails (stats' failed, the fake's invalid releases). */
+extern _Atomic unsigned long wrong_refused, wrong_failing;
 extern _Atomic int lull; /* 1 while a thread makes a quiet moment */
 extern _Atomic int phase_done;
 extern const char *_Atomic phase;
@@ -201,9 +246,10 @@ static inline void sleep_ns(int64_t ns)
 enum op {
     OP_FREE_DEVICE, OP_FREE_HOST, OP_FREE_POOL, OP_FREE_N, OP_CALL, OP_CROSS,
     OP_NOTHING, OP_SET_DEVICE, OP_TRIM, OP_FLUSH, OP_RECYCLE, OP_LULL, OP_SPAWN,
+    OP_ALLOC, OP_ALLOC_N, OP_ALLOC_HELD, OP_ALLOC_WRONG,
     NOPS
 };
-_Static_assert(NOPS <= 16, "struct worker counts 16 kinds of operation");
+_Static_assert(NOPS <= 24, "struct worker counts 24 kinds of operation");
 
 extern const char *const op_names[NOPS];
 
@@ -213,5 +259,125 @@ void set_weights(void);
 /* A worker thread: its quota of operations, a final flush check, then its
  * streams and events destroyed.  arg: its struct worker. */
 void *worker_main(void *arg);
+
+/* Shared with stress_alloc.c; each is called by the worker thread w only. */
+void cuda_ok(cudaError_t err, const char *what);
+void use_device(struct worker *w, int dev);
+size_t random_size(struct worker *w);
+struct lane *pick_lane(struct worker *w);
+fake_work *launch(struct worker *w, struct lane *l, void *const *uses,
+                  size_t n);
+void *malloc_device(size_t size);
+void note(struct worker *w, const struct lane *l, void *p, struct call *c);
+void accepted(struct worker *w, cudaError_t err, const char *what,
+              const struct lane *l, const void *p);
+
+/* ---- getting, using and freeing blocks (stress_blocks.c) ------------------- */
+
+/* main, before the threads start: the set of blocks handed out and live. */
+void alloc_init(void);
+
+/* A block of at least bytes for l, from defer_pluggable_alloc (sometimes
+ * called from another current device, which it must leave as it was) or
+ * defer_alloc, its hand-out checked and counted.  NULL (a failure) when
+ * refused.  l's device is current afterwards when l is a per-thread or
+ * legacy stream.  Worker thread w; blocks only where defer_alloc does. */
+void *block_get(struct worker *w, struct lane *l, size_t bytes,
+                bool pluggable);
+
+/* Work on l that uses p; sometimes (when second_ok) also work on another of
+ * the thread's created streams (any device: peer access), recorded with
+ * defer_record_stream.  Returns that second lane, or NULL.  Worker thread
+ * w. */
+struct lane *block_use(struct worker *w, struct lane *l, void *p,
+                       bool second_ok);
+
+/* The rank of lane l of thread w: its created streams 0.., then its
+ * per-thread streams, the legacy stream -1.  A barrier (order_after) only
+ * ever goes from a lane to one of higher rank, so the barriers pending on a
+ * thread's streams never form a cycle and the legacy stream, which all
+ * threads share, never has one: the fake's oracle searches every path
+ * through pending barriers, and a web of them makes its checks crawl. */
+int lane_rank(const struct worker *w, const struct lane *l);
+
+/* A lane of device dev other than not, of rank above `above` (-2: any),
+ * drawn: a created stream of the thread's on dev, its per-thread stream
+ * or, when shared_ok, the legacy stream of dev (handle 0 or
+ * cudaStreamLegacy), which all threads share; not itself when there is no
+ * other.  Worker thread w. */
+struct lane *lane_on(struct worker *w, int dev, const struct lane *not,
+                     bool shared_ok, int above);
+
+/* Later work on to waits for the work enqueued on from so far: an event
+ * recorded on from, waited for on to, of higher rank (lane_rank).  Worker
+ * thread w. */
+void order_after(struct worker *w, struct lane *from, struct lane *to);
+
+/* The owner of block p, right before it frees p outside block_free (after
+ * the call another thread may get it).  Bails if p is not live. */
+void live_remove(void *p);
+
+/* The ways a block is freed (block_free).  FREE_ANY and FREE_STREAM_ORDERED
+ * draw one: any, or one that makes the block reusable at once on the
+ * free's stream (a single pointer, the block's device, no recorded
+ * stream). */
+enum free_way {
+    FREE_SAME, FREE_OTHER_STREAM, FREE_OTHER_DEVICE, FREE_STREAMS, FREE_N,
+    NFREE_WAYS, FREE_ANY, FREE_STREAM_ORDERED
+};
+extern const char *const free_way_names[NFREE_WAYS];
+
+/* A block to free: bytes asked for, allocated and used on lane, also used
+ * on second (recorded) unless NULL, from defer_pluggable_alloc when
+ * pluggable (freed with defer_pluggable_free when freed on its stream);
+ * freed only on streams no other thread uses when unshared (lane must be
+ * one), so that no other thread can have it before its work is done. */
+struct freeing {
+    void *p;
+    size_t bytes;
+    struct lane *lane, *second;
+    bool pluggable, unshared;
+};
+
+/* Free f's block the way given (or drawn; *used gets it unless NULL).
+ * held: unless NULL, work is held on the free's stream first, so that the
+ * free cannot complete before the caller completes *held.  Returns the
+ * lane it was freed on (the first stream of defer_free_streams), or NULL
+ * when it was refused (a failure).  Worker thread w; never blocks. */
+struct lane *block_free(struct worker *w, const struct freeing *f,
+                        enum free_way way, fake_work **held,
+                        enum free_way *used);
+
+/* ---- the operations on defer_alloc's blocks (stress_alloc.c) --------------- */
+
+/* The kinds of wrong input (struct worker's wrong[] counts them). */
+enum wrong_input {
+    WRONG_DOUBLE_FREE, WRONG_RECORD_FREED, WRONG_RECORD_PER_THREAD,
+    WRONG_INTERIOR, WRONG_HOST_TO_DEFER_FREE, WRONG_ZERO_BYTES, NWRONG
+};
+_Static_assert(NWRONG <= 8, "struct worker counts 8 kinds of wrong input");
+extern const char *const wrong_names[NWRONG];
+
+/* The operations: a block allocated, used and freed one of the ways (or
+ * kept, or a kept one freed); several blocks and other memory freed
+ * together; a block freed behind held work, then asked for on other
+ * streams and on its own; a wrong input.  Worker thread w only. */
+void op_alloc(struct worker *w);
+void op_alloc_n(struct worker *w);
+void op_alloc_held(struct worker *w);
+void op_alloc_wrong(struct worker *w);
+
+/* Lane l's stream is about to be destroyed: the thread's kept blocks used
+ * on it are freed on it first.  Worker thread w only. */
+void alloc_lane_closing(struct worker *w, struct lane *l);
+
+/* After a defer_flush of the thread w: the host pointers it gave to
+ * defer_free by mistake have failed their release: cudaFreeHost them. */
+void alloc_after_flush(struct worker *w);
+
+/* Whether defer_flush's err is explained by a wrong input's failing release
+ * (the flush reports it) that may have finished while it waited:
+ * failed_before is stats' failed read before the flush.  Anyone. */
+bool flush_error_explained(cudaError_t err, uint64_t failed_before);
 
 #endif /* CUDEFER_STRESS_H */

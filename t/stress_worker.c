@@ -2,9 +2,10 @@
  * stress_worker.c — a stress-test thread: the operations it draws from its
  * seeded sequence (defer_free of device, pinned and pool memory, defer_free_n,
  * defer_call, cross-stream frees, trims, flushes, quiet moments, short-lived
- * threads), the bookkeeping of what it deferred, and the checks that each
- * flush and trim released what it must and that callbacks ran once, in
- * order, never early.  See stress.c for the whole test.
+ * threads; the operations on defer_alloc's blocks are in stress_alloc.c),
+ * the bookkeeping of what it deferred, and the checks that each flush and
+ * trim released what it must and that callbacks ran once, in order, never
+ * early.  See stress.c for the whole test.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,7 +24,8 @@
 #include "stress.h"
 
 
-static void cuda_ok(cudaError_t err, const char *what)
+/* A CUDA call of the test's own failed: a failure.  Anyone. */
+void cuda_ok(cudaError_t err, const char *what)
 {
     if (err != cudaSuccess)
         stress_fail(F_CUDA, "%s: %s", what, cudaGetErrorName(err));
@@ -39,7 +41,8 @@ static struct order *order_new(struct worker *w)
     return o;
 }
 
-static void use_device(struct worker *w, int dev)
+/* Make dev the thread's current device.  Worker thread w. */
+void use_device(struct worker *w, int dev)
 {
     if (w->cur == dev)
         return;
@@ -66,7 +69,8 @@ static unsigned duration_us(struct worker *w)
     return rng_percent(&w->rng, 25) ? 0 : 1 + rng_below(&w->rng, MAX_DURATION_US);
 }
 
-static size_t random_size(struct worker *w)
+/* 16 B .. 512 KiB, from w's sequence. */
+size_t random_size(struct worker *w)
 {
     unsigned bits = 4 + rng_below(&w->rng, 15); /* 16 B .. 512 KiB */
     return ((size_t)1 << bits) + rng_below(&w->rng, 1u << bits);
@@ -75,7 +79,7 @@ static size_t random_size(struct worker *w)
 /* A stream to defer on: one of the thread's own streams (usually with its
  * device made current, as real code does), or the per-thread or legacy
  * stream of a random device (made current: that is what they name). */
-static struct lane *pick_lane(struct worker *w)
+struct lane *pick_lane(struct worker *w)
 {
     uint32_t r = rng_below(&w->rng, 100);
     if (r < 58) {
@@ -94,8 +98,8 @@ static struct lane *pick_lane(struct worker *w)
 }
 
 /* Work on l that uses the n allocations in uses. */
-static fake_work *launch(struct worker *w, struct lane *l, void *const *uses,
-                         size_t n)
+fake_work *launch(struct worker *w, struct lane *l, void *const *uses,
+                  size_t n)
 {
     fake_work *x = fake_launch(l->h, duration_us(w), uses, n);
     if (x == NULL)
@@ -106,7 +110,8 @@ static fake_work *launch(struct worker *w, struct lane *l, void *const *uses,
     return x;
 }
 
-static void *malloc_device(size_t size)
+/* cudaMalloc, or bail.  Anyone. */
+void *malloc_device(size_t size)
 {
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, size);
@@ -116,8 +121,7 @@ static void *malloc_device(size_t size)
 }
 
 /* Remember an entry just deferred on l, for the flush and trim checks. */
-static void note(struct worker *w, const struct lane *l, void *p,
-                 struct call *c)
+void note(struct worker *w, const struct lane *l, void *p, struct call *c)
 {
     struct item *it = &w->items[w->nitems++];
     it->p = p;
@@ -128,8 +132,9 @@ static void note(struct worker *w, const struct lane *l, void *p,
     it->due = false;
 }
 
-static void accepted(struct worker *w, cudaError_t err, const char *what,
-                     const struct lane *l, const void *p)
+/* A defer call of one entry returned err: counted, or a failure. */
+void accepted(struct worker *w, cudaError_t err, const char *what,
+              const struct lane *l, const void *p)
 {
     if (err == cudaSuccess) {
         w->deferred++;
@@ -328,7 +333,7 @@ static void op_cross(struct worker *w)
     launch(w, b, &p, 1);
     struct lane *s = &w->pts[b->dev];
     uint32_t k = rng_below(&w->rng, (uint32_t)opt.streams);
-    if (w->own[k].dev == b->dev && &w->own[k] != b)
+    if (w->own[k].dev == b->dev && &w->own[k] > b) /* of higher rank */
         s = &w->own[k];
     if (w->event[b->dev] == NULL)
         cuda_ok(cudaEventCreateWithFlags(&w->event[b->dev],
@@ -367,12 +372,17 @@ static void op_set_device(struct worker *w)
 }
 
 /* defer_flush, then everything this thread deferred before it must be
- * released, every callback run once. */
+ * released, every callback run once.  (Blocks of defer_alloc's go back to
+ * the cache, not to cudaFree: stress_alloc.c checks them as they come
+ * back.) */
 static void flush_check(struct worker *w)
 {
+    uint64_t failed_before = stats_now().failed;
     cudaError_t err = defer_flush();
     w->flushes++;
-    if (err != cudaSuccess)
+    if (err == cudaSuccess || flush_error_explained(err, failed_before))
+        alloc_after_flush(w);
+    else
         stress_fail(F_FLUSH_ERROR, "thread %d: defer_flush: %s", w->index,
                     cudaGetErrorName(err));
     for (size_t i = 0; i < w->nitems; i++) {
@@ -435,6 +445,7 @@ static void trim_check(struct worker *w)
 static void op_recycle_stream(struct worker *w)
 {
     struct lane *l = &w->own[rng_below(&w->rng, (uint32_t)opt.streams)];
+    alloc_lane_closing(w, l);
     cuda_ok(cudaStreamDestroy(l->h), "cudaStreamDestroy");
     own_stream_new(w, l, (int)rng_below(&w->rng, (uint32_t)opt.devices));
 }
@@ -507,15 +518,18 @@ static void op_spawn(struct worker *w)
 
 const char *const op_names[NOPS] = {
     "free", "free_host", "free_pool", "free_n", "call", "cross", "nothing",
-    "set_device", "trim", "flush", "recycle_stream", "lull", "spawn"};
+    "set_device", "trim", "flush", "recycle_stream", "lull", "spawn", "alloc",
+    "alloc_n", "alloc_held", "alloc_wrong"};
 
 /* Weights out of 100 000; trim and flush from the seed, set_device what is
- * left (see set_weights). */
+ * left (see set_weights).  Wrong inputs are rare (each is reported on
+ * stderr). */
 static uint32_t op_weights[NOPS] = {
-    [OP_FREE_DEVICE] = 30000, [OP_FREE_HOST] = 12000, [OP_FREE_POOL] = 12000,
-    [OP_FREE_N] = 8000, [OP_CALL] = 20000, [OP_CROSS] = 5000,
+    [OP_FREE_DEVICE] = 25000, [OP_FREE_HOST] = 10000, [OP_FREE_POOL] = 10000,
+    [OP_FREE_N] = 7000, [OP_CALL] = 18000, [OP_CROSS] = 5000,
     [OP_NOTHING] = 1000, [OP_RECYCLE] = 150, [OP_LULL] = 25,
-    [OP_SPAWN] = 100};
+    [OP_SPAWN] = 100, [OP_ALLOC] = 8000, [OP_ALLOC_N] = 2500,
+    [OP_ALLOC_HELD] = 1000, [OP_ALLOC_WRONG] = 120};
 
 void set_weights(void)
 {
@@ -577,6 +591,10 @@ void *worker_main(void *arg)
         case OP_RECYCLE: op_recycle_stream(w); break;
         case OP_LULL: op_lull(w); break;
         case OP_SPAWN: op_spawn(w); break;
+        case OP_ALLOC: op_alloc(w); break;
+        case OP_ALLOC_N: op_alloc_n(w); break;
+        case OP_ALLOC_HELD: op_alloc_held(w); break;
+        case OP_ALLOC_WRONG: op_alloc_wrong(w); break;
         case NOPS: break;
         }
         atomic_fetch_add_explicit(&w->progress, 1, memory_order_relaxed);

@@ -1,0 +1,151 @@
+/* Bugs the stress test found (t/stress --double-free-every-path), each in
+ * its smallest form; every test here fails at commit f444d14 (make
+ * t/alloc_stress_found && t/alloc_stress_found; it joins fake_tests in
+ * Makefile.am with the fix, and the stress test's --double-free-every-path
+ * becomes its default).
+ *
+ * 1. A block of defer_alloc's freed a second time is refused (the header:
+ *    "a block freed twice is refused and reported") only when its first
+ *    free was a stream-ordered defer_free.  After a free that waits for
+ *    more (a block recorded on another stream, a free on another device's
+ *    stream, defer_free_streams, defer_free_n of several pointers) the
+ *    block stays LIVE until the reclaimer adopts it, so a second defer_free
+ *    is accepted, and so is defer_record_stream.  The second entry makes
+ *    the block FREE again when its event completes, by then possibly
+ *    another owner's: that owner's block is handed out while its work
+ *    still runs (the oracle sees the premature reuse).  A second free on
+ *    a stream of the block's device is even parked at once (stream-
+ *    ordered) while the first free's work may still use the block.
+ * 2. defer_flush returns cudaErrorInvalidValue when an entry it waited for
+ *    failed its release (a host pointer given to defer_free), though the
+ *    header says it returns cudaSuccess, cudaErrorNotPermitted or a
+ *    device's sticky error: any thread's flush fails for another thread's
+ *    bad pointer.  (Or the header should say so.)
+ */
+#include "helpers.h"
+
+static cudaStream_t s, side, dev1, dev1b;
+
+/* A block freed one way (way: recorded on another stream, on another
+ * device's stream, defer_free_streams, defer_free_n of two), work held on
+ * the free's streams keeping the free from completing, then freed again
+ * with defer_free: refused, as the header promises. */
+static void twice(const char *how, int way)
+{
+    void *p = NULL, *q = NULL;
+    alloc_checked(&p, 4096, s);
+    fake_work *held = work_held(s, p), *held1 = work_held(dev1, NULL);
+    stderr_capture_begin();
+    if (way == 0) { /* recorded on another stream */
+        work_timed(side, 10, p);
+        defer_record_stream(p, side);
+        defer_free(p, s);
+    } else if (way == 1) { /* another device's stream */
+        defer_free(p, dev1);
+    } else if (way == 2) {
+        defer_free_streams(p, &s, 1);
+    } else { /* defer_free_n of several */
+        alloc_checked(&q, 4096, s);
+        void *two[2] = {p, q};
+        defer_free_n(two, 2, s);
+    }
+    cudaError_t err = defer_free(p, s);
+    stderr_capture_end();
+    is_int(err, cudaErrorInvalidValue, "a second defer_free after a free %s "
+           "is refused", how);
+    fake_complete(held);
+    fake_complete(held1);
+    defer_flush();
+}
+
+/* After a free that waits for a recorded stream, the block is no live
+ * block: defer_record_stream must refuse it. */
+static void record_after_free(void)
+{
+    void *p = NULL;
+    alloc_checked(&p, 4096, s);
+    fake_work *held = work_held(s, p);
+    work_timed(side, 10, p);
+    defer_record_stream(p, side);
+    defer_free(p, s);
+    stderr_capture_begin();
+    cudaError_t err = defer_record_stream(p, side);
+    stderr_capture_end();
+    is_int(err, cudaErrorInvalidValue, "defer_record_stream of a block "
+           "already freed (waiting for a recorded stream) is refused");
+    fake_complete(held);
+    defer_flush();
+}
+
+/* The harm: the second free of a double free lands on the block's next
+ * owner, whose block another stream then gets while its work runs.  Both
+ * frees are on streams of device 1 (the block is device 0's), behind held
+ * work: the first completes, the block goes to a new owner on s2, then the
+ * second completes. */
+static void innocent_owner(void)
+{
+    cudaStream_t s2 = stream_new();
+    void *p = NULL, *q = NULL, *r = NULL;
+    alloc_checked(&p, 8192, s);
+    fake_work *first = work_held(dev1, NULL), *late = work_held(dev1b, NULL);
+    defer_free(p, dev1);                      /* the free */
+    stderr_capture_begin();
+    defer_free(p, dev1b);                     /* the mistake */
+    stderr_capture_end();
+    fake_complete(first);
+    /* The other blocks s2 gets before p stay live, so that no other block
+     * of the size is free for the request on s below. */
+    void *taken[64];
+    size_t n = 0;
+    while (alloc_checked(&q, 8192, s2) == cudaSuccess && q != p && n < 64) {
+        taken[n++] = q;
+        sleep_ms(1);
+    }
+    fake_work *use = work_held(s2, q);
+    fake_complete(late);
+    defer_flush();
+    alloc_checked(&r, 8192, s);
+    ok(q == p && r != q, "a block freed twice is not handed to another "
+       "stream while its next owner's work runs");
+    fake_complete(use);
+    defer_free(q, s2);
+    defer_free(r, s);
+    for (size_t i = 0; i < n; i++)
+        defer_free(taken[i], s2);
+    defer_flush();
+    cudaStreamDestroy(s2);
+}
+
+static void flush_after_failed_release(void)
+{
+    void *h = host_alloc(4096);
+    work_timed(s, 10, h);
+    stderr_capture_begin();
+    defer_free(h, s); /* the wrong call: its release fails, reported */
+    cudaError_t err = defer_flush();
+    stderr_capture_end();
+    is_int(err, cudaSuccess, "defer_flush returns cudaSuccess when a release "
+           "failed that was no device's sticky error");
+    cudaFreeHost(h);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    cudaSetDevice(1);
+    dev1 = stream_new();
+    dev1b = stream_new();
+    cudaSetDevice(0);
+    s = stream_new();
+    side = stream_new();
+    twice("waiting for a recorded stream", 0);
+    twice("on another device's stream", 1);
+    twice("with defer_free_streams", 2);
+    twice("with defer_free_n of two blocks", 3);
+    record_after_free();
+    innocent_owner();
+    flush_after_failed_release();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    return 0;
+}
