@@ -125,10 +125,15 @@ struct defer_stats {
  * belongs to the graph being captured.  ptr is released once that graph
  * and every executable graph instantiated from it have been destroyed and
  * all their launches have completed (CUDA runs the destructor of a user
- * object the graph holds, on a thread of its own; it hands ptr to the
- * reclaimer).  Until then it counts as pending, but defer_flush and
- * defer_shutdown do not wait for it.  If the graph dies after
- * defer_shutdown, ptr is never released (reported, counted as failed).  A
+ * object the graph holds, on a thread of its own; it tells the
+ * reclaimer), and the work enqueued on stream before the capture began is
+ * done too (the reclaimer records an event on stream once it sees the
+ * capture end; while stream captures again, it waits).  Until then it
+ * counts as pending, but defer_flush and defer_shutdown do not wait for
+ * it.  If the graph dies after defer_shutdown, or a stream of the capture
+ * is destroyed before the reclaimer saw its capture end (that work can
+ * then not be waited for), ptr is never released (reported, counted as
+ * failed).  A
  * capture already invalidated gives cudaErrorStreamCaptureInvalidated;
  * CUDEFER_DISABLE does not apply (a capture cannot be waited for).
  */

@@ -6,16 +6,48 @@
 #include <stdlib.h>
 
 #include "reclaimer.h"
+#include "reclaimer_state.h"
 #include "release.h"
 #include "report.h"
 #include "stats.h"
+
+/* A stream the capture ran on, whose work from before the capture the
+ * entry waits for too: an event is recorded on it once its capture has
+ * ended (the reclaimer's). */
+enum origin_state {
+    ORIGIN_CAPTURING, /* no event yet: the stream still (or again) captures */
+    ORIGIN_RECORDED,  /* event recorded after the capture ended */
+    ORIGIN_DONE,      /* that event completed */
+    ORIGIN_LOST,      /* the stream is gone (or failed) before it could be */
+};
+
+struct origin {
+    cudaStream_t stream;
+    cudaEvent_t event;
+    enum origin_state state;
+};
+
+/* Who owns a graph entry once it is pushed (capture.h). */
+enum graph_owner {
+    GRAPH_LIVE,      /* the reclaimer; the graph lives */
+    GRAPH_DEAD,      /* the reclaimer; the graph died (the destructor ran) */
+    GRAPH_ABANDONED, /* the destructor: the reclaimer stopped before it */
+};
 
 /* What a graph's user object points to. */
 struct graph_entry {
     struct entry e;     /* first: the reclaimer frees the entry with free(&e) */
     const char *what;   /* the defer call, for messages */
     _Atomic bool armed; /* false: the set-up failed; the destructor only frees */
+    _Atomic int owner;  /* enum graph_owner */
+    struct origin *origins; /* the capturing streams (NULL once all done) */
+    size_t norigins;
+    struct graph_entry *next; /* the reclaimer's list */
 };
+
+/* Graphs that died so far (the destructor counts): the reclaimer looks for
+ * dead ones only when this moved. */
+static _Atomic uint64_t deaths;
 
 /* Set once exit() has begun (our handler runs before the reclaimer's: it is
  * registered later).  A graph that dies from then on, e.g. as CUDA tears
@@ -74,6 +106,7 @@ struct entry *capture_entry_new(void)
 void capture_entry_discard(struct entry *e)
 {
     release_forget_pointers(e);
+    free(((struct graph_entry *)e)->origins);
     free(e); /* the graph_entry: e is its first member */
 }
 
@@ -82,18 +115,24 @@ void capture_entry_discard(struct entry *e)
 static void CUDART_CB graph_released(void *ptr)
 {
     struct graph_entry *g = ptr;
-    if (!atomic_load_explicit(&g->armed, memory_order_acquire) ||
-        atomic_load(&exiting)) {
+    if (!atomic_load_explicit(&g->armed, memory_order_acquire)) {
+        capture_entry_discard(&g->e); /* never pushed */
+        return;
+    }
+    int live = GRAPH_LIVE;
+    if (atomic_compare_exchange_strong(&g->owner, &live, GRAPH_DEAD)) {
+        /* The reclaimer's: it releases the entry once the streams' work
+         * from before the capture is done too.  g is not touched again. */
+        atomic_fetch_add(&deaths, 1);
+        reclaimer_wake();
+        return;
+    }
+    /* Abandoned: the reclaimer stopped first, nobody may release it now. */
+    stats_add(&stats.failed, 1);
+    if (atomic_load(&exiting)) { /* the process ends: not worth a word */
         capture_entry_discard(&g->e);
         return;
     }
-    if (reclaimer_enter("graph capture: a graph's destructor") == cudaSuccess) {
-        reclaimer_push(&g->e);
-        reclaimer_leave();
-        return;
-    }
-    /* Shut down: nobody may release it now. */
-    stats_add(&stats.failed, 1);
     if (g->e.kind == ENTRY_CALL)
         report("graph capture: the graph that held %s's callback was "
                "destroyed after defer_shutdown: the callback is not run "
@@ -182,6 +221,19 @@ cudaError_t capture_defer(const char *what, struct entry *e,
         (err = reclaimer_device_error(e->device)) != cudaSuccess)
         *call = "an earlier CUDA call on this device";
     if (err == cudaSuccess &&
+        (g->origins = calloc(n, sizeof *g->origins)) == NULL) {
+        err = cudaErrorMemoryAllocation;
+        *call = "calloc";
+    }
+    if (err == cudaSuccess) {
+        g->norigins = n;
+        for (size_t i = 0; i < n; i++)
+            g->origins[i] = (struct origin){.stream = streams[i],
+                                            .state = ORIGIN_CAPTURING};
+        atomic_init(&g->owner, GRAPH_LIVE);
+        e->captured = true;
+    }
+    if (err == cudaSuccess &&
         (err = cudaUserObjectCreate(&object, g, graph_released, 1,
                                     cudaUserObjectNoDestructorSync)) !=
             cudaSuccess)
@@ -202,8 +254,231 @@ cudaError_t capture_defer(const char *what, struct entry *e,
                         "; a user object and its entry are leaked");
         return err;
     }
-    /* From here on the entry is the graph's (it may even be released by
-     * now, if another thread ended the capture and destroyed the graph). */
+    /* From here on the entry is the reclaimer's (the destructor may even
+     * have marked it dead already, if another thread ended the capture and
+     * destroyed the graph); we are admitted, so the reclaimer runs. */
     stats_add(&stats.deferred, 1);
+    reclaimer_push(e);
     return cudaSuccess;
+}
+
+/* ---- the reclaimer's side ------------------------------------------------- */
+
+/* Reclaimer only: graph entries waiting for their graph or their streams. */
+static struct graph_entry *waiting;
+static size_t origins_open; /* origins not DONE or LOST, over the list */
+static uint64_t deaths_seen;
+static bool taken_since_poll; /* its graph may have died before it came */
+
+void capture_take(struct entry *e)
+{
+    struct graph_entry *g = (struct graph_entry *)e;
+    g->next = waiting;
+    waiting = g;
+    origins_open += g->norigins;
+    taken_since_poll = true;
+}
+
+static bool capture_error(cudaError_t err)
+{
+    return err == cudaErrorStreamCaptureUnsupported ||
+           err == cudaErrorStreamCaptureInvalidated ||
+           err == cudaErrorStreamCaptureImplicit ||
+           err == cudaErrorStreamCaptureIsolation ||
+           err == cudaErrorStreamCaptureWrongThread ||
+           err == cudaErrorCapturedEvent;
+}
+
+/* Whether stream is not capturing now (false for a stream gone: *gone). */
+static bool not_capturing(cudaStream_t stream, bool *gone)
+{
+    enum cudaStreamCaptureStatus status;
+    cudaError_t err = cudaStreamIsCapturing(stream, &status);
+    *gone = err != cudaSuccess;
+    return err == cudaSuccess && status == cudaStreamCaptureStatusNone;
+}
+
+/* Record o's event once its stream's capture has ended.  The stream may
+ * begin another capture at any time: the check is made again right before
+ * the record, and a record that a new capture took is made again later. */
+static void record_origin(struct origin *o)
+{
+    bool gone;
+    int device;
+    if (!not_capturing(o->stream, &gone)) {
+        if (gone)
+            o->state = ORIGIN_LOST;
+        return;
+    }
+    if (cudaStreamGetDevice(o->stream, &device) != cudaSuccess ||
+        device < 0 || device >= rs.ndevices ||
+        device_error(device) != cudaSuccess) {
+        o->state = ORIGIN_LOST;
+        return;
+    }
+    if (rs.current_device != device) {
+        if (cudaSetDevice(device) != cudaSuccess) {
+            o->state = ORIGIN_LOST;
+            return;
+        }
+        rs.current_device = device;
+    }
+    if (o->event == NULL &&
+        cudaEventCreateWithFlags(&o->event, cudaEventDisableTiming) !=
+            cudaSuccess) {
+        o->event = NULL; /* tried again on the next pass */
+        return;
+    }
+    if (!not_capturing(o->stream, &gone)) {
+        if (gone)
+            o->state = ORIGIN_LOST;
+        return;
+    }
+    cudaError_t err = cudaEventRecord(o->event, o->stream);
+    if (err == cudaSuccess)
+        o->state = ORIGIN_RECORDED;
+    else if (!capture_error(err))
+        o->state = ORIGIN_LOST;
+}
+
+static void query_origin(struct origin *o)
+{
+    cudaError_t err = cudaEventQuery(o->event);
+    if (err == cudaErrorNotReady)
+        return;
+    if (err == cudaSuccess)
+        o->state = ORIGIN_DONE;
+    else if (capture_error(err)) /* a capture took the record: again */
+        o->state = ORIGIN_CAPTURING;
+    else
+        o->state = ORIGIN_LOST; /* a failed device: never complete */
+}
+
+/* Destroy the origins' events; how many origins were lost. */
+static size_t drop_origins(struct graph_entry *g)
+{
+    size_t lost = 0;
+    for (size_t i = 0; i < g->norigins; i++) {
+        if (g->origins[i].event != NULL)
+            cudaEventDestroy(g->origins[i].event);
+        g->origins[i].event = NULL;
+        lost += g->origins[i].state == ORIGIN_LOST;
+    }
+    return lost;
+}
+
+/* A dead graph's entry that cannot be released (why): counted, said, freed. */
+static void fail_entry(struct graph_entry *g, const char *why)
+{
+    stats_add(&stats.failed, 1);
+    if (g->e.kind == ENTRY_CALL)
+        report("graph capture: %s's callback is not run: %s (counted as "
+               "failed)", g->what, why);
+    else
+        report("graph capture: %s's %zu pointer(s) are not released: %s "
+               "(counted as failed)", g->what, g->e.nptrs, why);
+    capture_entry_discard(&g->e);
+}
+
+/* How many of g's origins are still open (capturing or recorded), after
+ * progressing them if progress. */
+static size_t origins_open_in(struct graph_entry *g, bool progress)
+{
+    size_t open = 0;
+    for (size_t i = 0; i < g->norigins; i++) {
+        struct origin *o = &g->origins[i];
+        if (progress && o->state == ORIGIN_CAPTURING)
+            record_origin(o);
+        if (progress && o->state == ORIGIN_RECORDED)
+            query_origin(o);
+        open += o->state == ORIGIN_CAPTURING || o->state == ORIGIN_RECORDED;
+    }
+    return open;
+}
+
+/* Progress g's origins; true when every one is settled. */
+static bool origins_done(struct graph_entry *g)
+{
+    return origins_open_in(g, true) == 0;
+}
+
+/* A dead graph whose origins are all settled leaves the list: pushed
+ * again as complete (the reclaimer releases it as its policy says), or
+ * failed if an origin was lost. */
+static void settle(struct graph_entry *g)
+{
+    if (drop_origins(g) > 0) {
+        fail_entry(g, "a stream it was captured on was destroyed (or its "
+                      "device failed) before cudefer saw the capture end, "
+                      "so its work from before the capture could not be "
+                      "waited for");
+        return;
+    }
+    free(g->origins);
+    g->origins = NULL;
+    g->norigins = 0;
+    g->e.captured = false;
+    reclaimer_take_in(&g->e); /* complete: released as the policy says */
+}
+
+bool capture_news(void)
+{
+    return atomic_load(&deaths) != deaths_seen || taken_since_poll ||
+           origins_open > 0;
+}
+
+bool capture_poll(void)
+{
+    uint64_t died = atomic_load(&deaths);
+    if (waiting == NULL ||
+        (origins_open == 0 && died == deaths_seen && !taken_since_poll))
+        return origins_open > 0; /* nothing moved: no CUDA call */
+    deaths_seen = died;
+    taken_since_poll = false;
+    size_t open = 0;
+    for (struct graph_entry **link = &waiting; *link != NULL;) {
+        struct graph_entry *g = *link;
+        size_t left = origins_open_in(g, true);
+        if (left == 0 && atomic_load(&g->owner) == GRAPH_DEAD) {
+            *link = g->next;
+            settle(g);
+            continue;
+        }
+        open += left;
+        link = &g->next;
+    }
+    origins_open = open;
+    return open > 0;
+}
+
+size_t capture_stop(void)
+{
+    size_t pushed = 0;
+    while (waiting != NULL) {
+        struct graph_entry *g = waiting;
+        waiting = g->next;
+        bool done = origins_done(g);
+        size_t lost = drop_origins(g);
+        int live = GRAPH_LIVE;
+        if (atomic_compare_exchange_strong(&g->owner, &live,
+                                           GRAPH_ABANDONED))
+            continue; /* the destructor reports and frees it */
+        /* Dead meanwhile: the reclaimer's. */
+        if (done && lost == 0) {
+            free(g->origins);
+            g->origins = NULL;
+            g->norigins = 0;
+            g->e.captured = false;
+            reclaimer_take_in(&g->e);
+            pushed++;
+        } else {
+            fail_entry(g, lost > 0 ? "a stream it was captured on was "
+                                     "destroyed before cudefer saw the "
+                                     "capture end"
+                                   : "the work its streams had before the "
+                                     "capture was not done at shutdown");
+        }
+    }
+    origins_open = 0;
+    return pushed;
 }

@@ -10,15 +10,25 @@
  * capture's graph owns; every executable graph instantiated from the graph
  * takes a reference too.  CUDA runs the object's destructor, on a thread of
  * its own, once the graph and all those executable graphs are destroyed and
- * their launches have completed.  The destructor (which may not call CUDA)
- * pushes the entry to the reclaimer, which takes it as complete on arrival
- * and releases it as its policy says.
+ * their launches have completed.
  *
- * Until then the entry is counted as pending, but it is not the reclaimer's:
- * defer_flush and defer_shutdown do not wait for graphs.  If the graph dies
- * after defer_shutdown, its entry cannot be released (no CUDA call from the
- * destructor, no reclaimer): it is reported and counted as failed.  After
- * exit() has begun, it is dropped quietly (the process is ending).
+ * The work enqueued on the streams before the capture began may still use
+ * the memory then (the graph need never have run on those streams), so
+ * the entry waits for it too (issue 12, item 7): once a stream's capture
+ * has ended (cudaStreamIsCapturing says so; no call may ask a capturing
+ * stream), the reclaimer records an event on it, and the entry is complete
+ * when the graph is gone and those events have completed.  A stream
+ * destroyed before its capture's end was seen cannot be waited for: the
+ * entry then fails (reported), never released early.
+ *
+ * Ownership: capture_defer pushes the entry to the reclaimer, which keeps
+ * it in a list (not counted by flushes) and takes it in as complete when
+ * it is ready.  The destructor (which may not call CUDA) only marks it dead
+ * (GRAPH_LIVE to GRAPH_DEAD) and wakes the reclaimer.  A reclaimer that
+ * stops first marks the live ones abandoned; their destructor then reports
+ * them (quietly once exit() has begun), counts them as failed and frees
+ * them.  A graph that dies while shutdown or exit drains is released by
+ * the drain.
  */
 #ifndef CUDEFER_CAPTURE_H
 #define CUDEFER_CAPTURE_H
@@ -60,5 +70,31 @@ void capture_entry_discard(struct entry *e);
 cudaError_t capture_defer(const char *what, struct entry *e,
                           const cudaStream_t *streams, size_t n,
                           const char **call);
+
+/* Reclaimer only.  Takes e, pushed by capture_defer (e->captured), into
+ * the list of graph entries that wait for their graph to die and for the
+ * work their streams had before the capture began: an event is recorded
+ * on each stream once its capture has ended (cudaStreamIsCapturing says
+ * so; a new capture begun meanwhile is waited out too). */
+void capture_take(struct entry *e);
+
+/* Reclaimer only, each pass.  Records and queries those events; an entry
+ * whose graph died and whose streams' earlier work is done is taken in
+ * (reclaimer_take_in, captured false) as complete; one whose stream was destroyed
+ * before its capture's end was seen fails (reported: that work cannot be
+ * waited for).  No CUDA call when nothing moved.  True while some stream
+ * still needs polling. */
+bool capture_poll(void);
+
+/* Reclaimer only: whether capture_poll has work: a graph died since the
+ * last poll (the destructor then wakes the reclaimer), an entry came, or a
+ * stream needs polling.  The reclaimer naps rather than sleep then. */
+bool capture_news(void);
+
+/* Reclaimer only, when it stops.  Entries whose graph lives are handed to
+ * their destructor (it reports them, counted as failed); dead ones still
+ * waiting for their streams fail; dead ones ready are taken in: returns
+ * how many (the reclaimer makes one more pass for them). */
+size_t capture_stop(void);
 
 #endif

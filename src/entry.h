@@ -36,6 +36,8 @@ struct entry {
     cudaEvent_t event;     /* recycled with the entry; NULL for requests
                               and for entries complete when they arrive
                               (not pooled: freed when done) */
+    bool captured;         /* tied to a graph (capture.h): waits with the
+                              capture's entries until it is complete */
     bool synced;           /* no event, but its stream was synchronized
                               before the push: complete once it heads its
                               stream's FIFO (in order behind the earlier

@@ -202,6 +202,12 @@ static void wake(void)
     pthread_mutex_unlock(&rs.wake_lock);
 }
 
+void reclaimer_wake(void)
+{
+    if (atomic_load(&rs.sleeping))
+        wake();
+}
+
 void reclaimer_push(struct entry *e)
 {
     queue_push_mpsc(&rs.queue, &e->node);

@@ -18,6 +18,7 @@
 #include "alloc_info.h"
 #include "block_cache.h"
 #include "block_map.h"
+#include "capture.h"
 #include "config.h"
 #include "event_pool.h"
 #include "held.h"
@@ -60,6 +61,8 @@ static void request_done(struct request *q)
  * (served at the end of this pass). */
 static void take_request(struct request *q)
 {
+    /* Graph entries that became complete count as taken in before it. */
+    capture_poll();
     /* A failed device is reported to every request, even one that arrives
      * after its entries were abandoned. */
     for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
@@ -319,6 +322,47 @@ static bool check_pointers(struct entry *e)
 }
 
 /* Move every pushed entry into its stream's FIFO; returns how many came. */
+/* Take in one pushed entry (not a request, not a waiting graph entry): it
+ * gets its place in the flushes' order, then waits in its stream's FIFO, or
+ * completes at once when it has no event. */
+void reclaimer_take_in(struct entry *e)
+{
+    e->seq = rs.next_seq++;
+    rs.tracked++;
+    if (device_error(e->device) != cudaSuccess) {
+        event_done(e, device_error(e->device), now_ns());
+        return;
+    }
+    if (rs.cfg.check && e->nptrs > 0 && e->kind != ENTRY_BLOCK &&
+        !check_pointers(e)) {
+        event_done(e, cudaErrorInvalidValue, now_ns());
+        return;
+    }
+    /* Sized under the eager policy too: pool memory is then still freed
+     * with cudaFreeAsync, and a trim can say what it released. */
+    if (use_device(e->device)) {
+        if (rs.held[e->device].cap == 0)
+            learn_cap(e->device);
+        size_up(e);
+    }
+    if (e->event == NULL && !e->synced) { /* complete on arrival */
+        event_done(e, cudaSuccess, now_ns());
+        return;
+    }
+    if (stream_table_append(&rs.streams, e)) {
+        rs.incomplete++;
+        return;
+    }
+    /* Out of memory for a FIFO: wait for this one entry here. */
+    report("reclaimer: out of memory; waiting for one entry's event "
+           "synchronously");
+    cudaError_t err = e->event == NULL ? cudaSuccess /* synced */
+                      : use_device(e->device)
+                          ? cudaEventSynchronize(e->event)
+                          : device_error(e->device);
+    event_done(e, err, now_ns());
+}
+
 static size_t take_pushed(void)
 {
     /* The batch lives in r, not on this stack: a fork child (which has no
@@ -337,41 +381,12 @@ static size_t take_pushed(void)
             take_request(e->request);
             continue;
         }
+        if (e->captured) { /* waits for its graph and streams (capture.h) */
+            capture_take(e);
+            continue;
+        }
         arrived++;
-        e->seq = rs.next_seq++;
-        rs.tracked++;
-        if (device_error(e->device) != cudaSuccess) {
-            event_done(e, device_error(e->device), now_ns());
-            continue;
-        }
-        if (rs.cfg.check && e->nptrs > 0 && e->kind != ENTRY_BLOCK &&
-            !check_pointers(e)) {
-            event_done(e, cudaErrorInvalidValue, now_ns());
-            continue;
-        }
-        /* Sized under the eager policy too: pool memory is then still
-         * freed with cudaFreeAsync, and a trim can say what it released. */
-        if (use_device(e->device)) {
-            if (rs.held[e->device].cap == 0)
-                learn_cap(e->device);
-            size_up(e);
-        }
-        if (e->event == NULL && !e->synced) { /* complete on arrival */
-            event_done(e, cudaSuccess, now_ns());
-            continue;
-        }
-        if (stream_table_append(&rs.streams, e)) {
-            rs.incomplete++;
-            continue;
-        }
-        /* Out of memory for a FIFO: wait for this one entry here. */
-        report("reclaimer: out of memory; waiting for one entry's event "
-               "synchronously");
-        cudaError_t err = e->event == NULL ? cudaSuccess /* synced */
-                          : use_device(e->device)
-                              ? cudaEventSynchronize(e->event)
-                              : device_error(e->device);
-        event_done(e, err, now_ns());
+        reclaimer_take_in(e);
     }
     return arrived;
 }
@@ -625,7 +640,8 @@ static void sleep_until_pushed(uint64_t deadline_ns)
     }
     pthread_mutex_lock(&rs.wake_lock);
     atomic_store(&rs.sleeping, true);
-    while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop)) {
+    while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop) &&
+           !capture_news()) {
         if (deadline_ns == UINT64_MAX)
             pthread_cond_wait(&rs.wake_cond, &rs.wake_lock);
         else if (pthread_cond_timedwait(&rs.wake_cond, &rs.wake_lock,
@@ -666,7 +682,7 @@ static void wait_for_work(bool progress, uint64_t now)
     rs.nap_us = progress ? cfg->poll_us
                         : (rs.nap_us * 2 < cfg->poll_max_us ? rs.nap_us * 2
                                                            : cfg->poll_max_us);
-    if (rs.incomplete > 0) {
+    if (rs.incomplete > 0 || capture_news()) {
         nap_us(rs.nap_us);
         return;
     }
@@ -717,6 +733,7 @@ void *reclaimer_main(void *unused)
         /* Read once, first: the pass that ends the loop has seen it all
          * through (the cache is emptied only by a pass that knew). */
         bool stopping = atomic_load(&rs.stop);
+        capture_poll();
         size_t arrived = take_pushed();
         uint64_t now = now_ns();
         if (arrived > 0)
@@ -725,7 +742,10 @@ void *reclaimer_main(void *unused)
         release_held(now);
         release_cache(now, stopping);
         end_pass();
-        if (rs.tracked == 0 && stopping && queue_is_empty(&rs.queue))
+        /* Graph entries still waiting are given up (or, dead and ready
+         * just now, pushed: then one more pass). */
+        if (rs.tracked == 0 && stopping && queue_is_empty(&rs.queue) &&
+            capture_stop() == 0)
             break;
         wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);

@@ -32,6 +32,10 @@ void reclaimer_push(struct entry *e);
 /* Any thread, after a successful reclaimer_enter. */
 void reclaimer_leave(void);
 
+/* Any thread, even a graph's destructor (no CUDA call): wake the reclaimer
+ * if it sleeps.  Never blocks for long. */
+void reclaimer_wake(void);
+
 /* Any thread, between enter and leave.  Hands the synced entry e (see
  * entry.h: no event, its stream already synchronized) to the reclaimer and
  * blocks until the reclaimer has finished it, behind the earlier entries of

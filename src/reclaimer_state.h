@@ -84,6 +84,10 @@ extern struct reclaimer_state rs;
 /* True on the reclaimer thread (callbacks run there). */
 extern _Thread_local bool on_reclaimer_thread;
 
+/* Reclaimer only: take in a pushed entry (reclaimer.c; capture.c takes in
+ * a graph entry this way once it is complete). */
+void reclaimer_take_in(struct entry *e);
+
 /* The reclaimer thread's body (pthread_create). */
 void *reclaimer_main(void *unused);
 

@@ -1,0 +1,246 @@
+/* A defer call on a capturing stream waits for the graph (t/capture.c) and
+ * also for the work enqueued on the stream before the capture began: that
+ * work may still use the memory when the graph dies, e.g. when the graph
+ * was never launched on that stream (issue 12, item 7).  And a graph that
+ * dies while process exit drains is released by the drain, not dropped
+ * (item 13). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+static void begin_capture(cudaStream_t s)
+{
+    cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    if (err != cudaSuccess)
+        bail("cudaStreamBeginCapture: %s", cudaGetErrorName(err));
+}
+
+static cudaGraph_t end_capture(cudaStream_t s)
+{
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(s, &graph);
+    if (err != cudaSuccess)
+        bail("cudaStreamEndCapture: %s", cudaGetErrorName(err));
+    return graph;
+}
+
+/* Poll until fake_live_user_objects() == 0, at most timeout_ms. */
+static bool wait_no_user_objects(unsigned timeout_ms)
+{
+    for (unsigned waited = 0; fake_live_user_objects() > 0; waited++) {
+        if (waited >= timeout_ms)
+            return false;
+        sleep_ms(1);
+    }
+    return true;
+}
+
+static int called;
+static void mark(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&called, 1, __ATOMIC_RELEASE);
+}
+
+/* The issue's case: work before the capture uses p; the graph is never
+ * launched and dies at once. */
+static void test_free_waits_for_work_before_capture(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_work *before = work_held(s, p);
+    begin_capture(s);
+    fake_launch(s, 100, &p, 1);
+    is_int(defer_free(p, s), cudaSuccess, "defer_free on a capturing stream");
+    cudaGraphDestroy(end_capture(s));
+    ok(wait_no_user_objects(2000), "the graph is gone");
+    defer_flush();
+    sleep_ms(20);
+    is_int(fake_is_released(p), 0, "held: the work enqueued before the "
+           "capture still runs");
+    fake_complete(before);
+    ok(wait_released(p, 2000), "released once that work completed");
+    cudaStreamDestroy(s);
+}
+
+static void test_call_waits_for_work_before_capture(void)
+{
+    cudaStream_t s = stream_new();
+    fake_work *before = work_held(s, NULL);
+    begin_capture(s);
+    is_int(defer_call(mark, NULL, s), cudaSuccess, "defer_call in a capture");
+    cudaGraphDestroy(end_capture(s));
+    ok(wait_no_user_objects(2000), "the graph is gone");
+    sleep_ms(20);
+    is_int(__atomic_load_n(&called, __ATOMIC_ACQUIRE), 0,
+           "not called: the work enqueued before the capture still runs");
+    fake_complete(before);
+    ok(wait_flag(&called, 2000), "called once it completed");
+    cudaStreamDestroy(s);
+}
+
+/* Two streams in one capture: the second one's earlier work counts too. */
+static void test_group_waits_for_every_stream(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(256);
+    fake_work *before = work_held(s2, p);
+    begin_capture(s);
+    is_int(fake_capture_join(s2, s), cudaSuccess, "s2 joins the capture");
+    cudaStream_t both[2] = {s, s2};
+    is_int(defer_free_streams(p, both, 2), cudaSuccess,
+           "defer_free_streams on two capturing streams");
+    cudaGraph_t graph = NULL;
+    is_int(cudaStreamEndCapture(s, &graph), cudaSuccess, "end the capture");
+    cudaGraphDestroy(graph);
+    ok(wait_no_user_objects(2000), "the graph is gone");
+    sleep_ms(20);
+    is_int(fake_is_released(p), 0, "held: s2's earlier work still runs");
+    fake_complete(before);
+    ok(wait_released(p, 2000), "released once it completed");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+}
+
+/* The graph launched and kept: the entry waits for the graph as before,
+ * the earlier work long done. */
+static void test_graph_still_waited_for(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    work_timed(s, 100, p);
+    begin_capture(s);
+    fake_launch(s, 100, &p, 1);
+    defer_free(p, s);
+    cudaGraph_t graph = end_capture(s);
+    cudaGraphExec_t exec = NULL;
+    cudaGraphInstantiate(&exec, graph, 0);
+    fake_work *l = fake_graph_launch_held(exec, s);
+    sleep_ms(20);
+    defer_flush();
+    is_int(fake_is_released(p), 0, "held while the graph lives");
+    cudaGraphDestroy(graph);
+    cudaGraphExecDestroy(exec);
+    fake_complete(l);
+    ok(wait_released(p, 2000), "released once the graph is gone");
+    cudaStreamDestroy(s);
+}
+
+/* The stream destroyed right after its capture ended: cudefer may not
+ * have seen the end (then it cannot wait for the stream's earlier work:
+ * the entry fails, reported, never released), or it recorded its event
+ * first (then the entry waits for that work).  Never released early. */
+static void test_stream_destroyed_after_capture(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *before = work_held(s, p);
+    uint64_t failed = stats_now().failed;
+    begin_capture(s);
+    fake_launch(s, 100, &p, 1);
+    defer_free(p, s);
+    cudaGraph_t graph = end_capture(s);
+    stderr_capture_begin();
+    cudaStreamDestroy(s);
+    cudaGraphDestroy(graph);
+    ok(wait_no_user_objects(2000), "the graph is gone");
+    sleep_ms(20);
+    is_int(fake_is_released(p), 0, "not released while the earlier work "
+           "runs");
+    fake_complete(before);
+    for (int i = 0; i < 2000 && fake_is_released(p) == 0 &&
+                    stats_now().failed == failed;
+         i++)
+        sleep_ms(1);
+    const char *msg = stderr_capture_end();
+    if (fake_is_released(p) == 1) {
+        diag("  the end of the capture was seen before the stream went");
+        ok(true, "released after the earlier work");
+    } else {
+        ok(stats_now().failed == failed + 1 &&
+               strstr(msg, "was destroyed") != NULL,
+           "not released: counted as failed and reported");
+        cudaFree(p);
+    }
+}
+
+/* Run fn in a child process (fresh fake); ok when it ends in time with no
+ * failed check. */
+static void scenario(const char *title, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("");
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 15000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
+}
+
+/* ---- a graph that dies while exit drains -------------------------------- */
+
+static cudaGraph_t exit_graph;
+static void *exit_ptr;
+
+/* Run by the exit drain: destroy the graph and wait for its user object's
+ * destructor, so the entry reaches cudefer during the drain. */
+static void destroy_graph_in_drain(void *unused)
+{
+    (void)unused;
+    cudaGraphDestroy(exit_graph);
+    for (int i = 0; i < 2000 && fake_live_user_objects() > 0; i++)
+        sleep_ms(1);
+}
+
+static void judge_exit(void)
+{
+    CHECK(fake_is_released(exit_ptr) == 1, "the graph's entry was released "
+          "by the exit drain");
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0, "pending %llu", ULL(st.pending));
+    scenario_child_end();
+}
+
+static void s_graph_dies_in_exit_drain(void)
+{
+    atexit(judge_exit); /* before cudefer's: runs after it */
+    cudaStream_t s = stream_new(), other = stream_new();
+    exit_ptr = device_alloc(256);
+    begin_capture(s);
+    fake_launch(s, 100, &exit_ptr, 1);
+    CHECK(defer_free(exit_ptr, s) == cudaSuccess, "defer_free in a capture");
+    exit_graph = end_capture(s);
+    work_timed(other, 20000, NULL);
+    CHECK(defer_call(destroy_graph_in_drain, NULL, other) == cudaSuccess,
+          "defer_call");
+    exit(0);
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("a graph that dies while exit drains: its entry is released",
+             s_graph_dies_in_exit_drain);
+    fake_reset(2);
+    test_free_waits_for_work_before_capture();
+    test_call_waits_for_work_before_capture();
+    test_group_waits_for_every_stream();
+    test_graph_still_waited_for();
+    test_stream_destroyed_after_capture();
+    is_int(defer_flush(), cudaSuccess, "flush");
+    struct defer_stats st = stats_now();
+    ok(st.pending == 0 && st.deferred == st.released + st.failed,
+       "stats agree: deferred %llu = released %llu + failed %llu",
+       ULL(st.deferred), ULL(st.released), ULL(st.failed));
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early");
+    return 0;
+}
