@@ -67,12 +67,16 @@ static void prepare(void)
     fake_set_latency(FAKE_GET_DEVICE_COUNT, START_LATENCY_NS);
 }
 
-/* Start the racers once the starter is inside the (slow) start. */
-static void start_racers(void)
+/* Start the racers once the starter is inside the (slow) start; detached
+ * when the process will exit under them (not joined: no thread leak). */
+static void start_racers(bool detached)
 {
     sleep_ms(30);
-    for (int i = 0; i < RACERS; i++)
+    for (int i = 0; i < RACERS; i++) {
         pthread_create(&racers[i].thread, NULL, racer_main, &racers[i]);
+        if (detached)
+            pthread_detach(racers[i].thread);
+    }
 }
 
 static void s_shutdown(void)
@@ -80,7 +84,7 @@ static void s_shutdown(void)
     prepare();
     pthread_t starter;
     pthread_create(&starter, NULL, starter_then_shutdown, NULL);
-    start_racers();
+    start_racers(false);
     pthread_join(starter, NULL);
     for (int i = 0; i < RACERS; i++)
         pthread_join(racers[i].thread, NULL);
@@ -136,7 +140,7 @@ static void s_exit(void)
     atexit(judge_exit);
     pthread_t starter;
     pthread_create(&starter, NULL, starter_then_exit, NULL);
-    start_racers();
+    start_racers(true);
     pthread_join(starter, NULL); /* never returns: the starter exits */
     CHECK(false, "the starter's exit() returned");
 }
