@@ -44,6 +44,26 @@ static cudaError_t identify(cudaStream_t stream, int *device,
     return stream_identify(stream, device, id, &cached, failed);
 }
 
+/* Device and id of stream, on a device that has not failed (else its
+ * sticky error, *failed naming it).  A cached identity whose device failed
+ * is looked up again first: the handle may now name a stream of a healthy
+ * device (issue 12, item 13). */
+static cudaError_t identify_usable(cudaStream_t stream, int *device,
+                                   unsigned long long *id, bool *cached,
+                                   const char **failed)
+{
+    cudaError_t err = stream_identify(stream, device, id, cached, failed);
+    if (err == cudaSuccess && *cached &&
+        reclaimer_device_error(*device) != cudaSuccess) {
+        stream_identity_forget();
+        err = stream_identify(stream, device, id, cached, failed);
+    }
+    if (err == cudaSuccess &&
+        (err = reclaimer_device_error(*device)) != cudaSuccess)
+        *failed = "an earlier CUDA call on this device";
+    return err;
+}
+
 /* Copy the request's pointers into e (an array only for several). */
 static bool set_pointers(struct entry *e, const struct request_args *a)
 {
@@ -249,11 +269,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
     int device;
     unsigned long long id;
     bool cached = false;
-    err = stream_identify(stream, &device, &id, &cached, &call);
+    err = identify_usable(stream, &device, &id, &cached, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
-    if ((err = reclaimer_device_error(device)) != cudaSuccess)
-        return reject(a->what, "an earlier CUDA call on this device", err);
     struct request_args block_args;
     struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && block_cache_active()) {
@@ -349,13 +367,9 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         bool no_event = false, cached = false;
         if (a->kind == ENTRY_CALL) /* ordered per stream: look up afresh */
             stream_identity_forget();
-        if ((err = stream_identify(streams[made], &device, &id, &cached,
+        if ((err = identify_usable(streams[made], &device, &id, &cached,
                                    &call)) != cudaSuccess)
             break;
-        if ((err = reclaimer_device_error(device)) != cudaSuccess) {
-            call = "an earlier CUDA call on this device";
-            break;
-        }
         const struct request_args *part = made == 0 ? a : &member;
         parts[made] = record(part, streams[made], device, id, &err, &call,
                              &no_event);

@@ -6,6 +6,7 @@
  * record that fails once with cudaErrorInvalidResourceHandle on a stream
  * whose identity the thread has cached. */
 #include <string.h>
+#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -73,9 +74,60 @@ static void test_group_retries(void)
     cudaStreamDestroy(s[1]);
 }
 
+/* A cached identity whose device has failed is not trusted: the stream is
+ * looked up again before the call is refused with that device's error (a
+ * destroyed stream's handle may now name a stream of a healthy device;
+ * the fake never reuses handles, so the fresh look-up is what is seen). */
+static void s_failed_device_looked_up_again(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    void *p = device_alloc(64), *q = device_alloc(64);
+    cudaSetDevice(0);
+    fake_work *w = work_held(s1, p);
+    CHECK(defer_free(p, s1) == cudaSuccess, "defer_free caches s1");
+    cudaSetDevice(1);
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    stderr_capture_begin();
+    cudaError_t err = defer_flush();
+    fake_fail_clear();
+    cudaSetDevice(0);
+    CHECK(err == cudaErrorIllegalAddress, "device 1 failed: %s",
+          cudaGetErrorName(err));
+    unsigned long lookups = fake_calls(FAKE_STREAM_GET_DEVICE);
+    for (int i = 0; i < 2; i++) {
+        err = defer_free(q, s1);
+        CHECK(err == cudaErrorIllegalAddress, "defer_free on s1: %s",
+              cudaGetErrorName(err));
+    }
+    cudaStream_t streams[1] = {s1};
+    err = defer_free_streams(q, streams, 1);
+    stderr_capture_end();
+    CHECK(err == cudaErrorIllegalAddress, "defer_free_streams on s1: %s",
+          cudaGetErrorName(err));
+    CHECK(fake_calls(FAKE_STREAM_GET_DEVICE) - lookups == 3,
+          "each refusal looked s1 up afresh (%lu look-ups, want 3)",
+          fake_calls(FAKE_STREAM_GET_DEVICE) - lookups);
+    fake_complete(w);
+    cudaFree(p);
+    cudaFree(q);
+}
+
 int main(void)
 {
     plan_lazy();
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        fake_reset(2);
+        failed_checks = 0;
+        s_failed_device_looked_up_again();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 15000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+       "a cached identity whose device failed is looked up again before the "
+       "call is refused");
     fake_reset(2);
     test_group_retries();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
