@@ -164,6 +164,16 @@ def last_json_object(text):
     return None
 
 
+def last_json_list(text):
+    """The last line of text, parsed as a JSON list, or None."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    try:
+        obj = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return obj if isinstance(obj, list) else None
+
+
 def run_child(cmd, env, timeout):
     """Run cmd in its own process group; kill the group after timeout s.
     Returns (exit status or None when timed out, stdout, stderr, seconds)."""
@@ -413,23 +423,63 @@ def git_commit():
         return 'unknown'
 
 
-def driver_version():
-    """The NVIDIA kernel driver's version (e.g. 580.159.04), or None."""
+def parse_driver_version(text):
+    """The driver's version (e.g. 580.95.05) in the text of
+    /proc/driver/nvidia/version, or None.  Its first line is either
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  ...":
+    the version is the first dotted number after "Kernel Module", not the
+    word after it."""
+    m = re.search(r'Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)*)(?:\s|$)', text)
+    return m.group(1) if m else None
+
+
+def nvidia_smi_gpus():
+    """[(name, driver version)] of every GPU as nvidia-smi lists them (it
+    does not initialize CUDA in this process); [] when nvidia-smi is missing
+    or fails.  Blocks until nvidia-smi ends (at most 60 s)."""
     try:
-        with open('/proc/driver/nvidia/version') as f:
-            m = re.search(r'Kernel Module\s+(\S+)', f.read())
-            if m:
-                return m.group(1)
-    except OSError:
-        pass
-    try:
-        r = subprocess.run(['nvidia-smi', '--query-gpu=driver_version',
+        r = subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version',
                             '--format=csv,noheader'], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, universal_newlines=True,
                            timeout=60)
-        return r.stdout.split('\n')[0].strip() or None if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return []
+    if r.returncode != 0:
+        return []
+    rows = []
+    for line in r.stdout.splitlines():
+        name, _, version = line.rpartition(',')
+        if name.strip() and version.strip():
+            rows.append((name.strip(), version.strip()))
+    return rows
+
+
+def driver_version(proc_file='/proc/driver/nvidia/version'):
+    """The NVIDIA kernel driver's version (e.g. 580.95.05), from proc_file
+    or else nvidia-smi; None when neither says."""
+    try:
+        with open(proc_file) as f:
+            version = parse_driver_version(f.read())
+        if version:
+            return version
+    except OSError:
+        pass
+    rows = nvidia_smi_gpus()
+    return rows[0][1] if rows else None
+
+
+def device_info_without_programs(torch_found):
+    """Device facts for a run with no C program to ask (training only, no
+    make bench): device and GPU count from nvidia-smi, the CUDA version
+    PyTorch was built with; {} for what is unknown."""
+    info = {}
+    rows = nvidia_smi_gpus()
+    if rows:
+        info['device'], info['gpus'] = rows[0][0], len(rows)
+    if torch_found and torch_found[2]:
+        info['cuda'] = 'PyTorch built with CUDA %s' % torch_found[2]
+    return info
 
 
 def device_info(bindir):
@@ -451,14 +501,16 @@ def device_info(bindir):
 
 
 def torch_check(python):
-    """(torch version, GPU count) when python can import torch, else None."""
+    """(torch version, GPU count, CUDA version torch was built with or None)
+    when python can import torch, else None."""
     status, out, err, _ = run_child(
-        [python, '-c', 'import torch; print(torch.__version__, '
-                       'torch.cuda.device_count())'], dict(os.environ), 300)
-    words = out.split()
-    if status != 0 or len(words) < 2:
+        [python, '-c', 'import json, torch; print(json.dumps([torch.__version__, '
+                       'torch.cuda.device_count(), getattr(getattr(torch, '
+                       '"version", None), "cuda", None)]))'], dict(os.environ), 300)
+    found = last_json_list(out) if status == 0 else None
+    if not found or len(found) != 3 or not isinstance(found[1], int):
         return None
-    return words[-2], int(words[-1])
+    return found[0], found[1], found[2]
 
 
 # ---- the command line --------------------------------------------------------
@@ -494,7 +546,8 @@ def parse_args(argv):
     p.add_argument('--bindir', help='where the programs of make bench are '
                    '(default: ./bench if it has them, else the source bench/)')
     p.add_argument('--torch-lib', metavar='PATH',
-                   help='passed to torch_train.py as --lib')
+                   help='passed to torch_train.py as --lib (default: '
+                   'BINDIR/../src/.libs/libcudefer.so when it exists)')
     p.add_argument('--torch-script', default=os.path.join(HERE, 'torch_train.py'),
                    help=argparse.SUPPRESS)
     p.add_argument('--dry-run', action='store_true',
@@ -539,7 +592,7 @@ def parse_args(argv):
 def select_workloads(o):
     """The workloads to run, in table order; training ones only where
     python3 has torch (and -ddp ones only with 2+ GPUs).  Returns
-    (workloads, torch version or None)."""
+    (workloads, torch_check's answer or None)."""
     if o.explicit:
         chosen = [w for w in WORKLOADS if w.group in o.explicit or w.name in o.explicit]
     else:
@@ -563,7 +616,7 @@ def select_workloads(o):
     elif found[1] < 2 and any(w.ddp for w in chosen):
         progress('run.py: skipping the -ddp workloads: torch sees %d GPU(s)' % found[1])
         chosen = [w for w in chosen if not w.ddp]
-    return chosen, found[0]
+    return chosen, found
 
 
 def find_bindir(o):
@@ -575,14 +628,26 @@ def find_bindir(o):
     return os.path.join(os.getcwd(), 'bench')
 
 
+def build_library(bindir):
+    """The libcudefer.so of the build directory whose bench/ is bindir
+    (BUILD/src/.libs/libcudefer.so), or None when there is none: with a
+    build directory apart from the sources, torch_train.py would otherwise
+    look in the source tree."""
+    path = os.path.join(os.path.dirname(os.path.abspath(bindir)), 'src', '.libs',
+                        'libcudefer.so')
+    return path if os.path.isfile(path) else None
+
+
 def main(argv=None):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # quiet under `| head`
     o = parse_args(sys.argv[1:] if argv is None else argv)
-    workloads, torch_version = select_workloads(o)
+    workloads, torch_found = select_workloads(o)
     if not workloads:
         progress('run.py: nothing to run')
         return 2
     bindir = find_bindir(o)
+    if not o.torch_lib and any(w.is_train for w in workloads):
+        o.torch_lib = build_library(bindir)
     programs = sorted({w.program for w in workloads if w.program})
     runner = Runner(o, workloads, o.variants, bindir, {}, sys.stdout)
     if o.dry_run:
@@ -609,8 +674,13 @@ def main(argv=None):
             progress('run.py: no usable CUDA device: nothing measured')
             return 1
         info.update(device)
-    if torch_version:
-        info['torch_version'] = torch_version
+    elif os.access(os.path.join(bindir, 'bench-launch-loop'), os.X_OK):
+        # training only, but make bench was run: the same facts as the C runs
+        info.update(device_info(bindir) or device_info_without_programs(torch_found))
+    else:
+        info.update(device_info_without_programs(torch_found))
+    if torch_found:
+        info['torch_version'] = torch_found[0]
     progress('run.py: %s, CUDA %s, NVIDIA driver %s, commit %s' % (
         info.get('device', '?'), info.get('cuda', '?'),
         info.get('driver_version') or '?', info['commit']))

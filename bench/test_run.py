@@ -74,6 +74,8 @@ print(json.dumps(dict(model=model, allocator=alloc, device='Fake GPU',
 '''
 
 FAKE_TORCH = '''__version__ = '9.9-fake'
+class version:
+    cuda = '13.0'
 class cuda:
     @staticmethod
     def device_count():
@@ -297,6 +299,73 @@ def test_skips_and_timeouts():
         assert rc == 2 and 'skipping the -ddp workloads' in se, se
         rc, so, se = run_py(tmp, ['--quick', '--workloads', 'W2', '--bindir', '/nonexistent'])
         assert rc == 2 and 'make bench' in se, se
+    finally:
+        shutil.rmtree(tmp)
+
+
+# nvidia-smi --query-gpu=name,driver_version --format=csv,noheader, 2 GPUs
+FAKE_SMI = r'''#!/bin/sh
+echo "Fake GPU, Model 80GB, 580.95.05"
+echo "Fake GPU, Model 80GB, 580.95.05"
+'''
+
+
+def test_driver_version():
+    open_module = ('NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  '
+                   'Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:09:33 '
+                   'UTC 2025\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0)\n')
+    closed = ('NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 '
+              '01:15:15 UTC 2023\nGCC version:  gcc version 12.3.0\n')
+    assert run.parse_driver_version(open_module) == '580.95.05'
+    assert run.parse_driver_version(closed) == '535.104.05'
+    assert run.parse_driver_version('NVRM version: NVIDIA UNIX Open Kernel Module for '
+                                    'aarch64  570.86.10') == '570.86.10'
+    assert run.parse_driver_version('no driver here') is None
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        path = os.path.join(tmp, 'version')
+        with open(path, 'w') as f:
+            f.write(open_module)
+        assert run.driver_version(path) == '580.95.05'
+    finally:
+        shutil.rmtree(tmp)
+
+
+def test_training_only_facts_and_library():
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        make_fakes(tmp, gpus=1)
+        os.makedirs(os.path.join(tmp, 'path'))
+        write(os.path.join(tmp, 'path', 'nvidia-smi'), FAKE_SMI)
+        os.makedirs(os.path.join(tmp, 'src', '.libs'))
+        lib = os.path.join(tmp, 'src', '.libs', 'libcudefer.so')   # BINDIR/../src/.libs
+        write(lib, '', 0o644)
+        env = {'PATH': os.path.join(tmp, 'path') + os.pathsep + os.environ['PATH']}
+        have_proc = os.path.exists('/proc/driver/nvidia/version')
+        args = ['--quick', '--workloads', 'train-cnn', '--strategies', 'cudefer']
+        # make bench was run: bench-launch-loop --info gives the facts
+        rc, so, se = run_py(tmp, args, env=env)
+        lines = [json.loads(l) for l in so.splitlines() if l.startswith('{')]
+        head, reps = lines[0], [x for x in lines if x['record'] == 'rep']
+        assert rc == 0 and head['device'] == 'Fake GPU', (rc, se, head)
+        assert head['cuda'] == 'runtime 13.0, driver 13.0', head
+        assert have_proc or head['driver_version'] == '580.95.05', head
+        assert reps and all(x['lib'] == lib for x in reps), reps
+        assert 'cudefer bench: Fake GPU, CUDA runtime 13.0' in so, so
+        rc, so, se = run_py(tmp, args + ['--torch-lib', '/y/libcudefer.so'], env=env)
+        reps = [json.loads(l) for l in so.splitlines() if '"record": "rep"' in l]
+        assert rc == 0 and reps and all(x['lib'] == '/y/libcudefer.so' for x in reps)
+        # no programs and no library beside them: nvidia-smi and torch say
+        os.makedirs(os.path.join(tmp, 'other', 'bench'))
+        rc, so, se = run_py(tmp, args + ['--bindir', os.path.join(tmp, 'other', 'bench')],
+                            env=env)
+        lines = [json.loads(l) for l in so.splitlines() if l.startswith('{')]
+        head, reps = lines[0], [x for x in lines if x['record'] == 'rep']
+        assert rc == 0 and head['device'] == 'Fake GPU, Model 80GB', (rc, se, head)
+        assert head['gpus'] == 2 and head['cuda'] == 'PyTorch built with CUDA 13.0', head
+        assert have_proc or head['driver_version'] == '580.95.05', head
+        assert reps and all(x['lib'] is None for x in reps), reps
+        assert 'cudefer bench: Fake GPU, Model 80GB, CUDA PyTorch built' in so, so
     finally:
         shutil.rmtree(tmp)
 
