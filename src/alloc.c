@@ -4,52 +4,55 @@
  * to any stream once its work is done, and a miss is a cudaMalloc. */
 #include "block_cache.h"
 #include "block_map.h"
+#include "block_pool.h"
 #include "capture.h"
 #include "cudefer.h"
 #include "reclaimer.h"
 #include "report.h"
+#include <time.h>
+
 #include "stats.h"
 #include "stream_identity.h"
 
-/* cudaMalloc on device from any thread, restoring its current device. */
-static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
-{
-    int current;
-    cudaError_t err = cudaGetDevice(&current);
-    if (err != cudaSuccess)
-        return err;
-    if (current != device && (err = cudaSetDevice(device)) != cudaSuccess)
-        return err;
-    err = cudaMalloc(ptr, bytes);
-    if (current != device) {
-        cudaError_t back = cudaSetDevice(current);
-        if (err == cudaSuccess && back != cudaSuccess) {
-            cudaFree(*ptr);
-            *ptr = NULL;
-            err = back;
-        }
-    }
-    if (err == cudaErrorMemoryAllocation)
-        cudaGetLastError(); /* not sticky: clear it for the caller */
-    return err;
-}
-
-/* A fresh block for a request of bytes: its rounded size; out of memory,
- * everything cudefer holds is trimmed and the rounded size tried again, then
- * the exact size (which may fit where the rounded one does not). */
-static cudaError_t malloc_block(int device, void **ptr, size_t bytes,
-                                size_t *size)
+/* A fresh block for a request of bytes on stream: its rounded size; out
+ * of memory, everything cudefer holds is trimmed and the rounded size tried
+ * again, then bytes rounded up to 512 only (which may fit where the rounded
+ * size does not). */
+static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
+                                void **ptr, size_t *size, bool *pooled)
 {
     *size = block_cache_round(bytes);
-    cudaError_t err = malloc_on(device, ptr, *size);
+    cudaError_t err = block_pool_malloc(device, *size, stream, ptr, pooled);
     if (err != cudaErrorMemoryAllocation)
         return err;
     size_t trimmed = 0;
     defer_trim(&trimmed);
-    if ((err = malloc_on(device, ptr, *size)) != cudaErrorMemoryAllocation)
+    err = block_pool_malloc(device, *size, stream, ptr, pooled);
+    if (err != cudaErrorMemoryAllocation)
         return err;
     *size = (bytes + 511) & ~(size_t)511;
-    return malloc_on(device, ptr, *size);
+    return block_pool_malloc(device, *size, stream, ptr, pooled);
+}
+
+/* A request missed: the device's FREE pool blocks (free before before_ns,
+ * so none that turned free during the search) go back to the pool, in
+ * stream order on the request's stream, so their memory serves this request
+ * whatever its size.  Their work is done: nothing waits. */
+static void hand_back_free_blocks(int device, cudaStream_t stream,
+                                  uint64_t before_ns)
+{
+    struct cache_block *batch[64];
+    size_t n;
+    while ((n = block_cache_collect(device, before_ns, true, batch, 64)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            cudaError_t err = cudaFreeAsync(batch[i]->ptr, stream);
+            if (err != cudaSuccess)
+                report_cuda("defer_alloc", "cudaFreeAsync", err,
+                            "; a free block is lost to the pool");
+            block_cache_forget(batch[i]);
+        }
+        stats_add(&stats.cache_releases, n);
+    }
 }
 
 /* A refusal of an allocation call: counted, reported. */
@@ -83,8 +86,13 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     if ((err = reclaimer_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
                       "");
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t before = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
+    if (*ptr == NULL)
+        hand_back_free_blocks(*device, stream, before);
     return cudaSuccess;
 }
 
@@ -107,7 +115,9 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     if (err != cudaSuccess || *ptr != NULL)
         return err;
     size_t size;
-    if ((err = malloc_block(device, ptr, bytes, &size)) != cudaSuccess) {
+    bool pooled;
+    if ((err = malloc_block(device, bytes, stream, ptr, &size, &pooled)) !=
+        cudaSuccess) {
         if (err == cudaErrorMemoryAllocation)
             stats_add(&stats.rejected, 1); /* the caller sees it: no report */
         return err;
@@ -118,7 +128,7 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
      * releases it like any other. */
     if (reclaimer_enter("defer_alloc") != cudaSuccess)
         return cudaSuccess;
-    if (!block_cache_add(device, *ptr, size))
+    if (!block_cache_add(device, *ptr, size, pooled))
         report("defer_alloc: out of memory for the record of %p: it is "
                "released when freed, never reused", *ptr);
     reclaimer_leave();

@@ -361,7 +361,7 @@ static void drop_stale(struct cache_block *stale)
         block_cache_forget(stale);
 }
 
-bool block_cache_add(int device, void *ptr, size_t size)
+bool block_cache_add(int device, void *ptr, size_t size, bool pool)
 {
     if (device < 0 || device >= ncaches)
         return false;
@@ -372,6 +372,7 @@ bool block_cache_add(int device, void *ptr, size_t size)
     b->size = size;
     b->device = device;
     b->bin = bin_of(size);
+    b->pool = pool;
     b->state = BLOCK_LIVE;
     b->handout = atomic_fetch_add(&next_handout, 1);
     struct cache_block *stale = NULL;
@@ -535,7 +536,8 @@ bool block_cache_adopt(void *ptr)
 }
 
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           struct cache_block **out, size_t max)
+                           bool pool_only, struct cache_block **out,
+                           size_t max)
 {
     if (device < 0 || device >= ncaches)
         return 0;
@@ -545,7 +547,8 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
     struct cache_block *b = c->lru_head;
     while (b != NULL && n < max && b->freed_ns <= freed_before_ns) {
         struct cache_block *next = b->lru_next;
-        if (b->events == 0) { /* else an old entry still names it */
+        /* Not while an old entry still names it. */
+        if (b->events == 0 && (b->pool || !pool_only)) {
             bins_unlink(&c->free, b);
             lru_unlink(c, b);
             block_map_remove(b);

@@ -4,6 +4,12 @@
  * Every block is one cudaMalloc allocation of cudefer's own, known by its
  * start address (block_map.h), its device and its size.  A block is
  *   LIVE     the application's (handed out, not yet freed);
+ *   FREEING  a free accepted it (any defer_free* path, on the launching
+ *            thread, before its event is recorded): no other free and no
+ *            defer_record_stream takes it; it goes to PENDING (a
+ *            stream-ordered free), to FREE (its entry adopts it once the
+ *            work is done), or back to LIVE (the free was refused after
+ *            all, e.g. its event could not be recorded);
  *   PENDING  freed with defer_free on stream S, its event not yet seen
  *            complete: reusable at once, but only by a request on S — work
  *            enqueued later on S runs after the work that used it (the rule
@@ -35,7 +41,7 @@
  * on (defer_free_streams takes at most 64). */
 #define BLOCK_MAX_RECORDED 63
 
-enum block_state { BLOCK_LIVE, BLOCK_PENDING, BLOCK_FREE };
+enum block_state { BLOCK_LIVE, BLOCK_FREEING, BLOCK_PENDING, BLOCK_FREE };
 
 struct stream_bins;
 
@@ -44,6 +50,8 @@ struct cache_block {
     size_t size;
     int device;
     int bin;
+    bool pool; /* from cudefer's memory pool (block_pool.h): handed back
+                  with cudaFreeAsync, never cudaFree */
     enum block_state state;
     uint64_t handout;           /* unique per hand-out: names the owner */
     uint32_t events;            /* reclaimer entries naming this block */
@@ -57,10 +65,12 @@ struct cache_block {
     unsigned long long *recorded_ids;
 };
 
-/* How defer_free must treat a pointer (block_cache_plan_free). */
+/* How defer_free must treat a pointer (block_cache_plan_free,
+ * block_cache_claim).  Every path but the first two claimed the block
+ * (FREEING). */
 enum block_free_path {
     BLOCK_NOT_OURS,       /* not a block: the ordinary release */
-    BLOCK_NOT_LIVE,       /* a block already freed: refuse (reported) */
+    BLOCK_NOT_LIVE,       /* a block already being freed or free: refuse */
     BLOCK_STREAM_ORDERED, /* record an event, park, push an ENTRY_BLOCK */
     BLOCK_AFTER_EVENT,    /* another device's stream: the ordinary entry,
                              adopted back when its event completed */
@@ -98,19 +108,36 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
 
 /* Any thread.  Files a block fresh from cudaMalloc as LIVE; false when no
  * record could be allocated (the caller keeps plain cudaMalloc memory). */
-bool block_cache_add(int device, void *ptr, size_t size);
+bool block_cache_add(int device, void *ptr, size_t size, bool pool);
 
 /* Any thread, the block's owner.  Decides how defer_free(ptr) on stream
  * stream_id of stream_device goes (see enum block_free_path); streams
- * recorded that are stream_id itself do not count.  Never blocks. */
+ * recorded that are stream_id itself do not count.  A LIVE block is claimed
+ * (FREEING) in the same step, so that of two frees only one is accepted:
+ * the caller then parks it, hands it to an entry, or gives it back with
+ * block_cache_unclaim.  Never blocks but on the device's mutex. */
 void block_cache_plan_free(void *ptr, int stream_device,
                            unsigned long long stream_id,
                            struct block_free_plan *plan);
 
+/* Any thread, the block's owner, for the frees that wait for more than one
+ * stream-ordered event (several pointers, several streams, a graph capture,
+ * a synchronous release).  Claims the LIVE block at ptr (FREEING; its entry
+ * adopts it once the work is done): BLOCK_AFTER_EVENT.  BLOCK_NOT_OURS when
+ * ptr is no block, BLOCK_NOT_LIVE (nothing changed) when it is already
+ * being freed or free: the free must be refused.  Never blocks but on the
+ * device's mutex. */
+enum block_free_path block_cache_claim(void *ptr);
+
+/* Any thread, the free that claimed the block at ptr, refused after all:
+ * it is LIVE again (the application's).  Nothing when ptr is no block
+ * being freed. */
+void block_cache_unclaim(void *ptr);
+
 /* Any thread, after the event of a BLOCK_STREAM_ORDERED plan was recorded:
- * the block becomes PENDING on stream_id and one reclaimer entry names it.
- * False (nothing changed) when the block was freed meanwhile by another
- * thread (reported: a double free). */
+ * the claimed block becomes PENDING on stream_id and one reclaimer entry
+ * names it.  False (nothing changed) when it is not the plan's claimed
+ * block any more (no caller should see that). */
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id);
 
@@ -121,8 +148,9 @@ void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now_ns);
 
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
- * synchronous release).  True when ptr is a block: it is FREE now (or was
- * already free: reported), and must not be cudaFree'd. */
+ * synchronous release).  True when ptr is a block: it is FREE now (it was
+ * FREEING, or LIVE; one already PENDING or FREE is reported and left as
+ * it is), and must not be cudaFree'd. */
 bool block_cache_adopt(void *ptr);
 
 /* Any thread, the block's owner.  Records stream (its handle and id) as a
@@ -133,17 +161,20 @@ bool block_cache_adopt(void *ptr);
 cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
                                       unsigned long long stream_id);
 
-/* Any thread, the block's owner.  The streams recorded on the LIVE block at
- * ptr, copied to out (BLOCK_MAX_RECORDED of room) when not NULL; how many
- * (0 when ptr is no live block). */
+/* Any thread, the block's owner.  The streams recorded on the LIVE (or
+ * claimed: FREEING) block at ptr, copied to out (BLOCK_MAX_RECORDED of
+ * room) when not NULL; how many (0 when ptr is no such block). */
 size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
 
-/* Reclaimer.  Removes up to max FREE blocks of device that became free at or
- * before freed_before_ns (UINT64_MAX: all), oldest first, into out; the
- * caller cudaFree's each and gives it to block_cache_forget.  Returns how
+/* Reclaimer (and, for pool blocks only, a request that missed).  Removes up
+ * to max FREE blocks of device that became free at or before
+ * freed_before_ns (UINT64_MAX: all), oldest first, only pool blocks when
+ * pool_only, into out; the caller releases each (cudaFreeAsync for pool
+ * blocks, else cudaFree) and gives it to block_cache_forget.  Returns how
  * many. */
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           struct cache_block **out, size_t max);
+                           bool pool_only, struct cache_block **out,
+                           size_t max);
 void block_cache_forget(struct cache_block *block);
 
 /* Reclaimer.  When the oldest FREE block of device became free

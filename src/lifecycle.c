@@ -17,6 +17,7 @@
 
 #include "alloc_info.h"
 #include "block_cache.h"
+#include "block_pool.h"
 #include "config.h"
 #include "event_pool.h"
 #include "report.h"
@@ -75,7 +76,8 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
-    if (!alloc_per_device(n) || !block_cache_init(n)) {
+    if (!alloc_per_device(n) || !block_cache_init(n) || !block_pool_init(n)) {
+        block_pool_destroy_all();
         block_cache_destroy();
         free_per_device();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
@@ -378,6 +380,7 @@ static bool stop_and_join(uint64_t deadline_ns)
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
     block_cache_destroy();
+    block_pool_destroy_all();
     free_per_device();
     return true;
 }
@@ -468,4 +471,5 @@ static void fork_child(void)
     event_pool_after_fork();
     alloc_info_reset();
     block_cache_fork_child();
+    block_pool_fork_child();
 }

@@ -18,6 +18,7 @@
 #include "alloc_info.h"
 #include "block_cache.h"
 #include "block_map.h"
+#include "block_pool.h"
 #include "capture.h"
 #include "config.h"
 #include "event_pool.h"
@@ -547,16 +548,23 @@ static void release_cache(uint64_t now, bool stopping)
     uint64_t before = all ? UINT64_MAX : now - keep_ns;
     for (int d = 0; d < rs.ndevices; d++) {
         uint64_t oldest = block_cache_oldest_free_ns(d);
-        if (oldest == UINT64_MAX || oldest > before ||
-            device_error(d) != cudaSuccess || !use_device(d))
+        bool blocks = oldest != UINT64_MAX && oldest <= before;
+        bool pool = all && block_pool_exists(d);
+        if ((!blocks && !pool) || device_error(d) != cudaSuccess ||
+            !use_device(d))
             continue;
         trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
         struct cache_block *batch[64];
         uint64_t released = 0;
         size_t n;
-        while ((n = block_cache_collect(d, before, batch, 64)) > 0) {
+        cudaStream_t async = free_stream(d);
+        while ((n = block_cache_collect(d, before, false, batch, 64)) > 0) {
             for (size_t i = 0; i < n; i++) {
-                cudaError_t err = cudaFree(batch[i]->ptr);
+                /* Pool blocks go back to the pool at no cost; others (no
+                 * pool could be made) drain the device. */
+                cudaError_t err = batch[i]->pool && async != NULL
+                                      ? cudaFreeAsync(batch[i]->ptr, async)
+                                      : cudaFree(batch[i]->ptr);
                 if (err == cudaSuccess) {
                     released++;
                     rs.pass_released_bytes += batch[i]->size;
@@ -572,6 +580,8 @@ static void release_cache(uint64_t now, bool stopping)
                 block_cache_forget(batch[i]);
             }
         }
+        if (all) /* the pool's unused memory back to CUDA too */
+            rs.pass_released_bytes += block_pool_trim(d, async);
         trace_pop();
         stats_add(&stats.cache_releases, released);
     }

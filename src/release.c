@@ -20,7 +20,10 @@ static cudaError_t release_pointer(const struct entry *e, void *ptr,
         err = cudaFreeHost(ptr);
         call = "cudaFreeHost";
     } else if (e->pool && async_stream != NULL &&
-               (err = cudaFreeAsync(ptr, async_stream)) == cudaSuccess) {
+               ((err = cudaFreeAsync(ptr, async_stream)) == cudaSuccess ||
+                err == cudaErrorInvalidValue)) {
+        /* A pointer cudaFreeAsync rejects (an interior one, say) would be
+         * rejected by cudaFree too: reported below, not tried twice. */
         call = "cudaFreeAsync";
     } else {
         if (e->pool && async_stream != NULL) {

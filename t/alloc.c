@@ -39,14 +39,16 @@ static void *take_when_done(size_t bytes, cudaStream_t other, void *p)
 static void test_same_stream(cudaStream_t s, cudaStream_t s2)
 {
     void *p = NULL, *q = NULL;
-    unsigned long mallocs = fake_calls(FAKE_MALLOC);
+    unsigned long mallocs = fake_calls(FAKE_MALLOC_ASYNC);
     is_int(alloc_checked(&p, 1000, s), cudaSuccess, "defer_alloc(1000)");
-    is_int(fake_calls(FAKE_MALLOC) - mallocs, 1, "an empty cache: cudaMalloc");
+    is_int(fake_calls(FAKE_MALLOC_ASYNC) - mallocs, 1,
+           "an empty cache: one allocation from cudefer's pool");
     fake_work *w = work_held(s, p);
     is_int(defer_free(p, s), cudaSuccess, "defer_free on s, work pending");
     is_int(alloc_checked(&q, 900, s), cudaSuccess, "defer_alloc(900) on s");
     ok(q == p, "s gets the block back before its work is done");
-    is_int(fake_calls(FAKE_MALLOC) - mallocs, 1, "without cudaMalloc");
+    is_int(fake_calls(FAKE_MALLOC_ASYNC) - mallocs, 1,
+           "without a new allocation");
     void *r = NULL;
     is_int(alloc_checked(&r, 900, s2), cudaSuccess, "defer_alloc(900) on s2");
     ok(r != p, "another stream does not get a block in use");
@@ -249,6 +251,27 @@ static void test_groups(cudaStream_t s, cudaStream_t s2)
        "they go back to the cache, not to cudaFree");
 }
 
+/* A request that no cached block fits hands the device's free blocks back
+ * to the pool first (cudaFreeAsync, no drain): their memory then serves any
+ * size. */
+static void test_miss_hands_back(cudaStream_t s)
+{
+    void *big = NULL, *small = NULL;
+    alloc_checked(&big, 1 << 20, s);
+    defer_free(big, s);
+    defer_flush(); /* its work done: FREE */
+    uint64_t releases = stats_now().cache_releases;
+    unsigned long frees = fake_calls(FAKE_FREE);
+    unsigned long async = fake_calls(FAKE_FREE_ASYNC);
+    alloc_checked(&small, 256 << 10, s);
+    ok(small != big && fake_is_released(big) == 1,
+       "a miss gives the free 1 MiB block back to the pool");
+    ok(fake_calls(FAKE_FREE_ASYNC) - async >= 1 && fake_calls(FAKE_FREE) == frees,
+       "with cudaFreeAsync, never cudaFree");
+    ok(stats_now().cache_releases > releases, "counted as released");
+    defer_free(small, s);
+}
+
 static void test_double_free(cudaStream_t s)
 {
     void *p = NULL;
@@ -429,6 +452,7 @@ int main(void)
     test_groups(s, s2);
     test_recorded_paths(s, s2);
     test_mixed_free_n(s, s2);
+    test_miss_hands_back(s);
     test_double_free(s);
     test_foreign(s);
     test_other_device(s);

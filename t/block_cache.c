@@ -61,7 +61,7 @@ static void test_stream_order(void)
 {
     size_t size = 0;
     ok(block_cache_take(0, 7, 1000, &size) == NULL, "empty: nothing to take");
-    ok(block_cache_add(0, ADDR(1), 1024), "a fresh block is filed");
+    ok(block_cache_add(0, ADDR(1), 1024, false), "a fresh block is filed");
     ok(block_cache_active(), "the cache is active from the first block");
     struct cache_block *b = block_map_find(ADDR(1));
     ok(b != NULL && b->state == BLOCK_LIVE, "it is LIVE");
@@ -88,14 +88,14 @@ static void test_stream_order(void)
 static void test_fit(void)
 {
     size_t size;
-    ok(block_cache_add(0, ADDR(2), 4096) && block_cache_adopt(ADDR(2)),
+    ok(block_cache_add(0, ADDR(2), 4096, false) && block_cache_adopt(ADDR(2)),
        "a 4096-byte block, adopted back: FREE");
     ok(block_cache_take(0, 1, 1000, &size) == NULL,
        "too big for 1000 bytes (more than 1/8 over)");
     ok(block_cache_take(0, 1, 4097, &size) == NULL, "too small for 4097");
     ok(block_cache_take(0, 1, 3700, &size) == ADDR(2) && size == 4096,
        "3700 takes it (4096 <= 3700 + 3700/8)");
-    ok(block_cache_add(0, ADDR(3), 1088) && block_cache_add(0, ADDR(4), 1024),
+    ok(block_cache_add(0, ADDR(3), 1088, false) && block_cache_add(0, ADDR(4), 1024, false),
        "two neighbours");
     block_cache_adopt(ADDR(3));
     block_cache_adopt(ADDR(4));
@@ -103,7 +103,7 @@ static void test_fit(void)
        "best fit: 1024 before 1088");
     ok(block_cache_take(0, 1, 1000, &size) == ADDR(3), "then 1088");
     /* An exact-size block (the out-of-memory fallback) between classes. */
-    ok(block_cache_add(0, ADDR(5), 614400) && block_cache_adopt(ADDR(5)),
+    ok(block_cache_add(0, ADDR(5), 614400, false) && block_cache_adopt(ADDR(5)),
        "an exact-size block of 600 KiB");
     ok(block_cache_take(0, 1, 614401, &size) == NULL, "not for one byte more");
     ok(block_cache_take(0, 1, 614400, &size) == ADDR(5),
@@ -112,7 +112,7 @@ static void test_fit(void)
 
 static void test_double_free(void)
 {
-    ok(block_cache_add(0, ADDR(6), 512), "a block");
+    ok(block_cache_add(0, ADDR(6), 512, false), "a block");
     free_on(ADDR(6), 3);
     struct block_free_plan plan;
     block_cache_plan_free(ADDR(6), 0, 3, &plan);
@@ -130,7 +130,7 @@ static void test_double_free(void)
 static void test_recorded(void)
 {
     size_t size;
-    ok(block_cache_add(0, ADDR(7), 2048), "a block");
+    ok(block_cache_add(0, ADDR(7), 2048, false), "a block");
     cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
     is_int(block_cache_record_stream(ADDR(7), x, 9), cudaSuccess,
            "recorded on stream 9");
@@ -164,7 +164,7 @@ static void test_recorded(void)
 
 static void test_devices_and_collect(void)
 {
-    ok(block_cache_add(1, ADDR(8), 512), "a block of device 1");
+    ok(block_cache_add(1, ADDR(8), 512, false), "a block of device 1");
     struct block_free_plan plan;
     block_cache_plan_free(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
@@ -176,7 +176,7 @@ static void test_devices_and_collect(void)
         never &= block_cache_take(0, 3, 512, &size) != ADDR(8);
     ok(never, "device 0 never gets device 1's block");
     /* Expiry: blocks that became free at 10 and 20; one still named. */
-    ok(block_cache_add(1, ADDR(9), 512) && block_cache_add(1, ADDR(10), 512),
+    ok(block_cache_add(1, ADDR(9), 512, false) && block_cache_add(1, ADDR(10), 512, false),
        "two more");
     block_cache_adopt(ADDR(9));
     struct cache_block *named = block_map_find(ADDR(10));
@@ -188,7 +188,7 @@ static void test_devices_and_collect(void)
     uint64_t oldest = block_cache_oldest_free_ns(1);
     ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
     struct cache_block *out[8];
-    size_t n = block_cache_collect(1, UINT64_MAX, out, 8);
+    size_t n = block_cache_collect(1, UINT64_MAX, false, out, 8);
     is_int(n, 2, "collect takes the FREE blocks no entry names");
     ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
        "and removes them from the map");
@@ -196,25 +196,45 @@ static void test_devices_and_collect(void)
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
     named->events--;
-    is_int(block_cache_collect(1, 0, out, 8), 0,
+    is_int(block_cache_collect(1, 0, false, out, 8), 0,
            "nothing became free before time 0... ");
-    n = block_cache_collect(1, UINT64_MAX, out, 8);
+    n = block_cache_collect(1, UINT64_MAX, false, out, 8);
     is_int(n, 1, "once unnamed it goes too");
     block_cache_forget(out[0]);
 }
 
 static void test_stale_record(void)
 {
-    ok(block_cache_add(0, ADDR(11), 512), "a block");
+    ok(block_cache_add(0, ADDR(11), 512, false), "a block");
     uint64_t before = stats_now().cache_bytes;
     stderr_capture_begin();
-    ok(block_cache_add(0, ADDR(11), 1024), "cudaMalloc returned its address "
+    ok(block_cache_add(0, ADDR(11), 1024, false), "cudaMalloc returned its address "
                                            "again (it was cudaFree'd)");
     ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
        "reported");
     is_int(stats_now().cache_bytes, before - 512 + 1024,
            "the old record is dropped from the accounting");
     is_int(block_map_find(ADDR(11))->size, 1024, "the new one counts");
+}
+
+static void test_pool_only(void)
+{
+    ok(block_cache_add(0, ADDR(12), 8192, true) &&
+           block_cache_add(0, ADDR(13), 8192, false),
+       "a pool block and a cudaMalloc block");
+    block_cache_adopt(ADDR(12));
+    block_cache_adopt(ADDR(13));
+    struct cache_block *out[64];
+    size_t n = block_cache_collect(0, UINT64_MAX, true, out, 64);
+    int pools = 1;
+    for (size_t i = 0; i < n; i++)
+        pools &= out[i]->pool;
+    ok(n >= 1 && pools && block_map_find(ADDR(12)) == NULL,
+       "a miss's hand-back takes pool blocks only");
+    ok(block_map_find(ADDR(13)) != NULL,
+       "a cudaMalloc block stays (its cudaFree would drain the device)");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
 }
 
 int main(void)
@@ -229,6 +249,7 @@ int main(void)
     test_recorded();
     test_devices_and_collect();
     test_stale_record();
+    test_pool_only();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();

@@ -320,6 +320,88 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
     return fake_leave(device_alloc(devPtr, size, s->dev, A_POOL));
 }
 
+/* Memory pools: a pool is only its device (the handle encodes it); its
+ * allocations are pool memory like cudaMallocAsync's.  Attributes are
+ * accepted and read as 0; a trim does nothing (no memory is reserved). */
+#define FAKE_POOL_BASE 0x7e000
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
+                              const struct cudaMemPoolProps *props)
+{
+    if (pool == NULL || props == NULL ||
+        props->location.type != cudaMemLocationTypeDevice ||
+        props->location.id < 0 || props->location.id >= fake.ndev)
+        return cudaErrorInvalidValue;
+    *pool = (cudaMemPool_t)(uintptr_t)(FAKE_POOL_BASE + props->location.id);
+    return cudaSuccess;
+}
+
+/* The device of a fake pool handle, or -1. */
+static int pool_device(cudaMemPool_t pool)
+{
+    uintptr_t v = (uintptr_t)pool;
+    return v >= FAKE_POOL_BASE && v < FAKE_POOL_BASE + (uintptr_t)fake.ndev
+               ? (int)(v - FAKE_POOL_BASE)
+               : -1;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
+{
+    return pool_device(pool) >= 0 ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool,
+                                    enum cudaMemPoolAttr attr, void *value)
+{
+    (void)attr;
+    return pool_device(pool) >= 0 && value != NULL ? cudaSuccess
+                                                   : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
+                                    enum cudaMemPoolAttr attr, void *value)
+{
+    if (pool_device(pool) < 0 || value == NULL)
+        return cudaErrorInvalidValue;
+    switch (attr) {
+    case cudaMemPoolAttrReleaseThreshold:
+    case cudaMemPoolAttrReservedMemCurrent:
+    case cudaMemPoolAttrReservedMemHigh:
+    case cudaMemPoolAttrUsedMemCurrent:
+    case cudaMemPoolAttrUsedMemHigh:
+        *(uint64_t *)value = 0;
+        break;
+    default:
+        *(int *)value = 0;
+        break;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
+{
+    (void)minBytesToKeep;
+    return pool_device(pool) >= 0 ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* Allocate pool memory from pool (its device), ordered on hStream; counted
+ * as cudaMallocAsync. */
+cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
+                                    cudaMemPool_t pool, cudaStream_t hStream)
+{
+    struct fstream *s;
+
+    ENTER(FAKE_MALLOC_ASYNC);
+    int dev = pool_device(pool);
+    if (dev < 0)
+        return fake_leave(cudaErrorInvalidValue);
+    if ((s = fake_stream_resolve(hStream)) == NULL)
+        return fake_leave(cudaErrorInvalidResourceHandle);
+    if (s->capture != NULL)     /* memory nodes are not modeled */
+        return fake_leave(fake_capture_invalidate(s));
+    return fake_leave(device_alloc(devPtr, size, dev, A_POOL));
+}
+
 /* Allocate pinned host memory (a fake address too: never dereference). */
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {

@@ -1,0 +1,135 @@
+/* Block pool: one cudaMemPool per device behind the block cache (see the
+ * header). */
+#include "block_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "report.h"
+
+enum { POOL_UNTRIED, POOL_READY, POOL_NONE };
+
+struct pool {
+    _Atomic int state;
+    cudaMemPool_t pool;
+};
+
+static struct pool *pools;
+static int npools;
+static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool block_pool_init(int ndevices)
+{
+    pools = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *pools);
+    npools = pools != NULL ? ndevices : 0;
+    return pools != NULL;
+}
+
+void block_pool_destroy_all(void)
+{
+    for (int d = 0; d < npools; d++)
+        if (atomic_load(&pools[d].state) == POOL_READY)
+            cudaMemPoolDestroy(pools[d].pool);
+    free(pools);
+    pools = NULL;
+    npools = 0;
+}
+
+void block_pool_fork_child(void)
+{
+    pthread_mutex_init(&create_lock, NULL);
+    pools = NULL; /* the child has no CUDA: the parent's pools are of no use */
+    npools = 0;
+}
+
+/* Create device's pool, once; false when there is none (reported once). */
+static bool pool_ready(int device)
+{
+    struct pool *p = &pools[device];
+    int state = atomic_load_explicit(&p->state, memory_order_acquire);
+    if (state != POOL_UNTRIED)
+        return state == POOL_READY;
+    pthread_mutex_lock(&create_lock); /* a CUDA call under it: only here */
+    if ((state = atomic_load(&p->state)) == POOL_UNTRIED) {
+        struct cudaMemPoolProps props = {0};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        cudaError_t err = cudaMemPoolCreate(&p->pool, &props);
+        uint64_t keep = UINT64_MAX;
+        if (err == cudaSuccess &&
+            (err = cudaMemPoolSetAttribute(p->pool,
+                                           cudaMemPoolAttrReleaseThreshold,
+                                           &keep)) != cudaSuccess)
+            cudaMemPoolDestroy(p->pool);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            report_cuda("defer_alloc", "cudaMemPoolCreate", err,
+                        "; blocks come from cudaMalloc on this device");
+        }
+        state = err == cudaSuccess ? POOL_READY : POOL_NONE;
+        atomic_store_explicit(&p->state, state, memory_order_release);
+    }
+    pthread_mutex_unlock(&create_lock);
+    return state == POOL_READY;
+}
+
+/* cudaMalloc on device from any thread, restoring its current device. */
+static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
+{
+    int current;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err != cudaSuccess)
+        return err;
+    if (current != device && (err = cudaSetDevice(device)) != cudaSuccess)
+        return err;
+    err = cudaMalloc(ptr, bytes);
+    if (current != device) {
+        cudaError_t back = cudaSetDevice(current);
+        if (err == cudaSuccess && back != cudaSuccess) {
+            cudaFree(*ptr);
+            *ptr = NULL;
+            err = back;
+        }
+    }
+    return err;
+}
+
+cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
+                              void **ptr, bool *pooled)
+{
+    *pooled = device >= 0 && device < npools && pool_ready(device);
+    cudaError_t err =
+        *pooled ? cudaMallocFromPoolAsync(ptr, bytes, pools[device].pool, stream)
+                : malloc_on(device, ptr, bytes);
+    if (err == cudaErrorMemoryAllocation)
+        cudaGetLastError(); /* not sticky: clear it for the caller */
+    return err;
+}
+
+bool block_pool_exists(int device)
+{
+    return device >= 0 && device < npools &&
+           atomic_load(&pools[device].state) == POOL_READY;
+}
+
+size_t block_pool_trim(int device, cudaStream_t stream)
+{
+    if (device < 0 || device >= npools ||
+        atomic_load(&pools[device].state) != POOL_READY)
+        return 0;
+    cudaMemPool_t pool = pools[device].pool;
+    uint64_t reserved = 0, used = 0;
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    /* The frees were ordered on stream: the trim must come after them.  The
+     * stream holds nothing but frees, so this costs no device drain. */
+    if (stream != NULL)
+        cudaStreamSynchronize(stream);
+    cudaError_t err = cudaMemPoolTrimTo(pool, 0);
+    if (err != cudaSuccess)
+        report_cuda("release", "cudaMemPoolTrimTo", err, "");
+    return reserved > used ? (size_t)(reserved - used) : 0;
+}

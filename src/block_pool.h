@@ -1,0 +1,40 @@
+/*
+ * Block pool: where the block cache gets new blocks.  One stream-ordered
+ * memory pool of cudefer's own per device (cudaMemPoolCreate; its release
+ * threshold is the maximum, so memory stays with the pool), created on the
+ * first miss.  A pool makes memory fungible: free blocks of one size handed
+ * back to it (cudaFreeAsync, no device drain) serve requests of any other
+ * size, which the cache's size classes alone cannot do.  Where no pool can
+ * be made, blocks come from cudaMalloc (reported once).
+ */
+#ifndef CUDEFER_BLOCK_POOL_H
+#define CUDEFER_BLOCK_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+/* Start-up (the lifecycle lock held): room for ndevices; false when out of
+ * memory.  Shutdown: destroy the pools (memory still allocated from one is
+ * released by CUDA once freed).  Fork child: forget them. */
+bool block_pool_init(int ndevices);
+void block_pool_destroy_all(void);
+void block_pool_fork_child(void);
+
+/* Any thread.  bytes of new memory on device for use on stream (stream's
+ * device is device): from the pool, ordered on stream (*pooled true), or
+ * from cudaMalloc.  Returns the CUDA error; cudaErrorMemoryAllocation
+ * leaves the runtime's last error clear. */
+cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
+                              void **ptr, bool *pooled);
+
+/* Any thread: whether device has a pool (it was used for blocks). */
+bool block_pool_exists(int device);
+
+/* Reclaimer (device current), after pool blocks were handed back on
+ * stream: releases the pool's unused memory to CUDA once that stream
+ * reached the frees.  Returns the bytes the pool had reserved beyond what
+ * is in use before the trim (0 without a pool). */
+size_t block_pool_trim(int device, cudaStream_t stream);
+
+#endif
