@@ -177,7 +177,10 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * released on defer_trim and defer_shutdown.  Only memory defer_alloc made is
  * ever reused; pointers cudefer did not allocate are released as before.
  * Return a block with defer_free (or defer_free_n, defer_free_streams),
- * never with cudaFree: a block freed twice is refused and reported.  Blocks
+ * never with cudaFree: a block freed twice, by any of them, is refused from
+ * the moment the first free is accepted (cudaErrorInvalidValue, reported,
+ * counted in rejected; a defer_free_n naming it defers none of its
+ * pointers), as is defer_record_stream of it.  Blocks
  * still live at defer_shutdown stay the application's (cudaFree them).
  * On a stream being captured into a graph it is refused with
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
@@ -287,7 +290,9 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
  * Returns cudaSuccess, cudaErrorNotPermitted inside a defer_call callback
  * (on the reclaimer thread, or on the calling thread when the callback ran
  * synchronously) or after defer_shutdown, or the sticky error of a device
- * whose entries cannot complete.
+ * whose entries cannot complete.  A release that failed for its pointer
+ * alone (a host pointer given to defer_free: reported, counted in failed)
+ * is not the flush's error.
  */
 CUDEFER_API cudaError_t defer_flush(void);
 

@@ -239,32 +239,70 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
                                          const cudaStream_t *streams,
                                          size_t n);
 
-/* A block of the cache freed a second time (or by two threads at once). */
-static cudaError_t refuse_freed_block(const struct request_args *a)
+/* A block of the cache freed a second time (or by two threads at once):
+ * ptr was already being freed, or free. */
+static cudaError_t refuse_freed_block(const struct request_args *a,
+                                      const void *ptr)
 {
     stats_add(&stats.rejected, 1);
-    report("%s: %p is a block of defer_alloc's that is already free (freed "
-           "twice?): refused", a->what, a->ptrs[0]);
+    report("%s: %p is a block of defer_alloc's that is already free or being "
+           "freed (freed twice?): refused; nothing was deferred", a->what,
+           ptr);
     return cudaErrorInvalidValue;
+}
+
+/* Any free path, once the free is refused after its blocks were claimed:
+ * the first n pointers of a are the caller's again. */
+static void unclaim_blocks(const struct request_args *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        block_cache_unclaim(a->ptrs[i]);
+}
+
+/* The free paths but the single stream-ordered one (whose plan claims its
+ * block, block_cache_plan_free): claim every block of the cache among a's
+ * pointers (FREEING) before anything is recorded, so that a block freed
+ * twice, by any paths, is refused at the second free.  cudaSuccess (*claimed
+ * says whether any pointer was a block), or cudaErrorInvalidValue (reported,
+ * counted; nothing claimed) when one is already being freed or free. */
+static cudaError_t claim_blocks(const struct request_args *a, bool *claimed)
+{
+    *claimed = false;
+    if (a->kind != ENTRY_FREE_DEVICE || !block_cache_active())
+        return cudaSuccess;
+    for (size_t i = 0; i < a->nptrs; i++) {
+        enum block_free_path path = block_cache_claim(a->ptrs[i]);
+        if (path == BLOCK_NOT_LIVE) {
+            unclaim_blocks(a, i);
+            *claimed = false;
+            return refuse_freed_block(a, a->ptrs[i]);
+        }
+        *claimed |= path != BLOCK_NOT_OURS;
+    }
+    return cudaSuccess;
 }
 
 /* The path every defer call takes, admitted by the reclaimer's gate.  A
  * block of the cache (block_cache.h) freed on a stream of its device becomes
  * an ENTRY_BLOCK, reusable on that stream at once; one recorded on other
- * streams waits for all of them (a group). */
+ * streams waits for all of them (a group).  *claimed: blocks of a's were
+ * claimed (the caller gives them back if this fails). */
 static cudaError_t submit_admitted(const struct request_args *a,
-                                   cudaStream_t stream)
+                                   cudaStream_t stream, bool *claimed)
 {
     bool capturing = false;
     const char *call = NULL;
     cudaError_t err = capture_status(&stream, 1, &capturing, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
+    bool single = a->nptrs == 1 && !capturing && !reclaimer_config()->disable;
+    if (!single && (err = claim_blocks(a, claimed)) != cudaSuccess)
+        return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
         return submit_captured(a, &stream, 1);
     if (reclaimer_config()->disable)
         return release_synchronously(a, stream);
-    if (a->nptrs > 1 && recorded_streams(a, NULL) > 0)
+    if (a->nptrs > 1 && *claimed && recorded_streams(a, NULL) > 0)
         return submit_group_admitted(a, &stream, 1);
     int device;
     unsigned long long id;
@@ -277,7 +315,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && block_cache_active()) {
         block_cache_plan_free(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
-            return refuse_freed_block(a);
+            return refuse_freed_block(a, a->ptrs[0]);
+        *claimed = plan.path != BLOCK_NOT_OURS;
         if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
             return submit_group_admitted(a, &stream, 1);
         if (plan.path == BLOCK_STREAM_ORDERED) {
@@ -310,7 +349,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         if (!block_cache_park(&plan, id)) {
             release_forget_pointers(e);
             event_pool_give_unused(e);
-            return refuse_freed_block(a);
+            return refuse_freed_block(a, a->ptrs[0]);
         }
     }
     stats_add(&stats.deferred, 1);
@@ -420,17 +459,27 @@ static cudaError_t submit_group(const struct request_args *a,
     cudaError_t err = reclaimer_enter(a->what);
     if (err != cudaSuccess)
         return err;
-    err = submit_group_admitted(a, streams, n);
+    bool claimed = false;
+    if ((err = claim_blocks(a, &claimed)) == cudaSuccess &&
+        (err = submit_group_admitted(a, streams, n)) != cudaSuccess &&
+        claimed)
+        unclaim_blocks(a, a->nptrs);
     reclaimer_leave();
     return err;
 }
 
+/* Every single-stream defer call.  A free that claimed blocks of the cache
+ * and was refused after all gives them back (LIVE again: the caller keeps
+ * them). */
 static cudaError_t submit(const struct request_args *a, cudaStream_t stream)
 {
     cudaError_t err = reclaimer_enter(a->what);
     if (err != cudaSuccess)
         return err;
-    err = submit_admitted(a, stream);
+    bool claimed = false;
+    err = submit_admitted(a, stream, &claimed);
+    if (err != cudaSuccess && claimed)
+        unclaim_blocks(a, a->nptrs);
     reclaimer_leave();
     return err;
 }

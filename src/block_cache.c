@@ -350,7 +350,7 @@ static void drop_stale(struct cache_block *stale)
         bins_unlink(&c->free, stale);
         lru_unlink(c, stale);
     }
-    if (stale->state != BLOCK_LIVE)
+    if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
         stats_sub(&stats.cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
     bool named = stale->events > 0;
@@ -404,6 +404,7 @@ void block_cache_plan_free(void *ptr, int stream_device,
     if (b->state != BLOCK_LIVE) {
         plan->path = BLOCK_NOT_LIVE;
     } else {
+        b->state = BLOCK_FREEING; /* this free's: a second one is refused */
         plan->nstreams = 1; /* streams[0]: the caller's */
         for (uint32_t i = 0; i < b->nrecorded; i++)
             if (b->recorded_ids[i] != stream_id)
@@ -420,13 +421,39 @@ void block_cache_plan_free(void *ptr, int stream_device,
     pthread_mutex_unlock(&c->lock);
 }
 
+enum block_free_path block_cache_claim(void *ptr)
+{
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return BLOCK_NOT_OURS;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    bool live = b->state == BLOCK_LIVE;
+    if (live)
+        b->state = BLOCK_FREEING;
+    pthread_mutex_unlock(&c->lock);
+    return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
+}
+
+void block_cache_unclaim(void *ptr)
+{
+    struct cache_block *b = block_map_find(ptr);
+    if (b == NULL)
+        return;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    if (b->state == BLOCK_FREEING)
+        b->state = BLOCK_LIVE;
+    pthread_mutex_unlock(&c->lock);
+}
+
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id)
 {
     struct cache_block *b = plan->block;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    bool mine = b->state == BLOCK_LIVE && b->handout == plan->handout;
+    bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
     if (mine) {
         b->state = BLOCK_PENDING;
         b->events++;
@@ -490,7 +517,9 @@ size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
         return 0;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    size_t n = b->state == BLOCK_LIVE ? b->nrecorded : 0;
+    size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
+                   ? b->nrecorded
+                   : 0;
     if (out != NULL && n > 0)
         memcpy(out, b->recorded, n * sizeof *out);
     pthread_mutex_unlock(&c->lock);
@@ -524,7 +553,10 @@ bool block_cache_adopt(void *ptr)
         return false;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    bool live = b->state == BLOCK_LIVE;
+    /* FREEING: the work of the free that claimed it is done.  LIVE: a
+     * release no free claimed (every free path claims; such a block still
+     * comes back rather than being cudaFree'd). */
+    bool live = b->state == BLOCK_FREEING || b->state == BLOCK_LIVE;
     if (live)
         make_free(c, b, now_ns);
     pthread_mutex_unlock(&c->lock);

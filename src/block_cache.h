@@ -24,10 +24,10 @@
  * above that rounded size, preferring, size for size, one pending on its
  * own stream.
  *
- * Who calls what: the launching threads take, add and park blocks and record
- * streams; the reclaimer completes, adopts and collects them (adopt also on
- * a thread that releases synchronously).  One mutex per device guards its
- * lists; no CUDA call is ever made under it.
+ * Who calls what: the launching threads take, add, claim and park blocks and
+ * record streams; the reclaimer completes, adopts and collects them (adopt
+ * also on a thread that releases synchronously).  One mutex per device
+ * guards its lists; no CUDA call is ever made under it.
  */
 #ifndef CUDEFER_BLOCK_CACHE_H
 #define CUDEFER_BLOCK_CACHE_H

@@ -86,9 +86,16 @@ static void take_request(struct request *q)
 /* ---- the reclaimer thread: entries ---------------------------------------- */
 
 /* An entry's work is over (released, run, or failed): count it, recycle it
- * and tell the flushes that wait for it. */
+ * and tell the flushes that wait for it.  Only a device's error (its failure,
+ * or a sticky error) is the flushes' error too, as include/cudefer.h says; a
+ * failure of the entry's own pointers (a host pointer given to defer_free,
+ * one dropped by CUDEFER_CHECK) is reported and counted in failed, not
+ * returned to a flush that may be another thread's. */
 static void finish_entry(struct entry *e, cudaError_t err)
 {
+    bool device_failed = err != cudaSuccess &&
+                         (cuda_error_is_sticky(err) ||
+                          err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
         block_cache_event_done(e->block, e->handout, err == cudaSuccess,
                                now_ns());
@@ -101,7 +108,7 @@ static void finish_entry(struct entry *e, cudaError_t err)
     for (struct request **link = &rs.flushes; *link != NULL;) {
         struct request *q = *link;
         if (e->seq < q->barrier) {
-            if (err != cudaSuccess && q->err == cudaSuccess)
+            if (device_failed && q->err == cudaSuccess)
                 q->err = err;
             if (--q->remaining == 0) {
                 *link = q->next;

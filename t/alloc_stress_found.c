@@ -1,8 +1,8 @@
-/* Bugs the stress test found (t/stress --double-free-every-path), each in
- * its smallest form; every test here fails at commit f444d14 (make
- * t/alloc_stress_found && t/alloc_stress_found; it joins fake_tests in
- * Makefile.am with the fix, and the stress test's --double-free-every-path
- * becomes its default).
+/* Bugs the stress test found (t/stress, then with --double-free-every-path,
+ * now its default), each in its smallest form; every test here fails at
+ * commit f444d14, before the fix (a block is FREEING from the moment any
+ * free accepts it; defer_flush returns only a device's error).  t/alloc.c
+ * tests every pair of free paths.
  *
  * 1. A block of defer_alloc's freed a second time is refused (the header:
  *    "a block freed twice is refused and reported") only when its first

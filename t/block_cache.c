@@ -140,10 +140,27 @@ static void test_recorded(void)
     block_cache_plan_free(ADDR(7), 0, 9, &plan);
     is_int(plan.path, BLOCK_STREAM_ORDERED,
            "freed on the recorded stream itself: stream-ordered");
+    /* A plan claims the block (FREEING): until the free gives it back
+     * (refused after all), no other free or record takes it. */
+    struct block_free_plan again;
+    block_cache_plan_free(ADDR(7), 0, 9, &again);
+    is_int(again.path, BLOCK_NOT_LIVE, "planned: a second free is refused");
+    is_int(block_cache_claim(ADDR(7)), BLOCK_NOT_LIVE,
+           "so is a claim by another free path");
+    stderr_capture_begin();
+    is_int(block_cache_record_stream(ADDR(7), x, 10), cudaErrorInvalidValue,
+           "and a record");
+    stderr_capture_end();
+    block_cache_unclaim(ADDR(7));
     block_cache_plan_free(ADDR(7), 0, 4, &plan);
     ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2 &&
            plan.streams[1] == x,
-       "freed on another stream: waits for both");
+       "given back, then freed on another stream: waits for both");
+    is_int(block_cache_recorded(ADDR(7), NULL), 1,
+           "a claimed block's recorded streams are still its free's");
+    block_cache_unclaim(ADDR(7));
+    is_int(block_cache_claim(ADDR(99)), BLOCK_NOT_OURS,
+           "claiming an unknown pointer: not ours");
     int all = 1;
     for (unsigned long long id = 100; id < 100 + BLOCK_MAX_RECORDED - 1; id++)
         all &= block_cache_record_stream(ADDR(7), x, id) == cudaSuccess;

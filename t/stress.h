@@ -45,10 +45,6 @@ struct stress_options {
     uint64_t seed;
     unsigned long entries;
     int threads, devices, streams;
-    /* --double-free-every-path: a block is freed twice after every way of
-     * freeing it, not only after a stream-ordered defer_free (see
-     * t/alloc_stress_found.c: the others are accepted today). */
-    bool double_free_every_path;
 };
 extern struct stress_options opt;
 
@@ -317,13 +313,10 @@ void order_after(struct worker *w, struct lane *from, struct lane *to);
  * the call another thread may get it).  Bails if p is not live. */
 void live_remove(void *p);
 
-/* The ways a block is freed (block_free).  FREE_ANY and FREE_STREAM_ORDERED
- * draw one: any, or one that makes the block reusable at once on the
- * free's stream (a single pointer, the block's device, no recorded
- * stream). */
+/* The ways a block is freed (block_free).  FREE_ANY draws one. */
 enum free_way {
     FREE_SAME, FREE_OTHER_STREAM, FREE_OTHER_DEVICE, FREE_STREAMS, FREE_N,
-    NFREE_WAYS, FREE_ANY, FREE_STREAM_ORDERED
+    NFREE_WAYS, FREE_ANY
 };
 extern const char *const free_way_names[NFREE_WAYS];
 
@@ -374,10 +367,5 @@ void alloc_lane_closing(struct worker *w, struct lane *l);
 /* After a defer_flush of the thread w: the host pointers it gave to
  * defer_free by mistake have failed their release: cudaFreeHost them. */
 void alloc_after_flush(struct worker *w);
-
-/* Whether defer_flush's err is explained by a wrong input's failing release
- * (the flush reports it) that may have finished while it waited:
- * failed_before is stats' failed read before the flush.  Anyone. */
-bool flush_error_explained(cudaError_t err, uint64_t failed_before);
 
 #endif /* CUDEFER_STRESS_H */

@@ -283,22 +283,21 @@ static void expect_refused(struct worker *w, cudaError_t err, const char *what,
 }
 
 /* A freed block given again to defer_free (twice), or to
- * defer_record_stream.  The block is freed on streams no other thread uses
+ * defer_record_stream, after any way of freeing it (used on a second
+ * stream or not).  The block is freed on streams no other thread uses
  * (l must be one), and work held on the free's stream keeps it from
  * completing: no other thread can have it by then, so a second free is a
  * double free (not another owner's free). */
 static void wrong_after_free(struct worker *w, struct lane *l, bool twice)
 {
-    bool every = opt.double_free_every_path;
     void *p = block_get(w, l, random_size(w), rng_percent(&w->rng, 25));
     if (p == NULL)
         return;
-    struct lane *second = block_use(w, l, p, every);
+    struct lane *second = block_use(w, l, p, true);
     fake_work *held = NULL;
     enum free_way way;
     struct freeing f = {p, 0, l, second, false, true};
-    struct lane *to = block_free(w, &f, every ? FREE_ANY : FREE_STREAM_ORDERED,
-                                 &held, &way);
+    struct lane *to = block_free(w, &f, FREE_ANY, &held, &way);
     const char *how = free_way_names[way];
     if (to != NULL && twice) {
         struct lane *x = rng_percent(&w->rng, 50) ? to : l;
@@ -427,8 +426,3 @@ void alloc_after_flush(struct worker *w)
     w->nmistaken = 0;
 }
 
-bool flush_error_explained(cudaError_t err, uint64_t failed_before)
-{
-    return err == cudaErrorInvalidValue &&
-           atomic_load(&wrong_failing) > failed_before;
-}

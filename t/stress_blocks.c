@@ -264,15 +264,15 @@ const char *const free_way_names[NFREE_WAYS] = {
     "on a stream of another device", "with defer_free_streams",
     "with defer_free_n"};
 
-/* defer_free_n of f's block and, unless stream_ordered, sometimes plain
- * cudaMalloc memory used on `to` beside it (noted for the flush and trim
- * checks; a recorded block makes the entry wait for more than `to`). */
+/* defer_free_n of f's block and sometimes plain cudaMalloc memory used on
+ * `to` beside it (noted for the flush and trim checks; a recorded block
+ * makes the entry wait for more than `to`). */
 static cudaError_t free_n_on(struct worker *w, const struct freeing *f,
-                             struct lane *to, bool stream_ordered)
+                             struct lane *to)
 {
     void *ptrs[3] = {f->p, NULL, NULL};
     size_t n = 1 + rng_below(&w->rng, 3);
-    if (!stream_ordered && n > 1) {
+    if (n > 1) {
         ptrs[1] = malloc_device(random_size(w));
         launch(w, to, &ptrs[1], 1);
     }
@@ -296,12 +296,8 @@ struct lane *block_free(struct worker *w, const struct freeing *f,
                         enum free_way way, fake_work **held,
                         enum free_way *used)
 {
-    bool ordered = way == FREE_STREAM_ORDERED;
     if (way == FREE_ANY)
         way = (enum free_way)rng_below(&w->rng, NFREE_WAYS);
-    else if (ordered)
-        way = rng_percent(&w->rng, 50) ? FREE_SAME
-              : rng_percent(&w->rng, 50) ? FREE_OTHER_STREAM : FREE_N;
     if (way == FREE_OTHER_DEVICE && opt.devices == 1)
         way = FREE_OTHER_STREAM;
     if (used != NULL)
@@ -311,7 +307,7 @@ struct lane *block_free(struct worker *w, const struct freeing *f,
     size_t n = 0;
     switch (way) {
     case FREE_OTHER_STREAM:
-        to = free_lane(w, f->p, l, l->dev, !ordered, !f->unshared);
+        to = free_lane(w, f->p, l, l->dev, true, !f->unshared);
         break;
     case FREE_OTHER_DEVICE: {
         int d = (l->dev + 1 + (int)rng_below(&w->rng, (uint32_t)opt.devices - 1)) %
@@ -362,7 +358,7 @@ struct lane *block_free(struct worker *w, const struct freeing *f,
     } else if (way == FREE_STREAMS) {
         err = defer_free_streams(f->p, list, n);
     } else if (way == FREE_N) {
-        err = free_n_on(w, f, to, ordered);
+        err = free_n_on(w, f, to);
     } else {
         err = defer_free(f->p, to->h);
     }
