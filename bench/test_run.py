@@ -95,10 +95,12 @@ def make_fakes(tmp, gpus=1, with_torch=True):
     for prog in ('bench-launch-loop', 'bench-release-call', 'bench-scale'):
         write(os.path.join(bindir, prog), FAKE_C)
     write(os.path.join(tmp, 'torch_train.py'), FAKE_TRAIN)
-    if with_torch:
-        os.makedirs(os.path.join(tmp, 'py', 'torch'), exist_ok=True)
-        write(os.path.join(tmp, 'py', 'torch', '__init__.py'),
-              FAKE_TORCH.replace('FAKE_GPUS', str(gpus)), 0o644)
+    # with_torch=False: a torch that fails to import, so that the python3 of a
+    # GPU machine (which has the real one) cannot import torch either
+    os.makedirs(os.path.join(tmp, 'py', 'torch'), exist_ok=True)
+    write(os.path.join(tmp, 'py', 'torch', '__init__.py'),
+          FAKE_TORCH.replace('FAKE_GPUS', str(gpus)) if with_torch else
+          "raise ImportError('fake: no torch')\n", 0o644)
     return bindir
 
 
