@@ -34,26 +34,21 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
     return block_pool_malloc(device, *size, stream, ptr, pooled);
 }
 
-/* A request of bytes missed: the device's oldest FREE pool blocks (free
- * before before_ns, so none that turned free during the search), about
- * bytes of them, go back to the pool, in stream order on the request's
- * stream, so their memory serves this request whatever its size.  Their
- * work is done: nothing waits.  The rest stay cached for the requests that
- * fit them (handing back everything at each miss made later requests miss
- * too). */
+/* A request missed: the device's FREE pool blocks (free before before_ns,
+ * so none that turned free during the search) go back to the pool, in
+ * stream order on the request's stream, so their memory serves this request
+ * whatever its size.  Their work is done: nothing waits. */
 static void hand_back_free_blocks(int device, cudaStream_t stream,
-                                  uint64_t before_ns, size_t bytes)
+                                  uint64_t before_ns)
 {
-    struct cache_block *batch[8];
-    size_t n, given = 0;
-    while (given < bytes &&
-           (n = block_cache_collect(device, before_ns, true, batch, 8)) > 0) {
+    struct cache_block *batch[64];
+    size_t n;
+    while ((n = block_cache_collect(device, before_ns, true, batch, 64)) > 0) {
         for (size_t i = 0; i < n; i++) {
             cudaError_t err = cudaFreeAsync(batch[i]->ptr, stream);
             if (err != cudaSuccess)
                 report_cuda("defer_alloc", "cudaFreeAsync", err,
                             "; a free block is lost to the pool");
-            given += batch[i]->size;
             block_cache_forget(batch[i]);
         }
         stats_add(&stats.cache_releases, n);
@@ -97,8 +92,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
     if (*ptr == NULL)
-        hand_back_free_blocks(*device, stream, before,
-                              block_cache_round(bytes));
+        hand_back_free_blocks(*device, stream, before);
     return cudaSuccess;
 }
 
