@@ -105,7 +105,8 @@ struct defer_stats {
     uint64_t cache_bytes;    /* bytes of the blocks defer_alloc made and
                                 cudefer has not released (live or free) */
     uint64_t cache_free_bytes; /* ... of them, freed and waiting for reuse */
-    uint64_t cache_mallocs;  /* cudaMalloc calls made by defer_alloc */
+    uint64_t cache_mallocs;  /* new blocks defer_alloc made (from its pool,
+                                or cudaMalloc where no pool could be made) */
     uint64_t cache_releases; /* blocks released (not reused for cache_keep_ms,
                                 or defer_trim, or shutdown) */
 };
@@ -165,10 +166,15 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *   - a block freed on another stream, with defer_free_streams or
  *     defer_free_n of several pointers, recorded on other streams (defer_record_stream), or of
  *     another device's stream, is handed out only once all its work is done;
- *   - otherwise cudaMalloc of bytes rounded up to one of 16 sizes per power
- *     of two (at most 6.25 % more); out of memory, cudefer releases what it
- *     holds (defer_trim) and tries again, then with bytes rounded up to
- *     512 only.
+ *   - otherwise a new block of bytes rounded up to one of 16 sizes per
+ *     power of two (at most 6.25 % more), from a memory pool of cudefer's
+ *     own on the device (cudaMemPoolCreate, release threshold the maximum;
+ *     cudaMallocFromPoolAsync on stream), or cudaMalloc where no pool can
+ *     be made.  Before it, the device's free blocks go back to that pool
+ *     (cudaFreeAsync on stream, no device drain), so their memory serves
+ *     the request whatever its size.  Out of memory, cudefer releases what
+ *     it holds (defer_trim, which also trims the pool) and tries again,
+ *     then with bytes rounded up to 512 only.
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at
@@ -184,8 +190,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * still live at defer_shutdown stay the application's (cudaFree them).
  * On a stream being captured into a graph it is refused with
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
- * before the capture begins.  Thread-safe; blocks only in cudaMalloc and the
- * trim.  Returns cudaSuccess, the cudaMalloc error, cudaErrorInvalidValue
+ * before the capture begins.  Thread-safe; blocks only in the allocation
+ * and the trim.  Returns cudaSuccess, the allocation's error, cudaErrorInvalidValue
  * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess), the error of
  * cudaStreamGetDevice for a bad stream, a failed device's error, or
  * cudaErrorNotPermitted after defer_shutdown; every refusal is counted in
