@@ -15,8 +15,10 @@
  *            enqueued later on S runs after the work that used it (the rule
  *            cudaMallocAsync pools and PyTorch's caching allocator follow);
  *   FREE     its work is done: reusable by any stream of its device.
- * A FREE block that nobody took for cache_keep_ms is released (cudaFree, on
- * the reclaimer thread), as is every FREE block on defer_trim and shutdown.
+ * A FREE block that nobody took for cache_keep_ms is released on the
+ * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
+ * every FREE block on defer_trim and shutdown; a request that misses hands
+ * the FREE pool blocks back to the pool first (memory of any size).
  *
  * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
  * classes per power of two (at most 6.25 % more), from 512 bytes; a request
