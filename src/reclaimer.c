@@ -133,7 +133,7 @@ static void finish_entry(struct entry *e, cudaError_t err)
 
 /* Mark device failed with err (first error wins) and say so once; a runtime
  * that is unloading (process exit) is not worth a message. */
-static void fail_device(int device, const char *call, cudaError_t err)
+void reclaimer_fail_device(int device, const char *call, cudaError_t err)
 {
     cudaError_t none = cudaSuccess;
     if (atomic_compare_exchange_strong(&rs.device_errors[device], &none, err) &&
@@ -145,13 +145,13 @@ static void fail_device(int device, const char *call, cudaError_t err)
 }
 
 /* Make device current on the reclaimer thread; false if that failed. */
-static bool use_device(int device)
+bool reclaimer_use_device(int device)
 {
     if (rs.current_device == device)
         return true;
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) {
-        fail_device(device, "cudaSetDevice", err);
+        reclaimer_fail_device(device, "cudaSetDevice", err);
         return false;
     }
     rs.current_device = device;
@@ -160,7 +160,7 @@ static bool use_device(int device)
 
 /* The reclaimer's own stream on device, for cudaFreeAsync; NULL if none
  * could be made (pool memory is then freed with cudaFree). */
-static cudaStream_t free_stream(int device)
+cudaStream_t reclaimer_free_stream(int device)
 {
     if (rs.free_streams[device] != NULL)
         return rs.free_streams[device];
@@ -182,17 +182,19 @@ static cudaStream_t free_stream(int device)
 static cudaError_t release_now(struct entry *e, uint64_t now)
 {
     cudaError_t err = device_error(e->device);
-    if (err == cudaSuccess && use_device(e->device)) {
+    if (err == cudaSuccess && reclaimer_use_device(e->device)) {
         trace_push(e->kind == ENTRY_CALL ? "cudefer: callback"
                                          : "cudefer: release");
-        err = release_entry(e, e->pool ? free_stream(e->device) : NULL);
+        err = release_entry(e, e->pool ? reclaimer_free_stream(e->device)
+                                       : NULL);
         trace_pop();
         if (e->kind == ENTRY_CALL)
             rs.current_device = -1; /* the callback may have switched */
         if (cuda_error_is_sticky(err))
-            fail_device(e->device, e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
-                                                              : "cudaFree",
-                        err);
+            reclaimer_fail_device(e->device,
+                                  e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
+                                                             : "cudaFree",
+                                  err);
         stats_record_latency(now - e->completed_ns);
     } else {
         err = device_error(e->device);
@@ -348,7 +350,7 @@ void reclaimer_take_in(struct entry *e)
     }
     /* Sized under the eager policy too: pool memory is then still freed
      * with cudaFreeAsync, and a trim can say what it released. */
-    if (use_device(e->device)) {
+    if (reclaimer_use_device(e->device)) {
         if (rs.held[e->device].cap == 0)
             learn_cap(e->device);
         size_up(e);
@@ -365,7 +367,7 @@ void reclaimer_take_in(struct entry *e)
     report("reclaimer: out of memory; waiting for one entry's event "
            "synchronously");
     cudaError_t err = e->event == NULL ? cudaSuccess /* synced */
-                      : use_device(e->device)
+                      : reclaimer_use_device(e->device)
                           ? cudaEventSynchronize(e->event)
                           : device_error(e->device);
     event_done(e, err, now_ns());
@@ -436,7 +438,7 @@ static size_t poll_streams(uint64_t now)
         struct stream_fifo *f = rs.streams.fifos[i];
         bool emptied = false;
         while (!emptied && device_error(f->device) == cudaSuccess &&
-               use_device(f->device)) {
+               reclaimer_use_device(f->device)) {
             /* A synced entry (no event) is complete once it heads its FIFO. */
             cudaError_t err = cudaSuccess;
             if (f->head->event != NULL) {
@@ -447,7 +449,7 @@ static size_t poll_streams(uint64_t now)
                 break;
             if (err != cudaSuccess) {
                 /* Never completion: a sticky error poisons the device. */
-                fail_device(f->device, "cudaEventQuery", err);
+                reclaimer_fail_device(f->device, "cudaEventQuery", err);
                 break;
             }
             emptied = f->head == f->tail;
@@ -493,7 +495,7 @@ static const char *reason_name(enum release_reason reason)
     }
 }
 
-static struct policy_view view_now(uint64_t now)
+struct policy_view reclaimer_view_now(uint64_t now)
 {
     return (struct policy_view){
         .now_ns = now,
@@ -506,7 +508,7 @@ static struct policy_view view_now(uint64_t now)
 /* Release what the policy says of each device's held entries. */
 static void release_held(uint64_t now)
 {
-    struct policy_view view = view_now(now);
+    struct policy_view view = reclaimer_view_now(now);
     for (int d = 0; d < rs.ndevices; d++) {
         struct held_list *h = &rs.held[d];
         held_lock(h);
@@ -534,80 +536,6 @@ static void release_held(uint64_t now)
         trace_pop();
         stats_add(reason_counter(reason), n);
     }
-}
-
-#define NS_PER_MS UINT64_C(1000000)
-
-/* Release the cache's FREE blocks that nobody took for cache_keep_ms, at a
- * quiet moment (or once 4 x cache_keep_ms passed, quiet or not), and every
- * one on a trim and at shutdown: a batch per device, one cudaFree each.
- * Blocks are reused in the steady state, so these batches are rare: each
- * block is released at most once. */
-static void release_cache(uint64_t now, bool stopping)
-{
-    bool all = rs.trims != NULL || stopping;
-    struct policy_view view = view_now(now);
-    uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
-    if (!policy_quiet(&rs.cfg, &view))
-        keep_ns *= 4;
-    if (!all && (keep_ns == 0 || now <= keep_ns))
-        return;
-    uint64_t before = all ? UINT64_MAX : now - keep_ns;
-    for (int d = 0; d < rs.ndevices; d++) {
-        uint64_t oldest = block_cache_oldest_free_ns(d);
-        bool blocks = oldest != UINT64_MAX && oldest <= before;
-        bool pool = all && block_pool_exists(d);
-        if ((!blocks && !pool) || device_error(d) != cudaSuccess ||
-            !use_device(d))
-            continue;
-        trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
-        struct cache_block *batch[64];
-        uint64_t released = 0;
-        size_t n;
-        cudaStream_t async = free_stream(d);
-        while ((n = block_cache_collect(d, before, false, batch, 64)) > 0) {
-            for (size_t i = 0; i < n; i++) {
-                /* Pool blocks go back to the pool at no cost; others (no
-                 * pool could be made) drain the device. */
-                cudaError_t err = batch[i]->pool && async != NULL
-                                      ? cudaFreeAsync(batch[i]->ptr, async)
-                                      : cudaFree(batch[i]->ptr);
-                if (err == cudaSuccess) {
-                    released++;
-                    rs.pass_released_bytes += batch[i]->size;
-                } else if (cuda_error_is_sticky(err)) {
-                    fail_device(d, "cudaFree", err);
-                } else {
-                    char detail[96];
-                    snprintf(detail, sizeof detail,
-                             "; block %p (device %d) is not released",
-                             batch[i]->ptr, d);
-                    report_cuda("release", "cudaFree", err, detail);
-                }
-                block_cache_forget(batch[i]);
-            }
-        }
-        if (all) /* the pool's unused memory back to CUDA too */
-            rs.pass_released_bytes += block_pool_trim(d, async);
-        trace_pop();
-        stats_add(&stats.cache_releases, released);
-    }
-}
-
-/* When the next cached block expires (UINT64_MAX: none, or never). */
-static uint64_t cache_expiry_ns(void)
-{
-    if (rs.cfg.cache_keep_ms == 0)
-        return UINT64_MAX;
-    uint64_t oldest = UINT64_MAX;
-    for (int d = 0; d < rs.ndevices; d++) {
-        uint64_t t = block_cache_oldest_free_ns(d);
-        if (t < oldest)
-            oldest = t;
-    }
-    return oldest == UINT64_MAX
-               ? UINT64_MAX
-               : oldest + (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
 }
 
 /* End of a pass: recycle entries, publish counts, wake finished waiters. */
@@ -704,7 +632,7 @@ static void wait_for_work(bool progress, uint64_t now)
         return;
     }
     if (held_count() > 0) {
-        struct policy_view view = view_now(now);
+        struct policy_view view = reclaimer_view_now(now);
         uint64_t wait = UINT64_MAX;
         for (int d = 0; d < rs.ndevices; d++) {
             held_lock(&rs.held[d]);
@@ -722,7 +650,7 @@ static void wait_for_work(bool progress, uint64_t now)
         nap_us(rs.nap_us);
         return;
     }
-    sleep_until_pushed(cache_expiry_ns());
+    sleep_until_pushed(reclaimer_cache_expiry_ns());
 }
 
 static void destroy_free_streams(void)
@@ -730,7 +658,7 @@ static void destroy_free_streams(void)
     for (int d = 0; d < rs.ndevices; d++) {
         cudaError_t err;
         if (rs.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
-            use_device(d) &&
+            reclaimer_use_device(d) &&
             (err = cudaStreamDestroy(rs.free_streams[d])) != cudaSuccess)
             report_cuda("shutdown", "cudaStreamDestroy", err, "");
     }
@@ -757,7 +685,7 @@ void *reclaimer_main(void *unused)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         release_held(now);
-        release_cache(now, stopping);
+        reclaimer_release_cache(now, stopping);
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready
          * just now, pushed: then one more pass). */

@@ -17,6 +17,7 @@
 #include "entry.h"
 #include "held.h"
 #include "pointer_set.h"
+#include "release_policy.h"
 #include "queue.h"
 #include "stream_table.h"
 
@@ -87,6 +88,21 @@ extern _Thread_local bool on_reclaimer_thread;
 /* Reclaimer only: take in a pushed entry (reclaimer.c; capture.c takes in
  * a graph entry this way once it is complete). */
 void reclaimer_take_in(struct entry *e);
+
+/* Reclaimer thread only (reclaimer.c): make device current (false, the
+ * device marked failed, if that failed); mark device failed by call's err
+ * (the first error wins, said once); the reclaimer's own stream on device
+ * for cudaFreeAsync (NULL if none could be made); what the policy sees now. */
+bool reclaimer_use_device(int device);
+void reclaimer_fail_device(int device, const char *call, cudaError_t err);
+cudaStream_t reclaimer_free_stream(int device);
+struct policy_view reclaimer_view_now(uint64_t now);
+
+/* Reclaimer thread only (reclaimer_cache.c): release the block cache's free
+ * blocks that expired, or all of them on a trim or when stopping; and when
+ * the next one expires (UINT64_MAX: none). */
+void reclaimer_release_cache(uint64_t now, bool stopping);
+uint64_t reclaimer_cache_expiry_ns(void);
 
 /* The reclaimer thread's body (pthread_create). */
 void *reclaimer_main(void *unused);

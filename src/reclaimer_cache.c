@@ -1,0 +1,89 @@
+/* The reclaimer's side of the block cache (block_cache.h): which free
+ * blocks go back to the pool or to CUDA, and when (expiry, trim, shutdown),
+ * and when the reclaimer must wake up for it.  Reclaimer thread only. */
+#include "reclaimer_state.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "block_cache.h"
+#include "block_pool.h"
+#include "release_policy.h"
+#include "report.h"
+#include "stats.h"
+#include "trace.h"
+
+#define NS_PER_MS UINT64_C(1000000)
+
+/* Release the cache's FREE blocks that nobody took for cache_keep_ms, at a
+ * quiet moment (or once 4 x cache_keep_ms passed, quiet or not), and every
+ * one on a trim and at shutdown: a batch per device, one cudaFree each.
+ * Blocks are reused in the steady state, so these batches are rare: each
+ * block is released at most once. */
+void reclaimer_release_cache(uint64_t now, bool stopping)
+{
+    bool all = rs.trims != NULL || stopping;
+    struct policy_view view = reclaimer_view_now(now);
+    uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+    if (!policy_quiet(&rs.cfg, &view))
+        keep_ns *= 4;
+    if (!all && (keep_ns == 0 || now <= keep_ns))
+        return;
+    uint64_t before = all ? UINT64_MAX : now - keep_ns;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t oldest = block_cache_oldest_free_ns(d);
+        bool blocks = oldest != UINT64_MAX && oldest <= before;
+        bool pool = all && block_pool_exists(d);
+        if ((!blocks && !pool) || device_error(d) != cudaSuccess ||
+            !reclaimer_use_device(d))
+            continue;
+        trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
+        struct cache_block *batch[64];
+        uint64_t released = 0;
+        size_t n;
+        cudaStream_t async = reclaimer_free_stream(d);
+        while ((n = block_cache_collect(d, before, false, batch, 64)) > 0) {
+            for (size_t i = 0; i < n; i++) {
+                /* Pool blocks go back to the pool at no cost; others (no
+                 * pool could be made) drain the device. */
+                cudaError_t err = batch[i]->pool && async != NULL
+                                      ? cudaFreeAsync(batch[i]->ptr, async)
+                                      : cudaFree(batch[i]->ptr);
+                if (err == cudaSuccess) {
+                    released++;
+                    rs.pass_released_bytes += batch[i]->size;
+                } else if (cuda_error_is_sticky(err)) {
+                    reclaimer_fail_device(d, "cudaFree", err);
+                } else {
+                    char detail[96];
+                    snprintf(detail, sizeof detail,
+                             "; block %p (device %d) is not released",
+                             batch[i]->ptr, d);
+                    report_cuda("release", "cudaFree", err, detail);
+                }
+                block_cache_forget(batch[i]);
+            }
+        }
+        if (all) /* the pool's unused memory back to CUDA too */
+            rs.pass_released_bytes += block_pool_trim(d, async);
+        trace_pop();
+        stats_add(&stats.cache_releases, released);
+    }
+}
+
+/* When the next cached block expires (UINT64_MAX: none, or never). */
+uint64_t reclaimer_cache_expiry_ns(void)
+{
+    if (rs.cfg.cache_keep_ms == 0)
+        return UINT64_MAX;
+    uint64_t oldest = UINT64_MAX;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t t = block_cache_oldest_free_ns(d);
+        if (t < oldest)
+            oldest = t;
+    }
+    return oldest == UINT64_MAX
+               ? UINT64_MAX
+               : oldest + (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+}
+
