@@ -653,7 +653,9 @@ int main(void)
            WEXITSTATUS(status) == 0,
        "CUDEFER_DISABLE: a free waits for the recorded streams; a second "
        "free is refused");
-    set_cudefer_env(NULL);
+    /* No age limit: a slow run (sanitizers) must not see the application's
+     * memory released for its age while a test expects it held. */
+    set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");
     fake_reset(2);
     cudaStream_t s = stream_new(), s2 = stream_new();
     void *p = NULL;
