@@ -6,11 +6,10 @@
 #include "block_map.h"
 #include "block_pool.h"
 #include "capture.h"
+#include "clock.h"
 #include "cudefer.h"
 #include "reclaimer.h"
 #include "report.h"
-#include <time.h>
-
 #include "stats.h"
 #include "stream_identity.h"
 
@@ -86,9 +85,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     if ((err = reclaimer_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
                       "");
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t before = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t before = now_ns();
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
     if (*ptr == NULL)

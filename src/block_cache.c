@@ -6,9 +6,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "block_map.h"
+#include "clock.h"
 #include "report.h"
 #include "stats.h"
 
@@ -210,7 +210,7 @@ static void lru_unlink(struct device_cache *c, struct cache_block *b)
 
 /* Lock held.  b's work is done: FREE, filed for any stream. */
 static void make_free(struct device_cache *c, struct cache_block *b,
-                      uint64_t now_ns)
+                      uint64_t now)
 {
     if (b->state == BLOCK_PENDING)
         stream_unlink(c, b);
@@ -218,7 +218,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
         stats_add(&stats.cache_free_bytes, b->size);
     b->state = BLOCK_FREE;
     b->nrecorded = 0;
-    b->freed_ns = now_ns;
+    b->freed_ns = now;
     bins_push(&c->free, b);
     b->lru_next = NULL;
     b->lru_prev = c->lru_tail;
@@ -529,7 +529,7 @@ size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
 /* ---- the reclaimer ------------------------------------------------------ */
 
 void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
-                            uint64_t now_ns)
+                            uint64_t now)
 {
     (void)ok; /* a failed device's blocks are never handed out again: its
                  defer_alloc calls fail first */
@@ -537,15 +537,12 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     pthread_mutex_lock(&c->lock);
     b->events--;
     if (b->state == BLOCK_PENDING && b->handout == handout)
-        make_free(c, b, now_ns);
+        make_free(c, b, now);
     pthread_mutex_unlock(&c->lock);
 }
 
 bool block_cache_adopt(void *ptr)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     if (!block_cache_active())
         return false;
     struct cache_block *b = block_map_find(ptr);
@@ -558,7 +555,7 @@ bool block_cache_adopt(void *ptr)
      * comes back rather than being cudaFree'd). */
     bool live = b->state == BLOCK_FREEING || b->state == BLOCK_LIVE;
     if (live)
-        make_free(c, b, now_ns);
+        make_free(c, b, now_ns());
     pthread_mutex_unlock(&c->lock);
     if (!live)
         report("release: %p (device %d) is a block of cudefer's that was "

@@ -147,7 +147,7 @@ bool block_cache_park(const struct block_free_plan *plan,
  * completed (ok) or never will: a PENDING block of that hand-out is FREE
  * from now. */
 void block_cache_event_done(struct cache_block *block, uint64_t handout,
-                            bool ok, uint64_t now_ns);
+                            bool ok, uint64_t now);
 
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
  * synchronous release).  True when ptr is a block: it is FREE now (it was

@@ -367,13 +367,7 @@ static bool stop_and_join(uint64_t deadline_ns)
     if (deadline_ns == 0) {
         pthread_join(rs.thread, NULL);
     } else {
-        /* pthread_timedjoin_np waits until a time of the realtime clock. */
-        uint64_t now = now_ns(), wait = deadline_ns > now ? deadline_ns - now : 0;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        uint64_t ns = (uint64_t)until.tv_nsec + wait % 1000000000u;
-        until.tv_sec += (time_t)(wait / 1000000000u + ns / 1000000000u);
-        until.tv_nsec = (long)(ns % 1000000000u);
+        struct timespec until = realtime_at(deadline_ns);
         if (pthread_timedjoin_np(rs.thread, NULL, &until) != 0)
             return false;
     }
@@ -422,9 +416,7 @@ static void at_exit(void)
      * Inside a callback, the holder may be a shutdown waiting for this very
      * thread: do not wait then. */
     uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)(EXIT_DRAIN_NS / 1000000000u);
+    struct timespec until = realtime_at(deadline);
     if ((inside_callback() ? pthread_mutex_trylock(&rs.life_lock)
                            : pthread_mutex_timedlock(&rs.life_lock, &until)) !=
         0)

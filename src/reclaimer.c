@@ -574,15 +574,10 @@ static void end_pass(void)
  * the monotonic clock, if not UINT64_MAX) a cached block expires. */
 static void sleep_until_pushed(uint64_t deadline_ns)
 {
-    struct timespec until;
-    if (deadline_ns != UINT64_MAX) {
-        /* wake_cond waits on the realtime clock: carry the distance over. */
-        uint64_t now = now_ns(), wait = deadline_ns > now ? deadline_ns - now : 0;
-        clock_gettime(CLOCK_REALTIME, &until);
-        uint64_t ns = (uint64_t)until.tv_nsec + wait % 1000000000u;
-        until.tv_sec += (time_t)(wait / 1000000000u + ns / 1000000000u);
-        until.tv_nsec = (long)(ns % 1000000000u);
-    }
+    /* wake_cond waits on the realtime clock. */
+    struct timespec until = {0};
+    if (deadline_ns != UINT64_MAX)
+        until = realtime_at(deadline_ns);
     pthread_mutex_lock(&rs.wake_lock);
     atomic_store(&rs.sleeping, true);
     while (queue_is_empty(&rs.queue) && !atomic_load(&rs.stop) &&

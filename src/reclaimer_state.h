@@ -13,6 +13,7 @@
 #include <time.h>
 #include <cuda_runtime_api.h>
 
+#include "clock.h"
 #include "cudefer.h"
 #include "entry.h"
 #include "held.h"
@@ -106,13 +107,6 @@ uint64_t reclaimer_cache_expiry_ns(void);
 
 /* The reclaimer thread's body (pthread_create). */
 void *reclaimer_main(void *unused);
-
-static inline uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Any thread: the sticky error of device (cudaSuccess if none). */
 static inline cudaError_t device_error(int device)
