@@ -74,6 +74,11 @@ SHIMS = {
 }
 # Allocators that load libcudefer (their JSON carries its counters).
 USES_CUDEFER = ("cudefer", "malloc-defer")
+# cudefer counters that torch_train reports per timed step as well.
+COUNTERS_PER_STEP = ("deferred", "released", "event_queries", "wakeups",
+                     "batches", "reused", "reused_same_stream",
+                     "cache_mallocs", "cache_releases", "sync_releases",
+                     "cap_releases", "idle_releases")
 
 MODEL_DEFAULTS = {
     "cnn": dict(batch=64, image=224, classes=1000, lr=1e-3),
@@ -439,9 +444,12 @@ def run_rank(rank, world, args, prep, port):
     if dist is not None:
         dist.barrier()
         torch.cuda.synchronize(device)
+    window_start = (cudefer_torch.stats(prep["lib"])
+                    if args.allocator in USES_CUDEFER else None)
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
         step(i)
+    enqueued = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     if side is not None:
@@ -451,6 +459,9 @@ def run_rank(rank, world, args, prep, port):
     result = {
         "rank": rank,
         "ms_per_step": elapsed * 1000.0 / args.steps,
+        # The CPU's time to enqueue the timed steps: close to ms_per_step
+        # when the launching thread, not the GPU, sets the pace.
+        "enqueue_ms_per_step": enqueued * 1000.0 / args.steps,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
         "weights_sha256": params_sha256(model),
@@ -465,6 +476,11 @@ def run_rank(rank, world, args, prep, port):
                                  for r in side_results]
     if args.allocator in USES_CUDEFER:
         result["cudefer_stats"] = cudefer_torch.stats(prep["lib"])
+        # Counters per timed step (the steady state, warm-up excluded).
+        result["cudefer_per_step"] = {
+            k: (v - window_start.get(k, 0)) / args.steps
+            for k, v in result["cudefer_stats"].items()
+            if k in COUNTERS_PER_STEP}
     if dist is not None:
         dist.barrier()
         dist.destroy_process_group()
