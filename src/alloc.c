@@ -8,7 +8,7 @@
 #include "capture.h"
 #include "clock.h"
 #include "cudefer.h"
-#include "reclaimer.h"
+#include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
@@ -80,9 +80,10 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
                       "the capture begins (the capture is left intact)");
     unsigned long long id;
     bool cached;
-    if ((err = stream_identify(stream, device, &id, &cached, &call)) != cudaSuccess)
+    if ((err = stream_identity_lookup(stream, device, &id, &cached, &call)) !=
+        cudaSuccess)
         return refuse("defer_alloc", call, err, "");
-    if ((err = reclaimer_device_error(*device)) != cudaSuccess)
+    if ((err = lifecycle_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
                       "");
     uint64_t before = now_ns();
@@ -103,12 +104,12 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     *ptr = NULL;
     if (bytes == 0)
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
-    cudaError_t err = reclaimer_enter("defer_alloc");
+    cudaError_t err = lifecycle_enter("defer_alloc");
     if (err != cudaSuccess)
         return err;
     int device = -1;
     err = alloc_admitted(ptr, bytes, stream, &device);
-    reclaimer_leave(); /* a trim below must not wait behind our admission */
+    lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err != cudaSuccess || *ptr != NULL)
         return err;
     size_t size;
@@ -123,12 +124,12 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     /* Filed only while admitted: a shutdown may have come meanwhile.  A
      * block that cannot be filed is plain cudaMalloc memory: defer_free
      * releases it like any other. */
-    if (reclaimer_enter("defer_alloc") != cudaSuccess)
+    if (lifecycle_enter("defer_alloc") != cudaSuccess)
         return cudaSuccess;
     if (!block_cache_add(device, *ptr, size, pooled))
         report("defer_alloc: out of memory for the record of %p: it is "
                "released when freed, never reused", *ptr);
-    reclaimer_leave();
+    lifecycle_leave();
     return cudaSuccess;
 }
 
@@ -146,7 +147,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
                "wait for it: refused (record a created stream)", ptr);
         return cudaErrorInvalidValue;
     }
-    cudaError_t err = reclaimer_enter("defer_record_stream");
+    cudaError_t err = lifecycle_enter("defer_record_stream");
     if (err != cudaSuccess)
         return err;
     int device;
@@ -155,7 +156,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     const char *call = NULL;
     if ((err = capture_status(&stream, 1, &capturing, &call)) == cudaSuccess &&
         !capturing)
-        err = stream_identify(stream, &device, &id, &cached, &call);
+        err = stream_identity_lookup(stream, &device, &id, &cached, &call);
     if (err != cudaSuccess)
         refuse("defer_record_stream", call, err, "; nothing recorded");
     else if (capturing)
@@ -164,7 +165,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
                      ": it is being captured into a graph; nothing recorded");
     else if ((err = block_cache_record_stream(ptr, stream, id)) != cudaSuccess)
         stats_add(&stats.rejected, 1);
-    reclaimer_leave();
+    lifecycle_leave();
     return err;
 }
 

@@ -11,7 +11,7 @@
 #include "cudefer.h"
 #include "entry.h"
 #include "event_pool.h"
-#include "reclaimer.h"
+#include "lifecycle.h"
 #include "release.h"
 #include "report.h"
 #include "stats.h"
@@ -41,7 +41,7 @@ static cudaError_t identify(cudaStream_t stream, int *device,
                             unsigned long long *id, const char **failed)
 {
     bool cached;
-    return stream_identify(stream, device, id, &cached, failed);
+    return stream_identity_lookup(stream, device, id, &cached, failed);
 }
 
 /* Device and id of stream, on a device that has not failed (else its
@@ -52,14 +52,15 @@ static cudaError_t identify_usable(cudaStream_t stream, int *device,
                                    unsigned long long *id, bool *cached,
                                    const char **failed)
 {
-    cudaError_t err = stream_identify(stream, device, id, cached, failed);
+    cudaError_t err =
+        stream_identity_lookup(stream, device, id, cached, failed);
     if (err == cudaSuccess && *cached &&
-        reclaimer_device_error(*device) != cudaSuccess) {
+        lifecycle_device_error(*device) != cudaSuccess) {
         stream_identity_forget();
-        err = stream_identify(stream, device, id, cached, failed);
+        err = stream_identity_lookup(stream, device, id, cached, failed);
     }
     if (err == cudaSuccess &&
-        (err = reclaimer_device_error(*device)) != cudaSuccess)
+        (err = lifecycle_device_error(*device)) != cudaSuccess)
         *failed = "an earlier CUDA call on this device";
     return err;
 }
@@ -134,7 +135,7 @@ static bool queue_synced_call(const struct request_args *a,
     e->group_err = cudaSuccess;
     stats_add(&stats.deferred, 1);
     stats_add(&stats.sync_releases, 1);
-    reclaimer_push_and_wait(e);
+    lifecycle_push_and_wait(e);
     return true;
 }
 
@@ -152,7 +153,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     for (size_t i = 0; i < nrec && i < 64; i++)
         if ((err = cudaStreamSynchronize(recorded[i])) != cudaSuccess)
             return reject(a->what, "cudaStreamSynchronize", err);
-    if (a->kind == ENTRY_CALL && !reclaimer_config()->disable &&
+    if (a->kind == ENTRY_CALL && !lifecycle_config()->disable &&
         queue_synced_call(a, stream))
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
@@ -161,7 +162,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     stats_add(&stats.sync_releases, 1);
     err = release_entry(&e, NULL);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    if (cuda_error_is_sticky(err)) /* the device's error: say it here */
+    if (report_cuda_error_is_sticky(err)) /* the device's error: say it here */
         report_cuda(a->what, "the synchronous release", err,
                     "; the device is unusable");
     return cudaSuccess; /* accepted; a failed release is counted, reported */
@@ -295,12 +296,12 @@ static cudaError_t submit_admitted(const struct request_args *a,
     cudaError_t err = capture_status(&stream, 1, &capturing, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
-    bool single = a->nptrs == 1 && !capturing && !reclaimer_config()->disable;
+    bool single = a->nptrs == 1 && !capturing && !lifecycle_config()->disable;
     if (!single && (err = claim_blocks(a, claimed)) != cudaSuccess)
         return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
         return submit_captured(a, &stream, 1);
-    if (reclaimer_config()->disable)
+    if (lifecycle_config()->disable)
         return release_synchronously(a, stream);
     if (a->nptrs > 1 && *claimed && recorded_streams(a, NULL) > 0)
         return submit_group_admitted(a, &stream, 1);
@@ -353,7 +354,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         }
     }
     stats_add(&stats.deferred, 1);
-    reclaimer_push(e);
+    lifecycle_push(e);
     return cudaSuccess;
 }
 
@@ -389,7 +390,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         return reject(a->what, call, err);
     if (capturing)
         return submit_captured(a, streams, n);
-    if (reclaimer_config()->disable) {
+    if (lifecycle_config()->disable) {
         for (size_t i = 1; i < n; i++) {
             err = cudaStreamSynchronize(streams[i]);
             if (err != cudaSuccess)
@@ -420,7 +421,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             if ((err = identify(streams[made], &device, &id, &call)) !=
                 cudaSuccess)
                 break;
-            if ((err = reclaimer_device_error(device)) != cudaSuccess) {
+            if ((err = lifecycle_device_error(device)) != cudaSuccess) {
                 call = "an earlier CUDA call on this device";
                 break;
             }
@@ -442,7 +443,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         parts[i]->group = parts[0];
     stats_add(&stats.deferred, 1);
     for (size_t i = n; i-- > 0;)
-        reclaimer_push(parts[i]); /* the payload last */
+        lifecycle_push(parts[i]); /* the payload last */
     return cudaSuccess;
 }
 
@@ -456,7 +457,7 @@ static cudaError_t submit_group(const struct request_args *a,
                n, streams == NULL ? " (NULL)" : "");
         return cudaErrorInvalidValue;
     }
-    cudaError_t err = reclaimer_enter(a->what);
+    cudaError_t err = lifecycle_enter(a->what);
     if (err != cudaSuccess)
         return err;
     bool claimed = false;
@@ -464,7 +465,7 @@ static cudaError_t submit_group(const struct request_args *a,
         (err = submit_group_admitted(a, streams, n)) != cudaSuccess &&
         claimed)
         unclaim_blocks(a, a->nptrs);
-    reclaimer_leave();
+    lifecycle_leave();
     return err;
 }
 
@@ -473,14 +474,14 @@ static cudaError_t submit_group(const struct request_args *a,
  * them). */
 static cudaError_t submit(const struct request_args *a, cudaStream_t stream)
 {
-    cudaError_t err = reclaimer_enter(a->what);
+    cudaError_t err = lifecycle_enter(a->what);
     if (err != cudaSuccess)
         return err;
     bool claimed = false;
     err = submit_admitted(a, stream, &claimed);
     if (err != cudaSuccess && claimed)
         unclaim_blocks(a, a->nptrs);
-    reclaimer_leave();
+    lifecycle_leave();
     return err;
 }
 
@@ -584,17 +585,17 @@ cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
 
 cudaError_t defer_flush(void)
 {
-    return reclaimer_flush();
+    return lifecycle_flush();
 }
 
 cudaError_t defer_trim(size_t *released_bytes)
 {
-    return reclaimer_trim(released_bytes);
+    return lifecycle_trim(released_bytes);
 }
 
 cudaError_t defer_shutdown(void)
 {
-    return reclaimer_shutdown();
+    return lifecycle_shutdown();
 }
 
 const char *defer_version(void)

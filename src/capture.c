@@ -5,7 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "reclaimer.h"
+#include "lifecycle.h"
 #include "reclaimer_state.h"
 #include "release.h"
 #include "report.h"
@@ -124,7 +124,7 @@ static void CUDART_CB graph_released(void *ptr)
         /* The reclaimer's: it releases the entry once the streams' work
          * from before the capture is done too.  g is not touched again. */
         atomic_fetch_add(&deaths, 1);
-        reclaimer_wake();
+        lifecycle_wake();
         return;
     }
     /* Abandoned: the reclaimer stopped first, nobody may release it now. */
@@ -218,7 +218,7 @@ cudaError_t capture_defer(const char *what, struct entry *e,
     if (err == cudaSuccess)
         err = entry_device(e, call);
     if (err == cudaSuccess &&
-        (err = reclaimer_device_error(e->device)) != cudaSuccess)
+        (err = lifecycle_device_error(e->device)) != cudaSuccess)
         *call = "an earlier CUDA call on this device";
     if (err == cudaSuccess &&
         (g->origins = calloc(n, sizeof *g->origins)) == NULL) {
@@ -258,7 +258,7 @@ cudaError_t capture_defer(const char *what, struct entry *e,
      * have marked it dead already, if another thread ended the capture and
      * destroyed the graph); we are admitted, so the reclaimer runs. */
     stats_add(&stats.deferred, 1);
-    reclaimer_push(e);
+    lifecycle_push(e);
     return cudaSuccess;
 }
 

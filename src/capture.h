@@ -39,7 +39,7 @@
 
 #include "entry.h"
 
-/* Any thread, between reclaimer_enter and reclaimer_leave.  Whether the n
+/* Any thread, between lifecycle_enter and lifecycle_leave.  Whether the n
  * streams capture: *capturing false (none does: the normal path) or true
  * (all do, and capture_defer takes the call).  One cudaStreamIsCapturing
  * call per stream.  Otherwise the error, with *call naming what failed:
@@ -58,7 +58,7 @@ struct entry *capture_entry_new(void);
  * to capture_defer, its pointer array included. */
 void capture_entry_discard(struct entry *e);
 
-/* Any thread, between reclaimer_enter and reclaimer_leave, once
+/* Any thread, between lifecycle_enter and lifecycle_leave, once
  * capture_status said the n streams capture.  Ties e (from
  * capture_entry_new, filled in) to the graph they capture into; what is the
  * public function, for messages.  Returns cudaSuccess (e is the graph's;

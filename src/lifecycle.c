@@ -1,8 +1,8 @@
 /* The library's lifecycle: lazy start, admission of defer calls (the gate),
  * flush and trim requests, shutdown, process exit and fork (see
- * reclaimer.h). */
+ * lifecycle.h). */
 #define _GNU_SOURCE
-#include "reclaimer.h"
+#include "lifecycle.h"
 #include "reclaimer_state.h"
 
 #include <errno.h>
@@ -152,7 +152,7 @@ static cudaError_t refuse(const char *what)
  * admission while they wait for that lock: shutdown and exit take the lock
  * and then wait for every admission to end, so an admission held while
  * waiting for the lock would never end (issue 12, item 1). */
-cudaError_t reclaimer_enter(const char *what)
+cudaError_t lifecycle_enter(const char *what)
 {
     for (;;) {
         if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
@@ -191,7 +191,7 @@ cudaError_t reclaimer_enter(const char *what)
     }
 }
 
-void reclaimer_leave(void)
+void lifecycle_leave(void)
 {
     admissions_here--;
     atomic_fetch_sub_explicit(&rs.gate, 1, memory_order_release);
@@ -204,25 +204,25 @@ static void wake(void)
     pthread_mutex_unlock(&rs.wake_lock);
 }
 
-void reclaimer_wake(void)
+void lifecycle_wake(void)
 {
     if (atomic_load(&rs.sleeping))
         wake();
 }
 
-void reclaimer_push(struct entry *e)
+void lifecycle_push(struct entry *e)
 {
     queue_push_mpsc(&rs.queue, &e->node);
     if (atomic_load(&rs.sleeping))
         wake();
 }
 
-const struct defer_config *reclaimer_config(void)
+const struct defer_config *lifecycle_config(void)
 {
     return &rs.cfg;
 }
 
-cudaError_t reclaimer_device_error(int device)
+cudaError_t lifecycle_device_error(int device)
 {
     if (device < 0 || device >= rs.ndevices)
         return cudaErrorInvalidDevice;
@@ -245,9 +245,9 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, &attr);
     pthread_condattr_destroy(&attr);
-    reclaimer_push(marker);
+    lifecycle_push(marker);
     if (leave_gate)
-        reclaimer_leave();
+        lifecycle_leave();
     wake(); /* do not wait for a napping reclaimer's next pass */
     pthread_mutex_lock(&q->lock);
     while (!q->done) {
@@ -269,18 +269,18 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
     return true;
 }
 
-void reclaimer_push_and_wait(struct entry *e)
+void lifecycle_push_and_wait(struct entry *e)
 {
     if (on_reclaimer_thread) { /* it runs once this callback returns */
         e->request = NULL;
-        reclaimer_push(e);
+        lifecycle_push(e);
         return;
     }
     struct request q = {.err = cudaSuccess};
     pthread_mutex_init(&q.lock, NULL);
     pthread_cond_init(&q.cond, NULL);
     e->request = &q;
-    reclaimer_push(e);
+    lifecycle_push(e);
     pthread_mutex_lock(&q.lock);
     while (!q.done)
         pthread_cond_wait(&q.cond, &q.lock);
@@ -313,7 +313,7 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
         return err;
     if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_NEW)
         return cudaSuccess; /* nothing was ever deferred */
-    if ((err = reclaimer_enter(what)) != cudaSuccess)
+    if ((err = lifecycle_enter(what)) != cudaSuccess)
         return err;
     /* The gate is held only while pushing: a waiting flush must not keep
      * shutdown or exit from closing it.  The reclaimer answers every request
@@ -325,12 +325,12 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
     return q.err;
 }
 
-cudaError_t reclaimer_flush(void)
+cudaError_t lifecycle_flush(void)
 {
     return request("defer_flush", false, NULL);
 }
 
-cudaError_t reclaimer_trim(size_t *bytes)
+cudaError_t lifecycle_trim(size_t *bytes)
 {
     return request("defer_trim", true, bytes);
 }
@@ -379,7 +379,7 @@ static bool stop_and_join(uint64_t deadline_ns)
     return true;
 }
 
-cudaError_t reclaimer_shutdown(void)
+cudaError_t lifecycle_shutdown(void)
 {
     if (inside_callback()) {
         report("defer_shutdown called from a defer_call callback: refused "

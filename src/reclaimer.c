@@ -1,7 +1,13 @@
-/* The reclaimer thread: take in, poll, release or hold, sleep (see
- * reclaimer.h); its lifecycle is in lifecycle.c. */
+/*
+ * The reclaimer: one thread that takes every pushed entry at once, keeps it
+ * in its stream's FIFO, polls the oldest event of each stream, and hands what
+ * completed to the release policy, which releases it now or holds it for a
+ * better moment.  With nothing pending or held it sleeps on a condition
+ * variable until the next push.  Its state is in reclaimer_state.h; its
+ * lifecycle (start, the gate, flush, trim, shutdown, exit, fork) is in
+ * lifecycle.c (lifecycle.h).
+ */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np */
-#include "reclaimer.h"
 #include "reclaimer_state.h"
 
 #include <errno.h>
@@ -94,7 +100,7 @@ static void take_request(struct request *q)
 static void finish_entry(struct entry *e, cudaError_t err)
 {
     bool device_failed = err != cudaSuccess &&
-                         (cuda_error_is_sticky(err) ||
+                         (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
         block_cache_event_done(e->block, e->handout, err == cudaSuccess,
@@ -190,7 +196,7 @@ static cudaError_t release_now(struct entry *e, uint64_t now)
         trace_pop();
         if (e->kind == ENTRY_CALL)
             rs.current_device = -1; /* the callback may have switched */
-        if (cuda_error_is_sticky(err))
+        if (report_cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device,
                                   e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
                                                              : "cudaFree",
@@ -235,7 +241,7 @@ static void completed(struct entry *e, uint64_t now)
         finish_entry(e, cudaSuccess);
         return;
     }
-    if (policy_release_at_once(&rs.cfg, e)) {
+    if (release_policy_release_at_once(&rs.cfg, e)) {
         release_now(e, now);
         return;
     }
@@ -310,7 +316,7 @@ static void learn_cap(int device)
         report_cuda("reclaimer", "cudaMemGetInfo", err,
                     "; the cap assumes 80 GiB of device memory");
     }
-    rs.held[device].cap = policy_cap(&rs.cfg, total);
+    rs.held[device].cap = release_policy_cap(&rs.cfg, total);
 }
 
 /* CUDEFER_CHECK: drop (and report) the pointers of e that are already
@@ -512,7 +518,7 @@ static void release_held(uint64_t now)
     for (int d = 0; d < rs.ndevices; d++) {
         struct held_list *h = &rs.held[d];
         held_lock(h);
-        enum release_reason reason = policy_decide(&rs.cfg, h, &view);
+        enum release_reason reason = release_policy_decide(&rs.cfg, h, &view);
         held_unlock(h);
         if (reason == RELEASE_NONE)
             continue;
@@ -523,7 +529,7 @@ static void release_held(uint64_t now)
             if (reason == RELEASE_IDLE && !queue_is_empty(&rs.queue))
                 break;
             held_lock(h);
-            struct entry *e = policy_continue(&rs.cfg, h, reason, now)
+            struct entry *e = release_policy_continue(&rs.cfg, h, reason, now)
                                   ? held_pop_locked(h)
                                   : NULL;
             held_unlock(h);
@@ -631,7 +637,7 @@ static void wait_for_work(bool progress, uint64_t now)
         uint64_t wait = UINT64_MAX;
         for (int d = 0; d < rs.ndevices; d++) {
             held_lock(&rs.held[d]);
-            uint64_t w = policy_wait_ns(cfg, &rs.held[d], &view);
+            uint64_t w = release_policy_wait_ns(cfg, &rs.held[d], &view);
             held_unlock(&rs.held[d]);
             if (w < wait)
                 wait = w;
@@ -680,7 +686,7 @@ void *reclaimer_main(void *unused)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         release_held(now);
-        reclaimer_release_cache(now, stopping);
+        reclaimer_cache_release(now, stopping);
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready
          * just now, pushed: then one more pass). */

@@ -20,12 +20,12 @@
  * one on a trim and at shutdown: a batch per device, one cudaFree each.
  * Blocks are reused in the steady state, so these batches are rare: each
  * block is released at most once. */
-void reclaimer_release_cache(uint64_t now, bool stopping)
+void reclaimer_cache_release(uint64_t now, bool stopping)
 {
     bool all = rs.trims != NULL || stopping;
     struct policy_view view = reclaimer_view_now(now);
     uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
-    if (!policy_quiet(&rs.cfg, &view))
+    if (!release_policy_quiet(&rs.cfg, &view))
         keep_ns *= 4;
     if (!all && (keep_ns == 0 || now <= keep_ns))
         return;
@@ -52,7 +52,7 @@ void reclaimer_release_cache(uint64_t now, bool stopping)
                 if (err == cudaSuccess) {
                     released++;
                     rs.pass_released_bytes += batch[i]->size;
-                } else if (cuda_error_is_sticky(err)) {
+                } else if (report_cuda_error_is_sticky(err)) {
                     reclaimer_fail_device(d, "cudaFree", err);
                 } else {
                     char detail[96];

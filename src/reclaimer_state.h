@@ -102,7 +102,7 @@ struct policy_view reclaimer_view_now(uint64_t now);
 /* Reclaimer thread only (reclaimer_cache.c): release the block cache's free
  * blocks that expired, or all of them on a trim or when stopping; and when
  * the next one expires (UINT64_MAX: none). */
-void reclaimer_release_cache(uint64_t now, bool stopping);
+void reclaimer_cache_release(uint64_t now, bool stopping);
 uint64_t reclaimer_cache_expiry_ns(void);
 
 /* The reclaimer thread's body (pthread_create). */

@@ -37,7 +37,7 @@ static cudaError_t release_pointer(const struct entry *e, void *ptr,
     }
     /* A sticky error is the device's, not the pointer's: the caller marks
      * the device failed and says so once. */
-    if (err != cudaSuccess && !cuda_error_is_sticky(err)) {
+    if (err != cudaSuccess && !report_cuda_error_is_sticky(err)) {
         char detail[96];
         snprintf(detail, sizeof detail, "; %p (device %d) is not released",
                  ptr, e->device);

@@ -6,8 +6,8 @@
 #define NS_PER_US UINT64_C(1000)
 #define NS_PER_MS UINT64_C(1000000)
 
-bool policy_release_at_once(const struct defer_config *cfg,
-                            const struct entry *e)
+bool release_policy_release_at_once(const struct defer_config *cfg,
+                                    const struct entry *e)
 {
     return cfg->policy == DEFER_POLICY_EAGER || e->kind == ENTRY_CALL ||
            e->cache_blocks || (e->held_bytes == 0 && e->pool);
@@ -20,15 +20,16 @@ static bool too_old(const struct defer_config *cfg, const struct entry *e,
            now_ns - e->completed_ns >= cfg->max_delay_ms * NS_PER_MS;
 }
 
-bool policy_quiet(const struct defer_config *cfg, const struct policy_view *v)
+bool release_policy_quiet(const struct defer_config *cfg,
+                          const struct policy_view *v)
 {
     return !v->work_pending &&
            v->now_ns - v->last_activity_ns >= cfg->idle_us * NS_PER_US;
 }
 
-enum release_reason policy_decide(const struct defer_config *cfg,
-                                  const struct held_list *h,
-                                  const struct policy_view *view)
+enum release_reason release_policy_decide(const struct defer_config *cfg,
+                                          const struct held_list *h,
+                                          const struct policy_view *view)
 {
     if (h->head == NULL)
         return RELEASE_NONE;
@@ -36,15 +37,16 @@ enum release_reason policy_decide(const struct defer_config *cfg,
         return RELEASE_DEMAND;
     if (h->bytes > h->cap)
         return RELEASE_CAP;
-    if (policy_quiet(cfg, view))
+    if (release_policy_quiet(cfg, view))
         return RELEASE_IDLE;
     if (too_old(cfg, h->head, view->now_ns))
         return RELEASE_AGE;
     return RELEASE_NONE;
 }
 
-bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
-                     enum release_reason reason, uint64_t now_ns)
+bool release_policy_continue(const struct defer_config *cfg,
+                             const struct held_list *h,
+                             enum release_reason reason, uint64_t now_ns)
 {
     if (h->head == NULL)
         return false;
@@ -62,9 +64,9 @@ bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
     return false;
 }
 
-uint64_t policy_wait_ns(const struct defer_config *cfg,
-                        const struct held_list *h,
-                        const struct policy_view *view)
+uint64_t release_policy_wait_ns(const struct defer_config *cfg,
+                                const struct held_list *h,
+                                const struct policy_view *view)
 {
     if (h->head == NULL)
         return UINT64_MAX;
@@ -82,7 +84,8 @@ uint64_t policy_wait_ns(const struct defer_config *cfg,
     return wait;
 }
 
-uint64_t policy_cap(const struct defer_config *cfg, uint64_t total_bytes)
+uint64_t release_policy_cap(const struct defer_config *cfg,
+                            uint64_t total_bytes)
 {
     if (cfg->max_pending_bytes != 0)
         return cfg->max_pending_bytes;

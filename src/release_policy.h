@@ -48,33 +48,35 @@ struct policy_view {
 /* True when an entry that just completed should be released at once rather
  * than held (a callback, pool memory, blocks of the cache, or the eager
  * policy). */
-bool policy_release_at_once(const struct defer_config *cfg,
-                            const struct entry *e);
+bool release_policy_release_at_once(const struct defer_config *cfg,
+                                    const struct entry *e);
 
 /* Whether the application is quiet: no stream cudefer tracks has work
  * pending and nothing arrived for idle_us. */
-bool policy_quiet(const struct defer_config *cfg,
-                  const struct policy_view *view);
+bool release_policy_quiet(const struct defer_config *cfg,
+                          const struct policy_view *view);
 
 /* The policy reads a held list: call these with its lock held. */
 
 /* Why the held entries of h should be released now, or RELEASE_NONE. */
-enum release_reason policy_decide(const struct defer_config *cfg,
-                                  const struct held_list *h,
-                                  const struct policy_view *view);
+enum release_reason release_policy_decide(const struct defer_config *cfg,
+                                          const struct held_list *h,
+                                          const struct policy_view *view);
 
 /* Given reason, whether the oldest entry of h is still to be released in
  * this batch (false when h is empty). */
-bool policy_continue(const struct defer_config *cfg, const struct held_list *h,
-                     enum release_reason reason, uint64_t now_ns);
+bool release_policy_continue(const struct defer_config *cfg,
+                             const struct held_list *h,
+                             enum release_reason reason, uint64_t now_ns);
 
-/* Nanoseconds from view->now_ns until policy_decide could change its answer
- * for h without anything new happening (UINT64_MAX: never). */
-uint64_t policy_wait_ns(const struct defer_config *cfg,
-                        const struct held_list *h,
-                        const struct policy_view *view);
+/* Nanoseconds from view->now_ns until release_policy_decide could change
+ * its answer for h without anything new happening (UINT64_MAX: never). */
+uint64_t release_policy_wait_ns(const struct defer_config *cfg,
+                                const struct held_list *h,
+                                const struct policy_view *view);
 
 /* The cap of a device of total_bytes memory under cfg. */
-uint64_t policy_cap(const struct defer_config *cfg, uint64_t total_bytes);
+uint64_t release_policy_cap(const struct defer_config *cfg,
+                            uint64_t total_bytes);
 
 #endif

@@ -26,7 +26,7 @@ void report_cuda(const char *what, const char *call, cudaError_t err,
            cudaGetErrorName(err), detail);
 }
 
-bool cuda_error_is_sticky(cudaError_t err)
+bool report_cuda_error_is_sticky(cudaError_t err)
 {
     switch (err) {
     case cudaErrorIllegalAddress:

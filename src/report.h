@@ -17,6 +17,6 @@ void report_cuda(const char *what, const char *call, cudaError_t err,
 
 /* Any thread.  True for the errors that leave the device's context unusable
  * (a kernel fault): every later call on it fails the same way. */
-bool cuda_error_is_sticky(cudaError_t err);
+bool report_cuda_error_is_sticky(cudaError_t err);
 
 #endif

@@ -13,9 +13,9 @@ static _Thread_local struct {
     bool valid;
 } last_stream;
 
-cudaError_t stream_identify(cudaStream_t stream, int *device,
-                            unsigned long long *id, bool *cached,
-                            const char **failed)
+cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
+                                   unsigned long long *id, bool *cached,
+                                   const char **failed)
 {
     bool special = stream_is_special(stream);
     *cached = !special && last_stream.valid && last_stream.handle == stream;

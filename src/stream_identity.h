@@ -16,9 +16,9 @@
  * the caller's thread and current device, never are); *cached says whether
  * the answer came from that cache.  On failure, the error with *failed
  * naming the call. */
-cudaError_t stream_identify(cudaStream_t stream, int *device,
-                            unsigned long long *id, bool *cached,
-                            const char **failed);
+cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
+                                   unsigned long long *id, bool *cached,
+                                   const char **failed);
 
 /* Any thread: forget this thread's cached identity (it proved stale: a
  * destroyed stream's handle now names another stream). */

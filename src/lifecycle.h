@@ -1,16 +1,14 @@
 /*
- * The reclaimer: one thread that takes every pushed entry at once, keeps it
- * in its stream's FIFO, polls the oldest event of each stream, and hands what
- * completed to the release policy, which releases it now or holds it for a
- * better moment.  With nothing pending or held it sleeps on a condition
- * variable until the next push.  Also the library's lifecycle: lazy start,
- * flush, trim, shutdown, process exit and fork.
+ * The library's lifecycle (lifecycle.c): lazy start of the reclaimer thread
+ * (reclaimer.c), admission of every defer call (the gate), hand-over of
+ * entries to the reclaimer, flush and trim requests, shutdown, process exit
+ * and fork.
  *
- * Launching threads bracket a submission with reclaimer_enter and
- * reclaimer_leave, so shutdown can wait for submissions already under way.
+ * Launching threads bracket a submission with lifecycle_enter and
+ * lifecycle_leave, so shutdown can wait for submissions already under way.
  */
-#ifndef CUDEFER_RECLAIMER_H
-#define CUDEFER_RECLAIMER_H
+#ifndef CUDEFER_LIFECYCLE_H
+#define CUDEFER_LIFECYCLE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -21,47 +19,47 @@
 
 /* Any thread.  Starts the reclaimer on first use (settling the
  * configuration) and admits one submission.  Returns cudaSuccess (then call
- * reclaimer_leave), cudaErrorNotPermitted after defer_shutdown or in a forked
+ * lifecycle_leave), cudaErrorNotPermitted after defer_shutdown or in a forked
  * child (reported naming the caller, what), or the start-up error. */
-cudaError_t reclaimer_enter(const char *what);
+cudaError_t lifecycle_enter(const char *what);
 
 /* Any thread, between enter and leave.  Hands e to the reclaimer (which now
  * owns it) and wakes it if it sleeps.  Never blocks. */
-void reclaimer_push(struct entry *e);
+void lifecycle_push(struct entry *e);
 
-/* Any thread, after a successful reclaimer_enter. */
-void reclaimer_leave(void);
+/* Any thread, after a successful lifecycle_enter. */
+void lifecycle_leave(void);
 
 /* Any thread, even a graph's destructor (no CUDA call): wake the reclaimer
  * if it sleeps.  Never blocks for long. */
-void reclaimer_wake(void);
+void lifecycle_wake(void);
 
 /* Any thread, between enter and leave.  Hands the synced entry e (see
  * entry.h: no event, its stream already synchronized) to the reclaimer and
  * blocks until the reclaimer has finished it, behind the earlier entries of
  * its stream; on the reclaimer thread (a callback) it only pushes e, which
  * then runs after the callback. */
-void reclaimer_push_and_wait(struct entry *e);
+void lifecycle_push_and_wait(struct entry *e);
 
 /* Any thread, between enter and leave: the configuration in force, and the
  * sticky error of a device (cudaSuccess if none; cudaErrorInvalidDevice for
  * a device the reclaimer does not know). */
-const struct defer_config *reclaimer_config(void);
-cudaError_t reclaimer_device_error(int device);
+const struct defer_config *lifecycle_config(void);
+cudaError_t lifecycle_device_error(int device);
 
 /* Any thread but the reclaimer.  Blocks until everything pushed before the
  * call has been released or has failed.  Returns cudaSuccess, the error of a
  * failed device, or cudaErrorNotPermitted (on the reclaimer thread, after
  * shutdown, in a forked child). */
-cudaError_t reclaimer_flush(void);
+cudaError_t lifecycle_flush(void);
 
 /* Any thread but the reclaimer.  Blocks while the reclaimer polls every
  * stream once and releases every completed entry, whatever the policy;
  * *bytes (if not NULL) gets the bytes released.  Errors as for flush. */
-cudaError_t reclaimer_trim(size_t *bytes);
+cudaError_t lifecycle_trim(size_t *bytes);
 
 /* Any thread but the reclaimer.  Refuses new submissions, drains, stops and
  * joins the thread.  Blocks.  A second call returns cudaSuccess. */
-cudaError_t reclaimer_shutdown(void);
+cudaError_t lifecycle_shutdown(void);
 
 #endif
