@@ -542,6 +542,7 @@ def main(argv=None):
         "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
         "side_stream": args.side_stream,
         "ms_per_step": first["ms_per_step"],
+        "enqueue_ms_per_step": first["enqueue_ms_per_step"],
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],
         "losses": first["losses"], "losses_sha256": first["losses_sha256"],
@@ -558,6 +559,7 @@ def main(argv=None):
         result["side_sha256"] = first["side_sha256"]
     if args.allocator in USES_CUDEFER:
         result["cudefer_stats"] = first["cudefer_stats"]
+        result["cudefer_per_step"] = first["cudefer_per_step"]
     if args.ddp:
         result["ms_per_step_ranks"] = [r["ms_per_step"] for r in ranks]
         result["peak_mib_ranks"] = peaks
