@@ -7,7 +7,7 @@
 #   4. t/gpu/run-sanitizers.sh: the GPU suite under compute-sanitizer
 #      (memcheck, racecheck), with the time left.
 # Run it from the top of the build tree (the unpacked tarball), e.g.
-#   tar xzf cudefer-0.1.0.tar.gz && cd cudefer-0.1.0 && \
+#   tar xzf cudefer-0.2.0.tar.gz && cd cudefer-0.2.0 && \
 #     bash t/gpu/run-reliability.sh /tmp/out
 # STAGES="build check soak sanitizers" picks stages (a later stage needs
 # the build).  Everything goes to OUTDIR: header.txt, configure.log,
