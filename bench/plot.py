@@ -44,12 +44,15 @@ def load(path):
         if reps:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             sys.dont_write_bytecode = True
-            import run
+            import run_facts
+            import run_summary
+            import run_workloads
             results = {}
             for r in reps:
                 results.setdefault((r['workload'], r['strategy']), []).append(r)
-            facts = {k: reps[0][k] for k in run.RUN_FACTS + ('device',) if k in reps[0]}
-            rows = run.summarize(run.WORKLOADS, results, facts)
+            facts = {k: reps[0][k] for k in run_facts.RUN_FACTS + ('device',) if k in reps[0]}
+            rows = run_summary.summarize(run_workloads.WORKLOADS, results,
+                                         facts)
     latest = {}
     for r in rows:
         latest[(r['workload'], r['strategy'])] = r

@@ -20,6 +20,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 import run  # noqa: E402
+import run_facts  # noqa: E402
+import run_matrix  # noqa: E402
+import run_process  # noqa: E402
+import run_summary  # noqa: E402
+import run_workloads  # noqa: E402
 
 # One fake answers for all three C programs.  Done time: limit 100 ms, the
 # floor 110, cudefer 105, others 150 (rep adds 1 each).  FAKE_FAIL=label
@@ -127,32 +132,32 @@ def read_jsonl(path):
 # ---- the tests ---------------------------------------------------------------
 
 def test_parse_variant():
-    v = run.parse_variant('poll10=CUDEFER_POLL_US=10,CUDEFER_X=a=b')
+    v = run_workloads.parse_variant('poll10=CUDEFER_POLL_US=10,CUDEFER_X=a=b')
     assert (v.name, v.base) == ('poll10', 'cudefer'), v.__dict__
     assert v.env == {'CUDEFER_POLL_US': '10', 'CUDEFER_X': 'a=b'}, v.env
-    v = run.parse_variant('cap1g:malloc-defer=CUDEFER_MAX_PENDING=1G')
+    v = run_workloads.parse_variant('cap1g:malloc-defer=CUDEFER_MAX_PENDING=1G')
     assert (v.name, v.base) == ('cap1g', 'malloc-defer')
     for bad in ('x', 'x=', 'cudefer=A=1', 'a b=A=1', 'x:nosuch=A=1', 'x=1A=2', 'x=A'):
         try:
-            run.parse_variant(bad)
+            run_workloads.parse_variant(bad)
         except ValueError:
             continue
         raise AssertionError('accepted ' + bad)
 
 
 def test_statistics():
-    assert run.median_min_max([3, None, 1, float('nan'), 2, True]) == (2, 1, 3)
-    assert run.median_min_max([None]) == (None, None, None)
-    assert run.median_min_max([1, 2]) == (1.5, 1, 2)
-    assert run.last_json_object('x\n{"a": 1}\nnoise {\n{"b": 2}\n\n') == {'b': 2}
-    assert run.last_json_object('{"a": 1}\n{broken') is None
-    assert run.last_json_object('') is None
+    assert run_summary.median_min_max([3, None, 1, float('nan'), 2, True]) == (2, 1, 3)
+    assert run_summary.median_min_max([None]) == (None, None, None)
+    assert run_summary.median_min_max([1, 2]) == (1.5, 1, 2)
+    assert run_process.last_json_object('x\n{"a": 1}\nnoise {\n{"b": 2}\n\n') == {'b': 2}
+    assert run_process.last_json_object('{"a": 1}\n{broken') is None
+    assert run_process.last_json_object('') is None
 
 
 def test_child_env():
     os.environ['CUDEFER_STRAY'] = '1'
     try:
-        env = run.child_env(run.Strategy('v', 'cudefer', {'CUDEFER_POLL_US': '5'}))
+        env = run_process.child_env(run_workloads.Strategy('v', 'cudefer', {'CUDEFER_POLL_US': '5'}))
     finally:
         del os.environ['CUDEFER_STRAY']
     assert 'CUDEFER_STRAY' not in env and env['CUDEFER_POLL_US'] == '5'
@@ -162,8 +167,8 @@ def test_child_env():
 def test_plan_order():
     o = run.parse_args(['--strategies', 'cudefer,inline-async', '--reps', '2',
                         '--variant', 'v=CUDEFER_A=1', '--variant', 'm:malloc-defer=B=2'])
-    w = {x.name: x for x in run.WORKLOADS}
-    r = run.Runner(o, [w['W1'], w['W6'], w['train-cnn']], o.variants, '/b', {}, None)
+    w = {x.name: x for x in run_workloads.WORKLOADS}
+    r = run_matrix.Runner(o, [w['W1'], w['W6'], w['train-cnn']], o.variants, '/b', {}, None)
     assert [s.name for s in r.rows(w['W1'])] == \
         ['limit', 'malloc-never-free', 'inline-async', 'cudefer', 'v'], r.rows(w['W1'])
     assert [s.name for s in r.rows(w['W6'])] == ['no-library', 'cudefer', 'v']
@@ -191,8 +196,8 @@ def test_bad_options():
 
 def test_ratios_and_fallback():
     o = run.parse_args(['--reps', '2'])
-    wl = next(x for x in run.WORKLOADS if x.name == 'W1')
-    r = run.Runner(o, [wl], [], '/b', {}, io.StringIO())
+    wl = next(x for x in run_workloads.WORKLOADS if x.name == 'W1')
+    r = run_matrix.Runner(o, [wl], [], '/b', {}, io.StringIO())
     def rec(strategy, rep, done, ok=True):
         x = dict(record='rep', workload='W1', strategy=strategy, rep=rep, ok=ok,
                  done_ms=done, released_ms=done)
@@ -212,7 +217,7 @@ def test_ratios_and_fallback():
 
 def test_run_child_timeout_kills_group():
     t0 = time.monotonic()
-    status, out, err, secs = run.run_child(
+    status, out, err, secs = run_process.run_child(
         ['sh', '-c', 'sleep 60 & echo started; wait'], dict(os.environ), 1)
     assert status is None and 'started' in out and time.monotonic() - t0 < 20
 
@@ -318,17 +323,17 @@ def test_driver_version():
                    'UTC 2025\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0)\n')
     closed = ('NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 '
               '01:15:15 UTC 2023\nGCC version:  gcc version 12.3.0\n')
-    assert run.parse_driver_version(open_module) == '580.95.05'
-    assert run.parse_driver_version(closed) == '535.104.05'
-    assert run.parse_driver_version('NVRM version: NVIDIA UNIX Open Kernel Module for '
+    assert run_facts.parse_driver_version(open_module) == '580.95.05'
+    assert run_facts.parse_driver_version(closed) == '535.104.05'
+    assert run_facts.parse_driver_version('NVRM version: NVIDIA UNIX Open Kernel Module for '
                                     'aarch64  570.86.10') == '570.86.10'
-    assert run.parse_driver_version('no driver here') is None
+    assert run_facts.parse_driver_version('no driver here') is None
     tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
     try:
         path = os.path.join(tmp, 'version')
         with open(path, 'w') as f:
             f.write(open_module)
-        assert run.driver_version(path) == '580.95.05'
+        assert run_facts.driver_version(path) == '580.95.05'
     finally:
         shutil.rmtree(tmp)
 

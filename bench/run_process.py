@@ -1,0 +1,85 @@
+"""bench/run_process.py: one run of bench/run.py in a fresh process: its
+environment, the time limit (the whole process group is killed), its JSON
+answer, and what of its stderr is shown.  Python standard library only."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+def last_json_object(text):
+    """The last line of text that is a JSON object, as a dict, or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith('{'):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                return None
+            return obj if isinstance(obj, dict) else None
+    return None
+
+
+def last_json_list(text):
+    """The last line of text, parsed as a JSON list, or None."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    try:
+        obj = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return obj if isinstance(obj, list) else None
+
+
+def run_child(cmd, env, timeout):
+    """Run cmd in its own process group; kill the group after timeout s.
+    Returns (exit status or None when timed out, stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                start_new_session=True, universal_newlines=True,
+                                errors='replace')
+    except OSError as e:
+        return -1, '', 'cannot start %s: %s\n' % (cmd[0], e), 0.0
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        status = proc.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        status = None
+    return status, out, err, time.monotonic() - t0
+
+
+def child_env(strategy):
+    """The environment of a child: no CUDEFER_* but the variant's own (a
+    library setting is read once per process; the default row must see the
+    defaults)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith('CUDEFER_')}
+    env.update(strategy.env)
+    return env
+
+
+def progress(msg):
+    sys.stderr.write(msg + '\n')
+    sys.stderr.flush()
+
+
+def echo_stderr(err, failed, cmd, env):
+    """What a child said that matters: its notes and cudefer's messages, or
+    on failure its last lines and the command to repeat it."""
+    lines = [l for l in err.splitlines() if l.strip()]
+    if failed:
+        shown = lines[-15:]
+        shown.append('command: ' + ' '.join(
+            ['%s=%s' % (k, shlex.quote(v)) for k, v in env.items()] +
+            [shlex.quote(c) for c in cmd]))
+    else:
+        shown = [l for l in lines if 'note:' in l or l.startswith('cudefer')]
+    for line in shown:
+        progress('    ' + line)
