@@ -446,9 +446,18 @@ def run_rank(rank, world, args, prep, port):
         torch.cuda.synchronize(device)
     window_start = (cudefer_torch.stats(prep["lib"])
                     if args.allocator in USES_CUDEFER else None)
+    # At each timed step's start: how many earlier steps the GPU has not
+    # finished.  About 0: the GPU waits for the launching thread (the CPU
+    # sets the pace, so allocator calls cost time); 1 or more: the CPU runs
+    # ahead and the GPU sets the pace.
+    step_done = []
+    behind = 0
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
+        behind += sum(1 for e in step_done[-8:] if not e.query())
         step(i)
+        step_done.append(torch.cuda.Event())
+        step_done[-1].record()
     enqueued = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
@@ -462,6 +471,7 @@ def run_rank(rank, world, args, prep, port):
         # The CPU's time to enqueue the timed steps: close to ms_per_step
         # when the launching thread, not the GPU, sets the pace.
         "enqueue_ms_per_step": enqueued * 1000.0 / args.steps,
+        "gpu_steps_behind": behind / args.steps,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
         "weights_sha256": params_sha256(model),
@@ -543,6 +553,7 @@ def main(argv=None):
         "side_stream": args.side_stream,
         "ms_per_step": first["ms_per_step"],
         "enqueue_ms_per_step": first["enqueue_ms_per_step"],
+        "gpu_steps_behind": first["gpu_steps_behind"],
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],
         "losses": first["losses"], "losses_sha256": first["losses_sha256"],

@@ -33,22 +33,34 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
     return block_pool_malloc(device, *size, stream, ptr, pooled);
 }
 
-/* A request missed: the device's FREE pool blocks (free before before_ns,
- * so none that turned free during the search) go back to the pool, in
- * stream order on the request's stream, so their memory serves this request
- * whatever its size.  Their work is done: nothing waits. */
-static void hand_back_free_blocks(int device, cudaStream_t stream,
-                                  uint64_t before_ns)
+/* A request for bytes missed.  When the device's pool lacks that much
+ * memory, the oldest FREE pool blocks (free before before_ns, so none that
+ * turned free during the search) go back to it, in stream order on the
+ * request's stream, until it has enough: their memory then serves this
+ * request whatever its size, and the pool does not grow while the cache
+ * holds memory nobody asks for.  Only what is lacking goes back: the rest
+ * stays cached for the requests that follow (handing back more made every
+ * later request of those sizes miss too).  Their work is done: nothing
+ * waits. */
+static void hand_back_free_blocks(int device, size_t bytes,
+                                  cudaStream_t stream, uint64_t before_ns)
 {
+    if (!block_pool_exists(device))
+        return;
+    size_t need = block_cache_round(bytes), slack = block_pool_slack(device);
+    size_t lacking = need > slack ? need - slack : 0;
     struct cache_block *batch[64];
     size_t n;
-    while ((n = block_cache_collect(device, before_ns, true, batch, 64)) > 0) {
+    while (lacking > 0 && (n = block_cache_collect(device, before_ns, true,
+                                                   batch, 64, lacking)) > 0) {
         for (size_t i = 0; i < n; i++) {
-            cudaError_t err = cudaFreeAsync(batch[i]->ptr, stream);
+            struct cache_block *b = batch[i];
+            cudaError_t err = block_pool_free(device, b->ptr, b->size, stream);
             if (err != cudaSuccess)
                 report_cuda("defer_alloc", "cudaFreeAsync", err,
                             "; a free block is lost to the pool");
-            block_cache_forget(batch[i]);
+            lacking = b->size < lacking ? lacking - b->size : 0;
+            block_cache_forget(b);
         }
         stats_add(&stats.cache_releases, n);
     }
@@ -90,7 +102,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
     if (*ptr == NULL)
-        hand_back_free_blocks(*device, stream, before);
+        hand_back_free_blocks(*device, bytes, stream, before);
     return cudaSuccess;
 }
 

@@ -566,15 +566,16 @@ bool block_cache_adopt(void *ptr)
 
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
                            bool pool_only, struct cache_block **out,
-                           size_t max)
+                           size_t max, size_t max_bytes)
 {
     if (device < 0 || device >= ncaches)
         return 0;
     struct device_cache *c = cache_of(device);
-    size_t n = 0;
+    size_t n = 0, bytes = 0;
     pthread_mutex_lock(&c->lock);
     struct cache_block *b = c->lru_head;
-    while (b != NULL && n < max && b->freed_ns <= freed_before_ns) {
+    while (b != NULL && n < max && bytes < max_bytes &&
+           b->freed_ns <= freed_before_ns) {
         struct cache_block *next = b->lru_next;
         /* Not while an old entry still names it. */
         if (b->events == 0 && (b->pool || !pool_only)) {
@@ -583,6 +584,7 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
             block_map_remove(b);
             stats_sub(&stats.cache_free_bytes, b->size);
             stats_sub(&stats.cache_bytes, b->size);
+            bytes += b->size;
             out[n++] = b;
         }
         b = next;

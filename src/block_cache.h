@@ -17,8 +17,10 @@
  *   FREE     its work is done: reusable by any stream of its device.
  * A FREE block that nobody took for cache_keep_ms is released on the
  * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
- * every FREE block on defer_trim and shutdown; a request that misses hands
- * the FREE pool blocks back to the pool first (memory of any size).
+ * every FREE block on defer_trim and shutdown.  A request that misses, when
+ * the pool lacks the memory for it, hands the oldest FREE pool blocks back
+ * to the pool first (memory of any size), as many as it lacks: the pool
+ * does not grow while the cache holds memory nobody uses.
  *
  * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
  * classes per power of two (at most 6.25 % more), from 512 bytes; a request
@@ -168,15 +170,16 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
  * room) when not NULL; how many (0 when ptr is no such block). */
 size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
 
-/* Reclaimer (and, for pool blocks only, a request that missed).  Removes up
- * to max FREE blocks of device that became free at or before
- * freed_before_ns (UINT64_MAX: all), oldest first, only pool blocks when
- * pool_only, into out; the caller releases each (cudaFreeAsync for pool
- * blocks, else cudaFree) and gives it to block_cache_forget.  Returns how
- * many. */
+/* Reclaimer (and, for pool blocks only, a request that missed).  Removes
+ * FREE blocks of device that became free at or before freed_before_ns
+ * (UINT64_MAX: all), oldest first, only pool blocks when pool_only, into
+ * out: at most max of them, and no more once their sizes add up to
+ * max_bytes (SIZE_MAX: no such limit).  The caller releases each
+ * (block_pool_free for pool blocks, else cudaFree) and gives it to
+ * block_cache_forget.  Returns how many. */
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
                            bool pool_only, struct cache_block **out,
-                           size_t max);
+                           size_t max, size_t max_bytes);
 void block_cache_forget(struct cache_block *block);
 
 /* Reclaimer.  When the oldest FREE block of device became free

@@ -14,6 +14,7 @@ enum { POOL_UNTRIED, POOL_READY, POOL_NONE };
 struct pool {
     _Atomic int state;
     cudaMemPool_t pool;
+    _Atomic uint64_t held; /* bytes of blocks taken and not handed back */
 };
 
 static struct pool *pools;
@@ -106,7 +107,41 @@ cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
                 : malloc_on(device, ptr, bytes);
     if (err == cudaErrorMemoryAllocation)
         cudaGetLastError(); /* not sticky: clear it for the caller */
+    else if (err == cudaSuccess && *pooled)
+        atomic_fetch_add(&pools[device].held, bytes);
     return err;
+}
+
+cudaError_t block_pool_free(int device, void *ptr, size_t bytes,
+                            cudaStream_t stream)
+{
+    cudaError_t err = cudaFreeAsync(ptr, stream);
+    if (device >= 0 && device < npools)
+        atomic_fetch_sub(&pools[device].held, bytes);
+    return err;
+}
+
+cudaError_t block_pool_free_sync(int device, void *ptr, size_t bytes)
+{
+    cudaError_t err = cudaFree(ptr);
+    if (device >= 0 && device < npools)
+        atomic_fetch_sub(&pools[device].held, bytes);
+    return err;
+}
+
+size_t block_pool_slack(int device)
+{
+    if (!block_pool_exists(device))
+        return 0;
+    uint64_t reserved = 0;
+    if (cudaMemPoolGetAttribute(pools[device].pool,
+                                cudaMemPoolAttrReservedMemCurrent,
+                                &reserved) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    uint64_t held = atomic_load(&pools[device].held);
+    return reserved > held ? (size_t)(reserved - held) : 0;
 }
 
 bool block_pool_exists(int device)

@@ -31,6 +31,23 @@ cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
 /* Any thread: whether device has a pool (it was used for blocks). */
 bool block_pool_exists(int device);
 
+/* Any thread.  Hands a block of bytes from device's pool back to it,
+ * ordered on stream (cudaFreeAsync: its memory serves the next request on
+ * stream at once, any stream once stream reached the free).  Returns
+ * cudaFreeAsync's error (the block is then lost to the pool). */
+cudaError_t block_pool_free(int device, void *ptr, size_t bytes,
+                            cudaStream_t stream);
+/* The same with cudaFree (which drains the device), for a caller that has
+ * no stream to order the free on. */
+cudaError_t block_pool_free_sync(int device, void *ptr, size_t bytes);
+
+/* Any thread.  The memory device's pool holds but no block uses: what it
+ * has reserved from CUDA less the blocks taken from it and not handed
+ * back.  A request of at most this many bytes is likely served without the
+ * pool growing (fragmentation aside).  0 without a pool or when the pool
+ * cannot say; never blocks on the GPU. */
+size_t block_pool_slack(int device);
+
 /* Reclaimer (device current), after pool blocks were handed back on
  * stream: releases the pool's unused memory to CUDA once that stream
  * reached the frees.  Returns the bytes the pool had reserved beyond what

@@ -42,13 +42,17 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
         uint64_t released = 0;
         size_t n;
         cudaStream_t async = reclaimer_free_stream(d);
-        while ((n = block_cache_collect(d, before, false, batch, 64)) > 0) {
+        while ((n = block_cache_collect(d, before, false, batch, 64,
+                                        SIZE_MAX)) > 0) {
             for (size_t i = 0; i < n; i++) {
                 /* Pool blocks go back to the pool at no cost; others (no
                  * pool could be made) drain the device. */
-                cudaError_t err = batch[i]->pool && async != NULL
-                                      ? cudaFreeAsync(batch[i]->ptr, async)
-                                      : cudaFree(batch[i]->ptr);
+                struct cache_block *b = batch[i];
+                cudaError_t err =
+                    !b->pool ? cudaFree(b->ptr)
+                    : async != NULL
+                        ? block_pool_free(d, b->ptr, b->size, async)
+                        : block_pool_free_sync(d, b->ptr, b->size);
                 if (err == cudaSuccess) {
                     released++;
                     rs.pass_released_bytes += batch[i]->size;

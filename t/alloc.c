@@ -262,25 +262,48 @@ static void test_groups(cudaStream_t s, cudaStream_t s2)
        "they go back to the cache, not to cudaFree");
 }
 
-/* A request that no cached block fits hands the device's free blocks back
- * to the pool first (cudaFreeAsync, no drain): their memory then serves any
- * size. */
+/* A request that no cached block fits.  When the pool has the memory
+ * unused, it serves the request and the cache keeps its free blocks; when
+ * it lacks it, the oldest free blocks go back to the pool (cudaFreeAsync,
+ * no drain), as many as the request lacks, and the others stay cached. */
 static void test_miss_hands_back(cudaStream_t s)
 {
-    void *big = NULL, *small = NULL;
-    alloc_checked(&big, 1 << 20, s);
-    defer_free(big, s);
-    defer_flush(); /* its work done: FREE */
+    size_t trimmed = 0;
+    defer_trim(&trimmed); /* the pool reserves what is in use, no more */
+    void *a = NULL, *b = NULL, *c = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    alloc_checked(&c, 1 << 20, s);
+    void *order[] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        defer_free(order[i], s);
+        defer_flush(); /* its work done: FREE, a the oldest */
+    }
     uint64_t releases = stats_now().cache_releases;
     unsigned long frees = fake_calls(FAKE_FREE);
     unsigned long async = fake_calls(FAKE_FREE_ASYNC);
-    alloc_checked(&small, 256 << 10, s);
-    ok(small != big && fake_is_released(big) == 1,
-       "a miss gives the free 1 MiB block back to the pool");
-    ok(fake_calls(FAKE_FREE_ASYNC) - async >= 1 && fake_calls(FAKE_FREE) == frees,
+    void *e = NULL;
+    alloc_checked(&e, 3 << 19, s); /* 1.5 MiB: no free block fits */
+    ok(fake_is_released(a) == 1 && fake_is_released(b) == 1,
+       "a miss the pool cannot serve gives the two oldest free 1 MiB blocks "
+       "back to it");
+    ok(fake_is_released(c) == 0, "the block it does not need stays cached");
+    ok(fake_calls(FAKE_FREE_ASYNC) - async == 2 && fake_calls(FAKE_FREE) == frees,
        "with cudaFreeAsync, never cudaFree");
-    ok(stats_now().cache_releases > releases, "counted as released");
-    defer_free(small, s);
+    ok(stats_now().cache_releases == releases + 2, "counted as released");
+    void *g = NULL;
+    alloc_checked(&g, 1 << 20, s);
+    ok(g == c, "and serves a request of its size");
+    /* The pool keeps 0.5 MiB it does not lend (3 reserved, 2.5 lent). */
+    defer_free(g, s);
+    defer_flush();
+    void *h = NULL;
+    alloc_checked(&h, 256 << 10, s);
+    ok(h != c && fake_is_released(c) == 0 &&
+           stats_now().cache_releases == releases + 2,
+       "a miss the pool can serve takes no block from the cache");
+    defer_free(e, s);
+    defer_free(h, s);
 }
 
 static void test_double_free(cudaStream_t s)

@@ -205,7 +205,7 @@ static void test_devices_and_collect(void)
     uint64_t oldest = block_cache_oldest_free_ns(1);
     ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
     struct cache_block *out[8];
-    size_t n = block_cache_collect(1, UINT64_MAX, false, out, 8);
+    size_t n = block_cache_collect(1, UINT64_MAX, false, out, 8, SIZE_MAX);
     is_int(n, 2, "collect takes the FREE blocks no entry names");
     ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
        "and removes them from the map");
@@ -213,9 +213,9 @@ static void test_devices_and_collect(void)
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
     named->events--;
-    is_int(block_cache_collect(1, 0, false, out, 8), 0,
+    is_int(block_cache_collect(1, 0, false, out, 8, SIZE_MAX), 0,
            "nothing became free before time 0... ");
-    n = block_cache_collect(1, UINT64_MAX, false, out, 8);
+    n = block_cache_collect(1, UINT64_MAX, false, out, 8, SIZE_MAX);
     is_int(n, 1, "once unnamed it goes too");
     block_cache_forget(out[0]);
 }
@@ -242,7 +242,7 @@ static void test_pool_only(void)
     block_cache_adopt(ADDR(12));
     block_cache_adopt(ADDR(13));
     struct cache_block *out[64];
-    size_t n = block_cache_collect(0, UINT64_MAX, true, out, 64);
+    size_t n = block_cache_collect(0, UINT64_MAX, true, out, 64, SIZE_MAX);
     int pools = 1;
     for (size_t i = 0; i < n; i++)
         pools &= out[i]->pool;

@@ -96,6 +96,8 @@ static void reset_locked(int ndev)
     memset(fake.touched, 0, sizeof fake.touched);
     memset(fake.app_touched, 0, sizeof fake.app_touched);
     memset(fake.devused, 0, sizeof fake.devused);
+    memset(fake.pool_used, 0, sizeof fake.pool_used);
+    memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
     memset(fake.inj, 0, sizeof fake.inj);
     memset(fake.calls, 0, sizeof fake.calls);
     memset(fake.legacy, 0, sizeof fake.legacy);

@@ -127,6 +127,7 @@ struct falloc {
     size_t size;
     int dev;
     enum alloc_kind kind;
+    int own_pool;                 /* from cudaMallocFromPoolAsync */
     int released;
     struct fake_work **users;     /* work that uses it (pruned when done) */
     size_t nusers, capusers;
@@ -141,6 +142,10 @@ struct fake_state {
     unsigned gen;                 /* bumped by each reset (thread state) */
     int ndev;
     size_t devmem[FAKE_MAX_DEVICES], devused[FAKE_MAX_DEVICES];
+    /* Pools of cudaMemPoolCreate (one per device): bytes allocated from
+     * them and not freed, and what they reserved (the most they were ever
+     * used since the last trim: the release threshold is kept). */
+    size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
     int touched[FAKE_MAX_DEVICES], app_touched[FAKE_MAX_DEVICES];
     struct fstream *legacy[FAKE_MAX_DEVICES];
     struct fstream **streams;     /* index = id - stream_base */

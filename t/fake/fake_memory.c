@@ -163,6 +163,8 @@ static cudaError_t release(const char *fn, void *p, int host,
     fake.live_allocs--;
     if (a->kind != A_HOST)
         fake.devused[a->dev] -= a->size;
+    if (a->own_pool)
+        fake.pool_used[a->dev] -= a->size;
     return cudaSuccess;
 }
 
@@ -322,7 +324,10 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 
 /* Memory pools: a pool is only its device (the handle encodes it); its
  * allocations are pool memory like cudaMallocAsync's.  Attributes are
- * accepted and read as 0; a trim does nothing (no memory is reserved). */
+ * accepted; reading them gives the pool's used and reserved bytes (the
+ * reserved memory grows with use and shrinks on a trim only, as with the
+ * release threshold cudefer sets; no fragmentation is modeled), 0 for the
+ * others. */
 #define FAKE_POOL_BASE 0x7e000
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
@@ -363,11 +368,17 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
 {
     if (pool_device(pool) < 0 || value == NULL)
         return cudaErrorInvalidValue;
+    int dev = pool_device(pool);
+    fake_lock();
     switch (attr) {
-    case cudaMemPoolAttrReleaseThreshold:
     case cudaMemPoolAttrReservedMemCurrent:
-    case cudaMemPoolAttrReservedMemHigh:
+        *(uint64_t *)value = fake.pool_reserved[dev];
+        break;
     case cudaMemPoolAttrUsedMemCurrent:
+        *(uint64_t *)value = fake.pool_used[dev];
+        break;
+    case cudaMemPoolAttrReleaseThreshold:
+    case cudaMemPoolAttrReservedMemHigh:
     case cudaMemPoolAttrUsedMemHigh:
         *(uint64_t *)value = 0;
         break;
@@ -375,13 +386,22 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
         *(int *)value = 0;
         break;
     }
+    fake_unlock();
     return cudaSuccess;
 }
 
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
 {
-    (void)minBytesToKeep;
-    return pool_device(pool) >= 0 ? cudaSuccess : cudaErrorInvalidValue;
+    int dev = pool_device(pool);
+    if (dev < 0)
+        return cudaErrorInvalidValue;
+    fake_lock();
+    size_t keep = minBytesToKeep > fake.pool_used[dev] ? minBytesToKeep
+                                                       : fake.pool_used[dev];
+    if (fake.pool_reserved[dev] > keep)
+        fake.pool_reserved[dev] = keep;
+    fake_unlock();
+    return cudaSuccess;
 }
 
 /* Allocate pool memory from pool (its device), ordered on hStream; counted
@@ -399,7 +419,14 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
-    return fake_leave(device_alloc(devPtr, size, dev, A_POOL));
+    cudaError_t err = device_alloc(devPtr, size, dev, A_POOL);
+    if (err == cudaSuccess && size > 0) {
+        fake_alloc_find(*devPtr, 1)->own_pool = 1;
+        fake.pool_used[dev] += size;
+        if (fake.pool_reserved[dev] < fake.pool_used[dev])
+            fake.pool_reserved[dev] = fake.pool_used[dev];
+    }
+    return fake_leave(err);
 }
 
 /* Allocate pinned host memory (a fake address too: never dereference). */
