@@ -74,6 +74,9 @@ static void take_request(struct request *q)
      * after its entries were abandoned. */
     for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
         q->err = device_error(d);
+    /* Someone waits: every stream's head is queried this pass, and backs
+     * off no further than poll_max_us while requests wait. */
+    stream_table_poll_all_soon(&rs.streams, rs.cfg.poll_max_us);
     if (q->trim) {
         q->next = rs.trims;
         rs.trims = q;
@@ -365,8 +368,12 @@ void reclaimer_take_in(struct entry *e)
         event_done(e, cudaSuccess, now_ns());
         return;
     }
-    if (stream_table_append(&rs.streams, e)) {
+    if (stream_table_append(&rs.streams, e, now_ns())) {
         rs.incomplete++;
+        /* Its caller synchronized the stream and now waits: the entries
+         * before it are complete, so look at once. */
+        if (e->synced)
+            stream_table_poll_all_soon(&rs.streams, rs.cfg.poll_max_us);
         return;
     }
     /* Out of memory for a FIFO: wait for this one entry here. */
@@ -420,7 +427,8 @@ static void abandon_failed_devices(void)
         /* Popping the last entry removes f and moves another FIFO to i. */
         while (rs.streams.count > i && rs.streams.fifos[i] == f) {
             rs.incomplete--;
-            event_done(stream_table_pop(&rs.streams, f), err, now_ns());
+            event_done(stream_table_pop(&rs.streams, f, now_ns()), err,
+                       now_ns());
         }
     }
     for (int d = 0; d < rs.ndevices; d++) {
@@ -435,14 +443,28 @@ static void abandon_failed_devices(void)
     }
 }
 
-/* Poll the oldest entries of every stream; returns how many completed. */
+/* Whether someone waits for the reclaimer (a flush, a trim, the stop). */
+static bool demand_now(void)
+{
+    return rs.flushes != NULL || rs.trims != NULL || atomic_load(&rs.stop);
+}
+
+/* Poll the oldest entries of every stream whose head is due (stream_table.h:
+ * a head that stayed incomplete backs off); returns how many completed.  An
+ * entry is queried only once every entry before it on its stream was seen
+ * complete, so a pass costs one query per due stream plus one per entry
+ * that completed. */
 static size_t poll_streams(uint64_t now)
 {
     size_t done = 0;
-    bool any_failed = false;
+    bool any_failed = false, demand = demand_now();
     for (size_t i = 0; i < rs.streams.count;) {
         struct stream_fifo *f = rs.streams.fifos[i];
         bool emptied = false;
+        if (!stream_table_due(f, now)) {
+            i++;
+            continue;
+        }
         while (!emptied && device_error(f->device) == cudaSuccess &&
                reclaimer_use_device(f->device)) {
             /* A synced entry (no event) is complete once it heads its FIFO. */
@@ -451,8 +473,11 @@ static size_t poll_streams(uint64_t now)
                 err = cudaEventQuery(f->head->event);
                 stats_add(&stats.event_queries, 1);
             }
-            if (err == cudaErrorNotReady)
+            if (err == cudaErrorNotReady) {
+                stream_table_backoff(f, now, rs.cfg.poll_us,
+                                     rs.cfg.poll_max_us, demand);
                 break;
+            }
             if (err != cudaSuccess) {
                 /* Never completion: a sticky error poisons the device. */
                 reclaimer_fail_device(f->device, "cudaEventQuery", err);
@@ -461,7 +486,7 @@ static size_t poll_streams(uint64_t now)
             emptied = f->head == f->tail;
             rs.incomplete--;
             done++;
-            event_done(stream_table_pop(&rs.streams, f), cudaSuccess, now);
+            event_done(stream_table_pop(&rs.streams, f, now), cudaSuccess, now);
         }
         any_failed |= device_error(f->device) != cudaSuccess;
         if (!emptied)
@@ -507,7 +532,7 @@ struct policy_view reclaimer_view_now(uint64_t now)
         .now_ns = now,
         .last_activity_ns = rs.last_activity_ns,
         .work_pending = rs.incomplete > 0,
-        .demand = rs.flushes != NULL || rs.trims != NULL || atomic_load(&rs.stop),
+        .demand = demand_now(),
     };
 }
 
@@ -675,10 +700,14 @@ void *reclaimer_main(void *unused)
     enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&relaxed);
     rs.nap_us = rs.cfg.poll_us;
+    bool stop_seen = false;
     for (;;) {
         /* Read once, first: the pass that ends the loop has seen it all
          * through (the cache is emptied only by a pass that knew). */
         bool stopping = atomic_load(&rs.stop);
+        if (stopping && !stop_seen) /* the drain waits: look at once */
+            stream_table_poll_all_soon(&rs.streams, rs.cfg.poll_max_us);
+        stop_seen = stopping;
         capture_poll();
         size_t arrived = take_pushed();
         uint64_t now = now_ns();

@@ -66,7 +66,8 @@ static bool grow(struct stream_table *t)
 }
 
 static struct stream_fifo *find_or_add(struct stream_table *t, int device,
-                                       unsigned long long stream_id)
+                                       unsigned long long stream_id,
+                                       uint64_t now_ns)
 {
     size_t b = bucket_of(t, device, stream_id);
     for (struct stream_fifo *f = t->buckets[b]; f != NULL; f = f->hash_next)
@@ -83,15 +84,17 @@ static struct stream_fifo *find_or_add(struct stream_table *t, int device,
     else if ((f = malloc(sizeof *f)) == NULL)
         return NULL;
     *f = (struct stream_fifo){.stream_id = stream_id, .device = device,
-                              .hash_next = t->buckets[b], .index = t->count};
+                              .hash_next = t->buckets[b], .index = t->count,
+                              .head_since_ns = now_ns};
     t->buckets[b] = f;
     t->fifos[t->count++] = f;
     return f;
 }
 
-bool stream_table_append(struct stream_table *t, struct entry *e)
+bool stream_table_append(struct stream_table *t, struct entry *e,
+                         uint64_t now_ns)
 {
-    struct stream_fifo *f = find_or_add(t, e->device, e->stream_id);
+    struct stream_fifo *f = find_or_add(t, e->device, e->stream_id, now_ns);
     if (f == NULL)
         return false;
     e->fifo_next = NULL;
@@ -117,14 +120,46 @@ static void remove_fifo(struct stream_table *t, struct stream_fifo *f)
     t->spare = f;
 }
 
-struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo)
+struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
+                               uint64_t now_ns)
 {
     struct entry *e = fifo->head;
     fifo->head = e->fifo_next;
+    /* A new head: its wait starts now, and it is queried at once (the work
+     * before it just completed; it may have too). */
+    fifo->head_since_ns = now_ns;
+    fifo->due_ns = 0;
+    fifo->backoff_us = 0;
     if (fifo->head == NULL) {
         fifo->tail = NULL;
         remove_fifo(t, fifo);
     }
     e->fifo_next = NULL;
     return e;
+}
+
+void stream_table_backoff(struct stream_fifo *fifo, uint64_t now_ns,
+                          uint32_t min_us, uint32_t max_us, bool demand)
+{
+    uint64_t waited_us = now_ns > fifo->head_since_ns
+                             ? (now_ns - fifo->head_since_ns) / 1000
+                             : 0;
+    uint64_t cap = !demand && waited_us / 16 > max_us ? waited_us / 16 : max_us;
+    uint64_t wait = fifo->backoff_us == 0 ? min_us : 2 * (uint64_t)fifo->backoff_us;
+    if (wait > cap)
+        wait = cap;
+    if (wait > UINT32_MAX)
+        wait = UINT32_MAX;
+    fifo->backoff_us = (uint32_t)wait;
+    fifo->due_ns = now_ns + wait * 1000;
+}
+
+void stream_table_poll_all_soon(struct stream_table *t, uint32_t max_us)
+{
+    for (size_t i = 0; i < t->count; i++) {
+        struct stream_fifo *f = t->fifos[i];
+        f->due_ns = 0;
+        if (f->backoff_us > max_us)
+            f->backoff_us = max_us;
+    }
 }

@@ -3,12 +3,17 @@
  * the reclaimer thread alone (no locks).  Events recorded on one stream
  * complete in order, so only the oldest entry of each FIFO needs polling.
  * A FIFO exists only while it holds entries.
+ *
+ * Each FIFO also keeps its poll schedule (issue 13, item 4): a head that
+ * stays incomplete is queried less and less often, so entries waiting
+ * behind long work cost a few queries each, not one per reclaimer pass.
  */
 #ifndef CUDEFER_STREAM_TABLE_H
 #define CUDEFER_STREAM_TABLE_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "entry.h"
 
@@ -18,6 +23,11 @@ struct stream_fifo {
     struct entry *head, *tail;
     struct stream_fifo *hash_next;
     size_t index; /* position in stream_table.fifos */
+    /* The poll schedule of the head (monotonic ns; see stream_table_due,
+     * stream_table_backoff). */
+    uint64_t head_since_ns; /* when the head became the head */
+    uint64_t due_ns;        /* not queried before this (0: at once) */
+    uint32_t backoff_us;    /* the last wait after an incomplete query */
 };
 
 struct stream_table {
@@ -33,12 +43,36 @@ bool stream_table_init(struct stream_table *t);
 void stream_table_destroy(struct stream_table *t);
 
 /* Reclaimer only.  Appends e to the FIFO of (e->device, e->stream_id),
- * creating it if needed.  Returns false when out of memory (e not added). */
-bool stream_table_append(struct stream_table *t, struct entry *e);
+ * creating it if needed (its head then is e, due at once, since now_ns).
+ * Returns false when out of memory (e not added). */
+bool stream_table_append(struct stream_table *t, struct entry *e,
+                         uint64_t now_ns);
 
-/* Reclaimer only.  Removes and returns the head of fifo; when that empties
- * it, the FIFO leaves the table (the caller's fifo pointer goes stale and the
- * last FIFO moves into its index). */
-struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo);
+/* Reclaimer only.  Removes and returns the head of fifo; the next entry
+ * becomes the head, due at once, since now_ns.  When that empties it, the
+ * FIFO leaves the table (the caller's fifo pointer goes stale and the last
+ * FIFO moves into its index). */
+struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
+                               uint64_t now_ns);
+
+/* Reclaimer only.  Whether fifo's head should be queried at now_ns. */
+static inline bool stream_table_due(const struct stream_fifo *fifo,
+                                    uint64_t now_ns)
+{
+    return now_ns >= fifo->due_ns;
+}
+
+/* Reclaimer only.  fifo's head was queried at now_ns and is incomplete:
+ * wait longer before the next query.  The wait doubles from min_us up to
+ * the larger of max_us and 1/16 of how long the head has waited (only
+ * max_us while someone waits, demand: a flush or trim), so a stream held
+ * back for T costs about 20 + 16 ln(T / 16 max_us) queries, and a head is
+ * seen complete at most 1/16 of its wait late (max_us at first). */
+void stream_table_backoff(struct stream_fifo *fifo, uint64_t now_ns,
+                          uint32_t min_us, uint32_t max_us, bool demand);
+
+/* Reclaimer only.  Every head is due at once, its wait capped at max_us (a
+ * flush or trim waits: completions must be seen soon). */
+void stream_table_poll_all_soon(struct stream_table *t, uint32_t max_us);
 
 #endif
