@@ -36,11 +36,23 @@ static cudaError_t reject(const char *what, const char *call, cudaError_t err)
     return err;
 }
 
-/* Device and id of stream (stream_identity.h). */
-static cudaError_t identify(cudaStream_t stream, int *device,
-                            unsigned long long *id, const char **failed)
+/* Device and id of stream (stream_identity.h).  exact: never a stale
+ * cached identity (callbacks, which keep an order per stream). */
+static cudaError_t identify(cudaStream_t stream, bool exact, int *device,
+                            unsigned long long *id, bool *cached,
+                            const char **failed)
+{
+    return exact ? stream_identity_lookup_exact(stream, device, id, cached,
+                                                failed)
+                 : stream_identity_lookup(stream, device, id, cached, failed);
+}
+
+/* The identity of stream, looked up afresh (a cached one proved stale). */
+static cudaError_t identify_again(cudaStream_t stream, int *device,
+                                  unsigned long long *id, const char **failed)
 {
     bool cached;
+    stream_identity_forget(stream);
     return stream_identity_lookup(stream, device, id, &cached, failed);
 }
 
@@ -48,16 +60,15 @@ static cudaError_t identify(cudaStream_t stream, int *device,
  * sticky error, *failed naming it).  A cached identity whose device failed
  * is looked up again first: the handle may now name a stream of a healthy
  * device (issue 12, item 13). */
-static cudaError_t identify_usable(cudaStream_t stream, int *device,
-                                   unsigned long long *id, bool *cached,
-                                   const char **failed)
+static cudaError_t identify_usable(cudaStream_t stream, bool exact,
+                                   int *device, unsigned long long *id,
+                                   bool *cached, const char **failed)
 {
-    cudaError_t err =
-        stream_identity_lookup(stream, device, id, cached, failed);
+    cudaError_t err = identify(stream, exact, device, id, cached, failed);
     if (err == cudaSuccess && *cached &&
         lifecycle_device_error(*device) != cudaSuccess) {
-        stream_identity_forget();
-        err = stream_identity_lookup(stream, device, id, cached, failed);
+        *cached = false;
+        err = identify_again(stream, device, id, failed);
     }
     if (err == cudaSuccess &&
         (err = lifecycle_device_error(*device)) != cudaSuccess)
@@ -118,8 +129,9 @@ static bool queue_synced_call(const struct request_args *a,
 {
     int device;
     unsigned long long id;
+    bool cached;
     const char *call;
-    if (identify(stream, &device, &id, &call) != cudaSuccess)
+    if (identify(stream, true, &device, &id, &cached, &call) != cudaSuccess)
         return false;
     struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
     if (e == NULL)
@@ -308,7 +320,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
     int device;
     unsigned long long id;
     bool cached = false;
-    err = identify_usable(stream, &device, &id, &cached, &call);
+    err = identify_usable(stream, a->kind == ENTRY_CALL, &device, &id, &cached,
+                          &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     struct request_args block_args;
@@ -330,8 +343,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     struct entry *e = record(a, stream, device, id, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
-        stream_identity_forget();
-        if ((err = identify(stream, &device, &id, &call)) != cudaSuccess)
+        if ((err = identify_again(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
         e = record(a, stream, device, id, &err, &call, &no_event);
     }
@@ -405,10 +417,10 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         int device;
         unsigned long long id;
         bool no_event = false, cached = false;
-        if (a->kind == ENTRY_CALL) /* ordered per stream: look up afresh */
-            stream_identity_forget();
-        if ((err = identify_usable(streams[made], &device, &id, &cached,
-                                   &call)) != cudaSuccess)
+        /* Callbacks are ordered per stream: never a stale identity. */
+        if ((err = identify_usable(streams[made], a->kind == ENTRY_CALL,
+                                   &device, &id, &cached, &call)) !=
+            cudaSuccess)
             break;
         const struct request_args *part = made == 0 ? a : &member;
         parts[made] = record(part, streams[made], device, id, &err, &call,
@@ -417,8 +429,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             err == cudaErrorInvalidResourceHandle) {
             /* The cached identity may be stale: look again, once, as the
              * single-stream path does (issue 12, item 9). */
-            stream_identity_forget();
-            if ((err = identify(streams[made], &device, &id, &call)) !=
+            if ((err = identify_again(streams[made], &device, &id, &call)) !=
                 cudaSuccess)
                 break;
             if ((err = lifecycle_device_error(device)) != cudaSuccess) {
@@ -540,11 +551,11 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
         report("defer_call: fn is NULL: refused");
         return cudaErrorInvalidValue;
     }
+    /* Callbacks are ordered per stream: their stream's identity is checked
+     * (stream_identity_lookup_exact), since a cached one may name a
+     * destroyed stream whose handle was reused. */
     struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
                              .fn = fn, .arg = arg};
-    /* Callbacks are ordered per stream: look the stream up afresh (a cached
-     * identity may name a destroyed stream whose handle was reused). */
-    stream_identity_forget();
     return submit(&a, stream);
 }
 

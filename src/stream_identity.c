@@ -1,45 +1,121 @@
-/* Stream identity, with a one-stream cache per thread (see the header). */
+/* Stream identity, with a small cache per thread (see the header). */
 #include "stream_identity.h"
 
-/* The last created stream this thread asked about.  A stream handle can be
- * destroyed and its value reused; then recording on it fails (another
- * device) and the caller forgets this and asks again, or an entry joins the
- * old stream's FIFO, which only delays it: every entry waits for its own
- * event. */
-static _Thread_local struct {
+#include <stdint.h>
+
+/* A 4-way set-associative cache of 16 sets: a thread that round-robins 16
+ * streams (W6) or alternates a few streams and stream 0 (PyTorch) finds
+ * them all, at a few compares a look-up. */
+#define SETS 16
+#define WAYS 4
+#define NO_DEVICE (-1) /* the key of a created stream: any current device */
+
+struct slot {
     cudaStream_t handle;
+    int key_device; /* special handles: the current device; else NO_DEVICE */
     int device;
     unsigned long long id;
     bool valid;
-} last_stream;
+};
+
+static _Thread_local struct {
+    struct slot set[SETS][WAYS];
+    unsigned char next[SETS]; /* the way replaced next (round robin) */
+} cache;
+
+/* The set of (handle, key_device): the top bits of a multiplicative hash
+ * (handles are aligned pointers or small constants). */
+static unsigned set_of(cudaStream_t handle, int key_device)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)handle ^
+                  ((uint64_t)(unsigned)key_device << 40)) *
+                 UINT64_C(0x9e3779b97f4a7c15);
+    return (unsigned)(h >> 60) & (SETS - 1);
+}
+
+static struct slot *find(cudaStream_t handle, int key_device)
+{
+    struct slot *set = cache.set[set_of(handle, key_device)];
+    for (int w = 0; w < WAYS; w++)
+        if (set[w].valid && set[w].handle == handle &&
+            set[w].key_device == key_device)
+            return &set[w];
+    return NULL;
+}
+
+static void store(cudaStream_t handle, int key_device, int device,
+                  unsigned long long id)
+{
+    unsigned s = set_of(handle, key_device);
+    struct slot *slot = find(handle, key_device);
+    if (slot == NULL) {
+        slot = &cache.set[s][cache.next[s]];
+        cache.next[s] = (unsigned char)((cache.next[s] + 1) % WAYS);
+    }
+    *slot = (struct slot){.handle = handle, .key_device = key_device,
+                          .device = device, .id = id, .valid = true};
+}
+
+/* Both look-ups.  exact: a cached identity is checked by its id. */
+static cudaError_t lookup(cudaStream_t stream, bool exact, int *device,
+                          unsigned long long *id, bool *cached,
+                          const char **failed)
+{
+    *cached = false;
+    int key_device = NO_DEVICE;
+    cudaError_t err;
+    if (stream_is_special(stream) &&
+        (err = cudaGetDevice(&key_device)) != cudaSuccess) {
+        *failed = "cudaGetDevice";
+        return err;
+    }
+    struct slot *slot = find(stream, key_device);
+    bool have_id = false;
+    if (slot != NULL && exact) {
+        if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
+            *failed = "cudaStreamGetId";
+            return err;
+        }
+        have_id = true;
+        if (*id != slot->id)
+            slot = NULL; /* stale: the handle names another stream now */
+    }
+    if (slot != NULL) {
+        *device = slot->device;
+        *id = slot->id;
+        *cached = true;
+        return cudaSuccess;
+    }
+    if ((err = cudaStreamGetDevice(stream, device)) != cudaSuccess) {
+        *failed = "cudaStreamGetDevice";
+        return err;
+    }
+    if (!have_id && (err = cudaStreamGetId(stream, id)) != cudaSuccess) {
+        *failed = "cudaStreamGetId";
+        return err;
+    }
+    store(stream, key_device, *device, *id);
+    return cudaSuccess;
+}
 
 cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
                                    unsigned long long *id, bool *cached,
                                    const char **failed)
 {
-    bool special = stream_is_special(stream);
-    *cached = !special && last_stream.valid && last_stream.handle == stream;
-    if (*cached) {
-        *device = last_stream.device;
-        *id = last_stream.id;
-        return cudaSuccess;
-    }
-    cudaError_t err = cudaStreamGetDevice(stream, device);
-    if (err != cudaSuccess) {
-        *failed = "cudaStreamGetDevice";
-        return err;
-    }
-    if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
-        *failed = "cudaStreamGetId";
-        return err;
-    }
-    if (!special)
-        last_stream.handle = stream, last_stream.device = *device,
-        last_stream.id = *id, last_stream.valid = true;
-    return cudaSuccess;
+    return lookup(stream, false, device, id, cached, failed);
 }
 
-void stream_identity_forget(void)
+cudaError_t stream_identity_lookup_exact(cudaStream_t stream, int *device,
+                                         unsigned long long *id, bool *cached,
+                                         const char **failed)
 {
-    last_stream.valid = false;
+    return lookup(stream, true, device, id, cached, failed);
+}
+
+void stream_identity_forget(cudaStream_t stream)
+{
+    for (int s = 0; s < SETS; s++)
+        for (int w = 0; w < WAYS; w++)
+            if (cache.set[s][w].handle == stream)
+                cache.set[s][w].valid = false;
 }

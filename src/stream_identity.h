@@ -11,18 +11,33 @@
 #include <stdbool.h>
 #include <cuda_runtime_api.h>
 
-/* Any thread; never blocks.  Device and id of stream.  The last created
- * stream this thread asked about is cached (special handles, which depend on
- * the caller's thread and current device, never are); *cached says whether
- * the answer came from that cache.  On failure, the error with *failed
- * naming the call. */
+/* Any thread; never blocks.  Device and id of stream.  Each thread caches
+ * the identities of the last 64 or so handles it asked about (issue 13,
+ * item 3): a created stream by its handle; a special handle, which names
+ * the caller's stream on its current device, by the handle and the current
+ * device (one cudaGetDevice call).  *cached says whether the answer came
+ * from the cache.  On failure, the error with *failed naming the call.
+ * A destroyed stream's handle may come back for a new stream: a cached
+ * identity is then stale.  Recording on it fails when the new stream is on
+ * another device (the caller forgets it and asks again); otherwise an entry
+ * joins the old stream's FIFO, which only delays it (every entry waits for
+ * its own event).  Callbacks, which keep an order per stream, ask with
+ * stream_identity_lookup_exact. */
 cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
                                    unsigned long long *id, bool *cached,
                                    const char **failed);
 
-/* Any thread: forget this thread's cached identity (it proved stale: a
- * destroyed stream's handle now names another stream). */
-void stream_identity_forget(void);
+/* Any thread; never blocks.  As stream_identity_lookup, but never stale: a
+ * cached identity is checked with one cudaStreamGetId call (a stream's id
+ * is unique for the life of the process) and looked up afresh if it
+ * changed. */
+cudaError_t stream_identity_lookup_exact(cudaStream_t stream, int *device,
+                                         unsigned long long *id, bool *cached,
+                                         const char **failed);
+
+/* Any thread: forget this thread's cached identities of stream (they proved
+ * stale: a destroyed stream's handle now names another stream). */
+void stream_identity_forget(cudaStream_t stream);
 
 /* True for 0, cudaStreamLegacy and cudaStreamPerThread. */
 static inline bool stream_is_special(cudaStream_t stream)

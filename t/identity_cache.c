@@ -1,0 +1,203 @@
+/* The launching thread's stream identities (issue 13, item 3): a thread
+ * that round-robins 16 streams, or frees on stream 0 (as PyTorch does),
+ * looks each stream up once, not at every call; stream 0 and
+ * cudaStreamPerThread still mean the stream of the caller's current device
+ * and thread; a callback's stream is checked with one cudaStreamGetId
+ * (callbacks keep an order per stream), never two look-up calls. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "helpers.h"
+
+#define RR 16
+#define ROUNDS 8
+
+/* Look-up calls since the last mark. */
+static unsigned long base_get_device, base_get_id;
+
+static void mark(void)
+{
+    base_get_device = fake_calls(FAKE_STREAM_GET_DEVICE);
+    base_get_id = fake_calls(FAKE_STREAM_GET_ID);
+}
+
+static unsigned long get_device_calls(void)
+{
+    return fake_calls(FAKE_STREAM_GET_DEVICE) - base_get_device;
+}
+
+static unsigned long get_id_calls(void)
+{
+    return fake_calls(FAKE_STREAM_GET_ID) - base_get_id;
+}
+
+/* defer_free round robin over 16 streams: after the first round, no
+ * look-up call at all. */
+static void test_round_robin_free(void)
+{
+    cudaStream_t s[RR];
+    void *p[ROUNDS][RR];
+    for (int i = 0; i < RR; i++)
+        s[i] = stream_new();
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < RR; i++)
+            p[r][i] = device_alloc(64);
+    bool refused = false;
+    for (int i = 0; i < RR; i++)
+        refused |= defer_free(p[0][i], s[i]) != cudaSuccess;
+    mark();
+    for (int r = 1; r < ROUNDS; r++)
+        for (int i = 0; i < RR; i++) {
+            work_timed(s[i], 200, p[r][i]);
+            refused |= defer_free(p[r][i], s[i]) != cudaSuccess;
+        }
+    ok(!refused, "defer_free round robin over %d streams", RR);
+    ok(get_device_calls() == 0 && get_id_calls() == 0,
+       "%d more calls looked up no stream (cudaStreamGetDevice %lu, "
+       "cudaStreamGetId %lu)", (ROUNDS - 1) * RR, get_device_calls(),
+       get_id_calls());
+    is_int(defer_flush(), cudaSuccess, "flush");
+    int released = 0;
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < RR; i++)
+            released += fake_is_released(p[r][i]) == 1;
+    is_int(released, ROUNDS * RR, "all released after their work");
+    for (int i = 0; i < RR; i++)
+        cudaStreamDestroy(s[i]);
+}
+
+static atomic_int order_errors, next_of[RR];
+
+/* Callback of stream (v >> 16), its (v & 0xffff)-th. */
+static void in_order(void *arg)
+{
+    unsigned long v = (unsigned long)arg;
+    if (atomic_fetch_add(&next_of[v >> 16], 1) != (int)(v & 0xffff))
+        atomic_fetch_add(&order_errors, 1);
+}
+
+/* defer_call round robin: one cudaStreamGetId per call (the check of its
+ * cached identity), no cudaStreamGetDevice. */
+static void test_round_robin_call(void)
+{
+    cudaStream_t s[RR];
+    for (int i = 0; i < RR; i++)
+        s[i] = stream_new();
+    bool refused = false;
+    for (int i = 0; i < RR; i++)
+        refused |= defer_call(in_order, (void *)((unsigned long)i << 16),
+                              s[i]) != cudaSuccess;
+    mark();
+    for (int r = 1; r < ROUNDS; r++)
+        for (int i = 0; i < RR; i++) {
+            work_timed(s[i], 100, NULL);
+            refused |= defer_call(in_order,
+                                  (void *)(((unsigned long)i << 16) |
+                                           (unsigned long)r),
+                                  s[i]) != cudaSuccess;
+        }
+    unsigned long calls = (ROUNDS - 1) * RR;
+    ok(!refused, "defer_call round robin over %d streams", RR);
+    ok(get_device_calls() == 0 && get_id_calls() == calls,
+       "%lu more calls: cudaStreamGetDevice %lu times (want 0), "
+       "cudaStreamGetId %lu (want %lu)", calls, get_device_calls(),
+       get_id_calls(), calls);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(atomic_load(&order_errors), 0, "every callback in its stream's order");
+    for (int i = 0; i < RR; i++)
+        cudaStreamDestroy(s[i]);
+}
+
+/* Stream 0 on two devices, in turn: looked up once per device, and each
+ * free waits for the legacy stream of the device current at its call. */
+static void test_stream_zero(void)
+{
+    void *p[2][4];
+    fake_work *w[2];
+    for (int d = 0; d < 2; d++) {
+        cudaSetDevice(d);
+        for (int k = 0; k < 4; k++)
+            p[d][k] = device_alloc(64);
+        w[d] = fake_launch_held(0, p[d], 4);
+    }
+    cudaSetDevice(0);
+    bool refused = false;
+    refused |= defer_free(p[0][0], 0) != cudaSuccess;
+    cudaSetDevice(1);
+    refused |= defer_free(p[1][0], 0) != cudaSuccess;
+    mark();
+    for (int k = 1; k < 4; k++)
+        for (int d = 0; d < 2; d++) {
+            cudaSetDevice(d);
+            refused |= defer_free(p[d][k], 0) != cudaSuccess;
+        }
+    cudaSetDevice(0);
+    ok(!refused, "defer_free on stream 0 of device 0 and device 1, in turn");
+    ok(get_device_calls() == 0 && get_id_calls() == 0,
+       "6 more calls looked up no stream (cudaStreamGetDevice %lu, "
+       "cudaStreamGetId %lu)", get_device_calls(), get_id_calls());
+    sleep_ms(20);
+    fake_complete(w[1]);
+    ok(wait_released(p[1][3], 2000), "device 1's legacy stream done: its "
+       "pointers are released");
+    int held = 0;
+    for (int k = 0; k < 4; k++)
+        held += fake_is_released(p[0][k]) == 0;
+    is_int(held, 4, "device 0's are held: its legacy stream still works");
+    fake_complete(w[0]);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(p[0][3]), 1, "then released");
+}
+
+/* A thread's cudaStreamPerThread is its own, though each thread caches it. */
+struct per_thread {
+    void *p[3];
+    fake_work *w;
+    bool refused;
+};
+
+static void *free_on_per_thread(void *arg)
+{
+    struct per_thread *t = arg;
+    t->w = fake_launch_held(cudaStreamPerThread, t->p, 3);
+    for (int k = 0; k < 3; k++)
+        t->refused |= defer_free(t->p[k], cudaStreamPerThread) != cudaSuccess;
+    return NULL;
+}
+
+static void test_per_thread(void)
+{
+    struct per_thread t[2] = {0};
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 3; k++)
+            t[i].p[k] = device_alloc(64);
+    for (int i = 0; i < 2; i++) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, free_on_per_thread, &t[i]) != 0)
+            bail("pthread_create");
+        pthread_join(th, NULL);
+    }
+    ok(!t[0].refused && !t[1].refused,
+       "two threads free on their cudaStreamPerThread");
+    fake_complete(t[1].w);
+    ok(wait_released(t[1].p[2], 2000), "the second thread's stream is done: "
+       "its pointers are released");
+    ok(fake_is_released(t[0].p[0]) == 0 && fake_is_released(t[0].p[2]) == 0,
+       "the first thread's are held");
+    fake_complete(t[0].w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(t[0].p[2]), 1, "then released");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    test_round_robin_free();
+    test_round_robin_call();
+    test_stream_zero();
+    test_per_thread();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
