@@ -147,6 +147,52 @@ static cudaError_t refuse(const char *what)
     return cudaErrorNotPermitted;
 }
 
+/* The gate (reclaimer_state.h).  A submission counts itself in its
+ * thread's shard and then reads the closed flag; shutdown sets the flag and
+ * then sums the shards.  Both sequentially consistent, so either the
+ * submission sees the gate closed or shutdown sees it counted.  A thread's
+ * shard: threads take shards in turn, once. */
+static _Atomic unsigned gate_next_shard;
+static _Thread_local int gate_my_shard = -1;
+
+static _Atomic uint64_t *gate_shard_count(void)
+{
+    if (gate_my_shard < 0)
+        gate_my_shard =
+            (int)(atomic_fetch_add_explicit(&gate_next_shard, 1,
+                                            memory_order_relaxed) %
+                  GATE_SHARDS);
+    return &rs.gate[gate_my_shard].count;
+}
+
+/* Submissions under way now (a sum over the shards: one that stays under
+ * way while it is read is counted). */
+static uint64_t gate_admitted(void)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < GATE_SHARDS; i++)
+        n += atomic_load(&rs.gate[i].count);
+    return n;
+}
+
+/* Count a submission in the gate; false (not counted) when it is closed. */
+static bool gate_enter(void)
+{
+    _Atomic uint64_t *count = gate_shard_count();
+    atomic_fetch_add(count, 1);
+    if (!atomic_load(&rs.gate_closed))
+        return true;
+    atomic_fetch_sub(count, 1);
+    return false;
+}
+
+/* Forget every admission (fork child: their threads are gone). */
+static void gate_forget_admissions(void)
+{
+    for (int i = 0; i < GATE_SHARDS; i++)
+        atomic_store(&rs.gate[i].count, 0);
+}
+
 /* Admit a submission: count it in the gate unless the gate is closed.  Until
  * the reclaimer runs, the first callers start it under life_lock, holding no
  * admission while they wait for that lock: shutdown and exit take the lock
@@ -155,16 +201,16 @@ static cudaError_t refuse(const char *what)
 cudaError_t lifecycle_enter(const char *what)
 {
     for (;;) {
-        if (atomic_fetch_add(&rs.gate, 1) & GATE_CLOSED) {
+        if (!gate_enter()) {
             /* The drain of a shutdown or exit runs callbacks; they may
              * defer until the reclaimer stops (it finishes what they add
              * before it does; issue 12, item 10). */
             if (on_reclaimer_thread &&
                 atomic_load(&rs.state) == STATE_RUNNING) {
+                atomic_fetch_add(gate_shard_count(), 1);
                 admissions_here++;
                 return cudaSuccess;
             }
-            atomic_fetch_sub(&rs.gate, 1);
             return refuse(what);
         }
         if (atomic_load_explicit(&rs.state, memory_order_acquire) ==
@@ -172,7 +218,7 @@ cudaError_t lifecycle_enter(const char *what)
             admissions_here++;
             return cudaSuccess;
         }
-        atomic_fetch_sub(&rs.gate, 1);
+        atomic_fetch_sub(gate_shard_count(), 1);
         pthread_once(&fork_hook_once, register_fork_hook);
         pthread_mutex_lock(&rs.life_lock);
         cudaError_t err = cudaSuccess;
@@ -194,7 +240,7 @@ cudaError_t lifecycle_enter(const char *what)
 void lifecycle_leave(void)
 {
     admissions_here--;
-    atomic_fetch_sub_explicit(&rs.gate, 1, memory_order_release);
+    atomic_fetch_sub_explicit(gate_shard_count(), 1, memory_order_release);
 }
 
 static void wake(void)
@@ -213,7 +259,10 @@ void lifecycle_wake(void)
 void lifecycle_push(struct entry *e)
 {
     queue_push_mpsc(&rs.queue, &e->node);
-    if (atomic_load(&rs.sleeping))
+    /* Of the threads that find the reclaimer asleep, the one that clears
+     * the flag wakes it; the others need not queue on wake_lock (it takes
+     * everything pushed once it wakes). */
+    if (atomic_load(&rs.sleeping) && atomic_exchange(&rs.sleeping, false))
         wake();
 }
 
@@ -299,7 +348,7 @@ static cudaError_t may_wait(const char *what)
     }
     int state = atomic_load(&rs.state);
     if (state == STATE_FORKED || state == STATE_STOPPED ||
-        (atomic_load(&rs.gate) & GATE_CLOSED))
+        atomic_load(&rs.gate_closed))
         return refuse(what);
     return cudaSuccess;
 }
@@ -342,9 +391,8 @@ cudaError_t lifecycle_trim(size_t *bytes)
  * at first, then naps: a submission blocked in CUDA may take long. */
 static bool close_gate(uint64_t deadline_ns)
 {
-    atomic_fetch_or(&rs.gate, GATE_CLOSED);
-    for (unsigned spins = 0;
-         (atomic_load(&rs.gate) & ~GATE_CLOSED) > admissions_here; spins++) {
+    atomic_store(&rs.gate_closed, true);
+    for (unsigned spins = 0; gate_admitted() > admissions_here; spins++) {
         if (deadline_ns != 0 && now_ns() > deadline_ns)
             return false;
         if (spins < 1000) {
@@ -398,7 +446,7 @@ cudaError_t lifecycle_shutdown(void)
         err = q.err;
         stop_and_join(0);
     } else {
-        atomic_fetch_or(&rs.gate, GATE_CLOSED);
+        atomic_store(&rs.gate_closed, true);
         config_refuse_from_now();
     }
     atomic_store(&rs.state, STATE_STOPPED);
@@ -452,11 +500,12 @@ static void fork_child(void)
     pthread_mutex_init(&rs.life_lock, NULL);
     if (atomic_load(&rs.state) != STATE_RUNNING) {
         /* Admissions of threads that are gone never end. */
-        atomic_fetch_and(&rs.gate, GATE_CLOSED);
+        gate_forget_admissions();
         return;
     }
     atomic_store(&rs.state, STATE_FORKED);
-    atomic_store(&rs.gate, GATE_CLOSED);
+    atomic_store(&rs.gate_closed, true);
+    gate_forget_admissions();
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);

@@ -17,8 +17,10 @@ struct queue_node {
 };
 
 struct queue {
-    struct queue_node stub;            /* stub.next is the first node */
-    _Atomic(struct queue_node *) tail; /* &stub when empty */
+    struct queue_node stub; /* stub.next is the first node */
+    /* &stub when empty.  Every producer exchanges it: on a cache line of its
+     * own, apart from stub.next, which the consumer clears. */
+    _Alignas(64) _Atomic(struct queue_node *) tail;
 };
 
 /* A batch taken from the queue: first..last, linked by next. */

@@ -43,19 +43,31 @@ struct request {
     struct entry marker; /* what travels through the queue */
 };
 
-/* The gate admits submissions: the count of those under way, plus the CLOSED
- * bit once shutdown has begun. */
-#define GATE_CLOSED (UINT64_C(1) << 63)
+/* The gate admits submissions: the count of those under way, spread over
+ * shards (a thread counts in one of them, alone as long as there are no
+ * more threads than shards: no cache line bounces between launching
+ * threads; issue 13, item 4), plus the closed flag once shutdown has begun.
+ * lifecycle.c says how they pair. */
+#define GATE_SHARDS 64
+
+struct gate_shard {
+    _Alignas(64) _Atomic uint64_t count;
+};
 
 /* The one reclaimer's state: rs. */
 struct reclaimer_state {
-    /* Shared with launching threads. */
+    /* Shared with launching threads: what every call reads (state,
+     * gate_closed, device_errors, cfg) apart from what they write (the gate's
+     * shards, the queue) and from what the reclaimer writes (sleeping), each
+     * on cache lines of its own. */
     _Atomic int state;
-    _Atomic uint64_t gate;
-    struct queue queue;
-    _Atomic bool sleeping;
+    _Atomic bool gate_closed;
+    _Alignas(64) struct gate_shard gate[GATE_SHARDS];
+    _Alignas(64) struct queue queue;
+    _Alignas(64) _Atomic bool sleeping;
     _Atomic bool stop;
-    _Atomic cudaError_t *device_errors; /* per device; set once, sticky */
+    _Alignas(64) _Atomic cudaError_t *device_errors; /* per device; set once,
+                                                        sticky */
     int ndevices;
     struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */

@@ -1,0 +1,101 @@
+/* The gate counts submissions in per-thread shards (issue 13, item 4):
+ * with more threads than shards (some share one), defer_shutdown must still
+ * wait for every submission under way and refuse every later one.  80
+ * threads free in a loop, each event record slowed to 200 us so that many
+ * submissions are under way when shutdown closes the gate: every free that
+ * was accepted is released by shutdown's drain, every refused pointer is
+ * still the caller's. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "helpers.h"
+
+#define THREADS 80 /* more than GATE_SHARDS (64) */
+#define PER_THREAD 200
+
+struct freer {
+    pthread_t thread;
+    cudaStream_t stream;
+    void *ptrs[PER_THREAD];
+    cudaError_t err[PER_THREAD];
+    int made;
+};
+
+static struct freer freers[THREADS];
+static atomic_int started;
+
+static void *freer_main(void *arg)
+{
+    struct freer *f = arg;
+    atomic_fetch_add(&started, 1);
+    for (f->made = 0; f->made < PER_THREAD; f->made++) {
+        int i = f->made;
+        work_timed(f->stream, 50, f->ptrs[i]);
+        f->err[i] = defer_free(f->ptrs[i], f->stream);
+        if (f->err[i] != cudaSuccess) {
+            f->made++;
+            break;
+        }
+    }
+    return NULL;
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    for (int t = 0; t < THREADS; t++) {
+        freers[t].stream = stream_new();
+        for (int i = 0; i < PER_THREAD; i++)
+            freers[t].ptrs[i] = device_alloc(64);
+    }
+    /* Start the reclaimer first, so the racers only race the shutdown. */
+    void *first = device_alloc(64);
+    is_int(defer_free(first, 0), cudaSuccess, "defer_free starts cudefer");
+    fake_set_latency(FAKE_EVENT_RECORD, 200000);
+    for (int t = 0; t < THREADS; t++)
+        if (pthread_create(&freers[t].thread, NULL, freer_main, &freers[t]))
+            bail("pthread_create");
+    while (atomic_load(&started) < THREADS)
+        sleep_ms(1);
+    sleep_ms(50);
+    stderr_capture_begin();
+    cudaError_t err = defer_shutdown();
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(freers[t].thread, NULL);
+    stderr_capture_end();
+    fake_set_latency(FAKE_EVENT_RECORD, 0);
+    is_int(err, cudaSuccess, "defer_shutdown while %d threads free", THREADS);
+    int accepted = 0, refused = 0, lost = 0, taken = 0, other = 0;
+    for (int t = 0; t < THREADS; t++)
+        for (int i = 0; i < freers[t].made; i++) {
+            struct freer *f = &freers[t];
+            if (f->err[i] == cudaSuccess) {
+                accepted++;
+                lost += fake_is_released(f->ptrs[i]) != 1;
+            } else if (f->err[i] == cudaErrorNotPermitted) {
+                refused++;
+                taken += fake_is_released(f->ptrs[i]) != 0;
+            } else {
+                other++;
+            }
+        }
+    diag("%d frees accepted, %d refused", accepted, refused);
+    ok(accepted > 0 && refused > 0, "some frees were accepted, the later ones "
+       "refused (%d, %d)", accepted, refused);
+    is_int(other, 0, "no other error");
+    is_int(lost, 0, "every accepted free was released by shutdown's drain");
+    is_int(taken, 0, "every refused pointer is still the caller's");
+    for (int t = 0; t < THREADS; t++) {
+        struct freer *f = &freers[t];
+        cudaStreamSynchronize(f->stream);
+        for (int i = 0; i < PER_THREAD; i++)
+            if (i >= f->made || f->err[i] != cudaSuccess)
+                cudaFree(f->ptrs[i]);
+        cudaStreamDestroy(f->stream);
+    }
+    is_int(fake_is_released(first), 1, "the first free too");
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
