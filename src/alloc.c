@@ -33,36 +33,56 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
     return block_pool_malloc(device, *size, stream, ptr, pooled);
 }
 
-/* A request for bytes missed.  When the device's pool lacks that much
- * memory, the oldest FREE pool blocks (free before before_ns, so none that
- * turned free during the search) go back to it, in stream order on the
- * request's stream, until it has enough: their memory then serves this
- * request whatever its size, and the pool does not grow while the cache
- * holds memory nobody asks for.  Only what is lacking goes back: the rest
- * stays cached for the requests that follow (handing back more made every
- * later request of those sizes miss too).  Their work is done: nothing
- * waits. */
+/* Hand n collected pool blocks of device back to the pool on stream;
+ * returns their bytes.  Records of FREE blocks are forgotten (forget), those
+ * of PENDING ones go with their entries. */
+static size_t give_to_pool(int device, struct cache_block **batch, size_t n,
+                           cudaStream_t stream, bool forget)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct cache_block *b = batch[i];
+        cudaError_t err = block_pool_free(device, b->ptr, b->size, stream);
+        if (err != cudaSuccess)
+            report_cuda("defer_alloc", "cudaFreeAsync", err,
+                        "; a free block is lost to the pool");
+        bytes += b->size;
+        if (forget)
+            block_cache_forget(b);
+    }
+    stats_add(&stats.cache_releases, n);
+    return bytes;
+}
+
+/* A request for bytes on stream (id stream_id) missed.  When the device's
+ * pool lacks that much memory, cached pool blocks go back to it, ordered
+ * on the request's stream, until it has enough: first the oldest FREE ones
+ * (free before before_ns, so none that turned free during the search),
+ * then the oldest ones PENDING on this very stream (freed on it, so a free
+ * ordered on it is safe).  Their memory then serves this request whatever
+ * its size, and the pool does not grow while the cache holds memory nobody
+ * asks for.  Only what is lacking goes back: the rest stays cached for the
+ * requests that follow (handing back every free block made ~700 requests
+ * of a ResNet-50 step miss on the H100).  Nothing waits. */
 static void hand_back_free_blocks(int device, size_t bytes,
-                                  cudaStream_t stream, uint64_t before_ns)
+                                  cudaStream_t stream,
+                                  unsigned long long stream_id,
+                                  uint64_t before_ns)
 {
     if (!block_pool_exists(device))
         return;
     size_t need = block_cache_round(bytes), slack = block_pool_slack(device);
-    size_t lacking = need > slack ? need - slack : 0;
+    size_t lacking = need > slack ? need - slack : 0, n, got;
     struct cache_block *batch[64];
-    size_t n;
     while (lacking > 0 && (n = block_cache_collect(device, before_ns, true,
                                                    batch, 64, lacking)) > 0) {
-        for (size_t i = 0; i < n; i++) {
-            struct cache_block *b = batch[i];
-            cudaError_t err = block_pool_free(device, b->ptr, b->size, stream);
-            if (err != cudaSuccess)
-                report_cuda("defer_alloc", "cudaFreeAsync", err,
-                            "; a free block is lost to the pool");
-            lacking = b->size < lacking ? lacking - b->size : 0;
-            block_cache_forget(b);
-        }
-        stats_add(&stats.cache_releases, n);
+        got = give_to_pool(device, batch, n, stream, true);
+        lacking = got < lacking ? lacking - got : 0;
+    }
+    while (lacking > 0 && (n = block_cache_collect_pending(
+                               device, stream_id, batch, 64, lacking)) > 0) {
+        got = give_to_pool(device, batch, n, stream, false);
+        lacking = got < lacking ? lacking - got : 0;
     }
 }
 
@@ -102,7 +122,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
     if (*ptr == NULL)
-        hand_back_free_blocks(*device, bytes, stream, before);
+        hand_back_free_blocks(*device, bytes, stream, id, before);
     return cudaSuccess;
 }
 

@@ -65,11 +65,13 @@ struct bins {
     uint64_t count;
 };
 
-/* The blocks PENDING on one stream of a device. */
+/* The blocks PENDING on one stream of a device, by size and, through their
+ * lru links, in the order they were freed. */
 struct stream_bins {
     unsigned long long stream_id;
     struct stream_bins *next;
     struct bins bins;
+    struct cache_block *oldest, *newest;
 };
 
 #define STREAM_BUCKETS 64
@@ -170,6 +172,7 @@ static struct stream_bins *stream_bins_get(struct device_cache *c,
     }
     s->stream_id = id;
     s->next = NULL;
+    s->oldest = s->newest = NULL;
     *link = s;
     return s;
 }
@@ -183,6 +186,15 @@ static void stream_unlink(struct device_cache *c, struct cache_block *b)
     if (s == NULL)
         return;
     bins_unlink(&s->bins, b);
+    if (b->lru_prev != NULL)
+        b->lru_prev->lru_next = b->lru_next;
+    else
+        s->oldest = b->lru_next;
+    if (b->lru_next != NULL)
+        b->lru_next->lru_prev = b->lru_prev;
+    else
+        s->newest = b->lru_prev;
+    b->lru_prev = b->lru_next = NULL;
     if (s->bins.count > 0)
         return;
     *stream_slot(c, s->stream_id) = s->next;
@@ -461,8 +473,16 @@ bool block_cache_park(const struct block_free_plan *plan,
          * event like any other block. */
         struct stream_bins *s = stream_bins_get(c, stream_id);
         b->stream = s;
-        if (s != NULL)
+        if (s != NULL) {
             bins_push(&s->bins, b);
+            b->lru_next = NULL;
+            b->lru_prev = s->newest;
+            if (s->newest != NULL)
+                s->newest->lru_next = b;
+            else
+                s->oldest = b;
+            s->newest = b;
+        }
         stats_add(&stats.cache_free_bytes, b->size);
     }
     pthread_mutex_unlock(&c->lock);
@@ -538,7 +558,10 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     b->events--;
     if (b->state == BLOCK_PENDING && b->handout == handout)
         make_free(c, b, now);
+    bool gone = b->state == BLOCK_GONE && b->events == 0;
     pthread_mutex_unlock(&c->lock);
+    if (gone) /* handed back while this entry named it: its record goes now */
+        block_cache_forget(b);
 }
 
 bool block_cache_adopt(void *ptr)
@@ -586,6 +609,37 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
             stats_sub(&stats.cache_bytes, b->size);
             bytes += b->size;
             out[n++] = b;
+        }
+        b = next;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+size_t block_cache_collect_pending(int device, unsigned long long stream_id,
+                                   struct cache_block **out, size_t max,
+                                   size_t max_bytes)
+{
+    if (device < 0 || device >= ncaches)
+        return 0;
+    struct device_cache *c = cache_of(device);
+    size_t n = 0, bytes = 0;
+    pthread_mutex_lock(&c->lock);
+    struct stream_bins *s = *stream_slot(c, stream_id);
+    struct cache_block *b = s != NULL ? s->oldest : NULL;
+    while (b != NULL && n < max && bytes < max_bytes) {
+        struct cache_block *next = b->lru_next;
+        if (b->pool) {
+            bool last = s->bins.count == 1; /* s goes with its last block */
+            stream_unlink(c, b);
+            block_map_remove(b);
+            b->state = BLOCK_GONE;
+            stats_sub(&stats.cache_free_bytes, b->size);
+            stats_sub(&stats.cache_bytes, b->size);
+            bytes += b->size;
+            out[n++] = b;
+            if (last)
+                break;
         }
         b = next;
     }

@@ -14,13 +14,17 @@
  *            complete: reusable at once, but only by a request on S — work
  *            enqueued later on S runs after the work that used it (the rule
  *            cudaMallocAsync pools and PyTorch's caching allocator follow);
- *   FREE     its work is done: reusable by any stream of its device.
+ *   FREE     its work is done: reusable by any stream of its device;
+ *   GONE     handed back to the pool while PENDING (see below): no longer
+ *            cudefer's memory; its record lives until its entry is done.
  * A FREE block that nobody took for cache_keep_ms is released on the
  * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
  * every FREE block on defer_trim and shutdown.  A request that misses, when
  * the pool lacks the memory for it, hands the oldest FREE pool blocks back
- * to the pool first (memory of any size), as many as it lacks: the pool
- * does not grow while the cache holds memory nobody uses.
+ * to the pool first (memory of any size), as many as it lacks, then the
+ * oldest PENDING pool blocks of its own stream (a free ordered on that
+ * stream is as safe as reusing them there): the pool does not grow while
+ * the cache holds memory nobody uses.
  *
  * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
  * classes per power of two (at most 6.25 % more), from 512 bytes; a request
@@ -45,7 +49,14 @@
  * on (defer_free_streams takes at most 64). */
 #define BLOCK_MAX_RECORDED 63
 
-enum block_state { BLOCK_LIVE, BLOCK_FREEING, BLOCK_PENDING, BLOCK_FREE };
+enum block_state {
+    BLOCK_LIVE,
+    BLOCK_FREEING,
+    BLOCK_PENDING,
+    BLOCK_FREE,
+    BLOCK_GONE /* handed back to the pool while PENDING: its record waits
+                  for the entries that name it, nothing else */
+};
 
 struct stream_bins;
 
@@ -181,6 +192,16 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
                            bool pool_only, struct cache_block **out,
                            size_t max, size_t max_bytes);
 void block_cache_forget(struct cache_block *block);
+
+/* A request that missed, on stream stream_id of device.  Removes PENDING
+ * pool blocks of that stream, oldest first, into out, like
+ * block_cache_collect (max, max_bytes); each is GONE: the caller hands its
+ * memory back to the pool, ordered on that very stream, and forgets
+ * nothing (its record goes when the entry that names it is done).  Returns
+ * how many. */
+size_t block_cache_collect_pending(int device, unsigned long long stream_id,
+                                   struct cache_block **out, size_t max,
+                                   size_t max_bytes);
 
 /* Reclaimer.  When the oldest FREE block of device became free
  * (UINT64_MAX: none). */

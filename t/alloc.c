@@ -306,6 +306,37 @@ static void test_miss_hands_back(cudaStream_t s)
     defer_free(h, s);
 }
 
+/* A miss on stream s when the pool lacks memory and nothing is FREE: the
+ * blocks PENDING on s itself go back to the pool, ordered on s (the oracle
+ * checks the free comes after the work that uses them), never those of
+ * another stream. */
+static void test_miss_hands_back_pending(cudaStream_t s, cudaStream_t s2)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    fake_work *wa = work_held(s, a), *wb = work_held(s, b);
+    defer_free(a, s);
+    defer_free(b, s); /* both PENDING on s: their work is held */
+    alloc_checked(&c, 3 << 19, s2);
+    ok(fake_is_released(a) == 0 && fake_is_released(b) == 0,
+       "a miss on another stream leaves s's pending blocks alone");
+    unsigned long async = fake_calls(FAKE_FREE_ASYNC);
+    alloc_checked(&d, 3 << 19, s);
+    ok(fake_is_released(a) == 1 && fake_is_released(b) == 1 &&
+           fake_calls(FAKE_FREE_ASYNC) - async == 2,
+       "a miss on s gives s's pending blocks to the pool, ordered on s");
+    fake_complete(wa);
+    fake_complete(wb);
+    is_int(defer_flush(), cudaSuccess, "their entries complete");
+    ok(fake_is_released(d) == 0 && fake_is_released(c) == 0,
+       "nothing else is released");
+    defer_free(c, s2);
+    defer_free(d, s);
+}
+
 static void test_double_free(cudaStream_t s)
 {
     void *p = NULL;
@@ -695,6 +726,7 @@ int main(void)
     test_recorded_paths(s, s2);
     test_mixed_free_n(s, s2);
     test_miss_hands_back(s);
+    test_miss_hands_back_pending(s, s2);
     test_double_free(s);
     test_double_free_every_path(s, s2);
     test_refused_free_keeps_block(s, s2);

@@ -254,6 +254,53 @@ static void test_pool_only(void)
         block_cache_forget(out[i]);
 }
 
+/* A miss's hand-back of its own stream's PENDING blocks: pool blocks of
+ * that stream only, oldest freed first, no more than the bytes asked for;
+ * their records go once the entries naming them are done. */
+static void test_collect_pending(void)
+{
+    struct block_free_plan plan[4];
+    /* 14, 15, 16: pool blocks freed on stream 7 in this order; 17 a
+     * cudaMalloc block on 7; 18 a pool block on stream 8. */
+    unsigned long long streams[5] = {7, 7, 7, 7, 8};
+    size_t sizes[5] = {4096, 1024, 2048, 4096, 4096};
+    for (int i = 0; i < 5; i++) {
+        ok(block_cache_add(0, ADDR(14 + i), sizes[i], i != 3), "block %d", i);
+        block_cache_plan_free(ADDR(14 + i), 0, streams[i], &plan[i < 4 ? i : 3]);
+        ok(block_cache_park(&plan[i < 4 ? i : 3], streams[i]),
+           "PENDING on its stream");
+    }
+    struct cache_block *b14 = block_map_find(ADDR(14));
+    struct cache_block *b15 = block_map_find(ADDR(15));
+    uint64_t h14 = b14->handout, h15 = b15->handout;
+    struct cache_block *out[8];
+    size_t n = block_cache_collect_pending(0, 7, out, 8, 5000);
+    ok(n == 2 && out[0] == b14 && out[1] == b15,
+       "the oldest PENDING pool blocks of the stream, until the bytes asked "
+       "for are reached");
+    ok(b14->state == BLOCK_GONE && block_map_find(ADDR(14)) == NULL &&
+           block_map_find(ADDR(15)) == NULL,
+       "GONE, out of the map");
+    ok(block_map_find(ADDR(16)) != NULL, "the next one stays");
+    is_int(block_cache_collect_pending(0, 9, out, 8, SIZE_MAX), 0,
+           "another stream has none");
+    n = block_cache_collect_pending(0, 7, out, 8, SIZE_MAX);
+    ok(n == 1 && out[0]->ptr == ADDR(16),
+       "the rest of the stream's pool blocks, not its cudaMalloc block");
+    ok(block_map_find(ADDR(17)) != NULL && block_map_find(ADDR(18)) != NULL,
+       "nor another stream's");
+    struct cache_block *b16 = out[0];
+    uint64_t h16 = b16->handout;
+    /* Their entries complete: the records go (ASan/valgrind see leaks). */
+    block_cache_event_done(b14, h14, true, 1);
+    block_cache_event_done(b15, h15, true, 1);
+    block_cache_event_done(b16, h16, true, 1);
+    void *p = NULL;
+    size_t size = 0;
+    p = block_cache_take(0, 7, 4096, &size);
+    ok(p == ADDR(17), "a request on 7 finds only the block left there");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -267,6 +314,7 @@ int main(void)
     test_devices_and_collect();
     test_stale_record();
     test_pool_only();
+    test_collect_pending();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
