@@ -3,7 +3,9 @@
  * item 3).  Each part is one call, timed alone, --calls times in a row on one
  * stream, after 64 untimed calls: the CUDA calls a defer call may make
  * (cudaStreamIsCapturing, cudaStreamGetDevice, cudaStreamGetId,
- * cudaGetDevice, cudaEventRecord of a pooled event), the clock alone (the
+ * cudaGetDevice, cudaEventCreateWithFlags (what a call pays when no pooled
+ * event is idle, as in W6), cudaEventRecord of a pooled event), the clock
+ * alone (the
  * floor of every timing), defer_free of a cudaMalloc buffer (W5's call),
  * defer_call, and round robin over 16 streams (W6's pattern, one thread)
  * cudaEventRecord and defer_call; then the allocator pairs, each pair timed
@@ -45,6 +47,7 @@ struct bench_stream {
     cudaStream_t stream;
     cudaStream_t rr[RR_STREAMS]; /* the round robin (created streams) */
     cudaEvent_t *events;   /* EVENTS, for cudaEventRecord */
+    cudaEvent_t *made;     /* calls + WARMUP_CALLS, by cudaEventCreate */
     void **bufs;           /* calls + WARMUP_CALLS cudaMalloc buffers */
 };
 
@@ -83,6 +86,11 @@ static cudaError_t part_get_device(struct bench_stream *s, size_t i)
     int d;
     (void)s, (void)i;
     return cudaGetDevice(&d);
+}
+
+static cudaError_t part_event_create(struct bench_stream *s, size_t i)
+{
+    return cudaEventCreateWithFlags(&s->made[i], cudaEventDisableTiming);
 }
 
 static cudaError_t part_event_record(struct bench_stream *s, size_t i)
@@ -196,6 +204,7 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     size_t nbufs = n + WARMUP_CALLS;
     s->events = bench_calloc(EVENTS, sizeof *s->events);
     s->bufs = bench_calloc(nbufs, sizeof *s->bufs);
+    s->made = bench_calloc(nbufs, sizeof *s->made);
     for (size_t i = 0; i < EVENTS; i++)
         CK(cudaEventCreateWithFlags(&s->events[i], cudaEventDisableTiming));
     for (size_t i = 0; i < RR_STREAMS; i++)
@@ -214,6 +223,7 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     time_part(s, "stream_get_device", part_stream_get_device, lat, n);
     time_part(s, "stream_get_id", part_stream_get_id, lat, n);
     time_part(s, "get_device", part_get_device, lat, n);
+    time_part(s, "event_create", part_event_create, lat, n);
     double record = time_part(s, "event_record", part_event_record, lat, n);
     double freeing = time_part(s, "defer_free", part_defer_free, lat, n);
     time_part(s, "defer_call", part_defer_call, lat, n);
@@ -235,6 +245,9 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     CK(defer_flush());
     for (size_t i = 0; i < EVENTS; i++)
         CK(cudaEventDestroy(s->events[i]));
+    for (size_t i = 0; i < nbufs; i++)
+        CK(cudaEventDestroy(s->made[i]));
+    free(s->made);
     for (size_t i = 0; i < RR_STREAMS; i++)
         CK(cudaStreamDestroy(s->rr[i]));
     free(s->events);

@@ -50,7 +50,11 @@ enum defer_policy {
  */
 struct defer_config {
     uint32_t poll_us;           /* first wait between polls (1 us .. 1 s) */
-    uint32_t poll_max_us;       /* backed-off wait while nothing completes (poll_us .. 1 s) */
+    uint32_t poll_max_us;       /* backed-off wait while nothing completes
+                                   (poll_us .. 1 s); a stream whose oldest
+                                   entry has waited T longer than 16 x this
+                                   is polled every T/16, unless a flush or
+                                   trim waits */
     uint32_t idle_us;           /* quiet time before an idle-time release (0 .. 10 s) */
     uint64_t max_pending_bytes; /* held completed bytes above which they are
                                    released even while busy; 0: a quarter of
