@@ -65,13 +65,20 @@ struct bins {
     uint64_t count;
 };
 
+/* A list in the order blocks joined it, through their lru links: a
+ * device's FREE blocks (oldest free first), a stream's PENDING ones (oldest
+ * freed first).  A block is on one such list at most. */
+struct order_list {
+    struct cache_block *oldest, *newest;
+};
+
 /* The blocks PENDING on one stream of a device, by size and, through their
  * lru links, in the order they were freed. */
 struct stream_bins {
     unsigned long long stream_id;
     struct stream_bins *next;
     struct bins bins;
-    struct cache_block *oldest, *newest;
+    struct order_list order;
 };
 
 #define STREAM_BUCKETS 64
@@ -83,7 +90,7 @@ struct device_cache {
     struct stream_bins *streams[STREAM_BUCKETS]; /* streams with PENDING */
     struct stream_bins *spare;                    /* emptied, for reuse */
     int nspare;
-    struct cache_block *lru_head, *lru_tail; /* FREE, oldest first */
+    struct order_list lru; /* FREE, oldest first */
 };
 
 static struct device_cache *caches;
@@ -139,6 +146,32 @@ static struct cache_block *bins_fit(const struct bins *s, int bin, size_t min,
     return NULL;
 }
 
+/* ---- order lists ------------------------------------------------------- */
+
+static void order_append(struct order_list *l, struct cache_block *b)
+{
+    b->lru_next = NULL;
+    b->lru_prev = l->newest;
+    if (l->newest != NULL)
+        l->newest->lru_next = b;
+    else
+        l->oldest = b;
+    l->newest = b;
+}
+
+static void order_unlink(struct order_list *l, struct cache_block *b)
+{
+    if (b->lru_prev != NULL)
+        b->lru_prev->lru_next = b->lru_next;
+    else
+        l->oldest = b->lru_next;
+    if (b->lru_next != NULL)
+        b->lru_next->lru_prev = b->lru_prev;
+    else
+        l->newest = b->lru_prev;
+    b->lru_prev = b->lru_next = NULL;
+}
+
 /* ---- per-device state --------------------------------------------------- */
 
 static struct device_cache *cache_of(int device)
@@ -172,7 +205,7 @@ static struct stream_bins *stream_bins_get(struct device_cache *c,
     }
     s->stream_id = id;
     s->next = NULL;
-    s->oldest = s->newest = NULL;
+    s->order.oldest = s->order.newest = NULL;
     *link = s;
     return s;
 }
@@ -186,15 +219,7 @@ static void stream_unlink(struct device_cache *c, struct cache_block *b)
     if (s == NULL)
         return;
     bins_unlink(&s->bins, b);
-    if (b->lru_prev != NULL)
-        b->lru_prev->lru_next = b->lru_next;
-    else
-        s->oldest = b->lru_next;
-    if (b->lru_next != NULL)
-        b->lru_next->lru_prev = b->lru_prev;
-    else
-        s->newest = b->lru_prev;
-    b->lru_prev = b->lru_next = NULL;
+    order_unlink(&s->order, b);
     if (s->bins.count > 0)
         return;
     *stream_slot(c, s->stream_id) = s->next;
@@ -205,19 +230,6 @@ static void stream_unlink(struct device_cache *c, struct cache_block *b)
     } else {
         free(s);
     }
-}
-
-static void lru_unlink(struct device_cache *c, struct cache_block *b)
-{
-    if (b->lru_prev != NULL)
-        b->lru_prev->lru_next = b->lru_next;
-    else
-        c->lru_head = b->lru_next;
-    if (b->lru_next != NULL)
-        b->lru_next->lru_prev = b->lru_prev;
-    else
-        c->lru_tail = b->lru_prev;
-    b->lru_prev = b->lru_next = NULL;
 }
 
 /* Lock held.  b's work is done: FREE, filed for any stream. */
@@ -232,13 +244,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
     b->nrecorded = 0;
     b->freed_ns = now;
     bins_push(&c->free, b);
-    b->lru_next = NULL;
-    b->lru_prev = c->lru_tail;
-    if (c->lru_tail != NULL)
-        c->lru_tail->lru_next = b;
-    else
-        c->lru_head = b;
-    c->lru_tail = b;
+    order_append(&c->lru, b);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -331,7 +337,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
             stream_unlink(c, b);
         } else {
             bins_unlink(&c->free, b);
-            lru_unlink(c, b);
+            order_unlink(&c->lru, b);
         }
         b->state = BLOCK_LIVE;
         b->nrecorded = 0;
@@ -360,7 +366,7 @@ static void drop_stale(struct cache_block *stale)
         stream_unlink(c, stale);
     } else if (stale->state == BLOCK_FREE) {
         bins_unlink(&c->free, stale);
-        lru_unlink(c, stale);
+        order_unlink(&c->lru, stale);
     }
     if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
         stats_sub(&stats.cache_free_bytes, stale->size);
@@ -475,13 +481,7 @@ bool block_cache_park(const struct block_free_plan *plan,
         b->stream = s;
         if (s != NULL) {
             bins_push(&s->bins, b);
-            b->lru_next = NULL;
-            b->lru_prev = s->newest;
-            if (s->newest != NULL)
-                s->newest->lru_next = b;
-            else
-                s->oldest = b;
-            s->newest = b;
+            order_append(&s->order, b);
         }
         stats_add(&stats.cache_free_bytes, b->size);
     }
@@ -596,14 +596,14 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
     struct device_cache *c = cache_of(device);
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&c->lock);
-    struct cache_block *b = c->lru_head;
+    struct cache_block *b = c->lru.oldest;
     while (b != NULL && n < max && bytes < max_bytes &&
            b->freed_ns <= freed_before_ns) {
         struct cache_block *next = b->lru_next;
         /* Not while an old entry still names it. */
         if (b->events == 0 && (b->pool || !pool_only)) {
             bins_unlink(&c->free, b);
-            lru_unlink(c, b);
+            order_unlink(&c->lru, b);
             block_map_remove(b);
             stats_sub(&stats.cache_free_bytes, b->size);
             stats_sub(&stats.cache_bytes, b->size);
@@ -626,7 +626,7 @@ size_t block_cache_collect_pending(int device, unsigned long long stream_id,
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&c->lock);
     struct stream_bins *s = *stream_slot(c, stream_id);
-    struct cache_block *b = s != NULL ? s->oldest : NULL;
+    struct cache_block *b = s != NULL ? s->order.oldest : NULL;
     while (b != NULL && n < max && bytes < max_bytes) {
         struct cache_block *next = b->lru_next;
         if (b->pool) {
@@ -660,7 +660,7 @@ uint64_t block_cache_oldest_free_ns(int device)
         return UINT64_MAX;
     struct device_cache *c = cache_of(device);
     pthread_mutex_lock(&c->lock);
-    uint64_t t = c->lru_head != NULL ? c->lru_head->freed_ns : UINT64_MAX;
+    uint64_t t = c->lru.oldest != NULL ? c->lru.oldest->freed_ns : UINT64_MAX;
     pthread_mutex_unlock(&c->lock);
     return t;
 }
