@@ -21,16 +21,19 @@ struct pool {
     size_t count;
 };
 
+/* A thread's cache.  Only its thread writes count (plain stores, relaxed):
+ * the idle count reads it, so a take moves no cache line shared with other
+ * threads (issue 13, item 4). */
 struct thread_cache {
     struct entry *head[CACHED_DEVICES];
-    size_t count[CACHED_DEVICES];
+    _Atomic size_t count[CACHED_DEVICES];
     struct thread_cache *next, **prev; /* in the registry */
 };
 
 static struct pool *pools;
 static int pool_count;
 static size_t pool_max_idle;
-static _Atomic size_t idle_total;
+static _Atomic size_t idle_total; /* in the pools (the caches hold more) */
 
 /* Every thread cache, so shutdown can empty them. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -130,6 +133,17 @@ cudaError_t event_pool_init(int ndevices, size_t max_idle)
 
 /* ---- thread caches ------------------------------------------------------- */
 
+/* The owning thread (or anyone, once the owner is gone): set a count. */
+static void set_count(struct thread_cache *tc, int device, size_t n)
+{
+    atomic_store_explicit(&tc->count[device], n, memory_order_relaxed);
+}
+
+static size_t count_of(struct thread_cache *tc, int device)
+{
+    return atomic_load_explicit(&tc->count[device], memory_order_relaxed);
+}
+
 /* Thread exit: the cache goes back to the pools. */
 static void cache_at_thread_exit(void *c)
 {
@@ -141,9 +155,8 @@ static void cache_at_thread_exit(void *c)
     }
     for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
         destroy_chain(pool_push(d, tc->head[d]));
-        atomic_fetch_sub_explicit(&idle_total, tc->count[d], memory_order_relaxed);
         tc->head[d] = NULL;
-        tc->count[d] = 0;
+        set_count(tc, d, 0);
     }
     if (tc->prev != NULL) {
         *tc->prev = tc->next;
@@ -227,15 +240,13 @@ struct entry *event_pool_take(int device, cudaError_t *err,
     if (cache.head[device] == NULL) {
         size_t got;
         cache.head[device] = pool_pop(device, BATCH, &got);
-        cache.count[device] = got;
-        atomic_fetch_add_explicit(&idle_total, got, memory_order_relaxed);
+        set_count(&cache, device, got);
         if (got == 0)
             return create_entry(device, err, call);
     }
     struct entry *e = cache.head[device];
     cache.head[device] = e->fifo_next;
-    cache.count[device]--;
-    atomic_fetch_sub_explicit(&idle_total, 1, memory_order_relaxed);
+    set_count(&cache, device, count_of(&cache, device) - 1);
     e->fifo_next = NULL;
     return e;
 }
@@ -250,8 +261,7 @@ void event_pool_give_unused(struct entry *e)
     }
     e->fifo_next = cache.head[d];
     cache.head[d] = e;
-    cache.count[d]++;
-    atomic_fetch_add_explicit(&idle_total, 1, memory_order_relaxed);
+    set_count(&cache, d, count_of(&cache, d) + 1);
 }
 
 void event_pool_give_chain(int device, struct entry *first)
@@ -267,7 +277,7 @@ void event_pool_destroy_all(void)
             if (tc->head[d] != NULL)
                 free_chain(tc->head[d], cudaSetDevice(d) == cudaSuccess);
             tc->head[d] = NULL;
-            tc->count[d] = 0;
+            set_count(tc, d, 0);
         }
         tc->prev = NULL; /* unlinked: its thread's exit leaves the list be */
     }
@@ -298,10 +308,12 @@ void event_pool_after_fork(void)
                 e->fifo_next = pools[d].head;
                 pools[d].head = e;
                 pools[d].count++;
+                atomic_fetch_add_explicit(&idle_total, 1,
+                                          memory_order_relaxed);
                 e = next;
             }
             tc->head[d] = NULL;
-            tc->count[d] = 0;
+            set_count(tc, d, 0);
         }
 }
 
@@ -315,11 +327,17 @@ void event_pool_abandon(void)
     cache_registered = false;
     for (int d = 0; d < CACHED_DEVICES; d++) {
         cache.head[d] = NULL;
-        cache.count[d] = 0;
+        set_count(&cache, d, 0);
     }
 }
 
 size_t event_pool_idle_count(void)
 {
-    return atomic_load_explicit(&idle_total, memory_order_relaxed);
+    size_t n = atomic_load_explicit(&idle_total, memory_order_relaxed);
+    pthread_mutex_lock(&registry_lock);
+    for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
+        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++)
+            n += count_of(tc, d);
+    pthread_mutex_unlock(&registry_lock);
+    return n;
 }

@@ -1,0 +1,79 @@
+/* The stats' events_in_pool counts every idle event, in the pools and in
+ * each thread's cache, though a thread's take and give no longer touch a
+ * counter shared by all threads (issue 13, item 4): while the threads that
+ * took events live, and after they exit (their caches go back to the pool). */
+#include <pthread.h>
+
+#include "helpers.h"
+
+#define THREADS 4
+#define FIRST 45 /* events made, back in the pool after a flush */
+#define SECOND 10 /* then taken through the thread's cache (batches of 32) */
+#define PER_THREAD (FIRST + SECOND)
+
+static pthread_barrier_t first_done, second_go, freed, checked;
+
+static void free_some(cudaStream_t s, int n)
+{
+    bool refused = false;
+    for (int i = 0; i < n; i++) {
+        void *p = device_alloc(64);
+        work_timed(s, 20, p);
+        refused |= defer_free(p, s) != cudaSuccess;
+    }
+    if (refused)
+        bail("defer_free refused");
+}
+
+static void *freer(void *arg)
+{
+    (void)arg;
+    cudaStream_t s = stream_new();
+    free_some(s, FIRST);
+    pthread_barrier_wait(&first_done);
+    pthread_barrier_wait(&second_go); /* the events are back in the pool */
+    free_some(s, SECOND);
+    pthread_barrier_wait(&freed);
+    pthread_barrier_wait(&checked); /* the main thread counts meanwhile */
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    pthread_barrier_init(&first_done, NULL, THREADS + 1);
+    pthread_barrier_init(&second_go, NULL, THREADS + 1);
+    pthread_barrier_init(&freed, NULL, THREADS + 1);
+    pthread_barrier_init(&checked, NULL, THREADS + 1);
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        if (pthread_create(&th[t], NULL, freer, NULL) != 0)
+            bail("pthread_create");
+    pthread_barrier_wait(&first_done);
+    is_int(defer_flush(), cudaSuccess, "flush of the first frees");
+    pthread_barrier_wait(&second_go);
+    pthread_barrier_wait(&freed);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    struct defer_stats st = stats_now();
+    is_int(st.released, THREADS * PER_THREAD, "every free released");
+    ok(st.events_created >= FIRST && st.events_created <= THREADS * FIRST,
+       "%llu events made, the second frees took pooled ones",
+       ULL(st.events_created));
+    is_int(st.events_in_pool, st.events_created,
+           "all idle while the threads live: in the pool or their caches");
+    is_int(fake_live_events(), st.events_created, "the fake agrees");
+    pthread_barrier_wait(&checked);
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    st = stats_now();
+    is_int(st.events_in_pool, st.events_created,
+           "all idle once the threads exited (their caches went to the pool)");
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(stats_now().events_in_pool, 0, "none after shutdown");
+    is_int(fake_live_events(), 0, "every event destroyed");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
