@@ -1,0 +1,108 @@
+/* The pool behind the block cache (src/block_pool.h), end to end with the
+ * reclaimer: what a miss hands back to the pool (only what the pool lacks:
+ * the oldest free blocks, then those pending on the request's own stream),
+ * and defer_trim.  The oracle checks every hand-out and every free. */
+#include "helpers.h"
+
+/* A request that no cached block fits.  When the pool has the memory
+ * unused, it serves the request and the cache keeps its free blocks; when
+ * it lacks it, the oldest free blocks go back to the pool (cudaFreeAsync,
+ * no drain), as many as the request lacks, and the others stay cached. */
+static void test_miss_hands_back(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed); /* the pool reserves what is in use, no more */
+    void *a = NULL, *b = NULL, *c = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    alloc_checked(&c, 1 << 20, s);
+    void *order[] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        defer_free(order[i], s);
+        defer_flush(); /* its work done: FREE, a the oldest */
+    }
+    uint64_t releases = stats_now().cache_releases;
+    unsigned long frees = fake_calls(FAKE_FREE);
+    unsigned long async = fake_calls(FAKE_FREE_ASYNC);
+    void *e = NULL;
+    alloc_checked(&e, 3 << 19, s); /* 1.5 MiB: no free block fits */
+    ok(fake_is_released(a) == 1 && fake_is_released(b) == 1,
+       "a miss the pool cannot serve gives the two oldest free 1 MiB blocks "
+       "back to it");
+    ok(fake_is_released(c) == 0, "the block it does not need stays cached");
+    ok(fake_calls(FAKE_FREE_ASYNC) - async == 2 && fake_calls(FAKE_FREE) == frees,
+       "with cudaFreeAsync, never cudaFree");
+    ok(stats_now().cache_releases == releases + 2, "counted as released");
+    void *g = NULL;
+    alloc_checked(&g, 1 << 20, s);
+    ok(g == c, "and serves a request of its size");
+    /* The pool keeps 0.5 MiB it does not lend (3 reserved, 2.5 lent). */
+    defer_free(g, s);
+    defer_flush();
+    void *h = NULL;
+    alloc_checked(&h, 256 << 10, s);
+    ok(h != c && fake_is_released(c) == 0 &&
+           stats_now().cache_releases == releases + 2,
+       "a miss the pool can serve takes no block from the cache");
+    defer_free(e, s);
+    defer_free(h, s);
+}
+
+/* A miss on stream s when the pool lacks memory and nothing is FREE: the
+ * blocks PENDING on s itself go back to the pool, ordered on s (the oracle
+ * checks the free comes after the work that uses them), never those of
+ * another stream. */
+static void test_miss_hands_back_pending(cudaStream_t s, cudaStream_t s2)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    fake_work *wa = work_held(s, a), *wb = work_held(s, b);
+    defer_free(a, s);
+    defer_free(b, s); /* both PENDING on s: their work is held */
+    alloc_checked(&c, 3 << 19, s2);
+    ok(fake_is_released(a) == 0 && fake_is_released(b) == 0,
+       "a miss on another stream leaves s's pending blocks alone");
+    unsigned long async = fake_calls(FAKE_FREE_ASYNC);
+    alloc_checked(&d, 3 << 19, s);
+    ok(fake_is_released(a) == 1 && fake_is_released(b) == 1 &&
+           fake_calls(FAKE_FREE_ASYNC) - async == 2,
+       "a miss on s gives s's pending blocks to the pool, ordered on s");
+    fake_complete(wa);
+    fake_complete(wb);
+    is_int(defer_flush(), cudaSuccess, "their entries complete");
+    ok(fake_is_released(d) == 0 && fake_is_released(c) == 0,
+       "nothing else is released");
+    defer_free(c, s2);
+    defer_free(d, s);
+}
+
+static void test_trim(cudaStream_t s)
+{
+    void *p = NULL;
+    alloc_checked(&p, 1 << 20, s);
+    defer_free(p, s);
+    defer_flush();
+    size_t bytes = 0;
+    is_int(defer_trim(&bytes), cudaSuccess, "defer_trim");
+    ok(bytes >= (1 << 20), "releases the free blocks (%zu bytes)", bytes);
+    ok(fake_is_released(p) == 1, "with cudaFree");
+}
+
+int main(void)
+{
+    plan_lazy();
+    /* No age limit: a slow run (sanitizers) must not see the application's
+     * memory released for its age while a test expects it held. */
+    set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");
+    fake_reset(1);
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    test_miss_hands_back(s);
+    test_miss_hands_back_pending(s, s2);
+    test_trim(s);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released or reused early");
+    return 0;
+}
