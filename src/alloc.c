@@ -33,22 +33,18 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
     return block_pool_malloc(device, *size, stream, ptr, pooled);
 }
 
-/* Hand n collected pool blocks of device back to the pool on stream;
- * returns their bytes.  Records of FREE blocks are forgotten (forget), those
- * of PENDING ones go with their entries. */
-static size_t give_to_pool(int device, struct cache_block **batch, size_t n,
-                           cudaStream_t stream, bool forget)
+/* Hand the memory of n blocks that left the cache back to device's pool,
+ * ordered on stream; returns their bytes. */
+static size_t give_to_pool(int device, const struct block_memory *m,
+                           size_t n, cudaStream_t stream)
 {
     size_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
-        struct cache_block *b = batch[i];
-        cudaError_t err = block_pool_free(device, b->ptr, b->size, stream);
+        cudaError_t err = block_pool_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess)
             report_cuda("defer_alloc", "cudaFreeAsync", err,
                         "; a free block is lost to the pool");
-        bytes += b->size;
-        if (forget)
-            block_cache_forget(b);
+        bytes += m[i].size;
     }
     stats_add(&stats.cache_releases, n);
     return bytes;
@@ -74,14 +70,19 @@ static void hand_back_free_blocks(int device, size_t bytes,
     size_t need = block_cache_round(bytes), slack = block_pool_slack(device);
     size_t lacking = need > slack ? need - slack : 0, n, got;
     struct cache_block *batch[64];
+    struct block_memory memory[64];
     while (lacking > 0 && (n = block_cache_collect(device, before_ns, true,
                                                    batch, 64, lacking)) > 0) {
-        got = give_to_pool(device, batch, n, stream, true);
+        for (size_t i = 0; i < n; i++) {
+            memory[i] = (struct block_memory){batch[i]->ptr, batch[i]->size};
+            block_cache_forget(batch[i]); /* FREE blocks: ours to forget */
+        }
+        got = give_to_pool(device, memory, n, stream);
         lacking = got < lacking ? lacking - got : 0;
     }
     while (lacking > 0 && (n = block_cache_collect_pending(
-                               device, stream_id, batch, 64, lacking)) > 0) {
-        got = give_to_pool(device, batch, n, stream, false);
+                               device, stream_id, memory, 64, lacking)) > 0) {
+        got = give_to_pool(device, memory, n, stream);
         lacking = got < lacking ? lacking - got : 0;
     }
 }

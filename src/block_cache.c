@@ -617,7 +617,7 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
 }
 
 size_t block_cache_collect_pending(int device, unsigned long long stream_id,
-                                   struct cache_block **out, size_t max,
+                                   struct block_memory *out, size_t max,
                                    size_t max_bytes)
 {
     if (device < 0 || device >= ncaches)
@@ -637,7 +637,7 @@ size_t block_cache_collect_pending(int device, unsigned long long stream_id,
             stats_sub(&stats.cache_free_bytes, b->size);
             stats_sub(&stats.cache_bytes, b->size);
             bytes += b->size;
-            out[n++] = b;
+            out[n++] = (struct block_memory){b->ptr, b->size};
             if (last)
                 break;
         }

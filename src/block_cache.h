@@ -193,14 +193,21 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
                            size_t max, size_t max_bytes);
 void block_cache_forget(struct cache_block *block);
 
+/* The memory of a block that left the cache. */
+struct block_memory {
+    void *ptr;
+    size_t size;
+};
+
 /* A request that missed, on stream stream_id of device.  Removes PENDING
- * pool blocks of that stream, oldest first, into out, like
- * block_cache_collect (max, max_bytes); each is GONE: the caller hands its
- * memory back to the pool, ordered on that very stream, and forgets
- * nothing (its record goes when the entry that names it is done).  Returns
- * how many. */
+ * pool blocks of that stream, oldest first, like block_cache_collect (max,
+ * max_bytes), and copies their memory to out; each is GONE: the caller
+ * hands the memory back to the pool, ordered on that very stream.  The
+ * records are not the caller's: each goes (on the reclaimer) once the entry
+ * that names it is done, which may be before the caller reads out.
+ * Returns how many. */
 size_t block_cache_collect_pending(int device, unsigned long long stream_id,
-                                   struct cache_block **out, size_t max,
+                                   struct block_memory *out, size_t max,
                                    size_t max_bytes);
 
 /* Reclaimer.  When the oldest FREE block of device became free

@@ -79,6 +79,32 @@ static void test_miss_hands_back_pending(cudaStream_t s, cudaStream_t s2)
     defer_free(d, s);
 }
 
+/* The records of pending blocks a miss hands back go with their entries,
+ * on the reclaimer, maybe while the miss is still handing the memory back:
+ * here every cudaFreeAsync takes 50 ms and the blocks' work completes
+ * meanwhile.  The miss must not read the records then (it once did: a
+ * use-after-free that TSan saw in t/stress and ASan sees here). */
+static void test_hand_back_outlives_records(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = NULL, *b = NULL, *c = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    work_timed(s, 5000, a);
+    work_timed(s, 5000, b);
+    defer_free(a, s);
+    defer_free(b, s); /* PENDING on s for 5 ms more */
+    fake_set_latency(FAKE_FREE_ASYNC, 50000000);
+    alloc_checked(&c, 3 << 19, s);
+    fake_set_latency(FAKE_FREE_ASYNC, 0);
+    ok(c != NULL && fake_is_released(a) == 1 && fake_is_released(b) == 1,
+       "both pending blocks went back to the pool while their entries "
+       "completed");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    defer_free(c, s);
+}
+
 static void test_trim(cudaStream_t s)
 {
     void *p = NULL;
@@ -101,6 +127,7 @@ int main(void)
     cudaStream_t s = stream_new(), s2 = stream_new();
     test_miss_hands_back(s);
     test_miss_hands_back_pending(s, s2);
+    test_hand_back_outlives_records(s);
     test_trim(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
