@@ -187,8 +187,7 @@ cudaStream_t reclaimer_free_stream(int device)
     return rs.free_streams[device];
 }
 
-/* Release one completed entry now (device current) and finish it. */
-static cudaError_t release_now(struct entry *e, uint64_t now)
+cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
 {
     cudaError_t err = device_error(e->device);
     if (err == cudaSuccess && reclaimer_use_device(e->device)) {
@@ -245,7 +244,7 @@ static void completed(struct entry *e, uint64_t now)
         return;
     }
     if (release_policy_release_at_once(&rs.cfg, e)) {
-        release_now(e, now);
+        reclaimer_release_now(e, now);
         return;
     }
     struct held_list *h = &rs.held[e->device];
@@ -497,35 +496,6 @@ static size_t poll_streams(uint64_t now)
     return done;
 }
 
-static _Atomic uint64_t *reason_counter(enum release_reason reason)
-{
-    switch (reason) {
-    case RELEASE_IDLE:
-        return &stats.idle_releases;
-    case RELEASE_CAP:
-        return &stats.cap_releases;
-    case RELEASE_AGE:
-        return &stats.age_releases;
-    default:
-        return &stats.demand_releases;
-    }
-}
-
-/* The trace range of a batch released for reason. */
-static const char *reason_name(enum release_reason reason)
-{
-    switch (reason) {
-    case RELEASE_IDLE:
-        return "cudefer: idle-time batch";
-    case RELEASE_CAP:
-        return "cudefer: over-cap batch";
-    case RELEASE_AGE:
-        return "cudefer: max-delay batch";
-    default:
-        return "cudefer: flush/trim batch";
-    }
-}
-
 struct policy_view reclaimer_view_now(uint64_t now)
 {
     return (struct policy_view){
@@ -534,39 +504,6 @@ struct policy_view reclaimer_view_now(uint64_t now)
         .work_pending = rs.incomplete > 0,
         .demand = demand_now(),
     };
-}
-
-/* Release what the policy says of each device's held entries. */
-static void release_held(uint64_t now)
-{
-    struct policy_view view = reclaimer_view_now(now);
-    for (int d = 0; d < rs.ndevices; d++) {
-        struct held_list *h = &rs.held[d];
-        held_lock(h);
-        enum release_reason reason = release_policy_decide(&rs.cfg, h, &view);
-        held_unlock(h);
-        if (reason == RELEASE_NONE)
-            continue;
-        uint64_t n = 0;
-        trace_push(reason_name(reason));
-        for (;;) {
-            /* An idle-time batch yields as soon as the application is back. */
-            if (reason == RELEASE_IDLE && !queue_is_empty(&rs.queue))
-                break;
-            held_lock(h);
-            struct entry *e = release_policy_continue(&rs.cfg, h, reason, now)
-                                  ? held_pop_locked(h)
-                                  : NULL;
-            held_unlock(h);
-            if (e == NULL)
-                break;
-            if (release_now(e, now) != cudaSuccess)
-                continue; /* reported and counted as failed */
-            n++;
-        }
-        trace_pop();
-        stats_add(reason_counter(reason), n);
-    }
 }
 
 /* End of a pass: recycle entries, publish counts, wake finished waiters. */
@@ -714,7 +651,7 @@ void *reclaimer_main(void *unused)
         if (arrived > 0)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
-        release_held(now);
+        reclaimer_held_release(now);
         reclaimer_cache_release(now, stopping);
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready

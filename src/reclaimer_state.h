@@ -111,6 +111,15 @@ void reclaimer_fail_device(int device, const char *call, cudaError_t err);
 cudaStream_t reclaimer_free_stream(int device);
 struct policy_view reclaimer_view_now(uint64_t now);
 
+/* Reclaimer thread only (reclaimer.c): release one completed entry now
+ * (making its device current) and finish it; returns the release's error
+ * (reported and counted as failed). */
+cudaError_t reclaimer_release_now(struct entry *e, uint64_t now);
+
+/* Reclaimer thread only (reclaimer_held.c): release what the policy says
+ * of each device's held entries, a batch per device and reason. */
+void reclaimer_held_release(uint64_t now);
+
 /* Reclaimer thread only (reclaimer_cache.c): release the block cache's free
  * blocks that expired, or all of them on a trim or when stopping; and when
  * the next one expires (UINT64_MAX: none). */

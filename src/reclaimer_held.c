@@ -1,0 +1,74 @@
+/* The reclaimer's side of the held lists (held.h): which completed
+ * entries the release policy (release_policy.h) lets go now, and why, in
+ * one batch per device.  Reclaimer thread only. */
+#include "reclaimer_state.h"
+
+#include <stdatomic.h>
+
+#include "held.h"
+#include "queue.h"
+#include "release_policy.h"
+#include "stats.h"
+#include "trace.h"
+
+/* The counter of batches released for reason. */
+static _Atomic uint64_t *reason_counter(enum release_reason reason)
+{
+    switch (reason) {
+    case RELEASE_IDLE:
+        return &stats.idle_releases;
+    case RELEASE_CAP:
+        return &stats.cap_releases;
+    case RELEASE_AGE:
+        return &stats.age_releases;
+    default:
+        return &stats.demand_releases;
+    }
+}
+
+/* The trace range of a batch released for reason. */
+static const char *reason_name(enum release_reason reason)
+{
+    switch (reason) {
+    case RELEASE_IDLE:
+        return "cudefer: idle-time batch";
+    case RELEASE_CAP:
+        return "cudefer: over-cap batch";
+    case RELEASE_AGE:
+        return "cudefer: max-delay batch";
+    default:
+        return "cudefer: flush/trim batch";
+    }
+}
+
+void reclaimer_held_release(uint64_t now)
+{
+    struct policy_view view = reclaimer_view_now(now);
+    for (int d = 0; d < rs.ndevices; d++) {
+        struct held_list *h = &rs.held[d];
+        held_lock(h);
+        enum release_reason reason = release_policy_decide(&rs.cfg, h, &view);
+        held_unlock(h);
+        if (reason == RELEASE_NONE)
+            continue;
+        uint64_t n = 0;
+        trace_push(reason_name(reason));
+        for (;;) {
+            /* An idle-time batch yields as soon as the application is back. */
+            if (reason == RELEASE_IDLE && !queue_is_empty(&rs.queue))
+                break;
+            held_lock(h);
+            struct entry *e = release_policy_continue(&rs.cfg, h, reason, now)
+                                  ? held_pop_locked(h)
+                                  : NULL;
+            held_unlock(h);
+            if (e == NULL)
+                break;
+            if (reclaimer_release_now(e, now) != cudaSuccess)
+                continue; /* reported and counted as failed */
+            n++;
+        }
+        trace_pop();
+        stats_add(reason_counter(reason), n);
+    }
+}
