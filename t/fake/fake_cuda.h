@@ -229,6 +229,13 @@ char *fake_last_violation(char *buf, size_t len);
  * same allocation is in use on another stream. */
 void fake_oracle_handout(const void *ptr, cudaStream_t stream);
 
+/* The handle cudaMemPoolCreate gives every pool of device dev (the fake
+ * models one pool a device: cudefer's own, src/block_pool.c), for reading
+ * its attributes with cudaMemPoolGetAttribute: ReservedMemCurrent (the
+ * most it lent since the last cudaMemPoolTrimTo) and UsedMemCurrent (what
+ * it lends now).  NULL when dev is no device.  Any thread. */
+cudaMemPool_t fake_mem_pool(int dev);
+
 /* Allocations (all kinds) not yet released. */
 size_t fake_live_allocations(void);
 

@@ -350,6 +350,19 @@ static int pool_device(cudaMemPool_t pool)
                : -1;
 }
 
+/* The handle of device dev's pool (fake_cuda.h), NULL for no device. */
+cudaMemPool_t fake_mem_pool(int dev)
+{
+    int ndev;
+
+    fake_lock();
+    ndev = fake.ndev;
+    fake_unlock();
+    return dev >= 0 && dev < ndev
+               ? (cudaMemPool_t)(uintptr_t)(FAKE_POOL_BASE + dev)
+               : NULL;
+}
+
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
 {
     return pool_device(pool) >= 0 ? cudaSuccess : cudaErrorInvalidValue;

@@ -41,7 +41,10 @@ void plan_lazy(void);
 void skip_all(const char *fmt, ...) TAP_PRINTF(1, 2) TAP_NORETURN;
 
 /* Report one test: "ok N - description" or "not ok N - description".
- * fmt may be NULL (no description).  Returns success != 0. */
+ * fmt may be NULL (no description).  Returns success != 0.  A description
+ * ending in a TODO directive ("... # TODO why") marks a known failure: not
+ * counted as one (the exit status stays 0); the driver reports it XFAIL,
+ * or XPASS (a failure of make check) once it passes. */
 int ok(int success, const char *fmt, ...) TAP_PRINTF(2, 3);
 
 /* Test that have == want; on failure, prints both as diagnostics. */

@@ -1,0 +1,313 @@
+/* The steady state of defer_alloc as a training loop's allocator: a
+ * synthetic step (a forward pass keeping 40 activations live, temporaries
+ * freed right after their kernel, a backward pass freeing the activations
+ * in reverse while allocating gradients of other sizes, an optimizer with a
+ * few large temporaries) replayed on one stream, with the simulated GPU
+ * about a step behind the CPU, as in PyTorch training.  After warm-up steps
+ * it measures, per step, the misses (new blocks from the pool) and the
+ * blocks handed back to the pool, and the pool's reserved bytes against the
+ * peak of the bytes the trace itself holds live.  It pins what a miss hands
+ * back to the pool (src/alloc.c, hand_back_free_blocks) between two
+ * regressions, both seen on an H100 with ResNet-50:
+ *   (1) handing back EVERY free block at each miss: each miss empties the
+ *       cache of blocks the next requests need, so they miss too (churn:
+ *       ~400-800 misses a step, steps up to 1.19x slower);
+ *   (2) handing back only what the pool lacks, from FREE blocks only: with
+ *       the GPU a step behind, most cached blocks are PENDING on the stream
+ *       and never go back, so the pool grows (peak 1.17x PyTorch's).
+ * Measured in this replay (its three runs: the GPU a step behind, half a
+ * step behind, and a step behind on the legacy stream; 164 requests a step,
+ * a live peak of 112.9 MiB), src/alloc.c edited in a copy to emulate each:
+ *   (1) a step behind: 0 misses a step, but the pool reserves 207.1 MiB,
+ *       1.834x the live peak (with the GPU a step behind hardly any block
+ *       is FREE when a miss comes, so nothing goes back); half a step
+ *       behind: 33.1-33.2 misses and as many hand-backs a step, 1.807x;
+ *   (2) a step behind: 0 misses, 1.834x; half a step behind: 10-11
+ *       misses and as many hand-backs a step, 1.80x;
+ *   (3) what a miss hands back now (90e3ebc: what the pool lacks, the
+ *       oldest FREE blocks, then the oldest PENDING on the request's
+ *       stream): 1.017x the live peak, but 55 misses and 55 hand-backs a
+ *       step (a third of the requests) in all three runs.
+ * The hoarding bound below fails for (1) and (2) and holds for (3); the
+ * churn bounds fail for (3): marked TODO (a known failure, which TAP does
+ * not count) until a fix makes them pass (they then count as unexpected
+ * passes: drop the TODO).  Why (3) churns: the blocks of every size this
+ * trace asks for add up to 1.83x its live peak (the gradients, workspaces
+ * and optimizer temporaries have sizes no activation has), so a cache of
+ * unsplit blocks whose pool holds only the live peak must turn memory of
+ * one size into another every step, a miss each time.  Letting the pool
+ * grow some way above the high-water of lent bytes before pending blocks go
+ * back (tried in a copy) buys few misses back until it holds every size:
+ * 12.5 % above it, 51 misses a step (1.127x); 25 %, 46 (1.26x); 50 %, 39
+ * (1.52x); 100 %, 0 (1.834x; a step behind).
+ * The fake's oracle checks every hand-out and every free. */
+#include <stdint.h>
+
+#include "helpers.h"
+
+#define KIB ((size_t)1024)
+#define LAYERS 40
+#define WARMUP_STEPS 3
+#define MEASURED_STEPS 10
+/* Kernels a step: one per layer forward and backward, one per optimizer
+ * temporary. */
+#define OPTIMIZER_TEMPS 4
+#define KERNELS_PER_STEP (2 * LAYERS + OPTIMIZER_TEMPS)
+/* The bounds of the steady state, per measured step. */
+#define MAX_MISSES_PER_STEP 1.0
+#define MAX_RELEASES_PER_STEP 1.0
+#define MAX_RESERVED_RATIO 1.10
+/* The churn the current hand-back shows (the top comment's (3)): a known
+ * failure, reported as such (TAP's TODO), until a fix makes it pass. */
+#define KNOWN_CHURN " # TODO the miss hand-back of 90e3ebc churns here"
+
+/* The trace's sizes in KiB, drawn once from a few distinct sizes (seeded
+ * pseudo-random choices, written out so that the trace never changes):
+ * each layer's activation (live from its forward kernel to its backward
+ * one), its forward workspace (0: none) and its gradient temporary. */
+static const unsigned activation_kib[LAYERS] = {
+    6272, 4096, 8192, 4096, 2048, 6272, 6272, 8192, 4096, 256,
+    392,  196,  2048, 8192, 6272, 512,  256,  2048, 196,  98,
+    6272, 784,  196,  98,   8192, 2048, 1024, 512,  64,   256,
+    3136, 6272, 512,  1024, 256,  512,  196,  256,  64,   4096};
+static const unsigned workspace_kib[LAYERS] = {
+    640, 0,    0,   0,    0,    0,   640,  0,    2500, 160,
+    32,  160,  640, 2500, 0,    640, 0,    1200, 32,   160,
+    0,   1200, 0,   160,  1200, 32,  160,  640,  2500, 0,
+    1200, 32,  32,  2500, 0,    640, 32,   0,    0,    640};
+static const unsigned gradient_kib[LAYERS] = {
+    300, 7000, 300,  2900, 7000, 300,  72,   72,   1400, 1400,
+    72,  136,  7000, 7000, 7000, 300,  1400, 2900, 5000, 300,
+    2900, 5000, 72,  7000, 300,  600,  1400, 300,  72,   72,
+    136, 136,  600,  1400, 136,  1400, 600,  7000, 7000, 300};
+static const unsigned optimizer_kib[OPTIMIZER_TEMPS] = {24576, 12288, 24576,
+                                                        40960};
+
+/* One replay: its stream, how long each simulated kernel runs, the launch
+ * queue (as CUDA's: the CPU waits once depth kernels are queued, so the GPU
+ * runs depth kernels behind when it is the slower), and the bytes the trace
+ * holds live (now and at most). */
+struct replay {
+    cudaStream_t stream;
+    unsigned kernel_us;
+    unsigned depth;
+    cudaEvent_t queued[KERNELS_PER_STEP]; /* ring: after each of the last
+                                              depth kernels */
+    unsigned long long launched;
+    double waited_ms; /* the CPU waiting for the queue */
+    size_t live, live_peak;
+};
+
+/* A tensor of kib KiB for the trace (defer_alloc, checked by the oracle);
+ * bails when refused. */
+static void *take(struct replay *r, unsigned kib)
+{
+    void *p = NULL;
+    if (alloc_checked(&p, kib * KIB, r->stream) != cudaSuccess || p == NULL)
+        bail("defer_alloc of %u KiB refused", kib);
+    r->live += kib * KIB;
+    if (r->live > r->live_peak)
+        r->live_peak = r->live;
+    return p;
+}
+
+/* The trace frees a tensor of kib KiB on its stream. */
+static void give(struct replay *r, void *p, unsigned kib)
+{
+    if (defer_free(p, r->stream) != cudaSuccess)
+        bail("defer_free refused");
+    r->live -= kib * KIB;
+}
+
+/* A simulated kernel on the stream using the n tensors of uses (NULLs are
+ * ignored by the fake), once the queue has room. */
+static void kernel(struct replay *r, void *const *uses, size_t n)
+{
+    cudaEvent_t slot = r->queued[r->launched % r->depth];
+    if (r->launched >= r->depth && cudaEventQuery(slot) == cudaErrorNotReady) {
+        double t0 = now_ms();
+        if (cudaEventSynchronize(slot) != cudaSuccess)
+            bail("cudaEventSynchronize");
+        r->waited_ms += now_ms() - t0;
+    }
+    if (fake_launch(r->stream, r->kernel_us, uses, n) == NULL)
+        bail("fake_launch refused");
+    if (cudaEventRecord(slot, r->stream) != cudaSuccess)
+        bail("cudaEventRecord");
+    r->launched++;
+}
+
+/* Kernels queued on the GPU and not yet done (of the last depth). */
+static unsigned kernels_behind(const struct replay *r)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < r->depth && i < r->launched; i++)
+        n += cudaEventQuery(r->queued[i]) == cudaErrorNotReady;
+    return n;
+}
+
+/* One training step, enqueued: forward, backward, optimizer. */
+static void step(struct replay *r)
+{
+    void *act[LAYERS];
+    for (int i = 0; i < LAYERS; i++) {
+        act[i] = take(r, activation_kib[i]);
+        void *ws = workspace_kib[i] ? take(r, workspace_kib[i]) : NULL;
+        void *uses[] = {i > 0 ? act[i - 1] : NULL, act[i], ws};
+        kernel(r, uses, 3);
+        if (ws != NULL)
+            give(r, ws, workspace_kib[i]);
+    }
+    void *grad_out = NULL;
+    unsigned grad_out_kib = 0;
+    for (int i = LAYERS - 1; i >= 0; i--) {
+        void *grad_in = take(r, gradient_kib[i]);
+        void *uses[] = {act[i], grad_out, grad_in};
+        kernel(r, uses, 3);
+        if (grad_out != NULL)
+            give(r, grad_out, grad_out_kib);
+        give(r, act[i], activation_kib[i]);
+        grad_out = grad_in;
+        grad_out_kib = gradient_kib[i];
+    }
+    give(r, grad_out, grad_out_kib);
+    for (int j = 0; j < OPTIMIZER_TEMPS; j++) {
+        void *t = take(r, optimizer_kib[j]);
+        kernel(r, &t, 1);
+        give(r, t, optimizer_kib[j]);
+    }
+}
+
+/* The bytes cudefer's pool on device 0 reserves now. */
+static uint64_t pool_reserved(void)
+{
+    uint64_t reserved = 0;
+    if (cudaMemPoolGetAttribute(fake_mem_pool(0),
+                                cudaMemPoolAttrReservedMemCurrent,
+                                &reserved) != cudaSuccess)
+        bail("cudaMemPoolGetAttribute of the fake pool");
+    return reserved;
+}
+
+/* What a replay measured over its measured steps. */
+struct steady {
+    double misses_per_step, releases_per_step;
+    uint64_t misses_max, releases_max; /* in one step */
+    uint64_t reserved_start, reserved_end;
+    size_t live_peak;
+    double steps_behind; /* the GPU, at the steps' ends, on average */
+};
+
+/* Replay the trace on stream with a launch queue of depth kernels (named
+ * name in the diagnostics) and measure its steady state.  The first step
+ * (all misses) also times the CPU's enqueue: kernels then run long enough
+ * for the GPU to take about twice that, so that it stays behind under
+ * sanitizers too. */
+static struct steady replay_steady(cudaStream_t stream, unsigned depth,
+                                   const char *name)
+{
+    struct replay r = {.stream = stream, .kernel_us = 50, .depth = depth};
+    for (unsigned i = 0; i < depth; i++)
+        if (cudaEventCreate(&r.queued[i]) != cudaSuccess)
+            bail("cudaEventCreate");
+    double t0 = now_ms();
+    step(&r);
+    double cpu_ms = now_ms() - t0 - r.waited_ms;
+    unsigned us = (unsigned)(2000.0 * cpu_ms / KERNELS_PER_STEP);
+    if (us > r.kernel_us)
+        r.kernel_us = us < 20000 ? us : 20000;
+    diag("%s: first step enqueued in %.1f ms; kernels of %u us, a step of "
+         "%.1f ms on the GPU, a queue of %u kernels (%.2f step)", name, cpu_ms,
+         r.kernel_us, r.kernel_us * KERNELS_PER_STEP / 1000.0, depth,
+         (double)depth / KERNELS_PER_STEP);
+    for (int k = 1; k < WARMUP_STEPS; k++)
+        step(&r);
+    struct steady m = {.reserved_start = pool_reserved()};
+    struct defer_stats first = stats_now(), before = first;
+    r.live_peak = 0;
+    r.waited_ms = 0;
+    unsigned behind = 0;
+    t0 = now_ms();
+    for (int k = 0; k < MEASURED_STEPS; k++) {
+        step(&r);
+        behind += kernels_behind(&r);
+        struct defer_stats after = stats_now();
+        uint64_t misses = after.cache_mallocs - before.cache_mallocs;
+        uint64_t releases = after.cache_releases - before.cache_releases;
+        if (misses > m.misses_max)
+            m.misses_max = misses;
+        if (releases > m.releases_max)
+            m.releases_max = releases;
+        before = after;
+    }
+    double enqueue_ms = (now_ms() - t0 - r.waited_ms) / MEASURED_STEPS;
+    m.misses_per_step =
+        (double)(before.cache_mallocs - first.cache_mallocs) / MEASURED_STEPS;
+    m.releases_per_step =
+        (double)(before.cache_releases - first.cache_releases) /
+        MEASURED_STEPS;
+    m.reserved_end = pool_reserved();
+    m.live_peak = r.live_peak;
+    m.steps_behind = (double)behind / MEASURED_STEPS / KERNELS_PER_STEP;
+    diag("%s: %.1f misses/step (at most %llu), %.1f hand-backs/step (at most "
+         "%llu); pool reserved %.1f MiB -> %.1f MiB, live peak %.1f MiB: "
+         "reserved/live-peak %.3f; the GPU %.2f step behind; %.2f ms of "
+         "enqueue a step",
+         name, m.misses_per_step, ULL(m.misses_max), m.releases_per_step,
+         ULL(m.releases_max), m.reserved_start / 1048576.0,
+         m.reserved_end / 1048576.0, m.live_peak / 1048576.0,
+         (double)m.reserved_end / (double)m.live_peak, m.steps_behind,
+         enqueue_ms);
+    if (cudaStreamSynchronize(stream) != cudaSuccess)
+        bail("cudaStreamSynchronize");
+    for (unsigned i = 0; i < depth; i++)
+        cudaEventDestroy(r.queued[i]);
+    return m;
+}
+
+/* The bounds of the steady state (see the top comment for what (1) and
+ * (2) measured against them). */
+static void check_steady(const struct steady *m, unsigned depth,
+                         const char *name)
+{
+    double want = (double)depth / KERNELS_PER_STEP;
+    ok(m->steps_behind >= want / 2,
+       "%s: the GPU runs behind (%.2f step; its queue holds %.2f)", name,
+       m->steps_behind, want);
+    ok(m->misses_per_step <= MAX_MISSES_PER_STEP,
+       "%s: no churn: %.1f misses a step (at most %.1f)" KNOWN_CHURN, name,
+       m->misses_per_step, MAX_MISSES_PER_STEP);
+    ok(m->releases_per_step <= MAX_RELEASES_PER_STEP,
+       "%s: %.1f blocks handed back to the pool a step (at most %.1f)"
+       KNOWN_CHURN, name, m->releases_per_step, MAX_RELEASES_PER_STEP);
+    double ratio = (double)m->reserved_end / (double)m->live_peak;
+    ok(ratio <= MAX_RESERVED_RATIO,
+       "%s: no hoarding: the pool reserves %.3fx the trace's live peak (at "
+       "most %.2fx)", name, ratio, MAX_RESERVED_RATIO);
+}
+
+/* Replay on stream from an empty cache and pool, then check. */
+static void replay_and_check(cudaStream_t stream, unsigned depth,
+                             const char *name)
+{
+    size_t trimmed = 0;
+    if (defer_flush() != cudaSuccess || defer_trim(&trimmed) != cudaSuccess)
+        bail("defer_flush or defer_trim failed");
+    ok(pool_reserved() == 0, "%s: the pool starts empty", name);
+    struct steady m = replay_steady(stream, depth, name);
+    check_steady(&m, depth, name);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    cudaStream_t s = stream_new();
+    replay_and_check(s, KERNELS_PER_STEP, "a step behind");
+    replay_and_check(s, KERNELS_PER_STEP / 2, "half a step behind");
+    /* PyTorch's default stream is the legacy stream 0. */
+    replay_and_check(0, KERNELS_PER_STEP, "legacy stream, a step behind");
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released or reused early");
+    return 0;
+}
