@@ -113,7 +113,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
                       "the capture begins (the capture is left intact)");
     unsigned long long id;
     bool cached;
-    if ((err = stream_identity_lookup(stream, device, &id, &cached, &call)) !=
+    if ((err = stream_identity_lookup_exact(stream, device, &id, &cached, &call)) !=
         cudaSuccess)
         return refuse("defer_alloc", call, err, "");
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
@@ -189,7 +189,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     const char *call = NULL;
     if ((err = capture_status(&stream, 1, &capturing, &call)) == cudaSuccess &&
         !capturing)
-        err = stream_identity_lookup(stream, &device, &id, &cached, &call);
+        err = stream_identity_lookup_exact(stream, &device, &id, &cached, &call);
     if (err != cudaSuccess)
         refuse("defer_record_stream", call, err, "; nothing recorded");
     else if (capturing)

@@ -320,7 +320,12 @@ static cudaError_t submit_admitted(const struct request_args *a,
     int device;
     unsigned long long id;
     bool cached = false;
-    err = identify_usable(stream, a->kind == ENTRY_CALL, &device, &id, &cached,
+    /* Exact for callbacks (their order per stream) and for frees once the
+     * block cache is in use: a stale identity would park a block as pending
+     * on the destroyed stream whose handle this stream got. */
+    bool exact = a->kind == ENTRY_CALL ||
+                 (a->kind == ENTRY_FREE_DEVICE && block_cache_active());
+    err = identify_usable(stream, exact, &device, &id, &cached,
                           &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);

@@ -71,7 +71,9 @@ static cudaError_t lookup(cudaStream_t stream, bool exact, int *device,
     }
     struct slot *slot = find(stream, key_device);
     bool have_id = false;
-    if (slot != NULL && exact) {
+    /* A special handle cannot name another stream later: only a created
+     * stream's handle can come back for a new stream. */
+    if (slot != NULL && exact && key_device == NO_DEVICE) {
         if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
             *failed = "cudaStreamGetId";
             return err;

@@ -105,6 +105,33 @@ static void test_hand_back_outlives_records(cudaStream_t s)
     defer_free(c, s);
 }
 
+/* A stream destroyed while its blocks are pending, its handle handed to
+ * a new stream (as CUDA may): the new stream is another stream, so it gets
+ * none of the old one's pending blocks, neither from the cache nor through
+ * a hand-back to the pool, even from a thread that knew the old stream. */
+static void test_reused_handle(void)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    cudaStream_t a = stream_new();
+    void *p = NULL, *q = NULL, *r = NULL;
+    alloc_checked(&p, 1 << 20, a); /* this thread now knows a's identity */
+    fake_work *w = work_held(a, p);
+    defer_free(p, a); /* PENDING on a: its work is held */
+    cudaStreamDestroy(a);
+    cudaStream_t b = fake_stream_create_reusing(a);
+    ok(b == a, "the new stream has the old one's handle");
+    alloc_checked(&q, 1 << 20, b);
+    ok(q != p, "it does not get the old stream's pending block");
+    alloc_checked(&r, 3 << 19, b); /* a miss, the pool lacking memory */
+    ok(fake_is_released(p) == 0,
+       "nor does a miss on it hand that block back to the pool");
+    fake_complete(w);
+    defer_free(q, b);
+    defer_free(r, b);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 static void test_trim(cudaStream_t s)
 {
     void *p = NULL;
@@ -128,6 +155,7 @@ int main(void)
     test_miss_hands_back(s);
     test_miss_hands_back_pending(s, s2);
     test_hand_back_outlives_records(s);
+    test_reused_handle();
     test_trim(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");

@@ -28,7 +28,8 @@
  *   the fake is stricter than CUDA, so it never hides a missing dependency.
  *   Handles are opaque numbers, never dereferenced: a destroyed, stale
  *   (from before a fake_reset) or made-up handle gives
- *   cudaErrorInvalidResourceHandle.
+ *   cudaErrorInvalidResourceHandle, unless fake_stream_create_reusing
+ *   gave a destroyed stream's handle to a new stream.
  *
  *   Work: the fake has no kernels; a test enqueues simulated work with
  *   fake_launch (completes duration_us after it starts) or fake_launch_held
@@ -153,6 +154,13 @@ extern "C" {
  * capture mode Global.  Handles and fake_work pointers from before are
  * stale. */
 void fake_reset(int ndevices);
+
+/* Create a new user stream on the current device whose handle is that of
+ * the destroyed stream `destroyed` (as CUDA may hand a destroyed stream's
+ * handle value to a new stream); returns that handle, which names the new
+ * stream from now on (its own id, device and work).  Aborts unless
+ * `destroyed` is a destroyed user stream whose handle was not reused yet. */
+cudaStream_t fake_stream_create_reusing(cudaStream_t destroyed);
 
 /* Set the memory of device dev (cudaMemGetInfo total, cudaMalloc limit). */
 void fake_set_device_memory(int dev, size_t bytes);

@@ -76,6 +76,8 @@ struct fstream {
     int dev;
     enum stream_kind kind;
     int destroyed;
+    struct fstream *reused_by;    /* destroyed: the stream its handle now
+                                     names (fake_stream_create_reusing) */
     int evaluating;               /* recursion guard for eval_stream */
     struct fake_work *head, *tail;
     struct fake_work *first_pending;  /* items before it are done */

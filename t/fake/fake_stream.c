@@ -73,7 +73,30 @@ struct fstream *fake_stream_resolve(cudaStream_t h)
     if (id < fake.stream_base || id - fake.stream_base >= fake.nstreams)
         return NULL;
     s = fake.streams[id - fake.stream_base];
+    while (s->destroyed && s->reused_by != NULL)
+        s = s->reused_by;
     return (s->kind == S_USER && !s->destroyed) ? s : NULL;
+}
+
+cudaStream_t fake_stream_create_reusing(cudaStream_t destroyed)
+{
+    uintptr_t v = (uintptr_t)destroyed;
+    struct fstream *old = NULL, *s;
+
+    fake_lock();
+    if (v >= STREAM_BASE && (v - STREAM_BASE) % HANDLE_STRIDE == 0) {
+        unsigned long long id = (v - STREAM_BASE) / HANDLE_STRIDE;
+        if (id >= fake.stream_base && id - fake.stream_base < fake.nstreams)
+            old = fake.streams[id - fake.stream_base];
+    }
+    if (old == NULL || old->kind != S_USER || !old->destroyed ||
+        old->reused_by != NULL)
+        fake_die("fake_stream_create_reusing: not a destroyed user stream "
+                 "whose handle is free");
+    s = fake_stream_new(fake_thread.dev, S_USER);
+    old->reused_by = s;
+    fake_unlock();
+    return destroyed;
 }
 
 /* Append a new work item to s. */
