@@ -506,10 +506,12 @@ static void fork_child(void)
     atomic_store(&rs.state, STATE_FORKED);
     atomic_store(&rs.gate_closed, true);
     gate_forget_admissions();
+    /* First: the snapshot below reads the event pool, whose registry lock
+     * another thread (reading the statistics, say) may have held. */
+    event_pool_after_fork();
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
-    event_pool_after_fork();
     alloc_info_reset();
     block_cache_fork_child();
     block_pool_fork_child();

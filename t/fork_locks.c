@@ -3,10 +3,13 @@
  * starts the reclaimer is stopped inside the start, holding the lifecycle
  * and configuration locks: CUDEFER_VERBOSE=1 prints the configuration to a
  * pipe that is full and not read.  A fork child then calls defer_configure
- * and defer_shutdown: each must return, whatever it returns. */
+ * and defer_shutdown: each must return, whatever it returns.  And a thread
+ * reads the statistics (the event pool's registry lock) while the parent
+ * forks again and again: no child may hang in cudefer's fork handler. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +93,62 @@ static void s_fork_during_start(void)
           "buffer");
 }
 
+static atomic_int stop_reading;
+
+static void *stats_reader(void *unused)
+{
+    (void)unused;
+    struct defer_stats s;
+    while (!atomic_load(&stop_reading))
+        defer_stats_get(&s);
+    return NULL;
+}
+
+static void *idle_thread(void *arg)
+{
+    /* A defer_free registers this thread's event cache: the registry the
+     * statistics walk gets longer. */
+    cudaStream_t s = arg;
+    void *p = device_alloc(64);
+    work_timed(s, 100, p);
+    defer_free(p, s);
+    while (!atomic_load(&stop_reading))
+        sleep_ms(1);
+    return NULL;
+}
+
+static void s_fork_while_reading_stats(void)
+{
+    stream = stream_new();
+    void *p = device_alloc(64);
+    work_timed(stream, 100, p);
+    CHECK(defer_free(p, stream) == cudaSuccess, "the library runs");
+    pthread_t idle[8], reader;
+    for (int i = 0; i < 8; i++)
+        pthread_create(&idle[i], NULL, idle_thread, stream);
+    sleep_ms(20);
+    pthread_create(&reader, NULL, stats_reader, NULL);
+    int hung = 0, forks = 0;
+    for (; forks < 200 && !hung; forks++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0)
+            sysbail("fork");
+        if (pid == 0)
+            _exit(0); /* cudefer's fork handler ran before fork returned */
+        int status = 0;
+        if (!wait_child(pid, 3000, &status))
+            hung = 1;
+    }
+    atomic_store(&stop_reading, 1);
+    pthread_join(reader, NULL);
+    for (int i = 0; i < 8; i++)
+        pthread_join(idle[i], NULL);
+    CHECK(!hung, "a fork child hung in cudefer's fork handler (fork %d of "
+          "200, while a thread read the statistics)", forks);
+    CHECK(defer_shutdown() == cudaSuccess, "the parent shuts down");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -106,5 +165,16 @@ int main(void)
     ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
        "fork while a thread holds the lifecycle and configuration locks: the "
        "child's defer_configure and defer_shutdown return");
+    pid = fork_flushed();
+    if (pid == 0) {
+        fake_reset(1);
+        failed_checks = 0;
+        s_fork_while_reading_stats();
+        scenario_child_end();
+    }
+    ended = wait_child(pid, 120000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+       "fork, 200 times, while another thread reads the statistics: no "
+       "child hangs");
     return 0;
 }
