@@ -334,7 +334,8 @@ void event_pool_abandon(void)
 size_t event_pool_idle_count(void)
 {
     size_t n = atomic_load_explicit(&idle_total, memory_order_relaxed);
-    pthread_mutex_lock(&registry_lock);
+    if (pthread_mutex_trylock(&registry_lock) != 0)
+        return n; /* defer_stats_get never blocks */
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
         for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++)
             n += count_of(tc, d);

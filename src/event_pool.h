@@ -45,7 +45,9 @@ void event_pool_abandon(void);
 /* Fork child only: makes the pools' locks usable again; no CUDA call. */
 void event_pool_after_fork(void);
 
-/* Any thread.  Idle entries in the pools and caches now. */
+/* Any thread; never blocks.  Idle entries in the pools and the threads'
+ * caches now; only those in the pools while another thread holds the
+ * registry of caches (a thread exiting destroys events under it). */
 size_t event_pool_idle_count(void);
 
 #endif
