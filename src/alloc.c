@@ -13,24 +13,48 @@
 #include "stats.h"
 #include "stream_identity.h"
 
-/* A fresh block for a request of bytes on stream: its rounded size; out
- * of memory, everything cudefer holds is trimmed and the rounded size tried
- * again, then bytes rounded up to 512 only (which may fit where the rounded
- * size does not). */
-static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
-                                void **ptr, size_t *size, bool *pooled)
+/* A new block of size bytes on stream, filed in the cache, all while
+ * admitted: a shutdown (which destroys the pools and the cache) waits for
+ * it.  A block that cannot be filed is plain memory: defer_free releases
+ * it like any other.  Returns the allocation's error. */
+static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
+                                void **ptr)
 {
-    *size = block_cache_round(bytes);
-    cudaError_t err = block_pool_malloc(device, *size, stream, ptr, pooled);
+    cudaError_t err = lifecycle_enter("defer_alloc");
+    if (err != cudaSuccess)
+        return err;
+    bool pooled;
+    if ((err = block_pool_malloc(device, size, stream, ptr, &pooled)) ==
+        cudaSuccess) {
+        stats_add(&stats.cache_mallocs, 1);
+        if (!block_cache_add(device, *ptr, size, pooled)) {
+            report("defer_alloc: out of memory for the record of %p: it is "
+                   "released when freed, never reused", *ptr);
+            if (pooled)
+                block_pool_forget(device, size);
+        }
+    }
+    lifecycle_leave();
+    return err;
+}
+
+/* A fresh block for a request of bytes on stream: its rounded size; out
+ * of memory, everything cudefer holds is trimmed (not admitted: the trim
+ * waits for the reclaimer) and the rounded size tried again, then bytes
+ * rounded up to 512 only (which may fit where the rounded size does not). */
+static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
+                                void **ptr)
+{
+    cudaError_t err = malloc_filed(device, block_cache_round(bytes), stream,
+                                   ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
     size_t trimmed = 0;
     defer_trim(&trimmed);
-    err = block_pool_malloc(device, *size, stream, ptr, pooled);
+    err = malloc_filed(device, block_cache_round(bytes), stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
-    *size = (bytes + 511) & ~(size_t)511;
-    return block_pool_malloc(device, *size, stream, ptr, pooled);
+    return malloc_filed(device, (bytes + 511) & ~(size_t)511, stream, ptr);
 }
 
 /* Hand the memory of n blocks that left the cache back to device's pool,
@@ -145,25 +169,10 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err != cudaSuccess || *ptr != NULL)
         return err;
-    size_t size;
-    bool pooled;
-    if ((err = malloc_block(device, bytes, stream, ptr, &size, &pooled)) !=
-        cudaSuccess) {
-        if (err == cudaErrorMemoryAllocation)
-            stats_add(&stats.rejected, 1); /* the caller sees it: no report */
-        return err;
-    }
-    stats_add(&stats.cache_mallocs, 1);
-    /* Filed only while admitted: a shutdown may have come meanwhile.  A
-     * block that cannot be filed is plain cudaMalloc memory: defer_free
-     * releases it like any other. */
-    if (lifecycle_enter("defer_alloc") != cudaSuccess)
-        return cudaSuccess;
-    if (!block_cache_add(device, *ptr, size, pooled))
-        report("defer_alloc: out of memory for the record of %p: it is "
-               "released when freed, never reused", *ptr);
-    lifecycle_leave();
-    return cudaSuccess;
+    if ((err = malloc_block(device, bytes, stream, ptr)) != cudaSuccess &&
+        err == cudaErrorMemoryAllocation)
+        stats_add(&stats.rejected, 1); /* the caller sees it: no report */
+    return err;
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)

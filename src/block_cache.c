@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "block_map.h"
+#include "block_pool.h"
 #include "clock.h"
 #include "report.h"
 #include "stats.h"
@@ -372,6 +373,8 @@ static void drop_stale(struct cache_block *stale)
         stats_sub(&stats.cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
     bool named = stale->events > 0;
+    if (stale->pool) /* its memory went back behind cudefer's back too */
+        block_pool_forget(stale->device, stale->size);
     stale->state = BLOCK_LIVE;
     stale->handout = 0; /* no entry's hand-out matches it any more */
     pthread_mutex_unlock(&c->lock);

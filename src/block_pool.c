@@ -116,16 +116,22 @@ cudaError_t block_pool_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
     cudaError_t err = cudaFreeAsync(ptr, stream);
+    if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
+        block_pool_forget(device, bytes);
+    return err;
+}
+
+void block_pool_forget(int device, size_t bytes)
+{
     if (device >= 0 && device < npools)
         atomic_fetch_sub(&pools[device].held, bytes);
-    return err;
 }
 
 cudaError_t block_pool_free_sync(int device, void *ptr, size_t bytes)
 {
     cudaError_t err = cudaFree(ptr);
-    if (device >= 0 && device < npools)
-        atomic_fetch_sub(&pools[device].held, bytes);
+    if (err == cudaSuccess)
+        block_pool_forget(device, bytes);
     return err;
 }
 

@@ -41,6 +41,13 @@ cudaError_t block_pool_free(int device, void *ptr, size_t bytes,
  * no stream to order the free on. */
 cudaError_t block_pool_free_sync(int device, void *ptr, size_t bytes);
 
+/* Any thread, while the library is running (the pools exist).  bytes taken
+ * from device's pool are no block of the cache any more, though not handed
+ * back through block_pool_free (a block that could not be filed, a record
+ * dropped because its memory was freed behind cudefer's back): the pool
+ * stops counting them as lent. */
+void block_pool_forget(int device, size_t bytes);
+
 /* Any thread.  The memory device's pool holds but no block uses: what it
  * has reserved from CUDA less the blocks taken from it and not handed
  * back.  A request of at most this many bytes is likely served without the

@@ -2,6 +2,10 @@
  * reclaimer: what a miss hands back to the pool (only what the pool lacks:
  * the oldest free blocks, then those pending on the request's own stream),
  * and defer_trim.  The oracle checks every hand-out and every free. */
+#include <pthread.h>
+#include <string.h>
+
+#include "block_pool.h"
 #include "helpers.h"
 
 /* A request that no cached block fits.  When the pool has the memory
@@ -132,6 +136,29 @@ static void test_reused_handle(void)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
+/* A block whose hand-back fails stays lent as far as the pool is
+ * concerned: the pool's slack must not count memory it never got back. */
+static void test_failed_hand_back(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = NULL, *b = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    defer_free(a, s);
+    defer_flush(); /* FREE; the pool lends all it has */
+    is_int(block_pool_slack(0), 0, "the pool has no slack");
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    alloc_checked(&b, 3 << 19, s); /* a miss: a goes back, and that fails */
+    ok(strstr(stderr_capture_end(), "lost to the pool") != NULL,
+       "the failed hand-back is reported");
+    fake_fail_clear();
+    is_int(block_pool_slack(0), 0,
+           "and the pool still counts that memory as lent");
+    defer_free(b, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 static void test_trim(cudaStream_t s)
 {
     void *p = NULL;
@@ -142,6 +169,38 @@ static void test_trim(cudaStream_t s)
     is_int(defer_trim(&bytes), cudaSuccess, "defer_trim");
     ok(bytes >= (1 << 20), "releases the free blocks (%zu bytes)", bytes);
     ok(fake_is_released(p) == 1, "with cudaFree");
+}
+
+/* A shutdown while a request allocates a new block (here the allocation
+ * takes 50 ms): the shutdown waits for it, since it destroys the pools the
+ * allocation counts in (ASan saw the write to freed memory before). */
+struct racing_alloc {
+    cudaStream_t s;
+    void *p;
+    cudaError_t err;
+};
+
+static void *alloc_slowly(void *arg)
+{
+    struct racing_alloc *r = arg;
+    r->err = defer_alloc(&r->p, 5 << 20, r->s);
+    return NULL;
+}
+
+static void test_shutdown_during_malloc(cudaStream_t s)
+{
+    struct racing_alloc r = {.s = s};
+    unsigned long mallocs = fake_calls(FAKE_MALLOC_ASYNC);
+    fake_set_latency(FAKE_MALLOC_ASYNC, 50000000);
+    pthread_t t;
+    pthread_create(&t, NULL, alloc_slowly, &r);
+    sleep_ms(10);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown while a block is made");
+    pthread_join(t, NULL);
+    fake_set_latency(FAKE_MALLOC_ASYNC, 0);
+    is_int(r.err, cudaSuccess, "the request it waited for got its block");
+    is_int(fake_calls(FAKE_MALLOC_ASYNC) - mallocs, 1, "a new one");
+    cudaFree(r.p); /* the application's memory now */
 }
 
 int main(void)
@@ -156,8 +215,9 @@ int main(void)
     test_miss_hands_back_pending(s, s2);
     test_hand_back_outlives_records(s);
     test_reused_handle();
+    test_failed_hand_back(s);
     test_trim(s);
-    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    test_shutdown_during_malloc(s);
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     return 0;
 }
