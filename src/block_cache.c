@@ -1,5 +1,5 @@
-/* Block cache: size classes, per-stream and per-device bins, hand-out and
- * return of blocks (see the header). */
+/* Block cache: size classes, per-stream and per-device bins (their lists
+ * in block_bins.h), hand-out and return of blocks (see the header). */
 #include "block_cache.h"
 
 #include <pthread.h>
@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_bins.h"
 #include "block_map.h"
 #include "block_pool.h"
 #include "clock.h"
@@ -14,14 +15,6 @@
 #include "stats.h"
 
 /* ---- size classes ------------------------------------------------------- */
-
-#define MIN_SHIFT 9  /* 512 bytes: the smallest block */
-#define MAX_SHIFT 40 /* classes up to 2^40 bytes */
-#define STEPS 16     /* classes per power of two */
-#define OVERFLOW_BIN ((MAX_SHIFT - MIN_SHIFT) * STEPS + 1)
-#define NBINS (OVERFLOW_BIN + 1)
-#define NWORDS ((NBINS + 63) / 64)
-#define MIN_BLOCK ((size_t)1 << MIN_SHIFT)
 
 /* The smallest class of at least bytes, and its size in *class_bytes; the
  * overflow bin (bytes rounded to 512) above 2^40. */
@@ -58,20 +51,7 @@ size_t block_cache_round(size_t bytes)
     return class_bytes;
 }
 
-/* ---- bins --------------------------------------------------------------- */
-
-struct bins {
-    struct cache_block *head[NBINS]; /* newest first */
-    uint64_t nonempty[NWORDS];
-    uint64_t count;
-};
-
-/* A list in the order blocks joined it, through their lru links: a
- * device's FREE blocks (oldest free first), a stream's PENDING ones (oldest
- * freed first).  A block is on one such list at most. */
-struct order_list {
-    struct cache_block *oldest, *newest;
-};
+/* ---- per-device state --------------------------------------------------- */
 
 /* The blocks PENDING on one stream of a device, by size and, through their
  * lru links, in the order they were freed. */
@@ -99,81 +79,6 @@ static int ncaches;
 static _Atomic bool active;
 static _Atomic uint64_t next_handout = 1;
 
-static void bins_push(struct bins *s, struct cache_block *b)
-{
-    b->prev = NULL;
-    b->next = s->head[b->bin];
-    if (b->next != NULL)
-        b->next->prev = b;
-    s->head[b->bin] = b;
-    s->nonempty[b->bin / 64] |= UINT64_C(1) << (b->bin % 64);
-    s->count++;
-}
-
-static void bins_unlink(struct bins *s, struct cache_block *b)
-{
-    if (b->prev != NULL)
-        b->prev->next = b->next;
-    else if ((s->head[b->bin] = b->next) == NULL)
-        s->nonempty[b->bin / 64] &= ~(UINT64_C(1) << (b->bin % 64));
-    if (b->next != NULL)
-        b->next->prev = b->prev;
-    b->prev = b->next = NULL;
-    s->count--;
-}
-
-/* The first non-empty bin of s in [lo, hi], or -1. */
-static int bins_next(const struct bins *s, int lo, int hi)
-{
-    for (int w = lo / 64; w <= hi / 64; w++) {
-        uint64_t bits = s->nonempty[w];
-        if (w == lo / 64)
-            bits &= ~UINT64_C(0) << (lo % 64);
-        if (bits != 0) {
-            int bin = w * 64 + __builtin_ctzll(bits);
-            return bin <= hi ? bin : -1;
-        }
-    }
-    return -1;
-}
-
-/* A block of bin bin of s with min <= size <= max, or NULL. */
-static struct cache_block *bins_fit(const struct bins *s, int bin, size_t min,
-                                    size_t max)
-{
-    for (struct cache_block *b = s->head[bin]; b != NULL; b = b->next)
-        if (b->size >= min && b->size <= max)
-            return b;
-    return NULL;
-}
-
-/* ---- order lists ------------------------------------------------------- */
-
-static void order_append(struct order_list *l, struct cache_block *b)
-{
-    b->lru_next = NULL;
-    b->lru_prev = l->newest;
-    if (l->newest != NULL)
-        l->newest->lru_next = b;
-    else
-        l->oldest = b;
-    l->newest = b;
-}
-
-static void order_unlink(struct order_list *l, struct cache_block *b)
-{
-    if (b->lru_prev != NULL)
-        b->lru_prev->lru_next = b->lru_next;
-    else
-        l->oldest = b->lru_next;
-    if (b->lru_next != NULL)
-        b->lru_next->lru_prev = b->lru_prev;
-    else
-        l->newest = b->lru_prev;
-    b->lru_prev = b->lru_next = NULL;
-}
-
-/* ---- per-device state --------------------------------------------------- */
 
 static struct device_cache *cache_of(int device)
 {
@@ -591,8 +496,8 @@ bool block_cache_adopt(void *ptr)
 }
 
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           bool pool_only, struct cache_block **out,
-                           size_t max, size_t max_bytes)
+                           struct cache_block **out, size_t max,
+                           size_t max_bytes)
 {
     if (device < 0 || device >= ncaches)
         return 0;
@@ -604,7 +509,7 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
            b->freed_ns <= freed_before_ns) {
         struct cache_block *next = b->lru_next;
         /* Not while an old entry still names it. */
-        if (b->events == 0 && (b->pool || !pool_only)) {
+        if (b->events == 0) {
             bins_unlink(&c->free, b);
             order_unlink(&c->lru, b);
             block_map_remove(b);
@@ -619,7 +524,36 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
     return n;
 }
 
-size_t block_cache_collect_pending(int device, unsigned long long stream_id,
+/* Lock held.  Whether b, FREE or PENDING on the stream of a request that
+ * missed, may go back to the pool for it: a pool block, and when FREE, one
+ * no entry names that was free at or before freed_before_ns. */
+static bool may_hand_back(const struct cache_block *b, uint64_t freed_before_ns)
+{
+    return b->pool && (b->state == BLOCK_PENDING ||
+                       (b->events == 0 && b->freed_ns <= freed_before_ns));
+}
+
+/* Lock held.  The largest block of s (NULL: none) that may go back; of
+ * equal sizes, the oldest filed. */
+static struct cache_block *largest_to_hand_back(const struct bins *s,
+                                                uint64_t freed_before_ns)
+{
+    if (s == NULL)
+        return NULL;
+    for (int bin = NBINS - 1; (bin = bins_prev(s, bin)) >= 0; bin--) {
+        struct cache_block *best = NULL;
+        for (struct cache_block *b = s->head[bin]; b != NULL; b = b->next)
+            if (may_hand_back(b, freed_before_ns) &&
+                (best == NULL || b->size >= best->size))
+                best = b;
+        if (best != NULL)
+            return best;
+    }
+    return NULL;
+}
+
+size_t block_cache_collect_largest(int device, unsigned long long stream_id,
+                                   uint64_t freed_before_ns,
                                    struct block_memory *out, size_t max,
                                    size_t max_bytes)
 {
@@ -627,26 +561,40 @@ size_t block_cache_collect_pending(int device, unsigned long long stream_id,
         return 0;
     struct device_cache *c = cache_of(device);
     size_t n = 0, bytes = 0;
+    struct cache_block *forget = NULL; /* FREE records, through lru_next */
     pthread_mutex_lock(&c->lock);
-    struct stream_bins *s = *stream_slot(c, stream_id);
-    struct cache_block *b = s != NULL ? s->order.oldest : NULL;
-    while (b != NULL && n < max && bytes < max_bytes) {
-        struct cache_block *next = b->lru_next;
-        if (b->pool) {
-            bool last = s->bins.count == 1; /* s goes with its last block */
+    while (n < max && bytes < max_bytes) {
+        struct stream_bins *own = *stream_slot(c, stream_id);
+        struct cache_block *b = largest_to_hand_back(&c->free, freed_before_ns);
+        struct cache_block *p = largest_to_hand_back(
+            own != NULL ? &own->bins : NULL, freed_before_ns);
+        if (b == NULL || (p != NULL && p->size > b->size))
+            b = p; /* size for size, a FREE block first */
+        if (b == NULL)
+            break;
+        if (b->state == BLOCK_PENDING) {
+            /* Its record waits for its entry (the reclaimer forgets it). */
             stream_unlink(c, b);
-            block_map_remove(b);
             b->state = BLOCK_GONE;
-            stats_sub(&stats.cache_free_bytes, b->size);
-            stats_sub(&stats.cache_bytes, b->size);
-            bytes += b->size;
-            out[n++] = (struct block_memory){b->ptr, b->size};
-            if (last)
-                break;
+        } else {
+            bins_unlink(&c->free, b);
+            order_unlink(&c->lru, b);
+            b->lru_next = forget;
+            forget = b;
         }
-        b = next;
+        block_map_remove(b);
+        stats_sub(&stats.cache_free_bytes, b->size);
+        stats_sub(&stats.cache_bytes, b->size);
+        bytes += b->size;
+        /* Copied now: a GONE record may be freed once the lock is left. */
+        out[n++] = (struct block_memory){b->ptr, b->size};
     }
     pthread_mutex_unlock(&c->lock);
+    while (forget != NULL) {
+        struct cache_block *next = forget->lru_next;
+        block_cache_forget(forget);
+        forget = next;
+    }
     return n;
 }
 

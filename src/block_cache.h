@@ -20,11 +20,13 @@
  * A FREE block that nobody took for cache_keep_ms is released on the
  * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
  * every FREE block on defer_trim and shutdown.  A request that misses, when
- * the pool lacks the memory for it, hands the oldest FREE pool blocks back
- * to the pool first (memory of any size), as many as it lacks, then the
- * oldest PENDING pool blocks of its own stream (a free ordered on that
- * stream is as safe as reusing them there): the pool does not grow while
- * the cache holds memory nobody uses.
+ * the pool lacks the memory for it, hands pool blocks back to the pool, the
+ * largest first, FREE ones or ones PENDING on its own stream (a free
+ * ordered on that stream is as safe as reusing them there), until it lacks
+ * nothing: the pool does not grow while the cache holds memory nobody
+ * uses.  Blocks are never split: where a program's requests of every size
+ * add up to more than its live peak, some miss every step (the limit in
+ * cudefer.h, measured by t/alloc_steady).
  *
  * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
  * classes per power of two (at most 6.25 % more), from 512 bytes; a request
@@ -181,16 +183,15 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
  * room) when not NULL; how many (0 when ptr is no such block). */
 size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
 
-/* Reclaimer (and, for pool blocks only, a request that missed).  Removes
- * FREE blocks of device that became free at or before freed_before_ns
- * (UINT64_MAX: all), oldest first, only pool blocks when pool_only, into
- * out: at most max of them, and no more once their sizes add up to
- * max_bytes (SIZE_MAX: no such limit).  The caller releases each
+/* Reclaimer.  Removes FREE blocks of device that became free at or before
+ * freed_before_ns (UINT64_MAX: all), oldest first, into out: at most max
+ * of them, and no more once their sizes add up to max_bytes (SIZE_MAX: no
+ * such limit).  The caller releases each
  * (block_pool_free for pool blocks, else cudaFree) and gives it to
  * block_cache_forget.  Returns how many. */
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           bool pool_only, struct cache_block **out,
-                           size_t max, size_t max_bytes);
+                           struct cache_block **out, size_t max,
+                           size_t max_bytes);
 void block_cache_forget(struct cache_block *block);
 
 /* The memory of a block that left the cache. */
@@ -199,14 +200,18 @@ struct block_memory {
     size_t size;
 };
 
-/* A request that missed, on stream stream_id of device.  Removes PENDING
- * pool blocks of that stream, oldest first, like block_cache_collect (max,
- * max_bytes), and copies their memory to out; each is GONE: the caller
- * hands the memory back to the pool, ordered on that very stream.  The
- * records are not the caller's: each goes (on the reclaimer) once the entry
- * that names it is done, which may be before the caller reads out.
- * Returns how many. */
-size_t block_cache_collect_pending(int device, unsigned long long stream_id,
+/* A request that missed, on stream stream_id of device.  Removes pool
+ * blocks that are FREE (free at or before freed_before_ns, named by no
+ * entry) or PENDING on that stream, the largest first (size for size, FREE
+ * first), at most max of them and no more once their sizes add up to
+ * max_bytes, and copies their memory to out: the caller hands it back to
+ * the pool, ordered on that very stream.  The records are not the caller's:
+ * a FREE one is forgotten here; a PENDING one is GONE and goes (on the
+ * reclaimer) once the entry that names it is done, which may be before the
+ * caller reads out.  Returns how many.  Never blocks but on the device's
+ * mutex. */
+size_t block_cache_collect_largest(int device, unsigned long long stream_id,
+                                   uint64_t freed_before_ns,
                                    struct block_memory *out, size_t max,
                                    size_t max_bytes);
 

@@ -42,7 +42,7 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
         uint64_t released = 0;
         size_t n;
         cudaStream_t async = reclaimer_free_stream(d);
-        while ((n = block_cache_collect(d, before, false, batch, 64,
+        while ((n = block_cache_collect(d, before, batch, 64,
                                         SIZE_MAX)) > 0) {
             for (size_t i = 0; i < n; i++) {
                 /* Pool blocks go back to the pool at no cost; others (no

@@ -205,7 +205,7 @@ static void test_devices_and_collect(void)
     uint64_t oldest = block_cache_oldest_free_ns(1);
     ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
     struct cache_block *out[8];
-    size_t n = block_cache_collect(1, UINT64_MAX, false, out, 8, SIZE_MAX);
+    size_t n = block_cache_collect(1, UINT64_MAX, out, 8, SIZE_MAX);
     is_int(n, 2, "collect takes the FREE blocks no entry names");
     ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
        "and removes them from the map");
@@ -213,9 +213,9 @@ static void test_devices_and_collect(void)
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
     named->events--;
-    is_int(block_cache_collect(1, 0, false, out, 8, SIZE_MAX), 0,
+    is_int(block_cache_collect(1, 0, out, 8, SIZE_MAX), 0,
            "nothing became free before time 0... ");
-    n = block_cache_collect(1, UINT64_MAX, false, out, 8, SIZE_MAX);
+    n = block_cache_collect(1, UINT64_MAX, out, 8, SIZE_MAX);
     is_int(n, 1, "once unnamed it goes too");
     block_cache_forget(out[0]);
 }
@@ -234,30 +234,10 @@ static void test_stale_record(void)
     is_int(block_map_find(ADDR(11))->size, 1024, "the new one counts");
 }
 
-static void test_pool_only(void)
-{
-    ok(block_cache_add(0, ADDR(12), 8192, true) &&
-           block_cache_add(0, ADDR(13), 8192, false),
-       "a pool block and a cudaMalloc block");
-    block_cache_adopt(ADDR(12));
-    block_cache_adopt(ADDR(13));
-    struct cache_block *out[64];
-    size_t n = block_cache_collect(0, UINT64_MAX, true, out, 64, SIZE_MAX);
-    int pools = 1;
-    for (size_t i = 0; i < n; i++)
-        pools &= out[i]->pool;
-    ok(n >= 1 && pools && block_map_find(ADDR(12)) == NULL,
-       "a miss's hand-back takes pool blocks only");
-    ok(block_map_find(ADDR(13)) != NULL,
-       "a cudaMalloc block stays (its cudaFree would drain the device)");
-    for (size_t i = 0; i < n; i++)
-        block_cache_forget(out[i]);
-}
-
-/* A miss's hand-back of its own stream's PENDING blocks: pool blocks of
- * that stream only, oldest freed first, no more than the bytes asked for;
- * their records go once the entries naming them are done. */
-static void test_collect_pending(void)
+/* A miss's hand-back: pool blocks FREE or PENDING on the request's stream
+ * only, the largest first, no more than the bytes asked for; PENDING
+ * records go once the entries naming them are done. */
+static void test_collect_largest(void)
 {
     struct block_free_plan plan[4];
     /* 14, 15, 16: pool blocks freed on stream 7 in this order; 17 a
@@ -270,27 +250,37 @@ static void test_collect_pending(void)
         ok(block_cache_park(&plan[i < 4 ? i : 3], streams[i]),
            "PENDING on its stream");
     }
+    /* 19: a FREE pool block, free at time >= 1; 20: a FREE cudaMalloc
+     * block, the largest (its cudaFree would drain the device). */
+    ok(block_cache_add(0, ADDR(19), 3072, true) && block_cache_adopt(ADDR(19)),
+       "a FREE pool block");
+    ok(block_cache_add(0, ADDR(20), 8192, false) && block_cache_adopt(ADDR(20)),
+       "a FREE cudaMalloc block");
     struct cache_block *b14 = block_map_find(ADDR(14));
     struct cache_block *b15 = block_map_find(ADDR(15));
     struct cache_block *b16 = block_map_find(ADDR(16));
     uint64_t h14 = b14->handout, h15 = b15->handout, h16 = b16->handout;
     struct block_memory out[8];
-    size_t n = block_cache_collect_pending(0, 7, out, 8, 5000);
+    is_int(block_cache_collect_largest(0, 9, 0, out, 8, SIZE_MAX), 0,
+           "another stream takes none of 7's, nor a block free after the "
+           "time given");
+    size_t n = block_cache_collect_largest(0, 7, UINT64_MAX, out, 8, 5000);
     ok(n == 2 && out[0].ptr == ADDR(14) && out[0].size == 4096 &&
-           out[1].ptr == ADDR(15) && out[1].size == 1024,
-       "the oldest PENDING pool blocks of the stream, until the bytes asked "
-       "for are reached");
+           out[1].ptr == ADDR(19) && out[1].size == 3072,
+       "the largest pool blocks, PENDING on the stream or FREE, until the "
+       "bytes asked for are reached");
     ok(b14->state == BLOCK_GONE && block_map_find(ADDR(14)) == NULL &&
-           block_map_find(ADDR(15)) == NULL,
-       "GONE, out of the map");
-    ok(block_map_find(ADDR(16)) != NULL, "the next one stays");
-    is_int(block_cache_collect_pending(0, 9, out, 8, SIZE_MAX), 0,
-           "another stream has none");
-    n = block_cache_collect_pending(0, 7, out, 8, SIZE_MAX);
-    ok(n == 1 && out[0].ptr == ADDR(16),
-       "the rest of the stream's pool blocks, not its cudaMalloc block");
-    ok(block_map_find(ADDR(17)) != NULL && block_map_find(ADDR(18)) != NULL,
-       "nor another stream's");
+           block_map_find(ADDR(19)) == NULL,
+       "GONE or forgotten, out of the map");
+    ok(block_map_find(ADDR(15)) != NULL && block_map_find(ADDR(16)) != NULL,
+       "the smaller ones stay");
+    n = block_cache_collect_largest(0, 7, UINT64_MAX, out, 8, SIZE_MAX);
+    ok(n == 2 && out[0].ptr == ADDR(16) && out[1].ptr == ADDR(15),
+       "the rest of the stream's pool blocks, largest first, not its "
+       "cudaMalloc block");
+    ok(block_map_find(ADDR(17)) != NULL && block_map_find(ADDR(18)) != NULL &&
+           block_map_find(ADDR(20)) != NULL,
+       "nor another stream's, nor a FREE cudaMalloc block");
     /* Their entries complete: the records go (ASan sees a leak otherwise). */
     block_cache_event_done(b14, h14, true, 1);
     block_cache_event_done(b15, h15, true, 1);
@@ -313,8 +303,7 @@ int main(void)
     test_recorded();
     test_devices_and_collect();
     test_stale_record();
-    test_pool_only();
-    test_collect_pending();
+    test_collect_largest();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
