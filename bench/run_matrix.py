@@ -115,6 +115,13 @@ class Runner:
         if wl.is_train:
             rec.update(allocator=st.name, allocator_base=st.base)
             rec.setdefault('model', wl.model)
+            # cudefer's misses and hand-backs per timed step, as plain
+            # numbers so that the summary takes their medians.
+            per_step = rec.get('cudefer_per_step') or {}
+            for key, counter in (('misses_per_step', 'cache_mallocs'),
+                                 ('hand_backs_per_step', 'cache_releases')):
+                if isinstance(per_step.get(counter), (int, float)):
+                    rec[key] = per_step[counter]
         if error:
             rec['error'] = error
         else:

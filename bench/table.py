@@ -100,11 +100,18 @@ def table_train(rows, o):
               o.train_steps, o.train_warmup, gpus or '?'))
     ident = lambda s, k: '-' if s.get(k) is None else '%s (%d/%d)' % (
         'yes' if s[k] else 'NO', s[k + '_reps'], s['reps'])
+    # GPU behind: steps the GPU had not finished when a step began (about
+    # 1: the GPU sets the pace; below: the launching thread does); misses
+    # and hand-backs: cudefer's per timed step.
     print_grid(['allocator', 'ms/step', 'x native', 'peak MiB', 'peak x native',
-                'losses identical', 'weights identical', 'reps'],
+                'GPU behind', 'misses', 'hand-backs', 'losses identical',
+                'weights identical', 'reps'],
                [[s['strategy'], fmt(s.get('ms_per_step'), 2),
                  fmt_spread(s, 'ms_per_step_ratio'), fmt(s.get('peak_mib'), 0),
-                 fmt_spread(s, 'peak_ratio'), ident(s, 'losses_identical'),
+                 fmt_spread(s, 'peak_ratio'), fmt(s.get('gpu_steps_behind'), 2),
+                 fmt(s.get('misses_per_step'), 0),
+                 fmt(s.get('hand_backs_per_step'), 0),
+                 ident(s, 'losses_identical'),
                  ident(s, 'weights_identical'), fmt_reps(s)] for s in rows])
 
 

@@ -72,10 +72,14 @@ peak = {'native': 7000.0, 'cudefer': 7700.0}.get(alloc, 6900.0)
 losses = ['0x1.8p+1', '0x1.4p+1'] if alloc != 'malloc-free' else ['0x1.8p+1', '0x1.3p+1']
 h = hashlib.sha256(''.join(losses).encode()).hexdigest()
 print('step 1 loss 3.0')
-print(json.dumps(dict(model=model, allocator=alloc, device='Fake GPU',
-                      gpus=2 if '--ddp' in sys.argv else 1, steps=int(a['--steps']),
-                      ms_per_step=ms, peak_mib=peak, losses=losses, losses_sha256=h,
-                      weights_sha256='w' + h[:8], lib=a.get('--lib'), cuda='13.0')))
+r = dict(model=model, allocator=alloc, device='Fake GPU',
+         gpus=2 if '--ddp' in sys.argv else 1, steps=int(a['--steps']),
+         ms_per_step=ms, peak_mib=peak, losses=losses, losses_sha256=h,
+         weights_sha256='w' + h[:8], lib=a.get('--lib'), cuda='13.0',
+         gpu_steps_behind=0.97)
+if alloc == 'cudefer':
+    r['cudefer_per_step'] = dict(cache_mallocs=27.0, cache_releases=26.0)
+print(json.dumps(r))
 '''
 
 FAKE_TORCH = '''__version__ = '9.9-fake'
@@ -267,6 +271,9 @@ def test_end_to_end():
             assert x['cuda'] == 'runtime 13.0, driver 13.0' and x['child_cuda'] == '13.0'
         c = next(x for x in tr if x['allocator'] == 'cudefer')
         assert close(c['ms_per_step_ratio'], 41 / 40.0) and close(c['peak_ratio'], 1.1)
+        assert c['misses_per_step'] == 27.0 and c['hand_backs_per_step'] == 26.0
+        assert sums[('train-lm', 'cudefer')]['misses_per_step'] == 27.0
+        assert 'misses_per_step' not in next(x for x in tr if x['allocator'] == 'native')
         assert c['losses_identical'] is True
         mf = next(x for x in tr if x['allocator'] == 'malloc-free')
         assert mf['losses_identical'] is False
@@ -277,7 +284,8 @@ def test_end_to_end():
         for needle in ('== W1 steady', 'done x floor', '1.050 [1.050-1.050]',
                        '0 (2 FAILED)', '== W5 call cost',
                        '== W6 scale', 'x no-library', '== train-lm', 'NO (0/2)',
-                       'yes (2/2)', '1.100 [1.100-1.100]', 'run(s) FAILED'):
+                       'yes (2/2)', '1.100 [1.100-1.100]', 'run(s) FAILED',
+                       'GPU behind', 'hand-backs'):
             assert needle in so, (needle, so)
     finally:
         shutil.rmtree(tmp)
