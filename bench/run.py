@@ -47,7 +47,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog='run.py', description='Run the cudefer benchmark: every strategy on '
         'every workload, each repetition in a fresh process (bench/README.md).')
-    p.add_argument('--workloads', help='comma-separated: %s (default: W1-W6, '
+    p.add_argument('--workloads', help='comma-separated: %s (default: W1-W6, W5-parts, '
                    'train-cnn, train-lm, and the -ddp ones on 2+ GPUs)' %
                    ','.join(GROUPS))
     p.add_argument('--strategies', help='comma-separated built-in strategies '

@@ -43,7 +43,7 @@ class Runner:
                '--strategy', st.base, '--label', st.name, '--rep', str(rep)]
         if wl.program == 'bench-launch-loop':
             cmd += ['--iters', str(o.iters)]
-        elif wl.program == 'bench-release-call':
+        elif wl.program in ('bench-release-call', 'bench-call-parts'):
             cmd += ['--calls', str(o.w5_calls)]
         else:
             cmd += ['--entries', str(o.w6_entries)]

@@ -66,6 +66,10 @@ WORKLOADS = [
              ASYNC_RATIOS, title='call cost: the release call alone, 1 MiB buffers'),
     Workload('W5-busy', 'W5', 'bench-release-call', CALL_STRATEGIES, [],
              ASYNC_RATIOS, title='call cost: the release call alone, 1 MiB buffers'),
+    Workload('W5-parts', 'W5-parts', 'bench-call-parts', ['idle', 'busy'], [], [],
+             title='the call\'s parts: each CUDA call a defer call may make, '
+             'defer_free, defer_call, and the allocator pairs, timed alone on '
+             'a created stream and on stream 0'),
     Workload('W6', 'W6', 'bench-scale', ['no-library', 'cudefer'], ['no-library'],
              SCALE_RATIOS, title='scale: 10^6 calls over 1024 streams from 64 '
              'threads, streams held back by a gate kernel (cudefer: defer_call '

@@ -77,6 +77,32 @@ def table_call(idle, busy, o):
                 'recl CPU ms i/b', 'q/rel i/b', 'reps i/b'], grid)
 
 
+# bench-call-parts' parts, in its order (STREAM_PART_p50_us and so on).
+PARTS = ['clock', 'is_capturing', 'stream_get_device', 'stream_get_id',
+         'get_device', 'event_create', 'event_record', 'defer_free',
+         'defer_call', 'event_record_rr16', 'defer_call_rr16', 'pair_defer',
+         'pair_defer_alloc', 'pair_defer_free', 'pair_async',
+         'pair_malloc_async', 'pair_free_async']
+
+
+def table_parts(rows, o):
+    print('   %d calls of each part, each timed alone; idle: the stream has no '
+          'work; busy: a 2 s kernel queued first; medians over repetitions; '
+          'own: defer_free less cudaStreamIsCapturing and cudaEventRecord'
+          % o.w5_calls)
+    get = lambda n: next((s for s in rows if s['strategy'] == n), {})
+    idle, busy = get('idle'), get('busy')
+    cell = lambda s, key: fmt_slash(s, [key + '_p50_us', key + '_p99_us'], 2)
+    grid = [[part] + [cell(s, stream + '_' + part)
+                      for stream in ('created', 'legacy') for s in (idle, busy)]
+            for part in PARTS]
+    grid.append(['defer_free own p50'] +
+                [fmt(s.get(stream + '_defer_free_own_p50_us'), 2)
+                 for stream in ('created', 'legacy') for s in (idle, busy)])
+    print_grid(['part', 'created idle p50/p99 us', 'created busy',
+                'stream 0 idle', 'stream 0 busy'], grid)
+
+
 def table_scale(rows, o):
     print('   %d calls; memory read while every entry waits behind the gate; '
           'x no-library: calls/s to the no-library row' % o.w6_entries)
@@ -133,6 +159,8 @@ def print_table(workloads, summaries, info, o, failures):
         print('\n== %s %s' % (wl.group, wl.title))
         if wl.group == 'W5':
             table_call(by_wl.get('W5-idle', []), by_wl.get('W5-busy', []), o)
+        elif wl.name == 'W5-parts':
+            table_parts(by_wl.get('W5-parts', []), o)
         elif wl.name == 'W6':
             table_scale(by_wl.get('W6', []), o)
         elif wl.is_train:

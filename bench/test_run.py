@@ -46,7 +46,14 @@ base = {'limit': 100, 'malloc-never-free': 110, 'cudefer': 105}.get(a['--strateg
 done = base + rep
 r = dict(workload=wl, strategy=label, kind=a['--strategy'], rep=rep,
          env_poll=os.environ.get('CUDEFER_POLL_US'), stray=os.environ.get('CUDEFER_STRAY'))
-if wl.startswith('W5'):
+if wl == 'W5-parts':
+    r.update(calls=int(a['--calls']), busy_held=1 if a['--strategy'] == 'busy' else None,
+             created_defer_free_own_p50_us=0.25, legacy_defer_free_own_p50_us=0.5)
+    for s in ('created', 'legacy'):
+        for part in ('event_record', 'defer_free', 'pair_defer', 'pair_async'):
+            r[s + '_' + part + '_p50_us'] = 1.25 if part == 'defer_free' else 0.75
+            r[s + '_' + part + '_p99_us'] = 3.0
+elif wl.startswith('W5'):
     r.update(calls=int(a['--calls']), call_p50_us=base / 100.0, call_p99_us=base / 50.0,
              call_max_us=9.0, busy_held=1 if wl == 'W5-busy' else None)
 elif wl == 'W6':
@@ -101,7 +108,8 @@ def write(path, text, mode=0o755):
 def make_fakes(tmp, gpus=1, with_torch=True):
     bindir = os.path.join(tmp, 'bin')
     os.makedirs(bindir, exist_ok=True)
-    for prog in ('bench-launch-loop', 'bench-release-call', 'bench-scale'):
+    for prog in ('bench-launch-loop', 'bench-release-call', 'bench-scale',
+                 'bench-call-parts'):
         write(os.path.join(bindir, prog), FAKE_C)
     write(os.path.join(tmp, 'torch_train.py'), FAKE_TRAIN)
     # with_torch=False: a torch that fails to import, so that the python3 of a
@@ -232,7 +240,7 @@ def test_end_to_end():
         make_fakes(tmp, gpus=2)
         out = os.path.join(tmp, 'r.jsonl')
         rc, so, se = run_py(tmp, ['--reps', '2', '--json', out, '--iters', '7',
-                                  '--workloads', 'W1,W5,W6,train-lm,train-cnn-ddp',
+                                  '--workloads', 'W1,W5,W5-parts,W6,train-lm,train-cnn-ddp',
                                   '--variant', 'poll=CUDEFER_POLL_US=10',
                                   '--torch-lib', '/x/libcudefer.so'],
                             env={'FAKE_FAIL': 'naive-reclaimer', 'CUDEFER_STRAY': '1'})
@@ -285,7 +293,8 @@ def test_end_to_end():
                        '0 (2 FAILED)', '== W5 call cost',
                        '== W6 scale', 'x no-library', '== train-lm', 'NO (0/2)',
                        'yes (2/2)', '1.100 [1.100-1.100]', 'run(s) FAILED',
-                       'GPU behind', 'hand-backs'):
+                       'GPU behind', 'hand-backs', '== W5-parts',
+                       'defer_free own p50', '1.25/3.00'):
             assert needle in so, (needle, so)
     finally:
         shutil.rmtree(tmp)
