@@ -4,7 +4,8 @@
  * then looks the stream up again and retries once; the *_streams path must
  * do the same (issue 12, item 9).  The stale identity is emulated by a
  * record that fails once with cudaErrorInvalidResourceHandle on a stream
- * whose identity the thread has cached. */
+ * whose identity the thread has cached, and made for real by giving a
+ * destroyed stream's handle to a new stream (fake_stream_create_reusing). */
 #include <string.h>
 #include <sys/wait.h>
 
@@ -74,6 +75,71 @@ static void test_group_retries(void)
     cudaStreamDestroy(s[1]);
 }
 
+/* The real thing, now that the fake can give a destroyed stream's handle
+ * to a new stream (fake_stream_create_reusing): the thread cached the old
+ * stream's identity, and the handle now names a stream of device 1.  The
+ * free's record fails (the event is device 0's), the stream is looked up
+ * again and the free goes through; nothing is released before its work. */
+static void test_handle_reused_on_another_device(void)
+{
+    cudaStream_t s = stream_new();
+    cache_stream(s);
+    cudaStreamDestroy(s);
+    cudaSetDevice(1);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    void *p = device_alloc(64);
+    cudaSetDevice(0);
+    ok(b == s, "device 1's new stream has the destroyed stream's handle");
+    fake_work *w = work_held(b, p);
+    uint64_t rejected = stats_now().rejected;
+    is_int(defer_free(p, b), cudaSuccess,
+           "defer_free on it: the stale identity is looked up again");
+    void *q = device_alloc(64);
+    cudaSetDevice(1);
+    void *r = device_alloc(64);
+    cudaSetDevice(0);
+    work_timed(b, 100, r);
+    cudaStream_t streams[1] = {b};
+    is_int(defer_free_streams(r, streams, 1), cudaSuccess,
+           "defer_free_streams on it too");
+    is_int(stats_now().rejected - rejected, 0, "nothing refused");
+    is_int(fake_is_released(p), 0, "not released while its work is held");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 && fake_is_released(r) == 1,
+       "released once their work on device 1 is done");
+    cudaFree(q);
+    cudaStreamDestroy(b);
+}
+
+/* The handle reused on the same device: the thread's stale identity names
+ * the old stream, whose work is still held; the new stream's callbacks
+ * keep their order and run after the new stream's own work only. */
+static void test_handle_reused_on_the_same_device(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    fake_work *old = work_held(s, p);
+    is_int(defer_free(p, s), cudaSuccess, "defer_free on s, its work held");
+    cudaStreamDestroy(s);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    calls = 0;
+    for (int i = 0; i < 3; i++)
+        is_int(defer_call(count_call, NULL, b), cudaSuccess,
+               "defer_call %d on the new stream", i);
+    for (int i = 0; i < 2000 && __atomic_load_n(&calls, __ATOMIC_SEQ_CST) < 3;
+         i++)
+        sleep_ms(1);
+    is_int(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 3,
+           "the new stream's callbacks ran while the old stream's work is "
+           "still held: they never waited for it");
+    is_int(fake_is_released(p), 0, "the old stream's free still waits");
+    fake_complete(old);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(fake_is_released(p), 1, "and is released once its work is done");
+    cudaStreamDestroy(b);
+}
+
 /* A cached identity whose device has failed is not trusted: the stream is
  * looked up again before the call is refused with that device's error (a
  * destroyed stream's handle may now name a stream of a healthy device;
@@ -130,6 +196,8 @@ int main(void)
        "call is refused");
     fake_reset(2);
     test_group_retries();
+    test_handle_reused_on_another_device();
+    test_handle_reused_on_the_same_device();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");
