@@ -48,7 +48,7 @@
  * The fake's oracle checks every hand-out and every free. */
 #include <stdint.h>
 
-#include "helpers.h"
+#include "replay.h"
 
 #define KIB ((size_t)1024)
 #define LAYERS 40
@@ -87,67 +87,16 @@ static const unsigned gradient_kib[LAYERS] = {
 static const unsigned optimizer_kib[OPTIMIZER_TEMPS] = {24576, 12288, 24576,
                                                         40960};
 
-/* One replay: its stream, how long each simulated kernel runs, the launch
- * queue (as CUDA's: the CPU waits once depth kernels are queued, so the GPU
- * runs depth kernels behind when it is the slower), and the bytes the trace
- * holds live (now and at most). */
-struct replay {
-    cudaStream_t stream;
-    unsigned kernel_us;
-    unsigned depth;
-    cudaEvent_t queued[KERNELS_PER_STEP]; /* ring: after each of the last
-                                              depth kernels */
-    unsigned long long launched;
-    double waited_ms; /* the CPU waiting for the queue */
-    size_t live, live_peak;
-};
-
-/* A tensor of kib KiB for the trace (defer_alloc, checked by the oracle);
- * bails when refused. */
+/* A tensor of kib KiB for the trace. */
 static void *take(struct replay *r, unsigned kib)
 {
-    void *p = NULL;
-    if (alloc_checked(&p, kib * KIB, r->stream) != cudaSuccess || p == NULL)
-        bail("defer_alloc of %u KiB refused", kib);
-    r->live += kib * KIB;
-    if (r->live > r->live_peak)
-        r->live_peak = r->live;
-    return p;
+    return replay_take(r, kib * KIB);
 }
 
 /* The trace frees a tensor of kib KiB on its stream. */
 static void give(struct replay *r, void *p, unsigned kib)
 {
-    if (defer_free(p, r->stream) != cudaSuccess)
-        bail("defer_free refused");
-    r->live -= kib * KIB;
-}
-
-/* A simulated kernel on the stream using the n tensors of uses (NULLs are
- * ignored by the fake), once the queue has room. */
-static void kernel(struct replay *r, void *const *uses, size_t n)
-{
-    cudaEvent_t slot = r->queued[r->launched % r->depth];
-    if (r->launched >= r->depth && cudaEventQuery(slot) == cudaErrorNotReady) {
-        double t0 = now_ms();
-        if (cudaEventSynchronize(slot) != cudaSuccess)
-            bail("cudaEventSynchronize");
-        r->waited_ms += now_ms() - t0;
-    }
-    if (fake_launch(r->stream, r->kernel_us, uses, n) == NULL)
-        bail("fake_launch refused");
-    if (cudaEventRecord(slot, r->stream) != cudaSuccess)
-        bail("cudaEventRecord");
-    r->launched++;
-}
-
-/* Kernels queued on the GPU and not yet done (of the last depth). */
-static unsigned kernels_behind(const struct replay *r)
-{
-    unsigned n = 0;
-    for (unsigned i = 0; i < r->depth && i < r->launched; i++)
-        n += cudaEventQuery(r->queued[i]) == cudaErrorNotReady;
-    return n;
+    replay_give(r, p, kib * KIB);
 }
 
 /* One training step, enqueued: forward, backward, optimizer. */
@@ -158,7 +107,7 @@ static void step(struct replay *r)
         act[i] = take(r, activation_kib[i]);
         void *ws = workspace_kib[i] ? take(r, workspace_kib[i]) : NULL;
         void *uses[] = {i > 0 ? act[i - 1] : NULL, act[i], ws};
-        kernel(r, uses, 3);
+        replay_kernel(r, uses, 3);
         if (ws != NULL)
             give(r, ws, workspace_kib[i]);
     }
@@ -167,7 +116,7 @@ static void step(struct replay *r)
     for (int i = LAYERS - 1; i >= 0; i--) {
         void *grad_in = take(r, gradient_kib[i]);
         void *uses[] = {act[i], grad_out, grad_in};
-        kernel(r, uses, 3);
+        replay_kernel(r, uses, 3);
         if (grad_out != NULL)
             give(r, grad_out, grad_out_kib);
         give(r, act[i], activation_kib[i]);
@@ -177,20 +126,9 @@ static void step(struct replay *r)
     give(r, grad_out, grad_out_kib);
     for (int j = 0; j < OPTIMIZER_TEMPS; j++) {
         void *t = take(r, optimizer_kib[j]);
-        kernel(r, &t, 1);
+        replay_kernel(r, &t, 1);
         give(r, t, optimizer_kib[j]);
     }
-}
-
-/* The bytes cudefer's pool on device 0 reserves now. */
-static uint64_t pool_reserved(void)
-{
-    uint64_t reserved = 0;
-    if (cudaMemPoolGetAttribute(fake_mem_pool(0),
-                                cudaMemPoolAttrReservedMemCurrent,
-                                &reserved) != cudaSuccess)
-        bail("cudaMemPoolGetAttribute of the fake pool");
-    return reserved;
 }
 
 /* What a replay measured over its measured steps. */
@@ -210,47 +148,40 @@ struct steady {
 static struct steady replay_steady(cudaStream_t stream, unsigned depth,
                                    const char *name)
 {
-    struct replay r = {.stream = stream, .kernel_us = 50, .depth = depth};
-    for (unsigned i = 0; i < depth; i++)
-        if (cudaEventCreate(&r.queued[i]) != cudaSuccess)
-            bail("cudaEventCreate");
+    struct replay r;
+    replay_init(&r, stream, depth, 50);
     double t0 = now_ms();
     step(&r);
     double cpu_ms = now_ms() - t0 - r.waited_ms;
-    unsigned us = (unsigned)(2000.0 * cpu_ms / KERNELS_PER_STEP);
-    if (us > r.kernel_us)
-        r.kernel_us = us < 20000 ? us : 20000;
+    replay_pace(&r, cpu_ms, KERNELS_PER_STEP);
     diag("%s: first step enqueued in %.1f ms; kernels of %u us, a step of "
          "%.1f ms on the GPU, a queue of %u kernels (%.2f step)", name, cpu_ms,
          r.kernel_us, r.kernel_us * KERNELS_PER_STEP / 1000.0, depth,
          (double)depth / KERNELS_PER_STEP);
     for (int k = 1; k < WARMUP_STEPS; k++)
         step(&r);
-    struct steady m = {.reserved_start = pool_reserved()};
-    struct defer_stats first = stats_now(), before = first;
+    struct steady m = {.reserved_start = replay_pool_reserved()};
+    struct defer_stats before = stats_now();
+    uint64_t misses = 0, releases = 0;
     r.live_peak = 0;
     r.waited_ms = 0;
     unsigned behind = 0;
     t0 = now_ms();
     for (int k = 0; k < MEASURED_STEPS; k++) {
         step(&r);
-        behind += kernels_behind(&r);
-        struct defer_stats after = stats_now();
-        uint64_t misses = after.cache_mallocs - before.cache_mallocs;
-        uint64_t releases = after.cache_releases - before.cache_releases;
-        if (misses > m.misses_max)
-            m.misses_max = misses;
-        if (releases > m.releases_max)
-            m.releases_max = releases;
-        before = after;
+        behind += replay_kernels_behind(&r);
+        struct replay_cache_counts c = replay_cache_since(&before);
+        if (c.misses > m.misses_max)
+            m.misses_max = c.misses;
+        if (c.releases > m.releases_max)
+            m.releases_max = c.releases;
+        misses += c.misses;
+        releases += c.releases;
     }
     double enqueue_ms = (now_ms() - t0 - r.waited_ms) / MEASURED_STEPS;
-    m.misses_per_step =
-        (double)(before.cache_mallocs - first.cache_mallocs) / MEASURED_STEPS;
-    m.releases_per_step =
-        (double)(before.cache_releases - first.cache_releases) /
-        MEASURED_STEPS;
-    m.reserved_end = pool_reserved();
+    m.misses_per_step = (double)misses / MEASURED_STEPS;
+    m.releases_per_step = (double)releases / MEASURED_STEPS;
+    m.reserved_end = replay_pool_reserved();
     m.live_peak = r.live_peak;
     m.steps_behind = (double)behind / MEASURED_STEPS / KERNELS_PER_STEP;
     diag("%s: %.1f misses/step (%llu in the worst step), %.1f hand-backs/step "
@@ -262,10 +193,7 @@ static struct steady replay_steady(cudaStream_t stream, unsigned depth,
          m.reserved_end / 1048576.0, m.live_peak / 1048576.0,
          (double)m.reserved_end / (double)m.live_peak, m.steps_behind,
          enqueue_ms);
-    if (cudaStreamSynchronize(stream) != cudaSuccess)
-        bail("cudaStreamSynchronize");
-    for (unsigned i = 0; i < depth; i++)
-        cudaEventDestroy(r.queued[i]);
+    replay_finish(&r);
     return m;
 }
 
@@ -298,7 +226,7 @@ static void replay_and_check(cudaStream_t stream, unsigned depth,
     size_t trimmed = 0;
     if (defer_flush() != cudaSuccess || defer_trim(&trimmed) != cudaSuccess)
         bail("defer_flush or defer_trim failed");
-    ok(pool_reserved() == 0, "%s: the pool starts empty", name);
+    ok(replay_pool_reserved() == 0, "%s: the pool starts empty", name);
     struct steady m = replay_steady(stream, depth, name);
     check_steady(&m, depth, name);
 }
