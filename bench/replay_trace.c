@@ -17,10 +17,11 @@
  * queued (t/replay.h), and kernels take twice the CPU's time per request
  * (measured on the first pass) or --kernel-us.
  *
- * The steps: the trace's "m STEP" lines cut it into steps.  Everything
- * before the --from'th step (0-based; default: half the recorded steps,
- * which warm up) is replayed once; then the steps from there to the end
- * (the window) are replayed --cycles times (default 3).  The first cycle
+ * The steps: the trace's "m STEP" lines cut it into steps; the last one
+ * ends the last step (what follows it, the teardown, is not replayed).
+ * Everything before the --from'th step (0-based; default: half the
+ * recorded steps, which warm up) is replayed once; then the steps from
+ * there to the last (the window) are replayed --cycles times (default 3).  The first cycle
  * warms cudefer's cache; each step of the later ones is measured.  A
  * window does not close on itself: it frees blocks made before it (the
  * previous step's gradients, say) and leaves blocks live at its end.  From
@@ -269,11 +270,11 @@ static void match_frees(struct trace *t)
 }
 
 /* Pair the window's frees of blocks made before it with the blocks the
- * window leaves live, by size (the top comment says why).  The window
- * starts at op start, its first alloc id is first_id.  Returns the frees
+ * window leaves live, by size (the top comment says why).  The window is
+ * ops [start, end); its first alloc id is first_id.  Returns the frees
  * paired (*carried_in gets all such frees). */
-static size_t pair_window(struct trace *t, size_t start, uint32_t first_id,
-                          size_t *carried_in)
+static size_t pair_window(struct trace *t, size_t start, size_t end,
+                          uint32_t first_id, size_t *carried_in)
 {
     unsigned char *freed = calloc(t->nallocs + 1, 1);
     struct op **in = malloc((t->nops + 1) * sizeof *in);
@@ -281,7 +282,7 @@ static size_t pair_window(struct trace *t, size_t start, uint32_t first_id,
     if (freed == NULL || in == NULL || out == NULL)
         die("out of memory");
     size_t nin = 0, nout = 0, paired = 0;
-    for (size_t i = start; i < t->nops; i++) {
+    for (size_t i = start; i < end; i++) {
         struct op *o = &t->ops[i];
         if (o->kind != OP_FREE)
             continue;
@@ -291,7 +292,7 @@ static size_t pair_window(struct trace *t, size_t start, uint32_t first_id,
             in[nin++] = o;
         }
     }
-    for (size_t i = start; i < t->nops; i++)
+    for (size_t i = start; i < end; i++)
         if (t->ops[i].kind == OP_ALLOC && !freed[t->ops[i].id]) {
             t->ops[i].key = t->ops[i].size;
             out[nout++] = &t->ops[i];
@@ -509,7 +510,7 @@ static void print_json(const struct player *pl, const struct options *o,
            "\"implicit_frees\": %lu, \"skipped_frees\": %lu, "
            "\"unknown_frees\": %lu, \"failed_allocs\": %lu, "
            "\"oracle_violations\": %ld}\n",
-           t->path, t->lines, t->nmarks, from, o->cycles, s->steps,
+           t->path, t->lines, t->nmarks - 1, from, o->cycles, s->steps,
            t->nstreams, o->legacy_stream ? "legacy" : "created",
            requests_per_step, pl->r.depth, pl->r.kernel_us,
            (double)s->behind / steps / requests_per_step,
@@ -527,19 +528,22 @@ int main(int argc, char **argv)
     struct trace t = {.path = o.path};
     read_lines(&t);
     match_frees(&t);
-    if (t.nmarks == 0)
-        die("%s has no step marks (\"m STEP\" lines)", t.path);
-    size_t from = o.from < 0 ? t.nmarks / 2 : (size_t)o.from;
-    if (from >= t.nmarks)
-        die("--from %zu: %s has %zu steps", from, t.path, t.nmarks);
-    size_t start = t.marks[from];
-    uint32_t first_id = 0;
-    for (size_t i = 0; i < start; i++)
-        first_id += t.ops[i].kind == OP_ALLOC;
-    size_t carried_in = 0, paired = pair_window(&t, start, first_id,
-                                                &carried_in);
-    double requests_per_step =
-        (double)(t.nallocs - first_id) / (double)(t.nmarks - from);
+    if (t.nmarks < 2)
+        die("%s has %zu step marks (\"m STEP\" lines): at least two are "
+            "needed, the last one ending the last step", t.path, t.nmarks);
+    size_t steps = t.nmarks - 1;
+    size_t from = o.from < 0 ? steps / 2 : (size_t)o.from;
+    if (from >= steps)
+        die("--from %zu: %s has %zu steps", from, t.path, steps);
+    size_t start = t.marks[from], end = t.marks[steps];
+    uint32_t first_id = 0, window_allocs = 0;
+    for (size_t i = 0; i < end; i++) {
+        first_id += i < start && t.ops[i].kind == OP_ALLOC;
+        window_allocs += i >= start && t.ops[i].kind == OP_ALLOC;
+    }
+    size_t carried_in = 0;
+    size_t paired = pair_window(&t, start, end, first_id, &carried_in);
+    double requests_per_step = (double)window_allocs / (double)(steps - from);
     if (requests_per_step < 1)
         die("%s: no allocations in its steps from %zu on", t.path, from);
     if (t.nstreams > 1)
@@ -559,11 +563,11 @@ int main(int argc, char **argv)
     pl.since = stats_now();
 
     double t0 = now_ms();
-    play(&pl, 0, t.nops, 0);
+    play(&pl, 0, end, 0);
     if (o.kernel_us == 0)
         replay_pace(&pl.r, now_ms() - t0 - pl.r.waited_ms, pl.r.launched);
     for (unsigned c = 1; c < o.cycles; c++)
-        play(&pl, start, t.nops, c);
+        play(&pl, start, end, c);
     end_step(&pl);
 
     for (uint32_t id = 0; id < t.nallocs; id++)

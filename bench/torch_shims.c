@@ -8,13 +8,38 @@
  *   pluggable-async  shim_async_alloc  / shim_async_free   cudaMallocAsync, cudaFreeAsync
  *   malloc-defer     shim_malloc_alloc / shim_defer_free   cudaMalloc, defer_free
  *   malloc-free      shim_malloc_alloc / shim_cudafree     cudaMalloc, cudaFree
+ *   cudefer-trace    shim_traced_alloc / shim_traced_free  cudefer, traced
+ *
+ * cudefer-trace is cudefer's defer_pluggable_alloc/free that also records
+ * every call, for bench/replay-trace to replay on the fake CUDA runtime
+ * (cudefer's block cache measured without a GPU).  The trace is text, one
+ * line a call, appended to a buffer in memory (a lock, a snprintf) and
+ * written to the file named by CUDEFER_TRACE_FILE when the buffer fills
+ * (TRACE_BUFFER_BYTES), when shim_trace_flush is called and at exit:
+ *
+ *   a SIZE STREAM PTR   an allocation: SIZE bytes (decimal) asked for on
+ *                       STREAM, which got PTR (PTR 0: refused, as out of
+ *                       memory)
+ *   f PTR STREAM        PTR freed on STREAM (the allocation's stream)
+ *   m STEP              training step STEP begins (shim_trace_mark)
+ *   # ...               a comment (the first line says what the file is)
+ *
+ * STREAM is the cudaStream_t handle as a decimal number (0: the legacy
+ * stream, PyTorch's default); PTR is hexadecimal with 0x.  Lines are in the
+ * order the calls took the buffer's lock.  The device is not recorded (one
+ * process, one device: bench/torch_train.py gives each --ddp rank its own
+ * file).  Calls after the exit's flush are not recorded.
  *
  * cudefer itself needs no shim: libcudefer exports defer_pluggable_alloc
  * and defer_pluggable_free.  None of these hears Tensor.record_stream
  * (PyTorch forwards it to a pluggable allocator only through a C++ hook),
  * so on a program that relies on record_stream they may reuse memory early.
  */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <cuda_runtime_api.h>
 
@@ -125,4 +150,138 @@ void shim_cudafree(void *ptr, size_t size, int device, cudaStream_t stream)
     }
     if (err != cudaSuccess)
         report_error("cudaFree", err, size);
+}
+
+/* ---- cudefer-trace: cudefer, every call recorded -------------------------- */
+
+/* The trace buffer's size: written out when a line may not fit (t/trace_record
+ * builds this file with a small one, to write it out often). */
+#ifndef TRACE_BUFFER_BYTES
+#define TRACE_BUFFER_BYTES ((size_t)8 << 20)
+#endif
+/* The longest line: "a" and three 20-digit numbers, or "0x" and 16 digits. */
+#define TRACE_LINE_MAX 80
+
+/* The trace, under trace_lock. */
+static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static enum { TRACE_UNSTARTED, TRACE_ON, TRACE_OFF } trace_state;
+static char *trace_buffer;
+static size_t trace_used;
+static FILE *trace_file;
+static const char *trace_path;
+
+/* Write the buffer to the trace file (opened, truncated, at the first
+ * write).  Under trace_lock; blocks on the file.  On failure, reports and
+ * stops tracing. */
+static void trace_write_locked(void)
+{
+    if (trace_state != TRACE_ON || trace_used == 0)
+        return;
+    if (trace_file == NULL) {
+        trace_file = fopen(trace_path, "w");
+        if (trace_file == NULL ||
+            fputs("# cudefer allocation trace (bench/torch_shims.c): "
+                  "a SIZE STREAM PTR | f PTR STREAM | m STEP\n",
+                  trace_file) == EOF) {
+            perror(trace_path);
+            trace_state = TRACE_OFF;
+            return;
+        }
+    }
+    if (fwrite(trace_buffer, 1, trace_used, trace_file) != trace_used ||
+        fflush(trace_file) != 0) {
+        perror(trace_path);
+        trace_state = TRACE_OFF;
+    }
+    trace_used = 0;
+}
+
+/* At exit: write what is left, close the file, record nothing more. */
+static void trace_at_exit(void)
+{
+    pthread_mutex_lock(&trace_lock);
+    trace_write_locked();
+    if (trace_file != NULL)
+        fclose(trace_file);
+    trace_file = NULL;
+    trace_state = TRACE_OFF;
+    pthread_mutex_unlock(&trace_lock);
+}
+
+/* Start tracing at the first call: the buffer, the file's name, the exit
+ * handler.  Under trace_lock.  Without CUDEFER_TRACE_FILE, reports once and
+ * traces nothing (the allocations go on). */
+static void trace_start_locked(void)
+{
+    trace_path = getenv("CUDEFER_TRACE_FILE");
+    trace_buffer = malloc(TRACE_BUFFER_BYTES);
+    if (trace_path == NULL || trace_path[0] == '\0' || trace_buffer == NULL ||
+        atexit(trace_at_exit) != 0) {
+        fprintf(stderr, "torch_shims: %s: no trace is recorded\n",
+                trace_buffer == NULL ? "out of memory"
+                : trace_path == NULL || trace_path[0] == '\0'
+                    ? "CUDEFER_TRACE_FILE is not set"
+                    : "atexit failed");
+        trace_state = TRACE_OFF;
+        return;
+    }
+    trace_state = TRACE_ON;
+}
+
+/* Append one line to the trace: format (a literal of this file) with the
+ * numbers x, y, z (those it does not name are ignored, as printf ignores
+ * excess arguments).  Any thread; blocks on the lock, and
+ * on the file only when the buffer is full. */
+static void trace_line(const char *format, uint64_t x, uint64_t y,
+                       uint64_t z)
+{
+    pthread_mutex_lock(&trace_lock);
+    if (trace_state == TRACE_UNSTARTED)
+        trace_start_locked();
+    if (trace_state == TRACE_ON) {
+        if (TRACE_BUFFER_BYTES - trace_used < TRACE_LINE_MAX)
+            trace_write_locked();
+        trace_used += (size_t)snprintf(trace_buffer + trace_used,
+                                       TRACE_BUFFER_BYTES - trace_used,
+                                       format, x, y, z);
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
+/* defer_pluggable_alloc, recorded ("a SIZE STREAM PTR").  Called by
+ * PyTorch on any thread; never blocks on the GPU.  Returns the block, NULL
+ * when out of memory or on error (as defer_pluggable_alloc). */
+void *shim_traced_alloc(size_t size, int device, cudaStream_t stream)
+{
+    void *ptr = defer_pluggable_alloc(size, device, stream);
+    trace_line("a %" PRIu64 " %" PRIu64 " %#" PRIx64 "\n", (uint64_t)size,
+               (uint64_t)(uintptr_t)stream, (uint64_t)(uintptr_t)ptr);
+    return ptr;
+}
+
+/* defer_pluggable_free, recorded ("f PTR STREAM"); recorded first, so that
+ * the line precedes any allocation that gets ptr again.  Called by PyTorch
+ * on any thread; never blocks on the GPU. */
+void shim_traced_free(void *ptr, size_t size, int device, cudaStream_t stream)
+{
+    trace_line("f %#" PRIx64 " %" PRIu64 "\n", (uint64_t)(uintptr_t)ptr,
+               (uint64_t)(uintptr_t)stream, 0);
+    defer_pluggable_free(ptr, size, device, stream);
+}
+
+/* Record that training step step begins ("m STEP"): bench/torch_train.py
+ * calls it through ctypes at each step's start.  Any thread. */
+void shim_trace_mark(long step)
+{
+    trace_line("m %" PRIu64 "\n", (uint64_t)(step < 0 ? 0 : step), 0, 0);
+}
+
+/* Write the buffered lines to the trace file now (bench/torch_train.py
+ * calls it when training is over, so that a process killed later keeps its
+ * trace).  Any thread; blocks on the file. */
+void shim_trace_flush(void)
+{
+    pthread_mutex_lock(&trace_lock);
+    trace_write_locked();
+    pthread_mutex_unlock(&trace_lock);
 }

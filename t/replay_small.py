@@ -89,11 +89,13 @@ def main():
             states = [r.alloc(k) for k in PARAM_KIB for _ in range(2)]
         for kib in OPTIMIZER_TEMP_KIB:
             r.free(r.alloc(kib))
+    r.mark(STEPS)  # the end of the last step, as bench/torch_train.py marks it
     out = sys.stdout
     out.write("# t/replay_small.trace: made by t/replay_small.py (not "
               "recorded on a GPU):\n# %d steps of an 8-layer training loop "
               "(parameters, activations, workspaces,\n# gradients kept "
-              "until the next step, optimizer states made in step 0).\n"
+              "until the next step, optimizer states made in step 0);\n"
+              "# the last mark ends the last step.\n"
               "# Format: bench/torch_shims.c's header comment.\n" % STEPS)
     out.write("\n".join(r.lines) + "\n")
     del params

@@ -6,8 +6,10 @@
 # no more than the requests, the pool holding at least the live peak and
 # not twice it, the GPU behind), that a steady trace's window closes on
 # itself (every free of an earlier block paired, none skipped), and that a
-# malformed trace is refused with a message naming its line.  It bounds no
-# policy: t/alloc_steady does.
+# malformed trace is refused with a message naming its line.  Then the
+# round trip: t/trace_record records a loop through bench/torch_shims.c's
+# cudefer-trace pair on the fake runtime, and replay-trace replays what it
+# wrote.  It bounds no policy: t/alloc_steady does.
 srcdir=${srcdir:-.}
 replay=./bench/replay-trace
 trace=$srcdir/t/replay_small.trace
@@ -31,7 +33,7 @@ holds() {
     awk "BEGIN { exit !($1) }"
 }
 
-echo "1..11"
+echo "1..14"
 "$replay" "$trace" >"$tmp.out" 2>"$tmp.err"
 status=$?
 sed 's/^/# /' "$tmp.out" "$tmp.err"
@@ -76,5 +78,21 @@ printf 'a 4096 0 0x1000\n' >"$tmp.bad"
 "$replay" "$tmp.bad" >/dev/null 2>"$tmp.err"
 status=$?
 sed 's/^/# /' "$tmp.err"
-ok "$([ $status = 2 ] && grep -q "no step marks" "$tmp.err"; echo $?)" \
+ok "$([ $status = 2 ] && grep -q "0 step marks" "$tmp.err"; echo $?)" \
    "a trace without step marks: refused (exit status $status)"
+
+# The round trip: recorded by the shims (4 steps of 36 requests, the last
+# ended by a mark; 12 gradients live from one step to the next), replayed.
+./t/trace_record "$tmp.rec" >"$tmp.out" 2>&1
+status=$?
+sed 's/^/# /' "$tmp.out"
+ok $status "t/trace_record records a loop through the traced shims (exit status $status)"
+"$replay" "$tmp.rec" >"$tmp.out" 2>"$tmp.err"
+status=$?
+sed 's/^/# /' "$tmp.out" "$tmp.err"
+ok "$([ $status = 0 ] && [ "$(field oracle_violations)" = 0 ]; echo $?)" \
+   "replay-trace replays what the shims recorded, the oracle clean (exit status $status)"
+ok "$([ "$(field steps_measured)" = 4 ] && [ "$(field requests_per_step)" = 36.0 ] &&
+      [ "$(field carried_in_frees)" = 12 ] && [ "$(field paired_frees)" = 12 ] &&
+      [ "$(field skipped_frees)" = 0 ]; echo $?)" \
+   "its steps, requests and gradients as recorded (4 steps measured, 36 requests a step, 12 of 12 frees paired)"
