@@ -21,15 +21,16 @@
  * ends the last step (what follows it, the teardown, is not replayed).
  * Everything before the --from'th step (0-based; default: half the
  * recorded steps, which warm up) is replayed once; then the steps from
- * there to the last (the window) are replayed --cycles times (default 3).  The first cycle
- * warms cudefer's cache; each step of the later ones is measured.  A
- * window does not close on itself: it frees blocks made before it (the
- * previous step's gradients, say) and leaves blocks live at its end.  From
- * the second cycle on, each such free frees the block the previous cycle
- * left live of the same size (the k-th free of a size pairs with the k-th
- * block of that size left live; a free with no partner is skipped, and a
- * block left live with none is freed when its allocation comes round
- * again), so that a steady trace repeats with the same live bytes.
+ * there to the last (the window) are replayed --cycles times (default 3).
+ * The first cycle warms cudefer's cache; each step of the later ones is
+ * measured.  A window does not close on itself: it frees blocks made
+ * before it (the previous step's gradients, say) and leaves blocks live at
+ * its end.  From the second cycle on, each such free frees the block the
+ * previous cycle left live of the same size (the k-th free of a size pairs
+ * with the k-th block of that size left live; a free with no partner is
+ * skipped, and a block left live with none is freed when its allocation
+ * comes round again), so that a steady trace repeats with the same live
+ * bytes.
  *
  * Printed per measured step (stdout): the requests, the misses (new blocks
  * from the pool: cudefer's cache_mallocs), the blocks handed back to the

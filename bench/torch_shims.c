@@ -152,10 +152,11 @@ void shim_cudafree(void *ptr, size_t size, int device, cudaStream_t stream)
         report_error("cudaFree", err, size);
 }
 
-/* ---- cudefer-trace: cudefer, every call recorded -------------------------- */
+/* ---- cudefer-trace: cudefer, every call recorded ------------------------ */
 
-/* The trace buffer's size: written out when a line may not fit (t/trace_record
- * builds this file with a small one, to write it out often). */
+/* The trace buffer's size: written out when a line may not fit
+ * (t/trace_record builds this file with a small one, to write it out
+ * often). */
 #ifndef TRACE_BUFFER_BYTES
 #define TRACE_BUFFER_BYTES ((size_t)8 << 20)
 #endif

@@ -2,8 +2,9 @@
 """Train one real model under one CUDA allocator, once, and print the result.
 
     python3 bench/torch_train.py --model {cnn,lm} \
-        --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free} \
-        [--steps N] [--warmup W] [--seed S] [--ddp] [--lib PATH] [--side-stream]
+        --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free,cudefer-trace} \
+        [--steps N] [--warmup W] [--seed S] [--ddp] [--lib PATH] [--side-stream] \
+        [--trace FILE]
 
 One (model, allocator, repetition) per process: an allocator cannot be
 changed once PyTorch has allocated CUDA memory, and each run must start from
@@ -29,6 +30,11 @@ Allocators:
   pluggable-async  cudaMallocAsync/cudaFreeAsync     } pluggable shims of
   malloc-defer     cudaMalloc/defer_free             } bench/torch_shims.c,
   malloc-free      cudaMalloc/cudaFree               } compiled at first use
+  cudefer-trace    cudefer through a shim (no record_stream hook), every
+                   allocation and free recorded to --trace FILE or
+                   $CUDEFER_TRACE_FILE with a mark at each step's start and
+                   one after the last (--ddp: FILE.rankN), for
+                   bench/replay-trace to replay on the fake runtime
 
 ms_per_step: wall time of the steps after the warm-up, with one
 torch.cuda.synchronize before and one after the timed window.  peak_mib:
@@ -65,15 +71,16 @@ sys.path.insert(0, os.path.join(TOP, "python"))
 import cudefer_torch  # noqa: E402  (standard library only until enable())
 
 ALLOCATORS = ["native", "native-async", "pluggable-async", "cudefer",
-              "malloc-defer", "malloc-free"]
+              "malloc-defer", "malloc-free", "cudefer-trace"]
 # allocator -> (alloc function, free function) in bench/torch_shims.c
 SHIMS = {
     "pluggable-async": ("shim_async_alloc", "shim_async_free"),
     "malloc-defer": ("shim_malloc_alloc", "shim_defer_free"),
     "malloc-free": ("shim_malloc_alloc", "shim_cudafree"),
+    "cudefer-trace": ("shim_traced_alloc", "shim_traced_free"),
 }
 # Allocators that load libcudefer (their JSON carries its counters).
-USES_CUDEFER = ("cudefer", "malloc-defer")
+USES_CUDEFER = ("cudefer", "malloc-defer", "cudefer-trace")
 # cudefer counters that torch_train reports per timed step as well.
 COUNTERS_PER_STEP = ("deferred", "released", "event_queries", "wakeups",
                      "batches", "reused", "reused_same_stream",
@@ -156,11 +163,20 @@ def parse_args(argv=None):
     p.add_argument("--no-amp", action="store_true", help="train in fp32")
     p.add_argument("--sample-ms", type=float, default=1.0,
                    help="NVML sampling period (default 1 ms)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="--allocator cudefer-trace: record the allocation "
+                   "trace to FILE (default: $CUDEFER_TRACE_FILE)")
     a = p.parse_args(argv)
     if a.steps < 1 or a.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
     if a.no_record_stream_hook and a.allocator != "cudefer":
         p.error("--no-record-stream-hook applies to --allocator cudefer only")
+    if a.trace and a.allocator != "cudefer-trace":
+        p.error("--trace applies to --allocator cudefer-trace only")
+    if a.allocator == "cudefer-trace" and not (
+            a.trace or os.environ.get("CUDEFER_TRACE_FILE")):
+        p.error("--allocator cudefer-trace needs --trace FILE or "
+                "CUDEFER_TRACE_FILE")
     return a
 
 
@@ -256,6 +272,21 @@ def install_allocator(args, prep):
                                                          alloc_fn, free_fn)
     torch.cuda.memory.change_current_allocator(allocator)
     return False
+
+
+def start_trace(args, prep, rank, world):
+    """--allocator cudefer-trace: name this rank's trace file (FILE.rankN
+    under --ddp) before the shims' first call reads it; return the shims
+    library (ctypes), whose shim_trace_mark marks the steps, or None when
+    not tracing."""
+    if args.allocator != "cudefer-trace":
+        return None
+    import ctypes
+    if world > 1:
+        os.environ["CUDEFER_TRACE_FILE"] += ".rank%d" % rank
+    shims = ctypes.CDLL(prep["shims"])  # the object PyTorch loads, too
+    shims.shim_trace_mark.argtypes = [ctypes.c_long]
+    return shims
 
 
 # ---- memory sampling ---------------------------------------------------------
@@ -370,6 +401,7 @@ def run_rank(rank, world, args, prep, port):
     import torch
     nvml_index = torch.cuda._get_nvml_device_index(rank)
     sampler = Sampler(nvml_index, args.sample_ms / 1000.0)
+    tracer = start_trace(args, prep, rank, world)
     hooked = install_allocator(args, prep)
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -424,6 +456,8 @@ def run_rank(rank, world, args, prep, port):
                 for _ in range(3)]
 
     def step(i):
+        if tracer is not None:
+            tracer.shim_trace_mark(i)
         fillers = side_step(i) if side is not None else None
         gen.manual_seed(args.seed * 1000003 + rank * 7919 + i)
         x, y = make_batch(torch, args.model, cfg, gen, device)
@@ -463,6 +497,9 @@ def run_rank(rank, world, args, prep, port):
     elapsed = time.perf_counter() - t0
     if side is not None:
         side.synchronize()
+    if tracer is not None:  # the last step's end; then the lines so far
+        tracer.shim_trace_mark(total)
+        tracer.shim_trace_flush()
 
     loss_hex = [float(v).hex() for v in losses.cpu().tolist()]
     result = {
@@ -481,6 +518,8 @@ def run_rank(rank, world, args, prep, port):
         "train_s": time.time() - started,
         "cfg": cfg,
     }
+    if tracer is not None:
+        result["trace"] = os.environ["CUDEFER_TRACE_FILE"]
     if side is not None:
         result["side_sha256"] = [hashlib.sha256(tensor_bytes(r)).hexdigest()
                                  for r in side_results]
@@ -520,6 +559,8 @@ def free_port():
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.trace:
+        os.environ["CUDEFER_TRACE_FILE"] = os.path.abspath(args.trace)
     if args.allocator == "native-async":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif "backend:" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
@@ -568,6 +609,8 @@ def main(argv=None):
         result["lib"] = prep["lib"]
     if args.side_stream:
         result["side_sha256"] = first["side_sha256"]
+    if "trace" in first:
+        result["trace"] = first["trace"]
     if args.allocator in USES_CUDEFER:
         result["cudefer_stats"] = first["cudefer_stats"]
         result["cudefer_per_step"] = first["cudefer_per_step"]
