@@ -581,5 +581,10 @@ int main(int argc, char **argv)
     print_json(&pl, &o, from, requests_per_step, carried_in, paired,
                violations);
     fflush(stdout);
+    free(pl.block);
+    free(pl.made_in);
+    free(t.ops);
+    free(t.size_of);
+    free(t.marks);
     return violations != 0;
 }
