@@ -45,13 +45,13 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
 static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
                                 void **ptr)
 {
-    cudaError_t err = malloc_filed(device, block_cache_round(bytes), stream,
-                                   ptr);
+    size_t rounded = block_cache_round(bytes);
+    cudaError_t err = malloc_filed(device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
     size_t trimmed = 0;
     defer_trim(&trimmed);
-    err = malloc_filed(device, block_cache_round(bytes), stream, ptr);
+    err = malloc_filed(device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
     return malloc_filed(device, (bytes + 511) & ~(size_t)511, stream, ptr);
@@ -133,8 +133,8 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
                       "the capture begins (the capture is left intact)");
     unsigned long long id;
     bool cached;
-    if ((err = stream_identity_lookup_exact(stream, device, &id, &cached, &call)) !=
-        cudaSuccess)
+    if ((err = stream_identity_lookup(stream, true, device, &id, &cached,
+                                      &call)) != cudaSuccess)
         return refuse("defer_alloc", call, err, "");
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
@@ -165,8 +165,8 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err != cudaSuccess || *ptr != NULL)
         return err;
-    if ((err = malloc_block(device, bytes, stream, ptr)) != cudaSuccess &&
-        err == cudaErrorMemoryAllocation)
+    if ((err = malloc_block(device, bytes, stream, ptr)) ==
+        cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     return err;
 }
@@ -194,7 +194,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     const char *call = NULL;
     if ((err = capture_status(&stream, 1, &capturing, &call)) == cudaSuccess &&
         !capturing)
-        err = stream_identity_lookup_exact(stream, &device, &id, &cached, &call);
+        err = stream_identity_lookup(stream, true, &device, &id, &cached, &call);
     if (err != cudaSuccess)
         refuse("defer_record_stream", call, err, "; nothing recorded");
     else if (capturing)

@@ -36,24 +36,13 @@ static cudaError_t reject(const char *what, const char *call, cudaError_t err)
     return err;
 }
 
-/* Device and id of stream (stream_identity.h).  exact: never a stale
- * cached identity (callbacks, which keep an order per stream). */
-static cudaError_t identify(cudaStream_t stream, bool exact, int *device,
-                            unsigned long long *id, bool *cached,
-                            const char **failed)
-{
-    return exact ? stream_identity_lookup_exact(stream, device, id, cached,
-                                                failed)
-                 : stream_identity_lookup(stream, device, id, cached, failed);
-}
-
 /* The identity of stream, looked up afresh (a cached one proved stale). */
 static cudaError_t identify_again(cudaStream_t stream, int *device,
                                   unsigned long long *id, const char **failed)
 {
     bool cached;
     stream_identity_forget(stream);
-    return stream_identity_lookup(stream, device, id, &cached, failed);
+    return stream_identity_lookup(stream, false, device, id, &cached, failed);
 }
 
 /* Device and id of stream, on a device that has not failed (else its
@@ -64,7 +53,8 @@ static cudaError_t identify_usable(cudaStream_t stream, bool exact,
                                    int *device, unsigned long long *id,
                                    bool *cached, const char **failed)
 {
-    cudaError_t err = identify(stream, exact, device, id, cached, failed);
+    cudaError_t err =
+        stream_identity_lookup(stream, exact, device, id, cached, failed);
     if (err == cudaSuccess && *cached &&
         lifecycle_device_error(*device) != cudaSuccess) {
         *cached = false;
@@ -131,7 +121,8 @@ static bool queue_synced_call(const struct request_args *a,
     unsigned long long id;
     bool cached;
     const char *call;
-    if (identify(stream, true, &device, &id, &cached, &call) != cudaSuccess)
+    if (stream_identity_lookup(stream, true, &device, &id, &cached, &call) !=
+        cudaSuccess)
         return false;
     struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
     if (e == NULL)
@@ -557,7 +548,7 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     /* Callbacks are ordered per stream: their stream's identity is checked
-     * (stream_identity_lookup_exact), since a cached one may name a
+     * (stream_identity_lookup, exact), since a cached one may name a
      * destroyed stream whose handle was reused. */
     struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
                              .fn = fn, .arg = arg};

@@ -56,10 +56,9 @@ static void store(cudaStream_t handle, int key_device, int device,
                           .device = device, .id = id, .valid = true};
 }
 
-/* Both look-ups.  exact: a cached identity is checked by its id. */
-static cudaError_t lookup(cudaStream_t stream, bool exact, int *device,
-                          unsigned long long *id, bool *cached,
-                          const char **failed)
+cudaError_t stream_identity_lookup(cudaStream_t stream, bool exact,
+                                   int *device, unsigned long long *id,
+                                   bool *cached, const char **failed)
 {
     *cached = false;
     int key_device = NO_DEVICE;
@@ -98,20 +97,6 @@ static cudaError_t lookup(cudaStream_t stream, bool exact, int *device,
     }
     store(stream, key_device, *device, *id);
     return cudaSuccess;
-}
-
-cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
-                                   unsigned long long *id, bool *cached,
-                                   const char **failed)
-{
-    return lookup(stream, false, device, id, cached, failed);
-}
-
-cudaError_t stream_identity_lookup_exact(cudaStream_t stream, int *device,
-                                         unsigned long long *id, bool *cached,
-                                         const char **failed)
-{
-    return lookup(stream, true, device, id, cached, failed);
 }
 
 void stream_identity_forget(cudaStream_t stream)

@@ -21,21 +21,17 @@
  * identity is then stale.  Recording on it fails when the new stream is on
  * another device (the caller forgets it and asks again); otherwise an entry
  * joins the old stream's FIFO, which only delays it (every entry waits for
- * its own event).  Callbacks, which keep an order per stream, and the block
- * cache ask with stream_identity_lookup_exact. */
-cudaError_t stream_identity_lookup(cudaStream_t stream, int *device,
-                                   unsigned long long *id, bool *cached,
-                                   const char **failed);
-
-/* Any thread; never blocks.  As stream_identity_lookup, but never stale: a
- * cached identity of a created stream is checked with one cudaStreamGetId
- * call (a stream's id is unique for the life of the process) and looked up
- * afresh if it changed (a special handle's cannot go stale).  The block
- * cache asks this way: a stale identity there would hand a block pending
- * on a destroyed stream's work to the new stream that got its handle. */
-cudaError_t stream_identity_lookup_exact(cudaStream_t stream, int *device,
-                                         unsigned long long *id, bool *cached,
-                                         const char **failed);
+ * its own event).
+ * exact: never stale.  A cached identity of a created stream is checked
+ * with one cudaStreamGetId call (a stream's id is unique for the life of
+ * the process) and looked up afresh if it changed (a special handle's
+ * cannot go stale).  Callbacks, which keep an order per stream, ask this
+ * way, and so does the block cache: a stale identity there would hand a
+ * block pending on a destroyed stream's work to the new stream that got
+ * its handle. */
+cudaError_t stream_identity_lookup(cudaStream_t stream, bool exact,
+                                   int *device, unsigned long long *id,
+                                   bool *cached, const char **failed);
 
 /* Any thread: forget this thread's cached identities of stream (they proved
  * stale: a destroyed stream's handle now names another stream). */
