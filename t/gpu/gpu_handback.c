@@ -42,14 +42,17 @@ static int holds(const void *ptr, size_t n, unsigned char value,
     return good;
 }
 
-/* Free a and b (16 MiB each) on s while a 200 ms kernel writes a, then ask
- * for 24 MiB on `on`; returns the new block, *copy the pinned copy of a
- * taken on s before the free. */
+/* Trim, then free a and b (BLOCK each) on s while a 200 ms kernel writes a,
+ * and ask for REQUEST on `on`; returns the new block, *copy the pinned copy
+ * of a taken on s before the free, *before the statistics after the trim
+ * (the trim's own releases are not the miss's). */
 static void *miss_after_pending(cudaStream_t s, cudaStream_t on,
-                                unsigned char **copy)
+                                unsigned char **copy,
+                                struct defer_stats *before)
 {
     size_t trimmed = 0;
     defer_trim(&trimmed); /* the pool holds only what is in use */
+    defer_stats_get(before);
     void *a = NULL, *b = NULL, *c = NULL;
     if (defer_alloc(&a, BLOCK, s) != cudaSuccess ||
         defer_alloc(&b, BLOCK, s) != cudaSuccess)
@@ -82,9 +85,8 @@ int main(void)
     cudaStreamSynchronize(s);
 
     struct defer_stats s0, s1;
-    defer_stats_get(&s0);
     unsigned char *copy = NULL;
-    void *c = miss_after_pending(s, s, &copy);
+    void *c = miss_after_pending(s, s, &copy, &s0);
     cudaStreamSynchronize(s);
     defer_stats_get(&s1);
     diag("handed back %llu blocks, %llu new",
@@ -103,8 +105,7 @@ int main(void)
     is_int(defer_flush(), cudaSuccess, "flush");
 
     /* The same with the request on s2: s's pending blocks are not its. */
-    defer_stats_get(&s0);
-    c = miss_after_pending(s, s2, &copy);
+    c = miss_after_pending(s, s2, &copy, &s0);
     defer_stats_get(&s1);
     is_int((long long)(s1.cache_releases - s0.cache_releases), 0,
            "a miss on s2 hands none of s's pending blocks back");
