@@ -9,6 +9,21 @@
  *               (one event per stream, created beforehand and recorded again
  *               each time), so it is the driver's cost of the event record
  *               that any deferred release needs, with no library around it.
+ * Three more strategies, not in run.py's default table, split cudefer's cost
+ * into its parts on a GPU (issue 13, item 4; run one directly, e.g.
+ * bench/bench-scale --workload W6 --strategy no-library-create):
+ *   no-library-create  each call is cudaEventCreateWithFlags of a new event
+ *               and cudaEventRecord of it: one event per pending call, as
+ *               cudefer needs while every entry waits behind the gate
+ *               (bytes_per_entry is then the driver's cost of an event);
+ *   no-library-calls   each call is every CUDA call a defer_call makes when
+ *               no pooled event is idle (cudaStreamIsCapturing,
+ *               cudaStreamGetId, cudaGetDevice, cudaEventCreateWithFlags,
+ *               cudaEventRecord), with no library around them;
+ *   cudefer-warm  cudefer after a warm-up of as many calls as the run makes
+ *               (flushed), so that with CUDEFER_EVENT_POOL at least that
+ *               large the timed calls create no event (events_created says
+ *               whether they did).
  * If the enqueue makes no progress for 300 ms (the driver's queue is full),
  * the gate opens early and the memory of that moment is reported.  One
  * (strategy, repetition) per process, one JSON object on stdout.
@@ -32,8 +47,17 @@
 #define STALL_NS 300000000ull       /* no enqueue progress for 300 ms */
 
 static const char usage[] =
-    "--workload W6 --strategy cudefer|no-library [--label NAME] [--rep N]\n"
+    "--workload W6 --strategy cudefer|no-library|no-library-create|\n"
+    "       no-library-calls|cudefer-warm [--label NAME] [--rep N]\n"
     "       [--entries N] | --info\n";
+
+/* What a call is (see the top of the file). */
+enum call_kind {
+    CALL_DEFER,          /* cudefer, cudefer-warm */
+    CALL_RECORD,         /* no-library */
+    CALL_CREATE_RECORD,  /* no-library-create */
+    CALL_LIBRARY_CALLS,  /* no-library-calls */
+};
 
 static atomic_ulong callbacks_run;
 
@@ -45,9 +69,10 @@ static void count_callback(void *arg)
 
 struct producer {
     _Alignas(64) atomic_ulong progress;
-    int use_library;
+    enum call_kind kind;
     cudaStream_t *streams;
     cudaEvent_t *events;         /* no-library: one per stream */
+    cudaEvent_t *made;           /* create and calls: one per call */
     int nstreams;
     uint64_t n;
     uint32_t *lat;               /* ns per call, saturated */
@@ -55,6 +80,45 @@ struct producer {
     pthread_barrier_t *ready, *go;
     atomic_int *finished;
 };
+
+/* The CUDA calls a defer_call makes when no pooled event is idle, with no
+ * library: the capture check, the stream's identity (exact, as for a
+ * callback), the current device and a new event, recorded. */
+static cudaError_t library_calls(cudaStream_t s, cudaEvent_t *made)
+{
+    enum cudaStreamCaptureStatus capturing;
+    unsigned long long id;
+    int device;
+    cudaError_t rc;
+
+    if ((rc = cudaStreamIsCapturing(s, &capturing)) != cudaSuccess ||
+        (rc = cudaStreamGetId(s, &id)) != cudaSuccess ||
+        (rc = cudaGetDevice(&device)) != cudaSuccess ||
+        (rc = cudaEventCreateWithFlags(made, cudaEventDisableTiming)) !=
+            cudaSuccess)
+        return rc;
+    return cudaEventRecord(*made, s);
+}
+
+/* One call of kind k on stream k_stream (number j of its thread). */
+static cudaError_t one_call(struct producer *t, int k, uint64_t j)
+{
+    switch (t->kind) {
+    case CALL_DEFER:
+        return defer_call(count_callback, NULL, t->streams[k]);
+    case CALL_RECORD:
+        return cudaEventRecord(t->events[k], t->streams[k]);
+    case CALL_CREATE_RECORD: {
+        cudaError_t rc = cudaEventCreateWithFlags(&t->made[j],
+                                                  cudaEventDisableTiming);
+        return rc != cudaSuccess ? rc
+                                 : cudaEventRecord(t->made[j], t->streams[k]);
+    }
+    case CALL_LIBRARY_CALLS:
+        return library_calls(t->streams[k], &t->made[j]);
+    }
+    return cudaErrorInvalidValue;
+}
 
 /* A producer thread: n calls, each timed, progress published for the
  * stall watch. */
@@ -69,13 +133,11 @@ static void *producer_main(void *arg)
     for (j = 0; j < t->n; j++) {
         int k = (int)(j % (uint64_t)t->nstreams);
         uint64_t a = bench_now_ns(), d;
-        cudaError_t rc = t->use_library
-                             ? defer_call(count_callback, NULL, t->streams[k])
-                             : cudaEventRecord(t->events[k], t->streams[k]);
+        cudaError_t rc = one_call(t, k, j);
 
         d = bench_now_ns() - a;
         if (rc != cudaSuccess)
-            bench_die("%s: %s", t->use_library ? "defer_call" : "cudaEventRecord",
+            bench_die("%s: %s", t->kind == CALL_DEFER ? "defer_call" : "CUDA call",
                       cudaGetErrorString(rc));
         t->lat[j] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
         atomic_store_explicit(&t->progress, j + 1, memory_order_relaxed);
@@ -83,6 +145,19 @@ static void *producer_main(void *arg)
     t->t_end = bench_now_ns();
     atomic_fetch_add(t->finished, 1);
     return NULL;
+}
+
+/* Close the gate: every stream waits (through gate_ev) for a kernel on
+ * gate that spins until *flag is set (or GATE_NS passes). */
+static void close_gate(cudaStream_t gate, cudaEvent_t gate_ev, int *flag_d,
+                       cudaStream_t *streams)
+{
+    int t;
+
+    CK(gpu_wait_flag(gate, flag_d, GATE_NS));
+    CK(cudaEventRecord(gate_ev, gate));
+    for (t = 0; t < STREAMS; t++)
+        CK(cudaStreamWaitEvent(streams[t], gate_ev, 0));
 }
 
 /* What is read at the moment every entry is pending (or the enqueue
@@ -125,14 +200,25 @@ int main(int argc, char **argv)
     struct moment m0, mp, m2;
     uint64_t E, t0, t_enq = 0, t_open, t_drained, last_prog = 0, last_change,
         i, at, *lat_all;
-    int lib, gate_open = 0, stalled = 0, gate_timed_out = 0, rc, t;
+    int lib, warm, gate_open = 0, stalled = 0, gate_timed_out = 0, rc, t;
+    enum call_kind kind;
 
     bench_parse_args(argc, argv, "bench-scale", usage, &a);
     if (strcmp(a.workload, "W6") != 0)
         bench_die("unknown workload '%s' (W6)", a.workload);
-    if (strcmp(a.strategy, "cudefer") != 0 && strcmp(a.strategy, "no-library") != 0)
-        bench_die("W6 runs cudefer and no-library, not %s", a.strategy);
-    lib = strcmp(a.strategy, "cudefer") == 0;
+    if (strcmp(a.strategy, "cudefer") == 0 || strcmp(a.strategy, "cudefer-warm") == 0)
+        kind = CALL_DEFER;
+    else if (strcmp(a.strategy, "no-library") == 0)
+        kind = CALL_RECORD;
+    else if (strcmp(a.strategy, "no-library-create") == 0)
+        kind = CALL_CREATE_RECORD;
+    else if (strcmp(a.strategy, "no-library-calls") == 0)
+        kind = CALL_LIBRARY_CALLS;
+    else
+        bench_die("W6 runs cudefer, no-library, no-library-create, "
+                  "no-library-calls and cudefer-warm, not %s", a.strategy);
+    lib = kind == CALL_DEFER;
+    warm = strcmp(a.strategy, "cudefer-warm") == 0;
     bench_cuda_init();
     E = (uint64_t)a.entries;
     for (t = 0; t < STREAMS; t++) {
@@ -144,22 +230,40 @@ int main(int argc, char **argv)
     CK(cudaHostAlloc((void **)&flag_h, sizeof(int), cudaHostAllocMapped));
     *flag_h = 0;
     CK(cudaHostGetDevicePointer((void **)&flag_d, (void *)flag_h, 0));
+    CK(cudaEventCreateWithFlags(&gate_ev, cudaEventDisableTiming));
 
     /* warm up the per-stream state: one call per stream */
     for (t = 0; t < STREAMS; t++)
         CK(lib ? defer_call(count_callback, NULL, streams[t])
                : cudaEventRecord(events[t], streams[t]));
+    /* cudefer-warm: as many events as the run will take, all pending at
+     * once behind the gate (so none is reused), then back in the pool (if
+     * CUDEFER_EVENT_POOL lets it keep them) */
+    if (warm) {
+        close_gate(gate, gate_ev, flag_d, streams);
+        for (i = 0; i < E; i++)
+            CK(defer_call(count_callback, NULL, streams[i % STREAMS]));
+        __atomic_store_n(flag_h, 1, __ATOMIC_SEQ_CST);
+        CK(defer_flush());
+        CK(cudaStreamSynchronize(gate));
+        __atomic_store_n(flag_h, 0, __ATOMIC_SEQ_CST);
+    }
     if (lib)
         CK(defer_flush());
     CK(cudaDeviceSynchronize());
+    if (warm) {
+        struct defer_stats st;
+
+        defer_stats_get(&st);
+        if (st.events_in_pool < E)
+            bench_note("cudefer-warm: %llu idle events for %" PRIu64 " calls "
+                       "(CUDEFER_EVENT_POOL too small?)",
+                       (unsigned long long)st.events_in_pool, E);
+    }
     atomic_store(&callbacks_run, 0);
 
     /* close the gate: every stream waits for a kernel that spins on flag */
-    CK(gpu_wait_flag(gate, flag_d, GATE_NS));
-    CK(cudaEventCreateWithFlags(&gate_ev, cudaEventDisableTiming));
-    CK(cudaEventRecord(gate_ev, gate));
-    for (t = 0; t < STREAMS; t++)
-        CK(cudaStreamWaitEvent(streams[t], gate_ev, 0));
+    close_gate(gate, gate_ev, flag_d, streams);
 
     ts = aligned_alloc(64, tsz);
     if (!ts)
@@ -170,7 +274,7 @@ int main(int argc, char **argv)
     pthread_barrier_init(&go, NULL, THREADS + 1);
     for (t = 0; t < THREADS; t++) {
         atomic_init(&ts[t].progress, 0);
-        ts[t].use_library = lib;
+        ts[t].kind = kind;
         ts[t].streams = streams + (size_t)t * (size_t)per;
         ts[t].events = events + (size_t)t * (size_t)per;
         ts[t].nstreams = per;
@@ -178,6 +282,10 @@ int main(int argc, char **argv)
         /* touched now, so that it is not counted as the library's RSS */
         ts[t].lat = bench_calloc(ts[t].n + 1, sizeof(uint32_t));
         memset(ts[t].lat, 0, (ts[t].n + 1) * sizeof(uint32_t));
+        if (kind == CALL_CREATE_RECORD || kind == CALL_LIBRARY_CALLS) {
+            ts[t].made = bench_calloc(ts[t].n + 1, sizeof(cudaEvent_t));
+            memset(ts[t].made, 0, (ts[t].n + 1) * sizeof(cudaEvent_t));
+        }
         ts[t].ready = &ready;
         ts[t].go = &go;
         ts[t].finished = &finished;
@@ -293,8 +401,13 @@ int main(int argc, char **argv)
         json_end();
     }
 
-    for (t = 0; t < THREADS; t++)
+    for (t = 0; t < THREADS; t++) {
+        for (i = 0; ts[t].made != NULL && i < ts[t].n; i++)
+            if (ts[t].made[i] != NULL)
+                cudaEventDestroy(ts[t].made[i]);
+        free(ts[t].made);
         free(ts[t].lat);
+    }
     free(lat_all);
     free(ts);
     free(th);
