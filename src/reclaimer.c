@@ -187,6 +187,17 @@ cudaStream_t reclaimer_free_stream(int device)
     return rs.free_streams[device];
 }
 
+/* Reclaimer thread only, after a callback ran: the callback may have
+ * switched the thread's device, so learn which one is current (a cheap
+ * cudaGetDevice) rather than forget it, which cost a cudaSetDevice before
+ * the next query or callback: one per callback in a drain of callbacks
+ * (W6).  Unknown (-1) if even that fails.  Never blocks. */
+static void learn_device_after_callback(void)
+{
+    int device;
+    rs.current_device = cudaGetDevice(&device) == cudaSuccess ? device : -1;
+}
+
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
 {
     cudaError_t err = device_error(e->device);
@@ -197,7 +208,7 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
                                        : NULL);
         trace_pop();
         if (e->kind == ENTRY_CALL)
-            rs.current_device = -1; /* the callback may have switched */
+            learn_device_after_callback();
         if (report_cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device,
                                   e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
