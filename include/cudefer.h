@@ -72,6 +72,10 @@ struct defer_config {
     uint32_t cache_keep_ms;     /* a block of defer_alloc's, freed and not
                                    reused for this long, is released
                                    (0: kept until defer_trim; .. 1 h) */
+    uint64_t split_min_bytes;   /* defer_alloc cuts requests of at least this
+                                   many bytes from larger cached blocks and
+                                   merges freed neighbours (0: never, the
+                                   default; experimental, see defer_alloc) */
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by
@@ -181,12 +185,25 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     not grow while the cache holds memory nobody asks for.  Out of
  *     memory, cudefer releases what it holds (defer_trim, which also trims
  *     the pool) and tries again, then with bytes rounded up to 512 only.
- * Limit: blocks are never split.  A program whose requests of every size
- * add up to more than its live peak (a training step whose gradients and
- * workspaces have sizes no activation has) misses the cache on some of
- * them every step, each miss a cudaFreeAsync and a cudaMallocFromPoolAsync
- * (t/alloc_steady: 27 of 164 requests a step, the pool at 1.01x the live
- * peak).
+ * Limit: by default blocks are never split.  A program whose requests of
+ * every size add up to more than its live peak (a training step whose
+ * gradients and workspaces have sizes no activation has) keeps about the
+ * sum of each size's most-live count cached (1.44x the live peak of a
+ * ResNet-50 step), or misses the cache on some requests every step, each
+ * miss a cudaFreeAsync and a cudaMallocFromPoolAsync (t/alloc_steady: 27
+ * of 164 requests a step, the pool at 1.01x the live peak).
+ * Experimental: with split_min_bytes (CUDEFER_SPLIT_MIN, e.g. 1M) a request
+ * of at least that many bytes that no cached block fits is cut from a
+ * larger one (free, or freed on stream), and freed neighbours merge again
+ * (those freed on one stream at once), so memory freed as activations
+ * serves gradients of other sizes.  Only whole allocations go back to the
+ * pool, and a block cut from a larger one cannot be released with
+ * cudaFree: blocks still live at defer_shutdown stay allocated until the
+ * process exits.  Not yet the default: the fake runtime's oracle tracks
+ * work per allocation, not per block, so CI cannot check splitting under
+ * concurrency yet.
+ * Blocks still live at defer_shutdown stay the application's (cudaFree
+ * them, unless split).
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at
@@ -198,8 +215,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * never with cudaFree: a block freed twice, by any of them, is refused from
  * the moment the first free is accepted (cudaErrorInvalidValue, reported,
  * counted in rejected; a defer_free_n naming it defers none of its
- * pointers), as is defer_record_stream of it.  Blocks
- * still live at defer_shutdown stay the application's (cudaFree them).
+ * pointers), as is defer_record_stream of it.
  * On a stream being captured into a graph it is refused with
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
  * before the capture begins.  Thread-safe; blocks only in the allocation

@@ -64,6 +64,8 @@ struct stream_bins {
 
 #define STREAM_BUCKETS 64
 #define MAX_SPARE 4
+/* The least a block keeps when a request is cut from it. */
+#define SPLIT_MIN_REST MIN_BLOCK
 
 struct device_cache {
     pthread_mutex_t lock;
@@ -76,6 +78,7 @@ struct device_cache {
 
 static struct device_cache *caches;
 static int ncaches;
+static size_t split_min; /* requests below it are never cut (0: none is) */
 static _Atomic bool active;
 static _Atomic uint64_t next_handout = 1;
 
@@ -138,7 +141,116 @@ static void stream_unlink(struct device_cache *c, struct cache_block *b)
     }
 }
 
-/* Lock held.  b's work is done: FREE, filed for any stream. */
+/* ---- segments: splitting and merging ------------------------------------ */
+
+/* Whether b is a whole segment (one allocation of cudefer's, uncut). */
+static bool is_whole(const struct cache_block *b)
+{
+    return b->seg_prev == NULL && b->seg_next == NULL;
+}
+
+/* Lock held.  FREE b leaves the free bins, and the age list if on it. */
+static void free_unlink(struct device_cache *c, struct cache_block *b)
+{
+    bins_unlink(&c->free, b);
+    if (b->in_lru) {
+        order_unlink(&c->lru, b);
+        b->in_lru = false;
+    }
+}
+
+/* Lock held.  FREE b joins the free bins, and when it is a whole segment
+ * the age list (only whole segments expire: pieces cannot be released). */
+static void free_link(struct device_cache *c, struct cache_block *b)
+{
+    bins_push(&c->free, b);
+    if (is_whole(b)) {
+        order_append(&c->lru, b);
+        b->in_lru = true;
+    }
+}
+
+/* Lock held.  FREE keep absorbs FREE gone, its right neighbour that no
+ * entry names; gone's record is freed. */
+static void absorb(struct device_cache *c, struct cache_block *keep,
+                   struct cache_block *gone)
+{
+    free_unlink(c, keep);
+    free_unlink(c, gone);
+    keep->size += gone->size;
+    keep->bin = bin_of(keep->size);
+    keep->seg_next = gone->seg_next;
+    if (keep->seg_next != NULL)
+        keep->seg_next->seg_prev = keep;
+    if (gone->freed_ns > keep->freed_ns)
+        keep->freed_ns = gone->freed_ns;
+    block_map_remove(gone);
+    block_cache_forget(gone);
+    free_link(c, keep);
+}
+
+/* Lock held.  FREE b merges with its FREE neighbours in its segment, so
+ * that memory cut for one size serves any size again and a segment all
+ * free is whole (and may go back to the pool).  A record an entry still
+ * names is never absorbed (its entry would find it gone).  Returns the
+ * merged block: b's record may be freed. */
+static struct cache_block *merge_free(struct device_cache *c,
+                                      struct cache_block *b)
+{
+    struct cache_block *right = b->seg_next, *left = b->seg_prev;
+    if (right != NULL && right->state == BLOCK_FREE && right->events == 0 &&
+        right->outstanding == 0)
+        absorb(c, b, right);
+    if (left != NULL && left->state == BLOCK_FREE && b->events == 0 &&
+        b->outstanding == 0) {
+        absorb(c, left, b);
+        b = left;
+    }
+    return b;
+}
+
+/* Lock held.  b, just PENDING on its stream, absorbs its neighbours
+ * PENDING on the same stream, so that a program whose GPU runs a step
+ * behind finds its freed memory in one piece again at once (a request on
+ * that stream may use it all: its work runs after theirs).  An absorbed
+ * record is MERGED: it waits for its entry and for the parts it absorbed
+ * itself, then b may go FREE (other streams wait for every part's work). */
+static void merge_pending(struct device_cache *c, struct cache_block *b)
+{
+    for (int left = 0; left < 2; left++) {
+        struct cache_block *n = left ? b->seg_prev : b->seg_next;
+        struct stream_bins *s = b->stream;
+        if (s == NULL || n == NULL || n->state != BLOCK_PENDING ||
+            n->stream != s)
+            continue;
+        stream_unlink(c, n); /* first: s stays while b is in it */
+        bins_unlink(&s->bins, b);
+        block_map_remove(n);
+        if (left) { /* b now starts where n did */
+            block_map_remove(b);
+            b->ptr = n->ptr;
+            b->seg_prev = n->seg_prev;
+            if (b->seg_prev != NULL)
+                b->seg_prev->seg_next = b;
+            struct cache_block *stale;
+            block_map_insert(b, &stale); /* no record is there: n's left */
+        } else {
+            b->seg_next = n->seg_next;
+            if (b->seg_next != NULL)
+                b->seg_next->seg_prev = b;
+        }
+        b->size += n->size;
+        b->bin = bin_of(b->size);
+        bins_push(&s->bins, b);
+        n->seg_prev = n->seg_next = NULL;
+        n->state = BLOCK_MERGED;
+        n->merged_into = b;
+        b->outstanding++;
+    }
+}
+
+/* Lock held.  b's work is done: FREE, filed for any stream, merged with
+ * its free neighbours (b's record may be freed). */
 static void make_free(struct device_cache *c, struct cache_block *b,
                       uint64_t now)
 {
@@ -149,14 +261,97 @@ static void make_free(struct device_cache *c, struct cache_block *b,
     b->state = BLOCK_FREE;
     b->nrecorded = 0;
     b->freed_ns = now;
-    bins_push(&c->free, b);
-    order_append(&c->lru, b);
+    b->ready = false;
+    free_link(c, b);
+    merge_free(c, b);
+}
+
+/* Whether a request of piece bytes (a multiple of 512) may be cut from b:
+ * sizes and addresses stay multiples of 512 and the rest is a block. */
+static bool may_split(const struct cache_block *b, size_t piece)
+{
+    return b->size >= piece + SPLIT_MIN_REST && b->size % MIN_BLOCK == 0 &&
+           (uintptr_t)b->ptr % MIN_BLOCK == 0;
+}
+
+/* Lock held.  The smallest block to cut piece bytes from, FREE or PENDING
+ * on the request's stream (own; size for size the stream's own first), in
+ * the bins from lo up; NULL when none. */
+static struct cache_block *split_candidate(struct device_cache *c,
+                                           struct stream_bins *own, int lo,
+                                           size_t piece)
+{
+    for (int bin = lo; bin < NBINS; bin++) {
+        int next_own = own != NULL ? bins_next(&own->bins, bin, NBINS - 1)
+                                   : -1;
+        int next_free = bins_next(&c->free, bin, NBINS - 1);
+        if (next_own < 0 && next_free < 0)
+            return NULL;
+        bin = next_own < 0 ? next_free
+              : next_free < 0 ? next_own
+              : next_own < next_free ? next_own : next_free;
+        struct cache_block *best = NULL;
+        const struct bins *lists[2] = {own != NULL ? &own->bins : NULL,
+                                       &c->free};
+        for (int i = 0; i < 2; i++)
+            for (struct cache_block *b = lists[i] ? lists[i]->head[bin] : NULL;
+                 b != NULL; b = b->next)
+                if (may_split(b, piece) &&
+                    (best == NULL || b->size < best->size))
+                    best = b;
+        if (best != NULL)
+            return best;
+    }
+    return NULL;
+}
+
+/* Lock held.  Cuts piece bytes off the end of b (FREE, or PENDING on the
+ * request's stream), which keeps the rest with its state, its entries and
+ * its hand-out (its event covers the piece's earlier work too); returns
+ * the piece's new record, in no list, or NULL (nothing changed) when none
+ * could be made. */
+static struct cache_block *split_off(struct device_cache *c,
+                                     struct cache_block *b, size_t piece)
+{
+    struct cache_block *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->ptr = (char *)b->ptr + (b->size - piece);
+    p->size = piece;
+    p->device = b->device;
+    p->bin = bin_of(piece);
+    p->pool = b->pool;
+    struct cache_block *stale = NULL;
+    /* Nothing is filed inside a segment (a record there would be memory
+     * freed behind cudefer's back): never replace one. */
+    if (block_map_find(p->ptr) != NULL || !block_map_insert(p, &stale)) {
+        free(p);
+        return NULL;
+    }
+    struct bins *bins = b->state == BLOCK_FREE ? &c->free : &b->stream->bins;
+    if (b->state == BLOCK_FREE)
+        free_unlink(c, b);
+    else
+        bins_unlink(bins, b);
+    b->size -= piece;
+    b->bin = bin_of(b->size);
+    if (b->state == BLOCK_FREE)
+        free_link(c, b); /* a piece now: off the age list */
+    else
+        bins_push(bins, b);
+    p->seg_prev = b;
+    p->seg_next = b->seg_next;
+    if (p->seg_next != NULL)
+        p->seg_next->seg_prev = p;
+    b->seg_next = p;
+    return p;
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-bool block_cache_init(int ndevices)
+bool block_cache_init(int ndevices, size_t split_min_bytes)
 {
+    split_min = split_min_bytes;
     caches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *caches);
     if (caches == NULL)
         return false;
@@ -237,15 +432,25 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
             break;
         b = bins_fit(&c->free, bin, min, max);
     }
+    bool same_stream = false;
     if (b != NULL) {
-        bool same_stream = b->state == BLOCK_PENDING;
-        if (same_stream) {
+        same_stream = b->state == BLOCK_PENDING;
+        if (same_stream)
             stream_unlink(c, b);
-        } else {
-            bins_unlink(&c->free, b);
-            order_unlink(&c->lru, b);
-        }
+        else
+            free_unlink(c, b);
+    } else if (split_min > 0 && min >= split_min) {
+        /* None fits: cut the request from a larger block (its size rounded
+         * to 512 only: the rest stays for others). */
+        size_t piece = (min + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+        struct cache_block *whole = split_candidate(c, own, lo, piece);
+        if (whole != NULL &&
+            (b = split_off(c, whole, piece)) != NULL)
+            same_stream = whole->state == BLOCK_PENDING;
+    }
+    if (b != NULL) {
         b->state = BLOCK_LIVE;
+        b->ready = false;
         b->nrecorded = 0;
         b->handout = atomic_fetch_add(&next_handout, 1);
         *size = b->size;
@@ -268,16 +473,21 @@ static void drop_stale(struct cache_block *stale)
            stale->size);
     struct device_cache *c = cache_of(stale->device);
     pthread_mutex_lock(&c->lock);
-    if (stale->state == BLOCK_PENDING) {
+    if (stale->state == BLOCK_PENDING)
         stream_unlink(c, stale);
-    } else if (stale->state == BLOCK_FREE) {
-        bins_unlink(&c->free, stale);
-        order_unlink(&c->lru, stale);
-    }
+    else if (stale->state == BLOCK_FREE)
+        free_unlink(c, stale);
+    /* Out of its segment: its neighbours' memory went with it, but they
+     * are no longer linked to a record that is going. */
+    if (stale->seg_prev != NULL)
+        stale->seg_prev->seg_next = stale->seg_next;
+    if (stale->seg_next != NULL)
+        stale->seg_next->seg_prev = stale->seg_prev;
+    stale->seg_prev = stale->seg_next = NULL;
     if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
         stats_sub(&stats.cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
-    bool named = stale->events > 0;
+    bool named = stale->events > 0 || stale->outstanding > 0;
     if (stale->pool) /* its memory went back behind cudefer's back too */
         block_pool_forget(stale->device, stale->size);
     stale->state = BLOCK_LIVE;
@@ -392,6 +602,7 @@ bool block_cache_park(const struct block_free_plan *plan,
             order_append(&s->order, b);
         }
         stats_add(&stats.cache_free_bytes, b->size);
+        merge_pending(c, b);
     }
     pthread_mutex_unlock(&c->lock);
     return mine;
@@ -456,6 +667,23 @@ size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
 
 /* ---- the reclaimer ------------------------------------------------------ */
 
+/* Lock held, after an entry naming b (or a part merged into it) is done:
+ * a PENDING b whose work and parts' work are all done goes FREE, a FREE
+ * one no entry names merges with its neighbours, and a GONE one no entry
+ * names is *forget's (b's record may be freed). */
+static void settle(struct device_cache *c, struct cache_block *b,
+                   uint64_t now, struct cache_block **forget)
+{
+    if (b->outstanding > 0)
+        return;
+    if (b->state == BLOCK_PENDING && b->ready)
+        make_free(c, b, now);
+    else if (b->state == BLOCK_FREE && b->events == 0)
+        merge_free(c, b);
+    else if (b->state == BLOCK_GONE && b->events == 0)
+        *forget = b;
+}
+
 void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
                             uint64_t now)
 {
@@ -464,12 +692,35 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     b->events--;
-    if (b->state == BLOCK_PENDING && b->handout == handout)
-        make_free(c, b, now);
-    bool gone = b->state == BLOCK_GONE && b->events == 0;
+    struct cache_block *forget[1] = {NULL};
+    struct cache_block *done = NULL; /* MERGED records, via lru_next */
+    if (b->state == BLOCK_MERGED) {
+        /* Its part is done once its entries and its own parts are: tell
+         * the block it was merged into, and so on up. */
+        while (b->state == BLOCK_MERGED && b->events == 0 &&
+               b->outstanding == 0) {
+            struct cache_block *into = b->merged_into;
+            b->lru_next = done;
+            done = b;
+            into->outstanding--;
+            b = into;
+        }
+        if (b->state != BLOCK_MERGED)
+            settle(c, b, now, &forget[0]);
+    } else if (b->state == BLOCK_PENDING && b->handout == handout) {
+        b->ready = true; /* its own work is done */
+        settle(c, b, now, &forget[0]);
+    } else {
+        settle(c, b, now, &forget[0]);
+    }
     pthread_mutex_unlock(&c->lock);
-    if (gone) /* handed back while this entry named it: its record goes now */
-        block_cache_forget(b);
+    while (done != NULL) {
+        struct cache_block *next = done->lru_next;
+        block_cache_forget(done);
+        done = next;
+    }
+    if (forget[0] != NULL) /* no entry names it any more */
+        block_cache_forget(forget[0]);
 }
 
 bool block_cache_adopt(void *ptr)
@@ -508,10 +759,9 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
     while (b != NULL && n < max && bytes < max_bytes &&
            b->freed_ns <= freed_before_ns) {
         struct cache_block *next = b->lru_next;
-        /* Not while an old entry still names it. */
-        if (b->events == 0) {
-            bins_unlink(&c->free, b);
-            order_unlink(&c->lru, b);
+        /* Not while an old entry (or a merged part's) still names it. */
+        if (b->events == 0 && b->outstanding == 0) {
+            free_unlink(c, b);
             block_map_remove(b);
             stats_sub(&stats.cache_free_bytes, b->size);
             stats_sub(&stats.cache_bytes, b->size);
@@ -525,12 +775,14 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
 }
 
 /* Lock held.  Whether b, FREE or PENDING on the stream of a request that
- * missed, may go back to the pool for it: a pool block, and when FREE, one
- * no entry names that was free at or before freed_before_ns. */
+ * missed, may go back to the pool for it: a whole pool segment, and when
+ * FREE, one no entry names that was free at or before freed_before_ns. */
 static bool may_hand_back(const struct cache_block *b, uint64_t freed_before_ns)
 {
-    return b->pool && (b->state == BLOCK_PENDING ||
-                       (b->events == 0 && b->freed_ns <= freed_before_ns));
+    return b->pool && is_whole(b) &&
+           (b->state == BLOCK_PENDING ||
+            (b->events == 0 && b->outstanding == 0 &&
+             b->freed_ns <= freed_before_ns));
 }
 
 /* Lock held.  The largest block of s (NULL: none) that may go back; of
@@ -577,8 +829,7 @@ size_t block_cache_collect_largest(int device, unsigned long long stream_id,
             stream_unlink(c, b);
             b->state = BLOCK_GONE;
         } else {
-            bins_unlink(&c->free, b);
-            order_unlink(&c->lru, b);
+            free_unlink(c, b);
             b->lru_next = forget;
             forget = b;
         }

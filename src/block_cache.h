@@ -1,8 +1,19 @@
 /*
  * Block cache: the device memory defer_alloc hands out, and what comes back.
  *
- * Every block is one cudaMalloc allocation of cudefer's own, known by its
- * start address (block_map.h), its device and its size.  A block is
+ * Memory comes in segments, each one allocation of cudefer's own (from its
+ * pool, or cudaMalloc); a block is a segment or a piece of one, known by
+ * its start address (block_map.h), its device and its size.  A request of
+ * at least split_min_bytes (CUDEFER_SPLIT_MIN; 0, the default: none) that
+ * no cached block fits is cut from the end of the
+ * smallest larger one, FREE or PENDING on its own stream (the rest stays
+ * cached in its state); a block that goes FREE merges with its FREE
+ * neighbours, and one PENDING on stream S with its neighbours PENDING on S
+ * at once (the merged block goes FREE once every part's work is done), so
+ * that memory freed in pieces serves a large request again: the cache
+ * holds about the live peak where unsplit blocks held the sum of each
+ * size's most-live count (1.44x the live peak of a ResNet-50 step).  Only
+ * whole segments go back to the pool or to CUDA.  A block is
  *   LIVE     the application's (handed out, not yet freed);
  *   FREEING  a free accepted it (any defer_free* path, on the launching
  *            thread, before its event is recorded): no other free and no
@@ -16,17 +27,17 @@
  *            cudaMallocAsync pools and PyTorch's caching allocator follow);
  *   FREE     its work is done: reusable by any stream of its device;
  *   GONE     handed back to the pool while PENDING (see below): no longer
- *            cudefer's memory; its record lives until its entry is done.
- * A FREE block that nobody took for cache_keep_ms is released on the
+ *            cudefer's memory; its record lives until its entry is done;
+ *   MERGED   absorbed while PENDING by a neighbour PENDING on the same
+ *            stream: its record lives until its entry is done.
+ * A FREE whole segment that nobody took for cache_keep_ms is released on the
  * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
  * every FREE block on defer_trim and shutdown.  A request that misses, when
  * the pool lacks the memory for it, hands pool blocks back to the pool, the
  * largest first, FREE ones or ones PENDING on its own stream (a free
  * ordered on that stream is as safe as reusing them there), until it lacks
  * nothing: the pool does not grow while the cache holds memory nobody
- * uses.  Blocks are never split: where a program's requests of every size
- * add up to more than its live peak, some miss every step (the limit in
- * cudefer.h, measured by t/alloc_steady).
+ * uses.
  *
  * Sizes: a new block for a request of n bytes gets n rounded up to one of 16
  * classes per power of two (at most 6.25 % more), from 512 bytes; a request
@@ -56,8 +67,11 @@ enum block_state {
     BLOCK_FREEING,
     BLOCK_PENDING,
     BLOCK_FREE,
-    BLOCK_GONE /* handed back to the pool while PENDING: its record waits
-                  for the entries that name it, nothing else */
+    BLOCK_GONE, /* handed back to the pool while PENDING: its record waits
+                   for the entries that name it, nothing else */
+    BLOCK_MERGED /* PENDING, absorbed by its neighbour PENDING on the same
+                    stream: its record waits for the entries that name it
+                    and then tells the neighbour (merged_into) */
 };
 
 struct stream_bins;
@@ -76,6 +90,18 @@ struct cache_block {
     uint64_t freed_ns;          /* FREE: when its work was seen done */
     struct cache_block *prev, *next;         /* its bin */
     struct cache_block *lru_prev, *lru_next; /* FREE: oldest first */
+    /* Its neighbours in address order within its segment (the one
+     * allocation it was carved from; NULL at the segment's ends): a block
+     * that has none is a whole segment, the only kind that goes back to
+     * the pool or to CUDA. */
+    struct cache_block *seg_prev, *seg_next;
+    bool in_lru; /* on the device's FREE list by age: FREE and whole */
+    /* Merged PENDING neighbours: a block that absorbed others counts those
+     * whose entries are not done (outstanding) and goes FREE only when
+     * they and its own event (ready) are; MERGED records name it. */
+    struct cache_block *merged_into;
+    uint32_t outstanding;
+    bool ready;
     struct cache_block *map_next;            /* block_map.c */
     uint32_t nrecorded;                      /* defer_record_stream */
     cudaStream_t *recorded;
@@ -103,10 +129,11 @@ struct block_free_plan {
 };
 
 /* Lifecycle, under the library's start/shutdown lock: make the per-device
- * state (false when out of memory); forget every record after the reclaimer
+ * state (false when out of memory), requests of split_min_bytes or more
+ * (0: none) to be cut from larger blocks; forget every record after the reclaimer
  * released what it could (LIVE blocks stay the application's memory); in a
  * fork child, forget everything without touching the locks' owners. */
-bool block_cache_init(int ndevices);
+bool block_cache_init(int ndevices, size_t split_min_bytes);
 void block_cache_destroy(void);
 void block_cache_fork_child(void);
 

@@ -70,6 +70,9 @@ static const struct knob knobs[] = {
     KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(CACHE_KEEP_MS, cache_keep_ms, KIND_MS, 10000, 0, 3600000,
          "milliseconds, 0..3600000", "0 (kept until defer_trim)"),
+    KNOB(SPLIT_MIN, split_min_bytes, KIND_SIZE, 0, 0, UINT64_C(1) << 50,
+         "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
+         NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 
@@ -342,7 +345,7 @@ static void format_size(uint64_t bytes, char *buf, size_t len)
     static const char letters[] = "TGMK";
     for (int i = 0; i < 4; i++) {
         uint64_t unit = UINT64_C(1) << (10 * (4 - i));
-        if (bytes % unit == 0) {
+        if (bytes != 0 && bytes % unit == 0) {
             snprintf(buf, len, "%" PRIu64 "%c", bytes / unit, letters[i]);
             return;
         }

@@ -76,7 +76,9 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
-    if (!alloc_per_device(n) || !block_cache_init(n) || !block_pool_init(n)) {
+    if (!alloc_per_device(n) ||
+        !block_cache_init(n, (size_t)rs.cfg.split_min_bytes) ||
+        !block_pool_init(n)) {
         block_pool_destroy_all();
         block_cache_destroy();
         free_per_device();

@@ -291,11 +291,73 @@ static void test_collect_largest(void)
     ok(p == ADDR(17), "a request on 7 finds only the block left there");
 }
 
+/* Segments: a request of 1 MiB or more cut from a larger block, FREE or
+ * PENDING on its own stream; neighbours merge when FREE, and at once when
+ * PENDING on one stream, going FREE only once every part's work is done. */
+static void test_split_merge(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(40);
+    size_t size = 0;
+    ok(block_cache_add(0, base, 4 * MiB, true) && block_cache_adopt(base),
+       "a FREE 4 MiB pool segment");
+    ok(block_cache_take(0, 1, 512 * 1024, &size) == NULL,
+       "a request below 1 MiB is never cut from it");
+    void *p = block_cache_take(0, 1, MiB, &size);
+    ok(p == base + 3 * MiB && size == MiB, "1 MiB is cut from its end");
+    struct cache_block *rest = block_map_find(base);
+    ok(rest != NULL && rest->size == 3 * MiB && rest->state == BLOCK_FREE,
+       "the rest stays FREE at the segment's start");
+    struct block_memory mem[4];
+    is_int(block_cache_collect_largest(0, 1, UINT64_MAX, mem, 4, SIZE_MAX), 0,
+           "a piece of a segment never goes back to the pool");
+    uint64_t h = free_on(p, 1);
+    struct cache_block *piece = block_map_find(p);
+    block_cache_event_done(piece, h, true, 5);
+    ok(block_map_find(p) == NULL && rest->size == 4 * MiB &&
+           rest->state == BLOCK_FREE,
+       "the piece's work done, it merges back: one FREE segment again");
+
+    /* PENDING on stream 7: two pieces cut and freed there merge at once. */
+    p = block_cache_take(0, 7, 4 * MiB, &size);
+    ok(p == base && size == 4 * MiB, "the whole segment for 4 MiB");
+    uint64_t hw = free_on(base, 7);
+    void *a = block_cache_take(0, 7, MiB, &size);
+    void *b = block_cache_take(0, 7, MiB, &size);
+    ok(a == base + 3 * MiB && b == base + 2 * MiB,
+       "stream 7 cuts two pieces from its own PENDING segment");
+    ok(block_cache_take(0, 8, MiB, &size) == NULL,
+       "stream 8 cuts nothing from it before its work is done");
+    struct cache_block *ra = block_map_find(a), *rb = block_map_find(b);
+    uint64_t ha = free_on(a, 7), hb = free_on(b, 7);
+    struct cache_block *whole = block_map_find(base);
+    ok(whole == rb && whole->size == 4 * MiB &&
+           whole->state == BLOCK_PENDING && block_map_find(a) == NULL,
+       "freed on 7, the three parts are one PENDING block at once");
+    ok(block_cache_take(0, 7, 4 * MiB, &size) == base,
+       "which stream 7 takes whole");
+    uint64_t hm = free_on(base, 7);
+    block_cache_event_done(whole, hm, true, 6);
+    ok(whole->state == BLOCK_PENDING &&
+           block_cache_take(0, 8, 4 * MiB, &size) == NULL,
+       "its last free's work done, other parts' not: still PENDING");
+    struct cache_block *rw = rest; /* the segment's first part, MERGED */
+    block_cache_event_done(ra, ha, true, 7);
+    ok(whole->state == BLOCK_PENDING, "nor with one part left");
+    block_cache_event_done(rw, hw, true, 8);
+    ok(whole->state == BLOCK_FREE, "every part's work done: FREE");
+    block_cache_event_done(rb, hb, true, 9); /* its older free's entry */
+    is_int(whole->events, 0, "no entry names it any more");
+    ok(block_cache_take(0, 8, 4 * MiB, &size) == base && size == 4 * MiB,
+       "and stream 8 takes it");
+}
+
 int main(void)
 {
     plan_lazy();
     fake_reset(2);
-    ok(block_cache_init(2), "init for two devices");
+    ok(block_cache_init(2, (size_t)1 << 20),
+       "init for two devices, requests of 1 MiB or more cut from larger blocks");
     test_rounding();
     test_stream_order();
     test_fit();
@@ -304,6 +366,7 @@ int main(void)
     test_devices_and_collect();
     test_stale_record();
     test_collect_largest();
+    test_split_merge();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
