@@ -1,14 +1,16 @@
 /*
- * Block bins: the block cache's lists (block_cache.c), header-only.  A set
- * of bins files blocks by size class (16 classes per power of two from 512
- * bytes: block_cache.c maps a size to its bin), each bin a list, newest
- * first, with a bitmap of the non-empty ones; an order list keeps blocks in
- * the order they joined it, through their lru links.  Callers hold the
- * device's mutex; nothing here allocates or blocks.
+ * Block bins: the block cache's size classes, lists and per-device state
+ * (block_cache.c, block_segments.c), header-only.  A set of bins files
+ * blocks by size class (16 classes per power of two from 512 bytes), each
+ * bin a list, newest first, with a bitmap of the non-empty ones; an order
+ * list keeps blocks in the order they joined it, through their lru links.
+ * Callers hold the device's mutex; nothing here allocates or blocks.
  */
 #ifndef CUDEFER_BLOCK_BINS_H
 #define CUDEFER_BLOCK_BINS_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -122,6 +124,100 @@ static inline void order_unlink(struct order_list *l, struct cache_block *b)
     else
         l->newest = b->lru_prev;
     b->lru_prev = b->lru_next = NULL;
+}
+
+/* ---- size classes ------------------------------------------------------- */
+
+/* The smallest class of at least bytes, and its size in *class_bytes; the
+ * overflow bin (bytes rounded to 512) above 2^40. */
+static inline int block_class_of(size_t bytes, size_t *class_bytes)
+{
+    if (bytes <= MIN_BLOCK) {
+        *class_bytes = MIN_BLOCK;
+        return 0;
+    }
+    if (bytes > ((size_t)1 << MAX_SHIFT)) {
+        *class_bytes = (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+        return OVERFLOW_BIN;
+    }
+    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
+    size_t base = (size_t)1 << k, step_bytes = base / STEPS;
+    size_t step = (bytes - base + step_bytes - 1) / step_bytes; /* 1..STEPS */
+    *class_bytes = base + step * step_bytes;
+    return (k - MIN_SHIFT) * STEPS + (int)step;
+}
+
+/* The bin a block of size bytes (>= 512) is filed in: the largest class not
+ * above its size, so every block in a bin above a request's is big enough. */
+static inline int block_bin_of(size_t bytes)
+{
+    size_t class_bytes;
+    int c = block_class_of(bytes, &class_bytes);
+    return class_bytes > bytes && c != OVERFLOW_BIN ? c - 1 : c;
+}
+
+/* ---- per-device state ---------------------------------------------------- */
+
+/* The blocks PENDING on one stream of a device, by size and, through their
+ * lru links, in the order they were freed. */
+struct stream_bins {
+    unsigned long long stream_id;
+    struct stream_bins *next;
+    struct bins bins;
+    struct order_list order;
+};
+
+#define STREAM_BUCKETS 64
+#define MAX_SPARE 4
+
+/* One device's cache; its mutex guards everything in it. */
+struct device_cache {
+    pthread_mutex_t lock;
+    struct bins free;                             /* FREE blocks */
+    struct stream_bins *streams[STREAM_BUCKETS]; /* streams with PENDING */
+    struct stream_bins *spare;                    /* emptied, for reuse */
+    int nspare;
+    struct order_list lru; /* FREE, oldest first */
+};
+
+/* Whether b is a whole segment (one allocation of cudefer's, uncut): the
+ * only kind that goes back to the pool or to CUDA. */
+static inline bool is_whole(const struct cache_block *b)
+{
+    return b->seg_prev == NULL && b->seg_next == NULL;
+}
+
+/* FREE b leaves c's free bins, and the age list if on it. */
+static inline void free_unlink(struct device_cache *c, struct cache_block *b)
+{
+    bins_unlink(&c->free, b);
+    if (b->in_lru) {
+        order_unlink(&c->lru, b);
+        b->in_lru = false;
+    }
+}
+
+/* FREE b joins c's free bins, and when it is a whole segment the age list
+ * (only whole segments expire: pieces cannot be released). */
+static inline void free_link(struct device_cache *c, struct cache_block *b)
+{
+    bins_push(&c->free, b);
+    if (is_whole(b)) {
+        order_append(&c->lru, b);
+        b->in_lru = true;
+    }
+}
+
+/* The first bin in [lo, hi] non-empty in own (NULL: none) or in c's free
+ * bins, or -1. */
+static inline int bins_next_either(const struct device_cache *c,
+                                   const struct stream_bins *own, int lo,
+                                   int hi)
+{
+    int next_own = own != NULL ? bins_next(&own->bins, lo, hi) : -1;
+    int next_free = bins_next(&c->free, lo, hi);
+    return next_own < 0 ? next_free
+           : next_free < 0 || next_own < next_free ? next_own : next_free;
 }
 
 #endif

@@ -1,5 +1,6 @@
-/* Block cache: size classes, per-stream and per-device bins (their lists
- * in block_bins.h), hand-out and return of blocks (see the header). */
+/* Block cache: hand-out and return of blocks (see the header), over the
+ * size classes, bins and per-device state of block_bins.h and the
+ * segments of block_segments.h. */
 #include "block_cache.h"
 
 #include <pthread.h>
@@ -10,71 +11,21 @@
 #include "block_bins.h"
 #include "block_map.h"
 #include "block_pool.h"
+#include "block_segments.h"
 #include "clock.h"
 #include "report.h"
 #include "stats.h"
 
 /* ---- size classes ------------------------------------------------------- */
 
-/* The smallest class of at least bytes, and its size in *class_bytes; the
- * overflow bin (bytes rounded to 512) above 2^40. */
-static int class_of(size_t bytes, size_t *class_bytes)
-{
-    if (bytes <= MIN_BLOCK) {
-        *class_bytes = MIN_BLOCK;
-        return 0;
-    }
-    if (bytes > ((size_t)1 << MAX_SHIFT)) {
-        *class_bytes = (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
-        return OVERFLOW_BIN;
-    }
-    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
-    size_t base = (size_t)1 << k, step_bytes = base / STEPS;
-    size_t step = (bytes - base + step_bytes - 1) / step_bytes; /* 1..STEPS */
-    *class_bytes = base + step * step_bytes;
-    return (k - MIN_SHIFT) * STEPS + (int)step;
-}
-
-/* The bin a block of size bytes (>= 512) is filed in: the largest class not
- * above its size, so every block in a bin above a request's is big enough. */
-static int bin_of(size_t bytes)
-{
-    size_t class_bytes;
-    int c = class_of(bytes, &class_bytes);
-    return class_bytes > bytes && c != OVERFLOW_BIN ? c - 1 : c;
-}
-
 size_t block_cache_round(size_t bytes)
 {
     size_t class_bytes;
-    class_of(bytes, &class_bytes);
+    block_class_of(bytes, &class_bytes);
     return class_bytes;
 }
 
 /* ---- per-device state --------------------------------------------------- */
-
-/* The blocks PENDING on one stream of a device, by size and, through their
- * lru links, in the order they were freed. */
-struct stream_bins {
-    unsigned long long stream_id;
-    struct stream_bins *next;
-    struct bins bins;
-    struct order_list order;
-};
-
-#define STREAM_BUCKETS 64
-#define MAX_SPARE 4
-/* The least a block keeps when a request is cut from it. */
-#define SPLIT_MIN_REST MIN_BLOCK
-
-struct device_cache {
-    pthread_mutex_t lock;
-    struct bins free;                             /* FREE blocks */
-    struct stream_bins *streams[STREAM_BUCKETS]; /* streams with PENDING */
-    struct stream_bins *spare;                    /* emptied, for reuse */
-    int nspare;
-    struct order_list lru; /* FREE, oldest first */
-};
 
 static struct device_cache *caches;
 static int ncaches;
@@ -141,114 +92,6 @@ static void stream_unlink(struct device_cache *c, struct cache_block *b)
     }
 }
 
-/* ---- segments: splitting and merging ------------------------------------ */
-
-/* Whether b is a whole segment (one allocation of cudefer's, uncut). */
-static bool is_whole(const struct cache_block *b)
-{
-    return b->seg_prev == NULL && b->seg_next == NULL;
-}
-
-/* Lock held.  FREE b leaves the free bins, and the age list if on it. */
-static void free_unlink(struct device_cache *c, struct cache_block *b)
-{
-    bins_unlink(&c->free, b);
-    if (b->in_lru) {
-        order_unlink(&c->lru, b);
-        b->in_lru = false;
-    }
-}
-
-/* Lock held.  FREE b joins the free bins, and when it is a whole segment
- * the age list (only whole segments expire: pieces cannot be released). */
-static void free_link(struct device_cache *c, struct cache_block *b)
-{
-    bins_push(&c->free, b);
-    if (is_whole(b)) {
-        order_append(&c->lru, b);
-        b->in_lru = true;
-    }
-}
-
-/* Lock held.  FREE keep absorbs FREE gone, its right neighbour that no
- * entry names; gone's record is freed. */
-static void absorb(struct device_cache *c, struct cache_block *keep,
-                   struct cache_block *gone)
-{
-    free_unlink(c, keep);
-    free_unlink(c, gone);
-    keep->size += gone->size;
-    keep->bin = bin_of(keep->size);
-    keep->seg_next = gone->seg_next;
-    if (keep->seg_next != NULL)
-        keep->seg_next->seg_prev = keep;
-    if (gone->freed_ns > keep->freed_ns)
-        keep->freed_ns = gone->freed_ns;
-    block_map_remove(gone);
-    block_cache_forget(gone);
-    free_link(c, keep);
-}
-
-/* Lock held.  FREE b merges with its FREE neighbours in its segment, so
- * that memory cut for one size serves any size again and a segment all
- * free is whole (and may go back to the pool).  A record an entry still
- * names is never absorbed (its entry would find it gone).  Returns the
- * merged block: b's record may be freed. */
-static struct cache_block *merge_free(struct device_cache *c,
-                                      struct cache_block *b)
-{
-    struct cache_block *right = b->seg_next, *left = b->seg_prev;
-    if (right != NULL && right->state == BLOCK_FREE && right->events == 0 &&
-        right->outstanding == 0)
-        absorb(c, b, right);
-    if (left != NULL && left->state == BLOCK_FREE && b->events == 0 &&
-        b->outstanding == 0) {
-        absorb(c, left, b);
-        b = left;
-    }
-    return b;
-}
-
-/* Lock held.  b, just PENDING on its stream, absorbs its neighbours
- * PENDING on the same stream, so that a program whose GPU runs a step
- * behind finds its freed memory in one piece again at once (a request on
- * that stream may use it all: its work runs after theirs).  An absorbed
- * record is MERGED: it waits for its entry and for the parts it absorbed
- * itself, then b may go FREE (other streams wait for every part's work). */
-static void merge_pending(struct device_cache *c, struct cache_block *b)
-{
-    for (int left = 0; left < 2; left++) {
-        struct cache_block *n = left ? b->seg_prev : b->seg_next;
-        struct stream_bins *s = b->stream;
-        if (s == NULL || n == NULL || n->state != BLOCK_PENDING ||
-            n->stream != s)
-            continue;
-        stream_unlink(c, n); /* first: s stays while b is in it */
-        bins_unlink(&s->bins, b);
-        block_map_remove(n);
-        if (left) { /* b now starts where n did */
-            block_map_remove(b);
-            b->ptr = n->ptr;
-            b->seg_prev = n->seg_prev;
-            if (b->seg_prev != NULL)
-                b->seg_prev->seg_next = b;
-            struct cache_block *stale;
-            block_map_insert(b, &stale); /* no record is there: n's left */
-        } else {
-            b->seg_next = n->seg_next;
-            if (b->seg_next != NULL)
-                b->seg_next->seg_prev = b;
-        }
-        b->size += n->size;
-        b->bin = bin_of(b->size);
-        bins_push(&s->bins, b);
-        n->seg_prev = n->seg_next = NULL;
-        n->state = BLOCK_MERGED;
-        n->merged_into = b;
-        b->outstanding++;
-    }
-}
-
 /* Lock held.  b's work is done: FREE, filed for any stream, merged with
  * its free neighbours (b's record may be freed). */
 static void make_free(struct device_cache *c, struct cache_block *b,
@@ -263,88 +106,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
     b->freed_ns = now;
     b->ready = false;
     free_link(c, b);
-    merge_free(c, b);
-}
-
-/* Whether a request of piece bytes (a multiple of 512) may be cut from b:
- * sizes and addresses stay multiples of 512 and the rest is a block. */
-static bool may_split(const struct cache_block *b, size_t piece)
-{
-    return b->size >= piece + SPLIT_MIN_REST && b->size % MIN_BLOCK == 0 &&
-           (uintptr_t)b->ptr % MIN_BLOCK == 0;
-}
-
-/* Lock held.  The smallest block to cut piece bytes from, FREE or PENDING
- * on the request's stream (own; size for size the stream's own first), in
- * the bins from lo up; NULL when none. */
-static struct cache_block *split_candidate(struct device_cache *c,
-                                           struct stream_bins *own, int lo,
-                                           size_t piece)
-{
-    for (int bin = lo; bin < NBINS; bin++) {
-        int next_own = own != NULL ? bins_next(&own->bins, bin, NBINS - 1)
-                                   : -1;
-        int next_free = bins_next(&c->free, bin, NBINS - 1);
-        if (next_own < 0 && next_free < 0)
-            return NULL;
-        bin = next_own < 0 ? next_free
-              : next_free < 0 ? next_own
-              : next_own < next_free ? next_own : next_free;
-        struct cache_block *best = NULL;
-        const struct bins *lists[2] = {own != NULL ? &own->bins : NULL,
-                                       &c->free};
-        for (int i = 0; i < 2; i++)
-            for (struct cache_block *b = lists[i] ? lists[i]->head[bin] : NULL;
-                 b != NULL; b = b->next)
-                if (may_split(b, piece) &&
-                    (best == NULL || b->size < best->size))
-                    best = b;
-        if (best != NULL)
-            return best;
-    }
-    return NULL;
-}
-
-/* Lock held.  Cuts piece bytes off the end of b (FREE, or PENDING on the
- * request's stream), which keeps the rest with its state, its entries and
- * its hand-out (its event covers the piece's earlier work too); returns
- * the piece's new record, in no list, or NULL (nothing changed) when none
- * could be made. */
-static struct cache_block *split_off(struct device_cache *c,
-                                     struct cache_block *b, size_t piece)
-{
-    struct cache_block *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return NULL;
-    p->ptr = (char *)b->ptr + (b->size - piece);
-    p->size = piece;
-    p->device = b->device;
-    p->bin = bin_of(piece);
-    p->pool = b->pool;
-    struct cache_block *stale = NULL;
-    /* Nothing is filed inside a segment (a record there would be memory
-     * freed behind cudefer's back): never replace one. */
-    if (block_map_find(p->ptr) != NULL || !block_map_insert(p, &stale)) {
-        free(p);
-        return NULL;
-    }
-    struct bins *bins = b->state == BLOCK_FREE ? &c->free : &b->stream->bins;
-    if (b->state == BLOCK_FREE)
-        free_unlink(c, b);
-    else
-        bins_unlink(bins, b);
-    b->size -= piece;
-    b->bin = bin_of(b->size);
-    if (b->state == BLOCK_FREE)
-        free_link(c, b); /* a piece now: off the age list */
-    else
-        bins_push(bins, b);
-    p->seg_prev = b;
-    p->seg_next = b->seg_next;
-    if (p->seg_next != NULL)
-        p->seg_next->seg_prev = p;
-    b->seg_next = p;
-    return p;
+    block_segments_merge_free(c, b);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -413,21 +175,16 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     /* At most 1/8 above what a fresh block for the request would get. */
     size_t min = bytes < MIN_BLOCK ? MIN_BLOCK : bytes;
     size_t fresh = block_cache_round(min), max = fresh + fresh / 8, max_class;
-    int lo = bin_of(min), hi = class_of(max, &max_class);
+    int lo = block_bin_of(min), hi = block_class_of(max, &max_class);
     struct device_cache *c = cache_of(device);
     pthread_mutex_lock(&c->lock);
     struct stream_bins *own = *stream_slot(c, stream_id);
     struct cache_block *b = NULL;
     /* Size for size, the stream's own pending block first: it keeps the
      * stream's memory warm and leaves FREE blocks for other streams. */
-    for (int bin = lo; b == NULL && bin <= hi; bin++) {
-        int next_own = own != NULL ? bins_next(&own->bins, bin, hi) : -1;
-        int next_free = bins_next(&c->free, bin, hi);
-        if (next_own < 0 && next_free < 0)
-            break;
-        bin = next_own < 0 ? next_free
-              : next_free < 0 ? next_own
-              : next_own < next_free ? next_own : next_free;
+    for (int bin = lo; b == NULL &&
+                       (bin = bins_next_either(c, own, bin, hi)) >= 0;
+         bin++) {
         if (own != NULL && (b = bins_fit(&own->bins, bin, min, max)) != NULL)
             break;
         b = bins_fit(&c->free, bin, min, max);
@@ -443,10 +200,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
         /* None fits: cut the request from a larger block (its size rounded
          * to 512 only: the rest stays for others). */
         size_t piece = (min + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
-        struct cache_block *whole = split_candidate(c, own, lo, piece);
-        if (whole != NULL &&
-            (b = split_off(c, whole, piece)) != NULL)
-            same_stream = whole->state == BLOCK_PENDING;
+        b = block_segments_split(c, own, lo, piece, &same_stream);
     }
     if (b != NULL) {
         b->state = BLOCK_LIVE;
@@ -507,7 +261,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     b->ptr = ptr;
     b->size = size;
     b->device = device;
-    b->bin = bin_of(size);
+    b->bin = block_bin_of(size);
     b->pool = pool;
     b->state = BLOCK_LIVE;
     b->handout = atomic_fetch_add(&next_handout, 1);
@@ -602,7 +356,7 @@ bool block_cache_park(const struct block_free_plan *plan,
             order_append(&s->order, b);
         }
         stats_add(&stats.cache_free_bytes, b->size);
-        merge_pending(c, b);
+        block_segments_merge_pending(b);
     }
     pthread_mutex_unlock(&c->lock);
     return mine;
@@ -670,7 +424,7 @@ size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
 /* Lock held, after an entry naming b (or a part merged into it) is done:
  * a PENDING b whose work and parts' work are all done goes FREE, a FREE
  * one no entry names merges with its neighbours, and a GONE one no entry
- * names is *forget's (b's record may be freed). */
+ * names joins *forget (through lru_next; b's record may be freed). */
 static void settle(struct device_cache *c, struct cache_block *b,
                    uint64_t now, struct cache_block **forget)
 {
@@ -679,9 +433,11 @@ static void settle(struct device_cache *c, struct cache_block *b,
     if (b->state == BLOCK_PENDING && b->ready)
         make_free(c, b, now);
     else if (b->state == BLOCK_FREE && b->events == 0)
-        merge_free(c, b);
-    else if (b->state == BLOCK_GONE && b->events == 0)
+        block_segments_merge_free(c, b);
+    else if (b->state == BLOCK_GONE && b->events == 0) {
+        b->lru_next = *forget;
         *forget = b;
+    }
 }
 
 void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
@@ -692,35 +448,27 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     b->events--;
-    struct cache_block *forget[1] = {NULL};
-    struct cache_block *done = NULL; /* MERGED records, via lru_next */
-    if (b->state == BLOCK_MERGED) {
-        /* Its part is done once its entries and its own parts are: tell
-         * the block it was merged into, and so on up. */
-        while (b->state == BLOCK_MERGED && b->events == 0 &&
-               b->outstanding == 0) {
-            struct cache_block *into = b->merged_into;
-            b->lru_next = done;
-            done = b;
-            into->outstanding--;
-            b = into;
-        }
-        if (b->state != BLOCK_MERGED)
-            settle(c, b, now, &forget[0]);
-    } else if (b->state == BLOCK_PENDING && b->handout == handout) {
+    if (b->state == BLOCK_PENDING && b->handout == handout)
         b->ready = true; /* its own work is done */
-        settle(c, b, now, &forget[0]);
-    } else {
-        settle(c, b, now, &forget[0]);
+    /* A MERGED part is done once its entries and its own parts are: tell
+     * the block it was merged into, and so on up.  Records no entry names
+     * any more are forgotten once the lock is left (via lru_next). */
+    struct cache_block *forget = NULL;
+    while (b->state == BLOCK_MERGED && b->events == 0 &&
+           b->outstanding == 0) {
+        b->lru_next = forget;
+        forget = b;
+        b = b->merged_into;
+        b->outstanding--;
     }
+    if (b->state != BLOCK_MERGED)
+        settle(c, b, now, &forget);
     pthread_mutex_unlock(&c->lock);
-    while (done != NULL) {
-        struct cache_block *next = done->lru_next;
-        block_cache_forget(done);
-        done = next;
+    while (forget != NULL) {
+        struct cache_block *next = forget->lru_next;
+        block_cache_forget(forget);
+        forget = next;
     }
-    if (forget[0] != NULL) /* no entry names it any more */
-        block_cache_forget(forget[0]);
 }
 
 bool block_cache_adopt(void *ptr)

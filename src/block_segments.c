@@ -1,0 +1,167 @@
+/* Block segments: cutting requests from larger blocks and merging freed
+ * neighbours (see the header). */
+#include "block_segments.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_map.h"
+
+/* The least a block keeps when a request is cut from it. */
+#define SPLIT_MIN_REST MIN_BLOCK
+
+/* ---- cutting ------------------------------------------------------------ */
+
+/* Whether a request of piece bytes may be cut from b: sizes and addresses
+ * stay multiples of 512 and the rest is a block. */
+static bool may_split(const struct cache_block *b, size_t piece)
+{
+    return b->size >= piece + SPLIT_MIN_REST && b->size % MIN_BLOCK == 0 &&
+           (uintptr_t)b->ptr % MIN_BLOCK == 0;
+}
+
+/* The smallest block to cut piece bytes from, FREE or PENDING on own, in
+ * the bins from lo up (size for size own's first); NULL when none. */
+static struct cache_block *split_candidate(struct device_cache *c,
+                                           struct stream_bins *own, int lo,
+                                           size_t piece)
+{
+    const struct bins *lists[2] = {own != NULL ? &own->bins : NULL, &c->free};
+    for (int bin = lo; (bin = bins_next_either(c, own, bin, NBINS - 1)) >= 0;
+         bin++) {
+        struct cache_block *best = NULL;
+        for (int i = 0; i < 2; i++)
+            for (struct cache_block *b = lists[i] ? lists[i]->head[bin] : NULL;
+                 b != NULL; b = b->next)
+                if (may_split(b, piece) &&
+                    (best == NULL || b->size < best->size))
+                    best = b;
+        if (best != NULL)
+            return best;
+    }
+    return NULL;
+}
+
+struct cache_block *block_segments_split(struct device_cache *c,
+                                         struct stream_bins *own, int lo,
+                                         size_t piece, bool *same_stream)
+{
+    struct cache_block *b = split_candidate(c, own, lo, piece);
+    if (b == NULL)
+        return NULL;
+    struct cache_block *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->ptr = (char *)b->ptr + (b->size - piece);
+    p->size = piece;
+    p->device = b->device;
+    p->bin = block_bin_of(piece);
+    p->pool = b->pool;
+    struct cache_block *stale = NULL;
+    /* Nothing is filed inside a segment (a record there would be memory
+     * freed behind cudefer's back): never replace one. */
+    if (block_map_find(p->ptr) != NULL || !block_map_insert(p, &stale)) {
+        free(p);
+        return NULL;
+    }
+    /* b keeps the rest, refiled for its new size (a piece now: a FREE one
+     * leaves the age list). */
+    *same_stream = b->state == BLOCK_PENDING;
+    if (*same_stream)
+        bins_unlink(&own->bins, b);
+    else
+        free_unlink(c, b);
+    b->size -= piece;
+    b->bin = block_bin_of(b->size);
+    if (*same_stream)
+        bins_push(&own->bins, b);
+    else
+        free_link(c, b);
+    p->seg_prev = b;
+    p->seg_next = b->seg_next;
+    if (p->seg_next != NULL)
+        p->seg_next->seg_prev = p;
+    b->seg_next = p;
+    return p;
+}
+
+/* ---- merging ------------------------------------------------------------ */
+
+/* FREE keep absorbs FREE gone, its right neighbour that no entry names;
+ * gone's record is freed. */
+static void absorb(struct device_cache *c, struct cache_block *keep,
+                   struct cache_block *gone)
+{
+    free_unlink(c, keep);
+    free_unlink(c, gone);
+    keep->size += gone->size;
+    keep->bin = block_bin_of(keep->size);
+    keep->seg_next = gone->seg_next;
+    if (keep->seg_next != NULL)
+        keep->seg_next->seg_prev = keep;
+    if (gone->freed_ns > keep->freed_ns)
+        keep->freed_ns = gone->freed_ns;
+    block_map_remove(gone);
+    block_cache_forget(gone);
+    free_link(c, keep);
+}
+
+/* Whether FREE b may be absorbed: no entry, nor a part merged into it,
+ * still names it (an entry would find its record gone). */
+static bool absorbable(const struct cache_block *b)
+{
+    return b->state == BLOCK_FREE && b->events == 0 && b->outstanding == 0;
+}
+
+void block_segments_merge_free(struct device_cache *c,
+                               struct cache_block *b)
+{
+    struct cache_block *right = b->seg_next, *left = b->seg_prev;
+    if (right != NULL && absorbable(right))
+        absorb(c, b, right);
+    if (left != NULL && left->state == BLOCK_FREE && absorbable(b))
+        absorb(c, left, b);
+}
+
+/* Why at once: a program whose GPU runs a step behind then finds its freed
+ * memory in one piece again (a request on that stream may use it all: its
+ * work runs after theirs).  An absorbed record is MERGED: it waits for its
+ * entry and for the parts it absorbed itself; b goes FREE only after them
+ * (other streams wait for every part's work). */
+void block_segments_merge_pending(struct cache_block *b)
+{
+    struct stream_bins *s = b->stream;
+    if (s == NULL) /* no bins for its stream: it waits for its event */
+        return;
+    for (int left = 0; left < 2; left++) {
+        struct cache_block *n = left ? b->seg_prev : b->seg_next;
+        if (n == NULL || n->state != BLOCK_PENDING || n->stream != s)
+            continue;
+        /* b stays in s, so s is never emptied here. */
+        bins_unlink(&s->bins, n);
+        order_unlink(&s->order, n);
+        bins_unlink(&s->bins, b);
+        block_map_remove(n);
+        if (left) { /* b now starts where n did */
+            block_map_remove(b);
+            b->ptr = n->ptr;
+            b->seg_prev = n->seg_prev;
+            if (b->seg_prev != NULL)
+                b->seg_prev->seg_next = b;
+            struct cache_block *stale;
+            block_map_insert(b, &stale); /* no record is there: n's left */
+        } else {
+            b->seg_next = n->seg_next;
+            if (b->seg_next != NULL)
+                b->seg_next->seg_prev = b;
+        }
+        b->size += n->size;
+        b->bin = block_bin_of(b->size);
+        bins_push(&s->bins, b);
+        n->stream = NULL;
+        n->seg_prev = n->seg_next = NULL;
+        n->state = BLOCK_MERGED;
+        n->merged_into = b;
+        b->outstanding++;
+    }
+}

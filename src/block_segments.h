@@ -1,0 +1,37 @@
+/*
+ * Block segments: cutting requests from larger cached blocks and merging
+ * freed neighbours again (block_cache.h says when).  A segment is one
+ * allocation of cudefer's; its blocks are linked in address order
+ * (seg_prev, seg_next).  Every function is called with the device's mutex
+ * held, by block_cache.c only; none makes a CUDA call or blocks.
+ */
+#ifndef CUDEFER_BLOCK_SEGMENTS_H
+#define CUDEFER_BLOCK_SEGMENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "block_bins.h"
+
+/* A request of piece bytes (a multiple of 512) on the stream whose PENDING
+ * blocks are own (NULL: none) that no cached block fits: cut from the end
+ * of the smallest block in the bins from lo up, FREE or PENDING on own
+ * (size for size own's first), which keeps the rest with its state, its
+ * entries and its hand-out.  Returns the piece's new record, in no list
+ * (*same_stream: cut from a PENDING block), or NULL (nothing changed) when
+ * no block is large enough or no record could be made. */
+struct cache_block *block_segments_split(struct device_cache *c,
+                                         struct stream_bins *own, int lo,
+                                         size_t piece, bool *same_stream);
+
+/* FREE b merges with its FREE neighbours no entry names (b's record may be
+ * freed): memory cut for one size serves any size again, and a segment all
+ * free is whole. */
+void block_segments_merge_free(struct device_cache *c,
+                               struct cache_block *b);
+
+/* b, just PENDING on its stream, absorbs its neighbours PENDING on the
+ * same stream; their records become MERGED (block_cache.h). */
+void block_segments_merge_pending(struct cache_block *b);
+
+#endif
