@@ -7,8 +7,8 @@ import re
 LOOP_STRATEGIES = ['limit', 'malloc-never-free', 'inline-cudaFree', 'inline-async',
                    'naive-reclaimer', 'cudefer', 'cudefer-alloc']
 CALL_STRATEGIES = ['inline-cudaFree', 'inline-async', 'naive-reclaimer', 'cudefer']
-TRAIN_STRATEGIES = ['native', 'native-async', 'pluggable-async', 'cudefer',
-                    'malloc-defer', 'malloc-free']
+TRAIN_STRATEGIES = ['native', 'native-async', 'pluggable-floor', 'pluggable-async',
+                    'cudefer', 'malloc-defer', 'malloc-free']
 
 # A ratio: (key written, metric divided, strategy divided by, its metric).
 LIMIT_RATIOS = [('ratio_done', 'done_ms', 'limit', 'done_ms'),

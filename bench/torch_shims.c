@@ -8,6 +8,7 @@
  *   pluggable-async  shim_async_alloc  / shim_async_free   cudaMallocAsync, cudaFreeAsync
  *   malloc-defer     shim_malloc_alloc / shim_defer_free   cudaMalloc, defer_free
  *   malloc-free      shim_malloc_alloc / shim_cudafree     cudaMalloc, cudaFree
+ *   pluggable-floor  shim_floor_alloc  / shim_floor_free   exact-size free lists
  *   cudefer-trace    shim_traced_alloc / shim_traced_free  cudefer, traced
  *
  * cudefer-trace is cudefer's defer_pluggable_alloc/free that also records
@@ -150,6 +151,106 @@ void shim_cudafree(void *ptr, size_t size, int device, cudaStream_t stream)
     }
     if (err != cudaSuccess)
         report_error("cudaFree", err, size);
+}
+
+/* ---- pluggable-floor: the least any pluggable allocator can cost ---------- */
+
+/* A bound row, not an allocator to use: a block freed on stream S goes on a
+ * free list of its exact (device, stream, size) and the next request of that
+ * size on S takes it back at once (safe by stream order, as cudefer's
+ * same-stream reuse); a request no list can serve is a cudaMalloc; nothing
+ * is ever released, nothing waits for another stream, and record_stream is
+ * not honoured.  So on a one-stream training step it does the least any
+ * pluggable allocator must (a lock and a table look-up a call) and measures
+ * what PyTorch's pluggable path itself costs against its own allocator.
+ * Its memory is the sum over sizes of each size's most live blocks. */
+
+#define FLOOR_SLOTS 65536 /* (device, stream, size) keys; a power of two */
+
+struct floor_block {
+    void *ptr;
+    struct floor_block *next;
+};
+
+struct floor_slot {
+    int used, device;
+    cudaStream_t stream;
+    size_t size;
+    struct floor_block *free; /* this key's freed blocks, newest first */
+};
+
+static pthread_mutex_t floor_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct floor_slot floor_slots[FLOOR_SLOTS];
+static struct floor_block *floor_spare; /* list nodes to reuse */
+
+/* The slot of (device, stream, size), made if absent (NULL: table full).
+ * Under floor_lock. */
+static struct floor_slot *floor_slot(int device, cudaStream_t stream,
+                                     size_t size)
+{
+    uint64_t h = (uint64_t)size * UINT64_C(0x9e3779b97f4a7c15) ^
+                 (uint64_t)(uintptr_t)stream * UINT64_C(0xff51afd7ed558ccd) ^
+                 (uint64_t)device;
+    for (size_t i = 0; i < FLOOR_SLOTS; i++) {
+        struct floor_slot *s = &floor_slots[(h + i) & (FLOOR_SLOTS - 1)];
+        if (!s->used) {
+            s->used = 1;
+            s->device = device;
+            s->stream = stream;
+            s->size = size;
+            return s;
+        }
+        if (s->device == device && s->stream == stream && s->size == size)
+            return s;
+    }
+    return NULL;
+}
+
+/* A freed block of exactly size from stream, else cudaMalloc on device.
+ * Called by PyTorch on any thread.  Returns NULL when out of memory. */
+void *shim_floor_alloc(size_t size, int device, cudaStream_t stream)
+{
+    struct floor_slot *s;
+    struct floor_block *b = NULL;
+
+    pthread_mutex_lock(&floor_lock);
+    s = floor_slot(device, stream, size);
+    if (s != NULL && (b = s->free) != NULL) {
+        s->free = b->next;
+        b->next = floor_spare;
+        floor_spare = b;
+    }
+    pthread_mutex_unlock(&floor_lock);
+    if (b != NULL)
+        return b->ptr;
+    return shim_malloc_alloc(size, device, stream);
+}
+
+/* Put ptr on its (device, stream, size) list; on failure (no memory for a
+ * list node, table full) the block is leaked, reported. */
+void shim_floor_free(void *ptr, size_t size, int device, cudaStream_t stream)
+{
+    struct floor_slot *s;
+    struct floor_block *b;
+
+    pthread_mutex_lock(&floor_lock);
+    s = floor_slot(device, stream, size);
+    b = floor_spare;
+    if (b != NULL)
+        floor_spare = b->next;
+    else
+        b = malloc(sizeof *b);
+    if (s != NULL && b != NULL) {
+        b->ptr = ptr;
+        b->next = s->free;
+        s->free = b;
+    }
+    pthread_mutex_unlock(&floor_lock);
+    if (s == NULL || b == NULL) {
+        free(b);
+        fprintf(stderr, "torch_shims: pluggable-floor leaks %p (%zu bytes): "
+                "%s\n", ptr, size, s == NULL ? "table full" : "out of memory");
+    }
 }
 
 /* ---- cudefer-trace: cudefer, every call recorded ------------------------ */

@@ -2,7 +2,8 @@
 """Train one real model under one CUDA allocator, once, and print the result.
 
     python3 bench/torch_train.py --model {cnn,lm} \
-        --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free,cudefer-trace} \
+        --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free,cudefer-trace,
+                     pluggable-floor} \
         [--steps N] [--warmup W] [--seed S] [--ddp] [--lib PATH] [--side-stream] \
         [--trace FILE]
 
@@ -30,6 +31,9 @@ Allocators:
   pluggable-async  cudaMallocAsync/cudaFreeAsync     } pluggable shims of
   malloc-defer     cudaMalloc/defer_free             } bench/torch_shims.c,
   malloc-free      cudaMalloc/cudaFree               } compiled at first use
+  pluggable-floor  exact-size free lists per stream, } (a bound row: the
+                   nothing released, record_stream  } least a pluggable
+                   ignored                          } allocator can cost)
   cudefer-trace    cudefer through a shim (no record_stream hook), every
                    allocation and free recorded to --trace FILE or
                    $CUDEFER_TRACE_FILE with a mark at each step's start and
@@ -71,13 +75,14 @@ sys.path.insert(0, os.path.join(TOP, "python"))
 import cudefer_torch  # noqa: E402  (standard library only until enable())
 
 ALLOCATORS = ["native", "native-async", "pluggable-async", "cudefer",
-              "malloc-defer", "malloc-free", "cudefer-trace"]
+              "malloc-defer", "malloc-free", "cudefer-trace", "pluggable-floor"]
 # allocator -> (alloc function, free function) in bench/torch_shims.c
 SHIMS = {
     "pluggable-async": ("shim_async_alloc", "shim_async_free"),
     "malloc-defer": ("shim_malloc_alloc", "shim_defer_free"),
     "malloc-free": ("shim_malloc_alloc", "shim_cudafree"),
     "cudefer-trace": ("shim_traced_alloc", "shim_traced_free"),
+    "pluggable-floor": ("shim_floor_alloc", "shim_floor_free"),
 }
 # Allocators that load libcudefer (their JSON carries its counters).
 USES_CUDEFER = ("cudefer", "malloc-defer", "cudefer-trace")
