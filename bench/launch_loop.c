@@ -101,12 +101,16 @@ static cudaError_t release_buf(struct worker *w, void *p)
     }
 }
 
-/* Wait until everything released so far is really released. */
+/* Wait until everything released so far is really released, and (cudefer)
+ * empty the block cache too, so that the memory sampled from here on is what
+ * the timed part holds (as inline-async's pool, trimmed by the next device
+ * synchronisation). */
 static void release_all(enum strategy s, struct naive_reclaimer *nr)
 {
-    if (IS_CUDEFER(s))
+    if (IS_CUDEFER(s)) {
         CK(defer_flush());
-    else if (s == S_NAIVE)
+        CK(defer_trim(NULL));
+    } else if (s == S_NAIVE)
         naive_drain(nr);
 }
 
