@@ -16,6 +16,7 @@
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
+#include "stream_lane.h"
 
 /* What a defer call asks for, before it becomes an entry. */
 struct request_args {
@@ -198,21 +199,53 @@ static cudaError_t submit_captured(const struct request_args *a,
     return err == cudaSuccess ? cudaSuccess : reject(a->what, call, err);
 }
 
+/* The event a new entry on stream records (stream_lane.h).  A pending
+ * event is shared only on the stream's exact identity: when *exact is not
+ * and sharing is what it takes, the stream is looked up exactly first
+ * (*device, *id and *exact follow).  cudaSuccess and *pick, or an error
+ * with *call and *no_event set when it was the event that could not be
+ * had. */
+static cudaError_t pick_event(cudaStream_t stream, int *device,
+                              unsigned long long *id, bool *exact,
+                              struct lane_pick *pick, const char **call,
+                              bool *no_event)
+{
+    bool need_exact = false;
+    cudaError_t err =
+        stream_lane_pick(*device, *id, *exact, pick, &need_exact, call);
+    if (err == cudaSuccess && need_exact) {
+        bool cached;
+        if ((err = identify_usable(stream, true, device, id, &cached,
+                                   call)) != cudaSuccess)
+            return err;
+        *exact = true;
+        err = stream_lane_pick(*device, *id, true, pick, &need_exact, call);
+    }
+    *no_event = err != cudaSuccess;
+    return err;
+}
+
 /* Take an entry for device, fill it in and record its event on stream.  On
  * success the entry is returned; otherwise NULL with *err and *call, and
- * *no_event set when it was the event that could not be had. */
+ * *no_event set when it was the event (or the entry) that could not be
+ * had.  *device and *id may change: see pick_event. */
 static struct entry *record(const struct request_args *a, cudaStream_t stream,
-                            int device, unsigned long long id,
+                            int *device, unsigned long long *id, bool exact,
                             cudaError_t *err, const char **call,
                             bool *no_event)
 {
-    struct entry *e = event_pool_take(device, err, call);
+    struct lane_pick pick;
+    if ((*err = pick_event(stream, device, id, &exact, &pick, call,
+                           no_event)) != cudaSuccess)
+        return NULL;
+    struct entry *e = event_pool_take_entry(*device, err, call);
     if (e == NULL) {
+        stream_lane_cancel(&pick);
         *no_event = true;
         return NULL;
     }
     e->kind = a->kind;
-    e->stream_id = id;
+    e->stream_id = *id;
     e->fn = a->fn;
     e->arg = a->arg;
     e->request = NULL;
@@ -225,18 +258,30 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
     e->block = NULL;
     e->handout = 0;
     if (!set_pointers(e, a)) {
+        stream_lane_cancel(&pick);
         event_pool_give_unused(e);
         *err = cudaErrorMemoryAllocation;
         *call = "malloc";
         return NULL;
     }
-    if ((*err = cudaEventRecord(e->event, stream)) != cudaSuccess) {
+    if ((*err = cudaEventRecord(pick.ev->event, stream)) != cudaSuccess) {
+        stream_lane_cancel(&pick);
         release_forget_pointers(e);
         event_pool_give_unused(e);
         *call = "cudaEventRecord";
         return NULL;
     }
+    stream_lane_commit(&pick, e);
     return e;
+}
+
+/* A recorded entry that will not be pushed after all: its reference to
+ * its event goes, and it goes back to the pool. */
+static void discard_recorded(struct entry *e)
+{
+    release_forget_pointers(e);
+    stream_lane_uncommit(e);
+    event_pool_give_unused(e);
 }
 
 static cudaError_t submit_group_admitted(const struct request_args *a,
@@ -336,12 +381,13 @@ static cudaError_t submit_admitted(const struct request_args *a,
         }
     }
     bool no_event = false;
-    struct entry *e = record(a, stream, device, id, &err, &call, &no_event);
+    struct entry *e =
+        record(a, stream, &device, &id, exact, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
         if ((err = identify_again(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
-        e = record(a, stream, device, id, &err, &call, &no_event);
+        e = record(a, stream, &device, &id, true, &err, &call, &no_event);
     }
     if (e == NULL && no_event) {
         report_cuda(a->what, call, err,
@@ -356,8 +402,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         e->block = plan.block;
         e->handout = plan.handout;
         if (!block_cache_park(&plan, id)) {
-            release_forget_pointers(e);
-            event_pool_give_unused(e);
+            discard_recorded(e);
             return refuse_freed_block(a, a->ptrs[0]);
         }
     }
@@ -419,8 +464,9 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             cudaSuccess)
             break;
         const struct request_args *part = made == 0 ? a : &member;
-        parts[made] = record(part, streams[made], device, id, &err, &call,
-                             &no_event);
+        bool exact = a->kind == ENTRY_CALL;
+        parts[made] = record(part, streams[made], &device, &id, exact, &err,
+                             &call, &no_event);
         if (parts[made] == NULL && cached &&
             err == cudaErrorInvalidResourceHandle) {
             /* The cached identity may be stale: look again, once, as the
@@ -432,17 +478,15 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
                 call = "an earlier CUDA call on this device";
                 break;
             }
-            parts[made] = record(part, streams[made], device, id, &err, &call,
-                                 &no_event);
+            parts[made] = record(part, streams[made], &device, &id, true,
+                                 &err, &call, &no_event);
         }
         if (parts[made] == NULL)
             break;
     }
     if (made < n) {
-        while (made-- > 0) {
-            release_forget_pointers(parts[made]);
-            event_pool_give_unused(parts[made]);
-        }
+        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
+            discard_recorded(parts[made]);
         return reject(a->what, call, err);
     }
     parts[0]->group_remaining = (uint32_t)n;

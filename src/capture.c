@@ -95,7 +95,7 @@ struct entry *capture_entry_new(void)
     struct graph_entry *g = calloc(1, sizeof *g);
     if (g == NULL)
         return NULL;
-    g->e.event = NULL; /* complete when it reaches the reclaimer */
+    g->e.ev = NULL; /* complete when it reaches the reclaimer */
     g->e.ptrs = &g->e.one_ptr;
     g->e.group_remaining = 1;
     g->e.group_err = cudaSuccess;

@@ -1,8 +1,10 @@
 /*
  * An entry: one deferred release (or callback, or request) on its way from a
- * launching thread to the reclaimer.  Entries are recycled with their CUDA
- * event (see event_pool.h): taken by a launching thread, owned by the
- * reclaimer from the moment they are pushed, given back when done.
+ * launching thread to the reclaimer.  Entries are recycled (see
+ * event_pool.h): taken by a launching thread, owned by the reclaimer from
+ * the moment they are pushed, given back when done.  An entry carries a
+ * reference to a shared event and the label of the record made after its
+ * work (stream_lane.h): consecutive entries of a stream share events.
  */
 #ifndef CUDEFER_ENTRY_H
 #define CUDEFER_ENTRY_H
@@ -26,6 +28,12 @@ enum entry_kind {
 
 struct request;
 struct cache_block;
+struct shared_event;
+
+/* The link of a pooled item (event_pool.h). */
+struct pool_link {
+    struct pool_link *next;
+};
 
 struct entry {
     struct queue_node node; /* first: entries are queue nodes */
@@ -33,9 +41,13 @@ struct entry {
     enum entry_kind kind;
     int device;
     unsigned long long stream_id;
-    cudaEvent_t event;     /* recycled with the entry; NULL for requests
-                              and for entries complete when they arrive
-                              (not pooled: freed when done) */
+    struct shared_event *ev; /* a reference; NULL for requests, synced
+                                entries and entries complete when they
+                                arrive */
+    uint64_t label;        /* ev's record made after this entry's work */
+    struct pool_link link; /* while pooled */
+    bool pooled;           /* from the pool (else allocated: freed when
+                              done) */
     bool captured;         /* tied to a graph (capture.h): waits with the
                               capture's entries until it is complete */
     bool synced;           /* no event, but its stream was synchronized

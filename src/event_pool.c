@@ -1,23 +1,27 @@
-/* Entries with their events, pooled per device and cached per thread: see
+/* Entries and shared events, pooled per device and cached per thread: see
  * event_pool.h. */
 #include "event_pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "release.h"
 #include "report.h"
 #include "stats.h"
+#include "stream_lane.h"
 
 /* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
 #define CACHED_DEVICES 16
-#define BATCH 32 /* entries moved between a cache and a pool at once */
+#define BATCH 32 /* items moved between a cache and a pool at once */
+
+enum kind { KIND_ENTRY, KIND_EVENT, KINDS };
 
 struct pool {
     pthread_mutex_t lock; /* guards head and count only */
-    struct entry *head;   /* chained by fifo_next */
+    struct pool_link *head;
     size_t count;
 };
 
@@ -25,15 +29,16 @@ struct pool {
  * the idle count reads it, so a take moves no cache line shared with other
  * threads (issue 13, item 4). */
 struct thread_cache {
-    struct entry *head[CACHED_DEVICES];
-    _Atomic size_t count[CACHED_DEVICES];
+    struct pool_link *head[KINDS][CACHED_DEVICES];
+    _Atomic size_t count[KINDS][CACHED_DEVICES];
+    struct lane_table lanes;
     struct thread_cache *next, **prev; /* in the registry */
 };
 
-static struct pool *pools;
+static struct pool *pools[KINDS];
 static int pool_count;
 static size_t pool_max_idle;
-static _Atomic size_t idle_total; /* in the pools (the caches hold more) */
+static _Atomic size_t idle_events; /* in the pools (the caches hold more) */
 
 /* Every thread cache, so shutdown can empty them. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -43,126 +48,162 @@ static pthread_once_t cache_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local struct thread_cache cache;
 static _Thread_local bool cache_registered;
 
+static struct entry *entry_of_link(struct pool_link *l)
+{
+    return (struct entry *)((char *)l - offsetof(struct entry, link));
+}
+
+static struct shared_event *event_of_link(struct pool_link *l)
+{
+    return (struct shared_event *)((char *)l -
+                                   offsetof(struct shared_event, link));
+}
+
 /* ---- pools ----------------------------------------------------------------- */
 
-/* Push a chain of entries onto device's pool; returns the entries that did
- * not fit (the pool is bounded), chained. */
-static struct entry *pool_push(int device, struct entry *first)
+/* Push a chain of items of kind k onto device's pool; returns the items that
+ * did not fit (the pool is bounded), chained. */
+static struct pool_link *pool_push(enum kind k, int device,
+                                   struct pool_link *first)
 {
-    struct pool *p = &pools[device];
+    struct pool *p = &pools[k][device];
     size_t room, kept = 0;
-    struct entry *last = NULL, *rest = first;
+    struct pool_link *last = NULL, *rest = first;
     pthread_mutex_lock(&p->lock);
     room = pool_max_idle > p->count ? pool_max_idle - p->count : 0;
     while (rest != NULL && kept < room) {
         last = rest;
-        rest = rest->fifo_next;
+        rest = rest->next;
         kept++;
     }
     if (last != NULL) {
-        last->fifo_next = p->head;
+        last->next = p->head;
         p->head = first;
         p->count += kept;
     }
     pthread_mutex_unlock(&p->lock);
-    atomic_fetch_add_explicit(&idle_total, kept, memory_order_relaxed);
+    if (k == KIND_EVENT)
+        atomic_fetch_add_explicit(&idle_events, kept, memory_order_relaxed);
     return rest;
 }
 
-/* Pop up to n entries from device's pool, chained; *got says how many. */
-static struct entry *pool_pop(int device, size_t n, size_t *got)
+/* Pop up to n items of kind k from device's pool, chained; *got says how
+ * many. */
+static struct pool_link *pool_pop(enum kind k, int device, size_t n,
+                                  size_t *got)
 {
-    struct pool *p = &pools[device];
-    struct entry *first, *last = NULL;
-    size_t k = 0;
+    struct pool *p = &pools[k][device];
+    struct pool_link *first, *last = NULL;
+    size_t taken = 0;
     pthread_mutex_lock(&p->lock);
     first = p->head;
-    for (struct entry *e = first; e != NULL && k < n; e = e->fifo_next) {
-        last = e;
-        k++;
+    for (struct pool_link *l = first; l != NULL && taken < n; l = l->next) {
+        last = l;
+        taken++;
     }
     if (last != NULL) {
-        p->head = last->fifo_next;
-        last->fifo_next = NULL;
-        p->count -= k;
+        p->head = last->next;
+        last->next = NULL;
+        p->count -= taken;
     } else {
         first = NULL;
     }
     pthread_mutex_unlock(&p->lock);
-    atomic_fetch_sub_explicit(&idle_total, k, memory_order_relaxed);
-    *got = k;
+    if (k == KIND_EVENT)
+        atomic_fetch_sub_explicit(&idle_events, taken, memory_order_relaxed);
+    *got = taken;
     return first;
 }
 
-/* Free a chain of entries and destroy their events (unless the events'
+/* Free a chain of items of kind k; events are destroyed too (unless their
  * device cannot be used any more: then they are only forgotten). */
-static void free_chain(struct entry *e, bool destroy_events)
+static void free_chain(enum kind k, struct pool_link *l, bool destroy_events)
 {
-    while (e != NULL) {
-        struct entry *next = e->fifo_next;
-        static _Atomic bool reported; /* once: thousands may follow */
-        cudaError_t err =
-            destroy_events ? cudaEventDestroy(e->event) : cudaSuccess;
-        if (err != cudaSuccess && !atomic_exchange(&reported, true))
-            report_cuda("event pool", "cudaEventDestroy", err,
-                        "; such events are forgotten (reported once)");
-        release_forget_pointers(e);
-        free(e);
-        e = next;
+    while (l != NULL) {
+        struct pool_link *next = l->next;
+        if (k == KIND_ENTRY) {
+            struct entry *e = entry_of_link(l);
+            release_forget_pointers(e);
+            free(e);
+        } else {
+            struct shared_event *ev = event_of_link(l);
+            static _Atomic bool reported; /* once: thousands may follow */
+            cudaError_t err =
+                destroy_events ? cudaEventDestroy(ev->event) : cudaSuccess;
+            if (err != cudaSuccess && !atomic_exchange(&reported, true))
+                report_cuda("event pool", "cudaEventDestroy", err,
+                            "; such events are forgotten (reported once)");
+            free(ev);
+        }
+        l = next;
     }
 }
 
-/* Free a chain of entries and destroy their events. */
-static void destroy_chain(struct entry *e)
+/* Give a chain back to device's pool; what does not fit is freed. */
+static void give_to_pool(enum kind k, int device, struct pool_link *first)
 {
-    free_chain(e, true);
+    free_chain(k, pool_push(k, device, first), true);
 }
 
 cudaError_t event_pool_init(int ndevices, size_t max_idle)
 {
-    pools = calloc((size_t)ndevices, sizeof *pools);
-    if (pools == NULL)
-        return cudaErrorMemoryAllocation;
-    for (int d = 0; d < ndevices; d++)
-        pthread_mutex_init(&pools[d].lock, NULL);
+    for (int k = 0; k < KINDS; k++) {
+        pools[k] = calloc((size_t)ndevices, sizeof *pools[k]);
+        if (pools[k] == NULL) {
+            free(pools[KIND_ENTRY]);
+            pools[KIND_ENTRY] = NULL;
+            return cudaErrorMemoryAllocation;
+        }
+        for (int d = 0; d < ndevices; d++)
+            pthread_mutex_init(&pools[k][d].lock, NULL);
+    }
     pool_count = ndevices;
     pool_max_idle = max_idle;
-    atomic_store(&idle_total, 0);
+    atomic_store(&idle_events, 0);
     return cudaSuccess;
 }
 
 /* ---- thread caches ------------------------------------------------------- */
 
 /* The owning thread (or anyone, once the owner is gone): set a count. */
-static void set_count(struct thread_cache *tc, int device, size_t n)
+static void set_count(struct thread_cache *tc, enum kind k, int device,
+                      size_t n)
 {
-    atomic_store_explicit(&tc->count[device], n, memory_order_relaxed);
+    atomic_store_explicit(&tc->count[k][device], n, memory_order_relaxed);
 }
 
-static size_t count_of(struct thread_cache *tc, int device)
+static size_t count_of(struct thread_cache *tc, enum kind k, int device)
 {
-    return atomic_load_explicit(&tc->count[device], memory_order_relaxed);
+    return atomic_load_explicit(&tc->count[k][device], memory_order_relaxed);
 }
 
-/* Thread exit: the cache goes back to the pools. */
-static void cache_at_thread_exit(void *c)
+/* Registry lock held: empty tc's caches into the pools and unlink it. */
+static void retire_cache_locked(struct thread_cache *tc)
 {
-    struct thread_cache *tc = c;
-    pthread_mutex_lock(&registry_lock);
-    if (tc->prev == NULL) { /* emptied and unlinked by shutdown */
-        pthread_mutex_unlock(&registry_lock);
-        return;
-    }
-    for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-        destroy_chain(pool_push(d, tc->head[d]));
-        tc->head[d] = NULL;
-        set_count(tc, d, 0);
-    }
+    for (int k = 0; k < KINDS; k++)
+        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+            give_to_pool((enum kind)k, d, tc->head[k][d]);
+            tc->head[k][d] = NULL;
+            set_count(tc, (enum kind)k, d, 0);
+        }
     if (tc->prev != NULL) {
         *tc->prev = tc->next;
         if (tc->next != NULL)
             tc->next->prev = tc->prev;
         tc->prev = NULL;
+    }
+}
+
+/* Thread exit: the lanes let go of their events (those whose entries are
+ * all done come back to this cache), and the cache goes back to the pools.
+ * Under the registry lock, which shutdown's letting go takes too. */
+static void cache_at_thread_exit(void *c)
+{
+    struct thread_cache *tc = c;
+    pthread_mutex_lock(&registry_lock);
+    if (tc->prev != NULL) { /* else emptied and unlinked by shutdown */
+        stream_lane_let_go_all(&tc->lanes);
+        retire_cache_locked(tc);
     }
     pthread_mutex_unlock(&registry_lock);
 }
@@ -186,14 +227,86 @@ static void register_cache(void)
     cache_registered = true;
 }
 
-/* Create an entry with an event on device, restoring the current device.
- * On failure NULL, with the error and the call that failed. */
-static struct entry *create_entry(int device, cudaError_t *err,
-                                  const char **call)
+/* Take one item of kind k for device: from the thread's cache, refilled
+ * from the pool; NULL when both are empty. */
+static struct pool_link *take(enum kind k, int device)
 {
-    struct entry *e = calloc(1, sizeof *e);
+    size_t got;
+    if (device >= CACHED_DEVICES)
+        return pool_pop(k, device, 1, &got);
+    if (!cache_registered)
+        register_cache();
+    struct pool_link *l = cache.head[k][device];
+    if (l == NULL) {
+        l = pool_pop(k, device, BATCH, &got);
+        set_count(&cache, k, device, got);
+        if (l == NULL)
+            return NULL;
+    }
+    cache.head[k][device] = l->next;
+    set_count(&cache, k, device, count_of(&cache, k, device) - 1);
+    l->next = NULL;
+    return l;
+}
+
+/* Give one item of kind k back to the thread's cache (or the pool).  A
+ * cache holds at most 2 batches, and no more than a pool may (lanes give
+ * their completed events back here: a thread's cache must not keep what
+ * CUDEFER_EVENT_POOL says to destroy); beyond that it goes to the pool. */
+static void give(enum kind k, int device, struct pool_link *l)
+{
+    l->next = NULL;
+    if (device >= CACHED_DEVICES || !cache_registered) {
+        give_to_pool(k, device, l);
+        return;
+    }
+    l->next = cache.head[k][device];
+    size_t n = count_of(&cache, k, device) + 1;
+    if (n > 2 * BATCH || n > pool_max_idle) {
+        cache.head[k][device] = NULL;
+        set_count(&cache, k, device, 0);
+        give_to_pool(k, device, l);
+        return;
+    }
+    cache.head[k][device] = l;
+    set_count(&cache, k, device, n);
+}
+
+/* ---- entries ------------------------------------------------------------- */
+
+struct entry *event_pool_take_entry(int device, cudaError_t *err,
+                                    const char **call)
+{
+    struct pool_link *l = take(KIND_ENTRY, device);
+    struct entry *e;
+    if (l != NULL) {
+        e = entry_of_link(l);
+    } else if ((e = calloc(1, sizeof *e)) == NULL) {
+        *err = cudaErrorMemoryAllocation;
+        *call = "calloc";
+        return NULL;
+    }
+    e->device = device;
+    e->pooled = true;
+    e->ptrs = &e->one_ptr;
+    return e;
+}
+
+void event_pool_give_unused(struct entry *e)
+{
+    give(KIND_ENTRY, e->device, &e->link);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+/* Create an event on device, restoring the current device.  On failure
+ * NULL, with the error and the call that failed. */
+static struct shared_event *create_event(int device, cudaError_t *err,
+                                         const char **call)
+{
+    struct shared_event *ev = calloc(1, sizeof *ev);
     int current;
-    if (e == NULL) {
+    if (ev == NULL) {
         *err = cudaErrorMemoryAllocation;
         *call = "calloc";
         return NULL;
@@ -206,12 +319,12 @@ static struct entry *create_entry(int device, cudaError_t *err,
         *call = "cudaSetDevice";
         goto fail;
     }
-    *err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
+    *err = cudaEventCreateWithFlags(&ev->event, cudaEventDisableTiming);
     *call = "cudaEventCreateWithFlags";
     if (current != device) {
         cudaError_t back = cudaSetDevice(current);
         if (*err == cudaSuccess && back != cudaSuccess) {
-            cudaEventDestroy(e->event);
+            cudaEventDestroy(ev->event);
             *err = back;
             *call = "cudaSetDevice (back to the caller's device)";
         }
@@ -219,75 +332,78 @@ static struct entry *create_entry(int device, cudaError_t *err,
     if (*err != cudaSuccess)
         goto fail;
     stats_add(&stats.events_created, 1);
-    e->device = device;
-    e->ptrs = &e->one_ptr;
-    return e;
+    ev->device = device;
+    return ev;
 fail:
-    free(e);
+    free(ev);
     return NULL;
 }
 
-struct entry *event_pool_take(int device, cudaError_t *err,
-                              const char **call)
+struct shared_event *event_pool_take_event(int device, cudaError_t *err,
+                                           const char **call)
 {
-    if (device >= CACHED_DEVICES) {
-        size_t got;
-        struct entry *e = pool_pop(device, 1, &got);
-        return e != NULL ? e : create_entry(device, err, call);
-    }
+    struct pool_link *l = take(KIND_EVENT, device);
+    struct shared_event *ev =
+        l != NULL ? event_of_link(l) : create_event(device, err, call);
+    if (ev == NULL)
+        return NULL;
+    ev->taken = 0;
+    atomic_store_explicit(&ev->completed, 0, memory_order_relaxed);
+    atomic_store_explicit(&ev->refs, 0, memory_order_relaxed);
+    return ev;
+}
+
+void event_pool_give_event(struct shared_event *ev)
+{
+    give(KIND_EVENT, ev->device, &ev->link);
+}
+
+void event_pool_give_chain(int device, struct pool_link *entries,
+                           struct pool_link *events)
+{
+    if (entries != NULL)
+        give_to_pool(KIND_ENTRY, device, entries);
+    if (events != NULL)
+        give_to_pool(KIND_EVENT, device, events);
+}
+
+struct lane_table *event_pool_lanes(void)
+{
     if (!cache_registered)
         register_cache();
-    if (cache.head[device] == NULL) {
-        size_t got;
-        cache.head[device] = pool_pop(device, BATCH, &got);
-        set_count(&cache, device, got);
-        if (got == 0)
-            return create_entry(device, err, call);
-    }
-    struct entry *e = cache.head[device];
-    cache.head[device] = e->fifo_next;
-    set_count(&cache, device, count_of(&cache, device) - 1);
-    e->fifo_next = NULL;
-    return e;
+    return &cache.lanes;
 }
 
-void event_pool_give_unused(struct entry *e)
-{
-    int d = e->device;
-    e->fifo_next = NULL;
-    if (d >= CACHED_DEVICES || !cache_registered) {
-        destroy_chain(pool_push(d, e));
-        return;
-    }
-    e->fifo_next = cache.head[d];
-    cache.head[d] = e;
-    set_count(&cache, d, count_of(&cache, d) + 1);
-}
-
-void event_pool_give_chain(int device, struct entry *first)
-{
-    destroy_chain(pool_push(device, first));
-}
+/* ---- shutdown, fork, statistics ----------------------------------------- */
 
 void event_pool_destroy_all(void)
 {
+    /* Every entry is done: the lanes' events come back to the pools as they
+     * let go (this thread has no cache).  Their threads are outside cudefer
+     * (the gate is closed), so their lanes can be emptied from here. */
     pthread_mutex_lock(&registry_lock);
+    for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
+        stream_lane_let_go_all(&tc->lanes);
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next) {
-        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-            if (tc->head[d] != NULL)
-                free_chain(tc->head[d], cudaSetDevice(d) == cudaSuccess);
-            tc->head[d] = NULL;
-            set_count(tc, d, 0);
-        }
+        for (int k = 0; k < KINDS; k++)
+            for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+                if (tc->head[k][d] != NULL)
+                    free_chain((enum kind)k, tc->head[k][d],
+                               cudaSetDevice(d) == cudaSuccess);
+                tc->head[k][d] = NULL;
+                set_count(tc, (enum kind)k, d, 0);
+            }
         tc->prev = NULL; /* unlinked: its thread's exit leaves the list be */
     }
     registry = NULL;
     pthread_mutex_unlock(&registry_lock);
-    for (int d = 0; d < pool_count; d++) {
-        if (pools[d].head != NULL)
-            free_chain(pools[d].head, cudaSetDevice(d) == cudaSuccess);
-        pthread_mutex_destroy(&pools[d].lock);
-    }
+    for (int k = 0; k < KINDS; k++)
+        for (int d = 0; d < pool_count; d++) {
+            if (pools[k][d].head != NULL)
+                free_chain((enum kind)k, pools[k][d].head,
+                           cudaSetDevice(d) == cudaSuccess);
+            pthread_mutex_destroy(&pools[k][d].lock);
+        }
     event_pool_abandon();
 }
 
@@ -296,49 +412,55 @@ void event_pool_after_fork(void)
     /* Another thread may have held these locks at the fork: they are reset.
      * The pools stay as they are (reachable, never used again). */
     pthread_mutex_init(&registry_lock, NULL);
-    for (int d = 0; d < pool_count; d++)
-        pthread_mutex_init(&pools[d].lock, NULL);
+    for (int k = 0; k < KINDS; k++)
+        for (int d = 0; d < pool_count; d++)
+            pthread_mutex_init(&pools[k][d].lock, NULL);
     /* The other threads are gone; their caches (still mapped) go to the
      * pools, so nothing is lost track of. */
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
-        for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-            struct entry *e = tc->head[d];
-            while (e != NULL) {
-                struct entry *next = e->fifo_next;
-                e->fifo_next = pools[d].head;
-                pools[d].head = e;
-                pools[d].count++;
-                atomic_fetch_add_explicit(&idle_total, 1,
-                                          memory_order_relaxed);
-                e = next;
+        for (int k = 0; k < KINDS; k++)
+            for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
+                struct pool_link *l = tc->head[k][d];
+                while (l != NULL) {
+                    struct pool_link *next = l->next;
+                    l->next = pools[k][d].head;
+                    pools[k][d].head = l;
+                    pools[k][d].count++;
+                    if (k == KIND_EVENT)
+                        atomic_fetch_add_explicit(&idle_events, 1,
+                                                  memory_order_relaxed);
+                    l = next;
+                }
+                tc->head[k][d] = NULL;
+                set_count(tc, (enum kind)k, d, 0);
             }
-            tc->head[d] = NULL;
-            set_count(tc, d, 0);
-        }
 }
 
 void event_pool_abandon(void)
 {
-    free(pools);
-    pools = NULL;
+    for (int k = 0; k < KINDS; k++) {
+        free(pools[k]);
+        pools[k] = NULL;
+    }
     pool_count = 0;
-    atomic_store(&idle_total, 0);
+    atomic_store(&idle_events, 0);
     registry = NULL;
     cache_registered = false;
-    for (int d = 0; d < CACHED_DEVICES; d++) {
-        cache.head[d] = NULL;
-        set_count(&cache, d, 0);
-    }
+    for (int k = 0; k < KINDS; k++)
+        for (int d = 0; d < CACHED_DEVICES; d++) {
+            cache.head[k][d] = NULL;
+            set_count(&cache, (enum kind)k, d, 0);
+        }
 }
 
 size_t event_pool_idle_count(void)
 {
-    size_t n = atomic_load_explicit(&idle_total, memory_order_relaxed);
+    size_t n = atomic_load_explicit(&idle_events, memory_order_relaxed);
     if (pthread_mutex_trylock(&registry_lock) != 0)
         return n; /* defer_stats_get never blocks */
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
         for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++)
-            n += count_of(tc, d);
+            n += count_of(tc, KIND_EVENT, d);
     pthread_mutex_unlock(&registry_lock);
     return n;
 }

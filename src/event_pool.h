@@ -1,41 +1,94 @@
 /*
- * Event pool: entries with a CUDA event each (cudaEventDisableTiming), kept
- * for reuse so a launching thread rarely creates an event or allocates.
+ * Event pool: the launching threads' recycled resources, per device.
  *
- * Each device has a pool (a stack under a lock that guards only the stack:
- * no CUDA call is made while it is held).  Each launching thread keeps a
- * small cache per device, filled from and drained to the pool in batches,
- * so the steady state takes no lock at all.  The reclaimer gives entries
- * back in batches.
+ * Two kinds are pooled: entries (entry.h) and shared events (a CUDA event,
+ * cudaEventDisableTiming, that entries of one stream share: stream_lane.h
+ * says how).  An entry no longer owns an event: under load thousands of
+ * entries of a stream share a few events, so the driver's event creation,
+ * W6's cost on an H100 (issue 13), is paid a few times per stream, not once
+ * per entry.
+ *
+ * Each device has a pool of each kind (a stack under a lock that guards
+ * only the stack: no CUDA call is made while it is held).  Each launching
+ * thread keeps a small cache of each kind per device, filled from and
+ * drained to the pool in batches, so the steady state takes no lock at all.
+ * The reclaimer gives back in batches.  Each thread's cache also holds the
+ * thread's stream lanes (stream_lane.h), so that a thread's exit and
+ * shutdown let go of the events they hold.
  */
 #ifndef CUDEFER_EVENT_POOL_H
 #define CUDEFER_EVENT_POOL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <cuda_runtime_api.h>
 
 #include "entry.h"
 
-/* Start-up only (one thread, before any other call).  ndevices pools, each
- * keeping at most max_idle idle entries (beyond that they are destroyed).
- * Returns cudaSuccess or cudaErrorMemoryAllocation. */
+struct lane_table;
+
+/* A CUDA event shared by consecutive entries of one stream (stream_lane.h).
+ * Each record of it gets a label, 1, 2, ...; an entry carries the label of
+ * the record made after its work.  Records are made by one thread (the
+ * lane's) on one stream, so once a record has completed, every record with
+ * a smaller label has too. */
+struct shared_event {
+    struct pool_link link; /* in a pool or cache; not while in use */
+    cudaEvent_t event;
+    int device;
+    /* The reclaimer's alone: the highest label taken in. */
+    uint64_t taken;
+    /* Written by the reclaimer (release), read by the lane's thread
+     * (acquire): every record with a label up to this one completed. */
+    _Alignas(64) _Atomic uint64_t completed;
+    /* References: the entries that carry it, and its lane while it holds
+     * it.  The lane adds its entries all at once when it lets go
+     * (stream_lane.c), the reclaimer takes one off per entry finished: the
+     * count is 0 only once both are done, and whoever brings it to 0 gives
+     * the event back. */
+    _Atomic int64_t refs;
+};
+
+/* Start-up only (one thread, before any other call).  ndevices pools of
+ * each kind, each keeping at most max_idle idle items (beyond that they
+ * are freed, events destroyed).  Returns cudaSuccess or
+ * cudaErrorMemoryAllocation. */
 cudaError_t event_pool_init(int ndevices, size_t max_idle);
 
-/* Any thread.  An entry whose event belongs to device (taken from the
- * thread's cache; the cache refills from the pool; an empty pool means a new
- * event, created with the thread's current device switched to device and
- * back).  NULL when no event could be had, with *err and *call (the CUDA
- * call that failed). */
-struct entry *event_pool_take(int device, cudaError_t *err, const char **call);
+/* Any thread.  A blank entry for device (from the thread's cache, refilled
+ * from the pool, or allocated).  NULL when out of memory, with *err and
+ * *call. */
+struct entry *event_pool_take_entry(int device, cudaError_t *err,
+                                    const char **call);
 
-/* Any thread.  Gives back an entry taken by this thread and not pushed. */
+/* Any thread.  Gives back an entry taken by this thread and not pushed
+ * (its event reference, if any, already dropped). */
 void event_pool_give_unused(struct entry *e);
 
-/* The reclaimer.  Gives back entries of device, chained by fifo_next. */
-void event_pool_give_chain(int device, struct entry *first);
+/* Any thread.  An event of device nobody references (refs 0, nothing
+ * completed, nothing taken): from the thread's cache, the pool, or created
+ * (with the thread's current device switched to device and back).  NULL
+ * when none could be had, with *err and *call (the call that failed). */
+struct shared_event *event_pool_take_event(int device, cudaError_t *err,
+                                           const char **call);
 
-/* The reclaimer, at shutdown, once no launching thread is inside cudefer:
- * destroys every idle event, the threads' caches included. */
+/* A launching thread, or anyone once the library stopped: gives back an
+ * event whose references reached 0. */
+void event_pool_give_event(struct shared_event *ev);
+
+/* The reclaimer.  Gives back entries and events of device, each chained by
+ * their pool_link (either may be NULL). */
+void event_pool_give_chain(int device, struct pool_link *entries,
+                           struct pool_link *events);
+
+/* Any thread: the calling thread's stream lanes (registered with its
+ * cache, so that its exit and shutdown let go of their events). */
+struct lane_table *event_pool_lanes(void);
+
+/* The reclaimer, at shutdown, once no launching thread is inside cudefer
+ * and every entry is done: lets go of every lane's events and destroys
+ * every idle event, the threads' caches included. */
 void event_pool_destroy_all(void);
 
 /* Start-up failure or shutdown: forgets the (empty) pools without any CUDA
@@ -45,9 +98,11 @@ void event_pool_abandon(void);
 /* Fork child only: makes the pools' locks usable again; no CUDA call. */
 void event_pool_after_fork(void);
 
-/* Any thread; never blocks.  Idle entries in the pools and the threads'
- * caches now; only those in the pools while another thread holds the
- * registry of caches (a thread exiting destroys events under it). */
+/* Any thread; never blocks.  Idle events now: in the pools and the threads'
+ * caches (only those in the pools while another thread holds the registry
+ * of caches: a thread exiting destroys events under it).  The events the
+ * threads' lanes hold for their streams are not idle: the next entry of
+ * the stream records one of them. */
 size_t event_pool_idle_count(void);
 
 #endif

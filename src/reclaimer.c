@@ -35,6 +35,7 @@
 #include "release_policy.h"
 #include "report.h"
 #include "stats.h"
+#include "stream_lane.h"
 #include "stream_table.h"
 #include "trace.h"
 
@@ -94,6 +95,32 @@ static void take_request(struct request *q)
 
 /* ---- the reclaimer thread: entries ---------------------------------------- */
 
+/* A finished entry goes back to the pools at the end of the pass, and its
+ * event too when it was the event's last reference; both are forgotten,
+ * never destroyed, when their device failed (they died with its context),
+ * and an entry not from the pool is freed. */
+static void recycle(struct entry *e)
+{
+    struct recycle_chains *r = &rs.recycle[e->device];
+    bool dead = device_error(e->device) != cudaSuccess;
+    struct shared_event *ev = e->ev;
+    e->ev = NULL;
+    if (ev != NULL && stream_lane_event_put(ev)) {
+        if (dead) {
+            free(ev);
+        } else {
+            ev->link.next = r->events;
+            r->events = &ev->link;
+        }
+    }
+    if (!e->pooled || dead) {
+        free(e);
+        return;
+    }
+    e->link.next = r->entries;
+    r->entries = &e->link;
+}
+
 /* An entry's work is over (released, run, or failed): count it, recycle it
  * and tell the flushes that wait for it.  Only a device's error (its failure,
  * or a sticky error) is the flushes' error too, as include/cudefer.h says; a
@@ -132,12 +159,7 @@ static void finish_entry(struct entry *e, cudaError_t err)
         request_done(e->request);
     }
     release_forget_pointers(e);
-    if (e->event == NULL || device_error(e->device) != cudaSuccess) {
-        free(e); /* no event, or it died with the device's context */
-        return;
-    }
-    e->fifo_next = rs.recycle[e->device];
-    rs.recycle[e->device] = e;
+    recycle(e);
 }
 
 /* Mark device failed with err (first error wins) and say so once; a runtime
@@ -374,10 +396,12 @@ void reclaimer_take_in(struct entry *e)
             learn_cap(e->device);
         size_up(e);
     }
-    if (e->event == NULL && !e->synced) { /* complete on arrival */
+    if (e->ev == NULL && !e->synced) { /* complete on arrival */
         event_done(e, cudaSuccess, now_ns());
         return;
     }
+    if (e->ev != NULL && e->label > e->ev->taken)
+        e->ev->taken = e->label; /* recorded before it was pushed */
     if (stream_table_append(&rs.streams, e, now_ns())) {
         rs.incomplete++;
         /* Its caller synchronized the stream and now waits: the entries
@@ -389,9 +413,9 @@ void reclaimer_take_in(struct entry *e)
     /* Out of memory for a FIFO: wait for this one entry here. */
     report("reclaimer: out of memory; waiting for one entry's event "
            "synchronously");
-    cudaError_t err = e->event == NULL ? cudaSuccess /* synced */
+    cudaError_t err = e->ev == NULL ? cudaSuccess /* synced */
                       : reclaimer_use_device(e->device)
-                          ? cudaEventSynchronize(e->event)
+                          ? cudaEventSynchronize(e->ev->event)
                           : device_error(e->device);
     event_done(e, err, now_ns());
 }
@@ -477,11 +501,20 @@ static size_t poll_streams(uint64_t now)
         }
         while (!emptied && device_error(f->device) == cudaSuccess &&
                reclaimer_use_device(f->device)) {
-            /* A synced entry (no event) is complete once it heads its FIFO. */
+            /* A synced entry (no event) is complete once it heads its FIFO;
+             * one whose event's record was seen complete needs no query. */
             cudaError_t err = cudaSuccess;
-            if (f->head->event != NULL) {
-                err = cudaEventQuery(f->head->event);
+            struct shared_event *ev = f->head->ev;
+            if (ev != NULL &&
+                f->head->label > atomic_load_explicit(&ev->completed,
+                                                      memory_order_relaxed)) {
+                err = cudaEventQuery(ev->event);
                 stats_add(&stats.event_queries, 1);
+                /* Every entry of ev taken in so far was recorded before
+                 * this query: their records completed too. */
+                if (err == cudaSuccess)
+                    atomic_store_explicit(&ev->completed, ev->taken,
+                                          memory_order_release);
             }
             if (err == cudaErrorNotReady) {
                 stream_table_backoff(f, now, rs.cfg.poll_us,
@@ -522,9 +555,8 @@ static void end_pass(void)
 {
     uint64_t held = 0, held_bytes = 0;
     for (int d = 0; d < rs.ndevices; d++) {
-        if (rs.recycle[d] != NULL)
-            event_pool_give_chain(d, rs.recycle[d]);
-        rs.recycle[d] = NULL;
+        event_pool_give_chain(d, rs.recycle[d].entries, rs.recycle[d].events);
+        rs.recycle[d] = (struct recycle_chains){0};
         held_lock(&rs.held[d]);
         held += rs.held[d].count;
         held_bytes += rs.held[d].bytes;

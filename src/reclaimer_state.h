@@ -54,6 +54,11 @@ struct gate_shard {
     _Alignas(64) _Atomic uint64_t count;
 };
 
+/* What a pass gives back to a device's pools at its end. */
+struct recycle_chains {
+    struct pool_link *entries, *events;
+};
+
 /* The one reclaimer's state: rs. */
 struct reclaimer_state {
     /* Shared with launching threads: what every call reads (state,
@@ -82,7 +87,8 @@ struct reclaimer_state {
     uint64_t incomplete;         /* entries in streams */
     struct held_list *held;      /* per device: completed, held by policy */
     cudaStream_t *free_streams;  /* per device: for cudaFreeAsync; lazy */
-    struct entry **recycle;      /* per device: done entries to give back */
+    struct recycle_chains *recycle; /* per device: done entries and events
+                                       to give back (event_pool.h) */
     uint64_t next_seq;
     uint64_t tracked; /* entries taken in and not yet finished */
     struct request *flushes, *trims, *done_requests;

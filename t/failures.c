@@ -42,19 +42,26 @@ static void test_destroyed_stream(void)
 
 static void test_event_create_fails(cudaStream_t s)
 {
-    /* Take every idle event with entries held on another stream, so the
-     * next defer_free must create an event. */
+    /* Take every idle event with entries held, one on each of as many new
+     * streams (entries of one stream share events), so the next defer_free
+     * on a new stream must create an event. */
+    (void)s;
     defer_flush();
     size_t idle = stats_now().events_in_pool;
-    cudaStream_t hs = stream_new();
-    fake_work *gate = work_held(hs, NULL);
+    uint64_t created = stats_now().events_created;
+    cudaStream_t *hs = calloc(idle, sizeof *hs);
+    fake_work **gate = calloc(idle, sizeof *gate);
     void **hold = calloc(idle, sizeof *hold);
     for (size_t i = 0; i < idle; i++) {
+        hs[i] = stream_new();
+        gate[i] = work_held(hs[i], NULL);
         hold[i] = device_alloc(64);
-        work_timed(hs, 0, hold[i]);
-        defer_free(hold[i], hs);
+        work_timed(hs[i], 0, hold[i]);
+        defer_free(hold[i], hs[i]);
     }
-    is_int(stats_now().events_in_pool, 0, "the event pool is empty");
+    is_int(stats_now().events_created, created,
+           "the held entries took the idle events");
+    s = stream_new();
     void *p = device_alloc(64);
     fake_work *w = work_timed(s, 2000, p);
     fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, 1);
@@ -66,10 +73,15 @@ static void test_event_create_fails(cudaStream_t s)
     is_int(fake_is_released(p), 1, "and released the pointer synchronously");
     ok(strstr(msg, "releasing synchronously") != NULL, "saying so on stderr");
     is_int(stats_now().sync_releases, 1, "counted as a synchronous release");
-    fake_complete(gate);
+    for (size_t i = 0; i < idle; i++)
+        fake_complete(gate[i]);
     is_int(defer_flush(), cudaSuccess, "the held entries drain");
+    for (size_t i = 0; i < idle; i++)
+        cudaStreamDestroy(hs[i]);
+    cudaStreamDestroy(s);
     free(hold);
-    cudaStreamDestroy(hs);
+    free(gate);
+    free(hs);
 }
 
 static void test_free_fails(cudaStream_t s)

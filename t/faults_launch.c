@@ -420,27 +420,32 @@ void s_disable_free_fails(const struct scenario *sc)
 }
 
 /* Out of memory while the event pool grows: many entries in flight, then
- * event creation fails; every call is still accepted (synchronously). */
+ * event creation fails; every call is still accepted (synchronously).  Each
+ * entry is on a stream of its own: entries of one stream share events
+ * (stream_lane.h), so only new streams make the pool grow. */
 void s_pool_growth_oom(const struct scenario *sc)
 {
     enum { K = 40, M = 24 };
     int syncs = sc->count == ONCE ? 1 : M;
     fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, K, sc->count);
-    cudaStream_t sa = stream_new(), sb = stream_new();
-    fake_work *gate = work_held(sa, NULL);
+    cudaStream_t sa[K], sb[M];
+    fake_work *gate[K];
     void *a[K], *b[M];
     for (int i = 0; i < K; i++) {
-        a[i] = busy_buffer(sa, 256, 0); /* after the gate */
-        CHECK(defer_free(a[i], sa) == cudaSuccess, "defer_free a#%d", i);
+        sa[i] = stream_new();
+        gate[i] = work_held(sa[i], NULL);
+        a[i] = busy_buffer(sa[i], 256, 0); /* after the gate */
+        CHECK(defer_free(a[i], sa[i]) == cudaSuccess, "defer_free a#%d", i);
     }
     CHECK(stats_now().events_created == K, "%llu events created for the "
           "entries in flight, want %d", ULL(stats_now().events_created), K);
     stderr_capture_begin();
     int sync_ok = 0, err_ok = 0;
     for (int i = 0; i < M; i++) {
+        sb[i] = stream_new();
         b[i] = device_alloc(256);
-        fake_work *w = work_timed(sb, 200, b[i]);
-        err_ok += defer_free(b[i], sb) == cudaSuccess;
+        fake_work *w = work_timed(sb[i], 200, b[i]);
+        err_ok += defer_free(b[i], sb[i]) == cudaSuccess;
         if (i < syncs)
             sync_ok += fake_work_done(w) && fake_is_released(b[i]) == 1;
     }
@@ -462,8 +467,13 @@ void s_pool_growth_oom(const struct scenario *sc)
     CHECK(count_released(a, K) == 0, "the entries in flight wait for their "
           "work (%d released)", count_released(a, K));
     fake_fail_clear();
-    fake_complete(gate);
+    for (int i = 0; i < K; i++)
+        fake_complete(gate[i]);
     CHECK(defer_flush() == cudaSuccess, "flush");
+    for (int i = 0; i < K; i++)
+        cudaStreamDestroy(sa[i]);
+    for (int i = 0; i < M; i++)
+        cudaStreamDestroy(sb[i]);
     CHECK(count_released(a, K) == K && count_released(b, M) == M,
           "everything released after the flush (%d of %d, %d of %d)",
           count_released(a, K), K, count_released(b, M), M);

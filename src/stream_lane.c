@@ -1,0 +1,153 @@
+/* Stream lanes: consecutive entries of a stream share events (see the
+ * header). */
+#include "stream_lane.h"
+
+#include "event_pool.h"
+
+/* The set of (device, stream id): the top bits of a multiplicative hash. */
+static unsigned set_of(int device, unsigned long long id)
+{
+    uint64_t h = ((uint64_t)id ^ ((uint64_t)(unsigned)device << 56)) *
+                 UINT64_C(0x9e3779b97f4a7c15);
+    return (unsigned)(h >> 60) & (LANE_SETS - 1);
+}
+
+bool stream_lane_event_put(struct shared_event *ev)
+{
+    return atomic_fetch_sub_explicit(&ev->refs, 1, memory_order_acq_rel) == 1;
+}
+
+/* The lane lets go of slot's event: it adds the references of every entry
+ * it gave the event (one per label; the reclaimer took one off per entry
+ * done), and gives it back if they are all done. */
+static void let_go_slot(struct lane_slot *slot)
+{
+    int64_t labels = (int64_t)slot->label;
+    if (atomic_fetch_add_explicit(&slot->ev->refs, labels,
+                                  memory_order_acq_rel) + labels == 0)
+        event_pool_give_event(slot->ev);
+    slot->ev = NULL;
+}
+
+/* Whether every record of slot's event has completed (as far as the
+ * reclaimer has seen). */
+static bool slot_done(const struct lane_slot *slot)
+{
+    return atomic_load_explicit(&slot->ev->completed, memory_order_acquire) >=
+           slot->label;
+}
+
+static struct lane_slot *slot_at(struct lane *l, unsigned i)
+{
+    return &l->ring[(l->oldest + i) % LANE_EVENTS];
+}
+
+static void let_go_lane(struct lane *l)
+{
+    for (unsigned i = 0; i < l->count; i++)
+        let_go_slot(slot_at(l, i));
+    l->count = 0;
+    l->oldest = 0;
+    l->valid = false;
+}
+
+/* The lane of (device, id), made if needed (letting go of the set's
+ * round-robin victim). */
+static struct lane *lane_of(struct lane_table *t, int device,
+                            unsigned long long id)
+{
+    unsigned s = set_of(device, id);
+    struct lane *set = t->set[s];
+    for (int w = 0; w < LANE_WAYS; w++)
+        if (set[w].valid && set[w].stream_id == id && set[w].device == device)
+            return &set[w];
+    struct lane *l = &set[t->next[s]];
+    t->next[s] = (unsigned char)((t->next[s] + 1) % LANE_WAYS);
+    if (l->valid)
+        let_go_lane(l);
+    l->stream_id = id;
+    l->device = device;
+    l->valid = true;
+    return l;
+}
+
+cudaError_t stream_lane_pick(int device, unsigned long long id, bool exact,
+                             struct lane_pick *pick, bool *need_exact,
+                             const char **call)
+{
+    struct lane_table *t = event_pool_lanes();
+    struct lane *l = lane_of(t, device, id);
+    *need_exact = false;
+    /* Events complete in stream order: let go of the completed oldest ones
+     * (the newest stays, to be recorded again). */
+    while (l->count > 1 && slot_done(slot_at(l, 0))) {
+        let_go_slot(slot_at(l, 0));
+        l->oldest = (unsigned char)((l->oldest + 1) % LANE_EVENTS);
+        l->count--;
+    }
+    *pick = (struct lane_pick){.lane = l};
+    if (l->count > 0) {
+        struct lane_slot *newest = slot_at(l, l->count - 1u);
+        bool done = slot_done(newest);
+        if (done || l->count == LANE_EVENTS) {
+            if (!done && !exact) {
+                *need_exact = true;
+                return cudaSuccess;
+            }
+            pick->ev = newest->ev;
+            return cudaSuccess;
+        }
+    }
+    cudaError_t err = cudaSuccess;
+    pick->ev = event_pool_take_event(device, &err, call);
+    pick->fresh = true;
+    return pick->ev != NULL ? cudaSuccess : err;
+}
+
+void stream_lane_commit(const struct lane_pick *pick, struct entry *e)
+{
+    struct lane *l = pick->lane;
+    if (pick->fresh) {
+        *slot_at(l, l->count) = (struct lane_slot){.ev = pick->ev};
+        l->count++;
+    }
+    struct lane_slot *newest = slot_at(l, l->count - 1u);
+    e->ev = pick->ev;
+    e->label = ++newest->label;
+}
+
+void stream_lane_cancel(const struct lane_pick *pick)
+{
+    if (pick->fresh)
+        event_pool_give_event(pick->ev);
+}
+
+void stream_lane_uncommit(struct entry *e)
+{
+    struct lane_table *t = event_pool_lanes();
+    unsigned s = set_of(e->device, e->stream_id);
+    for (int w = 0; w < LANE_WAYS; w++) {
+        struct lane *l = &t->set[s][w];
+        if (!l->valid || l->stream_id != e->stream_id ||
+            l->device != e->device || l->count == 0)
+            continue;
+        struct lane_slot *newest = slot_at(l, l->count - 1u);
+        if (newest->ev == e->ev && newest->label == e->label) {
+            newest->label--; /* its reference was never counted */
+            e->ev = NULL;
+            return;
+        }
+    }
+    /* Counted in its lane's labels (or let go already): one reference. */
+    if (stream_lane_event_put(e->ev))
+        event_pool_give_event(e->ev);
+    e->ev = NULL;
+}
+
+void stream_lane_let_go_all(struct lane_table *t)
+{
+    for (int s = 0; s < LANE_SETS; s++)
+        for (int w = 0; w < LANE_WAYS; w++)
+            if (t->set[s][w].valid)
+                let_go_lane(&t->set[s][w]);
+}

@@ -1,0 +1,291 @@
+/* Consecutive entries of a stream share events (stream_lane.h; issue 13:
+ * W6's cost on an H100 was the driver's event creation, one event per
+ * pending entry).  Behind a held stream a thread's entries take at most
+ * LANE_EVENTS events and cost a few queries in all; yet no entry is
+ * released before its own work, whether the entries of one event complete
+ * one by one, several threads defer on one stream, or a destroyed stream's
+ * handle names a new stream (a stale identity must never share an event
+ * across two streams). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "helpers.h"
+#include "stream_lane.h"
+
+#define STREAMS 16
+#define PER_STREAM 200
+
+static atomic_int ran[STREAMS];
+static atomic_int out_of_order;
+
+/* A callback of stream (or thread) arg's k-th call, as a packed pair. */
+static void count_in_order(void *arg)
+{
+    unsigned long v = (unsigned long)arg;
+    int s = (int)(v >> 20), k = (int)(v & 0xfffff);
+    if (atomic_fetch_add(&ran[s], 1) != k)
+        atomic_fetch_add(&out_of_order, 1);
+}
+
+static void reset_counts(void)
+{
+    for (int i = 0; i < STREAMS; i++)
+        atomic_store(&ran[i], 0);
+    atomic_store(&out_of_order, 0);
+}
+
+/* 16 streams behind held gates, 200 callbacks each: a few events per
+ * stream, and once the gates open a few queries per stream (about one per
+ * event, not one per entry; the wait costs what t/poll_backoff says). */
+static void test_held_streams(void)
+{
+    reset_counts();
+    cudaStream_t s[STREAMS];
+    fake_work *gate[STREAMS];
+    for (int i = 0; i < STREAMS; i++) {
+        s[i] = stream_new();
+        gate[i] = work_held(s[i], NULL);
+    }
+    uint64_t created = stats_now().events_created;
+    unsigned long q0 = fake_calls(FAKE_EVENT_QUERY);
+    unsigned long c0 = fake_calls(FAKE_EVENT_CREATE);
+    bool refused = false;
+    for (int k = 0; k < PER_STREAM; k++)
+        for (int i = 0; i < STREAMS; i++)
+            refused |= defer_call(count_in_order,
+                                  (void *)(((unsigned long)i << 20) |
+                                           (unsigned long)k),
+                                  s[i]) != cudaSuccess;
+    ok(!refused, "%d callbacks deferred behind the gates",
+       STREAMS * PER_STREAM);
+    uint64_t made = stats_now().events_created - created;
+    ok(made <= STREAMS * LANE_EVENTS,
+       "%llu events for %d pending entries (at most %d per stream)",
+       ULL(made), STREAMS * PER_STREAM, LANE_EVENTS);
+    ok(fake_calls(FAKE_EVENT_CREATE) - c0 <= STREAMS * LANE_EVENTS,
+       "the fake saw %lu cudaEventCreate calls",
+       fake_calls(FAKE_EVENT_CREATE) - c0);
+    sleep_ms(50);
+    int early = 0;
+    for (int i = 0; i < STREAMS; i++)
+        early += atomic_load(&ran[i]);
+    is_int(early, 0, "none ran while the gates were closed");
+    unsigned long q_open = fake_calls(FAKE_EVENT_QUERY);
+    for (int i = 0; i < STREAMS; i++)
+        fake_complete(gate[i]);
+    is_int(defer_flush(), cudaSuccess, "flush once the gates opened");
+    int all = 0;
+    for (int i = 0; i < STREAMS; i++)
+        all += atomic_load(&ran[i]);
+    is_int(all, STREAMS * PER_STREAM, "every callback ran");
+    is_int(atomic_load(&out_of_order), 0, "in order on each stream");
+    unsigned long waiting = q_open - q0;
+    unsigned long after = fake_calls(FAKE_EVENT_QUERY) - q_open;
+    ok(after <= 2 * STREAMS * LANE_EVENTS,
+       "%lu queries for %d entries once the gates opened (at most 2 per "
+       "event, not one per entry; %lu while they waited)", after,
+       STREAMS * PER_STREAM, waiting);
+    for (int i = 0; i < STREAMS; i++)
+        cudaStreamDestroy(s[i]);
+}
+
+#define N_OWN 100
+
+/* Frees whose work is held one by one after a gate: completing the work
+ * of the first ones releases no later one, whether they share an event
+ * or not; the first LANE_EVENTS - 1, with an event each, are released as
+ * their work completes. */
+static void test_no_early_release(void)
+{
+    cudaStream_t s = stream_new();
+    void *p[N_OWN];
+    fake_work *w[N_OWN];
+    fake_work *gate = work_held(s, NULL);
+    for (int i = 0; i < N_OWN; i++) {
+        p[i] = device_alloc(64);
+        w[i] = work_held(s, p[i]);
+        if (defer_free(p[i], s) != cudaSuccess)
+            bail("defer_free #%d refused", i);
+    }
+    fake_complete(gate);
+    for (int i = 0; i < N_OWN / 2; i++)
+        fake_complete(w[i]);
+    bool own = true;
+    for (int i = 0; i < LANE_EVENTS - 1; i++)
+        own &= wait_released(p[i], 2000);
+    ok(own, "the first %d frees (an event each) released after their work",
+       LANE_EVENTS - 1);
+    sleep_ms(50);
+    int late = 0;
+    for (int i = N_OWN / 2; i < N_OWN; i++)
+        late += fake_is_released(p[i]) == 1;
+    is_int(late, 0, "none whose work is still held");
+    is_int(fake_violations(), 0, "oracle: nothing released before its work");
+    for (int i = N_OWN / 2; i < N_OWN; i++)
+        fake_complete(w[i]);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    int released = 0;
+    for (int i = 0; i < N_OWN; i++)
+        released += fake_is_released(p[i]) == 1;
+    is_int(released, N_OWN, "all released once their work completed");
+    cudaStreamDestroy(s);
+}
+
+#define THREADS 4
+#define PER_THREAD 300
+
+struct thread_arg {
+    int index;
+    cudaStream_t s;
+    pthread_barrier_t *go;
+    void **ptrs;
+};
+
+/* Alternate callbacks (in order per thread) and frees of memory that work
+ * after the gate uses. */
+static void *defer_many(void *arg)
+{
+    struct thread_arg *t = arg;
+    pthread_barrier_wait(t->go);
+    for (int k = 0; k < PER_THREAD; k++) {
+        if (k % 2 == 0) {
+            unsigned long v = ((unsigned long)t->index << 20) |
+                              (unsigned long)(k / 2);
+            if (defer_call(count_in_order, (void *)v, t->s) != cudaSuccess)
+                bail("defer_call refused");
+        } else {
+            void *p = t->ptrs[k / 2];
+            if (defer_free(p, t->s) != cudaSuccess)
+                bail("defer_free refused");
+        }
+    }
+    return NULL;
+}
+
+/* Several threads on one stream (a created one, then the legacy stream):
+ * each has its own lane, so their records never share an event; at most
+ * LANE_EVENTS events per thread, nothing early, each thread's callbacks
+ * in order. */
+static void test_threads_one_stream(cudaStream_t s, const char *name)
+{
+    reset_counts();
+    fake_work *gate = work_held(s, NULL);
+    void *ptrs[THREADS][PER_THREAD / 2];
+    for (int t = 0; t < THREADS; t++)
+        for (int k = 0; k < PER_THREAD / 2; k++) {
+            ptrs[t][k] = device_alloc(64);
+            work_timed(s, 0, ptrs[t][k]);
+        }
+    uint64_t created = stats_now().events_created;
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, THREADS);
+    pthread_t th[THREADS];
+    struct thread_arg args[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        args[t] = (struct thread_arg){.index = t, .s = s, .go = &go,
+                                      .ptrs = ptrs[t]};
+        if (pthread_create(&th[t], NULL, defer_many, &args[t]) != 0)
+            bail("pthread_create");
+    }
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&go);
+    uint64_t made = stats_now().events_created - created;
+    ok(made <= THREADS * LANE_EVENTS, "%s: %llu events for %d entries of %d "
+       "threads (at most %d per thread)", name, ULL(made),
+       THREADS * PER_THREAD, THREADS, LANE_EVENTS);
+    int released = 0, early = 0;
+    for (int t = 0; t < THREADS; t++) {
+        early += atomic_load(&ran[t]);
+        for (int k = 0; k < PER_THREAD / 2; k++)
+            released += fake_is_released(ptrs[t][k]) == 1;
+    }
+    ok(early == 0 && released == 0, "%s: nothing ran or was released behind "
+       "the gate (%d, %d)", name, early, released);
+    fake_complete(gate);
+    is_int(defer_flush(), cudaSuccess, "%s: flush", name);
+    int all = 0;
+    released = 0;
+    for (int t = 0; t < THREADS; t++) {
+        all += atomic_load(&ran[t]);
+        for (int k = 0; k < PER_THREAD / 2; k++)
+            released += fake_is_released(ptrs[t][k]) == 1;
+    }
+    is_int(all, THREADS * PER_THREAD / 2, "%s: every callback ran", name);
+    is_int(released, THREADS * PER_THREAD / 2, "%s: every free released",
+           name);
+    is_int(atomic_load(&out_of_order), 0, "%s: each thread's callbacks in "
+           "order", name);
+}
+
+#define OLD (LANE_EVENTS + 2)
+
+/* The thread's cached identity of a destroyed stream, whose handle now
+ * names a new stream of the same device: a free on the new stream must not
+ * record the old stream's shared event (its completion would then say
+ * nothing of the old stream's work).  defer_free's identity is not exact;
+ * sharing makes it so.  The old stream's lane is full (its oldest events
+ * wait for a gate) when the new stream's free comes; then the gate opens,
+ * and the entries of the old stream's shared event, whose own work is
+ * still held, must wait for it. */
+static void test_stale_handle_shares_nothing(void)
+{
+    cudaStream_t s = stream_new();
+    fake_work *gate = work_held(s, NULL);
+    void *p[OLD];
+    fake_work *w[OLD] = {NULL};
+    for (int i = 0; i < OLD; i++) { /* the last ones share an event */
+        p[i] = device_alloc(64);
+        if (i < LANE_EVENTS - 1)
+            work_timed(s, 0, p[i]);
+        else
+            w[i] = work_held(s, p[i]);
+        if (defer_free(p[i], s) != cudaSuccess)
+            bail("defer_free on s refused");
+    }
+    cudaStreamDestroy(s);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    void *q = device_alloc(64);
+    work_timed(b, 100, q);
+    is_int(defer_free(q, b), cudaSuccess,
+           "defer_free on the new stream with s's handle");
+    fake_complete(gate);
+    ok(wait_released(q, 2000), "the new stream's free is released after its "
+       "own work");
+    bool first = true;
+    for (int i = 0; i < LANE_EVENTS - 1; i++)
+        first &= wait_released(p[i], 2000);
+    ok(first, "so are the old stream's whose work is done");
+    sleep_ms(50);
+    int early = 0;
+    for (int i = LANE_EVENTS - 1; i < OLD; i++)
+        early += fake_is_released(p[i]) == 1;
+    is_int(early, 0, "none of the old stream's whose work is held");
+    is_int(fake_violations(), 0, "oracle: nothing released before its work");
+    for (int i = LANE_EVENTS - 1; i < OLD; i++)
+        fake_complete(w[i]);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    int released = 0;
+    for (int i = 0; i < OLD; i++)
+        released += fake_is_released(p[i]) == 1;
+    is_int(released, OLD, "the old stream's are released after its work");
+    cudaStreamDestroy(b);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    test_held_streams();
+    test_no_early_release();
+    cudaStream_t s = stream_new();
+    test_threads_one_stream(s, "created stream");
+    cudaStreamDestroy(s);
+    test_threads_one_stream(cudaStreamLegacy, "legacy stream");
+    test_stale_handle_shares_nothing();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_live_events(), 0, "every event destroyed");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    return 0;
+}
