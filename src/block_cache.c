@@ -456,6 +456,7 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     struct cache_block *forget = NULL;
     while (b->state == BLOCK_MERGED && b->events == 0 &&
            b->outstanding == 0) {
+        block_map_remove(b); /* unless a piece took its address */
         b->lru_next = forget;
         forget = b;
         b = b->merged_into;
@@ -480,17 +481,28 @@ bool block_cache_adopt(void *ptr)
         return false;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    /* FREEING: the work of the free that claimed it is done.  LIVE: a
-     * release no free claimed (every free path claims; such a block still
-     * comes back rather than being cudaFree'd). */
-    bool live = b->state == BLOCK_FREEING || b->state == BLOCK_LIVE;
-    if (live)
+    /* FREEING: the work of the free that claimed it is done.  Every free
+     * claims the blocks it frees (a second one is refused), so a release
+     * that finds a block in another state was of a pointer that was no
+     * block when it was deferred (an interior one, or a part freed again
+     * after it merged with a neighbour) where a block starts now: another
+     * owner's, or free.  Never adopted: a piece is left to cudaFree, which
+     * refuses it as the interior pointer it was; a whole segment (only if
+     * its address was cudaFree'd and allocated again behind cudefer's
+     * back) must not be cudaFree'd under the cache. */
+    enum block_state state = b->state;
+    bool piece = state == BLOCK_MERGED || !is_whole(b); /* MERGED: unlinked */
+    int device = b->device;
+    if (state == BLOCK_FREEING)
         make_free(c, b, now_ns());
     pthread_mutex_unlock(&c->lock);
-    if (!live)
-        report("release: %p (device %d) is a block of cudefer's that was "
-               "already free: freed twice; the second free is ignored", ptr,
-               b->device);
+    if (state == BLOCK_FREEING)
+        return true;
+    if (piece)
+        return false;
+    report("release: %p (device %d) is a block of cudefer's that no free "
+           "claimed (%s; freed twice?): the release is ignored", ptr, device,
+           state == BLOCK_LIVE ? "another owner holds it" : "it is free");
     return true;
 }
 

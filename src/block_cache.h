@@ -28,8 +28,9 @@
  *   FREE     its work is done: reusable by any stream of its device;
  *   GONE     handed back to the pool while PENDING (see below): no longer
  *            cudefer's memory; its record lives until its entry is done;
- *   MERGED   absorbed while PENDING by a neighbour PENDING on the same
- *            stream: its record lives until its entry is done.
+ *   MERGED   absorbed while PENDING by its left neighbour PENDING on the
+ *            same stream: its record lives, filed under its address (a
+ *            second free of it is refused), until its entry is done.
  * A FREE whole segment that nobody took for cache_keep_ms is released on the
  * reclaimer thread (back to the pool of block_pool.h, or cudaFree), as is
  * every FREE block on defer_trim and shutdown.  A request that misses, when
@@ -69,9 +70,9 @@ enum block_state {
     BLOCK_FREE,
     BLOCK_GONE, /* handed back to the pool while PENDING: its record waits
                    for the entries that name it, nothing else */
-    BLOCK_MERGED /* PENDING, absorbed by its neighbour PENDING on the same
-                    stream: its record waits for the entries that name it
-                    and then tells the neighbour (merged_into) */
+    BLOCK_MERGED /* PENDING, absorbed by its left neighbour PENDING on
+                    the same stream: its record waits for the entries that
+                    name it and then tells the neighbour (merged_into) */
 };
 
 struct stream_bins;
@@ -192,9 +193,13 @@ void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now);
 
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
- * synchronous release).  True when ptr is a block: it is FREE now (it was
- * FREEING, or LIVE; one already PENDING or FREE is reported and left as
- * it is), and must not be cudaFree'd. */
+ * synchronous release).  True when ptr is a block that must not be
+ * cudaFree'd: FREE now when a free claimed it (FREEING); a whole segment
+ * no free claimed (LIVE, PENDING, FREE: its address freed and allocated
+ * again behind cudefer's back) is reported and left as it is.  False when
+ * ptr is no block, or a piece of a segment no free claimed (the pointer
+ * was interior when it was deferred, and a block was cut there since:
+ * cudaFree refuses it as it would have then). */
 bool block_cache_adopt(void *ptr);
 
 /* Any thread, the block's owner.  Records stream (its handle and id) as a

@@ -57,15 +57,20 @@ struct cache_block *block_segments_split(struct device_cache *c,
     p->device = b->device;
     p->bin = block_bin_of(piece);
     p->pool = b->pool;
-    struct cache_block *stale = NULL;
-    /* Nothing is filed inside a segment (a record there would be memory
-     * freed behind cudefer's back): never replace one. */
-    if (block_map_find(p->ptr) != NULL || !block_map_insert(p, &stale)) {
+    struct cache_block *stale = NULL, *there = block_map_find(p->ptr);
+    /* Inside a segment only MERGED records are filed (another would be
+     * memory freed behind cudefer's back): never replace one.  A MERGED
+     * one stays for its entries, unfiled: its address is p's now, as a
+     * block's is its next owner's once handed out again. */
+    if ((there != NULL && there->state != BLOCK_MERGED) ||
+        !block_map_insert(p, &stale)) {
         free(p);
         return NULL;
     }
-    /* b keeps the rest, refiled for its new size (a piece now: a FREE one
-     * leaves the age list). */
+    /* b keeps the rest, refiled for its new size: a piece now, linked to
+     * p before it is refiled, so that a FREE one leaves the age list (a
+     * whole segment's place: expiry would release the allocation under
+     * p). */
     *same_stream = b->state == BLOCK_PENDING;
     if (*same_stream)
         bins_unlink(&own->bins, b);
@@ -73,15 +78,15 @@ struct cache_block *block_segments_split(struct device_cache *c,
         free_unlink(c, b);
     b->size -= piece;
     b->bin = block_bin_of(b->size);
-    if (*same_stream)
-        bins_push(&own->bins, b);
-    else
-        free_link(c, b);
     p->seg_prev = b;
     p->seg_next = b->seg_next;
     if (p->seg_next != NULL)
         p->seg_next->seg_prev = p;
     b->seg_next = p;
+    if (*same_stream)
+        bins_push(&own->bins, b);
+    else
+        free_link(c, b);
     return p;
 }
 
@@ -123,45 +128,45 @@ void block_segments_merge_free(struct device_cache *c,
         absorb(c, left, b);
 }
 
+/* PENDING keep absorbs gone, its right neighbour PENDING on the same
+ * stream s: gone is MERGED into keep (block_cache.h) and stays filed
+ * under its address until its entries are done, so that freeing it again
+ * meanwhile is still refused as a second free. */
+static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
+                           struct cache_block *gone)
+{
+    /* keep stays in s, so s is never emptied here. */
+    bins_unlink(&s->bins, gone);
+    order_unlink(&s->order, gone);
+    bins_unlink(&s->bins, keep);
+    keep->size += gone->size;
+    keep->bin = block_bin_of(keep->size);
+    keep->seg_next = gone->seg_next;
+    if (keep->seg_next != NULL)
+        keep->seg_next->seg_prev = keep;
+    bins_push(&s->bins, keep);
+    gone->stream = NULL;
+    gone->seg_prev = gone->seg_next = NULL;
+    gone->state = BLOCK_MERGED;
+    gone->merged_into = keep;
+    keep->outstanding++;
+}
+
 /* Why at once: a program whose GPU runs a step behind then finds its freed
  * memory in one piece again (a request on that stream may use it all: its
- * work runs after theirs).  An absorbed record is MERGED: it waits for its
- * entry and for the parts it absorbed itself; b goes FREE only after them
- * (other streams wait for every part's work). */
+ * work runs after theirs).  The left block absorbs the right one, so every
+ * record keeps its address: an absorbed record is MERGED, still filed, and
+ * waits for its entry and for the parts it absorbed itself; the merged
+ * block goes FREE only after them (other streams wait for every part's
+ * work). */
 void block_segments_merge_pending(struct cache_block *b)
 {
     struct stream_bins *s = b->stream;
     if (s == NULL) /* no bins for its stream: it waits for its event */
         return;
-    for (int left = 0; left < 2; left++) {
-        struct cache_block *n = left ? b->seg_prev : b->seg_next;
-        if (n == NULL || n->state != BLOCK_PENDING || n->stream != s)
-            continue;
-        /* b stays in s, so s is never emptied here. */
-        bins_unlink(&s->bins, n);
-        order_unlink(&s->order, n);
-        bins_unlink(&s->bins, b);
-        block_map_remove(n);
-        if (left) { /* b now starts where n did */
-            block_map_remove(b);
-            b->ptr = n->ptr;
-            b->seg_prev = n->seg_prev;
-            if (b->seg_prev != NULL)
-                b->seg_prev->seg_next = b;
-            struct cache_block *stale;
-            block_map_insert(b, &stale); /* no record is there: n's left */
-        } else {
-            b->seg_next = n->seg_next;
-            if (b->seg_next != NULL)
-                b->seg_next->seg_prev = b;
-        }
-        b->size += n->size;
-        b->bin = block_bin_of(b->size);
-        bins_push(&s->bins, b);
-        n->stream = NULL;
-        n->seg_prev = n->seg_next = NULL;
-        n->state = BLOCK_MERGED;
-        n->merged_into = b;
-        b->outstanding++;
-    }
+    struct cache_block *right = b->seg_next, *left = b->seg_prev;
+    if (right != NULL && right->state == BLOCK_PENDING && right->stream == s)
+        absorb_pending(s, b, right);
+    if (left != NULL && left->state == BLOCK_PENDING && left->stream == s)
+        absorb_pending(s, left, b);
 }

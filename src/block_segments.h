@@ -30,8 +30,11 @@ struct cache_block *block_segments_split(struct device_cache *c,
 void block_segments_merge_free(struct device_cache *c,
                                struct cache_block *b);
 
-/* b, just PENDING on its stream, absorbs its neighbours PENDING on the
- * same stream; their records become MERGED (block_cache.h). */
+/* b, just PENDING on its stream, merges with its neighbours PENDING on
+ * the same stream, the left one absorbing the right: b's right neighbour
+ * becomes MERGED into b, b into its left neighbour (block_cache.h); a
+ * MERGED record stays filed under its address until its entries are done
+ * (block_cache_event_done unfiles it). */
 void block_segments_merge_pending(struct cache_block *b);
 
 #endif

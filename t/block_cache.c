@@ -44,6 +44,14 @@ static void test_rounding(void)
     ok(within, "a rounded request wastes at most 1/16");
 }
 
+/* A LIVE block at p freed by a path that waits for its event (claimed),
+ * its work done (adopted): FREE.  True when so. */
+static bool give_back(void *p)
+{
+    return block_cache_claim(p) == BLOCK_AFTER_EVENT && block_cache_adopt(p) &&
+           block_map_find(p) != NULL;
+}
+
 /* Free b (ptr p) on stream id of device 0 the stream-ordered way; returns
  * the hand-out its entry would name. */
 static uint64_t free_on(void *p, unsigned long long id)
@@ -52,6 +60,18 @@ static uint64_t free_on(void *p, unsigned long long id)
     block_cache_plan_free(p, 0, id, &plan);
     if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id)) {
         diag("free_on(%p, %llu): path %d", p, id, (int)plan.path);
+        return 0;
+    }
+    return plan.handout;
+}
+
+/* The same on device 1. */
+static uint64_t free_on1(void *p, unsigned long long id)
+{
+    struct block_free_plan plan;
+    block_cache_plan_free(p, 1, id, &plan);
+    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id)) {
+        diag("free_on1(%p, %llu): path %d", p, id, (int)plan.path);
         return 0;
     }
     return plan.handout;
@@ -88,7 +108,7 @@ static void test_stream_order(void)
 static void test_fit(void)
 {
     size_t size;
-    ok(block_cache_add(0, ADDR(2), 4096, false) && block_cache_adopt(ADDR(2)),
+    ok(block_cache_add(0, ADDR(2), 4096, false) && give_back(ADDR(2)),
        "a 4096-byte block, adopted back: FREE");
     ok(block_cache_take(0, 1, 1000, &size) == NULL,
        "too big for 1000 bytes (more than 1/8 over)");
@@ -97,13 +117,13 @@ static void test_fit(void)
        "3700 takes it (4096 <= 3700 + 3700/8)");
     ok(block_cache_add(0, ADDR(3), 1088, false) && block_cache_add(0, ADDR(4), 1024, false),
        "two neighbours");
-    block_cache_adopt(ADDR(3));
-    block_cache_adopt(ADDR(4));
+    give_back(ADDR(3));
+    give_back(ADDR(4));
     ok(block_cache_take(0, 1, 1000, &size) == ADDR(4),
        "best fit: 1024 before 1088");
     ok(block_cache_take(0, 1, 1000, &size) == ADDR(3), "then 1088");
     /* An exact-size block (the out-of-memory fallback) between classes. */
-    ok(block_cache_add(0, ADDR(5), 614400, false) && block_cache_adopt(ADDR(5)),
+    ok(block_cache_add(0, ADDR(5), 614400, false) && give_back(ADDR(5)),
        "an exact-size block of 600 KiB");
     ok(block_cache_take(0, 1, 614401, &size) == NULL, "not for one byte more");
     ok(block_cache_take(0, 1, 614400, &size) == ADDR(5),
@@ -169,7 +189,7 @@ static void test_recorded(void)
     is_int(block_cache_record_stream(ADDR(7), x, 5000), cudaErrorInvalidValue,
            "a 64th is refused");
     ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
-    ok(block_cache_adopt(ADDR(7)), "its work done: adopted");
+    ok(give_back(ADDR(7)), "freed, its work done: adopted");
     ok(block_cache_take(0, 4, 2048, &size) == ADDR(7) &&
            block_map_find(ADDR(7))->nrecorded == 0,
        "handed out again with no stream recorded");
@@ -195,7 +215,7 @@ static void test_devices_and_collect(void)
     /* Expiry: blocks that became free at 10 and 20; one still named. */
     ok(block_cache_add(1, ADDR(9), 512, false) && block_cache_add(1, ADDR(10), 512, false),
        "two more");
-    block_cache_adopt(ADDR(9));
+    give_back(ADDR(9));
     struct cache_block *named = block_map_find(ADDR(10));
     struct block_free_plan p10;
     block_cache_plan_free(ADDR(10), 1, 5, &p10);
@@ -252,9 +272,9 @@ static void test_collect_largest(void)
     }
     /* 19: a FREE pool block, free at time >= 1; 20: a FREE cudaMalloc
      * block, the largest (its cudaFree would drain the device). */
-    ok(block_cache_add(0, ADDR(19), 3072, true) && block_cache_adopt(ADDR(19)),
+    ok(block_cache_add(0, ADDR(19), 3072, true) && give_back(ADDR(19)),
        "a FREE pool block");
-    ok(block_cache_add(0, ADDR(20), 8192, false) && block_cache_adopt(ADDR(20)),
+    ok(block_cache_add(0, ADDR(20), 8192, false) && give_back(ADDR(20)),
        "a FREE cudaMalloc block");
     struct cache_block *b14 = block_map_find(ADDR(14));
     struct cache_block *b15 = block_map_find(ADDR(15));
@@ -299,7 +319,7 @@ static void test_split_merge(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(40);
     size_t size = 0;
-    ok(block_cache_add(0, base, 4 * MiB, true) && block_cache_adopt(base),
+    ok(block_cache_add(0, base, 4 * MiB, true) && give_back(base),
        "a FREE 4 MiB pool segment");
     ok(block_cache_take(0, 1, 512 * 1024, &size) == NULL,
        "a request below 1 MiB is never cut from it");
@@ -317,6 +337,11 @@ static void test_split_merge(void)
     ok(block_map_find(p) == NULL && rest->size == 4 * MiB &&
            rest->state == BLOCK_FREE,
        "the piece's work done, it merges back: one FREE segment again");
+    struct block_free_plan late;
+    block_cache_plan_free(p, 0, 1, &late);
+    ok(late.path == BLOCK_NOT_OURS && !block_cache_adopt(p),
+       "limit: freed again now, the piece is no block any more (the second "
+       "free is taken for other memory, whose cudaFree fails)");
 
     /* PENDING on stream 7: two pieces cut and freed there merge at once. */
     p = block_cache_take(0, 7, 4 * MiB, &size);
@@ -331,9 +356,18 @@ static void test_split_merge(void)
     struct cache_block *ra = block_map_find(a), *rb = block_map_find(b);
     uint64_t ha = free_on(a, 7), hb = free_on(b, 7);
     struct cache_block *whole = block_map_find(base);
-    ok(whole == rb && whole->size == 4 * MiB &&
-           whole->state == BLOCK_PENDING && block_map_find(a) == NULL,
-       "freed on 7, the three parts are one PENDING block at once");
+    ok(whole == rest && whole->size == 4 * MiB &&
+           whole->state == BLOCK_PENDING,
+       "freed on 7, the three parts are one PENDING block at once, the "
+       "first part's record");
+    ok(ra->state == BLOCK_MERGED && block_map_find(a) == ra &&
+           rb->state == BLOCK_MERGED && block_map_find(b) == rb,
+       "the parts it absorbed are MERGED, still filed under their addresses");
+    struct block_free_plan again;
+    block_cache_plan_free(b, 0, 7, &again);
+    is_int(again.path, BLOCK_NOT_LIVE,
+           "so a part freed again meanwhile is refused as a second free");
+    is_int(block_cache_claim(a), BLOCK_NOT_LIVE, "by any free path");
     ok(block_cache_take(0, 7, 4 * MiB, &size) == base,
        "which stream 7 takes whole");
     uint64_t hm = free_on(base, 7);
@@ -341,15 +375,108 @@ static void test_split_merge(void)
     ok(whole->state == BLOCK_PENDING &&
            block_cache_take(0, 8, 4 * MiB, &size) == NULL,
        "its last free's work done, other parts' not: still PENDING");
-    struct cache_block *rw = rest; /* the segment's first part, MERGED */
     block_cache_event_done(ra, ha, true, 7);
-    ok(whole->state == BLOCK_PENDING, "nor with one part left");
-    block_cache_event_done(rw, hw, true, 8);
-    ok(whole->state == BLOCK_FREE, "every part's work done: FREE");
-    block_cache_event_done(rb, hb, true, 9); /* its older free's entry */
+    ok(whole->state == BLOCK_PENDING && block_map_find(a) == NULL,
+       "nor with one part done (its record unfiled)");
+    block_cache_event_done(whole, hw, true, 8); /* its older free's entry */
+    ok(whole->state == BLOCK_PENDING, "nor with the segment's first free's");
+    block_cache_event_done(rb, hb, true, 9);
+    ok(whole->state == BLOCK_FREE && block_map_find(b) == NULL,
+       "every part's work done: FREE");
     is_int(whole->events, 0, "no entry names it any more");
     ok(block_cache_take(0, 8, 4 * MiB, &size) == base && size == 4 * MiB,
        "and stream 8 takes it");
+}
+
+/* A whole FREE segment on the age list that a request is cut from is a
+ * piece from then on: expiry and trims (block_cache_collect) must not hand
+ * its memory back while the piece cut from it is the application's.  It
+ * did: the rest was refiled before it was linked to the piece, still
+ * whole, and stayed on the age list (the stress test saw blocks handed out
+ * of released allocations). */
+static void test_cut_segment_stays(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(60);
+    size_t size = 0;
+    struct cache_block *out[4];
+    ok(block_cache_add(1, base, 4 * MiB, false) && give_back(base),
+       "a FREE 4 MiB segment of device 1, on the age list");
+    void *p = block_cache_take(1, 1, 2 * MiB, &size);
+    ok(p == base + 2 * MiB, "2 MiB cut from its end, LIVE");
+    size_t n = block_cache_collect(1, UINT64_MAX, out, 4, SIZE_MAX);
+    is_int(n, 0, "collecting everything FREE takes nothing: the rest is a "
+                 "piece now");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+    is_int(block_cache_oldest_free_ns(1), UINT64_MAX,
+           "no FREE block on the age list");
+    ok(block_map_find(base) != NULL && block_map_find(p) != NULL,
+       "both parts still filed");
+    uint64_t h = free_on1(p, 1);
+    block_cache_event_done(block_map_find(p), h, true, 3);
+    n = block_cache_collect(1, UINT64_MAX, out, 4, SIZE_MAX);
+    ok(n == 1 && out[0]->ptr == base && out[0]->size == 4 * MiB,
+       "the piece back and merged, the whole segment goes");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+}
+
+/* A MERGED record's address is cut again before its entry is done: the
+ * piece is filed there, the MERGED record keeps waiting for its entry. */
+static void test_cut_at_merged(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(50);
+    size_t size = 0;
+    ok(block_cache_add(0, base, 2 * MiB, false) && give_back(base),
+       "a FREE 2 MiB segment");
+    void *a = block_cache_take(0, 9, MiB, &size);
+    void *rest = block_cache_take(0, 9, MiB, &size);
+    ok(a == base + MiB && rest == base, "cut in two for stream 9");
+    uint64_t hr = free_on(rest, 9), ha = free_on(a, 9);
+    struct cache_block *ra = block_map_find(a), *whole = block_map_find(base);
+    ok(ra->state == BLOCK_MERGED && whole->size == 2 * MiB,
+       "freed on 9: one PENDING block, a MERGED in it");
+    void *again = block_cache_take(0, 9, MiB, &size);
+    ok(again == a && block_map_find(a) != ra &&
+           block_map_find(a)->state == BLOCK_LIVE,
+       "stream 9 cuts 1 MiB at a's address again: the new piece is filed "
+       "there");
+    block_cache_event_done(ra, ha, true, 10);
+    ok(block_map_find(a) != NULL && block_map_find(a)->state == BLOCK_LIVE,
+       "a's old entry done: the new piece stays filed");
+    block_cache_event_done(whole, hr, true, 11);
+    ok(whole->state == BLOCK_FREE && whole->size == MiB,
+       "the rest FREE once all its work is done");
+}
+
+/* A release that finds a block nobody's free claimed (its pointer was no
+ * block when deferred: an interior one, or a part freed again after it
+ * merged) never hands that block, another owner's, out again. */
+static void test_adopt_unclaimed(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(56);
+    size_t size = 0;
+    ok(block_cache_add(0, base, 2 * MiB, false), "a LIVE segment");
+    stderr_capture_begin();
+    ok(block_cache_adopt(base) && block_map_find(base)->state == BLOCK_LIVE,
+       "a release of it that no free claimed: not to be cudaFree'd, and "
+       "still LIVE");
+    ok(strstr(stderr_capture_end(), "another owner holds") != NULL,
+       "reported");
+    ok(give_back(base), "its owner's free");
+    void *piece = block_cache_take(0, 9, 3 * MiB / 2, &size);
+    ok(piece == base + MiB / 2, "a piece cut from it");
+    ok(!block_cache_adopt(piece) &&
+           block_map_find(piece)->state == BLOCK_LIVE,
+       "a release of the piece no free claimed: left to cudaFree, which "
+       "refuses an interior pointer; still LIVE");
+    ok(block_cache_claim(piece) == BLOCK_AFTER_EVENT &&
+           block_cache_adopt(piece) && block_map_find(piece) == NULL &&
+           block_map_find(base)->size == 2 * MiB,
+       "its owner's free: FREE, merged back into the segment");
 }
 
 int main(void)
@@ -367,6 +494,9 @@ int main(void)
     test_stale_record();
     test_collect_largest();
     test_split_merge();
+    test_cut_segment_stays();
+    test_cut_at_merged();
+    test_adopt_unclaimed();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
