@@ -526,7 +526,8 @@ static void test_other_device(cudaStream_t s0)
            attr.device == 1,
        "defer_pluggable_alloc(device 1, stream 0) allocates on device 1");
     is_int(current, 0, "the current device is still 0");
-    fake_oracle_handout(r, 0); /* device 1's legacy stream, as the call saw */
+    fake_oracle_handout_range(r, 1000, 0); /* device 1's legacy stream, as
+                                              the call saw */
     defer_pluggable_free(r, 1000, 1, 0);
     cudaGetDevice(&current);
     is_int(current, 0, "defer_pluggable_free leaves it alone too");

@@ -4,7 +4,8 @@
  * (fake_selftest.c) runs in order:
  *   fake_selftest.c          exit-time behaviour of the oracle and of tap.c
  *   fake_selftest_streams.c  devices, streams, work ordering, events
- *   fake_selftest_memory.c   allocations, the oracle, handouts
+ *   fake_selftest_memory.c   allocations, the oracle, handouts (whole
+ *                            allocations and blocks of one)
  *   fake_selftest_control.c  failure injection, error strings, reset
  *   fake_selftest_threads.c  concurrency, fork
  * Each group starts with fake_reset and may call fake_oracle_forgive after
@@ -107,6 +108,7 @@ void test_events(void);
 void test_allocations(void);
 void test_oracle(void);
 void test_handout(void);
+void test_handout_ranges(void);
 void test_injection(void);
 void test_misc(void);
 void test_reset(void);

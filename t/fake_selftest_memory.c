@@ -1,7 +1,8 @@
 /*
  * fake_selftest_memory.c — self-test of the fake CUDA runtime:
  * allocations of every kind, the oracle that checks each release, and
- * fake_oracle_handout, which checks each block an allocator hands out.
+ * fake_oracle_handout(_range), which checks each block an allocator hands
+ * out, whole allocations or blocks cut from one.
  */
 #define _GNU_SOURCE
 #include "fake_selftest.h"
@@ -292,7 +293,8 @@ void test_handout(void)
     w = fake_launch_held(t, uses, 1);
     fake_oracle_handout(p, s);
     is_int(fake_violations(), 1,
-           "work on one part of the allocation counts for all of it (limit)");
+           "work on a pointer inside the block handed out counts for all of "
+           "the block");
     fake_oracle_forgive();
     cudaEventRecord(e, t);
     cudaStreamWaitEvent(u, e, 0);
@@ -377,6 +379,158 @@ void test_handout(void)
     cudaFree(q);
     cudaEventDestroy(e);
     cudaEventDestroy(f);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(t);
+    cudaStreamDestroy(u);
+    cudaStreamDestroy(c);
+}
+
+/* fake_oracle_handout_range: blocks cut from one allocation.  Work uses
+ * the block that contains its pointer; a hand-out is checked against the
+ * work on the bytes it overlaps only; a release against all. */
+void test_handout_ranges(void)
+{
+    cudaStream_t s, t, u, c;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    void *p, *base = NULL, *uses[1];
+    char *a, *b, *mid;
+    fake_work *wa, *wb, *w;
+    size_t size = 0;
+    char msg[160];
+    int local;
+
+    diag("oracle: blocks of one allocation (violations below are on "
+         "purpose)");
+    fake_reset(1);
+    cudaStreamCreate(&s);
+    cudaStreamCreate(&t);
+    cudaStreamCreate(&u);
+    cudaStreamCreate(&c);
+    cudaMalloc(&p, 8192);
+    a = p;                      /* [0, 4096) */
+    b = (char *)p + 4096;       /* [4096, 8192) */
+
+    is_int(fake_allocation_of(b + 10, &base, &size), 1,
+           "fake_allocation_of an interior pointer: live");
+    ok(base == p && size == 8192, "... its allocation's start and size");
+    is_int(fake_allocation_of(&local, &base, &size), -1,
+           "... of a pointer the fake never allocated: -1");
+    ok(base == NULL && size == 0, "... NULL and 0");
+
+    fake_oracle_handout_range(a, 4096, s);
+    fake_oracle_handout_range(b, 4096, t);
+    is_int(fake_violations(), 0, "two blocks of one allocation handed out");
+    wa = fake_launch_held(s, (void **)&a, 1);
+    uses[0] = b + 100;
+    wb = fake_launch_held(t, uses, 1);
+    fake_oracle_handout_range(a, 4096, u);
+    is_int(fake_violations(), 1,
+           "block a again, for u, while s's work on it is pending: a "
+           "violation");
+    snprintf(msg, sizeof msg, "work #%llu on stream id %llu",
+             fake_work_id(wa), stream_id(s));
+    ok(last_violation_has("premature reuse") && last_violation_has(msg),
+       "... naming a's work, not b's");
+    fake_oracle_forgive();
+    fake_oracle_handout_range(a, 4096, s);
+    is_int(fake_violations(), 0,
+           "block a for s itself: fine, though t's work on b is pending");
+    fake_oracle_handout_range(b + 2048, 2048, s);
+    is_int(fake_violations(), 1,
+           "the second half of b for s while t's work on (a pointer inside) "
+           "b is pending: a violation");
+    fake_oracle_forgive();
+    mid = a + 2048;
+    fake_oracle_handout_range(mid, 4096, u);
+    is_int(fake_violations(), 1,
+           "a block over the end of a and the start of b, for u: a "
+           "violation");
+    fake_oracle_forgive();
+    fake_complete(wa);
+    fake_complete(wb);
+
+    /* The block over a and b replaced them: work on a pointer in it uses
+     * all of it. */
+    uses[0] = mid + 3000;
+    w = fake_launch_held(u, uses, 1);
+    fake_oracle_handout_range(a, 1024, t);
+    is_int(fake_violations(), 0,
+           "[0, 1024) for t while u's work on [2048, 6144) is pending: "
+           "disjoint, fine");
+    fake_oracle_handout_range(a + 1024, 2048, t);
+    is_int(fake_violations(), 1, "[1024, 3072) overlaps it: a violation");
+    fake_oracle_forgive();
+    fake_oracle_handout(b + 2048, t);
+    is_int(fake_violations(), 0,
+           "fake_oracle_handout: the rest of the allocation, [6144, 8192), "
+           "is disjoint too");
+    fake_oracle_handout(b, t);
+    is_int(fake_violations(), 1, "from 4096 it is not");
+    fake_oracle_forgive();
+    fake_complete(w);
+
+    /* Past the end, 0 bytes: the allocator's and the test's mistakes. */
+    fake_oracle_handout_range(b, 4097, s);
+    is_int(fake_violations(), 1, "a block ending past its allocation: a "
+                                 "violation");
+    ok(last_violation_has("past the end"), "... saying so");
+    fake_oracle_forgive();
+    fake_oracle_handout_range(a, 0, s);
+    is_int(fake_violations(), 1, "0 bytes: a violation");
+    fake_oracle_forgive();
+
+    /* Memory the test allocated itself and no allocator handed out: work
+     * on any pointer of it uses all of it. */
+    cudaMalloc(&p, 8192);
+    uses[0] = (char *)p + 6000;
+    w = fake_launch_held(t, uses, 1);
+    fake_oracle_handout_range(p, 1024, s);
+    is_int(fake_violations(), 1,
+           "work before any hand-out uses the whole allocation");
+    fake_oracle_forgive();
+    fake_complete(w);
+    fake_oracle_handout_range(p, 4096, s);
+    fake_oracle_handout_range((char *)p + 4096, 4096, t);
+
+    /* Graphs keep the bytes their capture used. */
+    cudaStreamBeginCapture(c, cudaStreamCaptureModeRelaxed);
+    fake_launch(c, 10, &p, 1);
+    cudaStreamEndCapture(c, &graph);
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    fake_oracle_handout_range((char *)p + 4096, 4096, u);
+    is_int(fake_violations(), 0,
+           "the other block while an executable graph uses the first: fine");
+    fake_oracle_handout_range(p, 4096, u);
+    is_int(fake_violations(), 1, "the block the graph uses: a violation");
+    ok(last_violation_has("executable graph"), "... naming the graph");
+    fake_oracle_forgive();
+    fake_oracle_handout_range(p, 2048, u);
+    fake_oracle_forgive();      /* the graph again */
+    w = fake_graph_launch_held(exec, s);
+    cudaGraphExecDestroy(exec);
+    fake_oracle_handout_range((char *)p + 2048, 2048, u);
+    is_int(fake_violations(), 1,
+           "its launch uses what the capture used, [0, 4096), whatever was "
+           "handed out since: [2048, 4096) is a violation");
+    snprintf(msg, sizeof msg, "work #%llu", fake_work_id(w));
+    ok(last_violation_has(msg), "... naming the launch");
+    fake_oracle_forgive();
+    fake_complete(w);
+
+    /* A release returns all of the allocation. */
+    uses[0] = (char *)p + 5000;
+    w = fake_launch_held(t, uses, 1);
+    cudaFree(p);
+    is_int(fake_violations(), 1,
+           "releasing the allocation while work on one block is pending: a "
+           "violation");
+    ok(last_violation_has("premature release"), "... a premature release");
+    is_int(fake_allocation_of((char *)p + 5000, &base, NULL), 0,
+           "fake_allocation_of after the release: 0");
+    fake_oracle_forgive();
+    fake_complete(w);
     cudaStreamDestroy(s);
     cudaStreamDestroy(t);
     cudaStreamDestroy(u);

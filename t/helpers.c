@@ -46,7 +46,7 @@ cudaError_t alloc_checked(void **p, size_t bytes, cudaStream_t s)
     cudaError_t err = defer_alloc(p, bytes, s);
 
     if (err == cudaSuccess && p != NULL && *p != NULL)
-        fake_oracle_handout(*p, s);
+        fake_oracle_handout_range(*p, bytes, s);
     return err;
 }
 

@@ -18,9 +18,9 @@ void *host_alloc(size_t bytes);
 cudaStream_t stream_new(void);
 
 /* defer_alloc(p, bytes, s), then, when it succeeded with a block, the
- * oracle's check that the block is free of other streams' pending work
- * (fake_oracle_handout: a premature reuse is a violation, which fails the
- * test at exit).  Returns what defer_alloc returned.  Any thread, as
+ * oracle's check that its bytes are free of other streams' pending work
+ * (fake_oracle_handout_range: a premature reuse is a violation, which
+ * fails the test at exit).  Returns what defer_alloc returned.  Any thread, as
  * defer_alloc; blocks where defer_alloc does.  Use it in place of
  * defer_alloc wherever a test reuses memory. */
 cudaError_t alloc_checked(void **p, size_t bytes, cudaStream_t s);

@@ -53,6 +53,7 @@ extern struct stress_options opt;
 struct stress_config {
     unsigned idle_us, poll_max_us;
     unsigned trim_per_100k, flush_per_100k; /* how often threads trim, flush */
+    unsigned split_min;                     /* CUDEFER_SPLIT_MIN (0: off) */
 };
 extern struct stress_config cfg;
 
@@ -102,9 +103,9 @@ enum failure {
     F_CALL_ORDER,   /* callbacks of one stream ran out of order */
     F_IN_CALLBACK,  /* defer_free in a callback refused, or defer_flush not */
     F_CUDA,         /* a CUDA call of the test itself failed */
-    F_HANDOUT,      /* defer_alloc handed out what it must not (not the start
-                       of a live device allocation of the stream's device, or
-                       a block still live elsewhere) */
+    F_HANDOUT,      /* defer_alloc handed out what it must not (not inside
+                       a live device allocation of the stream's device, or
+                       overlapping a block still live elsewhere) */
     F_REUSE,        /* a block freed behind held work went to another stream,
                        or its own stream did not get one back */
     F_WRONG,        /* a wrong input did not get its expected result */

@@ -6,8 +6,9 @@
  * A block comes from defer_alloc or defer_pluggable_alloc on any kind of
  * stream (a created one, the per-thread stream, the legacy stream) of any
  * device.  Each hand-out is checked: the fake's oracle (no pending work of
- * another stream may still use it), the start of a live device allocation
- * of the stream's device, and owned by no one else (a set of the blocks
+ * another stream may still use its bytes), inside a live device allocation
+ * of the stream's device (a block may be cut from a larger one), and
+ * overlapping no block owned by someone else (a set of the byte ranges
  * handed out and not yet freed, across threads).  It is used by work on its
  * stream, sometimes also on a second stream recorded with
  * defer_record_stream, and freed one of the ways: on its stream (or with
@@ -27,11 +28,18 @@
 
 /* ---- the blocks handed out and not yet freed, across threads -------------- */
 
+/* Blocks may be cut from one allocation (block splitting), so a block is a
+ * byte range, and the live ones are sharded by the start of their
+ * allocation: all that may overlap a block are in its shard. */
 #define LIVE_SHARDS 64
+
+struct live_block {
+    uintptr_t lo, hi;
+};
 
 struct live_shard {
     pthread_mutex_t lock;
-    void **p;
+    struct live_block *b;
     size_t n, cap;
 };
 
@@ -44,30 +52,41 @@ void alloc_init(void)
         pthread_mutex_init(&live[i].lock, NULL);
 }
 
+/* The shard of the blocks of p's allocation (released ones are still
+ * found: the fake never reuses an address; a pointer the fake never
+ * allocated is its own allocation).  Any thread. */
 static struct live_shard *shard_of(const void *p)
 {
-    return &live[mix64((uint64_t)(uintptr_t)p) % LIVE_SHARDS];
+    void *base = NULL;
+    if (fake_allocation_of(p, &base, NULL) < 0)
+        base = (void *)p;
+    return &live[mix64((uint64_t)(uintptr_t)base) % LIVE_SHARDS];
 }
 
-/* Any thread.  p was just handed out: false if it was live already (handed
- * out twice without a free between). */
-static bool live_add(void *p)
+/* Any thread.  The bytes bytes at p were just handed out: false if they
+ * overlap a block still live (handed out before without a free since;
+ * *other gets it), else noted. */
+static bool live_add(void *p, size_t bytes, struct live_block *other)
 {
     struct live_shard *s = shard_of(p);
+    struct live_block b = {(uintptr_t)p, (uintptr_t)p + (bytes ? bytes : 1)};
     pthread_mutex_lock(&s->lock);
-    bool twice = false;
-    for (size_t i = 0; i < s->n && !twice; i++)
-        twice = s->p[i] == p;
-    if (!twice) {
+    bool overlap = false;
+    for (size_t i = 0; i < s->n && !overlap; i++)
+        if (s->b[i].lo < b.hi && b.lo < s->b[i].hi) {
+            overlap = true;
+            *other = s->b[i];
+        }
+    if (!overlap) {
         if (s->n == s->cap) {
             s->cap = s->cap ? 2 * s->cap : 16;
-            if ((s->p = realloc(s->p, s->cap * sizeof *s->p)) == NULL)
+            if ((s->b = realloc(s->b, s->cap * sizeof *s->b)) == NULL)
                 stress_die("out of memory");
         }
-        s->p[s->n++] = p;
+        s->b[s->n++] = b;
     }
     pthread_mutex_unlock(&s->lock);
-    return !twice;
+    return !overlap;
 }
 
 /* See stress.h.  A pointer that is not live is the test's mistake. */
@@ -76,11 +95,11 @@ void live_remove(void *p)
     struct live_shard *s = shard_of(p);
     pthread_mutex_lock(&s->lock);
     size_t i = 0;
-    while (i < s->n && s->p[i] != p)
+    while (i < s->n && s->b[i].lo != (uintptr_t)p)
         i++;
     bool found = i < s->n;
     if (found)
-        s->p[i] = s->p[--s->n];
+        s->b[i] = s->b[--s->n];
     pthread_mutex_unlock(&s->lock);
     if (!found)
         stress_die("test bug: freeing block %p, which is not live", p);
@@ -101,26 +120,37 @@ static void device_unchanged(struct worker *w, const char *what)
     w->cur = now;
 }
 
-/* Check the block p just handed out by what for lane l (whose device is
- * current when l is a per-thread or legacy stream); counted.  Worker thread
- * w. */
-static void handout_check(struct worker *w, void *p, const struct lane *l,
-                          const char *what)
+/* Check the block of bytes bytes at p just handed out by what for lane l
+ * (whose device is current when l is a per-thread or legacy stream):
+ * the oracle's check, inside one live device allocation of l's device,
+ * overlapping no block still live; counted.  Worker thread w. */
+static void handout_check(struct worker *w, void *p, size_t bytes,
+                          const struct lane *l, const char *what)
 {
     struct cudaPointerAttributes a;
+    void *base = NULL;
+    size_t size = 0;
+    struct live_block other;
     w->handouts++;
-    fake_oracle_handout(p, l->h);
-    if (fake_is_released(p) != 0)
-        stress_fail(F_HANDOUT, "thread %d: %s handed out %p, which is not the "
-                    "start of a live allocation", w->index, what, p);
+    fake_oracle_handout_range(p, bytes, l->h);
+    int live_alloc = fake_allocation_of(p, &base, &size);
+    if (live_alloc != 1 ||
+        bytes > (size_t)((uintptr_t)base + size - (uintptr_t)p))
+        stress_fail(F_HANDOUT, "thread %d: %s handed out %p (%zu bytes), "
+                    "which is not inside a live allocation (%s)", w->index,
+                    what, p, bytes, live_alloc < 0 ? "the fake never "
+                    "allocated it" : live_alloc == 0 ? "its allocation was "
+                    "released" : "it ends past its allocation's end");
     else if (cudaPointerGetAttributes(&a, p) != cudaSuccess ||
              a.type != cudaMemoryTypeDevice || a.device != l->dev)
         stress_fail(F_HANDOUT, "thread %d: %s handed out %p (memory type %d, "
                     "device %d) for a stream of device %d", w->index, what, p,
                     (int)a.type, a.device, l->dev);
-    if (!live_add(p))
-        stress_fail(F_HANDOUT, "thread %d: %s handed out %p, which another "
-                    "owner had not freed", w->index, what, p);
+    if (!live_add(p, bytes, &other))
+        stress_fail(F_HANDOUT, "thread %d: %s handed out %p (%zu bytes), "
+                    "which overlaps block %#jx (%ju bytes), handed out before "
+                    "and not freed yet", w->index, what, p, bytes,
+                    (uintmax_t)other.lo, (uintmax_t)(other.hi - other.lo));
 }
 
 /* See stress.h. */
@@ -150,7 +180,8 @@ void *block_get(struct worker *w, struct lane *l, size_t bytes,
     }
     if (l->kind != LANE_OWN)
         use_device(w, l->dev);
-    handout_check(w, p, l, pluggable ? "defer_pluggable_alloc" : "defer_alloc");
+    handout_check(w, p, bytes, l,
+                  pluggable ? "defer_pluggable_alloc" : "defer_alloc");
     return p;
 }
 

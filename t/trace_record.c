@@ -52,7 +52,7 @@ static void *traced_alloc(size_t size, cudaStream_t stream)
     void *p = shim_traced_alloc(size, 0, stream);
     if (p == NULL)
         bail("shim_traced_alloc of %zu bytes refused", size);
-    fake_oracle_handout(p, stream);
+    fake_oracle_handout_range(p, size, stream);
     expect("a %zu %" PRIuPTR " %#" PRIxPTR, size, (uintptr_t)stream,
            (uintptr_t)p);
     work_timed(stream, 20, p);

@@ -55,8 +55,10 @@ static void reset_locked(int ndev)
         free(fake.streams[i]);
     for (i = 0; i < fake.nworks; i++)
         free(fake.works[i]);
-    for (i = 0; i < fake.nallocs; i++)
+    for (i = 0; i < fake.nallocs; i++) {
         free(fake.allocs[i].users);
+        free(fake.allocs[i].blocks);
+    }
     for (i = 0; i < fake.ngraphs + fake.nexecs; i++) {
         struct fgraph *x = i < fake.ngraphs ? fake.graphs[i]
                                             : fake.execs[i - fake.ngraphs];

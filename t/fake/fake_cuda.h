@@ -6,11 +6,11 @@
  * <cuda_runtime_api.h>; a test links the library's objects with them
  * (t/libcudefer-fake.la) instead of -lcudart.  This header adds the control
  * and inspection API tests use.  Where each part lives: streams, work and
- * events on the simulated clock in fake_stream.c; memory and the oracle in
- * fake_memory.c; capture, graphs and user objects in fake_graph.c; devices
- * in fake_device.c; driver and _ptsz entry points in fake_driver.c; reset,
- * failure injection and latencies in fake_control.c (fake_internal.h, their
- * shared state, says more).
+ * events on the simulated clock in fake_stream.c; memory in fake_memory.c;
+ * the oracle in fake_oracle.c; capture, graphs and user objects in
+ * fake_graph.c; devices in fake_device.c; driver and _ptsz entry points in
+ * fake_driver.c; reset, failure injection and latencies in fake_control.c
+ * (fake_internal.h, their shared state, says more).
  *
  * THE MODEL
  *   Devices: fake_reset(n) creates n devices (1..FAKE_MAX_DEVICES) and
@@ -91,7 +91,7 @@
  *   lock, as CUDA runs it on an internal thread.
  *
  * THE ORACLE
- *   Work declares the allocations it uses.  Every release (cudaFree,
+ *   Work declares the allocations (or blocks of them) it uses.  Every release (cudaFree,
  *   cudaFreeHost, cudaFreeAsync) is checked; a VIOLATION is counted and
  *   printed at once as a TAP comment "# fake oracle: ..." when:
  *     - work using the allocation has not completed (premature release;
@@ -109,10 +109,12 @@
  *   records nothing; tests join streams with fake_capture_join instead);
  *   and any CUDA call made from a user object's destructor.
  *   Reuse: the fake cannot see an allocator hand memory out again (the
- *   allocation stays live), so a test tells it with fake_oracle_handout
- *   right after cudefer's defer_alloc returned a block for a stream; a
- *   block handed out while other work may still use it is a violation
- *   ("premature reuse", see fake_oracle_handout).
+ *   allocation stays live), so a test tells it with
+ *   fake_oracle_handout_range right after cudefer's defer_alloc returned a
+ *   block for a stream; a block handed out while other work may still use
+ *   any of its bytes is a violation ("premature reuse", see
+ *   fake_oracle_handout_range, which also says how work on one block of an
+ *   allocation split by the allocator is told from work on another).
  *   Not violations (the call returns cudaErrorInvalidValue, the allocation
  *   stays live, fake_invalid_releases() counts it): releasing a pointer
  *   the fake never allocated, or with the wrong function (cudaFree of
@@ -211,30 +213,43 @@ void fake_oracle_forgive(void);
  * prefix) into buf; "" if none since fake_reset.  Returns buf. */
 char *fake_last_violation(char *buf, size_t len);
 
-/* Check that ptr, just handed out by an allocator (cudefer's defer_alloc
- * or defer_pluggable_alloc) for use on stream, is free of other work: call
- * it right after the allocation returned, on the thread that asked (stream
- * 0 and cudaStreamPerThread mean what they mean for that thread).  Counts
- * and prints one violation, "# fake oracle: premature reuse of PTR (handed
- * out for stream id N): ...", when the allocation containing ptr:
- *   - is used by work that has not completed, was enqueued on a stream
+/* Check that the block [ptr, ptr + bytes), just handed out by an allocator
+ * (cudefer's defer_alloc or defer_pluggable_alloc; bytes: what was asked
+ * for) for use on stream, is free of other work: call it right after the
+ * allocation returned, on the thread that asked (stream 0 and
+ * cudaStreamPerThread mean what they mean for that thread).  The block may
+ * be any part of an allocation (an allocator may cut several blocks from
+ * one cudaMalloc).  Counts and prints one violation, "# fake oracle:
+ * premature reuse of PTR (handed out for stream id N, B bytes): ...", when
+ * bytes of the block:
+ *   - are used by work that has not completed, was enqueued on a stream
  *     other than stream, and is not ordered before stream's later work
  *     (stream has not waited, with cudaStreamWaitEvent, on an event
  *     recorded after that work); work still pending on stream itself is
  *     fine: stream order runs it before anything enqueued on stream later;
- *   - or, when stream captures, is used by any work not completed (the
+ *   - or, when stream captures, are used by any work not completed (the
  *     graph will run wherever it is launched, ordered after nothing);
- *   - or is used by a graph or executable graph not yet destroyed (it can
+ *   - or are used by a graph or executable graph not yet destroyed (it can
  *     still be launched);
- *   - or was already released.
- * Also a violation (a test's mistake): stream not a live stream, or ptr in
- * no allocation of the fake.  NULL ptr: nothing is checked.  Blocks only on
- * the fake's lock.
- * Limit: uses are tracked per allocation (what cudaMalloc returned), not
- * per byte range, so work on one part of an allocation counts as using all
- * of it: an allocator that splits one cudaMalloc allocation into blocks
- * gets a violation for handing out one block while another block of the
- * same allocation is in use on another stream. */
+ *   - or were already released (their allocation was).
+ * Also a violation: the block ends past the end of its allocation (an
+ * allocator's mistake); and a test's mistakes: stream not a live stream,
+ * ptr in no allocation of the fake, bytes 0.  NULL ptr: nothing is
+ * checked.  Blocks only on the fake's lock.
+ * Which work uses which bytes: the oracle remembers every block handed out
+ * (a newer one replaces the older ones it overlaps: the allocator got them
+ * back).  Work (fake_launch, a graph's capture) that names a pointer uses
+ * the whole block containing it, or the whole allocation when no block
+ * handed out contains it (memory the test allocated itself).  So work on
+ * one block does not hold up handing out another block of the same
+ * allocation, but does hold up any block over its bytes.  A release
+ * (cudaFree, cudaFreeAsync) gives back the whole allocation: all its work
+ * counts. */
+void fake_oracle_handout_range(const void *ptr, size_t bytes,
+                               cudaStream_t stream);
+
+/* fake_oracle_handout_range of the bytes from ptr to the end of its
+ * allocation (an allocator that hands out whole allocations). */
 void fake_oracle_handout(const void *ptr, cudaStream_t stream);
 
 /* The handle cudaMemPoolCreate gives every pool of device dev (the fake
@@ -253,6 +268,11 @@ size_t fake_invalid_releases(void);
 /* 1 if p (the start of an allocation) was released, 0 if live, -1 if the
  * fake never returned p. */
 int fake_is_released(const void *p);
+
+/* The allocation containing p (any byte of it): its start in *base and
+ * its size in *size (either may be NULL); 1 if it is live, 0 if it was
+ * released, -1 (NULL and 0) if the fake never allocated p. */
+int fake_allocation_of(const void *p, void **base, size_t *size);
 
 /* Events created and not yet destroyed. */
 size_t fake_live_events(void);

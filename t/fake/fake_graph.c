@@ -16,9 +16,9 @@
 #define EXEC_BASE     ((uintptr_t)0x6c0000000000u)  /* executable graphs */
 #define UOBJ_BASE     ((uintptr_t)0x6e0000000000u)  /* user objects */
 
-/* A graph or executable graph, not destroyed, that uses the allocation at
- * addr (it can still be launched), or NULL. */
-struct fgraph *fake_graph_using(uintptr_t addr)
+/* A graph or executable graph, not destroyed, that uses bytes of r (it
+ * can still be launched), or NULL. */
+struct fgraph *fake_graph_using(struct frange r)
 {
     struct fgraph **lists[2] = { fake.graphs, fake.execs };
     size_t counts[2] = { fake.ngraphs, fake.nexecs };
@@ -30,7 +30,7 @@ struct fgraph *fake_graph_using(uintptr_t addr)
             if (x->destroyed)
                 continue;
             for (size_t k = 0; k < x->nuses; k++)
-                if (x->uses[k] == addr)
+                if (x->uses[k].lo < r.hi && r.lo < x->uses[k].hi)
                     return x;
         }
     return NULL;
@@ -174,6 +174,7 @@ struct fake_work *fake_capture_work(struct fstream *s, enum work_kind kind,
         x->duration_ns += (int64_t)us * 1000;
     for (i = 0; uses != NULL && i < nuses; i++) {
         struct falloc *a = fake_alloc_find(uses[i], 0);
+        struct frange r;
 
         if (a == NULL)
             continue;
@@ -183,12 +184,16 @@ struct fake_work *fake_capture_work(struct fstream *s, enum work_kind kind,
                            uses[i]);
             continue;
         }
-        for (k = 0; k < x->nuses && x->uses[k] != a->addr; k++)
+        /* The graph's kernels keep using these bytes, whatever is handed
+         * out of the allocation later. */
+        r = fake_alloc_block_of(a, (uintptr_t)uses[i]);
+        for (k = 0; k < x->nuses &&
+                    (x->uses[k].lo != r.lo || x->uses[k].hi != r.hi); k++)
             ;
         if (k < x->nuses)
             continue;
         x->uses = fake_grow(x->uses, x->nuses, &x->capuses, sizeof *x->uses);
-        x->uses[x->nuses++] = a->addr;
+        x->uses[x->nuses++] = r;
     }
     return w;
 }
@@ -477,7 +482,7 @@ static struct fake_work *launch_graph(cudaGraphExec_t h, cudaStream_t stream,
     if (kind == W_TIMED)
         w->duration_ns = x->duration_ns;
     for (i = 0; i < x->nuses; i++)
-        fake_alloc_add_use(w, (void *)x->uses[i]);
+        fake_alloc_add_use_range(w, x->uses[i]);
     if (x->nlaunches == x->caplaunches) {
         int64_t hint = INF_NS;
 

@@ -9,8 +9,10 @@
  *   fake_device.c   devices, versions, error strings
  *   fake_stream.c   streams, simulated work and events, on the simulated
  *                   clock
- *   fake_memory.c   device, pool and pinned memory, and the oracle that
- *                   checks every release and handout
+ *   fake_memory.c   device, pool and pinned memory
+ *   fake_oracle.c   the oracle: which work uses which bytes of an
+ *                   allocation, and the checks of every release and
+ *                   hand-out
  *   fake_graph.c    stream capture, graphs, executable graphs, user objects
  *   fake_driver.c   the driver entry points and the per-thread default
  *                   stream (_ptsz) entry points
@@ -97,6 +99,9 @@ struct fuobj {
 
 struct uref { struct fuobj *o; unsigned long count; };
 
+/* Bytes [lo, hi) of the fake's address space. */
+struct frange { uintptr_t lo, hi; };
+
 /* A graph (made by a capture) or an executable graph (exec = 1). */
 struct fgraph {
     unsigned long long id;
@@ -108,7 +113,7 @@ struct fgraph {
     unsigned long long capture_id;
     struct fstream *origin;       /* the stream whose capture made it */
     int64_t duration_ns;          /* the captured timed work, in all */
-    uintptr_t *uses;              /* allocations (start addresses) it uses */
+    struct frange *uses;          /* the bytes its work uses */
     size_t nuses, capuses;
     struct uref *refs;            /* user object references it owns */
     size_t nrefs, caprefs;
@@ -124,6 +129,9 @@ struct fevent {
     struct fake_work *cap;        /* last work captured by record; NULL: none */
 };
 
+/* Work that uses the bytes r of an allocation. */
+struct fuser { struct fake_work *w; struct frange r; };
+
 struct falloc {
     uintptr_t addr;
     size_t size;
@@ -131,8 +139,13 @@ struct falloc {
     enum alloc_kind kind;
     int own_pool;                 /* from cudaMallocFromPoolAsync */
     int released;
-    struct fake_work **users;     /* work that uses it (pruned when done) */
+    struct fuser *users;          /* work that uses it (pruned when done) */
     size_t nusers, capusers;
+    struct frange *blocks;        /* the blocks allocators handed out of it
+                                     (fake_oracle_handout_range): sorted,
+                                     disjoint, a newer one replacing those
+                                     it overlaps */
+    size_t nblocks, capblocks;
 };
 
 struct injection { long skip, count; cudaError_t err; };
@@ -253,7 +266,13 @@ int fake_work_ordered_before(const struct fake_work *u,
                              const struct fstream *x,
                              const struct fake_work *upto, int depth);
 
-/* ---- fake_memory.c (and the oracle) ------------------------------------ */
+/* ---- fake_memory.c ------------------------------------------------------ */
+
+/* The allocation containing p (exact: starting at p), released ones
+ * included, or NULL.  Lock held. */
+struct falloc *fake_alloc_find(const void *p, int exact);
+
+/* ---- fake_oracle.c ------------------------------------------------------ */
 
 /* Record a violation: count it, remember it, print it as a TAP comment
  * "# fake oracle: ...".  Lock held (fake.last_violation). */
@@ -263,19 +282,29 @@ void fake_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * status 1 if violations were not forgiven. */
 void fake_oracle_at_exit(void);
 
-/* The allocation containing p (exact: starting at p), released ones
- * included, or NULL.  Lock held. */
-struct falloc *fake_alloc_find(const void *p, int exact);
+/* The bytes that a use of p means: the block handed out of its allocation
+ * a that contains p, or all of a when none does.  Lock held. */
+struct frange fake_alloc_block_of(const struct falloc *a, uintptr_t p);
 
-/* Note that work w uses the allocation containing p (if any); using a
- * released one is a violation.  Lock held. */
+/* Note that work w uses the block containing p (fake_alloc_block_of), if p
+ * is in an allocation; using a released one is a violation.  Lock held. */
 void fake_alloc_add_use(struct fake_work *w, const void *p);
+
+/* Same for the bytes r (a graph's launch: what its capture used).  Lock
+ * held. */
+void fake_alloc_add_use_range(struct fake_work *w, struct frange r);
+
+/* The oracle's check of releasing allocation a (p, by fn; async: the
+ * stream of a cudaFreeAsync, else NULL): a violation when work or a graph
+ * may still use any of it.  Forgets a's users and blocks.  Lock held. */
+void fake_oracle_release(struct falloc *a, const void *p, const char *fn,
+                         struct fstream *async);
 
 /* ---- fake_graph.c ------------------------------------------------------ */
 
-/* A graph or executable graph, not destroyed, that uses the allocation at
- * addr (it can still be launched), or NULL.  Lock held. */
-struct fgraph *fake_graph_using(uintptr_t addr);
+/* A graph or executable graph, not destroyed, that uses bytes of r (it
+ * can still be launched), or NULL.  Lock held. */
+struct fgraph *fake_graph_using(struct frange r);
 
 /* Work of kind (us: its duration if timed) launched on capturing stream s:
  * added to its graph with the allocations it uses, never run.  Returns a

@@ -1,51 +1,18 @@
 /*
- * fake_memory.c — memory and the oracle.  Device memory (cudaMalloc),
- * stream-ordered pool memory (cudaMallocAsync / cudaFreeAsync) and pinned
- * host memory (cudaMallocHost / cudaHostAlloc) get fake addresses from a
- * counter that never goes back.  The oracle checks every release against
- * the work that uses the allocation and counts violations; a test checks
- * each allocation cudefer hands out with fake_oracle_handout.
+ * fake_memory.c — memory.  Device memory (cudaMalloc), stream-ordered pool
+ * memory (cudaMallocAsync / cudaFreeAsync) and pinned host memory
+ * (cudaMallocHost / cudaHostAlloc) get fake addresses from a counter that
+ * never goes back.  Every release is checked by the oracle
+ * (fake_oracle.c) against the work that uses the allocation.
  */
 #define _GNU_SOURCE
 #include "fake_internal.h"
 
-#include <stdarg.h>
-#include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define PAGE          ((uintptr_t)4096u)
 #define MAX_ALLOC     ((size_t)1 << 46)             /* larger: out of memory */
-
-static atomic_long violation_count;
-
-/* Record a violation: count it, remember it, print it as a TAP comment. */
-void fake_violation(const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(fake.last_violation, sizeof fake.last_violation, fmt, ap);
-    va_end(ap);
-    atomic_fetch_add(&violation_count, 1);
-    printf("# fake oracle: %s\n", fake.last_violation);
-    fflush(stdout);
-}
-
-/* At exit: fail the process if violations were not forgiven. */
-void fake_oracle_at_exit(void)
-{
-    long v = atomic_load(&violation_count);
-
-    if (v > 0) {
-        fflush(stdout);
-        printf("# fake oracle: %ld violation(s)\n", v);
-        fflush(stdout);
-        _exit(1);
-    }
-}
 
 /* The allocation containing p (exact: starting at p), or NULL. */
 struct falloc *fake_alloc_find(const void *p, int exact)
@@ -92,39 +59,12 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
     return (void *)a->addr;
 }
 
-/* Note that w uses the allocation containing p (if any). */
-void fake_alloc_add_use(struct fake_work *w, const void *p)
-{
-    struct falloc *a = fake_alloc_find(p, 0);
-    size_t i, n;
-
-    if (a == NULL)
-        return;
-    if (a->released) {
-        fake_violation("work #%llu launched on stream id %llu uses %p, which "
-                       "was already released", w->id, w->stream->id, p);
-        return;
-    }
-    if (a->nusers == a->capusers) {     /* drop users known to be done */
-        for (i = n = 0; i < a->nusers; i++)
-            if (!a->users[i]->done)
-                a->users[n++] = a->users[i];
-        a->nusers = n;
-    }
-    a->users = fake_grow(a->users, a->nusers, &a->capusers, sizeof *a->users);
-    a->users[a->nusers++] = w;
-}
-
-
 /* Release p for function fn (host: cudaFreeHost; async: the stream of a
  * cudaFreeAsync), with the oracle's checks.  Lock held. */
 static cudaError_t release(const char *fn, void *p, int host,
                            struct fstream *async)
 {
     struct falloc *a;
-    struct fgraph *x;
-    int64_t now = fake_now_ns(), hint = INF_NS;
-    size_t i;
 
     if (p == NULL)
         return cudaSuccess;
@@ -141,25 +81,8 @@ static cudaError_t release(const char *fn, void *p, int host,
         fake.invalid_releases++;
         return cudaErrorInvalidValue;
     }
-    for (i = 0; i < a->nusers; i++) {
-        struct fake_work *u = a->users[i];
-
-        if (fake_work_completed(u, now, &hint))
-            continue;
-        if (async != NULL && fake_work_ordered_before(u, async, async->tail, 0))
-            continue;
-        fake_violation("premature release of %p (%s): work #%llu on stream id "
-                       "%llu still pending", p, fn, u->id, u->stream->id);
-        break;
-    }
-    if (i == a->nusers && (x = fake_graph_using(a->addr)) != NULL)
-        fake_violation("premature release of %p (%s): %s #%llu, which uses it, "
-                       "can still be launched", p, fn,
-                       x->exec ? "executable graph" : "graph", x->id);
+    fake_oracle_release(a, p, fn, async);
     a->released = 1;
-    free(a->users);
-    a->users = NULL;
-    a->nusers = a->capusers = 0;
     fake.live_allocs--;
     if (a->kind != A_HOST)
         fake.devused[a->dev] -= a->size;
@@ -168,87 +91,7 @@ static cudaError_t release(const char *fn, void *p, int host,
     return cudaSuccess;
 }
 
-/* The reason the work of user u would be a hazard for a block handed out
- * for stream s, or NULL if none: u has completed, or is ordered before s's
- * future work (on s itself, unless s captures, or before a barrier of s
- * from cudaStreamWaitEvent).  Lock held. */
-static const char *handout_hazard(struct fake_work *u, struct fstream *s,
-                                  int64_t now, int64_t *hint)
-{
-    if (fake_work_completed(u, now, hint))
-        return NULL;
-    if (s->capture != NULL)     /* captured work runs wherever the graph is
-                                   launched: ordered after nothing */
-        return "still pending, and the stream captures";
-    if (u->stream == s || fake_work_ordered_before(u, s, s->tail, 0))
-        return NULL;
-    return "still pending on another stream, not ordered before the "
-           "stream's later work";
-}
-
-/* Check a block an allocator handed out for stream h (fake_cuda.h): one
- * violation for the first hazard found.  Any thread; does not block. */
-void fake_oracle_handout(const void *ptr, cudaStream_t h)
-{
-    struct fstream *s;
-    struct falloc *a;
-    struct fgraph *x;
-    int64_t now, hint = INF_NS;
-    size_t i;
-
-    if (ptr == NULL)
-        return;
-    fake_lock();
-    now = fake_now_ns();
-    s = fake_stream_resolve(h);
-    a = fake_alloc_find(ptr, 0);
-    if (s == NULL) {
-        fake_violation("fake_oracle_handout: %p handed out for %p, which is "
-                       "not a live stream", ptr, (void *)h);
-    } else if (a == NULL) {
-        fake_violation("fake_oracle_handout: %p handed out for stream id "
-                       "%llu is not in any allocation of the fake", ptr,
-                       s->id);
-    } else if (a->released) {
-        fake_violation("premature reuse of %p (handed out for stream id "
-                       "%llu): its allocation was already released", ptr,
-                       s->id);
-    } else {
-        for (i = 0; i < a->nusers; i++) {
-            struct fake_work *u = a->users[i];
-            const char *why = handout_hazard(u, s, now, &hint);
-
-            if (why != NULL) {
-                fake_violation("premature reuse of %p (handed out for stream "
-                               "id %llu): work #%llu on stream id %llu %s",
-                               ptr, s->id, u->id, u->stream->id, why);
-                break;
-            }
-        }
-        if (i == a->nusers && (x = fake_graph_using(a->addr)) != NULL)
-            fake_violation("premature reuse of %p (handed out for stream id "
-                           "%llu): %s #%llu, which uses it, can still be "
-                           "launched", ptr, s->id,
-                           x->exec ? "executable graph" : "graph", x->id);
-    }
-    fake_unlock();
-}
-
-/* The oracle queries of the control API (fake_cuda.h).  Any thread. */
-long fake_violations(void) { return atomic_load(&violation_count); }
-
-void fake_oracle_forgive(void) { atomic_store(&violation_count, 0); }
-
-char *fake_last_violation(char *buf, size_t len)
-{
-    if (len == 0)
-        return buf;
-    fake_lock();
-    snprintf(buf, len, "%s", fake.last_violation);
-    fake_unlock();
-    return buf;
-}
-
+/* The memory queries of the control API (fake_cuda.h).  Any thread. */
 size_t fake_live_allocations(void)
 {
     size_t n;
@@ -277,6 +120,22 @@ int fake_is_released(const void *p)
     fake_lock();
     a = fake_alloc_find(p, 1);
     r = a ? a->released : -1;
+    fake_unlock();
+    return r;
+}
+
+int fake_allocation_of(const void *p, void **base, size_t *size)
+{
+    struct falloc *a;
+    int r;
+
+    fake_lock();
+    a = fake_alloc_find(p, 0);
+    r = a ? !a->released : -1;
+    if (base != NULL)
+        *base = a ? (void *)a->addr : NULL;
+    if (size != NULL)
+        *size = a ? a->size : 0;
     fake_unlock();
     return r;
 }
