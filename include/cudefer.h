@@ -96,7 +96,8 @@ struct defer_stats {
     uint64_t batches;        /* passes of the reclaimer that released something */
     uint64_t largest_batch;  /* most entries released in one pass */
     uint64_t events_created; /* CUDA events created for the event pool */
-    uint64_t events_in_pool; /* idle events (with their entries) held for reuse */
+    uint64_t events_in_pool; /* idle events held for reuse (not those kept
+                                for the streams a thread defers on) */
     uint64_t held;           /* completed entries the release policy holds now */
     uint64_t held_bytes;     /* their bytes */
     uint64_t idle_releases;  /* entries released because the application was quiet */

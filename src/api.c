@@ -137,7 +137,7 @@ static bool queue_synced_call(const struct request_args *a,
     e->ptrs = &e->one_ptr;
     e->group_remaining = 1;
     e->group_err = cudaSuccess;
-    stats_add(&stats.deferred, 1);
+    stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
     lifecycle_push_and_wait(e);
     return true;
@@ -162,7 +162,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
                       .nptrs = a->nptrs, .ptrs = (void **)a->ptrs};
-    stats_add(&stats.deferred, 1);
+    stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
     err = release_entry(&e, NULL);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
@@ -199,53 +199,30 @@ static cudaError_t submit_captured(const struct request_args *a,
     return err == cudaSuccess ? cudaSuccess : reject(a->what, call, err);
 }
 
-/* The event a new entry on stream records (stream_lane.h).  A pending
- * event is shared only on the stream's exact identity: when *exact is not
- * and sharing is what it takes, the stream is looked up exactly first
- * (*device, *id and *exact follow).  cudaSuccess and *pick, or an error
- * with *call and *no_event set when it was the event that could not be
- * had. */
-static cudaError_t pick_event(cudaStream_t stream, int *device,
-                              unsigned long long *id, bool *exact,
-                              struct lane_pick *pick, const char **call,
-                              bool *no_event)
-{
-    bool need_exact = false;
-    cudaError_t err =
-        stream_lane_pick(*device, *id, *exact, pick, &need_exact, call);
-    if (err == cudaSuccess && need_exact) {
-        bool cached;
-        if ((err = identify_usable(stream, true, device, id, &cached,
-                                   call)) != cudaSuccess)
-            return err;
-        *exact = true;
-        err = stream_lane_pick(*device, *id, true, pick, &need_exact, call);
-    }
-    *no_event = err != cudaSuccess;
-    return err;
-}
-
-/* Take an entry for device, fill it in and record its event on stream.  On
- * success the entry is returned; otherwise NULL with *err and *call, and
- * *no_event set when it was the event (or the entry) that could not be
- * had.  *device and *id may change: see pick_event. */
+/* Take an entry for device, fill it in and record its event on stream
+ * (stream_lane.h; share: callbacks, on their stream's exact identity, may
+ * share a pending event).  On success the entry is returned; otherwise
+ * NULL with *err and *call, and *no_event set when it was the event (or
+ * the entry) that could not be had. */
 static struct entry *record(const struct request_args *a, cudaStream_t stream,
-                            int *device, unsigned long long *id, bool exact,
+                            int device, unsigned long long id, bool share,
                             cudaError_t *err, const char **call,
                             bool *no_event)
 {
     struct lane_pick pick;
-    if ((*err = pick_event(stream, device, id, &exact, &pick, call,
-                           no_event)) != cudaSuccess)
+    if ((*err = stream_lane_pick(device, id, share, &pick, call)) !=
+        cudaSuccess) {
+        *no_event = true;
         return NULL;
-    struct entry *e = event_pool_take_entry(*device, err, call);
+    }
+    struct entry *e = event_pool_take_entry(device, err, call);
     if (e == NULL) {
         stream_lane_cancel(&pick);
         *no_event = true;
         return NULL;
     }
     e->kind = a->kind;
-    e->stream_id = *id;
+    e->stream_id = id;
     e->fn = a->fn;
     e->arg = a->arg;
     e->request = NULL;
@@ -381,13 +358,14 @@ static cudaError_t submit_admitted(const struct request_args *a,
         }
     }
     bool no_event = false;
+    bool share = a->kind == ENTRY_CALL; /* exact: see above */
     struct entry *e =
-        record(a, stream, &device, &id, exact, &err, &call, &no_event);
+        record(a, stream, device, id, share, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
         if ((err = identify_again(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
-        e = record(a, stream, &device, &id, true, &err, &call, &no_event);
+        e = record(a, stream, device, id, share, &err, &call, &no_event);
     }
     if (e == NULL && no_event) {
         report_cuda(a->what, call, err,
@@ -406,7 +384,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
             return refuse_freed_block(a, a->ptrs[0]);
         }
     }
-    stats_add(&stats.deferred, 1);
+    stats_count_deferred();
     lifecycle_push(e);
     return cudaSuccess;
 }
@@ -464,8 +442,8 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             cudaSuccess)
             break;
         const struct request_args *part = made == 0 ? a : &member;
-        bool exact = a->kind == ENTRY_CALL;
-        parts[made] = record(part, streams[made], &device, &id, exact, &err,
+        bool share = a->kind == ENTRY_CALL; /* exact: see above */
+        parts[made] = record(part, streams[made], device, id, share, &err,
                              &call, &no_event);
         if (parts[made] == NULL && cached &&
             err == cudaErrorInvalidResourceHandle) {
@@ -478,7 +456,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
                 call = "an earlier CUDA call on this device";
                 break;
             }
-            parts[made] = record(part, streams[made], &device, &id, true,
+            parts[made] = record(part, streams[made], device, id, share,
                                  &err, &call, &no_event);
         }
         if (parts[made] == NULL)
@@ -492,7 +470,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     parts[0]->group_remaining = (uint32_t)n;
     for (size_t i = 1; i < n; i++)
         parts[i]->group = parts[0];
-    stats_add(&stats.deferred, 1);
+    stats_count_deferred();
     for (size_t i = n; i-- > 0;)
         lifecycle_push(parts[i]); /* the payload last */
     return cudaSuccess;

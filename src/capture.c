@@ -257,7 +257,7 @@ cudaError_t capture_defer(const char *what, struct entry *e,
     /* From here on the entry is the reclaimer's (the destructor may even
      * have marked it dead already, if another thread ended the capture and
      * destroyed the graph); we are admitted, so the reclaimer runs. */
-    stats_add(&stats.deferred, 1);
+    stats_count_deferred();
     lifecycle_push(e);
     return cudaSuccess;
 }

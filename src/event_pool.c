@@ -339,18 +339,22 @@ fail:
     return NULL;
 }
 
+/* An event taken for a new use: nothing referenced, recorded or seen. */
+static struct shared_event *blank(struct shared_event *ev)
+{
+    ev->taken = 0;
+    atomic_store_explicit(&ev->completed, 0, memory_order_relaxed);
+    atomic_store_explicit(&ev->refs, 0, memory_order_relaxed);
+    return ev;
+}
+
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call)
 {
     struct pool_link *l = take(KIND_EVENT, device);
     struct shared_event *ev =
         l != NULL ? event_of_link(l) : create_event(device, err, call);
-    if (ev == NULL)
-        return NULL;
-    ev->taken = 0;
-    atomic_store_explicit(&ev->completed, 0, memory_order_relaxed);
-    atomic_store_explicit(&ev->refs, 0, memory_order_relaxed);
-    return ev;
+    return ev != NULL ? blank(ev) : NULL;
 }
 
 void event_pool_give_event(struct shared_event *ev)

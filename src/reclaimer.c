@@ -95,28 +95,36 @@ static void take_request(struct request *q)
 
 /* ---- the reclaimer thread: entries ---------------------------------------- */
 
-/* A finished entry goes back to the pools at the end of the pass, and its
- * event too when it was the event's last reference; both are forgotten,
- * never destroyed, when their device failed (they died with its context),
- * and an entry not from the pool is freed. */
-static void recycle(struct entry *e)
+/* e's event is of no more use to it (its work is done, or never will be):
+ * its reference goes, so an entry the policy holds does not keep an event
+ * from the pool; the event goes back to the pool at the end of the pass
+ * when that was its last reference (forgotten, never destroyed, when its
+ * device failed: it died with the device's context). */
+static void drop_event(struct entry *e)
 {
-    struct recycle_chains *r = &rs.recycle[e->device];
-    bool dead = device_error(e->device) != cudaSuccess;
     struct shared_event *ev = e->ev;
     e->ev = NULL;
-    if (ev != NULL && stream_lane_event_put(ev)) {
-        if (dead) {
-            free(ev);
-        } else {
-            ev->link.next = r->events;
-            r->events = &ev->link;
-        }
+    if (ev == NULL || !stream_lane_event_put(ev))
+        return;
+    if (device_error(ev->device) != cudaSuccess) {
+        free(ev);
+        return;
     }
-    if (!e->pooled || dead) {
+    struct recycle_chains *r = &rs.recycle[ev->device];
+    ev->link.next = r->events;
+    r->events = &ev->link;
+}
+
+/* A finished entry goes back to the pools at the end of the pass (freed
+ * when not from the pool, or when its device failed). */
+static void recycle(struct entry *e)
+{
+    drop_event(e);
+    if (!e->pooled || device_error(e->device) != cudaSuccess) {
         free(e);
         return;
     }
+    struct recycle_chains *r = &rs.recycle[e->device];
     e->link.next = r->entries;
     r->entries = &e->link;
 }
@@ -303,6 +311,7 @@ static void part_done(struct entry *p, cudaError_t err, uint64_t now)
 /* Entry e's event completed (err == cudaSuccess) or never will (err). */
 static void event_done(struct entry *e, cudaError_t err, uint64_t now)
 {
+    drop_event(e);
     if (e->kind == ENTRY_MEMBER) {
         struct entry *payload = e->group;
         finish_entry(e, err);

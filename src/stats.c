@@ -11,6 +11,17 @@
 #include "report.h"
 
 struct stats stats;
+struct stats_shard stats_shards[STATS_SHARDS];
+_Thread_local int stats_my_shard = -1;
+static _Atomic unsigned next_shard;
+
+int stats_take_shard(void)
+{
+    stats_my_shard = (int)(atomic_fetch_add_explicit(&next_shard, 1,
+                                                     memory_order_relaxed) %
+                           STATS_SHARDS);
+    return stats_my_shard;
+}
 
 static uint64_t read(_Atomic uint64_t *counter)
 {
@@ -107,6 +118,8 @@ static void stats_snapshot(struct defer_stats *snap)
     memset(snap, 0, sizeof *snap);
     STATS_FIELDS(STATS_SKIP, STATS_READ, STATS_SKIP)
     STATS_FIELDS(STATS_READ, STATS_SKIP, STATS_SKIP)
+    for (int i = 0; i < STATS_SHARDS; i++) /* after the finished counts */
+        snap->deferred += read(&stats_shards[i].deferred);
     STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE)
 #undef STATS_READ
 #undef STATS_SKIP

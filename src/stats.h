@@ -29,6 +29,31 @@ struct stats {
 
 extern struct stats stats;
 
+/* deferred, bumped by every call of every launching thread, is counted in
+ * shards: a thread counts in one of them, alone as long as there are no
+ * more threads than shards, so no cache line bounces between launching
+ * threads (issue 13, item 4; W6's 64 threads).  The snapshot adds them to
+ * stats.deferred. */
+#define STATS_SHARDS 64
+
+struct stats_shard {
+    _Alignas(64) _Atomic uint64_t deferred;
+};
+
+extern struct stats_shard stats_shards[STATS_SHARDS];
+extern _Thread_local int stats_my_shard; /* -1 until the first call */
+
+/* Any thread: the calling thread's shard (taken in turn, once). */
+int stats_take_shard(void);
+
+/* Any thread; never blocks: one more call accepted. */
+static inline void stats_count_deferred(void)
+{
+    int shard = stats_my_shard >= 0 ? stats_my_shard : stats_take_shard();
+    atomic_fetch_add_explicit(&stats_shards[shard].deferred, 1,
+                              memory_order_relaxed);
+}
+
 static inline void stats_add(_Atomic uint64_t *counter, uint64_t n)
 {
     atomic_fetch_add_explicit(counter, n, memory_order_relaxed);

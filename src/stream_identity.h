@@ -20,8 +20,9 @@
  * A destroyed stream's handle may come back for a new stream: a cached
  * identity is then stale.  Recording on it fails when the new stream is on
  * another device (the caller forgets it and asks again); otherwise an entry
- * joins the old stream's FIFO, which only delays it (every entry waits for
- * its own event).
+ * joins the old stream's FIFO, which only delays it (its event is recorded
+ * on the stream its work is on, and shared with other entries only on the
+ * exact identity: stream_lane.h).
  * exact: never stale.  A cached identity of a created stream is checked
  * with one cudaStreamGetId call (a stream's id is unique for the life of
  * the process) and looked up afresh if it changed (a special handle's

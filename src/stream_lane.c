@@ -51,15 +51,16 @@ static void let_go_lane(struct lane *l)
     l->valid = false;
 }
 
-/* The lane of (device, id), made if needed (letting go of the set's
+/* The lane of (device, id, share), made if needed (letting go of the set's
  * round-robin victim). */
 static struct lane *lane_of(struct lane_table *t, int device,
-                            unsigned long long id)
+                            unsigned long long id, bool share)
 {
     unsigned s = set_of(device, id);
     struct lane *set = t->set[s];
     for (int w = 0; w < LANE_WAYS; w++)
-        if (set[w].valid && set[w].stream_id == id && set[w].device == device)
+        if (set[w].valid && set[w].stream_id == id &&
+            set[w].device == device && set[w].share == share)
             return &set[w];
     struct lane *l = &set[t->next[s]];
     t->next[s] = (unsigned char)((t->next[s] + 1) % LANE_WAYS);
@@ -67,17 +68,16 @@ static struct lane *lane_of(struct lane_table *t, int device,
         let_go_lane(l);
     l->stream_id = id;
     l->device = device;
+    l->share = share;
     l->valid = true;
     return l;
 }
 
-cudaError_t stream_lane_pick(int device, unsigned long long id, bool exact,
-                             struct lane_pick *pick, bool *need_exact,
-                             const char **call)
+cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
+                             struct lane_pick *pick, const char **call)
 {
     struct lane_table *t = event_pool_lanes();
-    struct lane *l = lane_of(t, device, id);
-    *need_exact = false;
+    struct lane *l = lane_of(t, device, id, share);
     /* Events complete in stream order: let go of the completed oldest ones
      * (the newest stays, to be recorded again). */
     while (l->count > 1 && slot_done(slot_at(l, 0))) {
@@ -88,15 +88,11 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool exact,
     *pick = (struct lane_pick){.lane = l};
     if (l->count > 0) {
         struct lane_slot *newest = slot_at(l, l->count - 1u);
-        bool done = slot_done(newest);
-        if (done || l->count == LANE_EVENTS) {
-            if (!done && !exact) {
-                *need_exact = true;
-                return cudaSuccess;
-            }
+        if (slot_done(newest) || (l->count == LANE_EVENTS && share)) {
             pick->ev = newest->ev;
             return cudaSuccess;
         }
+        pick->solo = l->count == LANE_EVENTS;
     }
     cudaError_t err = cudaSuccess;
     pick->ev = event_pool_take_event(device, &err, call);
@@ -107,6 +103,12 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool exact,
 void stream_lane_commit(const struct lane_pick *pick, struct entry *e)
 {
     struct lane *l = pick->lane;
+    if (pick->solo) { /* the entry's reference alone */
+        atomic_store_explicit(&pick->ev->refs, 1, memory_order_relaxed);
+        e->ev = pick->ev;
+        e->label = 1;
+        return;
+    }
     if (pick->fresh) {
         *slot_at(l, l->count) = (struct lane_slot){.ev = pick->ev};
         l->count++;

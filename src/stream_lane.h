@@ -10,27 +10,36 @@
  * LANE_EVENTS of them.  A new entry on S
  *   - records the lane's newest event again when every record of it has
  *     completed (an idle stream: no event taken, no pool traffic);
- *   - else takes a fresh event while the lane holds fewer than LANE_EVENTS
- *     pending ones;
- *   - else records the newest event again: it is shared.  Once an older
- *     event completes the next entry takes a fresh one, so the shared event
- *     stops being recorded again and completes; an entry waits at most for
- *     the work its stream was given until the oldest event of its lane
- *     completed.
+ *   - else takes a fresh event from the pool while the lane holds fewer
+ *     than LANE_EVENTS pending ones;
+ *   - else, in a sharing lane, records the newest event again: it is
+ *     shared.  Once an older event completes the next entry takes a fresh
+ *     one, so the shared event stops being recorded again and completes;
+ *     an entry waits at most for the work its stream was given until the
+ *     oldest event of its lane completed;
+ *   - else takes an event of its own from the pool, which the lane does
+ *     not keep (as every entry did before lanes).
  * Each record of an event gets the next label; the entry carries it, and
  * the reclaimer, once a query says the event completed, knows that every
  * label it had taken in by then completed (event_pool.h: struct
- * shared_event).  Sharing a pending event needs the stream's exact
- * identity: a stale one (a destroyed stream whose handle now names another
- * stream) would put records of two streams on one event.  Recording a
- * completed event again needs nothing: no entry waits on its records.
+ * shared_event).
+ *
+ * Only callbacks share (defer_call, defer_call_streams: W6): sharing makes
+ * an entry complete when the newest record of its event does, later than
+ * its own work, and a free must be released by defer_trim as soon as its
+ * work is done (include/cudefer.h), and a block of the cache must turn FREE
+ * then.  Callbacks also look their stream up exactly (stream_identity.h): a
+ * stale identity (a destroyed stream whose handle now names another
+ * stream) would put records of two streams on one shared event.  Frees
+ * have lanes of their own, which never share: they only spare the pool
+ * traffic on an idle stream.
  *
  * Several threads on one stream (the legacy stream, a shared created
  * stream) each have their own lane, so their records never share an
- * event: a stream has at most LANE_EVENTS events per thread that defers on
- * it.  A thread keeps LANE_SETS x LANE_WAYS lanes; a thread that defers on
- * more streams than that, round robin, lets go of a lane per call and
- * shares little (each call then takes an event, as before sharing).
+ * event: a stream has at most LANE_EVENTS shared events per thread that
+ * defers on it.  A thread keeps LANE_SETS x LANE_WAYS lanes; a thread that
+ * defers on more streams than that, round robin, lets go of a lane per
+ * call and shares little (each call then takes an event, as before).
  *
  * Launching threads only, on their own lanes (thread-local); the reclaimer
  * only at shutdown, once no launching thread is inside cudefer.
@@ -60,6 +69,7 @@ struct lane_slot {
 struct lane {
     unsigned long long stream_id;
     int device;
+    bool share; /* callbacks' lane: shares its newest event */
     bool valid;
     unsigned char oldest, count; /* the ring of slots */
     struct lane_slot ring[LANE_EVENTS];
@@ -76,18 +86,16 @@ struct lane_pick {
     struct lane *lane;
     struct shared_event *ev;
     bool fresh; /* taken from the pool for this entry */
+    bool solo;  /* and not tracked by the lane: the entry's alone */
 };
 
 /* The calling thread.  Chooses the event of a new entry on stream id of
- * device (see above).  exact: the identity is exact (stream_identity.h);
- * when it is not and only sharing would do, returns cudaSuccess with
- * *need_exact set and nothing chosen (look the stream up exactly, then
- * ask again).  Otherwise cudaSuccess and *pick, or the error of the event
+ * device (see above), in its sharing lane when share (callbacks, whose
+ * identity is exact).  cudaSuccess and *pick, or the error of the event
  * that could not be had, with *call.  Never blocks (but for creating an
  * event). */
-cudaError_t stream_lane_pick(int device, unsigned long long id, bool exact,
-                             struct lane_pick *pick, bool *need_exact,
-                             const char **call);
+cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
+                             struct lane_pick *pick, const char **call);
 
 /* The calling thread, right after pick->ev was recorded for e: e carries a
  * reference to it and the record's label. */

@@ -1,11 +1,12 @@
-/* Consecutive entries of a stream share events (stream_lane.h; issue 13:
+/* Consecutive callbacks of a stream share events (stream_lane.h; issue 13:
  * W6's cost on an H100 was the driver's event creation, one event per
- * pending entry).  Behind a held stream a thread's entries take at most
- * LANE_EVENTS events and cost a few queries in all; yet no entry is
- * released before its own work, whether the entries of one event complete
- * one by one, several threads defer on one stream, or a destroyed stream's
- * handle names a new stream (a stale identity must never share an event
- * across two streams). */
+ * pending entry).  Behind a held stream a thread's callbacks take at most
+ * LANE_EVENTS events and cost a few queries in all; yet none runs before
+ * its own work, whether the work of one event's entries completes one by
+ * one, several threads defer on one stream, or a destroyed stream's handle
+ * names a new stream (a stale identity must never share an event across
+ * two streams).  Frees never share: a trim releases each as soon as its
+ * own work is done. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -92,43 +93,57 @@ static void test_held_streams(void)
 
 #define N_OWN 100
 
-/* Frees whose work is held one by one after a gate: completing the work
- * of the first ones releases no later one, whether they share an event
- * or not; the first LANE_EVENTS - 1, with an event each, are released as
- * their work completes. */
+static fake_work *own_work[N_OWN];
+static atomic_int own_ran[N_OWN], own_early;
+
+/* Callback i: its work must have completed. */
+static void check_own_work(void *arg)
+{
+    int i = (int)(unsigned long)arg;
+    if (!fake_work_done(own_work[i]))
+        atomic_fetch_add(&own_early, 1);
+    atomic_fetch_add(&own_ran[i], 1);
+}
+
+/* Callbacks after work held one by one behind a gate: completing the work
+ * of the first ones runs no later one, though they share an event; the
+ * first LANE_EVENTS - 1, with an event each, run as their work completes;
+ * the others once the newest record of their event completed. */
 static void test_no_early_release(void)
 {
     cudaStream_t s = stream_new();
-    void *p[N_OWN];
-    fake_work *w[N_OWN];
     fake_work *gate = work_held(s, NULL);
     for (int i = 0; i < N_OWN; i++) {
-        p[i] = device_alloc(64);
-        w[i] = work_held(s, p[i]);
-        if (defer_free(p[i], s) != cudaSuccess)
-            bail("defer_free #%d refused", i);
+        own_work[i] = work_held(s, NULL);
+        if (defer_call(check_own_work, (void *)(unsigned long)i, s) !=
+            cudaSuccess)
+            bail("defer_call #%d refused", i);
     }
     fake_complete(gate);
     for (int i = 0; i < N_OWN / 2; i++)
-        fake_complete(w[i]);
+        fake_complete(own_work[i]);
     bool own = true;
     for (int i = 0; i < LANE_EVENTS - 1; i++)
-        own &= wait_released(p[i], 2000);
-    ok(own, "the first %d frees (an event each) released after their work",
+        for (int k = 0; k < 2000 && atomic_load(&own_ran[i]) == 0; k++)
+            sleep_ms(1);
+    for (int i = 0; i < LANE_EVENTS - 1; i++)
+        own &= atomic_load(&own_ran[i]) == 1;
+    ok(own, "the first %d callbacks (an event each) ran after their work",
        LANE_EVENTS - 1);
     sleep_ms(50);
     int late = 0;
     for (int i = N_OWN / 2; i < N_OWN; i++)
-        late += fake_is_released(p[i]) == 1;
+        late += atomic_load(&own_ran[i]);
     is_int(late, 0, "none whose work is still held");
-    is_int(fake_violations(), 0, "oracle: nothing released before its work");
+    is_int(atomic_load(&own_early), 0, "none before its own work");
     for (int i = N_OWN / 2; i < N_OWN; i++)
-        fake_complete(w[i]);
+        fake_complete(own_work[i]);
     is_int(defer_flush(), cudaSuccess, "flush");
-    int released = 0;
+    int ran_once = 0;
     for (int i = 0; i < N_OWN; i++)
-        released += fake_is_released(p[i]) == 1;
-    is_int(released, N_OWN, "all released once their work completed");
+        ran_once += atomic_load(&own_ran[i]) == 1;
+    is_int(ran_once, N_OWN, "all ran once, after their work");
+    is_int(atomic_load(&own_early), 0, "none early");
     cudaStreamDestroy(s);
 }
 
@@ -192,8 +207,9 @@ static void test_threads_one_stream(cudaStream_t s, const char *name)
         pthread_join(th[t], NULL);
     pthread_barrier_destroy(&go);
     uint64_t made = stats_now().events_created - created;
-    ok(made <= THREADS * LANE_EVENTS, "%s: %llu events for %d entries of %d "
-       "threads (at most %d per thread)", name, ULL(made),
+    ok(made <= THREADS * LANE_EVENTS + THREADS * PER_THREAD / 2,
+       "%s: %llu events for %d entries of %d threads (the callbacks at most "
+       "%d per thread, the frees one each)", name, ULL(made),
        THREADS * PER_THREAD, THREADS, LANE_EVENTS);
     int released = 0, early = 0;
     for (int t = 0; t < THREADS; t++) {
@@ -221,69 +237,113 @@ static void test_threads_one_stream(cudaStream_t s, const char *name)
 
 #define OLD (LANE_EVENTS + 2)
 
-/* The thread's cached identity of a destroyed stream, whose handle now
- * names a new stream of the same device: a free on the new stream must not
- * record the old stream's shared event (its completion would then say
- * nothing of the old stream's work).  defer_free's identity is not exact;
- * sharing makes it so.  The old stream's lane is full (its oldest events
- * wait for a gate) when the new stream's free comes; then the gate opens,
- * and the entries of the old stream's shared event, whose own work is
- * still held, must wait for it. */
+static fake_work *old_work[OLD];
+static atomic_int old_early, old_ran, new_ran;
+
+static void check_old_work(void *arg)
+{
+    int i = (int)(unsigned long)arg;
+    if (old_work[i] != NULL && !fake_work_done(old_work[i]))
+        atomic_fetch_add(&old_early, 1);
+    atomic_fetch_add(&old_ran, 1);
+}
+
+static void count_new(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&new_ran, 1);
+}
+
+/* A destroyed stream's handle now names a new stream of the same device,
+ * while the old stream's callbacks wait, the last ones on a shared event
+ * (the lane is full), each behind work of its own.  A callback on the new
+ * stream must not record the old stream's shared event (its completion
+ * would then say nothing of the old stream's work): callbacks look their
+ * stream up exactly.  Then the old stream's gate opens: its callbacks whose
+ * work is still held must wait. */
 static void test_stale_handle_shares_nothing(void)
 {
     cudaStream_t s = stream_new();
     fake_work *gate = work_held(s, NULL);
-    void *p[OLD];
-    fake_work *w[OLD] = {NULL};
-    for (int i = 0; i < OLD; i++) { /* the last ones share an event */
-        p[i] = device_alloc(64);
-        if (i < LANE_EVENTS - 1)
-            work_timed(s, 0, p[i]);
-        else
-            w[i] = work_held(s, p[i]);
-        if (defer_free(p[i], s) != cudaSuccess)
-            bail("defer_free on s refused");
+    for (int i = 0; i < OLD; i++) {
+        if (i >= LANE_EVENTS - 1)
+            old_work[i] = work_held(s, NULL);
+        if (defer_call(check_old_work, (void *)(unsigned long)i, s) !=
+            cudaSuccess)
+            bail("defer_call on s refused");
     }
     cudaStreamDestroy(s);
     cudaStream_t b = fake_stream_create_reusing(s);
-    void *q = device_alloc(64);
-    work_timed(b, 100, q);
-    is_int(defer_free(q, b), cudaSuccess,
-           "defer_free on the new stream with s's handle");
+    work_timed(b, 100, NULL);
+    is_int(defer_call(count_new, NULL, b), cudaSuccess,
+           "defer_call on the new stream with s's handle");
     fake_complete(gate);
-    ok(wait_released(q, 2000), "the new stream's free is released after its "
-       "own work");
-    bool first = true;
-    for (int i = 0; i < LANE_EVENTS - 1; i++)
-        first &= wait_released(p[i], 2000);
-    ok(first, "so are the old stream's whose work is done");
+    for (int k = 0; k < 2000 && atomic_load(&new_ran) == 0; k++)
+        sleep_ms(1);
+    is_int(atomic_load(&new_ran), 1, "the new stream's callback ran after its "
+           "own work");
+    for (int k = 0; k < 2000 && atomic_load(&old_ran) < LANE_EVENTS - 1; k++)
+        sleep_ms(1);
     sleep_ms(50);
-    int early = 0;
+    is_int(atomic_load(&old_ran), LANE_EVENTS - 1,
+           "the old stream's ran as far as its work is done");
+    is_int(atomic_load(&old_early), 0, "none before its work");
     for (int i = LANE_EVENTS - 1; i < OLD; i++)
-        early += fake_is_released(p[i]) == 1;
-    is_int(early, 0, "none of the old stream's whose work is held");
-    is_int(fake_violations(), 0, "oracle: nothing released before its work");
-    for (int i = LANE_EVENTS - 1; i < OLD; i++)
+        fake_complete(old_work[i]);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(atomic_load(&old_ran), OLD, "all of the old stream's ran");
+    is_int(atomic_load(&old_early), 0, "none early");
+    cudaStreamDestroy(b);
+}
+
+/* Frees never share (a trim releases a free as soon as its own work is
+ * done): behind a held stream each pending free has an event of its own. */
+static void test_frees_do_not_share(void)
+{
+    enum { N = 3 * LANE_EVENTS };
+    cudaStream_t s = stream_new();
+    void *p[N];
+    fake_work *w[N];
+    uint64_t created = stats_now().events_created;
+    size_t idle = stats_now().events_in_pool;
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(64);
+        w[i] = work_held(s, p[i]);
+        if (defer_free(p[i], s) != cudaSuccess)
+            bail("defer_free #%d refused", i);
+    }
+    uint64_t made = stats_now().events_created - created;
+    ok(made + idle >= N, "%d pending frees: an event each (%llu made, %zu "
+       "were idle)", N, ULL(made), idle);
+    for (int i = 0; i < N / 2; i++)
+        fake_complete(w[i]);
+    size_t released = 0;
+    is_int(defer_trim(&released), cudaSuccess, "trim");
+    int done = 0, early = 0;
+    for (int i = 0; i < N; i++) {
+        done += i < N / 2 && fake_is_released(p[i]) == 1;
+        early += i >= N / 2 && fake_is_released(p[i]) == 1;
+    }
+    is_int(done, N / 2, "the trim released every free whose work is done");
+    is_int(early, 0, "and none other");
+    for (int i = N / 2; i < N; i++)
         fake_complete(w[i]);
     is_int(defer_flush(), cudaSuccess, "flush");
-    int released = 0;
-    for (int i = 0; i < OLD; i++)
-        released += fake_is_released(p[i]) == 1;
-    is_int(released, OLD, "the old stream's are released after its work");
-    cudaStreamDestroy(b);
+    cudaStreamDestroy(s);
 }
 
 int main(void)
 {
     plan_lazy();
     fake_reset(1);
+    test_stale_handle_shares_nothing();
     test_held_streams();
     test_no_early_release();
     cudaStream_t s = stream_new();
     test_threads_one_stream(s, "created stream");
     cudaStreamDestroy(s);
     test_threads_one_stream(cudaStreamLegacy, "legacy stream");
-    test_stale_handle_shares_nothing();
+    test_frees_do_not_share();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_events(), 0, "every event destroyed");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");
