@@ -358,7 +358,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         }
     }
     bool no_event = false;
-    bool share = a->kind == ENTRY_CALL; /* exact: see above */
+    bool share = LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL;
     struct entry *e =
         record(a, stream, device, id, share, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
@@ -442,7 +442,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             cudaSuccess)
             break;
         const struct request_args *part = made == 0 ? a : &member;
-        bool share = a->kind == ENTRY_CALL; /* exact: see above */
+        bool share = LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL;
         parts[made] = record(part, streams[made], device, id, share, &err,
                              &call, &no_event);
         if (parts[made] == NULL && cached &&

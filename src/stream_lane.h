@@ -56,6 +56,18 @@
 #include "entry.h"
 
 #define LANE_EVENTS 8
+
+/* Whether callbacks share pending events: off.  Sharing makes a callback
+ * run when the newest record of its event completes, later than its own
+ * work, and defer_trim promises to release every entry whose work is done
+ * (include/cudefer.h; t/stress checks it for callbacks too, and frees
+ * behind a callback in its stream's FIFO wait for it).  With it off, no
+ * event is shared while pending: lanes only record an idle stream's
+ * completed event again.  Turning it on is W6's fix on the H100 (10^6
+ * pending callbacks over 1024 streams take 8192 events, not 10^6), once
+ * defer_trim's promise says that callbacks may run that much later and
+ * frees have FIFOs apart from callbacks. */
+#define LANE_SHARE_CALLBACKS 0
 #define LANE_SETS 16
 #define LANE_WAYS 4
 
