@@ -66,8 +66,11 @@
  * completed event again.  Turning it on is W6's fix on the H100 (10^6
  * pending callbacks over 1024 streams take 8192 events, not 10^6), once
  * defer_trim's promise says that callbacks may run that much later and
- * frees have FIFOs apart from callbacks. */
+ * frees have FIFOs apart from callbacks.  To measure it:
+ * ./configure CPPFLAGS=-DLANE_SHARE_CALLBACKS=1. */
+#ifndef LANE_SHARE_CALLBACKS
 #define LANE_SHARE_CALLBACKS 0
+#endif
 #define LANE_SETS 16
 #define LANE_WAYS 4
 
