@@ -270,7 +270,7 @@ def test_end_to_end():
         assert close(sums[('W6', 'cudefer')]['ratio_calls_per_s'], 150 / 105.0)
         assert close(sums[('W5-busy', 'cudefer')]['ratio_p50_async'], 105 / 150.0)
         tr = [x for x in reps if x['workload'] == 'train-lm']
-        assert len(tr) == 2 * 7 and all(x['model'] == 'lm' for x in tr)
+        assert len(tr) == 2 * 8 and all(x['model'] == 'lm' for x in tr)
         for x in tr:
             for k in ('model', 'allocator', 'device', 'gpus', 'ms_per_step',
                       'ms_per_step_ratio', 'peak_mib', 'peak_ratio', 'losses_identical'):
@@ -401,7 +401,7 @@ def test_dry_run():
         rc, so, se = run_py(tmp, ['--dry-run', '--reps', '1', '--workloads', 'W5,train-cnn',
                                   '--variant', 'v=CUDEFER_A=1'])
         lines = so.splitlines()
-        assert rc == 0 and len(lines) == 2 * 5 + 7, so
+        assert rc == 0 and len(lines) == 2 * 5 + 8, so
         rc, so, se = run_py(tmp, ['--dry-run', '--quick'])   # 2 GPUs: the -ddp ones too
         assert '--model lm --allocator malloc-free --steps 15 --warmup 5 --ddp' in so, so
         assert '--workload W6 --strategy no-library' in so and '--workload W4' in so
