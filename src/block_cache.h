@@ -4,7 +4,7 @@
  * Memory comes in segments, each one allocation of cudefer's own (from its
  * pool, or cudaMalloc); a block is a segment or a piece of one, known by
  * its start address (block_map.h), its device and its size.  A request of
- * at least split_min_bytes (CUDEFER_SPLIT_MIN; 0, the default: none) that
+ * at least split_min_bytes (CUDEFER_SPLIT_MIN; 1 MiB by default, 0: none) that
  * no cached block fits is cut from the end of the
  * smallest larger one, FREE or PENDING on its own stream (the rest stays
  * cached in its state); a block that goes FREE merges with its FREE

@@ -70,7 +70,8 @@ static const struct knob knobs[] = {
     KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
     KNOB(CACHE_KEEP_MS, cache_keep_ms, KIND_MS, 10000, 0, 3600000,
          "milliseconds, 0..3600000", "0 (kept until defer_trim)"),
-    KNOB(SPLIT_MIN, split_min_bytes, KIND_SIZE, 0, 0, UINT64_C(1) << 50,
+    KNOB(SPLIT_MIN, split_min_bytes, KIND_SIZE, UINT64_C(1) << 20, 0,
+         UINT64_C(1) << 50,
          "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
          NULL),
 };

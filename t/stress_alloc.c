@@ -324,9 +324,10 @@ static void wrong_after_free(struct worker *w, struct lane *l, bool twice)
 }
 
 /* An interior pointer of a block: defer_record_stream refuses it,
- * defer_free accepts it and its release fails (never handed out: every
- * hand-out is checked to be an allocation's start); then the block is
- * freed. */
+ * defer_free accepts it and its release fails (no block starts inside a
+ * live one: every hand-out is checked), or, with block splitting, refuses
+ * it as a second free where a part merged into the block is still filed
+ * (block_cache.h, MERGED); then the block is freed. */
 static void wrong_interior(struct worker *w, struct lane *l)
 {
     size_t bytes = 1024 + random_size(w);
@@ -346,6 +347,9 @@ static void wrong_interior(struct worker *w, struct lane *l)
     cudaError_t err = defer_free(inside, l->h);
     if (err == cudaSuccess) {
         w->deferred++;
+    } else if (err == cudaErrorInvalidValue && cfg.split_min != 0) {
+        atomic_fetch_sub(&wrong_failing, 1);
+        atomic_fetch_add(&wrong_refused, 1);
     } else {
         atomic_fetch_sub(&wrong_failing, 1);
         stress_fail(F_WRONG, "thread %d: defer_free of interior pointer %p "
