@@ -200,7 +200,11 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * exits.  A block freed again once its first free's work is done and it
  * merged with a free neighbour is no block any more: the second free is
  * taken for other memory and its release fails (reported), where an
- * unsplit block's is refused.  With split_min_bytes 0 (never), a program
+ * unsplit block's is refused.  An interior pointer given to defer_free (a
+ * mistake, whose release fails) where a block starts by the time its work
+ * is done (cut there since) is taken for that block: if the block's own
+ * free is still waiting for its work, the block is free early.  With
+ * split_min_bytes 0 (never), a program
  * whose requests of every size add up to more than its live peak (a
  * training step whose gradients and workspaces have sizes no activation
  * has) keeps about the sum of each size's most-live count cached (1.44x
@@ -317,6 +321,19 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * may run first.  Under CUDEFER_DISABLE every callback runs on the calling
  * thread, in the order of the calls.
  *
+ * Limit: a thread keeps at most 8 events pending per stream for its
+ * callbacks (the driver's cudaEventCreate costs microseconds a call).  A
+ * callback it defers on a stream where all 8 are pending records the newest
+ * of them again: that event is shared, and every callback on it (the one
+ * that took it and those deferred while all 8 were pending) runs once the
+ * work enqueued before its newest record, that of the last of them, is
+ * done: possibly later than its own work, never earlier, still in order
+ * (t/shared_events).  defer_trim runs a callback only once its event
+ * completed.  defer_flush waits for such a callback; while a flush waits
+ * no callback shares a pending event, so it waits for no work deferred
+ * after it began.  Memory is never delayed so: frees have events of their
+ * own and wait apart from callbacks (defer_trim's promise holds for them).
+ *
  * On a capturing stream fn runs (on the reclaimer thread) once the graph
  * being captured and every executable graph made from it are destroyed and
  * their launches are done, as for defer_free; never if that happens after
@@ -343,7 +360,10 @@ CUDEFER_API cudaError_t defer_flush(void);
  * while the reclaimer polls every stream once and releases what completed;
  * does not wait for work still running.  *released_bytes (if not NULL) gets
  * the bytes of device and pinned memory released (pool memory is released as
- * soon as it completes and is not counted).  Errors as for defer_flush.
+ * soon as it completes and is not counted).  Errors as for defer_flush.  A
+ * callback that shares an event completes when the event's newest record
+ * does, which may be after its own work (defer_call's limit); memory
+ * completes with its own work.
  */
 CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 
