@@ -7,12 +7,21 @@
 
 #define INITIAL_BUCKETS 64
 
+/* The bucket of a stream's FIFO of callbacks or of memory. */
 static size_t bucket_of(const struct stream_table *t, int device,
-                        unsigned long long stream_id)
+                        unsigned long long stream_id, bool callbacks)
 {
-    uint64_t h = (stream_id ^ ((uint64_t)(unsigned)device << 56)) *
+    uint64_t h = (stream_id ^ ((uint64_t)(unsigned)device << 56) ^
+                  ((uint64_t)callbacks << 55)) *
                  0x9e3779b97f4a7c15ull;
     return (size_t)(h >> 32) & (t->nbuckets - 1);
+}
+
+bool stream_table_is_callback(const struct entry *e)
+{
+    return e->kind == ENTRY_CALL ||
+           (e->kind == ENTRY_MEMBER && e->group != NULL &&
+            e->group->kind == ENTRY_CALL);
 }
 
 bool stream_table_init(struct stream_table *t)
@@ -58,7 +67,7 @@ static bool grow(struct stream_table *t)
     t->nbuckets = t->capacity = n;
     for (size_t i = 0; i < t->count; i++) {
         struct stream_fifo *f = t->fifos[i];
-        size_t b = bucket_of(t, f->device, f->stream_id);
+        size_t b = bucket_of(t, f->device, f->stream_id, f->callbacks);
         f->hash_next = t->buckets[b];
         t->buckets[b] = f;
     }
@@ -67,16 +76,17 @@ static bool grow(struct stream_table *t)
 
 static struct stream_fifo *find_or_add(struct stream_table *t, int device,
                                        unsigned long long stream_id,
-                                       uint64_t now_ns)
+                                       bool callbacks, uint64_t now_ns)
 {
-    size_t b = bucket_of(t, device, stream_id);
+    size_t b = bucket_of(t, device, stream_id, callbacks);
     for (struct stream_fifo *f = t->buckets[b]; f != NULL; f = f->hash_next)
-        if (f->stream_id == stream_id && f->device == device)
+        if (f->stream_id == stream_id && f->device == device &&
+            f->callbacks == callbacks)
             return f;
     if (t->count == t->capacity) {
         if (!grow(t))
             return NULL;
-        b = bucket_of(t, device, stream_id);
+        b = bucket_of(t, device, stream_id, callbacks);
     }
     struct stream_fifo *f = t->spare;
     if (f != NULL)
@@ -84,6 +94,7 @@ static struct stream_fifo *find_or_add(struct stream_table *t, int device,
     else if ((f = malloc(sizeof *f)) == NULL)
         return NULL;
     *f = (struct stream_fifo){.stream_id = stream_id, .device = device,
+                              .callbacks = callbacks,
                               .hash_next = t->buckets[b], .index = t->count,
                               .head_since_ns = now_ns};
     t->buckets[b] = f;
@@ -94,7 +105,8 @@ static struct stream_fifo *find_or_add(struct stream_table *t, int device,
 bool stream_table_append(struct stream_table *t, struct entry *e,
                          uint64_t now_ns)
 {
-    struct stream_fifo *f = find_or_add(t, e->device, e->stream_id, now_ns);
+    struct stream_fifo *f = find_or_add(t, e->device, e->stream_id,
+                                        stream_table_is_callback(e), now_ns);
     if (f == NULL)
         return false;
     e->fifo_next = NULL;
@@ -109,7 +121,8 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
 /* Unlink an empty FIFO from its bucket and the dense array; keep it spare. */
 static void remove_fifo(struct stream_table *t, struct stream_fifo *f)
 {
-    struct stream_fifo **link = &t->buckets[bucket_of(t, f->device, f->stream_id)];
+    struct stream_fifo **link =
+        &t->buckets[bucket_of(t, f->device, f->stream_id, f->callbacks)];
     while (*link != f)
         link = &(*link)->hash_next;
     *link = f->hash_next;

@@ -1,8 +1,17 @@
 /*
- * Stream table: one FIFO of pending entries per (device, stream), owned by
- * the reclaimer thread alone (no locks).  Events recorded on one stream
- * complete in order, so only the oldest entry of each FIFO needs polling.
- * A FIFO exists only while it holds entries.
+ * Stream table: FIFOs of pending entries, owned by the reclaimer thread
+ * alone (no locks).  Events recorded on one stream complete in order, so
+ * only the oldest entry of each FIFO needs polling.  A FIFO exists only
+ * while it holds entries.
+ *
+ * A stream has two FIFOs: its callbacks (defer_call, and the parts of a
+ * defer_call_streams on it) and its memory (every other entry).  Callbacks
+ * of a stream run in the order deferred (include/cudefer.h), so they wait
+ * for each other; memory entries have no order to keep among callbacks,
+ * and must not wait for them: a callback may share an event
+ * (stream_lane.h) and then complete only once the newest record of that
+ * event does, later than its own work, while defer_trim releases every
+ * free whose own work is done.
  *
  * Each FIFO also keeps its poll schedule (issue 13, item 4): a head that
  * stays incomplete is queried less and less often, so entries waiting
@@ -20,6 +29,7 @@
 struct stream_fifo {
     unsigned long long stream_id;
     int device;
+    bool callbacks; /* the stream's callbacks' FIFO, else its memory's */
     struct entry *head, *tail;
     struct stream_fifo *hash_next;
     size_t index; /* position in stream_table.fifos */
@@ -42,8 +52,13 @@ struct stream_table {
 bool stream_table_init(struct stream_table *t);
 void stream_table_destroy(struct stream_table *t);
 
-/* Reclaimer only.  Appends e to the FIFO of (e->device, e->stream_id),
- * creating it if needed (its head then is e, due at once, since now_ns).
+/* Reclaimer only.  Whether e waits in its stream's callbacks' FIFO (a
+ * callback, or a part of a defer_call_streams), else in its memory's. */
+bool stream_table_is_callback(const struct entry *e);
+
+/* Reclaimer only.  Appends e to its FIFO of (e->device, e->stream_id) (see
+ * stream_table_is_callback), creating it if needed (its head then is e,
+ * due at once, since now_ns).
  * Returns false when out of memory (e not added). */
 bool stream_table_append(struct stream_table *t, struct entry *e,
                          uint64_t now_ns);

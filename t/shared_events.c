@@ -341,6 +341,59 @@ static void test_frees_do_not_share(void)
     cudaStreamDestroy(s);
 }
 
+/* The k-th callback of stream slot 0, for count_in_order. */
+static void *slot0(int k)
+{
+    return (void *)(unsigned long)k;
+}
+
+/* A free deferred between two callbacks that share an event (their lane
+ * is full): once the free's own work is done a trim releases it, though
+ * the callback before it waits for the shared event's newest record, that
+ * of the callback after it, whose work is still held (a stream's memory
+ * and its callbacks wait in FIFOs apart: stream_table.h).  The callbacks
+ * whose events are their own run on that trim; those on the shared event
+ * do not, though their work is done (include/cudefer.h's limit), and run,
+ * in order, once the newest record completes: a flush then returns with no
+ * later work launched. */
+static void test_free_behind_shared_callback(void)
+{
+    enum { SHARING = LANE_EVENTS + 1 }; /* callbacks before the free */
+    reset_counts();
+    cudaStream_t s = stream_new();
+    fake_work *w[SHARING];
+    for (int i = 0; i < SHARING; i++) {
+        w[i] = work_held(s, NULL);
+        if (defer_call(count_in_order, slot0(i), s) != cudaSuccess)
+            bail("defer_call #%d refused", i);
+    }
+    void *p = device_alloc(64);
+    fake_work *wp = work_held(s, p);
+    is_int(defer_free(p, s), cudaSuccess, "defer_free between callbacks");
+    fake_work *last = work_held(s, NULL);
+    is_int(defer_call(count_in_order, slot0(SHARING), s), cudaSuccess,
+           "a callback after it, on the full lane");
+    for (int i = 0; i < SHARING; i++)
+        fake_complete(w[i]);
+    fake_complete(wp);
+    is_int(defer_trim(NULL), cudaSuccess, "trim");
+    is_int(fake_is_released(p), 1, "the trim released the free whose work "
+           "is done, behind callbacks waiting for a shared event");
+    /* With sharing, the 8th and 9th callbacks share the 8th event, whose
+     * newest record (the 10th callback's) is behind held work. */
+    int want = LANE_SHARE_CALLBACKS ? LANE_EVENTS - 1 : SHARING;
+    is_int(atomic_load(&ran[0]), want, "the trim ran the callbacks whose "
+           "event completed, not those sharing a pending one");
+    sleep_ms(30);
+    is_int(atomic_load(&ran[0]), want, "and they still wait");
+    fake_complete(last);
+    is_int(defer_flush(), cudaSuccess, "flush once the last callback's work "
+           "is done (no later work)");
+    is_int(atomic_load(&ran[0]), SHARING + 1, "every callback ran");
+    is_int(atomic_load(&out_of_order), 0, "in order");
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -353,6 +406,7 @@ int main(void)
     cudaStreamDestroy(s);
     test_threads_one_stream(cudaStreamLegacy, "legacy stream");
     test_frees_do_not_share();
+    test_free_behind_shared_callback();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_events(), 0, "every event destroyed");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");
