@@ -22,6 +22,7 @@
 #include "event_pool.h"
 #include "report.h"
 #include "stats.h"
+#include "stream_lane.h"
 
 /* At process exit, how long to wait for pending work before giving up on it
  * (the process must never hang in exit). */
@@ -296,6 +297,11 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, &attr);
     pthread_condattr_destroy(&attr);
+    /* A flush waits for callbacks that share events: while it does, no
+     * lane records a pending event again (stream_lane.h), so it waits for
+     * no work deferred after it began. */
+    if (!q->trim)
+        stream_lane_waiter(1);
     lifecycle_push(marker);
     if (leave_gate)
         lifecycle_leave();
@@ -311,10 +317,14 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
         if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
             !q->done) {
             pthread_mutex_unlock(&q->lock);
+            if (!q->trim)
+                stream_lane_waiter(-1);
             return false;
         }
     }
     pthread_mutex_unlock(&q->lock);
+    if (!q->trim)
+        stream_lane_waiter(-1);
     pthread_cond_destroy(&q->cond);
     pthread_mutex_destroy(&q->lock);
     return true;
@@ -331,11 +341,13 @@ void lifecycle_push_and_wait(struct entry *e)
     pthread_mutex_init(&q.lock, NULL);
     pthread_cond_init(&q.cond, NULL);
     e->request = &q;
+    stream_lane_waiter(1); /* it waits behind callbacks: as a flush does */
     lifecycle_push(e);
     pthread_mutex_lock(&q.lock);
     while (!q.done)
         pthread_cond_wait(&q.cond, &q.lock);
     pthread_mutex_unlock(&q.lock);
+    stream_lane_waiter(-1);
     pthread_cond_destroy(&q.cond);
     pthread_mutex_destroy(&q.lock);
 }

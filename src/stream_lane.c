@@ -4,6 +4,15 @@
 
 #include "event_pool.h"
 
+/* How many defer_flush calls (and callbacks queued with no event) wait now:
+ * while any does, no lane records a pending event again (see the header). */
+static _Atomic int waiters;
+
+void stream_lane_waiter(int delta)
+{
+    atomic_fetch_add_explicit(&waiters, delta, memory_order_seq_cst);
+}
+
 /* The set of (device, stream id): the top bits of a multiplicative hash. */
 static unsigned set_of(int device, unsigned long long id)
 {
@@ -88,7 +97,12 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
     *pick = (struct lane_pick){.lane = l};
     if (l->count > 0) {
         struct lane_slot *newest = slot_at(l, l->count - 1u);
-        if (slot_done(newest) || (l->count == LANE_EVENTS && share)) {
+        /* Shared only while nobody waits (the seq_cst load pairs with
+         * stream_lane_waiter's add, made before the waiter's push). */
+        bool may_share = share && l->count == LANE_EVENTS &&
+                         atomic_load_explicit(&waiters,
+                                              memory_order_seq_cst) == 0;
+        if (slot_done(newest) || may_share) {
             pick->ev = newest->ev;
             return cudaSuccess;
         }

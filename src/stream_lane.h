@@ -57,19 +57,19 @@
 
 #define LANE_EVENTS 8
 
-/* Whether callbacks share pending events: off.  Sharing makes a callback
+/* Whether callbacks share pending events: on.  Sharing makes a callback
  * run when the newest record of its event completes, later than its own
- * work, and defer_trim promises to release every entry whose work is done
- * (include/cudefer.h; t/stress checks it for callbacks too, and frees
- * behind a callback in its stream's FIFO wait for it).  With it off, no
- * event is shared while pending: lanes only record an idle stream's
- * completed event again.  Turning it on is W6's fix on the H100 (10^6
- * pending callbacks over 1024 streams take 8192 events, not 10^6), once
- * defer_trim's promise says that callbacks may run that much later and
- * frees have FIFOs apart from callbacks.  To measure it:
- * ./configure CPPFLAGS=-DLANE_SHARE_CALLBACKS=1. */
+ * work (include/cudefer.h states that limit of defer_call; t/stress's trim
+ * check leaves such callbacks out only while a later record on their
+ * stream may be pending), and memory never waits for it: a stream's frees
+ * wait in a FIFO apart from its callbacks (stream_table.h).  While a flush
+ * waits, nothing is shared (stream_lane_waiter), so a flush never waits
+ * for work deferred after it began.  For W6 (issue 13: its cost on the
+ * H100 was the driver's event creation): 10^6 pending callbacks over 1024
+ * streams take 8192 events, not 10^6.  To compile it
+ * off: ./configure CPPFLAGS=-DLANE_SHARE_CALLBACKS=0. */
 #ifndef LANE_SHARE_CALLBACKS
-#define LANE_SHARE_CALLBACKS 0
+#define LANE_SHARE_CALLBACKS 1
 #endif
 #define LANE_SETS 16
 #define LANE_WAYS 4
@@ -128,6 +128,14 @@ void stream_lane_uncommit(struct entry *e);
  * when that was ev's last reference: the caller gives ev back to the pool
  * (event_pool.h). */
 bool stream_lane_event_put(struct shared_event *ev);
+
+/* Any thread: a defer_flush (or shutdown's flush, or a callback queued
+ * with no event, lifecycle_push_and_wait) begins to wait (delta 1, before
+ * it pushes its request) or has stopped (-1).  While any waits, no lane
+ * records a pending event again: what it waits for completes with the
+ * work deferred before it began, not with work deferred later.  Never
+ * blocks. */
+void stream_lane_waiter(int delta);
 
 /* The table's thread, at its exit, or the reclaimer at shutdown (see
  * above): every lane lets go of its events; those whose entries are all

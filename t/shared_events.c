@@ -394,6 +394,58 @@ static void test_free_behind_shared_callback(void)
     cudaStreamDestroy(s);
 }
 
+static atomic_int flush_returned;
+
+static void *flush_in_thread(void *unused)
+{
+    (void)unused;
+    if (defer_flush() != cudaSuccess)
+        bail("defer_flush failed");
+    atomic_store(&flush_returned, 1);
+    return NULL;
+}
+
+/* A flush waits for callbacks that share an event until the event's
+ * newest record completes, but never for work deferred after it began:
+ * while it waits no lane records a pending event again.  The lane is full
+ * and its newest event shared; a flush waits; then the same thread defers
+ * a callback behind work held until the flush returned.  Sharing the
+ * pending event would make the flush wait for that work: a deadlock here,
+ * the flush returning only once every callback before it ran. */
+static void test_flush_stops_sharing(void)
+{
+    enum { BEFORE = LANE_EVENTS + 1 };
+    reset_counts();
+    atomic_store(&flush_returned, 0);
+    cudaStream_t s = stream_new();
+    fake_work *w[BEFORE];
+    for (int i = 0; i < BEFORE; i++) {
+        w[i] = work_held(s, NULL);
+        if (defer_call(count_in_order, slot0(i), s) != cudaSuccess)
+            bail("defer_call #%d refused", i);
+    }
+    pthread_t flusher;
+    if (pthread_create(&flusher, NULL, flush_in_thread, NULL) != 0)
+        bail("pthread_create");
+    sleep_ms(100); /* the flush waits */
+    fake_work *after = work_held(s, NULL);
+    is_int(defer_call(count_in_order, slot0(BEFORE), s), cudaSuccess,
+           "a callback deferred while the flush waits, behind held work");
+    for (int i = 0; i < BEFORE; i++)
+        fake_complete(w[i]);
+    for (int k = 0; k < 3000 && !atomic_load(&flush_returned); k++)
+        sleep_ms(1);
+    ok(atomic_load(&flush_returned), "the flush returned once the work "
+       "before it was done, not waiting for the later work");
+    is_int(atomic_load(&ran[0]), BEFORE, "every callback before it ran");
+    fake_complete(after);
+    pthread_join(flusher, NULL);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(atomic_load(&ran[0]), BEFORE + 1, "the later one ran too");
+    is_int(atomic_load(&out_of_order), 0, "in order");
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -407,6 +459,7 @@ int main(void)
     test_threads_one_stream(cudaStreamLegacy, "legacy stream");
     test_frees_do_not_share();
     test_free_behind_shared_callback();
+    test_flush_stops_sharing();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_events(), 0, "every event destroyed");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");

@@ -128,6 +128,11 @@ void stress_fail(enum failure f, const char *fmt, ...)
 struct order {
     _Atomic uint64_t last; /* seq of the last callback run */
     struct order *next;    /* the thread's list, for freeing */
+    /* The trim check's scratch (stress_worker.c, call_may_wait_all): the
+     * stream's callbacks among the items so far, and whether one after
+     * the item looked at has a record that may be pending. */
+    unsigned calls_seen;
+    bool later_pending;
 };
 
 /* A stream a thread defers on.  tail is the last work it enqueued there:
@@ -166,6 +171,7 @@ struct item {
     bool known;         /* captured is exact (NULL: nothing, complete at once) */
     bool verified;      /* already seen released (by a trim check) */
     bool due;           /* trim check: complete before the trim */
+    unsigned calls_before; /* trim check: callbacks of its stream before it */
 };
 
 /* A block the thread keeps live across operations: lane is where it was
@@ -202,6 +208,7 @@ struct worker {
     size_t nitems;
     unsigned long ops[24];         /* by enum op */
     unsigned long flushes, trims, flush_checked, trim_checked, calls;
+    unsigned long trim_exempt; /* callbacks left out: may share an event */
     struct kept_block kept[MAX_KEPT];
     int nkept;
     struct band_block band[MAX_BAND];

@@ -21,6 +21,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* LANE_EVENTS and LANE_SHARE_CALLBACKS, from the library's header, whose
+ * struct lane is not the test's: taken in under another name. */
+#define lane cudefer_stream_lane
+#include "stream_lane.h"
+#undef lane
 #include "stress.h"
 
 
@@ -407,15 +412,64 @@ static void flush_check(struct worker *w)
     w->nitems = 0;
 }
 
+/* Whether the record made after it item's work may be pending. */
+static bool record_may_be_pending(const struct item *it)
+{
+    return !it->known ||
+           (it->captured != NULL && !fake_work_done(it->captured));
+}
+
+/* Marks the callbacks that may wait past their own work (due false): a
+ * callback that shares an event runs once the event's newest record
+ * completes (include/cudefer.h: a thread keeps at most LANE_EVENTS events
+ * pending per stream for its callbacks, and records the newest again
+ * beyond that), the record of a later callback of this thread on the same
+ * stream.  So a callback is exempt from the trim check only while a later
+ * callback of its stream has a record that may be pending, and only if it
+ * can share at all: the other LANE_EVENTS - 1 pending events were each
+ * taken by a callback of the stream before it since the thread's last
+ * flush (which leaves every event completed).  Memory entries are never
+ * exempt: they wait in FIFOs apart from callbacks.  Two passes over the
+ * items, the stream's scratch in its struct order. */
+static void call_may_wait_all(struct worker *w)
+{
+    if (!LANE_SHARE_CALLBACKS)
+        return;
+    for (size_t i = 0; i < w->nitems; i++) {
+        struct order *o = w->items[i].call != NULL ? w->items[i].call->order
+                                                   : NULL;
+        if (o != NULL) {
+            o->calls_seen = 0;
+            o->later_pending = false;
+        }
+    }
+    for (size_t i = 0; i < w->nitems; i++)
+        if (w->items[i].call != NULL)
+            w->items[i].calls_before = w->items[i].call->order->calls_seen++;
+    for (size_t i = w->nitems; i-- > 0;) {
+        struct item *it = &w->items[i];
+        if (it->call == NULL)
+            continue;
+        struct order *o = it->call->order;
+        if (it->due && it->calls_before >= LANE_EVENTS - 1 &&
+            o->later_pending) {
+            it->due = false;
+            w->trim_exempt++;
+        }
+        o->later_pending |= record_may_be_pending(it);
+    }
+}
+
 /* defer_trim releases every entry whose work completed before it: those of
- * streams only this thread uses, where the captured work is known. */
+ * streams only this thread uses, where the captured work is known; but for
+ * callbacks that may share an event (call_may_wait_all). */
 static void trim_check(struct worker *w)
 {
     for (size_t i = 0; i < w->nitems; i++) {
         struct item *it = &w->items[i];
-        it->due = !it->verified && it->known &&
-                  (it->captured == NULL || fake_work_done(it->captured));
+        it->due = !it->verified && !record_may_be_pending(it);
     }
+    call_may_wait_all(w);
     size_t bytes = 0;
     cudaError_t err = defer_trim(&bytes);
     w->trims++;
