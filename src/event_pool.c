@@ -380,7 +380,7 @@ struct lane_table *event_pool_lanes(void)
 
 /* ---- shutdown, fork, statistics ----------------------------------------- */
 
-void event_pool_destroy_all(void)
+void event_pool_destroy_all(bool (*device_failed)(int device))
 {
     /* Every entry is done: the lanes' events come back to the pools as they
      * let go (this thread has no cache).  Their threads are outside cudefer
@@ -393,7 +393,8 @@ void event_pool_destroy_all(void)
             for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
                 if (tc->head[k][d] != NULL)
                     free_chain((enum kind)k, tc->head[k][d],
-                               cudaSetDevice(d) == cudaSuccess);
+                               !device_failed(d) &&
+                                   cudaSetDevice(d) == cudaSuccess);
                 tc->head[k][d] = NULL;
                 set_count(tc, (enum kind)k, d, 0);
             }
@@ -405,7 +406,8 @@ void event_pool_destroy_all(void)
         for (int d = 0; d < pool_count; d++) {
             if (pools[k][d].head != NULL)
                 free_chain((enum kind)k, pools[k][d].head,
-                           cudaSetDevice(d) == cudaSuccess);
+                           !device_failed(d) &&
+                               cudaSetDevice(d) == cudaSuccess);
             pthread_mutex_destroy(&pools[k][d].lock);
         }
     event_pool_abandon();

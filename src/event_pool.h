@@ -88,8 +88,11 @@ struct lane_table *event_pool_lanes(void);
 
 /* The reclaimer, at shutdown, once no launching thread is inside cudefer
  * and every entry is done: lets go of every lane's events and destroys
- * every idle event, the threads' caches included. */
-void event_pool_destroy_all(void);
+ * every idle event, the threads' caches included.  Events of a device for
+ * which device_failed(device) is true (a sticky error, said once where it
+ * surfaced) are only forgotten: destroying them would fail and say it
+ * again. */
+void event_pool_destroy_all(bool (*device_failed)(int device));
 
 /* Start-up failure or shutdown: forgets the (empty) pools without any CUDA
  * call. */

@@ -631,6 +631,14 @@ static uint64_t held_count(void)
     return n;
 }
 
+
+/* Reclaimer thread, at shutdown: whether device has a sticky error (the
+ * event pool then forgets its events instead of destroying them). */
+static bool device_has_failed(int device)
+{
+    return device_error(device) != cudaSuccess;
+}
+
 /* Wait for the next pass.  Polling backs off from poll_us to poll_max_us
  * while nothing happens; with only held entries the wait ends at the
  * policy's next deadline; with nothing at all, after a short linger (so a
@@ -715,7 +723,7 @@ void *reclaimer_main(void *unused)
         stats_add(&stats.wakeups, 1);
     }
     destroy_free_streams();
-    event_pool_destroy_all();
+    event_pool_destroy_all(device_has_failed);
     return NULL;
 }
 

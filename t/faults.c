@@ -143,6 +143,9 @@ static const struct scenario scenarios[] = {
     {"cudaFree fails with a sticky error: the device fails, one line",
      "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky, FAKE_FREE,
      cudaErrorIllegalAddress, ALWAYS, cudaErrorIllegalAddress, NULL},
+    {"after a sticky error shutdown forgets the events it cannot destroy, "
+     "no line more", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky_shutdown,
+     FAKE_FREE, cudaErrorIllegalAddress, ALWAYS, cudaSuccess, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE,
      cudaSuccess, NULL},

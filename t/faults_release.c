@@ -62,6 +62,35 @@ void s_free_sticky(const struct scenario *sc)
         cudaFree(p[i]);
 }
 
+/* After a sticky error the device's events cannot be destroyed either:
+ * shutdown forgets them without a line of its own (the device's failure was
+ * said once, on the GPU at the first cudaFree; t/gpu/gpu_fault). */
+void s_free_sticky_shutdown(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512), *p = device_alloc(1024);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    work_timed(sb, 0, p);
+    CHECK(defer_free(p, sb) == cudaSuccess, "defer_free");
+    WAIT_UNTIL(stats_now().held == 1, 2000);
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, ALWAYS);
+    defer_trim(NULL); /* the cudaFree fails: the device with it */
+    fake_complete(w);
+    fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
+    cudaError_t err = defer_shutdown();
+    const char *msg = capture_end();
+    CHECK(err == bad, "shutdown returns %s (%s)", EN(bad), EN(err));
+    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names the device, cudaFree and %s", EN(bad));
+    CHECK(lines_with(msg, "cudaEventDestroy", EN(bad), NULL) == 0,
+          "no line for the events shutdown cannot destroy");
+    cudaFree(busy);
+    cudaFree(p);
+}
+
 void s_free_fails(const struct scenario *sc)
 {
     enum { N = 4 };
