@@ -132,6 +132,12 @@ void reclaimer_held_release(uint64_t now);
 void reclaimer_cache_release(uint64_t now, bool stopping);
 uint64_t reclaimer_cache_expiry_ns(void);
 
+/* Reclaimer thread, after a pass (progress: it completed or took in
+ * something): naps while entries are pending, waits for the release
+ * policy's next deadline while only held memory waits, and sleeps until a
+ * push (or a cached block's expiry) once nothing is left.  Blocks. */
+void reclaimer_wait_for_work(bool progress, uint64_t now);
+
 /* The reclaimer thread's body (pthread_create). */
 void *reclaimer_main(void *unused);
 
