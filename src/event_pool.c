@@ -196,7 +196,11 @@ static void retire_cache_locked(struct thread_cache *tc)
 
 /* Thread exit: the lanes let go of their events (those whose entries are
  * all done come back to this cache), and the cache goes back to the pools.
- * Under the registry lock, which shutdown's letting go takes too. */
+ * Under the registry lock, which shutdown's letting go takes too.  The
+ * thread is unregistered: a later pthread-key destructor of its that
+ * defers again registers it again, and so gets this destructor called in
+ * the next round (else that call's lane and cache were never let go of:
+ * their events outlived shutdown; t/lane_lifetimes). */
 static void cache_at_thread_exit(void *c)
 {
     struct thread_cache *tc = c;
@@ -206,6 +210,7 @@ static void cache_at_thread_exit(void *c)
         retire_cache_locked(tc);
     }
     pthread_mutex_unlock(&registry_lock);
+    cache_registered = false; /* tc is this thread's cache */
 }
 
 static void make_cache_key(void)
@@ -386,6 +391,13 @@ void event_pool_destroy_all(bool (*device_failed)(int device))
      * let go (this thread has no cache).  Their threads are outside cudefer
      * (the gate is closed), so their lanes can be emptied from here. */
     pthread_mutex_lock(&registry_lock);
+    /* Nothing overflows a pool from now on: what the lanes let go of must
+     * not be destroyed on its way back (give_to_pool destroys what does not
+     * fit, the events of a failed device too, saying its error again), but
+     * freed below, where a failed device's events are only forgotten
+     * (t/lane_lifetimes).  Under the registry lock, as a thread's exit
+     * gives back. */
+    pool_max_idle = SIZE_MAX;
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
         stream_lane_let_go_all(&tc->lanes);
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next) {

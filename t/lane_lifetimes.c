@@ -1,0 +1,161 @@
+/* How long the events a thread's stream lanes hold live (stream_lane.h):
+ * every one is let go of, and destroyed at shutdown, whatever ended the
+ * lane, and none is destroyed where its device cannot take it.
+ *
+ *  - A thread whose pthread-key destructor (one made after cudefer's, so
+ *    run after cudefer's own at the thread's exit) defers once more: the
+ *    lane and cache that call fills must be let go of too (else their
+ *    events stay alive past shutdown, never destroyed).
+ *  - After a sticky error shutdown forgets the failed device's events, the
+ *    lanes' ones included, with CUDEFER_EVENT_POOL=0 (a full pool: what the
+ *    lanes let go of would overflow it and be destroyed, saying the
+ *    device's error once more).
+ *
+ * Each scenario runs in a child process of its own (a fresh library). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+/* Lines of text that start with "cudefer: " and contain what. */
+static int lines_naming(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *line = text; *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        if (len > 9 && strncmp(line, "cudefer: ", 9) == 0) {
+            char buf[1024];
+            if (len >= sizeof buf)
+                len = sizeof buf - 1;
+            memcpy(buf, line, len);
+            buf[len] = '\0';
+            n += strstr(buf, what) != NULL;
+        }
+        if (end == NULL)
+            break;
+        line = end + 1;
+    }
+    return n;
+}
+
+static atomic_int late_ran;
+
+static void count_late(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&late_ran, 1);
+}
+
+static pthread_key_t late_key;
+static cudaStream_t late_stream;
+static atomic_int late_deferred;
+
+/* The thread's last pthread-key destructor: one more callback, on a stream
+ * whose work is held, so its event is pending in a fresh lane. */
+static void defer_at_exit(void *unused)
+{
+    (void)unused;
+    if (defer_call(count_late, NULL, late_stream) == cudaSuccess)
+        atomic_fetch_add(&late_deferred, 1);
+}
+
+static void *thread_deferring_at_exit(void *unused)
+{
+    (void)unused;
+    pthread_setspecific(late_key, (void *)1);
+    CHECK(defer_call(count_late, NULL, late_stream) == cudaSuccess,
+          "defer_call in the thread");
+    return NULL;
+}
+
+static void s_defer_in_late_key_destructor(void)
+{
+    late_stream = stream_new();
+    /* cudefer's key first (its thread cache registers on the first call),
+     * so the test's key is destroyed after it at the thread's exit. */
+    CHECK(defer_call(count_late, NULL, late_stream) == cudaSuccess,
+          "defer_call in the main thread");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    if (pthread_key_create(&late_key, defer_at_exit) != 0)
+        bail("pthread_key_create");
+    fake_work *gate = work_held(late_stream, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, thread_deferring_at_exit, NULL) != 0)
+        bail("pthread_create");
+    pthread_join(th, NULL);
+    CHECK(atomic_load(&late_deferred) == 1,
+          "the key destructor's defer_call was taken");
+    fake_complete(gate);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&late_ran) == 3, "every callback ran (%d of 3)",
+          atomic_load(&late_ran));
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0,
+          "every event destroyed at shutdown (%zu alive: the lane and cache "
+          "of the late defer_call were never let go of)",
+          fake_live_events());
+}
+
+/* A sticky error on device 0 (a cudaFree fails with it), with the lanes of
+ * two streams each holding an event, and the event pool kept empty
+ * (CUDEFER_EVENT_POOL=0): shutdown must destroy none of the device's
+ * events (each would fail and say the error again). */
+static void s_sticky_shutdown_empty_pool(void)
+{
+    const cudaError_t bad = cudaErrorIllegalAddress;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512), *p = device_alloc(1024);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    work_timed(sb, 0, p);
+    CHECK(defer_free(p, sb) == cudaSuccess, "defer_free");
+    for (int k = 0; k < 2000 && stats_now().held != 1; k++)
+        sleep_ms(1);
+    CHECK(stats_now().held == 1, "the completed free is held");
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE, bad, 0, -1);
+    defer_trim(NULL); /* the cudaFree fails: the device with it */
+    fake_complete(w);
+    fake_fail(FAKE_EVENT_DESTROY, bad, 0, -1); /* as on a GPU */
+    cudaError_t err = defer_shutdown();
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(err == bad, "shutdown returns the device's error (%s)",
+          cudaGetErrorName(err));
+    CHECK(lines_naming(msg, "cudaFree failed") == 1,
+          "one line says the cudaFree failed");
+    CHECK(lines_naming(msg, "cudaEventDestroy") == 0,
+          "no line for the events shutdown cannot destroy, the lanes' "
+          "included");
+}
+
+static void run(void (*scenario)(void), const char *env, const char *what)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        fake_reset(1);
+        failed_checks = 0;
+        scenario();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 60000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", what);
+}
+
+int main(void)
+{
+    plan_lazy();
+    run(s_defer_in_late_key_destructor, NULL,
+        "a thread that defers again in a late key destructor: its lane's "
+        "events are let go of and destroyed at shutdown");
+    run(s_sticky_shutdown_empty_pool,
+        "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0",
+        "after a sticky error, with no event pool, shutdown destroys none "
+        "of the failed device's events, the lanes' included");
+    return 0;
+}
