@@ -433,6 +433,10 @@ void event_pool_after_fork(void)
     for (int k = 0; k < KINDS; k++)
         for (int d = 0; d < pool_count; d++)
             pthread_mutex_init(&pools[k][d].lock, NULL);
+    /* Nothing overflows a pool here: what does not fit is destroyed, a CUDA
+     * call, and a thread exiting in the child gives its lanes' events and
+     * its cache back (t/lane_lifetimes). */
+    pool_max_idle = SIZE_MAX;
     /* The other threads are gone; their caches (still mapped) go to the
      * pools, so nothing is lost track of. */
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)

@@ -10,10 +10,13 @@
  *    lanes' ones included, with CUDEFER_EVENT_POOL=0 (a full pool: what the
  *    lanes let go of would overflow it and be destroyed, saying the
  *    device's error once more).
+ *  - A thread with lanes forks and exits in the child: its lanes let go
+ *    into the pools without a CUDA call (none may be made after fork).
  *
  * Each scenario runs in a child process of its own (a fresh library). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -132,6 +135,59 @@ static void s_sticky_shutdown_empty_pool(void)
           "included");
 }
 
+static unsigned long destroys_before_exit;
+
+/* The fork child's second thread: once the forking thread has exited (its
+ * lanes and cache let go of), no event was destroyed. */
+static void *check_after_exit(void *forker)
+{
+    pthread_join((pthread_t)(uintptr_t)forker, NULL);
+    unsigned long destroyed =
+        fake_calls(FAKE_EVENT_DESTROY) - destroys_before_exit;
+    CHECK(destroyed == 0, "the fork child destroyed %lu events as its "
+          "forking thread exited (CUDA cannot be used after fork)",
+          destroyed);
+    child_end(failed_checks);
+}
+
+/* A thread with lanes on two streams (their events complete, the pool
+ * keeps 1: CUDEFER_EVENT_POOL=1) forks; in the child it exits, and its
+ * lanes let go of their events into a full pool: no CUDA call may destroy
+ * the one that does not fit. */
+static void *thread_forking(void *unused)
+{
+    (void)unused;
+    cudaStream_t s[2] = {stream_new(), stream_new()};
+    for (int i = 0; i < 2; i++)
+        CHECK(defer_call(count_late, NULL, s[i]) == cudaSuccess,
+              "defer_call on stream %d", i);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        failed_checks = 0;
+        destroys_before_exit = fake_calls(FAKE_EVENT_DESTROY);
+        pthread_t checker;
+        if (pthread_create(&checker, NULL, check_after_exit,
+                           (void *)(uintptr_t)pthread_self()) != 0)
+            child_end(1);
+        pthread_exit(NULL);
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 30000, &status);
+    CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the fork child's exiting thread made no CUDA call");
+    return NULL;
+}
+
+static void s_fork_child_thread_exit(void)
+{
+    pthread_t th;
+    if (pthread_create(&th, NULL, thread_forking, NULL) != 0)
+        bail("pthread_create");
+    pthread_join(th, NULL);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 static void run(void (*scenario)(void), const char *env, const char *what)
 {
     pid_t pid = fork_flushed();
@@ -157,5 +213,8 @@ int main(void)
         "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0",
         "after a sticky error, with no event pool, shutdown destroys none "
         "of the failed device's events, the lanes' included");
+    run(s_fork_child_thread_exit, "CUDEFER_EVENT_POOL=1",
+        "a forking thread with lanes exits in the fork child: its events go "
+        "back to the pools, none destroyed (no CUDA call after fork)");
     return 0;
 }
