@@ -200,11 +200,10 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * exits.  A block freed again once its first free's work is done and it
  * merged with a free neighbour is no block any more: the second free is
  * taken for other memory and its release fails (reported), where an
- * unsplit block's is refused.  An interior pointer given to defer_free (a
- * mistake, whose release fails) where a block starts by the time its work
- * is done (cut there since) is taken for that block: if the block's own
- * free is still waiting for its work, the block is free early.  With
- * split_min_bytes 0 (never), a program
+ * unsplit block's is refused; it never frees a block cut there since
+ * (each free's release acts on the block the free claimed, or on none: an
+ * interior pointer's release fails even where a block starts by then).
+ * With split_min_bytes 0 (never), a program
  * whose requests of every size add up to more than its live peak (a
  * training step whose gradients and workspaces have sizes no activation
  * has) keeps about the sum of each size's most-live count cached (1.44x

@@ -26,6 +26,10 @@ struct request_args {
     size_t nptrs;
     void (*fn)(void *arg);
     void *arg;
+    /* A free's claims (block_cache.h), one per pointer (block NULL: no
+     * block), filled in as its blocks are claimed; NULL when the block
+     * cache was not in use at the call (no pointer can be a block). */
+    struct block_claim *claims;
 };
 
 /* The caller was refused: say why (call failed with err), count it. */
@@ -67,11 +71,34 @@ static cudaError_t identify_usable(cudaStream_t stream, bool exact,
     return err;
 }
 
-/* Copy the request's pointers into e (an array only for several). */
+/* Whether the free a asks for claimed any block (then its entry carries
+ * the claims). */
+static bool any_claimed(const struct request_args *a)
+{
+    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++)
+        if (a->claims[i].block != NULL)
+            return true;
+    return false;
+}
+
+/* Copy the request's pointers and claims into e (arrays only for
+ * several). */
 static bool set_pointers(struct entry *e, const struct request_args *a)
 {
     e->nptrs = a->nptrs;
     e->ptrs = &e->one_ptr;
+    e->claims = NULL;
+    if (any_claimed(a) && a->nptrs == 1) {
+        e->one_claim = a->claims[0];
+        e->claims = &e->one_claim;
+    } else if (any_claimed(a)) {
+        e->claims = malloc(a->nptrs * sizeof *e->claims);
+        if (e->claims == NULL) {
+            e->nptrs = 0;
+            return false;
+        }
+        memcpy(e->claims, a->claims, a->nptrs * sizeof *e->claims);
+    }
     if (a->nptrs == 1) {
         e->one_ptr = a->ptrs[0];
     } else if (a->nptrs > 1) {
@@ -79,6 +106,9 @@ static bool set_pointers(struct entry *e, const struct request_args *a)
         if (e->ptrs == NULL) {
             e->ptrs = &e->one_ptr;
             e->nptrs = 0;
+            if (e->claims != &e->one_claim)
+                free(e->claims);
+            e->claims = NULL;
             return false;
         }
         memcpy(e->ptrs, a->ptrs, a->nptrs * sizeof *e->ptrs);
@@ -161,7 +191,8 @@ static cudaError_t release_synchronously(const struct request_args *a,
         queue_synced_call(a, stream))
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
-                      .nptrs = a->nptrs, .ptrs = (void **)a->ptrs};
+                      .nptrs = a->nptrs, .ptrs = (void **)a->ptrs,
+                      .claims = any_claimed(a) ? a->claims : NULL};
     stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
     err = release_entry(&e, NULL);
@@ -232,8 +263,7 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
     e->group_remaining = 1; /* its own event */
     e->group_err = cudaSuccess;
     e->cache_blocks = false;
-    e->block = NULL;
-    e->handout = 0;
+    e->one_claim = (struct block_claim){NULL, 0};
     if (!set_pointers(e, a)) {
         stream_lane_cancel(&pick);
         event_pool_give_unused(e);
@@ -278,11 +308,13 @@ static cudaError_t refuse_freed_block(const struct request_args *a,
 }
 
 /* Any free path, once the free is refused after its blocks were claimed:
- * the first n pointers of a are the caller's again. */
-static void unclaim_blocks(const struct request_args *a, size_t n)
+ * the blocks a's free claimed are the caller's again. */
+static void unclaim_blocks(const struct request_args *a)
 {
-    for (size_t i = 0; i < n; i++)
-        block_cache_unclaim(a->ptrs[i]);
+    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++) {
+        block_cache_unclaim(&a->claims[i]);
+        a->claims[i] = (struct block_claim){NULL, 0};
+    }
 }
 
 /* The free paths but the single stream-ordered one (whose plan claims its
@@ -294,12 +326,13 @@ static void unclaim_blocks(const struct request_args *a, size_t n)
 static cudaError_t claim_blocks(const struct request_args *a, bool *claimed)
 {
     *claimed = false;
-    if (a->kind != ENTRY_FREE_DEVICE || !block_cache_active())
+    if (a->kind != ENTRY_FREE_DEVICE || a->claims == NULL)
         return cudaSuccess;
     for (size_t i = 0; i < a->nptrs; i++) {
-        enum block_free_path path = block_cache_claim(a->ptrs[i]);
+        enum block_free_path path = block_cache_claim(a->ptrs[i],
+                                                      &a->claims[i]);
         if (path == BLOCK_NOT_LIVE) {
-            unclaim_blocks(a, i);
+            unclaim_blocks(a);
             *claimed = false;
             return refuse_freed_block(a, a->ptrs[i]);
         }
@@ -344,11 +377,13 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return reject(a->what, call, err);
     struct request_args block_args;
     struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
-    if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && block_cache_active()) {
+    if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
         block_cache_plan_free(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
             return refuse_freed_block(a, a->ptrs[0]);
         *claimed = plan.path != BLOCK_NOT_OURS;
+        if (*claimed) /* the entry carries it to the release */
+            a->claims[0] = (struct block_claim){plan.block, plan.handout};
         if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
             return submit_group_admitted(a, &stream, 1);
         if (plan.path == BLOCK_STREAM_ORDERED) {
@@ -377,8 +412,6 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (e->kind == ENTRY_BLOCK && e->device != plan.block->device) {
         e->kind = ENTRY_FREE_DEVICE; /* a stale identity hid another device */
     } else if (e->kind == ENTRY_BLOCK) {
-        e->block = plan.block;
-        e->handout = plan.handout;
         if (!block_cache_park(&plan, id)) {
             discard_recorded(e);
             return refuse_freed_block(a, a->ptrs[0]);
@@ -476,24 +509,58 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     return cudaSuccess;
 }
 
+/* The launching thread, in a defer call: *a is given with room for the
+ * claims of its frees (block_cache.h): one (*one) for a single pointer,
+ * an array for several; none when a is no free of device memory or the
+ * block cache is not in use (no pointer can be a block).  False when out
+ * of memory. */
+static bool claims_make(const struct request_args *given,
+                        struct request_args *a, struct block_claim *one)
+{
+    *a = *given;
+    a->claims = NULL;
+    if (given->kind != ENTRY_FREE_DEVICE || !block_cache_active())
+        return true;
+    *one = (struct block_claim){NULL, 0};
+    a->claims = given->nptrs == 1 ? one
+                                  : calloc(given->nptrs, sizeof *a->claims);
+    return a->claims != NULL;
+}
+
+/* The claims room of claims_make, once the call is over (an entry copied
+ * the claims it carries). */
+static void claims_free(struct request_args *a, struct block_claim *one)
+{
+    if (a->claims != one)
+        free(a->claims);
+    a->claims = NULL;
+}
+
 /* Checks shared by the defer_*_streams calls, then the group path. */
-static cudaError_t submit_group(const struct request_args *a,
+static cudaError_t submit_group(const struct request_args *given,
                                 const cudaStream_t *streams, size_t n)
 {
     if (streams == NULL || n == 0 || n > 64) {
         stats_add(&stats.rejected, 1);
-        report("%s: %zu streams%s: refused (expected 1..64 streams)", a->what,
-               n, streams == NULL ? " (NULL)" : "");
+        report("%s: %zu streams%s: refused (expected 1..64 streams)",
+               given->what, n, streams == NULL ? " (NULL)" : "");
         return cudaErrorInvalidValue;
     }
-    cudaError_t err = lifecycle_enter(a->what);
+    cudaError_t err = lifecycle_enter(given->what);
     if (err != cudaSuccess)
         return err;
+    struct block_claim one;
+    struct request_args a;
+    if (!claims_make(given, &a, &one)) {
+        lifecycle_leave();
+        return reject(given->what, "calloc", cudaErrorMemoryAllocation);
+    }
     bool claimed = false;
-    if ((err = claim_blocks(a, &claimed)) == cudaSuccess &&
-        (err = submit_group_admitted(a, streams, n)) != cudaSuccess &&
+    if ((err = claim_blocks(&a, &claimed)) == cudaSuccess &&
+        (err = submit_group_admitted(&a, streams, n)) != cudaSuccess &&
         claimed)
-        unclaim_blocks(a, a->nptrs);
+        unclaim_blocks(&a);
+    claims_free(&a, &one);
     lifecycle_leave();
     return err;
 }
@@ -501,15 +568,23 @@ static cudaError_t submit_group(const struct request_args *a,
 /* Every single-stream defer call.  A free that claimed blocks of the cache
  * and was refused after all gives them back (LIVE again: the caller keeps
  * them). */
-static cudaError_t submit(const struct request_args *a, cudaStream_t stream)
+static cudaError_t submit(const struct request_args *given,
+                          cudaStream_t stream)
 {
-    cudaError_t err = lifecycle_enter(a->what);
+    cudaError_t err = lifecycle_enter(given->what);
     if (err != cudaSuccess)
         return err;
+    struct block_claim one;
+    struct request_args a;
+    if (!claims_make(given, &a, &one)) {
+        lifecycle_leave();
+        return reject(given->what, "calloc", cudaErrorMemoryAllocation);
+    }
     bool claimed = false;
-    err = submit_admitted(a, stream, &claimed);
+    err = submit_admitted(&a, stream, &claimed);
     if (err != cudaSuccess && claimed)
-        unclaim_blocks(a, a->nptrs);
+        unclaim_blocks(&a);
+    claims_free(&a, &one);
     lifecycle_leave();
     return err;
 }

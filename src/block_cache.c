@@ -247,7 +247,8 @@ static void drop_stale(struct cache_block *stale)
     stale->state = BLOCK_LIVE;
     stale->handout = 0; /* no entry's hand-out matches it any more */
     pthread_mutex_unlock(&c->lock);
-    if (!named) /* else an entry still points to it: a small leak */
+    if (!named) /* else the claim that names it forgets it (an
+                   ENTRY_BLOCK's entry does not: a small leak) */
         block_cache_forget(stale);
 }
 
@@ -295,6 +296,7 @@ void block_cache_plan_free(void *ptr, int stream_device,
         plan->path = BLOCK_NOT_LIVE;
     } else {
         b->state = BLOCK_FREEING; /* this free's: a second one is refused */
+        b->events++;              /* the claim names it */
         plan->nstreams = 1; /* streams[0]: the caller's */
         for (uint32_t i = 0; i < b->nrecorded; i++)
             if (b->recorded_ids[i] != stream_id)
@@ -311,30 +313,48 @@ void block_cache_plan_free(void *ptr, int stream_device,
     pthread_mutex_unlock(&c->lock);
 }
 
-enum block_free_path block_cache_claim(void *ptr)
+enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
 {
+    claim->block = NULL;
+    claim->handout = 0;
     struct cache_block *b = block_map_find(ptr);
     if (b == NULL)
         return BLOCK_NOT_OURS;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     bool live = b->state == BLOCK_LIVE;
-    if (live)
+    if (live) {
         b->state = BLOCK_FREEING;
+        b->events++; /* the claim names it */
+        claim->block = b;
+        claim->handout = b->handout;
+    }
     pthread_mutex_unlock(&c->lock);
     return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
 }
 
-void block_cache_unclaim(void *ptr)
+/* Lock held, a claim on b let go (its event reference dropped).  Whether
+ * b's record is to be forgotten: dropped from the cache (drop_stale) and
+ * named by nothing any more. */
+static bool claim_let_go(struct cache_block *b)
 {
-    struct cache_block *b = block_map_find(ptr);
+    b->events--;
+    return b->handout == 0 && b->events == 0 && b->outstanding == 0;
+}
+
+void block_cache_unclaim(const struct block_claim *claim)
+{
+    struct cache_block *b = claim->block;
     if (b == NULL)
         return;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    if (b->state == BLOCK_FREEING)
+    if (b->state == BLOCK_FREEING && b->handout == claim->handout)
         b->state = BLOCK_LIVE;
+    bool forget = claim_let_go(b);
     pthread_mutex_unlock(&c->lock);
+    if (forget)
+        block_cache_forget(b);
 }
 
 bool block_cache_park(const struct block_free_plan *plan,
@@ -345,8 +365,7 @@ bool block_cache_park(const struct block_free_plan *plan,
     pthread_mutex_lock(&c->lock);
     bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
     if (mine) {
-        b->state = BLOCK_PENDING;
-        b->events++;
+        b->state = BLOCK_PENDING; /* the claim's event is its entry's now */
         /* Without bins for the stream (out of memory) it waits for its
          * event like any other block. */
         struct stream_bins *s = stream_bins_get(c, stream_id);
@@ -472,7 +491,29 @@ void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
     }
 }
 
-bool block_cache_adopt(void *ptr)
+void block_cache_adopt(const struct block_claim *claim)
+{
+    struct cache_block *b = claim->block;
+    struct device_cache *c = cache_of(b->device);
+    pthread_mutex_lock(&c->lock);
+    /* The claim's record, FREEING since its free was accepted, unless the
+     * record was dropped (drop_stale: handout 0). */
+    bool mine = b->state == BLOCK_FREEING && b->handout == claim->handout;
+    void *ptr = b->ptr;
+    int device = b->device;
+    bool forget = claim_let_go(b);
+    if (mine) /* events dropped first: a FREE block no entry names merges */
+        make_free(c, b, now_ns());
+    pthread_mutex_unlock(&c->lock);
+    if (forget)
+        block_cache_forget(b);
+    if (!mine)
+        report("release: %p (device %d) was a block of cudefer's whose "
+               "memory was freed with cudaFree behind cudefer's back while "
+               "its defer_free waited: the release is ignored", ptr, device);
+}
+
+bool block_cache_unclaimed_is_block(void *ptr)
 {
     if (!block_cache_active())
         return false;
@@ -481,28 +522,22 @@ bool block_cache_adopt(void *ptr)
         return false;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
-    /* FREEING: the work of the free that claimed it is done.  Every free
-     * claims the blocks it frees (a second one is refused), so a release
-     * that finds a block in another state was of a pointer that was no
-     * block when it was deferred (an interior one, or a part freed again
-     * after it merged with a neighbour) where a block starts now: another
-     * owner's, or free.  Never adopted: a piece is left to cudaFree, which
-     * refuses it as the interior pointer it was; a whole segment (only if
-     * its address was cudaFree'd and allocated again behind cudefer's
-     * back) must not be cudaFree'd under the cache. */
+    /* Every free claims the blocks it frees (a second one is refused), so
+     * the block here now is another owner's, or free, or being freed by its
+     * own free: never touched.  A piece is left to cudaFree, which refuses
+     * it as the interior pointer it was; a whole segment must not be
+     * cudaFree'd under the cache. */
     enum block_state state = b->state;
     bool piece = state == BLOCK_MERGED || !is_whole(b); /* MERGED: unlinked */
     int device = b->device;
-    if (state == BLOCK_FREEING)
-        make_free(c, b, now_ns());
     pthread_mutex_unlock(&c->lock);
-    if (state == BLOCK_FREEING)
-        return true;
     if (piece)
         return false;
     report("release: %p (device %d) is a block of cudefer's that no free "
            "claimed (%s; freed twice?): the release is ignored", ptr, device,
-           state == BLOCK_LIVE ? "another owner holds it" : "it is free");
+           state == BLOCK_LIVE      ? "another owner holds it"
+           : state == BLOCK_FREEING ? "its owner's free waits for its work"
+                                    : "it is free");
     return true;
 }
 

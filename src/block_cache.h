@@ -86,7 +86,7 @@ struct cache_block {
                   with cudaFreeAsync, never cudaFree */
     enum block_state state;
     uint64_t handout;           /* unique per hand-out: names the owner */
-    uint32_t events;            /* reclaimer entries naming this block */
+    uint32_t events;            /* claims and entries naming this block */
     struct stream_bins *stream; /* PENDING: the stream it may go to now */
     uint64_t freed_ns;          /* FREE: when its work was seen done */
     struct cache_block *prev, *next;         /* its bin */
@@ -159,29 +159,41 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool);
  * stream_id of stream_device goes (see enum block_free_path); streams
  * recorded that are stream_id itself do not count.  A LIVE block is claimed
  * (FREEING) in the same step, so that of two frees only one is accepted:
- * the caller then parks it, hands it to an entry, or gives it back with
- * block_cache_unclaim.  Never blocks but on the device's mutex. */
+ * the caller then parks it, hands the claim (plan->block, plan->handout)
+ * to an entry, or gives it back with block_cache_unclaim.  Never blocks but on the device's mutex. */
 void block_cache_plan_free(void *ptr, int stream_device,
                            unsigned long long stream_id,
                            struct block_free_plan *plan);
 
+/* A free's claim on a block, carried by its entry to the release: the
+ * record it made FREEING and that hand-out (block NULL: the pointer was no
+ * block when the free was accepted).  A claim holds one of the record's
+ * events (an entry names it), so the record outlives it; the release (or
+ * unclaim) acts on that record, never on whatever block starts at the
+ * pointer by then (an interior pointer's address may be cut as another
+ * owner's block meanwhile). */
+struct block_claim {
+    struct cache_block *block;
+    uint64_t handout;
+};
+
 /* Any thread, the block's owner, for the frees that wait for more than one
  * stream-ordered event (several pointers, several streams, a graph capture,
  * a synchronous release).  Claims the LIVE block at ptr (FREEING; its entry
- * adopts it once the work is done): BLOCK_AFTER_EVENT.  BLOCK_NOT_OURS when
- * ptr is no block, BLOCK_NOT_LIVE (nothing changed) when it is already
- * being freed or free: the free must be refused.  Never blocks but on the
- * device's mutex. */
-enum block_free_path block_cache_claim(void *ptr);
+ * adopts it once the work is done) into *claim: BLOCK_AFTER_EVENT.
+ * BLOCK_NOT_OURS when ptr is no block, BLOCK_NOT_LIVE (nothing changed)
+ * when it is already being freed or free: the free must be refused; then
+ * claim->block is NULL.  Never blocks but on the device's mutex. */
+enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim);
 
-/* Any thread, the free that claimed the block at ptr, refused after all:
- * it is LIVE again (the application's).  Nothing when ptr is no block
- * being freed. */
-void block_cache_unclaim(void *ptr);
+/* Any thread, the free that made claim (block_cache_claim, or a plan's
+ * block and hand-out), refused after all: the block is LIVE again (the
+ * application's).  Nothing when claim->block is NULL. */
+void block_cache_unclaim(const struct block_claim *claim);
 
 /* Any thread, after the event of a BLOCK_STREAM_ORDERED plan was recorded:
- * the claimed block becomes PENDING on stream_id and one reclaimer entry
- * names it.  False (nothing changed) when it is not the plan's claimed
+ * the claimed block becomes PENDING on stream_id, named by the entry that
+ * carries the plan's claim.  False (nothing changed) when it is not the plan's claimed
  * block any more (no caller should see that). */
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id);
@@ -193,14 +205,21 @@ void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now);
 
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
- * synchronous release).  True when ptr is a block that must not be
- * cudaFree'd: FREE now when a free claimed it (FREEING); a whole segment
- * no free claimed (LIVE, PENDING, FREE: its address freed and allocated
- * again behind cudefer's back) is reported and left as it is.  False when
- * ptr is no block, or a piece of a segment no free claimed (the pointer
- * was interior when it was deferred, and a block was cut there since:
- * cudaFree refuses it as it would have then). */
-bool block_cache_adopt(void *ptr);
+ * synchronous release), of a free that claimed a block (claim->block not
+ * NULL): that block is FREE now, reusable by any stream.  A record dropped
+ * meanwhile (its memory was cudaFree'd behind cudefer's back and its
+ * address allocated again) is reported and let go.  Either way the
+ * pointer must not be cudaFree'd. */
+void block_cache_adopt(const struct block_claim *claim);
+
+/* Any thread releasing a pointer whose free claimed no block (it was none
+ * when the free was accepted).  True (reported) when a whole segment starts
+ * at ptr now, which must not be cudaFree'd under the cache (its address was
+ * cudaFree'd and allocated again behind cudefer's back, or it is a block
+ * freed twice after cudefer released it); false when ptr is no block, or
+ * a piece of a segment (the pointer was interior when deferred: cudaFree
+ * refuses it as it would have then).  Changes no block. */
+bool block_cache_unclaimed_is_block(void *ptr);
 
 /* Any thread, the block's owner.  Records stream (its handle and id) as a
  * user of the LIVE block at ptr.  cudaSuccess (also when already recorded,

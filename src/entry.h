@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
+#include "block_cache.h"
 #include "queue.h"
 
 enum entry_kind {
@@ -60,8 +61,12 @@ struct entry {
     bool pool;             /* every pointer is stream-ordered pool memory */
     bool cache_blocks;     /* every pointer is a block of the cache: given
                               back to it, never released, never held */
-    struct cache_block *block; /* ENTRY_BLOCK: the block, of hand-out */
-    uint64_t handout;
+    /* The block each pointer's free claimed (block_cache.h; block NULL:
+     * none), which its release acts on: claims[0..nptrs) of an
+     * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or
+     * an array owned by the entry.  ENTRY_BLOCK: one_claim, its block. */
+    struct block_claim one_claim;
+    struct block_claim *claims;
     size_t nptrs;          /* pointers to free: ptrs[0..nptrs) */
     void **ptrs;           /* &one_ptr, or an array owned by the entry */
     void *one_ptr;
@@ -79,6 +84,12 @@ struct entry {
      * held_prev. */
     struct entry *held_prev;
 };
+
+/* Whether the free of e's pointer i claimed a block (block_cache.h). */
+static inline bool entry_claimed(const struct entry *e, size_t i)
+{
+    return e->claims != NULL && e->claims[i].block != NULL;
+}
 
 static inline struct entry *entry_of_node(struct queue_node *node)
 {

@@ -23,7 +23,6 @@
 
 #include "alloc_info.h"
 #include "block_cache.h"
-#include "block_map.h"
 #include "block_pool.h"
 #include "capture.h"
 #include "config.h"
@@ -141,11 +140,13 @@ static void finish_entry(struct entry *e, cudaError_t err)
                          (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
-        block_cache_event_done(e->block, e->handout, err == cudaSuccess,
+        block_cache_event_done(e->one_claim.block, e->one_claim.handout,
+                               err == cudaSuccess,
                                now_ns());
     else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
-            pointer_set_remove(&rs.deferred, e->ptrs[i]);
+            if (!entry_claimed(e, i)) /* blocks are not in the set */
+                pointer_set_remove(&rs.deferred, e->ptrs[i]);
     if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries */
         stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     rs.tracked--;
@@ -262,12 +263,11 @@ static bool give_back_blocks(struct entry *e)
 {
     size_t kept = 0;
     for (size_t i = 0; i < e->nptrs; i++) {
-        if (!block_cache_adopt(e->ptrs[i])) {
-            e->ptrs[kept++] = e->ptrs[i];
+        if (!entry_claimed(e, i)) {
+            release_move_pointer(e, i, kept++);
             continue;
         }
-        if (rs.cfg.check)
-            pointer_set_remove(&rs.deferred, e->ptrs[i]);
+        block_cache_adopt(&e->claims[i]);
     }
     e->nptrs = kept;
     return kept > 0;
@@ -279,7 +279,7 @@ static void completed(struct entry *e, uint64_t now)
     e->completed_ns = now;
     if (e->kind == ENTRY_BLOCK || /* FREE in the cache from now */
         (e->kind == ENTRY_FREE_DEVICE && !e->cache_blocks && e->nptrs > 1 &&
-         block_cache_active() && !give_back_blocks(e))) {
+         e->claims != NULL && !give_back_blocks(e))) {
         rs.pass_released++;
         finish_entry(e, cudaSuccess);
         return;
@@ -332,8 +332,7 @@ static void size_up(struct entry *e)
         return;
     size_t blocks = 0;
     for (size_t i = 0; i < e->nptrs; i++) {
-        if (e->kind == ENTRY_FREE_DEVICE && block_cache_active() &&
-            block_map_find(e->ptrs[i]) != NULL) {
+        if (e->kind == ENTRY_FREE_DEVICE && entry_claimed(e, i)) {
             blocks++;
             continue;
         }
@@ -364,13 +363,16 @@ static void learn_cap(int device)
 }
 
 /* CUDEFER_CHECK: drop (and report) the pointers of e that are already
- * pending; false when none is left. */
+ * pending; false when none is left.  A pointer whose free claimed a block
+ * is not checked: a second free of a block is refused at the call, and its
+ * address may be an interior pointer's still pending (a block cut there
+ * since), which is no second free of it. */
 static bool check_pointers(struct entry *e)
 {
     size_t kept = 0;
     for (size_t i = 0; i < e->nptrs; i++) {
-        if (pointer_set_add(&rs.deferred, e->ptrs[i])) {
-            e->ptrs[kept++] = e->ptrs[i];
+        if (entry_claimed(e, i) || pointer_set_add(&rs.deferred, e->ptrs[i])) {
+            release_move_pointer(e, i, kept++);
             continue;
         }
         report("CUDEFER_CHECK: %p (device %d) was deferred again while its "

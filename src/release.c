@@ -7,14 +7,22 @@
 #include "block_cache.h"
 #include "report.h"
 
-/* Free one pointer of e; report a failure with the pointer named. */
-static cudaError_t release_pointer(const struct entry *e, void *ptr,
+/* Free pointer i of e; report a failure with the pointer named. */
+static cudaError_t release_pointer(const struct entry *e, size_t i,
                                    cudaStream_t async_stream)
 {
+    void *ptr = e->ptrs[i];
     cudaError_t err;
     const char *call;
-    /* A block of the cache goes back to it: reusable by any stream now. */
-    if (e->kind != ENTRY_FREE_HOST && block_cache_adopt(ptr))
+    /* The block its free claimed goes back to the cache: reusable by any
+     * stream now.  A pointer that was no block then is never taken for
+     * the block that may start there now (another owner's). */
+    if (e->kind != ENTRY_FREE_HOST && e->claims != NULL &&
+        e->claims[i].block != NULL) {
+        block_cache_adopt(&e->claims[i]);
+        return cudaSuccess;
+    }
+    if (e->kind != ENTRY_FREE_HOST && block_cache_unclaimed_is_block(ptr))
         return cudaSuccess;
     if (e->kind == ENTRY_FREE_HOST) {
         err = cudaFreeHost(ptr);
@@ -54,7 +62,7 @@ cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream)
     }
     cudaError_t first = cudaSuccess;
     for (size_t i = 0; i < e->nptrs; i++) {
-        cudaError_t err = release_pointer(e, e->ptrs[i], async_stream);
+        cudaError_t err = release_pointer(e, i, async_stream);
         if (first == cudaSuccess)
             first = err;
     }
@@ -67,4 +75,14 @@ void release_forget_pointers(struct entry *e)
         free(e->ptrs);
     e->ptrs = &e->one_ptr;
     e->nptrs = 0;
+    if (e->claims != &e->one_claim)
+        free(e->claims);
+    e->claims = NULL;
+}
+
+void release_move_pointer(struct entry *e, size_t from, size_t to)
+{
+    e->ptrs[to] = e->ptrs[from];
+    if (e->claims != NULL)
+        e->claims[to] = e->claims[from];
 }

@@ -15,7 +15,12 @@
  * cudaSuccess for calls. */
 cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream);
 
-/* Any thread: free the pointer array of a multi-pointer entry. */
+/* Any thread: free the pointer array of a multi-pointer entry, and its
+ * claims (none from now). */
 void release_forget_pointers(struct entry *e);
+
+/* The owner of e: pointer from (and its claim) moves to index to, when
+ * the pointers of e are compacted (to <= from). */
+void release_move_pointer(struct entry *e, size_t from, size_t to);
 
 #endif

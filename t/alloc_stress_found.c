@@ -21,7 +21,19 @@
  *    header says it returns cudaSuccess, cudaErrorNotPermitted or a
  *    device's sticky error: any thread's flush fails for another thread's
  *    bad pointer.  (Or the header should say so.)
+ * 3. An interior pointer given to defer_free (seed 423, before t/stress
+ *    avoided such pointers) where a block is cut later: the release looked
+ *    the pointer up again and took that block, another owner's, still
+ *    being freed (FREEING, its own free waiting for its work), for its
+ *    own: FREE early, handed to another stream while its work ran.  Fixed
+ *    when each entry carries the block its free claimed (or none) to the
+ *    release (commit after 4f58e4c); CUDEFER_CHECK, keyed by address,
+ *    dropped the owner's free as a second free of the interior pointer
+ *    (the block stayed claimed for good) until claimed pointers were left
+ *    out of its set.
  */
+#include <string.h>
+
 #include "helpers.h"
 
 static cudaStream_t s, side, dev1, dev1b;
@@ -116,6 +128,75 @@ static void innocent_owner(void)
     cudaStreamDestroy(s2);
 }
 
+/* Bug 3: an interior pointer inside block p, deferred behind held work
+ * (alone, or with defer_free_n beside a plain allocation); p is freed and
+ * a 1 MiB block q is cut at that very address for another owner, who frees
+ * it with defer_free_streams behind work of its own (FREEING until then).
+ * The interior pointer's work completes first: its release must fail
+ * (cudaFree of an interior pointer, reported), and q must not be handed
+ * out again while its owner's work runs. */
+static void interior_then_cut(bool with_free_n)
+{
+    const size_t MiB = (size_t)1 << 20;
+    cudaStream_t s2 = stream_new(), s3 = stream_new(), s4 = stream_new();
+    char *p = NULL;
+    void *q = NULL, *r = NULL, *plain = device_alloc(4096);
+    alloc_checked((void **)&p, 4 * MiB, s);
+    char *inside = p + 3 * MiB; /* where a 1 MiB piece is cut from p */
+    fake_work *interior_work = work_held(s3, NULL);
+    struct defer_stats before = stats_now();
+    stderr_capture_begin();
+    void *two[2] = {inside, plain};
+    cudaError_t err = with_free_n ? defer_free_n(two, 2, s3)
+                                  : defer_free(inside, s3); /* the mistake */
+    is_int(err, cudaSuccess, "%s of an interior pointer is accepted",
+           with_free_n ? "defer_free_n" : "defer_free");
+    defer_free(p, s);
+    /* p's work is done (it had none): FREE once the reclaimer saw so.
+     * Blocks s2 gets before are kept live until the end, so that no other
+     * 1 MiB block is cached for the requests below. */
+    void *taken[64];
+    size_t n = 0;
+    while (alloc_checked(&q, MiB, s2) == cudaSuccess && q != inside &&
+           n < 64) {
+        taken[n++] = q;
+        sleep_ms(1);
+    }
+    ok(q == inside, "a 1 MiB block is cut from p at the interior address");
+    fake_work *owner_work = work_held(s2, q);
+    is_int(defer_free_streams(q, &s2, 1), cudaSuccess,
+           "its owner frees it behind its work (FREEING until done)");
+    fake_complete(interior_work);
+    /* Done then: p's free and the interior pointer's (q's waits). */
+    uint64_t done = before.released + before.failed + 2;
+    for (int i = 0; i < 2000 && stats_now().released + stats_now().failed <
+                                    done; i++)
+        sleep_ms(1);
+    const char *said = stderr_capture_end();
+    struct defer_stats after = stats_now();
+    is_int((int)(after.failed - before.failed), 1,
+           "the interior pointer's release fails");
+    ok(strstr(said, "cudaFree") != NULL, "and is reported");
+    alloc_checked(&r, MiB, s4);
+    ok(r != q, "the owner's block is not handed to another stream while its "
+               "work runs");
+    is_int(fake_violations(), 0, "the oracle saw no premature reuse");
+    fake_complete(owner_work);
+    defer_flush();
+    is_int((int)(stats_now().failed - before.failed), 1,
+           "the owner's free is not taken for a second free of the interior "
+           "pointer (CUDEFER_CHECK): its release succeeds");
+    defer_free(r, s4);
+    for (size_t i = 0; i < n; i++)
+        defer_free(taken[i], s2);
+    defer_flush();
+    if (!with_free_n)
+        cudaFree(plain);
+    cudaStreamDestroy(s2);
+    cudaStreamDestroy(s3);
+    cudaStreamDestroy(s4);
+}
+
 static void flush_after_failed_release(void)
 {
     void *h = host_alloc(4096);
@@ -132,6 +213,9 @@ static void flush_after_failed_release(void)
 int main(void)
 {
     plan_lazy();
+    /* Every check on: CUDEFER_CHECK must not take a block cut at a pending
+     * interior pointer's address for a second free of it (bug 3). */
+    set_cudefer_env("CUDEFER_CHECK=1");
     fake_reset(2);
     cudaSetDevice(1);
     dev1 = stream_new();
@@ -146,6 +230,8 @@ int main(void)
     record_after_free();
     innocent_owner();
     flush_after_failed_release();
+    interior_then_cut(false);
+    interior_then_cut(true);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     return 0;
 }

@@ -48,8 +48,22 @@ static void test_rounding(void)
  * its work done (adopted): FREE.  True when so. */
 static bool give_back(void *p)
 {
-    return block_cache_claim(p) == BLOCK_AFTER_EVENT && block_cache_adopt(p) &&
-           block_map_find(p) != NULL;
+    struct block_claim claim;
+    if (block_cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
+        claim.block != block_map_find(p))
+        return false;
+    block_cache_adopt(&claim);
+    return block_map_find(p) != NULL;
+}
+
+/* A claim by a free path that waits for more than one event; its path. */
+static enum block_free_path claim(void *p)
+{
+    struct block_claim c;
+    enum block_free_path path = block_cache_claim(p, &c);
+    if (c.block != NULL)
+        block_cache_unclaim(&c);
+    return path;
 }
 
 /* Free b (ptr p) on stream id of device 0 the stream-ordered way; returns
@@ -138,7 +152,8 @@ static void test_double_free(void)
     block_cache_plan_free(ADDR(6), 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_LIVE, "freed again while PENDING: not live");
     stderr_capture_begin();
-    ok(block_cache_adopt(ADDR(6)), "an adopt of it is still 'ours'");
+    ok(block_cache_unclaimed_is_block(ADDR(6)),
+       "a release no free claimed must not cudaFree it");
     const char *said = stderr_capture_end();
     ok(strstr(said, "freed twice") != NULL, "and reported as a double free");
     block_cache_plan_free(ADDR(99), 0, 3, &plan);
@@ -165,21 +180,21 @@ static void test_recorded(void)
     struct block_free_plan again;
     block_cache_plan_free(ADDR(7), 0, 9, &again);
     is_int(again.path, BLOCK_NOT_LIVE, "planned: a second free is refused");
-    is_int(block_cache_claim(ADDR(7)), BLOCK_NOT_LIVE,
+    is_int(claim(ADDR(7)), BLOCK_NOT_LIVE,
            "so is a claim by another free path");
     stderr_capture_begin();
     is_int(block_cache_record_stream(ADDR(7), x, 10), cudaErrorInvalidValue,
            "and a record");
     stderr_capture_end();
-    block_cache_unclaim(ADDR(7));
+    block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
     block_cache_plan_free(ADDR(7), 0, 4, &plan);
     ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2 &&
            plan.streams[1] == x,
        "given back, then freed on another stream: waits for both");
     is_int(block_cache_recorded(ADDR(7), NULL), 1,
            "a claimed block's recorded streams are still its free's");
-    block_cache_unclaim(ADDR(7));
-    is_int(block_cache_claim(ADDR(99)), BLOCK_NOT_OURS,
+    block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
+    is_int(claim(ADDR(99)), BLOCK_NOT_OURS,
            "claiming an unknown pointer: not ours");
     int all = 1;
     for (unsigned long long id = 100; id < 100 + BLOCK_MAX_RECORDED - 1; id++)
@@ -206,7 +221,7 @@ static void test_devices_and_collect(void)
     block_cache_plan_free(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
            "freed on a device-0 stream: waits for its event, no stream order");
-    block_cache_adopt(ADDR(8));
+    block_cache_adopt(&(struct block_claim){plan.block, plan.handout});
     size_t size;
     int never = 1;
     for (int i = 0; i < 4; i++)
@@ -339,7 +354,7 @@ static void test_split_merge(void)
        "the piece's work done, it merges back: one FREE segment again");
     struct block_free_plan late;
     block_cache_plan_free(p, 0, 1, &late);
-    ok(late.path == BLOCK_NOT_OURS && !block_cache_adopt(p),
+    ok(late.path == BLOCK_NOT_OURS && !block_cache_unclaimed_is_block(p),
        "limit: freed again now, the piece is no block any more (the second "
        "free is taken for other memory, whose cudaFree fails)");
 
@@ -367,7 +382,7 @@ static void test_split_merge(void)
     block_cache_plan_free(b, 0, 7, &again);
     is_int(again.path, BLOCK_NOT_LIVE,
            "so a part freed again meanwhile is refused as a second free");
-    is_int(block_cache_claim(a), BLOCK_NOT_LIVE, "by any free path");
+    is_int(claim(a), BLOCK_NOT_LIVE, "by any free path");
     ok(block_cache_take(0, 7, 4 * MiB, &size) == base,
        "which stream 7 takes whole");
     uint64_t hm = free_on(base, 7);
@@ -461,7 +476,8 @@ static void test_adopt_unclaimed(void)
     size_t size = 0;
     ok(block_cache_add(0, base, 2 * MiB, false), "a LIVE segment");
     stderr_capture_begin();
-    ok(block_cache_adopt(base) && block_map_find(base)->state == BLOCK_LIVE,
+    ok(block_cache_unclaimed_is_block(base) &&
+           block_map_find(base)->state == BLOCK_LIVE,
        "a release of it that no free claimed: not to be cudaFree'd, and "
        "still LIVE");
     ok(strstr(stderr_capture_end(), "another owner holds") != NULL,
@@ -469,14 +485,46 @@ static void test_adopt_unclaimed(void)
     ok(give_back(base), "its owner's free");
     void *piece = block_cache_take(0, 9, 3 * MiB / 2, &size);
     ok(piece == base + MiB / 2, "a piece cut from it");
-    ok(!block_cache_adopt(piece) &&
+    ok(!block_cache_unclaimed_is_block(piece) &&
            block_map_find(piece)->state == BLOCK_LIVE,
        "a release of the piece no free claimed: left to cudaFree, which "
        "refuses an interior pointer; still LIVE");
-    ok(block_cache_claim(piece) == BLOCK_AFTER_EVENT &&
-           block_cache_adopt(piece) && block_map_find(piece) == NULL &&
-           block_map_find(base)->size == 2 * MiB,
-       "its owner's free: FREE, merged back into the segment");
+    struct block_claim owner;
+    ok(block_cache_claim(piece, &owner) == BLOCK_AFTER_EVENT &&
+           owner.block == block_map_find(piece) && owner.block->events == 1,
+       "its owner's free claims it (FREEING), the claim naming it");
+    ok(!block_cache_unclaimed_is_block(piece) &&
+           block_map_find(piece)->state == BLOCK_FREEING,
+       "a release no free claimed (an interior pointer deferred before the "
+       "piece was cut) leaves the owner's claimed block alone: it did make "
+       "it FREE while the owner's work ran");
+    block_cache_adopt(&owner);
+    ok(block_map_find(piece) == NULL && block_map_find(base)->size == 2 * MiB,
+       "its owner's release: FREE, merged back into the segment");
+}
+
+/* A claimed block whose memory was cudaFree'd behind cudefer's back and
+ * allocated again at its address: the new block is filed, the claim's
+ * record dropped; the claim's release reports, never touches the new
+ * block, and forgets the dropped record (ASan sees a leak otherwise). */
+static void test_claim_of_dropped_record(void)
+{
+    char *p = ADDR(70);
+    ok(block_cache_add(0, p, 4096, false), "a LIVE block");
+    struct block_claim c;
+    ok(block_cache_claim(p, &c) == BLOCK_AFTER_EVENT, "claimed by a free");
+    stderr_capture_begin();
+    ok(block_cache_add(0, p, 8192, false), "its address allocated again");
+    stderr_capture_end();
+    struct cache_block *fresh = block_map_find(p);
+    ok(fresh != c.block && fresh->state == BLOCK_LIVE, "filed as a new block");
+    stderr_capture_begin();
+    block_cache_adopt(&c);
+    ok(strstr(stderr_capture_end(), "behind cudefer's back") != NULL,
+       "the claim's release reports the dropped record");
+    ok(block_map_find(p) == fresh && fresh->state == BLOCK_LIVE,
+       "and leaves the new block its owner's");
+    ok(give_back(p), "which its own free gives back");
 }
 
 int main(void)
@@ -497,6 +545,7 @@ int main(void)
     test_cut_segment_stays();
     test_cut_at_merged();
     test_adopt_unclaimed();
+    test_claim_of_dropped_record();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
