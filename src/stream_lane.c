@@ -39,11 +39,20 @@ static void let_go_slot(struct lane_slot *slot)
 }
 
 /* Whether every record of slot's event has completed (as far as the
- * reclaimer has seen). */
+ * reclaimer has seen), or every entry given the event is finished (the
+ * reclaimer took one reference off each: refs is minus the labels while
+ * the lane holds it).  The second covers entries finished without a query
+ * of the event (refused by CUDEFER_CHECK on arrival, waited for with
+ * cudaEventSynchronize when out of memory): no entry waits for the
+ * event's records any more, so it may be let go of or recorded again;
+ * else the lane would keep it for good, a slot fewer, and full at last. */
 static bool slot_done(const struct lane_slot *slot)
 {
-    return atomic_load_explicit(&slot->ev->completed, memory_order_acquire) >=
-           slot->label;
+    if (atomic_load_explicit(&slot->ev->completed, memory_order_acquire) >=
+        slot->label)
+        return true;
+    return atomic_load_explicit(&slot->ev->refs, memory_order_acquire) ==
+           -(int64_t)slot->label;
 }
 
 static struct lane_slot *slot_at(struct lane *l, unsigned i)
@@ -142,16 +151,24 @@ void stream_lane_uncommit(struct entry *e)
 {
     struct lane_table *t = event_pool_lanes();
     unsigned s = set_of(e->device, e->stream_id);
+    /* Its event's slot, when e's record is still the slot's newest (the
+     * parts of a refused group are uncommitted newest first, so each is by
+     * then): any slot, not only the lane's newest.  A group on one stream
+     * twice takes two slots; a slot left with a label nobody takes in would
+     * never complete, and the lane would keep it for good (full at last:
+     * every callback then shares one event; t/lane_lifetimes). */
     for (int w = 0; w < LANE_WAYS; w++) {
         struct lane *l = &t->set[s][w];
         if (!l->valid || l->stream_id != e->stream_id ||
-            l->device != e->device || l->count == 0)
+            l->device != e->device)
             continue;
-        struct lane_slot *newest = slot_at(l, l->count - 1u);
-        if (newest->ev == e->ev && newest->label == e->label) {
-            newest->label--; /* its reference was never counted */
-            e->ev = NULL;
-            return;
+        for (unsigned i = 0; i < l->count; i++) {
+            struct lane_slot *slot = slot_at(l, i);
+            if (slot->ev == e->ev && slot->label == e->label) {
+                slot->label--; /* its reference was never counted */
+                e->ev = NULL;
+                return;
+            }
         }
     }
     /* Counted in its lane's labels (or let go already): one reference. */

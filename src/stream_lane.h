@@ -120,8 +120,9 @@ void stream_lane_commit(const struct lane_pick *pick, struct entry *e);
 void stream_lane_cancel(const struct lane_pick *pick);
 
 /* The calling thread: e was committed but will not be pushed; its
- * reference is dropped (and its label, when it is still its lane's
- * newest, so the lane does not wait for a record nobody takes in). */
+ * reference is dropped (and its label, when it is still its slot's newest,
+ * so the lane does not wait for a record nobody takes in).  Uncommit the
+ * parts of one call newest first. */
 void stream_lane_uncommit(struct entry *e);
 
 /* Any thread: one of ev's entries is done (or will never be pushed).  True

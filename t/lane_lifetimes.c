@@ -10,6 +10,9 @@
  *    lanes' ones included, with CUDEFER_EVENT_POOL=0 (a full pool: what the
  *    lanes let go of would overflow it and be destroyed, saying the
  *    device's error once more).
+ *  - defer_call_streams refused after recording two parts on one stream:
+ *    the lane forgets both records (else it waits for them for good, full,
+ *    and shares one event among all later callbacks).
  *  - A thread with lanes forks and exits in the child: its lanes let go
  *    into the pools without a CUDA call (none may be made after fork).
  *
@@ -21,6 +24,7 @@
 #include <sys/wait.h>
 
 #include "helpers.h"
+#include "stream_lane.h"
 
 /* Lines of text that start with "cudefer: " and contain what. */
 static int lines_naming(const char *text, const char *what)
@@ -186,6 +190,61 @@ static void s_fork_child_thread_exit(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+static atomic_int step_ran;
+
+static void count_step(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&step_ran, 1);
+}
+
+/* defer_call_streams on one stream three times over, its third record
+ * failing: the first two parts each took an event of the thread's lane
+ * for the stream (the second a fresh one, the first's record being
+ * pending), and both are discarded.  Neither event may stay in the lane as
+ * if a record of it were pending: nothing would ever complete it, and with
+ * LANE_EVENTS - 1 such events the lane is full for good, every later
+ * callback sharing its newest event, so a thread that keeps deferring
+ * behind its work runs none of them (each records that event again after
+ * the newest work) until it stops. */
+static void s_failed_groups_leave_no_stale_event(void)
+{
+    cudaStream_t s = stream_new();
+    cudaStream_t thrice[3] = {s, s, s};
+    stderr_capture_begin();
+    for (int i = 0; i < LANE_EVENTS; i++) {
+        fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported, 2, 1);
+        CHECK(defer_call_streams(count_step, NULL, thrice, 3) != cudaSuccess,
+              "defer_call_streams #%d refused (its third record failed)", i);
+        fake_fail_clear();
+    }
+    stderr_capture_end();
+    CHECK(atomic_load(&step_ran) == 0, "no refused callback ran");
+    /* Each callback's own work is held until the next one is deferred. */
+    enum { STEPS = 40 };
+    fake_work *prev = work_held(s, NULL);
+    CHECK(defer_call(count_step, NULL, s) == cudaSuccess, "defer_call #0");
+    for (int i = 1; i < STEPS; i++) {
+        fake_work *w = work_held(s, NULL);
+        CHECK(defer_call(count_step, NULL, s) == cudaSuccess,
+              "defer_call #%d", i);
+        fake_complete(prev);
+        prev = w;
+        sleep_ms(5);
+    }
+    int ran = atomic_load(&step_ran);
+    CHECK(ran >= STEPS / 2, "%d of the %d callbacks whose work is done ran "
+          "while the thread kept deferring (0: they all shared one event, "
+          "recorded again behind each new work)", ran, STEPS - 1);
+    fake_complete(prev);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&step_ran) == STEPS, "every callback ran (%d of %d)",
+          atomic_load(&step_ran), STEPS);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed (%zu alive)",
+          fake_live_events());
+}
+
 static void run(void (*scenario)(void), const char *env, const char *what)
 {
     pid_t pid = fork_flushed();
@@ -214,5 +273,9 @@ int main(void)
     run(s_fork_child_thread_exit, "CUDEFER_EVENT_POOL=1",
         "a forking thread with lanes exits in the fork child: its events go "
         "back to the pools, none destroyed (no CUDA call after fork)");
+    run(s_failed_groups_leave_no_stale_event, NULL,
+        "refused defer_call_streams on one stream thrice leave no event in "
+        "the lane waiting for a record nobody takes in: later callbacks run "
+        "as their work completes");
     return 0;
 }
