@@ -63,8 +63,9 @@ void s_free_sticky(const struct scenario *sc)
 }
 
 /* After a sticky error the device's events cannot be destroyed either:
- * shutdown forgets them without a line of its own (the device's failure was
- * said once, on the GPU at the first cudaFree; t/gpu/gpu_fault). */
+ * they are forgotten without a line of their own, at shutdown or when a
+ * full pool lets them go while running (the device's failure was said
+ * once, on the GPU at the first cudaFree; t/gpu/gpu_fault). */
 void s_free_sticky_shutdown(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
@@ -77,9 +78,9 @@ void s_free_sticky_shutdown(const struct scenario *sc)
     WAIT_UNTIL(stats_now().held == 1, 2000);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, ALWAYS);
-    defer_trim(NULL); /* the cudaFree fails: the device with it */
-    fake_complete(w);
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
+    defer_trim(NULL); /* the cudaFree fails: the device with it */
+    fake_complete(w); /* (CUDEFER_EVENT_POOL=0: its event is let go now) */
     cudaError_t err = defer_shutdown();
     const char *msg = capture_end();
     CHECK(err == bad, "shutdown returns %s (%s)", EN(bad), EN(err));
