@@ -329,8 +329,9 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * done: possibly later than its own work, never earlier, still in order
  * (t/shared_events).  defer_trim runs a callback only once its event
  * completed.  defer_flush waits for such a callback; while a flush waits
- * no callback shares a pending event, so it waits for no work deferred
- * after it began.  Memory is never delayed so: frees have events of their
+ * no callback shares a pending event, so it waits at most for the work of
+ * defer calls made before it began or racing with its start, never for
+ * work deferred later, and cannot hang.  Memory is never delayed so: frees have events of their
  * own and wait apart from callbacks (defer_trim's promise holds for them).
  *
  * On a capturing stream fn runs (on the reclaimer thread) once the graph
