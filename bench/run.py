@@ -73,6 +73,10 @@ def parse_args(argv):
                    help='seconds a training run may run (900)')
     p.add_argument('--bindir', help='where the programs of make bench are '
                    '(default: ./bench if it has them, else the source bench/)')
+    p.add_argument('--time-calls', action='store_true',
+                   help='training: time every allocation and free of the '
+                   'pluggable allocators (torch_train.py --time-calls) and '
+                   'show their microseconds a step')
     p.add_argument('--torch-lib', metavar='PATH',
                    help='passed to torch_train.py as --lib (default: '
                    'BINDIR/../src/.libs/libcudefer.so when it exists)')

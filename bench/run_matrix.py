@@ -36,6 +36,8 @@ class Runner:
                    '--warmup', str(o.train_warmup)]
             if wl.ddp:
                 cmd.append('--ddp')
+            if o.time_calls and st.base not in ('native', 'native-async'):
+                cmd.append('--time-calls')
             if o.torch_lib:
                 cmd += ['--lib', o.torch_lib]
             return cmd
@@ -122,6 +124,10 @@ class Runner:
                                  ('hand_backs_per_step', 'cache_releases')):
                 if isinstance(per_step.get(counter), (int, float)):
                     rec[key] = per_step[counter]
+            # --time-calls: the allocator's own time a step, flat too.
+            for key, value in (rec.get('calls') or {}).items():
+                if isinstance(value, (int, float)):
+                    rec['calls_' + key] = value
         if error:
             rec['error'] = error
         else:

@@ -129,15 +129,22 @@ def table_train(rows, o):
     # GPU behind: steps the GPU had not finished when a step began (about
     # 1: the GPU sets the pace; below: the launching thread does); misses
     # and hand-backs: cudefer's per timed step.
+    # alloc/free us: --time-calls, the allocator's own microseconds a step
+    # in its allocations and its frees.
+    timed = any(s.get('calls_alloc_us_per_step') is not None for s in rows)
     print_grid(['allocator', 'ms/step', 'x native', 'peak MiB', 'peak x native',
-                'GPU behind', 'misses', 'hand-backs', 'losses identical',
-                'weights identical', 'reps'],
+                'GPU behind', 'misses', 'hand-backs'] +
+               (['alloc/free us'] if timed else []) +
+               ['losses identical', 'weights identical', 'reps'],
                [[s['strategy'], fmt(s.get('ms_per_step'), 2),
                  fmt_spread(s, 'ms_per_step_ratio'), fmt(s.get('peak_mib'), 0),
                  fmt_spread(s, 'peak_ratio'), fmt(s.get('gpu_steps_behind'), 2),
                  fmt(s.get('misses_per_step'), 0),
-                 fmt(s.get('hand_backs_per_step'), 0),
-                 ident(s, 'losses_identical'),
+                 fmt(s.get('hand_backs_per_step'), 0)] +
+                (['%s/%s' % (fmt(s.get('calls_alloc_us_per_step'), 0),
+                             fmt(s.get('calls_free_us_per_step'), 0))]
+                 if timed else []) +
+                [ident(s, 'losses_identical'),
                  ident(s, 'weights_identical'), fmt_reps(s)] for s in rows])
 
 

@@ -86,6 +86,10 @@ r = dict(model=model, allocator=alloc, device='Fake GPU',
          gpu_steps_behind=0.97)
 if alloc == 'cudefer':
     r['cudefer_per_step'] = dict(cache_mallocs=27.0, cache_releases=26.0)
+if '--time-calls' in sys.argv:
+    r['calls'] = dict(alloc_calls_per_step=1000.0, alloc_us_per_step=600.0,
+                      alloc_ns_mean=600.0, free_calls_per_step=1000.0,
+                      free_us_per_step=1500.0, free_ns_mean=1500.0)
 print(json.dumps(r))
 '''
 
@@ -409,6 +413,33 @@ def test_dry_run():
                                  '--label inline-cudaFree --rep 0 --calls 20000'), lines[0]
         assert any(l.startswith('CUDEFER_A=1 ') and '--allocator cudefer' in l
                    for l in lines), so
+    finally:
+        shutil.rmtree(tmp)
+
+
+def test_time_calls():
+    """--time-calls reaches the pluggable allocators' runs only, and the
+    training table shows their microseconds a step."""
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        make_fakes(tmp)
+        rc, so, se = run_py(tmp, ['--dry-run', '--reps', '1', '--workloads', 'train-lm',
+                                  '--strategies', 'native,cudefer', '--time-calls'])
+        lines = so.splitlines()
+        assert rc == 0, se
+        assert any('--allocator cudefer ' in l and l.endswith('--time-calls')
+                   for l in lines), so
+        assert not any('--allocator native ' in l and '--time-calls' in l
+                       for l in lines), so
+        out = os.path.join(tmp, 'r.jsonl')
+        rc, so, se = run_py(tmp, ['--reps', '1', '--workloads', 'train-lm',
+                                  '--strategies', 'native,cudefer', '--time-calls',
+                                  '--json', out])
+        assert rc == 0, se
+        reps = [json.loads(l) for l in open(out) if '"rep"' in l]
+        c = next(r for r in reps if r.get('strategy') == 'cudefer' and r['record'] == 'rep')
+        assert c['calls_free_us_per_step'] == 1500.0, c
+        assert 'alloc/free us' in so and '600/1500' in so, so
     finally:
         shutil.rmtree(tmp)
 

@@ -9,6 +9,8 @@
  *   malloc-defer     shim_malloc_alloc / shim_defer_free   cudaMalloc, defer_free
  *   malloc-free      shim_malloc_alloc / shim_cudafree     cudaMalloc, cudaFree
  *   pluggable-floor  shim_floor_alloc  / shim_floor_free   exact-size free lists
+ *   (--time-calls)   shim_timed_alloc  / shim_timed_free   any pair above, or
+ *                                                          cudefer's, timed
  *   cudefer-trace    shim_traced_alloc / shim_traced_free  cudefer, traced
  *
  * cudefer-trace is cudefer's defer_pluggable_alloc/free that also records
@@ -36,12 +38,16 @@
  * (PyTorch forwards it to a pluggable allocator only through a C++ hook),
  * so on a program that relies on record_stream they may reuse memory early.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <string.h>
+#include <time.h>
 #include <cuda_runtime_api.h>
 
 #include "cudefer.h"
@@ -386,4 +392,82 @@ void shim_trace_flush(void)
     pthread_mutex_lock(&trace_lock);
     trace_write_locked();
     pthread_mutex_unlock(&trace_lock);
+}
+
+/* ---- timed: any pair above, or cudefer's, with its calls timed ----------- */
+
+/* bench/torch_train.py --time-calls installs shim_timed_alloc/free and names
+ * the pair they call (shim_timed_use); each call is timed with the
+ * monotonic clock (two clock_gettime calls, about 40 ns, added to every
+ * call) and summed per kind, so that the allocator's own time a step is
+ * measured in real training next to ms/step. */
+
+typedef void *(*alloc_fn)(size_t, int, cudaStream_t);
+typedef void (*free_fn)(void *, size_t, int, cudaStream_t);
+
+static const struct {
+    const char *name;
+    alloc_fn alloc;
+    free_fn free;
+} timed_pairs[] = {
+    {"cudefer", defer_pluggable_alloc, defer_pluggable_free},
+    {"pluggable-async", shim_async_alloc, shim_async_free},
+    {"pluggable-floor", shim_floor_alloc, shim_floor_free},
+    {"malloc-defer", shim_malloc_alloc, shim_defer_free},
+    {"malloc-free", shim_malloc_alloc, shim_cudafree},
+};
+
+static alloc_fn timed_alloc;
+static free_fn timed_free;
+static _Atomic uint64_t timed_calls[2], timed_ns[2]; /* [0] alloc, [1] free */
+
+/* Choose the pair the timed shims call, by the allocator's name in
+ * bench/torch_train.py ("cudefer", "pluggable-async", ...).  Before the
+ * first call.  Returns 0, or -1 for an unknown name. */
+int shim_timed_use(const char *allocator)
+{
+    for (size_t i = 0; i < sizeof timed_pairs / sizeof *timed_pairs; i++)
+        if (strcmp(timed_pairs[i].name, allocator) == 0) {
+            timed_alloc = timed_pairs[i].alloc;
+            timed_free = timed_pairs[i].free;
+            return 0;
+        }
+    return -1;
+}
+
+static uint64_t timed_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The chosen pair's allocation, timed.  Any thread. */
+void *shim_timed_alloc(size_t size, int device, cudaStream_t stream)
+{
+    uint64_t t0 = timed_now_ns();
+    void *ptr = timed_alloc(size, device, stream);
+    atomic_fetch_add(&timed_ns[0], timed_now_ns() - t0);
+    atomic_fetch_add(&timed_calls[0], 1);
+    return ptr;
+}
+
+/* The chosen pair's free, timed.  Any thread. */
+void shim_timed_free(void *ptr, size_t size, int device, cudaStream_t stream)
+{
+    uint64_t t0 = timed_now_ns();
+    timed_free(ptr, size, device, stream);
+    atomic_fetch_add(&timed_ns[1], timed_now_ns() - t0);
+    atomic_fetch_add(&timed_calls[1], 1);
+}
+
+/* The sums since the last read: out[0] allocations, out[1] their ns,
+ * out[2] frees, out[3] their ns; then zero them (bench/torch_train.py reads
+ * at the timed window's start and end, through ctypes).  Any thread. */
+void shim_timed_read(uint64_t out[4])
+{
+    out[0] = atomic_exchange(&timed_calls[0], 0);
+    out[1] = atomic_exchange(&timed_ns[0], 0);
+    out[2] = atomic_exchange(&timed_calls[1], 0);
+    out[3] = atomic_exchange(&timed_ns[1], 0);
 }

@@ -5,7 +5,7 @@
         --allocator {native,native-async,pluggable-async,cudefer,malloc-defer,malloc-free,cudefer-trace,
                      pluggable-floor} \
         [--steps N] [--warmup W] [--seed S] [--ddp] [--lib PATH] [--side-stream] \
-        [--trace FILE]
+        [--trace FILE] [--time-calls]
 
 One (model, allocator, repetition) per process: an allocator cannot be
 changed once PyTorch has allocated CUDA memory, and each run must start from
@@ -168,6 +168,10 @@ def parse_args(argv=None):
     p.add_argument("--no-amp", action="store_true", help="train in fp32")
     p.add_argument("--sample-ms", type=float, default=1.0,
                    help="NVML sampling period (default 1 ms)")
+    p.add_argument("--time-calls", action="store_true",
+                   help="time every allocation and free (through the timed "
+                   "shims of bench/torch_shims.c; cudefer then has no "
+                   "record_stream hook) and report their time per step")
     p.add_argument("--trace", metavar="FILE",
                    help="--allocator cudefer-trace: record the allocation "
                    "trace to FILE (default: $CUDEFER_TRACE_FILE)")
@@ -176,6 +180,9 @@ def parse_args(argv=None):
         p.error("--steps must be >= 1 and --warmup >= 0")
     if a.no_record_stream_hook and a.allocator != "cudefer":
         p.error("--no-record-stream-hook applies to --allocator cudefer only")
+    if a.time_calls and a.allocator in ("native", "native-async",
+                                        "cudefer-trace"):
+        p.error("--time-calls applies to the pluggable allocators only")
     if a.trace and a.allocator != "cudefer-trace":
         p.error("--trace applies to --allocator cudefer-trace only")
     if a.allocator == "cudefer-trace" and not (
@@ -248,10 +255,11 @@ def prepare(args):
     prep = {"lib": None, "shims": None}
     if args.allocator in USES_CUDEFER:
         prep["lib"] = cudefer_torch.find_library(args.lib)
-    if args.allocator in SHIMS:
+    if args.allocator in SHIMS or args.time_calls:
         lib = prep["lib"] or cudefer_torch.find_library(args.lib)
         prep["shims"] = build_shims(lib)
-    if args.allocator == "cudefer" and not args.no_record_stream_hook:
+    if args.allocator == "cudefer" and not args.no_record_stream_hook \
+            and not args.time_calls:
         cudefer_torch.build_hook()  # compiled once here, not by every rank
     return prep
 
@@ -262,6 +270,19 @@ def install_allocator(args, prep):
     import torch
     if args.allocator in ("native", "native-async"):
         return True
+    if args.time_calls:
+        import ctypes
+        shims = ctypes.CDLL(prep["shims"])  # the object PyTorch loads, too
+        shims.shim_timed_use.argtypes = [ctypes.c_char_p]
+        if shims.shim_timed_use(args.allocator.encode()) != 0:
+            sys.exit("torch_train: the timed shims know no %s" % args.allocator)
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(
+                prep["shims"], "shim_timed_alloc", "shim_timed_free"))
+        log("%s through the timed shims%s" % (
+            args.allocator, " (no record_stream hook)"
+            if args.allocator == "cudefer" else ""))
+        return False
     if args.allocator == "cudefer":
         if args.no_record_stream_hook:
             import warnings
@@ -277,6 +298,34 @@ def install_allocator(args, prep):
                                                          alloc_fn, free_fn)
     torch.cuda.memory.change_current_allocator(allocator)
     return False
+
+
+class CallTimer:
+    """--time-calls: the timed shims' sums (bench/torch_shims.c,
+    shim_timed_read), zeroed by each read."""
+
+    def __init__(self, path):
+        import ctypes
+        self.ctypes = ctypes
+        self.shims = ctypes.CDLL(path)
+        self.shims.shim_timed_read.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+    def read(self):
+        out = (self.ctypes.c_uint64 * 4)()
+        self.shims.shim_timed_read(out)
+        return list(out)
+
+    def per_step(self, steps):
+        """Since the last read: calls and microseconds a step, mean ns a
+        call, for allocations and frees."""
+        n_alloc, ns_alloc, n_free, ns_free = self.read()
+        mean = lambda ns, n: ns / n if n else None
+        return {"alloc_calls_per_step": n_alloc / steps,
+                "alloc_us_per_step": ns_alloc / 1000.0 / steps,
+                "alloc_ns_mean": mean(ns_alloc, n_alloc),
+                "free_calls_per_step": n_free / steps,
+                "free_us_per_step": ns_free / 1000.0 / steps,
+                "free_ns_mean": mean(ns_free, n_free)}
 
 
 def start_trace(args, prep, rank, world):
@@ -408,6 +457,7 @@ def run_rank(rank, world, args, prep, port):
     sampler = Sampler(nvml_index, args.sample_ms / 1000.0)
     tracer = start_trace(args, prep, rank, world)
     hooked = install_allocator(args, prep)
+    timer = CallTimer(prep["shims"]) if args.time_calls else None
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist = None
@@ -485,6 +535,8 @@ def run_rank(rank, world, args, prep, port):
         torch.cuda.synchronize(device)
     window_start = (cudefer_torch.stats(prep["lib"])
                     if args.allocator in USES_CUDEFER else None)
+    if timer is not None:
+        timer.read()  # the warm-up's calls are not counted
     # At each timed step's start: how many earlier steps the GPU has not
     # finished.  About 0: the GPU waits for the launching thread (the CPU
     # sets the pace, so allocator calls cost time); 1 or more: the CPU runs
@@ -502,6 +554,7 @@ def run_rank(rank, world, args, prep, port):
     elapsed = time.perf_counter() - t0
     if side is not None:
         side.synchronize()
+    calls = timer.per_step(args.steps) if timer is not None else None
     if tracer is not None:  # the last step's end; then the lines so far
         tracer.shim_trace_mark(total)
         tracer.shim_trace_flush()
@@ -525,6 +578,8 @@ def run_rank(rank, world, args, prep, port):
     }
     if tracer is not None:
         result["trace"] = os.environ["CUDEFER_TRACE_FILE"]
+    if calls is not None:
+        result["calls"] = calls
     if side is not None:
         result["side_sha256"] = [hashlib.sha256(tensor_bytes(r)).hexdigest()
                                  for r in side_results]
@@ -616,6 +671,8 @@ def main(argv=None):
         result["side_sha256"] = first["side_sha256"]
     if "trace" in first:
         result["trace"] = first["trace"]
+    if "calls" in first:
+        result["calls"] = first["calls"]
     if args.allocator in USES_CUDEFER:
         result["cudefer_stats"] = first["cudefer_stats"]
         result["cudefer_per_step"] = first["cudefer_per_step"]

@@ -2,11 +2,45 @@
  * benchmark) on the fake runtime: a block freed on a stream comes back to
  * the next request of exactly its size on that stream, at once (stream
  * order: the oracle accepts it while the block's work is pending), and to
- * no other size or stream; a request no list serves is a new allocation. */
+ * no other size or stream; a request no list serves is a new allocation.
+ * Then the timed shims (--time-calls): they call the pair they were given
+ * and count each call and its time. */
+#include <stdint.h>
+
 #include "helpers.h"
 
 void *shim_floor_alloc(size_t size, int device, cudaStream_t stream);
 void shim_floor_free(void *ptr, size_t size, int device, cudaStream_t stream);
+int shim_timed_use(const char *allocator);
+void *shim_timed_alloc(size_t size, int device, cudaStream_t stream);
+void shim_timed_free(void *ptr, size_t size, int device, cudaStream_t stream);
+void shim_timed_read(uint64_t out[4]);
+
+/* The timed shims around cudefer's pair: calls counted, time summed, the
+ * sums zeroed by a read, and the blocks cudefer's (reused on the stream). */
+static void test_timed(cudaStream_t s)
+{
+    uint64_t n[4];
+
+    is_int(shim_timed_use("no-such-allocator"), -1, "an unknown pair: -1");
+    is_int(shim_timed_use("cudefer"), 0, "cudefer's pair chosen");
+    shim_timed_read(n);
+    void *a = shim_timed_alloc(1 << 20, 0, s);
+    ok(a != NULL, "a timed cudefer allocation");
+    fake_oracle_handout_range(a, 1 << 20, s);
+    shim_timed_free(a, 1 << 20, 0, s);
+    void *b = shim_timed_alloc(1 << 20, 0, s);
+    ok(b == a, "the freed block comes back on its stream (cudefer's cache)");
+    shim_timed_free(b, 1 << 20, 0, s);
+    shim_timed_read(n);
+    ok(n[0] == 2 && n[2] == 2, "2 allocations and 2 frees counted (%llu, %llu)",
+       (unsigned long long)n[0], (unsigned long long)n[2]);
+    ok(n[1] > 0 && n[3] > 0, "their time summed (%llu ns, %llu ns)",
+       (unsigned long long)n[1], (unsigned long long)n[3]);
+    shim_timed_read(n);
+    ok(n[0] == 0 && n[1] == 0 && n[2] == 0 && n[3] == 0,
+       "a read zeroes the sums");
+}
 
 int main(void)
 {
@@ -32,6 +66,7 @@ int main(void)
     ok(e == a, "it is still there for its own size and stream");
 
     fake_complete(w);
+    test_timed(s);
     is_int(fake_violations(), 0, "oracle: nothing reused early");
     return 0;
 }
