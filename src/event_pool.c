@@ -38,6 +38,7 @@ struct thread_cache {
 static struct pool *pools[KINDS];
 static int pool_count;
 static size_t pool_max_idle;
+static bool (*device_failed)(int device); /* event_pool_init's */
 static _Atomic size_t idle_events; /* in the pools (the caches hold more) */
 
 /* Every thread cache, so shutdown can empty them. */
@@ -129,7 +130,9 @@ static void free_chain(enum kind k, struct pool_link *l, bool destroy_events)
             struct shared_event *ev = event_of_link(l);
             static _Atomic bool reported; /* once: thousands may follow */
             cudaError_t err =
-                destroy_events ? cudaEventDestroy(ev->event) : cudaSuccess;
+                destroy_events && !device_failed(ev->device)
+                    ? cudaEventDestroy(ev->event)
+                    : cudaSuccess;
             if (err != cudaSuccess && !atomic_exchange(&reported, true))
                 report_cuda("event pool", "cudaEventDestroy", err,
                             "; such events are forgotten (reported once)");
@@ -145,8 +148,10 @@ static void give_to_pool(enum kind k, int device, struct pool_link *first)
     free_chain(k, pool_push(k, device, first), true);
 }
 
-cudaError_t event_pool_init(int ndevices, size_t max_idle)
+cudaError_t event_pool_init(int ndevices, size_t max_idle,
+                            bool (*failed)(int device))
 {
+    device_failed = failed;
     for (int k = 0; k < KINDS; k++) {
         pools[k] = calloc((size_t)ndevices, sizeof *pools[k]);
         if (pools[k] == NULL) {
@@ -385,7 +390,7 @@ struct lane_table *event_pool_lanes(void)
 
 /* ---- shutdown, fork, statistics ----------------------------------------- */
 
-void event_pool_destroy_all(bool (*device_failed)(int device))
+void event_pool_destroy_all(void)
 {
     /* Every entry is done: the lanes' events come back to the pools as they
      * let go (this thread has no cache).  Their threads are outside cudefer
@@ -405,8 +410,7 @@ void event_pool_destroy_all(bool (*device_failed)(int device))
             for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
                 if (tc->head[k][d] != NULL)
                     free_chain((enum kind)k, tc->head[k][d],
-                               !device_failed(d) &&
-                                   cudaSetDevice(d) == cudaSuccess);
+                               cudaSetDevice(d) == cudaSuccess);
                 tc->head[k][d] = NULL;
                 set_count(tc, (enum kind)k, d, 0);
             }
@@ -418,8 +422,7 @@ void event_pool_destroy_all(bool (*device_failed)(int device))
         for (int d = 0; d < pool_count; d++) {
             if (pools[k][d].head != NULL)
                 free_chain((enum kind)k, pools[k][d].head,
-                           !device_failed(d) &&
-                               cudaSetDevice(d) == cudaSuccess);
+                           cudaSetDevice(d) == cudaSuccess);
             pthread_mutex_destroy(&pools[k][d].lock);
         }
     event_pool_abandon();

@@ -52,9 +52,13 @@ struct shared_event {
 
 /* Start-up only (one thread, before any other call).  ndevices pools of
  * each kind, each keeping at most max_idle idle items (beyond that they
- * are freed, events destroyed).  Returns cudaSuccess or
+ * are freed, events destroyed).  Events of a device for which
+ * device_failed(device) is true (a sticky error, said once where it
+ * surfaced) are only forgotten, never destroyed: destroying them would
+ * fail and say it again.  Returns cudaSuccess or
  * cudaErrorMemoryAllocation. */
-cudaError_t event_pool_init(int ndevices, size_t max_idle);
+cudaError_t event_pool_init(int ndevices, size_t max_idle,
+                            bool (*device_failed)(int device));
 
 /* Any thread.  A blank entry for device (from the thread's cache, refilled
  * from the pool, or allocated).  NULL when out of memory, with *err and
@@ -88,11 +92,9 @@ struct lane_table *event_pool_lanes(void);
 
 /* The reclaimer, at shutdown, once no launching thread is inside cudefer
  * and every entry is done: lets go of every lane's events and destroys
- * every idle event, the threads' caches included.  Events of a device for
- * which device_failed(device) is true (a sticky error, said once where it
- * surfaced) are only forgotten: destroying them would fail and say it
- * again. */
-void event_pool_destroy_all(bool (*device_failed)(int device));
+ * every idle event, the threads' caches included (a failed device's
+ * only forgotten, as everywhere). */
+void event_pool_destroy_all(void);
 
 /* Start-up failure or shutdown: forgets the (empty) pools without any CUDA
  * call. */

@@ -63,6 +63,14 @@ static void free_per_device(void)
     rs.recycle = NULL;
 }
 
+/* The event pool's test (event_pool_init): whether device has a sticky
+ * error, so its events are forgotten, not destroyed.  Any thread; false
+ * once the per-device state is gone (after shutdown). */
+static bool device_failed(int device)
+{
+    return rs.device_errors != NULL && device_error(device) != cudaSuccess;
+}
+
 /* Start the reclaimer for the first call, what; life_lock held.  On
  * failure (reported) nothing stays allocated and the next call tries again. */
 static cudaError_t start_locked(const char *what)
@@ -86,7 +94,8 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
-    if ((err = event_pool_init(n, rs.cfg.event_pool_max)) != cudaSuccess) {
+    if ((err = event_pool_init(n, rs.cfg.event_pool_max, device_failed)) !=
+        cudaSuccess) {
         free_per_device();
         return err;
     }

@@ -592,13 +592,6 @@ static void end_pass(void)
     rs.pass_released_bytes = 0;
 }
 
-/* Reclaimer thread, at shutdown: whether device has a sticky error (the
- * event pool then forgets its events instead of destroying them). */
-static bool device_has_failed(int device)
-{
-    return device_error(device) != cudaSuccess;
-}
-
 static void destroy_free_streams(void)
 {
     for (int d = 0; d < rs.ndevices; d++) {
@@ -646,7 +639,7 @@ void *reclaimer_main(void *unused)
         stats_add(&stats.wakeups, 1);
     }
     destroy_free_streams();
-    event_pool_destroy_all(device_has_failed);
+    event_pool_destroy_all();
     return NULL;
 }
 

@@ -146,6 +146,10 @@ static const struct scenario scenarios[] = {
     {"after a sticky error shutdown forgets the events it cannot destroy, "
      "no line more", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky_shutdown,
      FAKE_FREE, cudaErrorIllegalAddress, ALWAYS, cudaSuccess, NULL},
+    {"after a sticky error a thread's exit forgets its lanes' events, no "
+     "line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0", 1,
+     s_sticky_thread_exit, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
+     cudaErrorIllegalAddress, NULL},
     {"after a sticky error a full event pool forgets the events it lets go, "
      "no line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0", 1,
      s_free_sticky_shutdown, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,

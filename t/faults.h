@@ -159,6 +159,7 @@ void s_sticky(const struct scenario *sc);
 void s_reclaimer_set_device(const struct scenario *sc);
 void s_free_sticky(const struct scenario *sc);
 void s_free_sticky_shutdown(const struct scenario *sc);
+void s_sticky_thread_exit(const struct scenario *sc);
 void s_free_fails(const struct scenario *sc);
 void s_free_async_fails(const struct scenario *sc);
 void s_free_stream_fails(const struct scenario *sc);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "faults.h"
@@ -90,6 +91,62 @@ void s_free_sticky_shutdown(const struct scenario *sc)
           "no line for the events shutdown cannot destroy");
     cudaFree(busy);
     cudaFree(p);
+}
+
+/* A thread that deferred on the device before it failed exits after: its
+ * lanes let their events go into a full pool (CUDEFER_EVENT_POOL=0), and a
+ * failed device's events are forgotten, not destroyed (which would fail and
+ * say the sticky error again). */
+struct exiting_thread {
+    cudaStream_t s;
+    void *p;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int stage; /* 1: deferred; 2: may exit */
+};
+
+static void *defer_then_exit(void *arg)
+{
+    struct exiting_thread *t = arg;
+    work_timed(t->s, 0, t->p);
+    CHECK(defer_free(t->p, t->s) == cudaSuccess, "the thread's defer_free");
+    pthread_mutex_lock(&t->lock);
+    t->stage = 1;
+    pthread_cond_broadcast(&t->cond);
+    while (t->stage != 2)
+        pthread_cond_wait(&t->cond, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+void s_sticky_thread_exit(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    struct exiting_thread t = {.s = stream_new(), .p = device_alloc(1024),
+                               .lock = PTHREAD_MUTEX_INITIALIZER,
+                               .cond = PTHREAD_COND_INITIALIZER};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, defer_then_exit, &t) == 0, "thread");
+    pthread_mutex_lock(&t.lock);
+    while (t.stage != 1)
+        pthread_cond_wait(&t.cond, &t.lock);
+    pthread_mutex_unlock(&t.lock);
+    WAIT_UNTIL(stats_now().held == 1, 2000);
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, ALWAYS);
+    fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
+    defer_trim(NULL); /* the cudaFree fails: the device with it */
+    pthread_mutex_lock(&t.lock);
+    t.stage = 2;
+    pthread_cond_broadcast(&t.cond);
+    pthread_mutex_unlock(&t.lock);
+    pthread_join(th, NULL); /* its lanes let go of their events */
+    const char *msg = capture_end();
+    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names the device, cudaFree and %s", EN(bad));
+    CHECK(lines_with(msg, "cudaEventDestroy", EN(bad), NULL) == 0,
+          "no line for the events the exiting thread let go");
+    cudaFree(t.p);
 }
 
 void s_free_fails(const struct scenario *sc)
