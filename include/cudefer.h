@@ -198,11 +198,14 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * step).  A block cut from a larger one cannot be released with cudaFree:
  * blocks still live at defer_shutdown stay allocated until the process
  * exits.  A block freed again once its first free's work is done and it
- * merged with a free neighbour is no block any more: the second free is
- * taken for other memory and its release fails (reported), where an
- * unsplit block's is refused; it never frees a block cut there since
- * (each free's release acts on the block the free claimed, or on none: an
- * interior pointer's release fails even where a block starts by then).
+ * merged with a free neighbour is no block any more, yet still the
+ * cache's memory: that second free is refused at the call like any
+ * pointer inside the cache's memory where no block starts, an interior
+ * pointer included (cudaErrorInvalidValue, reported, counted in rejected;
+ * looked up only when no block starts at the pointer, so a block's own
+ * free costs nothing more).  Once the whole allocation went back to the
+ * pool or to CUDA the memory is no longer cudefer's, cut or not: a free
+ * then is taken for other memory and its release fails (reported).
  * With split_min_bytes 0 (never), a program
  * whose requests of every size add up to more than its live peak (a
  * training step whose gradients and workspaces have sizes no activation
@@ -224,8 +227,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * never with cudaFree: a block freed twice, by any of them, is refused from
  * the moment the first free is accepted (cudaErrorInvalidValue, reported,
  * counted in rejected; a defer_free_n naming it defers none of its
- * pointers), as is defer_record_stream of it (splitting makes one
- * exception, above).
+ * pointers), as is defer_record_stream of it.
  * On a stream being captured into a graph it is refused with
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
  * before the capture begins.  Thread-safe; blocks only in the allocation

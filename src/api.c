@@ -307,6 +307,27 @@ static cudaError_t refuse_freed_block(const struct request_args *a,
     return cudaErrorInvalidValue;
 }
 
+/* A pointer that starts no block of the cache but lies in its memory
+ * (block_cache.h, BLOCK_INSIDE): refused at the call, where its release
+ * would only fail later.  Either inside a live block (an interior pointer)
+ * or inside free memory: a block freed twice, its first free's work done
+ * and the block merged with a free neighbour since. */
+static cudaError_t refuse_inside(const struct request_args *a,
+                                 const void *ptr)
+{
+    stats_add(&stats.rejected, 1);
+    if (block_cache_inside_live(ptr))
+        report("%s: %p points inside a live block of defer_alloc's, not at "
+               "its start (an interior pointer): refused; nothing was "
+               "deferred", a->what, ptr);
+    else
+        report("%s: %p points inside memory of defer_alloc's that is free or "
+               "being freed, where no block starts (freed twice, after its "
+               "first free's work was done and the block merged with a free "
+               "neighbour?): refused; nothing was deferred", a->what, ptr);
+    return cudaErrorInvalidValue;
+}
+
 /* Any free path, once the free is refused after its blocks were claimed:
  * the blocks a's free claimed are the caller's again. */
 static void unclaim_blocks(const struct request_args *a)
@@ -322,7 +343,8 @@ static void unclaim_blocks(const struct request_args *a)
  * pointers (FREEING) before anything is recorded, so that a block freed
  * twice, by any paths, is refused at the second free.  cudaSuccess (*claimed
  * says whether any pointer was a block), or cudaErrorInvalidValue (reported,
- * counted; nothing claimed) when one is already being freed or free. */
+ * counted; nothing claimed) when one is already being freed or free, or
+ * starts no block inside the cache's memory. */
 static cudaError_t claim_blocks(const struct request_args *a, bool *claimed)
 {
     *claimed = false;
@@ -331,10 +353,11 @@ static cudaError_t claim_blocks(const struct request_args *a, bool *claimed)
     for (size_t i = 0; i < a->nptrs; i++) {
         enum block_free_path path = block_cache_claim(a->ptrs[i],
                                                       &a->claims[i]);
-        if (path == BLOCK_NOT_LIVE) {
+        if (path == BLOCK_NOT_LIVE || path == BLOCK_INSIDE) {
             unclaim_blocks(a);
             *claimed = false;
-            return refuse_freed_block(a, a->ptrs[i]);
+            return path == BLOCK_INSIDE ? refuse_inside(a, a->ptrs[i])
+                                        : refuse_freed_block(a, a->ptrs[i]);
         }
         *claimed |= path != BLOCK_NOT_OURS;
     }
@@ -381,6 +404,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
         block_cache_plan_free(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
             return refuse_freed_block(a, a->ptrs[0]);
+        if (plan.path == BLOCK_INSIDE)
+            return refuse_inside(a, a->ptrs[0]);
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};

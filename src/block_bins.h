@@ -170,6 +170,18 @@ struct stream_bins {
 #define STREAM_BUCKETS 64
 #define MAX_SPARE 4
 
+/* The address range of one segment (an allocation of cudefer's). */
+struct segment_range {
+    uintptr_t start, end; /* [start, end) */
+};
+
+/* A device's segments by address (block_segments.h): sorted, disjoint;
+ * changed only when a segment is made or handed back. */
+struct segment_index {
+    struct segment_range *ranges;
+    size_t count, room;
+};
+
 /* One device's cache; its mutex guards everything in it. */
 struct device_cache {
     pthread_mutex_t lock;
@@ -178,6 +190,7 @@ struct device_cache {
     struct stream_bins *spare;                    /* emptied, for reuse */
     int nspare;
     struct order_list lru; /* FREE, oldest first */
+    struct segment_index segments;
 };
 
 /* Whether b is a whole segment (one allocation of cudefer's, uncut): the

@@ -139,6 +139,8 @@ static void forget_all_records(void)
         }
         pthread_mutex_destroy(&c->lock);
     }
+    for (int d = 0; d < ncaches; d++)
+        block_segments_index_free(&caches[d]);
     free(caches);
     caches = NULL;
     ncaches = 0;
@@ -266,8 +268,17 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     b->pool = pool;
     b->state = BLOCK_LIVE;
     b->handout = atomic_fetch_add(&next_handout, 1);
+    struct device_cache *c = cache_of(device);
+    pthread_mutex_lock(&c->lock);
+    bool filed = block_segments_file(c, ptr, size);
+    pthread_mutex_unlock(&c->lock);
     struct cache_block *stale = NULL;
-    if (!block_map_insert(b, &stale)) {
+    if (!filed || !block_map_insert(b, &stale)) {
+        if (filed) {
+            pthread_mutex_lock(&c->lock);
+            block_segments_unfile(c, ptr);
+            pthread_mutex_unlock(&c->lock);
+        }
         free(b);
         return false;
     }
@@ -278,6 +289,31 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     return true;
 }
 
+/* Any thread, once the exact look-up of ptr missed (never before: a live
+ * block's free must not pay for it).  Whether ptr lies in a segment of any
+ * device's cache; then *live says whether the block holding it is the
+ * application's.  Takes each device's mutex in turn. */
+static bool inside_segment(const void *ptr, bool *live)
+{
+    for (int d = 0; d < ncaches; d++) {
+        struct device_cache *c = cache_of(d);
+        struct cache_block *b;
+        pthread_mutex_lock(&c->lock);
+        bool in = block_segments_holds(c, ptr, &b);
+        *live = b != NULL && b->state == BLOCK_LIVE;
+        pthread_mutex_unlock(&c->lock);
+        if (in)
+            return true;
+    }
+    return false;
+}
+
+bool block_cache_inside_live(const void *ptr)
+{
+    bool live = false;
+    return inside_segment(ptr, &live) && live;
+}
+
 void block_cache_plan_free(void *ptr, int stream_device,
                            unsigned long long stream_id,
                            struct block_free_plan *plan)
@@ -286,8 +322,12 @@ void block_cache_plan_free(void *ptr, int stream_device,
     plan->block = NULL;
     plan->nstreams = 0;
     struct cache_block *b = block_map_find(ptr);
-    if (b == NULL)
+    if (b == NULL) {
+        bool live;
+        if (inside_segment(ptr, &live))
+            plan->path = BLOCK_INSIDE;
         return;
+    }
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     plan->block = b;
@@ -318,8 +358,10 @@ enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
     claim->block = NULL;
     claim->handout = 0;
     struct cache_block *b = block_map_find(ptr);
+    bool inside_live;
     if (b == NULL)
-        return BLOCK_NOT_OURS;
+        return inside_segment(ptr, &inside_live) ? BLOCK_INSIDE
+                                                 : BLOCK_NOT_OURS;
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     bool live = b->state == BLOCK_LIVE;
@@ -558,6 +600,7 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
         if (b->events == 0 && b->outstanding == 0) {
             free_unlink(c, b);
             block_map_remove(b);
+            block_segments_unfile(c, b->ptr); /* whole: on the age list */
             stats_sub(&stats.cache_free_bytes, b->size);
             stats_sub(&stats.cache_bytes, b->size);
             bytes += b->size;
@@ -629,6 +672,7 @@ size_t block_cache_collect_largest(int device, unsigned long long stream_id,
             forget = b;
         }
         block_map_remove(b);
+        block_segments_unfile(c, b->ptr); /* whole (may_hand_back) */
         stats_sub(&stats.cache_free_bytes, b->size);
         stats_sub(&stats.cache_bytes, b->size);
         bytes += b->size;

@@ -110,11 +110,14 @@ struct cache_block {
 };
 
 /* How defer_free must treat a pointer (block_cache_plan_free,
- * block_cache_claim).  Every path but the first two claimed the block
+ * block_cache_claim).  Every path but the first three claimed the block
  * (FREEING). */
 enum block_free_path {
     BLOCK_NOT_OURS,       /* not a block: the ordinary release */
     BLOCK_NOT_LIVE,       /* a block already being freed or free: refuse */
+    BLOCK_INSIDE,         /* no block starts there, but it lies in memory
+                             of the cache's: an interior pointer, or a
+                             block freed again after it merged: refuse */
     BLOCK_STREAM_ORDERED, /* record an event, park, push an ENTRY_BLOCK */
     BLOCK_AFTER_EVENT,    /* another device's stream: the ordinary entry,
                              adopted back when its event completed */
@@ -151,12 +154,15 @@ size_t block_cache_round(size_t bytes);
 void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
                        size_t *size);
 
-/* Any thread.  Files a block fresh from cudaMalloc as LIVE; false when no
- * record could be allocated (the caller keeps plain cudaMalloc memory). */
+/* Any thread.  Files a block fresh from cudaMalloc as LIVE, a segment of
+ * its own (in the device's segment index); false when no record could be
+ * allocated (the caller keeps plain cudaMalloc memory). */
 bool block_cache_add(int device, void *ptr, size_t size, bool pool);
 
 /* Any thread, the block's owner.  Decides how defer_free(ptr) on stream
- * stream_id of stream_device goes (see enum block_free_path); streams
+ * stream_id of stream_device goes (see enum block_free_path: a pointer
+ * that starts no block is BLOCK_INSIDE when it lies in a segment of the
+ * cache's, which only such a miss looks up, else BLOCK_NOT_OURS); streams
  * recorded that are stream_id itself do not count.  A LIVE block is claimed
  * (FREEING) in the same step, so that of two frees only one is accepted:
  * the caller then parks it, hands the claim (plan->block, plan->handout)
@@ -181,10 +187,17 @@ struct block_claim {
  * stream-ordered event (several pointers, several streams, a graph capture,
  * a synchronous release).  Claims the LIVE block at ptr (FREEING; its entry
  * adopts it once the work is done) into *claim: BLOCK_AFTER_EVENT.
- * BLOCK_NOT_OURS when ptr is no block, BLOCK_NOT_LIVE (nothing changed)
- * when it is already being freed or free: the free must be refused; then
- * claim->block is NULL.  Never blocks but on the device's mutex. */
+ * BLOCK_NOT_OURS when ptr is no block nor in the cache's memory;
+ * BLOCK_NOT_LIVE (nothing changed) when it is a block already being freed
+ * or free, BLOCK_INSIDE when it starts no block but lies in the cache's
+ * memory: the free must be refused; then claim->block is NULL.  Never
+ * blocks but on the devices' mutexes. */
 enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim);
+
+/* Any thread, for the report of a free refused as BLOCK_INSIDE: true when
+ * ptr lies in a block the application holds (LIVE: an interior pointer),
+ * false when in one free or being freed (freed twice?) or in none. */
+bool block_cache_inside_live(const void *ptr);
 
 /* Any thread, the free that made claim (block_cache_claim, or a plan's
  * block and hand-out), refused after all: the block is LIVE again (the

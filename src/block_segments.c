@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "block_map.h"
 
@@ -169,4 +170,92 @@ void block_segments_merge_pending(struct cache_block *b)
         absorb_pending(s, b, right);
     if (left != NULL && left->state == BLOCK_PENDING && left->stream == s)
         absorb_pending(s, left, b);
+}
+
+/* ---- the segment index ------------------------------------------------- */
+
+/* Why: defer_free looks a pointer up by its exact address (block_map.h);
+ * one that misses is either memory cudefer does not own (the ordinary
+ * release) or lies inside a segment where no block starts: an interior
+ * pointer, or a block freed again after its first free merged it with a
+ * free neighbour.  The index tells the two apart on a miss only, so the
+ * look-up of a live block costs nothing more. */
+
+/* The index of the first range of x that starts above p (x->count if
+ * none). */
+static size_t first_above(const struct segment_index *x, uintptr_t p)
+{
+    size_t lo = 0, hi = x->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->ranges[mid].start > p)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+bool block_segments_file(struct device_cache *c, const void *ptr,
+                         size_t size)
+{
+    struct segment_index *x = &c->segments;
+    if (x->count == x->room) {
+        size_t room = x->room ? x->room * 2 : 16;
+        struct segment_range *r = realloc(x->ranges, room * sizeof *r);
+        if (r == NULL)
+            return false;
+        x->ranges = r;
+        x->room = room;
+    }
+    uintptr_t start = (uintptr_t)ptr, end = start + size;
+    size_t kept = 0;
+    for (size_t i = 0; i < x->count; i++)
+        if (x->ranges[i].end <= start || x->ranges[i].start >= end)
+            x->ranges[kept++] = x->ranges[i];
+    x->count = kept;
+    size_t at = first_above(x, start);
+    memmove(&x->ranges[at + 1], &x->ranges[at],
+            (x->count - at) * sizeof *x->ranges);
+    x->ranges[at] = (struct segment_range){start, end};
+    x->count++;
+    return true;
+}
+
+void block_segments_unfile(struct device_cache *c, const void *ptr)
+{
+    struct segment_index *x = &c->segments;
+    size_t at = first_above(x, (uintptr_t)ptr);
+    if (at == 0 || x->ranges[at - 1].start != (uintptr_t)ptr)
+        return;
+    memmove(&x->ranges[at - 1], &x->ranges[at],
+            (x->count - at) * sizeof *x->ranges);
+    x->count--;
+}
+
+bool block_segments_holds(struct device_cache *c, const void *ptr,
+                          struct cache_block **block)
+{
+    const struct segment_index *x = &c->segments;
+    uintptr_t p = (uintptr_t)ptr;
+    size_t at = first_above(x, p);
+    *block = NULL;
+    if (at == 0 || p >= x->ranges[at - 1].end)
+        return false;
+    /* A segment's first block keeps its start: pieces are cut from the
+     * end, and a left neighbour absorbs its right one. */
+    for (struct cache_block *b =
+             block_map_find((const void *)x->ranges[at - 1].start);
+         b != NULL; b = b->seg_next)
+        if (p >= (uintptr_t)b->ptr && p - (uintptr_t)b->ptr < b->size) {
+            *block = b;
+            break;
+        }
+    return true;
+}
+
+void block_segments_index_free(struct device_cache *c)
+{
+    free(c->segments.ranges);
+    c->segments = (struct segment_index){NULL, 0, 0};
 }

@@ -37,4 +37,25 @@ void block_segments_merge_free(struct device_cache *c,
  * (block_cache_event_done unfiles it). */
 void block_segments_merge_pending(struct cache_block *b);
 
+/* ---- the segment index ----------------------------------------------- */
+
+/* A new segment [ptr, ptr + size) of c's joins c's index, which drops the
+ * ranges it overlaps first (their memory was cudaFree'd behind cudefer's
+ * back and allocated again).  False (nothing changed) when out of
+ * memory. */
+bool block_segments_file(struct device_cache *c, const void *ptr,
+                         size_t size);
+
+/* The segment starting at ptr, handed back, leaves c's index. */
+void block_segments_unfile(struct device_cache *c, const void *ptr);
+
+/* Whether ptr lies in one of c's segments; then *block is the block that
+ * holds it (NULL if none is linked there, as after a record was dropped).
+ * A binary search, then a walk along that segment's blocks. */
+bool block_segments_holds(struct device_cache *c, const void *ptr,
+                          struct cache_block **block);
+
+/* Shutdown: c's index goes. */
+void block_segments_index_free(struct device_cache *c);
+
 #endif

@@ -481,15 +481,20 @@ static void test_double_free_race(cudaStream_t s, cudaStream_t s2)
 static void test_foreign(cudaStream_t s)
 {
     /* A pinned host pointer given to defer_free by mistake, an interior
-     * pointer of a block: neither is ever handed out by defer_alloc. */
+     * pointer of a block: neither is ever handed out by defer_alloc.  The
+     * host pointer is accepted and its release fails; the interior one is
+     * refused at the call (t/alloc_inside.c). */
     void *h = host_alloc(4096), *p = NULL, *q = NULL;
     alloc_checked(&p, 4096, s);
     stderr_capture_begin();
     defer_free(h, s);
-    defer_free((char *)p + 2048, s);
+    is_int(defer_free((char *)p + 2048, s), cudaErrorInvalidValue,
+           "an interior pointer of a block is refused");
     defer_flush();
     const char *said = stderr_capture_end();
-    ok(strstr(said, "is not released") != NULL, "both releases fail, reported");
+    ok(strstr(said, "is not released") != NULL &&
+           strstr(said, "points inside a live block") != NULL,
+       "the host pointer's release fails, both reported");
     for (int i = 0; i < 4; i++) {
         alloc_checked(&q, 2048, s);
         ok(q != h && q != (char *)p + 2048, "never handed out (%d)", i);

@@ -159,7 +159,16 @@ static void test_double_free(void)
     block_cache_plan_free(ADDR(99), 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_OURS, "an unknown pointer is not ours");
     block_cache_plan_free((char *)ADDR(2) + 2048, 0, 3, &plan);
-    is_int(plan.path, BLOCK_NOT_OURS, "nor is an interior pointer");
+    is_int(plan.path, BLOCK_INSIDE,
+           "an interior pointer of a live block lies in the cache's memory: "
+           "refused");
+    ok(plan.block == NULL && block_cache_inside_live((char *)ADDR(2) + 2048) &&
+           block_map_find(ADDR(2))->state == BLOCK_LIVE,
+       "inside a live block, which stays its owner's");
+    is_int(claim((char *)ADDR(2) + 2048), BLOCK_INSIDE,
+           "so does any other free path");
+    block_cache_plan_free((char *)ADDR(2) + 4096, 0, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_OURS, "the address past its end is not ours");
 }
 
 static void test_recorded(void)
@@ -267,6 +276,8 @@ static void test_stale_record(void)
     is_int(stats_now().cache_bytes, before - 512 + 1024,
            "the old record is dropped from the accounting");
     is_int(block_map_find(ADDR(11))->size, 1024, "the new one counts");
+    is_int(claim((char *)ADDR(11) + 768), BLOCK_INSIDE,
+           "and its memory is the cache's, to its new end");
 }
 
 /* A miss's hand-back: pool blocks FREE or PENDING on the request's stream
@@ -316,6 +327,10 @@ static void test_collect_largest(void)
     ok(block_map_find(ADDR(17)) != NULL && block_map_find(ADDR(18)) != NULL &&
            block_map_find(ADDR(20)) != NULL,
        "nor another stream's, nor a FREE cudaMalloc block");
+    ok(claim((char *)ADDR(14) + 512) == BLOCK_NOT_OURS &&
+           claim((char *)ADDR(19) + 512) == BLOCK_NOT_OURS &&
+           claim((char *)ADDR(17) + 512) == BLOCK_INSIDE,
+       "the memory handed back is no longer the cache's; the rest is");
     /* Their entries complete: the records go (ASan sees a leak otherwise). */
     block_cache_event_done(b14, h14, true, 1);
     block_cache_event_done(b15, h15, true, 1);
@@ -354,9 +369,14 @@ static void test_split_merge(void)
        "the piece's work done, it merges back: one FREE segment again");
     struct block_free_plan late;
     block_cache_plan_free(p, 0, 1, &late);
-    ok(late.path == BLOCK_NOT_OURS && !block_cache_unclaimed_is_block(p),
-       "limit: freed again now, the piece is no block any more (the second "
-       "free is taken for other memory, whose cudaFree fails)");
+    ok(late.path == BLOCK_INSIDE && late.block == NULL &&
+           !block_cache_inside_live(p),
+       "freed again now, the piece is no block any more but lies in the "
+       "cache's free memory: refused as a second free (it was taken for "
+       "other memory, whose cudaFree failed)");
+    is_int(claim(p), BLOCK_INSIDE, "by any free path");
+    ok(rest->state == BLOCK_FREE && rest->size == 4 * MiB,
+       "the segment unchanged");
 
     /* PENDING on stream 7: two pieces cut and freed there merge at once. */
     p = block_cache_take(0, 7, 4 * MiB, &size);
@@ -419,6 +439,16 @@ static void test_cut_segment_stays(void)
        "a FREE 4 MiB segment of device 1, on the age list");
     void *p = block_cache_take(1, 1, 2 * MiB, &size);
     ok(p == base + 2 * MiB, "2 MiB cut from its end, LIVE");
+    struct block_free_plan plan;
+    block_cache_plan_free((char *)p + MiB, 0, 1, &plan);
+    ok(plan.path == BLOCK_INSIDE && block_cache_inside_live((char *)p + MiB) &&
+           block_map_find(p)->state == BLOCK_LIVE,
+       "an interior pointer of the live piece (another device's stream) is "
+       "refused; the piece stays its owner's");
+    is_int(claim((char *)p + 512), BLOCK_INSIDE, "by any free path");
+    ok(!block_cache_inside_live(base + MiB) &&
+           claim(base + MiB) == BLOCK_INSIDE,
+       "as is one inside the FREE rest");
     size_t n = block_cache_collect(1, UINT64_MAX, out, 4, SIZE_MAX);
     is_int(n, 0, "collecting everything FREE takes nothing: the rest is a "
                  "piece now");
@@ -435,6 +465,8 @@ static void test_cut_segment_stays(void)
        "the piece back and merged, the whole segment goes");
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
+    is_int(claim((char *)p + MiB), BLOCK_NOT_OURS,
+           "handed back, its memory is no longer the cache's");
 }
 
 /* A MERGED record's address is cut again before its entry is done: the

@@ -412,7 +412,7 @@ int main(int argc, char **argv)
        ULL(kept_alloc_bytes), ULL(st.cache_bytes), ULL(st.cache_free_bytes),
        ULL(kept_min), ULL(kept_max));
     is_int(fake_invalid_releases(), failing, "the releases that failed are "
-           "those of the interior and host pointers given to defer_free");
+           "those of the host pointers given to defer_free");
     char last[256];
     ok(fake_violations() == 0, "oracle: no premature or double release "
        "(%ld violations; the last: %s)", fake_violations(),
