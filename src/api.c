@@ -11,26 +11,14 @@
 #include "cudefer.h"
 #include "entry.h"
 #include "event_pool.h"
+#include "free_claims.h"
 #include "lifecycle.h"
 #include "release.h"
+#include "request_args.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
 #include "stream_lane.h"
-
-/* What a defer call asks for, before it becomes an entry. */
-struct request_args {
-    const char *what; /* the public function, for messages */
-    enum entry_kind kind;
-    void *const *ptrs;
-    size_t nptrs;
-    void (*fn)(void *arg);
-    void *arg;
-    /* A free's claims (block_cache.h), one per pointer (block NULL: no
-     * block), filled in as its blocks are claimed; NULL when the block
-     * cache was not in use at the call (no pointer can be a block). */
-    struct block_claim *claims;
-};
 
 /* The caller was refused: say why (call failed with err), count it. */
 static cudaError_t reject(const char *what, const char *call, cudaError_t err)
@@ -295,75 +283,6 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
                                          const cudaStream_t *streams,
                                          size_t n);
 
-/* A block of the cache freed a second time (or by two threads at once):
- * ptr was already being freed, or free. */
-static cudaError_t refuse_freed_block(const struct request_args *a,
-                                      const void *ptr)
-{
-    stats_add(&stats.rejected, 1);
-    report("%s: %p is a block of defer_alloc's that is already free or being "
-           "freed (freed twice?): refused; nothing was deferred", a->what,
-           ptr);
-    return cudaErrorInvalidValue;
-}
-
-/* A pointer that starts no block of the cache but lies in its memory
- * (block_cache.h, BLOCK_INSIDE): refused at the call, where its release
- * would only fail later.  Either inside a live block (an interior pointer)
- * or inside free memory: a block freed twice, its first free's work done
- * and the block merged with a free neighbour since. */
-static cudaError_t refuse_inside(const struct request_args *a,
-                                 const void *ptr)
-{
-    stats_add(&stats.rejected, 1);
-    if (block_cache_inside_live(ptr))
-        report("%s: %p points inside a live block of defer_alloc's, not at "
-               "its start (an interior pointer): refused; nothing was "
-               "deferred", a->what, ptr);
-    else
-        report("%s: %p points inside memory of defer_alloc's that is free or "
-               "being freed, where no block starts (freed twice, after its "
-               "first free's work was done and the block merged with a free "
-               "neighbour?): refused; nothing was deferred", a->what, ptr);
-    return cudaErrorInvalidValue;
-}
-
-/* Any free path, once the free is refused after its blocks were claimed:
- * the blocks a's free claimed are the caller's again. */
-static void unclaim_blocks(const struct request_args *a)
-{
-    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++) {
-        block_cache_unclaim(&a->claims[i]);
-        a->claims[i] = (struct block_claim){NULL, 0};
-    }
-}
-
-/* The free paths but the single stream-ordered one (whose plan claims its
- * block, block_cache_plan_free): claim every block of the cache among a's
- * pointers (FREEING) before anything is recorded, so that a block freed
- * twice, by any paths, is refused at the second free.  cudaSuccess (*claimed
- * says whether any pointer was a block), or cudaErrorInvalidValue (reported,
- * counted; nothing claimed) when one is already being freed or free, or
- * starts no block inside the cache's memory. */
-static cudaError_t claim_blocks(const struct request_args *a, bool *claimed)
-{
-    *claimed = false;
-    if (a->kind != ENTRY_FREE_DEVICE || a->claims == NULL)
-        return cudaSuccess;
-    for (size_t i = 0; i < a->nptrs; i++) {
-        enum block_free_path path = block_cache_claim(a->ptrs[i],
-                                                      &a->claims[i]);
-        if (path == BLOCK_NOT_LIVE || path == BLOCK_INSIDE) {
-            unclaim_blocks(a);
-            *claimed = false;
-            return path == BLOCK_INSIDE ? refuse_inside(a, a->ptrs[i])
-                                        : refuse_freed_block(a, a->ptrs[i]);
-        }
-        *claimed |= path != BLOCK_NOT_OURS;
-    }
-    return cudaSuccess;
-}
-
 /* The path every defer call takes, admitted by the reclaimer's gate.  A
  * block of the cache (block_cache.h) freed on a stream of its device becomes
  * an ENTRY_BLOCK, reusable on that stream at once; one recorded on other
@@ -378,7 +297,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     bool single = a->nptrs == 1 && !capturing && !lifecycle_config()->disable;
-    if (!single && (err = claim_blocks(a, claimed)) != cudaSuccess)
+    if (!single && (err = free_claims_claim(a, claimed)) != cudaSuccess)
         return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
         return submit_captured(a, &stream, 1);
@@ -403,9 +322,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
         block_cache_plan_free(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
-            return refuse_freed_block(a, a->ptrs[0]);
+            return free_claims_refuse_freed(a, a->ptrs[0]);
         if (plan.path == BLOCK_INSIDE)
-            return refuse_inside(a, a->ptrs[0]);
+            return free_claims_refuse_inside(a, a->ptrs[0]);
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
@@ -439,7 +358,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     } else if (e->kind == ENTRY_BLOCK) {
         if (!block_cache_park(&plan, id)) {
             discard_recorded(e);
-            return refuse_freed_block(a, a->ptrs[0]);
+            return free_claims_refuse_freed(a, a->ptrs[0]);
         }
     }
     stats_count_deferred();
@@ -534,33 +453,6 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     return cudaSuccess;
 }
 
-/* The launching thread, in a defer call: *a is given with room for the
- * claims of its frees (block_cache.h): one (*one) for a single pointer,
- * an array for several; none when a is no free of device memory or the
- * block cache is not in use (no pointer can be a block).  False when out
- * of memory. */
-static bool claims_make(const struct request_args *given,
-                        struct request_args *a, struct block_claim *one)
-{
-    *a = *given;
-    a->claims = NULL;
-    if (given->kind != ENTRY_FREE_DEVICE || !block_cache_active())
-        return true;
-    *one = (struct block_claim){NULL, 0};
-    a->claims = given->nptrs == 1 ? one
-                                  : calloc(given->nptrs, sizeof *a->claims);
-    return a->claims != NULL;
-}
-
-/* The claims room of claims_make, once the call is over (an entry copied
- * the claims it carries). */
-static void claims_free(struct request_args *a, struct block_claim *one)
-{
-    if (a->claims != one)
-        free(a->claims);
-    a->claims = NULL;
-}
-
 /* Checks shared by the defer_*_streams calls, then the group path. */
 static cudaError_t submit_group(const struct request_args *given,
                                 const cudaStream_t *streams, size_t n)
@@ -576,16 +468,16 @@ static cudaError_t submit_group(const struct request_args *given,
         return err;
     struct block_claim one;
     struct request_args a;
-    if (!claims_make(given, &a, &one)) {
+    if (!free_claims_make(given, &a, &one)) {
         lifecycle_leave();
         return reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
     bool claimed = false;
-    if ((err = claim_blocks(&a, &claimed)) == cudaSuccess &&
+    if ((err = free_claims_claim(&a, &claimed)) == cudaSuccess &&
         (err = submit_group_admitted(&a, streams, n)) != cudaSuccess &&
         claimed)
-        unclaim_blocks(&a);
-    claims_free(&a, &one);
+        free_claims_unclaim(&a);
+    free_claims_free(&a, &one);
     lifecycle_leave();
     return err;
 }
@@ -601,15 +493,15 @@ static cudaError_t submit(const struct request_args *given,
         return err;
     struct block_claim one;
     struct request_args a;
-    if (!claims_make(given, &a, &one)) {
+    if (!free_claims_make(given, &a, &one)) {
         lifecycle_leave();
         return reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
     bool claimed = false;
     err = submit_admitted(&a, stream, &claimed);
     if (err != cudaSuccess && claimed)
-        unclaim_blocks(&a);
-    claims_free(&a, &one);
+        free_claims_unclaim(&a);
+    free_claims_free(&a, &one);
     lifecycle_leave();
     return err;
 }

@@ -1,0 +1,24 @@
+/* What a defer call asks for, before it becomes an entry (api.c builds
+ * it; free_claims.c fills in a free's claims). */
+#ifndef CUDEFER_REQUEST_ARGS_H
+#define CUDEFER_REQUEST_ARGS_H
+
+#include <stddef.h>
+
+#include "block_cache.h"
+#include "entry.h"
+
+struct request_args {
+    const char *what; /* the public function, for messages */
+    enum entry_kind kind;
+    void *const *ptrs;
+    size_t nptrs;
+    void (*fn)(void *arg);
+    void *arg;
+    /* A free's claims (block_cache.h), one per pointer (block NULL: no
+     * block), filled in as its blocks are claimed; NULL when the block
+     * cache was not in use at the call (no pointer can be a block). */
+    struct block_claim *claims;
+};
+
+#endif
