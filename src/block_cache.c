@@ -583,6 +583,18 @@ bool block_cache_unclaimed_is_block(void *ptr)
     return true;
 }
 
+/* Lock held.  A whole segment's block b, unlinked from its list, leaves
+ * the cache for the pool: out of the block map and the segment index, out
+ * of the byte counts.  Returns its size. */
+static size_t leave_cache(struct device_cache *c, struct cache_block *b)
+{
+    block_map_remove(b);
+    block_segments_unfile(c, b->ptr);
+    stats_sub(&stats.cache_free_bytes, b->size);
+    stats_sub(&stats.cache_bytes, b->size);
+    return b->size;
+}
+
 size_t block_cache_collect(int device, uint64_t freed_before_ns,
                            struct cache_block **out, size_t max,
                            size_t max_bytes)
@@ -599,11 +611,7 @@ size_t block_cache_collect(int device, uint64_t freed_before_ns,
         /* Not while an old entry (or a merged part's) still names it. */
         if (b->events == 0 && b->outstanding == 0) {
             free_unlink(c, b);
-            block_map_remove(b);
-            block_segments_unfile(c, b->ptr); /* whole: on the age list */
-            stats_sub(&stats.cache_free_bytes, b->size);
-            stats_sub(&stats.cache_bytes, b->size);
-            bytes += b->size;
+            bytes += leave_cache(c, b); /* whole: on the age list */
             out[n++] = b;
         }
         b = next;
@@ -671,11 +679,7 @@ size_t block_cache_collect_largest(int device, unsigned long long stream_id,
             b->lru_next = forget;
             forget = b;
         }
-        block_map_remove(b);
-        block_segments_unfile(c, b->ptr); /* whole (may_hand_back) */
-        stats_sub(&stats.cache_free_bytes, b->size);
-        stats_sub(&stats.cache_bytes, b->size);
-        bytes += b->size;
+        bytes += leave_cache(c, b); /* whole (may_hand_back) */
         /* Copied now: a GONE record may be freed once the lock is left. */
         out[n++] = (struct block_memory){b->ptr, b->size};
     }

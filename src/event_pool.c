@@ -396,13 +396,6 @@ void event_pool_destroy_all(void)
      * let go (this thread has no cache).  Their threads are outside cudefer
      * (the gate is closed), so their lanes can be emptied from here. */
     pthread_mutex_lock(&registry_lock);
-    /* Nothing overflows a pool from now on: what the lanes let go of must
-     * not be destroyed on its way back (give_to_pool destroys what does not
-     * fit, the events of a failed device too, saying its error again), but
-     * freed below, where a failed device's events are only forgotten
-     * (t/lane_lifetimes).  Under the registry lock, as a thread's exit
-     * gives back. */
-    pool_max_idle = SIZE_MAX;
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
         stream_lane_let_go_all(&tc->lanes);
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next) {

@@ -150,10 +150,6 @@ static const struct scenario scenarios[] = {
      "line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0", 1,
      s_sticky_thread_exit, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
      cudaErrorIllegalAddress, NULL},
-    {"after a sticky error a full event pool forgets the events it lets go, "
-     "no line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0", 1,
-     s_free_sticky_shutdown, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
-     cudaSuccess, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE,
      cudaSuccess, NULL},

@@ -64,9 +64,8 @@ void s_free_sticky(const struct scenario *sc)
 }
 
 /* After a sticky error the device's events cannot be destroyed either:
- * they are forgotten without a line of their own, at shutdown or when a
- * full pool lets them go while running (the device's failure was said
- * once, on the GPU at the first cudaFree; t/gpu/gpu_fault). */
+ * shutdown forgets them without a line of their own (the device's failure
+ * was said once, on the GPU at the first cudaFree; t/gpu/gpu_fault). */
 void s_free_sticky_shutdown(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
@@ -81,7 +80,7 @@ void s_free_sticky_shutdown(const struct scenario *sc)
     fake_fail(sc->call, bad, 0, ALWAYS);
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
     defer_trim(NULL); /* the cudaFree fails: the device with it */
-    fake_complete(w); /* (CUDEFER_EVENT_POOL=0: its event is let go now) */
+    fake_complete(w);
     cudaError_t err = defer_shutdown();
     const char *msg = capture_end();
     CHECK(err == bad, "shutdown returns %s (%s)", EN(bad), EN(err));
