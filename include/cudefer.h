@@ -76,6 +76,10 @@ struct defer_config {
                                    many bytes from larger cached blocks and
                                    merges freed neighbours (default 1 MiB;
                                    0: never; see defer_alloc) */
+    uint32_t free_batch;        /* blocks of defer_alloc's freed on the
+                                   legacy stream that share one event
+                                   (default 32; 1: an event per free;
+                                   .. 4096; see defer_alloc) */
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by
@@ -216,6 +220,19 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * peak).
  * Blocks still live at defer_shutdown stay the application's (cudaFree
  * them, unless split).
+ * Free batches: blocks freed with defer_free on the legacy stream (stream
+ * 0 or cudaStreamLegacy, PyTorch's default) share one event per free_batch
+ * frees (CUDEFER_FREE_BATCH, 32) or per millisecond, whichever comes first,
+ * recorded by the free that fills the batch: the others make no
+ * cudaEventRecord and push nothing (H100, PyTorch training: about 2.5 us
+ * a free before).  Limit: until its batch's event is recorded, a block is
+ * reusable on the legacy stream only, not by another stream, nor released:
+ * at most free_batch - 1 blocks per device wait so, until the batch fills,
+ * the first such free a millisecond after the oldest, or defer_flush,
+ * defer_trim, defer_shutdown or exit, which seal every batch (an event on
+ * the legacy stream of each device).  Frees on other streams record an
+ * event each (a created stream may be destroyed before a later free could
+ * seal its batch).
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at

@@ -11,6 +11,7 @@
 #include "cudefer.h"
 #include "entry.h"
 #include "event_pool.h"
+#include "free_batch.h"
 #include "free_claims.h"
 #include "lifecycle.h"
 #include "release.h"
@@ -240,18 +241,9 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
         *no_event = true;
         return NULL;
     }
-    e->kind = a->kind;
-    e->stream_id = id;
+    entry_begin(e, a->kind, id);
     e->fn = a->fn;
     e->arg = a->arg;
-    e->request = NULL;
-    e->held_bytes = 0; /* learned by the reclaimer */
-    e->pool = false;
-    e->group = NULL;
-    e->group_remaining = 1; /* its own event */
-    e->group_err = cudaSuccess;
-    e->cache_blocks = false;
-    e->one_claim = (struct block_claim){NULL, 0};
     if (!set_pointers(e, a)) {
         stream_lane_cancel(&pick);
         event_pool_give_unused(e);
@@ -330,6 +322,14 @@ static cudaError_t submit_admitted(const struct request_args *a,
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
         if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
             return submit_group_admitted(a, &stream, 1);
+        if (plan.path == BLOCK_STREAM_ORDERED && free_batch_takes(stream)) {
+            /* No event of its own: its batch's (free_batch.h). */
+            if (!block_cache_park(&plan, id))
+                return free_claims_refuse_freed(a, a->ptrs[0]);
+            stats_count_deferred();
+            free_batch_add(device, stream, id, &a->claims[0]);
+            return cudaSuccess;
+        }
         if (plan.path == BLOCK_STREAM_ORDERED) {
             block_args = *a;
             block_args.kind = ENTRY_BLOCK;

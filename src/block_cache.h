@@ -204,16 +204,18 @@ bool block_cache_inside_live(const void *ptr);
  * application's).  Nothing when claim->block is NULL. */
 void block_cache_unclaim(const struct block_claim *claim);
 
-/* Any thread, after the event of a BLOCK_STREAM_ORDERED plan was recorded:
- * the claimed block becomes PENDING on stream_id, named by the entry that
- * carries the plan's claim.  False (nothing changed) when it is not the plan's claimed
+/* Any thread, once the free of a BLOCK_STREAM_ORDERED plan is sure to be
+ * accepted (its event recorded, or its claim about to join a free batch,
+ * free_batch.h): the claimed block becomes PENDING on stream_id, named by
+ * the entry (or batch) that carries the plan's claim.  False (nothing changed) when it is not the plan's claimed
  * block any more (no caller should see that). */
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id);
 
-/* Reclaimer.  The event of an entry naming block (for hand-out handout)
- * completed (ok) or never will: a PENDING block of that hand-out is FREE
- * from now. */
+/* The reclaimer, or a thread that waited for the work itself (a free
+ * batch's fallback).  The event of an entry naming block (for hand-out
+ * handout) completed (ok) or never will: a PENDING block of that hand-out
+ * is FREE from now. */
 void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now);
 

@@ -74,6 +74,8 @@ static const struct knob knobs[] = {
          UINT64_C(1) << 50,
          "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
          NULL),
+    KNOB(FREE_BATCH, free_batch, KIND_COUNT, 32, 1, 4096,
+         "a count, 1..4096", NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 

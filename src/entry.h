@@ -64,7 +64,9 @@ struct entry {
     /* The block each pointer's free claimed (block_cache.h; block NULL:
      * none), which its release acts on: claims[0..nptrs) of an
      * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or
-     * an array owned by the entry.  ENTRY_BLOCK: one_claim, its block. */
+     * an array owned by the entry.  ENTRY_BLOCK: claims[0..nptrs), the
+     * blocks it frees on its stream (several: a free batch, free_batch.h),
+     * and no pointers (ptrs unused). */
     struct block_claim one_claim;
     struct block_claim *claims;
     size_t nptrs;          /* pointers to free: ptrs[0..nptrs) */
@@ -84,6 +86,30 @@ struct entry {
      * held_prev. */
     struct entry *held_prev;
 };
+
+/* A blank entry taken from the pool (event_pool.h) for work of kind on
+ * stream stream_id: every field a defer call sets, set as for one pointer
+ * and no callback, no claim, no group (the caller fills those in), its
+ * bytes learned by the reclaimer. */
+static inline void entry_begin(struct entry *e, enum entry_kind kind,
+                               unsigned long long stream_id)
+{
+    e->kind = kind;
+    e->stream_id = stream_id;
+    e->fn = NULL;
+    e->arg = NULL;
+    e->request = NULL;
+    e->held_bytes = 0;
+    e->pool = false;
+    e->group = NULL;
+    e->group_remaining = 1; /* its own event */
+    e->group_err = cudaSuccess;
+    e->cache_blocks = false;
+    e->one_claim = (struct block_claim){NULL, 0};
+    e->claims = NULL;
+    e->nptrs = 0;
+    e->ptrs = &e->one_ptr;
+}
 
 /* Whether the free of e's pointer i claimed a block (block_cache.h). */
 static inline bool entry_claimed(const struct entry *e, size_t i)

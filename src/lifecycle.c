@@ -20,6 +20,7 @@
 #include "block_pool.h"
 #include "config.h"
 #include "event_pool.h"
+#include "free_batch.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_lane.h"
@@ -87,9 +88,10 @@ static cudaError_t start_locked(const char *what)
     }
     if (!alloc_per_device(n) ||
         !block_cache_init(n, (size_t)rs.cfg.split_min_bytes) ||
-        !block_pool_init(n)) {
+        !block_pool_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
         block_pool_destroy_all();
         block_cache_destroy();
+        free_batch_destroy();
         free_per_device();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
@@ -387,6 +389,9 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
         return cudaSuccess; /* nothing was ever deferred */
     if ((err = lifecycle_enter(what)) != cudaSuccess)
         return err;
+    /* Blocks freed on the legacy stream wait for no event yet: their
+     * batches get one now, before the request (free_batch.h). */
+    free_batch_seal_all();
     /* The gate is held only while pushing: a waiting flush must not keep
      * shutdown or exit from closing it.  The reclaimer answers every request
      * it took before it stops. */
@@ -444,6 +449,7 @@ static bool stop_and_join(uint64_t deadline_ns)
     }
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
+    free_batch_destroy();
     block_cache_destroy();
     block_pool_destroy_all();
     free_per_device();
@@ -464,6 +470,7 @@ cudaError_t lifecycle_shutdown(void)
     cudaError_t err = cudaSuccess;
     if (atomic_load(&rs.state) == STATE_RUNNING) {
         close_gate(0);
+        free_batch_seal_all(); /* no admitted call can add to them now */
         struct request q = {.err = cudaSuccess};
         request_and_wait(&q, 0, false);
         err = q.err;
@@ -495,7 +502,10 @@ static void at_exit(void)
     if (atomic_load(&rs.state) == STATE_RUNNING && !on_reclaimer_thread) {
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
-        if (!close_gate(deadline) || !request_and_wait(&q, deadline, false) ||
+        bool closed = close_gate(deadline);
+        if (closed)
+            free_batch_seal_all();
+        if (!closed || !request_and_wait(&q, deadline, false) ||
             !stop_and_join(deadline)) {
             struct defer_stats s;
             defer_stats_get(&s);
@@ -537,5 +547,6 @@ static void fork_child(void)
     stats_add(&stats.failed, s.pending);
     alloc_info_reset();
     block_cache_fork_child();
+    free_batch_fork_child();
     block_pool_fork_child();
 }

@@ -140,15 +140,17 @@ static void finish_entry(struct entry *e, cudaError_t err)
                          (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
-        block_cache_event_done(e->one_claim.block, e->one_claim.handout,
-                               err == cudaSuccess,
-                               now_ns());
+        for (size_t i = 0; i < e->nptrs; i++)
+            block_cache_event_done(e->claims[i].block, e->claims[i].handout,
+                                   err == cudaSuccess, now_ns());
     else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */
                 pointer_set_remove(&rs.deferred, e->ptrs[i]);
-    if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries */
-        stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries;
+                                    a free batch is one per block */
+        stats_add(err == cudaSuccess ? &stats.released : &stats.failed,
+                  e->kind == ENTRY_BLOCK ? e->nptrs : 1);
     rs.tracked--;
     for (struct request **link = &rs.flushes; *link != NULL;) {
         struct request *q = *link;

@@ -124,13 +124,16 @@ static void choose_config(void)
      * cut) to 4 MiB (only the held-work blocks may). */
     unsigned split_min = rng_percent(&r, 20) ? 0 : 512u << rng_below(&r, 14);
     cfg.split_min = split_min;
+    /* Free batches on the legacy stream: sometimes an event per free, else
+     * 2 to 64 blocks per event (drawn last: earlier seeds keep the rest). */
+    unsigned free_batch = rng_percent(&r, 20) ? 1 : 2u << rng_below(&r, 6);
     snprintf(config_env, sizeof config_env,
              "CUDEFER_POLICY=%s CUDEFER_MAX_PENDING=%" PRIu64
              " CUDEFER_IDLE_US=%u CUDEFER_MAX_DELAY_MS=%u CUDEFER_POLL_US=%u "
              "CUDEFER_POLL_MAX_US=%u CUDEFER_EVENT_POOL=%u CUDEFER_CHECK=%d "
-             "CUDEFER_SPLIT_MIN=%u",
+             "CUDEFER_SPLIT_MIN=%u CUDEFER_FREE_BATCH=%u",
              eager ? "eager" : "batched", max_pending, idle_us, max_delay_ms,
-             poll_us, poll_max_us, event_pool, check, split_min);
+             poll_us, poll_max_us, event_pool, check, split_min, free_batch);
 }
 
 /* ---- failures: counted, the first few explained ---------------------------- */

@@ -394,7 +394,8 @@ static void test_print(void)
            "cudefer: CUDEFER_STATS=0\n"
            "cudefer: CUDEFER_CHECK=0\n"
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
-           "cudefer: CUDEFER_SPLIT_MIN=1M\n",
+           "cudefer: CUDEFER_SPLIT_MIN=1M\n"
+           "cudefer: CUDEFER_FREE_BATCH=32\n",
            "the defaults, one line per knob");
 
     /* Every value printed reads back the same through the environment. */
@@ -403,7 +404,7 @@ static void test_print(void)
         .max_pending_bytes = (UINT64_C(3) << 30) + 4096, .max_delay_ms = 1,
         .policy = DEFER_POLICY_EAGER, .event_pool_max = 0, .disable = 1,
         .verbose = 1, .print_stats = 1, .cache_keep_ms = 5,
-        .split_min_bytes = UINT64_C(3) << 19,
+        .split_min_bytes = UINT64_C(3) << 19, .free_batch = 7,
     };
     text = printed(&odd);
     ok(strstr(text, "cudefer: CUDEFER_MAX_PENDING=3145732K\n") != NULL,
@@ -584,7 +585,8 @@ static void test_start(void)
            "cudefer: CUDEFER_STATS=1\n"
            "cudefer: CUDEFER_CHECK=0\n"
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
-           "cudefer: CUDEFER_SPLIT_MIN=1M\n",
+           "cudefer: CUDEFER_SPLIT_MIN=1M\n"
+           "cudefer: CUDEFER_FREE_BATCH=32\n",
            "the invalid value reported, then (verbose) the values in force");
 
     /* A second start (the first one failed further on) settles nothing new. */

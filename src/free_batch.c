@@ -1,0 +1,229 @@
+/* Free batches: blocks freed on the legacy stream share one event (see the
+ * header). */
+#include "free_batch.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "entry.h"
+#include "event_pool.h"
+#include "lifecycle.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_lane.h"
+
+/* One device's batch: the claims of blocks parked PENDING on its legacy
+ * stream that no event covers yet, oldest first. */
+struct batch {
+    pthread_mutex_t lock;
+    struct block_claim *claims;
+    size_t count, room;
+    unsigned long long stream_id; /* the legacy stream's, once known */
+    uint64_t oldest_ns;           /* when claims[0] was added */
+};
+
+static struct batch *batches;
+static int nbatches;
+static uint32_t max_claims;
+static _Atomic size_t waiting; /* claims in all batches */
+
+bool free_batch_init(int ndevices, uint32_t max)
+{
+    batches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *batches);
+    if (batches == NULL)
+        return false;
+    for (int d = 0; d < ndevices; d++)
+        pthread_mutex_init(&batches[d].lock, NULL);
+    nbatches = ndevices;
+    max_claims = max;
+    atomic_store(&waiting, 0);
+    return true;
+}
+
+void free_batch_destroy(void)
+{
+    for (int d = 0; d < nbatches; d++) {
+        if (batches[d].count > 0)
+            report("shutdown: %zu blocks freed on device %d's legacy stream "
+                   "were never sealed: their records are dropped",
+                   batches[d].count, d);
+        free(batches[d].claims);
+        pthread_mutex_destroy(&batches[d].lock);
+    }
+    free(batches);
+    batches = NULL;
+    nbatches = 0;
+    atomic_store(&waiting, 0);
+}
+
+void free_batch_fork_child(void)
+{
+    /* The child has no CUDA and no use for the parent's records; another
+     * thread may have held a lock at the fork. */
+    batches = NULL;
+    nbatches = 0;
+    atomic_store(&waiting, 0);
+}
+
+bool free_batch_takes(cudaStream_t stream)
+{
+    return max_claims > 1 && (stream == NULL || stream == cudaStreamLegacy);
+}
+
+size_t free_batch_waiting(void)
+{
+    return atomic_load_explicit(&waiting, memory_order_relaxed);
+}
+
+/* The claims of the block frees an event could not cover: the caller
+ * waits for stream here, after which their work is done (or, if even that
+ * fails, never known to be: the blocks stay reusable on the stream only).
+ * Counted as released or failed. */
+static void complete_synchronously(cudaStream_t stream,
+                                   const struct block_claim *claims, size_t n,
+                                   const char *call, cudaError_t err)
+{
+    report_cuda("defer_free", call, err,
+                "; waiting for the legacy stream to give back the blocks "
+                "freed on it");
+    cudaError_t sync = cudaStreamSynchronize(stream);
+    if (sync != cudaSuccess)
+        report_cuda("defer_free", "cudaStreamSynchronize", sync,
+                    "; the blocks freed on the legacy stream stay reusable "
+                    "on it only");
+    uint64_t now = now_ns();
+    for (size_t i = 0; i < n; i++)
+        block_cache_event_done(claims[i].block, claims[i].handout,
+                               sync == cudaSuccess, now);
+    stats_add(sync == cudaSuccess ? &stats.released : &stats.failed, n);
+    stats_add(&stats.sync_releases, n);
+}
+
+/* Seal claims[0..n) of device (an array the entry then owns, or one
+ * claim in *one when n is 1 and array is NULL): one event recorded on
+ * stream after them, one entry pushed.  The claims were taken from the
+ * batch before this call, so their work was enqueued before the record. */
+static void seal(int device, cudaStream_t stream, unsigned long long id,
+                 struct block_claim *array, const struct block_claim *one,
+                 size_t n)
+{
+    const struct block_claim *claims = array != NULL ? array : one;
+    struct lane_pick pick;
+    const char *call = NULL;
+    cudaError_t err = stream_lane_pick(device, id, false, &pick, &call);
+    struct entry *e = NULL;
+    if (err == cudaSuccess &&
+        (e = event_pool_take_entry(device, &err, &call)) == NULL)
+        stream_lane_cancel(&pick);
+    if (e != NULL && (err = cudaEventRecord(pick.ev->event, stream)) !=
+                         cudaSuccess) {
+        call = "cudaEventRecord";
+        stream_lane_cancel(&pick);
+        event_pool_give_unused(e);
+        e = NULL;
+    }
+    if (e == NULL) {
+        complete_synchronously(stream, claims, n, call, err);
+        free(array);
+        return;
+    }
+    stream_lane_commit(&pick, e);
+    entry_begin(e, ENTRY_BLOCK, id);
+    e->nptrs = n;
+    if (array == NULL || n == 1) {
+        e->one_claim = claims[0];
+        e->claims = &e->one_claim;
+        free(array);
+    } else {
+        e->claims = array; /* the entry's now */
+    }
+    lifecycle_push(e);
+}
+
+/* Lock held.  Takes b's claims: *array (the batch's array, which the
+ * caller now owns; the batch starts a new one) and their count. */
+static size_t take_claims(struct batch *b, struct block_claim **array)
+{
+    size_t n = b->count;
+    *array = b->claims;
+    b->claims = NULL;
+    b->count = b->room = 0;
+    atomic_fetch_sub_explicit(&waiting, n, memory_order_relaxed);
+    return n;
+}
+
+/* Lock held.  Appends claim to b; false when out of memory. */
+static bool append(struct batch *b, const struct block_claim *claim,
+                   uint64_t now)
+{
+    if (b->count == b->room) {
+        size_t room = b->room > 0 ? b->room * 2 : max_claims;
+        struct block_claim *grown = realloc(b->claims, room * sizeof *grown);
+        if (grown == NULL)
+            return false;
+        b->claims = grown;
+        b->room = room;
+    }
+    if (b->count == 0)
+        b->oldest_ns = now;
+    b->claims[b->count++] = *claim;
+    atomic_fetch_add_explicit(&waiting, 1, memory_order_relaxed);
+    return true;
+}
+
+void free_batch_add(int device, cudaStream_t stream,
+                    unsigned long long stream_id,
+                    const struct block_claim *claim)
+{
+    struct batch *b = &batches[device];
+    uint64_t now = now_ns();
+    struct block_claim *array = NULL;
+    pthread_mutex_lock(&b->lock);
+    b->stream_id = stream_id;
+    bool added = append(b, claim, now);
+    size_t n = 0;
+    if (b->count >= max_claims || now - b->oldest_ns >= FREE_BATCH_AGE_NS)
+        n = take_claims(b, &array);
+    pthread_mutex_unlock(&b->lock);
+    if (n > 0)
+        seal(device, stream, stream_id, array, NULL, n);
+    if (!added) /* no room for it: alone */
+        seal(device, stream, stream_id, NULL, claim, 1);
+}
+
+void free_batch_seal_all(void)
+{
+    int current = -1;
+    for (int d = 0; d < nbatches; d++) {
+        if (free_batch_waiting() == 0)
+            break;
+        struct batch *b = &batches[d];
+        struct block_claim *array = NULL;
+        pthread_mutex_lock(&b->lock);
+        size_t n = take_claims(b, &array);
+        unsigned long long id = b->stream_id;
+        pthread_mutex_unlock(&b->lock);
+        if (n == 0)
+            continue;
+        if (current < 0 && cudaGetDevice(&current) != cudaSuccess)
+            current = -1;
+        /* The legacy stream (NULL) is the current device's. */
+        cudaError_t err = cudaSetDevice(d);
+        if (err != cudaSuccess) {
+            /* The device is unusable: its blocks cannot come back. */
+            report_cuda("defer_flush", "cudaSetDevice", err,
+                        "; blocks freed on the legacy stream stay there");
+            for (size_t i = 0; i < n; i++)
+                block_cache_event_done(array[i].block, array[i].handout,
+                                       false, now_ns());
+            stats_add(&stats.failed, n);
+            free(array);
+            continue;
+        }
+        seal(d, NULL, id, array, NULL, n);
+    }
+    if (current >= 0)
+        cudaSetDevice(current);
+}

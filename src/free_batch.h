@@ -1,0 +1,87 @@
+/*
+ * Free batches: blocks of the cache freed on the legacy stream share one
+ * event (issue 11: the training step's time went to the launching thread,
+ * about 2.5 us per defer_free in PyTorch on an H100, most of it the
+ * cudaEventRecord on stream 0 and the entry each free pushed).
+ *
+ * A block freed with defer_free on its device's stream is reusable there at
+ * once (block_cache.h: PENDING); its event is needed only for another
+ * stream, a release or a trim.  So a free on the legacy stream parks its
+ * block and adds its claim to the device's batch without recording
+ * anything; the defer call that finds the batch full (free_batch claims)
+ * or its oldest claim older than FREE_BATCH_AGE_NS records one event on
+ * the legacy stream and pushes one entry (ENTRY_BLOCK) carrying every
+ * claim of the batch.  Stream order makes that sound: each claim was added
+ * after its work was enqueued, and the event is recorded after the claims
+ * are taken, so it completes after all their work.
+ *
+ * Only the legacy stream batches.  Any thread may record on it at any time
+ * and it is never destroyed, so whoever must have a batch's blocks back (a
+ * flush, a trim, shutdown, exit) seals the batch itself (free_batch_seal_all);
+ * a created stream could be destroyed with claims in its batch, after which
+ * nobody could record on it again, and the per-thread default stream is
+ * another stream on every thread.  The reclaimer never seals: an event
+ * recorded on the legacy stream at its own moments could meet another
+ * thread's graph capture of a blocking stream and invalidate it.
+ *
+ * Limit: until its batch is sealed, a block is reusable on the legacy
+ * stream only (not by another stream, not released, not expired): at most
+ * free_batch - 1 blocks per device wait so, until the batch fills, the
+ * first defer_free on that stream once the oldest waited FREE_BATCH_AGE_NS,
+ * or a defer_flush, defer_trim, shutdown or exit, whichever comes first.
+ *
+ * Launching threads add and seal; flush, trim, shutdown and exit seal
+ * everything.  One mutex per device guards its batch; no CUDA call is made
+ * under it.
+ */
+#ifndef CUDEFER_FREE_BATCH_H
+#define CUDEFER_FREE_BATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#include "block_cache.h"
+
+/* A batch is sealed once its oldest claim is this old, at the next free. */
+#define FREE_BATCH_AGE_NS 1000000u
+
+/* Start-up, under the library's start lock: ndevices batches, each sealed
+ * once it holds max_claims claims (1: every free records its own event,
+ * nothing is batched).  False when out of memory. */
+bool free_batch_init(int ndevices, uint32_t max_claims);
+
+/* Shutdown, after everything was sealed and the reclaimer stopped: forgets
+ * the batches (a claim still in one is reported and dropped). */
+void free_batch_destroy(void);
+
+/* Fork child: forgets the batches without touching the locks' owners. */
+void free_batch_fork_child(void);
+
+/* Any thread: whether a free of a cache block on stream (its device's) is
+ * to be batched: stream is the legacy stream (NULL or cudaStreamLegacy) and
+ * batches hold more than one claim. */
+bool free_batch_takes(cudaStream_t stream);
+
+/* The launching thread, inside its admitted defer_free, right after the
+ * claimed block was parked PENDING on stream (the legacy stream of device,
+ * current on this thread; stream_id its id): adds claim to device's batch
+ * and seals the batch when it is full or old.  Never fails: a claim that
+ * finds no room (out of memory) is sealed alone.  Blocks only in the
+ * fallback of a seal whose event could not be recorded (it synchronizes
+ * the stream). */
+void free_batch_add(int device, cudaStream_t stream,
+                    unsigned long long stream_id,
+                    const struct block_claim *claim);
+
+/* Any application thread that must have every batch sealed before it goes
+ * on (defer_flush, defer_trim, shutdown, exit): records an event on the
+ * legacy stream of each device with claims (switching the current device
+ * and back) and pushes its entry.  Blocks as free_batch_add does. */
+void free_batch_seal_all(void);
+
+/* Any thread: claims waiting in batches now (for tests and statistics). */
+size_t free_batch_waiting(void);
+
+#endif

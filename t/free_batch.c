@@ -1,0 +1,252 @@
+/* Free batches (src/free_batch.h), end to end with the reclaimer: blocks of
+ * defer_alloc's freed on the legacy stream share one event per batch
+ * (CUDEFER_FREE_BATCH, 4 here), are reusable on the legacy stream at once
+ * and by no other stream before their batch's event completed; a batch is
+ * sealed when full, at the first free once its oldest claim is 1 ms old,
+ * and by defer_flush, defer_trim and shutdown; an event that cannot be
+ * recorded makes the free wait for the stream instead; created streams and
+ * CUDEFER_FREE_BATCH=1 record an event per free.  The oracle checks every
+ * hand-out and release. */
+#include <string.h>
+#include <sys/wait.h>
+
+#include "free_batch.h"
+#include "helpers.h"
+
+#define BATCH 4
+static const size_t KiB = 1024;
+
+/* n blocks of bytes on the legacy stream, each used by held work (w[i]). */
+static void alloc_used(void **p, fake_work **w, int n, size_t bytes)
+{
+    for (int i = 0; i < n; i++) {
+        alloc_checked(&p[i], bytes, NULL);
+        w[i] = work_held(NULL, p[i]);
+    }
+}
+
+static unsigned long records(void)
+{
+    return fake_calls(FAKE_EVENT_RECORD);
+}
+
+/* Two full batches: one event each, and the blocks go back to the legacy
+ * stream at once, to another stream only once their work is done. */
+static void test_full_batches(cudaStream_t s2)
+{
+    void *p[2 * BATCH];
+    fake_work *w[2 * BATCH];
+    alloc_used(p, w, 2 * BATCH, 64 * KiB);
+    unsigned long before = records();
+    uint64_t deferred = stats_now().deferred;
+    double t0 = now_ms();
+    for (int i = 0; i < 2 * BATCH; i++)
+        is_int(defer_free(p[i], NULL), cudaSuccess, "free %d on stream 0", i);
+    double took = now_ms() - t0;
+    if (took < 1.0) /* else a batch may have been sealed for its age */
+        is_int(records() - before, 2, "%d frees on the legacy stream record "
+                                      "2 events (a batch of %d each)",
+               2 * BATCH, BATCH);
+    else
+        ok(records() - before >= 2 && records() - before < 2 * BATCH,
+           "%d frees record fewer events than frees (%lu; a slow run, "
+           "%.1f ms: batches sealed for their age too)",
+           2 * BATCH, records() - before, took);
+    ok(stats_now().deferred == deferred + 2 * BATCH, "each free is counted");
+    void *again = NULL;
+    alloc_checked(&again, 64 * KiB, NULL);
+    bool mine = false;
+    for (int i = 0; i < 2 * BATCH; i++)
+        mine |= again == p[i];
+    ok(mine, "a request on the legacy stream reuses one at once (their work "
+             "still runs)");
+    void *other = NULL;
+    alloc_checked(&other, 64 * KiB, s2);
+    bool theirs = false;
+    for (int i = 0; i < 2 * BATCH; i++)
+        theirs |= other == p[i];
+    ok(!theirs, "another stream's request gets none of them");
+    for (int i = 0; i < 2 * BATCH; i++)
+        fake_complete(w[i]);
+    defer_free(other, s2);
+    defer_free(again, NULL);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    struct defer_stats st = stats_now();
+    ok(st.pending == 0 && st.deferred == st.released,
+       "after the flush every free is released (%llu of %llu)",
+       ULL(st.released), ULL(st.deferred));
+}
+
+/* One block in a batch that never fills: no event yet, so another stream
+ * cannot have it, even with its work done; defer_flush seals the batch and
+ * waits for it, after which any stream can. */
+static void test_flush_seals(cudaStream_t s2)
+{
+    void *p = NULL, *q = NULL;
+    alloc_checked(&p, 96 * KiB, NULL);
+    unsigned long before = records();
+    defer_free(p, NULL);
+    is_int(records() - before, 0, "a lone free on the legacy stream records "
+                                  "no event");
+    is_int(free_batch_waiting(), 1, "its claim waits in the batch");
+    alloc_checked(&q, 96 * KiB, s2);
+    ok(q != p, "another stream does not get it before its batch is sealed");
+    is_int(defer_flush(), cudaSuccess, "defer_flush");
+    is_int(records() - before, 1, "seals the batch with one event");
+    is_int(free_batch_waiting(), 0, "nothing waits in a batch after it");
+    void *r = NULL;
+    alloc_checked(&r, 96 * KiB, s2);
+    ok(r == p, "then another stream gets the block");
+    defer_free(q, s2);
+    defer_free(r, s2);
+    defer_flush();
+}
+
+/* A batch whose oldest claim is older than 1 ms is sealed by the next
+ * free on the legacy stream; both blocks are then covered. */
+static void test_age_seals(void)
+{
+    void *p = NULL, *q = NULL;
+    alloc_checked(&p, 128 * KiB, NULL);
+    alloc_checked(&q, 160 * KiB, NULL);
+    unsigned long before = records();
+    uint64_t released = stats_now().released;
+    defer_free(p, NULL);
+    sleep_ms(3);
+    defer_free(q, NULL);
+    is_int(records() - before, 1, "the free after 1 ms seals the batch");
+    is_int(free_batch_waiting(), 0, "with both claims");
+    double deadline = now_ms() + 5000;
+    while (stats_now().released < released + 2 && now_ms() < deadline)
+        sleep_ms(1);
+    ok(stats_now().released >= released + 2,
+       "both are released once the event completed, with no flush");
+}
+
+/* defer_trim seals the batches, and a block whose work is done goes back
+ * to CUDA in that very trim. */
+static void test_trim_seals(void)
+{
+    void *p = NULL;
+    alloc_checked(&p, 8 << 20, NULL); /* a whole segment of its own */
+    defer_free(p, NULL);
+    is_int(free_batch_waiting(), 1, "a claim waits in the batch");
+    size_t trimmed = 0;
+    is_int(defer_trim(&trimmed), cudaSuccess, "defer_trim");
+    is_int(free_batch_waiting(), 0, "sealed it");
+    ok(fake_is_released(p) == 1, "and released the block, its work done");
+}
+
+/* An event that cannot be recorded: the free waits for the legacy stream
+ * and its batch's blocks are free at once (said, counted). */
+static void test_record_fails(cudaStream_t s2)
+{
+    void *p[BATCH];
+    fake_work *w[BATCH];
+    alloc_used(p, w, BATCH, 48 * KiB);
+    for (int i = 0; i < BATCH; i++)
+        fake_complete(w[i]);
+    uint64_t sync = stats_now().sync_releases;
+    for (int i = 0; i < BATCH - 1; i++)
+        defer_free(p[i], NULL);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+    stderr_capture_begin();
+    is_int(defer_free(p[BATCH - 1], NULL), cudaSuccess,
+           "the free that fills the batch is accepted");
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    ok(strstr(said, "cudaEventRecord") != NULL &&
+           strstr(said, "waiting for the legacy stream") != NULL,
+       "the failed record is reported");
+    uint64_t synced = stats_now().sync_releases - sync;
+    ok(synced >= 1 && synced <= BATCH,
+       "the batch's frees count as synchronous (%llu; %d unless a slow run "
+       "sealed some for their age)", ULL(synced), BATCH);
+    void *q = NULL;
+    alloc_checked(&q, 48 * KiB, s2);
+    bool mine = false;
+    for (int i = 0; i < BATCH; i++)
+        mine |= q == p[i];
+    ok(mine, "another stream gets one of its blocks at once");
+    defer_free(q, s2);
+    defer_flush();
+}
+
+/* Frees on a created stream are not batched: an event each. */
+static void test_created_stream_records(cudaStream_t s2)
+{
+    void *p[3];
+    for (int i = 0; i < 3; i++)
+        alloc_checked(&p[i], 32 * KiB, s2);
+    unsigned long before = records();
+    for (int i = 0; i < 3; i++)
+        defer_free(p[i], s2);
+    is_int(records() - before, 3, "3 frees on a created stream record 3 "
+                                  "events");
+    is_int(free_batch_waiting(), 0, "and wait in no batch");
+    defer_flush();
+}
+
+/* In a child: CUDEFER_FREE_BATCH=env; frees n blocks on the legacy stream
+ * and says how many events they recorded; then shutdown with a claim
+ * waiting must seal it (no report of claims dropped, nothing pending). */
+static void scenario(const char *env, int n, unsigned long least,
+                     unsigned long most, const char *want_said)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        stderr_capture_begin();
+        void *p[8];
+        for (int i = 0; i < n; i++)
+            alloc_checked(&p[i], 16 * KiB, NULL);
+        const char *said = stderr_capture_end();
+        CHECK(want_said == NULL || strstr(said, want_said) != NULL,
+              "said \"%s\"", want_said);
+        unsigned long before = records();
+        for (int i = 0; i < n; i++)
+            defer_free(p[i], NULL);
+        unsigned long made = records() - before;
+        CHECK(made >= least && made <= most, "%lu events, want %lu..%lu",
+              made, least, most);
+        stderr_capture_begin();
+        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+        said = stderr_capture_end();
+        CHECK(strstr(said, "never sealed") == NULL, "nothing dropped");
+        struct defer_stats st = stats_now();
+        CHECK(st.pending == 0 && st.released == st.deferred,
+              "every free released by the shutdown (%llu of %llu)",
+              ULL(st.released), ULL(st.deferred));
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "%s: %d frees on stream 0 record %lu..%lu events; shutdown seals "
+       "the rest", env, n, least, most);
+}
+
+int main(void)
+{
+    plan_lazy();
+    set_cudefer_env("CUDEFER_FREE_BATCH=4 CUDEFER_MAX_DELAY_MS=0 "
+                    "CUDEFER_IDLE_US=10000000");
+    fake_reset(1);
+    /* Batched: no event, or one if a slow run crossed the 1 ms age. */
+    scenario("CUDEFER_FREE_BATCH=1", 3, 3, 3, NULL);
+    scenario("CUDEFER_FREE_BATCH=8", 5, 0, 1, NULL);
+    scenario("CUDEFER_FREE_BATCH=0", 5, 0, 1,
+             "invalid value for CUDEFER_FREE_BATCH: \"0\" (expected a "
+             "count, 1..4096)");
+    scenario("CUDEFER_FREE_BATCH=lots", 5, 0, 1,
+             "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
+    cudaStream_t s2 = stream_new();
+    test_full_batches(s2);
+    test_flush_seals(s2);
+    test_age_seals();
+    test_trim_seals();
+    test_record_fails(s2);
+    test_created_stream_records(s2);
+    is_int(fake_violations(), 0, "oracle: nothing released or reused early");
+    return 0;
+}
