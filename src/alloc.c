@@ -2,6 +2,7 @@
  * pluggable-allocator entry points, over the block cache (block_cache.h):
  * a block freed on a stream goes back to a request on that stream at once,
  * to any stream once its work is done, and a miss is a cudaMalloc. */
+#include "api.h"
 #include "block_cache.h"
 #include "block_map.h"
 #include "block_pool.h"
@@ -116,12 +117,11 @@ static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
     return err;
 }
 
-/* defer_alloc, admitted: the cache, else cudaMalloc. */
-static cudaError_t alloc_admitted(void **ptr, size_t bytes,
-                                  cudaStream_t stream, int *device)
+/* Refuses a request on stream while it is captured (or barred by
+ * another thread's capture): cudaStreamGetDevice would invalidate a
+ * capture, and cudaMalloc is refused in the default capture mode. */
+static cudaError_t refuse_if_capturing(cudaStream_t stream)
 {
-    /* cudaStreamGetDevice would invalidate a capture, and cudaMalloc is
-     * refused in the default capture mode: refuse before either. */
     bool capturing = false;
     const char *call = NULL;
     cudaError_t err = capture_status(&stream, 1, &capturing, &call);
@@ -131,10 +131,27 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
         return refuse("defer_alloc", "the stream", cudaErrorStreamCaptureUnsupported,
                       ": it is being captured into a graph; allocate before "
                       "the capture begins (the capture is left intact)");
+    return cudaSuccess;
+}
+
+/* defer_alloc, admitted: the cache, else cudaMalloc (current: the current
+ * device when the caller knows it, else -1). */
+static cudaError_t alloc_admitted(void **ptr, size_t bytes,
+                                  cudaStream_t stream, int current,
+                                  int *device)
+{
+    /* The legacy stream cannot capture, only be barred by another thread's
+     * capture, which matters only once a CUDA call uses the stream: a hit
+     * makes none, so it is checked on a miss only. */
+    bool legacy = stream_is_legacy(stream);
+    cudaError_t err;
+    if (!legacy && (err = refuse_if_capturing(stream)) != cudaSuccess)
+        return err;
     unsigned long long id;
     bool cached;
-    if ((err = stream_identity_lookup(stream, true, device, &id, &cached,
-                                      &call)) != cudaSuccess)
+    const char *call = NULL;
+    if ((err = stream_identity_lookup_on(stream, true, current, device, &id,
+                                         &cached, &call)) != cudaSuccess)
         return refuse("defer_alloc", call, err, "");
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
@@ -142,12 +159,18 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     uint64_t before = now_ns();
     size_t size;
     *ptr = block_cache_take(*device, id, bytes, &size);
-    if (*ptr == NULL)
-        hand_back_free_blocks(*device, bytes, stream, id, before);
+    if (*ptr != NULL)
+        return cudaSuccess;
+    if (legacy && (err = refuse_if_capturing(stream)) != cudaSuccess)
+        return err;
+    hand_back_free_blocks(*device, bytes, stream, id, before);
     return cudaSuccess;
 }
 
-cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+/* defer_alloc, with the current device when the caller knows it
+ * (current >= 0: the pluggable entry point made it current). */
+static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
+                            int current)
 {
     if (ptr == NULL) {
         stats_add(&stats.rejected, 1);
@@ -161,7 +184,7 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     if (err != cudaSuccess)
         return err;
     int device = -1;
-    err = alloc_admitted(ptr, bytes, stream, &device);
+    err = alloc_admitted(ptr, bytes, stream, current, &device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err != cudaSuccess || *ptr != NULL)
         return err;
@@ -169,6 +192,11 @@ cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
         cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     return err;
+}
+
+cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+{
+    return alloc_on(ptr, bytes, stream, -1);
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
@@ -240,7 +268,8 @@ void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
         return NULL;
     }
     void *ptr = NULL;
-    err = defer_alloc(&ptr, size, stream);
+    /* A special handle's device is now the current one. */
+    err = alloc_on(&ptr, size, stream, stream_is_special(stream) ? device : -1);
     leave_device(previous);
     return err == cudaSuccess ? ptr : NULL;
 }
@@ -258,7 +287,8 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     int previous;
     cudaError_t err = enter_device(device, stream, &previous);
     if (err == cudaSuccess)
-        err = defer_free(ptr, stream);
+        err = api_free_on(ptr, stream,
+                          stream_is_special(stream) ? device : -1);
     else
         report_cuda("defer_pluggable_free", "cudaSetDevice", err, "");
     leave_device(previous);

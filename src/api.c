@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "block_cache.h"
 #include "capture.h"
 #include "config.h"
@@ -44,11 +45,12 @@ static cudaError_t identify_again(cudaStream_t stream, int *device,
  * is looked up again first: the handle may now name a stream of a healthy
  * device (issue 12, item 13). */
 static cudaError_t identify_usable(cudaStream_t stream, bool exact,
-                                   int *device, unsigned long long *id,
-                                   bool *cached, const char **failed)
+                                   int current, int *device,
+                                   unsigned long long *id, bool *cached,
+                                   const char **failed)
 {
-    cudaError_t err =
-        stream_identity_lookup(stream, exact, device, id, cached, failed);
+    cudaError_t err = stream_identity_lookup_on(stream, exact, current,
+                                                device, id, cached, failed);
     if (err == cudaSuccess && *cached &&
         lifecycle_device_error(*device) != cudaSuccess) {
         *cached = false;
@@ -285,8 +287,17 @@ static cudaError_t submit_admitted(const struct request_args *a,
 {
     bool capturing = false;
     const char *call = NULL;
-    cudaError_t err = capture_status(&stream, 1, &capturing, &call);
-    if (err != cudaSuccess)
+    /* A block freed on the legacy stream may join a free batch, which
+     * makes no CUDA call on the stream: the capture check (a legacy stream
+     * cannot capture, only be barred by another thread's capture) waits
+     * until the free takes another path (free_batch_add checks before it
+     * seals). */
+    bool batchable = a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 &&
+                     a->claims != NULL && free_batch_takes(stream) &&
+                     !lifecycle_config()->disable;
+    cudaError_t err = cudaSuccess;
+    if (!batchable &&
+        (err = capture_status(&stream, 1, &capturing, &call)) != cudaSuccess)
         return reject(a->what, call, err);
     bool single = a->nptrs == 1 && !capturing && !lifecycle_config()->disable;
     if (!single && (err = free_claims_claim(a, claimed)) != cudaSuccess)
@@ -305,8 +316,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * on the destroyed stream whose handle this stream got. */
     bool exact = a->kind == ENTRY_CALL ||
                  (a->kind == ENTRY_FREE_DEVICE && block_cache_active());
-    err = identify_usable(stream, exact, &device, &id, &cached,
-                          &call);
+    err = identify_usable(stream, exact,
+                          a->current_known ? a->current_device : -1,
+                          &device, &id, &cached, &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     struct request_args block_args;
@@ -320,9 +332,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
-        if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
-            return submit_group_admitted(a, &stream, 1);
-        if (plan.path == BLOCK_STREAM_ORDERED && free_batch_takes(stream)) {
+        if (plan.path == BLOCK_STREAM_ORDERED && batchable) {
             /* No event of its own: its batch's (free_batch.h). */
             if (!block_cache_park(&plan, id))
                 return free_claims_refuse_freed(a, a->ptrs[0]);
@@ -330,6 +340,12 @@ static cudaError_t submit_admitted(const struct request_args *a,
             free_batch_add(device, stream, id, &a->claims[0]);
             return cudaSuccess;
         }
+        /* Another path: the legacy stream's capture check, skipped above. */
+        if (batchable && (err = capture_status(&stream, 1, &capturing,
+                                               &call)) != cudaSuccess)
+            return reject(a->what, call, err);
+        if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
+            return submit_group_admitted(a, &stream, 1);
         if (plan.path == BLOCK_STREAM_ORDERED) {
             block_args = *a;
             block_args.kind = ENTRY_BLOCK;
@@ -414,7 +430,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         unsigned long long id;
         bool no_event = false, cached = false;
         /* Callbacks are ordered per stream: never a stale identity. */
-        if ((err = identify_usable(streams[made], a->kind == ENTRY_CALL,
+        if ((err = identify_usable(streams[made], a->kind == ENTRY_CALL, -1,
                                    &device, &id, &cached, &call)) !=
             cudaSuccess)
             break;
@@ -506,13 +522,20 @@ static cudaError_t submit(const struct request_args *given,
     return err;
 }
 
-cudaError_t defer_free(void *ptr, cudaStream_t stream)
+cudaError_t api_free_on(void *ptr, cudaStream_t stream, int current)
 {
     if (ptr == NULL)
         return cudaSuccess;
     struct request_args a = {.what = "defer_free", .kind = ENTRY_FREE_DEVICE,
-                             .ptrs = &ptr, .nptrs = 1};
+                             .ptrs = &ptr, .nptrs = 1,
+                             .current_known = current >= 0,
+                             .current_device = current};
     return submit(&a, stream);
+}
+
+cudaError_t defer_free(void *ptr, cudaStream_t stream)
+{
+    return api_free_on(ptr, stream, -1);
 }
 
 cudaError_t defer_free_host(void *ptr, cudaStream_t stream)

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "capture.h"
 #include "clock.h"
 #include "entry.h"
 #include "event_pool.h"
@@ -173,19 +174,46 @@ static bool append(struct batch *b, const struct block_claim *claim,
     return true;
 }
 
+/* Whether an event may be recorded on the legacy stream now: not while
+ * another thread captures a blocking stream in the global mode (the record
+ * would fail and invalidate that capture; the check does not). */
+static bool legacy_usable(cudaStream_t stream)
+{
+    bool capturing = false;
+    const char *call;
+    return capture_status(&stream, 1, &capturing, &call) == cudaSuccess;
+}
+
+/* Lock held.  Whether b is to be sealed now: full, or its oldest claim
+ * old. */
+static bool due(const struct batch *b, uint64_t now)
+{
+    return b->count >= max_claims || now - b->oldest_ns >= FREE_BATCH_AGE_NS;
+}
+
 void free_batch_add(int device, cudaStream_t stream,
                     unsigned long long stream_id,
                     const struct block_claim *claim)
 {
     struct batch *b = &batches[device];
     uint64_t now = now_ns();
-    struct block_claim *array = NULL;
     pthread_mutex_lock(&b->lock);
     b->stream_id = stream_id;
-    bool added = append(b, claim, now);
-    size_t n = 0;
-    if (b->count >= max_claims || now - b->oldest_ns >= FREE_BATCH_AGE_NS)
-        n = take_claims(b, &array);
+    bool added = append(b, claim, now), seal_now = due(b, now);
+    pthread_mutex_unlock(&b->lock);
+    if (!seal_now && added)
+        return;
+    /* Checked before the claims are taken: a batch that cannot be sealed
+     * now stays, for the next free (or a flush) to seal. */
+    if (!legacy_usable(stream)) {
+        if (!added) /* no room for it, and no event: it waits for work */
+            complete_synchronously(stream, claim, 1, "free batch",
+                                   cudaErrorMemoryAllocation);
+        return;
+    }
+    struct block_claim *array = NULL;
+    pthread_mutex_lock(&b->lock);
+    size_t n = seal_now ? take_claims(b, &array) : 0;
     pthread_mutex_unlock(&b->lock);
     if (n > 0)
         seal(device, stream, stream_id, array, NULL, n);
@@ -196,33 +224,36 @@ void free_batch_add(int device, cudaStream_t stream,
 void free_batch_seal_all(void)
 {
     int current = -1;
-    for (int d = 0; d < nbatches; d++) {
-        if (free_batch_waiting() == 0)
-            break;
+    for (int d = 0; d < nbatches && free_batch_waiting() > 0; d++) {
         struct batch *b = &batches[d];
-        struct block_claim *array = NULL;
         pthread_mutex_lock(&b->lock);
-        size_t n = take_claims(b, &array);
-        unsigned long long id = b->stream_id;
+        bool any = b->count > 0;
         pthread_mutex_unlock(&b->lock);
-        if (n == 0)
+        if (!any)
             continue;
         if (current < 0 && cudaGetDevice(&current) != cudaSuccess)
             current = -1;
         /* The legacy stream (NULL) is the current device's. */
         cudaError_t err = cudaSetDevice(d);
-        if (err != cudaSuccess) {
-            /* The device is unusable: its blocks cannot come back. */
-            report_cuda("defer_flush", "cudaSetDevice", err,
-                        "; blocks freed on the legacy stream stay there");
-            for (size_t i = 0; i < n; i++)
-                block_cache_event_done(array[i].block, array[i].handout,
-                                       false, now_ns());
-            stats_add(&stats.failed, n);
-            free(array);
+        if (err != cudaSuccess || !legacy_usable(NULL)) {
+            /* Left in the batch, reusable on the stream; said. */
+            report_cuda("free batches", err != cudaSuccess ? "cudaSetDevice"
+                                       : "cudaStreamIsCapturing",
+                        err != cudaSuccess ? err
+                                           : cudaErrorStreamCaptureImplicit,
+                        "; blocks freed on the legacy stream wait there "
+                        "until a later free or flush can seal their batch");
             continue;
         }
-        seal(d, NULL, id, array, NULL, n);
+        struct block_claim *array = NULL;
+        pthread_mutex_lock(&b->lock);
+        size_t n = take_claims(b, &array);
+        unsigned long long id = b->stream_id;
+        pthread_mutex_unlock(&b->lock);
+        if (n > 0)
+            seal(d, NULL, id, array, NULL, n);
+        else
+            free(array);
     }
     if (current >= 0)
         cudaSetDevice(current);

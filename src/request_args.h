@@ -3,6 +3,7 @@
 #ifndef CUDEFER_REQUEST_ARGS_H
 #define CUDEFER_REQUEST_ARGS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "block_cache.h"
@@ -19,6 +20,11 @@ struct request_args {
      * block), filled in as its blocks are claimed; NULL when the block
      * cache was not in use at the call (no pointer can be a block). */
     struct block_claim *claims;
+    /* The caller's current device, when known (current_known: the
+     * pluggable entry points made it current), so that a special stream
+     * handle's look-up need not ask for it again. */
+    bool current_known;
+    int current_device;
 };
 
 #endif

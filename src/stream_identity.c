@@ -60,11 +60,22 @@ cudaError_t stream_identity_lookup(cudaStream_t stream, bool exact,
                                    int *device, unsigned long long *id,
                                    bool *cached, const char **failed)
 {
+    return stream_identity_lookup_on(stream, exact, -1, device, id, cached,
+                                     failed);
+}
+
+cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
+                                      int current, int *device,
+                                      unsigned long long *id, bool *cached,
+                                      const char **failed)
+{
     *cached = false;
     int key_device = NO_DEVICE;
     cudaError_t err;
-    if (stream_is_special(stream) &&
-        (err = cudaGetDevice(&key_device)) != cudaSuccess) {
+    if (stream_is_special(stream) && current >= 0) {
+        key_device = current;
+    } else if (stream_is_special(stream) &&
+               (err = cudaGetDevice(&key_device)) != cudaSuccess) {
         *failed = "cudaGetDevice";
         return err;
     }

@@ -34,9 +34,25 @@ cudaError_t stream_identity_lookup(cudaStream_t stream, bool exact,
                                    int *device, unsigned long long *id,
                                    bool *cached, const char **failed);
 
+/* The same, for a caller that knows the current device (current >= 0:
+ * the pluggable entry points made it current), which a special handle's
+ * look-up then does not ask for again (cudaGetDevice); current < 0: as
+ * stream_identity_lookup. */
+cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
+                                      int current, int *device,
+                                      unsigned long long *id, bool *cached,
+                                      const char **failed);
+
 /* Any thread: forget this thread's cached identities of stream (they proved
  * stale: a destroyed stream's handle now names another stream). */
 void stream_identity_forget(cudaStream_t stream);
+
+/* True for 0 and cudaStreamLegacy: the legacy stream, which is never
+ * destroyed and cannot be captured (cudaStreamBeginCapture refuses it). */
+static inline bool stream_is_legacy(cudaStream_t stream)
+{
+    return stream == 0 || stream == cudaStreamLegacy;
+}
 
 /* True for 0, cudaStreamLegacy and cudaStreamPerThread. */
 static inline bool stream_is_special(cudaStream_t stream)

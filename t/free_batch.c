@@ -187,6 +187,73 @@ static void test_created_stream_records(cudaStream_t s2)
     defer_flush();
 }
 
+/* The legacy stream's calls: a hit and a batched free make no CUDA call
+ * on the stream (no capture check: the legacy stream cannot capture), and
+ * through the pluggable entry points a single cudaGetDevice each. */
+static void test_legacy_calls(void)
+{
+    void *p = defer_pluggable_alloc(200 * KiB, 0, NULL);
+    defer_pluggable_free(p, 200 * KiB, 0, NULL); /* the next one is a hit */
+    unsigned long capturing = fake_calls(FAKE_STREAM_IS_CAPTURING);
+    unsigned long devices = fake_calls(FAKE_GET_DEVICE);
+    unsigned long before = records();
+    void *q = defer_pluggable_alloc(200 * KiB, 0, NULL);
+    ok(q == p, "a hit on the legacy stream");
+    defer_pluggable_free(q, 200 * KiB, 0, NULL);
+    ok(fake_calls(FAKE_STREAM_IS_CAPTURING) == capturing,
+       "the hit and the batched free ask for no capture status");
+    ok(fake_calls(FAKE_GET_DEVICE) - devices == 2 && records() == before,
+       "one cudaGetDevice each, no event (%lu, %lu)",
+       fake_calls(FAKE_GET_DEVICE) - devices, records() - before);
+    defer_flush();
+}
+
+/* While the legacy stream is barred (another thread captures a blocking
+ * stream in the global mode: cudaStreamIsCapturing on it fails), frees on
+ * it are still batched and a due batch waits, since recording there would
+ * invalidate that capture; a miss is refused; the first free after seals
+ * everything. */
+static void test_barred_legacy(cudaStream_t s2)
+{
+    void *p[2 * BATCH + 1], *hit = NULL, *miss = NULL;
+    for (int i = 0; i < 2 * BATCH + 1; i++)
+        alloc_checked(&p[i], 24 * KiB, NULL);
+    unsigned long before = records();
+    fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorStreamCaptureImplicit, 0,
+              -1);
+    bool accepted = true;
+    for (int i = 0; i < 2 * BATCH; i++)
+        accepted &= defer_free(p[i], NULL) == cudaSuccess;
+    ok(accepted, "frees on the barred legacy stream are accepted");
+    ok(records() == before && free_batch_waiting() == 2 * BATCH,
+       "and wait in their batch, unsealed, past its size (%zu)",
+       free_batch_waiting());
+    bool theirs = false;
+    cudaError_t err = alloc_checked(&hit, 24 * KiB, NULL);
+    for (int i = 0; i < 2 * BATCH; i++)
+        theirs |= hit == p[i];
+    ok(err == cudaSuccess && theirs,
+       "a request on it that hits gets one of them");
+    stderr_capture_begin();
+    is_int(alloc_checked(&miss, 40 << 20, NULL),
+           cudaErrorStreamCaptureImplicit, "one that misses is refused");
+    stderr_capture_end();
+    fake_fail_clear();
+    defer_free(p[2 * BATCH], NULL);
+    is_int(records() - before, 1, "the first free after seals them all");
+    is_int(free_batch_waiting(), 0, "nothing waits");
+    defer_free(hit, NULL);
+    void *q = NULL;
+    is_int(defer_flush(), cudaSuccess, "flush");
+    alloc_checked(&q, 24 * KiB, s2);
+    theirs = false;
+    for (int i = 0; i < 2 * BATCH + 1; i++)
+        theirs |= q == p[i];
+    ok(theirs, "another stream gets one once their work is done");
+    defer_free(q, s2);
+    defer_flush();
+}
+
 /* In a child: CUDEFER_FREE_BATCH=env; frees n blocks on the legacy stream
  * and says how many events they recorded; then shutdown with a claim
  * waiting must seal it (no report of claims dropped, nothing pending). */
@@ -247,6 +314,8 @@ int main(void)
     test_trim_seals();
     test_record_fails(s2);
     test_created_stream_records(s2);
+    test_legacy_calls();
+    test_barred_legacy(s2);
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     return 0;
 }
