@@ -332,6 +332,14 @@ static cudaError_t submit_admitted(const struct request_args *a,
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
+        /* Claimed (FREEING): its size and device stay as they are. */
+        if (*claimed && a->said_bytes > 0 &&
+            (plan.block->size < a->said_bytes ||
+             plan.block->device != a->said_device))
+            report("defer_pluggable_free: %p is a block of %zu bytes on "
+                   "device %d, freed as %zu bytes on device %d: freed all "
+                   "the same", a->ptrs[0], plan.block->size,
+                   plan.block->device, a->said_bytes, a->said_device);
         if (plan.path == BLOCK_STREAM_ORDERED && batchable) {
             /* No event of its own: its batch's (free_batch.h). */
             if (!block_cache_park(&plan, id))
@@ -530,6 +538,17 @@ cudaError_t api_free_on(void *ptr, cudaStream_t stream, int current)
                              .ptrs = &ptr, .nptrs = 1,
                              .current_known = current >= 0,
                              .current_device = current};
+    return submit(&a, stream);
+}
+
+cudaError_t api_free_pluggable(void *ptr, size_t bytes, int device,
+                               cudaStream_t stream, int current)
+{
+    struct request_args a = {.what = "defer_free", .kind = ENTRY_FREE_DEVICE,
+                             .ptrs = &ptr, .nptrs = 1,
+                             .current_known = current >= 0,
+                             .current_device = current,
+                             .said_bytes = bytes, .said_device = device};
     return submit(&a, stream);
 }
 

@@ -11,4 +11,10 @@
  * defer_free itself.  Any thread; blocks where defer_free does. */
 cudaError_t api_free_on(void *ptr, cudaStream_t stream, int current);
 
+/* api_free_on for defer_pluggable_free, which says the block's size and
+ * device (checked against the block's record once it is found: a
+ * mismatch is reported, the block freed all the same). */
+cudaError_t api_free_pluggable(void *ptr, size_t bytes, int device,
+                               cudaStream_t stream, int current);
+
 #endif

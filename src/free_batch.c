@@ -196,7 +196,7 @@ void free_batch_add(int device, cudaStream_t stream,
                     const struct block_claim *claim)
 {
     struct batch *b = &batches[device];
-    uint64_t now = now_ns();
+    uint64_t now = coarse_now_ns(); /* now_ns: ~10 % of the call, perf */
     pthread_mutex_lock(&b->lock);
     b->stream_id = stream_id;
     bool added = append(b, claim, now), seal_now = due(b, now);

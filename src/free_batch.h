@@ -44,7 +44,9 @@
 
 #include "block_cache.h"
 
-/* A batch is sealed once its oldest claim is this old, at the next free. */
+/* A batch is sealed once its oldest claim is this old, at the next free,
+ * as the coarse clock tells (clock.h: so up to one tick, 1 to 4 ms,
+ * later). */
 #define FREE_BATCH_AGE_NS 1000000u
 
 /* Start-up, under the library's start lock: ndevices batches, each sealed
