@@ -84,6 +84,10 @@ def parse_args(argv):
                    help=argparse.SUPPRESS)
     p.add_argument('--dry-run', action='store_true',
                    help='print the runs (environment and command) and stop')
+    p.add_argument('--from-json', metavar='FILE',
+                   help='run nothing: print the table of the JSON lines of an '
+                   'earlier run, from its repetitions (so a run cut short '
+                   'gets the table of those it finished)'),
     o = p.parse_args(argv)
     base = QUICK if o.quick else DEFAULTS
     for k, v in base.items():
@@ -170,9 +174,49 @@ def build_library(bindir):
     return path if os.path.isfile(path) else None
 
 
+def table_from_json(path):
+    """--from-json: the table of an earlier run's JSON lines, computed
+    again from its header and repetition records (a line cut by a kill is
+    skipped, said).  Returns the exit status."""
+    header, results = None, {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        progress('run.py: %s: %s' % (path, e.strerror))
+        return 2
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            progress('run.py: %s:%d: not a JSON line (cut short?): skipped' % (path, n))
+            continue
+        if rec.get('record') == 'run':
+            header = rec
+        elif rec.get('record') == 'rep':
+            results.setdefault((rec['workload'], rec['strategy']), []).append(rec)
+    if header is None:
+        progress('run.py: %s: no header line (record "run"): not a run.py file?' % path)
+        return 2
+    names = header.get('workloads') or []
+    workloads = [w for w in WORKLOADS if w.name in names]
+    info = {k: v for k, v in header.items()
+            if k not in ('record', 'options', 'workloads')}
+    o = argparse.Namespace(**header.get('options', {}))
+    for k, v in DEFAULTS.items():
+        if not hasattr(o, k):
+            setattr(o, k, v)
+    failures = sum(1 for recs in results.values() for r in recs if not r['ok'])
+    print_table(workloads, summarize(workloads, results, info), info, o, failures)
+    return 0
+
+
 def main(argv=None):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # quiet under `| head`
     o = parse_args(sys.argv[1:] if argv is None else argv)
+    if o.from_json:
+        return table_from_json(o.from_json)
     workloads, torch_found = select_workloads(o)
     if not workloads:
         progress('run.py: nothing to run')

@@ -444,6 +444,38 @@ def test_time_calls():
         shutil.rmtree(tmp)
 
 
+def test_from_json():
+    """--from-json prints the table of a run's JSON lines without running
+    anything, also of a run cut short (its last line half written, no
+    summaries), and refuses a file with no header."""
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        make_fakes(tmp)
+        out = os.path.join(tmp, 'r.jsonl')
+        rc, so, se = run_py(tmp, ['--reps', '2', '--workloads', 'train-lm',
+                                  '--strategies', 'native,cudefer', '--json', out])
+        assert rc == 0, se
+        whole = [l for l in open(out).read().splitlines()
+                 if '"record": "summary"' not in l]
+        cut = os.path.join(tmp, 'cut.jsonl')
+        with open(cut, 'w') as f:   # the last repetition record, half written
+            f.write('\n'.join(whole[:-1]) + '\n' + whole[-1][:40] + '\n')
+        rc, so2, se2 = run_py(tmp, ['--from-json', cut])
+        assert rc == 0, se2
+        assert 'not a JSON line (cut short?)' in se2, se2
+        assert '== train-lm' in so2 and 'yes (2/2)' in so2 and 'yes (1/1)' in so2, so2
+        table = so[so.index('== train-lm'):]
+        rc, so3, se3 = run_py(tmp, ['--from-json', out])
+        assert rc == 0 and so3[so3.index('== train-lm'):] == table, (so3, table)
+        bare = os.path.join(tmp, 'bare.jsonl')
+        with open(bare, 'w') as f:
+            f.write(whole[1] + '\n')
+        rc, so4, se4 = run_py(tmp, ['--from-json', bare])
+        assert rc == 2 and 'no header line' in se4, (rc, se4)
+    finally:
+        shutil.rmtree(tmp)
+
+
 def test_plot_reads_old_and_new():
     try:
         import plot
