@@ -222,14 +222,14 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * them, unless split).
  * Free batches: blocks freed with defer_free on the legacy stream (stream
  * 0 or cudaStreamLegacy, PyTorch's default) share one event per free_batch
- * frees (CUDEFER_FREE_BATCH, 32) or per 1 to 5 ms (a millisecond on the
+ * frees (CUDEFER_FREE_BATCH, 32) or per 1 to 11 ms (a millisecond on the
  * kernel's coarse clock), whichever comes first,
  * recorded by the free that fills the batch: the others make no
  * cudaEventRecord and push nothing (H100, PyTorch training: about 2.5 us
  * a free before).  Limit: until its batch's event is recorded, a block is
  * reusable on the legacy stream only, not by another stream, nor released:
  * at most free_batch - 1 blocks per device wait so, until the batch fills,
- * the first such free 1 to 5 ms after the oldest, or defer_flush,
+ * the first such free 1 to 11 ms after the oldest, or defer_flush,
  * defer_trim, defer_shutdown or exit, which seal every batch (an event on
  * the legacy stream of each device).  Frees on other streams record an
  * event each (a created stream may be destroyed before a later free could

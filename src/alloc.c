@@ -144,7 +144,12 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
      * makes none, so it is checked on a miss only. */
     bool legacy = stream_is_legacy(stream);
     cudaError_t err;
-    if (!legacy && (err = refuse_if_capturing(stream)) != cudaSuccess)
+    if (legacy && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
+        return refuse("defer_alloc", "cudaGetDevice", err, "");
+    /* A first look-up asks the stream itself (cudaStreamGetId): checked
+     * first, as any stream is. */
+    if ((!legacy || !stream_identity_known(stream, current)) &&
+        (err = refuse_if_capturing(stream)) != cudaSuccess)
         return err;
     unsigned long long id;
     bool cached;

@@ -296,6 +296,13 @@ static cudaError_t submit_admitted(const struct request_args *a,
                      a->claims != NULL && free_batch_takes(stream) &&
                      !lifecycle_config()->disable;
     cudaError_t err = cudaSuccess;
+    int current = a->current_known ? a->current_device : -1;
+    if (batchable && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
+        return reject(a->what, "cudaGetDevice", err);
+    /* A first look-up asks the stream itself (cudaStreamGetId): checked
+     * first, as any stream is. */
+    if (batchable && !stream_identity_known(stream, current))
+        batchable = false;
     if (!batchable &&
         (err = capture_status(&stream, 1, &capturing, &call)) != cudaSuccess)
         return reject(a->what, call, err);
@@ -316,9 +323,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * on the destroyed stream whose handle this stream got. */
     bool exact = a->kind == ENTRY_CALL ||
                  (a->kind == ENTRY_FREE_DEVICE && block_cache_active());
-    err = identify_usable(stream, exact,
-                          a->current_known ? a->current_device : -1,
-                          &device, &id, &cached, &call);
+    err = identify_usable(stream, exact, current, &device, &id, &cached,
+                          &call);
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     struct request_args block_args;

@@ -18,7 +18,7 @@ static inline uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Any thread: now, on the monotonic clock read at its last tick (1 to 4
+/* Any thread: now, on the monotonic clock read at its last tick (1 to 10
  * ms ago): a few nanoseconds where now_ns costs tens, for bounds that a
  * tick more does not matter to (a free batch's age). */
 static inline uint64_t coarse_now_ns(void)

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "capture.h"
 #include "clock.h"
@@ -28,7 +29,11 @@ struct batch {
 static struct batch *batches;
 static int nbatches;
 static uint32_t max_claims;
-static _Atomic size_t waiting; /* claims in all batches */
+/* Claims in all batches; claims taken by a seal and not yet pushed (nor
+ * given back): a flush waits until none is in flight, so that its barrier
+ * covers every free that returned before it, also one whose claim another
+ * thread's seal took. */
+static _Atomic size_t waiting, in_flight;
 
 bool free_batch_init(int ndevices, uint32_t max)
 {
@@ -40,6 +45,7 @@ bool free_batch_init(int ndevices, uint32_t max)
     nbatches = ndevices;
     max_claims = max;
     atomic_store(&waiting, 0);
+    atomic_store(&in_flight, 0);
     return true;
 }
 
@@ -57,6 +63,7 @@ void free_batch_destroy(void)
     batches = NULL;
     nbatches = 0;
     atomic_store(&waiting, 0);
+    atomic_store(&in_flight, 0);
 }
 
 void free_batch_fork_child(void)
@@ -66,11 +73,16 @@ void free_batch_fork_child(void)
     batches = NULL;
     nbatches = 0;
     atomic_store(&waiting, 0);
+    atomic_store(&in_flight, 0);
 }
 
 bool free_batch_takes(cudaStream_t stream)
 {
-    return max_claims > 1 && (stream == NULL || stream == cudaStreamLegacy);
+    /* Not on the reclaimer thread: a callback's free during the shutdown
+     * drain must be pushed before the drain ends, and nobody would seal
+     * it after the drain's own seal. */
+    return max_claims > 1 && (stream == NULL || stream == cudaStreamLegacy) &&
+           !lifecycle_on_reclaimer_thread();
 }
 
 size_t free_batch_waiting(void)
@@ -78,11 +90,32 @@ size_t free_batch_waiting(void)
     return atomic_load_explicit(&waiting, memory_order_relaxed);
 }
 
+static bool append(struct batch *b, const struct block_claim *claim,
+                   uint64_t now);
+
+/* Claims taken by a seal that could not be pushed go back to device's
+ * batch, to be sealed later (their work is not known to be done, so their
+ * blocks stay PENDING: reusable on the legacy stream only).  One that
+ * finds no room (out of memory) stays so for good: reported. */
+static void give_back_claims(int device, const struct block_claim *claims,
+                             size_t n)
+{
+    struct batch *b = &batches[device];
+    size_t lost = 0;
+    pthread_mutex_lock(&b->lock);
+    for (size_t i = 0; i < n; i++)
+        lost += !append(b, &claims[i], coarse_now_ns());
+    pthread_mutex_unlock(&b->lock);
+    if (lost > 0)
+        report("defer_free: out of memory for %zu claims of blocks freed on "
+               "the legacy stream: they stay reusable on it only, never "
+               "released", lost);
+}
+
 /* The claims of the block frees an event could not cover: the caller
- * waits for stream here, after which their work is done (or, if even that
- * fails, never known to be: the blocks stay reusable on the stream only).
- * Counted as released or failed. */
-static void complete_synchronously(cudaStream_t stream,
+ * waits for stream here, after which their work is done; if even that
+ * fails, they go back to the batch.  Counted as released. */
+static void complete_synchronously(int device, cudaStream_t stream,
                                    const struct block_claim *claims, size_t n,
                                    const char *call, cudaError_t err)
 {
@@ -90,15 +123,17 @@ static void complete_synchronously(cudaStream_t stream,
                 "; waiting for the legacy stream to give back the blocks "
                 "freed on it");
     cudaError_t sync = cudaStreamSynchronize(stream);
-    if (sync != cudaSuccess)
+    if (sync != cudaSuccess) {
         report_cuda("defer_free", "cudaStreamSynchronize", sync,
                     "; the blocks freed on the legacy stream stay reusable "
-                    "on it only");
+                    "on it only until a later seal");
+        give_back_claims(device, claims, n);
+        return;
+    }
     uint64_t now = now_ns();
     for (size_t i = 0; i < n; i++)
-        block_cache_event_done(claims[i].block, claims[i].handout,
-                               sync == cudaSuccess, now);
-    stats_add(sync == cudaSuccess ? &stats.released : &stats.failed, n);
+        block_cache_event_done(claims[i].block, claims[i].handout, true, now);
+    stats_add(&stats.released, n);
     stats_add(&stats.sync_releases, n);
 }
 
@@ -126,8 +161,9 @@ static void seal(int device, cudaStream_t stream, unsigned long long id,
         e = NULL;
     }
     if (e == NULL) {
-        complete_synchronously(stream, claims, n, call, err);
+        complete_synchronously(device, stream, claims, n, call, err);
         free(array);
+        atomic_fetch_sub_explicit(&in_flight, n, memory_order_release);
         return;
     }
     stream_lane_commit(&pick, e);
@@ -141,6 +177,7 @@ static void seal(int device, cudaStream_t stream, unsigned long long id,
         e->claims = array; /* the entry's now */
     }
     lifecycle_push(e);
+    atomic_fetch_sub_explicit(&in_flight, n, memory_order_release);
 }
 
 /* Lock held.  Takes b's claims: *array (the batch's array, which the
@@ -152,6 +189,7 @@ static size_t take_claims(struct batch *b, struct block_claim **array)
     b->claims = NULL;
     b->count = b->room = 0;
     atomic_fetch_sub_explicit(&waiting, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&in_flight, n, memory_order_relaxed);
     return n;
 }
 
@@ -206,9 +244,11 @@ void free_batch_add(int device, cudaStream_t stream,
     /* Checked before the claims are taken: a batch that cannot be sealed
      * now stays, for the next free (or a flush) to seal. */
     if (!legacy_usable(stream)) {
-        if (!added) /* no room for it, and no event: it waits for work */
-            complete_synchronously(stream, claim, 1, "free batch",
-                                   cudaErrorMemoryAllocation);
+        if (!added) /* out of memory, and no event can be recorded */
+            report("defer_free: out of memory for the claim of %p, freed "
+                   "on the legacy stream while another thread's capture "
+                   "bars it: the block stays reusable on it only, never "
+                   "released", claim->block->ptr);
         return;
     }
     struct block_claim *array = NULL;
@@ -217,13 +257,18 @@ void free_batch_add(int device, cudaStream_t stream,
     pthread_mutex_unlock(&b->lock);
     if (n > 0)
         seal(device, stream, stream_id, array, NULL, n);
-    if (!added) /* no room for it: alone */
+    else
+        free(array);
+    if (!added) { /* no room for it: alone (in flight until pushed) */
+        atomic_fetch_add_explicit(&in_flight, 1, memory_order_relaxed);
         seal(device, stream, stream_id, NULL, claim, 1);
+    }
 }
 
 void free_batch_seal_all(void)
 {
     int current = -1;
+    bool asked = false, switched = false;
     for (int d = 0; d < nbatches && free_batch_waiting() > 0; d++) {
         struct batch *b = &batches[d];
         pthread_mutex_lock(&b->lock);
@@ -231,10 +276,16 @@ void free_batch_seal_all(void)
         pthread_mutex_unlock(&b->lock);
         if (!any)
             continue;
-        if (current < 0 && cudaGetDevice(&current) != cudaSuccess)
+        if (!asked && cudaGetDevice(&current) != cudaSuccess)
             current = -1;
-        /* The legacy stream (NULL) is the current device's. */
-        cudaError_t err = cudaSetDevice(d);
+        asked = true;
+        /* The legacy stream (NULL) is the current device's; switched only
+         * when another (a switch back creates no context that was not). */
+        cudaError_t err = cudaSuccess;
+        if (current != d) {
+            err = cudaSetDevice(d);
+            switched = true;
+        }
         if (err != cudaSuccess || !legacy_usable(NULL)) {
             /* Left in the batch, reusable on the stream; said. */
             report_cuda("free batches", err != cudaSuccess ? "cudaSetDevice"
@@ -255,6 +306,12 @@ void free_batch_seal_all(void)
         else
             free(array);
     }
-    if (current >= 0)
+    if (switched && current >= 0)
         cudaSetDevice(current);
+    /* Other threads' seals under way: pushed soon (none waits for anything
+     * but the CUDA calls of its seal). */
+    while (atomic_load_explicit(&in_flight, memory_order_acquire) > 0) {
+        struct timespec nap = {.tv_nsec = 20000}; /* 20 us */
+        nanosleep(&nap, NULL);
+    }
 }

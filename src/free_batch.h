@@ -45,7 +45,7 @@
 #include "block_cache.h"
 
 /* A batch is sealed once its oldest claim is this old, at the next free,
- * as the coarse clock tells (clock.h: so up to one tick, 1 to 4 ms,
+ * as the coarse clock tells (clock.h: so up to one tick, 1 to 10 ms,
  * later). */
 #define FREE_BATCH_AGE_NS 1000000u
 

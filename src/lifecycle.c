@@ -280,6 +280,11 @@ void lifecycle_push(struct entry *e)
         wake();
 }
 
+bool lifecycle_on_reclaimer_thread(void)
+{
+    return on_reclaimer_thread;
+}
+
 const struct defer_config *lifecycle_config(void)
 {
     return &rs.cfg;

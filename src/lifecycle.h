@@ -47,6 +47,9 @@ void lifecycle_push_and_wait(struct entry *e);
 const struct defer_config *lifecycle_config(void);
 cudaError_t lifecycle_device_error(int device);
 
+/* Any thread: whether it is the reclaimer thread (running a callback). */
+bool lifecycle_on_reclaimer_thread(void);
+
 /* Any thread but the reclaimer.  Blocks until everything pushed before the
  * call has been released or has failed.  Returns cudaSuccess, the error of a
  * failed device, or cudaErrorNotPermitted (on the reclaimer thread, after

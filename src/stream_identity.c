@@ -110,6 +110,12 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
     return cudaSuccess;
 }
 
+bool stream_identity_known(cudaStream_t stream, int current)
+{
+    return find(stream, stream_is_special(stream) ? current : NO_DEVICE) !=
+           NULL;
+}
+
 void stream_identity_forget(cudaStream_t stream)
 {
     for (int s = 0; s < SETS; s++)

@@ -43,6 +43,11 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
                                       unsigned long long *id, bool *cached,
                                       const char **failed);
 
+/* Any thread: whether this thread has stream's identity cached (for a
+ * special handle, on device current, which must be known), so that a
+ * look-up makes no CUDA call on the stream. */
+bool stream_identity_known(cudaStream_t stream, int current);
+
 /* Any thread: forget this thread's cached identities of stream (they proved
  * stale: a destroyed stream's handle now names another stream). */
 void stream_identity_forget(cudaStream_t stream);

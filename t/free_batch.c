@@ -7,6 +7,7 @@
  * recorded makes the free wait for the stream instead; created streams and
  * CUDEFER_FREE_BATCH=1 record an event per free.  The oracle checks every
  * hand-out and release. */
+#include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -112,7 +113,7 @@ static void test_age_seals(void)
     unsigned long before = records();
     uint64_t released = stats_now().released;
     defer_free(p, NULL);
-    sleep_ms(10); /* 1 ms, as the coarse clock (4 ms ticks) tells */
+    sleep_ms(25); /* 1 ms as the coarse clock tells (ticks of 1 to 10 ms) */
     defer_free(q, NULL);
     is_int(records() - before, 1, "the free after 1 ms seals the batch");
     is_int(free_batch_waiting(), 0, "with both claims");
@@ -254,6 +255,125 @@ static void test_barred_legacy(cudaStream_t s2)
     defer_flush();
 }
 
+/* The seal's event cannot be recorded and even waiting for the stream
+ * fails: the claims go back to the batch, their blocks still reusable on
+ * the legacy stream only (before the fix they went FREE, reusable by any
+ * stream while their work may still run); a flush then seals them. */
+static void test_sync_fails(cudaStream_t s2)
+{
+    void *p[BATCH];
+    fake_work *w[BATCH];
+    alloc_used(p, w, BATCH, 56 * KiB);
+    for (int i = 0; i < BATCH - 1; i++)
+        defer_free(p[i], NULL);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorLaunchOutOfResources, 0, 1);
+    stderr_capture_begin();
+    is_int(defer_free(p[BATCH - 1], NULL), cudaSuccess,
+           "the free whose seal fails twice is accepted");
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    ok(strstr(said, "until a later seal") != NULL, "said");
+    ok(free_batch_waiting() >= 1, "its claims are back in the batch (%zu)",
+       free_batch_waiting());
+    void *q = NULL;
+    alloc_checked(&q, 56 * KiB, s2);
+    bool theirs = false;
+    for (int i = 0; i < BATCH; i++)
+        theirs |= q == p[i];
+    ok(!theirs, "another stream gets none of their blocks (work running)");
+    for (int i = 0; i < BATCH; i++)
+        fake_complete(w[i]);
+    defer_free(q, s2);
+    is_int(defer_flush(), cudaSuccess, "a flush seals them");
+    is_int(free_batch_waiting(), 0, "nothing waits");
+    struct defer_stats st = stats_now();
+    ok(st.pending == 0, "every free released (pending %llu)", ULL(st.pending));
+}
+
+struct sealer {
+    void *p;
+    cudaError_t err;
+};
+
+static void *free_slowly(void *arg)
+{
+    struct sealer *z = arg;
+    z->err = defer_free(z->p, NULL); /* fills the batch: its seal is slow */
+    return NULL;
+}
+
+/* A flush that begins while another thread's seal has taken the batch (its
+ * own free's claim in it) and not yet pushed it waits for that push: after
+ * the flush, this thread's free is released (before the fix the flush
+ * found the batch empty and returned first). */
+static void test_flush_waits_for_seal(void)
+{
+    void *p[BATCH];
+    for (int i = 0; i < BATCH; i++)
+        alloc_checked(&p[i], 72 * KiB, NULL);
+    for (int i = 0; i < BATCH - 1; i++)
+        defer_free(p[i], NULL);
+    uint64_t released = stats_now().released;
+    fake_set_latency(FAKE_EVENT_RECORD, 100000000); /* 100 ms */
+    struct sealer z = {.p = p[BATCH - 1]};
+    pthread_t t;
+    pthread_create(&t, NULL, free_slowly, &z);
+    sleep_ms(30); /* its seal is in its cudaEventRecord now */
+    is_int(defer_flush(), cudaSuccess, "flush while another thread seals");
+    ok(stats_now().released >= released + BATCH,
+       "this thread's frees are released when it returns (%llu of %d)",
+       ULL(stats_now().released - released), BATCH);
+    pthread_join(t, NULL);
+    fake_set_latency(FAKE_EVENT_RECORD, 0);
+    is_int(z.err, cudaSuccess, "the sealing free was accepted");
+}
+
+/* A callback's free on the legacy stream (on the reclaimer thread) is not
+ * batched: shutdown's drain, which sealed the batches before it began,
+ * would otherwise end with it unsealed and its block lost. */
+struct late_free {
+    void *p;
+    unsigned long records_before, records_after;
+};
+
+static void free_in_callback(void *arg)
+{
+    struct late_free *l = arg;
+    l->records_before = records();
+    defer_free(l->p, NULL);
+    l->records_after = records();
+}
+
+static void scenario_callback_free(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        static struct late_free l;
+        alloc_checked(&l.p, 16 * KiB, NULL);
+        fake_work *w = work_held(NULL, l.p);
+        CHECK(defer_call(free_in_callback, &l, NULL) == cudaSuccess, "call");
+        fake_complete(w);
+        stderr_capture_begin();
+        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+        const char *said = stderr_capture_end();
+        CHECK(l.records_after - l.records_before == 1,
+              "the callback's free recorded its own event (%lu)",
+              l.records_after - l.records_before);
+        CHECK(strstr(said, "never sealed") == NULL, "nothing dropped");
+        struct defer_stats st = stats_now();
+        CHECK(st.pending == 0 && st.released == st.deferred,
+              "every free released by the shutdown (%llu of %llu)",
+              ULL(st.released), ULL(st.deferred));
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a callback's free on stream 0 during shutdown's drain is released");
+}
+
 /* In a child: CUDEFER_FREE_BATCH=env; frees n blocks on the legacy stream
  * and says how many events they recorded; then shutdown with a claim
  * waiting must seal it (no report of claims dropped, nothing pending). */
@@ -307,6 +427,7 @@ int main(void)
              "count, 1..4096)");
     scenario("CUDEFER_FREE_BATCH=lots", 5, 0, 1,
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
+    scenario_callback_free();
     cudaStream_t s2 = stream_new();
     test_full_batches(s2);
     test_flush_seals(s2);
@@ -316,6 +437,8 @@ int main(void)
     test_created_stream_records(s2);
     test_legacy_calls();
     test_barred_legacy(s2);
+    test_sync_fails(s2);
+    test_flush_waits_for_seal();
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     return 0;
 }
