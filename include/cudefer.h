@@ -231,9 +231,13 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * at most free_batch - 1 blocks per device wait so, until the batch fills,
  * the first such free 1 to 11 ms after the oldest, or defer_flush,
  * defer_trim, defer_shutdown or exit, which seal every batch (an event on
- * the legacy stream of each device).  Frees on other streams record an
- * event each (a created stream may be destroyed before a later free could
- * seal its batch).
+ * the legacy stream of each device).  While another thread captures a
+ * blocking stream in the global mode, the legacy stream cannot take an
+ * event (it would invalidate that capture): a batch then waits, and a
+ * flush, trim or shutdown meanwhile says so and does not wait for it (at
+ * shutdown its blocks are lost to the cache).  Frees on other streams, and
+ * those a callback makes, record an event each (a created stream may be
+ * destroyed before a later free could seal its batch).
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at
