@@ -267,8 +267,8 @@ void free_batch_add(int device, cudaStream_t stream,
 
 void free_batch_seal_all(void)
 {
-    int current = -1;
-    bool asked = false, switched = false;
+    int current = -1, on = -1; /* the caller's device; the one made current */
+    bool asked = false;
     for (int d = 0; d < nbatches && free_batch_waiting() > 0; d++) {
         struct batch *b = &batches[d];
         pthread_mutex_lock(&b->lock);
@@ -278,13 +278,16 @@ void free_batch_seal_all(void)
             continue;
         if (!asked && cudaGetDevice(&current) != cudaSuccess)
             current = -1;
+        if (!asked)
+            on = current;
         asked = true;
-        /* The legacy stream (NULL) is the current device's; switched only
-         * when another (a switch back creates no context that was not). */
+        /* The legacy stream (NULL) is the current device's: switched
+         * only when another is current (a switch back to the caller's
+         * device then creates no context that was not). */
         cudaError_t err = cudaSuccess;
-        if (current != d) {
+        if (on != d) {
             err = cudaSetDevice(d);
-            switched = true;
+            on = err == cudaSuccess ? d : -1;
         }
         if (err != cudaSuccess || !legacy_usable(NULL)) {
             /* Left in the batch, reusable on the stream; said. */
@@ -306,7 +309,7 @@ void free_batch_seal_all(void)
         else
             free(array);
     }
-    if (switched && current >= 0)
+    if (on != current && current >= 0)
         cudaSetDevice(current);
     /* Other threads' seals under way: pushed soon (none waits for anything
      * but the CUDA calls of its seal). */

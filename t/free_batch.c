@@ -374,6 +374,46 @@ static void scenario_callback_free(void)
        "a callback's free on stream 0 during shutdown's drain is released");
 }
 
+/* Two devices' batches sealed by one trim from a thread whose device is
+ * the second: each batch's event goes on its own device's legacy stream.
+ * Before the fix the second device's was recorded on the first's (the
+ * device switched to for the first was taken for the caller's), so its
+ * block went FREE, and the trim released it, while its work still ran. */
+static void scenario_two_devices(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        fake_reset(2);
+        void *a = NULL, *b = NULL;
+        cudaSetDevice(0);
+        alloc_checked(&a, 64 * KiB, NULL);
+        fake_work *wa = work_held(NULL, a);
+        defer_free(a, NULL);
+        cudaSetDevice(1);
+        alloc_checked(&b, 8 << 20, NULL);
+        fake_work *wb = work_held(NULL, b);
+        defer_free(b, NULL);
+        CHECK(free_batch_waiting() == 2, "two claims wait (%zu)",
+              free_batch_waiting());
+        fake_complete(wa); /* device 0's work done, device 1's not */
+        size_t trimmed = 0;
+        CHECK(defer_trim(&trimmed) == cudaSuccess, "trim from device 1");
+        CHECK(fake_is_released(b) == 0,
+              "device 1's block, its work running, is not released");
+        int dev = -1;
+        cudaGetDevice(&dev);
+        CHECK(dev == 1, "the caller's device is 1 again (%d)", dev);
+        fake_complete(wb);
+        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a trim seals each device's batch on that device's legacy stream");
+}
+
 /* In a child: CUDEFER_FREE_BATCH=env; frees n blocks on the legacy stream
  * and says how many events they recorded; then shutdown with a claim
  * waiting must seal it (no report of claims dropped, nothing pending). */
@@ -428,6 +468,7 @@ int main(void)
     scenario("CUDEFER_FREE_BATCH=lots", 5, 0, 1,
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
     scenario_callback_free();
+    scenario_two_devices();
     cudaStream_t s2 = stream_new();
     test_full_batches(s2);
     test_flush_seals(s2);
