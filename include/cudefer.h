@@ -193,7 +193,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * Splitting: a request of at least split_min_bytes (CUDEFER_SPLIT_MIN,
  * 1 MiB by default) that no cached block fits is cut from the end of a
  * larger one (free, or freed on stream), and freed neighbours merge again
- * (those freed on one stream at once), so memory freed as activations
+ * (a block freed on a stream at once with those freed on it and with free
+ * ones: the merged block is then reusable on that stream at once, on
+ * others once all its parts' work is done), so memory freed as activations
  * serves gradients of other sizes (H100 training: peak 1.013x and 1.001x
  * native, 1.167x and 1.204x with splitting off).  Limits: only whole
  * allocations go back to the pool, so a request too small to be cut that

@@ -417,7 +417,7 @@ bool block_cache_park(const struct block_free_plan *plan,
             order_append(&s->order, b);
         }
         stats_add(&stats.cache_free_bytes, b->size);
-        block_segments_merge_pending(b);
+        block_segments_merge_pending(c, b);
     }
     pthread_mutex_unlock(&c->lock);
     return mine;

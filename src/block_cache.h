@@ -9,7 +9,8 @@
  * smallest larger one, FREE or PENDING on its own stream (the rest stays
  * cached in its state); a block that goes FREE merges with its FREE
  * neighbours, and one PENDING on stream S with its neighbours PENDING on S
- * at once (the merged block goes FREE once every part's work is done), so
+ * and its FREE ones at once (the merged block is PENDING on S and goes
+ * FREE once every part's work is done), so
  * that memory freed in pieces serves a large request again: the cache
  * holds about the live peak where unsplit blocks held the sum of each
  * size's most-live count (1.44x the live peak of a ResNet-50 step).  Only

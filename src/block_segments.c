@@ -160,7 +160,38 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
  * waits for its entry and for the parts it absorbed itself; the merged
  * block goes FREE only after them (other streams wait for every part's
  * work). */
-void block_segments_merge_pending(struct cache_block *b)
+/* PENDING keep absorbs gone, its FREE right neighbour that nothing names:
+ * gone's memory is keep's, PENDING on s with it; gone's record is freed. */
+static void absorb_free(struct device_cache *c, struct stream_bins *s,
+                        struct cache_block *keep, struct cache_block *gone)
+{
+    free_unlink(c, gone);
+    bins_unlink(&s->bins, keep);
+    keep->size += gone->size;
+    keep->bin = block_bin_of(keep->size);
+    keep->seg_next = gone->seg_next;
+    if (keep->seg_next != NULL)
+        keep->seg_next->seg_prev = keep;
+    block_map_remove(gone);
+    block_cache_forget(gone);
+    bins_push(&s->bins, keep);
+}
+
+/* FREE b that nothing names becomes PENDING on s, its own work done
+ * (ready): it goes FREE again once what it absorbs is done. */
+static void pend(struct device_cache *c, struct stream_bins *s,
+                 struct cache_block *b)
+{
+    free_unlink(c, b);
+    b->state = BLOCK_PENDING;
+    b->stream = s;
+    b->ready = true;
+    bins_push(&s->bins, b);
+    order_append(&s->order, b);
+}
+
+void block_segments_merge_pending(struct device_cache *c,
+                                  struct cache_block *b)
 {
     struct stream_bins *s = b->stream;
     if (s == NULL) /* no bins for its stream: it waits for its event */
@@ -168,6 +199,10 @@ void block_segments_merge_pending(struct cache_block *b)
     struct cache_block *right = b->seg_next, *left = b->seg_prev;
     if (right != NULL && right->state == BLOCK_PENDING && right->stream == s)
         absorb_pending(s, b, right);
+    else if (right != NULL && absorbable(right))
+        absorb_free(c, s, b, right);
+    if (left != NULL && absorbable(left))
+        pend(c, s, left);
     if (left != NULL && left->state == BLOCK_PENDING && left->stream == s)
         absorb_pending(s, left, b);
 }
