@@ -93,6 +93,17 @@ struct cache_block *block_segments_split(struct device_cache *c,
 
 /* ---- merging ------------------------------------------------------------ */
 
+/* keep, out of its lists, takes in the memory of gone, its right
+ * neighbour: its size, its bin, its place in the segment. */
+static void grow_over(struct cache_block *keep, const struct cache_block *gone)
+{
+    keep->size += gone->size;
+    keep->bin = block_bin_of(keep->size);
+    keep->seg_next = gone->seg_next;
+    if (keep->seg_next != NULL)
+        keep->seg_next->seg_prev = keep;
+}
+
 /* FREE keep absorbs FREE gone, its right neighbour that no entry names;
  * gone's record is freed. */
 static void absorb(struct device_cache *c, struct cache_block *keep,
@@ -100,11 +111,7 @@ static void absorb(struct device_cache *c, struct cache_block *keep,
 {
     free_unlink(c, keep);
     free_unlink(c, gone);
-    keep->size += gone->size;
-    keep->bin = block_bin_of(keep->size);
-    keep->seg_next = gone->seg_next;
-    if (keep->seg_next != NULL)
-        keep->seg_next->seg_prev = keep;
+    grow_over(keep, gone);
     if (gone->freed_ns > keep->freed_ns)
         keep->freed_ns = gone->freed_ns;
     block_map_remove(gone);
@@ -140,11 +147,7 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
     bins_unlink(&s->bins, gone);
     order_unlink(&s->order, gone);
     bins_unlink(&s->bins, keep);
-    keep->size += gone->size;
-    keep->bin = block_bin_of(keep->size);
-    keep->seg_next = gone->seg_next;
-    if (keep->seg_next != NULL)
-        keep->seg_next->seg_prev = keep;
+    grow_over(keep, gone);
     bins_push(&s->bins, keep);
     gone->stream = NULL;
     gone->seg_prev = gone->seg_next = NULL;
@@ -153,13 +156,6 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
     keep->outstanding++;
 }
 
-/* Why at once: a program whose GPU runs a step behind then finds its freed
- * memory in one piece again (a request on that stream may use it all: its
- * work runs after theirs).  The left block absorbs the right one, so every
- * record keeps its address: an absorbed record is MERGED, still filed, and
- * waits for its entry and for the parts it absorbed itself; the merged
- * block goes FREE only after them (other streams wait for every part's
- * work). */
 /* PENDING keep absorbs gone, its FREE right neighbour that nothing names:
  * gone's memory is keep's, PENDING on s with it; gone's record is freed. */
 static void absorb_free(struct device_cache *c, struct stream_bins *s,
@@ -167,11 +163,7 @@ static void absorb_free(struct device_cache *c, struct stream_bins *s,
 {
     free_unlink(c, gone);
     bins_unlink(&s->bins, keep);
-    keep->size += gone->size;
-    keep->bin = block_bin_of(keep->size);
-    keep->seg_next = gone->seg_next;
-    if (keep->seg_next != NULL)
-        keep->seg_next->seg_prev = keep;
+    grow_over(keep, gone);
     block_map_remove(gone);
     block_cache_forget(gone);
     bins_push(&s->bins, keep);
@@ -190,6 +182,13 @@ static void pend(struct device_cache *c, struct stream_bins *s,
     order_append(&s->order, b);
 }
 
+/* Why at once: a program whose GPU runs a step behind then finds its freed
+ * memory in one piece again (a request on that stream may use it all: its
+ * work runs after theirs).  The left block absorbs the right one, so every
+ * record keeps its address: an absorbed record is MERGED, still filed, and
+ * waits for its entry and for the parts it absorbed itself; the merged
+ * block goes FREE only after them (other streams wait for every part's
+ * work). */
 void block_segments_merge_pending(struct device_cache *c,
                                   struct cache_block *b)
 {

@@ -329,6 +329,20 @@ static void test_flush_waits_for_seal(void)
     is_int(z.err, cudaSuccess, "the sealing free was accepted");
 }
 
+/* In a scenario child: defer_shutdown seals what waits and releases
+ * every free (nothing reported dropped, nothing pending). */
+static void check_shutdown_releases_all(void)
+{
+    stderr_capture_begin();
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    const char *said = stderr_capture_end();
+    CHECK(strstr(said, "never sealed") == NULL, "nothing dropped");
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.released == st.deferred,
+          "every free released by the shutdown (%llu of %llu)",
+          ULL(st.released), ULL(st.deferred));
+}
+
 /* A callback's free on the legacy stream (on the reclaimer thread) is not
  * batched: shutdown's drain, which sealed the batches before it began,
  * would otherwise end with it unsealed and its block lost. */
@@ -355,17 +369,10 @@ static void scenario_callback_free(void)
         fake_work *w = work_held(NULL, l.p);
         CHECK(defer_call(free_in_callback, &l, NULL) == cudaSuccess, "call");
         fake_complete(w);
-        stderr_capture_begin();
-        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
-        const char *said = stderr_capture_end();
+        check_shutdown_releases_all();
         CHECK(l.records_after - l.records_before == 1,
               "the callback's free recorded its own event (%lu)",
               l.records_after - l.records_before);
-        CHECK(strstr(said, "never sealed") == NULL, "nothing dropped");
-        struct defer_stats st = stats_now();
-        CHECK(st.pending == 0 && st.released == st.deferred,
-              "every free released by the shutdown (%llu of %llu)",
-              ULL(st.released), ULL(st.deferred));
         scenario_child_end();
     }
     int status;
@@ -436,14 +443,7 @@ static void scenario(const char *env, int n, unsigned long least,
         unsigned long made = records() - before;
         CHECK(made >= least && made <= most, "%lu events, want %lu..%lu",
               made, least, most);
-        stderr_capture_begin();
-        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
-        said = stderr_capture_end();
-        CHECK(strstr(said, "never sealed") == NULL, "nothing dropped");
-        struct defer_stats st = stats_now();
-        CHECK(st.pending == 0 && st.released == st.deferred,
-              "every free released by the shutdown (%llu of %llu)",
-              ULL(st.released), ULL(st.deferred));
+        check_shutdown_releases_all();
         scenario_child_end();
     }
     int status;
