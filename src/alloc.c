@@ -4,6 +4,7 @@
  * to any stream once its work is done, and a miss is a cudaMalloc. */
 #include "api.h"
 #include "block_cache.h"
+#include "block_leave.h"
 #include "block_pool.h"
 #include "capture.h"
 #include "clock.h"
@@ -100,8 +101,8 @@ static void hand_back_free_blocks(int device, size_t bytes,
     size_t lacking = need > slack ? need - slack : 0, n, got;
     struct block_memory memory[64];
     while (lacking > 0 &&
-           (n = block_cache_collect_largest(device, stream_id, before_ns,
-                                            memory, 64, lacking)) > 0) {
+           (n = block_leave_for_miss(device, stream_id, before_ns, memory,
+                                     64, lacking)) > 0) {
         got = give_to_pool(device, memory, n, stream);
         lacking = got < lacking ? lacking - got : 0;
     }

@@ -330,7 +330,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
     struct request_args block_args;
     struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
-        block_cache_plan_free(a->ptrs[0], device, id, &plan);
+        /* A batched free parks its block in the same lock hold. */
+        (batchable ? block_cache_plan_free_parked
+                   : block_cache_plan_free)(a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
             return free_claims_refuse_freed(a, a->ptrs[0]);
         if (plan.path == BLOCK_INSIDE)
@@ -346,10 +348,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
                    "device %d, freed as %zu bytes on device %d: freed all "
                    "the same", a->ptrs[0], plan.block->size,
                    plan.block->device, a->said_bytes, a->said_device);
-        if (plan.path == BLOCK_STREAM_ORDERED && batchable) {
+        if (plan.parked) {
             /* No event of its own: its batch's (free_batch.h). */
-            if (!block_cache_park(&plan, id))
-                return free_claims_refuse_freed(a, a->ptrs[0]);
             stats_count_deferred();
             free_batch_add(device, stream, id, &a->claims[0]);
             return cudaSuccess;

@@ -233,4 +233,13 @@ static inline int bins_next_either(const struct device_cache *c,
            : next_free < 0 || next_own < next_free ? next_own : next_free;
 }
 
+/* For the files of the block cache (block_cache.c defines them).  Device
+ * device's state (NULL: no such device); with its mutex held, the bins of
+ * stream id's PENDING blocks (NULL: none), and PENDING b out of them (an
+ * emptied stream leaves the table). */
+struct device_cache *block_cache_device(int device);
+struct stream_bins *block_cache_stream_bins(struct device_cache *c,
+                                            unsigned long long id);
+void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b);
+
 #endif

@@ -1,6 +1,7 @@
 /* Block cache: hand-out and return of blocks (see the header), over the
  * size classes, bins and per-device state of block_bins.h and the
  * segments of block_segments.h. */
+#define _GNU_SOURCE /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include "block_cache.h"
 
 #include <pthread.h>
@@ -39,6 +40,11 @@ static struct device_cache *cache_of(int device)
     return &caches[device];
 }
 
+struct device_cache *block_cache_device(int device)
+{
+    return device >= 0 && device < ncaches ? cache_of(device) : NULL;
+}
+
 static struct stream_bins **stream_slot(struct device_cache *c,
                                         unsigned long long id)
 {
@@ -70,9 +76,13 @@ static struct stream_bins *stream_bins_get(struct device_cache *c,
     return s;
 }
 
-/* Lock held.  Unlinks PENDING b from its stream's bins; an emptied stream
- * leaves the table. */
-static void stream_unlink(struct device_cache *c, struct cache_block *b)
+struct stream_bins *block_cache_stream_bins(struct device_cache *c,
+                                            unsigned long long id)
+{
+    return *stream_slot(c, id);
+}
+
+void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b)
 {
     struct stream_bins *s = b->stream;
     b->stream = NULL;
@@ -98,7 +108,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
                       uint64_t now)
 {
     if (b->state == BLOCK_PENDING)
-        stream_unlink(c, b);
+        block_cache_stream_unlink(c, b);
     else /* LIVE: it was the application's until now */
         stats_add(&stats.cache_free_bytes, b->size);
     b->state = BLOCK_FREE;
@@ -117,8 +127,15 @@ bool block_cache_init(int ndevices, size_t split_min_bytes)
     caches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *caches);
     if (caches == NULL)
         return false;
+    /* Adaptive: a launching thread that finds the reclaimer in a short
+     * hold spins instead of sleeping in the kernel and being woken (fake
+     * runtime, alloc/free pairs: a fifth of the futex calls). */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
     for (int d = 0; d < ndevices; d++)
-        pthread_mutex_init(&caches[d].lock, NULL);
+        pthread_mutex_init(&caches[d].lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     ncaches = ndevices;
     return true;
 }
@@ -195,7 +212,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     if (b != NULL) {
         same_stream = b->state == BLOCK_PENDING;
         if (same_stream)
-            stream_unlink(c, b);
+            block_cache_stream_unlink(c, b);
         else
             free_unlink(c, b);
     } else if (split_min > 0 && min >= split_min) {
@@ -230,7 +247,7 @@ static void drop_stale(struct cache_block *stale)
     struct device_cache *c = cache_of(stale->device);
     pthread_mutex_lock(&c->lock);
     if (stale->state == BLOCK_PENDING)
-        stream_unlink(c, stale);
+        block_cache_stream_unlink(c, stale);
     else if (stale->state == BLOCK_FREE)
         free_unlink(c, stale);
     /* Out of its segment: its neighbours' memory went with it, but they
@@ -314,13 +331,34 @@ bool block_cache_inside_live(const void *ptr)
     return inside_segment(ptr, &live) && live;
 }
 
-void block_cache_plan_free(void *ptr, int stream_device,
-                           unsigned long long stream_id,
-                           struct block_free_plan *plan)
+/* Lock held: b, claimed (FREEING) by a free on stream_id, becomes PENDING
+ * on that stream, named by the free's entry or batch. */
+static void park_locked(struct device_cache *c, struct cache_block *b,
+                        unsigned long long stream_id)
+{
+    b->state = BLOCK_PENDING; /* the claim's event is its entry's now */
+    /* Without bins for the stream (out of memory) it waits for its event
+     * like any other block. */
+    struct stream_bins *s = stream_bins_get(c, stream_id);
+    b->stream = s;
+    if (s != NULL) {
+        bins_push(&s->bins, b);
+        order_append(&s->order, b);
+    }
+    stats_add(&stats.cache_free_bytes, b->size);
+    block_segments_merge_pending(c, b);
+}
+
+/* block_cache_plan_free's work; park: a BLOCK_STREAM_ORDERED block is
+ * parked in the same lock hold (plan->parked). */
+static void plan_free(void *ptr, int stream_device,
+                      unsigned long long stream_id, bool park,
+                      struct block_free_plan *plan)
 {
     plan->path = BLOCK_NOT_OURS;
     plan->block = NULL;
     plan->nstreams = 0;
+    plan->parked = false;
     struct cache_block *b = block_map_find(ptr);
     if (b == NULL) {
         bool live;
@@ -350,7 +388,25 @@ void block_cache_plan_free(void *ptr, int stream_device,
         plan->path = b->device == stream_device ? BLOCK_STREAM_ORDERED
                                                 : BLOCK_AFTER_EVENT;
     }
+    if (park && plan->path == BLOCK_STREAM_ORDERED) {
+        park_locked(c, b, stream_id);
+        plan->parked = true;
+    }
     pthread_mutex_unlock(&c->lock);
+}
+
+void block_cache_plan_free(void *ptr, int stream_device,
+                           unsigned long long stream_id,
+                           struct block_free_plan *plan)
+{
+    plan_free(ptr, stream_device, stream_id, false, plan);
+}
+
+void block_cache_plan_free_parked(void *ptr, int stream_device,
+                                  unsigned long long stream_id,
+                                  struct block_free_plan *plan)
+{
+    plan_free(ptr, stream_device, stream_id, true, plan);
 }
 
 enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
@@ -406,19 +462,8 @@ bool block_cache_park(const struct block_free_plan *plan,
     struct device_cache *c = cache_of(b->device);
     pthread_mutex_lock(&c->lock);
     bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
-    if (mine) {
-        b->state = BLOCK_PENDING; /* the claim's event is its entry's now */
-        /* Without bins for the stream (out of memory) it waits for its
-         * event like any other block. */
-        struct stream_bins *s = stream_bins_get(c, stream_id);
-        b->stream = s;
-        if (s != NULL) {
-            bins_push(&s->bins, b);
-            order_append(&s->order, b);
-        }
-        stats_add(&stats.cache_free_bytes, b->size);
-        block_segments_merge_pending(c, b);
-    }
+    if (mine)
+        park_locked(c, b, stream_id);
     pthread_mutex_unlock(&c->lock);
     return mine;
 }
@@ -501,36 +546,60 @@ static void settle(struct device_cache *c, struct cache_block *b,
     }
 }
 
-void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
-                            uint64_t now)
+/* Lock held: the event of an entry naming b (hand-out handout) is done.
+ * Records no entry names any more join *forget (through lru_next). */
+static void event_done_locked(struct device_cache *c, struct cache_block *b,
+                              uint64_t handout, uint64_t now,
+                              struct cache_block **forget)
 {
-    (void)ok; /* a failed device's blocks are never handed out again: its
-                 defer_alloc calls fail first */
-    struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
     b->events--;
     if (b->state == BLOCK_PENDING && b->handout == handout)
         b->ready = true; /* its own work is done */
     /* A MERGED part is done once its entries and its own parts are: tell
-     * the block it was merged into, and so on up.  Records no entry names
-     * any more are forgotten once the lock is left (via lru_next). */
-    struct cache_block *forget = NULL;
+     * the block it was merged into, and so on up. */
     while (b->state == BLOCK_MERGED && b->events == 0 &&
            b->outstanding == 0) {
         block_map_remove(b); /* unless a piece took its address */
-        b->lru_next = forget;
-        forget = b;
+        b->lru_next = *forget;
+        *forget = b;
         b = b->merged_into;
         b->outstanding--;
     }
     if (b->state != BLOCK_MERGED)
-        settle(c, b, now, &forget);
-    pthread_mutex_unlock(&c->lock);
+        settle(c, b, now, forget);
+}
+
+void block_cache_claims_done(const struct block_claim *claims, size_t n,
+                             bool ok, uint64_t now)
+{
+    (void)ok; /* a failed device's blocks are never handed out again: its
+                 defer_alloc calls fail first */
+    struct cache_block *forget = NULL;
+    for (size_t i = 0; i < n;) {
+        /* One lock hold for a run of one device's claims (a free batch's
+         * are all one device's): the launching threads contend with the
+         * reclaimer for it once a batch, not once a block. */
+        struct device_cache *c = cache_of(claims[i].block->device);
+        pthread_mutex_lock(&c->lock);
+        do {
+            event_done_locked(c, claims[i].block, claims[i].handout, now,
+                              &forget);
+            i++;
+        } while (i < n && cache_of(claims[i].block->device) == c);
+        pthread_mutex_unlock(&c->lock);
+    }
     while (forget != NULL) {
         struct cache_block *next = forget->lru_next;
         block_cache_forget(forget);
         forget = next;
     }
+}
+
+void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
+                            uint64_t now)
+{
+    struct block_claim claim = {b, handout};
+    block_cache_claims_done(&claim, 1, ok, now);
 }
 
 void block_cache_adopt(const struct block_claim *claim)
@@ -583,129 +652,9 @@ bool block_cache_unclaimed_is_block(void *ptr)
     return true;
 }
 
-/* Lock held.  A whole segment's block b, unlinked from its list, leaves
- * the cache for the pool: out of the block map and the segment index, out
- * of the byte counts.  Returns its size. */
-static size_t leave_cache(struct device_cache *c, struct cache_block *b)
-{
-    block_map_remove(b);
-    block_segments_unfile(c, b->ptr);
-    stats_sub(&stats.cache_free_bytes, b->size);
-    stats_sub(&stats.cache_bytes, b->size);
-    return b->size;
-}
-
-size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           struct cache_block **out, size_t max,
-                           size_t max_bytes)
-{
-    if (device < 0 || device >= ncaches)
-        return 0;
-    struct device_cache *c = cache_of(device);
-    size_t n = 0, bytes = 0;
-    pthread_mutex_lock(&c->lock);
-    struct cache_block *b = c->lru.oldest;
-    while (b != NULL && n < max && bytes < max_bytes &&
-           b->freed_ns <= freed_before_ns) {
-        struct cache_block *next = b->lru_next;
-        /* Not while an old entry (or a merged part's) still names it. */
-        if (b->events == 0 && b->outstanding == 0) {
-            free_unlink(c, b);
-            bytes += leave_cache(c, b); /* whole: on the age list */
-            out[n++] = b;
-        }
-        b = next;
-    }
-    pthread_mutex_unlock(&c->lock);
-    return n;
-}
-
-/* Lock held.  Whether b, FREE or PENDING on the stream of a request that
- * missed, may go back to the pool for it: a whole pool segment, and when
- * FREE, one no entry names that was free at or before freed_before_ns. */
-static bool may_hand_back(const struct cache_block *b, uint64_t freed_before_ns)
-{
-    return b->pool && is_whole(b) &&
-           (b->state == BLOCK_PENDING ||
-            (b->events == 0 && b->outstanding == 0 &&
-             b->freed_ns <= freed_before_ns));
-}
-
-/* Lock held.  The largest block of s (NULL: none) that may go back; of
- * equal sizes, the oldest filed. */
-static struct cache_block *largest_to_hand_back(const struct bins *s,
-                                                uint64_t freed_before_ns)
-{
-    if (s == NULL)
-        return NULL;
-    for (int bin = NBINS - 1; (bin = bins_prev(s, bin)) >= 0; bin--) {
-        struct cache_block *best = NULL;
-        for (struct cache_block *b = s->head[bin]; b != NULL; b = b->next)
-            if (may_hand_back(b, freed_before_ns) &&
-                (best == NULL || b->size >= best->size))
-                best = b;
-        if (best != NULL)
-            return best;
-    }
-    return NULL;
-}
-
-size_t block_cache_collect_largest(int device, unsigned long long stream_id,
-                                   uint64_t freed_before_ns,
-                                   struct block_memory *out, size_t max,
-                                   size_t max_bytes)
-{
-    if (device < 0 || device >= ncaches)
-        return 0;
-    struct device_cache *c = cache_of(device);
-    size_t n = 0, bytes = 0;
-    struct cache_block *forget = NULL; /* FREE records, through lru_next */
-    pthread_mutex_lock(&c->lock);
-    while (n < max && bytes < max_bytes) {
-        struct stream_bins *own = *stream_slot(c, stream_id);
-        struct cache_block *b = largest_to_hand_back(&c->free, freed_before_ns);
-        struct cache_block *p = largest_to_hand_back(
-            own != NULL ? &own->bins : NULL, freed_before_ns);
-        if (b == NULL || (p != NULL && p->size > b->size))
-            b = p; /* size for size, a FREE block first */
-        if (b == NULL)
-            break;
-        if (b->state == BLOCK_PENDING) {
-            /* Its record waits for its entry (the reclaimer forgets it). */
-            stream_unlink(c, b);
-            b->state = BLOCK_GONE;
-        } else {
-            free_unlink(c, b);
-            b->lru_next = forget;
-            forget = b;
-        }
-        bytes += leave_cache(c, b); /* whole (may_hand_back) */
-        /* Copied now: a GONE record may be freed once the lock is left. */
-        out[n++] = (struct block_memory){b->ptr, b->size};
-    }
-    pthread_mutex_unlock(&c->lock);
-    while (forget != NULL) {
-        struct cache_block *next = forget->lru_next;
-        block_cache_forget(forget);
-        forget = next;
-    }
-    return n;
-}
-
 void block_cache_forget(struct cache_block *b)
 {
     free(b->recorded);
     free(b->recorded_ids);
     free(b);
-}
-
-uint64_t block_cache_oldest_free_ns(int device)
-{
-    if (device < 0 || device >= ncaches)
-        return UINT64_MAX;
-    struct device_cache *c = cache_of(device);
-    pthread_mutex_lock(&c->lock);
-    uint64_t t = c->lru.oldest != NULL ? c->lru.oldest->freed_ns : UINT64_MAX;
-    pthread_mutex_unlock(&c->lock);
-    return t;
 }

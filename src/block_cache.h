@@ -130,6 +130,7 @@ struct block_free_plan {
     struct cache_block *block;
     uint64_t handout;
     size_t nstreams; /* AFTER_STREAMS: the free's stream, then the recorded */
+    bool parked;     /* block_cache_plan_free_parked parked the block */
     cudaStream_t streams[BLOCK_MAX_RECORDED + 1];
 };
 
@@ -171,6 +172,14 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool);
 void block_cache_plan_free(void *ptr, int stream_device,
                            unsigned long long stream_id,
                            struct block_free_plan *plan);
+
+/* The same, and a BLOCK_STREAM_ORDERED block is parked (block_cache_park)
+ * in the same lock hold (plan->parked): for a free that is sure to be
+ * accepted if its path is that one (it then joins a free batch,
+ * free_batch.h, which records nothing that could fail). */
+void block_cache_plan_free_parked(void *ptr, int stream_device,
+                                  unsigned long long stream_id,
+                                  struct block_free_plan *plan);
 
 /* A free's claim on a block, carried by its entry to the release: the
  * record it made FREEING and that hand-out (block NULL: the pointer was no
@@ -219,6 +228,10 @@ bool block_cache_park(const struct block_free_plan *plan,
  * is FREE from now. */
 void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now);
+/* The same for n claims at once (an entry's, a free batch's): the device's
+ * lock is taken once for a run of one device's claims. */
+void block_cache_claims_done(const struct block_claim *claims, size_t n,
+                             bool ok, uint64_t now);
 
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
  * synchronous release), of a free that claimed a block (claim->block not
@@ -250,40 +263,8 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
  * room) when not NULL; how many (0 when ptr is no such block). */
 size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
 
-/* Reclaimer.  Removes FREE blocks of device that became free at or before
- * freed_before_ns (UINT64_MAX: all), oldest first, into out: at most max
- * of them, and no more once their sizes add up to max_bytes (SIZE_MAX: no
- * such limit).  The caller releases each
- * (block_pool_free for pool blocks, else cudaFree) and gives it to
- * block_cache_forget.  Returns how many. */
-size_t block_cache_collect(int device, uint64_t freed_before_ns,
-                           struct cache_block **out, size_t max,
-                           size_t max_bytes);
+/* Any thread: a record that left the cache (block_leave.h) or that no
+ * entry names any more is freed. */
 void block_cache_forget(struct cache_block *block);
-
-/* The memory of a block that left the cache. */
-struct block_memory {
-    void *ptr;
-    size_t size;
-};
-
-/* A request that missed, on stream stream_id of device.  Removes pool
- * blocks that are FREE (free at or before freed_before_ns, named by no
- * entry) or PENDING on that stream, the largest first (size for size, FREE
- * first), at most max of them and no more once their sizes add up to
- * max_bytes, and copies their memory to out: the caller hands it back to
- * the pool, ordered on that very stream.  The records are not the caller's:
- * a FREE one is forgotten here; a PENDING one is GONE and goes (on the
- * reclaimer) once the entry that names it is done, which may be before the
- * caller reads out.  Returns how many.  Never blocks but on the device's
- * mutex. */
-size_t block_cache_collect_largest(int device, unsigned long long stream_id,
-                                   uint64_t freed_before_ns,
-                                   struct block_memory *out, size_t max,
-                                   size_t max_bytes);
-
-/* Reclaimer.  When the oldest FREE block of device became free
- * (UINT64_MAX: none). */
-uint64_t block_cache_oldest_free_ns(int device);
 
 #endif

@@ -130,9 +130,7 @@ static void complete_synchronously(int device, cudaStream_t stream,
         give_back_claims(device, claims, n);
         return;
     }
-    uint64_t now = now_ns();
-    for (size_t i = 0; i < n; i++)
-        block_cache_event_done(claims[i].block, claims[i].handout, true, now);
+    block_cache_claims_done(claims, n, true, now_ns());
     stats_add(&stats.released, n);
     stats_add(&stats.sync_releases, n);
 }

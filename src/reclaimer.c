@@ -140,9 +140,8 @@ static void finish_entry(struct entry *e, cudaError_t err)
                          (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
-        for (size_t i = 0; i < e->nptrs; i++)
-            block_cache_event_done(e->claims[i].block, e->claims[i].handout,
-                                   err == cudaSuccess, now_ns());
+        block_cache_claims_done(e->claims, e->nptrs, err == cudaSuccess,
+                                now_ns());
     else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */

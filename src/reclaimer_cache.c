@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "block_cache.h"
+#include "block_leave.h"
 #include "block_pool.h"
 #include "release_policy.h"
 #include "report.h"
@@ -31,7 +32,7 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
         return;
     uint64_t before = all ? UINT64_MAX : now - keep_ns;
     for (int d = 0; d < rs.ndevices; d++) {
-        uint64_t oldest = block_cache_oldest_free_ns(d);
+        uint64_t oldest = block_leave_oldest_free_ns(d);
         bool blocks = oldest != UINT64_MAX && oldest <= before;
         bool pool = all && block_pool_exists(d);
         if ((!blocks && !pool) || device_error(d) != cudaSuccess ||
@@ -42,8 +43,7 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
         uint64_t released = 0;
         size_t n;
         cudaStream_t async = reclaimer_free_stream(d);
-        while ((n = block_cache_collect(d, before, batch, 64,
-                                        SIZE_MAX)) > 0) {
+        while ((n = block_leave_expired(d, before, batch, 64, SIZE_MAX)) > 0) {
             for (size_t i = 0; i < n; i++) {
                 /* Pool blocks go back to the pool at no cost; others (no
                  * pool could be made) drain the device. */
@@ -82,7 +82,7 @@ uint64_t reclaimer_cache_expiry_ns(void)
         return UINT64_MAX;
     uint64_t oldest = UINT64_MAX;
     for (int d = 0; d < rs.ndevices; d++) {
-        uint64_t t = block_cache_oldest_free_ns(d);
+        uint64_t t = block_leave_oldest_free_ns(d);
         if (t < oldest)
             oldest = t;
     }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "block_cache.h"
+#include "block_leave.h"
 #include "block_map.h"
 #include "helpers.h"
 
@@ -246,10 +247,10 @@ static void test_devices_and_collect(void)
     block_cache_park(&p10, 5);
     named->events++; /* as if a second, older entry still named it */
     block_cache_event_done(named, p10.handout, true, 1);
-    uint64_t oldest = block_cache_oldest_free_ns(1);
+    uint64_t oldest = block_leave_oldest_free_ns(1);
     ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
     struct cache_block *out[8];
-    size_t n = block_cache_collect(1, UINT64_MAX, out, 8, SIZE_MAX);
+    size_t n = block_leave_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
     is_int(n, 2, "collect takes the FREE blocks no entry names");
     ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
        "and removes them from the map");
@@ -257,9 +258,9 @@ static void test_devices_and_collect(void)
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
     named->events--;
-    is_int(block_cache_collect(1, 0, out, 8, SIZE_MAX), 0,
+    is_int(block_leave_expired(1, 0, out, 8, SIZE_MAX), 0,
            "nothing became free before time 0... ");
-    n = block_cache_collect(1, UINT64_MAX, out, 8, SIZE_MAX);
+    n = block_leave_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
     is_int(n, 1, "once unnamed it goes too");
     block_cache_forget(out[0]);
 }
@@ -307,10 +308,10 @@ static void test_collect_largest(void)
     struct cache_block *b16 = block_map_find(ADDR(16));
     uint64_t h14 = b14->handout, h15 = b15->handout, h16 = b16->handout;
     struct block_memory out[8];
-    is_int(block_cache_collect_largest(0, 9, 0, out, 8, SIZE_MAX), 0,
+    is_int(block_leave_for_miss(0, 9, 0, out, 8, SIZE_MAX), 0,
            "another stream takes none of 7's, nor a block free after the "
            "time given");
-    size_t n = block_cache_collect_largest(0, 7, UINT64_MAX, out, 8, 5000);
+    size_t n = block_leave_for_miss(0, 7, UINT64_MAX, out, 8, 5000);
     ok(n == 2 && out[0].ptr == ADDR(14) && out[0].size == 4096 &&
            out[1].ptr == ADDR(19) && out[1].size == 3072,
        "the largest pool blocks, PENDING on the stream or FREE, until the "
@@ -320,7 +321,7 @@ static void test_collect_largest(void)
        "GONE or forgotten, out of the map");
     ok(block_map_find(ADDR(15)) != NULL && block_map_find(ADDR(16)) != NULL,
        "the smaller ones stay");
-    n = block_cache_collect_largest(0, 7, UINT64_MAX, out, 8, SIZE_MAX);
+    n = block_leave_for_miss(0, 7, UINT64_MAX, out, 8, SIZE_MAX);
     ok(n == 2 && out[0].ptr == ADDR(16) && out[1].ptr == ADDR(15),
        "the rest of the stream's pool blocks, largest first, not its "
        "cudaMalloc block");
@@ -359,7 +360,7 @@ static void test_split_merge(void)
     ok(rest != NULL && rest->size == 3 * MiB && rest->state == BLOCK_FREE,
        "the rest stays FREE at the segment's start");
     struct block_memory mem[4];
-    is_int(block_cache_collect_largest(0, 1, UINT64_MAX, mem, 4, SIZE_MAX), 0,
+    is_int(block_leave_for_miss(0, 1, UINT64_MAX, mem, 4, SIZE_MAX), 0,
            "a piece of a segment never goes back to the pool");
     uint64_t h = free_on(p, 1);
     struct cache_block *piece = block_map_find(p);
@@ -511,18 +512,18 @@ static void test_cut_segment_stays(void)
     ok(!block_cache_inside_live(base + MiB) &&
            claim(base + MiB) == BLOCK_INSIDE,
        "as is one inside the FREE rest");
-    size_t n = block_cache_collect(1, UINT64_MAX, out, 4, SIZE_MAX);
+    size_t n = block_leave_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
     is_int(n, 0, "collecting everything FREE takes nothing: the rest is a "
                  "piece now");
     for (size_t i = 0; i < n; i++)
         block_cache_forget(out[i]);
-    is_int(block_cache_oldest_free_ns(1), UINT64_MAX,
+    is_int(block_leave_oldest_free_ns(1), UINT64_MAX,
            "no FREE block on the age list");
     ok(block_map_find(base) != NULL && block_map_find(p) != NULL,
        "both parts still filed");
     uint64_t h = free_on1(p, 1);
     block_cache_event_done(block_map_find(p), h, true, 3);
-    n = block_cache_collect(1, UINT64_MAX, out, 4, SIZE_MAX);
+    n = block_leave_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
     ok(n == 1 && out[0]->ptr == base && out[0]->size == 4 * MiB,
        "the piece back and merged, the whole segment goes");
     for (size_t i = 0; i < n; i++)
@@ -621,6 +622,59 @@ static void test_claim_of_dropped_record(void)
     ok(give_back(p), "which its own free gives back");
 }
 
+/* A batched free's plan parks its block in the same hold (only on the
+ * stream-ordered path), and a batch's claims complete in one call, across
+ * a run of each device's claims. */
+static void test_parked_plan_and_claims_done(void)
+{
+    size_t size;
+    struct block_claim claims[4];
+    void *p[4] = {ADDR(80), ADDR(81), ADDR(82), ADDR(83)};
+    int device[4] = {0, 0, 1, 0};
+    unsigned long long stream[4] = {40, 40, 50, 41};
+    for (int i = 0; i < 4; i++) {
+        struct block_free_plan plan;
+        ok(block_cache_add(device[i], p[i], 24576, false), "block %d", i);
+        block_cache_plan_free_parked(p[i], device[i], stream[i], &plan);
+        ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
+               plan.block->state == BLOCK_PENDING,
+           "block %d: freed on its device's stream, parked: PENDING", i);
+        ok(!block_cache_park(&plan, stream[i]),
+           "block %d: a second park finds it parked already", i);
+        claims[i] = (struct block_claim){plan.block, plan.handout};
+    }
+    ok(block_cache_take(0, 40, 24576, &size) == p[1] &&
+           block_cache_take(0, 40, 24576, &size) == p[0],
+       "both of device 0's on stream 40 are its own stream's at once");
+    void *other_free = block_cache_take(0, 40, 24576, &size);
+    ok(other_free != p[3], "stream 41's is not (its work is not done)");
+    if (other_free != NULL) /* a FREE one an earlier test left */
+        ok(give_back(other_free), "which goes back");
+    void *q = ADDR(84);
+    struct block_free_plan other;
+    ok(block_cache_add(1, q, 24576, false), "a block of device 1");
+    block_cache_plan_free_parked(q, 0, 40, &other);
+    ok(other.path == BLOCK_AFTER_EVENT && !other.parked &&
+           other.block->state == BLOCK_FREEING,
+       "freed on another device's stream: claimed, not parked");
+    struct block_claim oc = {other.block, other.handout};
+    block_cache_adopt(&oc);
+    /* p[0] and p[1] were handed out again: their claims are stale. */
+    block_cache_claims_done(claims, 4, true, 77);
+    struct cache_block *b2 = block_map_find(p[2]), *b3 = block_map_find(p[3]);
+    ok(b2->state == BLOCK_FREE && b2->freed_ns == 77 &&
+           b3->state == BLOCK_FREE && b3->freed_ns == 77,
+       "claims over devices 0, 0, 1, 0 done at once: device 1's and the "
+       "last one FREE");
+    ok(block_map_find(p[0])->state == BLOCK_LIVE &&
+           block_map_find(p[1])->state == BLOCK_LIVE,
+       "the handed-out ones stay their new owners' (stale hand-outs)");
+    is_int(block_map_find(p[0])->events + block_map_find(p[1])->events +
+               b2->events + b3->events,
+           0, "every claim's event reference dropped");
+    ok(give_back(p[0]) && give_back(p[1]), "the two taken back");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -641,6 +695,7 @@ int main(void)
     test_cut_at_merged();
     test_adopt_unclaimed();
     test_claim_of_dropped_record();
+    test_parked_plan_and_claims_done();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
