@@ -49,15 +49,15 @@
  * here: this program pins the hand-back policy).  The same source built with
  * STEADY_SPLIT is t/alloc_steady_split: the replays with block splitting as
  * cudefer does by default (requests of 1 MiB or more cut from larger
- * blocks, freed neighbours merged).  Measured in 20 runs (10 alone, 10
- * two at a time, 2 cores): a step behind 0-12.2 misses and 0-12.6
- * hand-backs a step, the pool at 1.076-1.146x the live peak; half a step
- * behind 0.3-11.2 and 0-11.4, 1.100-1.159x; the legacy stream 0-12.3 and
- * 0-13.0, 1.076-1.134x.  Splitting serves most requests the unsplit cache
- * missed (27 a step; requests below 1 MiB are never cut and still miss),
- * but a piece of a segment cannot go back to the pool, so the pool holds
- * more than the unsplit one's 1.010x: these bounds are the measured ones
- * with a margin, not the 1.10x goal.
+ * blocks, freed neighbours merged).  Measured in 72 runs of each case
+ * (two at a time on 2 cores, under load), every one 10.9 misses and 11.0
+ * hand-backs a step and the pool at 1.076x the live peak.  Before a freed
+ * block merged with its FREE neighbours at once (a098776; measured at
+ * 2916869, just before), the same runs
+ * spread over 1.076-1.417x (42 of 72 above 1.076x): whether a large request
+ * fitted depended on which piece's work had completed first, so the timing
+ * of the simulated GPU decided the pool.  The bound is the 1.10x goal,
+ * which the old code failed in 37 of the 72.
  * The fake's oracle checks every hand-out and every free. */
 #include <stdint.h>
 
@@ -83,12 +83,7 @@
 #else
 #define MAX_MISSES_PER_STEP 15.0
 #define MAX_RELEASES_PER_STEP 15.0
-/* 1.50, not the 1.20 the 20 runs above suggest: in CI (2 cores, the suite
- * running two tests at a time) one half-step run ended at 1.417x, its
- * pool grown from 122 to 160 MiB while misses (2.9 a step) stayed low;
- * not understood yet.  1.50 still fails the 1.83x hoarding this test is
- * for. */
-#define MAX_RESERVED_RATIO 1.50
+#define MAX_RESERVED_RATIO 1.10
 #define SPLIT_ENV "CUDEFER_SPLIT_MIN=1M"
 #define RUN_NAME(name) "split, " name
 #endif
