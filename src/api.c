@@ -340,14 +340,15 @@ static cudaError_t submit_admitted(const struct request_args *a,
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
-        /* Claimed (FREEING): its size and device stay as they are. */
+        /* Its size when claimed (a parked block may have merged since,
+         * and be another thread's to cut); its device never changes. */
         if (*claimed && a->said_bytes > 0 &&
-            (plan.block->size < a->said_bytes ||
+            (plan.size < a->said_bytes ||
              plan.block->device != a->said_device))
             report("defer_pluggable_free: %p is a block of %zu bytes on "
                    "device %d, freed as %zu bytes on device %d: freed all "
-                   "the same", a->ptrs[0], plan.block->size,
-                   plan.block->device, a->said_bytes, a->said_device);
+                   "the same", a->ptrs[0], plan.size, plan.block->device,
+                   a->said_bytes, a->said_device);
         if (plan.parked) {
             /* No event of its own: its batch's (free_batch.h). */
             stats_count_deferred();

@@ -370,6 +370,7 @@ static void plan_free(void *ptr, int stream_device,
     pthread_mutex_lock(&c->lock);
     plan->block = b;
     plan->handout = b->handout;
+    plan->size = b->size; /* parked, it may grow by merging at once */
     if (b->state != BLOCK_LIVE) {
         plan->path = BLOCK_NOT_LIVE;
     } else {

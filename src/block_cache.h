@@ -48,8 +48,9 @@
  * own stream.
  *
  * Who calls what: the launching threads take, add, claim and park blocks and
- * record streams; the reclaimer completes, adopts and collects them (adopt
- * also on a thread that releases synchronously).  One mutex per device
+ * record streams; the reclaimer completes and adopts them (adopt also on
+ * a thread that releases synchronously) and collects those that leave the
+ * cache (block_leave.h).  One mutex per device
  * guards its lists; no CUDA call is ever made under it.
  */
 #ifndef CUDEFER_BLOCK_CACHE_H
@@ -119,7 +120,9 @@ enum block_free_path {
     BLOCK_INSIDE,         /* no block starts there, but it lies in memory
                              of the cache's: an interior pointer, or a
                              block freed again after it merged: refuse */
-    BLOCK_STREAM_ORDERED, /* record an event, park, push an ENTRY_BLOCK */
+    BLOCK_STREAM_ORDERED, /* record an event, park, push an ENTRY_BLOCK
+                             (a batched free: parked by the plan, its
+                             claim joins a free batch) */
     BLOCK_AFTER_EVENT,    /* another device's stream: the ordinary entry,
                              adopted back when its event completed */
     BLOCK_AFTER_STREAMS,  /* recorded streams: a group over plan->streams */
@@ -130,6 +133,7 @@ struct block_free_plan {
     struct cache_block *block;
     uint64_t handout;
     size_t nstreams; /* AFTER_STREAMS: the free's stream, then the recorded */
+    size_t size;     /* the block's, when claimed (before any merge) */
     bool parked;     /* block_cache_plan_free_parked parked the block */
     cudaStream_t streams[BLOCK_MAX_RECORDED + 1];
 };
@@ -215,10 +219,11 @@ bool block_cache_inside_live(const void *ptr);
 void block_cache_unclaim(const struct block_claim *claim);
 
 /* Any thread, once the free of a BLOCK_STREAM_ORDERED plan is sure to be
- * accepted (its event recorded, or its claim about to join a free batch,
- * free_batch.h): the claimed block becomes PENDING on stream_id, named by
- * the entry (or batch) that carries the plan's claim.  False (nothing changed) when it is not the plan's claimed
- * block any more (no caller should see that). */
+ * accepted (its event recorded): the claimed block becomes PENDING on
+ * stream_id, named by the entry that carries the plan's claim.  False
+ * (nothing changed) when it is not the plan's claimed block any more (no
+ * caller should see that).  A batched free parks in its plan instead
+ * (block_cache_plan_free_parked). */
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id);
 
@@ -228,8 +233,9 @@ bool block_cache_park(const struct block_free_plan *plan,
  * is FREE from now. */
 void block_cache_event_done(struct cache_block *block, uint64_t handout,
                             bool ok, uint64_t now);
-/* The same for n claims at once (an entry's, a free batch's): the device's
- * lock is taken once for a run of one device's claims. */
+/* The same for n claims at once (an entry's, a free batch's), each naming
+ * a record (block not NULL): the device's lock is taken once for a run of
+ * one device's claims. */
 void block_cache_claims_done(const struct block_claim *claims, size_t n,
                              bool ok, uint64_t now);
 

@@ -544,6 +544,29 @@ static void test_other_device(cudaStream_t s0)
     cudaStreamDestroy(s1);
 }
 
+/* A pluggable free on the legacy stream (PyTorch's) is checked against
+ * the block's own size, not the size it has once it merged with a
+ * neighbour freed before it (bcd684e checked after the merge). */
+static void test_pluggable_size_on_legacy(void)
+{
+    const size_t mib = (size_t)1 << 20;
+    void *whole = defer_pluggable_alloc(4 * mib, 0, 0);
+    defer_pluggable_free(whole, 4 * mib, 0, 0);
+    /* Cut from the end of the PENDING segment, on its own stream. */
+    void *right = defer_pluggable_alloc(mib, 0, 0);
+    void *left = defer_pluggable_alloc(mib, 0, 0);
+    ok(whole != NULL && right == (char *)whole + 3 * mib &&
+           left == (char *)whole + 2 * mib,
+       "two 1 MiB pieces cut from the end of a freed 4 MiB segment");
+    defer_pluggable_free(right, mib, 0, 0);
+    stderr_capture_begin();
+    defer_pluggable_free(left, 2 * mib, 0, 0); /* merges with right */
+    ok(strstr(stderr_capture_end(), "freed as 2097152 bytes") != NULL,
+       "a 1 MiB piece freed as 2 MiB on the legacy stream is reported, "
+       "though it merges with its freed neighbour into 2 MiB");
+    defer_flush();
+}
+
 static void test_capture(void)
 {
     cudaStream_t c = stream_new();
@@ -657,6 +680,7 @@ int main(void)
     test_foreign(s);
     test_other_device(s);
     test_capture();
+    test_pluggable_size_on_legacy();
     test_out_of_memory(s);
     void *live = NULL;
     alloc_checked(&live, 512, s);

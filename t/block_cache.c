@@ -487,7 +487,7 @@ static void test_merge_with_free(void)
 }
 
 /* A whole FREE segment on the age list that a request is cut from is a
- * piece from then on: expiry and trims (block_cache_collect) must not hand
+ * piece from then on: expiry and trims (block_leave_expired) must not hand
  * its memory back while the piece cut from it is the application's.  It
  * did: the rest was refiled before it was linked to the piece, still
  * whole, and stayed on the age list (the stress test saw blocks handed out
@@ -673,6 +673,48 @@ static void test_parked_plan_and_claims_done(void)
                b2->events + b3->events,
            0, "every claim's event reference dropped");
     ok(give_back(p[0]) && give_back(p[1]), "the two taken back");
+
+    /* A chain of merged records, and one record named twice in a batch
+     * (freed, taken again on its stream, freed again).  Pieces of 64 MiB:
+     * larger than any FREE block earlier tests left, so they are cut from
+     * this segment. */
+    const size_t mib = (size_t)1 << 20, piece = 64 * mib;
+    struct block_claim twice[2], chain[3];
+    struct block_free_plan plan;
+    void *seg = ADDR(1000);
+    ok(block_cache_add(0, seg, 4 * piece, false), "a 256 MiB segment");
+    block_cache_plan_free_parked(seg, 0, 61, &plan);
+    chain[2] = (struct block_claim){plan.block, plan.handout};
+    void *a = block_cache_take(0, 61, piece, &size);
+    void *b = block_cache_take(0, 61, piece, &size);
+    ok(a == (char *)seg + 3 * piece && b == (char *)seg + 2 * piece,
+       "two pieces cut from its end on its own stream");
+    if (a != (char *)seg + 3 * piece)
+        diag("cut at %p and %p, segment at %p", a, b, seg);
+    block_cache_plan_free_parked(a, 0, 61, &plan);
+    chain[0] = (struct block_claim){plan.block, plan.handout};
+    block_cache_plan_free_parked(b, 0, 61, &plan);
+    chain[1] = (struct block_claim){plan.block, plan.handout};
+    ok(plan.size == piece, "the plan keeps the piece's own size");
+    ok(block_map_find(a) == NULL || block_map_find(a)->state == BLOCK_MERGED,
+       "the pieces merged into the rest at once (a chain of records)");
+    block_cache_claims_done(chain, 3, true, 79);
+    struct cache_block *whole = block_map_find(seg);
+    ok(whole->state == BLOCK_FREE && whole->size == 4 * piece &&
+           whole->events == 0 && whole->outstanding == 0 &&
+           whole->seg_prev == NULL && whole->seg_next == NULL,
+       "the chain's claims done in one call: one whole FREE segment");
+    void *x = ADDR(100);
+    ok(block_cache_add(0, x, 3 * mib, false), "a 3 MiB block");
+    block_cache_plan_free_parked(x, 0, 60, &plan);
+    twice[0] = (struct block_claim){plan.block, plan.handout};
+    ok(block_cache_take(0, 60, 3 * mib, &size) == x, "taken again on 60");
+    block_cache_plan_free_parked(x, 0, 60, &plan);
+    twice[1] = (struct block_claim){plan.block, plan.handout};
+    block_cache_claims_done(twice, 2, true, 78);
+    struct cache_block *xb = block_map_find(x);
+    ok(xb->state == BLOCK_FREE && xb->events == 0,
+       "named twice in one batch: FREE once, no reference left");
 }
 
 int main(void)
