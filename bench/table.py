@@ -131,10 +131,14 @@ def table_train(rows, o):
     # and hand-backs: cudefer's per timed step.
     # alloc/free us: --time-calls, the allocator's own microseconds a step
     # in its allocations and its frees.
+    # host busy/steal: the machine's CPUs busy on average (the run's own
+    # threads among them) and the % of CPU time stolen by the hypervisor.
     timed = any(s.get('calls_alloc_us_per_step') is not None for s in rows)
+    host = any(s.get('host_busy_cpus') is not None for s in rows)
     print_grid(['allocator', 'ms/step', 'x native', 'peak MiB', 'peak x native',
                 'GPU behind', 'misses', 'hand-backs'] +
                (['alloc/free us'] if timed else []) +
+               (['host busy/steal%'] if host else []) +
                ['losses identical', 'weights identical', 'reps'],
                [[s['strategy'], fmt(s.get('ms_per_step'), 2),
                  fmt_spread(s, 'ms_per_step_ratio'), fmt(s.get('peak_mib'), 0),
@@ -144,6 +148,9 @@ def table_train(rows, o):
                 (['%s/%s' % (fmt(s.get('calls_alloc_us_per_step'), 0),
                              fmt(s.get('calls_free_us_per_step'), 0))]
                  if timed else []) +
+                (['%s/%s' % (fmt(s.get('host_busy_cpus'), 1),
+                             fmt(s.get('host_steal_pct'), 1))]
+                 if host else []) +
                 [ident(s, 'losses_identical'),
                  ident(s, 'weights_identical'), fmt_reps(s)] for s in rows])
 

@@ -83,7 +83,7 @@ r = dict(model=model, allocator=alloc, device='Fake GPU',
          gpus=2 if '--ddp' in sys.argv else 1, steps=int(a['--steps']),
          ms_per_step=ms, peak_mib=peak, losses=losses, losses_sha256=h,
          weights_sha256='w' + h[:8], lib=a.get('--lib'), cuda='13.0',
-         gpu_steps_behind=0.97)
+         gpu_steps_behind=0.97, host_busy_cpus=2.25, host_steal_pct=0.5)
 if alloc == 'cudefer':
     r['cudefer_per_step'] = dict(cache_mallocs=27.0, cache_releases=26.0)
 if '--time-calls' in sys.argv:
@@ -168,6 +168,37 @@ def test_statistics():
     assert run_process.last_json_object('x\n{"a": 1}\nnoise {\n{"b": 2}\n\n') == {'b': 2}
     assert run_process.last_json_object('{"a": 1}\n{broken') is None
     assert run_process.last_json_object('') is None
+
+
+def test_host_load():
+    """torch_train.py's record of the machine's load (stdlib only until a
+    run starts, so it imports without torch)."""
+    import torch_train
+    tmp = tempfile.mkdtemp()
+    try:
+        stat = os.path.join(tmp, 'stat')
+        with open(stat, 'w') as f:
+            f.write('cpu  100 0 50 800 10 5 5 30 0 0\ncpu0 1 2 3\n')
+        before = torch_train.host_cpu_sample(stat)
+        assert before == (160, 30, 1000), before
+        with open(stat, 'w') as f:
+            f.write('cpu  300 0 100 1300 10 5 5 80 0 0\n')
+        after = torch_train.host_cpu_sample(stat)
+        load = torch_train.host_load(before, after, 4)
+        # 800 ticks passed: 250 busy, 50 stolen, on 4 CPUs.
+        assert abs(load['host_busy_cpus'] - 1.25) < 1e-9, load
+        assert abs(load['host_steal_pct'] - 6.25) < 1e-9, load
+        assert torch_train.host_load(after, after, 4) == {}
+        assert torch_train.host_load(None, after, 4) == {}
+        assert torch_train.host_cpu_sample(os.path.join(tmp, 'none')) is None
+        with open(stat, 'w') as f:
+            f.write('intr 1 2 3\n')
+        assert torch_train.host_cpu_sample(stat) is None
+        with open(stat, 'w') as f:
+            f.write('cpu  7 x\n')
+        assert torch_train.host_cpu_sample(stat) is None
+    finally:
+        shutil.rmtree(tmp)
 
 
 def test_child_env():
@@ -298,6 +329,7 @@ def test_end_to_end():
                        '== W6 scale', 'x no-library', '== train-lm', 'NO (0/2)',
                        'yes (2/2)', '1.100 [1.100-1.100]', 'run(s) FAILED',
                        'GPU behind', 'hand-backs', '== W5-parts',
+                       'host busy/steal%', '2.2/0.5',
                        'defer_free own p50', '1.25/3.00'):
             assert needle in so, (needle, so)
     finally:

@@ -46,6 +46,10 @@ the most device memory NVML saw this process use (sampled about every
 millisecond by a helper process; per process when NVML can name our pid,
 else the device's used memory above what it was before we started; which
 one is in peak_source), the largest over the ranks under --ddp.
+host_busy_cpus, host_steal_pct: the whole machine's load over the timed
+window, from /proc/stat (absent where it cannot be read): the CPUs busy on
+average, this process's included, and the share of CPU time the hypervisor
+gave to others.  A repetition slowed by the machine shows there.
 
 --side-stream: each step also draws a tensor on the main stream, has a side
 stream read it in a long computation, protects it with record_stream (as
@@ -364,6 +368,39 @@ class Sampler:
             return {"error": "sampler printed %r" % out[-200:]}
 
 
+# ---- the host's load ----------------------------------------------------------
+
+def host_cpu_sample(path="/proc/stat"):
+    """The machine's CPU time so far, in clock ticks summed over its CPUs:
+    (busy, steal, total) from the first line of /proc/stat; None when it
+    cannot be read (not Linux, a sandbox without it)."""
+    # cpu  user nice system idle iowait irq softirq steal [guest ...]
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu":
+            return None
+        t = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    t += [0] * (8 - len(t))
+    busy = t[0] + t[1] + t[2] + t[5] + t[6]
+    return busy, t[7], sum(t)
+
+
+def host_load(before, after, ncpus):
+    """The host's load between two host_cpu_samples: {'host_busy_cpus': CPUs
+    busy on average (this process's threads among them), 'host_steal_pct':
+    the share of the CPUs' time the hypervisor gave to others}; {} when a
+    sample is missing or no tick passed.  A repetition whose launching
+    thread was slowed by the machine, not by the allocator, shows here."""
+    if before is None or after is None or after[2] <= before[2]:
+        return {}
+    total = after[2] - before[2]
+    return {"host_busy_cpus": ncpus * (after[0] - before[0]) / total,
+            "host_steal_pct": 100.0 * (after[1] - before[1]) / total}
+
+
 # ---- models ------------------------------------------------------------------
 
 def build_lm(torch, cfg):
@@ -543,6 +580,7 @@ def run_rank(rank, world, args, prep, port):
     # ahead and the GPU sets the pace.
     step_done = []
     behind = 0
+    host_before = host_cpu_sample()
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
         behind += sum(1 for e in step_done[-8:] if not e.query())
@@ -552,6 +590,7 @@ def run_rank(rank, world, args, prep, port):
     enqueued = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
+    host = host_load(host_before, host_cpu_sample(), os.cpu_count() or 1)
     if side is not None:
         side.synchronize()
     calls = timer.per_step(args.steps) if timer is not None else None
@@ -567,6 +606,7 @@ def run_rank(rank, world, args, prep, port):
         # when the launching thread, not the GPU, sets the pace.
         "enqueue_ms_per_step": enqueued * 1000.0 / args.steps,
         "gpu_steps_behind": behind / args.steps,
+        **host,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
         "weights_sha256": params_sha256(model),
@@ -655,6 +695,8 @@ def main(argv=None):
         "ms_per_step": first["ms_per_step"],
         "enqueue_ms_per_step": first["enqueue_ms_per_step"],
         "gpu_steps_behind": first["gpu_steps_behind"],
+        **{k: first[k] for k in ("host_busy_cpus", "host_steal_pct")
+           if k in first},
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],
         "losses": first["losses"], "losses_sha256": first["losses_sha256"],
