@@ -52,9 +52,20 @@ class Runner:
         return cmd
 
     def plan(self):
-        """[(rep, workload, strategy)] in run order."""
-        return [(rep, wl, st) for rep in range(self.o.reps)
-                for wl in self.workloads for st in self.rows(wl)]
+        """[(rep, workload, strategy)] in run order: in each repetition a
+        workload's bounds first, then its other rows rotated by one more
+        each repetition, so that no row always runs last, furthest from
+        the bounds its ratios divide by (a machine whose speed drifts
+        would favour or penalize one row always)."""
+        order = []
+        for rep in range(self.o.reps):
+            for wl in self.workloads:
+                rows = self.rows(wl)
+                nb = sum(1 for st in rows if st.name in wl.bounds)
+                rest = rows[nb:]
+                k = rep % len(rest) if rest else 0
+                order += [(rep, wl, st) for st in rows[:nb] + rest[k:] + rest[:k]]
+        return order
 
     def bound_record(self, wl, name, rep):
         """The bound's record of this repetition, or one made of the medians

@@ -222,7 +222,11 @@ def test_plan_order():
     assert [s.name for s in r.rows(w['train-cnn'])] == ['native', 'cudefer', 'v', 'm']
     plan = [(rep, wl.name, st.name) for rep, wl, st in r.plan()]
     assert len(plan) == 2 * 12 and plan[0] == (0, 'W1', 'limit') and plan[12][0] == 1
-    assert [p[1:] for p in plan if p[0] == 0] == [p[1:] for p in plan if p[0] == 1]
+    w1 = [[p[2] for p in plan if p[0] == rep and p[1] == 'W1'] for rep in (0, 1)]
+    assert w1 == [['limit', 'malloc-never-free', 'inline-async', 'cudefer', 'v'],
+                  ['limit', 'malloc-never-free', 'cudefer', 'v', 'inline-async']], w1
+    tr = [[p[2] for p in plan if p[0] == rep and p[1] == 'train-cnn'] for rep in (0, 1)]
+    assert tr == [['native', 'cudefer', 'v', 'm'], ['native', 'v', 'm', 'cudefer']], tr
     cmd = r.command(w['W1'], r.rows(w['W1'])[-1], 1)
     assert cmd[1:] == ['--workload', 'W1', '--strategy', 'cudefer', '--label', 'v',
                        '--rep', '1', '--iters', '5000'], cmd
