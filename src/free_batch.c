@@ -14,6 +14,7 @@
 #include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
+#include "stream_identity.h"
 #include "stream_lane.h"
 
 /* One device's batch: the claims of blocks parked PENDING on its legacy
@@ -29,11 +30,11 @@ struct batch {
 static struct batch *batches;
 static int nbatches;
 static uint32_t max_claims;
-/* Claims in all batches; claims taken by a seal and not yet pushed (nor
- * given back): a flush waits until none is in flight, so that its barrier
- * covers every free that returned before it, also one whose claim another
- * thread's seal took. */
-static _Atomic size_t waiting, in_flight;
+/* Claims taken by a seal and not yet pushed (nor given back): a flush
+ * waits until none is in flight, so that its barrier covers every free
+ * that returned before it, also one whose claim another thread's seal
+ * took. */
+static _Atomic size_t in_flight;
 
 bool free_batch_init(int ndevices, uint32_t max)
 {
@@ -44,7 +45,6 @@ bool free_batch_init(int ndevices, uint32_t max)
         pthread_mutex_init(&batches[d].lock, NULL);
     nbatches = ndevices;
     max_claims = max;
-    atomic_store(&waiting, 0);
     atomic_store(&in_flight, 0);
     return true;
 }
@@ -62,7 +62,6 @@ void free_batch_destroy(void)
     free(batches);
     batches = NULL;
     nbatches = 0;
-    atomic_store(&waiting, 0);
     atomic_store(&in_flight, 0);
 }
 
@@ -72,7 +71,6 @@ void free_batch_fork_child(void)
      * thread may have held a lock at the fork. */
     batches = NULL;
     nbatches = 0;
-    atomic_store(&waiting, 0);
     atomic_store(&in_flight, 0);
 }
 
@@ -81,13 +79,19 @@ bool free_batch_takes(cudaStream_t stream)
     /* Not on the reclaimer thread: a callback's free during the shutdown
      * drain must be pushed before the drain ends, and nobody would seal
      * it after the drain's own seal. */
-    return max_claims > 1 && (stream == NULL || stream == cudaStreamLegacy) &&
+    return max_claims > 1 && stream_is_legacy(stream) &&
            !lifecycle_on_reclaimer_thread();
 }
 
 size_t free_batch_waiting(void)
 {
-    return atomic_load_explicit(&waiting, memory_order_relaxed);
+    size_t n = 0;
+    for (int d = 0; d < nbatches; d++) {
+        pthread_mutex_lock(&batches[d].lock);
+        n += batches[d].count;
+        pthread_mutex_unlock(&batches[d].lock);
+    }
+    return n;
 }
 
 static bool append(struct batch *b, const struct block_claim *claim,
@@ -186,7 +190,6 @@ static size_t take_claims(struct batch *b, struct block_claim **array)
     *array = b->claims;
     b->claims = NULL;
     b->count = b->room = 0;
-    atomic_fetch_sub_explicit(&waiting, n, memory_order_relaxed);
     atomic_fetch_add_explicit(&in_flight, n, memory_order_relaxed);
     return n;
 }
@@ -206,7 +209,6 @@ static bool append(struct batch *b, const struct block_claim *claim,
     if (b->count == 0)
         b->oldest_ns = now;
     b->claims[b->count++] = *claim;
-    atomic_fetch_add_explicit(&waiting, 1, memory_order_relaxed);
     return true;
 }
 
@@ -267,7 +269,7 @@ void free_batch_seal_all(void)
 {
     int current = -1, on = -1; /* the caller's device; the one made current */
     bool asked = false;
-    for (int d = 0; d < nbatches && free_batch_waiting() > 0; d++) {
+    for (int d = 0; d < nbatches; d++) {
         struct batch *b = &batches[d];
         pthread_mutex_lock(&b->lock);
         bool any = b->count > 0;

@@ -83,7 +83,8 @@ void free_batch_add(int device, cudaStream_t stream,
  * and back) and pushes its entry.  Blocks as free_batch_add does. */
 void free_batch_seal_all(void);
 
-/* Any thread: claims waiting in batches now (for tests and statistics). */
+/* Any thread: claims waiting in batches now (takes each device's batch
+ * lock; for tests). */
 size_t free_batch_waiting(void);
 
 #endif
