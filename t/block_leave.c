@@ -1,0 +1,116 @@
+/* The blocks that leave the block cache on their own (block_leave.h, no
+ * reclaimer): expiry oldest first, never a block an entry still names;
+ * a miss's hand-back of pool blocks, the largest first. */
+#include <stdint.h>
+#include <string.h>
+
+#include "block_cache.h"
+#include "block_leave.h"
+#include "block_map.h"
+#include "block_test.h"
+#include "helpers.h"
+
+/* Expiry on device 1: FREE blocks no entry names, oldest first. */
+static void test_expiry(void)
+{
+    ok(block_cache_add(1, ADDR(8), 512, false) && give_back(ADDR(8)),
+       "a FREE block of device 1");
+    /* Two more: one FREE, one still named by an older entry. */
+    ok(block_cache_add(1, ADDR(9), 512, false) && block_cache_add(1, ADDR(10), 512, false),
+       "two more");
+    give_back(ADDR(9));
+    struct cache_block *named = block_map_find(ADDR(10));
+    struct block_free_plan p10;
+    block_cache_plan_free(ADDR(10), 1, 5, &p10);
+    block_cache_park(&p10, 5);
+    named->events++; /* as if a second, older entry still named it */
+    block_cache_event_done(named, p10.handout, true, 1);
+    uint64_t oldest = block_leave_oldest_free_ns(1);
+    ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
+    struct cache_block *out[8];
+    size_t n = block_leave_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
+    is_int(n, 2, "collect takes the FREE blocks no entry names");
+    ok(block_map_find(ADDR(8)) == NULL && block_map_find(ADDR(9)) == NULL,
+       "and removes them from the map");
+    ok(block_map_find(ADDR(10)) != NULL, "a block still named stays");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+    named->events--;
+    is_int(block_leave_expired(1, 0, out, 8, SIZE_MAX), 0,
+           "nothing became free before time 0... ");
+    n = block_leave_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
+    is_int(n, 1, "once unnamed it goes too");
+    block_cache_forget(out[0]);
+}
+
+/* A miss's hand-back: pool blocks FREE or PENDING on the request's stream
+ * only, the largest first, no more than the bytes asked for; PENDING
+ * records go once the entries naming them are done. */
+static void test_collect_largest(void)
+{
+    struct block_free_plan plan[4];
+    /* 14, 15, 16: pool blocks freed on stream 7 in this order; 17 a
+     * cudaMalloc block on 7; 18 a pool block on stream 8. */
+    unsigned long long streams[5] = {7, 7, 7, 7, 8};
+    size_t sizes[5] = {4096, 1024, 2048, 4096, 4096};
+    for (int i = 0; i < 5; i++) {
+        ok(block_cache_add(0, ADDR(14 + i), sizes[i], i != 3), "block %d", i);
+        block_cache_plan_free(ADDR(14 + i), 0, streams[i], &plan[i < 4 ? i : 3]);
+        ok(block_cache_park(&plan[i < 4 ? i : 3], streams[i]),
+           "PENDING on its stream");
+    }
+    /* 19: a FREE pool block, free at time >= 1; 20: a FREE cudaMalloc
+     * block, the largest (its cudaFree would drain the device). */
+    ok(block_cache_add(0, ADDR(19), 3072, true) && give_back(ADDR(19)),
+       "a FREE pool block");
+    ok(block_cache_add(0, ADDR(20), 8192, false) && give_back(ADDR(20)),
+       "a FREE cudaMalloc block");
+    struct cache_block *b14 = block_map_find(ADDR(14));
+    struct cache_block *b15 = block_map_find(ADDR(15));
+    struct cache_block *b16 = block_map_find(ADDR(16));
+    uint64_t h14 = b14->handout, h15 = b15->handout, h16 = b16->handout;
+    struct block_memory out[8];
+    is_int(block_leave_for_miss(0, 9, 0, out, 8, SIZE_MAX), 0,
+           "another stream takes none of 7's, nor a block free after the "
+           "time given");
+    size_t n = block_leave_for_miss(0, 7, UINT64_MAX, out, 8, 5000);
+    ok(n == 2 && out[0].ptr == ADDR(14) && out[0].size == 4096 &&
+           out[1].ptr == ADDR(19) && out[1].size == 3072,
+       "the largest pool blocks, PENDING on the stream or FREE, until the "
+       "bytes asked for are reached");
+    ok(b14->state == BLOCK_GONE && block_map_find(ADDR(14)) == NULL &&
+           block_map_find(ADDR(19)) == NULL,
+       "GONE or forgotten, out of the map");
+    ok(block_map_find(ADDR(15)) != NULL && block_map_find(ADDR(16)) != NULL,
+       "the smaller ones stay");
+    n = block_leave_for_miss(0, 7, UINT64_MAX, out, 8, SIZE_MAX);
+    ok(n == 2 && out[0].ptr == ADDR(16) && out[1].ptr == ADDR(15),
+       "the rest of the stream's pool blocks, largest first, not its "
+       "cudaMalloc block");
+    ok(block_map_find(ADDR(17)) != NULL && block_map_find(ADDR(18)) != NULL &&
+           block_map_find(ADDR(20)) != NULL,
+       "nor another stream's, nor a FREE cudaMalloc block");
+    ok(claim((char *)ADDR(14) + 512) == BLOCK_NOT_OURS &&
+           claim((char *)ADDR(19) + 512) == BLOCK_NOT_OURS &&
+           claim((char *)ADDR(17) + 512) == BLOCK_INSIDE,
+       "the memory handed back is no longer the cache's; the rest is");
+    /* Their entries complete: the records go (ASan sees a leak otherwise). */
+    block_cache_event_done(b14, h14, true, 1);
+    block_cache_event_done(b15, h15, true, 1);
+    block_cache_event_done(b16, h16, true, 1);
+    void *p = NULL;
+    size_t size = 0;
+    p = block_cache_take(0, 7, 4096, &size);
+    ok(p == ADDR(17), "a request on 7 finds only the block left there");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(2);
+    ok(block_cache_init(2, (size_t)1 << 20), "init for two devices");
+    test_expiry();
+    test_collect_largest();
+    block_cache_destroy();
+    return 0;
+}

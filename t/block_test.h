@@ -1,0 +1,37 @@
+/* Helpers shared by the block cache's unit tests (t/block_cache.c,
+ * t/block_leave.c): made-up addresses and the two claim paths. */
+#ifndef CUDEFER_T_BLOCK_TEST_H
+#define CUDEFER_T_BLOCK_TEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "block_cache.h"
+#include "block_map.h"
+
+/* Made-up addresses: the cache never dereferences them. */
+#define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
+
+/* A LIVE block at p freed by a path that waits for its event (claimed),
+ * its work done (adopted): FREE.  True when so. */
+static inline bool give_back(void *p)
+{
+    struct block_claim claim;
+    if (block_cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
+        claim.block != block_map_find(p))
+        return false;
+    block_cache_adopt(&claim);
+    return block_map_find(p) != NULL;
+}
+
+/* A claim by a free path that waits for more than one event; its path. */
+static inline enum block_free_path claim(void *p)
+{
+    struct block_claim c;
+    enum block_free_path path = block_cache_claim(p, &c);
+    if (c.block != NULL)
+        block_cache_unclaim(&c);
+    return path;
+}
+
+#endif
