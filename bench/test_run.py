@@ -171,32 +171,31 @@ def test_statistics():
 
 
 def test_host_load():
-    """torch_train.py's record of the machine's load (stdlib only until a
-    run starts, so it imports without torch)."""
-    import torch_train
+    """train_measure.py's record of the machine's load."""
+    import train_measure
     tmp = tempfile.mkdtemp()
     try:
         stat = os.path.join(tmp, 'stat')
         with open(stat, 'w') as f:
             f.write('cpu  100 0 50 800 10 5 5 30 0 0\ncpu0 1 2 3\n')
-        before = torch_train.host_cpu_sample(stat)
+        before = train_measure.host_cpu_sample(stat)
         assert before == (160, 30, 1000), before
         with open(stat, 'w') as f:
             f.write('cpu  300 0 100 1300 10 5 5 80 0 0\n')
-        after = torch_train.host_cpu_sample(stat)
-        load = torch_train.host_load(before, after, 4)
+        after = train_measure.host_cpu_sample(stat)
+        load = train_measure.host_load(before, after, 4)
         # 800 ticks passed: 250 busy, 50 stolen, on 4 CPUs.
         assert abs(load['host_busy_cpus'] - 1.25) < 1e-9, load
         assert abs(load['host_steal_pct'] - 6.25) < 1e-9, load
-        assert torch_train.host_load(after, after, 4) == {}
-        assert torch_train.host_load(None, after, 4) == {}
-        assert torch_train.host_cpu_sample(os.path.join(tmp, 'none')) is None
+        assert train_measure.host_load(after, after, 4) == {}
+        assert train_measure.host_load(None, after, 4) == {}
+        assert train_measure.host_cpu_sample(os.path.join(tmp, 'none')) is None
         with open(stat, 'w') as f:
             f.write('intr 1 2 3\n')
-        assert torch_train.host_cpu_sample(stat) is None
+        assert train_measure.host_cpu_sample(stat) is None
         with open(stat, 'w') as f:
             f.write('cpu  7 x\n')
-        assert torch_train.host_cpu_sample(stat) is None
+        assert train_measure.host_cpu_sample(stat) is None
     finally:
         shutil.rmtree(tmp)
 

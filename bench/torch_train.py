@@ -77,6 +77,7 @@ TOP = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(TOP, "python"))
 
 import cudefer_torch  # noqa: E402  (standard library only until enable())
+from train_measure import Sampler, host_cpu_sample, host_load  # noqa: E402
 
 ALLOCATORS = ["native", "native-async", "pluggable-async", "cudefer",
               "malloc-defer", "malloc-free", "cudefer-trace", "pluggable-floor"]
@@ -102,48 +103,6 @@ MODEL_DEFAULTS = {
                lr=3e-4),
 }
 
-# The NVML sampler, run as `python3 -c SAMPLER nvml_index pid period_s`.
-# It prints "ready" once it has read the device's memory before the trainer
-# makes its CUDA context, then samples until its stdin closes and prints
-# one JSON line.  A process of its own: the trainer's GIL stays free.
-SAMPLER = r"""
-import json, sys, threading, time
-try:
-    import pynvml
-except ImportError as e:
-    print("ready", flush=True); sys.stdin.read()
-    print(json.dumps({"error": "pynvml: %s" % e})); sys.exit(0)
-index, pid, period = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(index)
-baseline = pynvml.nvmlDeviceGetMemoryInfo(h).used
-stop = threading.Event()
-def wait_for_eof():
-    sys.stdin.read()
-    stop.set()
-threading.Thread(target=wait_for_eof, daemon=True).start()
-print("ready", flush=True)
-peak_proc = peak_dev = samples = 0
-seen = False
-while True:
-    last = stop.is_set()
-    try:
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    except pynvml.NVMLError:
-        procs = []
-    for p in procs:
-        if p.pid == pid and p.usedGpuMemory is not None:
-            seen = True
-            peak_proc = max(peak_proc, p.usedGpuMemory)
-    peak_dev = max(peak_dev, pynvml.nvmlDeviceGetMemoryInfo(h).used - baseline)
-    samples += 1
-    if last:
-        break
-    time.sleep(period)
-print(json.dumps({"peak_bytes": peak_proc if seen else peak_dev,
-                  "source": "nvml-process" if seen else "nvml-device-delta",
-                  "samples": samples, "nvml_index": index}))
-"""
 
 
 def log(msg):
@@ -345,60 +304,6 @@ def start_trace(args, prep, rank, world):
     shims = ctypes.CDLL(prep["shims"])  # the object PyTorch loads, too
     shims.shim_trace_mark.argtypes = [ctypes.c_long]
     return shims
-
-
-# ---- memory sampling ---------------------------------------------------------
-
-class Sampler:
-    """The NVML sampler process of one device (see SAMPLER)."""
-
-    def __init__(self, nvml_index, period_s):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SAMPLER, str(nvml_index), str(os.getpid()),
-             str(period_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True)
-        self.proc.stdout.readline()  # "ready": the baseline is taken
-
-    def finish(self):
-        """Stop sampling; the sampler's JSON result as a dict."""
-        out, _ = self.proc.communicate("", timeout=60)
-        try:
-            return json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return {"error": "sampler printed %r" % out[-200:]}
-
-
-# ---- the host's load ----------------------------------------------------------
-
-def host_cpu_sample(path="/proc/stat"):
-    """The machine's CPU time so far, in clock ticks summed over its CPUs:
-    (busy, steal, total) from the first line of /proc/stat; None when it
-    cannot be read (not Linux, a sandbox without it)."""
-    # cpu  user nice system idle iowait irq softirq steal [guest ...]
-    try:
-        with open(path) as f:
-            fields = f.readline().split()
-        if fields[0] != "cpu":
-            return None
-        t = [int(v) for v in fields[1:9]]
-    except (OSError, ValueError, IndexError):
-        return None
-    t += [0] * (8 - len(t))
-    busy = t[0] + t[1] + t[2] + t[5] + t[6]
-    return busy, t[7], sum(t)
-
-
-def host_load(before, after, ncpus):
-    """The host's load between two host_cpu_samples: {'host_busy_cpus': CPUs
-    busy on average (this process's threads among them), 'host_steal_pct':
-    the share of the CPUs' time the hypervisor gave to others}; {} when a
-    sample is missing or no tick passed.  A repetition whose launching
-    thread was slowed by the machine, not by the allocator, shows here."""
-    if before is None or after is None or after[2] <= before[2]:
-        return {}
-    total = after[2] - before[2]
-    return {"host_busy_cpus": ncpus * (after[0] - before[0]) / total,
-            "host_steal_pct": 100.0 * (after[1] - before[1]) / total}
 
 
 # ---- models ------------------------------------------------------------------
