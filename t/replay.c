@@ -3,9 +3,6 @@
 
 #include "replay.h"
 
-/* The longest simulated kernel replay_pace makes (us). */
-#define REPLAY_MAX_KERNEL_US 20000u
-
 /* The replay's owner, before anything else.  Bails when an event cannot
  * be made. */
 void replay_init(struct replay *r, cudaStream_t stream, unsigned depth,

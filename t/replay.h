@@ -15,6 +15,9 @@
 
 #include "helpers.h"
 
+/* The longest simulated kernel replay_pace makes (us). */
+#define REPLAY_MAX_KERNEL_US 20000u
+
 /* One replay: its stream, how long each simulated kernel runs, the launch
  * queue, and the bytes the replay holds live (now and at most since the
  * caller last reset live_peak). */
