@@ -49,6 +49,11 @@
  * later). */
 #define FREE_BATCH_AGE_NS 1000000u
 
+/* Tests: seal batches by age after age_ns instead (UINT64_MAX: only when
+ * full or on demand), so that a tick of the coarse clock between two frees
+ * cannot split a batch a test fills.  Before the frees it concerns. */
+void free_batch_set_age_ns(uint64_t age_ns);
+
 /* Start-up, under the library's start lock: ndevices batches, each sealed
  * once it holds max_claims claims (1: every free records its own event,
  * nothing is batched).  False when out of memory. */
@@ -80,7 +85,11 @@ void free_batch_add(int device, cudaStream_t stream,
 /* Any application thread that must have every batch sealed before it goes
  * on (defer_flush, defer_trim, shutdown, exit): records an event on the
  * legacy stream of each device with claims (switching the current device
- * and back) and pushes its entry.  Blocks as free_batch_add does. */
+ * and back) and pushes its entry; then waits until other threads' seals
+ * that took claims before it looked have pushed theirs (not for seals
+ * begun later), and seals once more where one of those gave its claims
+ * back (it could neither record nor synchronize: said).  Blocks as
+ * free_batch_add does, and for those seals' CUDA calls. */
 void free_batch_seal_all(void);
 
 /* Any thread: claims waiting in batches now (takes each device's batch
