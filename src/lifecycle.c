@@ -302,6 +302,13 @@ cudaError_t lifecycle_device_error(int device)
  * marker) is left to the reclaimer: q must outlive it (the caller is
  * exiting).  With leave_gate, the
  * caller's admission ends once the request is pushed. */
+static _Atomic unsigned long requests_pushed;
+
+unsigned long lifecycle_requests_pushed(void)
+{
+    return atomic_load(&requests_pushed);
+}
+
 static bool request_and_wait(struct request *q, uint64_t deadline_ns,
                              bool leave_gate)
 {
@@ -319,6 +326,7 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
     if (!q->trim)
         stream_lane_waiter(1);
     lifecycle_push(marker);
+    atomic_fetch_add(&requests_pushed, 1);
     if (leave_gate)
         lifecycle_leave();
     wake(); /* do not wait for a napping reclaimer's next pass */

@@ -61,6 +61,10 @@ cudaError_t lifecycle_flush(void);
  * *bytes (if not NULL) gets the bytes released.  Errors as for flush. */
 cudaError_t lifecycle_trim(size_t *bytes);
 
+/* Any thread: flush and trim requests pushed to the reclaimer so far (a
+ * waiting flush's marker is in the queue once this grew; for tests). */
+unsigned long lifecycle_requests_pushed(void);
+
 /* Any thread but the reclaimer.  Refuses new submissions, drains, stops and
  * joins the thread.  Blocks.  A second call returns cudaSuccess. */
 cudaError_t lifecycle_shutdown(void);

@@ -244,7 +244,7 @@ static void test_configure(void)
        "the 0.1.0 caller's poll_us is in force");
     ok(strstr(text, "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n") != NULL,
        "the knob its struct lacks has its default");
-    ok(wait_released(p, 2000), "the buffer is released");
+    ok(wait_released(p, 10000), "the buffer is released");
 }
 
 int main(void)

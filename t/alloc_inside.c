@@ -121,7 +121,7 @@ static void test_not_ours(cudaStream_t s)
            "so is an interior pointer of it");
     defer_flush();
     const char *said = stderr_capture_end();
-    ok(wait_released(plain, 2000), "the plain pointer is released");
+    ok(wait_released(plain, 10000), "the plain pointer is released");
     ok(strstr(said, "is not released") != NULL &&
            stats_now().failed == before.failed + 1 &&
            stats_now().rejected == before.rejected,

@@ -195,8 +195,15 @@ static void test_shutdown_during_malloc(cudaStream_t s)
     unsigned long mallocs = fake_calls(FAKE_MALLOC_ASYNC);
     fake_set_latency(FAKE_MALLOC_ASYNC, 50000000);
     pthread_t t;
+    unsigned long entered = fake_entered(FAKE_MALLOC_ASYNC);
     pthread_create(&t, NULL, alloc_slowly, &r);
-    sleep_ms(10);
+    /* Its cudaMallocAsync has begun (inside its admitted request): waited
+     * for, not slept for (a loaded machine may not run the thread for tens
+     * of ms). */
+    for (int i = 0; i < 10000 && fake_entered(FAKE_MALLOC_ASYNC) == entered;
+         i++)
+        sleep_ms(1);
+    ok(fake_entered(FAKE_MALLOC_ASYNC) > entered, "the block is being made");
     is_int(defer_shutdown(), cudaSuccess, "shutdown while a block is made");
     pthread_join(t, NULL);
     fake_set_latency(FAKE_MALLOC_ASYNC, 0);

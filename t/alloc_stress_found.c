@@ -90,6 +90,16 @@ static void record_after_free(void)
     defer_flush();
 }
 
+/* Wait (10 s at most) until the cache's free bytes are by above before:
+ * the reclaimer saw a freed block's work done, however late it ran (the
+ * search loops below try only 64 times). */
+static void wait_cache_free_grows(uint64_t before, uint64_t by)
+{
+    for (int i = 0; i < 10000 && stats_now().cache_free_bytes < before + by;
+         i++)
+        sleep_ms(1);
+}
+
 /* The harm: the second free of a double free lands on the block's next
  * owner, whose block another stream then gets while its work runs.  Both
  * frees are on streams of device 1 (the block is device 0's), behind held
@@ -105,7 +115,9 @@ static void innocent_owner(void)
     stderr_capture_begin();
     defer_free(p, dev1b);                     /* the mistake */
     stderr_capture_end();
+    uint64_t free_bytes = stats_now().cache_free_bytes;
     fake_complete(first);
+    wait_cache_free_grows(free_bytes, 8192);
     /* The other blocks s2 gets before p stay live, so that no other block
      * of the size is free for the request on s below. */
     void *taken[64];
@@ -158,7 +170,9 @@ static void interior_then_cut(bool with_free_n)
     ok(stats_now().rejected == before.rejected + 1 &&
            stats_now().deferred == before.deferred,
        "counted as rejected, nothing deferred");
+    uint64_t free_bytes = stats_now().cache_free_bytes;
     defer_free(p, s);
+    wait_cache_free_grows(free_bytes, 4 * MiB);
     /* p's work is done (it had none): FREE once the reclaimer saw so.
      * Blocks s2 gets before are kept live until the end, so that no other
      * 1 MiB block is cached for the requests below. */

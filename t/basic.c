@@ -27,11 +27,11 @@ static void test_order_within_stream(void)
     ok(fake_is_released(a) == 0 && fake_is_released(b) == 0,
        "nothing released while its work is pending");
     fake_complete(wa);
-    ok(wait_released(a, 2000), "a released once its work completed");
+    ok(wait_released(a, 10000), "a released once its work completed");
     sleep_ms(10);
     is_int(fake_is_released(b), 0, "b still held: its work is pending");
     fake_complete(wb);
-    ok(wait_released(b, 2000), "b released once its work completed");
+    ok(wait_released(b, 10000), "b released once its work completed");
     cudaStreamDestroy(s);
 }
 
@@ -44,7 +44,7 @@ static void test_host(void)
     sleep_ms(10);
     is_int(fake_is_released(h), 0, "pinned buffer held while in use");
     fake_complete(w);
-    ok(wait_released(h, 2000), "pinned buffer released with cudaFreeHost");
+    ok(wait_released(h, 10000), "pinned buffer released with cudaFreeHost");
     cudaStreamDestroy(s);
 }
 

@@ -226,13 +226,17 @@ static void test_call_waits_for_graph(void)
            "defer_call on a capturing stream");
     cudaGraph_t graph = end_capture(s);
     cudaGraphExec_t exec = instantiate(graph);
+    /* The launches wait behind held work until checked (their 100 ms
+     * alone may pass before the check on a loaded machine). */
+    fake_work *gate = work_held(s, NULL);
     for (int i = 0; i < 2; i++)
         is_int(cudaGraphLaunch(exec, s), cudaSuccess, "cudaGraphLaunch (50 ms)");
     cudaGraphDestroy(graph);
     cudaGraphExecDestroy(exec);
     is_int(__atomic_load_n(&called, __ATOMIC_SEQ_CST), 0,
            "not called while the launches run");
-    ok(wait_flag(&called, 2000), "called once they completed");
+    fake_complete(gate);
+    ok(wait_flag(&called, 10000), "called once they completed");
     is_int(stream_state_in_callback, cudaSuccess,
            "the stream's work was done when it ran");
     cudaStreamDestroy(s);
@@ -250,7 +254,7 @@ static void test_graph_orders(void)
     defer_free(p, s);
     cudaGraph_t graph = end_capture(s);
     cudaGraphDestroy(graph);
-    ok(wait_released(p, 2000), "never instantiated: released once destroyed");
+    ok(wait_released(p, 10000), "never instantiated: released once destroyed");
 
     begin_capture(s);
     captured_work(s, q);
@@ -262,7 +266,7 @@ static void test_graph_orders(void)
     defer_flush();
     is_int(fake_is_released(q), 0, "executable graph gone, graph alive: held");
     cudaGraphDestroy(graph);
-    ok(wait_released(q, 2000), "released once the graph is gone too");
+    ok(wait_released(q, 10000), "released once the graph is gone too");
     cudaStreamDestroy(s);
 }
 
@@ -282,8 +286,8 @@ static void test_kinds(void)
     cudaGraphLaunch(exec, s);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    ok(wait_released(h, 2000) && wait_released(v[0], 2000) &&
-           wait_released(v[2], 2000),
+    ok(wait_released(h, 10000) && wait_released(v[0], 10000) &&
+           wait_released(v[2], 10000),
        "all released after the graph");
     cudaStreamDestroy(s);
 }
@@ -312,7 +316,7 @@ static void test_invalidated(void)
     cudaGraph_t graph;
     is_int(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated,
            "the capture ends invalidated");
-    ok(wait_released(q, 2000), "what was deferred before is released");
+    ok(wait_released(q, 10000), "what was deferred before is released");
     is_int(fake_is_released(p), 0, "the refused pointer is the caller's");
     cudaFree(p);
     cudaStreamDestroy(s);
@@ -396,9 +400,9 @@ static void test_entry_device(void)
        "the capturing stream was not asked for its device or id");
     cudaGraph_t graph = end_capture(s1);
     cudaGraphDestroy(graph);
-    ok(wait_released(p1, 2000) && wait_released(q1, 2000),
+    ok(wait_released(p1, 10000) && wait_released(q1, 10000),
        "both released once the graph is gone");
-    ok(wait_flag(&noop_calls, 2000), "the callback ran");
+    ok(wait_flag(&noop_calls, 10000), "the callback ran");
     __atomic_store_n(&noop_calls, 0, __ATOMIC_SEQ_CST);
     cudaStreamDestroy(s1);
 }
@@ -499,7 +503,7 @@ static void test_groups(void)
     ok(fake_is_released(p) == 0 && noop_calls == 0,
        "neither released nor called while the launch runs");
     fake_complete(l);
-    ok(wait_released(p, 2000) && wait_flag(&noop_calls, 2000),
+    ok(wait_released(p, 10000) && wait_flag(&noop_calls, 10000),
        "released and called after it");
     is_int(fake_is_released(q), 0, "the refused pointer is the caller's");
     cudaFree(q);
@@ -528,7 +532,7 @@ static void s_disable(void)
           "the capture was invalidated");
     CHECK(fake_is_released(p) == 0, "released during the capture");
     cudaGraphDestroy(graph);
-    CHECK(wait_released(p, 2000), "not released after the graph");
+    CHECK(wait_released(p, 10000), "not released after the graph");
 }
 
 /* defer_shutdown while a graph holds entries: shutdown does not wait for the

@@ -62,7 +62,7 @@ static void test_free_waits_for_work_before_capture(void)
     is_int(fake_is_released(p), 0, "held: the work enqueued before the "
            "capture still runs");
     fake_complete(before);
-    ok(wait_released(p, 2000), "released once that work completed");
+    ok(wait_released(p, 10000), "released once that work completed");
     cudaStreamDestroy(s);
 }
 
@@ -78,7 +78,7 @@ static void test_call_waits_for_work_before_capture(void)
     is_int(__atomic_load_n(&called, __ATOMIC_ACQUIRE), 0,
            "not called: the work enqueued before the capture still runs");
     fake_complete(before);
-    ok(wait_flag(&called, 2000), "called once it completed");
+    ok(wait_flag(&called, 10000), "called once it completed");
     cudaStreamDestroy(s);
 }
 
@@ -100,7 +100,7 @@ static void test_group_waits_for_every_stream(void)
     sleep_ms(20);
     is_int(fake_is_released(p), 0, "held: s2's earlier work still runs");
     fake_complete(before);
-    ok(wait_released(p, 2000), "released once it completed");
+    ok(wait_released(p, 10000), "released once it completed");
     cudaStreamDestroy(s);
     cudaStreamDestroy(s2);
 }
@@ -125,7 +125,7 @@ static void test_graph_still_waited_for(void)
     cudaGraphDestroy(graph);
     cudaGraphExecDestroy(exec);
     fake_complete(l);
-    ok(wait_released(p, 2000), "released once the graph is gone");
+    ok(wait_released(p, 10000), "released once the graph is gone");
     cudaStreamDestroy(s);
 }
 

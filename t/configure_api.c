@@ -53,7 +53,7 @@ int main(void)
     expect_line(text, "cudefer: CUDEFER_EVENT_POOL=8\n");
     expect_line(text, "cudefer: CUDEFER_VERBOSE=1\n");
     ok(strstr(text, "invalid") == NULL, "nothing reported invalid");
-    ok(wait_released(p, 2000), "the buffer is released");
+    ok(wait_released(p, 10000), "the buffer is released");
 
     defer_config_defaults(&cfg);
     stderr_capture_begin();

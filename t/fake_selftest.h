@@ -21,6 +21,8 @@
 #include "tap.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
@@ -80,21 +82,34 @@ static inline int last_violation_has(const char *what)
 }
 
 /* A thread that calls fake_complete(w) after ms milliseconds. */
-struct completer { pthread_t t; fake_work *w; unsigned ms; };
+/* completing_ms: when the completer began to complete w (0 before), so
+ * that a wait can be checked to have returned after it, however late the
+ * threads ran. */
+struct completer { pthread_t t; fake_work *w; unsigned ms; _Atomic double completing_ms; };
 
 static inline void *completer_main(void *arg)
 {
     struct completer *c = arg;
 
     sleep_ms(c->ms);
+    atomic_store(&c->completing_ms, now_ms());
     fake_complete(c->w);
     return NULL;
+}
+
+/* Whether c's work was being completed before now (a wait that returned
+ * waited for it). */
+static inline bool completed_before_now(struct completer *c)
+{
+    double at = atomic_load(&c->completing_ms);
+    return at > 0 && at <= now_ms();
 }
 
 static inline void complete_later(struct completer *c, fake_work *w, unsigned ms)
 {
     c->w = w;
     c->ms = ms;
+    atomic_store(&c->completing_ms, 0.0);
     if (pthread_create(&c->t, NULL, completer_main, c) != 0)
         sysbail("pthread_create");
 }

@@ -27,6 +27,15 @@ static void *get_device_main(void *arg)
     return NULL;
 }
 
+/* Poll until w is done, at most timeout_ms; whether it is. */
+static bool wait_done(fake_work *w, unsigned timeout_ms)
+{
+    double end = now_ms() + timeout_ms;
+    while (!fake_work_done(w) && now_ms() < end)
+        sleep_ms(1);
+    return fake_work_done(w);
+}
+
 void test_devices(void)
 {
     int n = -1, d = -1;
@@ -181,9 +190,11 @@ void test_work(void)
     fake_reset(1);
     cudaStreamCreate(&s);
     cudaStreamCreate(&t);
-    w1 = fake_launch(s, 30000, NULL, 0);
+    /* Timed work of 500 ms: a loaded machine may stall this thread tens of
+     * ms between a launch and a "not done yet" check (30 ms failed). */
+    w1 = fake_launch(s, 500000, NULL, 0);
     w2 = fake_launch_held(s, NULL, 0);
-    w3 = fake_launch(s, 20000, NULL, 0);
+    w3 = fake_launch(s, 500000, NULL, 0);
     ok(w1 && w2 && w3, "fake_launch / fake_launch_held");
     ok(fake_work_id(w2) == fake_work_id(w1) + 1 &&
        fake_work_id(w3) == fake_work_id(w2) + 1, "work ids are sequential");
@@ -192,28 +203,29 @@ void test_work(void)
     is_int(cudaStreamQuery(s), cudaErrorNotReady, "busy stream: NotReady");
     other = fake_launch(t, 0, NULL, 0);
     ok(fake_work_done(other), "zero-length work on another stream is done");
-    sleep_ms(60);
-    ok(fake_work_done(w1), "timed work done after its duration");
+    ok(wait_done(w1, 10000), "timed work done after its duration");
     ok(!fake_work_done(w2), "held work not done");
     ok(!fake_work_done(w3), "later timed work waits for held work");
     fake_complete(w1);
     ok(!fake_work_done(w2), "fake_complete of timed work: no effect");
+    double released = now_ms();
     fake_complete(w2);
     ok(fake_work_done(w2), "held work done once completed");
     ok(!fake_work_done(w3), "next work starts only at the release");
-    sleep_ms(40);
-    ok(fake_work_done(w3), "and completes its duration later");
+    ok(wait_done(w3, 10000) && now_ms() - released >= 500,
+       "and completes its duration later");
     is_int(cudaStreamQuery(s), cudaSuccess, "idle again: query success");
     fake_complete(w2);
     ok(fake_work_done(w2), "completing twice is harmless");
 
     h = fake_launch_held(s, NULL, 0);
-    w4 = fake_launch(s, 20000, NULL, 0);
+    w4 = fake_launch(s, 500000, NULL, 0);
     sleep_ms(30);
+    released = now_ms();
     fake_complete(h);
     ok(!fake_work_done(w4), "timed work starts when the held work completes");
-    sleep_ms(40);
-    ok(fake_work_done(w4), "... and is done its duration after");
+    ok(wait_done(w4, 10000) && now_ms() - released >= 500,
+       "... and is done its duration after");
 
     h = fake_launch_held(s, NULL, 0);
     other = fake_launch(t, 0, NULL, 0);
@@ -274,8 +286,8 @@ void test_events(void)
     complete_later(&c, h, 30);
     t0 = now_ms();
     is_int(cudaEventSynchronize(e), cudaSuccess, "cudaEventSynchronize");
-    ok(now_ms() - t0 >= 25, "... blocked until the work completed (%.1f ms)",
-       now_ms() - t0);
+    ok(completed_before_now(&c), "... blocked until the work completed "
+       "(%.1f ms)", now_ms() - t0);
     pthread_join(c.t, NULL);
     is_int(cudaEventSynchronize(e), cudaSuccess, "sync on a complete event");
 
@@ -283,7 +295,7 @@ void test_events(void)
     complete_later(&c, h, 30);
     t0 = now_ms();
     is_int(cudaStreamSynchronize(s), cudaSuccess, "cudaStreamSynchronize");
-    ok(now_ms() - t0 >= 25, "... blocked until the work completed");
+    ok(completed_before_now(&c), "... blocked until the work completed");
     pthread_join(c.t, NULL);
 
     fake_launch(s2, 20000, NULL, 0);
@@ -291,7 +303,7 @@ void test_events(void)
     complete_later(&c, h, 30);
     t0 = now_ms();
     is_int(cudaDeviceSynchronize(), cudaSuccess, "cudaDeviceSynchronize");
-    ok(now_ms() - t0 >= 25, "... waited for the legacy stream's held work");
+    ok(completed_before_now(&c), "... waited for the legacy stream's held work");
     is_int(cudaStreamQuery(s2), cudaSuccess, "... and for the other streams");
     pthread_join(c.t, NULL);
 

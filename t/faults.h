@@ -26,7 +26,7 @@
 #define ALWAYS (-1L)
 
 #define SCENARIO_TIMEOUT_MS 10000
-#define EXIT_WORKER_TIMEOUT_MS 6000
+#define EXIT_WORKER_TIMEOUT_MS 20000
 
 /* Poll cond every millisecond, for at most ms milliseconds. */
 #define WAIT_UNTIL(cond, ms)                                                   \

@@ -47,13 +47,13 @@ void s_query_fails(const struct scenario *sc)
         CHECK(defer_free(dev0[2 + i], sb) == cudaSuccess, "defer_free (held)");
     }
     void *late = dev0[NPTRS - 1] = device_alloc(64);
-    WAIT_UNTIL(stats_now().held == HELD, 2000);
+    WAIT_UNTIL(stats_now().held == HELD, 10000);
     CHECK(stats_now().held == HELD, "%d entries held (%llu)", HELD,
           ULL(stats_now().held));
 
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_QUERY, bad, 0, sc->count);
-    WAIT_UNTIL(stats_now().failed == DEV0, 2000);
+    WAIT_UNTIL(stats_now().failed == DEV0, 10000);
     uint64_t failed_at_once = stats_now().failed;
     cudaError_t flush_err = defer_flush();
     cudaError_t late_err = defer_free(late, sb);
@@ -145,13 +145,13 @@ void s_sticky(const struct scenario *sc)
         n++;
     }
     const uint64_t entries = STREAMS * PER + 1 + HELD;
-    WAIT_UNTIL(stats_now().held == HELD, 2000);
+    WAIT_UNTIL(stats_now().held == HELD, 10000);
     CHECK(stats_now().held == HELD, "%d entries held (%llu)", HELD,
           ULL(stats_now().held));
 
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_QUERY, bad, 0, ALWAYS);
-    WAIT_UNTIL(stats_now().failed == entries, 2000);
+    WAIT_UNTIL(stats_now().failed == entries, 10000);
     uint64_t failed_at_once = stats_now().failed;
     cudaError_t f1 = defer_flush(), f2 = defer_flush();
     size_t bytes = 99;
@@ -227,7 +227,7 @@ void s_reclaimer_set_device(const struct scenario *sc)
               "on device 0: %s", i, EN(e[i]));
         accepted += e[i] == cudaSuccess;
     }
-    WAIT_UNTIL(stats_now().failed == accepted, 2000);
+    WAIT_UNTIL(stats_now().failed == accepted, 10000);
     uint64_t failed_at_once = stats_now().failed;
     cudaError_t f0 = defer_flush();
     cudaError_t eq = defer_free(q0, s0);

@@ -35,7 +35,7 @@ void s_free_sticky(const struct scenario *sc)
         work_timed(sb, 0, p[i]);
         CHECK(defer_free(p[i], sb) == cudaSuccess, "defer #%d", i);
     }
-    WAIT_UNTIL(stats_now().held == N, 2000);
+    WAIT_UNTIL(stats_now().held == N, 10000);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, sc->count);
     defer_trim(NULL); /* the first cudaFree fails: the device with it */
@@ -75,7 +75,7 @@ void s_free_sticky_shutdown(const struct scenario *sc)
     CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
     work_timed(sb, 0, p);
     CHECK(defer_free(p, sb) == cudaSuccess, "defer_free");
-    WAIT_UNTIL(stats_now().held == 1, 2000);
+    WAIT_UNTIL(stats_now().held == 1, 10000);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, ALWAYS);
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
@@ -130,7 +130,7 @@ void s_sticky_thread_exit(const struct scenario *sc)
     while (t.stage != 1)
         pthread_cond_wait(&t.cond, &t.lock);
     pthread_mutex_unlock(&t.lock);
-    WAIT_UNTIL(stats_now().held == 1, 2000);
+    WAIT_UNTIL(stats_now().held == 1, 10000);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, ALWAYS);
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, ALWAYS); /* as on a GPU */
@@ -166,7 +166,7 @@ void s_free_fails(const struct scenario *sc)
         cudaError_t err = host ? defer_free_host(p[i], sb) : defer_free(p[i], sb);
         CHECK(err == cudaSuccess, "defer #%d", i);
     }
-    WAIT_UNTIL(stats_now().held == N, 2000);
+    WAIT_UNTIL(stats_now().held == N, 10000);
     CHECK(stats_now().held == N, "held %llu, want %d", ULL(stats_now().held), N);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, sc->count);
@@ -317,7 +317,7 @@ void s_entry_point_fails(const struct scenario *sc)
                                  : defer_free(p[i], sb);
         CHECK(err == cudaSuccess, "defer #%d", i);
     }
-    WAIT_UNTIL(stats_now().held == N, 2000);
+    WAIT_UNTIL(stats_now().held == N, 10000);
     struct defer_stats st = stats_now();
     CHECK(st.held == N && st.held_bytes == 0, "all %d held, their bytes "
           "unknown (held %llu, held_bytes %llu)", N, ULL(st.held),
@@ -351,7 +351,7 @@ void s_pointer_attributes_fail(const struct scenario *sc)
     void *busy = device_alloc(512);
     fake_work *w = work_held(sa, busy);
     CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
-    WAIT_UNTIL(fake_calls(FAKE_CU_POINTER_GET_ATTRIBUTES) >= 1, 2000);
+    WAIT_UNTIL(fake_calls(FAKE_CU_POINTER_GET_ATTRIBUTES) >= 1, 10000);
     CHECK(fake_calls(FAKE_CU_POINTER_GET_ATTRIBUTES) >= 1, "the busy entry "
           "was sized up");
     /* Two pool buffers first (the first is the one the "once" injection
@@ -372,7 +372,7 @@ void s_pointer_attributes_fail(const struct scenario *sc)
     bool once = sc->count == ONCE;
     uint64_t want_held = once ? N - 1 : N, want_bytes = once ? 6000 : 0;
     WAIT_UNTIL(stats_now().held == want_held &&
-                   (!once || fake_is_released(p[1]) == 1), 2000);
+                   (!once || fake_is_released(p[1]) == 1), 10000);
     struct defer_stats st = stats_now();
     const char *msg = capture_end();
     CHECK(st.held == want_held && st.held_bytes == want_bytes,
@@ -423,7 +423,7 @@ void s_mem_get_info(const struct scenario *sc)
         p[i] = busy_buffer(sb, SIZE, 0);
         CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
     }
-    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 2000);
+    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
     sleep_ms(10);
     struct defer_stats st = stats_now();
     const char *msg = capture_end();

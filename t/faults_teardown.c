@@ -38,7 +38,7 @@ void s_event_destroy_at_shutdown(const struct scenario *sc)
     double ms = now_ms() - t0;
     const char *msg = capture_end();
     CHECK(err == cudaSuccess, "defer_shutdown: %s", EN(err));
-    CHECK(ms < 2000, "took %.0f ms", ms);
+    CHECK(ms < 10000, "took %.0f ms (a shutdown that hung on the failure would not end)", ms);
     int lines = lines_with(msg, "cudaEventDestroy failed", EN(bad), NULL);
     CHECK(sc->count == ONCE ? lines == 1 : lines >= 1,
           "stderr names cudaEventDestroy and %s (%d lines for %zu events)",
@@ -106,7 +106,7 @@ void s_stream_destroy_at_shutdown(const struct scenario *sc)
     double ms = now_ms() - t0;
     const char *msg = capture_end();
     CHECK(err == cudaSuccess, "defer_shutdown: %s", EN(err));
-    CHECK(ms < 2000, "took %.0f ms", ms);
+    CHECK(ms < 10000, "took %.0f ms (a shutdown that hung on the failure would not end)", ms);
     CHECK(fake_calls(FAKE_STREAM_DESTROY) >= 1, "the stream's destruction "
           "was tried");
     CHECK(lines_with(msg, "cudaStreamDestroy failed", EN(bad), NULL) == 1,
@@ -145,7 +145,7 @@ static void worker_defer(int host, void *p, cudaStream_t s)
 
 static void worker_wait_held(uint64_t n)
 {
-    WAIT_UNTIL(stats_now().held == n, 2000);
+    WAIT_UNTIL(stats_now().held == n, 10000);
     if (stats_now().held != n)
         fprintf(stderr, "worker: held %llu, want %llu\n",
                 ULL(stats_now().held), ULL(n));
@@ -288,7 +288,7 @@ void s_exit_unloading(const struct scenario *sc)
               WEXITSTATUS(w->status));
     diag("  exit worker %s ended after %.0f ms; its stderr:\n%s", sc->variant,
          w->ms, w->err);
-    CHECK(w->ms < 3000, "the process ended within 3 s (%.0f ms)", w->ms);
+    CHECK(w->ms < 10000, "the process ended within 10 s (%.0f ms)", w->ms);
     CHECK(strstr(w->err, "worker: after cudefer's exit handler") != NULL,
           "cudefer's exit handler returned");
     CHECK(strstr(w->err, "worker: defer refused") == NULL &&

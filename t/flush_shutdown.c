@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "lifecycle.h"
 
 static int flushed;
 
@@ -22,9 +23,15 @@ static void test_flush_waits(void)
     void *p = device_alloc(64);
     fake_work *w = work_held(s, p);
     defer_free(p, s);
+    unsigned long pushed = lifecycle_requests_pushed();
     pthread_t t;
     pthread_create(&t, NULL, flush_thread, NULL);
-    sleep_ms(30);
+    /* Its request is in the queue before the later entry is deferred:
+     * waited for, not slept for (a loaded machine may not run the thread
+     * for tens of ms). */
+    for (int i = 0; i < 10000 && lifecycle_requests_pushed() == pushed; i++)
+        sleep_ms(1);
+    ok(lifecycle_requests_pushed() > pushed, "the flush's request is queued");
     is_int(__atomic_load_n(&flushed, __ATOMIC_SEQ_CST), 0,
            "flush blocks while an earlier entry is pending");
     /* An entry deferred after the flush began does not hold it up. */
@@ -33,11 +40,15 @@ static void test_flush_waits(void)
     fake_work *wl = work_held(other, later);
     defer_free(later, other);
     fake_complete(w);
-    ok(wait_flag(&flushed, 2000), "flush returns once the earlier entry is released");
+    bool returned = wait_flag(&flushed, 10000);
+    ok(returned, "flush returns once the earlier entry is released");
     is_int(fake_is_released(p), 1, "the earlier entry is released");
     is_int(fake_is_released(later), 0, "the later entry is still held");
+    if (!returned) /* it waits for the later entry: let it end */
+        fake_complete(wl);
     pthread_join(t, NULL);
-    fake_complete(wl);
+    if (returned)
+        fake_complete(wl);
     is_int(defer_flush(), cudaSuccess, "second flush");
     cudaStreamDestroy(s);
     cudaStreamDestroy(other);

@@ -72,7 +72,7 @@ static void s_fork_during_start(void)
     if (pid == 0)
         child_calls();
     int status = 0;
-    bool ended = wait_child(pid, 5000, &status);
+    bool ended = wait_child(pid, 30000, &status);
 
     /* Let the starter finish: read the pipe until it is done. */
     fcntl(fds[0], F_SETFL, O_NONBLOCK);
@@ -137,7 +137,7 @@ static void s_fork_while_reading_stats(void)
         if (pid == 0)
             _exit(0); /* cudefer's fork handler ran before fork returned */
         int status = 0;
-        if (!wait_child(pid, 3000, &status))
+        if (!wait_child(pid, 30000, &status))
             hung = 1;
     }
     atomic_store(&stop_reading, 1);

@@ -138,7 +138,7 @@ static void test_stream_zero(void)
        "cudaStreamGetId %lu)", get_device_calls(), get_id_calls());
     sleep_ms(20);
     fake_complete(w[1]);
-    ok(wait_released(p[1][3], 2000), "device 1's legacy stream done: its "
+    ok(wait_released(p[1][3], 10000), "device 1's legacy stream done: its "
        "pointers are released");
     int held = 0;
     for (int k = 0; k < 4; k++)
@@ -180,7 +180,7 @@ static void test_per_thread(void)
     ok(!t[0].refused && !t[1].refused,
        "two threads free on their cudaStreamPerThread");
     fake_complete(t[1].w);
-    ok(wait_released(t[1].p[2], 2000), "the second thread's stream is done: "
+    ok(wait_released(t[1].p[2], 10000), "the second thread's stream is done: "
        "its pointers are released");
     ok(fake_is_released(t[0].p[0]) == 0 && fake_is_released(t[0].p[2]) == 0,
        "the first thread's are held");

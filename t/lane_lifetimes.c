@@ -232,6 +232,10 @@ static void s_failed_groups_leave_no_stale_event(void)
         prev = w;
         sleep_ms(5);
     }
+    /* Waited for while the last work is still held (a slow reclaimer may
+     * lag the loop above; with the bug none of them ever runs). */
+    for (int i = 0; i < 10000 && atomic_load(&step_ran) < STEPS / 2; i++)
+        sleep_ms(1);
     int ran = atomic_load(&step_ran);
     CHECK(ran >= STEPS / 2, "%d of the %d callbacks whose work is done ran "
           "while the thread kept deferring (0: they all shared one event, "

@@ -115,7 +115,7 @@ static int s_batched_holds_while_busy(void)
         CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
         bytes += size;
     }
-    WAIT_UNTIL(stats_now().held == N, 2000);
+    WAIT_UNTIL(stats_now().held == N, 10000);
     sleep_ms(50);
     struct defer_stats st = stats_now();
     CHECK(count_released(p, N) == 0,
@@ -132,14 +132,14 @@ static int s_batched_holds_while_busy(void)
 
     double t0 = now_ms();
     busy_end(&a);
-    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 2000);
+    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 10000);
     double dt = now_ms() - t0;
     CHECK(count_released(p, N) == N && fake_is_released(a.p) == 1,
           "everything released once the application is quiet (%d of %d, "
           "busy buffer %d)", count_released(p, N), N, fake_is_released(a.p));
-    CHECK(dt < 1000, "released %.1f ms after the last work completed "
+    CHECK(dt < 5000, "released %.1f ms after the last work completed "
           "(idle time 2 ms)", dt);
-    WAIT_UNTIL(stats_now().idle_releases == N + 1, 1000);
+    WAIT_UNTIL(stats_now().idle_releases == N + 1, 10000);
     st = stats_now();
     CHECK(st.idle_releases == N + 1, "stats.idle_releases %llu, want %d",
           ULL(st.idle_releases), N + 1);
@@ -167,7 +167,7 @@ static int s_cap(void)
             max_held_bytes = hb;
     }
     /* Settled: every B entry is released or held. */
-    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 2000);
+    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
     sleep_ms(20);
     struct defer_stats st = stats_now();
     int released = count_released(p, N);
@@ -197,7 +197,7 @@ static int s_cap(void)
     CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
 
     busy_end(&a);
-    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 2000);
+    WAIT_UNTIL(count_released(p, N) == N && fake_is_released(a.p) == 1, 10000);
     CHECK(count_released(p, N) == N && fake_is_released(a.p) == 1,
           "the rest is released once quiet");
     return failed_checks;
@@ -227,7 +227,7 @@ static int s_age(void)
     CHECK(first >= 40, "not released before about 50 ms (first after %.1f ms)",
           first);
     diag("  age: first release after %.1f ms, all after %.1f ms", first, all);
-    WAIT_UNTIL(stats_now().age_releases == N, 1000);
+    WAIT_UNTIL(stats_now().age_releases == N, 10000);
     struct defer_stats st = stats_now();
     CHECK(st.age_releases == N, "stats.age_releases %llu, want %d",
           ULL(st.age_releases), N);
@@ -236,7 +236,7 @@ static int s_age(void)
           ULL(st.idle_releases), ULL(st.cap_releases), ULL(st.demand_releases));
     CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
     busy_end(&a);
-    CHECK(wait_released(a.p, 2000), "the busy buffer is released after");
+    CHECK(wait_released(a.p, 10000), "the busy buffer is released after");
     return failed_checks;
 }
 
@@ -261,14 +261,15 @@ static int s_pool(void)
     }
     uint64_t max_held = 0;
     double t0 = now_ms();
-    while (count_released(p, N) < N && now_ms() - t0 < 500) {
+    while (count_released(p, N) < N && now_ms() - t0 < 10000) {
         uint64_t h = stats_now().held;
         if (h > max_held)
             max_held = h;
         sleep_ms(1);
     }
     CHECK(count_released(p, N) == N,
-          "pool memory released within 500 ms while busy (%d of %d)",
+          "pool memory released while busy (%d of %d; with no age limit, "
+          "cudaMalloc memory would be held until the busy stream is done)",
           count_released(p, N), N);
     sleep_ms(5);
     struct defer_stats st = stats_now();
@@ -282,7 +283,7 @@ static int s_pool(void)
           ULL(max_held), ULL(st.held), ULL(st.held_bytes));
     CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
     busy_end(&a);
-    CHECK(wait_released(a.p, 2000), "the busy buffer is released after");
+    CHECK(wait_released(a.p, 10000), "the busy buffer is released after");
     return failed_checks;
 }
 
@@ -300,21 +301,22 @@ static int s_eager(void)
     CHECK(defer_free_host(p[N], sb) == cudaSuccess, "defer_free_host");
     uint64_t max_held = 0;
     double t0 = now_ms();
-    while (count_released(p, N + 1) < N + 1 && now_ms() - t0 < 500) {
+    while (count_released(p, N + 1) < N + 1 && now_ms() - t0 < 10000) {
         uint64_t h = stats_now().held;
         if (h > max_held)
             max_held = h;
         sleep_ms(1);
     }
     CHECK(count_released(p, N + 1) == N + 1,
-          "released within 500 ms while another stream is busy (%d of %d)",
+          "released while another stream is busy (%d of %d; with no age "
+          "limit, the batched policy would hold it until then)",
           count_released(p, N + 1), N + 1);
     struct defer_stats st = stats_now();
     CHECK(max_held == 0 && st.held == 0, "never held (max seen %llu, now %llu)",
           ULL(max_held), ULL(st.held));
     CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
     busy_end(&a);
-    CHECK(wait_released(a.p, 500), "the busy buffer is released at once after");
+    CHECK(wait_released(a.p, 10000), "the busy buffer is released after");
     return failed_checks;
 }
 
@@ -343,7 +345,7 @@ static int s_trim(void)
     CHECK(defer_free(p[0], sb) == cudaSuccess, "defer_free");
     CHECK(defer_free(p[1], sb) == cudaSuccess, "defer_free");
     CHECK(defer_free_host(p[2], sb) == cudaSuccess, "defer_free_host");
-    WAIT_UNTIL(stats_now().held == 3, 2000);
+    WAIT_UNTIL(stats_now().held == 3, 10000);
     struct defer_stats st = stats_now();
     CHECK(st.held == 3 && st.held_bytes == 6000, "3 entries held (%llu), "
           "6000 bytes (%llu)", ULL(st.held), ULL(st.held_bytes));
@@ -368,7 +370,7 @@ static int s_trim(void)
           "trim with nothing held: %s, %zu bytes", cudaGetErrorName(err), bytes);
 
     fake_complete(wp);
-    WAIT_UNTIL(stats_now().held == 1, 2000);
+    WAIT_UNTIL(stats_now().held == 1, 10000);
     CHECK(stats_now().held == 1, "the completed entry is held while busy");
     bytes = 0;
     CHECK(defer_trim(&bytes) == cudaSuccess && bytes == 777,
@@ -399,7 +401,7 @@ static void *flush_helper(void *unused)
 {
     (void)unused;
     sleep_ms(30);
-    WAIT_UNTIL(count_released(flush_p, FLUSH_N) == FLUSH_N, 2000);
+    WAIT_UNTIL(count_released(flush_p, FLUSH_N) == FLUSH_N, 10000);
     __atomic_store_n(&flush_held_released_early,
                      count_released(flush_p, FLUSH_N) == FLUSH_N &&
                          fake_is_released(flush_busy.p) == 0,
@@ -414,7 +416,7 @@ static int s_flush(void)
     flush_busy = busy_begin();
     cudaStream_t sb = stream_new();
     defer_fast(sb, flush_p, FLUSH_N, 4096);
-    WAIT_UNTIL(stats_now().held == FLUSH_N, 2000);
+    WAIT_UNTIL(stats_now().held == FLUSH_N, 10000);
     CHECK(stats_now().held == FLUSH_N, "%d entries held before the flush (%llu)",
           FLUSH_N, ULL(stats_now().held));
     CHECK(count_released(flush_p, FLUSH_N) == 0, "none released before");
@@ -449,12 +451,12 @@ static int s_idle_batch_yields(void)
     cudaStream_t sb = stream_new();
     static void *p[N];
     defer_fast(sb, p, N, 256);
-    WAIT_UNTIL(stats_now().held == N, 2000);
+    WAIT_UNTIL(stats_now().held == N, 10000);
     CHECK(stats_now().held == N, "%d entries held (%llu)", N,
           ULL(stats_now().held));
     fake_set_latency(FAKE_FREE, 1000000); /* 1 ms per cudaFree */
     busy_end(&a); /* quiet: the idle batch starts */
-    CHECK(wait_released(p[0], 2000), "the idle batch started");
+    CHECK(wait_released(p[0], 10000), "the idle batch started");
     sleep_ms(10);
     /* The application is back. */
     cudaStream_t sc = stream_new();
@@ -577,7 +579,7 @@ static int s_idle_no_wakeups(void)
     cudaStream_t s = stream_new();
     void *p[N];
     defer_fast(s, p, N, 4096);
-    WAIT_UNTIL(count_released(p, N) == N, 2000);
+    WAIT_UNTIL(count_released(p, N) == N, 10000);
     CHECK(count_released(p, N) == N, "released by the policy (%d of %d)",
           count_released(p, N), N);
     sleep_ms(100);
@@ -600,20 +602,25 @@ static int s_adaptive_polling(void)
     void *p = device_alloc(4096);
     fake_work *w = work_held(s, p);
     struct defer_stats before = stats_now();
+    double t0 = now_ms();
     CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
     sleep_ms(300);
     struct defer_stats after = stats_now();
+    /* Bounded by the window as measured (a sleep may overrun on a loaded
+     * machine): under one query and one wake-up a ms (5 ms polls at most,
+     * CUDEFER_POLL_MAX_US; 50 us polls without back-off make 20 a ms). */
+    double ms = now_ms() - t0;
     uint64_t queries = after.event_queries - before.event_queries;
     uint64_t wakeups = after.wakeups - before.wakeups;
-    diag("  polling: %llu event queries, %llu wake-ups in 300 ms",
-         ULL(queries), ULL(wakeups));
+    diag("  polling: %llu event queries, %llu wake-ups in %.0f ms",
+         ULL(queries), ULL(wakeups), ms);
     CHECK(queries > 0, "the pending entry is polled");
-    CHECK(queries < 300, "%llu event queries in 300 ms (50 us polls without "
-          "back-off would make 6000)", ULL(queries));
-    CHECK(wakeups < 300, "%llu wake-ups in 300 ms", ULL(wakeups));
+    CHECK(queries < ms, "%llu event queries in %.0f ms (50 us polls without "
+          "back-off would make 20 a ms)", ULL(queries), ms);
+    CHECK(wakeups < ms, "%llu wake-ups in %.0f ms", ULL(wakeups), ms);
     CHECK(fake_is_released(p) == 0, "not released while its work is pending");
     fake_complete(w);
-    CHECK(wait_released(p, 2000), "released after its work completes");
+    CHECK(wait_released(p, 10000), "released after its work completes");
     return failed_checks;
 }
 
@@ -629,8 +636,8 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=50", s_age);
     scenario("pool memory: released at once with cudaFreeAsync, never held",
              "CUDEFER_MAX_DELAY_MS=0", s_pool);
-    scenario("eager: released at once while busy", "CUDEFER_POLICY=eager",
-             s_eager);
+    scenario("eager: released at once while busy",
+             "CUDEFER_POLICY=eager CUDEFER_MAX_DELAY_MS=0", s_eager);
     scenario("trim: releases what completed, reports its bytes",
              "CUDEFER_MAX_DELAY_MS=0", s_trim);
     scenario("flush: releases held entries at once, waits for pending ones",

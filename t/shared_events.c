@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "helpers.h"
+#include "lifecycle.h"
 #include "stream_lane.h"
 
 #define STREAMS 16
@@ -76,9 +77,11 @@ static void test_held_streams(void)
     for (int i = 0; i < STREAMS; i++)
         early += atomic_load(&ran[i]);
     is_int(early, 0, "none ran while the gates were closed");
-    unsigned long q_open = fake_calls(FAKE_EVENT_QUERY);
+    /* Counted from once every gate is open: a stall of this thread in the
+     * loop lets the reclaimer poll heads still closed. */
     for (int i = 0; i < STREAMS; i++)
         fake_complete(gate[i]);
+    unsigned long q_open = fake_calls(FAKE_EVENT_QUERY);
     is_int(defer_flush(), cudaSuccess, "flush once the gates opened");
     int all = 0;
     for (int i = 0; i < STREAMS; i++)
@@ -424,16 +427,22 @@ static void test_flush_stops_sharing(void)
         if (defer_call(count_in_order, slot0(i), s) != cudaSuccess)
             bail("defer_call #%d refused", i);
     }
+    unsigned long pushed = lifecycle_requests_pushed();
     pthread_t flusher;
     if (pthread_create(&flusher, NULL, flush_in_thread, NULL) != 0)
         bail("pthread_create");
-    sleep_ms(100); /* the flush waits */
+    /* The flush waits (its request queued, the lanes told before): waited
+     * for, not slept for (a loaded machine may not run the thread for
+     * tens of ms). */
+    for (int i = 0; i < 10000 && lifecycle_requests_pushed() == pushed; i++)
+        sleep_ms(1);
+    ok(lifecycle_requests_pushed() > pushed, "the flush waits");
     fake_work *after = work_held(s, NULL);
     is_int(defer_call(count_in_order, slot0(BEFORE), s), cudaSuccess,
            "a callback deferred while the flush waits, behind held work");
     for (int i = 0; i < BEFORE; i++)
         fake_complete(w[i]);
-    for (int k = 0; k < 3000 && !atomic_load(&flush_returned); k++)
+    for (int k = 0; k < 10000 && !atomic_load(&flush_returned); k++)
         sleep_ms(1);
     ok(atomic_load(&flush_returned), "the flush returned once the work "
        "before it was done, not waiting for the later work");

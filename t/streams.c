@@ -13,10 +13,10 @@ static void test_independent_streams(void)
     defer_free(a, slow);
     work_timed(fast, 100, b);
     defer_free(b, fast);
-    ok(wait_released(b, 2000), "the fast stream's entry is released");
+    ok(wait_released(b, 10000), "the fast stream's entry is released");
     is_int(fake_is_released(a), 0, "the stalled stream's entry is held");
     fake_complete(w);
-    ok(wait_released(a, 2000), "released once the stalled stream moves");
+    ok(wait_released(a, 10000), "released once the stalled stream moves");
     cudaStreamDestroy(slow);
     cudaStreamDestroy(fast);
 }
@@ -48,11 +48,11 @@ static void test_per_thread_streams(void)
     pthread_join(t1, NULL);
     pthread_create(&t2, NULL, defer_on_per_thread_stream, &timed);
     pthread_join(t2, NULL);
-    ok(wait_released(timed.ptr, 2000),
+    ok(wait_released(timed.ptr, 10000),
        "thread 2's per-thread stream is not behind thread 1's");
     is_int(fake_is_released(held.ptr), 0, "thread 1's entry still held");
     fake_complete(held.work);
-    ok(wait_released(held.ptr, 2000), "thread 1's entry released after");
+    ok(wait_released(held.ptr, 10000), "thread 1's entry released after");
 }
 
 static void *defer_on_legacy(void *p)

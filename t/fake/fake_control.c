@@ -22,6 +22,8 @@ _Thread_local struct fake_thread_state fake_thread;
 
 /* Busy-wait of each call kind, read outside the lock (fake_set_latency). */
 static _Atomic unsigned call_latency_ns[NCALLS];
+/* Calls of each kind begun, counted before their busy-wait (fake_entered). */
+static _Atomic unsigned long call_entered[NCALLS];
 static pthread_once_t init_once_flag = PTHREAD_ONCE_INIT;
 
 /* Print "fake_cuda: msg" and abort.  Anyone. */
@@ -108,8 +110,10 @@ static void reset_locked(int ndev)
         fake.devmem[d] = FAKE_DEFAULT_DEVICE_MEMORY;
     for (d = 0; d < ndev; d++)
         fake.legacy[d] = fake_stream_new(d, S_LEGACY);
-    for (i = 0; i < NCALLS; i++)
+    for (i = 0; i < NCALLS; i++) {
         atomic_store(&call_latency_ns[i], 0);
+        atomic_store(&call_entered[i], 0);
+    }
     fake_oracle_forgive();
     pthread_cond_broadcast(&fake.cond);
 }
@@ -175,6 +179,7 @@ cudaError_t fake_enter(int c)
     unsigned lat = atomic_load(&call_latency_ns[c]);
     struct injection *in;
 
+    atomic_fetch_add(&call_entered[c], 1);
     if (lat != 0) {
         int64_t end = fake_now_ns() + lat;
 
@@ -255,6 +260,13 @@ unsigned long fake_calls(enum fake_call c)
         n = fake.calls[c];
     fake_unlock();
     return n;
+}
+
+/* Calls of c begun since fake_reset, those still in their latency
+ * included. */
+unsigned long fake_entered(enum fake_call c)
+{
+    return (unsigned)c < FAKE_NCALLS ? atomic_load(&call_entered[c]) : 0;
 }
 
 /* The cudart name of graph call c, "?" if out of range. */

@@ -325,6 +325,11 @@ void fake_fail_clear(void);
 /* Calls of c since fake_reset, failed ones included. */
 unsigned long fake_calls(enum fake_call c);
 
+/* Calls of c begun since fake_reset: as fake_calls, but counted before
+ * their latency (fake_set_latency), so a test can wait until another thread
+ * is inside a slow call. */
+unsigned long fake_entered(enum fake_call c);
+
 /* The cudart name of c ("cudaEventQuery"; "?" if out of range). */
 const char *fake_call_name(enum fake_call c);
 
