@@ -233,10 +233,14 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * at most free_batch - 1 blocks per device wait so, until the batch fills,
  * the first such free 1 to 11 ms after the oldest, or defer_flush,
  * defer_trim, defer_shutdown or exit, which seal every batch (an event on
- * the legacy stream of each device).  While another thread captures a
- * blocking stream in the global mode, the legacy stream cannot take an
- * event (it would invalidate that capture): a batch then waits, and a
- * flush, trim or shutdown meanwhile says so and does not wait for it (at
+ * the legacy stream of each device, made current for it and the caller's
+ * device current again after: limit, a thread that never chose a device
+ * and seals another device's batch so makes device 0 current, which
+ * creates its primary context with CUDA 12 or later).  While another
+ * thread captures a blocking stream in the global mode, the legacy stream
+ * cannot take an event (it would invalidate that capture): a batch then
+ * waits, and a flush, trim or shutdown meanwhile says so and does not wait
+ * for it (at
  * shutdown its blocks are lost to the cache).  Frees on other streams, and
  * those a callback makes, record an event each (a created stream may be
  * destroyed before a later free could seal its batch).

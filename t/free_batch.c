@@ -7,6 +7,7 @@
  * recorded makes the free wait for the stream instead; created streams and
  * CUDEFER_FREE_BATCH=1 record an event per free.  The oracle checks every
  * hand-out and release. */
+#include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -384,6 +385,48 @@ static void scenario_two_devices(void)
        "a trim seals each device's batch on that device's legacy stream");
 }
 
+/* The limit in cudefer.h: a thread that never made a device current (its
+ * device is 0 by default) flushes while device 1's batch holds claims; the
+ * flush seals it on device 1 and makes device 0 current again, which
+ * touches device 0 (with CUDA 12 or later, creates its primary context).
+ * Checked so that a fix shows here (found by a review helper). */
+static void *free_on_device1(void *unused)
+{
+    (void)unused;
+    cudaSetDevice(1);
+    void *p[3];
+    for (int i = 0; i < 3; i++)
+        alloc_checked(&p[i], 4 * KiB, NULL);
+    for (int i = 0; i < 3; i++)
+        defer_free(p[i], NULL); /* batched */
+    return NULL;
+}
+
+static void scenario_flush_from_no_device(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        fake_reset(2);
+        pthread_t t;
+        pthread_create(&t, NULL, free_on_device1, NULL);
+        pthread_join(t, NULL);
+        CHECK(free_batch_waiting() == 3, "device 1's batch holds 3 claims");
+        CHECK(!fake_device_touched(0), "device 0 untouched before the flush");
+        CHECK(defer_flush() == cudaSuccess, "flush from a thread on no device");
+        CHECK(free_batch_waiting() == 0, "sealed");
+        CHECK(fake_device_touched(0), "the limit: device 0 touched by the "
+                                      "switch back");
+        CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a flush from a thread on no device seals device 1's batch and "
+       "touches device 0 (the limit in cudefer.h)");
+}
+
 /* In a child: CUDEFER_FREE_BATCH=env; frees n blocks on the legacy stream
  * and says how many events they recorded; then shutdown with a claim
  * waiting must seal it (no report of claims dropped, nothing pending). */
@@ -436,6 +479,7 @@ int main(void)
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
     scenario_callback_free();
     scenario_two_devices();
+    scenario_flush_from_no_device();
     cudaStream_t s2 = stream_new();
     test_full_batches(s2);
     test_flush_seals(s2);
