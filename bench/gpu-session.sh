@@ -17,6 +17,9 @@
 #          -> traces.tar.gz (cnn.trace, lm.trace)
 #   side   the record_stream side-stream program under native and cudefer
 #          -> side.txt (ms/step, peak, and whether the results match)
+#   ddp    (not by default: two GPUs) train-cnn-ddp and train-lm-ddp with
+#          the pluggable-floor bound beside cudefer, REPS repetitions
+#          -> ddp.jsonl, ddp.txt
 # Exit status 0 when every stage asked for succeeded.
 set -u
 
@@ -60,6 +63,14 @@ if want train; then
     --torch-lib "$LIB" --json "$OUT/train.jsonl" > "$OUT/train.txt" \
     2> "$OUT/train.err" || failed train
   cat "$OUT/train.err" >> "$OUT/train.txt"; rm -f "$OUT/train.err"
+fi
+if want ddp; then
+  stage ddp
+  "$PY" "$BENCH/run.py" --workloads train-cnn-ddp,train-lm-ddp --reps "$REPS" \
+    --strategies native,pluggable-floor,pluggable-async,cudefer \
+    --torch-lib "$LIB" --json "$OUT/ddp.jsonl" > "$OUT/ddp.txt" \
+    2> "$OUT/ddp.err" || failed ddp
+  cat "$OUT/ddp.err" >> "$OUT/ddp.txt"; rm -f "$OUT/ddp.err"
 fi
 if want trace; then
   stage trace
