@@ -161,6 +161,7 @@ int main(int argc, char **argv)
     SECTION(test_oracle);
     SECTION(test_handout);
     SECTION(test_handout_ranges);
+    SECTION(test_pools);
     SECTION(test_injection);
     SECTION(test_misc);
     SECTION(test_reset);

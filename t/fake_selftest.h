@@ -32,6 +32,8 @@ cudaError_t cudaStreamGetId_ptsz(cudaStream_t, unsigned long long *);
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
 
 #define GiB ((size_t)1 << 30)
+#define MiB ((size_t)1 << 20)
+#define ULL(x) ((unsigned long long)(x))
 
 /* ---- Helpers ---------------------------------------------------------- */
 
@@ -124,6 +126,7 @@ void test_allocations(void);
 void test_oracle(void);
 void test_handout(void);
 void test_handout_ranges(void);
+void test_pools(void);
 void test_injection(void);
 void test_misc(void);
 void test_reset(void);

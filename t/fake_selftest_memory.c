@@ -536,3 +536,49 @@ void test_handout_ranges(void)
     cudaStreamDestroy(u);
     cudaStreamDestroy(c);
 }
+
+/* Pools (cudaMemPoolCreate): used and reserved bytes, reservations in
+ * granules (fake_set_pool_granularity), a trim back to what is used. */
+void test_pools(void)
+{
+    struct cudaMemPoolProps props = {
+        .allocType = cudaMemAllocationTypePinned,
+        .location = {.type = cudaMemLocationTypeDevice, .id = 0}};
+    cudaMemPool_t pool;
+    void *a = NULL, *b = NULL;
+    uint64_t used = 0, reserved = 0;
+
+    diag("pools");
+    fake_reset(1);
+    is_int(cudaMemPoolCreate(&pool, &props), cudaSuccess, "cudaMemPoolCreate");
+    is_int(cudaMallocFromPoolAsync(&a, 3072, pool, 0), cudaSuccess,
+           "3 KiB from the pool");
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    ok(used == 3072 && reserved == 3072,
+       "used and reserved: exactly that (%llu, %llu)", ULL(used), ULL(reserved));
+    fake_set_pool_granularity(2 * MiB);
+    is_int(cudaMallocFromPoolAsync(&b, 4096, pool, 0), cudaSuccess,
+           "4 KiB more, in 2 MiB granules");
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, 2 * MiB, "reserved: one granule");
+    cudaFreeAsync(a, 0);
+    cudaFreeAsync(b, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    ok(used == 0 && reserved == 2 * MiB, "freed: none used, the granule kept "
+       "(%llu, %llu)", ULL(used), ULL(reserved));
+    is_int(cudaMallocFromPoolAsync(&a, 1000, pool, 0), cudaSuccess, "1000 B");
+    is_int(cudaMemPoolTrimTo(pool, 0), cudaSuccess, "trim to 0");
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, 2 * MiB, "keeps the granule of what is used");
+    cudaFreeAsync(a, 0);
+    cudaMemPoolTrimTo(pool, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, 0, "nothing used: nothing kept");
+    fake_reset(1);
+    is_int(cudaMallocFromPoolAsync(&a, 3072, pool, 0), cudaSuccess, "again");
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, 3072, "fake_reset: exact reservations again");
+    cudaFreeAsync(a, 0);
+}

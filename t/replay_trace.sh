@@ -33,7 +33,7 @@ holds() {
     awk "BEGIN { exit !($1) }"
 }
 
-echo "1..14"
+echo "1..16"
 "$replay" "$trace" >"$tmp.out" 2>"$tmp.err"
 status=$?
 sed 's/^/# /' "$tmp.out" "$tmp.err"
@@ -60,6 +60,20 @@ ok "$(holds "$behind > 0.25"; echo $?)" \
 ok "$([ "$(field carried_in_frees)" = 8 ] && [ "$(field paired_frees)" = 8 ] &&
       [ "$(field skipped_frees)" = 0 ] && [ "$(field implicit_frees)" = 0 ]; echo $?)" \
    "the window closes on itself: the 8 gradients freed in its first step pair with its last step's"
+
+# The pool's granularity: 2 MiB unless told; 1 (exact reservations) is
+# accepted; a value that is no positive number is refused.
+ok "$([ "$(field pool_granularity)" = 2097152 ]; echo $?)" \
+   "the pool reserves in 2 MiB granules by default ($(field pool_granularity))"
+"$replay" --pool-granularity 1 "$trace" >"$tmp.out" 2>"$tmp.err"
+status=$?
+"$replay" --pool-granularity 2M "$trace" >/dev/null 2>"$tmp.err2"
+bad=$?
+sed 's/^/# /' "$tmp.err2"
+ok "$([ $status = 0 ] && [ "$(field pool_granularity)" = 1 ] &&
+      [ "$(field oracle_violations)" = 0 ] && [ $bad = 2 ] &&
+      grep -q "pool-granularity needs a positive number" "$tmp.err2"; echo $?)" \
+   "--pool-granularity 1 replays with exact reservations; 2M is refused (exit status $bad)"
 
 # A malformed trace: exit status 2 and the line named.
 printf 'm 0\na 4096 0 0x1000\nfree 0x1000 0\n' >"$tmp.bad"

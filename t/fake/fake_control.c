@@ -102,6 +102,7 @@ static void reset_locked(int ndev)
     memset(fake.devused, 0, sizeof fake.devused);
     memset(fake.pool_used, 0, sizeof fake.pool_used);
     memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
+    fake.pool_granularity = 1;
     memset(fake.inj, 0, sizeof fake.inj);
     memset(fake.calls, 0, sizeof fake.calls);
     memset(fake.legacy, 0, sizeof fake.legacy);

@@ -167,6 +167,14 @@ cudaStream_t fake_stream_create_reusing(cudaStream_t destroyed);
 /* Set the memory of device dev (cudaMemGetInfo total, cudaMalloc limit). */
 void fake_set_device_memory(int dev, size_t bytes);
 
+/* Make every pool reserve memory in multiples of bytes (1 after
+ * fake_reset: a pool reserves exactly what it lends at most).  A real pool
+ * maps memory in granules (2 MiB, the driver's allocation granularity, is
+ * assumed: bench/replay-trace's default), so it has room beyond what it
+ * lends; with exact reservations the H100 LM trace missed 255 requests a
+ * step in the replay, 0 on the H100 and with 2 MiB granules. */
+void fake_set_pool_granularity(size_t bytes);
+
 /* 1 if any thread used device dev (set it current, created a stream, an
  * event or an allocation on it, used its legacy or per-thread stream);
  * 0 if not or dev is out of range. */

@@ -38,6 +38,13 @@ void fake_set_device_memory(int dev, size_t bytes)
     fake_unlock();
 }
 
+void fake_set_pool_granularity(size_t bytes)
+{
+    fake_lock();
+    fake.pool_granularity = bytes > 0 ? bytes : 1;
+    fake_unlock();
+}
+
 int fake_device_touched(int dev)
 {
     int r;

@@ -159,8 +159,10 @@ struct fake_state {
     size_t devmem[FAKE_MAX_DEVICES], devused[FAKE_MAX_DEVICES];
     /* Pools of cudaMemPoolCreate (one per device): bytes allocated from
      * them and not freed, and what they reserved (the most they were ever
-     * used since the last trim: the release threshold is kept). */
+     * used since the last trim, rounded up to pool_granularity: the
+     * release threshold is kept). */
     size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
+    size_t pool_granularity; /* 1 unless fake_set_pool_granularity */
     int touched[FAKE_MAX_DEVICES], app_touched[FAKE_MAX_DEVICES];
     struct fstream *legacy[FAKE_MAX_DEVICES];
     struct fstream **streams;     /* index = id - stream_base */

@@ -262,14 +262,21 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
     return cudaSuccess;
 }
 
+/* Lock held.  bytes rounded up to the pools' granularity. */
+static size_t pool_round(size_t bytes)
+{
+    size_t g = fake.pool_granularity > 0 ? fake.pool_granularity : 1;
+    return (bytes + g - 1) / g * g;
+}
+
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
 {
     int dev = pool_device(pool);
     if (dev < 0)
         return cudaErrorInvalidValue;
     fake_lock();
-    size_t keep = minBytesToKeep > fake.pool_used[dev] ? minBytesToKeep
-                                                       : fake.pool_used[dev];
+    size_t used = pool_round(fake.pool_used[dev]);
+    size_t keep = minBytesToKeep > used ? minBytesToKeep : used;
     if (fake.pool_reserved[dev] > keep)
         fake.pool_reserved[dev] = keep;
     fake_unlock();
@@ -296,7 +303,7 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
         fake_alloc_find(*devPtr, 1)->own_pool = 1;
         fake.pool_used[dev] += size;
         if (fake.pool_reserved[dev] < fake.pool_used[dev])
-            fake.pool_reserved[dev] = fake.pool_used[dev];
+            fake.pool_reserved[dev] = pool_round(fake.pool_used[dev]);
     }
     return fake_leave(err);
 }
