@@ -20,6 +20,9 @@
 #   ddp    (not by default: two GPUs) train-cnn-ddp and train-lm-ddp with
 #          the pluggable-floor bound beside cudefer, REPS repetitions
 #          -> ddp.jsonl, ddp.txt
+# TRAIN_ARGS: more bench/run.py options for the train and ddp stages, e.g.
+#   TRAIN_ARGS="--time-calls --variant cudefer-poll1ms=CUDEFER_POLL_US=1000"
+#   (whether the reclaimer's event queries slow the launching thread).
 # Exit status 0 when every stage asked for succeeded.
 set -u
 
@@ -28,6 +31,7 @@ mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 STAGES=${STAGES:-check micro train trace side}
 REPS=${REPS:-3}
+TRAIN_ARGS=${TRAIN_ARGS:-}
 JOBS=$(nproc 2>/dev/null || echo 4)
 PY=${PYTHON:-python3}
 BENCH=$(cd "$(dirname "$0")" && pwd) # run.py, torch_train.py (also VPATH)
@@ -59,15 +63,16 @@ if want micro; then
 fi
 if want train; then
   stage train
+  # shellcheck disable=SC2086 # TRAIN_ARGS: words
   "$PY" "$BENCH/run.py" --workloads train-cnn,train-lm --reps "$REPS" \
-    --torch-lib "$LIB" --json "$OUT/train.jsonl" > "$OUT/train.txt" \
+    $TRAIN_ARGS --torch-lib "$LIB" --json "$OUT/train.jsonl" > "$OUT/train.txt" \
     2> "$OUT/train.err" || failed train
   cat "$OUT/train.err" >> "$OUT/train.txt"; rm -f "$OUT/train.err"
 fi
 if want ddp; then
   stage ddp
   "$PY" "$BENCH/run.py" --workloads train-cnn-ddp,train-lm-ddp --reps "$REPS" \
-    --strategies native,pluggable-floor,pluggable-async,cudefer \
+    --strategies native,pluggable-floor,pluggable-async,cudefer $TRAIN_ARGS \
     --torch-lib "$LIB" --json "$OUT/ddp.jsonl" > "$OUT/ddp.txt" \
     2> "$OUT/ddp.err" || failed ddp
   cat "$OUT/ddp.err" >> "$OUT/ddp.txt"; rm -f "$OUT/ddp.err"
