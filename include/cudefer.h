@@ -260,7 +260,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
  * before the capture begins.  Thread-safe; blocks only in the allocation
  * and the trim.  Returns cudaSuccess, the allocation's error, cudaErrorInvalidValue
- * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess), the error of
+ * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess),
+ * cudaErrorMemoryAllocation for more than 2^62 bytes (said), the error of
  * cudaStreamGetDevice for a bad stream, a failed device's error, or
  * cudaErrorNotPermitted after defer_shutdown; every refusal is counted in
  * the stats' rejected.
@@ -277,9 +278,12 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * the other stream uses the block; recording a stream twice is once; at
  * most 63 streams per block.  The stream must outlive the block's free (its
  * event is recorded then).  cudaStreamPerThread is refused (the thread that
- * frees could not name it); stream 0 means the legacy stream of the device
- * current when the block is freed.  Every way of freeing the block waits
- * for them (defer_free, defer_free_n, defer_free_streams, CUDEFER_DISABLE);
+ * frees could not name it); stream 0 (or cudaStreamLegacy) means the
+ * legacy stream of the device current at this call, also when the block is
+ * freed with another device current (the free then makes that device
+ * current for its event, and the caller's again).  Every way of freeing
+ * the block waits for them (defer_free, defer_free_n, defer_free_streams,
+ * CUDEFER_DISABLE);
  * freeing it into a graph capture is refused
  * (cudaErrorStreamCaptureUnsupported: the capture could not wait for them).
  * Returns cudaSuccess, cudaErrorInvalidValue (reported) when ptr is not the

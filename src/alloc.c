@@ -188,6 +188,14 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
     *ptr = NULL;
     if (bytes == 0)
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
+    if (bytes > BLOCK_MAX_REQUEST) {
+        /* No device holds it, and rounding it up would wrap (to a block of
+         * 0 bytes: defer_alloc "succeeded" with NULL before). */
+        stats_add(&stats.rejected, 1);
+        report("defer_alloc: %zu bytes asked for, more than any device "
+               "holds (a negative size converted?): out of memory", bytes);
+        return cudaErrorMemoryAllocation;
+    }
     cudaError_t err = lifecycle_enter("defer_alloc");
     if (err != cudaSuccess)
         return err;
@@ -237,7 +245,9 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         err = refuse("defer_record_stream", "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
-    else if ((err = block_cache_record_stream(ptr, stream, id)) != cudaSuccess)
+    else if ((err = block_cache_record_stream(
+                  ptr, &(struct block_user){stream, id, device})) !=
+             cudaSuccess)
         stats_add(&stats.rejected, 1);
     lifecycle_leave();
     return err;

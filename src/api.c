@@ -7,6 +7,7 @@
 
 #include "api.h"
 #include "block_cache.h"
+#include "block_users.h"
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
@@ -107,29 +108,6 @@ static bool set_pointers(struct entry *e, const struct request_args *a)
     return true;
 }
 
-/* How many streams the blocks of a free were recorded on (block_cache.h);
- * their frees must wait for those streams too.  Copied to out (64 of room)
- * when not NULL; a count above 64 means too many. */
-static size_t recorded_streams(const struct request_args *a, cudaStream_t *out)
-{
-    if (a->kind != ENTRY_FREE_DEVICE || !block_cache_active())
-        return 0;
-    size_t n = 0;
-    for (size_t i = 0; i < a->nptrs; i++) {
-        cudaStream_t mine[BLOCK_MAX_RECORDED];
-        size_t k = block_cache_recorded(a->ptrs[i], mine);
-        for (size_t j = 0; j < k; j++) {
-            bool seen = false;
-            for (size_t m = 0; out != NULL && m < n && m < 64 && !seen; m++)
-                seen = out[m] == mine[j];
-            if (!seen && out != NULL && n < 64)
-                out[n] = mine[j];
-            n += !seen;
-        }
-    }
-    return n;
-}
-
 /* A callback whose stream the caller has just synchronized, when no event
  * could be had: queued in its stream's FIFO with no event, so it runs on
  * the reclaimer thread after the stream's earlier callbacks (issue 12,
@@ -173,11 +151,21 @@ static cudaError_t release_synchronously(const struct request_args *a,
     cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess)
         return reject(a->what, "cudaStreamSynchronize", err);
-    cudaStream_t recorded[64];
-    size_t nrec = recorded_streams(a, recorded);
-    for (size_t i = 0; i < nrec && i < 64; i++)
-        if ((err = cudaStreamSynchronize(recorded[i])) != cudaSuccess)
-            return reject(a->what, "cudaStreamSynchronize", err);
+    struct block_user recorded[64];
+    size_t nrec = block_users_of(a, recorded);
+    if (nrec > 64) { /* only 64 could be waited for */
+        stats_add(&stats.rejected, 1);
+        report("%s: its blocks were recorded on more than 64 streams: "
+               "refused", a->what);
+        return cudaErrorInvalidValue;
+    }
+    struct device_switch sw = BLOCK_USERS_NO_SWITCH;
+    for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
+        if ((err = block_users_enter(&recorded[i], &sw)) == cudaSuccess)
+            err = cudaStreamSynchronize(recorded[i].handle);
+    block_users_leave(&sw);
+    if (err != cudaSuccess)
+        return reject(a->what, "cudaStreamSynchronize", err);
     if (a->kind == ENTRY_CALL && !lifecycle_config()->disable &&
         queue_synced_call(a, stream))
         return cudaSuccess;
@@ -199,7 +187,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
 static cudaError_t submit_captured(const struct request_args *a,
                                    const cudaStream_t *streams, size_t n)
 {
-    if (recorded_streams(a, NULL) > 0) {
+    if (block_users_of(a, NULL) > 0) {
         stats_add(&stats.rejected, 1);
         report("%s: a block recorded on other streams (defer_record_stream) "
                "cannot be freed into a graph capture, which would not wait "
@@ -313,7 +301,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         return submit_captured(a, &stream, 1);
     if (lifecycle_config()->disable)
         return release_synchronously(a, stream);
-    if (a->nptrs > 1 && *claimed && recorded_streams(a, NULL) > 0)
+    if (a->nptrs > 1 && *claimed && block_users_of(a, NULL) > 0)
         return submit_group_admitted(a, &stream, 1);
     int device;
     unsigned long long id;
@@ -404,23 +392,31 @@ static cudaError_t submit_admitted(const struct request_args *a,
 static cudaError_t submit_group_admitted(const struct request_args *a,
                                          const cudaStream_t *given, size_t n)
 {
-    /* The streams its blocks were recorded on join the group. */
+    /* The streams its blocks were recorded on join the group: users[i]
+     * says on which device streams[i] is (given ones: as they are). */
     cudaStream_t streams[64];
-    memcpy(streams, given, n * sizeof *streams);
-    cudaStream_t recorded[64];
-    size_t nrec = recorded_streams(a, recorded);
+    struct block_user users[64];
+    for (size_t i = 0; i < n; i++) {
+        streams[i] = given[i];
+        users[i] = (struct block_user){given[i], 0, -1};
+    }
+    struct block_user recorded[64];
+    size_t nrec = block_users_of(a, recorded);
+    struct device_switch sw = BLOCK_USERS_NO_SWITCH;
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
-        for (size_t j = 0; j < n && !seen; j++)
-            seen = streams[j] == recorded[i];
+        for (size_t j = 0; j < n && !seen && i < 64; j++)
+            seen = block_users_same(&recorded[i], streams[j], &sw);
         if (!seen && (i >= 64 || n == 64)) {
             stats_add(&stats.rejected, 1);
             report("%s: with the streams its blocks were recorded on, more "
                    "than 64 streams: refused", a->what);
             return cudaErrorInvalidValue;
         }
-        if (!seen)
-            streams[n++] = recorded[i];
+        if (!seen) {
+            users[n] = recorded[i];
+            streams[n++] = recorded[i].handle;
+        }
     }
     bool capturing = false;
     const char *call = NULL;
@@ -430,11 +426,12 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     if (capturing)
         return submit_captured(a, streams, n);
     if (lifecycle_config()->disable) {
-        for (size_t i = 1; i < n; i++) {
-            err = cudaStreamSynchronize(streams[i]);
-            if (err != cudaSuccess)
-                return reject(a->what, "cudaStreamSynchronize", err);
-        }
+        for (size_t i = 1; i < n && err == cudaSuccess; i++)
+            if ((err = block_users_enter(&users[i], &sw)) == cudaSuccess)
+                err = cudaStreamSynchronize(streams[i]);
+        block_users_leave(&sw);
+        if (err != cudaSuccess)
+            return reject(a->what, "cudaStreamSynchronize", err);
         return release_synchronously(a, streams[0]);
     }
     struct entry *parts[64] = {NULL};
@@ -444,6 +441,11 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         int device;
         unsigned long long id;
         bool no_event = false, cached = false;
+        /* A recorded special handle: on the device it named. */
+        if ((err = block_users_enter(&users[made], &sw)) != cudaSuccess) {
+            call = "cudaSetDevice";
+            break;
+        }
         /* Callbacks are ordered per stream: never a stale identity. */
         if ((err = identify_usable(streams[made], a->kind == ENTRY_CALL, -1,
                                    &device, &id, &cached, &call)) !=
@@ -470,6 +472,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         if (parts[made] == NULL)
             break;
     }
+    block_users_leave(&sw);
     if (made < n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             discard_recorded(parts[made]);

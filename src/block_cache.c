@@ -236,6 +236,20 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     return b != NULL ? b->ptr : NULL;
 }
 
+/* Whether a record found under a fresh block's address is a piece MERGED
+ * into a block that a miss handed back to the pool while the piece's
+ * entry was pending: its memory was counted in that block's, and the pool
+ * may give the address out again at once.  It is no block any more: its
+ * entry forgets it (out of the map now, the fresh block in its place). */
+static bool is_merged(struct cache_block *stale)
+{
+    struct device_cache *c = cache_of(stale->device);
+    pthread_mutex_lock(&c->lock);
+    bool merged = stale->state == BLOCK_MERGED;
+    pthread_mutex_unlock(&c->lock);
+    return merged;
+}
+
 /* A record found under a fresh block's address: its memory was freed with
  * cudaFree behind cudefer's back.  Drop it from every list. */
 static void drop_stale(struct cache_block *stale)
@@ -299,7 +313,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
         free(b);
         return false;
     }
-    if (stale != NULL)
+    if (stale != NULL && !is_merged(stale))
         drop_stale(stale);
     stats_add(&stats.cache_bytes, size);
     atomic_store_explicit(&active, true, memory_order_release);
@@ -378,8 +392,9 @@ static void plan_free(void *ptr, int stream_device,
         b->events++;              /* the claim names it */
         plan->nstreams = 1; /* streams[0]: the caller's */
         for (uint32_t i = 0; i < b->nrecorded; i++)
-            if (b->recorded_ids[i] != stream_id)
-                plan->streams[plan->nstreams++] = b->recorded[i];
+            if (b->recorded[i].id != stream_id ||
+                b->recorded[i].device != stream_device)
+                plan->streams[plan->nstreams++] = b->recorded[i].handle;
     }
     if (plan->path == BLOCK_NOT_LIVE) {
         /* said */
@@ -469,8 +484,7 @@ bool block_cache_park(const struct block_free_plan *plan,
     return mine;
 }
 
-cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
-                                      unsigned long long stream_id)
+cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user)
 {
     struct cache_block *b = block_map_find(ptr);
     if (b == NULL)
@@ -479,8 +493,11 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
     cudaError_t err = cudaSuccess;
     pthread_mutex_lock(&c->lock);
     bool known = false;
+    /* Ids told apart by device too: the legacy streams of two devices
+     * may share one. */
     for (uint32_t i = 0; i < b->nrecorded && !known; i++)
-        known = b->recorded_ids[i] == stream_id;
+        known = b->recorded[i].id == user->id &&
+                b->recorded[i].device == user->device;
     if (b->state != BLOCK_LIVE) {
         err = cudaErrorInvalidValue;
     } else if (known) {
@@ -488,18 +505,13 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
     } else if (b->nrecorded == BLOCK_MAX_RECORDED) {
         err = cudaErrorInvalidValue;
     } else {
-        /* Arrays of the largest size at once: a block rarely has any. */
-        if (b->recorded == NULL) {
+        /* An array of the largest size at once: a block rarely has any. */
+        if (b->recorded == NULL)
             b->recorded = malloc(BLOCK_MAX_RECORDED * sizeof *b->recorded);
-            b->recorded_ids = malloc(BLOCK_MAX_RECORDED *
-                                     sizeof *b->recorded_ids);
-        }
-        if (b->recorded == NULL || b->recorded_ids == NULL) {
+        if (b->recorded == NULL)
             err = cudaErrorMemoryAllocation;
-        } else {
-            b->recorded[b->nrecorded] = stream;
-            b->recorded_ids[b->nrecorded++] = stream_id;
-        }
+        else
+            b->recorded[b->nrecorded++] = *user;
     }
     bool full = b->nrecorded == BLOCK_MAX_RECORDED && !known;
     pthread_mutex_unlock(&c->lock);
@@ -510,7 +522,7 @@ cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
     return err;
 }
 
-size_t block_cache_recorded(const void *ptr, cudaStream_t *out)
+size_t block_cache_recorded(const void *ptr, struct block_user *out)
 {
     struct cache_block *b = block_map_find(ptr);
     if (b == NULL)
@@ -656,6 +668,5 @@ bool block_cache_unclaimed_is_block(void *ptr)
 void block_cache_forget(struct cache_block *b)
 {
     free(b->recorded);
-    free(b->recorded_ids);
     free(b);
 }

@@ -65,6 +65,16 @@
  * on (defer_free_streams takes at most 64). */
 #define BLOCK_MAX_RECORDED 63
 
+/* A stream recorded as a user of a block (defer_record_stream): its
+ * handle, its id, and the device the handle named when it was recorded (a
+ * special handle, 0 or cudaStreamLegacy, means the current device's
+ * legacy stream: the free records its event there, on that device). */
+struct block_user {
+    cudaStream_t handle;
+    unsigned long long id;
+    int device;
+};
+
 enum block_state {
     BLOCK_LIVE,
     BLOCK_FREEING,
@@ -107,8 +117,7 @@ struct cache_block {
     bool ready;
     struct cache_block *map_next;            /* block_map.c */
     uint32_t nrecorded;                      /* defer_record_stream */
-    cudaStream_t *recorded;
-    unsigned long long *recorded_ids;
+    struct block_user *recorded;
 };
 
 /* How defer_free must treat a pointer (block_cache_plan_free,
@@ -151,7 +160,13 @@ void block_cache_fork_child(void);
  * until then). */
 bool block_cache_active(void);
 
-/* Any thread: the size a new block for a request of bytes gets. */
+/* The largest request the cache takes (2^62 bytes on 64-bit): its
+ * rounding, the 1/8 a request may take beyond it and a split's rest all
+ * stay far from wrapping.  defer_alloc refuses larger ones. */
+#define BLOCK_MAX_REQUEST (SIZE_MAX / 4)
+
+/* Any thread: the size a new block for a request of bytes (at most
+ * BLOCK_MAX_REQUEST) gets. */
 size_t block_cache_round(size_t bytes);
 
 /* Any thread.  Takes a reusable block of at least bytes for a request on
@@ -256,18 +271,18 @@ void block_cache_adopt(const struct block_claim *claim);
  * refuses it as it would have then).  Changes no block. */
 bool block_cache_unclaimed_is_block(void *ptr);
 
-/* Any thread, the block's owner.  Records stream (its handle and id) as a
- * user of the LIVE block at ptr.  cudaSuccess (also when already recorded,
- * or when stream is the only one), cudaErrorInvalidValue when ptr is no
- * live block or it has BLOCK_MAX_RECORDED streams (reported),
- * cudaErrorMemoryAllocation. */
-cudaError_t block_cache_record_stream(void *ptr, cudaStream_t stream,
-                                      unsigned long long stream_id);
+/* Any thread, the block's owner.  Records user (a stream's handle, id and
+ * device: the one a special handle means, current when it was recorded)
+ * as a user of the LIVE block at ptr.  cudaSuccess (also when already
+ * recorded, or when the stream is the only one), cudaErrorInvalidValue
+ * when ptr is no live block or it has BLOCK_MAX_RECORDED streams
+ * (reported), cudaErrorMemoryAllocation. */
+cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user);
 
 /* Any thread, the block's owner.  The streams recorded on the LIVE (or
  * claimed: FREEING) block at ptr, copied to out (BLOCK_MAX_RECORDED of
  * room) when not NULL; how many (0 when ptr is no such block). */
-size_t block_cache_recorded(const void *ptr, cudaStream_t *out);
+size_t block_cache_recorded(const void *ptr, struct block_user *out);
 
 /* Any thread: a record that left the cache (block_leave.h) or that no
  * entry names any more is freed. */

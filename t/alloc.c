@@ -670,6 +670,20 @@ int main(void)
     stderr_capture_begin();
     is_int(defer_alloc(NULL, 8, s), cudaErrorInvalidValue, "NULL ptr: invalid");
     stderr_capture_end();
+    /* Sizes whose rounding wrapped to 0: "success" with NULL before (found
+     * by a review helper). */
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    p = &p;
+    cudaError_t huge = defer_alloc(&p, SIZE_MAX, s);
+    cudaError_t huge2 = defer_alloc(&p, SIZE_MAX - 100, s);
+    ok(strstr(stderr_capture_end(), "more than any device holds") != NULL,
+       "said");
+    ok(huge == cudaErrorMemoryAllocation && huge2 == huge && p == NULL &&
+           stats_now().rejected == rejected + 2,
+       "SIZE_MAX and SIZE_MAX - 100 bytes: out of memory, NULL, rejected");
+    ok(defer_pluggable_alloc(SIZE_MAX - 100, 0, s) == NULL,
+       "defer_pluggable_alloc too: NULL");
     test_same_stream(s, s2);
     test_per_thread_stream();
     test_legacy_stream();

@@ -43,6 +43,14 @@ static void test_rounding(void)
     ok(within, "a rounded request wastes at most 1/16");
 }
 
+/* Stream x as recorded with id on device 0 (struct block_user). */
+static const struct block_user *user(cudaStream_t x, unsigned long long id)
+{
+    static struct block_user u;
+    u = (struct block_user){x, id, 0};
+    return &u;
+}
+
 /* Free b (ptr p) on stream id of device 0 the stream-ordered way; returns
  * the hand-out its entry would name. */
 static uint64_t free_on(void *p, unsigned long long id)
@@ -153,9 +161,9 @@ static void test_recorded(void)
     size_t size;
     ok(block_cache_add(0, ADDR(7), 2048, false), "a block");
     cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
-    is_int(block_cache_record_stream(ADDR(7), x, 9), cudaSuccess,
+    is_int(block_cache_record_stream(ADDR(7), user(x, 9)), cudaSuccess,
            "recorded on stream 9");
-    is_int(block_cache_record_stream(ADDR(7), x, 9), cudaSuccess,
+    is_int(block_cache_record_stream(ADDR(7), user(x, 9)), cudaSuccess,
            "recording it twice is once");
     struct block_free_plan plan;
     block_cache_plan_free(ADDR(7), 0, 9, &plan);
@@ -169,7 +177,7 @@ static void test_recorded(void)
     is_int(claim(ADDR(7)), BLOCK_NOT_LIVE,
            "so is a claim by another free path");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(7), x, 10), cudaErrorInvalidValue,
+    is_int(block_cache_record_stream(ADDR(7), user(x, 10)), cudaErrorInvalidValue,
            "and a record");
     stderr_capture_end();
     block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
@@ -184,10 +192,10 @@ static void test_recorded(void)
            "claiming an unknown pointer: not ours");
     int all = 1;
     for (unsigned long long id = 100; id < 100 + BLOCK_MAX_RECORDED - 1; id++)
-        all &= block_cache_record_stream(ADDR(7), x, id) == cudaSuccess;
+        all &= block_cache_record_stream(ADDR(7), user(x, id)) == cudaSuccess;
     ok(all, "up to 63 streams recorded");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(7), x, 5000), cudaErrorInvalidValue,
+    is_int(block_cache_record_stream(ADDR(7), user(x, 5000)), cudaErrorInvalidValue,
            "a 64th is refused");
     ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
     ok(give_back(ADDR(7)), "freed, its work done: adopted");
@@ -195,9 +203,30 @@ static void test_recorded(void)
            block_map_find(ADDR(7))->nrecorded == 0,
        "handed out again with no stream recorded");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(98), x, 9), cudaErrorInvalidValue,
+    is_int(block_cache_record_stream(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
            "recording an unknown pointer is refused");
     stderr_capture_end();
+}
+
+/* The legacy streams of two devices may share an id: a record is told
+ * apart by device too (found by a review helper, with the free's device
+ * switch of src/block_users.c). */
+static void test_recorded_devices(void)
+{
+    ok(block_cache_add(0, ADDR(500), 2048, false), "a block");
+    struct block_user on0 = {0, 9, 0}, on1 = {0, 9, 1};
+    ok(block_cache_record_stream(ADDR(500), &on0) == cudaSuccess &&
+           block_cache_record_stream(ADDR(500), &on1) == cudaSuccess,
+       "stream 0 recorded with device 0, then with device 1 (one id)");
+    struct block_user got[BLOCK_MAX_RECORDED];
+    ok(block_cache_recorded(ADDR(500), got) == 2 && got[1].device == 1,
+       "two users");
+    struct block_free_plan plan;
+    block_cache_plan_free(ADDR(500), 0, 9, &plan);
+    ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2,
+       "freed on device 0's stream 9: waits for device 1's too");
+    block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
+    ok(give_back(ADDR(500)), "given back");
 }
 
 static void test_devices(void)
@@ -618,6 +647,7 @@ int main(void)
     test_fit();
     test_double_free();
     test_recorded();
+    test_recorded_devices();
     test_devices();
     test_stale_record();
     test_split_merge();

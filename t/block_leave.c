@@ -104,6 +104,67 @@ static void test_collect_largest(void)
     ok(p == ADDR(17), "a request on 7 finds only the block left there");
 }
 
+/* A free on stream id through the stream-ordered path, parked PENDING;
+ * its hand-out (0 when it took another path). */
+static uint64_t free_on(void *p, unsigned long long id)
+{
+    struct block_free_plan plan;
+    block_cache_plan_free(p, 0, id, &plan);
+    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id))
+        return 0;
+    return plan.handout;
+}
+
+/* A miss on stream 7 hands a whole PENDING pool segment back while a
+ * piece MERGED into it still waits for its entry: the MERGED record stays
+ * filed under its address, which the pool gives out again at once (on the
+ * same stream).  The new block there is no stale block: no report of a
+ * cudaFree behind cudefer's back, its bytes counted once (before the fix:
+ * reported, cache_bytes 1 MiB short, the pool's held bytes too; found by a
+ * review helper). */
+static void test_handback_with_merged_piece(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(40);
+    size_t size;
+    ok(block_cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    uint64_t hs = free_on(base, 7);
+    void *p = block_cache_take(0, 7, MiB, &size);
+    ok(p == base + 3 * MiB, "1 MiB cut on stream 7 from its PENDING self");
+    struct cache_block *rp = block_map_find(p), *seg = block_map_find(base);
+    uint64_t hp = free_on(p, 7);
+    ok(rp->state == BLOCK_MERGED && seg->size == 4 * MiB &&
+           seg->outstanding == 1,
+       "freed on 7: MERGED back, the segment whole and PENDING");
+    struct block_memory mem[4];
+    uint64_t bytes0 = stats_now().cache_bytes;
+    is_int(block_leave_for_miss(0, 7, UINT64_MAX, mem, 4, SIZE_MAX), 1,
+           "a miss on 7 hands the whole PENDING segment back to the pool");
+    stderr_capture_begin();
+    ok(block_cache_add(0, p, 2 * MiB, true), "a new pool block at p's address");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "instead of defer_free") == NULL,
+       "no report of a cudaFree behind cudefer's back");
+    is_int(stats_now().cache_bytes, bytes0 - 4 * MiB + 2 * MiB,
+           "cache_bytes: the segment left, the new block counted once");
+    struct cache_block *fresh = block_map_find(p);
+    block_cache_event_done(rp, hp, true, 10);
+    block_cache_event_done(seg, hs, true, 11);
+    ok(block_map_find(p) == fresh && fresh->state == BLOCK_LIVE,
+       "the entries done: the new block stays filed, LIVE");
+    is_int(stats_now().cache_bytes, bytes0 - 2 * MiB,
+           "cache_bytes still right");
+    struct block_claim c;
+    ok(block_cache_claim(p, &c) == BLOCK_AFTER_EVENT, "freed");
+    block_cache_adopt(&c);
+    struct cache_block *out[8];
+    size_t n = block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
+    bool left = block_map_find(p) == NULL;
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+    ok(left, "and leaves the cache");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -111,6 +172,7 @@ int main(void)
     ok(block_cache_init(2, (size_t)1 << 20), "init for two devices");
     test_expiry();
     test_collect_largest();
+    test_handback_with_merged_piece();
     block_cache_destroy();
     return 0;
 }

@@ -1,0 +1,47 @@
+/* The streams a free's blocks were recorded on (defer_record_stream,
+ * block_cache.h's struct block_user), on the launching thread inside a
+ * defer call: gathering them, and making the device a recorded special
+ * handle (0, cudaStreamLegacy) named current for a CUDA call on it, so
+ * that a block recorded on device 1's legacy stream and freed while device
+ * 0 is current waits for device 1's legacy stream (found by a review
+ * helper: device 0's was waited for, and the block reused early). */
+#ifndef CUDEFER_BLOCK_USERS_H
+#define CUDEFER_BLOCK_USERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#include "block_cache.h"
+#include "request_args.h"
+
+/* How many streams the blocks of a's free were recorded on (a stream
+ * recorded on several of them counted once when out is not NULL); their
+ * frees must wait for those streams too.  Copied to out (64 of room) when
+ * not NULL; a count above 64 means too many.  Never blocks. */
+size_t block_users_of(const struct request_args *a, struct block_user *out);
+
+/* The caller's device and the one made current since (-1: not asked yet,
+ * nothing changed).  Start with BLOCK_USERS_NO_SWITCH. */
+struct device_switch {
+    int caller, on;
+};
+#define BLOCK_USERS_NO_SWITCH ((struct device_switch){-1, -1})
+
+/* Makes the device u's handle means current, where it is a special handle
+ * of another device than the current one (a created stream carries its
+ * device: nothing to do).  cudaSuccess or the error of cudaGetDevice or
+ * cudaSetDevice.  block_users_leave makes the caller's device current
+ * again. */
+cudaError_t block_users_enter(const struct block_user *u,
+                              struct device_switch *sw);
+void block_users_leave(struct device_switch *sw);
+
+/* Whether u is the stream handle given on the current device (where
+ * sw knows it, else asked): a special handle of another device is
+ * another stream. */
+bool block_users_same(const struct block_user *u, cudaStream_t given,
+                      struct device_switch *sw);
+
+#endif

@@ -1,0 +1,70 @@
+/* defer_record_stream of the legacy stream (0) on two devices: a block of
+ * device 1, recorded on stream 0 while device 1 is current (device 1's
+ * legacy stream, which still reads it), freed while device 0 is current
+ * (PyTorch's free runs on whatever device is current; so may a C
+ * program's): the free waits for device 1's legacy stream, not device 0's,
+ * and leaves device 0 current.  Before the fix the event went on device
+ * 0's idle legacy stream and another stream got the block while device 1's
+ * still read it (found by a review helper).  The oracle checks every
+ * hand-out. */
+#include "helpers.h"
+
+static void freed_on_device0(bool pluggable)
+{
+    const size_t bytes = 65536;
+    const char *how = pluggable ? "defer_pluggable_free" : "defer_free";
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new(), s1b = stream_new();
+    void *p = NULL;
+    if (pluggable) {
+        p = defer_pluggable_alloc(bytes, 1, s1);
+        fake_oracle_handout_range(p, bytes, s1);
+    } else {
+        alloc_checked(&p, bytes, s1);
+    }
+    fake_work *w = work_held(0, p); /* device 1's legacy stream reads it */
+    is_int(defer_record_stream(p, 0), cudaSuccess,
+           "%s: recorded on stream 0 with device 1 current", how);
+    cudaSetDevice(0);
+    if (pluggable)
+        defer_pluggable_free(p, bytes, 1, s1);
+    else
+        is_int(defer_free(p, s1), cudaSuccess, "%s with device 0 current",
+               how);
+    int dev = -1;
+    cudaGetDevice(&dev);
+    is_int(dev, 0, "%s: device 0 is current again", how);
+    /* A trim settles every entry that completed and releases every free
+     * block: had the free waited for device 0's idle legacy stream, p
+     * would be released under device 1's work (an oracle violation). */
+    size_t trimmed = 0;
+    is_int(defer_trim(&trimmed), cudaSuccess, "%s: trim", how);
+    ok(fake_is_released(p) == 0 && fake_violations() == 0,
+       "%s: not released while device 1's legacy stream reads it", how);
+    cudaSetDevice(1);
+    void *q = NULL, *r = NULL;
+    alloc_checked(&q, bytes, s1b);
+    ok(q != p, "%s: nor handed to another stream", how);
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "%s: flush once that work is done",
+           how);
+    alloc_checked(&r, bytes, s1b);
+    ok(r == p, "%s: then another stream gets it", how);
+    defer_free(q, s1b);
+    defer_free(r, s1b);
+    is_int(defer_flush(), cudaSuccess, "%s: flush", how);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s1b);
+}
+
+int main(void)
+{
+    plan_lazy();
+    set_cudefer_env("CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s");
+    fake_reset(2);
+    freed_on_device0(true);
+    freed_on_device0(false);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing reused early");
+    return 0;
+}
