@@ -125,7 +125,10 @@ uint64_t block_leave_oldest_free_ns(int device)
     if (c == NULL)
         return UINT64_MAX;
     pthread_mutex_lock(&c->lock);
-    uint64_t t = c->lru.oldest != NULL ? c->lru.oldest->freed_ns : UINT64_MAX;
+    struct cache_block *b = c->lru.oldest;
+    while (b != NULL && (b->events > 0 || b->outstanding > 0))
+        b = b->lru_next;
+    uint64_t t = b != NULL ? b->freed_ns : UINT64_MAX;
     pthread_mutex_unlock(&c->lock);
     return t;
 }

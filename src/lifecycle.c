@@ -64,6 +64,17 @@ static void free_per_device(void)
     rs.recycle = NULL;
 }
 
+/* A start that failed part-way: what it made so far goes, so that the next
+ * call starts from nothing (the block cache, its pool and the free batches
+ * leaked when the event pool, the stream table or the thread failed). */
+static void undo_start(void)
+{
+    block_pool_destroy_all();
+    block_cache_destroy();
+    free_batch_destroy();
+    free_per_device();
+}
+
 /* The event pool's test (event_pool_init): whether device has a sticky
  * error, so its events are forgotten, not destroyed.  Any thread; false
  * once the per-device state is gone (after shutdown). */
@@ -89,21 +100,18 @@ static cudaError_t start_locked(const char *what)
     if (!alloc_per_device(n) ||
         !block_cache_init(n, (size_t)rs.cfg.split_min_bytes) ||
         !block_pool_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
-        block_pool_destroy_all();
-        block_cache_destroy();
-        free_batch_destroy();
-        free_per_device();
+        undo_start();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
     if ((err = event_pool_init(n, rs.cfg.event_pool_max, device_failed)) !=
         cudaSuccess) {
-        free_per_device();
+        undo_start();
         return err;
     }
     if (!stream_table_init(&rs.streams)) {
         event_pool_abandon();
-        free_per_device();
+        undo_start();
         return cudaErrorMemoryAllocation;
     }
     for (int d = 0; d < n; d++)
@@ -122,7 +130,7 @@ static cudaError_t start_locked(const char *what)
         report("cannot start the reclaimer thread: %s", strerror(rc));
         stream_table_destroy(&rs.streams);
         event_pool_abandon();
-        free_per_device();
+        undo_start();
         return cudaErrorOperatingSystem;
     }
     static bool hooks_registered;
