@@ -249,9 +249,13 @@ static void match_frees(struct trace *t)
         struct op *o = sorted[i], *prev = i ? sorted[i - 1] : NULL;
         int open = prev != NULL && prev->key == o->key &&
                    prev->kind == OP_ALLOC;
-        if (o->kind == OP_ALLOC && open)
+        if (o->kind == OP_ALLOC && open) {
+            long line = o->line, before = prev->line;
+            uint64_t key = o->key;
+            free(sorted); /* LeakSanitizer: nothing left behind by die */
             die("%s:%ld: %#" PRIx64 " handed out again (line %ld) without a "
-                "free", t->path, o->line, o->key, prev->line);
+                "free", t->path, line, key, before);
+        }
         if (o->kind == OP_FREE) {
             if (open) {
                 o->id = prev->id;
