@@ -147,9 +147,15 @@ struct defer_stats {
  * it.  If the graph dies after defer_shutdown, or a stream of the capture
  * is destroyed before the reclaimer saw its capture end (that work can
  * then not be waited for), ptr is never released (reported, counted as
- * failed).  A
- * capture already invalidated gives cudaErrorStreamCaptureInvalidated;
- * CUDEFER_DISABLE does not apply (a capture cannot be waited for).
+ * failed); limit: one whose handle a new stream got before the reclaimer
+ * looked (within a poll interval, CUDEFER_POLL_MAX_US) is taken for that
+ * stream.  Limit: a capture of cudaStreamPerThread (stream 0 in a program
+ * built for per-thread default streams) is refused with
+ * cudaErrorStreamCaptureUnsupported, the capture intact: the reclaimer,
+ * on a thread of its own, could not wait for the work this thread enqueued
+ * on it before the capture.  A capture already invalidated gives
+ * cudaErrorStreamCaptureInvalidated; CUDEFER_DISABLE does not apply (a
+ * capture cannot be waited for).
  */
 CUDEFER_API cudaError_t defer_free(void *ptr, cudaStream_t stream);
 
@@ -299,8 +305,10 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
- * device is left as it was); NULL when out of memory (PyTorch then raises
- * its out-of-memory error) or on another error (reported).
+ * device is left as it was); NULL when out of memory or on another error,
+ * reported.  Limit: PyTorch 2.11 does not check the pointer its pluggable
+ * allocator returns: out of memory gives a tensor at address 0 (an
+ * illegal address at its first use), not torch.cuda.OutOfMemoryError.
  * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires

@@ -289,6 +289,11 @@ void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
     /* A special handle's device is now the current one. */
     err = alloc_on(&ptr, size, stream, stream_is_special(stream) ? device : -1);
     leave_device(previous);
+    /* Said: PyTorch does not check the pointer (cudefer.h), so this line
+     * may be all the application hears before the tensor faults. */
+    if (err == cudaErrorMemoryAllocation)
+        report("defer_pluggable_alloc: out of memory for %zu bytes on "
+               "device %d: returning NULL", size, device);
     return err == cudaSuccess ? ptr : NULL;
 }
 

@@ -194,6 +194,20 @@ static cudaError_t submit_captured(const struct request_args *a,
                "for them: refused (the caller keeps ownership)", a->what);
         return cudaErrorStreamCaptureUnsupported;
     }
+    /* The reclaimer records on each stream of the capture once it ended,
+     * to wait for the work enqueued before it: there cudaStreamPerThread
+     * would name the reclaimer's own stream, and that work would not be
+     * waited for (found by a review helper). */
+    for (size_t i = 0; i < n; i++)
+        if (streams[i] == cudaStreamPerThread) {
+            stats_add(&stats.rejected, 1);
+            report("%s: a capture of cudaStreamPerThread: refused (the "
+                   "reclaimer could not wait for the work this thread "
+                   "enqueued on it before the capture; capture a created "
+                   "stream; the caller keeps ownership, the capture is "
+                   "intact)", a->what);
+            return cudaErrorStreamCaptureUnsupported;
+        }
     struct entry *e = capture_entry_new();
     if (e == NULL)
         return reject(a->what, "calloc", cudaErrorMemoryAllocation);

@@ -603,6 +603,14 @@ static void test_out_of_memory(cudaStream_t s)
     is_int(defer_alloc(&big, 602 << 10, s), cudaSuccess,
            "out of memory: the cache is trimmed, then it fits");
     ok(fake_is_released(p) == 1, "the cached block made room");
+    /* Nothing fits: PyTorch does not check the NULL it gets, so the
+     * pluggable entry point says so itself. */
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(64 << 10, 0, s);
+    const char *said = stderr_capture_end();
+    ok(none == NULL && strstr(said, "defer_pluggable_alloc: out of memory "
+                                    "for 65536 bytes on device 0") != NULL,
+       "defer_pluggable_alloc out of memory: NULL, said");
     defer_free(big, s);
     fake_set_device_memory(0, total);
 }

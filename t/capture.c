@@ -607,6 +607,34 @@ static void test_global_capture_elsewhere(void)
     cudaStreamDestroy(cap);
 }
 
+/* The limit in cudefer.h: a capture of cudaStreamPerThread refuses defer
+ * calls, the capture intact, the caller keeping the pointer.  The reclaimer
+ * could not wait for the work this thread enqueued on it before the
+ * capture: before, p was released while that work ran (found by a review
+ * helper). */
+static void test_per_thread_capture(void)
+{
+    cudaStream_t s = cudaStreamPerThread;
+    void *p = device_alloc(4096);
+    fake_work *before = work_held(s, p);
+    begin_capture(s);
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    is_int(defer_free(p, s), cudaErrorStreamCaptureUnsupported,
+           "defer_free into a capture of cudaStreamPerThread: refused");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "a capture of cudaStreamPerThread") != NULL &&
+           stats_now().rejected == rejected + 1,
+       "said, counted in rejected");
+    enum cudaStreamCaptureStatus st;
+    cudaStreamIsCapturing(s, &st);
+    is_int(st, cudaStreamCaptureStatusActive, "the capture is intact");
+    cudaGraphDestroy(end_capture(s));
+    is_int(fake_is_released(p), 0, "the caller keeps the pointer");
+    fake_complete(before);
+    cudaFree(p);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -628,6 +656,7 @@ int main(void)
     test_capture_rules();
     test_groups();
     test_global_capture_elsewhere();
+    test_per_thread_capture();
     ok(wait_user_objects(0, 2000), "no user object left");
     is_int(fake_live_graphs(), 0, "no graph left");
     is_int(defer_flush(), cudaSuccess, "flush");
