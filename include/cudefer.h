@@ -293,10 +293,10 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * freeing it into a graph capture is refused
  * (cudaErrorStreamCaptureUnsupported: the capture could not wait for them).
  * Returns cudaSuccess, cudaErrorInvalidValue (reported) when ptr is not the
- * start of a live block of cudefer's or has 63 streams already,
- * cudaErrorStreamCaptureUnsupported on a capturing stream,
- * cudaErrorMemoryAllocation, or the errors of defer_free.  Thread-safe; never
- * blocks on the GPU.
+ * start of a live block of cudefer's, cudaErrorNotSupported (reported) when
+ * it has 63 streams already, cudaErrorStreamCaptureUnsupported on a
+ * capturing stream, cudaErrorMemoryAllocation, or the errors of
+ * defer_free.  Thread-safe; never blocks on the GPU.
  */
 CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
 

@@ -503,7 +503,9 @@ cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user)
     } else if (known) {
         /* once is enough */
     } else if (b->nrecorded == BLOCK_MAX_RECORDED) {
-        err = cudaErrorInvalidValue;
+        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
+         * that for memory that is not cudefer's, and carries on. */
+        err = cudaErrorNotSupported;
     } else {
         /* An array of the largest size at once: a block rarely has any. */
         if (b->recorded == NULL)
@@ -513,12 +515,12 @@ cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user)
         else
             b->recorded[b->nrecorded++] = *user;
     }
-    bool full = b->nrecorded == BLOCK_MAX_RECORDED && !known;
     pthread_mutex_unlock(&c->lock);
-    if (err == cudaErrorInvalidValue)
+    if (err == cudaErrorInvalidValue || err == cudaErrorNotSupported)
         report("defer_record_stream: %p %s: nothing recorded", ptr,
-               full ? "is already recorded on 63 streams (the most)"
-                    : "is no live block of cudefer's (already freed?)");
+               err == cudaErrorNotSupported
+                   ? "is already recorded on 63 streams (the most)"
+                   : "is no live block of cudefer's (already freed?)");
     return err;
 }
 

@@ -275,8 +275,8 @@ bool block_cache_unclaimed_is_block(void *ptr);
  * device: the one a special handle means, current when it was recorded)
  * as a user of the LIVE block at ptr.  cudaSuccess (also when already
  * recorded, or when the stream is the only one), cudaErrorInvalidValue
- * when ptr is no live block or it has BLOCK_MAX_RECORDED streams
- * (reported), cudaErrorMemoryAllocation. */
+ * when ptr is no live block, cudaErrorNotSupported when it has
+ * BLOCK_MAX_RECORDED streams (both reported), cudaErrorMemoryAllocation. */
 cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user);
 
 /* Any thread, the block's owner.  The streams recorded on the LIVE (or
