@@ -581,4 +581,31 @@ void test_pools(void)
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
     is_hex(reserved, 3072, "fake_reset: exact reservations again");
     cudaFreeAsync(a, 0);
+
+    /* An async allocation is ordered after its stream's earlier work (its
+     * memory may be what that work freed): usable on that stream at once,
+     * on another only once that work is done; cudaFree waits for it. */
+    cudaStream_t s, t;
+    cudaStreamCreate(&s);
+    cudaStreamCreate(&t);
+    fake_work *w = fake_launch_held(s, NULL, 0);
+    cudaMallocFromPoolAsync(&a, 4096, pool, s);
+    fake_oracle_handout(a, s);
+    is_int(fake_violations(), 0, "handed out on its stream: fine");
+    fake_oracle_handout(a, t);
+    is_int(fake_violations(), 1, "on another while the stream's earlier "
+                                 "work runs: a violation");
+    fake_oracle_forgive();
+    cudaMallocAsync(&b, 4096, s);
+    fake_oracle_handout(b, t);
+    is_int(fake_violations(), 1, "cudaMallocAsync too");
+    fake_oracle_forgive();
+    cudaFree(b);
+    is_int(fake_violations(), 0, "cudaFree of it: fine (it waits)");
+    fake_complete(w);
+    fake_oracle_handout(a, t);
+    is_int(fake_violations(), 0, "on another once that work is done: fine");
+    cudaFreeAsync(a, t);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(t);
 }

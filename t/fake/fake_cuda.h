@@ -42,6 +42,11 @@
  *   Memory: allocations get fake addresses (never dereference them) from a
  *   counter that never goes back, so no address is ever reused.  Device
  *   memory is limited per device (80 GiB unless fake_set_device_memory).
+ *   An async allocation (cudaMallocAsync, cudaMallocFromPoolAsync) on a
+ *   stream is ordered after the work enqueued on it so far, as in CUDA
+ *   (its memory may be what that work freed): the oracle counts that work
+ *   as a use of it for another stream and for cudaFreeAsync, not for
+ *   cudaFree, which waits for the device.
  *
  *   Graphs: cudaStreamBeginCapture starts capturing a stream into a new
  *   graph.  While it captures, fake_launch and fake_launch_held on it do

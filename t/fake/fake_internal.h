@@ -130,7 +130,11 @@ struct fevent {
 };
 
 /* Work that uses the bytes r of an allocation. */
-struct fuser { struct fake_work *w; struct frange r; };
+/* A use of bytes r by work w.  order_only: w is not a use but the work an
+ * async allocation was ordered after on its stream (fake_alloc_ordered):
+ * another stream may touch the memory only once w is done or ordered
+ * before it; cudaFree, which waits for the device, ignores it. */
+struct fuser { struct fake_work *w; struct frange r; int order_only; };
 
 struct falloc {
     uintptr_t addr;
@@ -287,6 +291,11 @@ void fake_oracle_at_exit(void);
 /* The bytes that a use of p means: the block handed out of its allocation
  * a that contains p, or all of a when none does.  Lock held. */
 struct frange fake_alloc_block_of(const struct falloc *a, uintptr_t p);
+
+/* An async allocation a made on s: usable on s at once, elsewhere only
+ * after s's work enqueued so far (its memory may be what that work freed
+ * with cudaFreeAsync).  Lock held. */
+void fake_alloc_ordered(struct falloc *a, struct fstream *s);
 
 /* Note that work w uses the block containing p (fake_alloc_block_of), if p
  * is in an allocation; using a released one is a violation.  Lock held. */

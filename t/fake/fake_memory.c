@@ -178,7 +178,10 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
-    return fake_leave(device_alloc(devPtr, size, s->dev, A_POOL));
+    cudaError_t err = device_alloc(devPtr, size, s->dev, A_POOL);
+    if (err == cudaSuccess && size > 0)
+        fake_alloc_ordered(fake_alloc_find(*devPtr, 1), s);
+    return fake_leave(err);
 }
 
 /* Memory pools: a pool is only its device (the handle encodes it); its
@@ -301,6 +304,7 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
     cudaError_t err = device_alloc(devPtr, size, dev, A_POOL);
     if (err == cudaSuccess && size > 0) {
         fake_alloc_find(*devPtr, 1)->own_pool = 1;
+        fake_alloc_ordered(fake_alloc_find(*devPtr, 1), s);
         fake.pool_used[dev] += size;
         if (fake.pool_reserved[dev] < fake.pool_used[dev])
             fake.pool_reserved[dev] = pool_round(fake.pool_used[dev]);

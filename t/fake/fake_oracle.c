@@ -133,7 +133,18 @@ static void add_user(struct falloc *a, struct fake_work *w, struct frange r,
     a->users = fake_grow(a->users, a->nusers, &a->capusers, sizeof *a->users);
     a->users[a->nusers].w = w;
     a->users[a->nusers].r = r;
+    a->users[a->nusers].order_only = 0;
     a->nusers++;
+}
+
+/* See fake_internal.h. */
+void fake_alloc_ordered(struct falloc *a, struct fstream *s)
+{
+    if (s->tail == NULL || s->tail->done)
+        return;
+    add_user(a, s->tail, (struct frange){a->addr, a->addr + a->size},
+             (const void *)a->addr);
+    a->users[a->nusers - 1].order_only = 1;
 }
 
 /* See fake_internal.h. */
@@ -170,6 +181,8 @@ void fake_oracle_release(struct falloc *a, const void *p, const char *fn,
 
         if (fake_work_completed(u, now, &hint))
             continue;
+        if (async == NULL && a->users[i].order_only)
+            continue; /* cudaFree waits for the device */
         if (async != NULL && fake_work_ordered_before(u, async, async->tail, 0))
             continue;
         fake_violation("premature release of %p (%s): work #%llu on stream id "
