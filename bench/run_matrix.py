@@ -160,6 +160,7 @@ class Runner:
                 self.failures += 1
                 state = 'FAILED: ' + rec['error']
             elif status != 0:
+                self.failures += 1 # its result counts; run.py exits 1
                 state = 'ok, but the run then failed: exit status %d' % status
             else:
                 state = 'ok'

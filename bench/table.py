@@ -23,10 +23,15 @@ def fmt_slash(s, keys, prec=1):
 
 
 def fmt_reps(s):
+    """Repetitions with a result; those that failed, and those whose result
+    counts but whose program then exited nonzero (e.g. its shutdown
+    failed), said."""
     if s is None:
         return '-'
-    return '%d (%d FAILED)' % (s['reps'], s['reps_failed']) if s['reps_failed'] \
-        else '%d' % s['reps']
+    notes = (['%d FAILED' % s['reps_failed']] if s['reps_failed'] else []) + \
+        (['%d exit!=0' % s['reps_exit_nonzero']]
+         if s.get('reps_exit_nonzero') else [])
+    return '%d (%s)' % (s['reps'], ', '.join(notes)) if notes else '%d' % s['reps']
 
 
 def print_grid(header, rows):
@@ -143,8 +148,8 @@ def table_train(rows, o):
                [[s['strategy'], fmt(s.get('ms_per_step'), 2),
                  fmt_spread(s, 'ms_per_step_ratio'), fmt(s.get('peak_mib'), 0),
                  fmt_spread(s, 'peak_ratio'), fmt(s.get('gpu_steps_behind'), 2),
-                 fmt(s.get('misses_per_step'), 0),
-                 fmt(s.get('hand_backs_per_step'), 0)] +
+                 fmt(s.get('misses_per_step'), 2),
+                 fmt(s.get('hand_backs_per_step'), 2)] +
                 (['%s/%s' % (fmt(s.get('calls_alloc_us_per_step'), 0),
                              fmt(s.get('calls_free_us_per_step'), 0))]
                  if timed else []) +

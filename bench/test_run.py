@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 import run  # noqa: E402
+import table  # noqa: E402
 import run_facts  # noqa: E402
 import run_matrix  # noqa: E402
 import run_process  # noqa: E402
@@ -235,6 +236,37 @@ def test_plan_order():
     assert (q.reps, q.iters) == (4, 9)
 
 
+def test_w5_ratio_same_rep():
+    """W5's ratios divide by inline-async of the same repetition in every
+    repetition, rotation or not (before, rows that ran before it divided
+    by an earlier repetition's median, or got none)."""
+    o = run.parse_args(['--reps', '4', '--workloads', 'W5'])
+    wl = next(x for x in run_workloads.WORKLOADS if x.name == 'W5-idle')
+    r = run_matrix.Runner(o, [wl], [], '/b', {}, io.StringIO())
+    for rep, _, st in r.plan():
+        x = dict(record='rep', workload=wl.name, strategy=st.name, rep=rep,
+                 ok=True, call_p99_us=1.0,
+                 call_p50_us=(rep + 1) * (1.0 if st.name == 'inline-async'
+                                          else 2.0))
+        r.add_ratios(wl, x)
+        r.results.setdefault((wl.name, st.name), []).append(x)
+    bad = [(s, x['rep'], x['ratio_p50_async'])
+           for (w, s), xs in r.results.items() for x in xs
+           if s != 'inline-async' and x['ratio_p50_async'] != 2.0]
+    assert not bad, bad
+
+
+def test_reps_column():
+    """The reps column says which repetitions failed and which exited
+    nonzero after their result."""
+    assert table.fmt_reps(dict(reps=3, reps_failed=0, reps_exit_nonzero=0)) == '3'
+    assert table.fmt_reps(dict(reps=3, reps_failed=0, reps_exit_nonzero=1)) == \
+        '3 (1 exit!=0)'
+    assert table.fmt_reps(dict(reps=2, reps_failed=1, reps_exit_nonzero=1)) == \
+        '2 (1 FAILED, 1 exit!=0)'
+    assert table.fmt_reps(dict(reps=2, reps_failed=1)) == '2 (1 FAILED)'
+
+
 def test_bad_options():
     for args in (['--workloads', 'W7'], ['--strategies', 'nosuch'], ['--reps', '0'],
                  ['--variant', 'cudefer=A=1'], ['--variant', 'a=A=1', '--variant', 'a=B=2']):
@@ -444,8 +476,8 @@ def test_dry_run():
         rc, so, se = run_py(tmp, ['--dry-run', '--quick'])   # 2 GPUs: the -ddp ones too
         assert '--model lm --allocator malloc-free --steps 15 --warmup 5 --ddp' in so, so
         assert '--workload W6 --strategy no-library' in so and '--workload W4' in so
-        assert lines[0].endswith('--workload W5-idle --strategy inline-cudaFree '
-                                 '--label inline-cudaFree --rep 0 --calls 20000'), lines[0]
+        assert lines[0].endswith('--workload W5-idle --strategy inline-async '
+                                 '--label inline-async --rep 0 --calls 20000'), lines[0]
         assert any(l.startswith('CUDEFER_A=1 ') and '--allocator cudefer' in l
                    for l in lines), so
     finally:
