@@ -97,8 +97,13 @@ class Runner:
             if rec['strategy'] != 'native':
                 natives = [r for r in natives if r['rep'] == rec['rep']] or natives
             ref = natives[0] if natives else rec if rec['strategy'] == 'native' else {}
+            # Under DDP every rank's against native's same rank (rank 0's
+            # alone hid a difference on another rank).
             for what in ('losses', 'weights'):
                 mine, theirs = rec.get(what + '_sha256'), ref.get(what + '_sha256')
+                ranks = rec.get(what + '_sha256_ranks'), ref.get(what + '_sha256_ranks')
+                if all(ranks):
+                    mine, theirs = ranks
                 rec[what + '_identical'] = mine == theirs if mine and theirs else None
 
     def make_record(self, wl, st, rep, status, out, seconds):

@@ -256,6 +256,30 @@ def test_w5_ratio_same_rep():
     assert not bad, bad
 
 
+def test_ddp_identity_every_rank():
+    """Under DDP, losses and weights are compared rank by rank with
+    native's same repetition: a difference on rank 1 alone is seen."""
+    o = run.parse_args(['--reps', '1', '--workloads', 'train-lm-ddp'])
+    wl = next(x for x in run_workloads.WORKLOADS if x.name == 'train-lm-ddp')
+    r = run_matrix.Runner(o, [wl], [], '/b', {}, io.StringIO())
+
+    def rec(strategy, losses, weights):
+        return dict(record='rep', workload=wl.name, strategy=strategy, rep=0,
+                    ok=True, ms_per_step=1.0, peak_mib=1.0,
+                    losses_sha256=losses[0], weights_sha256=weights[0],
+                    losses_sha256_ranks=losses, weights_sha256_ranks=weights)
+    native = rec('native', ['a', 'b'], ['w', 'w'])
+    r.add_ratios(wl, native)
+    r.results[(wl.name, 'native')] = [native]
+    same, other = rec('cudefer', ['a', 'b'], ['w', 'w']), \
+        rec('cudefer', ['a', 'X'], ['w', 'Y'])
+    r.add_ratios(wl, same)
+    r.add_ratios(wl, other)
+    assert same['losses_identical'] and same['weights_identical'], same
+    assert other['losses_identical'] is False and \
+        other['weights_identical'] is False, other
+
+
 def test_reps_column():
     """The reps column says which repetitions failed and which exited
     nonzero after their result."""
