@@ -424,7 +424,7 @@ void s_mem_get_info(const struct scenario *sc)
         CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
     }
     WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
-    sleep_ms(10);
+    wait_stats_settled(10000);
     struct defer_stats st = stats_now();
     const char *msg = capture_end();
     fake_fail_clear();

@@ -92,6 +92,25 @@ bool wait_flag(const volatile int *flag, unsigned timeout_ms)
     return true;
 }
 
+bool wait_stats_settled(unsigned timeout_ms)
+{
+    double end = now_ms() + timeout_ms;
+    struct defer_stats a = stats_now();
+    do {
+        sleep_ms(5);
+        struct defer_stats b = stats_now();
+        if (a.held == b.held && a.held_bytes == b.held_bytes &&
+            a.released == b.released && a.failed == b.failed &&
+            a.cap_releases == b.cap_releases &&
+            a.idle_releases == b.idle_releases &&
+            a.age_releases == b.age_releases &&
+            a.demand_releases == b.demand_releases)
+            return true;
+        a = b;
+    } while (now_ms() < end);
+    return false;
+}
+
 struct defer_stats stats_now(void)
 {
     struct defer_stats s;

@@ -39,6 +39,13 @@ bool wait_flag(const volatile int *flag, unsigned timeout_ms);
 
 struct defer_stats stats_now(void);
 
+/* Wait (timeout_ms at most) until two snapshots of the statistics 5 ms
+ * apart agree on what the reclaimer counts (held, held_bytes, released,
+ * failed and the releases by reason): the reclaimer publishes them at the
+ * end of a pass, so a condition on fake_is_released may hold halfway
+ * through one.  True when settled. */
+bool wait_stats_settled(unsigned timeout_ms);
+
 /* Capture what is written to stderr between begin and end; end returns it
  * (static buffer, NUL-terminated) and echoes it as TAP diagnostics. */
 void stderr_capture_begin(void);

@@ -168,7 +168,7 @@ static int s_cap(void)
     }
     /* Settled: every B entry is released or held. */
     WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
-    sleep_ms(20);
+    wait_stats_settled(10000);
     struct defer_stats st = stats_now();
     int released = count_released(p, N);
     CHECK(st.cap_releases > 0, "released because of the cap (cap_releases %llu)",
