@@ -109,10 +109,19 @@ void op_alloc_n(struct worker *w)
         launch(w, l, p, (n + 1) / 2);
     bool grouped = false;
     if (rng_percent(&w->rng, 20)) { /* a block also used on another stream */
-        struct lane *b = &w->own[rng_below(&w->rng, (uint32_t)opt.streams)];
+        /* A created stream of this thread, or a third of the time the
+         * legacy stream of a device (recorded with that device current);
+         * the free then runs with any device current, as PyTorch's may:
+         * it must wait for that device's legacy stream (block_users.c). */
+        bool legacy = rng_percent(&w->rng, 33);
+        struct lane *b =
+            legacy ? &w->legacy[rng_below(&w->rng, (uint32_t)opt.devices)]
+                   : &w->own[rng_below(&w->rng, (uint32_t)opt.streams)];
         for (size_t i = 0; i < n && !grouped && b != l; i++) {
             if (!block[i] || p[i] == NULL)
                 continue;
+            if (legacy)
+                use_device(w, b->dev);
             launch(w, b, &p[i], 1);
             cudaError_t err = defer_record_stream(p[i], b->h);
             if (err != cudaSuccess)
@@ -120,6 +129,8 @@ void op_alloc_n(struct worker *w)
                             w->index, p[i], cudaGetErrorName(err));
             grouped = true;
         }
+        if (legacy)
+            use_device(w, (int)rng_below(&w->rng, (uint32_t)opt.devices));
     }
     if (rng_percent(&w->rng, 30)) {
         cudaError_t err = cudaMallocHost(&host, random_size(w));
