@@ -107,7 +107,7 @@ void op_alloc_n(struct worker *w)
     launch(w, l, p, n);
     if (rng_percent(&w->rng, 30))
         launch(w, l, p, (n + 1) / 2);
-    bool grouped = false;
+    bool grouped = false, any_device = false;
     if (rng_percent(&w->rng, 20)) { /* a block also used on another stream */
         /* A created stream of this thread, or a third of the time the
          * legacy stream of a device (recorded with that device current);
@@ -129,8 +129,9 @@ void op_alloc_n(struct worker *w)
                             w->index, p[i], cudaGetErrorName(err));
             grouped = true;
         }
-        if (legacy)
-            use_device(w, (int)rng_below(&w->rng, (uint32_t)opt.devices));
+        if (legacy) /* l's own device again: its launches below use it */
+            use_device(w, l->dev);
+        any_device = legacy;
     }
     if (rng_percent(&w->rng, 30)) {
         cudaError_t err = cudaMallocHost(&host, random_size(w));
@@ -148,6 +149,8 @@ void op_alloc_n(struct worker *w)
     }
     if (to->kind != LANE_OWN)
         use_device(w, to->dev);
+    else if (any_device) /* a created stream's free: any device current */
+        use_device(w, (int)rng_below(&w->rng, (uint32_t)opt.devices));
     for (size_t i = 0; i < n; i++)
         if (block[i] && p[i] != NULL)
             live_remove(p[i]);
