@@ -165,6 +165,12 @@ void test_oracle(void)
     is_int(fake_violations(), 1, "double release is a violation");
     ok(last_violation_has("double release"), "... with a clear message");
     fake_oracle_forgive();
+    fake_fail(FAKE_FREE, cudaErrorLaunchFailure, 0, 1);
+    is_int(cudaFree(p), cudaErrorLaunchFailure, "double cudaFree, failing");
+    fake_fail_clear();
+    is_int(fake_violations(), 1, "... is a violation all the same (an "
+                                 "injected error hid it before)");
+    fake_oracle_forgive();
 
     cudaMalloc(&p, 256);
     cudaMalloc(&q, 256);

@@ -59,10 +59,28 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
     return (void *)a->addr;
 }
 
+/* A release of p already released is a violation, reported before the
+ * call's failure injection (an injected error must not hide it); whether it
+ * was reported.  Takes the lock. */
+static int double_release(const char *fn, const void *p)
+{
+    struct falloc *a;
+    int twice;
+
+    fake_lock();
+    a = p != NULL ? fake_alloc_find(p, 1) : NULL;
+    twice = a != NULL && a->released;
+    if (twice)
+        fake_violation("double release of %p (%s)", p, fn);
+    fake_unlock();
+    return twice;
+}
+
 /* Release p for function fn (host: cudaFreeHost; async: the stream of a
- * cudaFreeAsync), with the oracle's checks.  Lock held. */
+ * cudaFreeAsync), with the oracle's checks; reported: double_release
+ * said p was released already.  Lock held. */
 static cudaError_t release(const char *fn, void *p, int host,
-                           struct fstream *async)
+                           struct fstream *async, int reported)
 {
     struct falloc *a;
 
@@ -74,7 +92,8 @@ static cudaError_t release(const char *fn, void *p, int host,
         return cudaErrorInvalidValue;
     }
     if (a->released) {
-        fake_violation("double release of %p (%s)", p, fn);
+        if (!reported) /* another thread's release came in between */
+            fake_violation("double release of %p (%s)", p, fn);
         return cudaErrorInvalidValue;
     }
     if ((a->kind == A_HOST) != host) {
@@ -336,17 +355,19 @@ cudaError_t cudaMallocHost(void **ptr, size_t size)
 /* Release device or pool memory (oracle-checked). */
 cudaError_t cudaFree(void *devPtr)
 {
+    int twice = double_release("cudaFree", devPtr);
     ENTER(FAKE_FREE);
     UNSAFE_CALL();
-    return fake_leave(release("cudaFree", devPtr, 0, NULL));
+    return fake_leave(release("cudaFree", devPtr, 0, NULL, twice));
 }
 
 /* Release pinned host memory (oracle-checked). */
 cudaError_t cudaFreeHost(void *ptr)
 {
+    int twice = double_release("cudaFreeHost", ptr);
     ENTER(FAKE_FREE_HOST);
     UNSAFE_CALL();
-    return fake_leave(release("cudaFreeHost", ptr, 1, NULL));
+    return fake_leave(release("cudaFreeHost", ptr, 1, NULL, twice));
 }
 
 /* Release device memory in stream order: work ordered before the free on
@@ -354,6 +375,7 @@ cudaError_t cudaFreeHost(void *ptr)
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
     struct fstream *s;
+    int twice = double_release("cudaFreeAsync", devPtr);
 
     ENTER(FAKE_FREE_ASYNC);
     if ((s = fake_stream_resolve(hStream)) == NULL)
@@ -361,7 +383,7 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
     UNSAFE_CALL();
-    return fake_leave(release("cudaFreeAsync", devPtr, 0, s));
+    return fake_leave(release("cudaFreeAsync", devPtr, 0, s, twice));
 }
 
 /* Free and total memory of the current device. */
