@@ -289,7 +289,8 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * freed with another device current (the free then makes that device
  * current for its event, and the caller's again).  Every way of freeing
  * the block waits for them (defer_free, defer_free_n, defer_free_streams,
- * CUDEFER_DISABLE);
+ * CUDEFER_DISABLE; a free whose blocks were recorded on more than 64
+ * streams in all is refused, cudaErrorInvalidValue);
  * freeing it into a graph capture is refused
  * (cudaErrorStreamCaptureUnsupported: the capture could not wait for them).
  * Returns cudaSuccess, cudaErrorInvalidValue (reported) when ptr is not the

@@ -160,12 +160,15 @@ static cudaError_t release_synchronously(const struct request_args *a,
         return cudaErrorInvalidValue;
     }
     struct device_switch sw = BLOCK_USERS_NO_SWITCH;
+    const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = block_users_enter(&recorded[i], &sw)) == cudaSuccess)
+        if ((err = block_users_enter(&recorded[i], &sw)) != cudaSuccess)
+            failed = "cudaGetDevice or cudaSetDevice";
+        else
             err = cudaStreamSynchronize(recorded[i].handle);
     block_users_leave(&sw);
     if (err != cudaSuccess)
-        return reject(a->what, "cudaStreamSynchronize", err);
+        return reject(a->what, failed, err);
     if (a->kind == ENTRY_CALL && !lifecycle_config()->disable &&
         queue_synced_call(a, stream))
         return cudaSuccess;
@@ -440,12 +443,15 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
     if (capturing)
         return submit_captured(a, streams, n);
     if (lifecycle_config()->disable) {
+        const char *failed = "cudaStreamSynchronize";
         for (size_t i = 1; i < n && err == cudaSuccess; i++)
-            if ((err = block_users_enter(&users[i], &sw)) == cudaSuccess)
+            if ((err = block_users_enter(&users[i], &sw)) != cudaSuccess)
+                failed = "cudaGetDevice or cudaSetDevice";
+            else
                 err = cudaStreamSynchronize(streams[i]);
         block_users_leave(&sw);
         if (err != cudaSuccess)
-            return reject(a->what, "cudaStreamSynchronize", err);
+            return reject(a->what, failed, err);
         return release_synchronously(a, streams[0]);
     }
     struct entry *parts[64] = {NULL};
@@ -457,7 +463,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
         bool no_event = false, cached = false;
         /* A recorded special handle: on the device it named. */
         if ((err = block_users_enter(&users[made], &sw)) != cudaSuccess) {
-            call = "cudaSetDevice";
+            call = "cudaGetDevice or cudaSetDevice";
             break;
         }
         /* Callbacks are ordered per stream: never a stale identity. */

@@ -236,20 +236,6 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     return b != NULL ? b->ptr : NULL;
 }
 
-/* Whether a record found under a fresh block's address is a piece MERGED
- * into a block that a miss handed back to the pool while the piece's
- * entry was pending: its memory was counted in that block's, and the pool
- * may give the address out again at once.  It is no block any more: its
- * entry forgets it (out of the map now, the fresh block in its place). */
-static bool is_merged(struct cache_block *stale)
-{
-    struct device_cache *c = cache_of(stale->device);
-    pthread_mutex_lock(&c->lock);
-    bool merged = stale->state == BLOCK_MERGED;
-    pthread_mutex_unlock(&c->lock);
-    return merged;
-}
-
 /* A record found under a fresh block's address: its memory was freed with
  * cudaFree behind cudefer's back.  Drop it from every list. */
 static void drop_stale(struct cache_block *stale)
@@ -300,20 +286,27 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     b->state = BLOCK_LIVE;
     b->handout = atomic_fetch_add(&next_handout, 1);
     struct device_cache *c = cache_of(device);
+    struct cache_block *stale = NULL;
+    /* Filed, inserted and the record it replaces looked at in one hold
+     * (the cache's lock, then the map's, as everywhere): a piece MERGED
+     * into a block a miss handed back to the pool while the piece's entry
+     * was pending is no block any more (its memory was counted in that
+     * block's, and the pool may give the address out again at once): its
+     * entry forgets it, and the reclaimer may free it as soon as the lock
+     * is let go, so it is not touched after. */
     pthread_mutex_lock(&c->lock);
     bool filed = block_segments_file(c, ptr, size);
+    bool inserted = filed && block_map_insert(b, &stale);
+    if (filed && !inserted)
+        block_segments_unfile(c, ptr);
+    bool merged = stale != NULL && stale->device == device &&
+                  stale->state == BLOCK_MERGED;
     pthread_mutex_unlock(&c->lock);
-    struct cache_block *stale = NULL;
-    if (!filed || !block_map_insert(b, &stale)) {
-        if (filed) {
-            pthread_mutex_lock(&c->lock);
-            block_segments_unfile(c, ptr);
-            pthread_mutex_unlock(&c->lock);
-        }
+    if (!inserted) {
         free(b);
         return false;
     }
-    if (stale != NULL && !is_merged(stale))
+    if (stale != NULL && !merged)
         drop_stale(stale);
     stats_add(&stats.cache_bytes, size);
     atomic_store_explicit(&active, true, memory_order_release);

@@ -163,7 +163,7 @@ bool block_cache_active(void);
 /* The largest request the cache takes (2^62 bytes on 64-bit): its
  * rounding, the 1/8 a request may take beyond it and a split's rest all
  * stay far from wrapping.  defer_alloc refuses larger ones. */
-#define BLOCK_MAX_REQUEST (SIZE_MAX / 4)
+#define BLOCK_MAX_REQUEST (SIZE_MAX / 4 + 1)
 
 /* Any thread: the size a new block for a request of bytes (at most
  * BLOCK_MAX_REQUEST) gets. */

@@ -124,11 +124,20 @@ uint64_t block_leave_oldest_free_ns(int device)
     struct device_cache *c = block_cache_device(device);
     if (c == NULL)
         return UINT64_MAX;
+    /* As block_leave_expired walks the age list: it stops at the first
+     * block freed after its time, named or not (the list is not strictly
+     * by time: a block made whole again joins its tail with its pieces'
+     * time), so the first block it can take goes at the latest time seen
+     * up to it. */
+    uint64_t t = 0;
     pthread_mutex_lock(&c->lock);
     struct cache_block *b = c->lru.oldest;
-    while (b != NULL && (b->events > 0 || b->outstanding > 0))
-        b = b->lru_next;
-    uint64_t t = b != NULL ? b->freed_ns : UINT64_MAX;
+    for (; b != NULL; b = b->lru_next) {
+        if (b->freed_ns > t)
+            t = b->freed_ns;
+        if (b->events == 0 && b->outstanding == 0)
+            break;
+    }
     pthread_mutex_unlock(&c->lock);
-    return t;
+    return b != NULL ? t : UINT64_MAX;
 }

@@ -44,10 +44,11 @@ size_t block_leave_for_miss(int device, unsigned long long stream_id,
                             uint64_t freed_before_ns, struct block_memory *out,
                             size_t max, size_t max_bytes);
 
-/* Reclaimer.  When the oldest FREE block of device that may expire (no
- * entry names it: block_leave_expired's rule) became free (UINT64_MAX:
- * none): the reclaimer sleeps until it expires, and a block it could not
- * take would end every such sleep at once. */
+/* Reclaimer.  The time from which block_leave_expired takes a FREE block
+ * of device: the first one no entry names, at the latest free time of the
+ * blocks before it on the age list (UINT64_MAX: none).  The reclaimer
+ * sleeps until then plus cache_keep_ms; an earlier time would end every
+ * such sleep at once. */
 uint64_t block_leave_oldest_free_ns(int device);
 
 #endif

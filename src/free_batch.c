@@ -38,9 +38,9 @@ static _Atomic uint64_t age_ns = FREE_BATCH_AGE_NS;
  * returned before it, also one whose claim another thread's seal took.
  * Seals begun after the turn count in the new generation: with one count
  * a flush waited for those too, until the other threads stopped freeing
- * (7-2079 ms with two threads freeing nonstop, 2 ms a record; t/free_batch
- * test_flush_not_starved).  turn: one flush turns the generation at a
- * time (the next waits for the one before). */
+ * (7-2079 ms with two threads freeing nonstop, 2 ms a record;
+ * t/free_batch_flush scenario_flush_not_starved).  turn: one flush turns
+ * the generation at a time (the next waits for the one before). */
 static _Atomic size_t in_flight[2];
 static _Atomic unsigned generation;
 static pthread_mutex_t turn = PTHREAD_MUTEX_INITIALIZER;
@@ -48,14 +48,37 @@ static pthread_mutex_t turn = PTHREAD_MUTEX_INITIALIZER;
  * that saw some come back while it waited seals once more. */
 static _Atomic unsigned long given_back;
 
+/* Tests: called between reading the generation and counting. */
+static void (*_Atomic take_hook)(void);
+
+void free_batch_set_take_hook(void (*hook)(void))
+{
+    atomic_store(&take_hook, hook);
+}
+
 /* Counts n claims in flight (with a batch's lock held, when taken from
- * it); returns the generation to land them in. */
+ * it); returns the generation to land them in.  A flush that turns the
+ * generation between the read and the count would not see the count, and
+ * a later flush would wait for the other generation: the claims of frees
+ * that returned before it would be missed (found by a review helper).  So
+ * the generation is read again after counting (sequentially consistent
+ * with the flush's turn and its wait), and the count moved where it
+ * changed.  Only a flush whose scan came before this take can turn it
+ * meanwhile (the take holds the batch's lock), so this ends. */
 static unsigned take_off(size_t n)
 {
-    unsigned g =
-        atomic_load_explicit(&generation, memory_order_relaxed) & 1u;
-    atomic_fetch_add_explicit(&in_flight[g], n, memory_order_relaxed);
-    return g;
+    unsigned gen = atomic_load(&generation);
+    void (*hook)(void) = atomic_load(&take_hook);
+    if (hook != NULL)
+        hook();
+    for (;;) {
+        atomic_fetch_add(&in_flight[gen & 1u], n);
+        unsigned now = atomic_load(&generation);
+        if (now == gen)
+            return gen & 1u;
+        atomic_fetch_sub(&in_flight[gen & 1u], n);
+        gen = now;
+    }
 }
 
 /* n claims of generation g pushed or given back. */
@@ -367,7 +390,7 @@ static void wait_for_earlier_seals(void)
 {
     pthread_mutex_lock(&turn);
     unsigned old = atomic_fetch_add(&generation, 1) & 1u;
-    while (atomic_load_explicit(&in_flight[old], memory_order_acquire) > 0) {
+    while (atomic_load(&in_flight[old]) > 0) {
         struct timespec nap = {.tv_nsec = 20000}; /* 20 us */
         nanosleep(&nap, NULL);
     }

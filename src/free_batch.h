@@ -54,6 +54,11 @@
  * cannot split a batch a test fills.  Before the frees it concerns. */
 void free_batch_set_age_ns(uint64_t age_ns);
 
+/* Tests: hook (NULL: none) runs in every seal's take of claims, after it
+ * read the flushes' generation and before it counts its claims (the batch's
+ * lock held), so that a test can turn the generation there. */
+void free_batch_set_take_hook(void (*hook)(void));
+
 /* Start-up, under the library's start lock: ndevices batches, each sealed
  * once it holds max_claims claims (1: every free records its own event,
  * nothing is batched).  False when out of memory. */

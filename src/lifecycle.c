@@ -305,11 +305,7 @@ cudaError_t lifecycle_device_error(int device)
     return device_error(device);
 }
 
-/* Push a request and wait for it (at most until deadline_ns, if not 0);
- * false if the deadline passed first, and then the request (with its queue
- * marker) is left to the reclaimer: q must outlive it (the caller is
- * exiting).  With leave_gate, the
- * caller's admission ends once the request is pushed. */
+/* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
 static _Atomic unsigned long requests_pushed;
 
 unsigned long lifecycle_requests_pushed(void)
@@ -317,6 +313,11 @@ unsigned long lifecycle_requests_pushed(void)
     return atomic_load(&requests_pushed);
 }
 
+/* Push a request and wait for it (at most until deadline_ns, if not 0);
+ * false if the deadline passed first, and then the request (with its queue
+ * marker) is left to the reclaimer: q must outlive it (the caller is
+ * exiting).  With leave_gate, the
+ * caller's admission ends once the request is pushed. */
 static bool request_and_wait(struct request *q, uint64_t deadline_ns,
                              bool leave_gate)
 {

@@ -123,6 +123,79 @@ static void test_flush_reseals_given_back(void)
        free_batch_waiting(), ULL(stats_now().released - released), BATCH);
 }
 
+/* A seal's take reads the flushes' generation, and a flush F1 turns it
+ * before the take counts its claims (the take stalled there by the test
+ * hook): F1 needs nothing of it (its scan came first), but a flush F2 after
+ * the frees whose claims the take holds must wait for their seal.  Before
+ * the fix the count went to the generation F1 had closed, F2 waited on the
+ * other and returned with those frees unpushed (found by a review helper). */
+static _Atomic int stall; /* 1: armed; 2: a take stalls; 3: go on */
+
+static void stall_take(void)
+{
+    int armed = 1;
+    if (!atomic_compare_exchange_strong(&stall, &armed, 2))
+        return;
+    while (atomic_load(&stall) != 3)
+        sleep_ms(1);
+}
+
+static _Atomic int flushed;
+
+static void *flush_in_thread(void *unused)
+{
+    (void)unused;
+    if (defer_flush() != cudaSuccess)
+        bail("defer_flush failed");
+    atomic_store(&flushed, 1);
+    return NULL;
+}
+
+static void test_take_across_a_turn(void)
+{
+    void *p[BATCH], *first = NULL, *x0 = NULL;
+    pthread_t t, f1;
+    alloc_checked(&first, 72 * KiB, NULL);
+    alloc_checked(&x0, 72 * KiB, NULL);
+    for (int i = 0; i < BATCH; i++)
+        alloc_checked(&p[i], 72 * KiB, NULL);
+    struct sealer z = {.first = first, .p = p[BATCH - 1]};
+    pthread_create(&t, NULL, seal_when_told, &z);
+    while (atomic_load(&z.stage) != 1)
+        sleep_ms(1);
+    if (defer_flush() != cudaSuccess)
+        bail("defer_flush failed");
+    defer_free(x0, NULL); /* F1 seals this one: 1 s in its record */
+    fake_set_latency(FAKE_EVENT_RECORD, 1000000000);
+    pthread_create(&f1, NULL, flush_in_thread, NULL);
+    for (int i = 0; i < 10000 && free_batch_waiting() != 0; i++)
+        sleep_ms(1);
+    uint64_t released = stats_now().released;
+    for (int i = 0; i < BATCH - 1; i++) /* after F1's scan */
+        defer_free(p[i], NULL);
+    atomic_store(&stall, 1);
+    free_batch_set_take_hook(stall_take);
+    atomic_store(&z.stage, 2); /* the sealer fills the batch */
+    for (int i = 0; i < 10000 && atomic_load(&stall) != 2; i++)
+        sleep_ms(1);
+    ok(atomic_load(&stall) == 2 && !atomic_load(&flushed),
+       "the sealer's take stalls after reading the generation, F1 still in "
+       "its record");
+    for (int i = 0; i < 10000 && !atomic_load(&flushed); i++)
+        sleep_ms(1);
+    ok(atomic_load(&flushed), "F1 turned the generation and returned");
+    fake_set_latency(FAKE_EVENT_RECORD, 200000000); /* the sealer's: 200 ms */
+    atomic_store(&stall, 3);
+    is_int(defer_flush(), cudaSuccess, "F2");
+    ok(stats_now().released >= released + BATCH,
+       "F2 returns with the frees that returned before it released (%llu of "
+       "%d)", ULL(stats_now().released - released), BATCH);
+    pthread_join(t, NULL);
+    pthread_join(f1, NULL);
+    free_batch_set_take_hook(NULL);
+    fake_set_latency(FAKE_EVENT_RECORD, 0);
+}
+
 /* Four threads free on the legacy stream without pause (batches of 2, so
  * they seal by turns, and every record takes 20 ms: a seal of theirs is
  * nearly always in flight).  A flush waits for the seals under way when
@@ -209,6 +282,7 @@ int main(void)
     free_batch_set_age_ns(UINT64_MAX);
     test_flush_waits_for_seal();
     test_flush_reseals_given_back();
+    test_take_across_a_turn();
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     return 0;
 }
