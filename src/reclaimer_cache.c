@@ -78,17 +78,17 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
 /* When the next cached block is released (UINT64_MAX: none, or never), as
  * reclaimer_cache_release decides: cache_keep_ms after it was freed if the
  * application is quiet then, else once it is, at most 4 x cache_keep_ms
- * after; never for a failed device's blocks.  Asked with no work pending,
- * so quiet from the last activity plus idle_us on.  The deadline was the
- * first of those alone: past it, with the block not released, the
- * reclaimer's timed sleep ended at once, pass after pass (3,000 wake-ups
- * in 200 ms; found by a review helper). */
+ * after; never for a failed device's blocks.  The deadline was the first
+ * of those alone: past it, with the block not released, the reclaimer's
+ * timed sleep ended at once, pass after pass (3,000 wake-ups in 200 ms;
+ * found by a review helper). */
 uint64_t reclaimer_cache_expiry_ns(void)
 {
     if (rs.cfg.cache_keep_ms == 0)
         return UINT64_MAX;
     uint64_t keep = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
-    uint64_t quiet_at = rs.last_activity_ns + (uint64_t)rs.cfg.idle_us * 1000;
+    struct policy_view view = reclaimer_view_now(0);
+    uint64_t quiet_at = release_policy_quiet_at(&rs.cfg, &view);
     uint64_t next = UINT64_MAX;
     for (int d = 0; d < rs.ndevices; d++) {
         uint64_t freed = block_leave_oldest_free_ns(d);

@@ -20,11 +20,17 @@ static bool too_old(const struct defer_config *cfg, const struct entry *e,
            now_ns - e->completed_ns >= cfg->max_delay_ms * NS_PER_MS;
 }
 
+uint64_t release_policy_quiet_at(const struct defer_config *cfg,
+                                 const struct policy_view *v)
+{
+    return v->work_pending ? UINT64_MAX
+                           : v->last_activity_ns + cfg->idle_us * NS_PER_US;
+}
+
 bool release_policy_quiet(const struct defer_config *cfg,
                           const struct policy_view *v)
 {
-    return !v->work_pending &&
-           v->now_ns - v->last_activity_ns >= cfg->idle_us * NS_PER_US;
+    return release_policy_quiet_at(cfg, v) <= v->now_ns;
 }
 
 enum release_reason release_policy_decide(const struct defer_config *cfg,
@@ -71,10 +77,9 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
     if (h->head == NULL)
         return UINT64_MAX;
     uint64_t wait = UINT64_MAX;
-    if (!view->work_pending) {
-        uint64_t idle_at = view->last_activity_ns + cfg->idle_us * NS_PER_US;
+    uint64_t idle_at = release_policy_quiet_at(cfg, view);
+    if (idle_at != UINT64_MAX)
         wait = idle_at > view->now_ns ? idle_at - view->now_ns : 0;
-    }
     if (cfg->max_delay_ms != 0) {
         uint64_t old_at = h->head->completed_ns + cfg->max_delay_ms * NS_PER_MS;
         uint64_t age_wait = old_at > view->now_ns ? old_at - view->now_ns : 0;

@@ -56,6 +56,11 @@ bool release_policy_release_at_once(const struct defer_config *cfg,
 bool release_policy_quiet(const struct defer_config *cfg,
                           const struct policy_view *view);
 
+/* From when the application is quiet if nothing else arrives: idle_us
+ * after the last arrival; UINT64_MAX while work is pending. */
+uint64_t release_policy_quiet_at(const struct defer_config *cfg,
+                                 const struct policy_view *view);
+
 /* The policy reads a held list: call these with its lock held. */
 
 /* Why the held entries of h should be released now, or RELEASE_NONE. */

@@ -1,8 +1,9 @@
 /* defer_alloc over the block cache, end to end with the reclaimer: a block
  * freed on a stream goes back to that stream at once, to other streams only
  * once its work is done (the oracle checks every hand-out), record_stream,
- * groups, out of memory, capture, devices, the PyTorch entry points, double
- * frees, expiry and shutdown (misses and trims: t/alloc_pool.c). */
+ * groups, capture, devices, the PyTorch entry points, double frees, expiry
+ * and shutdown (misses and trims: t/alloc_pool.c; sizes no device holds
+ * and out of memory: t/alloc_limits.c). */
 #include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -583,38 +584,6 @@ static void test_capture(void)
     cudaStreamDestroy(c);
 }
 
-static void test_out_of_memory(cudaStream_t s)
-{
-    size_t free_b, total;
-    defer_flush();
-    defer_trim(NULL); /* nothing cached: the limit below is what is free */
-    cudaMemGetInfo(&free_b, &total);
-    /* 600 KiB rounds to 608 KiB; only 604 KiB are left. */
-    fake_set_device_memory(0, total - free_b + (604 << 10));
-    void *p = NULL;
-    uint64_t before = stats_now().cache_bytes;
-    is_int(defer_alloc(&p, 600 << 10, s), cudaSuccess,
-           "the rounded size does not fit, the exact size does");
-    is_int(stats_now().cache_bytes - before, 600 << 10, "a block of 600 KiB");
-    defer_free(p, s);
-    /* Cached free blocks are released to make room. */
-    void *big = NULL;
-    defer_flush();
-    is_int(defer_alloc(&big, 602 << 10, s), cudaSuccess,
-           "out of memory: the cache is trimmed, then it fits");
-    ok(fake_is_released(p) == 1, "the cached block made room");
-    /* Nothing fits: PyTorch does not check the NULL it gets, so the
-     * pluggable entry point says so itself. */
-    stderr_capture_begin();
-    void *none = defer_pluggable_alloc(64 << 10, 0, s);
-    const char *said = stderr_capture_end();
-    ok(none == NULL && strstr(said, "defer_pluggable_alloc: out of memory "
-                                    "for 65536 bytes on device 0") != NULL,
-       "defer_pluggable_alloc out of memory: NULL, said");
-    defer_free(big, s);
-    fake_set_device_memory(0, total);
-}
-
 /* A child with CUDEFER_CACHE_KEEP_MS=50: a free block nobody takes is
  * released after 50 ms, even though the application went quiet. */
 static void scenario_expiry(void)
@@ -678,20 +647,6 @@ int main(void)
     stderr_capture_begin();
     is_int(defer_alloc(NULL, 8, s), cudaErrorInvalidValue, "NULL ptr: invalid");
     stderr_capture_end();
-    /* Sizes whose rounding wrapped to 0: "success" with NULL before (found
-     * by a review helper). */
-    uint64_t rejected = stats_now().rejected;
-    stderr_capture_begin();
-    p = &p;
-    cudaError_t huge = defer_alloc(&p, SIZE_MAX, s);
-    cudaError_t huge2 = defer_alloc(&p, SIZE_MAX - 100, s);
-    ok(strstr(stderr_capture_end(), "more than any device holds") != NULL,
-       "said");
-    ok(huge == cudaErrorMemoryAllocation && huge2 == huge && p == NULL &&
-           stats_now().rejected == rejected + 2,
-       "SIZE_MAX and SIZE_MAX - 100 bytes: out of memory, NULL, rejected");
-    ok(defer_pluggable_alloc(SIZE_MAX - 100, 0, s) == NULL,
-       "defer_pluggable_alloc too: NULL");
     test_same_stream(s, s2);
     test_per_thread_stream();
     test_legacy_stream();
@@ -707,7 +662,6 @@ int main(void)
     test_other_device(s);
     test_capture();
     test_pluggable_size_on_legacy();
-    test_out_of_memory(s);
     void *live = NULL;
     alloc_checked(&live, 512, s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");

@@ -8,14 +8,6 @@
 
 static int flushed;
 
-static void *flush_thread(void *unused)
-{
-    (void)unused;
-    cudaError_t err = defer_flush();
-    __atomic_store_n(&flushed, err == cudaSuccess ? 1 : -1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
 static void test_flush_waits(void)
 {
     is_int(defer_flush(), cudaSuccess, "flush with nothing deferred returns");
@@ -25,7 +17,7 @@ static void test_flush_waits(void)
     defer_free(p, s);
     unsigned long pushed = lifecycle_requests_pushed();
     pthread_t t;
-    pthread_create(&t, NULL, flush_thread, NULL);
+    flush_in_thread(&t, &flushed);
     /* Its request is in the queue before the later entry is deferred:
      * waited for, not slept for (a loaded machine may not run the thread
      * for tens of ms). */

@@ -140,16 +140,7 @@ static void stall_take(void)
         sleep_ms(1);
 }
 
-static _Atomic int flushed;
-
-static void *flush_in_thread(void *unused)
-{
-    (void)unused;
-    if (defer_flush() != cudaSuccess)
-        bail("defer_flush failed");
-    atomic_store(&flushed, 1);
-    return NULL;
-}
+static int flushed;
 
 static void test_take_across_a_turn(void)
 {
@@ -167,7 +158,7 @@ static void test_take_across_a_turn(void)
         bail("defer_flush failed");
     defer_free(x0, NULL); /* F1 seals this one: 1 s in its record */
     fake_set_latency(FAKE_EVENT_RECORD, 1000000000);
-    pthread_create(&f1, NULL, flush_in_thread, NULL);
+    flush_in_thread(&f1, &flushed);
     for (int i = 0; i < 10000 && free_batch_waiting() != 0; i++)
         sleep_ms(1);
     uint64_t released = stats_now().released;
@@ -178,12 +169,13 @@ static void test_take_across_a_turn(void)
     atomic_store(&z.stage, 2); /* the sealer fills the batch */
     for (int i = 0; i < 10000 && atomic_load(&stall) != 2; i++)
         sleep_ms(1);
-    ok(atomic_load(&stall) == 2 && !atomic_load(&flushed),
+    ok(atomic_load(&stall) == 2 &&
+           __atomic_load_n(&flushed, __ATOMIC_SEQ_CST) == 0,
        "the sealer's take stalls after reading the generation, F1 still in "
        "its record");
-    for (int i = 0; i < 10000 && !atomic_load(&flushed); i++)
-        sleep_ms(1);
-    ok(atomic_load(&flushed), "F1 turned the generation and returned");
+    ok(wait_flag(&flushed, 10000) &&
+           __atomic_load_n(&flushed, __ATOMIC_SEQ_CST) == 1,
+       "F1 turned the generation and returned");
     fake_set_latency(FAKE_EVENT_RECORD, 200000000); /* the sealer's: 200 ms */
     atomic_store(&stall, 3);
     is_int(defer_flush(), cudaSuccess, "F2");

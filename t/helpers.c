@@ -92,6 +92,21 @@ bool wait_flag(const volatile int *flag, unsigned timeout_ms)
     return true;
 }
 
+static void *flush_main(void *arg)
+{
+    cudaError_t err = defer_flush();
+    __atomic_store_n((int *)arg, err == cudaSuccess ? 1 : -1,
+                     __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+void flush_in_thread(pthread_t *t, int *done)
+{
+    __atomic_store_n(done, 0, __ATOMIC_SEQ_CST);
+    if (pthread_create(t, NULL, flush_main, done) != 0)
+        bail("pthread_create");
+}
+
 bool wait_stats_settled(unsigned timeout_ms)
 {
     double end = now_ms() + timeout_ms;

@@ -4,6 +4,7 @@
 #ifndef CUDEFER_TEST_HELPERS_H
 #define CUDEFER_TEST_HELPERS_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -36,6 +37,12 @@ bool wait_released(const void *p, unsigned timeout_ms);
 
 /* Poll until *flag becomes nonzero, at most timeout_ms; true if so. */
 bool wait_flag(const volatile int *flag, unsigned timeout_ms);
+
+/* defer_flush on a thread of its own (*t, to join): *done (0 before)
+ * becomes 1 when it returned cudaSuccess, -1 when it returned an error;
+ * read it with wait_flag or __atomic_load_n.  Bails if no thread could be
+ * made. */
+void flush_in_thread(pthread_t *t, int *done);
 
 struct defer_stats stats_now(void);
 

@@ -397,16 +397,7 @@ static void test_free_behind_shared_callback(void)
     cudaStreamDestroy(s);
 }
 
-static atomic_int flush_returned;
-
-static void *flush_in_thread(void *unused)
-{
-    (void)unused;
-    if (defer_flush() != cudaSuccess)
-        bail("defer_flush failed");
-    atomic_store(&flush_returned, 1);
-    return NULL;
-}
+static int flush_returned;
 
 /* A flush waits for callbacks that share an event until the event's
  * newest record completes, but never for work deferred after it began:
@@ -419,7 +410,6 @@ static void test_flush_stops_sharing(void)
 {
     enum { BEFORE = LANE_EVENTS + 1 };
     reset_counts();
-    atomic_store(&flush_returned, 0);
     cudaStream_t s = stream_new();
     fake_work *w[BEFORE];
     for (int i = 0; i < BEFORE; i++) {
@@ -429,8 +419,7 @@ static void test_flush_stops_sharing(void)
     }
     unsigned long pushed = lifecycle_requests_pushed();
     pthread_t flusher;
-    if (pthread_create(&flusher, NULL, flush_in_thread, NULL) != 0)
-        bail("pthread_create");
+    flush_in_thread(&flusher, &flush_returned);
     /* The flush waits (its request queued, the lanes told before): waited
      * for, not slept for (a loaded machine may not run the thread for
      * tens of ms). */
@@ -442,9 +431,9 @@ static void test_flush_stops_sharing(void)
            "a callback deferred while the flush waits, behind held work");
     for (int i = 0; i < BEFORE; i++)
         fake_complete(w[i]);
-    for (int k = 0; k < 10000 && !atomic_load(&flush_returned); k++)
-        sleep_ms(1);
-    ok(atomic_load(&flush_returned), "the flush returned once the work "
+    ok(wait_flag(&flush_returned, 10000) &&
+           __atomic_load_n(&flush_returned, __ATOMIC_SEQ_CST) == 1,
+       "the flush returned once the work "
        "before it was done, not waiting for the later work");
     is_int(atomic_load(&ran[0]), BEFORE, "every callback before it ran");
     fake_complete(after);

@@ -112,10 +112,10 @@ static void block_handed_out(struct falloc *a, struct frange r)
 
 /* ---- uses ---------------------------------------------------------------- */
 
-/* Note that w uses bytes r of a (p: the pointer named, for the message).
- * Lock held. */
+/* Note that w uses bytes r of a (p: the pointer named, for the message;
+ * order_only: see struct fuser).  Lock held. */
 static void add_user(struct falloc *a, struct fake_work *w, struct frange r,
-                     const void *p)
+                     const void *p, int order_only)
 {
     size_t i, n;
 
@@ -133,7 +133,7 @@ static void add_user(struct falloc *a, struct fake_work *w, struct frange r,
     a->users = fake_grow(a->users, a->nusers, &a->capusers, sizeof *a->users);
     a->users[a->nusers].w = w;
     a->users[a->nusers].r = r;
-    a->users[a->nusers].order_only = 0;
+    a->users[a->nusers].order_only = order_only;
     a->nusers++;
 }
 
@@ -143,8 +143,7 @@ void fake_alloc_ordered(struct falloc *a, struct fstream *s)
     if (s->tail == NULL || s->tail->done)
         return;
     add_user(a, s->tail, (struct frange){a->addr, a->addr + a->size},
-             (const void *)a->addr);
-    a->users[a->nusers - 1].order_only = 1;
+             (const void *)a->addr, 1);
 }
 
 /* See fake_internal.h. */
@@ -153,7 +152,7 @@ void fake_alloc_add_use(struct fake_work *w, const void *p)
     struct falloc *a = fake_alloc_find(p, 0);
 
     if (a != NULL)
-        add_user(a, w, fake_alloc_block_of(a, (uintptr_t)p), p);
+        add_user(a, w, fake_alloc_block_of(a, (uintptr_t)p), p, 0);
 }
 
 /* See fake_internal.h. */
@@ -162,7 +161,7 @@ void fake_alloc_add_use_range(struct fake_work *w, struct frange r)
     struct falloc *a = fake_alloc_find((const void *)r.lo, 0);
 
     if (a != NULL)
-        add_user(a, w, r, (const void *)r.lo);
+        add_user(a, w, r, (const void *)r.lo, 0);
 }
 
 /* ---- releases ---------------------------------------------------------- */

@@ -1,0 +1,74 @@
+/* defer_alloc at its limits: sizes no device holds (their rounding
+ * wrapped to a block of 0 bytes: "success" with NULL before; found by a
+ * review helper), and out of memory (the rounded size does not fit but the
+ * exact one does; cached blocks are trimmed to make room; the pluggable
+ * entry point, whose NULL PyTorch does not check, says so). */
+#include <stdint.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static void test_sizes_no_device_holds(cudaStream_t s)
+{
+    uint64_t rejected = stats_now().rejected;
+    void *p = &p;
+    stderr_capture_begin();
+    cudaError_t huge = defer_alloc(&p, SIZE_MAX, s);
+    cudaError_t huge2 = defer_alloc(&p, SIZE_MAX - 100, s);
+    ok(strstr(stderr_capture_end(), "more than any device holds") != NULL,
+       "said");
+    ok(huge == cudaErrorMemoryAllocation && huge2 == huge && p == NULL &&
+           stats_now().rejected == rejected + 2,
+       "SIZE_MAX and SIZE_MAX - 100 bytes: out of memory, NULL, rejected");
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(SIZE_MAX - 100, 0, s);
+    stderr_capture_end();
+    ok(none == NULL, "defer_pluggable_alloc too: NULL");
+}
+
+static void test_out_of_memory(cudaStream_t s)
+{
+    size_t free_b, total;
+    defer_flush();
+    defer_trim(NULL); /* nothing cached: the limit below is what is free */
+    cudaMemGetInfo(&free_b, &total);
+    /* 600 KiB rounds to 608 KiB; only 604 KiB are left. */
+    fake_set_device_memory(0, total - free_b + (604 << 10));
+    void *p = NULL;
+    uint64_t before = stats_now().cache_bytes;
+    is_int(defer_alloc(&p, 600 << 10, s), cudaSuccess,
+           "the rounded size does not fit, the exact size does");
+    is_int(stats_now().cache_bytes - before, 600 << 10, "a block of 600 KiB");
+    defer_free(p, s);
+    /* Cached free blocks are released to make room. */
+    void *big = NULL;
+    defer_flush();
+    is_int(defer_alloc(&big, 602 << 10, s), cudaSuccess,
+           "out of memory: the cache is trimmed, then it fits");
+    ok(fake_is_released(p) == 1, "the cached block made room");
+    /* Nothing fits: PyTorch does not check the NULL it gets, so the
+     * pluggable entry point says so itself. */
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(64 << 10, 0, s);
+    const char *said = stderr_capture_end();
+    ok(none == NULL && strstr(said, "defer_pluggable_alloc: out of memory "
+                                    "for 65536 bytes on device 0") != NULL,
+       "defer_pluggable_alloc out of memory: NULL, said");
+    defer_free(big, s);
+    fake_set_device_memory(0, total);
+}
+
+int main(void)
+{
+    plan_lazy();
+    /* As t/alloc: no age limit, no idle release. */
+    set_cudefer_env("CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s");
+    fake_reset(1);
+    cudaStream_t s = stream_new();
+    test_sizes_no_device_holds(s);
+    test_out_of_memory(s);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_live_allocations(), 0, "nothing left");
+    is_int(fake_violations(), 0, "oracle: nothing released or reused early");
+    return 0;
+}
