@@ -44,8 +44,8 @@ int main(void)
     size_t before = free_bytes();
     struct defer_stats s0, s1;
     defer_stats_get(&s0);
-    int failures = 0;
-    void *last = NULL;
+    int failures = 0, others = 0;
+    void *first = NULL, *last = NULL;
     for (int i = 0; i < ITERS; i++) {
         void *p = NULL;
         if (defer_alloc(&p, BYTES, s) != cudaSuccess || p == NULL ||
@@ -54,6 +54,9 @@ int main(void)
             failures++;
             continue;
         }
+        if (first == NULL)
+            first = p;
+        others += p != first;
         if (i == ITERS - 1) {
             last = p; /* checked below, freed after */
             break;
@@ -76,8 +79,14 @@ int main(void)
          "%llu cudaMalloc", (unsigned long long)(s1.reused - s0.reused), ITERS,
          (unsigned long long)(s1.reused_same_stream - s0.reused_same_stream),
          (unsigned long long)(s1.cache_mallocs - s0.cache_mallocs));
-    ok(s1.reused_same_stream - s0.reused_same_stream >= ITERS - 1,
-       "every allocation after the first reused the stream's own block");
+    /* Its own block, whether still pending on s (stream order) or already
+     * seen complete (FREE) when the thread was slow: which one is timing
+     * (2x H100: 1998 of 1999 once), the block is not; most must be the
+     * stream-ordered hand-out, or it is not working on a real GPU. */
+    ok(others == 0 && s1.reused - s0.reused >= ITERS - 1 &&
+           s1.reused_same_stream - s0.reused_same_stream >= ITERS / 2,
+       "every allocation after the first reused the stream's own block "
+       "(%d others)", others);
     is_int((long long)(s1.cache_mallocs - s0.cache_mallocs), 1,
            "one cudaMalloc for the whole loop");
     is_int((long long)(s1.pending), 0, "nothing pending");
