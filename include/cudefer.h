@@ -307,9 +307,20 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
  * device is left as it was); NULL when out of memory or on another error,
- * reported.  Limit: PyTorch 2.11 does not check the pointer its pluggable
- * allocator returns: out of memory gives a tensor at address 0 (an
- * illegal address at its first use), not torch.cuda.OutOfMemoryError.
+ * reported.  Limit: PyTorch 2.11 does not check the pointer a pluggable
+ * allocator loaded this way returns: out of memory gives a tensor at
+ * address 0 (an illegal address at its first use), not
+ * torch.OutOfMemoryError.  python/cudefer_torch.py's enable() avoids it:
+ * with its C++ hook (the default) it installs defer_pluggable_alloc_status
+ * behind a function that raises torch.OutOfMemoryError (other errors:
+ * RuntimeError); only enable(record_stream=False) loads the two entry
+ * points above.
+ * defer_pluggable_alloc_status is defer_pluggable_alloc returning the
+ * error: cudaSuccess with *ptr set (NULL for size 0),
+ * cudaErrorMemoryAllocation when out of memory once everything cudefer
+ * held was trimmed (the caller raises it; only a size no device holds is
+ * also reported), or another error, reported, with *ptr NULL;
+ * cudaErrorInvalidValue for a NULL ptr.
  * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires
@@ -318,6 +329,9 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  */
 CUDEFER_API void *defer_pluggable_alloc(size_t size, int device,
                                         cudaStream_t stream);
+CUDEFER_API cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size,
+                                                   int device,
+                                                   cudaStream_t stream);
 CUDEFER_API void defer_pluggable_free(void *ptr, size_t size, int device,
                                       cudaStream_t stream);
 

@@ -4,12 +4,15 @@
     cudefer_torch.enable()          # before the first CUDA tensor
     x = torch.randn(1 << 20, device="cuda")   # now allocated by cudefer
 
-enable() loads libcudefer, installs its two pluggable-allocator entry points
-(defer_pluggable_alloc, defer_pluggable_free) with
-torch.cuda.memory.change_current_allocator, and wires Tensor.record_stream
-to defer_record_stream.
+enable() loads libcudefer, makes it PyTorch's CUDA allocator through a small
+C++ hook, and wires Tensor.record_stream to defer_record_stream.  Out of
+memory raises torch.OutOfMemoryError, as under PyTorch's own allocator.
 
-Why record_stream needs more than Python: PyTorch tells a pluggable
+Why a hook and not torch.cuda.memory.CUDAPluggableAllocator alone: PyTorch
+2.11 does not check the pointer such an allocator returns (out of memory
+would become a tensor at address 0), so the hook installs
+defer_pluggable_alloc_status behind a function that raises.  And PyTorch
+tells a pluggable
 allocator about record_stream only through the C++ call
 CUDAPluggableAllocator::set_record_stream_fn, and passes free the stream of
 the allocation, not of the last use.  Without the hook a tensor read on a
@@ -21,8 +24,11 @@ headers) into a cache directory ($CUDEFER_TORCH_CACHE, else
 $XDG_CACHE_HOME/cudefer or ~/.cache/cudefer) and loads it.  If that is not
 possible (no C++ compiler, no torch headers, no CUDA headers) enable()
 raises HookError, saying why, and changes nothing: call
-enable(record_stream=False) to use cudefer anyway, which warns
-(RecordStreamWarning) that record_stream is then NOT honoured; a program
+enable(record_stream=False) to use cudefer anyway (through
+CUDAPluggableAllocator and defer_pluggable_alloc/free), which warns
+(RecordStreamWarning) that record_stream is then NOT honoured, and where
+out of memory hands PyTorch a NULL pointer (cudefer says so on stderr);
+a program
 that uses record_stream (or DataParallel/DDP moving inputs between GPUs on a
 side stream) must not do that.
 
@@ -113,6 +119,7 @@ def _load(path):
     lacks them (a library older than the PyTorch support)."""
     handle = ctypes.CDLL(path)
     missing = [name for name in ("defer_pluggable_alloc",
+                                 "defer_pluggable_alloc_status",
                                  "defer_pluggable_free",
                                  "defer_record_stream", "defer_stats_get",
                                  "defer_trim")
@@ -245,18 +252,42 @@ def build_hook(verbose=False):
 
 
 def _load_hook(hook_path):
-    """The compiled hook's two setters, (record_stream, empty_cache).
-    Raises HookError."""
+    """The compiled hook's installer and two setters, (install,
+    (record_stream, empty_cache)).  Raises HookError."""
     try:
         hook = ctypes.CDLL(hook_path)
+        install = hook.cudefer_torch_install
         setters = (getattr(hook, _HOOK_SYMBOL),
                    getattr(hook, "cudefer_torch_set_empty_cache"))
     except (OSError, AttributeError) as e:
         raise HookError("cudefer: cannot load %s: %s" % (hook_path, e)) from None
+    install.restype = ctypes.c_int
+    install.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p,
+                        ctypes.c_size_t]
     for setter in setters:
         setter.restype = ctypes.c_int
         setter.argtypes = [ctypes.c_void_p]
-    return setters
+    return install, setters
+
+
+def _install_allocator(install, handle):
+    """Make cudefer PyTorch's current allocator through the hook: its
+    allocation raises torch.OutOfMemoryError when cudefer is out of memory
+    (a pluggable allocator loaded from Python hands PyTorch an unchecked
+    NULL).  Raises RuntimeError when PyTorch refuses, HookError when no
+    function was given."""
+    message = ctypes.create_string_buffer(1024)
+    address = (lambda f: ctypes.cast(f, ctypes.c_void_p).value)
+    rc = install(address(handle.defer_pluggable_alloc_status),
+                 address(handle.defer_pluggable_free), message,
+                 ctypes.sizeof(message))
+    if rc == 3:
+        raise RuntimeError(
+            "cudefer: PyTorch refused to change its allocator (%s): call "
+            "cudefer_torch.enable() before the first CUDA tensor"
+            % message.value.decode(errors="replace").strip())
+    if rc != 0:
+        raise HookError("cudefer: installing the allocator failed (%d)" % rc)
 
 
 def _install_hook(setters, handle):
@@ -303,16 +334,20 @@ def enable(lib=None, record_stream=True):
         handle = _load(path)
         # Everything that can fail for want of a compiler or headers
         # happens before PyTorch's allocator is changed.
-        setters = _load_hook(build_hook()) if record_stream else None
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            path, "defer_pluggable_alloc", "defer_pluggable_free")
-        try:
-            torch.cuda.memory.change_current_allocator(allocator)
-        except RuntimeError as e:
-            raise RuntimeError(
-                "cudefer: PyTorch refused to change its allocator (%s): "
-                "call cudefer_torch.enable() before the first CUDA tensor"
-                % e) from None
+        install, setters = (_load_hook(build_hook()) if record_stream
+                            else (None, None))
+        if install is not None:
+            _install_allocator(install, handle)
+        else:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                path, "defer_pluggable_alloc", "defer_pluggable_free")
+            try:
+                torch.cuda.memory.change_current_allocator(allocator)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    "cudefer: PyTorch refused to change its allocator (%s): "
+                    "call cudefer_torch.enable() before the first CUDA "
+                    "tensor" % e) from None
         if setters is not None:
             _install_hook(setters, handle)
         else:

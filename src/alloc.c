@@ -2,6 +2,8 @@
  * pluggable-allocator entry points, over the block cache (block_cache.h):
  * a block freed on a stream goes back to a request on that stream at once,
  * to any stream once its work is done, and a miss is a cudaMalloc. */
+#include <stdio.h>
+
 #include "api.h"
 #include "block_cache.h"
 #include "block_leave.h"
@@ -276,25 +278,45 @@ static void leave_device(int previous)
         cudaSetDevice(previous);
 }
 
-void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
+cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
+                                         cudaStream_t stream)
 {
+    if (ptr == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_pluggable_alloc_status: ptr is NULL: refused");
+        return cudaErrorInvalidValue;
+    }
+    *ptr = NULL;
     int previous;
     cudaError_t err = enter_device(device, stream, &previous);
     if (err != cudaSuccess) {
-        report_cuda("defer_pluggable_alloc", "cudaSetDevice", err,
-                    "; returning NULL");
-        return NULL;
+        stats_add(&stats.rejected, 1);
+        char detail[48];
+        snprintf(detail, sizeof detail, " (device %d)", device);
+        report_cuda("defer_pluggable_alloc", "cudaSetDevice", err, detail);
+        return err;
     }
-    void *ptr = NULL;
     /* A special handle's device is now the current one. */
-    err = alloc_on(&ptr, size, stream, stream_is_special(stream) ? device : -1);
+    err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1);
     leave_device(previous);
+    if (err != cudaSuccess)
+        *ptr = NULL;
+    return err;
+}
+
+void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
+{
+    void *ptr;
+    cudaError_t err = defer_pluggable_alloc_status(&ptr, size, device, stream);
     /* Said: PyTorch does not check the pointer (cudefer.h), so this line
      * may be all the application hears before the tensor faults. */
     if (err == cudaErrorMemoryAllocation)
         report("defer_pluggable_alloc: out of memory for %zu bytes on "
                "device %d: returning NULL", size, device);
-    return err == cudaSuccess ? ptr : NULL;
+    else if (err != cudaSuccess)
+        report("defer_pluggable_alloc: returning NULL for %zu bytes on "
+               "device %d", size, device);
+    return ptr;
 }
 
 void defer_pluggable_free(void *ptr, size_t size, int device,

@@ -24,6 +24,50 @@ static void test_sizes_no_device_holds(cudaStream_t s)
     void *none = defer_pluggable_alloc(SIZE_MAX - 100, 0, s);
     stderr_capture_end();
     ok(none == NULL, "defer_pluggable_alloc too: NULL");
+    void *q = &q;
+    stderr_capture_begin();
+    cudaError_t err = defer_pluggable_alloc_status(&q, SIZE_MAX - 100, 0, s);
+    stderr_capture_end();
+    ok(err == cudaErrorMemoryAllocation && q == NULL,
+       "defer_pluggable_alloc_status too: out of memory, NULL");
+}
+
+/* defer_pluggable_alloc_status's other answers: a block and success; a
+ * device that does not exist and a NULL ptr: the error, reported, the
+ * current device unchanged. */
+static void test_pluggable_status(cudaStream_t s)
+{
+    void *p = NULL;
+    is_int(defer_pluggable_alloc_status(&p, 4096, 0, s), cudaSuccess,
+           "defer_pluggable_alloc_status: success");
+    ok(p != NULL, "with a block");
+    defer_pluggable_free(p, 4096, 0, s);
+    void *zero = &zero;
+    is_int(defer_pluggable_alloc_status(&zero, 0, 0, s), cudaSuccess,
+           "0 bytes: success");
+    ok(zero == NULL, "and NULL");
+    void *q = &q;
+    stderr_capture_begin();
+    cudaError_t err = defer_pluggable_alloc_status(&q, 4096, 7, 0);
+    const char *said = stderr_capture_end();
+    ok(err != cudaSuccess && q == NULL &&
+           strstr(said, "cudaSetDevice failed") != NULL &&
+           strstr(said, "(device 7)") != NULL,
+       "device 7 of 1: %s, NULL, said (%s)", cudaGetErrorName(err), said);
+    int current = -1;
+    cudaGetDevice(&current);
+    is_int(current, 0, "the current device unchanged");
+    stderr_capture_begin();
+    err = defer_pluggable_alloc_status(NULL, 4096, 0, s);
+    said = stderr_capture_end();
+    ok(err == cudaErrorInvalidValue && strstr(said, "ptr is NULL") != NULL,
+       "a NULL ptr: refused, said");
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(4096, 7, 0);
+    said = stderr_capture_end();
+    ok(none == NULL && strstr(said, "defer_pluggable_alloc: returning NULL "
+                                    "for 4096 bytes on device 7") != NULL,
+       "defer_pluggable_alloc on device 7: NULL, said");
 }
 
 static void test_out_of_memory(cudaStream_t s)
@@ -54,6 +98,15 @@ static void test_out_of_memory(cudaStream_t s)
     ok(none == NULL && strstr(said, "defer_pluggable_alloc: out of memory "
                                     "for 65536 bytes on device 0") != NULL,
        "defer_pluggable_alloc out of memory: NULL, said");
+    /* The status entry point (behind python/cudefer_torch.py's hook, which
+     * raises torch.OutOfMemoryError): the error, nothing said. */
+    void *q = &q;
+    stderr_capture_begin();
+    cudaError_t err = defer_pluggable_alloc_status(&q, 64 << 10, 0, s);
+    said = stderr_capture_end();
+    ok(err == cudaErrorMemoryAllocation && q == NULL && said[0] == '\0',
+       "defer_pluggable_alloc_status out of memory: the error, NULL, "
+       "nothing said (%s)", said);
     defer_free(big, s);
     fake_set_device_memory(0, total);
 }
@@ -66,6 +119,7 @@ int main(void)
     fake_reset(1);
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);
+    test_pluggable_status(s);
     test_out_of_memory(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "nothing left");

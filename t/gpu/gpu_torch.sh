@@ -18,7 +18,10 @@
 #   4-5  with 2+ GPUs, cnn and lm under DistributedDataParallel (NCCL, one
 #        process per GPU): rank 0's losses identical to native's, the final
 #        weights identical on every rank and to native's;
-#   6    examples/torch_allocator.py runs.
+#   6    examples/torch_allocator.py runs;
+#   7-8  t/gpu/torch_errors.py: out of memory raises torch.OutOfMemoryError
+#        and cudefer works on; enable() after PyTorch made a tensor raises
+#        RuntimeError and changes nothing.
 # Each training process takes 10-40 s on an H100.  Like the other GPU
 # tests it takes the lock file of gpu_tests_serialize, since they count
 # device memory.
@@ -155,7 +158,7 @@ check() {
   cat "$out/$n.cmp"
 }
 
-echo "1..6"
+echo "1..8"
 check "cnn: losses and weights under cudefer identical to native" losses cnn
 check "lm: losses and weights under cudefer identical to native" losses lm
 check "side stream + record_stream: side results identical to native" side \
@@ -177,6 +180,18 @@ else
   echo "not ok 6 - examples/torch_allocator.py"
 fi
 sed 's/^/# /' "$out/example.log"
+n=6
+for case in "oom:out of memory raises torch.OutOfMemoryError, cudefer works on" \
+            "late:enable() after a CUDA tensor raises RuntimeError, nothing changed"; do
+  n=$((n + 1))
+  if CUDEFER_LIB=$lib "$PYTHON" "$srcdir/t/gpu/torch_errors.py" "${case%%:*}" \
+       > "$out/errors-$n.log" 2>&1 9>&-; then
+    echo "ok $n - ${case#*:}"
+  else
+    echo "not ok $n - ${case#*:}"
+  fi
+  sed 's/^/# /' "$out/errors-$n.log"
+done
 # GPU_TORCH_KEEP=DIR keeps every run's JSON and stderr there.
 if [ -n "${GPU_TORCH_KEEP:-}" ]; then
   mkdir -p "$GPU_TORCH_KEEP" && cp "$out"/*.json "$out"/*.log "$GPU_TORCH_KEEP"/

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""torch_errors.py CASE: cudefer as PyTorch's allocator when a call fails.
+t/gpu/gpu_torch.sh runs it with CUDEFER_LIB set; exit status 0 when the
+case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
+
+  oom   a request no GPU can hold raises torch.OutOfMemoryError naming
+        cudefer (PyTorch 2.11 would take a pluggable allocator's NULL for a
+        tensor at address 0); afterwards the tensor made before is intact
+        and new tensors compute
+  late  enable() once PyTorch's own allocator has made a tensor raises
+        RuntimeError saying to call it first, and PyTorch goes on working
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python"))
+
+import torch  # noqa: E402
+import cudefer_torch  # noqa: E402
+
+
+def fail(why):
+    print(why)
+    sys.exit(1)
+
+
+def oom():
+    cudefer_torch.enable()
+    kept = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    try:
+        huge = torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        text = str(e)
+        if "cudefer: CUDA out of memory" not in text:
+            fail("OutOfMemoryError without cudefer's message: %s" % text)
+        print("raised: %s" % text.splitlines()[0])
+    else:
+        fail("1 PiB allocated at 0x%x: no exception" % huge.data_ptr())
+    if not torch.equal(kept.cpu(), torch.arange(1 << 20, dtype=torch.float32)):
+        fail("the tensor made before the failure changed")
+    x = torch.ones(1024, 1024, device="cuda")
+    total = (x @ x).sum().item()
+    if total != 1024.0 ** 3:
+        fail("a new tensor computed %r after the failure" % total)
+
+
+def late():
+    first = torch.ones(16, device="cuda")  # PyTorch's own allocator
+    try:
+        cudefer_torch.enable()
+    except RuntimeError as e:
+        text = str(e)
+        if "before the first CUDA tensor" not in text:
+            fail("RuntimeError without the advice: %s" % text)
+        print("raised: %s" % text)
+    else:
+        fail("enable() after a CUDA tensor returned")
+    if cudefer_torch.enabled() is not None:
+        fail("enabled() says %r after the refusal" % (cudefer_torch.enabled(),))
+    if (first * 2).sum().item() != 32.0:
+        fail("PyTorch's allocator broke after the refusal")
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        sys.exit(77)
+    {"oom": oom, "late": late}[sys.argv[1]]()
