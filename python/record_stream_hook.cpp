@@ -87,8 +87,12 @@ cudefer_torch_install(void *alloc, void *release, char *message, size_t size)
                 free_block(ptr, bytes, device, stream);
             });
         pluggable::changeCurrentAllocator(allocator);
+    } catch (const c10::Error &e) {
+        // No C++ exception may cross into ctypes: hand the reason back
+        // (without the C++ backtrace what() appends).
+        put_message(message, size, e.what_without_backtrace());
+        return 3;
     } catch (const std::exception &e) {
-        // No C++ exception may cross into ctypes: hand the reason back.
         put_message(message, size, e.what());
         return 3;
     }

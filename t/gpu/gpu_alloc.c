@@ -4,8 +4,9 @@
  * at once (stream order: one cudaMalloc for the whole loop); every buffer it
  * gets holds the kernel's bytes only after that kernel (checked by copying
  * back the last one); a second stream never gets a block whose kernel still
- * runs; after defer_trim the device memory is back.  Skipped without a CUDA
- * device.
+ * runs; after defer_trim the device memory is back; requests larger than
+ * the device are out of memory and leave it working.  Skipped without a
+ * CUDA device.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,13 +29,43 @@ static size_t free_bytes(void)
     return f;
 }
 
+/* Requests no device can hold, through defer_alloc and the entry point
+ * behind PyTorch's hook: out of memory, NULL, and the allocator works on.
+ * (Under PyTorch, 1 PiB crashed the process on an H100, 2026-11-25,
+ * somewhere below torch.empty: this says whether cudefer's C path is
+ * where.) */
+static void test_out_of_memory(cudaStream_t s)
+{
+    size_t f = 0, total = 0;
+    cudaMemGetInfo(&f, &total);
+    const size_t sizes[] = {2 * total, (size_t)1 << 50};
+    for (int i = 0; i < 2; i++) {
+        void *p = &p;
+        cudaError_t err = defer_alloc(&p, sizes[i], s);
+        ok(err == cudaErrorMemoryAllocation && p == NULL,
+           "defer_alloc of %zu GiB: out of memory (%s), NULL", sizes[i] >> 30,
+           cudaGetErrorName(err));
+        void *q = &q;
+        err = defer_pluggable_alloc_status(&q, sizes[i], 0, s);
+        ok(err == cudaErrorMemoryAllocation && q == NULL,
+           "defer_pluggable_alloc_status of %zu GiB: out of memory (%s), NULL",
+           sizes[i] >> 30, cudaGetErrorName(err));
+    }
+    void *p = NULL;
+    ok(defer_alloc(&p, BYTES, s) == cudaSuccess && p != NULL &&
+           gpu_spin_fill(s, 1000, p, BYTES, 0x5A) == cudaSuccess &&
+           cudaStreamSynchronize(s) == cudaSuccess,
+       "an allocation after them works");
+    defer_free(p, s);
+}
+
 int main(void)
 {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
         skip_all("no CUDA device");
     gpu_tests_serialize();
-    plan(9);
+    plan(14);
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
         bail("cudaStreamCreateWithFlags");
@@ -111,6 +142,7 @@ int main(void)
     long long missing = (long long)before - (long long)free_bytes();
     diag("%lld KiB of device memory not back", missing / 1024);
     ok(missing <= (long long)TOLERANCE, "device memory back after the trim");
+    test_out_of_memory(s);
     defer_shutdown();
     return 0;
 }

@@ -3,13 +3,17 @@
 t/gpu/gpu_torch.sh runs it with CUDEFER_LIB set; exit status 0 when the
 case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
 
-  oom   a request no GPU can hold raises torch.OutOfMemoryError naming
-        cudefer (PyTorch 2.11 would take a pluggable allocator's NULL for a
-        tensor at address 0); afterwards the tensor made before is intact
-        and new tensors compute
+  oom   a request for twice the device's memory raises
+        torch.OutOfMemoryError naming cudefer (PyTorch 2.11 would take a
+        pluggable allocator's NULL for a tensor at address 0); afterwards
+        the tensor made before is intact and new tensors compute.  (A
+        request of 1 PiB crashed this process on an H100 on 2026-11-25,
+        below torch.empty; t/gpu/gpu_alloc asks for 1 PiB through cudefer's
+        C entry points to tell whether cudefer is where.)
   late  enable() once PyTorch's own allocator has made a tensor raises
         RuntimeError saying to call it first, and PyTorch goes on working
 """
+import faulthandler
 import os
 import sys
 
@@ -21,24 +25,34 @@ import cudefer_torch  # noqa: E402
 
 
 def fail(why):
-    print(why)
+    print(why, flush=True)
     sys.exit(1)
+
+
+def step(what):
+    """Say what comes next: a crash then shows where it happened."""
+    print(what, flush=True)
 
 
 def oom():
     cudefer_torch.enable()
     kept = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    size = 2 * torch.cuda.get_device_properties(0).total_memory
+    step("asking for %d GiB" % (size >> 30))
     try:
-        huge = torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        huge = torch.empty(size, dtype=torch.uint8, device="cuda")
     except torch.OutOfMemoryError as e:
         text = str(e)
         if "cudefer: CUDA out of memory" not in text:
             fail("OutOfMemoryError without cudefer's message: %s" % text)
-        print("raised: %s" % text.splitlines()[0])
+        step("raised: %s" % text.splitlines()[0])
     else:
-        fail("1 PiB allocated at 0x%x: no exception" % huge.data_ptr())
+        fail("%d GiB allocated at 0x%x: no exception"
+             % (size >> 30, huge.data_ptr()))
+    step("reading the tensor made before")
     if not torch.equal(kept.cpu(), torch.arange(1 << 20, dtype=torch.float32)):
         fail("the tensor made before the failure changed")
+    step("computing with a new tensor")
     x = torch.ones(1024, 1024, device="cuda")
     total = (x @ x).sum().item()
     if total != 1024.0 ** 3:
@@ -53,7 +67,7 @@ def late():
         text = str(e)
         if "before the first CUDA tensor" not in text:
             fail("RuntimeError without the advice: %s" % text)
-        print("raised: %s" % text)
+        step("raised: %s" % text)
     else:
         fail("enable() after a CUDA tensor returned")
     if cudefer_torch.enabled() is not None:
@@ -63,6 +77,7 @@ def late():
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash names its Python line on stderr
     if not torch.cuda.is_available():
         print("no CUDA device")
         sys.exit(77)
