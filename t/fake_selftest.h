@@ -127,6 +127,7 @@ void test_oracle(void);
 void test_handout(void);
 void test_handout_ranges(void);
 void test_pools(void);
+void test_address_reuse(void);
 void test_injection(void);
 void test_misc(void);
 void test_reset(void);

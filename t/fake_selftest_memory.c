@@ -615,3 +615,56 @@ void test_pools(void)
     cudaStreamDestroy(s);
     cudaStreamDestroy(t);
 }
+
+/* ---- Address reuse ---------------------------------------------------- */
+
+void test_address_reuse(void)
+{
+    void *a = NULL, *b = NULL, *c = NULL, *h = NULL, *h2 = NULL, *p = NULL;
+    cudaStream_t s;
+
+    diag("address reuse");
+    fake_reset(1);
+    cudaMalloc(&a, 8192);
+    cudaFree(a);
+    cudaMalloc(&b, 8192);
+    ok(b != a, "off after fake_reset: a new address");
+    fake_set_address_reuse(1);
+    cudaMalloc(&c, 4096);
+    ok(c == a, "on: the lowest released address that is large enough");
+    is_int(fake_is_released(c), 0, "the address is live again");
+    cudaMalloc(&p, 8192);
+    ok(p != a && p != b, "too large for what is left: a new address");
+    cudaFree(p);
+    cudaMallocHost(&h, 4096);
+    ok(h != p, "host memory does not take a device address");
+    cudaFreeHost(h);
+    cudaMallocHost(&h2, 100);
+    ok(h2 == h, "but a released host address");
+    cudaFreeHost(h2);
+
+    /* A cudaFreeAsync is done once its stream reached it: work before it
+     * may still use the memory until then. */
+    cudaStreamCreate(&s);
+    cudaMallocAsync(&p, 4096, s);
+    fake_work *w = fake_launch_held(s, &p, 1);
+    cudaFreeAsync(p, s);
+    void *q = NULL;
+    cudaMalloc(&q, 4096);
+    ok(q != p, "not while the work before the async free runs");
+    fake_complete(w);
+    cudaStreamSynchronize(s);
+    void *r = NULL;
+    cudaMalloc(&r, 4096);
+    ok(r == p, "once it is done (%p, %p)", r, p);
+    cudaFree(r);
+    is_int(cudaFree(r), cudaErrorInvalidValue, "a second free of it: refused");
+    is_int(fake_violations(), 1, "and a violation, as before");
+    fake_oracle_forgive();
+    cudaFree(q);
+    cudaFree(c);
+    cudaFree(b);
+    cudaStreamDestroy(s);
+    is_int((long long)fake_live_allocations(), 0, "nothing live");
+    fake_reset(1);
+}

@@ -103,6 +103,7 @@ static void reset_locked(int ndev)
     memset(fake.pool_used, 0, sizeof fake.pool_used);
     memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
     fake.pool_granularity = 1;
+    fake.reuse_addresses = 0;
     memset(fake.inj, 0, sizeof fake.inj);
     memset(fake.calls, 0, sizeof fake.calls);
     memset(fake.legacy, 0, sizeof fake.legacy);

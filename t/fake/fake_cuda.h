@@ -180,6 +180,16 @@ void fake_set_device_memory(int dev, size_t bytes);
  * step in the replay, 0 on the H100 and with 2 MiB granules. */
 void fake_set_pool_granularity(size_t bytes);
 
+/* on != 0: from now on a new allocation takes the address of a released
+ * one when it can, as real allocators do (after fake_reset: never; every
+ * address is new).  It takes the lowest released address of its kind
+ * (device and pool memory share addresses, pinned host memory has its
+ * own) whose allocation was as large and whose release is done (a
+ * cudaFreeAsync once its stream reached the free).  Then the old
+ * allocation is forgotten: fake_is_released and a second release of that
+ * address concern the new one, as with CUDA. */
+void fake_set_address_reuse(int on);
+
 /* 1 if any thread used device dev (set it current, created a stream, an
  * event or an allocation on it, used its legacy or per-thread stream);
  * 0 if not or dev is out of range. */

@@ -45,6 +45,13 @@ void fake_set_pool_granularity(size_t bytes)
     fake_unlock();
 }
 
+void fake_set_address_reuse(int on)
+{
+    fake_lock();
+    fake.reuse_addresses = on != 0;
+    fake_unlock();
+}
+
 int fake_device_touched(int dev)
 {
     int r;

@@ -143,6 +143,9 @@ struct falloc {
     enum alloc_kind kind;
     int own_pool;                 /* from cudaMallocFromPoolAsync */
     int released;
+    struct fake_work *freed_after; /* cudaFreeAsync: its stream's last work
+                                      then (the free runs after it; NULL:
+                                      none), for address reuse */
     struct fuser *users;          /* work that uses it (pruned when done) */
     size_t nusers, capusers;
     struct frange *blocks;        /* the blocks allocators handed out of it
@@ -167,6 +170,7 @@ struct fake_state {
      * release threshold is kept). */
     size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
     size_t pool_granularity; /* 1 unless fake_set_pool_granularity */
+    int reuse_addresses;     /* 0 unless fake_set_address_reuse */
     int touched[FAKE_MAX_DEVICES], app_touched[FAKE_MAX_DEVICES];
     struct fstream *legacy[FAKE_MAX_DEVICES];
     struct fstream **streams;     /* index = id - stream_base */
@@ -177,7 +181,8 @@ struct fake_state {
     unsigned long long event_base;
     struct fake_work **works;     /* all work, for freeing at reset */
     size_t nworks, capworks;
-    struct falloc *allocs;        /* sorted by addr (addresses only grow) */
+    struct falloc *allocs;        /* sorted by addr (new addresses grow; a
+                                     reused one keeps its record's place) */
     size_t nallocs, capallocs, live_allocs, invalid_releases;
     struct fgraph **graphs, **execs; /* index = id - graph_base, exec_base */
     size_t ngraphs, capgraphs, nexecs, capexecs;

@@ -2,7 +2,8 @@
  * fake_memory.c — memory.  Device memory (cudaMalloc), stream-ordered pool
  * memory (cudaMallocAsync / cudaFreeAsync) and pinned host memory
  * (cudaMallocHost / cudaHostAlloc) get fake addresses from a counter that
- * never goes back.  Every release is checked by the oracle
+ * never goes back, unless fake_set_address_reuse asked for addresses to be
+ * reused as a real allocator does.  Every release is checked by the oracle
  * (fake_oracle.c) against the work that uses the allocation.
  */
 #define _GNU_SOURCE
@@ -39,20 +40,48 @@ struct falloc *fake_alloc_find(const void *p, int exact)
     return NULL;
 }
 
+/* Under fake_set_address_reuse: the released allocation of the lowest
+ * address whose memory may serve a new one of size bytes of kind (device
+ * and pool memory share addresses, host memory has its own): as large, and
+ * released for good (a cudaFreeAsync only once its stream reached the
+ * free).  NULL if none.  Lock held. */
+static struct falloc *reusable(size_t size, enum alloc_kind kind)
+{
+    int64_t now = fake_now_ns(), hint = INF_NS;
+
+    for (size_t i = 0; i < fake.nallocs; i++) {
+        struct falloc *a = &fake.allocs[i];
+        if (a->released && a->size >= size &&
+            (a->kind == A_HOST) == (kind == A_HOST) &&
+            (a->freed_after == NULL ||
+             fake_work_completed(a->freed_after, now, &hint)))
+            return a;
+    }
+    return NULL;
+}
+
 /* Register a new allocation; returns its address. */
 static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
 {
-    struct falloc *a;
+    struct falloc *a = fake.reuse_addresses ? reusable(size, kind) : NULL;
 
-    fake.allocs = fake_grow(fake.allocs, fake.nallocs, &fake.capallocs,
-                                  sizeof *fake.allocs);
-    a = &fake.allocs[fake.nallocs++];
-    memset(a, 0, sizeof *a);
-    a->addr = fake.next_addr;
+    if (a != NULL) {
+        /* The old record gives way (its users and blocks went with its
+         * release); a smaller size keeps it clear of its neighbours. */
+        uintptr_t addr = a->addr;
+        memset(a, 0, sizeof *a);
+        a->addr = addr;
+    } else {
+        fake.allocs = fake_grow(fake.allocs, fake.nallocs, &fake.capallocs,
+                                sizeof *fake.allocs);
+        a = &fake.allocs[fake.nallocs++];
+        memset(a, 0, sizeof *a);
+        a->addr = fake.next_addr;
+        fake.next_addr += (size + PAGE - 1) / PAGE * PAGE + PAGE; /* + a gap */
+    }
     a->size = size;
     a->dev = dev;
     a->kind = kind;
-    fake.next_addr += (size + PAGE - 1) / PAGE * PAGE + PAGE;  /* + a gap */
     fake.live_allocs++;
     if (kind != A_HOST)
         fake.devused[dev] += size;
@@ -102,6 +131,9 @@ static cudaError_t release(const char *fn, void *p, int host,
     }
     fake_oracle_release(a, p, fn, async);
     a->released = 1;
+    a->freed_after = async != NULL && async->tail != NULL && !async->tail->done
+                         ? async->tail
+                         : NULL;
     fake.live_allocs--;
     if (a->kind != A_HOST)
         fake.devused[a->dev] -= a->size;
