@@ -196,6 +196,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     not grow while the cache holds memory nobody asks for.  Out of
  *     memory, cudefer releases what it holds (defer_trim, which also trims
  *     the pool) and tries again, then with bytes rounded up to 512 only.
+ *     A request for more than the device's whole memory
+ *     (cudaGetDeviceProperties, asked once) is out of memory at once,
+ *     unreported, with nothing handed back or trimmed.
  * Splitting: a request of at least split_min_bytes (CUDEFER_SPLIT_MIN,
  * 1 MiB by default) that no cached block fits is cut from the end of a
  * larger one (free, or freed on stream), and freed neighbours merge again
@@ -267,7 +270,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * before the capture begins.  Thread-safe; blocks only in the allocation
  * and the trim.  Returns cudaSuccess, the allocation's error, cudaErrorInvalidValue
  * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess),
- * cudaErrorMemoryAllocation for more than 2^62 bytes (said), the error of
+ * cudaErrorMemoryAllocation when out of memory (not reported: the caller
+ * hears it) or for more than 2^62 bytes (said), another error of the
+ * allocation (reported, the runtime's last error cleared), the error of
  * cudaStreamGetDevice for a bad stream, a failed device's error, or
  * cudaErrorNotPermitted after defer_shutdown; every refusal is counted in
  * the stats' rejected.
@@ -306,7 +311,8 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
- * device is left as it was); NULL when out of memory or on another error,
+ * device is left as it was; a device it cannot switch to is reported and
+ * counted in rejected); NULL when out of memory or on another error,
  * reported.  Limit: PyTorch 2.11 does not check the pointer a pluggable
  * allocator loaded this way returns: out of memory gives a tensor at
  * address 0 (an illegal address at its first use), not
@@ -314,13 +320,15 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  * with its C++ hook (the default) it installs defer_pluggable_alloc_status
  * behind a function that raises torch.OutOfMemoryError (other errors:
  * RuntimeError); only enable(record_stream=False) loads the two entry
- * points above.
+ * points above.  (Shown off the GPU: t/alloc_limits on the fake runtime,
+ * the hook against PyTorch 2.11's libraries; not yet on a GPU.)
  * defer_pluggable_alloc_status is defer_pluggable_alloc returning the
  * error: cudaSuccess with *ptr set (NULL for size 0),
- * cudaErrorMemoryAllocation when out of memory once everything cudefer
- * held was trimmed (the caller raises it; only a size no device holds is
- * also reported), or another error, reported, with *ptr NULL;
- * cudaErrorInvalidValue for a NULL ptr.
+ * cudaErrorMemoryAllocation when out of memory as defer_alloc is (not
+ * reported: the caller raises it; a size no device holds is said), or
+ * another error, reported (its messages name
+ * defer_pluggable_alloc_status), with *ptr NULL; cudaErrorInvalidValue
+ * for a NULL ptr.
  * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires

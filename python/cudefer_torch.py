@@ -69,7 +69,6 @@ CACHE_ENV = "CUDEFER_TORCH_CACHE"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HOOK_SOURCE = os.path.join(_HERE, "record_stream_hook.cpp")
-_HOOK_SYMBOL = "cudefer_torch_set_record_stream"
 
 _lock = threading.Lock()
 _state = {"library": None, "handle": None, "record_stream": None}
@@ -119,7 +118,6 @@ def _load(path):
     lacks them (a library older than the PyTorch support)."""
     handle = ctypes.CDLL(path)
     missing = [name for name in ("defer_pluggable_alloc",
-                                 "defer_pluggable_alloc_status",
                                  "defer_pluggable_free",
                                  "defer_record_stream", "defer_stats_get",
                                  "defer_trim")
@@ -252,35 +250,34 @@ def build_hook(verbose=False):
 
 
 def _load_hook(hook_path):
-    """The compiled hook's installer and two setters, (install,
-    (record_stream, empty_cache)).  Raises HookError."""
+    """The compiled hook's cudefer_torch_install.  Raises HookError."""
     try:
-        hook = ctypes.CDLL(hook_path)
-        install = hook.cudefer_torch_install
-        setters = (getattr(hook, _HOOK_SYMBOL),
-                   getattr(hook, "cudefer_torch_set_empty_cache"))
+        install = ctypes.CDLL(hook_path).cudefer_torch_install
     except (OSError, AttributeError) as e:
         raise HookError("cudefer: cannot load %s: %s" % (hook_path, e)) from None
     install.restype = ctypes.c_int
-    install.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p,
-                        ctypes.c_size_t]
-    for setter in setters:
-        setter.restype = ctypes.c_int
-        setter.argtypes = [ctypes.c_void_p]
-    return install, setters
+    install.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p,
+                                                ctypes.c_size_t]
+    return install
 
 
-def _install_allocator(install, handle):
-    """Make cudefer PyTorch's current allocator through the hook: its
-    allocation raises torch.OutOfMemoryError when cudefer is out of memory
-    (a pluggable allocator loaded from Python hands PyTorch an unchecked
-    NULL).  Raises RuntimeError when PyTorch refuses, HookError when no
-    function was given."""
+def _install(install, handle, path):
+    """Make cudefer PyTorch's current allocator through the hook, all at
+    once: allocations over defer_pluggable_alloc_status (out of memory
+    raises torch.OutOfMemoryError; PyTorch does not check the NULL of a
+    pluggable allocator loaded from Python), Tensor.record_stream to
+    defer_record_stream, torch.cuda.empty_cache() to defer_trim.  Raises
+    AttributeError for a library without defer_pluggable_alloc_status,
+    RuntimeError when PyTorch refuses; nothing is changed then."""
+    if not hasattr(handle, "defer_pluggable_alloc_status"):
+        raise AttributeError("cudefer: %s has no defer_pluggable_alloc_status "
+                             "(a library older than the hook)" % path)
     message = ctypes.create_string_buffer(1024)
-    address = (lambda f: ctypes.cast(f, ctypes.c_void_p).value)
-    rc = install(address(handle.defer_pluggable_alloc_status),
-                 address(handle.defer_pluggable_free), message,
-                 ctypes.sizeof(message))
+    functions = (handle.defer_pluggable_alloc_status,
+                 handle.defer_pluggable_free, handle.defer_record_stream,
+                 handle.defer_trim)
+    rc = install(*[ctypes.cast(f, ctypes.c_void_p).value for f in functions],
+                 message, ctypes.sizeof(message))
     if rc == 3:
         raise RuntimeError(
             "cudefer: PyTorch refused to change its allocator (%s): call "
@@ -288,20 +285,6 @@ def _install_allocator(install, handle):
             % message.value.decode(errors="replace").strip())
     if rc != 0:
         raise HookError("cudefer: installing the allocator failed (%d)" % rc)
-
-
-def _install_hook(setters, handle):
-    """Point the current pluggable allocator's record_stream at
-    defer_record_stream of handle and its empty_cache at defer_trim.
-    Raises HookError."""
-    for setter, target in zip(setters, (handle.defer_record_stream,
-                                        handle.defer_trim)):
-        rc = setter(ctypes.cast(target, ctypes.c_void_p).value)
-        if rc != 0:
-            raise HookError("cudefer: setting the PyTorch hook failed (%d: %s)"
-                            % (rc, "PyTorch's current allocator is not a "
-                               "CUDAPluggableAllocator" if rc == 1 else
-                               "no function given"))
 
 
 def enable(lib=None, record_stream=True):
@@ -334,10 +317,9 @@ def enable(lib=None, record_stream=True):
         handle = _load(path)
         # Everything that can fail for want of a compiler or headers
         # happens before PyTorch's allocator is changed.
-        install, setters = (_load_hook(build_hook()) if record_stream
-                            else (None, None))
+        install = _load_hook(build_hook()) if record_stream else None
         if install is not None:
-            _install_allocator(install, handle)
+            _install(install, handle, path)
         else:
             allocator = torch.cuda.memory.CUDAPluggableAllocator(
                 path, "defer_pluggable_alloc", "defer_pluggable_free")
@@ -348,16 +330,13 @@ def enable(lib=None, record_stream=True):
                     "cudefer: PyTorch refused to change its allocator (%s): "
                     "call cudefer_torch.enable() before the first CUDA "
                     "tensor" % e) from None
-        if setters is not None:
-            _install_hook(setters, handle)
-        else:
             warnings.warn(
                 "cudefer: enabled without the record_stream hook: "
                 "Tensor.record_stream is ignored, so memory used on another "
                 "stream may be reused before that stream is done with it",
                 RecordStreamWarning, stacklevel=2)
         _state.update(library=path, handle=handle,
-                      record_stream=setters is not None)
+                      record_stream=install is not None)
         return path
 
 

@@ -173,6 +173,13 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     uint64_t before = now_ns();
     if (legacy && (err = refuse_if_capturing(stream)) != cudaSuccess)
         return err;
+    /* More than the whole device can never succeed: it must not empty the
+     * cache on its way to failing (the hand-back below, the trim of
+     * malloc_block), nor reach the pool with a size beyond what the device
+     * maps (a 1 PiB torch.empty killed a process on an H100; whether there
+     * is not known, 2026-11-25). */
+    if (block_pool_beyond_device(*device, bytes))
+        return cudaErrorMemoryAllocation;
     hand_back_free_blocks(*device, bytes, stream, id, before);
     return cudaSuccess;
 }
@@ -204,10 +211,11 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
     int device = -1;
     err = alloc_admitted(ptr, bytes, stream, current, &device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
-    if (err != cudaSuccess || *ptr != NULL)
-        return err;
-    if ((err = malloc_block(device, bytes, stream, ptr)) ==
-        cudaErrorMemoryAllocation)
+    if (err == cudaSuccess && *ptr == NULL &&
+        (err = malloc_block(device, bytes, stream, ptr)) != cudaSuccess &&
+        err != cudaErrorMemoryAllocation)
+        return refuse("defer_alloc", "allocating a new block", err, "");
+    if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     return err;
 }
@@ -269,6 +277,8 @@ static cudaError_t enter_device(int device, cudaStream_t stream,
     if (err == cudaSuccess && current != device &&
         (err = cudaSetDevice(device)) == cudaSuccess)
         *previous = current;
+    if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
+        cudaGetLastError(); /* a bad device number: not PyTorch's next error */
     return err;
 }
 
@@ -278,14 +288,12 @@ static void leave_device(int previous)
         cudaSetDevice(previous);
 }
 
-cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
-                                         cudaStream_t stream)
+/* The two pluggable allocations, what naming the caller in reports: a
+ * block of size bytes on device for stream in *ptr, or NULL and the error
+ * (a failed switch to device reported and counted as rejected). */
+static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
+                                   int device, cudaStream_t stream)
 {
-    if (ptr == NULL) {
-        stats_add(&stats.rejected, 1);
-        report("defer_pluggable_alloc_status: ptr is NULL: refused");
-        return cudaErrorInvalidValue;
-    }
     *ptr = NULL;
     int previous;
     cudaError_t err = enter_device(device, stream, &previous);
@@ -293,7 +301,7 @@ cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
         stats_add(&stats.rejected, 1);
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
-        report_cuda("defer_pluggable_alloc", "cudaSetDevice", err, detail);
+        report_cuda(what, "cudaSetDevice", err, detail);
         return err;
     }
     /* A special handle's device is now the current one. */
@@ -304,10 +312,23 @@ cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
     return err;
 }
 
+cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
+                                         cudaStream_t stream)
+{
+    if (ptr == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_pluggable_alloc_status: ptr is NULL: refused");
+        return cudaErrorInvalidValue;
+    }
+    return pluggable_alloc("defer_pluggable_alloc_status", ptr, size, device,
+                           stream);
+}
+
 void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
 {
     void *ptr;
-    cudaError_t err = defer_pluggable_alloc_status(&ptr, size, device, stream);
+    cudaError_t err =
+        pluggable_alloc("defer_pluggable_alloc", &ptr, size, device, stream);
     /* Said: PyTorch does not check the pointer (cudefer.h), so this line
      * may be all the application hears before the tensor faults. */
     if (err == cudaErrorMemoryAllocation)

@@ -15,6 +15,7 @@ struct pool {
     _Atomic int state;
     cudaMemPool_t pool;
     _Atomic uint64_t held; /* bytes of blocks taken and not handed back */
+    _Atomic uint64_t device_bytes; /* the device's memory; 0: not known yet */
 };
 
 static struct pool *pools;
@@ -77,6 +78,25 @@ static bool pool_ready(int device)
     return state == POOL_READY;
 }
 
+bool block_pool_beyond_device(int device, size_t bytes)
+{
+    if (device < 0 || device >= npools)
+        return false;
+    uint64_t total = atomic_load_explicit(&pools[device].device_bytes,
+                                          memory_order_relaxed);
+    if (total == 0) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+            cudaGetLastError(); /* not known: no guard, asked again later */
+            return false;
+        }
+        total = prop.totalGlobalMem;
+        atomic_store_explicit(&pools[device].device_bytes, total,
+                              memory_order_relaxed);
+    }
+    return bytes > total;
+}
+
 /* cudaMalloc on device from any thread, restoring its current device. */
 static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
 {
@@ -105,7 +125,7 @@ cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
     cudaError_t err =
         *pooled ? cudaMallocFromPoolAsync(ptr, bytes, pools[device].pool, stream)
                 : malloc_on(device, ptr, bytes);
-    if (err == cudaErrorMemoryAllocation)
+    if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
     else if (err == cudaSuccess && *pooled)
         atomic_fetch_add(&pools[device].held, bytes);

@@ -23,10 +23,16 @@ void block_pool_fork_child(void);
 
 /* Any thread.  bytes of new memory on device for use on stream (stream's
  * device is device): from the pool, ordered on stream (*pooled true), or
- * from cudaMalloc.  Returns the CUDA error; cudaErrorMemoryAllocation
- * leaves the runtime's last error clear. */
+ * from cudaMalloc.  Returns the CUDA error; an error that is not sticky
+ * (out of memory, a bad argument) leaves the runtime's last error clear. */
 cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
                               void **ptr, bool *pooled);
+
+/* Any thread, while the library is running.  Whether bytes exceed all of
+ * device's memory, so that no allocation of them can succeed (the first
+ * call asks cudaGetDeviceProperties, once per device); false when that is
+ * not known.  Never blocks on the GPU. */
+bool block_pool_beyond_device(int device, size_t bytes);
 
 /* Any thread: whether device has a pool (it was used for blocks). */
 bool block_pool_exists(int device);

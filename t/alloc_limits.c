@@ -53,7 +53,7 @@ static void test_pluggable_status(cudaStream_t s)
     ok(err != cudaSuccess && q == NULL &&
            strstr(said, "cudaSetDevice failed") != NULL &&
            strstr(said, "(device 7)") != NULL,
-       "device 7 of 1: %s, NULL, said (%s)", cudaGetErrorName(err), said);
+       "device 7 of 2: %s, NULL, said (%s)", cudaGetErrorName(err), said);
     int current = -1;
     cudaGetDevice(&current);
     is_int(current, 0, "the current device unchanged");
@@ -68,6 +68,65 @@ static void test_pluggable_status(cudaStream_t s)
     ok(none == NULL && strstr(said, "defer_pluggable_alloc: returning NULL "
                                     "for 4096 bytes on device 7") != NULL,
        "defer_pluggable_alloc on device 7: NULL, said");
+}
+
+/* More than the whole device: out of memory at once, without emptying
+ * the cache on the way (a hand-back to the pool and a trim gave up every
+ * free block before), nothing said. */
+static void test_beyond_device(cudaStream_t s)
+{
+    size_t free_b, total;
+    cudaMemGetInfo(&free_b, &total);
+    void *b = NULL, *p = &p;
+    is_int(alloc_checked(&b, 1 << 20, s), cudaSuccess, "a block");
+    defer_free(b, s);
+    defer_flush();
+    struct defer_stats before = stats_now();
+    stderr_capture_begin();
+    cudaError_t err = defer_alloc(&p, total + 1, s);
+    const char *said = stderr_capture_end();
+    ok(err == cudaErrorMemoryAllocation && p == NULL && said[0] == '\0',
+       "the device's memory + 1 byte: out of memory, NULL, nothing said (%s)",
+       said);
+    is_int(stats_now().rejected - before.rejected, 1, "counted as rejected");
+    ok(fake_is_released(b) == 0 &&
+           stats_now().cache_free_bytes == before.cache_free_bytes,
+       "the free block stayed in the cache");
+    void *c = NULL;
+    alloc_checked(&c, 1 << 20, s);
+    ok(c == b, "and serves the next request");
+    defer_free(c, s);
+}
+
+/* An allocation failing otherwise than out of memory: the error, said,
+ * counted, the runtime's last error cleared (PyTorch would take it for its
+ * next kernel's); and on a device the call switched to, the caller's
+ * current device back. */
+static void test_other_errors(cudaStream_t s)
+{
+    struct defer_stats before = stats_now();
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorInvalidValue, 0, 1);
+    void *q = &q;
+    stderr_capture_begin();
+    cudaError_t err = defer_pluggable_alloc_status(&q, 8 << 20, 0, s);
+    const char *said = stderr_capture_end();
+    ok(err == cudaErrorInvalidValue && q == NULL &&
+           strstr(said, "defer_alloc: allocating a new block failed") != NULL,
+       "an injected cudaErrorInvalidValue: returned, said (%s)", said);
+    is_int(stats_now().rejected - before.rejected, 1, "counted as rejected");
+    is_int(cudaGetLastError(), cudaSuccess, "the last error cleared");
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
+    fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
+    cudaSetDevice(0);
+    stderr_capture_begin();
+    err = defer_pluggable_alloc_status(&q, 8 << 20, 1, 0);
+    stderr_capture_end();
+    int current = -1;
+    cudaGetDevice(&current);
+    ok(err == cudaErrorMemoryAllocation && current == 0,
+       "out of memory on device 1 through the legacy stream: device 0 "
+       "current again (%d)", current);
+    fake_fail_clear();
 }
 
 static void test_out_of_memory(cudaStream_t s)
@@ -116,10 +175,12 @@ int main(void)
     plan_lazy();
     /* As t/alloc: no age limit, no idle release. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s");
-    fake_reset(1);
+    fake_reset(2);
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);
     test_pluggable_status(s);
+    test_beyond_device(s);
+    test_other_errors(s);
     test_out_of_memory(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "nothing left");

@@ -265,8 +265,13 @@ void test_misc(void)
            "unknown code text");
     is_str(cudaGetErrorName((cudaError_t)12345), "unrecognized error code",
            "unknown code name");
-    is_int(cudaGetLastError(), cudaSuccess, "cudaGetLastError");
-    is_int(cudaPeekAtLastError(), cudaSuccess, "cudaPeekAtLastError");
+    cudaGetLastError();
+    is_int(cudaPeekAtLastError(), cudaSuccess, "cudaPeekAtLastError: cleared");
+    cudaSetDevice(99);
+    is_int(cudaPeekAtLastError(), cudaErrorInvalidDevice,
+           "a failed call is the last error");
+    is_int(cudaGetLastError(), cudaErrorInvalidDevice, "cudaGetLastError");
+    is_int(cudaGetLastError(), cudaSuccess, "which clears it");
     cudaDriverGetVersion(&v);
     is_int(v, 13000, "driver version");
     cudaRuntimeGetVersion(&v);

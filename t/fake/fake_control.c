@@ -163,6 +163,7 @@ void fake_lock(void)
         fake_thread.gen = fake.gen;
         fake_thread.dev = 0;
         fake_thread.mode = cudaStreamCaptureModeGlobal;
+        fake_thread.last_error = cudaSuccess;
         memset(fake_thread.pts, 0, sizeof fake_thread.pts);
     }
 }
@@ -202,16 +203,18 @@ cudaError_t fake_enter(int c)
 
             if (in->count > 0)
                 in->count--;
-            fake_unlock();
-            return err;
+            return fake_leave(err);
         }
     }
     return cudaSuccess;
 }
 
-/* Finish a call: release the lock, return r. */
+/* Finish a call: note a failure as the thread's last error (as CUDA
+ * does; "not ready" is no failure), release the lock, return r. */
 cudaError_t fake_leave(cudaError_t r)
 {
+    if (r != cudaSuccess && r != cudaErrorNotReady)
+        fake_thread.last_error = r;
     fake_unlock();
     return r;
 }

@@ -8,6 +8,7 @@
 #include "fake_internal.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,6 +145,25 @@ cudaError_t cudaDeviceSynchronize(void)
     return fake_leave(cudaSuccess);
 }
 
+/* The name, total memory (fake_set_device_memory) and a few plausible
+ * properties of an H100-like device, 0 for the rest; counted (and failed
+ * by injection) as cudaDeviceGetAttribute. */
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    ENTER(FAKE_DEVICE_GET_ATTRIBUTE);
+    if (prop == NULL)
+        return fake_leave(cudaErrorInvalidValue);
+    if (device < 0 || device >= fake.ndev)
+        return fake_leave(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "fake device %d", device);
+    prop->totalGlobalMem = fake.devmem[device];
+    prop->major = 9;
+    prop->multiProcessorCount = 132;
+    prop->warpSize = 32;
+    return fake_leave(cudaSuccess);
+}
+
 /* Plausible attributes of an H100-like device; 0 for the others. */
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
                                    int device)
@@ -190,9 +210,24 @@ cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
     return fake_leave(cudaSuccess);
 }
 
-/* The fake has no sticky errors. */
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+/* The calling thread's last failure since it last asked (cudaGetLastError
+ * clears it; the fake has no sticky errors, so nothing else does). */
+cudaError_t cudaGetLastError(void)
+{
+    fake_lock();
+    cudaError_t r = fake_thread.last_error;
+    fake_thread.last_error = cudaSuccess;
+    fake_unlock();
+    return r;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    fake_lock();
+    cudaError_t r = fake_thread.last_error;
+    fake_unlock();
+    return r;
+}
 
 static const struct { cudaError_t code; const char *name, *text; } errtab[] = {
 #define E(code, text) { code, #code, text }

@@ -209,6 +209,7 @@ struct fake_thread_state {
     struct fstream *pts[FAKE_MAX_DEVICES];  /* per-thread default streams */
     int in_destructor;                      /* running a user object's */
     enum cudaStreamCaptureMode mode;        /* its capture mode */
+    cudaError_t last_error;                 /* cudaGetLastError's */
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 

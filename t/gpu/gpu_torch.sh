@@ -19,9 +19,10 @@
 #        process per GPU): rank 0's losses identical to native's, the final
 #        weights identical on every rank and to native's;
 #   6    examples/torch_allocator.py runs;
-#   7-8  t/gpu/torch_errors.py: out of memory raises torch.OutOfMemoryError
-#        and cudefer works on; enable() after PyTorch made a tensor raises
-#        RuntimeError and changes nothing.
+#   7-9  t/gpu/torch_errors.py: out of memory (twice the device) raises
+#        torch.OutOfMemoryError and cudefer works on; the same for 1 PiB;
+#        enable() after PyTorch made a tensor raises RuntimeError and
+#        changes nothing.
 # Each training process takes 10-40 s on an H100.  Like the other GPU
 # tests it takes the lock file of gpu_tests_serialize, since they count
 # device memory.
@@ -158,7 +159,7 @@ check() {
   cat "$out/$n.cmp"
 }
 
-echo "1..8"
+echo "1..9"
 check "cnn: losses and weights under cudefer identical to native" losses cnn
 check "lm: losses and weights under cudefer identical to native" losses lm
 check "side stream + record_stream: side results identical to native" side \
@@ -182,13 +183,17 @@ fi
 sed 's/^/# /' "$out/example.log"
 n=6
 for case in "oom:out of memory raises torch.OutOfMemoryError, cudefer works on" \
+            "huge:1 PiB raises torch.OutOfMemoryError too" \
             "late:enable() after a CUDA tensor raises RuntimeError, nothing changed"; do
   n=$((n + 1))
-  if CUDEFER_LIB=$lib "$PYTHON" "$srcdir/t/gpu/torch_errors.py" "${case%%:*}" \
-       > "$out/errors-$n.log" 2>&1 9>&-; then
+  CUDEFER_LIB=$lib "$PYTHON" "$srcdir/t/gpu/torch_errors.py" "${case%%:*}" \
+    > "$out/errors-$n.log" 2>&1 9>&-
+  rc=$?
+  if [ $rc -eq 0 ]; then
     echo "ok $n - ${case#*:}"
   else
-    echo "not ok $n - ${case#*:}"
+    echo "not ok $n - ${case#*:} (exit status $rc$([ $rc -gt 128 ] &&
+      echo ", signal $((rc - 128))"))"
   fi
   sed 's/^/# /' "$out/errors-$n.log"
 done

@@ -6,10 +6,11 @@ case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
   oom   a request for twice the device's memory raises
         torch.OutOfMemoryError naming cudefer (PyTorch 2.11 would take a
         pluggable allocator's NULL for a tensor at address 0); afterwards
-        the tensor made before is intact and new tensors compute.  (A
-        request of 1 PiB crashed this process on an H100 on 2026-11-25,
-        below torch.empty; t/gpu/gpu_alloc asks for 1 PiB through cudefer's
-        C entry points to tell whether cudefer is where.)
+        the tensor made before is intact and new tensors compute
+  huge  the same for 1 PiB, beyond any device's address space (it killed
+        this process on an H100 on 2026-11-25, below torch.empty, before
+        cudefer refused requests larger than the device without a CUDA
+        call; t/gpu/gpu_alloc asks for 1 PiB through the C entry points)
   late  enable() once PyTorch's own allocator has made a tensor raises
         RuntimeError saying to call it first, and PyTorch goes on working
 """
@@ -34,10 +35,10 @@ def step(what):
     print(what, flush=True)
 
 
-def oom():
+def oom(size=None):
     cudefer_torch.enable()
     kept = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
-    size = 2 * torch.cuda.get_device_properties(0).total_memory
+    size = size or 2 * torch.cuda.get_device_properties(0).total_memory
     step("asking for %d GiB" % (size >> 30))
     try:
         huge = torch.empty(size, dtype=torch.uint8, device="cuda")
@@ -81,4 +82,5 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("no CUDA device")
         sys.exit(77)
-    {"oom": oom, "late": late}[sys.argv[1]]()
+    {"oom": oom, "huge": lambda: oom(1 << 50),
+     "late": late}[sys.argv[1]]()
