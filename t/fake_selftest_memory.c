@@ -30,6 +30,7 @@ void test_allocations(void)
 
     diag("allocations");
     fake_reset(2);
+    fake_set_address_reuse(0); /* whatever FAKE_ADDRESS_REUSE says */
     is_int(cudaMalloc(&a, 1000), cudaSuccess, "cudaMalloc");
     is_int(cudaMalloc(&b, 5000), cudaSuccess, "cudaMalloc again");
     ok(a != NULL && b != NULL && a != b, "distinct non-NULL addresses");
@@ -75,7 +76,8 @@ void test_allocations(void)
     cudaPointerGetAttributes(&at, a);
     ok(at.type == cudaMemoryTypeUnregistered, "released: unregistered");
     cudaMalloc(&again, 1000);
-    ok((uintptr_t)again > (uintptr_t)b, "addresses are never reused");
+    ok((uintptr_t)again > (uintptr_t)b,
+       "addresses are never reused (unless asked: test_address_reuse)");
     cudaFree(again);
     cudaFree(b);
 
@@ -624,14 +626,36 @@ void test_address_reuse(void)
     cudaStream_t s;
 
     diag("address reuse");
+    const char *env = getenv("FAKE_ADDRESS_REUSE");
+    char *saved = env != NULL ? strdup(env) : NULL;
+    unsetenv("FAKE_ADDRESS_REUSE");
     fake_reset(1);
     cudaMalloc(&a, 8192);
     cudaFree(a);
     cudaMalloc(&b, 8192);
     ok(b != a, "off after fake_reset: a new address");
+    is_int((long long)fake_addresses_reused(), 0, "none reused");
+    setenv("FAKE_ADDRESS_REUSE", "1", 1);
+    fake_reset(1);
+    cudaMalloc(&p, 8192);
+    cudaFree(p);
+    cudaMalloc(&a, 8192);
+    ok(a == p, "FAKE_ADDRESS_REUSE: on at fake_reset");
+    cudaFree(a);
+    if (saved != NULL)
+        setenv("FAKE_ADDRESS_REUSE", saved, 1);
+    else
+        unsetenv("FAKE_ADDRESS_REUSE");
+    free(saved);
+    fake_reset(1);
+    fake_set_address_reuse(0);
+    cudaMalloc(&a, 8192);
+    cudaFree(a);
+    cudaMalloc(&b, 8192);
     fake_set_address_reuse(1);
     cudaMalloc(&c, 4096);
     ok(c == a, "on: the lowest released address that is large enough");
+    is_int((long long)fake_addresses_reused(), 1, "counted");
     is_int(fake_is_released(c), 0, "the address is live again");
     cudaMalloc(&p, 8192);
     ok(p != a && p != b, "too large for what is left: a new address");

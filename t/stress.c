@@ -127,6 +127,9 @@ static void choose_config(void)
     /* Free batches on the legacy stream: sometimes an event per free, else
      * 2 to 64 blocks per event (drawn last: earlier seeds keep the rest). */
     unsigned free_batch = rng_percent(&r, 20) ? 1 : 2u << rng_below(&r, 6);
+    /* Half the seeds: released addresses come back as CUDA's do, so what
+     * cudefer remembers of a released pointer meets a new allocation. */
+    cfg.reuse = rng_percent(&r, 50) || getenv("FAKE_ADDRESS_REUSE") != NULL;
     snprintf(config_env, sizeof config_env,
              "CUDEFER_POLICY=%s CUDEFER_MAX_PENDING=%" PRIu64
              " CUDEFER_IDLE_US=%u CUDEFER_MAX_DELAY_MS=%u CUDEFER_POLL_US=%u "
@@ -256,6 +259,8 @@ int main(int argc, char **argv)
     diag("seed %" PRIu64 " (replay: %s)", opt.seed, replay);
     choose_config();
     set_weights();
+    diag("addresses %s", cfg.reuse ? "reused (fake_set_address_reuse)"
+                                   : "never reused");
     diag("%lu entries, %d threads, %d devices, %d streams per thread; %u trims "
          "and %u flushes per 100 000 operations; %s", opt.entries, opt.threads,
          opt.devices, opt.streams, cfg.trim_per_100k, cfg.flush_per_100k,
@@ -269,6 +274,7 @@ int main(int argc, char **argv)
     plan(23);
 
     fake_reset(opt.devices);
+    fake_set_address_reuse(cfg.reuse);
     alloc_init();
     workers = calloc((size_t)opt.threads, sizeof *workers);
     if (workers == NULL)
@@ -417,6 +423,8 @@ int main(int argc, char **argv)
     is_int(fake_invalid_releases(), failing, "the releases that failed are "
            "those of the host pointers given to defer_free");
     char last[256];
+    if (cfg.reuse)
+        diag("%zu allocations took a released address", fake_addresses_reused());
     ok(fake_violations() == 0, "oracle: no premature or double release "
        "(%ld violations; the last: %s)", fake_violations(),
        fake_last_violation(last, sizeof last));

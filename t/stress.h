@@ -54,6 +54,7 @@ struct stress_config {
     unsigned idle_us, poll_max_us;
     unsigned trim_per_100k, flush_per_100k; /* how often threads trim, flush */
     unsigned split_min;                     /* CUDEFER_SPLIT_MIN (0: off) */
+    bool reuse;     /* the fake reuses addresses (fake_set_address_reuse) */
 };
 extern struct stress_config cfg;
 
@@ -166,6 +167,8 @@ struct call {
 /* An entry deferred since the thread's last flush check. */
 struct item {
     void *p;            /* a buffer, or NULL for a callback */
+    unsigned long long serial; /* the fake's allocation of p (its address
+                                  may be reused once p is released) */
     struct call *call;
     fake_work *captured; /* what its event captured, if known */
     bool known;         /* captured is exact (NULL: nothing, complete at once) */

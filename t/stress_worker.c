@@ -130,6 +130,7 @@ void note(struct worker *w, const struct lane *l, void *p, struct call *c)
 {
     struct item *it = &w->items[w->nitems++];
     it->p = p;
+    it->serial = p != NULL ? fake_my_allocation_serial(p) : 0;
     it->call = c;
     it->captured = l->tail;
     it->known = l->tail_known;
@@ -401,7 +402,7 @@ static void flush_check(struct worker *w)
                 stress_fail(F_FLUSH_LEFT, "thread %d: callback seq %" PRIu64
                             " had not run when defer_flush returned", w->index,
                             it->call->seq);
-        } else if (fake_is_released(it->p) != 1) {
+        } else if (fake_serial_released(it->serial) != 1) {
             stress_fail(F_FLUSH_LEFT,
                         "thread %d: %p not released when defer_flush "
                         "returned (work #%llu)", w->index, it->p,
@@ -482,7 +483,7 @@ static void trim_check(struct worker *w)
             continue;
         w->trim_checked++;
         bool done = it->call != NULL ? atomic_load(&it->call->ran) >= 1
-                                     : fake_is_released(it->p) == 1;
+                                     : fake_serial_released(it->serial) == 1;
         if (done)
             it->verified = true;
         else

@@ -85,6 +85,9 @@ static void reset_locked(int ndev)
     free(fake.streams);
     free(fake.works);
     free(fake.allocs);
+    free(fake.released_by_serial);
+    fake.released_by_serial = NULL;
+    fake.nserials = fake.capserials = 0;
     free(fake.events);
     fake.streams = NULL;
     fake.works = NULL;
@@ -103,7 +106,8 @@ static void reset_locked(int ndev)
     memset(fake.pool_used, 0, sizeof fake.pool_used);
     memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
     fake.pool_granularity = 1;
-    fake.reuse_addresses = 0;
+    fake.reuse_addresses = getenv("FAKE_ADDRESS_REUSE") != NULL;
+    fake.addresses_reused = 0;
     memset(fake.inj, 0, sizeof fake.inj);
     memset(fake.calls, 0, sizeof fake.calls);
     memset(fake.legacy, 0, sizeof fake.legacy);
@@ -164,6 +168,7 @@ void fake_lock(void)
         fake_thread.dev = 0;
         fake_thread.mode = cudaStreamCaptureModeGlobal;
         fake_thread.last_error = cudaSuccess;
+        fake_thread.nrecent = 0;
         memset(fake_thread.pts, 0, sizeof fake_thread.pts);
     }
 }

@@ -190,6 +190,11 @@ void fake_set_pool_granularity(size_t bytes);
  * address concern the new one, as with CUDA. */
 void fake_set_address_reuse(int on);
 
+/* How many allocations took a released address since fake_reset.  The
+ * environment variable FAKE_ADDRESS_REUSE (any value) turns reuse on at
+ * every fake_reset, so that a whole test runs with it. */
+size_t fake_addresses_reused(void);
+
 /* 1 if any thread used device dev (set it current, created a stream, an
  * event or an allocation on it, used its legacy or per-thread stream);
  * 0 if not or dev is out of range. */
@@ -291,6 +296,15 @@ size_t fake_invalid_releases(void);
 /* 1 if p (the start of an allocation) was released, 0 if live, -1 if the
  * fake never returned p. */
 int fake_is_released(const void *p);
+
+/* Allocations by identity, which survives address reuse
+ * (fake_set_address_reuse): fake_my_allocation_serial(p) is the serial
+ * number of the latest allocation at p the calling thread made among its
+ * last 256 (else of the allocation at p now; 0 if none); fake_serial_released
+ * says whether that allocation was released: 1, 0 if live, -1 for a serial
+ * the fake never gave (serials start again at fake_reset). */
+unsigned long long fake_my_allocation_serial(const void *p);
+int fake_serial_released(unsigned long long serial);
 
 /* The allocation containing p (any byte of it): its start in *base and
  * its size in *size (either may be NULL); 1 if it is live, 0 if it was

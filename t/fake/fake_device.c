@@ -53,6 +53,14 @@ void fake_set_address_reuse(int on)
     fake_unlock();
 }
 
+size_t fake_addresses_reused(void)
+{
+    fake_lock();
+    size_t n = fake.addresses_reused;
+    fake_unlock();
+    return n;
+}
+
 int fake_device_touched(int dev)
 {
     int r;

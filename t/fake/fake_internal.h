@@ -143,6 +143,7 @@ struct falloc {
     enum alloc_kind kind;
     int own_pool;                 /* from cudaMallocFromPoolAsync */
     int released;
+    unsigned long long serial;    /* 1, 2, ... since fake_reset */
     struct fake_work *freed_after; /* cudaFreeAsync: its stream's last work
                                       then (the free runs after it; NULL:
                                       none), for address reuse */
@@ -171,6 +172,9 @@ struct fake_state {
     size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
     size_t pool_granularity; /* 1 unless fake_set_pool_granularity */
     int reuse_addresses;     /* 0 unless fake_set_address_reuse */
+    size_t addresses_reused;
+    unsigned char *released_by_serial; /* [serial]: 1 once released */
+    size_t nserials, capserials;       /* serials given: nserials - 1 */
     int touched[FAKE_MAX_DEVICES], app_touched[FAKE_MAX_DEVICES];
     struct fstream *legacy[FAKE_MAX_DEVICES];
     struct fstream **streams;     /* index = id - stream_base */
@@ -210,6 +214,8 @@ struct fake_thread_state {
     int in_destructor;                      /* running a user object's */
     enum cudaStreamCaptureMode mode;        /* its capture mode */
     cudaError_t last_error;                 /* cudaGetLastError's */
+    struct { uintptr_t addr; unsigned long long serial; } recent[256];
+    unsigned nrecent;                       /* allocations it made */
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 

@@ -71,6 +71,7 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
         uintptr_t addr = a->addr;
         memset(a, 0, sizeof *a);
         a->addr = addr;
+        fake.addresses_reused++;
     } else {
         fake.allocs = fake_grow(fake.allocs, fake.nallocs, &fake.capallocs,
                                 sizeof *fake.allocs);
@@ -82,6 +83,15 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
     a->size = size;
     a->dev = dev;
     a->kind = kind;
+    if (fake.nserials == 0) /* serial 0 is none */
+        fake.nserials = 1;
+    fake.released_by_serial =
+        fake_grow(fake.released_by_serial, fake.nserials, &fake.capserials, 1);
+    fake.released_by_serial[fake.nserials] = 0;
+    a->serial = fake.nserials++;
+    unsigned slot = fake_thread.nrecent++ % 256;
+    fake_thread.recent[slot].addr = a->addr;
+    fake_thread.recent[slot].serial = a->serial;
     fake.live_allocs++;
     if (kind != A_HOST)
         fake.devused[dev] += size;
@@ -131,6 +141,7 @@ static cudaError_t release(const char *fn, void *p, int host,
     }
     fake_oracle_release(a, p, fn, async);
     a->released = 1;
+    fake.released_by_serial[a->serial] = 1;
     a->freed_after = async != NULL && async->tail != NULL && !async->tail->done
                          ? async->tail
                          : NULL;
@@ -171,6 +182,36 @@ int fake_is_released(const void *p)
     fake_lock();
     a = fake_alloc_find(p, 1);
     r = a ? a->released : -1;
+    fake_unlock();
+    return r;
+}
+
+unsigned long long fake_my_allocation_serial(const void *p)
+{
+    unsigned long long serial = 0;
+
+    fake_lock();
+    unsigned n = fake_thread.nrecent < 256 ? fake_thread.nrecent : 256;
+    for (unsigned i = 0; i < n && serial == 0; i++) {
+        unsigned slot = (fake_thread.nrecent - 1 - i) % 256;
+        if (fake_thread.recent[slot].addr == (uintptr_t)p)
+            serial = fake_thread.recent[slot].serial;
+    }
+    if (serial == 0) {
+        struct falloc *a = fake_alloc_find(p, 1);
+        serial = a != NULL ? a->serial : 0;
+    }
+    fake_unlock();
+    return serial;
+}
+
+int fake_serial_released(unsigned long long serial)
+{
+    int r;
+
+    fake_lock();
+    r = serial > 0 && serial < fake.nserials ? fake.released_by_serial[serial]
+                                             : -1;
     fake_unlock();
     return r;
 }
