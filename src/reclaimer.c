@@ -236,6 +236,11 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
     if (err == cudaSuccess && reclaimer_use_device(e->device)) {
         trace_push(e->kind == ENTRY_CALL ? "cudefer: callback"
                                          : "cudefer: release");
+        /* A callback finds its own CUDA errors on this thread, not the
+         * reclaimer's (a failed cudaFree, a probe of a stream the
+         * application destroyed; PyTorch's launch checks read it). */
+        if (e->kind == ENTRY_CALL)
+            cudaGetLastError();
         err = release_entry(e, e->pool ? reclaimer_free_stream(e->device)
                                        : NULL);
         trace_pop();

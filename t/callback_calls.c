@@ -214,6 +214,38 @@ static void s_stuck_defer_during_exit(void)
 
 /* Run fn in a child process (fresh fake, env set); ok when it ends in time
  * with no failed check. */
+/* The last CUDA error a callback finds on its thread: its own only.  The
+ * reclaimer's own failures (a cudaFree that failed; a probe of a stream the
+ * application destroyed) were left for it to find (found by a review
+ * helper; CUDA keeps a last error per thread, and PyTorch's launch checks
+ * read it). */
+static cudaError_t seen_error = cudaErrorUnknown;
+
+static void read_last_error(void *unused)
+{
+    (void)unused;
+    seen_error = cudaPeekAtLastError();
+}
+
+static void s_clean_error(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "a free whose cudaFree fails on the reclaimer");
+    const char *said = stderr_capture_end();
+    CHECK(strstr(said, "is not released") != NULL, "said (%s)", said);
+    fake_fail_clear();
+    CHECK(defer_call(read_last_error, NULL, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "then a callback");
+    CHECK(seen_error == cudaSuccess, "the callback finds no error (%s)",
+          cudaGetErrorName(seen_error));
+    cudaFree(p); /* not released by cudefer: the test's own */
+}
+
 static void scenario(const char *title, const char *env, void (*fn)(void))
 {
     pid_t pid = fork_flushed();
@@ -240,6 +272,8 @@ int main(void)
              s_disable);
     scenario("flush, trim and shutdown inside a callback with no event (its "
              "caller waits for it): refused, no hang", "", s_no_event);
+    scenario("a callback does not find the reclaimer's own CUDA errors", "",
+             s_clean_error);
     scenario("exit inside a callback run synchronously (CUDEFER_DISABLE): the "
              "drain does not wait for it", "CUDEFER_DISABLE=1",
              s_exit_in_sync_callback);

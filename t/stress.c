@@ -62,8 +62,13 @@ static char replay[256]; /* the command that replays this run */
 
 static void make_replay(void)
 {
-    int n = snprintf(replay, sizeof replay, "t/stress --seed %" PRIu64
-                     " --entries %lu", opt.seed, opt.entries);
+    /* FAKE_ADDRESS_REUSE forces reuse on every seed: the replay too. */
+    int n = snprintf(replay, sizeof replay, "%st/stress --seed %" PRIu64
+                     " --entries %lu",
+                     getenv("FAKE_ADDRESS_REUSE") != NULL
+                         ? "FAKE_ADDRESS_REUSE=1 "
+                         : "",
+                     opt.seed, opt.entries);
     if (opt.threads != DEFAULT_THREADS)
         n += snprintf(replay + n, sizeof replay - (size_t)n, " --threads %d",
                       opt.threads);

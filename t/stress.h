@@ -191,6 +191,7 @@ struct kept_block {
  * recreated with new handles). */
 struct band_block {
     void *p;
+    unsigned long long serial; /* its allocation (fake_allocation_serial) */
     const struct lane *lane;
     cudaStream_t h;
 };

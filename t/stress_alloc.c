@@ -209,8 +209,9 @@ static void band_freed(struct worker *w, void *p, const struct lane *l)
     if (b == NULL && w->nband == MAX_BAND) { /* forget the released ones */
         size_t kept = 0;
         for (size_t i = 0; i < w->nband; i++)
-            if (fake_is_released(w->band[i].p) != 1)
-                w->band[kept++] = w->band[i];
+            if (fake_serial_released(w->band[i].serial) != 1)
+                w->band[kept++] = w->band[i]; /* by identity: the address
+                                                 may be another's by now */
         w->nband = kept;
         if (kept == MAX_BAND)
             stress_die("test limit: thread %d has %d blocks of its own size",
@@ -218,7 +219,9 @@ static void band_freed(struct worker *w, void *p, const struct lane *l)
     }
     if (b == NULL)
         b = &w->band[w->nband++];
-    *b = (struct band_block){p, l, l->h};
+    /* Its allocation is live (the cache holds the block behind the
+     * thread's own work): the serial is exact. */
+    *b = (struct band_block){p, fake_allocation_serial(p), l, l->h};
 }
 
 /* A block freed on a stream only this thread uses (a created one, or its
@@ -266,7 +269,8 @@ void op_alloc_held(struct worker *w)
     void *q = block_get(w, l, size, false);
     if (q != NULL && cfg.split_min == 0) {
         struct band_block *b = band_find(w, q);
-        if (b == NULL || b->lane != l || b->h != l->h)
+        if (b == NULL || b->lane != l || b->h != l->h ||
+            b->serial != fake_allocation_serial(q)) /* not a new one there */
             stress_fail(F_REUSE, "thread %d: a request on the stream where "
                         "block %p waits behind held work got %p, which was "
                         "not freed on that stream", w->index, p, q);

@@ -185,7 +185,11 @@ void fake_set_pool_granularity(size_t bytes);
  * address is new).  It takes the lowest released address of its kind
  * (device and pool memory share addresses, pinned host memory has its
  * own) whose allocation was as large and whose release is done (a
- * cudaFreeAsync once its stream reached the free).  Then the old
+ * cudaFreeAsync once its stream reached the free; for a stream-ordered
+ * allocation on that very stream, at once, as a real pool hands it out).
+ * Addresses are reused whole (no allocation starts inside an old one or
+ * spans two), and pool and cudaMalloc addresses mix, which a real pool
+ * with cudefer's release threshold does only after a trim.  Then the old
  * allocation is forgotten: fake_is_released and a second release of that
  * address concern the new one, as with CUDA. */
 void fake_set_address_reuse(int on);
@@ -298,11 +302,16 @@ size_t fake_invalid_releases(void);
 int fake_is_released(const void *p);
 
 /* Allocations by identity, which survives address reuse
- * (fake_set_address_reuse): fake_my_allocation_serial(p) is the serial
- * number of the latest allocation at p the calling thread made among its
- * last 256 (else of the allocation at p now; 0 if none); fake_serial_released
- * says whether that allocation was released: 1, 0 if live, -1 for a serial
- * the fake never gave (serials start again at fake_reset). */
+ * (fake_set_address_reuse).  fake_allocation_serial(p): the serial number
+ * of the allocation starting at p now (live, or the last one released
+ * there; 0 if none): exact while that allocation is live.
+ * fake_my_allocation_serial(p): of the latest allocation at p the calling
+ * thread made among its last 256, else as fake_allocation_serial: exact
+ * for a pointer the thread allocated itself, even once another thread's
+ * allocation took its address.  fake_serial_released says whether that
+ * allocation was released: 1, 0 if live, -1 for a serial the fake never
+ * gave (serials start again at fake_reset). */
+unsigned long long fake_allocation_serial(const void *p);
 unsigned long long fake_my_allocation_serial(const void *p);
 int fake_serial_released(unsigned long long serial);
 

@@ -43,9 +43,13 @@ struct falloc *fake_alloc_find(const void *p, int exact)
 /* Under fake_set_address_reuse: the released allocation of the lowest
  * address whose memory may serve a new one of size bytes of kind (device
  * and pool memory share addresses, host memory has its own): as large, and
- * released for good (a cudaFreeAsync only once its stream reached the
- * free).  NULL if none.  Lock held. */
-static struct falloc *reusable(size_t size, enum alloc_kind kind)
+ * released for good (a cudaFreeAsync once its stream reached the free), or
+ * pool memory freed on the very stream s a pool allocation is ordered on
+ * (stream order: the new one is used after the old one's work, as a real
+ * pool hands it out; fake_alloc_ordered then keeps it from other streams
+ * until that work is done).  NULL if none.  Lock held. */
+static struct falloc *reusable(size_t size, enum alloc_kind kind,
+                               const struct fstream *s)
 {
     int64_t now = fake_now_ns(), hint = INF_NS;
 
@@ -54,16 +58,20 @@ static struct falloc *reusable(size_t size, enum alloc_kind kind)
         if (a->released && a->size >= size &&
             (a->kind == A_HOST) == (kind == A_HOST) &&
             (a->freed_after == NULL ||
+             (s != NULL && kind == A_POOL && a->kind == A_POOL &&
+              a->freed_after->stream == s) ||
              fake_work_completed(a->freed_after, now, &hint)))
             return a;
     }
     return NULL;
 }
 
-/* Register a new allocation; returns its address. */
-static void *add_alloc(size_t size, int dev, enum alloc_kind kind)
+/* Register a new allocation (ordered on stream s when not NULL); returns
+ * its address. */
+static void *add_alloc(size_t size, int dev, enum alloc_kind kind,
+                       const struct fstream *s)
 {
-    struct falloc *a = fake.reuse_addresses ? reusable(size, kind) : NULL;
+    struct falloc *a = fake.reuse_addresses ? reusable(size, kind, s) : NULL;
 
     if (a != NULL) {
         /* The old record gives way (its users and blocks went with its
@@ -186,6 +194,15 @@ int fake_is_released(const void *p)
     return r;
 }
 
+unsigned long long fake_allocation_serial(const void *p)
+{
+    fake_lock();
+    struct falloc *a = fake_alloc_find(p, 1);
+    unsigned long long serial = a != NULL ? a->serial : 0;
+    fake_unlock();
+    return serial;
+}
+
 unsigned long long fake_my_allocation_serial(const void *p)
 {
     unsigned long long serial = 0;
@@ -236,7 +253,7 @@ int fake_allocation_of(const void *p, void **base, size_t *size)
 
 /* Device allocation on dev if it fits.  Lock held. */
 static cudaError_t device_alloc(void **p, size_t size, int dev,
-                                enum alloc_kind kind)
+                                enum alloc_kind kind, const struct fstream *s)
 {
     if (p == NULL)
         return cudaErrorInvalidValue;
@@ -247,7 +264,7 @@ static cudaError_t device_alloc(void **p, size_t size, int dev,
     if (size > MAX_ALLOC || fake.devused[dev] > fake.devmem[dev] ||
         size > fake.devmem[dev] - fake.devused[dev])
         return cudaErrorMemoryAllocation;
-    *p = add_alloc(size, dev, kind);
+    *p = add_alloc(size, dev, kind, s);
     return cudaSuccess;
 }
 
@@ -257,7 +274,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
     ENTER(FAKE_MALLOC);
     UNSAFE_CALL();
     fake_touch(fake_thread.dev);
-    return fake_leave(device_alloc(devPtr, size, fake_thread.dev, A_DEVICE));
+    return fake_leave(device_alloc(devPtr, size, fake_thread.dev, A_DEVICE, NULL));
 }
 
 /* Allocate pool memory on the stream's device. */
@@ -270,7 +287,7 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
-    cudaError_t err = device_alloc(devPtr, size, s->dev, A_POOL);
+    cudaError_t err = device_alloc(devPtr, size, s->dev, A_POOL, s);
     if (err == cudaSuccess && size > 0)
         fake_alloc_ordered(fake_alloc_find(*devPtr, 1), s);
     return fake_leave(err);
@@ -393,7 +410,7 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
-    cudaError_t err = device_alloc(devPtr, size, dev, A_POOL);
+    cudaError_t err = device_alloc(devPtr, size, dev, A_POOL, s);
     if (err == cudaSuccess && size > 0) {
         fake_alloc_find(*devPtr, 1)->own_pool = 1;
         fake_alloc_ordered(fake_alloc_find(*devPtr, 1), s);
@@ -415,7 +432,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     if (size > MAX_ALLOC)
         return fake_leave(cudaErrorMemoryAllocation);
     fake_touch(fake_thread.dev);
-    *pHost = size ? add_alloc(size, fake_thread.dev, A_HOST) : NULL;
+    *pHost = size ? add_alloc(size, fake_thread.dev, A_HOST, NULL) : NULL;
     return fake_leave(cudaSuccess);
 }
 
