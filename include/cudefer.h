@@ -373,8 +373,9 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * defer_flush, defer_trim and defer_shutdown
  * would wait for fn itself and return cudaErrorNotPermitted there.  There is
  * one reclaimer thread: while fn runs, nothing else is polled or released,
- * so keep it short.  A NULL fn is cudaErrorInvalidValue.  Otherwise same
- * contract as defer_free.
+ * so keep it short.  fn finds the thread's CUDA last error clear
+ * (cudaGetLastError: its own calls' errors only, or a sticky one).  A NULL
+ * fn is cudaErrorInvalidValue.  Otherwise same contract as defer_free.
  *
  * Order: callbacks deferred on one stream run in the order deferred (by
  * any threads), also when one of them found no event and waited for its
