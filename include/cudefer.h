@@ -197,7 +197,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     memory, cudefer releases what it holds (defer_trim, which also trims
  *     the pool) and tries again, then with bytes rounded up to 512 only.
  *     A request for more than the device's whole memory
- *     (cudaGetDeviceProperties, asked once) is out of memory at once,
+ *     (cudaGetDeviceProperties, asked at the device's first miss) is out
+ *     of memory at once,
  *     unreported, with nothing handed back or trimmed.
  * Splitting: a request of at least split_min_bytes (CUDEFER_SPLIT_MIN,
  * 1 MiB by default) that no cached block fits is cut from the end of a
@@ -325,10 +326,10 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  * defer_pluggable_alloc_status is defer_pluggable_alloc returning the
  * error: cudaSuccess with *ptr set (NULL for size 0),
  * cudaErrorMemoryAllocation when out of memory as defer_alloc is (not
- * reported: the caller raises it; a size no device holds is said), or
- * another error, reported (its messages name
- * defer_pluggable_alloc_status), with *ptr NULL; cudaErrorInvalidValue
- * for a NULL ptr.
+ * reported: the caller raises it; a size above 2^62 is said), or another
+ * error, reported (a failed device switch names
+ * defer_pluggable_alloc_status, the allocation's own refusals
+ * defer_alloc), with *ptr NULL; cudaErrorInvalidValue for a NULL ptr.
  * defer_pluggable_free is defer_free of ptr on stream; PyTorch passes the
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires

@@ -261,17 +261,13 @@ def _load_hook(hook_path):
     return install
 
 
-def _install(install, handle, path):
+def _install(install, handle):
     """Make cudefer PyTorch's current allocator through the hook, all at
     once: allocations over defer_pluggable_alloc_status (out of memory
     raises torch.OutOfMemoryError; PyTorch does not check the NULL of a
     pluggable allocator loaded from Python), Tensor.record_stream to
     defer_record_stream, torch.cuda.empty_cache() to defer_trim.  Raises
-    AttributeError for a library without defer_pluggable_alloc_status,
     RuntimeError when PyTorch refuses; nothing is changed then."""
-    if not hasattr(handle, "defer_pluggable_alloc_status"):
-        raise AttributeError("cudefer: %s has no defer_pluggable_alloc_status "
-                             "(a library older than the hook)" % path)
     message = ctypes.create_string_buffer(1024)
     functions = (handle.defer_pluggable_alloc_status,
                  handle.defer_pluggable_free, handle.defer_record_stream,
@@ -291,10 +287,12 @@ def enable(lib=None, record_stream=True):
     """Make cudefer PyTorch's CUDA allocator; return the library's path.
 
     lib: path of libcudefer.so (default: find_library()).
-    record_stream: True (default) wires Tensor.record_stream to
-    defer_record_stream through the compiled hook; if the hook cannot be
-    built, HookError is raised before anything is changed.  False skips the
-    hook and warns (RecordStreamWarning) that record_stream is ignored.
+    record_stream: True (default) installs cudefer through the compiled
+    hook: out of memory raises torch.OutOfMemoryError, Tensor.record_stream
+    reaches defer_record_stream; if the hook cannot be built, HookError is
+    raised before anything is changed.  False skips the hook and warns
+    (RecordStreamWarning) that record_stream is ignored; out of memory then
+    gives PyTorch a NULL pointer (a tensor at address 0, said on stderr).
 
     Call once, before the first CUDA allocation and before other threads use
     CUDA; a second call with the same library returns at once, with another
@@ -315,11 +313,16 @@ def enable(lib=None, record_stream=True):
                                    "record_stream hook")
             return path
         handle = _load(path)
+        if record_stream and not hasattr(handle,
+                                         "defer_pluggable_alloc_status"):
+            raise AttributeError("cudefer: %s has no "
+                                 "defer_pluggable_alloc_status (a library "
+                                 "older than the hook)" % path)
         # Everything that can fail for want of a compiler or headers
         # happens before PyTorch's allocator is changed.
         install = _load_hook(build_hook()) if record_stream else None
         if install is not None:
-            _install(install, handle, path)
+            _install(install, handle)
         else:
             allocator = torch.cuda.memory.CUDAPluggableAllocator(
                 path, "defer_pluggable_alloc", "defer_pluggable_free")

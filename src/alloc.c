@@ -16,10 +16,15 @@
 #include "stats.h"
 #include "stream_identity.h"
 
+static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
+                          const char *detail);
+
 /* A new block of size bytes on stream, filed in the cache, all while
  * admitted: a shutdown (which destroys the pools and the cache) waits for
  * it.  A block that cannot be filed is plain memory: defer_free releases
- * it like any other.  Returns the allocation's error. */
+ * it like any other.  Returns the allocation's error: out of memory
+ * unreported (the caller hears it), any other reported and counted (a
+ * refused admission by lifecycle_enter, the allocation here). */
 static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
                                 void **ptr)
 {
@@ -27,8 +32,10 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
     if (err != cudaSuccess)
         return err;
     bool pooled;
-    if ((err = block_pool_malloc(device, size, stream, ptr, &pooled)) ==
-        cudaSuccess) {
+    err = block_pool_malloc(device, size, stream, ptr, &pooled);
+    if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
+        refuse("defer_alloc", "allocating a new block", err, "");
+    if (err == cudaSuccess) {
         stats_add(&stats.cache_mallocs, 1);
         if (!block_cache_add(device, *ptr, size, pooled)) {
             report("defer_alloc: out of memory for the record of %p: it is "
@@ -211,10 +218,8 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
     int device = -1;
     err = alloc_admitted(ptr, bytes, stream, current, &device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
-    if (err == cudaSuccess && *ptr == NULL &&
-        (err = malloc_block(device, bytes, stream, ptr)) != cudaSuccess &&
-        err != cudaErrorMemoryAllocation)
-        return refuse("defer_alloc", "allocating a new block", err, "");
+    if (err == cudaSuccess && *ptr == NULL) /* said and counted there */
+        err = malloc_block(device, bytes, stream, ptr);
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     return err;
@@ -265,17 +270,18 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
 
 /* Make device current for a call on a special stream handle (which means
  * the current device's stream); *previous gets the device to go back to, or
- * -1 when nothing changed. */
+ * -1 when nothing changed; *call names the call that failed. */
 static cudaError_t enter_device(int device, cudaStream_t stream,
-                                int *previous)
+                                int *previous, const char **call)
 {
     *previous = -1;
     if (!stream_is_special(stream))
         return cudaSuccess;
     int current;
+    *call = "cudaGetDevice";
     cudaError_t err = cudaGetDevice(&current);
     if (err == cudaSuccess && current != device &&
-        (err = cudaSetDevice(device)) == cudaSuccess)
+        (*call = "cudaSetDevice", err = cudaSetDevice(device)) == cudaSuccess)
         *previous = current;
     if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
         cudaGetLastError(); /* a bad device number: not PyTorch's next error */
@@ -296,12 +302,13 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
 {
     *ptr = NULL;
     int previous;
-    cudaError_t err = enter_device(device, stream, &previous);
+    const char *call = NULL;
+    cudaError_t err = enter_device(device, stream, &previous, &call);
     if (err != cudaSuccess) {
         stats_add(&stats.rejected, 1);
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
-        report_cuda(what, "cudaSetDevice", err, detail);
+        report_cuda(what, call, err, detail);
         return err;
     }
     /* A special handle's device is now the current one. */
@@ -346,12 +353,13 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     if (ptr == NULL)
         return;
     int previous;
-    cudaError_t err = enter_device(device, stream, &previous);
+    const char *call = NULL;
+    cudaError_t err = enter_device(device, stream, &previous, &call);
     if (err == cudaSuccess)
         err = api_free_pluggable(ptr, size, device, stream,
                                  stream_is_special(stream) ? device : -1);
     else
-        report_cuda("defer_pluggable_free", "cudaSetDevice", err, "");
+        report_cuda("defer_pluggable_free", call, err, "");
     leave_device(previous);
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "

@@ -212,8 +212,6 @@ static void s_stuck_defer_during_exit(void)
     exit(0);
 }
 
-/* Run fn in a child process (fresh fake, env set); ok when it ends in time
- * with no failed check. */
 /* The last CUDA error a callback finds on its thread: its own only.  The
  * reclaimer's own failures (a cudaFree that failed; a probe of a stream the
  * application destroyed) were left for it to find (found by a review
@@ -246,6 +244,8 @@ static void s_clean_error(void)
     cudaFree(p); /* not released by cudefer: the test's own */
 }
 
+/* Run fn in a child process (fresh fake, env set); ok when it ends in time
+ * with no failed check. */
 static void scenario(const char *title, const char *env, void (*fn)(void))
 {
     pid_t pid = fork_flushed();

@@ -40,7 +40,9 @@
  *   on a stream wait for an event's captured work.
  *
  *   Memory: allocations get fake addresses (never dereference them) from a
- *   counter that never goes back, so no address is ever reused.  Device
+ *   counter that never goes back, so no address is reused, unless
+ *   fake_set_address_reuse or FAKE_ADDRESS_REUSE asks for reuse as CUDA
+ *   does.  Device
  *   memory is limited per device (80 GiB unless fake_set_device_memory).
  *   An async allocation (cudaMallocAsync, cudaMallocFromPoolAsync) on a
  *   stream is ordered after the work enqueued on it so far, as in CUDA
@@ -181,8 +183,8 @@ void fake_set_device_memory(int dev, size_t bytes);
 void fake_set_pool_granularity(size_t bytes);
 
 /* on != 0: from now on a new allocation takes the address of a released
- * one when it can, as real allocators do (after fake_reset: never; every
- * address is new).  It takes the lowest released address of its kind
+ * one when it can, as real allocators do (after fake_reset: off unless the
+ * environment has FAKE_ADDRESS_REUSE).  It takes the lowest released address of its kind
  * (device and pool memory share addresses, pinned host memory has its
  * own) whose allocation was as large and whose release is done (a
  * cudaFreeAsync once its stream reached the free; for a stream-ordered

@@ -32,12 +32,14 @@ static size_t free_bytes(void)
 /* Requests no device can hold, through defer_alloc and the entry point
  * behind PyTorch's hook: out of memory, NULL, and the allocator works on.
  * (Under PyTorch, 1 PiB crashed the process on an H100, 2026-11-25,
- * somewhere below torch.empty: this says whether cudefer's C path is
- * where.) */
+ * somewhere below torch.empty, when such a request still reached the pool
+ * allocator; cudefer now refuses it before any allocation, so this shows
+ * the refusal is clean on a GPU, not where that crash was.) */
 static void test_out_of_memory(cudaStream_t s)
 {
     size_t f = 0, total = 0;
-    cudaMemGetInfo(&f, &total);
+    if (cudaMemGetInfo(&f, &total) != cudaSuccess || total == 0)
+        bail("cudaMemGetInfo");
     const size_t sizes[] = {2 * total, (size_t)1 << 50};
     for (int i = 0; i < 2; i++) {
         void *p = &p;

@@ -9,8 +9,9 @@ case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
         the tensor made before is intact and new tensors compute
   huge  the same for 1 PiB, beyond any device's address space (it killed
         this process on an H100 on 2026-11-25, below torch.empty, before
-        cudefer refused requests larger than the device without a CUDA
-        call; t/gpu/gpu_alloc asks for 1 PiB through the C entry points)
+        cudefer refused requests larger than the device before any
+        cudaMalloc; t/gpu/gpu_alloc asks for 1 PiB through the C entry
+        points)
   late  enable() once PyTorch's own allocator has made a tensor raises
         RuntimeError saying to call it first, and PyTorch goes on working
 """
