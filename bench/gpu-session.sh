@@ -17,6 +17,9 @@
 #          -> traces.tar.gz (cnn.trace, lm.trace)
 #   side   the record_stream side-stream program under native and cudefer
 #          -> side.txt (ms/step, peak, and whether the results match)
+#   errors (not by default) out of memory and refusals, quickly: t/gpu/gpu_alloc
+#          and t/gpu/torch_errors.py's cases (oom, huge, late), each with
+#          its exit status -> errors.txt
 #   ddp    (not by default: two GPUs) train-cnn-ddp and train-lm-ddp with
 #          the pluggable-floor bound beside cudefer, REPS repetitions
 #          -> ddp.jsonl, ddp.txt
@@ -68,6 +71,17 @@ if want train; then
     $TRAIN_ARGS --torch-lib "$LIB" --json "$OUT/train.jsonl" > "$OUT/train.txt" \
     2> "$OUT/train.err" || failed train
   cat "$OUT/train.err" >> "$OUT/train.txt"; rm -f "$OUT/train.err"
+fi
+if want errors; then
+  stage errors
+  { make t/gpu/gpu_alloc >/dev/null 2>&1 && ./t/gpu/gpu_alloc 2>&1
+    echo "gpu_alloc: exit status $?"
+    for c in oom huge late; do
+      CUDEFER_LIB=$LIB CUDEFER_TORCH_CACHE=$(mktemp -d) \
+        "$PY" "$BENCH/../t/gpu/torch_errors.py" $c 2>&1 | tail -n 20
+      echo "torch_errors.py $c: exit status ${PIPESTATUS[0]}"
+    done; } > "$OUT/errors.txt" 2>&1
+  grep -qE "exit status [1-9]|^not ok" "$OUT/errors.txt" && failed errors
 fi
 if want ddp; then
   stage ddp
