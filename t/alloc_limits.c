@@ -3,8 +3,11 @@
  * review helper), and out of memory (the rounded size does not fit but the
  * exact one does; cached blocks are trimmed to make room; the pluggable
  * entry point, whose NULL PyTorch does not check, says so). */
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -170,11 +173,73 @@ static void test_out_of_memory(cudaStream_t s)
     fake_set_device_memory(0, total);
 }
 
+/* A shutdown between an allocation that ran out of memory and its retry
+ * (found by a review helper): the retry is refused at the gate, said once
+ * by the gate; the allocation said nothing of its own (it said "allocating
+ * a new block failed: operation not permitted" too, and counted it twice).
+ * In a child: a shutdown is for good. */
+struct slow_request {
+    cudaStream_t s;
+    void *p;
+    cudaError_t err;
+};
+
+static void *request_slowly(void *arg)
+{
+    struct slow_request *r = arg;
+    r->err = defer_alloc(&r->p, 8 << 20, r->s);
+    return NULL;
+}
+
+static void scenario_shutdown_before_retry(void)
+{
+    size_t free_b, total;
+    cudaStream_t s = stream_new();
+    void *warm = NULL;
+    defer_alloc(&warm, 4096, s); /* the pool and the reclaimer exist */
+    defer_free(warm, s);
+    cudaMemGetInfo(&free_b, &total);
+    fake_set_device_memory(0, total - free_b + (4 << 20)); /* 8 MiB: no */
+    fake_set_latency(FAKE_MALLOC_ASYNC, 100000000); /* 100 ms */
+    unsigned long entered = fake_entered(FAKE_MALLOC_ASYNC);
+    struct slow_request r = {.s = s};
+    pthread_t t;
+    stderr_capture_begin();
+    pthread_create(&t, NULL, request_slowly, &r);
+    for (int i = 0; i < 10000 && fake_entered(FAKE_MALLOC_ASYNC) == entered;
+         i++)
+        sleep_ms(1);
+    cudaError_t shut = defer_shutdown();
+    pthread_join(t, NULL);
+    const char *said = stderr_capture_end();
+    fake_set_latency(FAKE_MALLOC_ASYNC, 0);
+    int ok_all = warm != NULL && shut == cudaSuccess &&
+                 r.err == cudaErrorNotPermitted && r.p == NULL &&
+                 strstr(said, "allocating a new block") == NULL &&
+                 strstr(said, "defer_alloc called after defer_shutdown") !=
+                     NULL;
+    if (!ok_all)
+        printf("# shutdown %s, request %s, said: %s\n", cudaGetErrorName(shut),
+               cudaGetErrorName(r.err), said);
+    child_end(ok_all ? 0 : 1);
+}
+
 int main(void)
 {
     plan_lazy();
     /* As t/alloc: no age limit, no idle release. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s");
+    /* Before this process starts cudefer: the child shuts it down. */
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        fake_reset(1);
+        scenario_shutdown_before_retry();
+    }
+    int status = 0;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a shutdown before an out-of-memory retry: refused at the gate, "
+       "said once");
     fake_reset(2);
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);
