@@ -261,6 +261,13 @@ def _load_hook(hook_path):
     return install
 
 
+def _refused(reason):
+    """The RuntimeError for PyTorch's refusal to change its allocator."""
+    return RuntimeError("cudefer: PyTorch refused to change its allocator "
+                        "(%s): call cudefer_torch.enable() before the first "
+                        "CUDA tensor" % reason)
+
+
 def _install(install, handle):
     """Make cudefer PyTorch's current allocator through the hook, all at
     once: allocations over defer_pluggable_alloc_status (out of memory
@@ -275,10 +282,7 @@ def _install(install, handle):
     rc = install(*[ctypes.cast(f, ctypes.c_void_p).value for f in functions],
                  message, ctypes.sizeof(message))
     if rc == 3:
-        raise RuntimeError(
-            "cudefer: PyTorch refused to change its allocator (%s): call "
-            "cudefer_torch.enable() before the first CUDA tensor"
-            % message.value.decode(errors="replace").strip())
+        raise _refused(message.value.decode(errors="replace").strip())
     if rc != 0:
         raise HookError("cudefer: installing the allocator failed (%d)" % rc)
 
@@ -329,10 +333,7 @@ def enable(lib=None, record_stream=True):
             try:
                 torch.cuda.memory.change_current_allocator(allocator)
             except RuntimeError as e:
-                raise RuntimeError(
-                    "cudefer: PyTorch refused to change its allocator (%s): "
-                    "call cudefer_torch.enable() before the first CUDA "
-                    "tensor" % e) from None
+                raise _refused(e) from None
             warnings.warn(
                 "cudefer: enabled without the record_stream hook: "
                 "Tensor.record_stream is ignored, so memory used on another "

@@ -222,6 +222,8 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
         err = malloc_block(device, bytes, stream, ptr);
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
+    if (err != cudaSuccess)
+        *ptr = NULL; /* whatever a failed allocation call left there */
     return err;
 }
 
@@ -314,8 +316,6 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
     /* A special handle's device is now the current one. */
     err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1);
     leave_device(previous);
-    if (err != cudaSuccess)
-        *ptr = NULL;
     return err;
 }
 

@@ -207,6 +207,10 @@ struct fake_state {
 extern struct fake_state fake;
 
 /* Per-thread state; stale (and cleared by fake_lock) when gen != fake.gen. */
+/* How many of its latest allocations a thread remembers
+ * (fake_my_allocation_serial). */
+#define FAKE_RECENT_ALLOCS 256
+
 struct fake_thread_state {
     unsigned gen;
     int dev;                                /* the current device */
@@ -214,7 +218,8 @@ struct fake_thread_state {
     int in_destructor;                      /* running a user object's */
     enum cudaStreamCaptureMode mode;        /* its capture mode */
     cudaError_t last_error;                 /* cudaGetLastError's */
-    struct { uintptr_t addr; unsigned long long serial; } recent[256];
+    struct { uintptr_t addr; unsigned long long serial; }
+        recent[FAKE_RECENT_ALLOCS];
     unsigned nrecent;                       /* allocations it made */
 };
 extern _Thread_local struct fake_thread_state fake_thread;

@@ -97,7 +97,7 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind,
         fake_grow(fake.released_by_serial, fake.nserials, &fake.capserials, 1);
     fake.released_by_serial[fake.nserials] = 0;
     a->serial = fake.nserials++;
-    unsigned slot = fake_thread.nrecent++ % 256;
+    unsigned slot = fake_thread.nrecent++ % FAKE_RECENT_ALLOCS;
     fake_thread.recent[slot].addr = a->addr;
     fake_thread.recent[slot].serial = a->serial;
     fake.live_allocs++;
@@ -208,18 +208,16 @@ unsigned long long fake_my_allocation_serial(const void *p)
     unsigned long long serial = 0;
 
     fake_lock();
-    unsigned n = fake_thread.nrecent < 256 ? fake_thread.nrecent : 256;
+    unsigned n = fake_thread.nrecent < FAKE_RECENT_ALLOCS
+                     ? fake_thread.nrecent
+                     : FAKE_RECENT_ALLOCS;
     for (unsigned i = 0; i < n && serial == 0; i++) {
-        unsigned slot = (fake_thread.nrecent - 1 - i) % 256;
+        unsigned slot = (fake_thread.nrecent - 1 - i) % FAKE_RECENT_ALLOCS;
         if (fake_thread.recent[slot].addr == (uintptr_t)p)
             serial = fake_thread.recent[slot].serial;
     }
-    if (serial == 0) {
-        struct falloc *a = fake_alloc_find(p, 1);
-        serial = a != NULL ? a->serial : 0;
-    }
     fake_unlock();
-    return serial;
+    return serial != 0 ? serial : fake_allocation_serial(p);
 }
 
 int fake_serial_released(unsigned long long serial)
