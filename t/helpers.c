@@ -161,6 +161,29 @@ const char *stderr_capture_end(void)
     return text;
 }
 
+/* A line of text containing a and b (b may be NULL) and not starting with
+ * unless (may be NULL); true if there is one. */
+bool has_line(const char *text, const char *a, const char *b,
+                     const char *unless)
+{
+    for (const char *line = text; *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        char buf[1024];
+        if (len >= sizeof buf)
+            len = sizeof buf - 1;
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        if (strstr(buf, a) != NULL && (b == NULL || strstr(buf, b) != NULL) &&
+            (unless == NULL || strncmp(buf, unless, strlen(unless)) != 0))
+            return true;
+        if (end == NULL)
+            break;
+        line = end + 1;
+    }
+    return false;
+}
+
 /* ---- scenarios run in child processes ------------------------------------ */
 
 int failed_checks;

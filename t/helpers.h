@@ -58,6 +58,11 @@ bool wait_stats_settled(unsigned timeout_ms);
 void stderr_capture_begin(void);
 const char *stderr_capture_end(void);
 
+/* A line of text containing a and b (b may be NULL) and not starting with
+ * unless (may be NULL); true if there is one. */
+bool has_line(const char *text, const char *a, const char *b,
+              const char *unless);
+
 /* ---- scenarios run in child processes (policy, lifecycle) ---------------- */
 
 /* A check in a process that must not print TAP results of its own, since

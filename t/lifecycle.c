@@ -1,8 +1,8 @@
 /* The library's lifecycle, one scenario per process: fork with entries
  * pending (the child refuses every call and never frees what the parent
  * owns), process exit (drains what completes, never hangs, counts what is
- * left), exit from another thread or from a callback, calls after
- * shutdown.
+ * left), exit from another thread or from a callback (calls after
+ * shutdown: t/after_shutdown.c).
  *
  * Each scenario runs in a fresh image of this program (fork, then exec with
  * "--scenario NAME"), so that a process calling exit() runs only cudefer's
@@ -81,29 +81,6 @@ static bool worker_ok(const struct worker *w, const char *what)
     if (!good && w->err[0] != '\0')
         diag("  its stderr:\n%s", w->err);
     return good;
-}
-
-/* A line of text containing a and b (b may be NULL) and not starting with
- * unless (may be NULL); true if there is one. */
-static bool has_line(const char *text, const char *a, const char *b,
-                     const char *unless)
-{
-    for (const char *line = text; *line != '\0';) {
-        const char *end = strchr(line, '\n');
-        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
-        char buf[1024];
-        if (len >= sizeof buf)
-            len = sizeof buf - 1;
-        memcpy(buf, line, len);
-        buf[len] = '\0';
-        if (strstr(buf, a) != NULL && (b == NULL || strstr(buf, b) != NULL) &&
-            (unless == NULL || strncmp(buf, unless, strlen(unless)) != 0))
-            return true;
-        if (end == NULL)
-            break;
-        line = end + 1;
-    }
-    return false;
 }
 
 /* The value of a counter on the "cudefer: stats:" line of text; -1 if there
@@ -526,102 +503,6 @@ static int s_exit_in_callback(void)
     return failed_checks;
 }
 
-/* ---- 6. calls after shutdown ---------------------------------------------- */
-
-static void never_called(void *arg)
-{
-    *(int *)arg = 1;
-}
-
-static int s_after_shutdown(void)
-{
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(64);
-    work_timed(s, 1000, p);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
-    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
-    CHECK(fake_is_released(p) == 1, "shutdown released the entry");
-
-    uint64_t rejected = stats_now().rejected;
-    void *q[2] = {device_alloc(64), device_alloc(64)};
-    stderr_capture_begin();
-    cudaError_t err = defer_free_n(q, 2, s);
-    const char *msg = stderr_capture_end();
-    CHECK(err == cudaErrorNotPermitted, "defer_free_n after shutdown: %s",
-          cudaGetErrorName(err));
-    CHECK(has_line(msg, "defer_free_n", "shutdown", NULL),
-          "defer_free_n: the refusal is explained on stderr");
-    size_t bytes = 99;
-    stderr_capture_begin();
-    err = defer_trim(&bytes);
-    msg = stderr_capture_end();
-    CHECK(err == cudaErrorNotPermitted, "defer_trim after shutdown: %s",
-          cudaGetErrorName(err));
-    CHECK(bytes == 0, "defer_trim after shutdown: %zu bytes", bytes);
-    CHECK(has_line(msg, "defer_trim", "shutdown", NULL),
-          "defer_trim: the refusal is explained on stderr");
-    stderr_capture_begin();
-    err = defer_trim(NULL);
-    CHECK(err == cudaErrorNotPermitted, "defer_trim(NULL) after shutdown: %s",
-          cudaGetErrorName(err));
-    void *h = host_alloc(64);
-    err = defer_free_host(h, s);
-    CHECK(err == cudaErrorNotPermitted, "defer_free_host after shutdown: %s",
-          cudaGetErrorName(err));
-    int ran = 0;
-    err = defer_call(never_called, &ran, s);
-    CHECK(err == cudaErrorNotPermitted, "defer_call after shutdown: %s",
-          cudaGetErrorName(err));
-    stderr_capture_end();
-    CHECK(stats_now().rejected - rejected == 5, "5 refusals counted (%llu)",
-          ULL(stats_now().rejected - rejected));
-    CHECK(fake_is_released(q[0]) == 0 && fake_is_released(q[1]) == 0 &&
-              fake_is_released(h) == 0,
-          "the caller keeps its pointers");
-    CHECK(cudaFree(q[0]) == cudaSuccess && cudaFree(q[1]) == cudaSuccess &&
-              cudaFreeHost(h) == cudaSuccess,
-          "and frees them itself");
-    CHECK(defer_free(NULL, s) == cudaSuccess, "defer_free(NULL) is still a no-op");
-    CHECK(defer_free_n(q, 0, s) == cudaSuccess, "defer_free_n of 0 is still a "
-          "no-op");
-    struct defer_config cfg;
-    defer_config_defaults(&cfg);
-    stderr_capture_begin();
-    err = defer_configure(&cfg);
-    stderr_capture_end();
-    CHECK(err == cudaErrorNotPermitted, "defer_configure after shutdown: %s",
-          cudaGetErrorName(err));
-    CHECK(defer_shutdown() == cudaSuccess, "a second shutdown: cudaSuccess");
-    sleep_ms(10);
-    CHECK(!ran, "the refused callback never runs");
-    return failed_checks;
-}
-
-static int s_shutdown_first(void)
-{
-    CHECK(defer_shutdown() == cudaSuccess, "shutdown before any defer call");
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(64);
-    stderr_capture_begin();
-    cudaError_t err = defer_free(p, s);
-    cudaError_t ferr = defer_flush();
-    size_t bytes = 99;
-    cudaError_t terr = defer_trim(&bytes);
-    stderr_capture_end();
-    CHECK(err == cudaErrorNotPermitted, "defer_free after it: %s",
-          cudaGetErrorName(err));
-    CHECK(ferr == cudaErrorNotPermitted, "defer_flush after it: %s",
-          cudaGetErrorName(ferr));
-    CHECK(terr == cudaErrorNotPermitted && bytes == 0,
-          "defer_trim after it: %s, %zu bytes", cudaGetErrorName(terr), bytes);
-    CHECK(fake_is_released(p) == 0, "the caller keeps its pointer");
-    CHECK(fake_calls(FAKE_EVENT_CREATE) == 0 && fake_live_events() == 0,
-          "nothing was started: no event created (%lu)",
-          fake_calls(FAKE_EVENT_CREATE));
-    cudaFree(p);
-    return failed_checks;
-}
-
 /* ---- the runner ----------------------------------------------------------- */
 
 static const struct scenario {
@@ -646,9 +527,6 @@ static const struct scenario {
      "CUDEFER_DISABLE=1", s_exit_while_sync_blocked},
     {"exit-in-callback", "exit inside a defer_call callback",
      "CUDEFER_STATS=1", s_exit_in_callback},
-    {"after-shutdown", "calls after shutdown are refused", "", s_after_shutdown},
-    {"shutdown-first", "shutdown before any defer call: later calls refused",
-     "", s_shutdown_first},
 };
 #define NSCENARIOS (sizeof scenarios / sizeof *scenarios)
 

@@ -1,0 +1,130 @@
+/* Calls after defer_shutdown, and a shutdown before any defer call: every
+ * call is refused with cudaErrorNotPermitted, explained on stderr and
+ * counted; the caller keeps its pointers; the no-ops stay no-ops.  Each
+ * scenario runs in a child (a shutdown is for good), forked before this
+ * process uses cudefer.  (Out of t/lifecycle.c, whose scenarios exit.) */
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+static void never_called(void *arg)
+{
+    *(int *)arg = 1;
+}
+
+static int s_after_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    work_timed(s, 1000, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_is_released(p) == 1, "shutdown released the entry");
+
+    uint64_t rejected = stats_now().rejected;
+    void *q[2] = {device_alloc(64), device_alloc(64)};
+    stderr_capture_begin();
+    cudaError_t err = defer_free_n(q, 2, s);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_free_n after shutdown: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(msg, "defer_free_n", "shutdown", NULL),
+          "defer_free_n: the refusal is explained on stderr");
+    size_t bytes = 99;
+    stderr_capture_begin();
+    err = defer_trim(&bytes);
+    msg = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_trim after shutdown: %s",
+          cudaGetErrorName(err));
+    CHECK(bytes == 0, "defer_trim after shutdown: %zu bytes", bytes);
+    CHECK(has_line(msg, "defer_trim", "shutdown", NULL),
+          "defer_trim: the refusal is explained on stderr");
+    stderr_capture_begin();
+    err = defer_trim(NULL);
+    CHECK(err == cudaErrorNotPermitted, "defer_trim(NULL) after shutdown: %s",
+          cudaGetErrorName(err));
+    void *h = host_alloc(64);
+    err = defer_free_host(h, s);
+    CHECK(err == cudaErrorNotPermitted, "defer_free_host after shutdown: %s",
+          cudaGetErrorName(err));
+    int ran = 0;
+    err = defer_call(never_called, &ran, s);
+    CHECK(err == cudaErrorNotPermitted, "defer_call after shutdown: %s",
+          cudaGetErrorName(err));
+    stderr_capture_end();
+    CHECK(stats_now().rejected - rejected == 5, "5 refusals counted (%llu)",
+          ULL(stats_now().rejected - rejected));
+    CHECK(fake_is_released(q[0]) == 0 && fake_is_released(q[1]) == 0 &&
+              fake_is_released(h) == 0,
+          "the caller keeps its pointers");
+    CHECK(cudaFree(q[0]) == cudaSuccess && cudaFree(q[1]) == cudaSuccess &&
+              cudaFreeHost(h) == cudaSuccess,
+          "and frees them itself");
+    CHECK(defer_free(NULL, s) == cudaSuccess, "defer_free(NULL) is still a no-op");
+    CHECK(defer_free_n(q, 0, s) == cudaSuccess, "defer_free_n of 0 is still a "
+          "no-op");
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    stderr_capture_begin();
+    err = defer_configure(&cfg);
+    stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_configure after shutdown: %s",
+          cudaGetErrorName(err));
+    CHECK(defer_shutdown() == cudaSuccess, "a second shutdown: cudaSuccess");
+    sleep_ms(10);
+    CHECK(!ran, "the refused callback never runs");
+    return failed_checks;
+}
+
+static int s_shutdown_first(void)
+{
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown before any defer call");
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, s);
+    cudaError_t ferr = defer_flush();
+    size_t bytes = 99;
+    cudaError_t terr = defer_trim(&bytes);
+    stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_free after it: %s",
+          cudaGetErrorName(err));
+    CHECK(ferr == cudaErrorNotPermitted, "defer_flush after it: %s",
+          cudaGetErrorName(ferr));
+    CHECK(terr == cudaErrorNotPermitted && bytes == 0,
+          "defer_trim after it: %s, %zu bytes", cudaGetErrorName(terr), bytes);
+    CHECK(fake_is_released(p) == 0, "the caller keeps its pointer");
+    CHECK(fake_calls(FAKE_EVENT_CREATE) == 0 && fake_live_events() == 0,
+          "nothing was started: no event created (%lu)",
+          fake_calls(FAKE_EVENT_CREATE));
+    cudaFree(p);
+    return failed_checks;
+}
+
+static void scenario(const char *title, int (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("");
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 30000, &status);
+    if (!ended)
+        diag("no end after 30 s: killed");
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
+}
+
+int main(void)
+{
+    plan_lazy();
+    scenario("calls after shutdown are refused", s_after_shutdown);
+    scenario("shutdown before any defer call: later calls refused",
+             s_shutdown_first);
+    return 0;
+}
