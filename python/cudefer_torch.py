@@ -18,9 +18,11 @@ CUDAPluggableAllocator::set_record_stream_fn, and passes free the stream of
 the allocation, not of the last use.  Without the hook a tensor read on a
 side stream and protected by record_stream (as PyTorch's documentation
 says) could be handed out again while the side stream still reads it.
-enable() therefore compiles python/record_stream_hook.cpp once with g++
-against the installed torch (its headers and libraries, the CUDA runtime
-headers) into a cache directory ($CUDEFER_TORCH_CACHE, else
+enable() therefore compiles python/record_stream_hook.cpp once against
+the installed torch (its headers and libraries, the CUDA runtime headers),
+with the first C++ compiler ($CUDEFER_CXX alone, else $CXX, g++, c++) whose
+build shares the process's libstdc++.so (a hook with its own copy crashes:
+build_hook), into a cache directory ($CUDEFER_TORCH_CACHE, else
 $XDG_CACHE_HOME/cudefer or ~/.cache/cudefer) and loads it.  If that is not
 possible (no C++ compiler, no torch headers, no CUDA headers) enable()
 raises HookError, saying why, and changes nothing: call
@@ -53,6 +55,7 @@ import hashlib
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
 import tempfile
@@ -66,6 +69,9 @@ __all__ = ["enable", "find_library", "build_hook", "stats", "trim",
 LIBRARY_ENV = "CUDEFER_LIB"
 # The environment variable naming the directory of the compiled hook.
 CACHE_ENV = "CUDEFER_TORCH_CACHE"
+# The environment variable naming the C++ compiler for the hook (else $CXX,
+# g++, c++: build_hook).
+CXX_ENV = "CUDEFER_CXX"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HOOK_SOURCE = os.path.join(_HERE, "record_stream_hook.cpp")
@@ -191,13 +197,82 @@ def _torch_build_paths(torch):
                 [os.path.join(root, "lib")])
 
 
+def _needed_libraries(path):
+    """The DT_NEEDED names of the ELF shared object at path (a list), or
+    None when it is not a 64-bit little-endian ELF file this reader knows.
+    Reads the section headers only; never raises for a malformed file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return None
+        shoff = struct.unpack_from("<Q", data, 0x28)[0]
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        # Elf64_Shdr: name, type, flags, addr, offset, size, link, info,
+        # addralign, entsize.
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data,
+                                       shoff + i * shentsize)
+                    for i in range(shnum)]
+        needed = []
+        for section in sections:
+            if section[1] != 6:  # SHT_DYNAMIC
+                continue
+            strings = sections[section[6]][4]
+            for off in range(section[4], section[4] + section[5], 16):
+                tag, value = struct.unpack_from("<qQ", data, off)
+                if tag == 0:  # DT_NULL
+                    break
+                if tag == 1:  # DT_NEEDED
+                    start = strings + value
+                    needed.append(data[start:data.index(b"\0", start)]
+                                  .decode(errors="replace"))
+        return needed
+    except (OSError, struct.error, IndexError, ValueError):
+        return None
+
+
+def _static_cxx_runtime(path):
+    """Why the shared object at path cannot share PyTorch's C++ runtime, or
+    None when it can.  A hook that carries its own copy of libstdc++ (a
+    compiler whose default is -static-libstdc++, or that has no shared
+    libstdc++) mixes two runtimes in one process: the hook's iostreams
+    then use the locale facets of PyTorch's libstdc++.so.6 by the wrong
+    index, and building an exception's message crashes (seen on an H100
+    machine whose CXX was such a compiler: SIGSEGV in torch.empty at the
+    first out of memory).  A file this reader cannot parse passes."""
+    needed = _needed_libraries(path)
+    if needed is None:
+        return None
+    if any(n.startswith(("libstdc++.so", "libc++.so")) for n in needed):
+        return None
+    return ("it links the C++ runtime into the hook (no libstdc++.so in its"
+            " dynamic section: %s) instead of sharing PyTorch's"
+            % (", ".join(needed) or "nothing"))
+
+
+def _compilers():
+    """The C++ compilers to try, each as an argument list: $CUDEFER_CXX
+    alone when set (the user's choice, no fallback); else $CXX, then g++
+    and c++, without repeats."""
+    if os.environ.get(CXX_ENV):
+        return [shlex.split(os.environ[CXX_ENV])]
+    out = []
+    for cxx in (os.environ.get("CXX"), "g++", "c++"):
+        if cxx and shlex.split(cxx) and shlex.split(cxx) not in out:
+            out.append(shlex.split(cxx))
+    return out
+
+
 def build_hook(verbose=False):
     """Compile python/record_stream_hook.cpp for the torch in use, unless a
     build for this exact source, torch and compiler flags is cached; return
-    the path of the shared object.  Blocks while g++ runs (a few seconds,
-    once).  Safe against concurrent callers (each compiles to a temporary
-    name and renames).  Raises HookError with the compiler's output, or
-    saying what is missing."""
+    the path of the shared object.  Tries each of _compilers() in turn and
+    takes the first whose build shares PyTorch's C++ runtime (links
+    libstdc++.so dynamically; see _static_cxx_runtime).  Blocks while the
+    compiler runs (a few seconds, once).  Safe against concurrent callers
+    (each compiles to a temporary name and renames).  Raises HookError with
+    every compiler's reason (its output, or what is missing) when none
+    works.  verbose: say on stderr what is run and what is skipped."""
     import torch
     if not os.path.isfile(_HOOK_SOURCE):
         raise HookError("cudefer: %s is missing" % _HOOK_SOURCE)
@@ -210,24 +285,49 @@ def build_hook(verbose=False):
     if cuda_include is None:
         raise HookError("cudefer: no CUDA runtime headers (cuda_runtime_api.h)"
                         " found; set CUDA_HOME to the CUDA toolkit")
-    cxx = shlex.split(os.environ.get("CXX") or "g++")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = cxx + ["-shared", "-fPIC", "-O2", "-std=c++17",
-           "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
-    cmd += ["-I" + d for d in includes + [cuda_include]]
-    cmd += [_HOOK_SOURCE]
+    flags = ["-shared", "-fPIC", "-O2", "-std=c++17",
+             "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
+    flags += ["-I" + d for d in includes + [cuda_include]]
+    flags += [_HOOK_SOURCE]
     for d in lib_dirs:
-        cmd += ["-L" + d, "-Wl,-rpath," + d]
-    cmd += ["-lc10", "-lc10_cuda", "-ltorch_cuda"]
+        flags += ["-L" + d, "-Wl,-rpath," + d]
+    flags += ["-lc10", "-lc10_cuda", "-ltorch_cuda"]
     with open(_HOOK_SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read())
-    key.update(repr((torch.__version__, torch.__file__, cmd)).encode())
-    out_dir = _cache_dir()
-    target = os.path.join(out_dir, "record_stream_hook-%s.so"
-                          % key.hexdigest()[:16])
-    if os.path.isfile(target):
-        return target
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+        source = f.read()
+    reasons = []
+    for cxx in _compilers():
+        key = hashlib.sha256(source)
+        key.update(repr((torch.__version__, torch.__file__, cxx + flags))
+                   .encode())
+        target = os.path.join(_cache_dir(), "record_stream_hook-%s.so"
+                              % key.hexdigest()[:16])
+        try:
+            if not os.path.isfile(target):
+                _compile(cxx + flags, target, verbose)
+            why = _static_cxx_runtime(target)
+            if why is None:
+                return target
+            try:  # not to be found in the cache again
+                os.unlink(target)
+            except FileNotFoundError:  # a concurrent caller removed it
+                pass
+            raise HookError(why)
+        except HookError as e:
+            reasons.append("%s: %s" % (" ".join(cxx), e))
+            if verbose:
+                print("cudefer: not using %s: %s" % (" ".join(cxx), e),
+                      file=sys.stderr)
+    raise HookError("cudefer: no C++ compiler built a usable hook from %s "
+                    "(set $%s to a g++ that links libstdc++ dynamically):\n%s"
+                    % (_HOOK_SOURCE, CXX_ENV, "\n".join(reasons)))
+
+
+def _compile(cmd, target, verbose):
+    """Run the compiler command cmd, writing target (atomically: a
+    temporary name in target's directory, then a rename).  Blocks while it
+    runs.  Raises HookError with the compiler's output on failure."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
     os.close(fd)
     try:
         if verbose:
@@ -236,17 +336,15 @@ def build_hook(verbose=False):
             run = subprocess.run(cmd + ["-o", tmp], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
         except OSError as e:
-            raise HookError("cudefer: cannot run the C++ compiler %s (%s); "
-                            "set CXX" % (" ".join(cxx), e)) from None
+            raise HookError("cannot run it (%s); set $%s"
+                            % (e, CXX_ENV)) from None
         if run.returncode != 0:
-            raise HookError("cudefer: compiling %s failed (%s exit %d):\n%s"
-                            % (_HOOK_SOURCE, " ".join(cxx), run.returncode,
-                               run.stdout[-4000:]))
+            raise HookError("compiling failed (exit %d):\n%s"
+                            % (run.returncode, run.stdout[-4000:]))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def _load_hook(hook_path):

@@ -7,11 +7,12 @@ case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
         torch.OutOfMemoryError naming cudefer (PyTorch 2.11 would take a
         pluggable allocator's NULL for a tensor at address 0); afterwards
         the tensor made before is intact and new tensors compute
-  huge  the same for 1 PiB, beyond any device's address space (it killed
-        this process on an H100 on 2026-11-25, below torch.empty, before
-        cudefer refused requests larger than the device before any
-        cudaMalloc; t/gpu/gpu_alloc asks for 1 PiB through the C entry
-        points)
+  huge  the same for 1 PiB, beyond any device's address space
+        (t/gpu/gpu_alloc asks for both sizes through the C entry points).
+        Both killed this process on an H100 on 2026-11-25 (SIGSEGV in
+        torch.empty): that machine's $CXX linked libstdc++ into the hook
+        statically, and the hook's copy crashed formatting the message
+        (t/gpu/results/2026-11-25-h100-hook-segv.txt; t/torch_hook_build.py)
   late  enable() once PyTorch's own allocator has made a tensor raises
         RuntimeError saying to call it first, and PyTorch goes on working
 """
