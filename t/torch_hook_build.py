@@ -12,8 +12,9 @@ lists libstdc++.so in its dynamic section and says why it skipped others.
 A fake `torch` package (headers that exist, empty libc10/libtorch_cuda
 stubs) lets build_hook run; the hook's source is replaced by a small C++
 file that formats a number into a string, as the real one does.  The
-"static" compiler is a script that adds -static-libstdc++ to $CXX (or
-g++).  Run: python3 t/torch_hook_build.py.  Exits 0 with "1..0 # SKIP"
+"static" compiler is a script that adds -static-libstdc++ to the first of
+$CXX, g++, c++ that links libstdc++ dynamically (the GPU machine's $CXX
+does not).  Run: python3 t/torch_hook_build.py.  Exits 0 with "1..0 # SKIP"
 without a C++ compiler or without a static libstdc++ to test against."""
 import io
 import os
@@ -96,28 +97,43 @@ def make_tree(root, real_cxx):
 
 
 def main():
-    real = os.environ.get("CXX") or "g++"
-    real_cxx = real.split()
-    if shutil.which(real_cxx[0]) is None:
-        print("1..0 # SKIP no C++ compiler (%s)" % real)
-        return 0
     root = tempfile.mkdtemp(prefix="torch_hook_build.")
     try:
-        return body(root, real_cxx)
+        return body(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def body(root, real_cxx):
-    static = make_tree(root, real_cxx)
+def dynamic_compiler(root, source, ct):
+    """The first of $CXX, g++, c++ whose plain build of source needs
+    libstdc++.so (a machine's $CXX may link it statically: the case this
+    file is about), as an argument list; None when there is none."""
+    for cxx in (os.environ.get("CXX"), "g++", "c++"):
+        if not cxx or shutil.which(cxx.split()[0]) is None:
+            continue
+        out = os.path.join(root, "plain.so")
+        r = run(cxx.split() + ["-shared", "-fPIC", source, "-o", out])
+        if r.returncode == 0 and ct._static_cxx_runtime(out) is None \
+                and ct._needed_libraries(out) is not None:
+            return cxx.split()
+    return None
+
+
+def body(root):
     source = os.path.join(root, "hook.cpp")
     with open(source, "w") as f:
         f.write(SOURCE)
+    import cudefer_torch as ct
+    real_cxx = dynamic_compiler(root, source, ct)
+    if real_cxx is None:
+        print("1..0 # SKIP no C++ compiler here ($CXX, g++, c++) links "
+              "libstdc++ dynamically")
+        return 0
+    static = make_tree(root, real_cxx)
+    sys.path.insert(0, root)  # the fake torch
     # Does this machine have a static libstdc++ to test against at all?
     probe = os.path.join(root, "probe.so")
     r = run([static, "-shared", "-fPIC", source, "-o", probe])
-    sys.path.insert(0, root)
-    import cudefer_torch as ct
     if r.returncode != 0 or ct._needed_libraries(probe) is None:
         print("1..0 # SKIP %s -static-libstdc++ does not link here: %s"
               % (" ".join(real_cxx), r.stdout.strip()[-200:]))
