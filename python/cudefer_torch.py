@@ -21,8 +21,8 @@ says) could be handed out again while the side stream still reads it.
 enable() therefore compiles python/record_stream_hook.cpp once against
 the installed torch (its headers and libraries, the CUDA runtime headers),
 with the first C++ compiler ($CUDEFER_CXX alone, else $CXX, g++, c++) whose
-build shares the process's libstdc++.so (a hook with its own copy crashes:
-build_hook), into a cache directory ($CUDEFER_TORCH_CACHE, else
+build needs the C++ runtime libc10.so needs (a hook with a copy of its own
+crashes: build_hook), into a cache directory ($CUDEFER_TORCH_CACHE, else
 $XDG_CACHE_HOME/cudefer or ~/.cache/cudefer) and loads it.  If that is not
 possible (no C++ compiler, no torch headers, no CUDA headers) enable()
 raises HookError, saying why, and changes nothing: call
@@ -199,80 +199,123 @@ def _torch_build_paths(torch):
 
 def _needed_libraries(path):
     """The DT_NEEDED names of the ELF shared object at path (a list), or
-    None when it is not a 64-bit little-endian ELF file this reader knows.
-    Reads the section headers only; never raises for a malformed file."""
+    None when it cannot be read or is not a 64-bit little-endian ELF file
+    with a dynamic segment.  Reads the program headers (which a stripped
+    file keeps): PT_DYNAMIC's entries, their string table found through
+    the PT_LOAD segment that maps it.  Never raises."""
     try:
         with open(path, "rb") as f:
             data = f.read()
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             return None
-        shoff = struct.unpack_from("<Q", data, 0x28)[0]
-        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-        # Elf64_Shdr: name, type, flags, addr, offset, size, link, info,
-        # addralign, entsize.
-        sections = [struct.unpack_from("<IIQQQQIIQQ", data,
-                                       shoff + i * shentsize)
-                    for i in range(shnum)]
+        phoff = struct.unpack_from("<Q", data, 0x20)[0]
+        phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+        # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz, memsz, align.
+        headers = [struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize)
+                   for i in range(phnum)]
+        dynamic = [h for h in headers if h[0] == 2]  # PT_DYNAMIC
+        if not dynamic:
+            return None
+        entries = []
+        offset, size = dynamic[0][2], dynamic[0][5]
+        for off in range(offset, offset + size, 16):
+            tag, value = struct.unpack_from("<qQ", data, off)
+            if tag == 0:  # DT_NULL
+                break
+            entries.append((tag, value))
+        strtab = [v for t, v in entries if t == 5]  # DT_STRTAB, an address
+        if not strtab:
+            return None
+        base = None
+        for h in headers:  # PT_LOAD mapping that address
+            if h[0] == 1 and h[3] <= strtab[0] < h[3] + h[5]:
+                base = strtab[0] - h[3] + h[2]
+        if base is None:
+            return None
         needed = []
-        for section in sections:
-            if section[1] != 6:  # SHT_DYNAMIC
-                continue
-            strings = sections[section[6]][4]
-            for off in range(section[4], section[4] + section[5], 16):
-                tag, value = struct.unpack_from("<qQ", data, off)
-                if tag == 0:  # DT_NULL
-                    break
-                if tag == 1:  # DT_NEEDED
-                    start = strings + value
-                    needed.append(data[start:data.index(b"\0", start)]
-                                  .decode(errors="replace"))
+        for tag, value in entries:
+            if tag == 1:  # DT_NEEDED
+                start = base + value
+                needed.append(data[start:data.index(b"\0", start)]
+                              .decode(errors="replace"))
         return needed
-    except (OSError, struct.error, IndexError, ValueError):
+    except (OSError, struct.error, IndexError, ValueError, OverflowError):
         return None
 
 
-def _static_cxx_runtime(path):
-    """Why the shared object at path cannot share PyTorch's C++ runtime, or
-    None when it can.  A hook that carries its own copy of libstdc++ (a
-    compiler whose default is -static-libstdc++, or that has no shared
-    libstdc++) mixes two runtimes in one process: the hook's iostreams
-    then use the locale facets of PyTorch's libstdc++.so.6 by the wrong
-    index, and building an exception's message crashes (seen on an H100
-    machine whose CXX was such a compiler: SIGSEGV in torch.empty at the
-    first out of memory).  A file this reader cannot parse passes."""
+def _cxx_runtimes(names):
+    """The C++ runtimes (libstdc++.so.N, libc++.so.N) among names."""
+    return {n for n in names or ()
+            if n.startswith(("libstdc++.so", "libc++.so"))}
+
+
+def _foreign_cxx_runtime(path, wanted):
+    """Why the hook at path cannot share PyTorch's C++ runtime, or None when
+    it can.  wanted: the C++ runtimes libc10.so needs (empty: libstdc++ of
+    any version).  The hook shares strings, std::function, exceptions and
+    iostream locales with libtorch, so it must need that runtime: one with
+    a copy of its own (a compiler whose default is -static-libstdc++, or
+    that has no shared libstdc++) crashed in torch.empty at the first out
+    of memory on an H100 machine (its iostreams used the locale facets of
+    the process's libstdc++.so.6 by the wrong index, building the
+    exception's message); one built for libc++ does not even load."""
     needed = _needed_libraries(path)
     if needed is None:
+        return "cannot read its dynamic section"
+    mine = _cxx_runtimes(needed)
+    if wanted and mine & wanted:
         return None
-    if any(n.startswith(("libstdc++.so", "libc++.so")) for n in needed):
+    if not wanted and any(n.startswith("libstdc++.so") for n in mine):
         return None
-    return ("it links the C++ runtime into the hook (no libstdc++.so in its"
-            " dynamic section: %s) instead of sharing PyTorch's"
-            % (", ".join(needed) or "nothing"))
+    return ("it does not link %s dynamically (it needs only %s): a hook with "
+            "a C++ runtime other than PyTorch's crashes"
+            % (" or ".join(sorted(wanted)) or "libstdc++",
+               ", ".join(needed) or "nothing"))
 
 
 def _compilers():
     """The C++ compilers to try, each as an argument list: $CUDEFER_CXX
-    alone when set (the user's choice, no fallback); else $CXX, then g++
-    and c++, without repeats."""
-    if os.environ.get(CXX_ENV):
-        return [shlex.split(os.environ[CXX_ENV])]
+    alone when set and not blank (the user's choice, no fallback); else
+    $CXX, then g++ and c++, without repeats.  Raises HookError for a value
+    shlex cannot split."""
+    def split(name, value):
+        try:
+            return shlex.split(value or "")
+        except ValueError as e:
+            raise HookError("cudefer: $%s=%r: %s" % (name, value, e)) from None
+    mine = split(CXX_ENV, os.environ.get(CXX_ENV))
+    if mine:
+        return [mine]
     out = []
-    for cxx in (os.environ.get("CXX"), "g++", "c++"):
-        if cxx and shlex.split(cxx) and shlex.split(cxx) not in out:
-            out.append(shlex.split(cxx))
+    for cxx in (split("CXX", os.environ.get("CXX")), ["g++"], ["c++"]):
+        if cxx and cxx not in out:
+            out.append(cxx)
     return out
+
+
+def _torch_cxx_runtimes(lib_dirs):
+    """The C++ runtimes libc10.so (found in lib_dirs) needs; empty when it
+    is not found or names none."""
+    for d in lib_dirs:
+        path = os.path.join(d, "libc10.so")
+        if os.path.isfile(path):
+            return _cxx_runtimes(_needed_libraries(path))
+    return set()
 
 
 def build_hook(verbose=False):
     """Compile python/record_stream_hook.cpp for the torch in use, unless a
     build for this exact source, torch and compiler flags is cached; return
     the path of the shared object.  Tries each of _compilers() in turn and
-    takes the first whose build shares PyTorch's C++ runtime (links
-    libstdc++.so dynamically; see _static_cxx_runtime).  Blocks while the
-    compiler runs (a few seconds, once).  Safe against concurrent callers
-    (each compiles to a temporary name and renames).  Raises HookError with
-    every compiler's reason (its output, or what is missing) when none
-    works.  verbose: say on stderr what is run and what is skipped."""
+    takes the first whose build needs PyTorch's C++ runtime (the one
+    libc10.so needs; see _foreign_cxx_runtime).  A compiler whose build did
+    not is remembered in the cache (a .rejected file with the reason) and
+    not run again for the same flags.  Blocks while a compiler runs (a few
+    seconds, at the first use).  Safe against concurrent callers: each
+    compiles to a temporary name, checks it, and only then renames it.
+    Raises HookError with every compiler's reason (its output, or what is
+    missing) when none works.  verbose: say on stderr what is run and what
+    is skipped, and why."""
     import torch
     if not os.path.isfile(_HOOK_SOURCE):
         raise HookError("cudefer: %s is missing" % _HOOK_SOURCE)
@@ -285,6 +328,7 @@ def build_hook(verbose=False):
     if cuda_include is None:
         raise HookError("cudefer: no CUDA runtime headers (cuda_runtime_api.h)"
                         " found; set CUDA_HOME to the CUDA toolkit")
+    wanted = _torch_cxx_runtimes(lib_dirs)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     flags = ["-shared", "-fPIC", "-O2", "-std=c++17",
              "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
@@ -303,16 +347,8 @@ def build_hook(verbose=False):
         target = os.path.join(_cache_dir(), "record_stream_hook-%s.so"
                               % key.hexdigest()[:16])
         try:
-            if not os.path.isfile(target):
-                _compile(cxx + flags, target, verbose)
-            why = _static_cxx_runtime(target)
-            if why is None:
-                return target
-            try:  # not to be found in the cache again
-                os.unlink(target)
-            except FileNotFoundError:  # a concurrent caller removed it
-                pass
-            raise HookError(why)
+            _cached_or_compiled(cxx + flags, target, wanted, verbose)
+            return target
         except HookError as e:
             reasons.append("%s: %s" % (" ".join(cxx), e))
             if verbose:
@@ -323,10 +359,28 @@ def build_hook(verbose=False):
                     % (_HOOK_SOURCE, CXX_ENV, "\n".join(reasons)))
 
 
-def _compile(cmd, target, verbose):
-    """Run the compiler command cmd, writing target (atomically: a
-    temporary name in target's directory, then a rename).  Blocks while it
-    runs.  Raises HookError with the compiler's output on failure."""
+def _cached_or_compiled(cmd, target, wanted, verbose):
+    """Make target the checked build of cmd: the cached file when it passes
+    _foreign_cxx_runtime (one cached by an older cudefer may not), else a
+    new build, checked under a temporary name in target's directory and
+    renamed only when it passes.  A build that fails the check leaves
+    target + ".rejected" (its reason) behind, and later calls raise that
+    reason without running the compiler.  Blocks while the compiler runs.
+    Raises HookError with the compiler's output or the check's reason."""
+    rejected = target + ".rejected"
+    if os.path.isfile(target):
+        if _foreign_cxx_runtime(target, wanted) is None:
+            return
+        try:  # an older cudefer's unchecked build: never loaded again
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+    try:
+        with open(rejected) as f:
+            raise HookError(f.read().strip() + " (remembered in %s)"
+                            % rejected)
+    except FileNotFoundError:
+        pass
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
     os.close(fd)
     try:
@@ -341,6 +395,12 @@ def _compile(cmd, target, verbose):
         if run.returncode != 0:
             raise HookError("compiling failed (exit %d):\n%s"
                             % (run.returncode, run.stdout[-4000:]))
+        why = _foreign_cxx_runtime(tmp, wanted)
+        if why is not None:
+            with open(rejected + ".%d" % os.getpid(), "w") as f:
+                f.write(why + "\n")
+            os.replace(rejected + ".%d" % os.getpid(), rejected)
+            raise HookError(why)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

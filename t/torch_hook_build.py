@@ -16,8 +16,10 @@ file that formats a number into a string, as the real one does.  The
 $CXX, g++, c++ that links libstdc++ dynamically (the GPU machine's $CXX
 does not).  Run: python3 t/torch_hook_build.py.  Exits 0 with "1..0 # SKIP"
 without a C++ compiler or without a static libstdc++ to test against."""
+import ctypes
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,25 +30,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 
-SOURCE = r'''#include <sstream>
+SOURCE = r"""#include <sstream>
 #include <string>
 extern "C" int hook_format(unsigned long n, char *out, unsigned long size)
 {
     std::ostringstream s;
     s << "tried to allocate " << n << " bytes";
     std::string text = s.str();
-    return text.copy(out, size - 1) > 0;
+    out[text.copy(out, size - 1)] = 0;
+    return 1;
 }
-'''
+"""
 
-FAKE_EXTENSION = '''import os
+# libc10.so's stub: it needs libstdc++ as the real one does (also where the
+# linker drops libraries nothing uses, --as-needed).
+C10_STUB = r"""#include <string>
+std::string c10_stub(const char *s) { return std::string(s) + "!"; }
+"""
+
+FAKE_EXTENSION = """import os
 ROOT = %r
 CUDA_HOME = os.path.join(ROOT, "cuda")
 def include_paths():
     return [os.path.join(ROOT, "include")]
 def library_paths():
     return [os.path.join(ROOT, "lib")]
-'''
+"""
 
 tests = []
 
@@ -62,38 +71,89 @@ def run(cmd):
                           text=True)
 
 
+def write(path, text, mode=None):
+    with open(path, "w") as f:
+        f.write(text)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
 def make_tree(root, real_cxx):
-    """The fake torch and the two compiler scripts under root; returns the
-    path of the static compiler script."""
+    """The fake torch, its stub libraries, and three compiler scripts:
+    bin/g++ and bin/c++ run real_cxx (put first in PATH, so that
+    build_hook's fallbacks find a compiler that links dynamically), and
+    static-cxx adds -static-libstdc++ to it.  Returns static-cxx's path."""
     os.makedirs(os.path.join(root, "torch", "utils"))
-    with open(os.path.join(root, "torch", "__init__.py"), "w") as f:
-        f.write("__version__ = '0.0-fake'\n"
-                "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n")
-    open(os.path.join(root, "torch", "utils", "__init__.py"), "w").close()
-    with open(os.path.join(root, "torch", "utils", "cpp_extension.py"),
-              "w") as f:
-        f.write(FAKE_EXTENSION % root)
+    write(os.path.join(root, "torch", "__init__.py"),
+          "__version__ = '0.0-fake'\n"
+          "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n")
+    write(os.path.join(root, "torch", "utils", "__init__.py"), "")
+    write(os.path.join(root, "torch", "utils", "cpp_extension.py"),
+          FAKE_EXTENSION % root)
     headers = os.path.join(root, "include", "torch", "csrc", "cuda")
     os.makedirs(headers)
-    open(os.path.join(headers, "CUDAPluggableAllocator.h"), "w").close()
+    write(os.path.join(headers, "CUDAPluggableAllocator.h"), "")
     os.makedirs(os.path.join(root, "cuda", "include"))
-    open(os.path.join(root, "cuda", "include", "cuda_runtime_api.h"),
-         "w").close()
+    write(os.path.join(root, "cuda", "include", "cuda_runtime_api.h"), "")
     lib = os.path.join(root, "lib")
     os.makedirs(lib)
-    empty = os.path.join(root, "empty.cpp")
-    open(empty, "w").close()
-    for name in ("c10", "c10_cuda", "torch_cuda"):
-        r = run(real_cxx + ["-shared", "-fPIC", empty, "-o",
+    write(os.path.join(root, "empty.cpp"), "")
+    write(os.path.join(root, "c10.cpp"), C10_STUB)
+    for name, src in (("c10", "c10.cpp"), ("c10_cuda", "empty.cpp"),
+                      ("torch_cuda", "empty.cpp")):
+        r = run(real_cxx + ["-shared", "-fPIC", os.path.join(root, src), "-o",
                             os.path.join(lib, "lib%s.so" % name)])
         if r.returncode != 0:
             raise RuntimeError("stub lib%s.so: %s" % (name, r.stdout))
+    os.makedirs(os.path.join(root, "bin"))
+    # An absolute path: bin/g++ must not find itself.
+    absolute = [shutil.which(real_cxx[0])] + real_cxx[1:]
+    quoted = " ".join(shlex.quote(w) for w in absolute)
+    for name in ("g++", "c++"):
+        write(os.path.join(root, "bin", name),
+              "#!/bin/sh\nexec %s \"$@\"\n" % quoted, 0o755)
     static = os.path.join(root, "static-cxx")
-    with open(static, "w") as f:
-        f.write("#!/bin/sh\nexec %s -static-libstdc++ \"$@\"\n"
-                % " ".join(real_cxx))
-    os.chmod(static, 0o755)
+    write(static, "#!/bin/sh\nexec %s -static-libstdc++ \"$@\"\n" % quoted,
+          0o755)
     return static
+
+
+def dynamic_compiler(root, source, ct):
+    """The first of $CXX, g++, c++ whose plain build of source needs
+    libstdc++.so (a machine's $CXX may link it statically: the case this
+    file is about), as an argument list; None when there is none."""
+    for cxx in (os.environ.get("CXX"), "g++", "c++"):
+        words = shlex.split(cxx or "")
+        if not words or shutil.which(words[0]) is None:
+            continue
+        out = os.path.join(root, "plain.so")
+        r = run(words + ["-shared", "-fPIC", source, "-o", out])
+        if r.returncode == 0 and ct._foreign_cxx_runtime(out, set()) is None:
+            return words
+    return None
+
+
+def build(ct, **env):
+    """build_hook(verbose=True) with env set (None: unset): (the hook's
+    path or the HookError's text, what it said on stderr)."""
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            return ct.build_hook(verbose=True), err.getvalue()
+    except ct.HookError as e:
+        return "HookError: %s" % e, err.getvalue()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main():
@@ -104,25 +164,9 @@ def main():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def dynamic_compiler(root, source, ct):
-    """The first of $CXX, g++, c++ whose plain build of source needs
-    libstdc++.so (a machine's $CXX may link it statically: the case this
-    file is about), as an argument list; None when there is none."""
-    for cxx in (os.environ.get("CXX"), "g++", "c++"):
-        if not cxx or shutil.which(cxx.split()[0]) is None:
-            continue
-        out = os.path.join(root, "plain.so")
-        r = run(cxx.split() + ["-shared", "-fPIC", source, "-o", out])
-        if r.returncode == 0 and ct._static_cxx_runtime(out) is None \
-                and ct._needed_libraries(out) is not None:
-            return cxx.split()
-    return None
-
-
 def body(root):
     source = os.path.join(root, "hook.cpp")
-    with open(source, "w") as f:
-        f.write(SOURCE)
+    write(source, SOURCE)
     import cudefer_torch as ct
     real_cxx = dynamic_compiler(root, source, ct)
     if real_cxx is None:
@@ -131,64 +175,79 @@ def body(root):
         return 0
     static = make_tree(root, real_cxx)
     sys.path.insert(0, root)  # the fake torch
+    os.environ["PATH"] = os.path.join(root, "bin") + os.pathsep + \
+        os.environ.get("PATH", "")
     # Does this machine have a static libstdc++ to test against at all?
     probe = os.path.join(root, "probe.so")
     r = run([static, "-shared", "-fPIC", source, "-o", probe])
-    if r.returncode != 0 or ct._needed_libraries(probe) is None:
-        print("1..0 # SKIP %s -static-libstdc++ does not link here: %s"
-              % (" ".join(real_cxx), r.stdout.strip()[-200:]))
+    if r.returncode != 0 or ct._foreign_cxx_runtime(probe, set()) is None:
+        print("1..0 # SKIP %s -static-libstdc++ links no static libstdc++ "
+              "here: %s" % (" ".join(real_cxx), r.stdout.strip()[-200:]))
         return 0
-    print("1..8")
+    print("1..12")
     plain = os.path.join(root, "plain.so")
-    r = run(real_cxx + ["-shared", "-fPIC", source, "-o", plain])
+    run(real_cxx + ["-shared", "-fPIC", source, "-o", plain])
     needed = ct._needed_libraries(plain) or []
     ok(any(n.startswith("libstdc++.so") for n in needed),
        "a plain build needs libstdc++.so (%s)" % ", ".join(needed))
-    ok(ct._static_cxx_runtime(plain) is None
-       and "libstdc++" in (ct._static_cxx_runtime(probe) or ""),
-       "a -static-libstdc++ build is told apart: %s"
-       % ct._static_cxx_runtime(probe))
+    wanted = ct._torch_cxx_runtimes([os.path.join(root, "lib")])
+    ok(any(n.startswith("libstdc++.so") for n in wanted),
+       "the C++ runtime libc10.so needs is read from it (%s)"
+       % ", ".join(sorted(wanted)))
+    why = ct._foreign_cxx_runtime(probe, wanted) or ""
+    ok(ct._foreign_cxx_runtime(plain, wanted) is None and "libstdc++" in why,
+       "a -static-libstdc++ build is told apart: %s" % why)
     ok(ct._needed_libraries(source) is None
-       and ct._static_cxx_runtime(source) is None,
-       "a file that is no ELF object is not judged")
+       and "cannot read" in (ct._foreign_cxx_runtime(source, wanted) or ""),
+       "a file that is no ELF object is refused, not passed")
+    # Section headers gone (as sstrip leaves a file): read all the same.
+    stripped = os.path.join(root, "stripped.so")
+    with open(plain, "rb") as f:
+        data = bytearray(f.read())
+    data[0x28:0x30] = bytes(8)            # e_shoff
+    data[0x3C:0x40] = bytes(4)            # e_shnum, e_shstrndx
+    with open(stripped, "wb") as f:
+        f.write(data)
+    ok(ct._needed_libraries(stripped) == needed,
+       "without section headers the dynamic segment still names them")
 
     ct._HOOK_SOURCE = source
-    os.environ[ct.CACHE_ENV] = os.path.join(root, "cache")
-    os.environ.pop(ct.CXX_ENV, None)
-    os.environ["CXX"] = static
-    err = io.StringIO()
-    with redirect_stderr(err):
-        hook = ct.build_hook(verbose=True)
-    ok(ct._static_cxx_runtime(hook) is None,
+    cache = os.path.join(root, "cache")
+    os.environ[ct.CACHE_ENV] = cache
+    hook, said = build(ct, CXX=static, CUDEFER_CXX=None)
+    text = ctypes.create_string_buffer(64)
+    loaded = not hook.startswith("HookError") and \
+        ctypes.CDLL(hook).hook_format(ctypes.c_ulong(12345), text, 64) == 1
+    ok(loaded and text.value == b"tried to allocate 12345 bytes",
        "$CXX linking libstdc++ statically: build_hook takes the next "
-       "compiler (%s)" % os.path.basename(hook))
-    ok("not using %s" % static in err.getvalue()
-       and "links the C++ runtime into the hook" in err.getvalue(),
+       "compiler, whose hook loads and formats a number (%r)" % text.value)
+    ok("not using %s" % static in said and "static" not in hook
+       and "does not link libstdc++" in said,
        "verbose says which compiler was skipped and why")
-    cached = os.listdir(os.environ[ct.CACHE_ENV])
-    ok(cached == [os.path.basename(hook)],
-       "the static build is not left in the cache (%s)" % cached)
-
-    os.environ[ct.CXX_ENV] = static
-    messages = []
-    for _ in range(2):
-        try:
-            ct.build_hook()
-            messages.append("no HookError")
-        except ct.HookError as e:
-            messages.append(str(e))
-    ok(all(static in m and "links the C++ runtime" in m
-           and "$" + ct.CXX_ENV in m for m in messages),
-       "$%s names the static compiler: HookError saying why, twice "
-       "(%s)" % (ct.CXX_ENV, messages[-1].splitlines()[0]))
-    os.environ[ct.CXX_ENV] = os.path.join(root, "no-such-compiler")
-    try:
-        ct.build_hook()
-        message = "no HookError"
-    except ct.HookError as e:
-        message = str(e)
-    ok("no-such-compiler" in message and "cannot run it" in message,
+    files = sorted(os.listdir(cache))
+    ok(len(files) == 2 and os.path.basename(hook) in files
+       and any(f.endswith(".rejected") for f in files),
+       "the cache holds the hook and the rejection, no static build (%s)"
+       % files)
+    again, said = build(ct, CXX=static, CUDEFER_CXX=None)
+    ok(again == hook and "remembered" in said
+       and "%s -shared" % static not in said,
+       "the next build_hook does not run the static compiler again")
+    msgs = [build(ct, CUDEFER_CXX=static)[0] for _ in range(2)]
+    ok(all(m.startswith("HookError") and static in m
+           and "does not link libstdc++" in m and "$" + ct.CXX_ENV in m
+           for m in msgs),
+       "$%s names the static compiler: HookError saying why, twice (%s)"
+       % (ct.CXX_ENV, msgs[-1].splitlines()[0]))
+    missing = build(ct, CUDEFER_CXX=os.path.join(root, "no-such-compiler"))[0]
+    ok("no-such-compiler" in missing and "cannot run it" in missing,
        "a compiler that does not exist: HookError naming it")
+    blank = build(ct, CUDEFER_CXX="  ", CXX=None)[0]
+    quote = build(ct, CUDEFER_CXX="g++ 'unclosed")[0]
+    ok(blank == hook and quote.startswith("HookError")
+       and "unclosed" in quote,
+       "a blank $%s counts as unset; an unbalanced quote is a HookError"
+       % ct.CXX_ENV)
     return 0 if all(tests) else 1
 
 
