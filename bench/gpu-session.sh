@@ -25,7 +25,8 @@
 #          -> ddp.jsonl, ddp.txt
 # TRAIN_ARGS: more bench/run.py options for the train and ddp stages, e.g.
 #   TRAIN_ARGS="--time-calls --variant cudefer-poll1ms=CUDEFER_POLL_US=1000"
-#   (whether the reclaimer's event queries slow the launching thread).
+#   (whether the reclaimer's event queries slow the launching thread), or
+#   TRAIN_ARGS="--cpus 2-5" (every run pinned to the same CPUs).
 # Exit status 0 when every stage asked for succeeded.
 set -u
 

@@ -28,7 +28,7 @@ sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 from run_facts import (device_info, device_info_without_programs,  # noqa: E402
                        driver_version, git_commit, torch_check)
 from run_matrix import Runner  # noqa: E402
-from run_process import progress  # noqa: E402
+from run_process import parse_cpus, progress  # noqa: E402
 from run_summary import summarize  # noqa: E402
 from run_workloads import BUILTIN, GROUPS, WORKLOADS, parse_variant  # noqa: E402
 from table import print_table  # noqa: E402
@@ -67,6 +67,10 @@ def parse_args(argv):
                    'steps (each unless given)')
     p.add_argument('--json', metavar='FILE', help='write the JSON lines there '
                    '(default: stdout, before the table)')
+    p.add_argument('--cpus', metavar='LIST',
+                   help='pin every measured process, its threads and children '
+                   'to these CPUs (taskset\'s form, e.g. 2-5): whether the '
+                   'spread between processes is where they run')
     p.add_argument('--timeout', type=int, default=120,
                    help='seconds a C workload may run (120)')
     p.add_argument('--train-timeout', type=int, default=900,
@@ -98,6 +102,16 @@ def parse_args(argv):
                   ('train_timeout', 1)):
         if getattr(o, k) < lo:
             p.error('--%s must be at least %d' % (k.replace('_', '-'), lo))
+    if o.cpus is not None:
+        try:
+            o.cpus = parse_cpus(o.cpus)
+        except ValueError as e:
+            p.error('--cpus: %s' % e)
+        missing = sorted(set(o.cpus) - os.sched_getaffinity(0))
+        if missing:
+            p.error('--cpus: CPU %s not available to this process (it may '
+                    'use %s)' % (', '.join(map(str, missing)),
+                                 ', '.join(map(str, sorted(os.sched_getaffinity(0))))))
     o.strategy_set = set(BUILTIN)
     if o.strategies:
         o.strategy_set = set(o.strategies.split(','))
@@ -227,9 +241,11 @@ def main(argv=None):
     programs = sorted({w.program for w in workloads if w.program})
     runner = Runner(o, workloads, o.variants, bindir, {}, sys.stdout)
     if o.dry_run:
+        # --cpus: the same pinning as taskset would give.
+        pin = ['taskset', '-c', ','.join(map(str, o.cpus))] if o.cpus else []
         for rep, wl, st in runner.plan():
             print(' '.join(['%s=%s' % (k, shlex.quote(v)) for k, v in st.env.items()] +
-                           [shlex.quote(c) for c in runner.command(wl, st, rep)]))
+                           pin + [shlex.quote(c) for c in runner.command(wl, st, rep)]))
         return 0
     missing = [p for p in programs if not os.access(os.path.join(bindir, p), os.X_OK)]
     if missing:
@@ -267,7 +283,8 @@ def main(argv=None):
         return 2
     header = dict(info, record='run', options={
         k: getattr(o, k) for k in ('reps', 'iters', 'w5_calls', 'w6_entries',
-                                   'train_steps', 'train_warmup', 'quick')},
+                                   'train_steps', 'train_warmup', 'quick',
+                                   'cpus')},
         workloads=[w.name for w in workloads])
     out.write(json.dumps(header) + '\n')
     runner.info, runner.out = info, out

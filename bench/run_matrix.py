@@ -157,7 +157,8 @@ class Runner:
         plan = self.plan()
         for i, (rep, wl, st) in enumerate(plan):
             cmd = self.command(wl, st, rep)
-            status, out, err, secs = run_child(cmd, child_env(st), self.timeout(wl))
+            status, out, err, secs = run_child(cmd, child_env(st), self.timeout(wl),
+                                               self.o.cpus)
             rec = self.make_record(wl, st, rep, status, out, secs)
             self.results.setdefault((wl.name, st.name), []).append(rec)
             self.write(rec)

@@ -32,15 +32,35 @@ def last_json_list(text):
     return obj if isinstance(obj, list) else None
 
 
-def run_child(cmd, env, timeout):
+def parse_cpus(text):
+    """The CPU numbers of a list in taskset's form ("2-5,8") as a sorted
+    list.  Raises ValueError saying what is wrong."""
+    cpus = set()
+    for part in text.split(','):
+        lo, dash, hi = part.strip().partition('-')
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise ValueError("'%s' is not a CPU number or range (e.g. 2-5,8)"
+                             % part) from None
+        if first < 0 or last < first:
+            raise ValueError("'%s' is not a range of CPU numbers" % part)
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def run_child(cmd, env, timeout, cpus=None):
     """Run cmd in its own process group; kill the group after timeout s.
-    Returns (exit status or None when timed out, stdout, stderr, seconds)."""
+    cpus: CPU numbers the child (its threads and children too) may run on,
+    or None for this process's own.  Returns (exit status or None when
+    timed out, stdout, stderr, seconds)."""
     t0 = time.monotonic()
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 start_new_session=True, universal_newlines=True,
-                                errors='replace')
+                                errors='replace', preexec_fn=pin)
     except OSError as e:
         return -1, '', 'cannot start %s: %s\n' % (cmd[0], e), 0.0
     try:

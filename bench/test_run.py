@@ -328,6 +328,51 @@ def test_run_child_timeout_kills_group():
     assert status is None and 'started' in out and time.monotonic() - t0 < 20
 
 
+def test_parse_cpus():
+    assert run_process.parse_cpus('2-5,8') == [2, 3, 4, 5, 8]
+    assert run_process.parse_cpus('3, 1') == [1, 3]
+    for bad in ('x', '5-2', '', '1-', '-1'):
+        try:
+            run_process.parse_cpus(bad)
+        except ValueError as e:
+            assert 'CPU' in str(e), e
+        else:
+            raise AssertionError('parse_cpus(%r) accepted' % bad)
+
+
+def test_run_child_pins():
+    cpu = min(os.sched_getaffinity(0))
+    status, out, err, _ = run_process.run_child(
+        [sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],
+        dict(os.environ), 30, [cpu])
+    assert status == 0 and out.strip() == '[%d]' % cpu, (out, err)
+
+
+def test_cpus_option():
+    """--cpus pins every measured process (shown by --dry-run as taskset
+    would) and is recorded in the run's options; CPUs this process may not
+    use, or garbage, are refused naming the problem."""
+    cpu = min(os.sched_getaffinity(0))
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        make_fakes(tmp)
+        rc, so, se = run_py(tmp, ['--dry-run', '--reps', '1', '--workloads', 'W1',
+                                  '--cpus', str(cpu)])
+        assert rc == 0 and all(l.startswith('taskset -c %d ' % cpu)
+                               for l in so.splitlines()), so
+        out = os.path.join(tmp, 'r.jsonl')
+        rc, so, se = run_py(tmp, ['--reps', '1', '--iters', '7', '--workloads', 'W1',
+                                  '--cpus', str(cpu), '--json', out])
+        header = json.loads(open(out).readline())
+        assert rc == 0 and header['options']['cpus'] == [cpu], (se, header)
+        rc, so, se = run_py(tmp, ['--dry-run', '--cpus', '99999'])
+        assert rc == 2 and 'CPU 99999 not available' in se, se
+        rc, so, se = run_py(tmp, ['--dry-run', '--cpus', 'abc'])
+        assert rc == 2 and "--cpus: 'abc' is not a CPU number" in se, se
+    finally:
+        shutil.rmtree(tmp)
+
+
 def test_end_to_end():
     tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
     try:
