@@ -333,13 +333,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (err != cudaSuccess)
         return reject(a->what, call, err);
     struct request_args block_args;
-    /* Not zeroed whole: its streams[] (512 bytes) is written only for a
-     * block with recorded streams.  Zeroing it cost every free about 80
-     * instructions and 7 cache lines written (callgrind's cache model over
-     * bench/cold-calls; no change in that tool's timings here). */
-    struct block_free_plan plan;
-    plan.path = BLOCK_NOT_OURS;
-    plan.block = NULL;
+    struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
         /* A batched free parks its block in the same lock hold. */
         (batchable ? block_cache_plan_free_parked

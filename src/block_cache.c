@@ -383,11 +383,11 @@ static void plan_free(void *ptr, int stream_device,
     } else {
         b->state = BLOCK_FREEING; /* this free's: a second one is refused */
         b->events++;              /* the claim names it */
-        plan->nstreams = 1; /* streams[0]: the caller's */
+        plan->nstreams = 1; /* the caller's */
         for (uint32_t i = 0; i < b->nrecorded; i++)
             if (b->recorded[i].id != stream_id ||
                 b->recorded[i].device != stream_device)
-                plan->streams[plan->nstreams++] = b->recorded[i].handle;
+                plan->nstreams++;
     }
     if (plan->path == BLOCK_NOT_LIVE) {
         /* said */

@@ -134,17 +134,19 @@ enum block_free_path {
                              claim joins a free batch) */
     BLOCK_AFTER_EVENT,    /* another device's stream: the ordinary entry,
                              adopted back when its event completed */
-    BLOCK_AFTER_STREAMS,  /* recorded streams: a group over plan->streams */
+    BLOCK_AFTER_STREAMS,  /* recorded streams: a group over them */
 };
 
 struct block_free_plan {
     enum block_free_path path;
     struct cache_block *block;
     uint64_t handout;
-    size_t nstreams; /* AFTER_STREAMS: the free's stream, then the recorded */
+    /* The streams the free waits for: its own, then the recorded ones
+     * (AFTER_STREAMS when more than 1; the group path takes them from
+     * block_users_of, so the plan only counts them). */
+    size_t nstreams;
     size_t size;     /* the block's, when claimed (before any merge) */
     bool parked;     /* block_cache_plan_free_parked parked the block */
-    cudaStream_t streams[BLOCK_MAX_RECORDED + 1];
 };
 
 /* Lifecycle, under the library's start/shutdown lock: make the per-device
