@@ -201,6 +201,60 @@ def test_host_load():
         shutil.rmtree(tmp)
 
 
+FAKE_PYNVML = """
+import itertools
+class NVMLError(Exception):
+    pass
+NVML_CLOCK_SM = 1
+class _Mem:
+    used = 0
+_mhz = itertools.cycle([1980, 1755, 1980])
+def nvmlInit(): pass
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetMemoryInfo(h):
+    _Mem.used += 1 << 20
+    return _Mem
+def nvmlDeviceGetComputeRunningProcesses(h): return []
+def nvmlDeviceGetClockInfo(h, which):
+    assert which == NVML_CLOCK_SM
+    return next(_mhz)
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x4 | 0x40
+"""
+
+
+def test_sampler_window_clock():
+    """train_measure.Sampler: the SM clock and clock-event reasons over the
+    samples inside the timed window, none when no sample falls inside."""
+    import train_measure
+    tmp = tempfile.mkdtemp()
+    saved = os.environ.get('PYTHONPATH')
+    try:
+        with open(os.path.join(tmp, 'pynvml.py'), 'w') as f:
+            f.write(FAKE_PYNVML)
+        os.environ['PYTHONPATH'] = tmp
+        s = train_measure.Sampler(0, 0.001)
+        t0 = time.time()
+        time.sleep(0.05)
+        out = s.finish((t0, time.time()))
+        clock = out['window_clock']
+        assert clock['samples'] >= 3, out
+        assert (clock['sm_mhz_min'], clock['sm_mhz_max']) == (1755, 1980), clock
+        assert clock['sm_mhz_median'] in (1755, 1980), clock
+        assert clock['reasons'] == ['sw-power-cap', 'hw-thermal'], clock
+        assert out['peak_bytes'] > 0 and out['source'] == 'nvml-device-delta', out
+        s = train_measure.Sampler(0, 0.001)
+        out = s.finish((1.0, 2.0))  # long before: no sample inside
+        assert 'window_clock' not in out and out['samples'] >= 1, out
+        s = train_measure.Sampler(0, 0.001)
+        assert 'window_clock' not in s.finish(), out
+    finally:
+        if saved is None:
+            os.environ.pop('PYTHONPATH', None)
+        else:
+            os.environ['PYTHONPATH'] = saved
+        shutil.rmtree(tmp)
+
+
 def test_child_env():
     os.environ['CUDEFER_STRAY'] = '1'
     try:

@@ -50,6 +50,11 @@ host_busy_cpus, host_steal_pct: the whole machine's load over the timed
 window, from /proc/stat (absent where it cannot be read): the CPUs busy on
 average, this process's included, and the share of CPU time the hypervisor
 gave to others.  A repetition slowed by the machine shows there.
+gpu_step_ms: min/median/max of the GPU's time between consecutive timed
+steps' ends (CUDA events), the GPU's time per step where it never idles.
+window_clock: the SM clock NVML read during the timed steps (min, median,
+max MHz) and the clock-event reasons it gave (power cap, thermal, ...):
+whether a slow repetition had a slow GPU clock.
 
 --side-stream: each step also draws a tensor on the main stream, has a side
 stream read it in a long computation, protects it with record_stream (as
@@ -486,15 +491,20 @@ def run_rank(rank, world, args, prep, port):
     step_done = []
     behind = 0
     host_before = host_cpu_sample()
+    window = [time.time()]
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
         behind += sum(1 for e in step_done[-8:] if not e.query())
         step(i)
-        step_done.append(torch.cuda.Event())
+        step_done.append(torch.cuda.Event(enable_timing=True))
         step_done[-1].record()
     enqueued = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
+    window.append(time.time())
+    # The GPU's time between consecutive step ends: each step's GPU time
+    # while the GPU is never idle (gpu_steps_behind near 1 or more).
+    between = sorted(a.elapsed_time(b) for a, b in zip(step_done, step_done[1:]))
     host = host_load(host_before, host_cpu_sample(), os.cpu_count() or 1)
     if side is not None:
         side.synchronize()
@@ -511,6 +521,8 @@ def run_rank(rank, world, args, prep, port):
         # when the launching thread, not the GPU, sets the pace.
         "enqueue_ms_per_step": enqueued * 1000.0 / args.steps,
         "gpu_steps_behind": behind / args.steps,
+        "gpu_step_ms": {"min": between[0], "median": between[len(between) // 2],
+                        "max": between[-1]} if between else None,
         **host,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
@@ -538,13 +550,14 @@ def run_rank(rank, world, args, prep, port):
     if dist is not None:
         dist.barrier()
         dist.destroy_process_group()
-    mem = sampler.finish()
+    mem = sampler.finish(window)
     if "error" in mem:
         log("no peak memory: %s" % mem["error"])
         result["peak_mib"], result["peak_source"] = None, None
     else:
         result["peak_mib"] = mem["peak_bytes"] / 1048576.0
         result["peak_source"], result["nvml_samples"] = mem["source"], mem["samples"]
+        result["window_clock"] = mem.get("window_clock")
     return result
 
 
@@ -600,7 +613,8 @@ def main(argv=None):
         "ms_per_step": first["ms_per_step"],
         "enqueue_ms_per_step": first["enqueue_ms_per_step"],
         "gpu_steps_behind": first["gpu_steps_behind"],
-        **{k: first[k] for k in ("host_busy_cpus", "host_steal_pct")
+        **{k: first[k] for k in ("host_busy_cpus", "host_steal_pct",
+                                 "gpu_step_ms", "window_clock")
            if k in first},
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],

@@ -12,6 +12,11 @@ import sys
 # It prints "ready" once it has read the device's memory before the trainer
 # makes its CUDA context, then samples until its stdin closes and prints
 # one JSON line.  A process of its own: the trainer's GIL stays free.
+# Beside the memory it reads the SM clock and NVML's clock-event reasons
+# (why the clock is below its maximum: power cap, thermal, ...); the trainer
+# writes "window T0 T1" (time.time()) on stdin before closing it, and those
+# are summarised over the samples taken inside the window: whether a
+# repetition ran slower because the GPU's clock did.
 SAMPLER = r"""
 import json, sys, threading, time
 try:
@@ -24,10 +29,18 @@ pynvml.nvmlInit()
 h = pynvml.nvmlDeviceGetHandleByIndex(index)
 baseline = pynvml.nvmlDeviceGetMemoryInfo(h).used
 stop = threading.Event()
+said = []
 def wait_for_eof():
-    sys.stdin.read()
+    said.append(sys.stdin.read())
     stop.set()
 threading.Thread(target=wait_for_eof, daemon=True).start()
+# NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*).
+REASONS = {0x1: "idle", 0x2: "app-clocks", 0x4: "sw-power-cap",
+           0x8: "hw-slowdown", 0x10: "sync-boost", 0x20: "sw-thermal",
+           0x40: "hw-thermal", 0x80: "hw-power-brake", 0x100: "display"}
+reasons_of = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+    getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+clocks = []  # (time, SM MHz, reason bits)
 print("ready", flush=True)
 peak_proc = peak_dev = samples = 0
 seen = False
@@ -42,13 +55,33 @@ while True:
             seen = True
             peak_proc = max(peak_proc, p.usedGpuMemory)
     peak_dev = max(peak_dev, pynvml.nvmlDeviceGetMemoryInfo(h).used - baseline)
+    try:
+        clocks.append((time.time(),
+                       pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                       reasons_of(h) if reasons_of else 0))
+    except pynvml.NVMLError:
+        pass
     samples += 1
     if last:
         break
     time.sleep(period)
-print(json.dumps({"peak_bytes": peak_proc if seen else peak_dev,
-                  "source": "nvml-process" if seen else "nvml-device-delta",
-                  "samples": samples, "nvml_index": index}))
+out = {"peak_bytes": peak_proc if seen else peak_dev,
+       "source": "nvml-process" if seen else "nvml-device-delta",
+       "samples": samples, "nvml_index": index}
+words = (said[0] if said else "").split()
+if len(words) == 3 and words[0] == "window":
+    t0, t1 = float(words[1]), float(words[2])
+    inside = [c for c in clocks if t0 <= c[0] <= t1]
+    if inside:
+        mhz = sorted(c[1] for c in inside)
+        bits = 0
+        for c in inside:
+            bits |= c[2]
+        out["window_clock"] = {
+            "samples": len(inside), "sm_mhz_min": mhz[0],
+            "sm_mhz_median": mhz[len(mhz) // 2], "sm_mhz_max": mhz[-1],
+            "reasons": [n for b, n in sorted(REASONS.items()) if bits & b]}
+print(json.dumps(out))
 """
 
 
@@ -64,9 +97,12 @@ class Sampler:
             text=True)
         self.proc.stdout.readline()  # "ready": the baseline is taken
 
-    def finish(self):
-        """Stop sampling; the sampler's JSON result as a dict."""
-        out, _ = self.proc.communicate("", timeout=60)
+    def finish(self, window=None):
+        """Stop sampling; the sampler's JSON result as a dict.  window:
+        (t0, t1) in time.time()'s seconds, the timed steps, over which the
+        result's window_clock summarises the SM clock."""
+        said = "window %r %r\n" % window if window else ""
+        out, _ = self.proc.communicate(said, timeout=60)
         try:
             return json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
