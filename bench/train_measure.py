@@ -101,7 +101,7 @@ class Sampler:
         """Stop sampling; the sampler's JSON result as a dict.  window:
         (t0, t1) in time.time()'s seconds, the timed steps, over which the
         result's window_clock summarises the SM clock."""
-        said = "window %r %r\n" % window if window else ""
+        said = "window %r %r\n" % tuple(window) if window else ""
         out, _ = self.proc.communicate(said, timeout=60)
         try:
             return json.loads(out.strip().splitlines()[-1])
