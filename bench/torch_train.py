@@ -51,7 +51,9 @@ window, from /proc/stat (absent where it cannot be read): the CPUs busy on
 average, this process's included, and the share of CPU time the hypervisor
 gave to others.  A repetition slowed by the machine shows there.
 gpu_step_ms: min/median/max of the GPU's time between consecutive timed
-steps' ends (CUDA events), the GPU's time per step where it never idles.
+steps' ends (CUDA events), the GPU's time per step where it never idles;
+steps_gpu_ms, steps_cpu_ms: each step's, in order, on the GPU and on the
+launching thread.
 window_clock: the SM clock NVML read during the timed steps (min, median,
 max MHz) and the clock-event reasons it gave (power cap, thermal, ...):
 whether a slow repetition had a slow GPU clock.
@@ -492,19 +494,23 @@ def run_rank(rank, world, args, prep, port):
     behind = 0
     host_before = host_cpu_sample()
     window = [time.time()]
+    step_cpu = []  # the launching thread's seconds per step, in order
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
         behind += sum(1 for e in step_done[-8:] if not e.query())
+        started_step = time.perf_counter()
         step(i)
         step_done.append(torch.cuda.Event(enable_timing=True))
         step_done[-1].record()
+        step_cpu.append(time.perf_counter() - started_step)
     enqueued = time.perf_counter() - t0
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     window.append(time.time())
     # The GPU's time between consecutive step ends: each step's GPU time
     # while the GPU is never idle (gpu_steps_behind near 1 or more).
-    between = sorted(a.elapsed_time(b) for a, b in zip(step_done, step_done[1:]))
+    step_gpu = [a.elapsed_time(b) for a, b in zip(step_done, step_done[1:])]
+    between = sorted(step_gpu)
     host = host_load(host_before, host_cpu_sample(), os.cpu_count() or 1)
     if side is not None:
         side.synchronize()
@@ -523,6 +529,10 @@ def run_rank(rank, world, args, prep, port):
         "gpu_steps_behind": behind / args.steps,
         "gpu_step_ms": {"min": between[0], "median": between[len(between) // 2],
                         "max": between[-1]} if between else None,
+        # In order, to 0.01 ms: which steps were slow, on the GPU and on
+        # the launching thread (a stall there starves the GPU).
+        "steps_gpu_ms": [round(v, 2) for v in step_gpu],
+        "steps_cpu_ms": [round(v * 1000.0, 2) for v in step_cpu],
         **host,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
@@ -614,7 +624,8 @@ def main(argv=None):
         "enqueue_ms_per_step": first["enqueue_ms_per_step"],
         "gpu_steps_behind": first["gpu_steps_behind"],
         **{k: first[k] for k in ("host_busy_cpus", "host_steal_pct",
-                                 "gpu_step_ms", "window_clock")
+                                 "gpu_step_ms", "steps_gpu_ms",
+                                 "steps_cpu_ms", "window_clock")
            if k in first},
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],
