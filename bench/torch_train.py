@@ -53,7 +53,8 @@ gave to others.  A repetition slowed by the machine shows there.
 gpu_step_ms: min/median/max of the GPU's time between consecutive timed
 steps' ends (CUDA events), the GPU's time per step where it never idles;
 steps_gpu_ms, steps_cpu_ms: each step's, in order, on the GPU and on the
-launching thread.
+launching thread; steps_probe_us: a fixed loop of the interpreter's timed
+before each step, slower when the host's CPU is (a noisy neighbour).
 window_clock: the SM clock NVML read during the timed steps (min, median,
 max MHz) and the clock-event reasons it gave (power cap, thermal, ...):
 whether a slow repetition had a slow GPU clock.
@@ -398,6 +399,10 @@ def params_sha256(module):
 
 # ---- one rank ----------------------------------------------------------------
 
+# Iterations of the empty loop timed before each step (steps_probe_us).
+CPU_PROBE_LOOPS = 2000
+
+
 def run_rank(rank, world, args, prep, port):
     """Train on GPU rank of world (1 without --ddp); return the rank's
     result dict.  Blocks for the whole run."""
@@ -495,9 +500,14 @@ def run_rank(rank, world, args, prep, port):
     host_before = host_cpu_sample()
     window = [time.time()]
     step_cpu = []  # the launching thread's seconds per step, in order
+    step_probe = []  # the same fixed Python loop's seconds before each step
     t0 = time.perf_counter()
     for i in range(args.warmup, total):
         behind += sum(1 for e in step_done[-8:] if not e.query())
+        started_step = time.perf_counter()
+        for _ in range(CPU_PROBE_LOOPS):
+            pass
+        step_probe.append(time.perf_counter() - started_step)
         started_step = time.perf_counter()
         step(i)
         step_done.append(torch.cuda.Event(enable_timing=True))
@@ -533,6 +543,9 @@ def run_rank(rank, world, args, prep, port):
         # the launching thread (a stall there starves the GPU).
         "steps_gpu_ms": [round(v, 2) for v in step_gpu],
         "steps_cpu_ms": [round(v * 1000.0, 2) for v in step_cpu],
+        # A fixed loop of the interpreter's, timed before each step (about
+        # 50 us; not in steps_cpu_ms): slower when the host's CPU is.
+        "steps_probe_us": [round(v * 1e6, 1) for v in step_probe],
         **host,
         "losses": loss_hex,
         "losses_sha256": hashlib.sha256("\n".join(loss_hex).encode()).hexdigest(),
@@ -625,7 +638,8 @@ def main(argv=None):
         "gpu_steps_behind": first["gpu_steps_behind"],
         **{k: first[k] for k in ("host_busy_cpus", "host_steal_pct",
                                  "gpu_step_ms", "steps_gpu_ms",
-                                 "steps_cpu_ms", "window_clock")
+                                 "steps_cpu_ms", "steps_probe_us",
+                                 "window_clock")
            if k in first},
         "peak_mib": None if None in peaks else max(peaks),
         "peak_source": first["peak_source"],
