@@ -271,6 +271,8 @@ void bench_snap_cudefer(struct bench_snap *s)
     s->pending = (double)st.pending;
     s->events_created = (double)st.events_created;
     s->rejected = (double)st.rejected;
+    s->cache_mallocs = (double)st.cache_mallocs;
+    s->cache_releases = (double)st.cache_releases;
 }
 
 /* Any thread; takes the naive reclaimer's mutex. */
@@ -294,7 +296,7 @@ void bench_snap_none(struct bench_snap *s)
 {
     s->deferred = s->released = s->failed = s->queries = s->wakeups =
         s->batches = s->sync_releases = s->pending = s->events_created =
-            s->rejected = NAN;
+            s->rejected = s->cache_mallocs = s->cache_releases = NAN;
 }
 
 /* ---- device memory in use ----------------------------------------------- */

@@ -85,7 +85,8 @@ double bench_cpu_delta(const struct bench_cpu *a, const struct bench_cpu *b,
 /* The reclaimer's counters as doubles (NaN where a strategy has none). */
 struct bench_snap {
     double deferred, released, failed, queries, wakeups, batches,
-        sync_releases, pending, events_created, rejected;
+        sync_releases, pending, events_created, rejected, cache_mallocs,
+        cache_releases;
 };
 
 /* Counters of cudefer (defer_stats_get). */

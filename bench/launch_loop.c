@@ -204,7 +204,7 @@ int main(int argc, char **argv)
 {
     struct bench_args a;
     enum strategy st;
-    int T, i, rc, w3, w2;
+    int T, i, rc, w3, w2, max_thread = 0;
     struct worker *ws;
     pthread_t *th;
     pthread_barrier_t ready, go;
@@ -212,7 +212,7 @@ int main(int argc, char **argv)
     struct bench_sampler smp;
     struct bench_snap s0, s1;
     struct bench_cpu c0, c1;
-    size_t base_free = 0, total = 0, n, at;
+    size_t base_free = 0, total = 0, n, at, max_index = 0;
     uint64_t t0, t_done = 0, t_rel, *iter_all, *call_all;
     double peak;
 
@@ -291,6 +291,14 @@ int main(int argc, char **argv)
     }
     peak = bench_sampler_stop(&smp, base_free);
 
+    /* Where the slowest iteration was (a stall at the first iterations
+     * or in the middle) and how much of it was the release call. */
+    for (i = 0; i < T; i++)
+        for (size_t k = 0; k < (size_t)a.iters; k++)
+            if (ws[i].iter_ns[k] > ws[max_thread].iter_ns[max_index]) {
+                max_thread = i;
+                max_index = k;
+            }
     iter_all = bench_calloc(n, sizeof(uint64_t));
     call_all = bench_calloc(n, sizeof(uint64_t));
     for (i = 0, at = 0; i < T; i++, at += (size_t)a.iters) {
@@ -313,6 +321,8 @@ int main(int argc, char **argv)
     json_num("iter_p50_us", bench_pct_us(iter_all, n, 50));
     json_num("iter_p99_us", bench_pct_us(iter_all, n, 99));
     json_num("iter_max_us", bench_pct_us(iter_all, n, 100));
+    json_num("iter_max_index", (double)max_index);
+    json_num("iter_max_call_us", (double)ws[max_thread].call_ns[max_index] / 1e3);
     /* limit and malloc-never-free make no release call */
     {
         int no_call = st == S_LIMIT || st == S_NEVER_FREE;
@@ -331,6 +341,8 @@ int main(int argc, char **argv)
     json_num("sync_releases", s1.sync_releases - s0.sync_releases);
     json_num("wakeups", s1.wakeups - s0.wakeups);
     json_num("batches", s1.batches - s0.batches);
+    json_num("cache_mallocs", s1.cache_mallocs - s0.cache_mallocs);
+    json_num("cache_releases", s1.cache_releases - s0.cache_releases);
     json_num("mem_samples", (double)smp.samples);
     json_end();
 
