@@ -341,6 +341,7 @@ int main(int argc, char **argv)
     json_num("sync_releases", s1.sync_releases - s0.sync_releases);
     json_num("wakeups", s1.wakeups - s0.wakeups);
     json_num("batches", s1.batches - s0.batches);
+    json_num("events_created", s1.events_created - s0.events_created);
     json_num("cache_mallocs", s1.cache_mallocs - s0.cache_mallocs);
     json_num("cache_releases", s1.cache_releases - s0.cache_releases);
     json_num("mem_samples", (double)smp.samples);

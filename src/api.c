@@ -373,7 +373,10 @@ static cudaError_t submit_admitted(const struct request_args *a,
         }
     }
     bool no_event = false;
-    bool share = LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL;
+    /* Callbacks and blocks freed on their stream (exact identity for both:
+     * see identify_usable above) may share a pending event (stream_lane.h). */
+    bool share = (LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL) ||
+                 (LANE_SHARE_BLOCKS && a->kind == ENTRY_BLOCK);
     struct entry *e =
         record(a, stream, device, id, share, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {

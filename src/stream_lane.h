@@ -24,13 +24,16 @@
  * label it had taken in by then completed (event_pool.h: struct
  * shared_event).
  *
- * Only callbacks share (defer_call, defer_call_streams: W6): sharing makes
- * an entry complete when the newest record of its event does, later than
- * its own work, and a free must be released by defer_trim as soon as its
- * work is done (include/cudefer.h), and a block of the cache must turn FREE
- * then.  Callbacks also look their stream up exactly (stream_identity.h): a
- * stale identity (a destroyed stream whose handle now names another
- * stream) would put records of two streams on one shared event.  Frees
+ * Callbacks (defer_call, defer_call_streams: W6) and blocks of the cache
+ * freed on their stream (ENTRY_BLOCK: defer_alloc's memory, W4) share:
+ * sharing makes an entry complete when the newest record of its event
+ * does, later than its own work.  Other frees never share: defer_trim must
+ * release a free as soon as its work is done (include/cudefer.h).  A block
+ * of the cache needs its event only for another stream, a release or a
+ * trim, and waits for it at most as a callback does (cudefer.h states the
+ * limit).  Both look their stream up exactly (stream_identity.h): a stale
+ * identity (a destroyed stream whose handle now names another stream)
+ * would put records of two streams on one shared event.  The other frees
  * have lanes of their own, which never share: they only spare the pool
  * traffic on an idle stream.
  *
@@ -70,6 +73,18 @@
  * off: ./configure CPPFLAGS=-DLANE_SHARE_CALLBACKS=0. */
 #ifndef LANE_SHARE_CALLBACKS
 #define LANE_SHARE_CALLBACKS 1
+#endif
+/* Whether blocks of the cache freed on their stream share pending events:
+ * on.  Without it each such free behind a busy stream created an event: on
+ * an H100, W4 cudefer-alloc (8 threads, a created stream each) created
+ * 6,600-7,800 events in its timed part, cudaEventCreate took about 110 us
+ * at the median when 8 threads created at once (1 us alone), and one
+ * defer_free a run stalled for 4-109 ms (bench-event-records and
+ * bench/results/2026-11-26-h100-w4-events.txt).  Sharing, 4-8 events were
+ * created and the slowest iteration took 0.25-1.4 ms.  To compile it off:
+ * ./configure CPPFLAGS=-DLANE_SHARE_BLOCKS=0. */
+#ifndef LANE_SHARE_BLOCKS
+#define LANE_SHARE_BLOCKS 1
 #endif
 #define LANE_SETS 16
 #define LANE_WAYS 4
