@@ -254,15 +254,17 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * shutdown its blocks are lost to the cache).  Frees on other streams, and
  * those a callback makes, record an event each (a created stream may be
  * destroyed before a later free could seal its batch), shared as
- * defer_call's are: once a thread has 8 events pending on a stream, its
- * next frees of blocks there record the newest of them again instead of
- * creating more (H100, 8 threads each freeing on its own stream behind the
- * GPU: 6,600-7,800 events created in a run, one free a run stalled for
- * milliseconds, before; 4-8 and none, after).  Limit: such a block is
+ * defer_call's are: once a thread has 8 events pending on a stream, or
+ * some and no idle one at hand, its next frees of blocks there record the
+ * newest again instead of making one (H100, 8 threads each freeing on its
+ * own stream behind the GPU: 6,600-7,800 events made in a run, and one
+ * free a run waited 4-109 ms for the driver's lock, which making an event
+ * takes behind the other threads' launches).  Limit: such a block is
  * handed to another stream, released or trimmed when the newest record of
- * its event completes, after the work its stream was given until the
- * oldest of the 8 completed, not as soon as its own work is done (never
- * earlier); on its own stream it is reused at once as before.
+ * its event completes (and that of the blocks freed before it on the
+ * stream), after the work its stream was given until an older event
+ * completed or the reclaimer made more, not as soon as its own work is
+ * done (never earlier); on its own stream it is reused at once as before.
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at
@@ -403,11 +405,15 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * that took it and those deferred while all 8 were pending) runs once the
  * work enqueued before its newest record, that of the last of them, is
  * done: possibly later than its own work, never earlier, still in order
- * (t/shared_events).  defer_trim runs a callback only once its event
+ * (t/shared_events).  Limit: a callback deferred where no idle event is
+ * at hand makes one, and making an event on a GPU waits for the driver's
+ * lock behind other threads' launches (W6's slowest calls on an H100, tens
+ * of ms; defer_alloc's blocks do not wait so: see there).  defer_trim runs a callback only once its event
  * completed.  defer_flush waits for such a callback; while a flush waits
  * no callback shares a pending event, so it waits at most for the work of
  * defer calls made before it began or racing with its start, never for
- * work deferred later, and cannot hang.  Memory is never delayed so: frees have events of their
+ * work deferred later, and cannot hang.  Memory is never delayed so, but
+ * for defer_alloc's blocks (see there): other frees have events of their
  * own and wait apart from callbacks (defer_trim's promise holds for them).
  *
  * On a capturing stream fn runs (on the reclaimer thread) once the graph

@@ -237,8 +237,8 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
                             bool *no_event)
 {
     struct lane_pick pick;
-    if ((*err = stream_lane_pick(device, id, share, &pick, call)) !=
-        cudaSuccess) {
+    if ((*err = stream_lane_pick(device, id, share, a->kind == ENTRY_BLOCK,
+                                 &pick, call)) != cudaSuccess) {
         *no_event = true;
         return NULL;
     }

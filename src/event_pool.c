@@ -16,6 +16,7 @@
 /* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
 #define CACHED_DEVICES 16
 #define BATCH 32 /* items moved between a cache and a pool at once */
+#define REFILL 4 /* events the reclaimer makes a pass for a lane's want */
 
 enum kind { KIND_ENTRY, KIND_EVENT, KINDS };
 
@@ -23,6 +24,8 @@ struct pool {
     pthread_mutex_t lock; /* guards head and count only */
     struct pool_link *head;
     size_t count;
+    _Atomic bool wanted; /* events: a lane found none idle (refill) */
+    _Atomic bool stocked; /* events: BATCH made ahead at the first miss */
 };
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
@@ -358,13 +361,82 @@ static struct shared_event *blank(struct shared_event *ev)
     return ev;
 }
 
+/* device's first miss: BATCH more events into its pool, made now (a
+ * device's first defer calls come before its streams run far behind), so
+ * sharing lanes find idle ones (event_pool_take_idle_event). */
+static void stock(int device)
+{
+    if (device >= pool_count ||
+        atomic_exchange(&pools[KIND_EVENT][device].stocked, true))
+        return;
+    struct pool_link *chain = NULL;
+    for (size_t i = 0; i < BATCH && i < pool_max_idle; i++) {
+        cudaError_t err;
+        const char *call;
+        struct shared_event *ev = create_event(device, &err, &call);
+        if (ev == NULL)
+            break; /* the caller's own event will say why, if it fails */
+        ev->link.next = chain;
+        chain = &ev->link;
+    }
+    if (chain != NULL)
+        give_to_pool(KIND_EVENT, device, chain);
+}
+
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call)
 {
     struct pool_link *l = take(KIND_EVENT, device);
     struct shared_event *ev =
         l != NULL ? event_of_link(l) : create_event(device, err, call);
+    if (l == NULL && ev != NULL)
+        stock(device);
     return ev != NULL ? blank(ev) : NULL;
+}
+
+struct shared_event *event_pool_take_idle_event(int device)
+{
+    struct pool_link *l = take(KIND_EVENT, device);
+    if (l == NULL) {
+        atomic_store_explicit(&pools[KIND_EVENT][device].wanted, true,
+                              memory_order_relaxed);
+        return NULL;
+    }
+    return blank(event_of_link(l));
+}
+
+size_t event_pool_refill(void)
+{
+    size_t made = 0;
+    for (int d = 0; d < pool_count; d++) {
+        if (!atomic_load_explicit(&pools[KIND_EVENT][d].wanted,
+                                  memory_order_relaxed) ||
+            !atomic_exchange(&pools[KIND_EVENT][d].wanted, false) ||
+            device_failed(d))
+            continue;
+        struct pool *p = &pools[KIND_EVENT][d];
+        pthread_mutex_lock(&p->lock);
+        size_t idle = p->count;
+        pthread_mutex_unlock(&p->lock);
+        size_t room = pool_max_idle > idle ? pool_max_idle - idle : 0;
+        struct pool_link *chain = NULL;
+        for (size_t i = 0; i < REFILL && i < room; i++) {
+            cudaError_t err;
+            const char *call;
+            struct shared_event *ev = create_event(d, &err, &call);
+            if (ev == NULL) { /* the next take that finds none asks again */
+                report_cuda("event pool", call, err,
+                            "; fewer idle events made ahead");
+                break;
+            }
+            ev->link.next = chain;
+            chain = &ev->link;
+            made++;
+        }
+        if (chain != NULL)
+            give_to_pool(KIND_EVENT, d, chain);
+    }
+    return made;
 }
 
 void event_pool_give_event(struct shared_event *ev)

@@ -72,10 +72,27 @@ void event_pool_give_unused(struct entry *e);
 
 /* Any thread.  An event of device nobody references (refs 0, nothing
  * completed, nothing taken): from the thread's cache, the pool, or created
- * (with the thread's current device switched to device and back).  NULL
- * when none could be had, with *err and *call (the call that failed). */
+ * (with the thread's current device switched to device and back; at the
+ * device's first miss BATCH more are made into its pool).  NULL when none
+ * could be had, with *err and *call (the call that failed). */
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call);
+
+/* Any thread.  As event_pool_take_event, but only an idle event: NULL
+ * when the thread's cache and the pool have none, and then the reclaimer
+ * is asked to make some (event_pool_refill).  Never makes a CUDA call: on
+ * a GPU, creating an event waits for the driver's lock behind every launch
+ * that waits for room in its queue (tens of ms; stream_lane.h). */
+struct shared_event *event_pool_take_idle_event(int device);
+
+/* The reclaimer, each pass.  For every device whose idle events a
+ * launching thread found missing (event_pool_take_idle_event), makes a
+ * few (REFILL) into its pool (cudaEventCreateWithFlags, the thread's
+ * current device switched and back): few, for each may wait for the
+ * driver's lock behind the launching threads' launches, which is better
+ * the reclaimer's wait than theirs.  Holds no lock of cudefer's meanwhile.
+ * Returns how many it made. */
+size_t event_pool_refill(void);
 
 /* A launching thread, or anyone once the library stopped: gives back an
  * event whose references reached 0. */

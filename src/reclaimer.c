@@ -635,6 +635,8 @@ void *reclaimer_main(void *unused)
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         reclaimer_held_release(now);
         reclaimer_cache_release(now, stopping);
+        if (!stopping)
+            event_pool_refill(); /* what the lanes found missing */
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready
          * just now, pushed: then one more pass). */

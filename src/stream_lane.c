@@ -69,16 +69,19 @@ static void let_go_lane(struct lane *l)
     l->valid = false;
 }
 
-/* The lane of (device, id, share), made if needed (letting go of the set's
- * round-robin victim). */
+/* The lane of (device, id, share, idle_only), made if needed (letting go
+ * of the set's round-robin victim).  Callbacks and blocks have lanes apart:
+ * a block's record never makes a callback's event complete later than the
+ * callbacks' own sharing does (include/cudefer.h, defer_call's limit). */
 static struct lane *lane_of(struct lane_table *t, int device,
-                            unsigned long long id, bool share)
+                            unsigned long long id, bool share, bool idle_only)
 {
     unsigned s = set_of(device, id);
     struct lane *set = t->set[s];
     for (int w = 0; w < LANE_WAYS; w++)
         if (set[w].valid && set[w].stream_id == id &&
-            set[w].device == device && set[w].share == share)
+            set[w].device == device && set[w].share == share &&
+            set[w].idle_only == idle_only)
             return &set[w];
     struct lane *l = &set[t->next[s]];
     t->next[s] = (unsigned char)((t->next[s] + 1) % LANE_WAYS);
@@ -87,15 +90,17 @@ static struct lane *lane_of(struct lane_table *t, int device,
     l->stream_id = id;
     l->device = device;
     l->share = share;
+    l->idle_only = idle_only;
     l->valid = true;
     return l;
 }
 
 cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
-                             struct lane_pick *pick, const char **call)
+                             bool idle_only, struct lane_pick *pick,
+                             const char **call)
 {
     struct lane_table *t = event_pool_lanes();
-    struct lane *l = lane_of(t, device, id, share);
+    struct lane *l = lane_of(t, device, id, share, share && idle_only);
     /* Events complete in stream order: let go of the completed oldest ones
      * (the newest stays, to be recorded again). */
     while (l->count > 1 && slot_done(slot_at(l, 0))) {
@@ -116,6 +121,17 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
             return cudaSuccess;
         }
         pick->solo = l->count == LANE_EVENTS;
+        /* Blocks' picks never make an event while the lane holds one: an
+         * idle one, else the newest again (the reclaimer makes more: see
+         * the header). */
+        if (share && idle_only && !pick->solo &&
+            atomic_load_explicit(&waiters, memory_order_seq_cst) == 0) {
+            pick->ev = event_pool_take_idle_event(device);
+            pick->fresh = pick->ev != NULL;
+            if (pick->ev == NULL)
+                pick->ev = newest->ev;
+            return cudaSuccess;
+        }
     }
     cudaError_t err = cudaSuccess;
     pick->ev = event_pool_take_event(device, &err, call);

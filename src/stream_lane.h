@@ -11,7 +11,13 @@
  *   - records the lane's newest event again when every record of it has
  *     completed (an idle stream: no event taken, no pool traffic);
  *   - else takes a fresh event from the pool while the lane holds fewer
- *     than LANE_EVENTS pending ones;
+ *     than LANE_EVENTS pending ones; for a block of the cache an idle one
+ *     only, else it records the newest again and the reclaimer makes more
+ *     (event_pool_refill), for on a GPU creating an event waits for the
+ *     driver's lock behind every launch that waits for room in its queue
+ *     (H100, W4: 15-220 ms; bench/results/2026-11-26-h100-w4-events.txt;
+ *     callbacks still make theirs: W6's slowest calls, tens of ms, are
+ *     that wait);
  *   - else, in a sharing lane, records the newest event again: it is
  *     shared.  Once an older event completes the next entry takes a fresh
  *     one, so the shared event stops being recorded again and completes;
@@ -80,8 +86,12 @@
  * 6,600-7,800 events in its timed part, cudaEventCreate took about 110 us
  * at the median when 8 threads created at once (1 us alone), and one
  * defer_free a run stalled for 4-109 ms (bench-event-records and
- * bench/results/2026-11-26-h100-w4-events.txt).  Sharing, 4-8 events were
- * created and the slowest iteration took 0.25-1.4 ms.  To compile it off:
+ * bench/results/2026-11-26-h100-w4-events.txt): cuEventCreate takes a
+ * driver lock for writing, which waits while other threads' launches hold
+ * it for reading as they wait for room in their streams' queues.  Sharing,
+ * 3-12 events were made, yet one free in 2 of 3 runs still waited 28-114
+ * ms, in the few it made: hence a sharing lane that holds an event never
+ * makes one (stream_lane_pick, event_pool_refill).  To compile it off:
  * ./configure CPPFLAGS=-DLANE_SHARE_BLOCKS=0. */
 #ifndef LANE_SHARE_BLOCKS
 #define LANE_SHARE_BLOCKS 1
@@ -99,7 +109,8 @@ struct lane_slot {
 struct lane {
     unsigned long long stream_id;
     int device;
-    bool share; /* callbacks' lane: shares its newest event */
+    bool share; /* callbacks' or blocks' lane: shares its newest event */
+    bool idle_only; /* blocks' lane: makes no event while it holds one */
     bool valid;
     unsigned char oldest, count; /* the ring of slots */
     struct lane_slot ring[LANE_EVENTS];
@@ -120,12 +131,14 @@ struct lane_pick {
 };
 
 /* The calling thread.  Chooses the event of a new entry on stream id of
- * device (see above), in its sharing lane when share (callbacks, whose
- * identity is exact).  cudaSuccess and *pick, or the error of the event
- * that could not be had, with *call.  Never blocks (but for creating an
- * event). */
+ * device (see above), in its sharing lane when share (callbacks and blocks
+ * of the cache, whose identity is exact); with idle_only (blocks), while
+ * the lane holds an event, it makes none (an idle one or the newest again).
+ * cudaSuccess and *pick, or the error of the event that could not be had,
+ * with *call.  Never blocks (but for creating an event). */
 cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
-                             struct lane_pick *pick, const char **call);
+                             bool idle_only, struct lane_pick *pick,
+                             const char **call);
 
 /* The calling thread, right after pick->ev was recorded for e: e carries a
  * reference to it and the record's label. */

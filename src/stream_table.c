@@ -9,19 +9,21 @@
 
 /* The bucket of a stream's FIFO of callbacks or of memory. */
 static size_t bucket_of(const struct stream_table *t, int device,
-                        unsigned long long stream_id, bool callbacks)
+                        unsigned long long stream_id, unsigned kind)
 {
     uint64_t h = (stream_id ^ ((uint64_t)(unsigned)device << 56) ^
-                  ((uint64_t)callbacks << 55)) *
+                  ((uint64_t)kind << 54)) *
                  0x9e3779b97f4a7c15ull;
     return (size_t)(h >> 32) & (t->nbuckets - 1);
 }
 
-bool stream_table_is_callback(const struct entry *e)
+enum stream_fifo_kind stream_table_fifo_of(const struct entry *e)
 {
-    return e->kind == ENTRY_CALL ||
-           (e->kind == ENTRY_MEMBER && e->group != NULL &&
-            e->group->kind == ENTRY_CALL);
+    if (e->kind == ENTRY_CALL ||
+        (e->kind == ENTRY_MEMBER && e->group != NULL &&
+         e->group->kind == ENTRY_CALL))
+        return FIFO_CALLBACKS;
+    return e->kind == ENTRY_BLOCK ? FIFO_BLOCKS : FIFO_MEMORY;
 }
 
 bool stream_table_init(struct stream_table *t)
@@ -67,7 +69,7 @@ static bool grow(struct stream_table *t)
     t->nbuckets = t->capacity = n;
     for (size_t i = 0; i < t->count; i++) {
         struct stream_fifo *f = t->fifos[i];
-        size_t b = bucket_of(t, f->device, f->stream_id, f->callbacks);
+        size_t b = bucket_of(t, f->device, f->stream_id, f->kind);
         f->hash_next = t->buckets[b];
         t->buckets[b] = f;
     }
@@ -76,17 +78,17 @@ static bool grow(struct stream_table *t)
 
 static struct stream_fifo *find_or_add(struct stream_table *t, int device,
                                        unsigned long long stream_id,
-                                       bool callbacks, uint64_t now_ns)
+                                       unsigned kind, uint64_t now_ns)
 {
-    size_t b = bucket_of(t, device, stream_id, callbacks);
+    size_t b = bucket_of(t, device, stream_id, kind);
     for (struct stream_fifo *f = t->buckets[b]; f != NULL; f = f->hash_next)
         if (f->stream_id == stream_id && f->device == device &&
-            f->callbacks == callbacks)
+            f->kind == kind)
             return f;
     if (t->count == t->capacity) {
         if (!grow(t))
             return NULL;
-        b = bucket_of(t, device, stream_id, callbacks);
+        b = bucket_of(t, device, stream_id, kind);
     }
     struct stream_fifo *f = t->spare;
     if (f != NULL)
@@ -94,7 +96,7 @@ static struct stream_fifo *find_or_add(struct stream_table *t, int device,
     else if ((f = malloc(sizeof *f)) == NULL)
         return NULL;
     *f = (struct stream_fifo){.stream_id = stream_id, .device = device,
-                              .callbacks = callbacks,
+                              .kind = (unsigned char)kind,
                               .hash_next = t->buckets[b], .index = t->count,
                               .head_since_ns = now_ns};
     t->buckets[b] = f;
@@ -106,7 +108,7 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
                          uint64_t now_ns)
 {
     struct stream_fifo *f = find_or_add(t, e->device, e->stream_id,
-                                        stream_table_is_callback(e), now_ns);
+                                        stream_table_fifo_of(e), now_ns);
     if (f == NULL)
         return false;
     e->fifo_next = NULL;
@@ -122,7 +124,7 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
 static void remove_fifo(struct stream_table *t, struct stream_fifo *f)
 {
     struct stream_fifo **link =
-        &t->buckets[bucket_of(t, f->device, f->stream_id, f->callbacks)];
+        &t->buckets[bucket_of(t, f->device, f->stream_id, f->kind)];
     while (*link != f)
         link = &(*link)->hash_next;
     *link = f->hash_next;

@@ -4,14 +4,16 @@
  * only the oldest entry of each FIFO needs polling.  A FIFO exists only
  * while it holds entries.
  *
- * A stream has two FIFOs: its callbacks (defer_call, and the parts of a
- * defer_call_streams on it) and its memory (every other entry).  Callbacks
- * of a stream run in the order deferred (include/cudefer.h), so they wait
- * for each other; memory entries have no order to keep among callbacks,
- * and must not wait for them: a callback may share an event
- * (stream_lane.h) and then complete only once the newest record of that
- * event does, later than its own work, while defer_trim releases every
- * free whose own work is done.
+ * A stream has three FIFOs: its callbacks (defer_call, and the parts of a
+ * defer_call_streams on it), its blocks of the cache (ENTRY_BLOCK) and its
+ * other memory.  Callbacks of a stream run in the order deferred
+ * (include/cudefer.h), so they wait for each other; memory entries have no
+ * order to keep, and other memory must not wait for callbacks or blocks:
+ * those may share an event (stream_lane.h) and then complete only once the
+ * newest record of that event does, later than their own work, while
+ * defer_trim releases every other free whose own work is done (t/stress
+ * found a block sharing a pending event at the head of a stream's one
+ * memory FIFO holding back plain frees whose work was done).
  *
  * Each FIFO also keeps its poll schedule (issue 13, item 4): a head that
  * stays incomplete is queried less and less often, so entries waiting
@@ -26,10 +28,12 @@
 
 #include "entry.h"
 
+enum stream_fifo_kind { FIFO_MEMORY, FIFO_CALLBACKS, FIFO_BLOCKS };
+
 struct stream_fifo {
     unsigned long long stream_id;
     int device;
-    bool callbacks; /* the stream's callbacks' FIFO, else its memory's */
+    unsigned char kind; /* enum stream_fifo_kind: whose FIFO of the stream */
     struct entry *head, *tail;
     struct stream_fifo *hash_next;
     size_t index; /* position in stream_table.fifos */
@@ -52,12 +56,13 @@ struct stream_table {
 bool stream_table_init(struct stream_table *t);
 void stream_table_destroy(struct stream_table *t);
 
-/* Reclaimer only.  Whether e waits in its stream's callbacks' FIFO (a
- * callback, or a part of a defer_call_streams), else in its memory's. */
-bool stream_table_is_callback(const struct entry *e);
+/* Reclaimer only.  Which of its stream's FIFOs e waits in: the callbacks'
+ * (a callback, or a part of a defer_call_streams), the blocks' (a block of
+ * the cache freed on its stream, or a free batch), or the memory's. */
+enum stream_fifo_kind stream_table_fifo_of(const struct entry *e);
 
 /* Reclaimer only.  Appends e to its FIFO of (e->device, e->stream_id) (see
- * stream_table_is_callback), creating it if needed (its head then is e,
+ * stream_table_fifo_of), creating it if needed (its head then is e,
  * due at once, since now_ns).
  * Returns false when out of memory (e not added). */
 bool stream_table_append(struct stream_table *t, struct entry *e,
