@@ -263,8 +263,10 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * handed to another stream, released or trimmed when the newest record of
  * its event completes (and that of the blocks freed before it on the
  * stream), after the work its stream was given until an older event
- * completed or the reclaimer made more, not as soon as its own work is
- * done (never earlier); on its own stream it is reused at once as before.
+ * completed or the reclaimer made more (at most 256 frees of the thread
+ * there later; with CUDEFER_EVENT_POOL=0 as callbacks do), not as soon
+ * as its own work is done (never earlier); on its own stream it is reused
+ * at once as before.
  * A request takes the smallest cached block of at least bytes and at most
  * 1/8 above the rounded size.  A freed block that nobody takes for
  * cache_keep_ms (CUDEFER_CACHE_KEEP_MS, 10 s) is released with cudaFree at

@@ -385,6 +385,17 @@ static cudaError_t submit_admitted(const struct request_args *a,
             return reject(a->what, call, err);
         e = record(a, stream, device, id, share, &err, &call, &no_event);
     }
+    if (e != NULL && e->kind == ENTRY_BLOCK &&
+        e->device != plan.block->device) {
+        /* A stale identity hid another device: a plain free, with an event
+         * of its own (a shared one may complete after its work: defer_trim's
+         * promise).  Only the stream-ordered path makes ENTRY_BLOCK, in
+         * block_args. */
+        discard_recorded(e);
+        block_args.kind = ENTRY_FREE_DEVICE;
+        e = record(&block_args, stream, device, id, false, &err, &call,
+                   &no_event);
+    }
     if (e == NULL && no_event) {
         report_cuda(a->what, call, err,
                     "; waiting for the stream and releasing synchronously");
@@ -392,9 +403,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     }
     if (e == NULL)
         return reject(a->what, call, err);
-    if (e->kind == ENTRY_BLOCK && e->device != plan.block->device) {
-        e->kind = ENTRY_FREE_DEVICE; /* a stale identity hid another device */
-    } else if (e->kind == ENTRY_BLOCK) {
+    if (e->kind == ENTRY_BLOCK) {
         if (!block_cache_park(&plan, id)) {
             discard_recorded(e);
             return free_claims_refuse_freed(a, a->ptrs[0]);

@@ -394,6 +394,11 @@ struct shared_event *event_pool_take_event(int device, cudaError_t *err,
     return ev != NULL ? blank(ev) : NULL;
 }
 
+bool event_pool_keeps_idle(void)
+{
+    return pool_max_idle > 0;
+}
+
 struct shared_event *event_pool_take_idle_event(int device)
 {
     struct pool_link *l = take(KIND_EVENT, device);
@@ -425,8 +430,11 @@ size_t event_pool_refill(void)
             const char *call;
             struct shared_event *ev = create_event(d, &err, &call);
             if (ev == NULL) { /* the next take that finds none asks again */
-                report_cuda("event pool", call, err,
-                            "; fewer idle events made ahead");
+                static _Atomic bool reported; /* once: each pass may fail */
+                if (!atomic_exchange(&reported, true))
+                    report_cuda("event pool", call, err,
+                                "; fewer idle events made ahead (reported "
+                                "once)");
                 break;
             }
             ev->link.next = chain;

@@ -85,6 +85,10 @@ struct shared_event *event_pool_take_event(int device, cudaError_t *err,
  * that waits for room in its queue (tens of ms; stream_lane.h). */
 struct shared_event *event_pool_take_idle_event(int device);
 
+/* Any thread: whether the pools keep idle events at all (CUDEFER_EVENT_POOL
+ * above 0); without, none is ever idle to take. */
+bool event_pool_keeps_idle(void);
+
 /* The reclaimer, each pass.  For every device whose idle events a
  * launching thread found missing (event_pool_take_idle_event), makes a
  * few (REFILL) into its pool (cudaEventCreateWithFlags, the thread's

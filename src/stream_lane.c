@@ -123,8 +123,11 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
         pick->solo = l->count == LANE_EVENTS;
         /* Blocks' picks never make an event while the lane holds one: an
          * idle one, else the newest again (the reclaimer makes more: see
-         * the header). */
-        if (share && idle_only && !pick->solo &&
+         * the header), at most LANE_REUSE_MAX records of it, so a block
+         * waits for a bounded amount of later work even where no event
+         * comes (CUDEFER_EVENT_POOL=0, events that cannot be made). */
+        if (share && idle_only && !pick->solo && event_pool_keeps_idle() &&
+            newest->label < LANE_REUSE_MAX &&
             atomic_load_explicit(&waiters, memory_order_seq_cst) == 0) {
             pick->ev = event_pool_take_idle_event(device);
             pick->fresh = pick->ev != NULL;

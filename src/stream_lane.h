@@ -12,8 +12,10 @@
  *     completed (an idle stream: no event taken, no pool traffic);
  *   - else takes a fresh event from the pool while the lane holds fewer
  *     than LANE_EVENTS pending ones; for a block of the cache an idle one
- *     only, else it records the newest again and the reclaimer makes more
- *     (event_pool_refill), for on a GPU creating an event waits for the
+ *     only, else it records the newest again (at most LANE_REUSE_MAX
+ *     records of it; not with CUDEFER_EVENT_POOL=0, where nothing is ever
+ *     idle) and the reclaimer makes more (event_pool_refill), for on a GPU
+ *     creating an event waits for the
  *     driver's lock behind every launch that waits for room in its queue
  *     (H100, W4: 15-220 ms; bench/results/2026-11-26-h100-w4-events.txt;
  *     callbacks still make theirs: W6's slowest calls, tens of ms, are
@@ -22,7 +24,8 @@
  *     shared.  Once an older event completes the next entry takes a fresh
  *     one, so the shared event stops being recorded again and completes;
  *     an entry waits at most for the work its stream was given until the
- *     oldest event of its lane completed;
+ *     oldest event of its lane completed (a block: or until an idle event
+ *     reached its thread, at most LANE_REUSE_MAX frees later);
  *   - else takes an event of its own from the pool, which the lane does
  *     not keep (as every entry did before lanes).
  * Each record of an event gets the next label; the entry carries it, and
@@ -96,6 +99,9 @@
 #ifndef LANE_SHARE_BLOCKS
 #define LANE_SHARE_BLOCKS 1
 #endif
+/* The most records of one event a blocks' lane makes while it waits for an
+ * idle event (stream_lane_pick); then it makes one. */
+#define LANE_REUSE_MAX 256
 #define LANE_SETS 16
 #define LANE_WAYS 4
 

@@ -7,7 +7,7 @@
 
 #define INITIAL_BUCKETS 64
 
-/* The bucket of a stream's FIFO of callbacks or of memory. */
+/* The bucket of one of a stream's FIFOs (enum stream_fifo_kind). */
 static size_t bucket_of(const struct stream_table *t, int device,
                         unsigned long long stream_id, unsigned kind)
 {

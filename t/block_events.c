@@ -9,6 +9,7 @@
  * is done; never before its own work (the oracle), and at once on its own
  * stream.  Frees of other memory never share (t/shared_events). */
 #include <stdbool.h>
+#include <sys/wait.h>
 
 #include "clock.h"
 #include "helpers.h"
@@ -187,9 +188,64 @@ static void test_plain_free_not_behind_shared_blocks(void)
     cudaStreamDestroy(s);
 }
 
+/* With CUDEFER_EVENT_POOL=0 no event is ever idle: a blocks' lane makes
+ * its events as a callbacks' lane does, else it would share its first one
+ * for good (a review found it: behind a stream that never goes idle no
+ * block went back, and a trim got nothing).  Each free's work completes
+ * just after the next free: most blocks go to another stream. */
+static void s_pool0_blocks_go_back(void)
+{
+    enum { M = 60 };
+    cudaStream_t s = stream_new(), other = stream_new();
+    void *p[M], *got[M];
+    fake_work *w[M];
+    for (int i = 0; i < M; i++)
+        CHECK(defer_alloc(&p[i], BYTES, s) == cudaSuccess, "defer_alloc");
+    for (int i = 0; i < M; i++) {
+        w[i] = work_held(s, p[i]);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+        if (i > 0)
+            fake_complete(w[i - 1]);
+        sleep_ms(1); /* the reclaimer sees it */
+    }
+    sleep_ms(50);
+    int mine = 0;
+    for (int i = 0; i < M; i++) {
+        CHECK(defer_alloc(&got[i], BYTES, other) == cudaSuccess, "take");
+        mine += is_one_of(got[i], p, M);
+    }
+    CHECK(mine >= M / 2, "%d of %d blocks whose work was done went to "
+          "another stream", mine, M - 1);
+    fake_complete(w[M - 1]);
+    for (int i = 0; i < M; i++)
+        CHECK(defer_free(got[i], other) == cudaSuccess, "give back");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* Run fn in a child process (fresh fake, env set); ok when it ends in time
+ * with no failed check.  Before the parent's first cudefer call. */
+static void scenario(const char *title, const char *env, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        fake_reset(1);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 30000, &status);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
+       title, env);
+}
+
 int main(void)
 {
     plan_lazy();
+    scenario("blocks freed behind a busy stream go back with no idle event",
+             "CUDEFER_EVENT_POOL=0", s_pool0_blocks_go_back);
     fake_reset(1);
     test_frees_share_behind_a_held_stream();
     test_no_event_made_on_the_launching_thread();
