@@ -258,7 +258,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * some and no idle one at hand, its next frees of blocks there record the
  * newest again instead of making one (H100, 8 threads each freeing on its
  * own stream behind the GPU: 6,600-7,800 events made in a run, and one
- * free a run waited 4-109 ms for the driver's lock, which making an event
+ * free a run waited 4-135 ms for the driver's lock, which making an event
  * takes behind the other threads' launches).  Limit: such a block is
  * handed to another stream, released or trimmed when the newest record of
  * its event completes (and that of the blocks freed before it on the

@@ -88,7 +88,7 @@
  * an H100, W4 cudefer-alloc (8 threads, a created stream each) created
  * 6,600-7,800 events in its timed part, cudaEventCreate took about 110 us
  * at the median when 8 threads created at once (1 us alone), and one
- * defer_free a run stalled for 4-109 ms (bench-event-records and
+ * defer_free a run stalled for 4-135 ms (bench-event-records and
  * bench/results/2026-11-26-h100-w4-events.txt): cuEventCreate takes a
  * driver lock for writing, which waits while other threads' launches hold
  * it for reading as they wait for room in their streams' queues.  Sharing,
