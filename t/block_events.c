@@ -9,6 +9,7 @@
  * is done; never before its own work (the oracle), and at once on its own
  * stream.  Frees of other memory never share (t/shared_events). */
 #include <stdbool.h>
+#include <string.h>
 #include <sys/wait.h>
 
 #include "clock.h"
@@ -223,6 +224,39 @@ static void s_pool0_blocks_go_back(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* The reclaimer cannot make events (each creation fails after the first
+ * five): it says so once, not at every pass that a lane's want sends it
+ * to try again (a review found 295 identical lines for 300 frees). */
+static void s_refill_failure_reported_once(void)
+{
+    enum { M = 200 }; /* under LANE_REUSE_MAX: no free makes one itself */
+    cudaStream_t s = stream_new();
+    static void *p[M];
+    static fake_work *w[M];
+    for (int i = 0; i < M; i++)
+        CHECK(defer_alloc(&p[i], BYTES, s) == cudaSuccess, "defer_alloc");
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 5, -1);
+    stderr_capture_begin();
+    for (int i = 0; i < M; i++) {
+        w[i] = work_held(s, p[i]);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+        if (i % 10 == 0)
+            sleep_ms(1); /* reclaimer passes, each asked to make more */
+    }
+    const char *said = stderr_capture_end();
+    int lines = 0;
+    for (const char *at = said; (at = strstr(at, "fewer idle events")) != NULL;
+         at++)
+        lines++;
+    CHECK(lines == 1, "the failure to make events said %d times", lines);
+    fake_fail_clear();
+    for (int i = 0; i < M; i++)
+        fake_complete(w[i]);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed");
+}
+
 /* Run fn in a child process (fresh fake, env set); ok when it ends in time
  * with no failed check.  Before the parent's first cudefer call. */
 static void scenario(const char *title, const char *env, void (*fn)(void))
@@ -246,6 +280,8 @@ int main(void)
     plan_lazy();
     scenario("blocks freed behind a busy stream go back with no idle event",
              "CUDEFER_EVENT_POOL=0", s_pool0_blocks_go_back);
+    scenario("a reclaimer that cannot make events says so once",
+             "CUDEFER_EVENT_POOL=4", s_refill_failure_reported_once);
     fake_reset(1);
     test_frees_share_behind_a_held_stream();
     test_no_event_made_on_the_launching_thread();
