@@ -361,9 +361,12 @@ static struct shared_event *blank(struct shared_event *ev)
     return ev;
 }
 
-/* device's first miss: BATCH more events into its pool, made now (a
- * device's first defer calls come before its streams run far behind), so
- * sharing lanes find idle ones (event_pool_take_idle_event). */
+/* device's first miss: BATCH more events into its pool, made now on the
+ * calling thread, so sharing lanes find idle ones
+ * (event_pool_take_idle_event).  A device's first defer calls usually come
+ * before its streams run far behind; a program whose first one comes
+ * while other threads keep the device's queues full pays each of these
+ * creations the driver's wait (stream_lane.h), once. */
 static void stock(int device)
 {
     if (device >= pool_count ||
