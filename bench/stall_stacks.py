@@ -10,42 +10,59 @@ import signal
 import subprocess
 import sys
 import time
-cmd = sys.argv[1:]
-p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-pid = p.pid
-since = {}
-caught = False
-while p.poll() is None and not caught:
-    now = time.monotonic()
-    try:
-        tids = os.listdir('/proc/%d/task' % pid)
-    except OSError:
-        break
-    for tid in tids:
-        if int(tid) == pid:
-            continue
-        try:
-            sc = open('/proc/%d/task/%s/syscall' % (pid, tid)).read().split()
-        except OSError:
-            continue
-        key = (sc[0], sc[1]) if len(sc) > 1 and sc[0] == '202' and sc[1].startswith('0x5') else None
-        if key is None:
-            since.pop(tid, None)
-            continue
-        if since.get(tid, (None,))[0] != key:
-            since[tid] = (key, now)
-        elif now - since[tid][1] >= 0.015:
-            os.kill(pid, signal.SIGSTOP)
-            print('stalled thread', tid, 'futex', key[1], 'for', round((now - since[tid][1]) * 1000, 1), 'ms', flush=True)
-            caught = True
-            break
-    time.sleep(0.0005)
-if caught:
-    gdb = 'cuda-gdb' if shutil.which('cuda-gdb') else 'gdb'
-    out = subprocess.run([gdb, '-batch', '-p', str(pid), '-ex', 'info threads', '-ex', 'thread apply all bt 14'],
-                         capture_output=True, text=True, timeout=240)
-    print(out.stdout[-60000:])
-    print(out.stderr[-3000:])
-    os.kill(pid, signal.SIGKILL)
-p.wait()
-print('caught' if caught else 'no stall seen')
+
+from thread_states import PERIOD_S, threads_of
+
+FUTEX = '202'  # x86-64
+STALL_S = 0.015
+
+
+def heap_futex(syscall):
+    """(futex, address) when the thread sleeps in futex on a heap address
+    (0x5...: the program's heap, not a thread's stack), else None."""
+    if len(syscall) > 1 and syscall[0] == FUTEX and \
+            syscall[1].startswith('0x5'):
+        return syscall[0], syscall[1]
+    return None
+
+
+def wait_for_stall(proc):
+    """Stop proc at the first stall; True if one came before it ended."""
+    since = {}  # tid -> (key, since)
+    while proc.poll() is None:
+        now = time.monotonic()
+        for tid, _, syscall, _ in threads_of(proc.pid):
+            key = heap_futex(syscall) if tid != proc.pid else None
+            if key is None:
+                since.pop(tid, None)
+            elif since.get(tid, (None,))[0] != key:
+                since[tid] = (key, now)
+            elif now - since[tid][1] >= STALL_S:
+                os.kill(proc.pid, signal.SIGSTOP)
+                print('stalled thread', tid, 'futex', key[1], 'for',
+                      round((now - since[tid][1]) * 1000, 1), 'ms',
+                      flush=True)
+                return True
+        time.sleep(PERIOD_S)
+    return False
+
+
+def main(cmd):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    caught = wait_for_stall(proc)
+    if caught:
+        gdb = 'cuda-gdb' if shutil.which('cuda-gdb') else 'gdb'
+        out = subprocess.run([gdb, '-batch', '-p', str(proc.pid),
+                              '-ex', 'info threads',
+                              '-ex', 'thread apply all bt 14'],
+                             capture_output=True, text=True, timeout=240)
+        print(out.stdout[-60000:])
+        print(out.stderr[-3000:])
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    print('caught' if caught else 'no stall seen')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

@@ -26,6 +26,7 @@ import run_matrix  # noqa: E402
 import run_process  # noqa: E402
 import run_summary  # noqa: E402
 import run_workloads  # noqa: E402
+from test_train_measure import *  # noqa: E402,F401,F403 (its test_ too)
 
 # One fake answers for all three C programs.  Done time: limit 100 ms, the
 # floor 110, cudefer 105, others 150 (rep adds 1 each).  FAKE_FAIL=label
@@ -169,90 +170,6 @@ def test_statistics():
     assert run_process.last_json_object('x\n{"a": 1}\nnoise {\n{"b": 2}\n\n') == {'b': 2}
     assert run_process.last_json_object('{"a": 1}\n{broken') is None
     assert run_process.last_json_object('') is None
-
-
-def test_host_load():
-    """train_measure.py's record of the machine's load."""
-    import train_measure
-    tmp = tempfile.mkdtemp()
-    try:
-        stat = os.path.join(tmp, 'stat')
-        with open(stat, 'w') as f:
-            f.write('cpu  100 0 50 800 10 5 5 30 0 0\ncpu0 1 2 3\n')
-        before = train_measure.host_cpu_sample(stat)
-        assert before == (160, 30, 1000), before
-        with open(stat, 'w') as f:
-            f.write('cpu  300 0 100 1300 10 5 5 80 0 0\n')
-        after = train_measure.host_cpu_sample(stat)
-        load = train_measure.host_load(before, after, 4)
-        # 800 ticks passed: 250 busy, 50 stolen, on 4 CPUs.
-        assert abs(load['host_busy_cpus'] - 1.25) < 1e-9, load
-        assert abs(load['host_steal_pct'] - 6.25) < 1e-9, load
-        assert train_measure.host_load(after, after, 4) == {}
-        assert train_measure.host_load(None, after, 4) == {}
-        assert train_measure.host_cpu_sample(os.path.join(tmp, 'none')) is None
-        with open(stat, 'w') as f:
-            f.write('intr 1 2 3\n')
-        assert train_measure.host_cpu_sample(stat) is None
-        with open(stat, 'w') as f:
-            f.write('cpu  7 x\n')
-        assert train_measure.host_cpu_sample(stat) is None
-    finally:
-        shutil.rmtree(tmp)
-
-
-FAKE_PYNVML = """
-import itertools
-class NVMLError(Exception):
-    pass
-NVML_CLOCK_SM = 1
-class _Mem:
-    used = 0
-_mhz = itertools.cycle([1980, 1755, 1980])
-def nvmlInit(): pass
-def nvmlDeviceGetHandleByIndex(i): return i
-def nvmlDeviceGetMemoryInfo(h):
-    _Mem.used += 1 << 20
-    return _Mem
-def nvmlDeviceGetComputeRunningProcesses(h): return []
-def nvmlDeviceGetClockInfo(h, which):
-    assert which == NVML_CLOCK_SM
-    return next(_mhz)
-def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x4 | 0x40
-"""
-
-
-def test_sampler_window_clock():
-    """train_measure.Sampler: the SM clock and clock-event reasons over the
-    samples inside the timed window, none when no sample falls inside."""
-    import train_measure
-    tmp = tempfile.mkdtemp()
-    saved = os.environ.get('PYTHONPATH')
-    try:
-        with open(os.path.join(tmp, 'pynvml.py'), 'w') as f:
-            f.write(FAKE_PYNVML)
-        os.environ['PYTHONPATH'] = tmp
-        s = train_measure.Sampler(0, 0.001)
-        t0 = time.time()
-        time.sleep(0.05)
-        out = s.finish([t0, time.time()])  # a list, as torch_train.py passes
-        clock = out['window_clock']
-        assert clock['samples'] >= 3, out
-        assert (clock['sm_mhz_min'], clock['sm_mhz_max']) == (1755, 1980), clock
-        assert clock['sm_mhz_median'] in (1755, 1980), clock
-        assert clock['reasons'] == ['sw-power-cap', 'hw-thermal'], clock
-        assert out['peak_bytes'] > 0 and out['source'] == 'nvml-device-delta', out
-        s = train_measure.Sampler(0, 0.001)
-        out = s.finish((1.0, 2.0))  # long before: no sample inside
-        assert 'window_clock' not in out and out['samples'] >= 1, out
-        s = train_measure.Sampler(0, 0.001)
-        assert 'window_clock' not in s.finish(), out
-    finally:
-        if saved is None:
-            os.environ.pop('PYTHONPATH', None)
-        else:
-            os.environ['PYTHONPATH'] = saved
-        shutil.rmtree(tmp)
 
 
 def test_child_env():

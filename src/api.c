@@ -226,19 +226,19 @@ static cudaError_t submit_captured(const struct request_args *a,
     return err == cudaSuccess ? cudaSuccess : reject(a->what, call, err);
 }
 
-/* Take an entry for device, fill it in and record its event on stream
- * (stream_lane.h; share: callbacks, on their stream's exact identity, may
- * share a pending event).  On success the entry is returned; otherwise
- * NULL with *err and *call, and *no_event set when it was the event (or
- * the entry) that could not be had. */
+/* Take an entry for device, fill it in and record its event on stream,
+ * from the thread's lane of that sharing (stream_lane.h: callbacks and
+ * blocks, on their stream's exact identity, may share a pending event).  On success the entry is returned; otherwise NULL with
+ * *err and *call, and *no_event set when it was the event (or the entry)
+ * that could not be had. */
 static struct entry *record(const struct request_args *a, cudaStream_t stream,
-                            int device, unsigned long long id, bool share,
-                            cudaError_t *err, const char **call,
-                            bool *no_event)
+                            int device, unsigned long long id,
+                            enum lane_share lane, cudaError_t *err,
+                            const char **call, bool *no_event)
 {
     struct lane_pick pick;
-    if ((*err = stream_lane_pick(device, id, share, a->kind == ENTRY_BLOCK,
-                                 &pick, call)) != cudaSuccess) {
+    if ((*err = stream_lane_pick(device, id, lane, &pick, call)) !=
+        cudaSuccess) {
         *no_event = true;
         return NULL;
     }
@@ -374,26 +374,24 @@ static cudaError_t submit_admitted(const struct request_args *a,
     }
     bool no_event = false;
     /* Callbacks and blocks freed on their stream (exact identity for both:
-     * see identify_usable above) may share a pending event (stream_lane.h). */
-    bool share = (LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL) ||
-                 (LANE_SHARE_BLOCKS && a->kind == ENTRY_BLOCK);
+     * see identify_usable above) may share a pending event. */
+    enum lane_share lane = stream_lane_share_of(a->kind);
     struct entry *e =
-        record(a, stream, device, id, share, &err, &call, &no_event);
+        record(a, stream, device, id, lane, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
         if ((err = identify_again(stream, &device, &id, &call)) != cudaSuccess)
             return reject(a->what, call, err);
-        e = record(a, stream, device, id, share, &err, &call, &no_event);
+        e = record(a, stream, device, id, lane, &err, &call, &no_event);
     }
     if (e != NULL && e->kind == ENTRY_BLOCK &&
         e->device != plan.block->device) {
         /* A stale identity hid another device: a plain free, with an event
-         * of its own (a shared one may complete after its work: defer_trim's
-         * promise).  Only the stream-ordered path makes ENTRY_BLOCK, in
-         * block_args. */
+         * of its own (defer_trim's promise).  Only the stream-ordered path
+         * makes ENTRY_BLOCK, in block_args. */
         discard_recorded(e);
         block_args.kind = ENTRY_FREE_DEVICE;
-        e = record(&block_args, stream, device, id, false, &err, &call,
+        e = record(&block_args, stream, device, id, LANE_SOLO, &err, &call,
                    &no_event);
     }
     if (e == NULL && no_event) {
@@ -484,8 +482,8 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
             cudaSuccess)
             break;
         const struct request_args *part = made == 0 ? a : &member;
-        bool share = LANE_SHARE_CALLBACKS && a->kind == ENTRY_CALL;
-        parts[made] = record(part, streams[made], device, id, share, &err,
+        enum lane_share lane = stream_lane_share_of(a->kind); /* the group's */
+        parts[made] = record(part, streams[made], device, id, lane, &err,
                              &call, &no_event);
         if (parts[made] == NULL && cached &&
             err == cudaErrorInvalidResourceHandle) {
@@ -498,7 +496,7 @@ static cudaError_t submit_group_admitted(const struct request_args *a,
                 call = "an earlier CUDA call on this device";
                 break;
             }
-            parts[made] = record(part, streams[made], device, id, share,
+            parts[made] = record(part, streams[made], device, id, lane,
                                  &err, &call, &no_event);
         }
         if (parts[made] == NULL)

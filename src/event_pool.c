@@ -361,6 +361,36 @@ static struct shared_event *blank(struct shared_event *ev)
     return ev;
 }
 
+/* Make up to n events of device into its pool, as much as it has room for
+ * (CUDEFER_EVENT_POOL); returns how many.  A failure ends the batch, said
+ * once per process (each pass of the reclaimer may meet it again). */
+static size_t make_ahead(int device, size_t n)
+{
+    struct pool *p = &pools[KIND_EVENT][device];
+    pthread_mutex_lock(&p->lock);
+    size_t idle = p->count;
+    pthread_mutex_unlock(&p->lock);
+    size_t room = pool_max_idle > idle ? pool_max_idle - idle : 0, made = 0;
+    struct pool_link *chain = NULL;
+    for (; made < n && made < room; made++) {
+        cudaError_t err;
+        const char *call;
+        struct shared_event *ev = create_event(device, &err, &call);
+        if (ev == NULL) { /* the next take that finds none asks again */
+            static _Atomic bool reported;
+            if (!atomic_exchange(&reported, true))
+                report_cuda("event pool", call, err,
+                            "; fewer idle events made ahead (reported once)");
+            break;
+        }
+        ev->link.next = chain;
+        chain = &ev->link;
+    }
+    if (chain != NULL)
+        give_to_pool(KIND_EVENT, device, chain);
+    return made;
+}
+
 /* device's first miss: BATCH more events into its pool, made now on the
  * calling thread, so sharing lanes find idle ones
  * (event_pool_take_idle_event).  A device's first defer calls usually come
@@ -369,21 +399,9 @@ static struct shared_event *blank(struct shared_event *ev)
  * creations the driver's wait (stream_lane.h), once. */
 static void stock(int device)
 {
-    if (device >= pool_count ||
-        atomic_exchange(&pools[KIND_EVENT][device].stocked, true))
-        return;
-    struct pool_link *chain = NULL;
-    for (size_t i = 0; i < BATCH && i < pool_max_idle; i++) {
-        cudaError_t err;
-        const char *call;
-        struct shared_event *ev = create_event(device, &err, &call);
-        if (ev == NULL)
-            break; /* the caller's own event will say why, if it fails */
-        ev->link.next = chain;
-        chain = &ev->link;
-    }
-    if (chain != NULL)
-        give_to_pool(KIND_EVENT, device, chain);
+    if (device < pool_count &&
+        !atomic_exchange(&pools[KIND_EVENT][device].stocked, true))
+        make_ahead(device, BATCH);
 }
 
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
@@ -416,37 +434,12 @@ struct shared_event *event_pool_take_idle_event(int device)
 size_t event_pool_refill(void)
 {
     size_t made = 0;
-    for (int d = 0; d < pool_count; d++) {
-        if (!atomic_load_explicit(&pools[KIND_EVENT][d].wanted,
-                                  memory_order_relaxed) ||
-            !atomic_exchange(&pools[KIND_EVENT][d].wanted, false) ||
-            device_failed(d))
-            continue;
-        struct pool *p = &pools[KIND_EVENT][d];
-        pthread_mutex_lock(&p->lock);
-        size_t idle = p->count;
-        pthread_mutex_unlock(&p->lock);
-        size_t room = pool_max_idle > idle ? pool_max_idle - idle : 0;
-        struct pool_link *chain = NULL;
-        for (size_t i = 0; i < REFILL && i < room; i++) {
-            cudaError_t err;
-            const char *call;
-            struct shared_event *ev = create_event(d, &err, &call);
-            if (ev == NULL) { /* the next take that finds none asks again */
-                static _Atomic bool reported; /* once: each pass may fail */
-                if (!atomic_exchange(&reported, true))
-                    report_cuda("event pool", call, err,
-                                "; fewer idle events made ahead (reported "
-                                "once)");
-                break;
-            }
-            ev->link.next = chain;
-            chain = &ev->link;
-            made++;
-        }
-        if (chain != NULL)
-            give_to_pool(KIND_EVENT, d, chain);
-    }
+    for (int d = 0; d < pool_count; d++)
+        if (atomic_load_explicit(&pools[KIND_EVENT][d].wanted,
+                                 memory_order_relaxed) &&
+            atomic_exchange(&pools[KIND_EVENT][d].wanted, false) &&
+            !device_failed(d))
+            made += make_ahead(d, REFILL);
     return made;
 }
 

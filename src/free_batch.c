@@ -210,7 +210,7 @@ static void seal(int device, cudaStream_t stream, unsigned long long id,
     const struct block_claim *claims = array != NULL ? array : one;
     struct lane_pick pick;
     const char *call = NULL;
-    cudaError_t err = stream_lane_pick(device, id, false, false, &pick, &call);
+    cudaError_t err = stream_lane_pick(device, id, LANE_SOLO, &pick, &call);
     struct entry *e = NULL;
     if (err == cudaSuccess &&
         (e = event_pool_take_entry(device, &err, &call)) == NULL)

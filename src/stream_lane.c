@@ -69,19 +69,18 @@ static void let_go_lane(struct lane *l)
     l->valid = false;
 }
 
-/* The lane of (device, id, share, idle_only), made if needed (letting go
- * of the set's round-robin victim).  Callbacks and blocks have lanes apart:
- * a block's record never makes a callback's event complete later than the
+/* The lane of (device, id, share), made if needed (letting go of the set's
+ * round-robin victim).  Callbacks and blocks have lanes apart: a block's
+ * record never makes a callback's event complete later than the
  * callbacks' own sharing does (include/cudefer.h, defer_call's limit). */
 static struct lane *lane_of(struct lane_table *t, int device,
-                            unsigned long long id, bool share, bool idle_only)
+                            unsigned long long id, enum lane_share share)
 {
     unsigned s = set_of(device, id);
     struct lane *set = t->set[s];
     for (int w = 0; w < LANE_WAYS; w++)
         if (set[w].valid && set[w].stream_id == id &&
-            set[w].device == device && set[w].share == share &&
-            set[w].idle_only == idle_only)
+            set[w].device == device && set[w].share == share)
             return &set[w];
     struct lane *l = &set[t->next[s]];
     t->next[s] = (unsigned char)((t->next[s] + 1) % LANE_WAYS);
@@ -89,18 +88,17 @@ static struct lane *lane_of(struct lane_table *t, int device,
         let_go_lane(l);
     l->stream_id = id;
     l->device = device;
-    l->share = share;
-    l->idle_only = idle_only;
+    l->share = (unsigned char)share;
     l->valid = true;
     return l;
 }
 
-cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
-                             bool idle_only, struct lane_pick *pick,
+cudaError_t stream_lane_pick(int device, unsigned long long id,
+                             enum lane_share share, struct lane_pick *pick,
                              const char **call)
 {
     struct lane_table *t = event_pool_lanes();
-    struct lane *l = lane_of(t, device, id, share, share && idle_only);
+    struct lane *l = lane_of(t, device, id, share);
     /* Events complete in stream order: let go of the completed oldest ones
      * (the newest stays, to be recorded again). */
     while (l->count > 1 && slot_done(slot_at(l, 0))) {
@@ -113,7 +111,7 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
         struct lane_slot *newest = slot_at(l, l->count - 1u);
         /* Shared only while nobody waits (the seq_cst load pairs with
          * stream_lane_waiter's add, made before the waiter's push). */
-        bool may_share = share && l->count == LANE_EVENTS &&
+        bool may_share = share != LANE_SOLO && l->count == LANE_EVENTS &&
                          atomic_load_explicit(&waiters,
                                               memory_order_seq_cst) == 0;
         if (slot_done(newest) || may_share) {
@@ -126,7 +124,7 @@ cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
          * the header), at most LANE_REUSE_MAX records of it, so a block
          * waits for a bounded amount of later work even where no event
          * comes (CUDEFER_EVENT_POOL=0, events that cannot be made). */
-        if (share && idle_only && !pick->solo && event_pool_keeps_idle() &&
+        if (share == LANE_BLOCKS && !pick->solo && event_pool_keeps_idle() &&
             newest->label < LANE_REUSE_MAX &&
             atomic_load_explicit(&waiters, memory_order_seq_cst) == 0) {
             pick->ev = event_pool_take_idle_event(device);

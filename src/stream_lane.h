@@ -105,6 +105,22 @@
 #define LANE_SETS 16
 #define LANE_WAYS 4
 
+/* How a lane (a thread's entries of one stream) takes events: whose. */
+enum lane_share {
+    LANE_SOLO,      /* other frees: never share */
+    LANE_CALLBACKS, /* callbacks: share the newest at LANE_EVENTS pending */
+    LANE_BLOCKS,    /* blocks of the cache freed on their stream: share, and
+                       make no event while the lane holds one */
+};
+
+/* The lane for entries of kind (or for a group of such), as compiled. */
+static inline enum lane_share stream_lane_share_of(enum entry_kind kind)
+{
+    if (kind == ENTRY_CALL && LANE_SHARE_CALLBACKS)
+        return LANE_CALLBACKS;
+    return kind == ENTRY_BLOCK && LANE_SHARE_BLOCKS ? LANE_BLOCKS : LANE_SOLO;
+}
+
 struct shared_event;
 
 struct lane_slot {
@@ -115,8 +131,7 @@ struct lane_slot {
 struct lane {
     unsigned long long stream_id;
     int device;
-    bool share; /* callbacks' or blocks' lane: shares its newest event */
-    bool idle_only; /* blocks' lane: makes no event while it holds one */
+    unsigned char share; /* enum lane_share */
     bool valid;
     unsigned char oldest, count; /* the ring of slots */
     struct lane_slot ring[LANE_EVENTS];
@@ -137,13 +152,12 @@ struct lane_pick {
 };
 
 /* The calling thread.  Chooses the event of a new entry on stream id of
- * device (see above), in its sharing lane when share (callbacks and blocks
- * of the cache, whose identity is exact); with idle_only (blocks), while
- * the lane holds an event, it makes none (an idle one or the newest again).
- * cudaSuccess and *pick, or the error of the event that could not be had,
- * with *call.  Never blocks (but for creating an event). */
-cudaError_t stream_lane_pick(int device, unsigned long long id, bool share,
-                             bool idle_only, struct lane_pick *pick,
+ * device (see above), in its lane of share (a sharing one only for exact
+ * identities: callbacks, blocks of the cache).  cudaSuccess and *pick, or
+ * the error of the event that could not be had, with *call.  Never blocks
+ * (but for creating an event). */
+cudaError_t stream_lane_pick(int device, unsigned long long id,
+                             enum lane_share share, struct lane_pick *pick,
                              const char **call);
 
 /* The calling thread, right after pick->ev was recorded for e: e carries a

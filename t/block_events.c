@@ -10,7 +10,6 @@
  * stream.  Frees of other memory never share (t/shared_events). */
 #include <stdbool.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "clock.h"
 #include "helpers.h"
@@ -257,31 +256,15 @@ static void s_refill_failure_reported_once(void)
     CHECK(fake_live_events() == 0, "every event destroyed");
 }
 
-/* Run fn in a child process (fresh fake, env set); ok when it ends in time
- * with no failed check.  Before the parent's first cudefer call. */
-static void scenario(const char *title, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 30000, &status);
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
-       title, env);
-}
-
 int main(void)
 {
     plan_lazy();
-    scenario("blocks freed behind a busy stream go back with no idle event",
-             "CUDEFER_EVENT_POOL=0", s_pool0_blocks_go_back);
-    scenario("a reclaimer that cannot make events says so once",
-             "CUDEFER_EVENT_POOL=4", s_refill_failure_reported_once);
+    fork_scenario("blocks freed behind a busy stream go back with no idle "
+                  "event",
+                  "CUDEFER_EVENT_POOL=0", 1, 30000, s_pool0_blocks_go_back);
+    fork_scenario("a reclaimer that cannot make events says so once",
+                  "CUDEFER_EVENT_POOL=4", 1, 30000,
+                  s_refill_failure_reported_once);
     fake_reset(1);
     test_frees_share_behind_a_held_stream();
     test_no_event_made_on_the_launching_thread();

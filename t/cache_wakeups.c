@@ -6,25 +6,8 @@
  * a failed device; past that moment every timed sleep ended at once, and
  * the reclaimer spun (3,000-4,300 wake-ups in 200-300 ms; found by a
  * review helper). */
-#include <sys/wait.h>
 
 #include "helpers.h"
-
-/* fn in a child with env; the child checks the oracle at its end. */
-static void scenario(const char *name, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    ok(wait_child(pid, 30000, &status) && WIFEXITED(status) &&
-           WEXITSTATUS(status) == 0,
-       "%s [%s]", name, env);
-}
 
 /* A block of defer_alloc's, freed and seen FREE (cached). */
 static void cached_free_block(cudaStream_t s)
@@ -87,9 +70,10 @@ static void s_failed_device(void)
 int main(void)
 {
     plan_lazy();
-    scenario("not quiet past cache_keep_ms: the reclaimer sleeps",
-             "CUDEFER_CACHE_KEEP_MS=100 CUDEFER_IDLE_US=5s", s_not_quiet);
-    scenario("a failed device's cached block: the reclaimer sleeps",
-             "CUDEFER_CACHE_KEEP_MS=100", s_failed_device);
+    fork_scenario("not quiet past cache_keep_ms: the reclaimer sleeps",
+                  "CUDEFER_CACHE_KEEP_MS=100 CUDEFER_IDLE_US=5s", 1, 30000,
+                  s_not_quiet);
+    fork_scenario("a failed device's cached block: the reclaimer sleeps",
+                  "CUDEFER_CACHE_KEEP_MS=100", 1, 30000, s_failed_device);
     return 0;
 }

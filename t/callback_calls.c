@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -244,45 +243,27 @@ static void s_clean_error(void)
     cudaFree(p); /* not released by cudefer: the test's own */
 }
 
-/* Run fn in a child process (fresh fake, env set); ok when it ends in time
- * with no failed check. */
-static void scenario(const char *title, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 15000, &status);
-    if (!ended)
-        diag("no end after 15 s: killed (a hang)");
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
-       title, *env != '\0' ? env : "defaults");
-}
-
 int main(void)
 {
     plan_lazy();
-    scenario("flush, trim and shutdown inside a callback run synchronously "
-             "(CUDEFER_DISABLE): refused, no hang", "CUDEFER_DISABLE=1",
-             s_disable);
-    scenario("flush, trim and shutdown inside a callback with no event (its "
-             "caller waits for it): refused, no hang", "", s_no_event);
-    scenario("a callback does not find the reclaimer's own CUDA errors", "",
-             s_clean_error);
-    scenario("exit inside a callback run synchronously (CUDEFER_DISABLE): the "
-             "drain does not wait for it", "CUDEFER_DISABLE=1",
-             s_exit_in_sync_callback);
-    scenario("a callback run by the shutdown's drain may defer: accepted and "
-             "released before shutdown returns", "", s_defer_during_shutdown);
-    scenario("a callback run by the exit drain may defer: accepted and "
-             "released by the drain", "", s_defer_during_exit);
-    scenario("a callback of the exit drain defers work that never completes: "
-             "exit ends within its drain time, counts it leaked", "",
-             s_stuck_defer_during_exit);
+    fork_scenario("flush, trim and shutdown inside a callback run "
+                  "synchronously (CUDEFER_DISABLE): refused, no hang",
+                  "CUDEFER_DISABLE=1", 1, 15000, s_disable);
+    fork_scenario("flush, trim and shutdown inside a callback with no event "
+                  "(its caller waits for it): refused, no hang",
+                  "", 1, 15000, s_no_event);
+    fork_scenario("a callback does not find the reclaimer's own CUDA errors",
+                  "", 1, 15000, s_clean_error);
+    fork_scenario("exit inside a callback run synchronously "
+                  "(CUDEFER_DISABLE): the drain does not wait for it",
+                  "CUDEFER_DISABLE=1", 1, 15000, s_exit_in_sync_callback);
+    fork_scenario("a callback run by the shutdown's drain may defer: accepted "
+                  "and released before shutdown returns",
+                  "", 1, 15000, s_defer_during_shutdown);
+    fork_scenario("a callback run by the exit drain may defer: accepted and "
+                  "released by the drain", "", 1, 15000, s_defer_during_exit);
+    fork_scenario("a callback of the exit drain defers work that never "
+                  "completes: exit ends within its drain time, counts it "
+                  "leaked", "", 1, 15000, s_stuck_defer_during_exit);
     return 0;
 }

@@ -7,7 +7,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -94,24 +93,6 @@ static void s_sync_fallback_keeps_order(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
-/* Run fn in a child process (fresh fake, env set); ok when it ends in time
- * with no failed check. */
-static void scenario(const char *title, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(2);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 15000, &status);
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
-       title, *env != '\0' ? env : "defaults");
-}
-
 /* Every defer_call looks its stream up afresh: a thread's cached identity
  * can name a destroyed stream whose handle now names a new one (on the
  * same device its entry would join the old stream's FIFO, out of order
@@ -192,13 +173,13 @@ static void test_group_callback_order(void)
 int main(void)
 {
     plan_lazy();
-    scenario("a callback with no event waits for its stream and still runs "
-             "after the earlier callbacks of the stream",
-             /* No idle event either (a device's first miss makes some
-              * ahead, into the pool: none with EVENT_POOL 0). */
-             "CUDEFER_POLL_US=200000 CUDEFER_POLL_MAX_US=400000 "
-             "CUDEFER_EVENT_POOL=0",
-             s_sync_fallback_keeps_order);
+    fork_scenario("a callback with no event waits for its stream and still "
+                  "runs after the earlier callbacks of the stream",
+                  /* No idle event either (a device's first miss makes some
+                  * ahead, into the pool: none with EVENT_POOL 0). */
+                  "CUDEFER_POLL_US=200000 CUDEFER_POLL_MAX_US=400000 "
+                  "CUDEFER_EVENT_POOL=0", 2, 15000,
+                  s_sync_fallback_keeps_order);
     fake_reset(2);
     test_callbacks_identify_afresh();
     test_group_callbacks_identify_afresh();

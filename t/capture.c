@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -569,21 +568,6 @@ static void s_shutdown_first(void)
     cudaFree(p);
 }
 
-static void scenario(const char *title, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 30000, &status);
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
-}
-
 /* The reclaimer polls and frees while another thread captures in the global
  * mode: that must neither fail the reclaimer nor invalidate the capture. */
 static void test_global_capture_elsewhere(void)
@@ -641,10 +625,10 @@ int main(void)
     fake_reset(2);
     /* Before any defer call here: a fork child of a process that used
      * cudefer refuses every call. */
-    scenario("CUDEFER_DISABLE: a capturing stream takes the capture path",
-             "CUDEFER_DISABLE=1", s_disable);
-    scenario("shutdown before the graph dies: no crash, reported, counted "
-             "as failed", "", s_shutdown_first);
+    fork_scenario("CUDEFER_DISABLE: a capturing stream takes the capture path",
+                  "CUDEFER_DISABLE=1", 1, 30000, s_disable);
+    fork_scenario("shutdown before the graph dies: no crash, reported, "
+                  "counted as failed", "", 1, 30000, s_shutdown_first);
     test_fake_model();
     test_free_waits_for_graph();
     test_call_waits_for_graph();

@@ -287,6 +287,25 @@ bool wait_child(pid_t pid, double timeout_ms, int *status)
     }
 }
 
+void fork_scenario(const char *title, const char *env, int ndevices,
+                   unsigned timeout_ms, void (*fn)(void))
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env(env);
+        fake_reset(ndevices);
+        failed_checks = 0;
+        fn();
+        scenario_child_end();
+    }
+    int status = 0;
+    bool ended = wait_child(pid, timeout_ms, &status);
+    if (!ended)
+        diag("no end after %u ms: killed (a hang)", timeout_ms);
+    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
+       title, env != NULL && *env != '\0' ? env : "defaults");
+}
+
 size_t read_until(int fd, double deadline_ms, char *buf, size_t cap)
 {
     size_t len = 0;

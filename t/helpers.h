@@ -112,6 +112,16 @@ void set_cudefer_env(const char *env);
  * process that forked pid. */
 bool wait_child(pid_t pid, double timeout_ms, int *status);
 
+/* Run fn in a child process: the CUDEFER_* environment env
+ * (set_cudefer_env), a fresh fake of ndevices, failed_checks reset; then
+ * scenario_child_end (fn's CHECKs and the oracle).  One TAP result, "title
+ * [env]" ("defaults" for an empty env): ok when the child ended within
+ * timeout_ms with no failed check (a diagnostic says so on a hang).  In the
+ * parent before its first cudefer call (a forked child's calls are
+ * refused). */
+void fork_scenario(const char *title, const char *env, int ndevices,
+                   unsigned timeout_ms, void (*fn)(void));
+
 /* Anyone.  Read fd into buf (cap bytes, NUL-terminated, the rest dropped)
  * until end of file or until now_ms() passes deadline_ms; returns the
  * length kept. */

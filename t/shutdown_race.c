@@ -8,7 +8,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -145,35 +144,17 @@ static void s_exit(void)
     CHECK(false, "the starter's exit() returned");
 }
 
-/* Run fn in a child process (fresh fake, env set); ok when it ends in time
- * with no failed check. */
-static void scenario(const char *title, const char *env, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 15000, &status);
-    if (!ended)
-        diag("no end after 15 s: killed (a hang)");
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
-}
-
 int main(void)
 {
     plan_lazy();
     for (int round = 0; round < 3; round++)
-        scenario("defer_shutdown right after a slow start, with first-time "
-                 "callers queued behind the start: returns, no hang",
-                 "", s_shutdown);
+        fork_scenario("defer_shutdown right after a slow start, with "
+                      "first-time callers queued behind the start: returns, "
+                      "no hang",
+                      "", 1, 15000, s_shutdown);
     for (int round = 0; round < 2; round++)
-        scenario("exit right after a slow start, with first-time callers "
-                 "queued behind the start: drains at once",
-                 "", s_exit);
+        fork_scenario("exit right after a slow start, with first-time callers "
+                      "queued behind the start: drains at once",
+                      "", 1, 15000, s_exit);
     return 0;
 }
