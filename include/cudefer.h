@@ -401,17 +401,20 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * thread, in the order of the calls.
  *
  * Limit: a thread keeps at most 8 events pending per stream for its
- * callbacks (the driver's cudaEventCreate costs microseconds a call).  A
- * callback it defers on a stream where all 8 are pending records the newest
- * of them again: that event is shared, and every callback on it (the one
- * that took it and those deferred while all 8 were pending) runs once the
- * work enqueued before its newest record, that of the last of them, is
- * done: possibly later than its own work, never earlier, still in order
- * (t/shared_events).  Limit: a callback deferred where no idle event is
- * at hand makes one, and making an event on a GPU waits for the driver's
- * lock behind other threads' launches (W6's slowest calls on an H100, tens
- * of ms; defer_alloc's blocks do not wait so: see there).  defer_trim runs a callback only once its event
- * completed.  defer_flush waits for such a callback; while a flush waits
+ * callbacks (the driver's cudaEventCreate costs microseconds a call, and
+ * on a GPU running behind it waits for the driver's lock behind other
+ * threads' launches: W6's slowest calls on an H100 took 78-105 ms so).  A
+ * callback it defers on a stream where all 8 are pending, or some and no
+ * idle event is at hand (the reclaimer then makes more), records the
+ * newest of them again, at most 256 times running: that event is shared,
+ * and every callback on it (the one that took it and those deferred
+ * after it on the event) runs once the work enqueued before its newest
+ * record, that of the last of them, is done: possibly later than its own
+ * work, never earlier, still in order (t/shared_events).  With
+ * CUDEFER_EVENT_POOL=0 no event is ever idle, and a callback makes its
+ * event, up to the 8, on the calling thread.  The first callback a thread
+ * defers on a stream takes an idle event, or makes one.  defer_trim runs a
+ * callback only once its event completed.  defer_flush waits for such a callback; while a flush waits
  * no callback shares a pending event, so it waits at most for the work of
  * defer calls made before it began or racing with its start, never for
  * work deferred later, and cannot hang.  Memory is never delayed so, but

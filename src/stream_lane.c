@@ -93,19 +93,48 @@ static struct lane *lane_of(struct lane_table *t, int device,
     return l;
 }
 
+/* Events complete in stream order: l lets go of its completed oldest ones
+ * (the newest stays, to be recorded again). */
+static void let_go_done(struct lane *l)
+{
+    while (l->count > 1 && slot_done(slot_at(l, 0))) {
+        let_go_slot(slot_at(l, 0));
+        l->oldest = (unsigned char)((l->oldest + 1) % LANE_EVENTS);
+        l->count--;
+    }
+}
+
+/* An idle event of device for a sharing lane, or NULL.  When the pools
+ * have none, the thread's other lanes first let go of their completed
+ * events: a lane lets go only when its stream gets its next entry, so the
+ * events of streams the thread no longer defers on (gone idle, destroyed)
+ * would stay parked there while a new stream's lane, finding none idle,
+ * shares one event (t/shared_events).  On the first miss after a take,
+ * then once per SWEEP_EVERY misses in a row: a sweep reads every lane
+ * (LANE_SETS x LANE_WAYS), and while the reclaimer has made none the
+ * lanes' next completions are what a sweep can find. */
+#define SWEEP_EVERY 64
+static struct shared_event *take_idle(struct lane_table *t, int device)
+{
+    struct shared_event *ev = event_pool_take_idle_event(device);
+    if (ev != NULL)
+        t->misses = 0;
+    if (ev != NULL || t->misses++ % SWEEP_EVERY != 0)
+        return ev;
+    for (int s = 0; s < LANE_SETS; s++)
+        for (int w = 0; w < LANE_WAYS; w++)
+            if (t->set[s][w].valid)
+                let_go_done(&t->set[s][w]);
+    return event_pool_take_idle_event(device);
+}
+
 cudaError_t stream_lane_pick(int device, unsigned long long id,
                              enum lane_share share, struct lane_pick *pick,
                              const char **call)
 {
     struct lane_table *t = event_pool_lanes();
     struct lane *l = lane_of(t, device, id, share);
-    /* Events complete in stream order: let go of the completed oldest ones
-     * (the newest stays, to be recorded again). */
-    while (l->count > 1 && slot_done(slot_at(l, 0))) {
-        let_go_slot(slot_at(l, 0));
-        l->oldest = (unsigned char)((l->oldest + 1) % LANE_EVENTS);
-        l->count--;
-    }
+    let_go_done(l);
     *pick = (struct lane_pick){.lane = l};
     if (l->count > 0) {
         struct lane_slot *newest = slot_at(l, l->count - 1u);
@@ -119,15 +148,15 @@ cudaError_t stream_lane_pick(int device, unsigned long long id,
             return cudaSuccess;
         }
         pick->solo = l->count == LANE_EVENTS;
-        /* Blocks' picks never make an event while the lane holds one: an
+        /* Sharing picks never make an event while the lane holds one: an
          * idle one, else the newest again (the reclaimer makes more: see
-         * the header), at most LANE_REUSE_MAX records of it, so a block
+         * the header), at most LANE_REUSE_MAX records of it, so an entry
          * waits for a bounded amount of later work even where no event
          * comes (CUDEFER_EVENT_POOL=0, events that cannot be made). */
-        if (share == LANE_BLOCKS && !pick->solo && event_pool_keeps_idle() &&
+        if (share != LANE_SOLO && !pick->solo && event_pool_keeps_idle() &&
             newest->label < LANE_REUSE_MAX &&
             atomic_load_explicit(&waiters, memory_order_seq_cst) == 0) {
-            pick->ev = event_pool_take_idle_event(device);
+            pick->ev = take_idle(t, device);
             pick->fresh = pick->ev != NULL;
             if (pick->ev == NULL)
                 pick->ev = newest->ev;

@@ -11,21 +11,20 @@
  *   - records the lane's newest event again when every record of it has
  *     completed (an idle stream: no event taken, no pool traffic);
  *   - else takes a fresh event from the pool while the lane holds fewer
- *     than LANE_EVENTS pending ones; for a block of the cache an idle one
- *     only, else it records the newest again (at most LANE_REUSE_MAX
- *     records of it; not with CUDEFER_EVENT_POOL=0, where nothing is ever
- *     idle) and the reclaimer makes more (event_pool_refill), for on a GPU
- *     creating an event waits for the
- *     driver's lock behind every launch that waits for room in its queue
- *     (H100, W4: 15-220 ms; bench/results/2026-11-26-h100-w4-events.txt;
- *     callbacks still make theirs: W6's slowest calls, tens of ms, are
- *     that wait);
+ *     than LANE_EVENTS pending ones; in a sharing lane an idle one only,
+ *     else it records the newest again (at most LANE_REUSE_MAX records of
+ *     it; not with CUDEFER_EVENT_POOL=0, where nothing is ever idle) and
+ *     the reclaimer makes more (event_pool_refill), for on a GPU creating
+ *     an event waits for the driver's lock behind every launch that waits
+ *     for room in its queue (H100, W4: 15-220 ms;
+ *     bench/results/2026-11-26-h100-w4-events.txt; W6's slowest
+ *     callbacks, 78-105 ms, were that wait);
  *   - else, in a sharing lane, records the newest event again: it is
  *     shared.  Once an older event completes the next entry takes a fresh
  *     one, so the shared event stops being recorded again and completes;
  *     an entry waits at most for the work its stream was given until the
- *     oldest event of its lane completed (a block: or until an idle event
- *     reached its thread, at most LANE_REUSE_MAX frees later);
+ *     oldest event of its lane completed or an idle event reached its
+ *     thread (at most LANE_REUSE_MAX entries later);
  *   - else takes an event of its own from the pool, which the lane does
  *     not keep (as every entry did before lanes).
  * Each record of an event gets the next label; the entry carries it, and
@@ -140,6 +139,7 @@ struct lane {
 struct lane_table {
     struct lane set[LANE_SETS][LANE_WAYS];
     unsigned char next[LANE_SETS]; /* the way replaced next (round robin) */
+    unsigned misses; /* idle events found missing (take_idle's sweeps) */
 };
 
 /* What a new entry records: chosen by stream_lane_pick, then

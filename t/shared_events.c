@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "clock.h"
 #include "helpers.h"
 #include "lifecycle.h"
 #include "stream_lane.h"
@@ -444,9 +445,72 @@ static void test_flush_stops_sharing(void)
     cudaStreamDestroy(s);
 }
 
+static atomic_int slow_ran;
+
+static void count_slow(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&slow_ran, 1);
+}
+
+/* On a GPU, creating an event waits for the driver's lock behind every
+ * launch or record that waits for room in its queue: W6's slowest calls on
+ * an H100, 78-105 ms, were that wait (bench/results/
+ * 2026-11-26-h100-micro-8e9f7c9.txt).  So a callbacks' lane that holds an
+ * event makes none on the launching thread, as a blocks' lane
+ * (t/block_events): it takes an idle one, or records its newest again while
+ * the reclaimer makes more.  A fresh process (the device's first batch,
+ * 32 events); each of 8 held streams gets its lane's first event before
+ * creating turns slow (20 ms, fake latency), then 3 x LANE_EVENTS
+ * callbacks: no call takes 10 ms, the reclaimer makes the missing
+ * events, and every callback runs once its gate opens. */
+static void s_callbacks_make_no_event(void)
+{
+    enum { HELD = 8, PER = 3 * LANE_EVENTS, SLOW_NS = 20000000 };
+    cudaStream_t s[HELD];
+    fake_work *gate[HELD];
+    for (int k = 0; k < HELD; k++) {
+        s[k] = stream_new();
+        gate[k] = work_held(s[k], NULL);
+        CHECK(defer_call(count_slow, NULL, s[k]) == cudaSuccess,
+              "the first defer_call on stream %d", k);
+    }
+    fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
+    uint64_t made = stats_now().events_created, slowest = 0;
+    for (int i = 0; i < PER; i++)
+        for (int k = 0; k < HELD; k++) {
+            uint64_t t0 = now_ns();
+            CHECK(defer_call(count_slow, NULL, s[k]) == cudaSuccess,
+                  "defer_call %d on stream %d", i, k);
+            uint64_t t = now_ns() - t0;
+            slowest = t > slowest ? t : slowest;
+        }
+    CHECK(slowest < SLOW_NS / 2, "%d callbacks on %d held streams, events "
+          "slow to make: the slowest call took %.1f ms", HELD * PER,
+          HELD, (double)slowest / 1e6);
+    for (int i = 0; i < 2000 && stats_now().events_created == made; i++)
+        sleep_ms(1);
+    CHECK(stats_now().events_created > made, "the reclaimer made more");
+    fake_set_latency(FAKE_EVENT_CREATE, 0);
+    CHECK(atomic_load(&slow_ran) == 0, "none ran behind the gates");
+    for (int k = 0; k < HELD; k++)
+        fake_complete(gate[k]);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&slow_ran) == HELD * (PER + 1),
+          "every callback ran (%d)", atomic_load(&slow_ran));
+    for (int k = 0; k < HELD; k++)
+        cudaStreamDestroy(s[k]);
+}
+
 int main(void)
 {
     plan_lazy();
+    if (LANE_SHARE_CALLBACKS)
+        fork_scenario("callbacks on held streams make no event on the "
+                      "launching thread", "", 1, 30000,
+                      s_callbacks_make_no_event);
+    else
+        skip("callbacks share no event (LANE_SHARE_CALLBACKS 0)");
     fake_reset(1);
     test_stale_handle_shares_nothing();
     test_held_streams();

@@ -117,7 +117,7 @@ static void choose_config(void)
     unsigned poll_us = 1 + rng_below(&r, 100);
     unsigned poll_max_us = poll_us * (1 + rng_below(&r, 20));
     static const unsigned pools[] = {0, 1, 64, 4096};
-    unsigned event_pool = pools[rng_below(&r, 4)];
+    unsigned event_pool = cfg.event_pool = pools[rng_below(&r, 4)];
     bool check = rng_percent(&r, 30);
     /* Frequent trims and flushes release most entries on demand; rare ones
      * leave them to the policy (cap, idle time, age). */

@@ -54,6 +54,7 @@ struct stress_config {
     unsigned idle_us, poll_max_us;
     unsigned trim_per_100k, flush_per_100k; /* how often threads trim, flush */
     unsigned split_min;                     /* CUDEFER_SPLIT_MIN (0: off) */
+    unsigned event_pool;                    /* CUDEFER_EVENT_POOL */
     bool reuse;     /* the fake reuses addresses (fake_set_address_reuse) */
 };
 extern struct stress_config cfg;

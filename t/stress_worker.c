@@ -424,14 +424,17 @@ static bool record_may_be_pending(const struct item *it)
  * callback that shares an event runs once the event's newest record
  * completes (include/cudefer.h: a thread keeps at most LANE_EVENTS events
  * pending per stream for its callbacks, and records the newest again
- * beyond that), the record of a later callback of this thread on the same
- * stream.  So a callback is exempt from the trim check only while a later
- * callback of its stream has a record that may be pending, and only if it
- * can share at all: the other LANE_EVENTS - 1 pending events were each
- * taken by a callback of the stream before it since the thread's last
- * flush (which leaves every event completed).  Memory entries are never
- * exempt: they wait in FIFOs apart from callbacks.  Two passes over the
- * items, the stream's scratch in its struct order. */
+ * beyond that, or whenever no idle event is at hand), the record of a
+ * later callback of this thread on the same stream.  So a callback is
+ * exempt from the trim check only while a later callback of its stream
+ * has a record that may be pending, and only if it can share at all: with
+ * idle events kept (CUDEFER_EVENT_POOL above 0) any callback can, since
+ * its lane may hold an event from before; without, only once the other
+ * LANE_EVENTS - 1 pending events were each taken by a callback of the
+ * stream before it since the thread's last flush (which leaves every
+ * event completed).  Memory entries are never exempt: they wait in FIFOs
+ * apart from callbacks.  Two passes over the items, the stream's scratch
+ * in its struct order. */
 static void call_may_wait_all(struct worker *w)
 {
     if (!LANE_SHARE_CALLBACKS)
@@ -452,8 +455,8 @@ static void call_may_wait_all(struct worker *w)
         if (it->call == NULL)
             continue;
         struct order *o = it->call->order;
-        if (it->due && it->calls_before >= LANE_EVENTS - 1 &&
-            o->later_pending) {
+        if (it->due && o->later_pending &&
+            (cfg.event_pool > 0 || it->calls_before >= LANE_EVENTS - 1)) {
             it->due = false;
             w->trim_exempt++;
         }
