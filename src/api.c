@@ -24,7 +24,7 @@
 #include "stream_lane.h"
 
 /* The caller was refused: say why (call failed with err), count it. */
-static cudaError_t reject(const char *what, const char *call, cudaError_t err)
+cudaError_t api_reject(const char *what, const char *call, cudaError_t err)
 {
     stats_add(&stats.rejected, 1);
     report_cuda(what, call, err, "; nothing was deferred (the caller keeps "
@@ -33,8 +33,8 @@ static cudaError_t reject(const char *what, const char *call, cudaError_t err)
 }
 
 /* The identity of stream, looked up afresh (a cached one proved stale). */
-static cudaError_t identify_again(cudaStream_t stream, int *device,
-                                  unsigned long long *id, const char **failed)
+cudaError_t api_identify_again(cudaStream_t stream, int *device,
+                               unsigned long long *id, const char **failed)
 {
     bool cached;
     stream_identity_forget(stream);
@@ -45,17 +45,17 @@ static cudaError_t identify_again(cudaStream_t stream, int *device,
  * sticky error, *failed naming it).  A cached identity whose device failed
  * is looked up again first: the handle may now name a stream of a healthy
  * device (issue 12, item 13). */
-static cudaError_t identify_usable(cudaStream_t stream, bool exact,
-                                   int current, int *device,
-                                   unsigned long long *id, bool *cached,
-                                   const char **failed)
+cudaError_t api_identify_usable(cudaStream_t stream, bool exact,
+                                int current, int *device,
+                                unsigned long long *id, bool *cached,
+                                const char **failed)
 {
     cudaError_t err = stream_identity_lookup_on(stream, exact, current,
                                                 device, id, cached, failed);
     if (err == cudaSuccess && *cached &&
         lifecycle_device_error(*device) != cudaSuccess) {
         *cached = false;
-        err = identify_again(stream, device, id, failed);
+        err = api_identify_again(stream, device, id, failed);
     }
     if (err == cudaSuccess &&
         (err = lifecycle_device_error(*device)) != cudaSuccess)
@@ -145,12 +145,12 @@ static bool queue_synced_call(const struct request_args *a,
 /* Wait for stream here and release at once: no event could be had, or
  * CUDEFER_DISABLE.  Callbacks then run on the calling thread, but for one
  * with no event, which is queued behind its stream's earlier callbacks. */
-static cudaError_t release_synchronously(const struct request_args *a,
-                                         cudaStream_t stream)
+cudaError_t api_release_synchronously(const struct request_args *a,
+                                      cudaStream_t stream)
 {
     cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess)
-        return reject(a->what, "cudaStreamSynchronize", err);
+        return api_reject(a->what, "cudaStreamSynchronize", err);
     struct block_user recorded[64];
     size_t nrec = block_users_of(a, recorded);
     if (nrec > 64) { /* only 64 could be waited for */
@@ -168,7 +168,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
             err = cudaStreamSynchronize(recorded[i].handle);
     block_users_leave(&sw);
     if (err != cudaSuccess)
-        return reject(a->what, failed, err);
+        return api_reject(a->what, failed, err);
     if (a->kind == ENTRY_CALL && !lifecycle_config()->disable &&
         queue_synced_call(a, stream))
         return cudaSuccess;
@@ -187,8 +187,8 @@ static cudaError_t release_synchronously(const struct request_args *a,
 
 /* Streams being captured: the entry waits for the capture's graph, not for
  * an event (capture.h). */
-static cudaError_t submit_captured(const struct request_args *a,
-                                   const cudaStream_t *streams, size_t n)
+cudaError_t api_submit_captured(const struct request_args *a,
+                                const cudaStream_t *streams, size_t n)
 {
     if (block_users_of(a, NULL) > 0) {
         stats_add(&stats.rejected, 1);
@@ -213,28 +213,27 @@ static cudaError_t submit_captured(const struct request_args *a,
         }
     struct entry *e = capture_entry_new();
     if (e == NULL)
-        return reject(a->what, "calloc", cudaErrorMemoryAllocation);
+        return api_reject(a->what, "calloc", cudaErrorMemoryAllocation);
     e->kind = a->kind;
     e->fn = a->fn;
     e->arg = a->arg;
     if (!set_pointers(e, a)) {
         capture_entry_discard(e);
-        return reject(a->what, "malloc", cudaErrorMemoryAllocation);
+        return api_reject(a->what, "malloc", cudaErrorMemoryAllocation);
     }
     const char *call = NULL;
     cudaError_t err = capture_defer(a->what, e, streams, n, &call);
-    return err == cudaSuccess ? cudaSuccess : reject(a->what, call, err);
+    return err == cudaSuccess ? cudaSuccess : api_reject(a->what, call, err);
 }
 
 /* Take an entry for device, fill it in and record its event on stream,
  * from the thread's lane of that sharing (stream_lane.h: callbacks and
- * blocks, on their stream's exact identity, may share a pending event).  On success the entry is returned; otherwise NULL with
- * *err and *call, and *no_event set when it was the event (or the entry)
- * that could not be had. */
-static struct entry *record(const struct request_args *a, cudaStream_t stream,
-                            int device, unsigned long long id,
-                            enum lane_share lane, cudaError_t *err,
-                            const char **call, bool *no_event)
+ * blocks, on their stream's exact identity, may share a pending event;
+ * api.h). */
+struct entry *api_record(const struct request_args *a, cudaStream_t stream,
+                         int device, unsigned long long id,
+                         enum lane_share lane, cudaError_t *err,
+                         const char **call, bool *no_event)
 {
     struct lane_pick pick;
     if ((*err = stream_lane_pick(device, id, lane, &pick, call)) !=
@@ -271,16 +270,12 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
 
 /* A recorded entry that will not be pushed after all: its reference to
  * its event goes, and it goes back to the pool. */
-static void discard_recorded(struct entry *e)
+void api_discard_recorded(struct entry *e)
 {
     release_forget_pointers(e);
     stream_lane_uncommit(e);
     event_pool_give_unused(e);
 }
-
-static cudaError_t submit_group_admitted(const struct request_args *a,
-                                         const cudaStream_t *streams,
-                                         size_t n);
 
 /* The path every defer call takes, admitted by the reclaimer's gate.  A
  * block of the cache (block_cache.h) freed on a stream of its device becomes
@@ -303,23 +298,23 @@ static cudaError_t submit_admitted(const struct request_args *a,
     cudaError_t err = cudaSuccess;
     int current = a->current_known ? a->current_device : -1;
     if (batchable && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
-        return reject(a->what, "cudaGetDevice", err);
+        return api_reject(a->what, "cudaGetDevice", err);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */
     if (batchable && !stream_identity_known(stream, current))
         batchable = false;
     if (!batchable &&
         (err = capture_status(&stream, 1, &capturing, &call)) != cudaSuccess)
-        return reject(a->what, call, err);
+        return api_reject(a->what, call, err);
     bool single = a->nptrs == 1 && !capturing && !lifecycle_config()->disable;
     if (!single && (err = free_claims_claim(a, claimed)) != cudaSuccess)
         return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
-        return submit_captured(a, &stream, 1);
+        return api_submit_captured(a, &stream, 1);
     if (lifecycle_config()->disable)
-        return release_synchronously(a, stream);
+        return api_release_synchronously(a, stream);
     if (a->nptrs > 1 && *claimed && block_users_of(a, NULL) > 0)
-        return submit_group_admitted(a, &stream, 1);
+        return api_group_submit(a, &stream, 1);
     int device;
     unsigned long long id;
     bool cached = false;
@@ -328,10 +323,10 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * on the destroyed stream whose handle this stream got. */
     bool exact = a->kind == ENTRY_CALL ||
                  (a->kind == ENTRY_FREE_DEVICE && block_cache_active());
-    err = identify_usable(stream, exact, current, &device, &id, &cached,
-                          &call);
+    err = api_identify_usable(stream, exact, current, &device, &id, &cached,
+                              &call);
     if (err != cudaSuccess)
-        return reject(a->what, call, err);
+        return api_reject(a->what, call, err);
     struct request_args block_args;
     struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
@@ -363,9 +358,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
         /* Another path: the legacy stream's capture check, skipped above. */
         if (batchable && (err = capture_status(&stream, 1, &capturing,
                                                &call)) != cudaSuccess)
-            return reject(a->what, call, err);
+            return api_reject(a->what, call, err);
         if (plan.path == BLOCK_AFTER_STREAMS) /* the group adds them */
-            return submit_group_admitted(a, &stream, 1);
+            return api_group_submit(a, &stream, 1);
         if (plan.path == BLOCK_STREAM_ORDERED) {
             block_args = *a;
             block_args.kind = ENTRY_BLOCK;
@@ -377,173 +372,40 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * see identify_usable above) may share a pending event. */
     enum lane_share lane = stream_lane_share_of(a->kind);
     struct entry *e =
-        record(a, stream, device, id, lane, &err, &call, &no_event);
+        api_record(a, stream, device, id, lane, &err, &call, &no_event);
     if (e == NULL && cached && err == cudaErrorInvalidResourceHandle) {
         /* The cached identity may be stale: look again, once. */
-        if ((err = identify_again(stream, &device, &id, &call)) != cudaSuccess)
-            return reject(a->what, call, err);
-        e = record(a, stream, device, id, lane, &err, &call, &no_event);
+        if ((err = api_identify_again(stream, &device, &id, &call)) !=
+            cudaSuccess)
+            return api_reject(a->what, call, err);
+        e = api_record(a, stream, device, id, lane, &err, &call, &no_event);
     }
     if (e != NULL && e->kind == ENTRY_BLOCK &&
         e->device != plan.block->device) {
         /* A stale identity hid another device: a plain free, with an event
          * of its own (defer_trim's promise).  Only the stream-ordered path
          * makes ENTRY_BLOCK, in block_args. */
-        discard_recorded(e);
+        api_discard_recorded(e);
         block_args.kind = ENTRY_FREE_DEVICE;
-        e = record(&block_args, stream, device, id, LANE_SOLO, &err, &call,
-                   &no_event);
+        e = api_record(&block_args, stream, device, id, LANE_SOLO, &err, &call,
+                       &no_event);
     }
     if (e == NULL && no_event) {
         report_cuda(a->what, call, err,
                     "; waiting for the stream and releasing synchronously");
-        return release_synchronously(a, stream);
+        return api_release_synchronously(a, stream);
     }
     if (e == NULL)
-        return reject(a->what, call, err);
+        return api_reject(a->what, call, err);
     if (e->kind == ENTRY_BLOCK) {
         if (!block_cache_park(&plan, id)) {
-            discard_recorded(e);
+            api_discard_recorded(e);
             return free_claims_refuse_freed(a, a->ptrs[0]);
         }
     }
     stats_count_deferred();
     lifecycle_push(e);
     return cudaSuccess;
-}
-
-/* The group path (defer_*_streams), admitted: one entry per stream, all
- * recorded before any is pushed, so a failure leaves nothing behind.  The
- * first stream's entry is the payload; the others are members that count
- * down the payload's group. */
-static cudaError_t submit_group_admitted(const struct request_args *a,
-                                         const cudaStream_t *given, size_t n)
-{
-    /* The streams its blocks were recorded on join the group: users[i]
-     * says on which device streams[i] is (given ones: as they are). */
-    cudaStream_t streams[64];
-    struct block_user users[64];
-    for (size_t i = 0; i < n; i++) {
-        streams[i] = given[i];
-        users[i] = (struct block_user){given[i], 0, -1};
-    }
-    struct block_user recorded[64];
-    size_t nrec = block_users_of(a, recorded);
-    struct device_switch sw = BLOCK_USERS_NO_SWITCH;
-    for (size_t i = 0; i < nrec; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < n && !seen && i < 64; j++)
-            seen = block_users_same(&recorded[i], streams[j], &sw);
-        if (!seen && (i >= 64 || n == 64)) {
-            stats_add(&stats.rejected, 1);
-            report("%s: with the streams its blocks were recorded on, more "
-                   "than 64 streams: refused", a->what);
-            return cudaErrorInvalidValue;
-        }
-        if (!seen) {
-            users[n] = recorded[i];
-            streams[n++] = recorded[i].handle;
-        }
-    }
-    bool capturing = false;
-    const char *call = NULL;
-    cudaError_t err = capture_status(streams, n, &capturing, &call);
-    if (err != cudaSuccess)
-        return reject(a->what, call, err);
-    if (capturing)
-        return submit_captured(a, streams, n);
-    if (lifecycle_config()->disable) {
-        const char *failed = "cudaStreamSynchronize";
-        for (size_t i = 1; i < n && err == cudaSuccess; i++)
-            if ((err = block_users_enter(&users[i], &sw)) != cudaSuccess)
-                failed = "cudaGetDevice or cudaSetDevice";
-            else
-                err = cudaStreamSynchronize(streams[i]);
-        block_users_leave(&sw);
-        if (err != cudaSuccess)
-            return reject(a->what, failed, err);
-        return release_synchronously(a, streams[0]);
-    }
-    struct entry *parts[64] = {NULL};
-    size_t made = 0;
-    struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
-    for (; made < n; made++) {
-        int device;
-        unsigned long long id;
-        bool no_event = false, cached = false;
-        /* A recorded special handle: on the device it named. */
-        if ((err = block_users_enter(&users[made], &sw)) != cudaSuccess) {
-            call = "cudaGetDevice or cudaSetDevice";
-            break;
-        }
-        /* Callbacks are ordered per stream: never a stale identity. */
-        if ((err = identify_usable(streams[made], a->kind == ENTRY_CALL, -1,
-                                   &device, &id, &cached, &call)) !=
-            cudaSuccess)
-            break;
-        const struct request_args *part = made == 0 ? a : &member;
-        enum lane_share lane = stream_lane_share_of(a->kind); /* the group's */
-        parts[made] = record(part, streams[made], device, id, lane, &err,
-                             &call, &no_event);
-        if (parts[made] == NULL && cached &&
-            err == cudaErrorInvalidResourceHandle) {
-            /* The cached identity may be stale: look again, once, as the
-             * single-stream path does (issue 12, item 9). */
-            if ((err = identify_again(streams[made], &device, &id, &call)) !=
-                cudaSuccess)
-                break;
-            if ((err = lifecycle_device_error(device)) != cudaSuccess) {
-                call = "an earlier CUDA call on this device";
-                break;
-            }
-            parts[made] = record(part, streams[made], device, id, lane,
-                                 &err, &call, &no_event);
-        }
-        if (parts[made] == NULL)
-            break;
-    }
-    block_users_leave(&sw);
-    if (made < n) {
-        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
-            discard_recorded(parts[made]);
-        return reject(a->what, call, err);
-    }
-    parts[0]->group_remaining = (uint32_t)n;
-    for (size_t i = 1; i < n; i++)
-        parts[i]->group = parts[0];
-    stats_count_deferred();
-    for (size_t i = n; i-- > 0;)
-        lifecycle_push(parts[i]); /* the payload last */
-    return cudaSuccess;
-}
-
-/* Checks shared by the defer_*_streams calls, then the group path. */
-static cudaError_t submit_group(const struct request_args *given,
-                                const cudaStream_t *streams, size_t n)
-{
-    if (streams == NULL || n == 0 || n > 64) {
-        stats_add(&stats.rejected, 1);
-        report("%s: %zu streams%s: refused (expected 1..64 streams)",
-               given->what, n, streams == NULL ? " (NULL)" : "");
-        return cudaErrorInvalidValue;
-    }
-    cudaError_t err = lifecycle_enter(given->what);
-    if (err != cudaSuccess)
-        return err;
-    struct block_claim one;
-    struct request_args a;
-    if (!free_claims_make(given, &a, &one)) {
-        lifecycle_leave();
-        return reject(given->what, "calloc", cudaErrorMemoryAllocation);
-    }
-    bool claimed = false;
-    if ((err = free_claims_claim(&a, &claimed)) == cudaSuccess &&
-        (err = submit_group_admitted(&a, streams, n)) != cudaSuccess &&
-        claimed)
-        free_claims_unclaim(&a);
-    free_claims_free(&a, &one);
-    lifecycle_leave();
-    return err;
 }
 
 /* Every single-stream defer call.  A free that claimed blocks of the cache
@@ -559,7 +421,7 @@ static cudaError_t submit(const struct request_args *given,
     struct request_args a;
     if (!free_claims_make(given, &a, &one)) {
         lifecycle_leave();
-        return reject(given->what, "calloc", cudaErrorMemoryAllocation);
+        return api_reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
     bool claimed = false;
     err = submit_admitted(&a, stream, &claimed);
@@ -624,7 +486,8 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     void **copy = NULL;
     if (live != n) {
         if ((copy = malloc(live * sizeof *copy)) == NULL)
-            return reject("defer_free_n", "malloc", cudaErrorMemoryAllocation);
+            return api_reject("defer_free_n", "malloc",
+                              cudaErrorMemoryAllocation);
         for (size_t i = 0, k = 0; i < n; i++)
             if (ptrs[i] != NULL)
                 copy[k++] = ptrs[i];
@@ -649,41 +512,6 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
     struct request_args a = {.what = "defer_call", .kind = ENTRY_CALL,
                              .fn = fn, .arg = arg};
     return submit(&a, stream);
-}
-
-cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,
-                               size_t n)
-{
-    if (ptr == NULL)
-        return cudaSuccess;
-    struct request_args a = {.what = "defer_free_streams",
-                             .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
-                             .nptrs = 1};
-    return submit_group(&a, streams, n);
-}
-
-cudaError_t defer_free_host_streams(void *ptr, const cudaStream_t *streams,
-                                    size_t n)
-{
-    if (ptr == NULL)
-        return cudaSuccess;
-    struct request_args a = {.what = "defer_free_host_streams",
-                             .kind = ENTRY_FREE_HOST, .ptrs = &ptr,
-                             .nptrs = 1};
-    return submit_group(&a, streams, n);
-}
-
-cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
-                               const cudaStream_t *streams, size_t n)
-{
-    if (fn == NULL) {
-        stats_add(&stats.rejected, 1);
-        report("defer_call_streams: fn is NULL: refused");
-        return cudaErrorInvalidValue;
-    }
-    struct request_args a = {.what = "defer_call_streams", .kind = ENTRY_CALL,
-                             .fn = fn, .arg = arg};
-    return submit_group(&a, streams, n);
 }
 
 cudaError_t defer_flush(void)
