@@ -129,7 +129,8 @@ int main(int argc, char **argv)
 {
     struct bench_args a;
     struct run r;
-    struct bench_snap s0, s1;
+    struct bench_snap s0, s1, s_calls;
+    struct bench_cpu c_calls;
     struct bench_cpu c0, c1;
     double held = NAN;
     size_t n, i;
@@ -174,6 +175,7 @@ int main(int argc, char **argv)
         CK(gpu_spin(r.stream, BUSY_NS));
     snap(&r, &s0, &c0);
     release_timed(&r, n);
+    snap(&r, &s_calls, &c_calls);
     if (busy) {
         cudaError_t q = cudaStreamQuery(r.stream);
 
@@ -201,6 +203,12 @@ int main(int argc, char **argv)
              bench_ratio(s1.queries - s0.queries, s1.released - s0.released));
     json_num("released", s1.released - s0.released);
     json_num("sync_releases", s1.sync_releases - s0.sync_releases);
+    /* While the timed calls ran: events the library made (on the calling
+     * thread or its reclaimer), releases, and the reclaimer's CPU. */
+    json_num("events_created_calls",
+             s_calls.events_created - s0.events_created);
+    json_num("released_calls", s_calls.released - s0.released);
+    json_num("reclaimer_cpu_calls_ms", bench_cpu_delta(&c0, &c_calls, 0));
     json_end();
 
     if (r.nr)

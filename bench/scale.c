@@ -77,6 +77,8 @@ struct producer {
     uint64_t n;
     uint32_t *lat;               /* ns per call, saturated */
     uint64_t t_end;
+    uint64_t max_ns, max_j, max_at; /* the slowest call: its index, start */
+    uint64_t over_1ms;           /* calls that took 1 ms or more */
     pthread_barrier_t *ready, *go;
     atomic_int *finished;
 };
@@ -140,6 +142,12 @@ static void *producer_main(void *arg)
             bench_die("%s: %s", t->kind == CALL_DEFER ? "defer_call" : "CUDA call",
                       cudaGetErrorString(rc));
         t->lat[j] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+        t->over_1ms += d >= 1000000;
+        if (d > t->max_ns) {
+            t->max_ns = d;
+            t->max_j = j;
+            t->max_at = a;
+        }
         atomic_store_explicit(&t->progress, j + 1, memory_order_relaxed);
     }
     t->t_end = bench_now_ns();
@@ -377,6 +385,22 @@ int main(int argc, char **argv)
         json_num("call_p50_us", bench_pct_us(lat_all, (size_t)at, 50));
         json_num("call_p99_us", bench_pct_us(lat_all, (size_t)at, 99));
         json_num("call_max_us", bench_pct_us(lat_all, (size_t)at, 100));
+        /* Where the slowest call came: its thread's call number (a thread's
+         * first nstreams calls each start a stream) and its start after
+         * the go; and how many calls took a millisecond or more. */
+        {
+            int slow = 0;
+            uint64_t over = 0;
+            for (t = 0; t < THREADS; t++) {
+                over += ts[t].over_1ms;
+                if (ts[t].max_ns > ts[slow].max_ns)
+                    slow = t;
+            }
+            json_num("call_max_index", (double)ts[slow].max_j);
+            json_num("call_max_at_ms",
+                     (double)(ts[slow].max_at - t0) / 1e6);
+            json_num("calls_over_1ms", (double)over);
+        }
         json_num("reclaimer_cpu_ms", cpu_all);
         json_num("reclaimer_cpu_ms_stat", bench_cpu_delta(&m0.cpu, &m2.cpu, 1));
         json_num("reclaimer_cpu_enqueue_ms", bench_cpu_delta(&m0.cpu, &mp.cpu, 0));

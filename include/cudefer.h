@@ -263,7 +263,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * handed to another stream, released or trimmed when the newest record of
  * its event completes (and that of the blocks freed before it on the
  * stream), after the work its stream was given until an older event
- * completed or the reclaimer made more (at most 256 frees of the thread
+ * completed or the reclaimer made more (at most 4096 frees of the thread
  * there later; with CUDEFER_EVENT_POOL=0 as callbacks do), not as soon
  * as its own work is done (never earlier); on its own stream it is reused
  * at once as before.
@@ -405,8 +405,8 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * on a GPU running behind it waits for the driver's lock behind other
  * threads' launches: W6's slowest calls on an H100 took 78-105 ms so).  A
  * callback it defers on a stream where all 8 are pending, or some and no
- * idle event is at hand (the reclaimer then makes more), records the
- * newest of them again, at most 256 times running: that event is shared,
+ * idle event is at hand (the reclaimer then makes more; at most 4096
+ * times running), records the newest of them again: that event is shared,
  * and every callback on it (the one that took it and those deferred
  * after it on the event) runs once the work enqueued before its newest
  * record, that of the last of them, is done: possibly later than its own

@@ -98,9 +98,14 @@
 #ifndef LANE_SHARE_BLOCKS
 #define LANE_SHARE_BLOCKS 1
 #endif
-/* The most records of one event a blocks' lane makes while it waits for an
- * idle event (stream_lane_pick); then it makes one. */
-#define LANE_REUSE_MAX 256
+/* The most records of one event a sharing lane makes while it waits for
+ * an idle event (stream_lane_pick); then it makes one, on the launching
+ * thread.  It was 256: in W6 on an H100 (64 threads, 16 streams each,
+ * about 980 callbacks a stream and thread behind a gate) lanes reached it
+ * at a thread's 4,096th and 8,192nd call, before the reclaimer's events
+ * came, and those calls waited 80-97 ms for the driver's lock
+ * (bench/results/2026-11-26-h100-w6-diag.txt). */
+#define LANE_REUSE_MAX 4096
 #define LANE_SETS 16
 #define LANE_WAYS 4
 
