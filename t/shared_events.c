@@ -502,6 +502,49 @@ static void s_callbacks_make_no_event(void)
         cudaStreamDestroy(s[k]);
 }
 
+/* The limit of a sharing lane that finds no idle event (stream_lane.h,
+ * include/cudefer.h): it records its newest again at most LANE_REUSE_MAX
+ * times, then makes an event on the calling thread.  A fresh process with
+ * CUDEFER_EVENT_POOL=1 (the device's first miss stocks one event); two
+ * callbacks on a held stream take an event each, then creating turns slow
+ * (1.5 s, fake latency), so the reclaimer's refill, asked for at the third
+ * call, is still making its event when the lane reaches the bound: the
+ * calls before it are quick, the one at it makes its own. */
+static void s_reuse_bound(void)
+{
+    enum { SLOW_NS = 1500000000, N = LANE_REUSE_MAX + 8 };
+    static uint64_t took[N];
+    cudaStream_t s = stream_new();
+    fake_work *gate = work_held(s, NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
+              "defer_call %d", i);
+    fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
+    for (int i = 0; i < N; i++) {
+        uint64_t t0 = now_ns();
+        CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
+              "defer_call %d", i + 2);
+        took[i] = now_ns() - t0;
+    }
+    fake_set_latency(FAKE_EVENT_CREATE, 0);
+    int slow = 0, first_slow = -1;
+    for (int i = 0; i < N; i++)
+        if (took[i] >= SLOW_NS / 2) {
+            slow++;
+            first_slow = first_slow < 0 ? i : first_slow;
+        }
+    /* The second callback's event got label 1; calls 0..MAX-2 here record
+     * it again up to label MAX; call MAX-1 makes one. */
+    CHECK(slow == 1 && first_slow == LANE_REUSE_MAX - 1,
+          "%d slow calls, the first at call %d of the records again (one "
+          "expected, at %d)", slow, first_slow, LANE_REUSE_MAX - 1);
+    fake_complete(gate);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&slow_ran) == N + 2, "every callback ran (%d)",
+          atomic_load(&slow_ran));
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -509,6 +552,12 @@ int main(void)
         fork_scenario("callbacks on held streams make no event on the "
                       "launching thread", "", 1, 30000,
                       s_callbacks_make_no_event);
+    else
+        skip("callbacks share no event (LANE_SHARE_CALLBACKS 0)");
+    if (LANE_SHARE_CALLBACKS)
+        fork_scenario("a lane that finds no idle event records its newest "
+                      "at most LANE_REUSE_MAX times", "CUDEFER_EVENT_POOL=1",
+                      1, 60000, s_reuse_bound);
     else
         skip("callbacks share no event (LANE_SHARE_CALLBACKS 0)");
     fake_reset(1);
