@@ -405,24 +405,29 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * on a GPU running behind it waits for the driver's lock behind other
  * threads' launches: W6's slowest calls on an H100 took 78-105 ms so).  A
  * callback it defers on a stream where all 8 are pending, or some and no
- * idle event is at hand (the reclaimer then makes more; at most 4096
- * times running), records the newest of them again: that event is shared,
- * and every callback on it (the one that took it and those deferred
- * after it on the event) runs once the work enqueued before its newest
- * record, that of the last of them, is done: possibly later than its own
- * work, never earlier, still in order (t/shared_events).  With
- * CUDEFER_EVENT_POOL=0 no event is ever idle, and a callback makes its
- * event, up to the 8, on the calling thread.  Limit: the first callback a
- * thread defers on a stream takes an idle event, or makes one, and so
- * may wait for the driver's lock (W6 on an H100 and an H200, 64 threads
- * starting on 16 new streams each: 156-209 ms at a thread's 4th-15th
- * call).  defer_trim runs a
- * callback only once its event completed.  defer_flush waits for such a callback; while a flush waits
- * no callback shares a pending event, so it waits at most for the work of
- * defer calls made before it began or racing with its start, never for
- * work deferred later, and cannot hang.  Memory is never delayed so, but
- * for defer_alloc's blocks (see there): other frees have events of their
- * own and wait apart from callbacks (defer_trim's promise holds for them).
+ * idle event is at hand (the reclaimer then makes more; while fewer than
+ * 4096 records of the newest are not seen complete), records the newest
+ * of them again: that event is shared, and every callback on it (the one
+ * that took it and those deferred after it on the event) runs once the
+ * work enqueued before its newest record, that of the last of them, is
+ * done: possibly later than its own work, never earlier, still in order
+ * (t/shared_events).  Limit: a callback takes an idle event or makes one
+ * on the calling thread, and so may wait for the driver's lock, when it
+ * is the first the thread defers on its stream (W6 on an H100 and an
+ * H200, 64 threads starting on 16 new streams each: 156-209 ms at a
+ * thread's 4th-15th call), when 4096 records of its stream's newest event
+ * are not yet seen complete, while a defer_flush waits on any thread
+ * (nothing shares then), when the thread has deferred on so many streams
+ * since (more than 64; fewer where their identities collide) that it let
+ * go of this stream's events, and always with CUDEFER_EVENT_POOL=0 (no
+ * event is ever idle), up to the 8.  defer_trim runs a callback only once
+ * its event completed.  defer_flush waits for such a callback; while a
+ * flush waits no callback shares a pending event, so it waits at most for
+ * the work of defer calls made before it began or racing with its start,
+ * never for work deferred later, and cannot hang.  Memory is never delayed
+ * so, but for defer_alloc's blocks (see there): other frees have events of
+ * their own and wait apart from callbacks (defer_trim's promise holds for
+ * them).
  *
  * On a capturing stream fn runs (on the reclaimer thread) once the graph
  * being captured and every executable graph made from it are destroyed and

@@ -125,7 +125,9 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
         for (int w = 0; w < LANE_WAYS; w++)
             if (t->set[s][w].valid)
                 let_go_done(&t->set[s][w]);
-    return event_pool_take_idle_event(device);
+    if ((ev = event_pool_take_idle_event(device)) != NULL)
+        t->misses = 0; /* a take: the next miss sweeps again */
+    return ev;
 }
 
 cudaError_t stream_lane_pick(int device, unsigned long long id,
@@ -150,11 +152,14 @@ cudaError_t stream_lane_pick(int device, unsigned long long id,
         pick->solo = l->count == LANE_EVENTS;
         /* Sharing picks never make an event while the lane holds one: an
          * idle one, else the newest again (the reclaimer makes more: see
-         * the header), at most LANE_REUSE_MAX records of it, so an entry
-         * waits for a bounded amount of later work even where no event
-         * comes (CUDEFER_EVENT_POOL=0, events that cannot be made). */
+         * the header), while fewer than LANE_REUSE_MAX of its records are
+         * not seen complete (those made while the stream was idle do not
+         * count), so an entry waits for a bounded amount of later work
+         * even where no event comes (events that cannot be made). */
         if (share != LANE_SOLO && !pick->solo && event_pool_keeps_idle() &&
-            newest->label < LANE_REUSE_MAX &&
+            newest->label - atomic_load_explicit(&newest->ev->completed,
+                                                 memory_order_acquire) <
+                LANE_REUSE_MAX &&
             atomic_load_explicit(&waiters, memory_order_seq_cst) == 0) {
             pick->ev = take_idle(t, device);
             pick->fresh = pick->ev != NULL;

@@ -12,8 +12,9 @@
  *     completed (an idle stream: no event taken, no pool traffic);
  *   - else takes a fresh event from the pool while the lane holds fewer
  *     than LANE_EVENTS pending ones; in a sharing lane an idle one only,
- *     else it records the newest again (at most LANE_REUSE_MAX records of
- *     it; not with CUDEFER_EVENT_POOL=0, where nothing is ever idle) and
+ *     else it records the newest again (while fewer than LANE_REUSE_MAX
+ *     of its records are not seen complete; not with
+ *     CUDEFER_EVENT_POOL=0, where nothing is ever idle) and
  *     the reclaimer makes more (event_pool_refill), for on a GPU creating
  *     an event waits for the driver's lock behind every launch that waits
  *     for room in its queue (H100, W4: 15-220 ms;
@@ -98,13 +99,15 @@
 #ifndef LANE_SHARE_BLOCKS
 #define LANE_SHARE_BLOCKS 1
 #endif
-/* The most records of one event a sharing lane makes while it waits for
- * an idle event (stream_lane_pick); then it makes one, on the launching
- * thread.  It was 256: in W6 on an H100 (64 threads, 16 streams each,
- * about 980 callbacks a stream and thread behind a gate) lanes reached it
- * at a thread's 4,096th and 8,192nd call, before the reclaimer's events
- * came, and those calls waited 80-97 ms for the driver's lock
- * (bench/results/2026-11-26-h100-w6-diag.txt). */
+/* The most records of one event not seen complete a sharing lane makes
+ * while it waits for an idle event (stream_lane_pick); then it makes one,
+ * on the launching thread.  It was 256: in W6 on an H100 (64 threads, 16
+ * streams each, about 980 callbacks a stream and thread behind a gate)
+ * lanes reached it at a thread's 4,096th and 8,192nd call, before the
+ * reclaimer's events came, and those calls waited 80-97 ms for the
+ * driver's lock (bench/results/2026-11-26-h100-w6-diag.txt).  Records
+ * made while the stream was idle (each finding the last completed) do not
+ * count: they share no pending work. */
 #define LANE_REUSE_MAX 4096
 #define LANE_SETS 16
 #define LANE_WAYS 4

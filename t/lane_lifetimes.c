@@ -249,6 +249,90 @@ static void s_failed_groups_leave_no_stale_event(void)
           fake_live_events());
 }
 
+/* Refused groups whose parts' picks sweep the thread's lanes (take_idle,
+ * CUDEFER_EVENT_POOL=1 or 2 so idle events run out) between a part's
+ * commit and its uncommit (a review's question: a sweep must not let go
+ * of a slot whose label is still to be uncommitted).  Random groups over
+ * 4 streams, held and completed work interleaved, a record failing at
+ * random.  Then every accepted callback runs, callbacks run as their work
+ * completes, and no event outlives shutdown. */
+static atomic_int acc_ran;
+static void count_acc(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&acc_ran, 1);
+}
+
+static void s_sweeps_inside_refused_groups(void)
+{
+    enum { NS = 4, ROUNDS = 3000 };
+    cudaStream_t st[NS];
+    fake_work *held[NS] = {0};
+    for (int k = 0; k < NS; k++)
+        st[k] = stream_new();
+    unsigned r = 12345;
+    int accepted = 0;
+    stderr_capture_begin();
+    for (int i = 0; i < ROUNDS; i++) {
+        r = r * 1103515245u + 12345u;
+        int k = (r >> 8) % NS;
+        if (held[k] != NULL && (r >> 12) % 3 == 0) {
+            fake_complete(held[k]);
+            held[k] = NULL;
+        } else if (held[k] == NULL && (r >> 14) % 2 == 0) {
+            held[k] = work_held(st[k], NULL);
+        }
+        cudaStream_t g[6];
+        int n = 2 + (int)((r >> 16) % 5);
+        for (int j = 0; j < n; j++) {
+            r = r * 1103515245u + 12345u;
+            g[j] = st[(r >> 8) % NS];
+        }
+        if ((r >> 20) % 2 == 0) {
+            fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported,
+                      (int)((r >> 22) % (unsigned)n), 1);
+            (void)defer_call_streams(count_acc, NULL, g, (size_t)n);
+            fake_fail_clear();
+        } else {
+            CHECK(defer_call(count_acc, NULL, g[0]) == cudaSuccess, "call");
+            accepted++;
+        }
+    }
+    stderr_capture_end();
+    for (int k = 0; k < NS; k++)
+        if (held[k] != NULL)
+            fake_complete(held[k]);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    int ran0 = atomic_load(&acc_ran);
+    CHECK(ran0 >= accepted, "accepted callbacks ran (%d of >= %d)", ran0,
+          accepted);
+    /* Each step's work held until the next is deferred, on every stream. */
+    enum { STEPS = 40 };
+    for (int k = 0; k < NS; k++) {
+        int before = atomic_load(&acc_ran);
+        fake_work *prev = work_held(st[k], NULL);
+        CHECK(defer_call(count_acc, NULL, st[k]) == cudaSuccess, "step 0");
+        for (int i = 1; i < STEPS; i++) {
+            fake_work *w = work_held(st[k], NULL);
+            CHECK(defer_call(count_acc, NULL, st[k]) == cudaSuccess, "step");
+            fake_complete(prev);
+            prev = w;
+            sleep_ms(2);
+        }
+        for (int i = 0;
+             i < 5000 && atomic_load(&acc_ran) - before < STEPS / 2; i++)
+            sleep_ms(1);
+        CHECK(atomic_load(&acc_ran) - before >= STEPS / 2,
+              "stream %d: %d of %d ran while deferring", k,
+              atomic_load(&acc_ran) - before, STEPS - 1);
+        fake_complete(prev);
+    }
+    CHECK(defer_flush() == cudaSuccess, "flush 2");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed (%zu alive)",
+          fake_live_events());
+}
+
 static void run(void (*scenario)(void), const char *env, const char *what)
 {
     pid_t pid = fork_flushed();
@@ -281,5 +365,10 @@ int main(void)
         "refused defer_call_streams on one stream thrice leave no event in "
         "the lane waiting for a record nobody takes in: later callbacks run "
         "as their work completes");
+    run(s_sweeps_inside_refused_groups, "CUDEFER_EVENT_POOL=1",
+        "sweeps of the lanes between a refused group's parts: every "
+        "accepted callback runs, as its work completes, no event left");
+    run(s_sweeps_inside_refused_groups, "CUDEFER_EVENT_POOL=2",
+        "the same with two idle events at most");
     return 0;
 }
