@@ -54,7 +54,6 @@ struct stress_config {
     unsigned idle_us, poll_max_us;
     unsigned trim_per_100k, flush_per_100k; /* how often threads trim, flush */
     unsigned split_min;                     /* CUDEFER_SPLIT_MIN (0: off) */
-    unsigned event_pool;                    /* CUDEFER_EVENT_POOL */
     bool reuse;     /* the fake reuses addresses (fake_set_address_reuse) */
 };
 extern struct stress_config cfg;
@@ -130,11 +129,6 @@ void stress_fail(enum failure f, const char *fmt, ...)
 struct order {
     _Atomic uint64_t last; /* seq of the last callback run */
     struct order *next;    /* the thread's list, for freeing */
-    /* The trim check's scratch (stress_worker.c, call_may_wait_all): the
-     * stream's callbacks among the items so far, and whether one after
-     * the item looked at has a record that may be pending. */
-    unsigned calls_seen;
-    bool later_pending;
 };
 
 /* A stream a thread defers on.  tail is the last work it enqueued there:
@@ -162,6 +156,7 @@ struct call {
     void *nested;       /* a buffer the callback defers itself, or NULL */
     int nested_device;
     bool try_flush;     /* call defer_flush (must be refused) */
+    cudaEvent_t ev;     /* the event defer_call recorded (the fake's word) */
     struct call *next_free;
 };
 
@@ -175,7 +170,6 @@ struct item {
     bool known;         /* captured is exact (NULL: nothing, complete at once) */
     bool verified;      /* already seen released (by a trim check) */
     bool due;           /* trim check: complete before the trim */
-    unsigned calls_before; /* trim check: callbacks of its stream before it */
 };
 
 /* A block the thread keeps live across operations: lane is where it was
@@ -214,6 +208,7 @@ struct worker {
     unsigned long ops[24];         /* by enum op */
     unsigned long flushes, trims, flush_checked, trim_checked, calls;
     unsigned long trim_exempt; /* callbacks left out: may share an event */
+    cudaEvent_t pending_events[MAX_ITEMS]; /* call_may_wait_all's scratch */
     struct kept_block kept[MAX_KEPT];
     int nkept;
     struct band_block band[MAX_BAND];

@@ -319,7 +319,9 @@ static void op_call(struct worker *w)
     c->seq = ++w->seq;
     c->try_flush = w->index == 0 && w->calls == 0;
     w->calls++;
+    (void)fake_take_last_recorded();
     cudaError_t err = defer_call(on_call, c, l->h);
+    c->ev = err == cudaSuccess ? fake_take_last_recorded() : NULL;
     accepted(w, err, "defer_call", l, c);
     if (err == cudaSuccess) {
         note(w, l, NULL, c);
@@ -422,45 +424,34 @@ static bool record_may_be_pending(const struct item *it)
 
 /* Marks the callbacks that may wait past their own work (due false): a
  * callback that shares an event runs once the event's newest record
- * completes (include/cudefer.h: a thread keeps at most LANE_EVENTS events
- * pending per stream for its callbacks, and records the newest again
- * beyond that, or whenever no idle event is at hand), the record of a
- * later callback of this thread on the same stream.  So a callback is
- * exempt from the trim check only while a later callback of its stream
- * has a record that may be pending, and only if it can share at all: with
- * idle events kept (CUDEFER_EVENT_POOL above 0) any callback can, since
- * its lane may hold an event from before; without, only once the other
- * LANE_EVENTS - 1 pending events were each taken by a callback of the
- * stream before it since the thread's last flush (which leaves every
- * event completed).  Memory entries are never exempt: they wait in FIFOs
- * apart from callbacks.  Two passes over the items, the stream's scratch
- * in its struct order. */
+ * completes (include/cudefer.h: a thread's callbacks on a stream record its
+ * lane's newest event again when 8 are pending or no idle event is at
+ * hand), the record of a later callback of this thread on the same stream.
+ * The fake says which event each defer_call recorded (struct call's ev), so
+ * a callback is exempt from the trim check exactly while a later item
+ * recorded its event again and that record may be pending.  Memory entries
+ * are never exempt: they wait in FIFOs apart from callbacks.  One pass,
+ * newest first, collecting the events with a record that may be pending
+ * (a thread has at most LANE_EVENTS a stream it defers on). */
 static void call_may_wait_all(struct worker *w)
 {
     if (!LANE_SHARE_CALLBACKS)
         return;
-    for (size_t i = 0; i < w->nitems; i++) {
-        struct order *o = w->items[i].call != NULL ? w->items[i].call->order
-                                                   : NULL;
-        if (o != NULL) {
-            o->calls_seen = 0;
-            o->later_pending = false;
-        }
-    }
-    for (size_t i = 0; i < w->nitems; i++)
-        if (w->items[i].call != NULL)
-            w->items[i].calls_before = w->items[i].call->order->calls_seen++;
+    size_t n = 0;
     for (size_t i = w->nitems; i-- > 0;) {
         struct item *it = &w->items[i];
-        if (it->call == NULL)
+        cudaEvent_t ev = it->call != NULL ? it->call->ev : NULL;
+        if (ev == NULL)
             continue;
-        struct order *o = it->call->order;
-        if (it->due && o->later_pending &&
-            (cfg.event_pool > 0 || it->calls_before >= LANE_EVENTS - 1)) {
+        bool later = false;
+        for (size_t k = 0; k < n && !later; k++)
+            later = w->pending_events[k] == ev;
+        if (it->due && later) {
             it->due = false;
             w->trim_exempt++;
         }
-        o->later_pending |= record_may_be_pending(it);
+        if (!later && record_may_be_pending(it))
+            w->pending_events[n++] = ev; /* at most one per item */
     }
 }
 

@@ -169,6 +169,7 @@ void fake_lock(void)
         fake_thread.mode = cudaStreamCaptureModeGlobal;
         fake_thread.last_error = cudaSuccess;
         fake_thread.nrecent = 0;
+        fake_thread.last_recorded = NULL;
         memset(fake_thread.pts, 0, sizeof fake_thread.pts);
     }
 }

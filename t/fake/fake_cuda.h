@@ -235,6 +235,11 @@ int fake_work_done(const fake_work *w);
  * fake_reset), 0 for NULL. */
 unsigned long long fake_work_id(const fake_work *w);
 
+/* The calling thread: the event its last successful cudaEventRecord
+ * recorded since the last call of this (NULL: none), so a test can tell
+ * which event a defer call used (t/stress: callbacks sharing one). */
+cudaEvent_t fake_take_last_recorded(void);
+
 /* ---- Oracle ----------------------------------------------------------- */
 
 /* Violations counted so far. */

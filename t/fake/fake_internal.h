@@ -221,6 +221,7 @@ struct fake_thread_state {
     struct { uintptr_t addr; unsigned long long serial; }
         recent[FAKE_RECENT_ALLOCS];
     unsigned nrecent;                       /* allocations it made */
+    cudaEvent_t last_recorded; /* fake_take_last_recorded's, or NULL */
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 

@@ -511,7 +511,15 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
         return fake_leave(cudaErrorStreamCaptureUnsupported);
     }
     e->cap = s->tail;
+    fake_thread.last_recorded = event;
     return fake_leave(cudaSuccess);
+}
+
+cudaEvent_t fake_take_last_recorded(void)
+{
+    cudaEvent_t ev = fake_thread.last_recorded;
+    fake_thread.last_recorded = NULL;
+    return ev;
 }
 
 /* Same as cudaEventRecordWithFlags, no flags. */
