@@ -167,6 +167,7 @@ int main(int argc, char **argv)
     SECTION(test_misc);
     SECTION(test_reset);
     SECTION(test_concurrency);
+    SECTION(test_thread_accessors);
     SECTION(test_fork);
     return 0;
 }

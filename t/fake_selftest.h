@@ -132,6 +132,7 @@ void test_injection(void);
 void test_misc(void);
 void test_reset(void);
 void test_concurrency(void);
+void test_thread_accessors(void);
 void test_fork(void);
 
 #endif /* CUDEFER_FAKE_SELFTEST_H */

@@ -136,6 +136,53 @@ void test_concurrency(void)
     is_int((long long)fake_invalid_releases(), 0, "no invalid releases");
 }
 
+/* ---- per-thread accessors ---------------------------------------------- */
+
+static void *record_twice_main(void *arg)
+{
+    cudaEvent_t e = arg;
+
+    cudaEventRecord(e, 0);
+    cudaEventRecord(e, 0);
+    return fake_take_last_recorded();
+}
+
+/* fake_thread_calls counts the calling thread's calls only, and
+ * fake_take_last_recorded says the event the thread last recorded, once;
+ * a reset clears both. */
+void test_thread_accessors(void)
+{
+    cudaEvent_t a, b;
+    pthread_t t;
+    void *other = NULL;
+
+    diag("per-thread call counts and the last recorded event");
+    fake_reset(1);
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    is_int((long long)fake_thread_calls(FAKE_EVENT_CREATE), 2,
+           "two cudaEventCreate on this thread");
+    ok(fake_take_last_recorded() == NULL, "nothing recorded yet");
+    cudaEventRecord(a, 0);
+    if (pthread_create(&t, NULL, record_twice_main, b) != 0)
+        sysbail("pthread_create");
+    pthread_join(t, &other);
+    ok(other == (void *)b, "the other thread's last record: its event");
+    is_int((long long)fake_thread_calls(FAKE_EVENT_RECORD), 1,
+           "this thread's records: 1 (of %lu in all)",
+           fake_calls(FAKE_EVENT_RECORD));
+    ok(fake_take_last_recorded() == a, "this thread's last record: a");
+    ok(fake_take_last_recorded() == NULL, "said once");
+    is_int(cudaEventRecord(NULL, 0), cudaErrorInvalidResourceHandle,
+           "a failed record");
+    ok(fake_take_last_recorded() == NULL, "is no record");
+    cudaEventRecord(a, 0);
+    fake_reset(1);
+    ok(fake_take_last_recorded() == NULL &&
+           fake_thread_calls(FAKE_EVENT_RECORD) == 0,
+       "a reset clears both");
+}
+
 /* ---- fork ------------------------------------------------------------- */
 
 static atomic_int hammer_stop;

@@ -11,7 +11,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "clock.h"
 #include "helpers.h"
 #include "lifecycle.h"
 #include "stream_lane.h"
@@ -460,13 +459,14 @@ static void count_slow(void *arg)
  * event makes none on the launching thread, as a blocks' lane
  * (t/block_events): it takes an idle one, or records its newest again while
  * the reclaimer makes more.  A fresh process (the device's first batch,
- * 32 events); each of 8 held streams gets its lane's first event before
- * creating turns slow (200 ms, fake latency), then 3 x LANE_EVENTS
- * callbacks: no call takes 100 ms, the reclaimer makes the missing
- * events, and every callback runs once its gate opens. */
+ * 32 events); each of 8 held streams gets its lane's first event, then
+ * 3 x LANE_EVENTS callbacks each: the calling thread makes no event (the
+ * fake counts its cudaEventCreate calls), the reclaimer makes the missing
+ * ones (slowly: 20 ms each, fake latency), and every callback runs once
+ * its gate opens. */
 static void s_callbacks_make_no_event(void)
 {
-    enum { HELD = 8, PER = 3 * LANE_EVENTS, SLOW_NS = 200000000 };
+    enum { HELD = 8, PER = 3 * LANE_EVENTS, SLOW_NS = 20000000 };
     cudaStream_t s[HELD];
     fake_work *gate[HELD];
     for (int k = 0; k < HELD; k++) {
@@ -476,18 +476,15 @@ static void s_callbacks_make_no_event(void)
               "the first defer_call on stream %d", k);
     }
     fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
-    uint64_t made = stats_now().events_created, slowest = 0;
+    uint64_t made = stats_now().events_created;
+    unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
     for (int i = 0; i < PER; i++)
-        for (int k = 0; k < HELD; k++) {
-            uint64_t t0 = now_ns();
+        for (int k = 0; k < HELD; k++)
             CHECK(defer_call(count_slow, NULL, s[k]) == cudaSuccess,
                   "defer_call %d on stream %d", i, k);
-            uint64_t t = now_ns() - t0;
-            slowest = t > slowest ? t : slowest;
-        }
-    CHECK(slowest < SLOW_NS / 2, "%d callbacks on %d held streams, events "
-          "slow to make: the slowest call took %.1f ms", HELD * PER,
-          HELD, (double)slowest / 1e6);
+    own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    CHECK(own == 0, "%d callbacks on %d held streams: %lu events made on the "
+          "calling thread", HELD * PER, HELD, own);
     for (int i = 0; i < 2000 && stats_now().events_created == made; i++)
         sleep_ms(1);
     CHECK(stats_now().events_created > made, "the reclaimer made more");
@@ -508,36 +505,35 @@ static void s_callbacks_make_no_event(void)
  * CUDEFER_EVENT_POOL=1 (the device's first miss stocks one event); two
  * callbacks on a held stream take an event each, then creating turns slow
  * (1.5 s, fake latency), so the reclaimer's refill, asked for at the third
- * call, is still making its event when the lane reaches the bound: the
- * calls before it are quick, the one at it makes its own. */
+ * call, is still making its event when the lane reaches the bound: no
+ * call before it makes an event on the calling thread (the fake counts
+ * that thread's cudaEventCreate calls), the one at it makes its own. */
 static void s_reuse_bound(void)
 {
     enum { SLOW_NS = 1500000000, N = LANE_REUSE_MAX + 8 };
-    static uint64_t took[N];
     cudaStream_t s = stream_new();
     fake_work *gate = work_held(s, NULL);
     for (int i = 0; i < 2; i++)
         CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
               "defer_call %d", i);
     fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
+    int made = 0, first_made = -1;
     for (int i = 0; i < N; i++) {
-        uint64_t t0 = now_ns();
+        unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
         CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
               "defer_call %d", i + 2);
-        took[i] = now_ns() - t0;
+        if (fake_thread_calls(FAKE_EVENT_CREATE) != own) {
+            made++;
+            first_made = first_made < 0 ? i : first_made;
+        }
     }
     fake_set_latency(FAKE_EVENT_CREATE, 0);
-    int slow = 0, first_slow = -1;
-    for (int i = 0; i < N; i++)
-        if (took[i] >= SLOW_NS / 2) {
-            slow++;
-            first_slow = first_slow < 0 ? i : first_slow;
-        }
     /* The second callback's event got label 1; calls 0..MAX-2 here record
      * it again up to label MAX; call MAX-1 makes one. */
-    CHECK(slow == 1 && first_slow == LANE_REUSE_MAX - 1,
-          "%d slow calls, the first at call %d of the records again (one "
-          "expected, at %d)", slow, first_slow, LANE_REUSE_MAX - 1);
+    CHECK(made == 1 && first_made == LANE_REUSE_MAX - 1,
+          "%d calls made an event, the first at call %d of the records "
+          "again (one expected, at %d)", made, first_made,
+          LANE_REUSE_MAX - 1);
     fake_complete(gate);
     CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(atomic_load(&slow_ran) == N + 2, "every callback ran (%d)",
@@ -551,11 +547,11 @@ static void s_reuse_bound(void)
  * call finding the last completed) made an event on the calling thread at
  * its first miss on a busy stream, after one shared record.  Here the
  * pool's one idle event goes to another stream first; then two callbacks
- * on the busy stream share, and neither takes the fake's 500 ms
- * creation. */
+ * on the busy stream share, and the calling thread makes no event (the
+ * fake counts its cudaEventCreate calls). */
 static void s_reuse_bound_counts_idle_records(void)
 {
-    enum { SLOW_NS = 500000000 };
+    enum { SLOW_NS = 20000000 };
     cudaStream_t s = stream_new(), s2 = stream_new();
     for (int i = 0; i < LANE_REUSE_MAX; i++) {
         CHECK(defer_call(count_slow, NULL, s) == cudaSuccess, "call %d", i);
@@ -566,17 +562,13 @@ static void s_reuse_bound_counts_idle_records(void)
     CHECK(defer_call(count_slow, NULL, s2) == cudaSuccess, "s2");
     fake_work *gate = work_held(s, NULL);
     fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
-    uint64_t made = stats_now().events_created, t0 = now_ns();
+    unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
     CHECK(defer_call(count_slow, NULL, s) == cudaSuccess, "busy 1");
-    uint64_t t1 = now_ns();
     CHECK(defer_call(count_slow, NULL, s) == cudaSuccess, "busy 2");
-    uint64_t t2 = now_ns();
     fake_set_latency(FAKE_EVENT_CREATE, 0);
-    CHECK(t1 - t0 < SLOW_NS / 2 && t2 - t1 < SLOW_NS / 2,
-          "two callbacks on a busy stream whose lane holds an event made "
-          "none on the calling thread (%.1f ms, %.1f ms; %llu made)",
-          (t1 - t0) / 1e6, (t2 - t1) / 1e6,
-          (unsigned long long)(stats_now().events_created - made));
+    own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    CHECK(own == 0, "two callbacks on a busy stream whose lane holds an "
+          "event: %lu events made on the calling thread", own);
     fake_complete(gate);
     fake_complete(g2);
     CHECK(defer_flush() == cudaSuccess, "flush");

@@ -157,21 +157,27 @@ static void init_once(void)
     reset_locked(1);
 }
 
+/* Lock held: the calling thread's state as a reset leaves it. */
+static void thread_state_reset_locked(void)
+{
+    fake_thread.gen = fake.gen;
+    fake_thread.dev = 0;
+    fake_thread.mode = cudaStreamCaptureModeGlobal;
+    fake_thread.last_error = cudaSuccess;
+    fake_thread.nrecent = 0;
+    fake_thread.last_recorded = NULL;
+    memset(fake_thread.pts, 0, sizeof fake_thread.pts);
+    memset(fake_thread.calls, 0, sizeof fake_thread.calls);
+}
+
 /* Take the lock (initialising lazily) and bring the thread's state up to
  * date with the last reset. */
 void fake_lock(void)
 {
     pthread_once(&init_once_flag, init_once);
     pthread_mutex_lock(&fake.lock);
-    if (fake_thread.gen != fake.gen) {
-        fake_thread.gen = fake.gen;
-        fake_thread.dev = 0;
-        fake_thread.mode = cudaStreamCaptureModeGlobal;
-        fake_thread.last_error = cudaSuccess;
-        fake_thread.nrecent = 0;
-        fake_thread.last_recorded = NULL;
-        memset(fake_thread.pts, 0, sizeof fake_thread.pts);
-    }
+    if (fake_thread.gen != fake.gen)
+        thread_state_reset_locked();
 }
 
 /* Release the lock taken by fake_lock. */
@@ -200,6 +206,7 @@ cudaError_t fake_enter(int c)
         fake_violation("a user object's destructor called %s (destructors may "
                        "not call CUDA)", call_name(c));
     fake.calls[c]++;
+    fake_thread.calls[c]++;
     in = &fake.inj[c];
     if (in->count != 0) {
         if (in->skip > 0) {
@@ -234,10 +241,7 @@ void fake_reset(int ndevices)
 {
     fake_lock();
     reset_locked(ndevices);
-    fake_thread.gen = fake.gen;
-    fake_thread.dev = 0;
-    fake_thread.mode = cudaStreamCaptureModeGlobal;
-    memset(fake_thread.pts, 0, sizeof fake_thread.pts);
+    thread_state_reset_locked();
     fake_unlock();
 }
 
@@ -259,6 +263,17 @@ void fake_fail_clear(void)
     fake_lock();
     memset(fake.inj, 0, sizeof fake.inj);
     fake_unlock();
+}
+
+unsigned long fake_thread_calls(enum fake_call c)
+{
+    unsigned long n = 0;
+
+    fake_lock(); /* brings the thread's counts up to date with a reset */
+    if ((unsigned)c < FAKE_NCALLS)
+        n = fake_thread.calls[c];
+    fake_unlock();
+    return n;
 }
 
 /* Calls of c since fake_reset. */

@@ -378,6 +378,10 @@ void fake_fail_clear(void);
 /* Calls of c since fake_reset, failed ones included. */
 unsigned long fake_calls(enum fake_call c);
 
+/* As fake_calls, but only those the calling thread made (so a test can
+ * tell a library's calls on its thread from its reclaimer's). */
+unsigned long fake_thread_calls(enum fake_call c);
+
 /* Calls of c begun since fake_reset: as fake_calls, but counted before
  * their latency (fake_set_latency), so a test can wait until another thread
  * is inside a slow call. */

@@ -222,6 +222,7 @@ struct fake_thread_state {
         recent[FAKE_RECENT_ALLOCS];
     unsigned nrecent;                       /* allocations it made */
     cudaEvent_t last_recorded; /* fake_take_last_recorded's, or NULL */
+    unsigned long calls[NCALLS];            /* fake_thread_calls' */
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 
