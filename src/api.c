@@ -408,28 +408,41 @@ static cudaError_t submit_admitted(const struct request_args *a,
     return cudaSuccess;
 }
 
-/* Every single-stream defer call.  A free that claimed blocks of the cache
- * and was refused after all gives them back (LIVE again: the caller keeps
- * them). */
-static cudaError_t submit(const struct request_args *given,
-                          cudaStream_t stream)
+cudaError_t api_begin(const struct request_args *given,
+                      struct request_args *a, struct block_claim *one)
 {
     cudaError_t err = lifecycle_enter(given->what);
     if (err != cudaSuccess)
         return err;
-    struct block_claim one;
-    struct request_args a;
-    if (!free_claims_make(given, &a, &one)) {
+    if (!free_claims_make(given, a, one)) {
         lifecycle_leave();
         return api_reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
-    bool claimed = false;
-    err = submit_admitted(&a, stream, &claimed);
+    return cudaSuccess;
+}
+
+cudaError_t api_end(struct request_args *a, struct block_claim *one,
+                    bool claimed, cudaError_t err)
+{
     if (err != cudaSuccess && claimed)
-        free_claims_unclaim(&a);
-    free_claims_free(&a, &one);
+        free_claims_unclaim(a);
+    free_claims_free(a, one);
     lifecycle_leave();
     return err;
+}
+
+/* Every single-stream defer call. */
+static cudaError_t submit(const struct request_args *given,
+                          cudaStream_t stream)
+{
+    struct block_claim one;
+    struct request_args a;
+    cudaError_t err = api_begin(given, &a, &one);
+    if (err != cudaSuccess)
+        return err;
+    bool claimed = false;
+    err = submit_admitted(&a, stream, &claimed);
+    return api_end(&a, &one, claimed, err);
 }
 
 cudaError_t api_free_on(void *ptr, cudaStream_t stream, int current)

@@ -27,6 +27,19 @@ cudaError_t api_free_pluggable(void *ptr, size_t bytes, int device,
  * (api.c) and the group path (api_group.c).  Launching threads, inside
  * lifecycle_enter; none blocks but where its CUDA calls do. */
 
+/* A defer call's start: admitted by the reclaimer's gate (lifecycle_enter)
+ * and its request made, *a from given with room for its claims (*one: a
+ * single pointer's).  cudaSuccess, or the refusal (said and counted;
+ * nothing held).  Every path that began ends with api_end. */
+cudaError_t api_begin(const struct request_args *given,
+                      struct request_args *a, struct block_claim *one);
+
+/* Its end: a free refused (err) after it claimed blocks of the cache gives
+ * them back (LIVE again: the caller keeps them); the claims' room goes,
+ * and the call leaves the gate.  Returns err. */
+cudaError_t api_end(struct request_args *a, struct block_claim *one,
+                    bool claimed, cudaError_t err);
+
 /* The caller was refused: say why (call failed with err), count it;
  * returns err. */
 cudaError_t api_reject(const char *what, const char *call, cudaError_t err);

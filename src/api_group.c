@@ -126,23 +126,15 @@ static cudaError_t submit_group(const struct request_args *given,
                given->what, n, streams == NULL ? " (NULL)" : "");
         return cudaErrorInvalidValue;
     }
-    cudaError_t err = lifecycle_enter(given->what);
-    if (err != cudaSuccess)
-        return err;
     struct block_claim one;
     struct request_args a;
-    if (!free_claims_make(given, &a, &one)) {
-        lifecycle_leave();
-        return api_reject(given->what, "calloc", cudaErrorMemoryAllocation);
-    }
-    bool claimed = false;
-    if ((err = free_claims_claim(&a, &claimed)) == cudaSuccess &&
-        (err = api_group_submit(&a, streams, n)) != cudaSuccess &&
-        claimed)
-        free_claims_unclaim(&a);
-    free_claims_free(&a, &one);
-    lifecycle_leave();
-    return err;
+    cudaError_t err = api_begin(given, &a, &one);
+    if (err != cudaSuccess)
+        return err;
+    bool claimed = false; /* a refused claim claimed nothing */
+    if ((err = free_claims_claim(&a, &claimed)) == cudaSuccess)
+        err = api_group_submit(&a, streams, n);
+    return api_end(&a, &one, claimed, err);
 }
 
 cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,

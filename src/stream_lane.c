@@ -117,16 +117,15 @@ static void let_go_done(struct lane *l)
 static struct shared_event *take_idle(struct lane_table *t, int device)
 {
     struct shared_event *ev = event_pool_take_idle_event(device);
+    if (ev == NULL && t->misses++ % SWEEP_EVERY == 0) {
+        for (int s = 0; s < LANE_SETS; s++)
+            for (int w = 0; w < LANE_WAYS; w++)
+                if (t->set[s][w].valid)
+                    let_go_done(&t->set[s][w]);
+        ev = event_pool_take_idle_event(device);
+    }
     if (ev != NULL)
-        t->misses = 0;
-    if (ev != NULL || t->misses++ % SWEEP_EVERY != 0)
-        return ev;
-    for (int s = 0; s < LANE_SETS; s++)
-        for (int w = 0; w < LANE_WAYS; w++)
-            if (t->set[s][w].valid)
-                let_go_done(&t->set[s][w]);
-    if ((ev = event_pool_take_idle_event(device)) != NULL)
-        t->misses = 0; /* a take: the next miss sweeps again */
+        t->misses = 0; /* a take: the next miss sweeps */
     return ev;
 }
 
