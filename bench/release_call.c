@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench_common.h"
 #include "cudefer.h"
@@ -26,6 +27,8 @@
 #define BUSY_NS       200000000ull   /* W5-busy: a 200 ms gpu_spin first */
 #define WARMUP_CALLS  64
 #define NAIVE_POLL_US 50
+#define SLOW_NS       2000        /* a slow call, for the gaps between them */
+#define MAX_GAP       256
 
 enum strategy { S_INLINE_FREE, S_INLINE_ASYNC, S_NAIVE, S_CUDEFER, S_N };
 
@@ -130,6 +133,49 @@ static void release_timed(struct run *r, size_t n)
     }
 }
 
+/* The slow calls (over SLOW_NS) of lat (in call order, n calls): how many,
+ * and the most frequent distance between consecutive ones (in calls, up
+ * to MAX_GAP) with its share of the gaps: a periodic cost (a refill every
+ * k calls) shows as one distance. */
+struct slow_calls {
+    size_t count;
+    unsigned gap_mode;
+    double gap_mode_share;
+};
+
+static struct slow_calls slow_calls_of(const uint64_t *lat, size_t n)
+{
+    static size_t gaps[MAX_GAP + 1];
+    struct slow_calls s = {0};
+    size_t last = SIZE_MAX, ngaps = 0, i;
+
+    memset(gaps, 0, sizeof gaps);
+    for (i = 0; i < n; i++) {
+        if (lat[i] <= SLOW_NS)
+            continue;
+        s.count++;
+        if (last != SIZE_MAX) {
+            gaps[i - last > MAX_GAP ? MAX_GAP : i - last]++;
+            ngaps++;
+        }
+        last = i;
+    }
+    for (i = 1; i < MAX_GAP; i++)
+        if (gaps[i] > gaps[s.gap_mode])
+            s.gap_mode = (unsigned)i;
+    s.gap_mode_share = ngaps ? (double)gaps[s.gap_mode] / (double)ngaps : NAN;
+    return s;
+}
+
+static struct rusage thread_usage(void)
+{
+    struct rusage u;
+
+    if (getrusage(RUSAGE_THREAD, &u) != 0)
+        memset(&u, 0, sizeof u);
+    return u;
+}
+
 int main(int argc, char **argv)
 {
     struct bench_args a;
@@ -138,6 +184,9 @@ int main(int argc, char **argv)
     struct bench_cpu c_calls;
     struct bench_cpu c0, c1;
     double held = NAN;
+    struct rusage u0, u1;
+    uint64_t first_ns = 0;
+    struct slow_calls slow;
     size_t n, i;
     int busy, primed, s;
 
@@ -162,12 +211,17 @@ int main(int argc, char **argv)
         bench_die("naive_start failed");
     CK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
 
-    /* warm-up: the same calls, untimed */
+    /* warm-up: the same calls, untimed but the first (for cudefer: the
+     * library's start and the device's first stock of events) */
     for (i = 0; i < WARMUP_CALLS; i++) {
         void *p;
+        uint64_t t0;
 
         CK(alloc_buf(&r, &p));
+        t0 = bench_now_ns();
         CK(release_buf(&r, p));
+        if (i == 0)
+            first_ns = bench_now_ns() - t0;
     }
     CK(cudaStreamSynchronize(r.stream));
     release_all(&r);
@@ -182,7 +236,9 @@ int main(int argc, char **argv)
     if (busy)
         CK(gpu_spin(r.stream, BUSY_NS));
     snap(&r, &s0, &c0);
+    u0 = thread_usage();
     release_timed(&r, n);
+    u1 = thread_usage();
     snap(&r, &s_calls, &c_calls);
     if (busy) {
         cudaError_t q = cudaStreamQuery(r.stream);
@@ -193,13 +249,18 @@ int main(int argc, char **argv)
     CK(cudaStreamSynchronize(r.stream));
     release_all(&r);
     snap(&r, &s1, &c1);
+    slow = slow_calls_of(r.lat, n);
     bench_sort_u64(r.lat, n);
 
     json_begin();
     bench_json_head(&a);
     json_num("calls", (double)n);
+    json_num("first_call_us", (double)first_ns / 1e3);
     json_num("buf_bytes", (double)BUF_BYTES);
     json_num("call_p50_us", bench_pct_us(r.lat, n, 50));
+    json_num("call_p90_us", bench_pct_us(r.lat, n, 90));
+    json_num("call_p95_us", bench_pct_us(r.lat, n, 95));
+    json_num("call_p98_us", bench_pct_us(r.lat, n, 98));
     json_num("call_p99_us", bench_pct_us(r.lat, n, 99));
     json_num("call_max_us", bench_pct_us(r.lat, n, 100));
     json_num("call_mean_us", bench_mean_us(r.lat, n));
@@ -217,6 +278,15 @@ int main(int argc, char **argv)
              s_calls.events_created - s0.events_created);
     json_num("released_calls", s_calls.released - s0.released);
     json_num("reclaimer_cpu_calls_ms", bench_cpu_delta(&c0, &c_calls, 0));
+    /* The calling thread during the timed calls: page faults and context
+     * switches (getrusage RUSAGE_THREAD), and the calls over SLOW_NS. */
+    json_num("calls_minor_faults", (double)(u1.ru_minflt - u0.ru_minflt));
+    json_num("calls_major_faults", (double)(u1.ru_majflt - u0.ru_majflt));
+    json_num("calls_vol_switches", (double)(u1.ru_nvcsw - u0.ru_nvcsw));
+    json_num("calls_invol_switches", (double)(u1.ru_nivcsw - u0.ru_nivcsw));
+    json_num("slow_calls", (double)slow.count);
+    json_num("slow_gap_mode", (double)slow.gap_mode);
+    json_num("slow_gap_mode_share", slow.gap_mode_share);
     json_end();
 
     if (r.nr)

@@ -413,11 +413,15 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * done: possibly later than its own work, never earlier, still in order
  * (t/shared_events).  Limit: a callback takes an idle event or makes one
  * on the calling thread, and so may wait for the driver's lock, when it
- * is the first the thread defers on its stream (W6 on an H100 and an
- * H200, 64 threads starting on 16 new streams each: 156-209 ms at a
- * thread's 4th-15th call), when 4096 records of its stream's newest event
- * are not yet seen complete, while a defer_flush waits on any thread
- * (nothing shares then), when the thread has deferred on so many streams
+ * is the first the thread defers on its stream (the device's first defer
+ * call makes up to 2,048 idle events, half of CUDEFER_EVENT_POOL, in 1-2
+ * ms on an idle H100, and a quarter of them, 1,024 at most, are kept for
+ * such first callbacks: W6 on an H100, 64 threads starting on 16 new
+ * streams each, waited 87-349 ms at a thread's 5th-15th call before, 6-24
+ * ms at most since; bench/results/2026-11-26-h100-w6-stock.txt; past
+ * those, such a call makes its event), when 4096 records of its stream's
+ * newest event are not yet seen complete, while a defer_flush waits on any
+ * thread (nothing shares then), when the thread has deferred on so many streams
  * since (more than 64; fewer where their identities collide) that it let
  * go of this stream's events, and always with CUDEFER_EVENT_POOL=0 (no
  * event is ever idle), up to the 8.  defer_trim runs a callback only once

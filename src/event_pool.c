@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "clock.h"
 #include "release.h"
 #include "report.h"
 #include "stats.h"
@@ -15,8 +16,31 @@
 
 /* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
 #define CACHED_DEVICES 16
-#define BATCH 32 /* items moved between a cache and a pool at once */
+/* Items moved between a cache and a pool at once (to measure its effect:
+ * ./configure CPPFLAGS=-DEVENT_POOL_BATCH=N). */
+#ifndef EVENT_POOL_BATCH
+#define EVENT_POOL_BATCH 32
+#endif
+#define BATCH EVENT_POOL_BATCH
 #define REFILL 4 /* events the reclaimer makes a pass for a lane's want */
+/* A device's first miss makes STOCK events (at most half of what a pool
+ * keeps, CUDEFER_EVENT_POOL), until STOCK_NS have passed; a pool keeps
+ * RESERVE of its idle events (at most a quarter) for lanes that hold none.
+ * Why: on an H100 (W6: 64 threads, 16 streams each, callbacks behind a
+ * gate) the sharing lanes of the first threads took every idle event (8 a
+ * lane), and a later thread's first callback on a stream made its event
+ * while 63 threads recorded: 87-349 ms, for the driver's lock taken for
+ * writing waits behind them.  With the stock and the reserve the slowest
+ * call took 6-24 ms, calls/s as before (a stock of 4,096 or a reserve of
+ * 256 measured the same; bench/results/2026-11-26-h100-w6-stock.txt).
+ * Made before the device is busy, an event costs 0.2-0.3 us: the first
+ * miss takes about 1-2 ms. */
+#define STOCK 2048
+#define STOCK_NS 5000000ull
+#ifndef EVENT_POOL_RESERVE /* to measure its effect: CPPFLAGS=-D... */
+#define EVENT_POOL_RESERVE 1024
+#endif
+#define RESERVE EVENT_POOL_RESERVE
 
 enum kind { KIND_ENTRY, KIND_EVENT, KINDS };
 
@@ -25,7 +49,7 @@ struct pool {
     struct pool_link *head;
     size_t count;
     _Atomic bool wanted; /* events: a lane found none idle (refill) */
-    _Atomic bool stocked; /* events: BATCH made ahead at the first miss */
+    _Atomic bool stocked; /* events: made ahead at the first miss (stock) */
 };
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
@@ -41,6 +65,7 @@ struct thread_cache {
 static struct pool *pools[KINDS];
 static int pool_count;
 static size_t pool_max_idle;
+static size_t pool_reserve; /* idle events a pool keeps for lanes with none */
 static bool (*device_failed)(int device); /* event_pool_init's */
 static _Atomic size_t idle_events; /* in the pools (the caches hold more) */
 
@@ -91,15 +116,19 @@ static struct pool_link *pool_push(enum kind k, int device,
     return rest;
 }
 
-/* Pop up to n items of kind k from device's pool, chained; *got says how
- * many. */
+/* Pop up to n items of kind k from device's pool, chained, leaving at
+ * least keep in it; *got says how many. */
 static struct pool_link *pool_pop(enum kind k, int device, size_t n,
-                                  size_t *got)
+                                  size_t keep, size_t *got)
 {
     struct pool *p = &pools[k][device];
     struct pool_link *first, *last = NULL;
     size_t taken = 0;
     pthread_mutex_lock(&p->lock);
+    if (p->count <= keep)
+        n = 0;
+    else if (p->count - keep < n)
+        n = p->count - keep;
     first = p->head;
     for (struct pool_link *l = first; l != NULL && taken < n; l = l->next) {
         last = l;
@@ -167,6 +196,7 @@ cudaError_t event_pool_init(int ndevices, size_t max_idle,
     }
     pool_count = ndevices;
     pool_max_idle = max_idle;
+    pool_reserve = max_idle / 4 < RESERVE ? max_idle / 4 : RESERVE;
     atomic_store(&idle_events, 0);
     return cudaSuccess;
 }
@@ -240,18 +270,31 @@ static void register_cache(void)
     cache_registered = true;
 }
 
+/* Who takes an event: a lane that holds none (or a free that never
+ * shares), which may take the pool's reserve, or a sharing lane that holds
+ * one, which may not (it can record its newest again). */
+enum taker { TAKER_NEEDS, TAKER_SPARE };
+
 /* Take one item of kind k for device: from the thread's cache, refilled
- * from the pool; NULL when both are empty. */
-static struct pool_link *take(enum kind k, int device)
+ * from the pool (events: a batch above the reserve; of the reserve one, for
+ * a taker that needs it); NULL when there is none to take. */
+static struct pool_link *take(enum kind k, int device, enum taker who)
 {
-    size_t got;
-    if (device >= CACHED_DEVICES)
-        return pool_pop(k, device, 1, &got);
+    size_t got, keep = k == KIND_EVENT ? pool_reserve : 0;
+    struct pool_link *l;
+    if (device >= CACHED_DEVICES) {
+        l = pool_pop(k, device, 1, keep, &got);
+        return l != NULL || who == TAKER_SPARE
+                   ? l
+                   : pool_pop(k, device, 1, 0, &got);
+    }
     if (!cache_registered)
         register_cache();
-    struct pool_link *l = cache.head[k][device];
+    l = cache.head[k][device];
     if (l == NULL) {
-        l = pool_pop(k, device, BATCH, &got);
+        l = pool_pop(k, device, BATCH, keep, &got);
+        if (l == NULL && keep > 0 && who == TAKER_NEEDS)
+            l = pool_pop(k, device, 1, 0, &got);
         set_count(&cache, k, device, got);
         if (l == NULL)
             return NULL;
@@ -290,7 +333,7 @@ static void give(enum kind k, int device, struct pool_link *l)
 struct entry *event_pool_take_entry(int device, cudaError_t *err,
                                     const char **call)
 {
-    struct pool_link *l = take(KIND_ENTRY, device);
+    struct pool_link *l = take(KIND_ENTRY, device, TAKER_NEEDS);
     struct entry *e;
     if (l != NULL) {
         e = entry_of_link(l);
@@ -391,23 +434,36 @@ static size_t make_ahead(int device, size_t n)
     return made;
 }
 
-/* device's first miss: BATCH more events into its pool, made now on the
- * calling thread, so sharing lanes find idle ones
- * (event_pool_take_idle_event).  A device's first defer calls usually come
- * before its streams run far behind; a program whose first one comes
- * while other threads keep the device's queues full pays each of these
- * creations the driver's wait (stream_lane.h), once. */
+/* device's first miss: STOCK more events into its pool (at most half of
+ * what it keeps), made now on the calling thread in batches that other
+ * threads may take at once, for STOCK_NS at most: a device's first defer
+ * calls usually come before its streams run far behind, when an event
+ * costs 0.2-0.3 us (an H100), and then a thread's first entry on each
+ * stream finds one idle (see RESERVE).  A program whose first call comes
+ * while other threads keep the device's queues full pays the driver's wait
+ * (stream_lane.h) for the first of these creations, and the deadline stops
+ * the rest. */
 static void stock(int device)
 {
-    if (device < pool_count &&
-        !atomic_exchange(&pools[KIND_EVENT][device].stocked, true))
-        make_ahead(device, BATCH);
+    if (device >= pool_count ||
+        atomic_exchange(&pools[KIND_EVENT][device].stocked, true))
+        return;
+    size_t want = pool_max_idle / 2 < STOCK ? pool_max_idle / 2 : STOCK;
+    uint64_t until = now_ns() + STOCK_NS;
+    if (want < BATCH)
+        want = BATCH;
+    for (size_t made = 0; made < want && now_ns() < until;) {
+        size_t n = make_ahead(device, want - made < BATCH ? want - made : BATCH);
+        if (n == 0)
+            break; /* the pool is full, or a creation failed */
+        made += n;
+    }
 }
 
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call)
 {
-    struct pool_link *l = take(KIND_EVENT, device);
+    struct pool_link *l = take(KIND_EVENT, device, TAKER_NEEDS);
     struct shared_event *ev =
         l != NULL ? event_of_link(l) : create_event(device, err, call);
     if (l == NULL && ev != NULL)
@@ -422,7 +478,7 @@ bool event_pool_keeps_idle(void)
 
 struct shared_event *event_pool_take_idle_event(int device)
 {
-    struct pool_link *l = take(KIND_EVENT, device);
+    struct pool_link *l = take(KIND_EVENT, device, TAKER_SPARE);
     if (l == NULL) {
         atomic_store_explicit(&pools[KIND_EVENT][device].wanted, true,
                               memory_order_relaxed);

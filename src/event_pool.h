@@ -70,19 +70,24 @@ struct entry *event_pool_take_entry(int device, cudaError_t *err,
  * (its event reference, if any, already dropped). */
 void event_pool_give_unused(struct entry *e);
 
-/* Any thread.  An event of device nobody references (refs 0, nothing
- * completed, nothing taken): from the thread's cache, the pool, or created
+/* Any thread: a lane that holds no event, or a free that never shares.
+ * An event of device nobody references (refs 0, nothing completed, nothing
+ * taken): from the thread's cache, the pool (its reserve too), or created
  * (with the thread's current device switched to device and back; at the
- * device's first miss BATCH more are made into its pool).  NULL when none
- * could be had, with *err and *call (the call that failed). */
+ * device's first miss up to 2,048 more are made into its pool, half of
+ * CUDEFER_EVENT_POOL at most, for 5 ms at most).  NULL when none could be
+ * had, with *err and *call (the call that failed). */
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call);
 
-/* Any thread.  As event_pool_take_event, but only an idle event: NULL
- * when the thread's cache and the pool have none, and then the reclaimer
- * is asked to make some (event_pool_refill).  Never makes a CUDA call: on
- * a GPU, creating an event waits for the driver's lock behind every launch
- * that waits for room in its queue (tens of ms; stream_lane.h). */
+/* Any thread: a sharing lane that holds an event.  As
+ * event_pool_take_event, but only an idle event, and not of the pool's
+ * reserve (a quarter of CUDEFER_EVENT_POOL, 1,024 at most), which is kept
+ * for lanes that hold none: NULL when the thread's cache has none and the
+ * pool none above its reserve, and then the reclaimer is asked to make
+ * some (event_pool_refill).  Never makes a CUDA call: on a GPU, creating
+ * an event waits for the driver's lock behind every launch that waits for
+ * room in its queue (tens of ms; stream_lane.h). */
 struct shared_event *event_pool_take_idle_event(int device);
 
 /* Any thread: whether the pools keep idle events at all (CUDEFER_EVENT_POOL

@@ -458,8 +458,9 @@ static void count_slow(void *arg)
  * 2026-11-26-h100-micro-8e9f7c9.txt).  So a callbacks' lane that holds an
  * event makes none on the launching thread, as a blocks' lane
  * (t/block_events): it takes an idle one, or records its newest again while
- * the reclaimer makes more.  A fresh process (the device's first batch,
- * 32 events); each of 8 held streams gets its lane's first event, then
+ * the reclaimer makes more.  A fresh process (the device's first stock,
+ * 32 events with CUDEFER_EVENT_POOL=64, 16 of them its reserve for lanes
+ * that hold none); each of 8 held streams gets its lane's first event, then
  * 3 x LANE_EVENTS callbacks each: the calling thread makes no event (the
  * fake counts its cudaEventCreate calls), the reclaimer makes the missing
  * ones (slowly: 20 ms each, fake latency), and every callback runs once
@@ -581,7 +582,7 @@ int main(void)
     plan_lazy();
     if (LANE_SHARE_CALLBACKS) {
         fork_scenario("callbacks on held streams make no event on the "
-                      "launching thread", "", 1, 30000,
+                      "launching thread", "CUDEFER_EVENT_POOL=64", 1, 30000,
                       s_callbacks_make_no_event);
         fork_scenario("a lane that finds no idle event records its newest "
                       "at most LANE_REUSE_MAX times", "CUDEFER_EVENT_POOL=1",

@@ -1,0 +1,141 @@
+/* A device's first stock of events and the reserve its pool keeps for
+ * lanes that hold none (src/event_pool.c).  On an H100, W6 (64 threads, 16
+ * streams each, callbacks behind a gate) lost 156-209 ms at a thread's
+ * first callback on a stream: the first threads' sharing lanes had taken
+ * every idle event, so a later thread made its own while 63 others
+ * recorded, and making an event waits for the driver's lock behind them.
+ * Each scenario is a fresh process. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "helpers.h"
+#include "stream_lane.h"
+
+static atomic_int ran;
+
+static void count(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&ran, 1);
+}
+
+/* The first miss makes up to 2,048 events (half of CUDEFER_EVENT_POOL),
+ * on the fake's fast creation all or most of them (5 ms at most): before,
+ * it made 32. */
+static void s_first_miss_stocks(void)
+{
+    void *p = device_alloc(64);
+    CHECK(defer_free(p, 0) == cudaSuccess, "defer_free");
+    uint64_t idle = stats_now().events_in_pool;
+    CHECK(idle >= 64 && idle <= 2048,
+          "%llu idle events after the first miss (64 to 2,048 expected)",
+          ULL(idle));
+    CHECK(defer_flush() == cudaSuccess, "flush");
+}
+
+/* The stock stops after 5 ms: creating takes 2 ms here (fake latency), so
+ * 2,048 would take 4 s; the first call returns in a few. */
+static void s_stock_deadline(void)
+{
+    fake_set_latency(FAKE_EVENT_CREATE, 2000000);
+    void *p = device_alloc(64);
+    double t0 = now_ms();
+    CHECK(defer_free(p, 0) == cudaSuccess, "defer_free");
+    double took = now_ms() - t0;
+    fake_set_latency(FAKE_EVENT_CREATE, 0);
+    CHECK(took < 500, "the first free took %.1f ms (%llu events made)", took,
+          ULL(stats_now().events_created));
+    CHECK(defer_flush() == cudaSuccess, "flush");
+}
+
+/* The stock is no more than the pool keeps (CUDEFER_EVENT_POOL=10). */
+static void s_stock_within_pool(void)
+{
+    void *p = device_alloc(64);
+    CHECK(defer_free(p, 0) == cudaSuccess, "defer_free");
+    CHECK(stats_now().events_in_pool <= 10, "%llu idle events, 10 at most",
+          ULL(stats_now().events_in_pool));
+    CHECK(defer_flush() == cudaSuccess, "flush");
+}
+
+enum { GREEDY_STREAMS = 16, GREEDY_CALLS = 64 * GREEDY_STREAMS, LATE = 8 };
+
+static cudaStream_t late_streams[LATE];
+static unsigned long late_made;
+
+/* A thread's first callbacks on LATE held streams: how many events it
+ * made itself (the fake counts each thread's cudaEventCreate calls). */
+static void *late_thread(void *arg)
+{
+    (void)arg;
+    unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
+    for (int k = 0; k < LATE; k++)
+        if (defer_call(count, NULL, late_streams[k]) != cudaSuccess)
+            bail("defer_call");
+    late_made = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    return NULL;
+}
+
+/* CUDEFER_EVENT_POOL=64: a stock of 32, a reserve of 16.  One thread's
+ * callbacks on 16 held streams want up to 8 events a lane (128): they take
+ * every idle event but the reserve (and what the reclaimer makes).  Then
+ * another thread's first callbacks on 8 new held streams take theirs from
+ * the reserve: that thread makes none.  Without the reserve the greedy
+ * lanes took all, and it made its own. */
+static void s_reserve_for_first_calls(void)
+{
+    cudaStream_t s[GREEDY_STREAMS];
+    fake_work *gate[GREEDY_STREAMS], *late_gate[LATE];
+    for (int k = 0; k < GREEDY_STREAMS; k++) {
+        s[k] = stream_new();
+        gate[k] = work_held(s[k], NULL);
+    }
+    for (int i = 0; i < GREEDY_CALLS; i++)
+        CHECK(defer_call(count, NULL, s[i % GREEDY_STREAMS]) == cudaSuccess,
+              "defer_call %d", i);
+    uint64_t idle = stats_now().events_in_pool;
+    CHECK(idle >= 16, "%llu idle after the greedy lanes: the reserve is kept",
+          ULL(idle));
+    for (int k = 0; k < LATE; k++) {
+        late_streams[k] = stream_new();
+        late_gate[k] = work_held(late_streams[k], NULL);
+    }
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, late_thread, NULL) == 0, "pthread_create");
+    pthread_join(t, NULL);
+    CHECK(late_made == 0, "the late thread's %d first callbacks made %lu "
+          "events on it", LATE, late_made);
+    CHECK(atomic_load(&ran) == 0, "none ran behind the gates");
+    for (int k = 0; k < GREEDY_STREAMS; k++)
+        fake_complete(gate[k]);
+    for (int k = 0; k < LATE; k++)
+        fake_complete(late_gate[k]);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&ran) == GREEDY_CALLS + LATE, "every callback ran (%d)",
+          atomic_load(&ran));
+    for (int k = 0; k < GREEDY_STREAMS; k++)
+        cudaStreamDestroy(s[k]);
+    for (int k = 0; k < LATE; k++)
+        cudaStreamDestroy(late_streams[k]);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed");
+    CHECK(fake_violations() == 0, "oracle");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fork_scenario("the device's first miss stocks its pool", "", 1, 30000,
+                  s_first_miss_stocks);
+    fork_scenario("the stock stops at its deadline when events are slow to "
+                  "make", "", 1, 30000, s_stock_deadline);
+    fork_scenario("the stock stays within the pool", "CUDEFER_EVENT_POOL=10",
+                  1, 30000, s_stock_within_pool);
+    if (LANE_SHARE_CALLBACKS)
+        fork_scenario("sharing lanes leave the pool's reserve to lanes that "
+                      "hold no event", "CUDEFER_EVENT_POOL=64", 1, 30000,
+                      s_reserve_for_first_calls);
+    else
+        skip_block(1, "callbacks share no event (LANE_SHARE_CALLBACKS 0)");
+    return 0;
+}
