@@ -31,9 +31,13 @@ struct request;
 struct cache_block;
 struct shared_event;
 
-/* The link of a pooled item (event_pool.h). */
+/* The link of a pooled item (event_pool.h).  In a pool's stack of batches
+ * (pool_stack.h) a batch's first item also says the next batch and how
+ * many items its own has. */
 struct pool_link {
     struct pool_link *next;
+    struct pool_link *next_batch;
+    size_t batch_count;
 };
 
 struct entry {

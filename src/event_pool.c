@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
+#include "pool_stack.h"
 #include "release.h"
 #include "report.h"
 #include "stats.h"
@@ -45,9 +46,7 @@
 enum kind { KIND_ENTRY, KIND_EVENT, KINDS };
 
 struct pool {
-    pthread_mutex_t lock; /* guards head and count only */
-    struct pool_link *head;
-    size_t count;
+    struct pool_stack items; /* the idle items, in batches */
     _Atomic bool wanted; /* events: a lane found none idle (refill) */
     _Atomic bool stocked; /* events: made ahead at the first miss (stock) */
 };
@@ -91,60 +90,28 @@ static struct shared_event *event_of_link(struct pool_link *l)
 /* ---- pools ----------------------------------------------------------------- */
 
 /* Push a chain of items of kind k onto device's pool; returns the items that
- * did not fit (the pool is bounded), chained. */
+ * did not fit (the pool is bounded), as batches (pool_stack.h). */
 static struct pool_link *pool_push(enum kind k, int device,
                                    struct pool_link *first)
 {
-    struct pool *p = &pools[k][device];
-    size_t room, kept = 0;
-    struct pool_link *last = NULL, *rest = first;
-    pthread_mutex_lock(&p->lock);
-    room = pool_max_idle > p->count ? pool_max_idle - p->count : 0;
-    while (rest != NULL && kept < room) {
-        last = rest;
-        rest = rest->next;
-        kept++;
-    }
-    if (last != NULL) {
-        last->next = p->head;
-        p->head = first;
-        p->count += kept;
-    }
-    pthread_mutex_unlock(&p->lock);
+    size_t kept;
+    struct pool_link *rest = pool_stack_push(&pools[k][device].items, first,
+                                             BATCH, pool_max_idle, &kept);
     if (k == KIND_EVENT)
         atomic_fetch_add_explicit(&idle_events, kept, memory_order_relaxed);
     return rest;
 }
 
-/* Pop up to n items of kind k from device's pool, chained, leaving at
- * least keep in it; *got says how many. */
+/* Pop a batch of at most n items of kind k from device's pool (or one item,
+ * when the top batch is larger or would leave fewer than keep), chained;
+ * *got says how many. */
 static struct pool_link *pool_pop(enum kind k, int device, size_t n,
                                   size_t keep, size_t *got)
 {
-    struct pool *p = &pools[k][device];
-    struct pool_link *first, *last = NULL;
-    size_t taken = 0;
-    pthread_mutex_lock(&p->lock);
-    if (p->count <= keep)
-        n = 0;
-    else if (p->count - keep < n)
-        n = p->count - keep;
-    first = p->head;
-    for (struct pool_link *l = first; l != NULL && taken < n; l = l->next) {
-        last = l;
-        taken++;
-    }
-    if (last != NULL) {
-        p->head = last->next;
-        last->next = NULL;
-        p->count -= taken;
-    } else {
-        first = NULL;
-    }
-    pthread_mutex_unlock(&p->lock);
+    struct pool_link *first =
+        pool_stack_pop(&pools[k][device].items, n, keep, got);
     if (k == KIND_EVENT)
-        atomic_fetch_sub_explicit(&idle_events, taken, memory_order_relaxed);
-    *got = taken;
+        atomic_fetch_sub_explicit(&idle_events, *got, memory_order_relaxed);
     return first;
 }
 
@@ -174,10 +141,21 @@ static void free_chain(enum kind k, struct pool_link *l, bool destroy_events)
     }
 }
 
+/* Free batches of items of kind k (as free_chain). */
+static void free_batches(enum kind k, struct pool_link *b, bool destroy_events)
+{
+    while (b != NULL) {
+        struct pool_link *next = pool_stack_next_batch(b);
+        free_chain(k, b, destroy_events);
+        b = next;
+    }
+}
+
 /* Give a chain back to device's pool; what does not fit is freed. */
 static void give_to_pool(enum kind k, int device, struct pool_link *first)
 {
-    free_chain(k, pool_push(k, device, first), true);
+    if (first != NULL)
+        free_batches(k, pool_push(k, device, first), true);
 }
 
 cudaError_t event_pool_init(int ndevices, size_t max_idle,
@@ -192,7 +170,7 @@ cudaError_t event_pool_init(int ndevices, size_t max_idle,
             return cudaErrorMemoryAllocation;
         }
         for (int d = 0; d < ndevices; d++)
-            pthread_mutex_init(&pools[k][d].lock, NULL);
+            pool_stack_init(&pools[k][d].items);
     }
     pool_count = ndevices;
     pool_max_idle = max_idle;
@@ -409,10 +387,7 @@ static struct shared_event *blank(struct shared_event *ev)
  * once per process (each pass of the reclaimer may meet it again). */
 static size_t make_ahead(int device, size_t n)
 {
-    struct pool *p = &pools[KIND_EVENT][device];
-    pthread_mutex_lock(&p->lock);
-    size_t idle = p->count;
-    pthread_mutex_unlock(&p->lock);
+    size_t idle = pool_stack_count(&pools[KIND_EVENT][device].items);
     size_t room = pool_max_idle > idle ? pool_max_idle - idle : 0, made = 0;
     struct pool_link *chain = NULL;
     for (; made < n && made < room; made++) {
@@ -545,10 +520,10 @@ void event_pool_destroy_all(void)
     pthread_mutex_unlock(&registry_lock);
     for (int k = 0; k < KINDS; k++)
         for (int d = 0; d < pool_count; d++) {
-            if (pools[k][d].head != NULL)
-                free_chain((enum kind)k, pools[k][d].head,
-                           cudaSetDevice(d) == cudaSuccess);
-            pthread_mutex_destroy(&pools[k][d].lock);
+            struct pool_link *b = pool_stack_take_all(&pools[k][d].items);
+            if (b != NULL)
+                free_batches((enum kind)k, b, cudaSetDevice(d) == cudaSuccess);
+            pthread_mutex_destroy(&pools[k][d].items.lock);
         }
     event_pool_abandon();
 }
@@ -560,7 +535,7 @@ void event_pool_after_fork(void)
     pthread_mutex_init(&registry_lock, NULL);
     for (int k = 0; k < KINDS; k++)
         for (int d = 0; d < pool_count; d++)
-            pthread_mutex_init(&pools[k][d].lock, NULL);
+            pool_stack_init(&pools[k][d].items);
     /* Nothing overflows a pool here: what does not fit is destroyed, a CUDA
      * call, and a thread exiting in the child gives its lanes' events and
      * its cache back (t/lane_lifetimes). */
@@ -570,17 +545,8 @@ void event_pool_after_fork(void)
     for (struct thread_cache *tc = registry; tc != NULL; tc = tc->next)
         for (int k = 0; k < KINDS; k++)
             for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
-                struct pool_link *l = tc->head[k][d];
-                while (l != NULL) {
-                    struct pool_link *next = l->next;
-                    l->next = pools[k][d].head;
-                    pools[k][d].head = l;
-                    pools[k][d].count++;
-                    if (k == KIND_EVENT)
-                        atomic_fetch_add_explicit(&idle_events, 1,
-                                                  memory_order_relaxed);
-                    l = next;
-                }
+                if (tc->head[k][d] != NULL) /* all fit: no maximum */
+                    pool_push((enum kind)k, d, tc->head[k][d]);
                 tc->head[k][d] = NULL;
                 set_count(tc, (enum kind)k, d, 0);
             }
