@@ -435,6 +435,12 @@ static void stock(int device)
     }
 }
 
+struct shared_event *event_pool_take_pooled_event(int device)
+{
+    struct pool_link *l = take(KIND_EVENT, device, TAKER_NEEDS);
+    return l != NULL ? blank(event_of_link(l)) : NULL;
+}
+
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call)
 {

@@ -39,8 +39,9 @@ struct shared_event {
     int device;
     /* The reclaimer's alone: the highest label taken in. */
     uint64_t taken;
-    /* Written by the reclaimer (release), read by the lane's thread
-     * (acquire): every record with a label up to this one completed. */
+    /* Every record with a label up to this one completed: written by the
+     * reclaimer after its query (release), raised by the lane's thread
+     * after a query of its own (stream_lane.c), read by both. */
     _Alignas(64) _Atomic uint64_t completed;
     /* References: the entries that carry it, and its lane while it holds
      * it.  The lane adds its entries all at once when it lets go
@@ -79,6 +80,10 @@ void event_pool_give_unused(struct entry *e);
  * had, with *err and *call (the call that failed). */
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call);
+
+/* Any thread: as event_pool_take_event, but never makes one (NULL when
+ * the thread's cache and the pool, its reserve too, have none). */
+struct shared_event *event_pool_take_pooled_event(int device);
 
 /* Any thread: a sharing lane that holds an event.  As
  * event_pool_take_event, but only an idle event, and not of the pool's

@@ -3,6 +3,7 @@
 #include "stream_lane.h"
 
 #include "event_pool.h"
+#include "stats.h"
 
 /* How many defer_flush calls (and callbacks queued with no event) wait now:
  * while any does, no lane records a pending event again (see the header). */
@@ -129,6 +130,37 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
     return ev;
 }
 
+/* The calling thread, for its lane's newest slot, when no idle event is at
+ * hand: whether every record of its event has completed, by a query of
+ * its own (W5 on an H100: while the reclaimer had not yet looked, a
+ * thread freeing on an idle stream made 3,000-5,000 events in 20,000
+ * frees, each with the driver's lock taken for writing and its page
+ * faults: the slow calls; bench/results/2026-11-26-h100-w5-diag.txt).
+ * True: the event's completed label is raised to the slot's (every record
+ * of a lane is its thread's, on one stream).  A not-ready query leaves no
+ * error behind on the thread (the runtime, where it records one, would
+ * show it to the application's next cudaGetLastError). */
+static bool newest_done_now(struct lane_slot *slot)
+{
+    cudaError_t err = cudaEventQuery(slot->ev->event);
+    stats_add(&stats.event_queries, 1);
+    if (err == cudaErrorNotReady) {
+        if (cudaPeekAtLastError() == cudaErrorNotReady)
+            cudaGetLastError();
+        return false;
+    }
+    if (err != cudaSuccess)
+        return false; /* the reclaimer's query meets it and says so */
+    uint64_t seen = atomic_load_explicit(&slot->ev->completed,
+                                         memory_order_relaxed);
+    while (seen < slot->label &&
+           !atomic_compare_exchange_weak_explicit(
+               &slot->ev->completed, &seen, slot->label,
+               memory_order_release, memory_order_relaxed)) {
+    }
+    return true;
+}
+
 cudaError_t stream_lane_pick(int device, unsigned long long id,
                              enum lane_share share, struct lane_pick *pick,
                              const char **call)
@@ -167,8 +199,20 @@ cudaError_t stream_lane_pick(int device, unsigned long long id,
             return cudaSuccess;
         }
     }
+    /* None idle at hand: before making one, ask whether the newest's
+     * records have all completed (the reclaimer may not have looked yet);
+     * then it is recorded again, as when the reclaimer saw it (no entry
+     * waits longer). */
+    if (l->count > 0 &&
+        (pick->ev = event_pool_take_pooled_event(device)) == NULL &&
+        newest_done_now(slot_at(l, l->count - 1u))) {
+        pick->ev = slot_at(l, l->count - 1u)->ev;
+        pick->solo = false;
+        return cudaSuccess;
+    }
     cudaError_t err = cudaSuccess;
-    pick->ev = event_pool_take_event(device, &err, call);
+    if (pick->ev == NULL)
+        pick->ev = event_pool_take_event(device, &err, call);
     pick->fresh = true;
     return pick->ev != NULL ? cudaSuccess : err;
 }

@@ -28,6 +28,10 @@
  *     thread (at most LANE_REUSE_MAX entries later);
  *   - else takes an event of its own from the pool, which the lane does
  *     not keep (as every entry did before lanes).
+ * Where a lane holding events would take a fresh one and none is idle, it
+ * first queries its newest itself: if every record of it has completed
+ * (the reclaimer had not looked yet), it records that one again, as it
+ * would once the reclaimer had seen it; only else does it make one.
  * Each record of an event gets the next label; the entry carries it, and
  * the reclaimer, once a query says the event completed, knows that every
  * label it had taken in by then completed (event_pool.h: struct

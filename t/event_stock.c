@@ -122,6 +122,46 @@ static void s_reserve_for_first_calls(void)
     CHECK(fake_violations() == 0, "oracle");
 }
 
+/* A lane that holds events and finds none idle asks its newest before it
+ * makes one (src/stream_lane.c).  No idle event ever
+ * (CUDEFER_EVENT_POOL=0) and a reclaimer that does not look (it naps 1 s):
+ * 100 frees on an idle stream make one event on the calling thread, not
+ * 100 (before: one each); 20 frees behind held work make one each but the
+ * first (it records the idle stream's event again), and the not-ready
+ * queries leave no error on the thread; all released once done,
+ * none early. */
+static void s_lane_asks_its_newest(void)
+{
+    enum { IDLE = 100, HELD = 20 };
+    cudaStream_t s = stream_new();
+    unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
+    for (int i = 0; i < IDLE; i++) {
+        void *p = device_alloc(64);
+        CHECK(defer_free(p, s) == cudaSuccess, "defer_free %d", i);
+    }
+    own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    CHECK(own == 1, "%d frees on an idle stream made %lu events", IDLE, own);
+    fake_work *gate = work_held(s, NULL);
+    own = fake_thread_calls(FAKE_EVENT_CREATE);
+    for (int i = 0; i < HELD; i++) {
+        void *p = device_alloc(64);
+        CHECK(defer_free(p, s) == cudaSuccess, "defer_free held %d", i);
+    }
+    own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    CHECK(own == HELD - 1, "%d frees behind held work made %lu events",
+          HELD, own);
+    CHECK(cudaGetLastError() == cudaSuccess, "no error left on the thread");
+    CHECK(stats_now().released < (uint64_t)(IDLE + HELD),
+          "the held frees wait");
+    fake_complete(gate);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(stats_now().released == (uint64_t)(IDLE + HELD), "all released");
+    cudaStreamDestroy(s);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed");
+    CHECK(fake_violations() == 0, "oracle");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -131,6 +171,11 @@ int main(void)
                   "make", "", 1, 30000, s_stock_deadline);
     fork_scenario("the stock stays within the pool", "CUDEFER_EVENT_POOL=10",
                   1, 30000, s_stock_within_pool);
+    fork_scenario("a lane with no idle event at hand asks its newest before "
+                  "making one",
+                  "CUDEFER_EVENT_POOL=0 CUDEFER_POLL_US=1000000 "
+                  "CUDEFER_POLL_MAX_US=1000000", 1, 30000,
+                  s_lane_asks_its_newest);
     if (LANE_SHARE_CALLBACKS)
         fork_scenario("sharing lanes leave the pool's reserve to lanes that "
                       "hold no event", "CUDEFER_EVENT_POOL=64", 1, 30000,
