@@ -31,7 +31,9 @@
  * Where a lane holding events would take a fresh one and none is idle, it
  * first queries its newest itself: if every record of it has completed
  * (the reclaimer had not looked yet), it records that one again, as it
- * would once the reclaimer had seen it; only else does it make one.
+ * would once the reclaimer had seen it; only else does it make one.  A
+ * newest found not complete is asked again only after 1, 2, 4 ... 64
+ * picks (a busy stream: a query that fails is time lost).
  * Each record of an event gets the next label; the entry carries it, and
  * the reclaimer, once a query says the event completed, knows that every
  * label it had taken in by then completed (event_pool.h: struct
@@ -145,6 +147,11 @@ struct lane {
     unsigned char share; /* enum lane_share */
     bool valid;
     unsigned char oldest, count; /* the ring of slots */
+    /* The newest record the thread last found not complete by a query of
+     * its own, and how many picks skip asking again (stream_lane.c). */
+    unsigned char ask_wait, ask_skip;
+    struct shared_event *asked_ev;
+    uint64_t asked_label;
     struct lane_slot ring[LANE_EVENTS];
 };
 

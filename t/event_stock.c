@@ -127,12 +127,13 @@ static void s_reserve_for_first_calls(void)
  * (CUDEFER_EVENT_POOL=0) and a reclaimer that does not look (it naps 1 s):
  * 100 frees on an idle stream make one event on the calling thread, not
  * 100 (before: one each); 20 frees behind held work make one each but the
- * first (it records the idle stream's event again), and the not-ready
- * queries leave no error on the thread; all released once done,
+ * first (it records the idle stream's event again), asking again after
+ * 1, 2, 4 ... 64 picks (400 more: a query per 64 at most), and the
+ * not-ready queries leave no error on the thread; all released once done,
  * none early. */
 static void s_lane_asks_its_newest(void)
 {
-    enum { IDLE = 100, HELD = 20 };
+    enum { IDLE = 100, HELD = 20, BUSY = 400 };
     cudaStream_t s = stream_new();
     unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
     for (int i = 0; i < IDLE; i++) {
@@ -143,6 +144,7 @@ static void s_lane_asks_its_newest(void)
     CHECK(own == 1, "%d frees on an idle stream made %lu events", IDLE, own);
     fake_work *gate = work_held(s, NULL);
     own = fake_thread_calls(FAKE_EVENT_CREATE);
+    unsigned long asked = fake_thread_calls(FAKE_EVENT_QUERY);
     for (int i = 0; i < HELD; i++) {
         void *p = device_alloc(64);
         CHECK(defer_free(p, s) == cudaSuccess, "defer_free held %d", i);
@@ -150,12 +152,26 @@ static void s_lane_asks_its_newest(void)
     own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
     CHECK(own == HELD - 1, "%d frees behind held work made %lu events",
           HELD, own);
+    asked = fake_thread_calls(FAKE_EVENT_QUERY) - asked;
+    CHECK(asked <= 14, "%lu queries of their own for %d frees behind held "
+          "work (asked again after 1, 2, 4 ... picks)", asked, HELD);
+    own = fake_thread_calls(FAKE_EVENT_CREATE);
+    asked = fake_thread_calls(FAKE_EVENT_QUERY);
+    for (int i = 0; i < BUSY; i++) {
+        void *p = device_alloc(64);
+        CHECK(defer_free(p, s) == cudaSuccess, "defer_free busy %d", i);
+    }
+    own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
+    asked = fake_thread_calls(FAKE_EVENT_QUERY) - asked;
+    CHECK(own == BUSY && asked <= 10, "%d more frees behind it: %lu events, "
+          "%lu queries (a query per 64 at most)", BUSY, own, asked);
     CHECK(cudaGetLastError() == cudaSuccess, "no error left on the thread");
-    CHECK(stats_now().released < (uint64_t)(IDLE + HELD),
+    CHECK(stats_now().released < (uint64_t)(IDLE + HELD + BUSY),
           "the held frees wait");
     fake_complete(gate);
     CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(stats_now().released == (uint64_t)(IDLE + HELD), "all released");
+    CHECK(stats_now().released == (uint64_t)(IDLE + HELD + BUSY),
+          "all released");
     cudaStreamDestroy(s);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
     CHECK(fake_live_events() == 0, "every event destroyed");
