@@ -383,14 +383,17 @@ static struct shared_event *blank(struct shared_event *ev)
 }
 
 /* Make up to n events of device into its pool, as much as it has room for
- * (CUDEFER_EVENT_POOL); returns how many.  A failure ends the batch, said
- * once per process (each pass of the reclaimer may meet it again). */
-static size_t make_ahead(int device, size_t n)
+ * (CUDEFER_EVENT_POOL), until the monotonic clock passes until (each
+ * creation may wait for the driver's lock: the first is always made);
+ * returns how many.  A failure ends the batch, said once per process (each
+ * pass of the reclaimer may meet it again). */
+static size_t make_ahead(int device, size_t n, uint64_t until)
 {
     size_t idle = pool_stack_count(&pools[KIND_EVENT][device].items);
     size_t room = pool_max_idle > idle ? pool_max_idle - idle : 0, made = 0;
     struct pool_link *chain = NULL;
-    for (; made < n && made < room; made++) {
+    for (; made < n && made < room && (made == 0 || now_ns() < until);
+         made++) {
         cudaError_t err;
         const char *call;
         struct shared_event *ev = create_event(device, &err, &call);
@@ -428,7 +431,9 @@ static void stock(int device)
     if (want < BATCH)
         want = BATCH;
     for (size_t made = 0; made < want && now_ns() < until;) {
-        size_t n = make_ahead(device, want - made < BATCH ? want - made : BATCH);
+        size_t n = make_ahead(device,
+                              want - made < BATCH ? want - made : BATCH,
+                              until);
         if (n == 0)
             break; /* the pool is full, or a creation failed */
         made += n;
@@ -476,7 +481,7 @@ size_t event_pool_refill(void)
                                  memory_order_relaxed) &&
             atomic_exchange(&pools[KIND_EVENT][d].wanted, false) &&
             !device_failed(d))
-            made += make_ahead(d, REFILL);
+            made += make_ahead(d, REFILL, UINT64_MAX);
     return made;
 }
 

@@ -76,7 +76,7 @@ void event_pool_give_unused(struct entry *e);
  * taken): from the thread's cache, the pool (its reserve too), or created
  * (with the thread's current device switched to device and back; at the
  * device's first miss up to 2,048 more are made into its pool, half of
- * CUDEFER_EVENT_POOL at most, for 5 ms at most).  NULL when none could be
+ * CUDEFER_EVENT_POOL at most, until 5 ms have passed, one at least).  NULL when none could be
  * had, with *err and *call (the call that failed). */
 struct shared_event *event_pool_take_event(int device, cudaError_t *err,
                                            const char **call);

@@ -528,10 +528,18 @@ static size_t poll_streams(uint64_t now)
                 err = cudaEventQuery(ev->event);
                 stats_add(&stats.event_queries, 1);
                 /* Every entry of ev taken in so far was recorded before
-                 * this query: their records completed too. */
+                 * this query: their records completed too.  Raised, never
+                 * lowered: the lane's thread may have raised it past
+                 * taken meanwhile and recorded ev again (stream_lane.c);
+                 * lowering it would make entries whose work is done wait
+                 * for that later work. */
                 if (err == cudaSuccess)
-                    atomic_store_explicit(&ev->completed, ev->taken,
-                                          memory_order_release);
+                    stream_lane_raise_completed(ev, ev->taken);
+                else if (err == cudaErrorNotReady &&
+                         f->head->label <=
+                             atomic_load_explicit(&ev->completed,
+                                                  memory_order_acquire))
+                    err = cudaSuccess; /* its lane saw it complete */
             }
             if (err == cudaErrorNotReady) {
                 stream_table_backoff(f, now, rs.cfg.poll_us,

@@ -144,7 +144,15 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
  * show it to the application's next cudaGetLastError). */
 static bool newest_done_now(struct lane_slot *slot)
 {
+    /* Relaxed: a query in the thread's own mode (global by default) is
+     * refused while any thread captures in the global mode, and
+     * invalidates that capture (t/event_stock); the reclaimer runs
+     * relaxed for the same reason. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
     cudaError_t err = cudaEventQuery(slot->ev->event);
+    if (exchanged)
+        cudaThreadExchangeStreamCaptureMode(&mode);
     stats_add(&stats.event_queries, 1);
     if (err == cudaErrorNotReady) {
         if (cudaPeekAtLastError() == cudaErrorNotReady)
@@ -153,14 +161,18 @@ static bool newest_done_now(struct lane_slot *slot)
     }
     if (err != cudaSuccess)
         return false; /* the reclaimer's query meets it and says so */
-    uint64_t seen = atomic_load_explicit(&slot->ev->completed,
-                                         memory_order_relaxed);
-    while (seen < slot->label &&
-           !atomic_compare_exchange_weak_explicit(
-               &slot->ev->completed, &seen, slot->label,
-               memory_order_release, memory_order_relaxed)) {
-    }
+    stream_lane_raise_completed(slot->ev, slot->label);
     return true;
+}
+
+void stream_lane_raise_completed(struct shared_event *ev, uint64_t label)
+{
+    uint64_t seen = atomic_load_explicit(&ev->completed, memory_order_relaxed);
+    while (seen < label &&
+           !atomic_compare_exchange_weak_explicit(&ev->completed, &seen, label,
+                                                  memory_order_release,
+                                                  memory_order_relaxed)) {
+    }
 }
 
 /* The calling thread: whether l's newest has completed, by a query of its

@@ -192,6 +192,11 @@ void stream_lane_cancel(const struct lane_pick *pick);
  * parts of one call newest first. */
 void stream_lane_uncommit(struct entry *e);
 
+/* Any thread, after a query found ev complete: every record of ev up to
+ * label has completed; raises ev's completed label to it (never lowers
+ * it: the lane's thread and the reclaimer both raise it). */
+void stream_lane_raise_completed(struct shared_event *ev, uint64_t label);
+
 /* Any thread: one of ev's entries is done (or will never be pushed).  True
  * when that was ev's last reference: the caller gives ev back to the pool
  * (event_pool.h). */

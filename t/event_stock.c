@@ -178,6 +178,42 @@ static void s_lane_asks_its_newest(void)
     CHECK(fake_violations() == 0, "oracle");
 }
 
+/* The lane's own query runs in the relaxed capture mode: a query in the
+ * thread's default (global) mode is refused while a global capture runs
+ * and invalidates it (a review found it).  A free behind held work, the
+ * work done, a global capture begun on another stream, then a free on the
+ * first stream with no idle event: it queries, and the capture stays
+ * active, no error left on the thread. */
+static void s_own_query_keeps_captures(void)
+{
+    cudaStream_t s = stream_new(), cap = stream_new();
+    fake_work *w = work_held(s, NULL);
+    void *p = device_alloc(64);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free behind held work");
+    fake_complete(w);
+    p = device_alloc(64); /* before the capture: cudaMalloc is unsafe */
+    CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal) ==
+              cudaSuccess, "cudaStreamBeginCapture");
+    unsigned long asked = fake_thread_calls(FAKE_EVENT_QUERY);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free while capturing");
+    CHECK(fake_thread_calls(FAKE_EVENT_QUERY) - asked == 1,
+          "the free queried its newest itself");
+    enum cudaStreamCaptureStatus st;
+    CHECK(cudaStreamIsCapturing(cap, &st) == cudaSuccess &&
+              st == cudaStreamCaptureStatusActive,
+          "the capture is still active (status %d)", (int)st);
+    CHECK(cudaGetLastError() == cudaSuccess, "no error left on the thread");
+    cudaGraph_t g;
+    CHECK(cudaStreamEndCapture(cap, &g) == cudaSuccess, "end capture");
+    cudaGraphDestroy(g);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(stats_now().released == 2, "both released");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(cap);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_violations() == 0, "oracle");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -192,6 +228,11 @@ int main(void)
                   "CUDEFER_EVENT_POOL=0 CUDEFER_POLL_US=1000000 "
                   "CUDEFER_POLL_MAX_US=1000000", 1, 30000,
                   s_lane_asks_its_newest);
+    fork_scenario("the lane's own query leaves another stream's global "
+                  "capture intact",
+                  "CUDEFER_EVENT_POOL=0 CUDEFER_POLL_US=1000000 "
+                  "CUDEFER_POLL_MAX_US=1000000", 1, 30000,
+                  s_own_query_keeps_captures);
     if (LANE_SHARE_CALLBACKS)
         fork_scenario("sharing lanes leave the pool's reserve to lanes that "
                       "hold no event", "CUDEFER_EVENT_POOL=64", 1, 30000,
