@@ -7,7 +7,9 @@
  * Each scenario is a fresh process. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
+#include "event_pool.h"
 #include "helpers.h"
 #include "stream_lane.h"
 
@@ -214,9 +216,28 @@ static void s_own_query_keeps_captures(void)
     CHECK(fake_violations() == 0, "oracle");
 }
 
+/* The completed label only rises: the lane's thread and the reclaimer
+ * both raise it after a query of their own, and the reclaimer's used to
+ * store what it had taken in, lowering a label the lane had raised past
+ * it (a review found it: entries whose work was done then waited for
+ * later work). */
+static void test_completed_only_rises(void)
+{
+    struct shared_event ev;
+    memset(&ev, 0, sizeof ev);
+    stream_lane_raise_completed(&ev, 10);
+    stream_lane_raise_completed(&ev, 5); /* the reclaimer's older view */
+    uint64_t after_lower = atomic_load(&ev.completed);
+    stream_lane_raise_completed(&ev, 12);
+    ok(after_lower == 10 && atomic_load(&ev.completed) == 12,
+       "an event's completed label only rises (10, then 5: %llu; then 12: "
+       "%llu)", ULL(after_lower), ULL(atomic_load(&ev.completed)));
+}
+
 int main(void)
 {
     plan_lazy();
+    test_completed_only_rises();
     fork_scenario("the device's first miss stocks its pool", "", 1, 30000,
                   s_first_miss_stocks);
     fork_scenario("the stock stops at its deadline when events are slow to "
