@@ -253,26 +253,30 @@ static void register_cache(void)
  * one, which may not (it can record its newest again). */
 enum taker { TAKER_NEEDS, TAKER_SPARE };
 
+/* Pop up to n items of kind k for who from device's pool: above the
+ * reserve (events), else one of the reserve for a taker that needs it. */
+static struct pool_link *pool_pop_for(enum kind k, int device, size_t n,
+                                      enum taker who, size_t *got)
+{
+    size_t keep = k == KIND_EVENT ? pool_reserve : 0;
+    struct pool_link *l = pool_pop(k, device, n, keep, got);
+    if (l == NULL && keep > 0 && who == TAKER_NEEDS)
+        l = pool_pop(k, device, 1, 0, got);
+    return l;
+}
+
 /* Take one item of kind k for device: from the thread's cache, refilled
- * from the pool (events: a batch above the reserve; of the reserve one, for
- * a taker that needs it); NULL when there is none to take. */
+ * from the pool (pool_pop_for); NULL when there is none to take. */
 static struct pool_link *take(enum kind k, int device, enum taker who)
 {
-    size_t got, keep = k == KIND_EVENT ? pool_reserve : 0;
-    struct pool_link *l;
-    if (device >= CACHED_DEVICES) {
-        l = pool_pop(k, device, 1, keep, &got);
-        return l != NULL || who == TAKER_SPARE
-                   ? l
-                   : pool_pop(k, device, 1, 0, &got);
-    }
+    size_t got;
+    if (device >= CACHED_DEVICES)
+        return pool_pop_for(k, device, 1, who, &got);
     if (!cache_registered)
         register_cache();
-    l = cache.head[k][device];
+    struct pool_link *l = cache.head[k][device];
     if (l == NULL) {
-        l = pool_pop(k, device, BATCH, keep, &got);
-        if (l == NULL && keep > 0 && who == TAKER_NEEDS)
-            l = pool_pop(k, device, 1, 0, &got);
+        l = pool_pop_for(k, device, BATCH, who, &got);
         set_count(&cache, k, device, got);
         if (l == NULL)
             return NULL;
@@ -446,15 +450,14 @@ struct shared_event *event_pool_take_pooled_event(int device)
     return l != NULL ? blank(event_of_link(l)) : NULL;
 }
 
-struct shared_event *event_pool_take_event(int device, cudaError_t *err,
+struct shared_event *event_pool_make_event(int device, cudaError_t *err,
                                            const char **call)
 {
-    struct pool_link *l = take(KIND_EVENT, device, TAKER_NEEDS);
-    struct shared_event *ev =
-        l != NULL ? event_of_link(l) : create_event(device, err, call);
-    if (l == NULL && ev != NULL)
-        stock(device);
-    return ev != NULL ? blank(ev) : NULL;
+    struct shared_event *ev = create_event(device, err, call);
+    if (ev == NULL)
+        return NULL;
+    stock(device);
+    return blank(ev);
 }
 
 bool event_pool_keeps_idle(void)

@@ -72,21 +72,22 @@ struct entry *event_pool_take_entry(int device, cudaError_t *err,
 void event_pool_give_unused(struct entry *e);
 
 /* Any thread: a lane that holds no event, or a free that never shares.
- * An event of device nobody references (refs 0, nothing completed, nothing
- * taken): from the thread's cache, the pool (its reserve too), or created
- * (with the thread's current device switched to device and back; at the
- * device's first miss up to 2,048 more are made into its pool, half of
- * CUDEFER_EVENT_POOL at most, until 5 ms have passed, one at least).  NULL when none could be
- * had, with *err and *call (the call that failed). */
-struct shared_event *event_pool_take_event(int device, cudaError_t *err,
-                                           const char **call);
-
-/* Any thread: as event_pool_take_event, but never makes one (NULL when
- * the thread's cache and the pool, its reserve too, have none). */
+ * An idle event of device nobody references (refs 0, nothing completed,
+ * nothing taken): from the thread's cache or the pool (its reserve too).
+ * NULL when there is none; never makes one. */
 struct shared_event *event_pool_take_pooled_event(int device);
 
+/* Any thread, when event_pool_take_pooled_event found none: an event of
+ * device made now (with the thread's current device switched to device
+ * and back; at the device's first such call up to 2,048 more are made
+ * into its pool, half of CUDEFER_EVENT_POOL at most, until 5 ms have
+ * passed, one at least).  NULL when it could not be made, with *err and
+ * *call (the call that failed). */
+struct shared_event *event_pool_make_event(int device, cudaError_t *err,
+                                           const char **call);
+
 /* Any thread: a sharing lane that holds an event.  As
- * event_pool_take_event, but only an idle event, and not of the pool's
+ * event_pool_take_pooled_event, but not of the pool's
  * reserve (a quarter of CUDEFER_EVENT_POOL, 1,024 at most), which is kept
  * for lanes that hold none: NULL when the thread's cache has none and the
  * pool none above its reserve, and then the reclaimer is asked to make

@@ -7,13 +7,10 @@ void pool_stack_init(struct pool_stack *s)
 }
 
 /* Cut the chain at first into batches of at most batch items (no lock:
- * the caller's chain).  Returns the first batch; *n counts the items,
- * *last is the last batch. */
-static struct pool_link *cut(struct pool_link *first, size_t batch,
-                             size_t *n, struct pool_link **last)
+ * the caller's chain); returns the first batch. */
+static struct pool_link *cut(struct pool_link *first, size_t batch)
 {
     struct pool_link *head = NULL, *prev_head = NULL;
-    size_t total = 0;
     while (first != NULL) {
         struct pool_link *b = first, *tail = first;
         size_t k = 1;
@@ -30,10 +27,7 @@ static struct pool_link *cut(struct pool_link *first, size_t batch,
         else
             head = b;
         prev_head = b;
-        total += k;
     }
-    *n = total;
-    *last = prev_head;
     return head;
 }
 
@@ -57,10 +51,8 @@ struct pool_link *pool_stack_push(struct pool_stack *s,
                                   struct pool_link *first, size_t batch,
                                   size_t max, size_t *kept)
 {
-    size_t n, got = 0;
-    struct pool_link *last, *b = cut(first, batch, &n, &last);
-    struct pool_link *keep_last = NULL, *head = b;
-    (void)last;
+    size_t got = 0;
+    struct pool_link *b = cut(first, batch), *head = b, *keep_last = NULL;
     pthread_mutex_lock(&s->lock);
     size_t room = max > s->count ? max - s->count : 0;
     while (b != NULL && got < room) {

@@ -242,20 +242,19 @@ cudaError_t stream_lane_pick(int device, unsigned long long id,
             return cudaSuccess;
         }
     }
-    /* None idle at hand: before making one, ask whether the newest's
-     * records have all completed (the reclaimer may not have looked yet);
-     * then it is recorded again, as when the reclaimer saw it (no entry
-     * waits longer). */
-    if (l->count > 0 &&
-        (pick->ev = event_pool_take_pooled_event(device)) == NULL &&
-        ask_newest(l)) {
-        pick->ev = slot_at(l, l->count - 1u)->ev;
-        pick->solo = false;
-        return cudaSuccess;
-    }
     cudaError_t err = cudaSuccess;
-    if (pick->ev == NULL)
-        pick->ev = event_pool_take_event(device, &err, call);
+    if ((pick->ev = event_pool_take_pooled_event(device)) == NULL) {
+        /* None idle at hand: before making one, ask whether the newest's
+         * records have all completed (the reclaimer may not have looked
+         * yet); then it is recorded again, as when the reclaimer saw it
+         * (no entry waits longer). */
+        if (l->count > 0 && ask_newest(l)) {
+            pick->ev = slot_at(l, l->count - 1u)->ev;
+            pick->solo = false;
+            return cudaSuccess;
+        }
+        pick->ev = event_pool_make_event(device, &err, call);
+    }
     pick->fresh = true;
     return pick->ev != NULL ? cudaSuccess : err;
 }
