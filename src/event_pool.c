@@ -49,6 +49,11 @@ struct pool {
     struct pool_stack items; /* the idle items, in batches */
     _Atomic bool wanted; /* events: a lane found none idle (refill) */
     _Atomic bool stocked; /* events: made ahead at the first miss (stock) */
+    /* Events: idle ones kept for lanes that hold none: pool_reserve, but
+     * no more than half of what the stock made (a stock its deadline cut
+     * short, on a busy device or under a sanitizer, would else be all
+     * reserve, and sharing lanes would find none). */
+    _Atomic size_t reserve;
 };
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
@@ -64,7 +69,7 @@ struct thread_cache {
 static struct pool *pools[KINDS];
 static int pool_count;
 static size_t pool_max_idle;
-static size_t pool_reserve; /* idle events a pool keeps for lanes with none */
+static size_t pool_reserve; /* the most a pool keeps for lanes with none */
 static bool (*device_failed)(int device); /* event_pool_init's */
 static _Atomic size_t idle_events; /* in the pools (the caches hold more) */
 
@@ -258,7 +263,10 @@ enum taker { TAKER_NEEDS, TAKER_SPARE };
 static struct pool_link *pool_pop_for(enum kind k, int device, size_t n,
                                       enum taker who, size_t *got)
 {
-    size_t keep = k == KIND_EVENT ? pool_reserve : 0;
+    size_t keep = k == KIND_EVENT ? atomic_load_explicit(
+                                         &pools[k][device].reserve,
+                                         memory_order_relaxed)
+                                   : 0;
     struct pool_link *l = pool_pop(k, device, n, keep, got);
     if (l == NULL && keep > 0 && who == TAKER_NEEDS)
         l = pool_pop(k, device, 1, 0, got);
@@ -434,7 +442,8 @@ static void stock(int device)
     uint64_t until = now_ns() + STOCK_NS;
     if (want < BATCH)
         want = BATCH;
-    for (size_t made = 0; made < want && now_ns() < until;) {
+    size_t made = 0;
+    while (made < want && now_ns() < until) {
         size_t n = make_ahead(device,
                               want - made < BATCH ? want - made : BATCH,
                               until);
@@ -442,6 +451,9 @@ static void stock(int device)
             break; /* the pool is full, or a creation failed */
         made += n;
     }
+    atomic_store_explicit(&pools[KIND_EVENT][device].reserve,
+                          pool_reserve < made / 2 ? pool_reserve : made / 2,
+                          memory_order_relaxed);
 }
 
 struct shared_event *event_pool_take_pooled_event(int device)

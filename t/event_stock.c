@@ -60,6 +60,30 @@ static void s_stock_within_pool(void)
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
+/* A stock its deadline cut short (creating takes 1 ms here) keeps at
+ * most half of what it made in reserve: a sharing lane still finds idle
+ * events above it (before, the whole 1,024 reserve: none; under TSan the
+ * default stock missed its deadline and t/shared_events failed). */
+static void s_short_stock_small_reserve(void)
+{
+    cudaStream_t s = stream_new();
+    fake_work *gate = work_held(s, NULL);
+    fake_set_latency(FAKE_EVENT_CREATE, 1000000);
+    CHECK(defer_call(count, NULL, s) == cudaSuccess, "the first callback");
+    fake_set_latency(FAKE_EVENT_CREATE, 0);
+    uint64_t idle = stats_now().events_in_pool;
+    CHECK(idle >= 2 && idle < 64, "%llu idle after a short stock", ULL(idle));
+    for (int i = 0; i < 3; i++)
+        CHECK(defer_call(count, NULL, s) == cudaSuccess, "callback %d", i);
+    CHECK(stats_now().events_in_pool < idle,
+          "the sharing lane took idle events (%llu of %llu left)",
+          ULL(stats_now().events_in_pool), ULL(idle));
+    fake_complete(gate);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&ran) == 4, "every callback ran");
+    cudaStreamDestroy(s);
+}
+
 enum { GREEDY_STREAMS = 16, GREEDY_CALLS = 64 * GREEDY_STREAMS, LATE = 8 };
 
 static cudaStream_t late_streams[LATE];
@@ -242,6 +266,11 @@ int main(void)
                   s_first_miss_stocks);
     fork_scenario("the stock stops at its deadline when events are slow to "
                   "make", "", 1, 30000, s_stock_deadline);
+    if (LANE_SHARE_CALLBACKS)
+        fork_scenario("a stock cut short keeps half of it in reserve at "
+                      "most", "", 1, 30000, s_short_stock_small_reserve);
+    else
+        skip_block(1, "callbacks share no event (LANE_SHARE_CALLBACKS 0)");
     fork_scenario("the stock stays within the pool", "CUDEFER_EVENT_POOL=10",
                   1, 30000, s_stock_within_pool);
     fork_scenario("a lane with no idle event at hand asks its newest before "
