@@ -415,8 +415,8 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * on the calling thread, and so may wait for the driver's lock, when it
  * is the first the thread defers on its stream (the device's first defer
  * call makes up to 2,048 idle events, half of CUDEFER_EVENT_POOL, in 1-2
- * ms on an idle H100, and a quarter of them, 1,024 at most, are kept for
- * such first callbacks: W6 on an H100, 64 threads starting on 16 new
+ * ms on an idle H100, and a quarter of the pool, 1,024 at most and no
+ * more than half of those made, is kept for such first callbacks: W6 on an H100, 64 threads starting on 16 new
  * streams each, waited 87-349 ms at a thread's 5th-15th call before, 6-24
  * ms at most since; bench/results/2026-11-26-h100-w6-stock.txt; past
  * those, such a call makes its event), when 4096 records of its stream's
