@@ -418,10 +418,11 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * ms on an idle H100, and a quarter of the pool, 1,024 at most and no
  * more than half of those made, is kept for such first callbacks: W6 on
  * an H100, 64 threads starting on 16 new streams each, waited 87-349 ms
- * at a thread's 5th-15th call before, 6-24 ms at most since; bench/results/2026-11-26-h100-w6-stock.txt; past
- * those, such a call makes its event), when 4096 records of its stream's
- * newest event are not yet seen complete, while a defer_flush waits on any
- * thread (nothing shares then), when the thread has deferred on so many streams
+ * at a thread's 5th-15th call before, 6-24 ms at most since;
+ * bench/results/2026-11-26-h100-w6-stock.txt; past those, such a call
+ * makes its event), when 4096 records of its stream's newest event are
+ * not yet seen complete, while a defer_flush waits on any thread (nothing
+ * shares then), when the thread has deferred on so many streams
  * since (more than 64; fewer where their identities collide) that it let
  * go of this stream's events, and always with CUDEFER_EVENT_POOL=0 (no
  * event is ever idle), up to the 8.  defer_trim runs a callback only once
