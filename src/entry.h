@@ -30,6 +30,7 @@ enum entry_kind {
 struct request;
 struct cache_block;
 struct shared_event;
+struct entry_slab;
 
 /* The link of a pooled item (event_pool.h).  In a pool's stack of batches
  * (pool_stack.h) a batch's first item also says the next batch and how
@@ -53,6 +54,7 @@ struct entry {
     struct pool_link link; /* while pooled */
     bool pooled;           /* from the pool (else allocated: freed when
                               done) */
+    struct entry_slab *slab; /* pooled: where it lives (entry_slab.h) */
     bool captured;         /* tied to a graph (capture.h): waits with the
                               capture's entries until it is complete */
     bool synced;           /* no event, but its stream was synchronized

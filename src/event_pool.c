@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
+#include "entry_slab.h"
 #include "pool_stack.h"
 #include "release.h"
 #include "report.h"
@@ -129,7 +130,7 @@ static void free_chain(enum kind k, struct pool_link *l, bool destroy_events)
         if (k == KIND_ENTRY) {
             struct entry *e = entry_of_link(l);
             release_forget_pointers(e);
-            free(e);
+            entry_slab_free(e);
         } else {
             struct shared_event *ev = event_of_link(l);
             static _Atomic bool reported; /* once: thousands may follow */
@@ -320,16 +321,36 @@ static void give(enum kind k, int device, struct pool_link *l)
 
 /* ---- entries ------------------------------------------------------------- */
 
+/* A slab's first entry for the calling thread; the others go to its cache
+ * (give: what the cache cannot keep goes to the pool, what the pool cannot
+ * keep is freed).  No more than a pool keeps (and one): with
+ * CUDEFER_EVENT_POOL=0 an entry is a slab of one.  NULL when the system
+ * refused the memory. */
+static struct entry *entries_from_new_slab(int device)
+{
+    size_t n;
+    size_t max = pool_max_idle < ENTRY_SLAB_ENTRIES ? pool_max_idle + 1
+                                                    : ENTRY_SLAB_ENTRIES;
+    struct entry *e = entry_slab_make(max, &n);
+    if (e == NULL)
+        return NULL;
+    for (size_t i = 1; i < n; i++) {
+        e[i].device = device;
+        e[i].pooled = true;
+        give(KIND_ENTRY, device, &e[i].link);
+    }
+    return e;
+}
+
 struct entry *event_pool_take_entry(int device, cudaError_t *err,
                                     const char **call)
 {
     struct pool_link *l = take(KIND_ENTRY, device, TAKER_NEEDS);
-    struct entry *e;
-    if (l != NULL) {
-        e = entry_of_link(l);
-    } else if ((e = calloc(1, sizeof *e)) == NULL) {
+    struct entry *e = l != NULL ? entry_of_link(l)
+                                : entries_from_new_slab(device);
+    if (e == NULL) {
         *err = cudaErrorMemoryAllocation;
-        *call = "calloc";
+        *call = "mmap";
         return NULL;
     }
     e->device = device;

@@ -26,6 +26,7 @@
 #include "block_pool.h"
 #include "capture.h"
 #include "config.h"
+#include "entry_slab.h"
 #include "event_pool.h"
 #include "held.h"
 #include "pointer_set.h"
@@ -119,8 +120,12 @@ static void drop_event(struct entry *e)
 static void recycle(struct entry *e)
 {
     drop_event(e);
-    if (!e->pooled || device_error(e->device) != cudaSuccess) {
+    if (!e->pooled) {
         free(e);
+        return;
+    }
+    if (device_error(e->device) != cudaSuccess) {
+        entry_slab_free(e);
         return;
     }
     struct recycle_chains *r = &rs.recycle[e->device];
