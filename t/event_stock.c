@@ -11,6 +11,7 @@
 
 #include "event_pool.h"
 #include "helpers.h"
+#include "lifecycle.h"
 #include "stream_lane.h"
 
 static atomic_int ran;
@@ -240,6 +241,64 @@ static void s_own_query_keeps_captures(void)
     CHECK(fake_violations() == 0, "oracle");
 }
 
+/* The reclaimer held between its query and its use of it (the fake's
+ * return hook): 0 not armed, 1 armed, 2 holding, 3 let go. */
+static atomic_int hold_state;
+
+static void hold_reclaimer_query(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c, (void)arg;
+    int armed = 1;
+    if (r != cudaSuccess || !lifecycle_on_reclaimer_thread() ||
+        !atomic_compare_exchange_strong(&hold_state, &armed, 2))
+        return;
+    while (atomic_load(&hold_state) != 3)
+        sleep_ms(1);
+}
+
+/* The race a review found, played in order: the reclaimer's query of a
+ * stream's event completes and the reclaimer is held before it raises the
+ * completed label to what it took in (label 1).  Meanwhile the lane's
+ * thread queries the event itself twice, raising the label to 2, and
+ * records it again (label 3) behind held work.  Let go, the reclaimer
+ * must not lower the label: the free of label 2, whose work is done, is
+ * released while the later work is still held (before the fix the
+ * reclaimer stored 1, and that free waited for the held work). */
+static void s_reclaimer_never_lowers(void)
+{
+    cudaStream_t s = stream_new();
+    unsigned long made = fake_thread_calls(FAKE_EVENT_CREATE);
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_EVENT_QUERY, hold_reclaimer_query, NULL);
+    void *p1 = device_alloc(64), *p2 = device_alloc(64),
+         *p3 = device_alloc(64);
+    CHECK(defer_free(p1, s) == cudaSuccess, "defer_free 1");
+    double t0 = now_ms();
+    while (atomic_load(&hold_state) != 2 && now_ms() - t0 < 5000)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer queried and is held");
+    CHECK(defer_free(p2, s) == cudaSuccess, "defer_free 2 (the lane asks "
+          "its newest, then records it again)");
+    fake_work *w = work_held(s, NULL);
+    CHECK(defer_free(p3, s) == cudaSuccess, "defer_free 3, behind held "
+          "work");
+    CHECK(fake_thread_calls(FAKE_EVENT_CREATE) - made == 1,
+          "one event for the three frees, recorded again (made %lu)",
+          fake_thread_calls(FAKE_EVENT_CREATE) - made);
+    atomic_store(&hold_state, 3);
+    CHECK(wait_released(p2, 3000), "the free whose work is done is "
+          "released while later work is held (released %llu)",
+          ULL(stats_now().released));
+    CHECK(!fake_is_released(p3), "the free behind held work waits");
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(stats_now().released == 3, "all released");
+    fake_set_return_hook(FAKE_EVENT_QUERY, NULL, NULL);
+    cudaStreamDestroy(s);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_violations() == 0, "oracle");
+}
+
 /* The completed label only rises: the lane's thread and the reclaimer
  * both raise it after a query of their own, and the reclaimer's used to
  * store what it had taken in, lowering a label the lane had raised past
@@ -283,6 +342,9 @@ int main(void)
                   "CUDEFER_EVENT_POOL=0 CUDEFER_POLL_US=1000000 "
                   "CUDEFER_POLL_MAX_US=1000000", 1, 30000,
                   s_own_query_keeps_captures);
+    fork_scenario("the reclaimer never lowers a completed label the lane "
+                  "raised meanwhile", "CUDEFER_EVENT_POOL=0", 1, 30000,
+                  s_reclaimer_never_lowers);
     if (LANE_SHARE_CALLBACKS)
         fork_scenario("sharing lanes leave the pool's reserve to lanes that "
                       "hold no event", "CUDEFER_EVENT_POOL=64", 1, 30000,

@@ -24,6 +24,9 @@ _Thread_local struct fake_thread_state fake_thread;
 static _Atomic unsigned call_latency_ns[NCALLS];
 /* Calls of each kind begun, counted before their busy-wait (fake_entered). */
 static _Atomic unsigned long call_entered[NCALLS];
+/* fake_set_return_hook's, read outside the lock. */
+static _Atomic(fake_return_hook) return_hook[FAKE_NCALLS];
+static void *_Atomic return_hook_arg[FAKE_NCALLS];
 static pthread_once_t init_once_flag = PTHREAD_ONCE_INIT;
 
 /* Print "fake_cuda: msg" and abort.  Anyone. */
@@ -120,6 +123,8 @@ static void reset_locked(int ndev)
         atomic_store(&call_latency_ns[i], 0);
         atomic_store(&call_entered[i], 0);
     }
+    for (i = 0; i < FAKE_NCALLS; i++)
+        atomic_store(&return_hook[i], NULL);
     fake_oracle_forgive();
     pthread_cond_broadcast(&fake.cond);
 }
@@ -195,6 +200,7 @@ cudaError_t fake_enter(int c)
     struct injection *in;
 
     atomic_fetch_add(&call_entered[c], 1);
+    fake_thread.call_begun = c + 1;
     if (lat != 0) {
         int64_t end = fake_now_ns() + lat;
 
@@ -226,9 +232,16 @@ cudaError_t fake_enter(int c)
  * does; "not ready" is no failure), release the lock, return r. */
 cudaError_t fake_leave(cudaError_t r)
 {
+    int c = fake_thread.call_begun - 1;
+    fake_return_hook hook = NULL;
+
     if (r != cudaSuccess && r != cudaErrorNotReady)
         fake_thread.last_error = r;
+    fake_thread.call_begun = 0;
     fake_unlock();
+    if (c >= 0 && c < FAKE_NCALLS &&
+        (hook = atomic_load(&return_hook[c])) != NULL)
+        hook((enum fake_call)c, r, atomic_load(&return_hook_arg[c]));
     return r;
 }
 
@@ -387,6 +400,14 @@ const char *fake_call_name(enum fake_call c)
     };
 
     return (unsigned)c < FAKE_NCALLS && names[c] ? names[c] : "?";
+}
+
+void fake_set_return_hook(enum fake_call c, fake_return_hook fn, void *arg)
+{
+    if ((unsigned)c < FAKE_NCALLS) {
+        atomic_store(&return_hook_arg[c], arg);
+        atomic_store(&return_hook[c], fn);
+    }
 }
 
 /* Make every call of c busy-wait ns nanoseconds (read without the lock). */

@@ -394,6 +394,14 @@ const char *fake_call_name(enum fake_call c);
  * (0: no latency). */
 void fake_set_latency(enum fake_call c, unsigned ns);
 
+/* Have fn(c, r, arg) called on the calling thread each time a call of c
+ * returns r, after the fake's lock is released (fn may call CUDA); NULL:
+ * none.  How a test holds a thread between a call and what it does next
+ * (t/event_stock: the reclaimer between its query and its use of it).
+ * fake_reset clears it. */
+typedef void (*fake_return_hook)(enum fake_call c, cudaError_t r, void *arg);
+void fake_set_return_hook(enum fake_call c, fake_return_hook fn, void *arg);
+
 /* ---- Graphs ----------------------------------------------------------- */
 
 /* The graph calls, for failure injection and counting (an enum of their

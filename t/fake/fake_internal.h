@@ -223,6 +223,7 @@ struct fake_thread_state {
     unsigned nrecent;                       /* allocations it made */
     cudaEvent_t last_recorded; /* fake_take_last_recorded's, or NULL */
     unsigned long calls[NCALLS];            /* fake_thread_calls' */
+    int call_begun; /* 1 + the call fake_enter began, 0 after fake_leave */
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 
