@@ -2,7 +2,8 @@
 program's CPU time goes, on machines without perf (the GPU machines have
 none).  Builds bench/cpu_profile.c with cc into a temporary directory, runs
 PROGRAM with it preloaded (a SIGPROF every N us of the process's CPU time,
-250 by default; PROGRAM's stdout passes through), then prints, for the
+250 by default; PROGRAM's stdout passes through; PROGRAM itself, not the
+programs it starts: a shell script is not profiled), then prints, for the
 reclaimer thread and for all other threads apart: the functions the samples
 were in (self) and the functions on their stacks (inclusive, each counted
 once a sample), named with nm from the process's own mappings.  Linux x86-64
@@ -56,6 +57,16 @@ class Symbols:
                                  [n for _, n in entries])
         return self.tables[path]
 
+    def _absolute(self, path):
+        """Whether path is an ELF executable not built as PIE
+        (e_type ET_EXEC)."""
+        try:
+            with open(path, 'rb') as f:
+                head = f.read(18)
+        except OSError:
+            return False
+        return head[:4] == b'\x7fELF' and head[16:18] == b'\x02\x00'
+
     def name(self, addr):
         """'file:function' for an address ('file:?' where nm knows none)."""
         if addr in self.cache:
@@ -66,9 +77,10 @@ class Symbols:
         else:
             start, _, offset, path = self.ranges[i]
             addrs, names = self._table(path)
-            # Our objects are position independent and their code's
-            # addresses equal its file offsets.
-            rel = addr - start + offset
+            # A position-independent object's symbols are offsets in it
+            # (its code's addresses equal its file offsets); an executable
+            # built without PIE has absolute ones.
+            rel = addr if self._absolute(path) else addr - start + offset
             j = bisect.bisect_right(addrs, rel) - 1
             name = '%s:%s' % (os.path.basename(path),
                               names[j] if j >= 0 else '?')

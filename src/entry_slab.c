@@ -3,6 +3,7 @@
 #include "entry_slab.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 
 #include "entry.h"
@@ -29,8 +30,12 @@ static size_t entries_offset(void)
 
 struct entry *entry_slab_make(size_t max, size_t *n)
 {
-    size_t count = max == 0 ? 1 : max < ENTRY_SLAB_ENTRIES ? max
-                                                           : ENTRY_SLAB_ENTRIES;
+    if (max < ENTRY_SLAB_MIN) {
+        struct entry *e = calloc(1, sizeof *e); /* its slab NULL */
+        *n = 1;
+        return e;
+    }
+    size_t count = max < ENTRY_SLAB_ENTRIES ? max : ENTRY_SLAB_ENTRIES;
     size_t bytes = entries_offset() + count * sizeof(struct entry);
     /* Populated: one call faults every page in, where touching them one by
      * one would take the memory map lock once a page. */
@@ -52,6 +57,10 @@ struct entry *entry_slab_make(size_t max, size_t *n)
 void entry_slab_free(struct entry *e)
 {
     struct entry_slab *slab = e->slab;
+    if (slab == NULL) {
+        free(e);
+        return;
+    }
     /* acq_rel: the last one's unmapping comes after every other entry's
      * last use. */
     if (atomic_fetch_sub_explicit(&slab->live, 1, memory_order_acq_rel) != 1)

@@ -31,14 +31,22 @@ struct entry;
 #define ENTRY_SLAB_ENTRIES 256
 #endif
 
+/* Fewer entries than this are allocated one at a time (calloc, their slab
+ * NULL): with a small CUDEFER_EVENT_POOL (0 keeps none idle) a slab would
+ * be mapped and unmapped for every few entries, an mmap and an munmap
+ * (about 9 us, and the memory map lock taken for writing) where calloc and
+ * free take tens of nanoseconds. */
+#define ENTRY_SLAB_MIN 16
+
 /* Any thread; blocks in mmap.  Maps a slab of at most max entries (at least
  * one): returns its first entry, the others following it in memory
  * (e[0..*n)), all zeroed but for their slab; NULL (errno set) when the
- * system refused the memory. */
+ * system refused the memory.  Below ENTRY_SLAB_MIN, one entry, calloc'ed. */
 struct entry *entry_slab_make(size_t max, size_t *n);
 
-/* Any thread; blocks only to unmap.  Frees e, an entry of a slab: the slab
- * is unmapped once every one of its entries has been freed. */
+/* Any thread; blocks only to unmap.  Frees e, an entry of
+ * entry_slab_make: its slab is unmapped once every one of its entries has
+ * been freed (a calloc'ed one is freed). */
 void entry_slab_free(struct entry *e);
 
 /* Any thread, never blocks: slabs mapped now (tests, fork). */

@@ -12,8 +12,8 @@
 static void test_slab(void)
 {
     size_t before = entry_slab_count(), n = 0;
-    struct entry *e = entry_slab_make(5, &n);
-    ok(e != NULL && n == 5, "a slab of 5 asked for holds 5 (%zu)", n);
+    struct entry *e = entry_slab_make(20, &n);
+    ok(e != NULL && n == 20, "a slab of 20 asked for holds 20 (%zu)", n);
     int zeroed = 1, same_slab = 1, aligned = 1;
     for (size_t i = 0; i < n; i++) {
         zeroed &= e[i].kind == 0 && e[i].ev == NULL && e[i].ptrs == NULL &&
@@ -30,8 +30,15 @@ static void test_slab(void)
     entry_slab_free(&e[0]);
     is_int(entry_slab_count(), before, "unmapped with its last entry");
     e = entry_slab_make(0, &n);
-    ok(e != NULL && n == 1, "at least one entry (%zu)", n);
+    ok(e != NULL && n == 1 && e->slab == NULL &&
+           entry_slab_count() == before,
+       "below %d, one entry, calloc'ed (%zu, no slab)", ENTRY_SLAB_MIN, n);
     entry_slab_free(e);
+    e = entry_slab_make(ENTRY_SLAB_MIN, &n);
+    ok(e != NULL && n == ENTRY_SLAB_MIN && e->slab != NULL,
+       "%d: a slab (%zu)", ENTRY_SLAB_MIN, n);
+    for (size_t i = 0; i < n; i++)
+        entry_slab_free(&e[i]);
     e = entry_slab_make(SIZE_MAX, &n);
     ok(e != NULL && n == ENTRY_SLAB_ENTRIES, "at most %d (%zu)",
        ENTRY_SLAB_ENTRIES, n);
@@ -72,18 +79,21 @@ static void s_burst_drains(void)
     CHECK(fake_violations() == 0, "oracle");
 }
 
-/* CUDEFER_EVENT_POOL=0: nothing idle is kept, so every slab (of one
- * entry) is unmapped once its entry is done. */
+/* CUDEFER_EVENT_POOL=0: nothing idle is kept, so entries are calloc'ed
+ * one at a time (a slab a free would be mapped and unmapped each time),
+ * none mapped, all freed. */
 static void s_no_pool_keeps_none(void)
 {
     cudaStream_t s = stream_new();
+    fake_work *w = work_held(s, NULL);
     for (int i = 0; i < 100; i++) {
         void *p = device_alloc(64);
         CHECK(defer_free(p, s) == cudaSuccess, "defer_free %d", i);
     }
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(entry_slab_count() == 0, "%zu slabs mapped after the flush",
+    CHECK(entry_slab_count() == 0, "%zu slabs mapped for 100 pending frees",
           entry_slab_count());
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(stats_now().released == 100, "all released");
     cudaStreamDestroy(s);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
@@ -97,7 +107,7 @@ int main(void)
     fork_scenario("a burst's slabs are unmapped once it drains, all at "
                   "shutdown", "CUDEFER_EVENT_POOL=64", 1, 60000,
                   s_burst_drains);
-    fork_scenario("CUDEFER_EVENT_POOL=0 keeps no slab", "CUDEFER_EVENT_POOL=0",
+    fork_scenario("CUDEFER_EVENT_POOL=0 maps no slab", "CUDEFER_EVENT_POOL=0",
                   1, 30000, s_no_pool_keeps_none);
     return 0;
 }

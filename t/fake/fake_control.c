@@ -123,8 +123,10 @@ static void reset_locked(int ndev)
         atomic_store(&call_latency_ns[i], 0);
         atomic_store(&call_entered[i], 0);
     }
-    for (i = 0; i < FAKE_NCALLS; i++)
+    for (i = 0; i < FAKE_NCALLS; i++) {
         atomic_store(&return_hook[i], NULL);
+        atomic_store(&return_hook_arg[i], NULL);
+    }
     fake_oracle_forgive();
     pthread_cond_broadcast(&fake.cond);
 }
