@@ -63,10 +63,11 @@ struct defer_config {
                                    anyway (0: no limit; .. 1 h) */
     enum defer_policy policy;
     uint32_t event_pool_max;    /* idle events kept per device, and idle
-                                   entries (0 .. 1048576); an entry (about
-                                   240 bytes) is mapped with 255 others and
-                                   the 60 KiB stay mapped while any of them
-                                   is in use or idle */
+                                   entries (0 .. 1048576); from 15 on, an
+                                   entry (about 240 bytes) is mapped with
+                                   up to 255 others and the 60 KiB stay
+                                   mapped while any of them is in use or
+                                   idle */
     int disable;                /* 1: every defer call waits for its stream and releases at once */
     int verbose;                /* 1: print the configuration in force at start-up */
     int print_stats;            /* 1: print the statistics at exit */
