@@ -170,6 +170,8 @@ struct item {
     bool known;         /* captured is exact (NULL: nothing, complete at once) */
     bool verified;      /* already seen released (by a trim check) */
     bool due;           /* trim check: complete before the trim */
+    bool may_wait;      /* trim check: a callback that may wait past its
+                           work (call_may_wait_all) */
 };
 
 /* A block the thread keeps live across operations: lane is where it was
@@ -207,8 +209,10 @@ struct worker {
     size_t nitems;
     unsigned long ops[24];         /* by enum op */
     unsigned long flushes, trims, flush_checked, trim_checked, calls;
-    unsigned long trim_exempt; /* callbacks left out: may share an event */
+    unsigned long trim_exempt; /* callbacks left out: may share an event,
+                                  or wait behind one that does */
     cudaEvent_t pending_events[MAX_ITEMS]; /* call_may_wait_all's scratch */
+    struct order *waiting_orders[MAX_ITEMS]; /* and its streams' */
     struct kept_block kept[MAX_KEPT];
     int nkept;
     struct band_block band[MAX_BAND];
