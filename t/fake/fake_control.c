@@ -236,14 +236,18 @@ cudaError_t fake_leave(cudaError_t r)
 {
     int c = fake_thread.call_begun - 1;
     fake_return_hook hook = NULL;
+    void *arg = NULL;
 
     if (r != cudaSuccess && r != cudaErrorNotReady)
         fake_thread.last_error = r;
     fake_thread.call_begun = 0;
+    if (c >= 0 && c < FAKE_NCALLS) { /* a pair set under the lock */
+        hook = atomic_load(&return_hook[c]);
+        arg = atomic_load(&return_hook_arg[c]);
+    }
     fake_unlock();
-    if (c >= 0 && c < FAKE_NCALLS &&
-        (hook = atomic_load(&return_hook[c])) != NULL)
-        hook((enum fake_call)c, r, atomic_load(&return_hook_arg[c]));
+    if (hook != NULL)
+        hook((enum fake_call)c, r, arg);
     return r;
 }
 
@@ -407,8 +411,10 @@ const char *fake_call_name(enum fake_call c)
 void fake_set_return_hook(enum fake_call c, fake_return_hook fn, void *arg)
 {
     if ((unsigned)c < FAKE_NCALLS) {
+        fake_lock(); /* fake_leave reads the pair under it */
         atomic_store(&return_hook_arg[c], arg);
         atomic_store(&return_hook[c], fn);
+        fake_unlock();
     }
 }
 

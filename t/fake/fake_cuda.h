@@ -398,9 +398,10 @@ void fake_set_latency(enum fake_call c, unsigned ns);
  * returns r, after the fake's lock is released (fn may call CUDA); NULL:
  * none.  How a test holds a thread between a call and what it does next
  * (t/event_stock: the reclaimer between its query and its use of it).
- * Set or clear it while no call of c runs (fn and arg are stored apart);
- * calls that end without fake_leave (cuPointerGetAttributes) never call
- * it.  fake_reset clears it. */
+ * fn and arg are set together (under the fake's lock); a call that
+ * returned just before still calls the pair it read.  Calls that end
+ * without fake_leave (cuPointerGetAttributes) never call it.  fake_reset
+ * clears it. */
 typedef void (*fake_return_hook)(enum fake_call c, cudaError_t r, void *arg);
 void fake_set_return_hook(enum fake_call c, fake_return_hook fn, void *arg);
 
