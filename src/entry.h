@@ -52,9 +52,10 @@ struct entry {
                                 arrive */
     uint64_t label;        /* ev's record made after this entry's work */
     struct pool_link link; /* while pooled */
+    struct entry_slab *slab; /* pooled: where it lives (entry_slab.h;
+                                NULL: calloc'ed) */
     bool pooled;           /* from the pool (else allocated: freed when
                               done) */
-    struct entry_slab *slab; /* pooled: where it lives (entry_slab.h) */
     bool captured;         /* tied to a graph (capture.h): waits with the
                               capture's entries until it is complete */
     bool synced;           /* no event, but its stream was synchronized

@@ -323,9 +323,9 @@ static void give(enum kind k, int device, struct pool_link *l)
 
 /* A slab's first entry for the calling thread; the others go to its cache
  * (give: what the cache cannot keep goes to the pool, what the pool cannot
- * keep is freed).  No more than a pool keeps (and one): with
- * CUDEFER_EVENT_POOL=0 an entry is a slab of one.  NULL when the system
- * refused the memory. */
+ * keep is freed).  No more than a pool keeps, and the one taken: with a
+ * pool below ENTRY_SLAB_MIN - 1, one entry, calloc'ed (entry_slab.h).
+ * NULL when the system refused the memory. */
 static struct entry *entries_from_new_slab(int device)
 {
     size_t n;

@@ -116,15 +116,12 @@ static void drop_event(struct entry *e)
 }
 
 /* A finished entry goes back to the pools at the end of the pass (freed
- * when not from the pool, or when its device failed). */
+ * when not from the pool, or when its device failed: entry_slab_free
+ * frees an entry calloc'ed outside the pool too, its slab NULL). */
 static void recycle(struct entry *e)
 {
     drop_event(e);
-    if (!e->pooled) {
-        free(e);
-        return;
-    }
-    if (device_error(e->device) != cudaSuccess) {
+    if (!e->pooled || device_error(e->device) != cudaSuccess) {
         entry_slab_free(e);
         return;
     }
