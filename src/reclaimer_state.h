@@ -57,6 +57,7 @@ struct gate_shard {
 /* What a pass gives back to a device's pools at its end. */
 struct recycle_chains {
     struct pool_link *entries, *events;
+    size_t nevents; /* on events: given back at RECYCLE_EVENTS (reclaimer.c) */
 };
 
 /* The one reclaimer's state: rs. */
