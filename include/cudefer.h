@@ -100,7 +100,10 @@ struct defer_stats {
     uint64_t rejected;       /* defer calls refused (bad stream, after shutdown...) */
     uint64_t sync_releases;  /* entries whose stream the caller waited for
                                 (no event could be had, or CUDEFER_DISABLE) */
-    uint64_t event_queries;  /* cudaEventQuery calls made by the reclaimer */
+    uint64_t event_queries;  /* cudaEventQuery calls cudefer made: the
+                                reclaimer's, and a launching thread's own
+                                query of its stream's newest event when it
+                                found no idle one */
     uint64_t wakeups;        /* times the reclaimer thread woke up */
     uint64_t batches;        /* passes of the reclaimer that released something */
     uint64_t largest_batch;  /* most entries released in one pass */
