@@ -107,9 +107,9 @@ static void take_request(struct request *q)
 /* e's event is of no more use to it (its work is done, or never will be):
  * its reference goes, so an entry the policy holds does not keep an event
  * from the pool; the event goes back to the pool at the end of the pass, or
- * with RECYCLE_EVENTS others, when that was its last reference (forgotten,
- * never destroyed, when its device failed: it died with the device's
- * context). */
+ * once RECYCLE_EVENTS are chained, when that was its last reference
+ * (forgotten, never destroyed, when its device failed: it died with the
+ * device's context). */
 static void drop_event(struct entry *e)
 {
     struct shared_event *ev = e->ev;

@@ -54,10 +54,11 @@ struct gate_shard {
     _Alignas(64) _Atomic uint64_t count;
 };
 
-/* What a pass gives back to a device's pools at its end. */
+/* What a pass gives back to a device's pools: entries at its end, events
+ * at its end or as soon as RECYCLE_EVENTS are chained (reclaimer.c). */
 struct recycle_chains {
     struct pool_link *entries, *events;
-    size_t nevents; /* on events: given back at RECYCLE_EVENTS (reclaimer.c) */
+    size_t nevents; /* chained on events */
 };
 
 /* The one reclaimer's state: rs. */

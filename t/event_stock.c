@@ -73,7 +73,9 @@ static void s_short_stock_small_reserve(void)
     CHECK(defer_call(count, NULL, s) == cudaSuccess, "the first callback");
     fake_set_latency(FAKE_EVENT_CREATE, 0);
     uint64_t idle = stats_now().events_in_pool;
-    CHECK(idle >= 2 && idle < 64, "%llu idle after a short stock", ULL(idle));
+    /* At least the one a stock always makes: a thread descheduled in the
+     * creations' busy wait (TSan under load) makes no more in 5 ms. */
+    CHECK(idle >= 1 && idle < 64, "%llu idle after a short stock", ULL(idle));
     for (int i = 0; i < 3; i++)
         CHECK(defer_call(count, NULL, s) == cudaSuccess, "callback %d", i);
     CHECK(stats_now().events_in_pool < idle,
@@ -341,7 +343,14 @@ static void s_long_pass_gives_back(void)
               stats_now().events_created,
           "each free holds an event of its own (%llu made, %llu idle)",
           ULL(stats_now().events_created), ULL(stats_now().events_in_pool));
-    sleep_ms(20); /* the reclaimer has taken them in and found them pending */
+    /* Two wake-ups later a whole pass began after the last push: it took
+     * every entry in (a fixed sleep could end while a stalled reclaimer
+     * had taken in only some: the review). */
+    uint64_t w0 = stats_now().wakeups;
+    double t0 = now_ms();
+    while (stats_now().wakeups < w0 + 2 && now_ms() - t0 < 10000)
+        sleep_ms(1);
+    CHECK(stats_now().wakeups >= w0 + 2, "the reclaimer took the frees in");
     fake_set_return_hook(FAKE_EVENT_QUERY, watch_reclaimer_queries, NULL);
     fake_complete(w);
     CHECK(defer_flush() == cudaSuccess, "flush");
