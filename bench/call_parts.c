@@ -4,7 +4,11 @@
  * stream, after 64 untimed calls: the CUDA calls a defer call may make
  * (cudaStreamIsCapturing, cudaStreamGetDevice, cudaStreamGetId,
  * cudaGetDevice, cudaEventCreateWithFlags (what a call pays when no pooled
- * event is idle, as in W6), cudaEventRecord of a pooled event), the clock
+ * event is idle, as in W6), cudaEventRecord of a pooled event, and a
+ * thread's own query of its stream's newest event as the library makes it
+ * when it finds no idle event (own_query: the relaxed capture mode,
+ * cudaEventQuery, the mode back; on a busy stream the not-ready error
+ * cleared too)), the clock
  * alone (the
  * floor of every timing), defer_free of a cudaMalloc buffer (W5's call),
  * defer_call, and round robin over 16 streams (W6's pattern, one thread)
@@ -96,6 +100,22 @@ static cudaError_t part_event_create(struct bench_stream *s, size_t i)
 static cudaError_t part_event_record(struct bench_stream *s, size_t i)
 {
     return cudaEventRecord(s->events[i % EVENTS], s->stream);
+}
+
+/* As stream_lane.c's newest_done_now: an event recorded earlier on the
+ * stream (complete when it is idle, not when it is busy). */
+static cudaError_t part_own_query(struct bench_stream *s, size_t i)
+{
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess)
+        return err;
+    cudaError_t q = cudaEventQuery(s->events[i % EVENTS]);
+    if ((err = cudaThreadExchangeStreamCaptureMode(&mode)) != cudaSuccess)
+        return err;
+    if (q == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady)
+        cudaGetLastError();
+    return q == cudaErrorNotReady ? cudaSuccess : q;
 }
 
 static cudaError_t part_defer_free(struct bench_stream *s, size_t i)
@@ -225,6 +245,7 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     time_part(s, "get_device", part_get_device, lat, n);
     time_part(s, "event_create", part_event_create, lat, n);
     double record = time_part(s, "event_record", part_event_record, lat, n);
+    time_part(s, "own_query", part_own_query, lat, n);
     double freeing = time_part(s, "defer_free", part_defer_free, lat, n);
     time_part(s, "defer_call", part_defer_call, lat, n);
     time_part(s, "event_record_rr16", part_event_record_rr, lat, n);
