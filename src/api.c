@@ -169,7 +169,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     block_users_leave(&sw);
     if (err != cudaSuccess)
         return api_reject(a->what, failed, err);
-    if (a->kind == ENTRY_CALL && !lifecycle_config()->disable &&
+    if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
         queue_synced_call(a, stream))
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
@@ -294,7 +294,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * seals). */
     bool batchable = a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 &&
                      a->claims != NULL && free_batch_takes(stream) &&
-                     !lifecycle_config()->disable;
+                     !lifecycle_disabled();
     cudaError_t err = cudaSuccess;
     int current = a->current_known ? a->current_device : -1;
     if (batchable && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
@@ -306,12 +306,12 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (!batchable &&
         (err = capture_status(&stream, 1, &capturing, &call)) != cudaSuccess)
         return api_reject(a->what, call, err);
-    bool single = a->nptrs == 1 && !capturing && !lifecycle_config()->disable;
+    bool single = a->nptrs == 1 && !capturing && !lifecycle_disabled();
     if (!single && (err = free_claims_claim(a, claimed)) != cudaSuccess)
         return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
         return api_submit_captured(a, &stream, 1);
-    if (lifecycle_config()->disable)
+    if (lifecycle_disabled())
         return api_release_synchronously(a, stream);
     if (a->nptrs > 1 && *claimed && block_users_of(a, NULL) > 0)
         return api_group_submit(a, &stream, 1);

@@ -51,7 +51,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         return api_reject(a->what, call, err);
     if (capturing)
         return api_submit_captured(a, streams, n);
-    if (lifecycle_config()->disable) {
+    if (lifecycle_disabled()) {
         const char *failed = "cudaStreamSynchronize";
         for (size_t i = 1; i < n && err == cudaSuccess; i++)
             if ((err = block_users_enter(&users[i], &sw)) != cudaSuccess)

@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "block_cache.h"
 
@@ -25,9 +27,8 @@
 #define MIN_BLOCK ((size_t)1 << MIN_SHIFT)
 
 struct bins {
+    uint64_t nonempty[NWORDS]; /* first: one cache line, read by every search */
     struct cache_block *head[NBINS]; /* newest first */
-    uint64_t nonempty[NWORDS];
-    uint64_t count;
 };
 
 /* A list in the order blocks joined it, through their lru links: a
@@ -46,7 +47,6 @@ static inline void bins_push(struct bins *s, struct cache_block *b)
         b->next->prev = b;
     s->head[b->bin] = b;
     s->nonempty[b->bin / 64] |= UINT64_C(1) << (b->bin % 64);
-    s->count++;
 }
 
 /* Take b out of its bin of s. */
@@ -59,7 +59,16 @@ static inline void bins_unlink(struct bins *s, struct cache_block *b)
     if (b->next != NULL)
         b->next->prev = b->prev;
     b->prev = b->next = NULL;
-    s->count--;
+}
+
+/* Whether s holds no block (its bitmap only: no counter to keep, and no
+ * cache line beyond the one a search reads). */
+static inline bool bins_empty(const struct bins *s)
+{
+    for (int w = 0; w < NWORDS; w++)
+        if (s->nonempty[w] != 0)
+            return false;
+    return true;
 }
 
 /* The first non-empty bin of s in [lo, hi], or -1. */
@@ -158,13 +167,23 @@ static inline int block_bin_of(size_t bytes)
 
 /* ---- per-device state ---------------------------------------------------- */
 
+/* Zeroed memory for n bytes (a multiple of 64: the size of a struct with
+ * a 64-aligned member) on a cache line boundary, or NULL; free() it. */
+static inline void *block_zalloc(size_t n)
+{
+    void *p = aligned_alloc(64, n);
+    if (p != NULL)
+        memset(p, 0, n);
+    return p;
+}
+
 /* The blocks PENDING on one stream of a device, by size and, through their
  * lru links, in the order they were freed. */
 struct stream_bins {
     unsigned long long stream_id;
     struct stream_bins *next;
-    struct bins bins;
     struct order_list order;
+    _Alignas(64) struct bins bins; /* its bitmap on a line of its own */
 };
 
 #define STREAM_BUCKETS 64
@@ -182,15 +201,23 @@ struct segment_index {
     size_t count, room;
 };
 
-/* One device's cache; its mutex guards everything in it. */
+/* One device's cache; its mutex guards everything in it.  Laid out by
+ * cache line (the struct is allocated aligned): the lock with the
+ * hand-out counter, which every hit writes in the same hold; the rarely
+ * written rest; the stream buckets; the FREE bins, bitmap first.  Each
+ * line a call touches is a miss when PyTorch's own work ran between two
+ * calls (bench/cold-calls, 2026-11-26). */
 struct device_cache {
-    pthread_mutex_t lock;
-    struct bins free;                             /* FREE blocks */
-    struct stream_bins *streams[STREAM_BUCKETS]; /* streams with PENDING */
-    struct stream_bins *spare;                    /* emptied, for reuse */
+    _Alignas(64) pthread_mutex_t lock;
+    uint64_t next_handout; /* unique per hand-out on this device, from 1 */
+    struct stream_bins *recent; /* the bins looked up last (PyTorch works on
+                                   one stream: no bucket to read) */
+    _Alignas(64) struct stream_bins *spare; /* emptied, for reuse */
     int nspare;
     struct order_list lru; /* FREE, oldest first */
     struct segment_index segments;
+    _Alignas(64) struct stream_bins *streams[STREAM_BUCKETS]; /* with PENDING */
+    _Alignas(64) struct bins free;                            /* FREE blocks */
 };
 
 /* Whether b is a whole segment (one allocation of cudefer's, uncut): the

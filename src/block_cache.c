@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,23 +27,32 @@ size_t block_cache_round(size_t bytes)
     return class_bytes;
 }
 
+_Static_assert(BLOCK_MAX_RECORDED <= UINT8_MAX, "nrecorded is a uint8_t");
+_Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
+                   offsetof(struct cache_block, recorded) == 128,
+               "a block's hot fields fill its first 64 bytes, the age "
+               "list, segment and counts the next 64");
+
 /* ---- per-device state --------------------------------------------------- */
 
-static struct device_cache *caches;
-static int ncaches;
-static size_t split_min; /* requests below it are never cut (0: none is) */
-static _Atomic bool active;
-static _Atomic uint64_t next_handout = 1;
+/* What every call reads, on one cache line, written only at start,
+ * shutdown and the first block. */
+static _Alignas(64) struct {
+    struct device_cache *caches;
+    int ncaches;
+    size_t split_min; /* requests below it are never cut (0: none is) */
+    _Atomic bool active;
+} set;
 
 
 static struct device_cache *cache_of(int device)
 {
-    return &caches[device];
+    return &set.caches[device];
 }
 
 struct device_cache *block_cache_device(int device)
 {
-    return device >= 0 && device < ncaches ? cache_of(device) : NULL;
+    return device >= 0 && device < set.ncaches ? cache_of(device) : NULL;
 }
 
 static struct stream_bins **stream_slot(struct device_cache *c,
@@ -54,32 +64,47 @@ static struct stream_bins **stream_slot(struct device_cache *c,
     return link;
 }
 
+/* Lock held.  The bins of stream id, or NULL: the recent ones, else
+ * from the buckets (then recent). */
+static struct stream_bins *stream_find(struct device_cache *c,
+                                       unsigned long long id)
+{
+    struct stream_bins *s = c->recent;
+    if (s != NULL && s->stream_id == id)
+        return s;
+    if ((s = *stream_slot(c, id)) != NULL)
+        c->recent = s;
+    return s;
+}
+
 /* Lock held.  The bins of stream id, made if needed; NULL when out of
  * memory. */
 static struct stream_bins *stream_bins_get(struct device_cache *c,
                                            unsigned long long id)
 {
+    struct stream_bins *found = stream_find(c, id);
+    if (found != NULL)
+        return found;
     struct stream_bins **link = stream_slot(c, id);
-    if (*link != NULL)
-        return *link;
     struct stream_bins *s = c->spare;
     if (s != NULL) {
         c->spare = s->next;
         c->nspare--;
-    } else if ((s = calloc(1, sizeof *s)) == NULL) {
+    } else if ((s = block_zalloc(sizeof *s)) == NULL) {
         return NULL;
     }
     s->stream_id = id;
     s->next = NULL;
     s->order.oldest = s->order.newest = NULL;
     *link = s;
+    c->recent = s;
     return s;
 }
 
 struct stream_bins *block_cache_stream_bins(struct device_cache *c,
                                             unsigned long long id)
 {
-    return *stream_slot(c, id);
+    return stream_find(c, id);
 }
 
 void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b)
@@ -90,9 +115,11 @@ void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b)
         return;
     bins_unlink(&s->bins, b);
     order_unlink(&s->order, b);
-    if (s->bins.count > 0)
+    if (!bins_empty(&s->bins))
         return;
     *stream_slot(c, s->stream_id) = s->next;
+    if (c->recent == s)
+        c->recent = NULL;
     if (c->nspare < MAX_SPARE) {
         s->next = c->spare;
         c->spare = s;
@@ -110,7 +137,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
     if (b->state == BLOCK_PENDING)
         block_cache_stream_unlink(c, b);
     else /* LIVE: it was the application's until now */
-        stats_add(&stats.cache_free_bytes, b->size);
+        stats_add(&stats_mine()->cache_free_bytes, b->size);
     b->state = BLOCK_FREE;
     b->nrecorded = 0;
     b->freed_ns = now;
@@ -123,9 +150,10 @@ static void make_free(struct device_cache *c, struct cache_block *b,
 
 bool block_cache_init(int ndevices, size_t split_min_bytes)
 {
-    split_min = split_min_bytes;
-    caches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *caches);
-    if (caches == NULL)
+    set.split_min = split_min_bytes;
+    set.caches = block_zalloc((size_t)(ndevices > 0 ? ndevices : 1) *
+                              sizeof *set.caches);
+    if (set.caches == NULL)
         return false;
     /* Adaptive: a launching thread that finds the reclaimer in a short
      * hold spins instead of sleeping in the kernel and being woken (fake
@@ -133,18 +161,20 @@ bool block_cache_init(int ndevices, size_t split_min_bytes)
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    for (int d = 0; d < ndevices; d++)
-        pthread_mutex_init(&caches[d].lock, &attr);
+    for (int d = 0; d < ndevices; d++) {
+        pthread_mutex_init(&set.caches[d].lock, &attr);
+        set.caches[d].next_handout = 1;
+    }
     pthread_mutexattr_destroy(&attr);
-    ncaches = ndevices;
+    set.ncaches = ndevices;
     return true;
 }
 
 static void forget_all_records(void)
 {
     block_map_clear(block_cache_forget);
-    for (int d = 0; d < ncaches; d++) {
-        struct device_cache *c = &caches[d];
+    for (int d = 0; d < set.ncaches; d++) {
+        struct device_cache *c = &set.caches[d];
         for (int i = 0; i < STREAM_BUCKETS; i++)
             for (struct stream_bins *s = c->streams[i], *next; s; s = next) {
                 next = s->next;
@@ -156,12 +186,12 @@ static void forget_all_records(void)
         }
         pthread_mutex_destroy(&c->lock);
     }
-    for (int d = 0; d < ncaches; d++)
-        block_segments_index_free(&caches[d]);
-    free(caches);
-    caches = NULL;
-    ncaches = 0;
-    atomic_store(&active, false);
+    for (int d = 0; d < set.ncaches; d++)
+        block_segments_index_free(&set.caches[d]);
+    free(set.caches);
+    set.caches = NULL;
+    set.ncaches = 0;
+    atomic_store(&set.active, false);
 }
 
 void block_cache_destroy(void)
@@ -174,14 +204,14 @@ void block_cache_fork_child(void)
     /* The child has no CUDA: its records are of no use.  Other threads may
      * have held the locks at the fork, so nothing here takes one. */
     block_map_reset();
-    caches = NULL; /* the parent's records stay allocated in the child */
-    ncaches = 0;
-    atomic_store(&active, false);
+    set.caches = NULL; /* the parent's records stay allocated in the child */
+    set.ncaches = 0;
+    atomic_store(&set.active, false);
 }
 
 bool block_cache_active(void)
 {
-    return atomic_load_explicit(&active, memory_order_acquire);
+    return atomic_load_explicit(&set.active, memory_order_acquire);
 }
 
 /* ---- the launching threads ---------------------------------------------- */
@@ -189,7 +219,7 @@ bool block_cache_active(void)
 void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
                        size_t *size)
 {
-    if (device < 0 || device >= ncaches || !block_cache_active())
+    if (device < 0 || device >= set.ncaches || !block_cache_active())
         return NULL;
     /* At most 1/8 above what a fresh block for the request would get. */
     size_t min = bytes < MIN_BLOCK ? MIN_BLOCK : bytes;
@@ -197,7 +227,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     int lo = block_bin_of(min), hi = block_class_of(max, &max_class);
     struct device_cache *c = cache_of(device);
     pthread_mutex_lock(&c->lock);
-    struct stream_bins *own = *stream_slot(c, stream_id);
+    struct stream_bins *own = stream_find(c, stream_id);
     struct cache_block *b = NULL;
     /* Size for size, the stream's own pending block first: it keeps the
      * stream's memory warm and leaves FREE blocks for other streams. */
@@ -215,7 +245,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
             block_cache_stream_unlink(c, b);
         else
             free_unlink(c, b);
-    } else if (split_min > 0 && min >= split_min) {
+    } else if (set.split_min > 0 && min >= set.split_min) {
         /* None fits: cut the request from a larger block (its size rounded
          * to 512 only: the rest stays for others). */
         size_t piece = (min + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
@@ -225,12 +255,12 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
         b->state = BLOCK_LIVE;
         b->ready = false;
         b->nrecorded = 0;
-        b->handout = atomic_fetch_add(&next_handout, 1);
+        b->handout = c->next_handout++;
         *size = b->size;
-        stats_sub(&stats.cache_free_bytes, b->size);
-        stats_add(&stats.reused, 1);
+        stats_sub(&stats_mine()->cache_free_bytes, b->size);
+        stats_add(&stats_mine()->reused, 1);
         if (same_stream)
-            stats_add(&stats.reused_same_stream, 1);
+            stats_add(&stats_mine()->reused_same_stream, 1);
     }
     pthread_mutex_unlock(&c->lock);
     return b != NULL ? b->ptr : NULL;
@@ -258,7 +288,7 @@ static void drop_stale(struct cache_block *stale)
         stale->seg_next->seg_prev = stale->seg_prev;
     stale->seg_prev = stale->seg_next = NULL;
     if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
-        stats_sub(&stats.cache_free_bytes, stale->size);
+        stats_sub(&stats_mine()->cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
     bool named = stale->events > 0 || stale->outstanding > 0;
     if (stale->pool) /* its memory went back behind cudefer's back too */
@@ -273,7 +303,7 @@ static void drop_stale(struct cache_block *stale)
 
 bool block_cache_add(int device, void *ptr, size_t size, bool pool)
 {
-    if (device < 0 || device >= ncaches)
+    if (device < 0 || device >= set.ncaches)
         return false;
     struct cache_block *b = calloc(1, sizeof *b);
     if (b == NULL)
@@ -284,7 +314,6 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     b->bin = block_bin_of(size);
     b->pool = pool;
     b->state = BLOCK_LIVE;
-    b->handout = atomic_fetch_add(&next_handout, 1);
     struct device_cache *c = cache_of(device);
     struct cache_block *stale = NULL;
     /* Filed, inserted and the record it replaces looked at in one hold
@@ -295,6 +324,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
      * entry forgets it, and the reclaimer may free it as soon as the lock
      * is let go, so it is not touched after. */
     pthread_mutex_lock(&c->lock);
+    b->handout = c->next_handout++;
     bool filed = block_segments_file(c, ptr, size);
     bool inserted = filed && block_map_insert(b, &stale);
     if (filed && !inserted)
@@ -309,7 +339,9 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     if (stale != NULL && !merged)
         drop_stale(stale);
     stats_add(&stats.cache_bytes, size);
-    atomic_store_explicit(&active, true, memory_order_release);
+    if (!atomic_load_explicit(&set.active, memory_order_relaxed))
+        /* Written once: the line every call reads stays clean. */
+        atomic_store_explicit(&set.active, true, memory_order_release);
     return true;
 }
 
@@ -319,7 +351,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
  * application's.  Takes each device's mutex in turn. */
 static bool inside_segment(const void *ptr, bool *live)
 {
-    for (int d = 0; d < ncaches; d++) {
+    for (int d = 0; d < set.ncaches; d++) {
         struct device_cache *c = cache_of(d);
         struct cache_block *b;
         pthread_mutex_lock(&c->lock);
@@ -352,7 +384,7 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
         bins_push(&s->bins, b);
         order_append(&s->order, b);
     }
-    stats_add(&stats.cache_free_bytes, b->size);
+    stats_add(&stats_mine()->cache_free_bytes, b->size);
     block_segments_merge_pending(c, b);
 }
 

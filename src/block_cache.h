@@ -90,34 +90,41 @@ enum block_state {
 struct stream_bins;
 
 struct cache_block {
+    /* Hot first: the 64 bytes a hit, a free's look-up and the bins touch
+     * (at most two cache lines however malloc places the record; aligned
+     * records cost more in aligned_alloc than they saved, bench/cold-calls
+     * 2026-11-26); then the age list, the segment and the rest.  A call
+     * touches each line it reads, a miss after PyTorch's own work between
+     * two calls. */
     void *ptr;
     size_t size;
-    int device;
+    struct cache_block *map_next;    /* block_map.c */
+    struct cache_block *prev, *next; /* its bin */
+    struct stream_bins *stream;      /* PENDING: the stream it may go to now */
+    uint64_t handout;                /* unique per hand-out: names the owner */
     int bin;
-    bool pool; /* from cudefer's memory pool (block_pool.h): handed back
-                  with cudaFreeAsync, never cudaFree */
     enum block_state state;
-    uint64_t handout;           /* unique per hand-out: names the owner */
-    uint32_t events;            /* claims and entries naming this block */
-    struct stream_bins *stream; /* PENDING: the stream it may go to now */
-    uint64_t freed_ns;          /* FREE: when its work was seen done */
-    struct cache_block *prev, *next;         /* its bin */
-    struct cache_block *lru_prev, *lru_next; /* FREE: oldest first */
+    struct cache_block *lru_prev; /* FREE: oldest first */
+    struct cache_block *lru_next;
     /* Its neighbours in address order within its segment (the one
      * allocation it was carved from; NULL at the segment's ends): a block
      * that has none is a whole segment, the only kind that goes back to
      * the pool or to CUDA. */
     struct cache_block *seg_prev, *seg_next;
-    bool in_lru; /* on the device's FREE list by age: FREE and whole */
+    uint64_t freed_ns; /* FREE: when its work was seen done */
     /* Merged PENDING neighbours: a block that absorbed others counts those
      * whose entries are not done (outstanding) and goes FREE only when
      * they and its own event (ready) are; MERGED records name it. */
     struct cache_block *merged_into;
     uint32_t outstanding;
+    uint32_t events; /* claims and entries naming this block */
+    int device;
+    uint8_t nrecorded; /* defer_record_stream: at most BLOCK_MAX_RECORDED */
+    bool pool; /* from cudefer's memory pool (block_pool.h): handed back
+                  with cudaFreeAsync, never cudaFree */
+    bool in_lru; /* on the device's FREE list by age: FREE and whole */
     bool ready;
-    struct cache_block *map_next;            /* block_map.c */
-    uint32_t nrecorded;                      /* defer_record_stream */
-    struct block_user *recorded;
+    struct block_user *recorded; /* read only when nrecorded > 0 */
 };
 
 /* How defer_free must treat a pointer (block_cache_plan_free,

@@ -10,8 +10,10 @@
 
 #define SHARDS 64
 
+/* One cache line each (a free's look-up reads one line of the map
+ * besides its bucket and the block). */
 struct shard {
-    pthread_mutex_t lock;
+    _Alignas(64) pthread_mutex_t lock;
     struct cache_block **buckets;
     size_t nbuckets, count;
 };

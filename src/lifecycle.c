@@ -91,6 +91,7 @@ static cudaError_t start_locked(const char *what)
                                     "keeps ownership; the next call tries "
                                     "again)";
     config_at_start(&rs.cfg);
+    rs.disabled = rs.cfg.disable != 0;
     int n;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
@@ -144,17 +145,12 @@ static cudaError_t start_locked(const char *what)
     return cudaSuccess;
 }
 
-/* Admissions this thread holds now: more than 0 inside a defer call, e.g.
- * in a callback run on the calling thread (a synchronous release).  Such a
- * thread must not wait for admissions to end: its own never would. */
-static _Thread_local unsigned admissions_here;
-
 /* True when the caller is inside a callback (on the reclaimer thread, or
  * on its own thread inside a defer call): waiting for the reclaimer or for
  * the admissions would wait for itself. */
 static bool inside_callback(void)
 {
-    return on_reclaimer_thread || admissions_here > 0;
+    return thread_here.reclaimer || thread_here.admissions > 0;
 }
 
 static cudaError_t refuse(const char *what)
@@ -169,22 +165,18 @@ static cudaError_t refuse(const char *what)
     return cudaErrorNotPermitted;
 }
 
-/* The gate (reclaimer_state.h).  A submission counts itself in its
- * thread's shard and then reads the closed flag; shutdown sets the flag and
- * then sums the shards.  Both sequentially consistent, so either the
- * submission sees the gate closed or shutdown sees it counted.  A thread's
- * shard: threads take shards in turn, once. */
-static _Atomic unsigned gate_next_shard;
-static _Thread_local int gate_my_shard = -1;
-
+/* The gate: the closed flag (reclaimer_state.h) and the count of calls
+ * under way, in the thread shards (thread_shard.h).  A submission counts
+ * itself in its thread's shard and then reads the closed flag; shutdown
+ * sets the flag and then sums the shards.  Both sequentially consistent,
+ * so either the submission sees the gate closed or shutdown sees it
+ * counted.  The admissions a thread holds now (thread_here.admissions):
+ * more than 0 inside a defer call, e.g. in a callback run on the calling
+ * thread (a synchronous release); such a thread must not wait for
+ * admissions to end, its own never would. */
 static _Atomic uint64_t *gate_shard_count(void)
 {
-    if (gate_my_shard < 0)
-        gate_my_shard =
-            (int)(atomic_fetch_add_explicit(&gate_next_shard, 1,
-                                            memory_order_relaxed) %
-                  GATE_SHARDS);
-    return &rs.gate[gate_my_shard].count;
+    return &thread_shard_mine()->admitted;
 }
 
 /* Submissions under way now (a sum over the shards: one that stays under
@@ -192,8 +184,8 @@ static _Atomic uint64_t *gate_shard_count(void)
 static uint64_t gate_admitted(void)
 {
     uint64_t n = 0;
-    for (int i = 0; i < GATE_SHARDS; i++)
-        n += atomic_load(&rs.gate[i].count);
+    for (int i = 0; i < THREAD_SHARDS; i++)
+        n += atomic_load(&thread_shards[i].admitted);
     return n;
 }
 
@@ -211,8 +203,8 @@ static bool gate_enter(void)
 /* Forget every admission (fork child: their threads are gone). */
 static void gate_forget_admissions(void)
 {
-    for (int i = 0; i < GATE_SHARDS; i++)
-        atomic_store(&rs.gate[i].count, 0);
+    for (int i = 0; i < THREAD_SHARDS; i++)
+        atomic_store(&thread_shards[i].admitted, 0);
 }
 
 /* Admit a submission: count it in the gate unless the gate is closed.  Until
@@ -227,17 +219,17 @@ cudaError_t lifecycle_enter(const char *what)
             /* The drain of a shutdown or exit runs callbacks; they may
              * defer until the reclaimer stops (it finishes what they add
              * before it does; issue 12, item 10). */
-            if (on_reclaimer_thread &&
+            if (thread_here.reclaimer &&
                 atomic_load(&rs.state) == STATE_RUNNING) {
                 atomic_fetch_add(gate_shard_count(), 1);
-                admissions_here++;
+                thread_here.admissions++;
                 return cudaSuccess;
             }
             return refuse(what);
         }
         if (atomic_load_explicit(&rs.state, memory_order_acquire) ==
             STATE_RUNNING) {
-            admissions_here++;
+            thread_here.admissions++;
             return cudaSuccess;
         }
         atomic_fetch_sub(gate_shard_count(), 1);
@@ -261,7 +253,7 @@ cudaError_t lifecycle_enter(const char *what)
 
 void lifecycle_leave(void)
 {
-    admissions_here--;
+    thread_here.admissions--;
     atomic_fetch_sub_explicit(gate_shard_count(), 1, memory_order_release);
 }
 
@@ -290,12 +282,17 @@ void lifecycle_push(struct entry *e)
 
 bool lifecycle_on_reclaimer_thread(void)
 {
-    return on_reclaimer_thread;
+    return thread_here.reclaimer;
 }
 
 const struct defer_config *lifecycle_config(void)
 {
     return &rs.cfg;
+}
+
+bool lifecycle_disabled(void)
+{
+    return rs.disabled;
 }
 
 cudaError_t lifecycle_device_error(int device)
@@ -365,7 +362,7 @@ static bool request_and_wait(struct request *q, uint64_t deadline_ns,
 
 void lifecycle_push_and_wait(struct entry *e)
 {
-    if (on_reclaimer_thread) { /* it runs once this callback returns */
+    if (thread_here.reclaimer) { /* it runs once this callback returns */
         e->request = NULL;
         lifecycle_push(e);
         return;
@@ -442,7 +439,7 @@ cudaError_t lifecycle_trim(size_t *bytes)
 static bool close_gate(uint64_t deadline_ns)
 {
     atomic_store(&rs.gate_closed, true);
-    for (unsigned spins = 0; gate_admitted() > admissions_here; spins++) {
+    for (unsigned spins = 0; gate_admitted() > thread_here.admissions; spins++) {
         if (deadline_ns != 0 && now_ns() > deadline_ns)
             return false;
         if (spins < 1000) {
@@ -521,7 +518,7 @@ static void at_exit(void)
                            : pthread_mutex_timedlock(&rs.life_lock, &until)) !=
         0)
         return; /* exit() from inside start or shutdown: leave it be */
-    if (atomic_load(&rs.state) == STATE_RUNNING && !on_reclaimer_thread) {
+    if (atomic_load(&rs.state) == STATE_RUNNING && !thread_here.reclaimer) {
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
         bool closed = close_gate(deadline);

@@ -41,10 +41,12 @@ void lifecycle_wake(void);
  * then runs after the callback. */
 void lifecycle_push_and_wait(struct entry *e);
 
-/* Any thread, between enter and leave: the configuration in force, and the
+/* Any thread, between enter and leave: the configuration in force (its
+ * disable field also alone, from the line every call reads), and the
  * sticky error of a device (cudaSuccess if none; cudaErrorInvalidDevice for
  * a device the reclaimer does not know). */
 const struct defer_config *lifecycle_config(void);
+bool lifecycle_disabled(void);
 cudaError_t lifecycle_device_error(int device);
 
 /* Any thread: whether it is the reclaimer thread (running a callback). */

@@ -39,7 +39,6 @@
 #include "stream_table.h"
 #include "trace.h"
 
-_Thread_local bool on_reclaimer_thread;
 
 struct reclaimer_state rs = {
     .wake_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -637,7 +636,7 @@ static void destroy_free_streams(void)
 void *reclaimer_main(void *unused)
 {
     (void)unused;
-    on_reclaimer_thread = true;
+    thread_here.reclaimer = true;
     pthread_setname_np(pthread_self(), "cudefer-reclaim");
     /* The reclaimer's queries and frees must never invalidate a capture
      * that another thread runs in the global mode (the default). */

@@ -21,6 +21,7 @@
 #include "release_policy.h"
 #include "queue.h"
 #include "stream_table.h"
+#include "thread_shard.h"
 
 enum state {
     STATE_NEW,     /* no defer call yet: nothing started */
@@ -43,17 +44,6 @@ struct request {
     struct entry marker; /* what travels through the queue */
 };
 
-/* The gate admits submissions: the count of those under way, spread over
- * shards (a thread counts in one of them, alone as long as there are no
- * more threads than shards: no cache line bounces between launching
- * threads; issue 13, item 4), plus the closed flag once shutdown has begun.
- * lifecycle.c says how they pair. */
-#define GATE_SHARDS 64
-
-struct gate_shard {
-    _Alignas(64) _Atomic uint64_t count;
-};
-
 /* What a pass gives back to a device's pools: entries at its end, events
  * at its end or as soon as RECYCLE_EVENTS are chained (reclaimer.c). */
 struct recycle_chains {
@@ -64,19 +54,19 @@ struct recycle_chains {
 /* The one reclaimer's state: rs. */
 struct reclaimer_state {
     /* Shared with launching threads: what every call reads (state,
-     * gate_closed, device_errors, cfg) apart from what they write (the gate's
-     * shards, the queue) and from what the reclaimer writes (sleeping), each
-     * on cache lines of its own. */
-    _Atomic int state;
+     * gate_closed, disabled, device_errors: one cache line; cfg) apart from
+     * what they write (the gate's counts, in their thread shards:
+     * thread_shard.h; the queue) and from what the reclaimer writes
+     * (sleeping), each on cache lines of its own. */
+    _Alignas(64) _Atomic int state;
     _Atomic bool gate_closed;
-    _Alignas(64) struct gate_shard gate[GATE_SHARDS];
+    bool disabled; /* cfg.disable, set at start */
+    _Atomic cudaError_t *device_errors; /* per device; set once, sticky */
+    int ndevices;
     _Alignas(64) struct queue queue;
     _Alignas(64) _Atomic bool sleeping;
     _Atomic bool stop;
-    _Alignas(64) _Atomic cudaError_t *device_errors; /* per device; set once,
-                                                        sticky */
-    int ndevices;
-    struct defer_config cfg;
+    _Alignas(64) struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;
     pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
@@ -103,8 +93,6 @@ struct reclaimer_state {
 extern struct reclaimer_state rs;
 
 
-/* True on the reclaimer thread (callbacks run there). */
-extern _Thread_local bool on_reclaimer_thread;
 
 /* Reclaimer only: take in a pushed entry (reclaimer.c; capture.c takes in
  * a graph entry this way once it is complete). */

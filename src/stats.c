@@ -11,17 +11,6 @@
 #include "report.h"
 
 struct stats stats;
-struct stats_shard stats_shards[STATS_SHARDS];
-_Thread_local int stats_my_shard = -1;
-static _Atomic unsigned next_shard;
-
-int stats_take_shard(void)
-{
-    stats_my_shard = (int)(atomic_fetch_add_explicit(&next_shard, 1,
-                                                     memory_order_relaxed) %
-                           STATS_SHARDS);
-    return stats_my_shard;
-}
 
 static uint64_t read(_Atomic uint64_t *counter)
 {
@@ -118,8 +107,13 @@ static void stats_snapshot(struct defer_stats *snap)
     memset(snap, 0, sizeof *snap);
     STATS_FIELDS(STATS_SKIP, STATS_READ, STATS_SKIP)
     STATS_FIELDS(STATS_READ, STATS_SKIP, STATS_SKIP)
-    for (int i = 0; i < STATS_SHARDS; i++) /* after the finished counts */
-        snap->deferred += read(&stats_shards[i].deferred);
+    for (int i = 0; i < THREAD_SHARDS; i++) { /* after the finished counts */
+        struct thread_shard *s = &thread_shards[i];
+        snap->deferred += read(&s->deferred);
+        snap->reused += read(&s->reused);
+        snap->reused_same_stream += read(&s->reused_same_stream);
+        snap->cache_free_bytes += read(&s->cache_free_bytes);
+    }
     STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE)
 #undef STATS_READ
 #undef STATS_SKIP

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "stats_counters.h"
+#include "thread_shard.h"
 
 #define LATENCY_BUCKETS 40 /* bucket i: latencies below 2^i microseconds */
 
@@ -29,28 +30,18 @@ struct stats {
 
 extern struct stats stats;
 
-/* deferred, bumped by every call of every launching thread, is counted in
- * shards: a thread counts in one of them, alone as long as there are no
- * more threads than shards, so no cache line bounces between launching
- * threads (issue 13, item 4; W6's 64 threads).  The snapshot adds them to
- * stats.deferred. */
-#define STATS_SHARDS 64
+/* deferred, and the block cache's reused, reused_same_stream and
+ * cache_free_bytes, are bumped by the launching threads at every call:
+ * they are counted in the thread's shard (thread_shard.h); the snapshot
+ * adds the shards to the kept counters of the same names. */
+static inline struct thread_shard *stats_mine(void)
+{
+    return thread_shard_mine();
+}
 
-struct stats_shard {
-    _Alignas(64) _Atomic uint64_t deferred;
-};
-
-extern struct stats_shard stats_shards[STATS_SHARDS];
-extern _Thread_local int stats_my_shard; /* -1 until the first call */
-
-/* Any thread: the calling thread's shard (taken in turn, once). */
-int stats_take_shard(void);
-
-/* Any thread; never blocks: one more call accepted. */
 static inline void stats_count_deferred(void)
 {
-    int shard = stats_my_shard >= 0 ? stats_my_shard : stats_take_shard();
-    atomic_fetch_add_explicit(&stats_shards[shard].deferred, 1,
+    atomic_fetch_add_explicit(&thread_shard_mine()->deferred, 1,
                               memory_order_relaxed);
 }
 

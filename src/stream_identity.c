@@ -19,7 +19,7 @@ struct slot {
 };
 
 static _Thread_local struct {
-    struct slot set[SETS][WAYS];
+    _Alignas(64) struct slot set[SETS][WAYS]; /* a set: two cache lines */
     unsigned char next[SETS]; /* the way replaced next (round robin) */
 } cache;
 

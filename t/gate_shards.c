@@ -10,7 +10,7 @@
 
 #include "helpers.h"
 
-#define THREADS 80 /* more than GATE_SHARDS (64) */
+#define THREADS 80 /* more than THREAD_SHARDS (64) */
 #define PER_THREAD 200
 
 struct freer {

@@ -1,0 +1,53 @@
+/*
+ * Thread shards: the one cache line of counters a launching thread writes
+ * at every defer call, and the one thread-local line it reads.
+ *
+ * A thread counts in one of THREAD_SHARDS shards, taken in turn at its
+ * first call: alone as long as there are no more threads than shards, so no
+ * cache line bounces between launching threads (issue 13, item 4; W6's 64
+ * threads).  A shard holds lifecycle's gate count (the defer calls under
+ * way; lifecycle.c says how it pairs with the closed flag) and the
+ * statistics bumped per call (stats.h).  One line for all of them: each
+ * line a call touches is a miss when PyTorch's own work ran between two
+ * calls, and a call of its entry points touched one line per counter
+ * before (bench/cold-calls under cachegrind, 2026-11-26).
+ */
+#ifndef CUDEFER_THREAD_SHARD_H
+#define CUDEFER_THREAD_SHARD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define THREAD_SHARDS 64
+
+struct thread_shard {
+    _Alignas(64) _Atomic uint64_t admitted; /* the gate: calls under way */
+    /* Statistics (stats.h), added up by the snapshot.  cache_free_bytes is
+     * a difference per shard (frees less hits, wrapping): only the sum
+     * means bytes. */
+    _Atomic uint64_t deferred, reused, reused_same_stream, cache_free_bytes;
+};
+
+extern struct thread_shard thread_shards[THREAD_SHARDS];
+
+/* The calling thread's own state, together on one thread-local line. */
+struct thread_here {
+    int shard;           /* its shard; -1 until its first call */
+    unsigned admissions; /* admissions it holds now (lifecycle.c) */
+    bool reclaimer;      /* it is the reclaimer thread */
+};
+
+extern _Thread_local struct thread_here thread_here;
+
+/* Any thread: takes the calling thread's shard (its first call). */
+struct thread_shard *thread_shard_take(void);
+
+/* Any thread: the calling thread's shard.  Never blocks. */
+static inline struct thread_shard *thread_shard_mine(void)
+{
+    int shard = thread_here.shard;
+    return shard >= 0 ? &thread_shards[shard] : thread_shard_take();
+}
+
+#endif
