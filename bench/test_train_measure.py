@@ -9,7 +9,8 @@ import time
 
 import train_measure
 
-__all__ = ['test_host_load', 'test_sampler_window_clock']
+__all__ = ['test_host_load', 'test_sampler_window_clock',
+           'test_call_percentiles']
 
 
 def test_host_load():
@@ -92,3 +93,21 @@ def test_sampler_window_clock():
         else:
             os.environ['PYTHONPATH'] = saved
         shutil.rmtree(tmp)
+
+
+def test_call_percentiles():
+    """torch_train.py --time-calls: a percentile from the timed shims'
+    histogram (bench/torch_shims.c: 64 ns buckets below 4096 ns, then one
+    per power of two) is its bucket's upper bound."""
+    from torch_train import CallTimer
+    counts = [0] * (64 + 19)
+    counts[5] = 90    # 320-383 ns
+    counts[64] = 9    # 4096-8191 ns
+    counts[66] = 1    # 16384-32767 ns
+    p = CallTimer.percentile_ns
+    assert p(counts, 4096, 0.5) == 384, p(counts, 4096, 0.5)
+    assert p(counts, 4096, 0.90) == 384, p(counts, 4096, 0.90)
+    assert p(counts, 4096, 0.95) == 8192, p(counts, 4096, 0.95)
+    assert p(counts, 4096, 0.999) == 32768, p(counts, 4096, 0.999)
+    assert p([0] * 83, 4096, 0.5) is None
+

@@ -421,6 +421,31 @@ static alloc_fn timed_alloc;
 static free_fn timed_free;
 static _Atomic uint64_t timed_calls[2], timed_ns[2]; /* [0] alloc, [1] free */
 
+/* Each call's duration, in a histogram per kind: buckets of 64 ns below
+ * TIMED_TAIL_NS, then one per power of two (up to 2^30 ns, the last open):
+ * whether a mean comes from the typical call or from a few slow ones (a
+ * lock waited for, a page fault, an event recorded).  The ns of the calls
+ * of TIMED_TAIL_NS or more are also summed apart. */
+#define TIMED_TAIL_NS 4096
+#define TIMED_BUCKETS (TIMED_TAIL_NS / 64 + 19)
+static _Atomic uint64_t timed_hist[2][TIMED_BUCKETS], timed_tail_ns[2];
+
+static void timed_count(int kind, uint64_t ns)
+{
+    size_t b;
+    if (ns < TIMED_TAIL_NS) {
+        b = ns / 64;
+    } else {
+        b = TIMED_TAIL_NS / 64 + (size_t)(63 - __builtin_clzll(ns)) - 12;
+        if (b >= TIMED_BUCKETS)
+            b = TIMED_BUCKETS - 1;
+        atomic_fetch_add(&timed_tail_ns[kind], ns);
+    }
+    atomic_fetch_add(&timed_ns[kind], ns);
+    atomic_fetch_add(&timed_calls[kind], 1);
+    atomic_fetch_add(&timed_hist[kind][b], 1);
+}
+
 /* Choose the pair the timed shims call, by the allocator's name in
  * bench/torch_train.py ("cudefer", "pluggable-async", ...).  Before the
  * first call.  Returns 0, or -1 for an unknown name. */
@@ -447,8 +472,7 @@ void *shim_timed_alloc(size_t size, int device, cudaStream_t stream)
 {
     uint64_t t0 = timed_now_ns();
     void *ptr = timed_alloc(size, device, stream);
-    atomic_fetch_add(&timed_ns[0], timed_now_ns() - t0);
-    atomic_fetch_add(&timed_calls[0], 1);
+    timed_count(0, timed_now_ns() - t0);
     return ptr;
 }
 
@@ -457,8 +481,7 @@ void shim_timed_free(void *ptr, size_t size, int device, cudaStream_t stream)
 {
     uint64_t t0 = timed_now_ns();
     timed_free(ptr, size, device, stream);
-    atomic_fetch_add(&timed_ns[1], timed_now_ns() - t0);
-    atomic_fetch_add(&timed_calls[1], 1);
+    timed_count(1, timed_now_ns() - t0);
 }
 
 /* The sums since the last read: out[0] allocations, out[1] their ns,
@@ -470,4 +493,26 @@ void shim_timed_read(uint64_t out[4])
     out[1] = atomic_exchange(&timed_ns[0], 0);
     out[2] = atomic_exchange(&timed_calls[1], 0);
     out[3] = atomic_exchange(&timed_ns[1], 0);
+}
+
+/* The histograms since the last read, then zeroed: out[0] the bucket
+ * count, out[1] the ns below which buckets are 64 ns wide, out[2] and
+ * out[3] the tail ns of allocations and frees (calls of out[1] ns or
+ * more), then the allocations' buckets and the frees'.  out has room for
+ * 4 + 2 * shim_timed_buckets() values.  Any thread. */
+int shim_timed_buckets(void)
+{
+    return TIMED_BUCKETS;
+}
+
+void shim_timed_hist(uint64_t *out)
+{
+    out[0] = TIMED_BUCKETS;
+    out[1] = TIMED_TAIL_NS;
+    out[2] = atomic_exchange(&timed_tail_ns[0], 0);
+    out[3] = atomic_exchange(&timed_tail_ns[1], 0);
+    for (int k = 0; k < 2; k++)
+        for (size_t b = 0; b < TIMED_BUCKETS; b++)
+            out[4 + k * TIMED_BUCKETS + b] =
+                atomic_exchange(&timed_hist[k][b], 0);
 }

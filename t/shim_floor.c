@@ -6,6 +6,7 @@
  * Then the timed shims (--time-calls): they call the pair they were given
  * and count each call and its time. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "helpers.h"
 
@@ -15,6 +16,18 @@ int shim_timed_use(const char *allocator);
 void *shim_timed_alloc(size_t size, int device, cudaStream_t stream);
 void shim_timed_free(void *ptr, size_t size, int device, cudaStream_t stream);
 void shim_timed_read(uint64_t out[4]);
+int shim_timed_buckets(void);
+void shim_timed_hist(uint64_t *out);
+
+/* Calls counted in the histogram of kind (0 allocations, 1 frees) of a
+ * shim_timed_hist read. */
+static uint64_t hist_calls(const uint64_t *h, int kind)
+{
+    uint64_t n = 0;
+    for (uint64_t b = 0; b < h[0]; b++)
+        n += h[4 + (uint64_t)kind * h[0] + b];
+    return n;
+}
 
 /* The timed shims around cudefer's pair: calls counted, time summed, the
  * sums zeroed by a read, and the blocks cudefer's (reused on the stream). */
@@ -37,6 +50,20 @@ static void test_timed(cudaStream_t s)
        (unsigned long long)n[0], (unsigned long long)n[2]);
     ok(n[1] > 0 && n[3] > 0, "their time summed (%llu ns, %llu ns)",
        (unsigned long long)n[1], (unsigned long long)n[3]);
+    int nb = shim_timed_buckets();
+    uint64_t *h = calloc(4 + 2 * (size_t)nb, sizeof *h);
+    if (h == NULL)
+        bail("calloc");
+    shim_timed_hist(h);
+    ok(h[0] == (uint64_t)nb && nb > 64 && h[1] == 4096,
+       "the histogram's shape: %d buckets, 64 ns wide below 4096 ns", nb);
+    ok(hist_calls(h, 0) == 2 && hist_calls(h, 1) == 2,
+       "each call in one bucket of its kind's histogram");
+    ok(h[2] <= n[1] && h[3] <= n[3], "the tail's ns within the sums");
+    shim_timed_hist(h);
+    ok(hist_calls(h, 0) == 0 && hist_calls(h, 1) == 0 && h[2] == 0 &&
+       h[3] == 0, "a read zeroes the histograms");
+    free(h);
     shim_timed_read(n);
     ok(n[0] == 0 && n[1] == 0 && n[2] == 0 && n[3] == 0,
        "a read zeroes the sums");
