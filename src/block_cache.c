@@ -137,7 +137,7 @@ static void make_free(struct device_cache *c, struct cache_block *b,
     if (b->state == BLOCK_PENDING)
         block_cache_stream_unlink(c, b);
     else /* LIVE: it was the application's until now */
-        stats_add(&stats_mine()->cache_free_bytes, b->size);
+        stats_add(&stats.cache_free_bytes, b->size);
     b->state = BLOCK_FREE;
     b->nrecorded = 0;
     b->freed_ns = now;
@@ -257,7 +257,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
         b->nrecorded = 0;
         b->handout = c->next_handout++;
         *size = b->size;
-        stats_sub(&stats_mine()->cache_free_bytes, b->size);
+        stats_sub(&stats.cache_free_bytes, b->size);
         stats_add(&stats_mine()->reused, 1);
         if (same_stream)
             stats_add(&stats_mine()->reused_same_stream, 1);
@@ -288,7 +288,7 @@ static void drop_stale(struct cache_block *stale)
         stale->seg_next->seg_prev = stale->seg_prev;
     stale->seg_prev = stale->seg_next = NULL;
     if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
-        stats_sub(&stats_mine()->cache_free_bytes, stale->size);
+        stats_sub(&stats.cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
     bool named = stale->events > 0 || stale->outstanding > 0;
     if (stale->pool) /* its memory went back behind cudefer's back too */
@@ -384,7 +384,7 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
         bins_push(&s->bins, b);
         order_append(&s->order, b);
     }
-    stats_add(&stats_mine()->cache_free_bytes, b->size);
+    stats_add(&stats.cache_free_bytes, b->size);
     block_segments_merge_pending(c, b);
 }
 

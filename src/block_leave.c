@@ -18,7 +18,7 @@ static size_t leave_cache(struct device_cache *c, struct cache_block *b)
 {
     block_map_remove(b);
     block_segments_unfile(c, b->ptr);
-    stats_sub(&stats_mine()->cache_free_bytes, b->size);
+    stats_sub(&stats.cache_free_bytes, b->size);
     stats_sub(&stats.cache_bytes, b->size);
     return b->size;
 }

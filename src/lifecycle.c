@@ -200,11 +200,15 @@ static bool gate_enter(void)
     return false;
 }
 
-/* Forget every admission (fork child: their threads are gone). */
+/* Forget every admission (fork child: their threads are gone) but the
+ * forking thread's own (a fork inside a callback run in a defer call:
+ * that call still leaves, and its shard must not wrap). */
 static void gate_forget_admissions(void)
 {
     for (int i = 0; i < THREAD_SHARDS; i++)
         atomic_store(&thread_shards[i].admitted, 0);
+    if (thread_here.admissions > 0)
+        atomic_store(&thread_shard_mine()->admitted, thread_here.admissions);
 }
 
 /* Admit a submission: count it in the gate unless the gate is closed.  Until

@@ -112,7 +112,6 @@ static void stats_snapshot(struct defer_stats *snap)
         snap->deferred += read(&s->deferred);
         snap->reused += read(&s->reused);
         snap->reused_same_stream += read(&s->reused_same_stream);
-        snap->cache_free_bytes += read(&s->cache_free_bytes);
     }
     STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE)
 #undef STATS_READ

@@ -30,10 +30,10 @@ struct stats {
 
 extern struct stats stats;
 
-/* deferred, and the block cache's reused, reused_same_stream and
- * cache_free_bytes, are bumped by the launching threads at every call:
- * they are counted in the thread's shard (thread_shard.h); the snapshot
- * adds the shards to the kept counters of the same names. */
+/* deferred, and the block cache's reused and reused_same_stream, are
+ * bumped by the launching threads at every call: they are counted in the
+ * thread's shard (thread_shard.h); the snapshot adds the shards to the
+ * kept counters of the same names. */
 static inline struct thread_shard *stats_mine(void)
 {
     return thread_shard_mine();

@@ -23,10 +23,12 @@
 
 struct thread_shard {
     _Alignas(64) _Atomic uint64_t admitted; /* the gate: calls under way */
-    /* Statistics (stats.h), added up by the snapshot.  cache_free_bytes is
-     * a difference per shard (frees less hits, wrapping): only the sum
-     * means bytes. */
-    _Atomic uint64_t deferred, reused, reused_same_stream, cache_free_bytes;
+    /* Statistics (stats.h), added up by the snapshot: counts that only
+     * grow (a gauge such as cache_free_bytes cannot be kept here: a free
+     * adding to one shard and the hit on another thread subtracting from
+     * its own, a snapshot reading the shards in turn could sum to less than
+     * zero). */
+    _Atomic uint64_t deferred, reused, reused_same_stream;
 };
 
 extern struct thread_shard thread_shards[THREAD_SHARDS];

@@ -1,8 +1,10 @@
 /* Thread shards (src/thread_shard.h): each thread counts in one shard of
  * its own while there are no more threads than shards, keeps it for good,
- * and the statistics counted in the shards add up across threads, also
- * where one thread's shard only ever subtracts (cache_free_bytes: a block
- * freed on one thread, handed out again on another). */
+ * and the statistics add up across threads: blocks freed on one thread and
+ * handed out again on another count as reused (in the second thread's
+ * shard), and cache_free_bytes (a gauge, kept as one counter: a shard's
+ * difference could make a snapshot read less than zero) comes back to
+ * where it was. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -103,8 +105,7 @@ static void counts_add_up_across_threads(void)
            "all on the same stream");
     is_int((long long)after.cache_free_bytes,
            (long long)before.cache_free_bytes,
-           "free bytes back where they were: one shard's additions, the "
-           "other's subtractions");
+           "free bytes back where they were");
     fake_complete(w);
     for (int i = 0; i < BLOCKS; i++)
         defer_free(k.got[i], s);
