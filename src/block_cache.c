@@ -33,6 +33,10 @@ _Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
                "a block's hot fields fill its first 64 bytes, the age "
                "list, segment and counts the next 64");
 
+/* The most claims the reclaimer completes in one hold of a device's lock
+ * (block_cache_claims_done). */
+#define CLAIMS_PER_HOLD 8
+
 /* ---- per-device state --------------------------------------------------- */
 
 /* What every call reads, on one cache line, written only at start,
@@ -617,15 +621,20 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
     struct cache_block *forget = NULL;
     for (size_t i = 0; i < n;) {
         /* One lock hold for a run of one device's claims (a free batch's
-         * are all one device's): the launching threads contend with the
-         * reclaimer for it once a batch, not once a block. */
+         * are all one device's), CLAIMS_PER_HOLD at most: the launching
+         * threads contend with the reclaimer for it once a few blocks, not
+         * once a block, and wait for it no longer than a few blocks take
+         * (a whole batch of 32 held it 6-12 us; the PyTorch LM's frees
+         * that met such a hold were its slow calls, 25-37 a step,
+         * bench/results/2026-11-26-h100-call-tails.txt). */
         struct device_cache *c = cache_of(claims[i].block->device);
+        size_t end = i + CLAIMS_PER_HOLD < n ? i + CLAIMS_PER_HOLD : n;
         pthread_mutex_lock(&c->lock);
         do {
             event_done_locked(c, claims[i].block, claims[i].handout, now,
                               &forget);
             i++;
-        } while (i < n && cache_of(claims[i].block->device) == c);
+        } while (i < end && cache_of(claims[i].block->device) == c);
         pthread_mutex_unlock(&c->lock);
     }
     while (forget != NULL) {
