@@ -99,12 +99,11 @@ def test_call_percentiles():
     """torch_train.py --time-calls: a percentile from the timed shims'
     histogram (bench/torch_shims.c: 64 ns buckets below 4096 ns, then one
     per power of two) is its bucket's upper bound."""
-    from torch_train import CallTimer
     counts = [0] * (64 + 19)
     counts[5] = 90    # 320-383 ns
     counts[64] = 9    # 4096-8191 ns
     counts[66] = 1    # 16384-32767 ns
-    p = CallTimer.percentile_ns
+    p = train_measure.CallTimer.percentile_ns
     assert p(counts, 4096, 0.5) == 384, p(counts, 4096, 0.5)
     assert p(counts, 4096, 0.90) == 384, p(counts, 4096, 0.90)
     assert p(counts, 4096, 0.95) == 8192, p(counts, 4096, 0.95)

@@ -1,7 +1,7 @@
 """bench/train_measure.py: what a training run of bench/torch_train.py
 measures beside its time: the peak device memory (an NVML sampler in a
-process of its own) and the machine's load over the timed steps
-(/proc/stat).  Python standard library only (the sampler process imports
+process of its own), the machine's load over the timed steps
+(/proc/stat), and the allocator calls' own time (--time-calls).  Python standard library only (the sampler process imports
 pynvml)."""
 import json
 import os
@@ -140,3 +140,66 @@ def host_load(before, after, ncpus):
     total = after[2] - before[2]
     return {"host_busy_cpus": ncpus * (after[0] - before[0]) / total,
             "host_steal_pct": 100.0 * (after[1] - before[1]) / total}
+
+
+class CallTimer:
+    """--time-calls: the timed shims' sums (bench/torch_shims.c,
+    shim_timed_read), zeroed by each read."""
+
+    def __init__(self, path):
+        import ctypes
+        self.ctypes = ctypes
+        self.shims = ctypes.CDLL(path)
+        self.shims.shim_timed_read.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        self.shims.shim_timed_hist.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        self.nbuckets = self.shims.shim_timed_buckets()
+
+    def read(self):
+        """The sums and the histograms since the last read (then zeroed)."""
+        out = (self.ctypes.c_uint64 * 4)()
+        self.shims.shim_timed_read(out)
+        hist = (self.ctypes.c_uint64 * (4 + 2 * self.nbuckets))()
+        self.shims.shim_timed_hist(hist)
+        return list(out), list(hist)
+
+    @staticmethod
+    def percentile_ns(counts, fine_below, q):
+        """The upper bound, ns, of the bucket holding the q-th quantile of
+        the calls counted (bench/torch_shims.c's buckets: 64 ns wide below
+        fine_below, then a power of two each)."""
+        total = sum(counts)
+        if total == 0:
+            return None
+        seen, fine = 0, fine_below // 64
+        for b, n in enumerate(counts):
+            seen += n
+            if seen >= q * total:
+                return (b + 1) * 64 if b < fine else 2 * fine_below << (b - fine)
+        return None
+
+    def per_step(self, steps):
+        """Since the last read: calls and microseconds a step, mean ns a
+        call, for allocations and frees; the 50th, 90th and 99th
+        percentiles of a call (ns, a bucket's upper bound), and the calls
+        of fine_below ns or more (tail_ns: 4096) a step and their
+        microseconds: what of the mean is the typical call and what a few
+        slow ones."""
+        (n_alloc, ns_alloc, n_free, ns_free), hist = self.read()
+        mean = lambda ns, n: ns / n if n else None
+        result = {"alloc_calls_per_step": n_alloc / steps,
+                  "alloc_us_per_step": ns_alloc / 1000.0 / steps,
+                  "alloc_ns_mean": mean(ns_alloc, n_alloc),
+                  "free_calls_per_step": n_free / steps,
+                  "free_us_per_step": ns_free / 1000.0 / steps,
+                  "free_ns_mean": mean(ns_free, n_free)}
+        nb, fine_below = hist[0], hist[1]
+        result["tail_ns"] = fine_below
+        for k, kind in enumerate(("alloc", "free")):
+            counts = hist[4 + k * nb:4 + (k + 1) * nb]
+            for q in (50, 90, 99):
+                result["%s_ns_p%d" % (kind, q)] = \
+                    self.percentile_ns(counts, fine_below, q / 100.0)
+            result["%s_tail_calls_per_step" % kind] = \
+                sum(counts[fine_below // 64:]) / steps
+            result["%s_tail_us_per_step" % kind] = hist[2 + k] / 1000.0 / steps
+        return result

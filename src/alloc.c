@@ -8,6 +8,7 @@
 #include "block_cache.h"
 #include "block_leave.h"
 #include "block_pool.h"
+#include "block_recorded.h"
 #include "capture.h"
 #include "clock.h"
 #include "cudefer.h"
@@ -262,7 +263,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         err = refuse("defer_record_stream", "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
-    else if ((err = block_cache_record_stream(
+    else if ((err = block_recorded_add(
                   ptr, &(struct block_user){stream, id, device})) !=
              cudaSuccess)
         stats_add(&stats.rejected, 1);

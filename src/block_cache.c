@@ -8,7 +8,6 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "block_bins.h"
 #include "block_map.h"
@@ -48,7 +47,6 @@ static _Alignas(64) struct {
     _Atomic bool active;
 } set;
 
-
 static struct device_cache *cache_of(int device)
 {
     return &set.caches[device];
@@ -86,21 +84,20 @@ static struct stream_bins *stream_find(struct device_cache *c,
 static struct stream_bins *stream_bins_get(struct device_cache *c,
                                            unsigned long long id)
 {
-    struct stream_bins *found = stream_find(c, id);
-    if (found != NULL)
-        return found;
-    struct stream_bins **link = stream_slot(c, id);
-    struct stream_bins *s = c->spare;
-    if (s != NULL) {
+    struct stream_bins *s = stream_find(c, id);
+    if (s != NULL)
+        return s;
+    if ((s = c->spare) != NULL) {
         c->spare = s->next;
         c->nspare--;
     } else if ((s = block_zalloc(sizeof *s)) == NULL) {
         return NULL;
     }
     s->stream_id = id;
-    s->next = NULL;
     s->order.oldest = s->order.newest = NULL;
-    *link = s;
+    struct stream_bins **bucket = &c->streams[id % STREAM_BUCKETS];
+    s->next = *bucket; /* first: no walk to the bucket's end */
+    *bucket = s;
     c->recent = s;
     return s;
 }
@@ -262,9 +259,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
         b->handout = c->next_handout++;
         *size = b->size;
         stats_sub(&stats.cache_free_bytes, b->size);
-        stats_add(&stats_mine()->reused, 1);
-        if (same_stream)
-            stats_add(&stats_mine()->reused_same_stream, 1);
+        stats_count_reused(same_stream);
     }
     pthread_mutex_unlock(&c->lock);
     return b != NULL ? b->ptr : NULL;
@@ -511,62 +506,6 @@ bool block_cache_park(const struct block_free_plan *plan,
         park_locked(c, b, stream_id);
     pthread_mutex_unlock(&c->lock);
     return mine;
-}
-
-cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user)
-{
-    struct cache_block *b = block_map_find(ptr);
-    if (b == NULL)
-        return cudaErrorInvalidValue;
-    struct device_cache *c = cache_of(b->device);
-    cudaError_t err = cudaSuccess;
-    pthread_mutex_lock(&c->lock);
-    bool known = false;
-    /* Ids told apart by device too: the legacy streams of two devices
-     * may share one. */
-    for (uint32_t i = 0; i < b->nrecorded && !known; i++)
-        known = b->recorded[i].id == user->id &&
-                b->recorded[i].device == user->device;
-    if (b->state != BLOCK_LIVE) {
-        err = cudaErrorInvalidValue;
-    } else if (known) {
-        /* once is enough */
-    } else if (b->nrecorded == BLOCK_MAX_RECORDED) {
-        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's, and carries on. */
-        err = cudaErrorNotSupported;
-    } else {
-        /* An array of the largest size at once: a block rarely has any. */
-        if (b->recorded == NULL)
-            b->recorded = malloc(BLOCK_MAX_RECORDED * sizeof *b->recorded);
-        if (b->recorded == NULL)
-            err = cudaErrorMemoryAllocation;
-        else
-            b->recorded[b->nrecorded++] = *user;
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (err == cudaErrorInvalidValue || err == cudaErrorNotSupported)
-        report("defer_record_stream: %p %s: nothing recorded", ptr,
-               err == cudaErrorNotSupported
-                   ? "is already recorded on 63 streams (the most)"
-                   : "is no live block of cudefer's (already freed?)");
-    return err;
-}
-
-size_t block_cache_recorded(const void *ptr, struct block_user *out)
-{
-    struct cache_block *b = block_map_find(ptr);
-    if (b == NULL)
-        return 0;
-    struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
-    size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
-                   ? b->nrecorded
-                   : 0;
-    if (out != NULL && n > 0)
-        memcpy(out, b->recorded, n * sizeof *out);
-    pthread_mutex_unlock(&c->lock);
-    return n;
 }
 
 /* ---- the reclaimer ------------------------------------------------------ */

@@ -280,18 +280,6 @@ void block_cache_adopt(const struct block_claim *claim);
  * refuses it as it would have then).  Changes no block. */
 bool block_cache_unclaimed_is_block(void *ptr);
 
-/* Any thread, the block's owner.  Records user (a stream's handle, id and
- * device: the one a special handle means, current when it was recorded)
- * as a user of the LIVE block at ptr.  cudaSuccess (also when already
- * recorded, or when the stream is the only one), cudaErrorInvalidValue
- * when ptr is no live block, cudaErrorNotSupported when it has
- * BLOCK_MAX_RECORDED streams (both reported), cudaErrorMemoryAllocation. */
-cudaError_t block_cache_record_stream(void *ptr, const struct block_user *user);
-
-/* Any thread, the block's owner.  The streams recorded on the LIVE (or
- * claimed: FREEING) block at ptr, copied to out (BLOCK_MAX_RECORDED of
- * room) when not NULL; how many (0 when ptr is no such block). */
-size_t block_cache_recorded(const void *ptr, struct block_user *out);
 
 /* Any thread: a record that left the cache (block_leave.h) or that no
  * entry names any more is freed. */

@@ -2,6 +2,7 @@
 #include "block_users.h"
 
 #include "block_cache.h"
+#include "block_recorded.h"
 #include "stream_identity.h"
 
 size_t block_users_of(const struct request_args *a, struct block_user *out)
@@ -11,7 +12,7 @@ size_t block_users_of(const struct request_args *a, struct block_user *out)
     size_t n = 0;
     for (size_t i = 0; i < a->nptrs; i++) {
         struct block_user mine[BLOCK_MAX_RECORDED];
-        size_t k = block_cache_recorded(a->ptrs[i], mine);
+        size_t k = block_recorded_of(a->ptrs[i], mine);
         for (size_t j = 0; j < k; j++) {
             bool seen = false;
             for (size_t m = 0; out != NULL && m < n && m < 64 && !seen; m++)

@@ -39,7 +39,6 @@
 #include "stream_table.h"
 #include "trace.h"
 
-
 struct reclaimer_state rs = {
     .wake_lock = PTHREAD_MUTEX_INITIALIZER,
     .wake_cond = PTHREAD_COND_INITIALIZER,

@@ -92,8 +92,6 @@ struct reclaimer_state {
 
 extern struct reclaimer_state rs;
 
-
-
 /* Reclaimer only: take in a pushed entry (reclaimer.c; capture.c takes in
  * a graph entry this way once it is complete). */
 void reclaimer_take_in(struct entry *e);

@@ -7,6 +7,7 @@
 #define CUDEFER_STATS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -34,15 +35,23 @@ extern struct stats stats;
  * bumped by the launching threads at every call: they are counted in the
  * thread's shard (thread_shard.h); the snapshot adds the shards to the
  * kept counters of the same names. */
-static inline struct thread_shard *stats_mine(void)
-{
-    return thread_shard_mine();
-}
 
+/* Any thread; never blocks: one more call accepted. */
 static inline void stats_count_deferred(void)
 {
     atomic_fetch_add_explicit(&thread_shard_mine()->deferred, 1,
                               memory_order_relaxed);
+}
+
+/* Any thread; never blocks: a cached block handed out again, on the
+ * stream it was freed on or not. */
+static inline void stats_count_reused(bool same_stream)
+{
+    struct thread_shard *mine = thread_shard_mine();
+    atomic_fetch_add_explicit(&mine->reused, 1, memory_order_relaxed);
+    if (same_stream)
+        atomic_fetch_add_explicit(&mine->reused_same_stream, 1,
+                                  memory_order_relaxed);
 }
 
 static inline void stats_add(_Atomic uint64_t *counter, uint64_t n)

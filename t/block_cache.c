@@ -7,6 +7,7 @@
 #include "block_cache.h"
 #include "block_leave.h"
 #include "block_map.h"
+#include "block_recorded.h"
 #include "block_test.h"
 #include "helpers.h"
 
@@ -161,9 +162,9 @@ static void test_recorded(void)
     size_t size;
     ok(block_cache_add(0, ADDR(7), 2048, false), "a block");
     cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
-    is_int(block_cache_record_stream(ADDR(7), user(x, 9)), cudaSuccess,
+    is_int(block_recorded_add(ADDR(7), user(x, 9)), cudaSuccess,
            "recorded on stream 9");
-    is_int(block_cache_record_stream(ADDR(7), user(x, 9)), cudaSuccess,
+    is_int(block_recorded_add(ADDR(7), user(x, 9)), cudaSuccess,
            "recording it twice is once");
     struct block_free_plan plan;
     block_cache_plan_free(ADDR(7), 0, 9, &plan);
@@ -177,26 +178,26 @@ static void test_recorded(void)
     is_int(claim(ADDR(7)), BLOCK_NOT_LIVE,
            "so is a claim by another free path");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(7), user(x, 10)), cudaErrorInvalidValue,
+    is_int(block_recorded_add(ADDR(7), user(x, 10)), cudaErrorInvalidValue,
            "and a record");
     stderr_capture_end();
     block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
     block_cache_plan_free(ADDR(7), 0, 4, &plan);
     struct block_user waits[BLOCK_MAX_RECORDED];
     ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2 &&
-           block_cache_recorded(ADDR(7), waits) == 1 && waits[0].handle == x,
+           block_recorded_of(ADDR(7), waits) == 1 && waits[0].handle == x,
        "given back, then freed on another stream: waits for both");
-    is_int(block_cache_recorded(ADDR(7), NULL), 1,
+    is_int(block_recorded_of(ADDR(7), NULL), 1,
            "a claimed block's recorded streams are still its free's");
     block_cache_unclaim(&(struct block_claim){plan.block, plan.handout});
     is_int(claim(ADDR(99)), BLOCK_NOT_OURS,
            "claiming an unknown pointer: not ours");
     int all = 1;
     for (unsigned long long id = 100; id < 100 + BLOCK_MAX_RECORDED - 1; id++)
-        all &= block_cache_record_stream(ADDR(7), user(x, id)) == cudaSuccess;
+        all &= block_recorded_add(ADDR(7), user(x, id)) == cudaSuccess;
     ok(all, "up to 63 streams recorded");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(7), user(x, 5000)), cudaErrorNotSupported,
+    is_int(block_recorded_add(ADDR(7), user(x, 5000)), cudaErrorNotSupported,
            "a 64th is refused (not InvalidValue: the PyTorch hook takes "
            "that for memory that is not cudefer's, and carries on)");
     ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
@@ -205,7 +206,7 @@ static void test_recorded(void)
            block_map_find(ADDR(7))->nrecorded == 0,
        "handed out again with no stream recorded");
     stderr_capture_begin();
-    is_int(block_cache_record_stream(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
+    is_int(block_recorded_add(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
            "recording an unknown pointer is refused");
     stderr_capture_end();
 }
@@ -217,11 +218,11 @@ static void test_recorded_devices(void)
 {
     ok(block_cache_add(0, ADDR(500), 2048, false), "a block");
     struct block_user on0 = {0, 9, 0}, on1 = {0, 9, 1};
-    ok(block_cache_record_stream(ADDR(500), &on0) == cudaSuccess &&
-           block_cache_record_stream(ADDR(500), &on1) == cudaSuccess,
+    ok(block_recorded_add(ADDR(500), &on0) == cudaSuccess &&
+           block_recorded_add(ADDR(500), &on1) == cudaSuccess,
        "stream 0 recorded with device 0, then with device 1 (one id)");
     struct block_user got[BLOCK_MAX_RECORDED];
-    ok(block_cache_recorded(ADDR(500), got) == 2 && got[1].device == 1,
+    ok(block_recorded_of(ADDR(500), got) == 2 && got[1].device == 1,
        "two users");
     struct block_free_plan plan;
     block_cache_plan_free(ADDR(500), 0, 9, &plan);
