@@ -157,15 +157,16 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     cudaError_t err;
     if (legacy && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
         return refuse("defer_alloc", "cudaGetDevice", err, "");
+    unsigned long long id;
+    bool cached =
+        legacy && stream_identity_cached_special(stream, current, device, &id);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */
-    if ((!legacy || !stream_identity_known(stream, current)) &&
-        (err = refuse_if_capturing(stream)) != cudaSuccess)
+    if (!cached && (err = refuse_if_capturing(stream)) != cudaSuccess)
         return err;
-    unsigned long long id;
-    bool cached;
     const char *call = NULL;
-    if ((err = stream_identity_lookup_on(stream, true, current, device, &id,
+    if (!cached &&
+        (err = stream_identity_lookup_on(stream, true, current, device, &id,
                                          &cached, &call)) != cudaSuccess)
         return refuse("defer_alloc", call, err, "");
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)

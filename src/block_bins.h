@@ -212,6 +212,7 @@ struct device_cache {
     uint64_t next_handout; /* unique per hand-out on this device, from 1 */
     struct stream_bins *recent; /* the bins looked up last (PyTorch works on
                                    one stream: no bucket to read) */
+    struct cache_block *spare_records; /* kept for reuse (block_records.h) */
     _Alignas(64) struct stream_bins *spare; /* emptied, for reuse */
     int nspare;
     struct order_list lru; /* FREE, oldest first */

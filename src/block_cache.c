@@ -12,6 +12,7 @@
 #include "block_bins.h"
 #include "block_map.h"
 #include "block_pool.h"
+#include "block_records.h"
 #include "block_segments.h"
 #include "clock.h"
 #include "report.h"
@@ -31,6 +32,11 @@ _Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
                    offsetof(struct cache_block, recorded) == 128,
                "a block's hot fields fill its first 64 bytes, the age "
                "list, segment and counts the next 64");
+
+_Static_assert(offsetof(struct device_cache, spare_records) + sizeof(void *) <=
+                   64,
+               "a device's lock, hand-out counter, recent stream and kept "
+               "records share one cache line");
 
 /* The most claims the reclaimer completes in one hold of a device's lock
  * (block_cache_claims_done). */
@@ -185,6 +191,7 @@ static void forget_all_records(void)
             next = s->next;
             free(s);
         }
+        block_records_free_all(c);
         pthread_mutex_destroy(&c->lock);
     }
     for (int d = 0; d < set.ncaches; d++)
@@ -557,8 +564,8 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
 {
     (void)ok; /* a failed device's blocks are never handed out again: its
                  defer_alloc calls fail first */
-    struct cache_block *forget = NULL;
     for (size_t i = 0; i < n;) {
+        struct cache_block *forget = NULL;
         /* One lock hold for a run of one device's claims (a free batch's
          * are all one device's), CLAIMS_PER_HOLD at most: the launching
          * threads contend with the reclaimer for it once a few blocks, not
@@ -574,12 +581,13 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
                               &forget);
             i++;
         } while (i < end && cache_of(claims[i].block->device) == c);
+        /* Records of c's blocks: kept for c's next cuts. */
+        while (forget != NULL) {
+            struct cache_block *next = forget->lru_next;
+            block_records_retire(c, forget);
+            forget = next;
+        }
         pthread_mutex_unlock(&c->lock);
-    }
-    while (forget != NULL) {
-        struct cache_block *next = forget->lru_next;
-        block_cache_forget(forget);
-        forget = next;
     }
 }
 

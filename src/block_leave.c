@@ -8,6 +8,7 @@
 
 #include "block_bins.h"
 #include "block_map.h"
+#include "block_records.h"
 #include "block_segments.h"
 #include "stats.h"
 
@@ -110,12 +111,12 @@ size_t block_leave_for_miss(int device, unsigned long long stream_id,
         /* Copied now: a GONE record may be freed once the lock is left. */
         out[n++] = (struct block_memory){b->ptr, b->size};
     }
-    pthread_mutex_unlock(&c->lock);
-    while (forget != NULL) {
+    while (forget != NULL) { /* kept for c's next cuts */
         struct cache_block *next = forget->lru_next;
-        block_cache_forget(forget);
+        block_records_retire(c, forget);
         forget = next;
     }
+    pthread_mutex_unlock(&c->lock);
     return n;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "block_map.h"
+#include "block_records.h"
 
 /* The least a block keeps when a request is cut from it. */
 #define SPLIT_MIN_REST MIN_BLOCK
@@ -50,7 +51,7 @@ struct cache_block *block_segments_split(struct device_cache *c,
     struct cache_block *b = split_candidate(c, own, lo, piece);
     if (b == NULL)
         return NULL;
-    struct cache_block *p = calloc(1, sizeof *p);
+    struct cache_block *p = block_records_new(c);
     if (p == NULL)
         return NULL;
     p->ptr = (char *)b->ptr + (b->size - piece);
@@ -65,7 +66,7 @@ struct cache_block *block_segments_split(struct device_cache *c,
      * block's is its next owner's once handed out again. */
     if ((there != NULL && there->state != BLOCK_MERGED) ||
         !block_map_insert(p, &stale)) {
-        free(p);
+        block_records_retire(c, p);
         return NULL;
     }
     /* b keeps the rest, refiled for its new size: a piece now, linked to
@@ -115,7 +116,7 @@ static void absorb(struct device_cache *c, struct cache_block *keep,
     if (gone->freed_ns > keep->freed_ns)
         keep->freed_ns = gone->freed_ns;
     block_map_remove(gone);
-    block_cache_forget(gone);
+    block_records_retire(c, gone);
     free_link(c, keep);
 }
 
@@ -165,7 +166,7 @@ static void absorb_free(struct device_cache *c, struct stream_bins *s,
     bins_unlink(&s->bins, keep);
     grow_over(keep, gone);
     block_map_remove(gone);
-    block_cache_forget(gone);
+    block_records_retire(c, gone);
     bins_push(&s->bins, keep);
 }
 

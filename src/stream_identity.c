@@ -116,6 +116,17 @@ bool stream_identity_known(cudaStream_t stream, int current)
            NULL;
 }
 
+bool stream_identity_cached_special(cudaStream_t stream, int current,
+                                    int *device, unsigned long long *id)
+{
+    struct slot *slot = find(stream, current);
+    if (slot == NULL)
+        return false;
+    *device = slot->device;
+    *id = slot->id;
+    return true;
+}
+
 void stream_identity_forget(cudaStream_t stream)
 {
     for (int s = 0; s < SETS; s++)

@@ -48,6 +48,13 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
  * look-up makes no CUDA call on the stream. */
 bool stream_identity_known(cudaStream_t stream, int current);
 
+/* Any thread; no CUDA call: the identity of a special handle (current:
+ * the current device, which must be known) when this thread has it
+ * cached, in *device and *id; false when not.  A special handle's cannot
+ * go stale, so it is what an exact look-up would give. */
+bool stream_identity_cached_special(cudaStream_t stream, int current,
+                                    int *device, unsigned long long *id);
+
 /* Any thread: forget this thread's cached identities of stream (they proved
  * stale: a destroyed stream's handle now names another stream). */
 void stream_identity_forget(cudaStream_t stream);

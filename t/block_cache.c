@@ -57,8 +57,7 @@ static const struct block_user *user(cudaStream_t x, unsigned long long id)
 static uint64_t free_on(void *p, unsigned long long id)
 {
     struct block_free_plan plan;
-    block_cache_plan_free(p, 0, id, &plan);
-    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id)) {
+    if (!park_free(p, 0, id, &plan)) {
         diag("free_on(%p, %llu): path %d", p, id, (int)plan.path);
         return 0;
     }
@@ -69,8 +68,7 @@ static uint64_t free_on(void *p, unsigned long long id)
 static uint64_t free_on1(void *p, unsigned long long id)
 {
     struct block_free_plan plan;
-    block_cache_plan_free(p, 1, id, &plan);
-    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id)) {
+    if (!park_free(p, 1, id, &plan)) {
         diag("free_on1(%p, %llu): path %d", p, id, (int)plan.path);
         return 0;
     }

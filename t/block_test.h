@@ -24,6 +24,16 @@ static inline bool give_back(void *p)
     return block_map_find(p) != NULL;
 }
 
+/* Free p on stream id of device the stream-ordered way: planned and
+ * parked, PENDING on that stream (*plan: its block and hand-out).  True
+ * when so. */
+static inline bool park_free(void *p, int device, unsigned long long id,
+                             struct block_free_plan *plan)
+{
+    block_cache_plan_free(p, device, id, plan);
+    return plan->path == BLOCK_STREAM_ORDERED && block_cache_park(plan, id);
+}
+
 /* A claim by a free path that waits for more than one event; its path. */
 static inline enum block_free_path claim(void *p)
 {

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "helpers.h"
+#include "stream_identity.h"
 
 #define RR 16
 #define ROUNDS 8
@@ -189,10 +190,34 @@ static void test_per_thread(void)
     is_int(fake_is_released(t[0].p[2]), 1, "then released");
 }
 
+/* The legacy stream's identity, asked for without a CUDA call (the
+ * allocation path's): known only once looked up, per current device. */
+static void test_cached_special(void)
+{
+    int device = -1, looked_device = -1;
+    unsigned long long id = 0, looked_id = 0;
+    bool cached;
+    const char *call = NULL;
+    ok(!stream_identity_cached_special(cudaStreamLegacy, 1, &device, &id),
+       "the legacy stream of device 1: not cached before a look-up");
+    is_int(cudaSetDevice(1), cudaSuccess, "device 1 current");
+    is_int(stream_identity_lookup_on(cudaStreamLegacy, true, 1,
+                                     &looked_device, &looked_id, &cached,
+                                     &call),
+           cudaSuccess, "looked up");
+    ok(stream_identity_cached_special(cudaStreamLegacy, 1, &device, &id) &&
+           device == 1 && looked_device == 1 && id == looked_id,
+       "then cached: the look-up's device and id");
+    ok(!stream_identity_cached_special(cudaStreamLegacy, 0, &device, &id),
+       "device 0's legacy stream is another: not cached");
+    is_int(cudaSetDevice(0), cudaSuccess, "device 0 current again");
+}
+
 int main(void)
 {
     plan_lazy();
     fake_reset(2);
+    test_cached_special();
     test_round_robin_free();
     test_round_robin_call();
     test_stream_zero();

@@ -1,0 +1,46 @@
+/*
+ * Block records: the struct cache_block records of a device's cache, kept
+ * for reuse under the device's lock instead of going back to malloc.
+ *
+ * A request cut from a larger block needs a new record, and a merge frees
+ * one: in the PyTorch LM's trace, one request in four of each.  The cut
+ * happens on the launching thread and most records are freed by the
+ * reclaimer (a merged piece whose entry completed), so glibc's per-thread
+ * caches never matched them up: each calloc took the arena's slow path, 19
+ * cache lines missed a cut on average (bench/cold-calls under callgrind's
+ * cache simulation, 2026-11-26), and the reclaimer's free() took the
+ * launching thread's arena lock.  Kept here, a record comes back as the
+ * lines it is written through.
+ *
+ * Every function is called with the device's lock held (block_cache.c,
+ * block_segments.c, block_leave.c), makes no CUDA call and never blocks.
+ */
+#ifndef CUDEFER_BLOCK_RECORDS_H
+#define CUDEFER_BLOCK_RECORDS_H
+
+#include <stddef.h>
+
+#include "block_bins.h"
+
+/* Records a device keeps for reuse at most; more go back to malloc, so
+ * that a program that stopped cutting blocks keeps at most 1024 x 136 bytes
+ * a device. */
+#define BLOCK_RECORDS_KEPT 1024
+
+/* Lock held: a zeroed record, the last one c kept if any, else a new one
+ * from calloc; NULL when out of memory. */
+struct cache_block *block_records_new(struct device_cache *c);
+
+/* Lock held: record b, which nothing names any more (out of every list and
+ * of the block map), is kept by c for its next block, or freed when c
+ * keeps BLOCK_RECORDS_KEPT already.  Its recorded streams are freed. */
+void block_records_retire(struct device_cache *c, struct cache_block *b);
+
+/* Lock held: how many records c keeps now. */
+size_t block_records_kept(const struct device_cache *c);
+
+/* Shutdown (no other thread uses c): the records c keeps go back to
+ * malloc. */
+void block_records_free_all(struct device_cache *c);
+
+#endif

@@ -1,0 +1,137 @@
+/* Block records kept for reuse (src/block_records.h): on a device cache of
+ * its own, a retired record comes back zeroed, last in first out, up to
+ * BLOCK_RECORDS_KEPT, and its recorded streams are freed (ASan's leak
+ * check sees it); then through the block cache, the records a cut takes
+ * are the ones merges retired, from FREE neighbours and from MERGED parts
+ * whose work completed. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block_bins.h"
+#include "block_cache.h"
+#include "block_map.h"
+#include "block_records.h"
+#include "block_test.h"
+#include "helpers.h"
+
+/* A record as a block leaves it: every byte set, streams recorded. */
+static struct cache_block *used_record(void)
+{
+    struct cache_block *b = malloc(sizeof *b);
+    if (b == NULL)
+        bail("malloc");
+    memset(b, 0xa5, sizeof *b);
+    b->recorded = malloc(4 * sizeof *b->recorded);
+    if (b->recorded == NULL)
+        bail("malloc");
+    return b;
+}
+
+static bool zeroed(const struct cache_block *b)
+{
+    static const struct cache_block zero;
+    return memcmp(b, &zero, sizeof *b) == 0;
+}
+
+static void test_kept(void)
+{
+    struct device_cache c = {0};
+    is_int((int)block_records_kept(&c), 0, "a new device keeps no record");
+    struct cache_block *fresh = block_records_new(&c);
+    ok(fresh != NULL && zeroed(fresh), "with none kept: a zeroed new record");
+    free(fresh);
+
+    struct cache_block *a = used_record(), *b = used_record();
+    block_records_retire(&c, a);
+    block_records_retire(&c, b);
+    is_int((int)block_records_kept(&c), 2, "two retired: two kept");
+    struct cache_block *first = block_records_new(&c);
+    struct cache_block *second = block_records_new(&c);
+    ok(first == b && second == a, "given out again last in, first out");
+    ok(zeroed(first) && zeroed(second), "zeroed, as calloc's");
+    is_int((int)block_records_kept(&c), 0, "none kept after");
+    free(first);
+    free(second);
+
+    int all_kept = 1;
+    for (int i = 0; i < BLOCK_RECORDS_KEPT + 50; i++) {
+        block_records_retire(&c, used_record());
+        all_kept &= (int)block_records_kept(&c) ==
+                    (i < BLOCK_RECORDS_KEPT ? i + 1 : BLOCK_RECORDS_KEPT);
+    }
+    ok(all_kept, "kept up to BLOCK_RECORDS_KEPT; the 50 beyond are freed");
+    int given = 0;
+    struct cache_block *r;
+    while (block_records_kept(&c) > 0 && (r = block_records_new(&c)) != NULL) {
+        given += zeroed(r);
+        free(r);
+    }
+    is_int(given, BLOCK_RECORDS_KEPT, "each kept record given out once");
+    for (int i = 0; i < 10; i++)
+        block_records_retire(&c, used_record());
+    block_records_free_all(&c);
+    is_int((int)block_records_kept(&c), 0, "free_all: none kept (and none "
+                                           "leaked: ASan's leak check)");
+}
+
+/* Through the cache: cuts take the records merges retired. */
+static void test_cache_reuses(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    struct device_cache *c = block_cache_device(0);
+    char *base = ADDR(40);
+    size_t size;
+    ok(block_cache_add(0, base, 4 * MiB, true) && give_back(base),
+       "a FREE 4 MiB segment");
+    size_t before = block_records_kept(c);
+    void *p = block_cache_take(0, 1, MiB, &size);
+    struct cache_block *piece = block_map_find(p);
+    ok(p == base + 3 * MiB && piece != NULL, "a cut: a record for the piece");
+    struct block_free_plan plan;
+    ok(park_free(p, 0, 1, &plan), "the piece freed on stream 1");
+    block_cache_event_done(plan.block, plan.handout, true, 5);
+    ok(block_map_find(p) == NULL, "its work done, the piece merged back");
+    is_int((int)block_records_kept(c), (int)before + 1,
+           "its record is kept by the device");
+    void *q = block_cache_take(0, 1, MiB, &size);
+    ok(q == p && block_map_find(q) == piece &&
+           (int)block_records_kept(c) == (int)before,
+       "the next cut takes that record again");
+
+    /* Two pieces freed on stream 7 merge PENDING into the rest (MERGED
+     * parts): their records are retired once their work completed. */
+    ok(park_free(q, 0, 1, &plan), "freed again");
+    block_cache_event_done(plan.block, plan.handout, true, 6);
+    void *whole = block_cache_take(0, 7, 4 * MiB, &size);
+    struct block_free_plan w, pa, pb;
+    ok(whole == base && park_free(whole, 0, 7, &w),
+       "the whole segment taken and freed on stream 7");
+    void *a = block_cache_take(0, 7, MiB, &size);
+    void *b = block_cache_take(0, 7, MiB, &size);
+    ok(park_free(a, 0, 7, &pa) && park_free(b, 0, 7, &pb) &&
+           pa.block->state == BLOCK_MERGED && pb.block->state == BLOCK_MERGED,
+       "two pieces freed on their stream: MERGED into the segment");
+    before = block_records_kept(c);
+    struct block_claim done[3] = {{w.block, w.handout},
+                                  {pa.block, pa.handout},
+                                  {pb.block, pb.handout}};
+    block_cache_claims_done(done, 3, true, 7);
+    is_int((int)block_records_kept(c), (int)before + 2,
+           "their work done: both MERGED records kept by the device");
+    ok(block_map_find(base)->state == BLOCK_FREE &&
+           block_map_find(base)->size == 4 * MiB,
+       "and the segment is one FREE block again");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    test_kept();
+    ok(block_cache_init(1, (size_t)1 << 20), "a cache for one device");
+    test_cache_reuses();
+    block_cache_destroy();
+    ok(!block_cache_active(), "destroyed with records kept (ASan: no leak)");
+    return 0;
+}
