@@ -10,6 +10,7 @@
 #define CUDEFER_BLOCK_BINS_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -215,11 +216,30 @@ struct device_cache {
     struct cache_block *spare_records; /* kept for reuse (block_records.h) */
     _Alignas(64) struct stream_bins *spare; /* emptied, for reuse */
     int nspare;
+    _Atomic unsigned waiting; /* threads in cache_lock that found it held */
     struct order_list lru; /* FREE, oldest first */
     struct segment_index segments;
     _Alignas(64) struct stream_bins *streams[STREAM_BUCKETS]; /* with PENDING */
     _Alignas(64) struct bins free;                            /* FREE blocks */
 };
+
+/* Any thread; may block: takes c's lock.  A thread that finds it held
+ * counts itself in c->waiting until it has it, so that the reclaimer,
+ * between two holds of a long run of work, lets it in first
+ * (block_cache_claims_done): asleep on the lock, a launching thread was
+ * otherwise woken only after the reclaimer had taken it again for the
+ * rest of its batch, and waited for all of it (the PyTorch LM's slow
+ * frees lasted 8.5 / 10.5 / 18 us with batches of 16 / 32 / 64 blocks,
+ * bench/results/2026-11-26-h100-slow-frees.txt).  An uncontended call
+ * costs what pthread_mutex_lock does. */
+static inline void cache_lock(struct device_cache *c)
+{
+    if (pthread_mutex_trylock(&c->lock) == 0)
+        return;
+    atomic_fetch_add_explicit(&c->waiting, 1, memory_order_relaxed);
+    pthread_mutex_lock(&c->lock);
+    atomic_fetch_sub_explicit(&c->waiting, 1, memory_order_relaxed);
+}
 
 /* Whether b is a whole segment (one allocation of cudefer's, uncut): the
  * only kind that goes back to the pool or to CUDA. */

@@ -5,6 +5,7 @@
 #include "block_cache.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -41,6 +42,11 @@ _Static_assert(offsetof(struct device_cache, spare_records) + sizeof(void *) <=
 /* The most claims the reclaimer completes in one hold of a device's lock
  * (block_cache_claims_done). */
 #define CLAIMS_PER_HOLD 8
+
+/* The most sched_yield calls (about a microsecond each) the reclaimer makes
+ * before a hold while launching threads wait for the lock: one slow to be
+ * scheduled is not waited for longer. */
+#define WAITER_YIELDS 64
 
 /* ---- per-device state --------------------------------------------------- */
 
@@ -234,7 +240,7 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     size_t fresh = block_cache_round(min), max = fresh + fresh / 8, max_class;
     int lo = block_bin_of(min), hi = block_class_of(max, &max_class);
     struct device_cache *c = cache_of(device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     struct stream_bins *own = stream_find(c, stream_id);
     struct cache_block *b = NULL;
     /* Size for size, the stream's own pending block first: it keeps the
@@ -281,7 +287,7 @@ static void drop_stale(struct cache_block *stale)
            "instead of defer_free; its record is dropped", stale->ptr,
            stale->size);
     struct device_cache *c = cache_of(stale->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     if (stale->state == BLOCK_PENDING)
         block_cache_stream_unlink(c, stale);
     else if (stale->state == BLOCK_FREE)
@@ -329,7 +335,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
      * block's, and the pool may give the address out again at once): its
      * entry forgets it, and the reclaimer may free it as soon as the lock
      * is let go, so it is not touched after. */
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     b->handout = c->next_handout++;
     bool filed = block_segments_file(c, ptr, size);
     bool inserted = filed && block_map_insert(b, &stale);
@@ -360,7 +366,7 @@ static bool inside_segment(const void *ptr, bool *live)
     for (int d = 0; d < set.ncaches; d++) {
         struct device_cache *c = cache_of(d);
         struct cache_block *b;
-        pthread_mutex_lock(&c->lock);
+        cache_lock(c);
         bool in = block_segments_holds(c, ptr, &b);
         *live = b != NULL && b->state == BLOCK_LIVE;
         pthread_mutex_unlock(&c->lock);
@@ -412,7 +418,7 @@ static void plan_free(void *ptr, int stream_device,
         return;
     }
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     plan->block = b;
     plan->handout = b->handout;
     plan->size = b->size; /* parked, it may grow by merging at once */
@@ -466,7 +472,7 @@ enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
         return inside_segment(ptr, &inside_live) ? BLOCK_INSIDE
                                                  : BLOCK_NOT_OURS;
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     bool live = b->state == BLOCK_LIVE;
     if (live) {
         b->state = BLOCK_FREEING;
@@ -493,7 +499,7 @@ void block_cache_unclaim(const struct block_claim *claim)
     if (b == NULL)
         return;
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     if (b->state == BLOCK_FREEING && b->handout == claim->handout)
         b->state = BLOCK_LIVE;
     bool forget = claim_let_go(b);
@@ -507,7 +513,7 @@ bool block_cache_park(const struct block_free_plan *plan,
 {
     struct cache_block *b = plan->block;
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
     if (mine)
         park_locked(c, b, stream_id);
@@ -559,6 +565,20 @@ static void event_done_locked(struct device_cache *c, struct cache_block *b,
         settle(c, b, now, forget);
 }
 
+/* Before a hold of c's lock in a run of work (the reclaimer's): the
+ * threads already waiting for it (cache_lock) go first.  The unlock that
+ * ended the last hold woke one; each takes the lock and lets it go in turn
+ * while this thread yields.  Never waits for a thread that has not asked
+ * for the lock yet. */
+static void let_waiters_in(struct device_cache *c)
+{
+    for (int i = 0;
+         i < WAITER_YIELDS &&
+         atomic_load_explicit(&c->waiting, memory_order_relaxed) > 0;
+         i++)
+        sched_yield();
+}
+
 void block_cache_claims_done(const struct block_claim *claims, size_t n,
                              bool ok, uint64_t now)
 {
@@ -572,10 +592,12 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
          * once a block, and wait for it no longer than a few blocks take
          * (a whole batch of 32 held it 6-12 us; the PyTorch LM's frees
          * that met such a hold were its slow calls, 25-37 a step,
-         * bench/results/2026-11-26-h100-call-tails.txt). */
+         * bench/results/2026-11-26-h100-call-tails.txt), since those
+         * already waiting go first (let_waiters_in). */
         struct device_cache *c = cache_of(claims[i].block->device);
         size_t end = i + CLAIMS_PER_HOLD < n ? i + CLAIMS_PER_HOLD : n;
-        pthread_mutex_lock(&c->lock);
+        let_waiters_in(c);
+        cache_lock(c);
         do {
             event_done_locked(c, claims[i].block, claims[i].handout, now,
                               &forget);
@@ -602,7 +624,7 @@ void block_cache_adopt(const struct block_claim *claim)
 {
     struct cache_block *b = claim->block;
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     /* The claim's record, FREEING since its free was accepted, unless the
      * record was dropped (drop_stale: handout 0). */
     bool mine = b->state == BLOCK_FREEING && b->handout == claim->handout;
@@ -628,7 +650,7 @@ bool block_cache_unclaimed_is_block(void *ptr)
     if (b == NULL)
         return false;
     struct device_cache *c = cache_of(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     /* Every free claims the blocks it frees (a second one is refused), so
      * the block here now is another owner's, or free, or being freed by its
      * own free: never touched.  A piece is left to cudaFree, which refuses

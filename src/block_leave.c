@@ -32,7 +32,7 @@ size_t block_leave_expired(int device, uint64_t freed_before_ns,
     if (c == NULL)
         return 0;
     size_t n = 0, bytes = 0;
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     struct cache_block *b = c->lru.oldest;
     while (b != NULL && n < max && bytes < max_bytes &&
            b->freed_ns <= freed_before_ns) {
@@ -88,7 +88,7 @@ size_t block_leave_for_miss(int device, unsigned long long stream_id,
         return 0;
     size_t n = 0, bytes = 0;
     struct cache_block *forget = NULL; /* FREE records, through lru_next */
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     while (n < max && bytes < max_bytes) {
         struct stream_bins *own = block_cache_stream_bins(c, stream_id);
         struct cache_block *b = largest_to_hand_back(&c->free, freed_before_ns);
@@ -131,7 +131,7 @@ uint64_t block_leave_oldest_free_ns(int device)
      * time), so the first block it can take goes at the latest time seen
      * up to it. */
     uint64_t t = 0;
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     struct cache_block *b = c->lru.oldest;
     for (; b != NULL; b = b->lru_next) {
         if (b->freed_ns > t)

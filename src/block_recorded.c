@@ -17,7 +17,7 @@ cudaError_t block_recorded_add(void *ptr, const struct block_user *user)
         return cudaErrorInvalidValue;
     struct device_cache *c = block_cache_device(b->device);
     cudaError_t err = cudaSuccess;
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     bool known = false;
     /* Ids told apart by device too: the legacy streams of two devices
      * may share one. */
@@ -56,7 +56,7 @@ size_t block_recorded_of(const void *ptr, struct block_user *out)
     if (b == NULL)
         return 0;
     struct device_cache *c = block_cache_device(b->device);
-    pthread_mutex_lock(&c->lock);
+    cache_lock(c);
     size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
                    ? b->nrecorded
                    : 0;
