@@ -227,11 +227,12 @@ struct device_cache {
  * counts itself in c->waiting until it has it, so that the reclaimer,
  * between two holds of a long run of work, lets it in first
  * (block_cache_claims_done): asleep on the lock, a launching thread was
- * otherwise woken only after the reclaimer had taken it again for the
- * rest of its batch, and waited for all of it (the PyTorch LM's slow
- * frees lasted 8.5 / 10.5 / 18 us with batches of 16 / 32 / 64 blocks,
- * bench/results/2026-11-26-h100-slow-frees.txt).  An uncontended call
- * costs what pthread_mutex_lock does. */
+ * otherwise woken only after the reclaimer had taken it again, and waited
+ * for the rest of its batch (t/cache_lock_waiters).  In the PyTorch LM on
+ * an H100 such waits of 4 us or more are rare (0.5 a step; the slow frees
+ * are the seals' event records, bench/results/2026-11-26-h100-slow-frees-
+ * traced.txt), and spinning up to 20 us before sleeping gained nothing
+ * there.  An uncontended call costs what pthread_mutex_lock does. */
 static inline void cache_lock(struct device_cache *c)
 {
     if (pthread_mutex_trylock(&c->lock) == 0)

@@ -590,8 +590,7 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
          * are all one device's), CLAIMS_PER_HOLD at most: the launching
          * threads contend with the reclaimer for it once a few blocks, not
          * once a block, and wait for it no longer than a few blocks take
-         * (a whole batch of 32 held it 6-12 us; the PyTorch LM's frees
-         * that met such a hold were its slow calls, 25-37 a step,
+         * (a whole batch of 32 held it 6-12 us,
          * bench/results/2026-11-26-h100-call-tails.txt), since those
          * already waiting go first (let_waiters_in). */
         struct device_cache *c = cache_of(claims[i].block->device);

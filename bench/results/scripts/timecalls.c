@@ -52,7 +52,7 @@ __attribute__((destructor)) static void report(void) {
     for (int w = 0; w < 2; w++)
         for (int k = 0; k < N; k++) {
             long all = 0, slow = 0;
-            for (int b = 0; b < B; b++) { all += cnt[w][k][b]; slow += b >= 2 ? cnt[w][k][b] : 0; }
+            for (int b = 0; b < B; b++) { all += cnt[w][k][b]; slow += b >= 3 ? cnt[w][k][b] : 0; }
             if (all == 0) continue;
             fprintf(out, "timecalls %s %s: %ld calls, %ld of 4 us or more (%.0f us), hist", w ? "reclaimer" : "others", names[k], all, slow, slow_ns[w][k] / 1e3);
             for (int b = 0; b < B; b++) fprintf(out, " %ld", cnt[w][k][b]);
