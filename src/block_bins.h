@@ -223,6 +223,16 @@ struct device_cache {
     _Alignas(64) struct bins free;                            /* FREE blocks */
 };
 
+/* A spinning thread's pause: the sibling hyperthread runs meanwhile. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* Any thread; may block: takes c's lock.  A thread that finds it held
  * counts itself in c->waiting until it has it, so that the reclaimer,
  * between two holds of a long run of work, lets it in first

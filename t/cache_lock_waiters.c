@@ -2,8 +2,9 @@
  * before its next hold (src/block_bins.h, cache_lock; block_cache.c,
  * block_cache_claims_done).  A thread asleep on the lock was woken by the
  * unlock, but the reclaimer, still running, took the lock again before it
- * was scheduled, for the rest of its run: the PyTorch LM's slow frees
- * waited for a whole batch (bench/results/2026-11-26-h100-slow-frees.txt).
+ * was scheduled, for the rest of its run (the waiter waited for the whole
+ * run; in the PyTorch LM on an H100 such waits proved rare:
+ * bench/results/2026-11-26-h100-slow-frees-traced.txt).
  *
  * A trial: this thread holds the lock while a second thread, on another
  * CPU, asks for it and falls asleep; then it lets go and at once completes
@@ -11,10 +12,12 @@
  * once it has the lock, counts the claims already completed.  Before the
  * fix it found 8 or more in every trial: the first hold began before it
  * was awake.  Now it must get in first in at least one of 5 trials (the
- * reclaimer yields to a waiter a bounded number of times, so a machine too
- * busy to schedule it may miss one).  The two threads are on different
+ * reclaimer waits for a waiter 50 us at most, so a machine too busy to
+ * schedule it may miss one).  The two threads are on different
  * CPUs, as on a GPU machine: on one CPU, a woken thread may preempt the
- * one that woke it.  Skipped where there are not two CPUs to pin to. */
+ * one that woke it.  Then the bound: a waiter counted but never scheduled
+ * delays the reclaimer 50 us a hold at most.  Skipped where there are not
+ * two CPUs to pin to. */
 #define _GNU_SOURCE /* pthread_setaffinity_np */
 #include <pthread.h>
 #include <sched.h>
@@ -93,6 +96,49 @@ static int trial(int first)
     return atomic_load(&done_seen);
 }
 
+/* A thread that never leaves CPU 0 (the test's) until stop is set. */
+static atomic_bool stop_spinning;
+
+static void *spinner(void *arg)
+{
+    (void)arg;
+    if (!pin(0))
+        bail("pthread_setaffinity_np");
+    while (!atomic_load_explicit(&stop_spinning, memory_order_relaxed)) {
+    }
+    return NULL;
+}
+
+/* A waiter counted but never scheduled (its CPU busy) is not waited for
+ * long: the reclaimer's 32 claims, four holds, with waiting stuck at 1 and
+ * a busy thread on the reclaimer's CPU.  With 64 sched_yield calls a hold
+ * (a yield to the busy thread: a time slice) they took 408-420 ms; the
+ * wait is now 50 us a hold at most. */
+static double claims_with_stuck_waiter(int first)
+{
+    for (int i = 0; i < CLAIMS; i++) {
+        void *p = ADDR(first + i);
+        struct block_free_plan plan;
+        if (!block_cache_add(0, p, BLOCK_BYTES, false))
+            bail("block_cache_add");
+        block_cache_plan_free_parked(p, 0, 7, &plan);
+        claims[i] = (struct block_claim){plan.block, plan.handout};
+    }
+    pthread_t t;
+    atomic_store(&stop_spinning, false);
+    if (pthread_create(&t, NULL, spinner, NULL) != 0)
+        bail("pthread_create");
+    sleep_ms(20); /* the spinner runs on CPU 0 */
+    atomic_store(&cache->waiting, 1);
+    double t0 = now_ms();
+    block_cache_claims_done(claims, CLAIMS, true, 1);
+    double took = now_ms() - t0;
+    atomic_store(&cache->waiting, 0);
+    atomic_store(&stop_spinning, true);
+    pthread_join(t, NULL);
+    return took;
+}
+
 int main(void)
 {
     cpu_set_t mine;
@@ -116,6 +162,10 @@ int main(void)
     }
     ok(first_in > 0, "the waiter got the lock before the reclaimer's first "
                      "hold (%d of %d trials)", first_in, TRIALS);
+    double took = claims_with_stuck_waiter(100 + TRIALS * CLAIMS);
+    ok(took < 40, "a waiter never scheduled delays 32 claims %.2f ms (under "
+                  "40: 50 us a hold, and the busy thread's share of the "
+                  "CPU)", took);
     block_cache_destroy();
     return 0;
 }
