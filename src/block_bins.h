@@ -202,10 +202,12 @@ struct segment_index {
     size_t count, room;
 };
 
-/* One device's cache; its mutex guards everything in it.  Laid out by
- * cache line (the struct is allocated aligned): the lock with the
- * hand-out counter, which every hit writes in the same hold; the rarely
- * written rest; the stream buckets; the FREE bins, bitmap first.  Each
+/* One device's cache; its mutex guards everything in it but the waiting
+ * count and the surplus records' list (atomics, read as hints outside the
+ * lock).  Laid out by cache line (the struct is allocated aligned): the
+ * lock with the hand-out counter, which every hit writes in the same hold;
+ * the rarely written rest; the two atomics; the stream buckets; the FREE
+ * bins, bitmap first.  Each
  * line a call touches is a miss when PyTorch's own work ran between two
  * calls (bench/cold-calls, 2026-11-26). */
 struct device_cache {
@@ -216,9 +218,14 @@ struct device_cache {
     struct cache_block *spare_records; /* kept for reuse (block_records.h) */
     _Alignas(64) struct stream_bins *spare; /* emptied, for reuse */
     int nspare;
-    _Atomic unsigned waiting; /* threads in cache_lock that found it held */
     struct order_list lru; /* FREE, oldest first */
     struct segment_index segments;
+    /* Written outside the lock (so on a line of their own): the threads in
+     * cache_lock that found it held; the records retired beyond
+     * BLOCK_RECORDS_KEPT, linked by lru_next, which the reclaimer frees
+     * outside the lock (block_records_collect). */
+    _Alignas(64) _Atomic unsigned waiting;
+    _Atomic(struct cache_block *) surplus_records;
     _Alignas(64) struct stream_bins *streams[STREAM_BUCKETS]; /* with PENDING */
     _Alignas(64) struct bins free;                            /* FREE blocks */
 };
@@ -297,6 +304,15 @@ static inline int bins_next_either(const struct device_cache *c,
  * stream id's PENDING blocks (NULL: none), and PENDING b out of them (an
  * emptied stream leaves the table). */
 struct device_cache *block_cache_device(int device);
+
+/* Any thread holding no device's lock; may block on the locks.  ptr's
+ * record in the block map, with its device's lock taken (*cache: the
+ * caller lets it go), or NULL (nothing taken) when the map has none.  A
+ * record found in the map before the lock is taken may be retired, and
+ * reused for another block, meanwhile (a double free racing a merge): it
+ * is looked up again then. */
+struct cache_block *block_cache_find_locked(const void *ptr,
+                                            struct device_cache **cache);
 struct stream_bins *block_cache_stream_bins(struct device_cache *c,
                                             unsigned long long id);
 void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b);

@@ -405,6 +405,41 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
     block_segments_merge_pending(c, b);
 }
 
+void block_cache_collect_records(void)
+{
+    for (int d = 0; d < set.ncaches; d++)
+        block_records_collect(&set.caches[d]);
+}
+
+/* Tests: runs between the block map's look-up and the lock (NULL: none). */
+static void (*_Atomic find_hook)(void);
+
+void block_cache_set_find_hook(void (*hook)(void))
+{
+    atomic_store(&find_hook, hook);
+}
+
+struct cache_block *block_cache_find_locked(const void *ptr,
+                                            struct device_cache **cache)
+{
+    for (;;) {
+        struct cache_block *b = block_map_find(ptr);
+        if (b == NULL)
+            return NULL;
+        void (*hook)(void) = atomic_load_explicit(&find_hook,
+                                                  memory_order_relaxed);
+        if (hook != NULL)
+            hook();
+        struct device_cache *c = cache_of(b->device); /* never rewritten */
+        cache_lock(c);
+        if (b->ptr == ptr && b->state != BLOCK_RETIRED) {
+            *cache = c;
+            return b;
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
 /* block_cache_plan_free's work; park: a BLOCK_STREAM_ORDERED block is
  * parked in the same lock hold (plan->parked). */
 static void plan_free(void *ptr, int stream_device,
@@ -415,15 +450,14 @@ static void plan_free(void *ptr, int stream_device,
     plan->block = NULL;
     plan->nstreams = 0;
     plan->parked = false;
-    struct cache_block *b = block_map_find(ptr);
+    struct device_cache *c;
+    struct cache_block *b = block_cache_find_locked(ptr, &c);
     if (b == NULL) {
         bool live;
         if (inside_segment(ptr, &live))
             plan->path = BLOCK_INSIDE;
         return;
     }
-    struct device_cache *c = cache_of(b->device);
-    cache_lock(c);
     plan->block = b;
     plan->handout = b->handout;
     plan->size = b->size; /* parked, it may grow by merging at once */
@@ -471,13 +505,12 @@ enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
 {
     claim->block = NULL;
     claim->handout = 0;
-    struct cache_block *b = block_map_find(ptr);
+    struct device_cache *c;
+    struct cache_block *b = block_cache_find_locked(ptr, &c);
     bool inside_live;
     if (b == NULL)
         return inside_segment(ptr, &inside_live) ? BLOCK_INSIDE
                                                  : BLOCK_NOT_OURS;
-    struct device_cache *c = cache_of(b->device);
-    cache_lock(c);
     bool live = b->state == BLOCK_LIVE;
     if (live) {
         b->state = BLOCK_FREEING;
@@ -651,11 +684,10 @@ bool block_cache_unclaimed_is_block(void *ptr)
 {
     if (!block_cache_active())
         return false;
-    struct cache_block *b = block_map_find(ptr);
+    struct device_cache *c;
+    struct cache_block *b = block_cache_find_locked(ptr, &c);
     if (b == NULL)
         return false;
-    struct device_cache *c = cache_of(b->device);
-    cache_lock(c);
     /* Every free claims the blocks it frees (a second one is refused), so
      * the block here now is another owner's, or free, or being freed by its
      * own free: never touched.  A piece is left to cudaFree, which refuses

@@ -82,9 +82,13 @@ enum block_state {
     BLOCK_FREE,
     BLOCK_GONE, /* handed back to the pool while PENDING: its record waits
                    for the entries that name it, nothing else */
-    BLOCK_MERGED /* PENDING, absorbed by its left neighbour PENDING on
-                    the same stream: its record waits for the entries that
-                    name it and then tells the neighbour (merged_into) */
+    BLOCK_MERGED, /* PENDING, absorbed by its left neighbour PENDING on
+                     the same stream: its record waits for the entries
+                     that name it and then tells the neighbour
+                     (merged_into) */
+    BLOCK_RETIRED /* no block: a record kept for reuse (block_records.h);
+                     a thread that found it in the block map before it
+                     was retired finds it so under the lock */
 };
 
 struct stream_bins;
@@ -164,6 +168,15 @@ struct block_free_plan {
 bool block_cache_init(int ndevices, size_t split_min_bytes);
 void block_cache_destroy(void);
 void block_cache_fork_child(void);
+
+/* The reclaimer, once a pass: frees the block records retired beyond what
+ * each device keeps (block_records.h), outside the devices' locks. */
+void block_cache_collect_records(void);
+
+/* Tests: hook (NULL: none) runs in every look-up of a freed or recorded
+ * pointer between the block map's answer and the device's lock, so that
+ * a test can retire and reuse the record found there. */
+void block_cache_set_find_hook(void (*hook)(void));
 
 /* Any thread: true once a block was ever made (defer_free skips the lookup
  * until then). */

@@ -12,12 +12,11 @@
 
 cudaError_t block_recorded_add(void *ptr, const struct block_user *user)
 {
-    struct cache_block *b = block_map_find(ptr);
+    struct device_cache *c;
+    struct cache_block *b = block_cache_find_locked(ptr, &c);
     if (b == NULL)
         return cudaErrorInvalidValue;
-    struct device_cache *c = block_cache_device(b->device);
     cudaError_t err = cudaSuccess;
-    cache_lock(c);
     bool known = false;
     /* Ids told apart by device too: the legacy streams of two devices
      * may share one. */
@@ -52,11 +51,10 @@ cudaError_t block_recorded_add(void *ptr, const struct block_user *user)
 
 size_t block_recorded_of(const void *ptr, struct block_user *out)
 {
-    struct cache_block *b = block_map_find(ptr);
+    struct device_cache *c;
+    struct cache_block *b = block_cache_find_locked(ptr, &c);
     if (b == NULL)
         return 0;
-    struct device_cache *c = block_cache_device(b->device);
-    cache_lock(c);
     size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
                    ? b->nrecorded
                    : 0;

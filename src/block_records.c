@@ -9,25 +9,43 @@
 
 #include "block_cache.h"
 
+/* b zeroed but for its device and its recorded array, which stay: the
+ * device is read without the lock by a thread that found b in the map
+ * (never written after b's first use, it needs no lock), and the array is
+ * b's for good. */
+static void reset(struct cache_block *b)
+{
+    struct block_user *recorded = b->recorded;
+    char *at = (char *)b;
+    size_t dev = offsetof(struct cache_block, device);
+    size_t after = dev + sizeof b->device;
+    memset(at, 0, dev);
+    memset(at + after, 0, sizeof *b - after);
+    b->recorded = recorded;
+}
+
 struct cache_block *block_records_new(struct device_cache *c)
 {
     struct cache_block *b = c->spare_records;
     if (b == NULL)
         return calloc(1, sizeof *b);
     c->spare_records = b->lru_next;
-    memset(b, 0, sizeof *b);
+    reset(b);
     return b;
 }
 
 void block_records_retire(struct device_cache *c, struct cache_block *b)
 {
-    free(b->recorded);
+    b->state = BLOCK_RETIRED;
+    b->handout = 0;
+    b->nrecorded = 0;
     size_t depth = block_records_kept(c);
     if (depth >= BLOCK_RECORDS_KEPT) {
-        free(b);
+        b->lru_next = atomic_load_explicit(&c->surplus_records,
+                                           memory_order_relaxed);
+        atomic_store_explicit(&c->surplus_records, b, memory_order_relaxed);
         return;
     }
-    b->recorded = NULL;
     b->lru_next = c->spare_records;
     b->size = depth + 1;
     c->spare_records = b;
@@ -38,12 +56,33 @@ size_t block_records_kept(const struct device_cache *c)
     return c->spare_records != NULL ? c->spare_records->size : 0;
 }
 
-void block_records_free_all(struct device_cache *c)
+static size_t free_list(struct cache_block *b)
 {
-    for (struct cache_block *b = c->spare_records, *next; b != NULL;
-         b = next) {
+    size_t n = 0;
+    for (struct cache_block *next; b != NULL; b = next, n++) {
         next = b->lru_next;
+        free(b->recorded);
         free(b);
     }
+    return n;
+}
+
+size_t block_records_collect(struct device_cache *c)
+{
+    if (atomic_load_explicit(&c->surplus_records, memory_order_relaxed) ==
+        NULL)
+        return 0;
+    cache_lock(c);
+    struct cache_block *list = atomic_exchange_explicit(
+        &c->surplus_records, NULL, memory_order_relaxed);
+    pthread_mutex_unlock(&c->lock);
+    return free_list(list);
+}
+
+void block_records_free_all(struct device_cache *c)
+{
+    free_list(c->spare_records);
     c->spare_records = NULL;
+    free_list(atomic_exchange_explicit(&c->surplus_records, NULL,
+                                       memory_order_relaxed));
 }

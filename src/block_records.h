@@ -12,8 +12,15 @@
  * launching thread's arena lock.  Kept here, a record comes back as the
  * lines it is written through.
  *
- * Every function is called with the device's lock held (block_cache.c,
- * block_segments.c, block_leave.c), makes no CUDA call and never blocks.
+ * A record keeps its device for good (a thread that found it in the block
+ * map reads that before it takes the lock) and its array of recorded
+ * streams (hidden by nrecorded 0).  A retired record is BLOCK_RETIRED
+ * until it is reused.
+ *
+ * Every function but block_records_collect is called with the device's
+ * lock held (block_cache.c, block_segments.c, block_leave.c), makes no
+ * CUDA call and never blocks: none frees memory, which could wait for a
+ * malloc arena's lock.
  */
 #ifndef CUDEFER_BLOCK_RECORDS_H
 #define CUDEFER_BLOCK_RECORDS_H
@@ -22,25 +29,31 @@
 
 #include "block_bins.h"
 
-/* Records a device keeps for reuse at most; more go back to malloc, so
- * that a program that stopped cutting blocks keeps at most 1024 x 136 bytes
- * a device. */
+/* Records a device keeps for reuse at most; more go back to malloc (the
+ * reclaimer frees them), so that a program that stopped cutting blocks
+ * keeps at most 1024 x 136 bytes a device. */
 #define BLOCK_RECORDS_KEPT 1024
 
-/* Lock held: a zeroed record, the last one c kept if any, else a new one
- * from calloc; NULL when out of memory. */
+/* Lock held: a zeroed record, the last one c kept if any (its device and
+ * its recorded array kept), else a new one from calloc; NULL when out of
+ * memory. */
 struct cache_block *block_records_new(struct device_cache *c);
 
 /* Lock held: record b, which nothing names any more (out of every list and
- * of the block map), is kept by c for its next block, or freed when c
- * keeps BLOCK_RECORDS_KEPT already.  Its recorded streams are freed. */
+ * of the block map), is kept by c for its next block, or goes to c's
+ * surplus (for block_records_collect) when c keeps BLOCK_RECORDS_KEPT
+ * already. */
 void block_records_retire(struct device_cache *c, struct cache_block *b);
+
+/* The reclaimer (any thread not holding c's lock; takes it when there is
+ * something to take): frees c's surplus records.  Returns how many. */
+size_t block_records_collect(struct device_cache *c);
 
 /* Lock held: how many records c keeps now. */
 size_t block_records_kept(const struct device_cache *c);
 
-/* Shutdown (no other thread uses c): the records c keeps go back to
- * malloc. */
+/* Shutdown (no other thread uses c): the records c keeps and its surplus
+ * go back to malloc. */
 void block_records_free_all(struct device_cache *c);
 
 #endif

@@ -658,6 +658,7 @@ void *reclaimer_main(void *unused)
         size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
         reclaimer_held_release(now);
         reclaimer_cache_release(now, stopping);
+        block_cache_collect_records();
         if (!stopping)
             event_pool_refill(); /* what the lanes found missing */
         end_pass();
