@@ -14,6 +14,7 @@
 #include "block_pool.h"
 #include "block_records.h"
 #include "block_segments.h"
+#include "block_stale.h"
 #include "clock.h"
 #include "report.h"
 #include "stats.h"
@@ -283,41 +284,6 @@ void *block_cache_take(int device, unsigned long long stream_id, size_t bytes,
     return b != NULL ? b->ptr : NULL;
 }
 
-/* A record found under a fresh block's address: its memory was freed with
- * cudaFree behind cudefer's back.  Drop it from every list. */
-static void drop_stale(struct cache_block *stale)
-{
-    report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
-           "as its block of %zu bytes: that block was freed with cudaFree "
-           "instead of defer_free; its record is dropped", stale->ptr,
-           stale->size);
-    struct device_cache *c = cache_of(stale->device);
-    cache_lock(c);
-    if (stale->state == BLOCK_PENDING)
-        block_cache_stream_unlink(c, stale);
-    else if (stale->state == BLOCK_FREE)
-        free_unlink(c, stale);
-    /* Out of its segment: its neighbours' memory went with it, but they
-     * are no longer linked to a record that is going. */
-    if (stale->seg_prev != NULL)
-        stale->seg_prev->seg_next = stale->seg_next;
-    if (stale->seg_next != NULL)
-        stale->seg_next->seg_prev = stale->seg_prev;
-    stale->seg_prev = stale->seg_next = NULL;
-    if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
-        stats_sub(&stats.cache_free_bytes, stale->size);
-    stats_sub(&stats.cache_bytes, stale->size);
-    bool named = stale->events > 0 || stale->outstanding > 0;
-    if (stale->pool) /* its memory went back behind cudefer's back too */
-        block_pool_forget(stale->device, stale->size);
-    stale->state = BLOCK_LIVE;
-    stale->handout = 0; /* no entry's hand-out matches it any more */
-    pthread_mutex_unlock(&c->lock);
-    if (!named) /* else the claim that names it forgets it (an
-                   ENTRY_BLOCK's entry does not: a small leak) */
-        block_cache_forget(stale);
-}
-
 bool block_cache_add(int device, void *ptr, size_t size, bool pool)
 {
     if (device < 0 || device >= set.ncaches)
@@ -348,13 +314,23 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
         block_segments_unfile(c, ptr);
     bool merged = stale != NULL && stale->device == device &&
                   stale->state == BLOCK_MERGED;
+    /* A stale record of this device's is dropped in the same hold: let go
+     * first, a merge could retire it (block_records.h) before the drop. */
+    bool here = inserted && stale != NULL && !merged && stale->device == device;
+    size_t stale_size = here ? stale->size : 0;
+    bool stale_named = here && block_stale_drop_locked(c, stale);
     pthread_mutex_unlock(&c->lock);
     if (!inserted) {
         free(b);
         return false;
     }
-    if (stale != NULL && !merged)
-        drop_stale(stale);
+    if (here) {
+        block_stale_report(ptr, stale_size);
+        if (!stale_named) /* else the claim that names it forgets it */
+            block_cache_forget(stale);
+    } else if (stale != NULL && !merged) {
+        block_stale_drop_elsewhere(stale, ptr);
+    }
     stats_add(&stats.cache_bytes, size);
     if (!atomic_load_explicit(&set.active, memory_order_relaxed))
         /* Written once: the line every call reads stays clean. */

@@ -1,0 +1,58 @@
+/* Stale block records: a fresh allocation's address that cudefer still
+ * counted as its block, whose memory was freed with cudaFree behind
+ * cudefer's back (see the header). */
+#include "block_stale.h"
+
+#include <pthread.h>
+
+#include "block_pool.h"
+#include "report.h"
+#include "stats.h"
+
+bool block_stale_drop_locked(struct device_cache *c,
+                             struct cache_block *stale)
+{
+    if (stale->state == BLOCK_PENDING)
+        block_cache_stream_unlink(c, stale);
+    else if (stale->state == BLOCK_FREE)
+        free_unlink(c, stale);
+    /* Out of its segment: its neighbours' memory went with it, but they
+     * are no longer linked to a record that is going. */
+    if (stale->seg_prev != NULL)
+        stale->seg_prev->seg_next = stale->seg_next;
+    if (stale->seg_next != NULL)
+        stale->seg_next->seg_prev = stale->seg_prev;
+    stale->seg_prev = stale->seg_next = NULL;
+    if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
+        stats_sub(&stats.cache_free_bytes, stale->size);
+    stats_sub(&stats.cache_bytes, stale->size);
+    if (stale->pool) /* its memory went back behind cudefer's back too */
+        block_pool_forget(stale->device, stale->size);
+    stale->state = BLOCK_LIVE;
+    stale->handout = 0; /* no entry's hand-out matches it any more */
+    return stale->events > 0 || stale->outstanding > 0;
+}
+
+void block_stale_report(const void *ptr, size_t size)
+{
+    report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
+           "as its block of %zu bytes: that block was freed with cudaFree "
+           "instead of defer_free; its record is dropped", ptr, size);
+}
+
+void block_stale_drop_elsewhere(struct cache_block *stale, const void *ptr)
+{
+    struct device_cache *c = block_cache_device(stale->device);
+    cache_lock(c);
+    bool gone = stale->ptr != ptr || stale->state == BLOCK_RETIRED;
+    size_t size = stale->size;
+    bool named = !gone && block_stale_drop_locked(c, stale);
+    pthread_mutex_unlock(&c->lock);
+    if (gone)
+        return;
+    block_stale_report(ptr, size);
+    if (!named) /* else the claim that names it forgets it (an
+                   ENTRY_BLOCK's entry does not: a small leak) */
+        block_cache_forget(stale);
+}
+

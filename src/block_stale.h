@@ -1,0 +1,33 @@
+/*
+ * Stale block records: a record found in the block map under the address
+ * of memory cudefer just allocated (block_cache_add).  Its memory was
+ * freed with cudaFree behind cudefer's back (the application's mistake,
+ * reported) and the runtime gave the address out again: the record leaves
+ * every list of its device's cache, and is forgotten once no entry names
+ * it.  Called by block_cache.c only; no CUDA call.
+ */
+#ifndef CUDEFER_BLOCK_STALE_H
+#define CUDEFER_BLOCK_STALE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "block_bins.h"
+
+/* c's lock held (c: stale's device's): stale leaves every list of c.
+ * Returns whether an entry still names it (then that entry's claim
+ * forgets it; else the caller does, once the lock is let go). */
+bool block_stale_drop_locked(struct device_cache *c,
+                             struct cache_block *stale);
+
+/* Any thread: says that the block of size bytes at ptr was freed with
+ * cudaFree instead of defer_free, and that its record is dropped. */
+void block_stale_report(const void *ptr, size_t size);
+
+/* Any thread holding no device's lock: stale, found under ptr in the map
+ * as another device's record than the fresh block's, is dropped under its
+ * own device's lock and reported, unless a merge retired it meanwhile
+ * (block_records.h: then it is gone already). */
+void block_stale_drop_elsewhere(struct cache_block *stale, const void *ptr);
+
+#endif
