@@ -63,6 +63,9 @@ static _Alignas(64) struct {
     int ncaches;
     size_t split_min; /* requests below it are never cut (0: none is) */
     _Atomic bool active;
+    /* Tests: runs between the block map's look-up and the lock (NULL:
+     * none); here, so that a free reads no other line for it. */
+    void (*_Atomic find_hook)(void);
 } set;
 
 static struct device_cache *cache_of(int device)
@@ -387,12 +390,9 @@ void block_cache_collect_records(void)
         block_records_collect(&set.caches[d]);
 }
 
-/* Tests: runs between the block map's look-up and the lock (NULL: none). */
-static void (*_Atomic find_hook)(void);
-
 void block_cache_set_find_hook(void (*hook)(void))
 {
-    atomic_store(&find_hook, hook);
+    atomic_store(&set.find_hook, hook);
 }
 
 struct cache_block *block_cache_find_locked(const void *ptr,
@@ -402,7 +402,7 @@ struct cache_block *block_cache_find_locked(const void *ptr,
         struct cache_block *b = block_map_find(ptr);
         if (b == NULL)
             return NULL;
-        void (*hook)(void) = atomic_load_explicit(&find_hook,
+        void (*hook)(void) = atomic_load_explicit(&set.find_hook,
                                                   memory_order_relaxed);
         if (hook != NULL)
             hook();
