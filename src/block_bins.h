@@ -309,8 +309,8 @@ struct device_cache *block_cache_device(int device);
  * record in the block map, with its device's lock taken (*cache: the
  * caller lets it go), or NULL (nothing taken) when the map has none.  A
  * record found in the map before the lock is taken may be retired, and
- * reused for another block, meanwhile (a double free racing a merge): it
- * is looked up again then. */
+ * reused for another block, or freed meanwhile (a double free racing a
+ * merge): the map is asked again under the lock. */
 struct cache_block *block_cache_find_locked(const void *ptr,
                                             struct device_cache **cache);
 struct stream_bins *block_cache_stream_bins(struct device_cache *c,

@@ -398,21 +398,27 @@ void block_cache_set_find_hook(void (*hook)(void))
 struct cache_block *block_cache_find_locked(const void *ptr,
                                             struct device_cache **cache)
 {
+    /* The device first, then, under its lock (which every removal from
+     * the map and every retirement takes), the record again: a record
+     * found before the lock may be gone, even freed, by then. */
     for (;;) {
-        struct cache_block *b = block_map_find(ptr);
-        if (b == NULL)
+        int device, now;
+        if (block_map_find_device(ptr, &device) == NULL)
             return NULL;
         void (*hook)(void) = atomic_load_explicit(&set.find_hook,
                                                   memory_order_relaxed);
         if (hook != NULL)
             hook();
-        struct device_cache *c = cache_of(b->device); /* never rewritten */
+        struct device_cache *c = cache_of(device);
         cache_lock(c);
-        if (b->ptr == ptr && b->state != BLOCK_RETIRED) {
+        struct cache_block *b = block_map_find_device(ptr, &now);
+        if (b != NULL && now == device) {
             *cache = c;
             return b;
         }
         pthread_mutex_unlock(&c->lock);
+        if (b == NULL)
+            return NULL;
     }
 }
 

@@ -80,6 +80,18 @@ struct cache_block *block_map_find(const void *ptr)
     return b;
 }
 
+struct cache_block *block_map_find_device(const void *ptr, int *device)
+{
+    uint64_t h = hash_of(ptr);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    struct cache_block *b = s->nbuckets ? *slot_of(s, h, ptr) : NULL;
+    if (b != NULL)
+        *device = b->device;
+    pthread_mutex_unlock(&s->lock);
+    return b;
+}
+
 bool block_map_insert(struct cache_block *b, struct cache_block **stale)
 {
     uint64_t h = hash_of(b->ptr);

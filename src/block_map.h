@@ -15,6 +15,12 @@ struct cache_block;
  * while the caller owns the block (it is released only once free). */
 struct cache_block *block_map_find(const void *ptr);
 
+/* Any thread.  As block_map_find, and *device the block's device, read
+ * under the map's lock (a record in the map is not freed: its removal
+ * takes that lock).  Only a holder of that device's lock may go on to use
+ * the record (block_cache_find_locked). */
+struct cache_block *block_map_find_device(const void *ptr, int *device);
+
 /* Any thread.  Adds b (keyed by b->ptr); false when out of memory.  A block
  * already filed under that address is replaced and returned in *stale (the
  * application must have cudaFree'd it behind cudefer's back), else NULL. */
