@@ -86,9 +86,8 @@ enum block_state {
                      the same stream: its record waits for the entries
                      that name it and then tells the neighbour
                      (merged_into) */
-    BLOCK_RETIRED /* no block: a record kept for reuse (block_records.h);
-                     a thread that found it in the block map before it
-                     was retired finds it so under the lock */
+    BLOCK_RETIRED /* no block: a record kept for reuse (block_records.h),
+                     in no list and not in the block map */
 };
 
 struct stream_bins;

@@ -9,10 +9,8 @@
 
 #include "block_cache.h"
 
-/* b zeroed but for its device and its recorded array, which stay: the
- * device is read without the lock by a thread that found b in the map
- * (never written after b's first use, it needs no lock), and the array is
- * b's for good. */
+/* b zeroed but for its device and its recorded array, which stay: b is
+ * this device's for good, and so is the array. */
 static void reset(struct cache_block *b)
 {
     struct block_user *recorded = b->recorded;

@@ -12,10 +12,10 @@
  * launching thread's arena lock.  Kept here, a record comes back as the
  * lines it is written through.
  *
- * A record keeps its device for good (a thread that found it in the block
- * map reads that before it takes the lock) and its array of recorded
- * streams (hidden by nrecorded 0).  A retired record is BLOCK_RETIRED
- * until it is reused.
+ * A record keeps its device for good (records never move between devices)
+ * and its array of recorded streams (hidden by nrecorded 0).  A retired
+ * record is BLOCK_RETIRED until it is reused; no thread reads it meanwhile
+ * (block_cache_find_locked asks the map again under the lock).
  *
  * Every function but block_records_collect is called with the device's
  * lock held (block_cache.c, block_segments.c, block_leave.c), makes no

@@ -56,8 +56,7 @@ struct cache_block *block_segments_split(struct device_cache *c,
         return NULL;
     p->ptr = (char *)b->ptr + (b->size - piece);
     p->size = piece;
-    if (p->device != b->device) /* a kept record has it: never rewritten */
-        p->device = b->device;
+    p->device = b->device;
     p->bin = block_bin_of(piece);
     p->pool = b->pool;
     struct cache_block *stale = NULL, *there = block_map_find(p->ptr);
