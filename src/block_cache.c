@@ -152,7 +152,7 @@ void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b)
 }
 
 /* Lock held.  b's work is done: FREE, filed for any stream, merged with
- * its free neighbours (b's record may be freed). */
+ * its free neighbours (b's record may be retired). */
 static void make_free(struct device_cache *c, struct cache_block *b,
                       uint64_t now)
 {
@@ -302,6 +302,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     b->state = BLOCK_LIVE;
     struct device_cache *c = cache_of(device);
     struct cache_block *stale = NULL;
+    block_stale_evict_other(ptr, device);
     /* Filed, inserted and the record it replaces looked at in one hold
      * (the cache's lock, then the map's, as everywhere): a piece MERGED
      * into a block a miss handed back to the pool while the piece's entry
@@ -315,11 +316,11 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     bool inserted = filed && block_map_insert(b, &stale);
     if (filed && !inserted)
         block_segments_unfile(c, ptr);
-    bool merged = stale != NULL && stale->device == device &&
-                  stale->state == BLOCK_MERGED;
-    /* A stale record of this device's is dropped in the same hold: let go
-     * first, a merge could retire it (block_records.h) before the drop. */
-    bool here = inserted && stale != NULL && !merged && stale->device == device;
+    bool merged = stale != NULL && stale->state == BLOCK_MERGED;
+    /* A stale record (of this device: block_map_insert replaces no other)
+     * is dropped in the same hold: let go first, a merge could retire it
+     * (block_records.h) before the drop. */
+    bool here = inserted && stale != NULL && !merged;
     size_t stale_size = here ? stale->size : 0;
     bool stale_named = here && block_stale_drop_locked(c, stale);
     pthread_mutex_unlock(&c->lock);
@@ -331,8 +332,6 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
         block_stale_report(ptr, stale_size);
         if (!stale_named) /* else the claim that names it forgets it */
             block_cache_forget(stale);
-    } else if (stale != NULL && !merged) {
-        block_stale_drop_elsewhere(stale, ptr);
     }
     stats_add(&stats.cache_bytes, size);
     if (!atomic_load_explicit(&set.active, memory_order_relaxed))
@@ -505,7 +504,7 @@ enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
 }
 
 /* Lock held, a claim on b let go (its event reference dropped).  Whether
- * b's record is to be forgotten: dropped from the cache (drop_stale) and
+ * b's record is to be forgotten: dropped from the cache (block_stale.h) and
  * named by nothing any more. */
 static bool claim_let_go(struct cache_block *b)
 {
@@ -546,7 +545,7 @@ bool block_cache_park(const struct block_free_plan *plan,
 /* Lock held, after an entry naming b (or a part merged into it) is done:
  * a PENDING b whose work and parts' work are all done goes FREE, a FREE
  * one no entry names merges with its neighbours, and a GONE one no entry
- * names joins *forget (through lru_next; b's record may be freed). */
+ * names joins *forget (through lru_next; b's record may be retired). */
 static void settle(struct device_cache *c, struct cache_block *b,
                    uint64_t now, struct cache_block **forget)
 {
@@ -588,8 +587,9 @@ static void event_done_locked(struct device_cache *c, struct cache_block *b,
 /* Before a hold of c's lock in a run of work (the reclaimer's): the
  * threads already waiting for it (cache_lock) go first.  The unlock that
  * ended the last hold woke one; each takes the lock and lets it go in turn
- * while this thread yields.  Never waits for a thread that has not asked
- * for the lock yet. */
+ * while this thread spins (WAITER_WAIT_NS at most).  Never waits for a
+ * thread that has not asked for the lock yet.  (Also on a launching thread
+ * that completes claims itself, free_batch.c: a slow path already.) */
 static void let_waiters_in(struct device_cache *c)
 {
     if (atomic_load_explicit(&c->waiting, memory_order_relaxed) == 0)
@@ -646,7 +646,7 @@ void block_cache_adopt(const struct block_claim *claim)
     struct device_cache *c = cache_of(b->device);
     cache_lock(c);
     /* The claim's record, FREEING since its free was accepted, unless the
-     * record was dropped (drop_stale: handout 0). */
+     * record was dropped (block_stale.h: handout 0). */
     bool mine = b->state == BLOCK_FREEING && b->handout == claim->handout;
     void *ptr = b->ptr;
     int device = b->device;

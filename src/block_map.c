@@ -103,6 +103,10 @@ bool block_map_insert(struct cache_block *b, struct cache_block **stale)
         return false;
     }
     struct cache_block **link = slot_of(s, h, b->ptr);
+    if (*link != NULL && (*link)->device != b->device) {
+        pthread_mutex_unlock(&s->lock);
+        return false;
+    }
     if (*link != NULL) {
         *stale = *link;
         b->map_next = (*link)->map_next;

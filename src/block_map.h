@@ -21,9 +21,12 @@ struct cache_block *block_map_find(const void *ptr);
  * the record (block_cache_find_locked). */
 struct cache_block *block_map_find_device(const void *ptr, int *device);
 
-/* Any thread.  Adds b (keyed by b->ptr); false when out of memory.  A block
- * already filed under that address is replaced and returned in *stale (the
- * application must have cudaFree'd it behind cudefer's back), else NULL. */
+/* Any thread, holding b's device's lock.  Adds b (keyed by b->ptr); false
+ * when out of memory, or when another device's record is filed under that
+ * address (only a holder of that device's lock may take it out:
+ * block_stale_evict_other).  A record of b's device filed there is
+ * replaced and returned in *stale (the application must have cudaFree'd
+ * it behind cudefer's back), else NULL. */
 bool block_map_insert(struct cache_block *b, struct cache_block **stale);
 
 /* Any thread.  Removes b. */

@@ -17,10 +17,10 @@
  * record is BLOCK_RETIRED until it is reused; no thread reads it meanwhile
  * (block_cache_find_locked asks the map again under the lock).
  *
- * Every function but block_records_collect is called with the device's
- * lock held (block_cache.c, block_segments.c, block_leave.c), makes no
- * CUDA call and never blocks: none frees memory, which could wait for a
- * malloc arena's lock.
+ * block_records_new, _retire and _kept are called with the device's lock
+ * held (block_cache.c, block_segments.c, block_leave.c) and make no CUDA
+ * call; none frees memory under it, which could wait for a malloc arena's
+ * lock (block_records_new callocs a record when none is kept).
  */
 #ifndef CUDEFER_BLOCK_RECORDS_H
 #define CUDEFER_BLOCK_RECORDS_H
@@ -31,7 +31,8 @@
 
 /* Records a device keeps for reuse at most; more go back to malloc (the
  * reclaimer frees them), so that a program that stopped cutting blocks
- * keeps at most 1024 x 136 bytes a device. */
+ * keeps at most 1024 records of 136 bytes a device, and the recorded
+ * arrays (63 x 24 bytes) of those that had one. */
 #define BLOCK_RECORDS_KEPT 1024
 
 /* Lock held: a zeroed record, the last one c kept if any (its device and

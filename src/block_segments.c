@@ -106,7 +106,7 @@ static void grow_over(struct cache_block *keep, const struct cache_block *gone)
 }
 
 /* FREE keep absorbs FREE gone, its right neighbour that no entry names;
- * gone's record is freed. */
+ * gone's record is retired (block_records.h). */
 static void absorb(struct device_cache *c, struct cache_block *keep,
                    struct cache_block *gone)
 {
@@ -158,7 +158,7 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
 }
 
 /* PENDING keep absorbs gone, its FREE right neighbour that nothing names:
- * gone's memory is keep's, PENDING on s with it; gone's record is freed. */
+ * gone's memory is keep's, PENDING on s with it; gone's record is retired. */
 static void absorb_free(struct device_cache *c, struct stream_bins *s,
                         struct cache_block *keep, struct cache_block *gone)
 {

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include "block_map.h"
 #include "block_pool.h"
 #include "report.h"
 #include "stats.h"
@@ -40,19 +41,27 @@ void block_stale_report(const void *ptr, size_t size)
            "instead of defer_free; its record is dropped", ptr, size);
 }
 
-void block_stale_drop_elsewhere(struct cache_block *stale, const void *ptr)
+void block_stale_evict_other(const void *ptr, int device)
 {
-    struct device_cache *c = block_cache_device(stale->device);
-    cache_lock(c);
-    bool gone = stale->ptr != ptr || stale->state == BLOCK_RETIRED;
-    size_t size = stale->size;
-    bool named = !gone && block_stale_drop_locked(c, stale);
-    pthread_mutex_unlock(&c->lock);
-    if (gone)
+    struct device_cache *o;
+    struct cache_block *x = block_cache_find_locked(ptr, &o);
+    if (x == NULL)
+        return;
+    if (x->device == device) { /* the caller's own hold drops it */
+        pthread_mutex_unlock(&o->lock);
+        return;
+    }
+    /* A MERGED piece is no block of its own (its bytes are counted in the
+     * block that absorbed it): only unfiled; its entries forget it. */
+    bool merged = x->state == BLOCK_MERGED;
+    size_t size = x->size;
+    bool named = merged || block_stale_drop_locked(o, x);
+    block_map_remove(x);
+    pthread_mutex_unlock(&o->lock);
+    if (merged)
         return;
     block_stale_report(ptr, size);
     if (!named) /* else the claim that names it forgets it (an
                    ENTRY_BLOCK's entry does not: a small leak) */
-        block_cache_forget(stale);
+        block_cache_forget(x);
 }
-

@@ -24,10 +24,12 @@ bool block_stale_drop_locked(struct device_cache *c,
  * cudaFree instead of defer_free, and that its record is dropped. */
 void block_stale_report(const void *ptr, size_t size);
 
-/* Any thread holding no device's lock: stale, found under ptr in the map
- * as another device's record than the fresh block's, is dropped under its
- * own device's lock and reported, unless a merge retired it meanwhile
- * (block_records.h: then it is gone already). */
-void block_stale_drop_elsewhere(struct cache_block *stale, const void *ptr);
+/* Any thread holding no device's lock, before it files memory of device
+ * at ptr (block_cache_add): a record of another device's filed under ptr
+ * (freed with cudaFree on that device behind cudefer's back, the address
+ * now device's) leaves that device's lists and the map under that
+ * device's lock, and is reported; a MERGED one is only unfiled.  A record
+ * of device itself is left to the caller's hold. */
+void block_stale_evict_other(const void *ptr, int device);
 
 #endif

@@ -262,6 +262,32 @@ static void test_stale_record(void)
            "and its memory is the cache's, to its new end");
 }
 
+/* The address of a FREE block of device 1 allocated again on device 0 (it
+ * was cudaFree'd behind cudefer's back): device 1's record leaves its
+ * lists, the accounting and the map under device 1's lock, before device
+ * 0 files its own (block_stale_evict_other). */
+static void test_stale_other_device(void)
+{
+    void *p = ADDR(12);
+    size_t size;
+    ok(block_cache_add(1, p, 2048, false) && give_back(p),
+       "a FREE block of device 1");
+    struct defer_stats before = stats_now();
+    stderr_capture_begin();
+    ok(block_cache_add(0, p, 4096, false),
+       "its address allocated again on device 0");
+    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
+       "reported");
+    struct cache_block *now = block_map_find(p);
+    ok(now != NULL && now->device == 0 && now->size == 4096,
+       "the map holds device 0's record");
+    ok(stats_now().cache_bytes == before.cache_bytes - 2048 + 4096 &&
+           stats_now().cache_free_bytes == before.cache_free_bytes - 2048,
+       "device 1's record left the accounting, its free bytes too");
+    ok(block_cache_take(1, 3, 2048, &size) != p,
+       "device 1 does not hand its old block out");
+}
+
 /* Segments: a request of 1 MiB or more cut from a larger block, FREE or
  * PENDING on its own stream; neighbours merge when FREE, and at once when
  * PENDING on one stream, going FREE only once every part's work is done. */
@@ -651,6 +677,7 @@ int main(void)
     test_recorded_devices();
     test_devices();
     test_stale_record();
+    test_stale_other_device();
     test_split_merge();
     test_merge_with_free();
     test_cut_segment_stays();
