@@ -24,15 +24,20 @@ static void count(void *arg)
 
 /* The first miss makes up to 2,048 events (half of CUDEFER_EVENT_POOL),
  * on the fake's fast creation all or most of them (5 ms at most): before,
- * it made 32. */
+ * it made 32.  Fewer than 64 only where the call lasted its 5 ms (a thread
+ * descheduled in its first batch, TSan under load: 31 and 32 seen, 2 runs
+ * in 180 with 4-6 busy loops). */
 static void s_first_miss_stocks(void)
 {
     void *p = device_alloc(64);
+    double t0 = now_ms();
     CHECK(defer_free(p, 0) == cudaSuccess, "defer_free");
+    double took = now_ms() - t0;
     uint64_t idle = stats_now().events_in_pool;
-    CHECK(idle >= 64 && idle <= 2048,
-          "%llu idle events after the first miss (64 to 2,048 expected)",
-          ULL(idle));
+    CHECK(idle >= 1 && idle <= 2048 && (idle >= 64 || took >= 5.0),
+          "%llu idle events after the first miss, which took %.2f ms (64 to "
+          "2,048 expected, or fewer once the stock's 5 ms were up)",
+          ULL(idle), took);
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
