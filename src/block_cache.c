@@ -320,7 +320,7 @@ bool block_cache_add(int device, void *ptr, size_t size, bool pool)
     /* A stale record (of this device: block_map_insert replaces no other)
      * is dropped in the same hold: let go first, a merge could retire it
      * (block_records.h) before the drop. */
-    bool here = inserted && stale != NULL && !merged;
+    bool here = stale != NULL && !merged; /* set only when inserted */
     size_t stale_size = here ? stale->size : 0;
     bool stale_named = here && block_stale_drop_locked(c, stale);
     pthread_mutex_unlock(&c->lock);

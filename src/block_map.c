@@ -72,12 +72,8 @@ static struct cache_block **slot_of(struct shard *s, uint64_t h,
 
 struct cache_block *block_map_find(const void *ptr)
 {
-    uint64_t h = hash_of(ptr);
-    struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->lock);
-    struct cache_block *b = s->nbuckets ? *slot_of(s, h, ptr) : NULL;
-    pthread_mutex_unlock(&s->lock);
-    return b;
+    int device;
+    return block_map_find_device(ptr, &device);
 }
 
 struct cache_block *block_map_find_device(const void *ptr, int *device)

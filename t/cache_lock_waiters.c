@@ -68,9 +68,9 @@ static void *waiter(void *arg)
     return NULL;
 }
 
-/* One trial on blocks [first, first + CLAIMS): how many claims the waiter
- * found completed. */
-static int trial(int first)
+/* Blocks [first, first + CLAIMS) made and freed on stream 7, parked
+ * PENDING there: their claims in claims[], for the reclaimer's part. */
+static void park_claims(int first)
 {
     for (int i = 0; i < CLAIMS; i++) {
         void *p = ADDR(first + i);
@@ -82,6 +82,13 @@ static int trial(int first)
             bail("plan_free_parked: path %d", (int)plan.path);
         claims[i] = (struct block_claim){plan.block, plan.handout};
     }
+}
+
+/* One trial on blocks [first, first + CLAIMS): how many claims the waiter
+ * found completed. */
+static int trial(int first)
+{
+    park_claims(first);
     atomic_store(&done_seen, -1);
     pthread_mutex_lock(&cache->lock);
     pthread_t t;
@@ -116,14 +123,7 @@ static void *spinner(void *arg)
  * wait is now 50 us a hold at most. */
 static double claims_with_stuck_waiter(int first)
 {
-    for (int i = 0; i < CLAIMS; i++) {
-        void *p = ADDR(first + i);
-        struct block_free_plan plan;
-        if (!block_cache_add(0, p, BLOCK_BYTES, false))
-            bail("block_cache_add");
-        block_cache_plan_free_parked(p, 0, 7, &plan);
-        claims[i] = (struct block_claim){plan.block, plan.handout};
-    }
+    park_claims(first);
     pthread_t t;
     atomic_store(&stop_spinning, false);
     if (pthread_create(&t, NULL, spinner, NULL) != 0)
