@@ -85,8 +85,17 @@ static void s_short_stock_small_reserve(void)
     for (int i = 0; i < 3; i++)
         CHECK(defer_call(count, NULL, s) == cudaSuccess, "callback %d", i);
     /* The reclaimer may meanwhile have made a few for the lane's want
-     * (event_pool_refill): counted out (the review saw it under TSan). */
-    struct defer_stats after = stats_now();
+     * (event_pool_refill): counted out (the review saw it under TSan).
+     * A snapshot reads its counters before its gauges (cudefer.h: one by
+     * one), so a refill that lands in between is in events_in_pool and
+     * not in events_created ("4 of 1 left, 0 made meanwhile": a stock of
+     * 1 under load).  A snapshot counts once the next one saw no more
+     * made: every event it found idle was counted in it. */
+    struct defer_stats after = stats_now(), next = stats_now();
+    while (next.events_created != after.events_created) {
+        after = next;
+        next = stats_now();
+    }
     uint64_t made = after.events_created - before.events_created;
     CHECK(after.events_in_pool < idle + made,
           "the sharing lane took idle events (%llu of %llu left, %llu made "
