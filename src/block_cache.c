@@ -19,15 +19,6 @@
 #include "report.h"
 #include "stats.h"
 
-/* ---- size classes ------------------------------------------------------- */
-
-size_t block_cache_round(size_t bytes)
-{
-    size_t class_bytes;
-    block_class_of(bytes, &class_bytes);
-    return class_bytes;
-}
-
 _Static_assert(BLOCK_MAX_RECORDED <= UINT8_MAX, "nrecorded is a uint8_t");
 _Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
                    offsetof(struct cache_block, recorded) == 128,
@@ -62,11 +53,28 @@ static _Alignas(64) struct {
     struct device_cache *caches;
     int ncaches;
     size_t split_min; /* requests below it are never cut (0: none is) */
+    size_t round_divisions; /* new blocks: sizes per power of two */
     _Atomic bool active;
     /* Tests: runs between the block map's look-up and the lock (NULL:
      * none); here, so that a free reads no other line for it. */
     void (*_Atomic find_hook)(void);
-} set;
+} set = {.round_divisions = 16}; /* the default until block_cache_init */
+
+/* ---- size classes ------------------------------------------------------- */
+
+/* The bins keep 16 classes per power of two whatever the rounding (their
+ * bitmap one cache line): a block of any size is filed in the largest class
+ * not above it, and a search checks each candidate's size. */
+size_t block_cache_round(size_t bytes)
+{
+    if (bytes <= MIN_BLOCK)
+        return MIN_BLOCK;
+    if (bytes > ((size_t)1 << MAX_SHIFT))
+        return (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
+    size_t step = ((size_t)1 << k) / set.round_divisions; /* >= 2 bytes */
+    return (bytes + step - 1) / step * step;
+}
 
 static struct device_cache *cache_of(int device)
 {
@@ -170,9 +178,11 @@ static void make_free(struct device_cache *c, struct cache_block *b,
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-bool block_cache_init(int ndevices, size_t split_min_bytes)
+bool block_cache_init(int ndevices, size_t split_min_bytes,
+                      unsigned round_divisions)
 {
     set.split_min = split_min_bytes;
+    set.round_divisions = round_divisions;
     set.caches = block_zalloc((size_t)(ndevices > 0 ? ndevices : 1) *
                               sizeof *set.caches);
     if (set.caches == NULL)

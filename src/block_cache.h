@@ -161,10 +161,13 @@ struct block_free_plan {
 
 /* Lifecycle, under the library's start/shutdown lock: make the per-device
  * state (false when out of memory), requests of split_min_bytes or more
- * (0: none) to be cut from larger blocks; forget every record after the reclaimer
+ * (0: none) to be cut from larger blocks, new blocks rounded up to one of
+ * round_divisions sizes per power of two (a power of two, 1..256: config.c
+ * checks it); forget every record after the reclaimer
  * released what it could (LIVE blocks stay the application's memory); in a
  * fork child, forget everything without touching the locks' owners. */
-bool block_cache_init(int ndevices, size_t split_min_bytes);
+bool block_cache_init(int ndevices, size_t split_min_bytes,
+                      unsigned round_divisions);
 void block_cache_destroy(void);
 void block_cache_fork_child(void);
 
@@ -186,8 +189,10 @@ bool block_cache_active(void);
  * stay far from wrapping.  defer_alloc refuses larger ones. */
 #define BLOCK_MAX_REQUEST (SIZE_MAX / 4 + 1)
 
-/* Any thread: the size a new block for a request of bytes (at most
- * BLOCK_MAX_REQUEST) gets. */
+/* Any thread, once block_cache_init ran: the size a new block for a
+ * request of bytes (at most BLOCK_MAX_REQUEST) gets: bytes rounded up to
+ * one of round_divisions sizes per power of two from 512 (waste under
+ * 1/round_divisions), to 512 bytes above 2^40. */
 size_t block_cache_round(size_t bytes);
 
 /* Any thread.  Takes a reusable block of at least bytes for a request on

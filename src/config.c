@@ -19,6 +19,7 @@ enum kind {
     KIND_MS,     /* a duration in milliseconds (uint32_t) */
     KIND_SIZE,   /* bytes, with an optional binary multiple (uint64_t) */
     KIND_COUNT,  /* a plain number (uint32_t) */
+    KIND_POW2,   /* a plain number, a power of two (uint32_t) */
     KIND_BOOL,   /* 0 or 1 (int) */
     KIND_POLICY, /* a policy name (enum defer_policy) */
 };
@@ -76,6 +77,8 @@ static const struct knob knobs[] = {
          NULL),
     KNOB(FREE_BATCH, free_batch, KIND_COUNT, 32, 1, 4096,
          "a count, 1..4096", NULL),
+    KNOB(ROUND_DIVISIONS, round_divisions, KIND_POW2, 16, 1, 256,
+         "a power of two, 1..256", NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 
@@ -326,6 +329,9 @@ static bool parse_knob(const struct knob *k, const char *text, uint64_t *out)
         return config_parse_size(text, k->max, out) && *out >= k->min;
     case KIND_COUNT:
         return parse_count(text, k->min, k->max, out);
+    case KIND_POW2:
+        return parse_count(text, k->min, k->max, out) &&
+               (*out & (*out - 1)) == 0;
     case KIND_BOOL:
         if (!config_parse_bool(text, &b))
             return false;
@@ -436,7 +442,8 @@ bool config_validate(const struct defer_config *cfg, char *why, size_t len)
     for (size_t i = 0; i < NKNOBS; i++) {
         const struct knob *k = &knobs[i];
         uint64_t v = field_get(cfg, k);
-        if (v < k->min || v > k->max) {
+        if (v < k->min || v > k->max ||
+            (k->kind == KIND_POW2 && (v & (v - 1)) != 0)) {
             char shown[32];
             format_raw(k, v, shown, sizeof shown);
             snprintf(why, len, "%s is %s (expected %s)", k->field, shown,

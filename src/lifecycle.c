@@ -99,7 +99,8 @@ static cudaError_t start_locked(const char *what)
         return err;
     }
     if (!alloc_per_device(n) ||
-        !block_cache_init(n, (size_t)rs.cfg.split_min_bytes) ||
+        !block_cache_init(n, (size_t)rs.cfg.split_min_bytes,
+                          rs.cfg.round_divisions) ||
         !block_pool_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
         undo_start();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);

@@ -224,6 +224,56 @@ static void scenario_shutdown_before_retry(void)
     child_end(ok_all ? 0 : 1);
 }
 
+/* A new block's size at CUDEFER_ROUND_DIVISIONS (read at start, hence a
+ * child each): requests of 1 MiB + 1 and 1000 bytes, the blocks wanted,
+ * and what the start says (a refused value: reported, the default kept). */
+static struct {
+    size_t mib_plus_one, thousand;
+    const char *said;
+} rounding;
+
+static void scenario_rounding(void)
+{
+    cudaStream_t s = stream_new();
+    const size_t sizes[2] = {((size_t)1 << 20) + 1, 1000};
+    const size_t want[2] = {rounding.mib_plus_one, rounding.thousand};
+    void *p[2] = {NULL, NULL}; /* both live: no hand-back in between */
+    for (int i = 0; i < 2; i++) {
+        uint64_t before = stats_now().cache_bytes;
+        stderr_capture_begin();
+        cudaError_t err = defer_alloc(&p[i], sizes[i], s);
+        const char *said = stderr_capture_end();
+        uint64_t got = stats_now().cache_bytes - before;
+        CHECK(err == cudaSuccess && got == want[i],
+              "%zu bytes: a block of %llu, want %zu", sizes[i], ULL(got),
+              want[i]);
+        CHECK(i > 0 || strcmp(said, rounding.said) == 0,
+              "at start, said \"%s\", want \"%s\"", said, rounding.said);
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+static void test_rounding_knob(void)
+{
+    rounding.mib_plus_one = ((size_t)1 << 20) + (32 << 10);
+    rounding.thousand = 1008;
+    rounding.said = "";
+    fork_scenario("a new block rounded to 32 sizes per power of two",
+                  "CUDEFER_ROUND_DIVISIONS=32", 1, 30000, scenario_rounding);
+    rounding.mib_plus_one = (size_t)2 << 20;
+    rounding.thousand = 1024;
+    fork_scenario("a new block rounded to a power of two",
+                  "CUDEFER_ROUND_DIVISIONS=1", 1, 30000, scenario_rounding);
+    rounding.mib_plus_one = ((size_t)1 << 20) + (64 << 10);
+    rounding.said = "cudefer: invalid value for CUDEFER_ROUND_DIVISIONS: "
+                    "\"24\" (expected a power of two, 1..256)\n";
+    fork_scenario("a rounding that is no power of two: said, the default "
+                  "kept", "CUDEFER_ROUND_DIVISIONS=24", 1, 30000,
+                  scenario_rounding);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -240,6 +290,7 @@ int main(void)
            WEXITSTATUS(status) == 0,
        "a shutdown before an out-of-memory retry: refused at the gate, "
        "said once");
+    test_rounding_knob();
     fake_reset(2);
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);

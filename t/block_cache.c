@@ -11,37 +11,54 @@
 #include "block_test.h"
 #include "helpers.h"
 
-static void test_rounding(void)
+/* New blocks at the rounding divs sizes per power of two the cache was
+ * started with: the cases given (bytes, rounded; bytes 0 ends them), and
+ * any request wastes under 1/divs. */
+static void test_rounding(unsigned divs, const size_t (*cases)[2])
 {
-    static const struct {
-        size_t bytes, rounded;
-    } cases[] = {
-        {1, 512},
-        {512, 512},
-        {513, 544},
-        {1000, 1024},
-        {1025, 1088},
-        {(size_t)1 << 20, (size_t)1 << 20},
-        {((size_t)1 << 20) + 1, ((size_t)1 << 20) + 65536},
-        {((size_t)1 << 40) + 1, ((size_t)1 << 40) + 512},
-    };
-    int good = 1;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        size_t r = block_cache_round(cases[i].bytes);
-        if (r != cases[i].rounded) {
-            diag("round(%zu) = %zu; want %zu", cases[i].bytes, r,
-                 cases[i].rounded);
+    int good = 1, within = 1;
+    for (; cases[0][0] != 0; cases++) {
+        size_t r = block_cache_round(cases[0][0]);
+        if (r != cases[0][1]) {
+            diag("round(%zu) = %zu; want %zu", cases[0][0], r, cases[0][1]);
             good = 0;
         }
     }
-    ok(good, "rounding: 16 classes per power of two from 512 bytes; above "
-             "2^40 to 512 bytes");
-    int within = 1;
     for (size_t n = 513; n < (1u << 22); n = n * 3 / 2 + 7) {
         size_t r = block_cache_round(n);
-        within &= r >= n && r - n <= n / 16;
+        within &= r >= n && (r - n) * divs < n;
     }
-    ok(within, "a rounded request wastes at most 1/16");
+    ok(good && within, "rounding: %u sizes per power of two from 512 bytes, "
+       "a request wastes under 1/%u; above 2^40 to 512 bytes", divs, divs);
+}
+
+#define MIB ((size_t)1 << 20)
+#define TIB ((size_t)1 << 40)
+static const size_t round16[][2] = {
+    {1, 512}, {512, 512}, {513, 544}, {1000, 1024}, {1025, 1088},
+    {MIB, MIB}, {MIB + 1, MIB + 65536}, {TIB + 1, TIB + 512}, {0, 0}};
+static const size_t round32[][2] = {
+    {1, 512}, {513, 528}, {1000, 1008}, {1025, 1056}, {MIB, MIB},
+    {MIB + 1, MIB + 32768}, {TIB + 1, TIB + 512}, {0, 0}};
+static const size_t round1[][2] = {
+    {1, 512}, {513, 1024}, {1025, 2048}, {MIB + 1, 2 * MIB},
+    {TIB, TIB}, {TIB + 1, TIB + 512}, {0, 0}};
+static const size_t round256[][2] = {
+    {513, 514}, {1000, 1000}, {MIB + 1, MIB + 4096}, {0, 0}};
+
+/* The cache started again at other roundings (CUDEFER_ROUND_DIVISIONS). */
+static void test_other_roundings(void)
+{
+    static const struct {
+        unsigned divs;
+        const size_t (*cases)[2];
+    } runs[] = {{32, round32}, {1, round1}, {256, round256}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        if (!block_cache_init(2, MIB, runs[i].divs))
+            bail("block_cache_init at %u", runs[i].divs);
+        test_rounding(runs[i].divs, runs[i].cases);
+        block_cache_destroy();
+    }
 }
 
 /* Stream x as recorded with id on device 0 (struct block_user). */
@@ -667,9 +684,9 @@ int main(void)
 {
     plan_lazy();
     fake_reset(2);
-    ok(block_cache_init(2, (size_t)1 << 20),
+    ok(block_cache_init(2, (size_t)1 << 20, 16),
        "init for two devices, requests of 1 MiB or more cut from larger blocks");
-    test_rounding();
+    test_rounding(16, round16);
     test_stream_order();
     test_fit();
     test_double_free();
@@ -689,5 +706,6 @@ int main(void)
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
     ok(!block_cache_active(), "destroyed: inactive");
+    test_other_roundings();
     return 0;
 }

@@ -169,7 +169,7 @@ int main(void)
 {
     plan_lazy();
     fake_reset(2);
-    ok(block_cache_init(2, (size_t)1 << 20), "init for two devices");
+    ok(block_cache_init(2, (size_t)1 << 20, 16), "init for two devices");
     test_expiry();
     test_collect_largest();
     test_handback_with_merged_piece();

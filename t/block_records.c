@@ -209,7 +209,7 @@ int main(void)
     plan_lazy();
     fake_reset(1);
     test_kept();
-    ok(block_cache_init(1, (size_t)1 << 20), "a cache for one device");
+    ok(block_cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
     test_cache_reuses();
     test_found_then_retired();
     block_cache_destroy();

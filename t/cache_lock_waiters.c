@@ -150,7 +150,7 @@ int main(void)
     }
     plan_lazy();
     fake_reset(1);
-    ok(block_cache_init(1, (size_t)1 << 20), "a cache for one device");
+    ok(block_cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
     cache = block_cache_device(0);
     int first_in = 0;
     for (int k = 0; k < TRIALS; k++) {

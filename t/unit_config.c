@@ -14,7 +14,8 @@ static const char *const all_vars[] = {
     "CUDEFER_POLL_US",      "CUDEFER_POLL_MAX_US", "CUDEFER_IDLE_US",
     "CUDEFER_MAX_PENDING",  "CUDEFER_MAX_DELAY_MS", "CUDEFER_POLICY",
     "CUDEFER_EVENT_POOL",   "CUDEFER_DISABLE",     "CUDEFER_VERBOSE",
-    "CUDEFER_STATS",        "CUDEFER_CHECK",
+    "CUDEFER_STATS",        "CUDEFER_CHECK",       "CUDEFER_CACHE_KEEP_MS",
+    "CUDEFER_SPLIT_MIN",    "CUDEFER_FREE_BATCH",  "CUDEFER_ROUND_DIVISIONS",
 };
 #define NVARS (sizeof all_vars / sizeof *all_vars)
 
@@ -37,6 +38,10 @@ static uint64_t field_of(const struct defer_config *c, const char *var)
         F("CUDEFER_VERBOSE", verbose),
         F("CUDEFER_STATS", print_stats),
         F("CUDEFER_CHECK", check),
+        F("CUDEFER_CACHE_KEEP_MS", cache_keep_ms),
+        F("CUDEFER_SPLIT_MIN", split_min_bytes),
+        F("CUDEFER_FREE_BATCH", free_batch),
+        F("CUDEFER_ROUND_DIVISIONS", round_divisions),
 #undef F
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
@@ -276,6 +281,20 @@ static const struct var_cases var_cases[] = {
     {"CUDEFER_CHECK", "0 or 1",
      {{"1", 1}, {"true", 1}, {"0", 0}},
      {"2", "check"}},
+    {"CUDEFER_CACHE_KEEP_MS", "milliseconds, 0..3600000",
+     {{"0", 0}, {"10s", 10000}, {"250", 250}, {"3600s", 3600000}},
+     {"3601s", "3600001", "5us"}},
+    {"CUDEFER_SPLIT_MIN",
+     "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
+     {{"1M", UINT64_C(1) << 20}, {"0", 0}, {"64k", 65536},
+      {"1024T", 1024 * T}},
+     {"1025T", "1.5M", "never"}},
+    {"CUDEFER_FREE_BATCH", "a count, 1..4096",
+     {{"1", 1}, {"32", 32}, {"4096", 4096}},
+     {"0", "4097", "32k"}},
+    {"CUDEFER_ROUND_DIVISIONS", "a power of two, 1..256",
+     {{"1", 1}, {"16", 16}, {"32", 32}, {"256", 256}},
+     {"0", "3", "24", "512", "32k"}},
 };
 
 static void test_env_vars(void)
@@ -395,7 +414,8 @@ static void test_print(void)
            "cudefer: CUDEFER_CHECK=0\n"
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
-           "cudefer: CUDEFER_FREE_BATCH=32\n",
+           "cudefer: CUDEFER_FREE_BATCH=32\n"
+           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n",
            "the defaults, one line per knob");
 
     /* Every value printed reads back the same through the environment. */
@@ -405,6 +425,7 @@ static void test_print(void)
         .policy = DEFER_POLICY_EAGER, .event_pool_max = 0, .disable = 1,
         .verbose = 1, .print_stats = 1, .cache_keep_ms = 5,
         .split_min_bytes = UINT64_C(3) << 19, .free_batch = 7,
+        .round_divisions = 64,
     };
     text = printed(&odd);
     ok(strstr(text, "cudefer: CUDEFER_MAX_PENDING=3145732K\n") != NULL,
@@ -460,6 +481,10 @@ static void pool_big(struct defer_config *c) { c->event_pool_max = 1048577; }
 static void disable_neg(struct defer_config *c) { c->disable = -1; }
 static void verbose_two(struct defer_config *c) { c->verbose = 2; }
 static void stats_two(struct defer_config *c) { c->print_stats = 2; }
+static void batch_zero(struct defer_config *c) { c->free_batch = 0; }
+static void divisions_zero(struct defer_config *c) { c->round_divisions = 0; }
+static void divisions_odd(struct defer_config *c) { c->round_divisions = 24; }
+static void divisions_big(struct defer_config *c) { c->round_divisions = 512; }
 
 static void test_validate(void)
 {
@@ -488,6 +513,13 @@ static void test_validate(void)
     validate_case(disable_neg, "disable is -1 (expected 0 or 1)");
     validate_case(verbose_two, "verbose is 2 (expected 0 or 1)");
     validate_case(stats_two, "print_stats is 2 (expected 0 or 1)");
+    validate_case(batch_zero, "free_batch is 0 (expected a count, 1..4096)");
+    validate_case(divisions_zero,
+                  "round_divisions is 0 (expected a power of two, 1..256)");
+    validate_case(divisions_odd,
+                  "round_divisions is 24 (expected a power of two, 1..256)");
+    validate_case(divisions_big,
+                  "round_divisions is 512 (expected a power of two, 1..256)");
 }
 
 /* ---- defer_configure and start-up ---------------------------------------- */
@@ -586,7 +618,8 @@ static void test_start(void)
            "cudefer: CUDEFER_CHECK=0\n"
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
-           "cudefer: CUDEFER_FREE_BATCH=32\n",
+           "cudefer: CUDEFER_FREE_BATCH=32\n"
+           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n",
            "the invalid value reported, then (verbose) the values in force");
 
     /* A second start (the first one failed further on) settles nothing new. */
