@@ -53,12 +53,12 @@ static _Alignas(64) struct {
     struct device_cache *caches;
     int ncaches;
     size_t split_min; /* requests below it are never cut (0: none is) */
-    size_t round_divisions; /* new blocks: sizes per power of two */
+    int round_shift; /* new blocks: 2^this sizes per power of two */
     _Atomic bool active;
     /* Tests: runs between the block map's look-up and the lock (NULL:
      * none); here, so that a free reads no other line for it. */
     void (*_Atomic find_hook)(void);
-} set = {.round_divisions = 16}; /* the default until block_cache_init */
+} set = {.round_shift = 4}; /* 16, the default, until block_cache_init */
 
 /* ---- size classes ------------------------------------------------------- */
 
@@ -72,8 +72,8 @@ size_t block_cache_round(size_t bytes)
     if (bytes > ((size_t)1 << MAX_SHIFT))
         return (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
     int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
-    size_t step = ((size_t)1 << k) / set.round_divisions; /* >= 2 bytes */
-    return (bytes + step - 1) / step * step;
+    size_t step = (size_t)1 << (k - set.round_shift); /* k >= 9, shift <= 8 */
+    return (bytes + step - 1) & ~(step - 1);
 }
 
 static struct device_cache *cache_of(int device)
@@ -182,7 +182,7 @@ bool block_cache_init(int ndevices, size_t split_min_bytes,
                       unsigned round_divisions)
 {
     set.split_min = split_min_bytes;
-    set.round_divisions = round_divisions;
+    set.round_shift = __builtin_ctz(round_divisions); /* a power of two */
     set.caches = block_zalloc((size_t)(ndevices > 0 ? ndevices : 1) *
                               sizeof *set.caches);
     if (set.caches == NULL)
