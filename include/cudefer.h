@@ -199,7 +199,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     another device's stream, is handed out only once all its work is done;
  *   - otherwise a new block of bytes rounded up to one of round_divisions
  *     sizes per power of two (CUDEFER_ROUND_DIVISIONS, 16 by default: at
- *     most 6.25 % more; 32: 3.125 %, and a ResNet-class training trace
+ *     most 6.25 % more; finer stops at 512-byte steps, so below 512 x
+ *     round_divisions bytes sizes round as at 16; a rounded size beyond
+ *     the device's memory is rounded to 512 only; 32: 3.125 %, and a ResNet-class training trace
  *     replayed on the fake runtime then reserves 2 % less, a GPT-like one
  *     the same, traces whose sizes change every step about 1 % more or
  *     less; coarser rounding serves more later sizes from one block, at
@@ -212,7 +214,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     their memory serves the request whatever its size and the pool does
  *     not grow while the cache holds memory nobody asks for.  Out of
  *     memory, cudefer releases what it holds (defer_trim, which also trims
- *     the pool) and tries again, then with bytes rounded up to 512 only.
+ *     the pool) and tries again, then with bytes rounded up to 512 only
+ *     where that is less.
  *     A request for more than the device's whole memory
  *     (cudaGetDeviceProperties, asked at the device's first miss) is out
  *     of memory at once,

@@ -49,23 +49,41 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
     return err;
 }
 
-/* A fresh block for a request of bytes on stream: its rounded size; out
- * of memory, everything cudefer holds is trimmed (not admitted: the trim
- * waits for the reclaimer) and the rounded size tried again, then bytes
- * rounded up to 512 only (which may fit where the rounded size does not). */
+/* bytes rounded up to 512 only: a block's smallest unit. */
+static size_t exact_size(size_t bytes)
+{
+    return (bytes + 511) & ~(size_t)511;
+}
+
+/* The size of a fresh block for bytes on device: rounded
+ * (block_cache_round), or exact when the rounded size is more than the
+ * device holds (a coarse CUDEFER_ROUND_DIVISIONS near the device's size:
+ * 1 takes 65 GiB to 128 GiB), which no trim could make fit. */
+static size_t fresh_size(int device, size_t bytes)
+{
+    size_t rounded = block_cache_round(bytes);
+    return block_pool_beyond_device(device, rounded) ? exact_size(bytes)
+                                                     : rounded;
+}
+
+/* A fresh block for a request of bytes on stream: fresh_size; out of
+ * memory, everything cudefer holds is trimmed (not admitted: the trim
+ * waits for the reclaimer) and that size tried again, then bytes rounded
+ * up to 512 only where that is less (it may fit where the rounded size
+ * does not). */
 static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
                                 void **ptr)
 {
-    size_t rounded = block_cache_round(bytes);
+    size_t rounded = fresh_size(device, bytes), exact = exact_size(bytes);
     cudaError_t err = malloc_filed(device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
     size_t trimmed = 0;
     defer_trim(&trimmed);
     err = malloc_filed(device, rounded, stream, ptr);
-    if (err != cudaErrorMemoryAllocation)
+    if (err != cudaErrorMemoryAllocation || exact >= rounded)
         return err;
-    return malloc_filed(device, (bytes + 511) & ~(size_t)511, stream, ptr);
+    return malloc_filed(device, exact, stream, ptr);
 }
 
 /* Hand the memory of n blocks that left the cache back to device's pool,
@@ -107,7 +125,7 @@ static void hand_back_free_blocks(int device, size_t bytes,
 {
     if (!block_pool_exists(device))
         return;
-    size_t need = block_cache_round(bytes), slack = block_pool_slack(device);
+    size_t need = fresh_size(device, bytes), slack = block_pool_slack(device);
     size_t lacking = need > slack ? need - slack : 0, n, got;
     struct block_memory memory[64];
     while (lacking > 0 &&

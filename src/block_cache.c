@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include "block_cache.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -64,7 +65,11 @@ static _Alignas(64) struct {
 
 /* The bins keep 16 classes per power of two whatever the rounding (their
  * bitmap one cache line): a block of any size is filed in the largest class
- * not above it, and a search checks each candidate's size. */
+ * not above it, and a search checks each candidate's size.  Rounding finer
+ * than 16 stops at steps of 512 bytes (or the default's step, where that
+ * is less): below 512 x round_divisions bytes it would make more blocks
+ * whose size is no multiple of 512 (never cut: block_segments.c), as
+ * PyTorch's roundup_power2_divisions leaves small sizes to 512. */
 size_t block_cache_round(size_t bytes)
 {
     if (bytes <= MIN_BLOCK)
@@ -72,7 +77,9 @@ size_t block_cache_round(size_t bytes)
     if (bytes > ((size_t)1 << MAX_SHIFT))
         return (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
     int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
-    size_t step = (size_t)1 << (k - set.round_shift); /* k >= 9, shift <= 8 */
+    int shift = k - set.round_shift; /* k >= 9, round_shift <= 8 */
+    int least = k - 4 < MIN_SHIFT ? k - 4 : MIN_SHIFT; /* 16's step, or 512 */
+    size_t step = (size_t)1 << (shift > least ? shift : least);
     return (bytes + step - 1) & ~(step - 1);
 }
 
@@ -182,7 +189,9 @@ bool block_cache_init(int ndevices, size_t split_min_bytes,
                       unsigned round_divisions)
 {
     set.split_min = split_min_bytes;
-    set.round_shift = __builtin_ctz(round_divisions); /* a power of two */
+    assert(round_divisions >= 1 && round_divisions <= 256 &&
+           (round_divisions & (round_divisions - 1)) == 0); /* config.c */
+    set.round_shift = __builtin_ctz(round_divisions);
     set.caches = block_zalloc((size_t)(ndevices > 0 ? ndevices : 1) *
                               sizeof *set.caches);
     if (set.caches == NULL)

@@ -169,6 +169,17 @@ static void test_out_of_memory(cudaStream_t s)
     ok(err == cudaErrorMemoryAllocation && q == NULL && said[0] == '\0',
        "defer_pluggable_alloc_status out of memory: the error, NULL, "
        "nothing said (%s)", said);
+    /* 600 bytes: 608 fails twice (before and after the trim); 1024, the
+     * size rounded to 512 only, is more and is not tried (it was). */
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
+    fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
+    unsigned long tries = fake_entered(FAKE_MALLOC_ASYNC);
+    q = NULL;
+    is_int(defer_alloc(&q, 600, s), cudaErrorMemoryAllocation,
+           "600 bytes, nothing fits: out of memory");
+    is_int(fake_entered(FAKE_MALLOC_ASYNC) - tries, 2,
+           "608 bytes tried twice, no larger exact size after");
+    fake_fail_clear();
     defer_free(big, s);
     fake_set_device_memory(0, total);
 }
@@ -255,10 +266,30 @@ static void scenario_rounding(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* A device of 48 MiB and CUDEFER_ROUND_DIVISIONS=1: 40 MiB rounds to 64,
+ * more than the device holds, so the block is the exact size at once.
+ * Before (found by a review helper), the 64 MiB try failed, everything
+ * cached was trimmed, 64 MiB failed again, and only then the exact size. */
+static void scenario_coarse_beyond_device(void)
+{
+    fake_set_device_memory(0, (size_t)48 << 20);
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    unsigned long tries = fake_entered(FAKE_MALLOC_ASYNC);
+    uint64_t before = stats_now().cache_bytes;
+    CHECK(defer_alloc(&p, (size_t)40 << 20, s) == cudaSuccess, "40 MiB");
+    tries = fake_entered(FAKE_MALLOC_ASYNC) - tries;
+    CHECK(tries == 1 && stats_now().cache_bytes - before == (40 << 20),
+          "one allocation of 40 MiB (%lu tries, %llu bytes)", tries,
+          ULL(stats_now().cache_bytes - before));
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 static void test_rounding_knob(void)
 {
     rounding.mib_plus_one = ((size_t)1 << 20) + (32 << 10);
-    rounding.thousand = 1008;
+    rounding.thousand = 1024; /* finer than 16 stops at 512-byte steps */
     rounding.said = "";
     fork_scenario("a new block rounded to 32 sizes per power of two",
                   "CUDEFER_ROUND_DIVISIONS=32", 1, 30000, scenario_rounding);
@@ -267,11 +298,15 @@ static void test_rounding_knob(void)
     fork_scenario("a new block rounded to a power of two",
                   "CUDEFER_ROUND_DIVISIONS=1", 1, 30000, scenario_rounding);
     rounding.mib_plus_one = ((size_t)1 << 20) + (64 << 10);
+    rounding.thousand = 1024;
     rounding.said = "cudefer: invalid value for CUDEFER_ROUND_DIVISIONS: "
                     "\"24\" (expected a power of two, 1..256)\n";
     fork_scenario("a rounding that is no power of two: said, the default "
                   "kept", "CUDEFER_ROUND_DIVISIONS=24", 1, 30000,
                   scenario_rounding);
+    fork_scenario("coarse rounding beyond the device: the exact size at once",
+                  "CUDEFER_ROUND_DIVISIONS=1", 1, 30000,
+                  scenario_coarse_beyond_device);
 }
 
 int main(void)

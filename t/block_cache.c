@@ -12,8 +12,9 @@
 #include "helpers.h"
 
 /* New blocks at the rounding divs sizes per power of two the cache was
- * started with: the cases given (bytes, rounded; bytes 0 ends them), and
- * any request wastes under 1/divs. */
+ * started with: the cases given (bytes, rounded; bytes 0 ends them); any
+ * request wastes under 1/divs from 512 x divs bytes on, below that under
+ * 1/16 (finer stops at 512-byte steps); above 2^40, to 512 bytes. */
 static void test_rounding(unsigned divs, const size_t (*cases)[2])
 {
     int good = 1, within = 1;
@@ -24,27 +25,32 @@ static void test_rounding(unsigned divs, const size_t (*cases)[2])
             good = 0;
         }
     }
-    for (size_t n = 513; n < (1u << 22); n = n * 3 / 2 + 7) {
-        size_t r = block_cache_round(n);
-        within &= r >= n && (r - n) * divs < n;
+    for (size_t n = 513; n < ((size_t)1 << 41); n = n * 3 / 2 + 7) {
+        size_t r = block_cache_round(n), waste = r - n;
+        within &= r >= n && waste * (divs < 16 ? divs : 16) < n &&
+                  (n <= (size_t)512 * divs || waste * divs < n);
     }
     ok(good && within, "rounding: %u sizes per power of two from 512 bytes, "
-       "a request wastes under 1/%u; above 2^40 to 512 bytes", divs, divs);
+       "a request wastes under 1/%u (1/16 below %u bytes); above 2^40 to "
+       "512 bytes", divs, divs, 512 * divs);
 }
 
 #define MIB ((size_t)1 << 20)
 #define TIB ((size_t)1 << 40)
 static const size_t round16[][2] = {
     {1, 512}, {512, 512}, {513, 544}, {1000, 1024}, {1025, 1088},
-    {MIB, MIB}, {MIB + 1, MIB + 65536}, {TIB + 1, TIB + 512}, {0, 0}};
+    {MIB, MIB}, {MIB + 1, MIB + 65536}, {TIB - 1, TIB}, {TIB + 1, TIB + 512},
+    {0, 0}};
 static const size_t round32[][2] = {
-    {1, 512}, {513, 528}, {1000, 1008}, {1025, 1056}, {MIB, MIB},
-    {MIB + 1, MIB + 32768}, {TIB + 1, TIB + 512}, {0, 0}};
+    {1, 512}, {513, 544}, {1000, 1024}, {1025, 1088}, {16385, 16896},
+    {MIB, MIB}, {MIB + 1, MIB + 32768}, {TIB - 1, TIB}, {TIB + 1, TIB + 512},
+    {0, 0}};
 static const size_t round1[][2] = {
     {1, 512}, {513, 1024}, {1025, 2048}, {MIB + 1, 2 * MIB},
     {TIB, TIB}, {TIB + 1, TIB + 512}, {0, 0}};
 static const size_t round256[][2] = {
-    {513, 514}, {1000, 1000}, {MIB + 1, MIB + 4096}, {0, 0}};
+    {513, 544}, {1000, 1024}, {65537, 66048}, {MIB + 1, MIB + 4096},
+    {TIB + 1, TIB + 512}, {0, 0}};
 
 /* The cache started again at other roundings (CUDEFER_ROUND_DIVISIONS). */
 static void test_other_roundings(void)
