@@ -135,13 +135,22 @@ static void choose_config(void)
     /* Half the seeds: released addresses come back as CUDA's do, so what
      * cudefer remembers of a released pointer meets a new allocation. */
     cfg.reuse = rng_percent(&r, 50) || getenv("FAKE_ADDRESS_REUSE") != NULL;
+    /* New blocks' rounding: half the seeds the default, else a power of two
+     * (coarse: one block serves many sizes) or 256 sizes per power of two
+     * (sizes between the bins' classes); drawn after the rest. */
+    unsigned round_divisions = rng_percent(&r, 50)   ? 16
+                               : rng_percent(&r, 50) ? 1
+                                                     : 256;
+    cfg.round_divisions = round_divisions;
     snprintf(config_env, sizeof config_env,
              "CUDEFER_POLICY=%s CUDEFER_MAX_PENDING=%" PRIu64
              " CUDEFER_IDLE_US=%u CUDEFER_MAX_DELAY_MS=%u CUDEFER_POLL_US=%u "
              "CUDEFER_POLL_MAX_US=%u CUDEFER_EVENT_POOL=%u CUDEFER_CHECK=%d "
-             "CUDEFER_SPLIT_MIN=%u CUDEFER_FREE_BATCH=%u",
+             "CUDEFER_SPLIT_MIN=%u CUDEFER_FREE_BATCH=%u "
+             "CUDEFER_ROUND_DIVISIONS=%u",
              eager ? "eager" : "batched", max_pending, idle_us, max_delay_ms,
-             poll_us, poll_max_us, event_pool, check, split_min, free_batch);
+             poll_us, poll_max_us, event_pool, check, split_min, free_batch,
+             round_divisions);
 }
 
 /* ---- failures: counted, the first few explained ---------------------------- */
@@ -334,7 +343,11 @@ int main(int argc, char **argv)
             uint64_t b = w->kept[k].bytes < 512 ? 512 : w->kept[k].bytes;
             kept++;
             kept_min += b;
-            kept_max += b * 6 / 5 + 512; /* rounded, and taken 1/8 larger */
+            /* Rounded (under 1/16 whatever finer, under 1/N coarser),
+             * then taken up to 1/8 larger. */
+            uint64_t n = cfg.round_divisions < 16 ? cfg.round_divisions : 16;
+            uint64_t rounded = b + b / n + 512;
+            kept_max += rounded + rounded / 8;
             void *base = NULL;
             size_t size = 0;
             fake_allocation_of(w->kept[k].p, &base, &size);

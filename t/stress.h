@@ -55,6 +55,7 @@ struct stress_config {
     unsigned trim_per_100k, flush_per_100k; /* how often threads trim, flush */
     unsigned split_min;                     /* CUDEFER_SPLIT_MIN (0: off) */
     bool reuse;     /* the fake reuses addresses (fake_set_address_reuse) */
+    unsigned round_divisions;               /* CUDEFER_ROUND_DIVISIONS */
 };
 extern struct stress_config cfg;
 
