@@ -1,4 +1,4 @@
-/* The block cache on its own (no reclaimer): size classes and fit, the
+/* The block cache on its own (no reclaimer): fit (rounding: t/block_rounding), the
  * states LIVE -> PENDING (reusable on its stream only) -> FREE (any stream),
  * stale hand-outs, recorded streams, double frees, expiry, accounting. */
 #include <stdint.h>
@@ -10,62 +10,6 @@
 #include "block_recorded.h"
 #include "block_test.h"
 #include "helpers.h"
-
-/* New blocks at the rounding divs sizes per power of two the cache was
- * started with: the cases given (bytes, rounded; bytes 0 ends them); any
- * request wastes under 1/divs from 512 x divs bytes on, below that under
- * 1/16 (finer stops at 512-byte steps); above 2^40, to 512 bytes. */
-static void test_rounding(unsigned divs, const size_t (*cases)[2])
-{
-    int good = 1, within = 1;
-    for (; cases[0][0] != 0; cases++) {
-        size_t r = block_cache_round(cases[0][0]);
-        if (r != cases[0][1]) {
-            diag("round(%zu) = %zu; want %zu", cases[0][0], r, cases[0][1]);
-            good = 0;
-        }
-    }
-    for (size_t n = 513; n < ((size_t)1 << 41); n = n * 3 / 2 + 7) {
-        size_t r = block_cache_round(n), waste = r - n;
-        within &= r >= n && waste * (divs < 16 ? divs : 16) < n &&
-                  (n <= (size_t)512 * divs || waste * divs < n);
-    }
-    ok(good && within, "rounding: %u sizes per power of two from 512 bytes, "
-       "a request wastes under 1/%u (1/16 below %u bytes); above 2^40 to "
-       "512 bytes", divs, divs, 512 * divs);
-}
-
-#define MIB ((size_t)1 << 20)
-#define TIB ((size_t)1 << 40)
-static const size_t round16[][2] = {
-    {1, 512}, {512, 512}, {513, 544}, {1000, 1024}, {1025, 1088},
-    {MIB, MIB}, {MIB + 1, MIB + 65536}, {TIB - 1, TIB}, {TIB + 1, TIB + 512},
-    {0, 0}};
-static const size_t round32[][2] = {
-    {1, 512}, {513, 544}, {1000, 1024}, {1025, 1088}, {16385, 16896},
-    {MIB, MIB}, {MIB + 1, MIB + 32768}, {TIB - 1, TIB}, {TIB + 1, TIB + 512},
-    {0, 0}};
-static const size_t round1[][2] = {
-    {1, 512}, {513, 1024}, {1025, 2048}, {MIB + 1, 2 * MIB},
-    {TIB, TIB}, {TIB + 1, TIB + 512}, {0, 0}};
-static const size_t round256[][2] = {
-    {513, 544}, {1000, 1024}, {65537, 66048}, {MIB + 1, MIB + 4096},
-    {TIB + 1, TIB + 512}, {0, 0}};
-
-/* The cache started again at other roundings (CUDEFER_ROUND_DIVISIONS). */
-static void test_other_roundings(void)
-{
-    static const struct {
-        unsigned divs;
-        const size_t (*cases)[2];
-    } runs[] = {{32, round32}, {1, round1}, {256, round256}};
-    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
-        if (!block_cache_init(2, MIB, runs[i].divs))
-            bail("block_cache_init at %u", runs[i].divs);
-        test_rounding(runs[i].divs, runs[i].cases);
-        block_cache_destroy();
-    }
-}
 
 /* Stream x as recorded with id on device 0 (struct block_user). */
 static const struct block_user *user(cudaStream_t x, unsigned long long id)
@@ -692,7 +636,6 @@ int main(void)
     fake_reset(2);
     ok(block_cache_init(2, (size_t)1 << 20, 16),
        "init for two devices, requests of 1 MiB or more cut from larger blocks");
-    test_rounding(16, round16);
     test_stream_order();
     test_fit();
     test_double_free();
@@ -712,6 +655,5 @@ int main(void)
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     block_cache_destroy();
     ok(!block_cache_active(), "destroyed: inactive");
-    test_other_roundings();
     return 0;
 }
