@@ -201,11 +201,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  *     sizes per power of two (CUDEFER_ROUND_DIVISIONS, 16 by default: at
  *     most 6.25 % more; finer stops at 512-byte steps, so below 512 x
  *     round_divisions bytes sizes round as at 16; a rounded size beyond
- *     the device's memory is rounded to 512 only; 32: 3.125 %, and a ResNet-class training trace
- *     replayed on the fake runtime then reserves 2 % less, a GPT-like one
- *     the same, traces whose sizes change every step about 1 % more or
- *     less; coarser rounding serves more later sizes from one block, at
- *     more waste each), from a memory pool of cudefer's
+ *     the device's memory is rounded to 512 only.  32 reserved 2 % less
+ *     for a ResNet-class training trace replayed on the fake runtime, the
+ *     same for a GPT-like one), from a memory pool of cudefer's
  *     own on the device (cudaMemPoolCreate, release threshold the maximum;
  *     cudaMallocFromPoolAsync on stream), or cudaMalloc where no pool can
  *     be made.  Before it, when the pool lacks the memory, cached blocks

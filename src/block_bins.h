@@ -21,7 +21,8 @@
 
 #define MIN_SHIFT 9  /* 512 bytes: the smallest block */
 #define MAX_SHIFT 40 /* classes up to 2^40 bytes */
-#define STEPS 16     /* classes per power of two */
+#define STEPS_SHIFT 4 /* 16 classes per power of two */
+#define STEPS (1 << STEPS_SHIFT)
 #define OVERFLOW_BIN ((MAX_SHIFT - MIN_SHIFT) * STEPS + 1)
 #define NBINS (OVERFLOW_BIN + 1)
 #define NWORDS ((NBINS + 63) / 64)
@@ -164,6 +165,28 @@ static inline int block_bin_of(size_t bytes)
     size_t class_bytes;
     int c = block_class_of(bytes, &class_bytes);
     return class_bytes > bytes && c != OVERFLOW_BIN ? c - 1 : c;
+}
+
+/* bytes rounded up to one of 2^shift sizes per power of two (shift 0..8),
+ * 512 at least, to 512 bytes above 2^40.  The bins keep STEPS classes
+ * whatever the rounding (their bitmap one cache line): a block of any size
+ * is filed in the largest class not above it, and a search checks each
+ * candidate's size.  Rounding finer than STEPS stops at steps of 512 bytes
+ * (or STEPS' step, where that is less): below 512 x 2^shift bytes it would
+ * make more blocks whose size is no multiple of 512 (never cut:
+ * block_segments.c), as PyTorch's roundup_power2_divisions leaves small
+ * sizes to 512. */
+static inline size_t block_round_up(size_t bytes, int shift)
+{
+    if (bytes <= MIN_BLOCK)
+        return MIN_BLOCK;
+    if (bytes > ((size_t)1 << MAX_SHIFT))
+        return (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
+    int fine = k - shift; /* k >= 9, shift <= 8 */
+    int least = k - STEPS_SHIFT < MIN_SHIFT ? k - STEPS_SHIFT : MIN_SHIFT;
+    size_t step = (size_t)1 << (fine > least ? fine : least);
+    return (bytes + step - 1) & ~(step - 1);
 }
 
 /* ---- per-device state ---------------------------------------------------- */

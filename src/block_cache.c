@@ -59,28 +59,11 @@ static _Alignas(64) struct {
     /* Tests: runs between the block map's look-up and the lock (NULL:
      * none); here, so that a free reads no other line for it. */
     void (*_Atomic find_hook)(void);
-} set = {.round_shift = 4}; /* 16, the default, until block_cache_init */
+} set = {.round_shift = STEPS_SHIFT}; /* the default until init */
 
-/* ---- size classes ------------------------------------------------------- */
-
-/* The bins keep 16 classes per power of two whatever the rounding (their
- * bitmap one cache line): a block of any size is filed in the largest class
- * not above it, and a search checks each candidate's size.  Rounding finer
- * than 16 stops at steps of 512 bytes (or the default's step, where that
- * is less): below 512 x round_divisions bytes it would make more blocks
- * whose size is no multiple of 512 (never cut: block_segments.c), as
- * PyTorch's roundup_power2_divisions leaves small sizes to 512. */
 size_t block_cache_round(size_t bytes)
 {
-    if (bytes <= MIN_BLOCK)
-        return MIN_BLOCK;
-    if (bytes > ((size_t)1 << MAX_SHIFT))
-        return (bytes + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
-    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k < bytes */
-    int shift = k - set.round_shift; /* k >= 9, round_shift <= 8 */
-    int least = k - 4 < MIN_SHIFT ? k - 4 : MIN_SHIFT; /* 16's step, or 512 */
-    size_t step = (size_t)1 << (shift > least ? shift : least);
-    return (bytes + step - 1) & ~(step - 1);
+    return block_round_up(bytes, set.round_shift); /* block_bins.h */
 }
 
 static struct device_cache *cache_of(int device)

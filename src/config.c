@@ -315,6 +315,14 @@ bool config_parse_policy(const char *text, enum defer_policy *out)
     return false;
 }
 
+/* Whether v is a value knob k takes: within its range, and a power of two
+ * where it must be. */
+static bool knob_takes(const struct knob *k, uint64_t v)
+{
+    return v >= k->min && v <= k->max &&
+           (k->kind != KIND_POW2 || (v & (v - 1)) == 0);
+}
+
 /* text as a value of knob k, within its range, into *out. */
 static bool parse_knob(const struct knob *k, const char *text, uint64_t *out)
 {
@@ -330,8 +338,7 @@ static bool parse_knob(const struct knob *k, const char *text, uint64_t *out)
     case KIND_COUNT:
         return parse_count(text, k->min, k->max, out);
     case KIND_POW2:
-        return parse_count(text, k->min, k->max, out) &&
-               (*out & (*out - 1)) == 0;
+        return parse_count(text, k->min, k->max, out) && knob_takes(k, *out);
     case KIND_BOOL:
         if (!config_parse_bool(text, &b))
             return false;
@@ -442,8 +449,7 @@ bool config_validate(const struct defer_config *cfg, char *why, size_t len)
     for (size_t i = 0; i < NKNOBS; i++) {
         const struct knob *k = &knobs[i];
         uint64_t v = field_get(cfg, k);
-        if (v < k->min || v > k->max ||
-            (k->kind == KIND_POW2 && (v & (v - 1)) != 0)) {
+        if (!knob_takes(k, v)) {
             char shown[32];
             format_raw(k, v, shown, sizeof shown);
             snprintf(why, len, "%s is %s (expected %s)", k->field, shown,
