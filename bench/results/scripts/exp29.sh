@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared for the next session (not run yet): whether new blocks should be
+# Whether new blocks should be
 # rounded to 32 sizes per power of two by default (CUDEFER_ROUND_DIVISIONS;
 # the fake replay: the CNN's pool 2 % smaller, the LM's the same,
 # bench/results/2026-11-27-fake-replay-rounding.txt), on the GPU's own
