@@ -87,19 +87,31 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
 }
 
 /* Hand the memory of n blocks that left the cache back to device's pool,
- * ordered on stream; returns their bytes. */
+ * ordered on stream; a block whose cudaFreeAsync fails goes with cudaFree
+ * instead (it drains the device, so it is safe for a block pending on
+ * stream too), since it is in no cache any more and nothing else would
+ * ever release it.  Returns the bytes of those released; one neither call
+ * released is reported, not counted, and still lent in the pool's books. */
 static size_t give_to_pool(int device, const struct block_memory *m,
                            size_t n, cudaStream_t stream)
 {
-    size_t bytes = 0;
+    size_t bytes = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
         cudaError_t err = block_pool_free(device, m[i].ptr, m[i].size, stream);
-        if (err != cudaSuccess)
+        if (err != cudaSuccess) {
             report_cuda("defer_alloc", "cudaFreeAsync", err,
-                        "; a free block is lost to the pool");
-        bytes += m[i].size;
+                        "; the free block goes back with cudaFree");
+            err = block_pool_free_sync(device, m[i].ptr, m[i].size);
+            if (err != cudaSuccess)
+                report_cuda("defer_alloc", "cudaFree", err,
+                            "; a free block is lost to the pool");
+        }
+        if (err == cudaSuccess) {
+            bytes += m[i].size;
+            released++;
+        }
     }
-    stats_add(&stats.cache_releases, n);
+    stats_add(&stats.cache_releases, released);
     return bytes;
 }
 

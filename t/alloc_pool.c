@@ -136,8 +136,11 @@ static void test_reused_handle(void)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
-/* A block whose hand-back fails stays lent as far as the pool is
- * concerned: the pool's slack must not count memory it never got back. */
+/* A block whose hand-back fails has left the cache: nothing else would
+ * ever release it, so it goes with cudaFree instead (the block was only
+ * counted as released, and stayed allocated past the shutdown, before).
+ * When that fails too, it is reported, not counted as released, and the
+ * pool's slack does not count memory it never got back. */
 static void test_failed_hand_back(cudaStream_t s)
 {
     size_t trimmed = 0;
@@ -147,14 +150,36 @@ static void test_failed_hand_back(cudaStream_t s)
     defer_free(a, s);
     defer_flush(); /* FREE; the pool lends all it has */
     is_int(block_pool_slack(0), 0, "the pool has no slack");
+    uint64_t releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
     alloc_checked(&b, 3 << 19, s); /* a miss: a goes back, and that fails */
-    ok(strstr(stderr_capture_end(), "lost to the pool") != NULL,
+    ok(strstr(stderr_capture_end(), "goes back with cudaFree") != NULL,
        "the failed hand-back is reported");
     fake_fail_clear();
+    ok(fake_is_released(a) == 1, "and its block released with cudaFree");
+    ok(stats_now().cache_releases == releases + 1, "counted once");
+    defer_free(b, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+
+    /* Both fail. */
+    defer_trim(&trimmed);
+    alloc_checked(&a, 1 << 20, s);
+    defer_free(a, s);
+    defer_flush();
+    releases = stats_now().cache_releases;
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    alloc_checked(&b, 3 << 19, s);
+    ok(strstr(stderr_capture_end(), "lost to the pool") != NULL,
+       "a block neither call released is reported lost");
+    fake_fail_clear();
+    ok(fake_is_released(a) == 0 && stats_now().cache_releases == releases,
+       "and not counted as released");
     is_int(block_pool_slack(0), 0,
-           "and the pool still counts that memory as lent");
+           "the pool still counts that memory as lent");
+    cudaFree(a); /* the test's now: the oracle's count of live memory */
     defer_free(b, s);
     is_int(defer_flush(), cudaSuccess, "flush");
 }
