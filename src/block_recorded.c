@@ -14,8 +14,15 @@ cudaError_t block_recorded_add(void *ptr, const struct block_user *user)
 {
     struct device_cache *c;
     struct cache_block *b = block_cache_find_locked(ptr, &c);
-    if (b == NULL)
+    if (b == NULL) {
+        /* python/record_stream_hook.cpp carries on after this (PyTorch's
+         * own allocator ignores memory it does not own): the message is
+         * the user's only sign. */
+        report("defer_record_stream: %p is not the start of a block of "
+               "cudefer's (memory from elsewhere, or a pointer inside a "
+               "block): nothing recorded", ptr);
         return cudaErrorInvalidValue;
+    }
     cudaError_t err = cudaSuccess;
     bool known = false;
     /* Ids told apart by device too: the legacy streams of two devices

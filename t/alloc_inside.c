@@ -129,6 +129,30 @@ static void test_not_ours(cudaStream_t s)
     cudaFree(other);
 }
 
+/* defer_record_stream of memory cudefer never handed out, and of a
+ * pointer inside a block: refused and said (it was refused silently while
+ * python/record_stream_hook.cpp, which carries on, told its users cudefer
+ * had said so), nothing recorded. */
+static void test_record_not_a_block(cudaStream_t s, cudaStream_t side)
+{
+    void *raw = NULL, *u = NULL;
+    cudaMalloc(&raw, 4096);
+    alloc_checked(&u, 2 * MiB, s);
+    uint64_t rejected = stats_now().rejected;
+    void *bad[] = {raw, (char *)u + MiB};
+    const char *what[] = {"memory from cudaMalloc", "a pointer inside a block"};
+    for (int i = 0; i < 2; i++) {
+        stderr_capture_begin();
+        is_int(defer_record_stream(bad[i], side), cudaErrorInvalidValue,
+               "defer_record_stream of %s is refused", what[i]);
+        ok(strstr(stderr_capture_end(), "not the start of a block") != NULL,
+           "and said");
+    }
+    is_int(stats_now().rejected - rejected, 2, "both counted in rejected");
+    cudaFree(raw);
+    defer_free(u, s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -138,6 +162,7 @@ int main(void)
     test_interior_of_live(s, s2);
     test_freed_twice_after_merge(s);
     test_not_ours(s);
+    test_record_not_a_block(s, s2);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     is_int(fake_invalid_releases(), 1, "the only release that failed is the "
