@@ -343,8 +343,9 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
- * device is left as it was; a device it cannot switch to is reported and
- * counted in rejected); NULL when out of memory or on another error,
+ * device is left as it was; a device it cannot switch to, or a created
+ * stream of another device, is refused: reported, counted in rejected,
+ * cudaErrorInvalidDevice for the latter); NULL when out of memory or on another error,
  * reported.  Limit: PyTorch 2.11 does not check the pointer a pluggable
  * allocator loaded this way returns: out of memory gives a tensor at
  * address 0 (an illegal address at its first use), not
@@ -365,7 +366,8 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  * stream of the allocation, so a block used on other streams must be
  * recorded with defer_record_stream (python/cudefer_torch.py wires
  * Tensor.record_stream to it).  size and device are checked against the
- * block (a mismatch is reported; the block is still freed).
+ * block (a mismatch is reported; the block is still freed, on its own
+ * device where device is one cudefer cannot switch to).
  */
 CUDEFER_API void *defer_pluggable_alloc(size_t size, int device,
                                         cudaStream_t stream);

@@ -7,6 +7,7 @@
 #include "api.h"
 #include "block_cache.h"
 #include "block_leave.h"
+#include "block_map.h"
 #include "block_pool.h"
 #include "block_recorded.h"
 #include "capture.h"
@@ -178,7 +179,7 @@ static cudaError_t refuse_if_capturing(cudaStream_t stream)
  * device when the caller knows it, else -1). */
 static cudaError_t alloc_admitted(void **ptr, size_t bytes,
                                   cudaStream_t stream, int current,
-                                  int *device)
+                                  int expect, int *device)
 {
     /* The legacy stream cannot capture, only be barred by another thread's
      * capture, which matters only once a CUDA call uses the stream: a hit
@@ -199,6 +200,14 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
         (err = stream_identity_lookup_on(stream, true, current, device, &id,
                                          &cached, &call)) != cudaSuccess)
         return refuse("defer_alloc", call, err, "");
+    if (expect >= 0 && *device != expect) {
+        /* A block of another device would fault, or cross the link, where
+         * the caller uses it. */
+        stats_add(&stats.rejected, 1);
+        report("defer_pluggable_alloc: device %d asked for, but stream %p "
+               "is on device %d: refused", expect, (void *)stream, *device);
+        return cudaErrorInvalidDevice;
+    }
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
                       "");
@@ -224,9 +233,11 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
 }
 
 /* defer_alloc, with the current device when the caller knows it
- * (current >= 0: the pluggable entry point made it current). */
+ * (current >= 0: the pluggable entry point made it current) and the device
+ * the block must be on (expect >= 0: the one PyTorch named; a stream of
+ * another device is refused). */
 static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
-                            int current)
+                            int current, int expect)
 {
     if (ptr == NULL) {
         stats_add(&stats.rejected, 1);
@@ -248,7 +259,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
     if (err != cudaSuccess)
         return err;
     int device = -1;
-    err = alloc_admitted(ptr, bytes, stream, current, &device);
+    err = alloc_admitted(ptr, bytes, stream, current, expect, &device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err == cudaSuccess && *ptr == NULL) /* said and counted there */
         err = malloc_block(device, bytes, stream, ptr);
@@ -261,7 +272,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
 
 cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
-    return alloc_on(ptr, bytes, stream, -1);
+    return alloc_on(ptr, bytes, stream, -1, -1);
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
@@ -346,7 +357,8 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
         return err;
     }
     /* A special handle's device is now the current one. */
-    err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1);
+    err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1,
+                   device);
     leave_device(previous);
     return err;
 }
@@ -384,12 +396,21 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
 {
     if (ptr == NULL)
         return;
-    int previous;
+    int previous, on = device, block_device;
     const char *call = NULL;
     cudaError_t err = enter_device(device, stream, &previous, &call);
+    if (err != cudaSuccess && !report_cuda_error_is_sticky(err) &&
+        block_map_find_device(ptr, &block_device) != NULL &&
+        block_device != device) {
+        /* A device it cannot switch to (a bad number): the block's own is
+         * the stream's device, and the free checks device against the
+         * block and says the mismatch. */
+        on = block_device;
+        err = enter_device(on, stream, &previous, &call);
+    }
     if (err == cudaSuccess)
         err = api_free_pluggable(ptr, size, device, stream,
-                                 stream_is_special(stream) ? device : -1);
+                                 stream_is_special(stream) ? on : -1);
     else
         report_cuda("defer_pluggable_free", call, err, "");
     leave_device(previous);

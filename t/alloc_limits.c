@@ -71,6 +71,39 @@ static void test_pluggable_status(cudaStream_t s)
     ok(none == NULL && strstr(said, "defer_pluggable_alloc: returning NULL "
                                     "for 4096 bytes on device 7") != NULL,
        "defer_pluggable_alloc on device 7: NULL, said");
+
+    /* A created stream of device 0 with another device named (7, or 1 of
+     * the 2): refused and said, not a block of device 0 (it got one
+     * silently before), and counted. */
+    for (int device = 7; device >= 1; device -= 6) {
+        uint64_t rejected = stats_now().rejected;
+        q = &q;
+        stderr_capture_begin();
+        err = defer_pluggable_alloc_status(&q, 4096, device, s);
+        said = stderr_capture_end();
+        ok(err == cudaErrorInvalidDevice && q == NULL &&
+               strstr(said, "is on device 0: refused") != NULL &&
+               stats_now().rejected == rejected + 1,
+           "device %d with a stream of device 0: %s, NULL, said, counted",
+           device, cudaGetErrorName(err));
+    }
+    /* A free naming a device it cannot switch to, on the legacy stream:
+     * freed on the block's own device, the mismatch said (it stayed
+     * allocated before). */
+    p = NULL;
+    alloc_checked(&p, 4096, 0);
+    stderr_capture_begin();
+    defer_pluggable_free(p, 4096, 7, 0);
+    said = stderr_capture_end();
+    ok(strstr(said, "stays allocated") == NULL && strstr(said, "device") != NULL,
+       "defer_pluggable_free on device 7 of a block of device 0: freed, the "
+       "mismatch said (%s)", said);
+    void *r = NULL;
+    alloc_checked(&r, 4096, 0);
+    ok(r == p, "its block serves the next request on the stream");
+    defer_free(r, 0);
+    cudaGetDevice(&current);
+    is_int(current, 0, "the current device unchanged");
 }
 
 /* More than the whole device: out of memory at once, without emptying
