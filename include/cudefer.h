@@ -301,7 +301,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * cudaErrorStreamCaptureUnsupported, the capture left intact: allocate
  * before the capture begins.  Thread-safe; blocks only in the allocation
  * and the trim.  Returns cudaSuccess, the allocation's error, cudaErrorInvalidValue
- * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess),
+ * for a NULL ptr (bytes == 0 gives NULL and cudaSuccess, after defer_shutdown too),
  * cudaErrorMemoryAllocation when out of memory (not reported: the caller
  * hears it) or for more than 2^62 bytes (said), another error of the
  * allocation (reported, the runtime's last error cleared), the error of
