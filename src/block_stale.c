@@ -7,6 +7,7 @@
 
 #include "block_map.h"
 #include "block_pool.h"
+#include "block_segments.h"
 #include "report.h"
 #include "stats.h"
 
@@ -56,6 +57,11 @@ void block_stale_evict_other(const void *ptr, int device)
     bool merged = x->state == BLOCK_MERGED;
     size_t size = x->size;
     bool named = merged || block_stale_drop_locked(o, x);
+    /* Its range too (a block of this device's at ptr replaces the range
+     * when it is filed; this one is of another device): a free in what is
+     * left of it would be refused as a pointer inside a block. */
+    if (!merged)
+        block_segments_unfile(o, ptr);
     block_map_remove(x);
     pthread_mutex_unlock(&o->lock);
     if (merged)

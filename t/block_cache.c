@@ -253,6 +253,23 @@ static void test_stale_other_device(void)
        "device 1's record left the accounting, its free bytes too");
     ok(block_cache_take(1, 3, 2048, &size) != p,
        "device 1 does not hand its old block out");
+
+    /* Smaller on device 0 than it was on device 1: the rest of device 1's
+     * old range is no memory of the cache's any more (device 1's segment
+     * index kept it, and a free there was refused as a pointer inside a
+     * block). */
+    void *q = ADDR(13);
+    ok(block_cache_add(1, q, 8192, false) && give_back(q),
+       "a FREE 8 KiB block of device 1");
+    struct block_free_plan plan;
+    block_cache_plan_free((char *)q + 4096, 1, 3, &plan);
+    is_int(plan.path, BLOCK_INSIDE, "inside it: the cache's memory");
+    stderr_capture_begin();
+    ok(block_cache_add(0, q, 2048, false), "2 KiB at its address on device 0");
+    stderr_capture_end();
+    block_cache_plan_free((char *)q + 4096, 1, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_OURS,
+           "a pointer past its end in device 1's old range is not the cache's");
 }
 
 /* Segments: a request of 1 MiB or more cut from a larger block, FREE or
