@@ -534,6 +534,9 @@ static void at_exit(void)
             struct defer_stats s;
             defer_stats_get(&s);
             stats_set(&stats.leaked_at_exit, s.pending);
+            /* Abandoned, as in a fork child (cudefer.h: failed counts
+             * them; pending then reads 0). */
+            stats_add(&stats.failed, s.pending);
             report("exit: %llu entries still pending after %llu ms: left "
                    "unreleased", (unsigned long long)s.pending,
                    (unsigned long long)(EXIT_DRAIN_NS / 1000000));

@@ -355,6 +355,10 @@ static int s_exit_stuck(void)
           "a message about the entry left pending; stderr:\n%s", wk.err);
     CHECK_STAT(&wk, "leaked_at_exit", 1);
     CHECK_STAT(&wk, "released", 1);
+    /* Abandoned: counted in failed, as a fork child counts them (pending
+     * 1, failed 0 before). */
+    CHECK_STAT(&wk, "failed", 1);
+    CHECK_STAT(&wk, "pending", 0);
     CHECK(strstr(wk.err, "worker: completed 1, stuck 0") != NULL,
           "the completed buffer was released, the stuck one was not");
     return failed_checks;
