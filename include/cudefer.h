@@ -179,7 +179,9 @@ CUDEFER_API cudaError_t defer_free_host(void *ptr, cudaStream_t stream);
  * defer_free_n: cudaFree each of the n pointers once stream's work so far is
  * done, with one event for all of them.  NULL pointers are skipped; n == 0
  * does nothing.  ptrs is copied (the caller may reuse the array at once).
- * Same contract as defer_free; cudaErrorInvalidValue for a NULL ptrs.
+ * Same contract as defer_free; cudaErrorInvalidValue for a NULL ptrs, and
+ * for a pointer named more than once (reported, counted in rejected,
+ * nothing deferred: it would be released twice).
  */
 CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
                                      cudaStream_t stream);

@@ -2,6 +2,7 @@
  * stream's device and identity, takes a pooled entry with an event, records
  * the event and pushes the entry: one CUDA call (cudaEventRecord) in the
  * steady state for a created stream, no lock, no allocation. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -481,6 +482,42 @@ cudaError_t defer_free_host(void *ptr, cudaStream_t stream)
     return submit(&a, stream);
 }
 
+static int compare_pointers(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (void *const *)a,
+              y = (uintptr_t) * (void *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Any thread; blocks only in malloc.  A pointer that appears more than
+ * once among the n in p, or NULL; *err gets cudaErrorMemoryAllocation
+ * when a long list could not be copied to be sorted.  A short list is
+ * compared pair by pair (no allocation on the common path). */
+static void *repeated_pointer(void *const *p, size_t n, cudaError_t *err)
+{
+    *err = cudaSuccess;
+    if (n <= 32) {
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = 0; j < i; j++)
+                if (p[i] == p[j])
+                    return p[i];
+        return NULL;
+    }
+    void **sorted = malloc(n * sizeof *sorted);
+    if (sorted == NULL) {
+        *err = cudaErrorMemoryAllocation;
+        return NULL;
+    }
+    memcpy(sorted, p, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, compare_pointers);
+    void *twice = NULL;
+    for (size_t i = 1; i < n && twice == NULL; i++)
+        if (sorted[i] == sorted[i - 1])
+            twice = sorted[i];
+    free(sorted);
+    return twice;
+}
+
 cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
 {
     if (n == 0)
@@ -505,9 +542,24 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
             if (ptrs[i] != NULL)
                 copy[k++] = ptrs[i];
     }
+    /* A pointer named twice would be released twice: the second cudaFree
+     * could free another thread's new allocation at that address (a block
+     * of cudefer's named twice was refused already, plain memory was
+     * not). */
+    cudaError_t err;
+    void *twice = repeated_pointer(copy != NULL ? copy : ptrs, live, &err);
+    if (err != cudaSuccess || twice != NULL) {
+        free(copy);
+        if (err != cudaSuccess)
+            return api_reject("defer_free_n", "malloc", err);
+        stats_add(&stats.rejected, 1);
+        report("defer_free_n: %p is named more than once: refused; nothing "
+               "was deferred", twice);
+        return cudaErrorInvalidValue;
+    }
     struct request_args a = {.what = "defer_free_n", .kind = ENTRY_FREE_DEVICE,
                              .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
-    cudaError_t err = submit(&a, stream);
+    err = submit(&a, stream);
     free(copy);
     return err;
 }

@@ -546,6 +546,30 @@ static int s_free_n(void)
     uint64_t deferred = stats_now().deferred;
     CHECK(defer_free_n(ptrs, 5, s) == cudaSuccess, "all NULL: cudaSuccess");
     CHECK(stats_now().deferred == deferred, "all NULL: nothing deferred");
+
+    /* A pointer named twice, in a short list and a long (sorted) one:
+     * refused, said (plain memory was released twice before). */
+    void *many[41] = {NULL};
+    for (int i = 0; i < 40; i++)
+        many[i] = device_alloc(4096);
+    for (size_t n = 3; n <= 41; n += 38) {
+        void *keep = many[n - 1];
+        many[n - 1] = many[n == 3 ? 0 : 17];
+        rejected = stats_now().rejected;
+        deferred = stats_now().deferred;
+        stderr_capture_begin();
+        err = defer_free_n(many, n, s);
+        CHECK(strstr(stderr_capture_end(), "named more than once") != NULL,
+              "%zu pointers, one twice: said", n);
+        CHECK(err == cudaErrorInvalidValue &&
+                  stats_now().rejected - rejected == 1 &&
+                  stats_now().deferred == deferred,
+              "refused (%s), counted, nothing deferred", cudaGetErrorName(err));
+        many[n - 1] = keep;
+    }
+    CHECK(defer_free_n(many, 40, s) == cudaSuccess && defer_flush() ==
+              cudaSuccess && count_released(many, 40) == 40,
+          "40 distinct ones: each released once");
     return failed_checks;
 }
 
