@@ -126,14 +126,6 @@ static inline void *busy_buffer(cudaStream_t s, size_t size, unsigned us)
     return p;
 }
 
-static inline int count_released(void *const *p, int n)
-{
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += fake_is_released(p[i]) == 1;
-    return k;
-}
-
 static inline void *pool_alloc(cudaStream_t s, size_t size)
 {
     void *p;

@@ -82,6 +82,14 @@ bool wait_released(const void *p, unsigned timeout_ms)
     return true;
 }
 
+int count_released(void *const *p, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += fake_is_released(p[i]) == 1;
+    return k;
+}
+
 bool wait_flag(const volatile int *flag, unsigned timeout_ms)
 {
     for (unsigned waited = 0; !__atomic_load_n(flag, __ATOMIC_ACQUIRE); waited++) {

@@ -35,6 +35,9 @@ void sleep_ms(unsigned ms);
 /* Poll until fake_is_released(p) == 1, at most timeout_ms; true if so. */
 bool wait_released(const void *p, unsigned timeout_ms);
 
+/* How many of the n allocations at p are released (fake_is_released). */
+int count_released(void *const *p, int n);
+
 /* Poll until *flag becomes nonzero, at most timeout_ms; true if so. */
 bool wait_flag(const volatile int *flag, unsigned timeout_ms);
 

@@ -102,14 +102,6 @@ static int count_serials_released(const unsigned long long *serial, int n)
     return k;
 }
 
-static int count_released(void *const *p, int n)
-{
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += fake_is_released(p[i]) == 1;
-    return k;
-}
-
 /* ---- 1. batched: held while busy, released when quiet --------------------- */
 
 static int s_batched_holds_while_busy(void)
@@ -507,73 +499,7 @@ static int s_idle_batch_yields(void)
     return failed_checks;
 }
 
-/* ---- 9. defer_free_n ------------------------------------------------------ */
-
-static int s_free_n(void)
-{
-    cudaStream_t s = stream_new();
-    void *p[4];
-    for (int i = 0; i < 4; i++)
-        p[i] = device_alloc(1024);
-    fake_work *w = fake_launch_held(s, p, 4);
-    void *ptrs[5] = {p[0], p[1], NULL, p[2], p[3]};
-    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
-    cudaError_t err = defer_free_n(ptrs, 5, s);
-    CHECK(err == cudaSuccess, "defer_free_n of 5 (one NULL): %s",
-          cudaGetErrorName(err));
-    memset(ptrs, 0, sizeof ptrs); /* the caller may reuse the array */
-    CHECK(fake_calls(FAKE_EVENT_RECORD) - records == 1, "one event (%lu "
-          "recorded)", fake_calls(FAKE_EVENT_RECORD) - records);
-    CHECK(stats_now().deferred == 1, "one entry (deferred %llu)",
-          ULL(stats_now().deferred));
-    sleep_ms(20);
-    CHECK(count_released(p, 4) == 0, "nothing released before the work "
-          "completes (%d)", count_released(p, 4));
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(count_released(p, 4) == 4, "all released after (%d of 4)",
-          count_released(p, 4));
-
-    uint64_t rejected = stats_now().rejected;
-    stderr_capture_begin();
-    err = defer_free_n(NULL, 3, s);
-    stderr_capture_end();
-    CHECK(err == cudaErrorInvalidValue, "defer_free_n(NULL, 3): %s",
-          cudaGetErrorName(err));
-    CHECK(stats_now().rejected - rejected == 1, "counted as rejected");
-    CHECK(defer_free_n(ptrs, 0, s) == cudaSuccess, "n == 0: cudaSuccess");
-    CHECK(defer_free_n(NULL, 0, s) == cudaSuccess, "NULL, n == 0: cudaSuccess");
-    uint64_t deferred = stats_now().deferred;
-    CHECK(defer_free_n(ptrs, 5, s) == cudaSuccess, "all NULL: cudaSuccess");
-    CHECK(stats_now().deferred == deferred, "all NULL: nothing deferred");
-
-    /* A pointer named twice, in a short list and a long (sorted) one:
-     * refused, said (plain memory was released twice before). */
-    void *many[41] = {NULL};
-    for (int i = 0; i < 40; i++)
-        many[i] = device_alloc(4096);
-    for (size_t n = 3; n <= 41; n += 38) {
-        void *keep = many[n - 1];
-        many[n - 1] = many[n == 3 ? 0 : 17];
-        rejected = stats_now().rejected;
-        deferred = stats_now().deferred;
-        stderr_capture_begin();
-        err = defer_free_n(many, n, s);
-        CHECK(strstr(stderr_capture_end(), "named more than once") != NULL,
-              "%zu pointers, one twice: said", n);
-        CHECK(err == cudaErrorInvalidValue &&
-                  stats_now().rejected - rejected == 1 &&
-                  stats_now().deferred == deferred,
-              "refused (%s), counted, nothing deferred", cudaGetErrorName(err));
-        many[n - 1] = keep;
-    }
-    CHECK(defer_free_n(many, 40, s) == cudaSuccess && defer_flush() ==
-              cudaSuccess && count_released(many, 40) == 40,
-          "40 distinct ones: each released once");
-    return failed_checks;
-}
-
-/* ---- 10. CUDEFER_DISABLE -------------------------------------------------- */
+/* ---- 9. CUDEFER_DISABLE --------------------------------------------------- */
 
 static pthread_t disable_caller;
 static int disable_call_on_caller;
@@ -618,7 +544,7 @@ static int s_disable(void)
     return failed_checks;
 }
 
-/* ---- 11. no wake-ups when idle -------------------------------------------- */
+/* ---- 10. no wake-ups when idle -------------------------------------------- */
 
 static int s_idle_no_wakeups(void)
 {
@@ -641,7 +567,7 @@ static int s_idle_no_wakeups(void)
     return failed_checks;
 }
 
-/* ---- 12. polling backs off ------------------------------------------------ */
+/* ---- 11. polling backs off ------------------------------------------------ */
 
 static int s_adaptive_polling(void)
 {
@@ -691,7 +617,6 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=0", s_flush);
     scenario("idle batch: stops when the application is back",
              "CUDEFER_IDLE_US=1000 CUDEFER_MAX_DELAY_MS=0", s_idle_batch_yields);
-    scenario("defer_free_n: one event for several pointers", "", s_free_n);
     scenario("CUDEFER_DISABLE: every call waits and releases at once",
              "CUDEFER_DISABLE=1", s_disable);
     scenario("idle: no wake-ups once everything is released", "",

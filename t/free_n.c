@@ -1,0 +1,84 @@
+/* defer_free_n: one event for several pointers, NULL ones skipped, the
+ * array copied at the call; a NULL array, n == 0 and a pointer named more
+ * than once (which would be released twice) handled at the call.  (Moved
+ * out of t/policy, which is about when completed memory is released.) */
+#include <stdint.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static void test_one_event(cudaStream_t s)
+{
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = device_alloc(1024);
+    fake_work *w = fake_launch_held(s, p, 4);
+    void *ptrs[5] = {p[0], p[1], NULL, p[2], p[3]};
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    is_int(defer_free_n(ptrs, 5, s), cudaSuccess, "defer_free_n of 5 (one NULL)");
+    memset(ptrs, 0, sizeof ptrs); /* the caller may reuse the array */
+    is_int(fake_calls(FAKE_EVENT_RECORD) - records, 1, "one event");
+    is_int(stats_now().deferred, 1, "one entry");
+    sleep_ms(20);
+    is_int(count_released(p, 4), 0,
+           "nothing released before the work completes");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(count_released(p, 4), 4, "all released after");
+}
+
+static void test_null_and_empty(cudaStream_t s)
+{
+    void *ptrs[5] = {NULL};
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    cudaError_t err = defer_free_n(NULL, 3, s);
+    stderr_capture_end();
+    is_int(err, cudaErrorInvalidValue, "defer_free_n(NULL, 3)");
+    is_int(stats_now().rejected - rejected, 1, "counted as rejected");
+    is_int(defer_free_n(ptrs, 0, s), cudaSuccess, "n == 0: cudaSuccess");
+    is_int(defer_free_n(NULL, 0, s), cudaSuccess, "NULL, n == 0: cudaSuccess");
+    uint64_t deferred = stats_now().deferred;
+    is_int(defer_free_n(ptrs, 5, s), cudaSuccess, "all NULL: cudaSuccess");
+    is_int(stats_now().deferred, deferred, "all NULL: nothing deferred");
+}
+
+/* A pointer named twice, in a short list and a long (sorted) one: refused,
+ * said (plain memory was released twice before). */
+static void test_named_twice(cudaStream_t s)
+{
+    void *many[41] = {NULL};
+    for (int i = 0; i < 40; i++)
+        many[i] = device_alloc(4096);
+    for (size_t n = 3; n <= 41; n += 38) {
+        void *keep = many[n - 1];
+        many[n - 1] = many[n == 3 ? 0 : 17];
+        uint64_t rejected = stats_now().rejected,
+                 deferred = stats_now().deferred;
+        stderr_capture_begin();
+        cudaError_t err = defer_free_n(many, n, s);
+        ok(strstr(stderr_capture_end(), "named more than once") != NULL,
+           "%zu pointers, one twice: said", n);
+        ok(err == cudaErrorInvalidValue &&
+               stats_now().rejected - rejected == 1 &&
+               stats_now().deferred == deferred,
+           "refused (%s), counted, nothing deferred", cudaGetErrorName(err));
+        many[n - 1] = keep;
+    }
+    ok(defer_free_n(many, 40, s) == cudaSuccess &&
+           defer_flush() == cudaSuccess && count_released(many, 40) == 40,
+       "40 distinct ones: each released once");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    cudaStream_t s = stream_new();
+    test_one_event(s);
+    test_null_and_empty(s);
+    test_named_twice(s);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released twice or early");
+    return 0;
+}
