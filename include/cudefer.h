@@ -269,9 +269,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * creates its primary context with CUDA 12 or later).  While another
  * thread captures a blocking stream in the global mode, the legacy stream
  * cannot take an event (it would invalidate that capture): a batch then
- * waits, and a flush, trim or shutdown meanwhile says so and does not wait
- * for it (at
- * shutdown its blocks are lost to the cache).  Frees on other streams, and
+ * waits, and a flush, trim or shutdown meanwhile says so, does not wait
+ * for it and returns cudaErrorStreamCaptureImplicit (at shutdown its
+ * blocks are lost to the cache).  Frees on other streams, and
  * those a callback makes, record an event each (a created stream may be
  * destroyed before a later free could seal its batch), shared as
  * defer_call's are: once a thread has 8 events pending on a stream, or
@@ -470,7 +470,10 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
  * Returns cudaSuccess, cudaErrorNotPermitted inside a defer_call callback
  * (on the reclaimer thread, or on the calling thread when the callback ran
  * synchronously) or after defer_shutdown, or the sticky error of a device
- * whose entries cannot complete.  A release that failed for its pointer
+ * whose entries cannot complete, or cudaErrorStreamCaptureImplicit (or the
+ * error of the CUDA call that failed) when blocks freed on the legacy
+ * stream could not get their batch's event (see Free batches under
+ * defer_alloc: they wait on, said).  A release that failed for its pointer
  * alone (a host pointer given to defer_free: reported, counted in failed)
  * is not the flush's error.
  */
@@ -492,7 +495,8 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 
 /*
  * defer_shutdown: flush, then stop and join the reclaimer and destroy its
- * events.  Later defer_* calls return cudaErrorNotPermitted.  Calling it again
+ * events; it stops even when the flush returns an error, and returns that
+ * error.  Later defer_* calls return cudaErrorNotPermitted.  Calling it again
  * returns cudaSuccess.  Blocks.  Inside a defer_call callback it would wait
  * for the callback itself: cudaErrorNotPermitted there.
  */

@@ -178,9 +178,10 @@ static void give_back_claims(int device, const struct block_claim *claims,
 /* The claims of the block frees an event could not cover: the caller
  * waits for stream here, after which their work is done; if even that
  * fails, they go back to the batch.  Counted as released. */
-static void complete_synchronously(int device, cudaStream_t stream,
-                                   const struct block_claim *claims, size_t n,
-                                   const char *call, cudaError_t err)
+static cudaError_t complete_synchronously(int device, cudaStream_t stream,
+                                          const struct block_claim *claims,
+                                          size_t n, const char *call,
+                                          cudaError_t err)
 {
     report_cuda("defer_free", call, err,
                 "; waiting for the legacy stream to give back the blocks "
@@ -191,21 +192,24 @@ static void complete_synchronously(int device, cudaStream_t stream,
                     "; the blocks freed on the legacy stream stay reusable "
                     "on it only until a later seal");
         give_back_claims(device, claims, n);
-        return;
+        return sync;
     }
     block_cache_claims_done(claims, n, true, now_ns());
     stats_add(&stats.released, n);
     stats_add(&stats.sync_releases, n);
+    return cudaSuccess;
 }
 
 /* Seal claims[0..n) of device (an array the entry then owns, or one
  * claim in *one when n is 1 and array is NULL), in flight in generation
  * g: one event recorded on stream after them, one entry pushed.  The
  * claims were taken from the batch before this call, so their work was
- * enqueued before the record. */
-static void seal(int device, cudaStream_t stream, unsigned long long id,
-                 struct block_claim *array, const struct block_claim *one,
-                 size_t n, unsigned g)
+ * enqueued before the record.  Returns cudaSuccess, or the error of the
+ * wait that could not replace the event: the claims are back in the
+ * batch then (said). */
+static cudaError_t seal(int device, cudaStream_t stream,
+                        unsigned long long id, struct block_claim *array,
+                        const struct block_claim *one, size_t n, unsigned g)
 {
     const struct block_claim *claims = array != NULL ? array : one;
     struct lane_pick pick;
@@ -223,10 +227,10 @@ static void seal(int device, cudaStream_t stream, unsigned long long id,
         e = NULL;
     }
     if (e == NULL) {
-        complete_synchronously(device, stream, claims, n, call, err);
+        err = complete_synchronously(device, stream, claims, n, call, err);
         free(array);
         land(g, n);
-        return;
+        return err;
     }
     stream_lane_commit(&pick, e);
     entry_begin(e, ENTRY_BLOCK, id);
@@ -240,6 +244,7 @@ static void seal(int device, cudaStream_t stream, unsigned long long id,
     }
     lifecycle_push(e);
     land(g, n);
+    return cudaSuccess;
 }
 
 /* Lock held.  Takes b's claims: *array (the batch's array, which the
@@ -333,9 +338,12 @@ void free_batch_add(int device, cudaStream_t stream,
         seal(device, stream, stream_id, NULL, claim, 1, take_off(1));
 }
 
-/* free_batch_seal_all's scan: seals what waits in each batch now. */
-static void seal_batches(void)
+/* free_batch_seal_all's scan: seals what waits in each batch now.
+ * Returns cudaSuccess, or the first error that left a batch's claims
+ * waiting (said). */
+static cudaError_t seal_batches(void)
 {
+    cudaError_t first = cudaSuccess;
     int current = -1, on = -1; /* the caller's device; the one made current */
     bool asked = false;
     for (int d = 0; d < nbatches; d++) {
@@ -366,6 +374,9 @@ static void seal_batches(void)
                                            : cudaErrorStreamCaptureImplicit,
                         "; blocks freed on the legacy stream wait there "
                         "until a later free or flush can seal their batch");
+            if (first == cudaSuccess)
+                first = err != cudaSuccess ? err
+                                           : cudaErrorStreamCaptureImplicit;
             continue;
         }
         struct block_claim *array = NULL;
@@ -375,12 +386,15 @@ static void seal_batches(void)
         unsigned long long id = b->stream_id;
         pthread_mutex_unlock(&b->lock);
         if (n > 0)
-            seal(d, NULL, id, array, NULL, n, g);
+            err = seal(d, NULL, id, array, NULL, n, g);
         else
             free(array);
+        if (err != cudaSuccess && first == cudaSuccess)
+            first = err;
     }
     if (on != current && current >= 0)
         cudaSetDevice(current);
+    return first;
 }
 
 /* free_batch_seal_all's wait: other threads' seals that took their claims
@@ -397,17 +411,19 @@ static void wait_for_earlier_seals(void)
     pthread_mutex_unlock(&turn);
 }
 
-void free_batch_seal_all(void)
+cudaError_t free_batch_seal_all(void)
 {
     /* A seal that could neither record nor wait gives its claims back to
      * the batch (reported): where one did while this call waited (its
      * claims may be of frees that returned before this call), seal once
      * more. */
+    cudaError_t err = cudaSuccess;
     for (int round = 0; round < 2; round++) {
         unsigned long back = atomic_load(&given_back);
-        seal_batches();
+        err = seal_batches();
         wait_for_earlier_seals();
         if (atomic_load(&given_back) == back)
-            return;
+            break;
     }
+    return err;
 }

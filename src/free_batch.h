@@ -100,8 +100,12 @@ void free_batch_add(int device, cudaStream_t stream,
  * that took claims before it looked have pushed theirs (not for seals
  * begun later), and seals once more where one of those gave its claims
  * back (it could neither record nor synchronize: said).  Blocks as
- * free_batch_add does, and for those seals' CUDA calls. */
-void free_batch_seal_all(void);
+ * free_batch_add does, and for those seals' CUDA calls.  Returns
+ * cudaSuccess, or the error that left a batch it found waiting (said):
+ * cudaErrorStreamCaptureImplicit while another thread captures a blocking
+ * stream in the global mode, or the error of switching to the batch's
+ * device or of the wait that replaces a failed record. */
+cudaError_t free_batch_seal_all(void);
 
 /* Any thread: claims waiting in batches now (takes each device's batch
  * lock; for tests). */

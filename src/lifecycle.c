@@ -414,8 +414,9 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
     if ((err = lifecycle_enter(what)) != cudaSuccess)
         return err;
     /* Blocks freed on the legacy stream wait for no event yet: their
-     * batches get one now, before the request (free_batch.h). */
-    free_batch_seal_all();
+     * batches get one now, before the request (free_batch.h).  One that
+     * cannot have it waits on: the request's error unless a device's is. */
+    cudaError_t unsealed = free_batch_seal_all();
     /* The gate is held only while pushing: a waiting flush must not keep
      * shutdown or exit from closing it.  The reclaimer answers every request
      * it took before it stops. */
@@ -423,7 +424,7 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
     request_and_wait(&q, 0, true);
     if (bytes != NULL)
         *bytes = (size_t)q.bytes;
-    return q.err;
+    return q.err != cudaSuccess ? q.err : unsealed;
 }
 
 cudaError_t lifecycle_flush(void)
@@ -494,10 +495,12 @@ cudaError_t lifecycle_shutdown(void)
     cudaError_t err = cudaSuccess;
     if (atomic_load(&rs.state) == STATE_RUNNING) {
         close_gate(0);
-        free_batch_seal_all(); /* no admitted call can add to them now */
+        /* No admitted call can add to them now; one that waits on is
+         * dropped at the stop (said): the error unless a device's is. */
+        cudaError_t unsealed = free_batch_seal_all();
         struct request q = {.err = cudaSuccess};
         request_and_wait(&q, 0, false);
-        err = q.err;
+        err = q.err != cudaSuccess ? q.err : unsealed;
         stop_and_join(0);
     } else {
         atomic_store(&rs.gate_closed, true);

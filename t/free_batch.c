@@ -241,6 +241,22 @@ static void test_barred_legacy(cudaStream_t s2)
     is_int(alloc_checked(&miss, 40 << 20, NULL),
            cudaErrorStreamCaptureImplicit, "one that misses is refused");
     stderr_capture_end();
+    /* Before the fix a flush or trim returned cudaSuccess here, its
+     * promise (everything deferred before it released) unkept. */
+    size_t waiting = free_batch_waiting();
+    stderr_capture_begin();
+    is_int(defer_flush(), cudaErrorStreamCaptureImplicit,
+           "a flush that cannot seal them says which error");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "wait there until a later free or flush") != NULL,
+       "and says they wait");
+    size_t trimmed = 1;
+    stderr_capture_begin();
+    is_int(defer_trim(&trimmed), cudaErrorStreamCaptureImplicit,
+           "a trim too");
+    stderr_capture_end();
+    ok(free_batch_waiting() == waiting && records() == before,
+       "they still wait, no event recorded (%zu)", free_batch_waiting());
     fake_fail_clear();
     defer_free(p[2 * BATCH], NULL);
     is_int(records() - before, 1, "the first free after seals them all");
@@ -286,6 +302,16 @@ static void test_sync_fails(cudaStream_t s2)
     ok(!theirs, "another stream gets none of their blocks (work running)");
     for (int i = 0; i < BATCH; i++)
         fake_complete(w[i]);
+    /* A flush whose seal fails the same way returns the wait's error. */
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 2);
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorLaunchOutOfResources, 0, 2);
+    stderr_capture_begin();
+    is_int(defer_flush(), cudaErrorLaunchOutOfResources,
+           "a flush whose seal fails says which error");
+    stderr_capture_end();
+    fake_fail_clear();
+    ok(free_batch_waiting() >= 1, "they still wait (%zu)",
+       free_batch_waiting());
     defer_free(q, s2);
     is_int(defer_flush(), cudaSuccess, "a flush seals them");
     is_int(free_batch_waiting(), 0, "nothing waits");
@@ -343,6 +369,37 @@ static void scenario_callback_free(void)
     ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0,
        "a callback's free on stream 0 during shutdown's drain is released");
+}
+
+/* defer_shutdown while another thread's global capture bars the legacy
+ * stream: the batch cannot be sealed, its records are dropped (said), and
+ * shutdown says so in its result (before the fix: cudaSuccess). */
+static void scenario_shutdown_barred(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        void *p[3];
+        for (int i = 0; i < 3; i++)
+            alloc_checked(&p[i], 16 * KiB, NULL);
+        for (int i = 0; i < 3; i++)
+            CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+        fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorStreamCaptureImplicit,
+                  0, -1);
+        stderr_capture_begin();
+        cudaError_t err = defer_shutdown();
+        const char *said = stderr_capture_end();
+        fake_fail_clear();
+        CHECK(err == cudaErrorStreamCaptureImplicit, "shutdown: %s",
+              cudaGetErrorName(err));
+        CHECK(strstr(said, "never sealed") != NULL, "said: %s", said);
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "shutdown while the legacy stream is barred returns "
+       "cudaErrorStreamCaptureImplicit and says what it dropped");
 }
 
 /* Two devices' batches sealed by one trim from a thread whose device is
@@ -478,6 +535,7 @@ int main(void)
     scenario("CUDEFER_FREE_BATCH=lots", 5, 0, 0,
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
     scenario_callback_free();
+    scenario_shutdown_barred();
     scenario_two_devices();
     scenario_flush_from_no_device();
     cudaStream_t s2 = stream_new();
