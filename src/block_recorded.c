@@ -48,10 +48,12 @@ cudaError_t block_recorded_add(void *ptr, const struct block_user *user)
             b->recorded[b->nrecorded++] = *user;
     }
     pthread_mutex_unlock(&c->lock);
-    if (err == cudaErrorInvalidValue || err == cudaErrorNotSupported)
+    if (err != cudaSuccess)
         report("defer_record_stream: %p %s: nothing recorded", ptr,
                err == cudaErrorNotSupported
                    ? "is already recorded on 63 streams (the most)"
+               : err == cudaErrorMemoryAllocation
+                   ? "needs its list of streams: out of host memory"
                    : "is no live block of cudefer's (already freed?)");
     return err;
 }

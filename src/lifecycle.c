@@ -109,11 +109,13 @@ static cudaError_t start_locked(const char *what)
     if ((err = event_pool_init(n, rs.cfg.event_pool_max, device_failed)) !=
         cudaSuccess) {
         undo_start();
+        report_cuda(what, "calloc", err, kept);
         return err;
     }
     if (!stream_table_init(&rs.streams)) {
         event_pool_abandon();
         undo_start();
+        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
     for (int d = 0; d < n; d++)

@@ -179,16 +179,27 @@ static void thread_state_reset_locked(void)
 
 /* Take the lock (initialising lazily) and bring the thread's state up to
  * date with the last reset. */
+/* Whether the thread holds the lock (fake_in_call): apart from
+ * fake_thread, which a reset of the fake clears. */
+static _Thread_local int holding;
+
 void fake_lock(void)
 {
     pthread_once(&init_once_flag, init_once);
     pthread_mutex_lock(&fake.lock);
+    holding = 1;
     if (fake_thread.gen != fake.gen)
         thread_state_reset_locked();
 }
 
 /* Release the lock taken by fake_lock. */
-void fake_unlock(void) { pthread_mutex_unlock(&fake.lock); }
+void fake_unlock(void)
+{
+    holding = 0;
+    pthread_mutex_unlock(&fake.lock);
+}
+
+int fake_in_call(void) { return holding; }
 
 static const char *call_name(int c);
 

@@ -375,6 +375,11 @@ void fake_fail(enum fake_call c, cudaError_t err, long skip, long count);
 /* Disarm all failure injections. */
 void fake_fail_clear(void);
 
+/* Whether the calling thread is inside the fake now (holds its lock): a
+ * test that fails the library's host allocations spares the fake's own
+ * (t/host_alloc_failures).  Anyone. */
+int fake_in_call(void);
+
 /* Calls of c since fake_reset, failed ones included. */
 unsigned long fake_calls(enum fake_call c);
 

@@ -1,0 +1,430 @@
+/* Out of host memory on the calling thread: each defer call below is made
+ * again and again, each time with the next of its malloc, calloc and
+ * realloc calls failing (the fake runtime's own are spared), in a fresh
+ * child process.  Whatever fails, the call either refuses (an error, a
+ * line on stderr saying why, the pointer still the caller's, and the same
+ * call unarmed then succeeds) or accepts; shutdown then releases every
+ * pointer, returns cudaSuccess, and leaves nothing the armed call
+ * allocated behind; the oracle sees nothing released early.
+ *
+ * The allocator functions are replaced in this program (ELF interposition:
+ * the library's calls come here too), so a sanitizer's own replacements
+ * would clash: skipped under ASan and TSan. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cudefer.h"
+#include "fake_cuda.h"
+#include "helpers.h"
+#include "tap.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+
+#ifndef UNDER_SANITIZER
+/* ---- the allocator, with failure injection ------------------------------ */
+
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t n);
+extern void __libc_free(void *p);
+
+/* The armed thread's allocations: the fail_at-th (from 0) fails; seen
+ * counts them.  Only the thread that armed counts (the reclaimer's are
+ * its own business: another test's), and never inside the fake. */
+static _Thread_local bool armed;
+static _Thread_local long fail_at, seen;
+
+/* What the armed thread allocated and nobody freed yet (any thread may
+ * free it): a small open table under a spin lock, enough for a call. */
+#define TRACKED 4096
+static void *tracked[TRACKED];
+static atomic_flag tracked_lock = ATOMIC_FLAG_INIT;
+static size_t tracked_count, tracked_overflow;
+
+static void track_lock(void)
+{
+    while (atomic_flag_test_and_set_explicit(&tracked_lock,
+                                             memory_order_acquire))
+        ;
+}
+
+static void track_unlock(void)
+{
+    atomic_flag_clear_explicit(&tracked_lock, memory_order_release);
+}
+
+static void track(void *p)
+{
+    track_lock();
+    size_t i = 0;
+    while (i < TRACKED && tracked[i] != NULL)
+        i++;
+    if (i < TRACKED) {
+        tracked[i] = p;
+        tracked_count++;
+    } else {
+        tracked_overflow++;
+    }
+    track_unlock();
+}
+
+static bool untrack(void *p)
+{
+    bool was = false;
+    track_lock();
+    for (size_t i = 0; i < TRACKED && tracked_count > 0; i++)
+        if (tracked[i] == p) {
+            tracked[i] = NULL;
+            tracked_count--;
+            was = true;
+            break;
+        }
+    track_unlock();
+    return was;
+}
+
+/* Whether this allocation of the armed thread is the one to fail. */
+static bool counted(void)
+{
+    if (!armed || fake_in_call())
+        return false;
+    return seen++ == fail_at;
+}
+
+void *malloc(size_t n)
+{
+    bool fail = counted(), mine = armed && !fake_in_call();
+    if (fail) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = __libc_malloc(n);
+    if (p != NULL && mine)
+        track(p);
+    return p;
+}
+
+void *calloc(size_t n, size_t size)
+{
+    bool fail = counted(), mine = armed && !fake_in_call();
+    if (fail) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = __libc_calloc(n, size);
+    if (p != NULL && mine)
+        track(p);
+    return p;
+}
+
+void *realloc(void *old, size_t n)
+{
+    if (old == NULL)
+        return malloc(n);
+    bool fail = counted(), mine = armed && !fake_in_call();
+    if (fail) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    bool was = untrack(old);
+    void *p = __libc_realloc(old, n);
+    if (p == NULL && n != 0 && was)
+        track(old);
+    else if (p != NULL && (was || mine))
+        track(p);
+    return p;
+}
+
+void free(void *p)
+{
+    if (p != NULL)
+        untrack(p);
+    __libc_free(p);
+}
+
+/* ---- the sweep ------------------------------------------------------------ */
+
+/* Shared with the children: whether the child's failure point was
+ * reached (no: the call makes fewer allocations; the sweep is over). */
+static _Atomic int *reached;
+
+static void arm(long n)
+{
+    seen = 0;
+    fail_at = n;
+    armed = true;
+}
+
+static void disarm(void)
+{
+    armed = false;
+    *reached = seen > fail_at;
+}
+
+/* A call swept: sets up (unarmed), makes the call armed with its
+ * fail_at-th allocation failing, then checks what a refusal needs; puts
+ * in mine[*nmine...] the pointers shutdown must release; returns the
+ * call's error. */
+struct sweep {
+    const char *what;
+    cudaError_t (*call)(long fail_at, void **mine, int *nmine);
+};
+
+static cudaStream_t s, s2;
+
+/* Checks the armed call's outcome: a refusal is said and leaves the
+ * pointer with the caller; then the call is made again unarmed. */
+static void refused_well(cudaError_t err, const char *said, const void *p)
+{
+    CHECK(strstr(said, "cudefer: ") != NULL,
+          "refused (%s) and said why (stderr: \"%s\")",
+          cudaGetErrorName(err), said);
+    CHECK(p == NULL || !fake_is_released(p), "the pointer is still the "
+          "caller's");
+}
+
+static cudaError_t first_free(long n, void **mine, int *nmine)
+{
+    void *p = device_alloc(1 << 20);
+    mine[(*nmine)++] = p;
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_free(p, s);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, p);
+        CHECK(defer_free(p, s) == cudaSuccess, "the next defer_free");
+    }
+    return err;
+}
+
+static cudaError_t first_alloc(long n, void **mine, int *nmine)
+{
+    void *q = NULL;
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_alloc(&q, 3 << 20, s);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, NULL);
+        CHECK(q == NULL, "no block given (%p)", q);
+        CHECK(defer_alloc(&q, 3 << 20, s) == cudaSuccess,
+              "the next defer_alloc");
+    }
+    mine[(*nmine)++] = q;
+    CHECK(q == NULL || defer_free(q, s) == cudaSuccess, "its free");
+    return err;
+}
+
+/* defer_free_n of three blocks of defer_alloc's: their claims. */
+static cudaError_t free_n_blocks(long n, void **mine, int *nmine)
+{
+    void *q[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        CHECK(defer_alloc(&q[i], (size_t)(i + 1) << 20, s) == cudaSuccess,
+              "block %d", i);
+        mine[(*nmine)++] = q[i];
+    }
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_free_n(q, 3, s2);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, NULL);
+        CHECK(defer_free_n(q, 3, s2) == cudaSuccess, "the next defer_free_n");
+    }
+    return err;
+}
+
+/* defer_free_n of 40 pointers, one NULL: a copy, and a sorted copy. */
+static cudaError_t free_n(long n, void **mine, int *nmine)
+{
+    void *p[41];
+    for (int i = 0; i < 40; i++)
+        mine[(*nmine)++] = p[i] = device_alloc(4096);
+    p[40] = NULL;
+    void *w = device_alloc(4096);
+    mine[(*nmine)++] = w;
+    CHECK(defer_free(w, s) == cudaSuccess, "warm-up");
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_free_n(p, 41, s);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, p[0]);
+        CHECK(defer_free_n(p, 41, s) == cudaSuccess, "the next defer_free_n");
+    }
+    return err;
+}
+
+/* A block also used on a second stream. */
+static cudaError_t record_stream(long n, void **mine, int *nmine)
+{
+    void *q = NULL;
+    CHECK(defer_alloc(&q, 1 << 20, s) == cudaSuccess, "a block");
+    mine[(*nmine)++] = q;
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_record_stream(q, s2);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, NULL);
+        CHECK(defer_record_stream(q, s2) == cudaSuccess,
+              "the next defer_record_stream");
+    }
+    CHECK(defer_free(q, s) == cudaSuccess, "its free");
+    return err;
+}
+
+/* A block freed on the legacy stream: a claim in its free batch. */
+static cudaError_t batched_free(long n, void **mine, int *nmine)
+{
+    void *q = NULL;
+    CHECK(defer_alloc(&q, 1 << 20, NULL) == cudaSuccess, "a block");
+    mine[(*nmine)++] = q;
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_free(q, NULL);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, q);
+        CHECK(defer_free(q, NULL) == cudaSuccess, "the next defer_free");
+    }
+    return err;
+}
+
+/* A free on a capturing stream: tied to the graph. */
+static cudaError_t captured_free(long n, void **mine, int *nmine)
+{
+    void *p = device_alloc(1 << 20);
+    void *w = device_alloc(4096);
+    mine[(*nmine)++] = p;
+    mine[(*nmine)++] = w;
+    CHECK(defer_free(w, s) == cudaSuccess, "warm-up");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) ==
+              cudaSuccess, "capture");
+    stderr_capture_begin();
+    arm(n);
+    cudaError_t err = defer_free(p, s);
+    disarm();
+    const char *said = stderr_capture_end();
+    if (err != cudaSuccess) {
+        refused_well(err, said, p);
+        CHECK(defer_free(p, s) == cudaSuccess, "the next defer_free");
+    }
+    cudaGraph_t g = NULL;
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess, "capture's end");
+    cudaGraphDestroy(g);
+    CHECK(wait_released(p, 5000), "released once the graph is gone");
+    return err;
+}
+
+/* In a child: the sweep's call with its fail_at-th allocation failing,
+ * then shutdown: everything released, nothing of the call's left. */
+static void child(const struct sweep *w, long n)
+{
+    failed_checks = 0;
+    fake_reset(1);
+    s = stream_new();
+    s2 = stream_new();
+    void *mine[64];
+    int nmine = 0;
+    w->call(n, mine, &nmine);
+    stderr_capture_begin();
+    cudaError_t err = defer_shutdown();
+    stderr_capture_end();
+    CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+    for (int i = 0; i < nmine; i++)
+        CHECK(mine[i] == NULL || fake_is_released(mine[i]),
+              "pointer %d (%p) released by the shutdown", i, mine[i]);
+    /* One stays: the reclaimer's thread-local storage (296 bytes here),
+     * which pthread_create allocates on the creating thread and glibc
+     * keeps with the thread's cached stack after the join. */
+    track_lock();
+    size_t left = tracked_count, over = tracked_overflow;
+    track_unlock();
+    CHECK(over == 0, "tracked every allocation");
+    CHECK(left <= 1, "%zu allocations of the armed call left after "
+          "shutdown", left);
+    scenario_child_end();
+}
+
+/* Allocations failed one by one; beyond, one in STRIDE (the first call
+ * makes a stock of 2,048 events, an allocation each, in one loop). */
+#define EACH 64
+#define STRIDE 61
+
+/* One TAP result: w's call with each of its allocations failing in turn. */
+static void sweep(const struct sweep *w)
+{
+    long n = 0, bad = 0, tries = 0;
+    for (; n < 100000; n += n < EACH ? 1 : STRIDE, tries++) {
+        *reached = 0;
+        pid_t pid = fork_flushed();
+        if (pid == 0)
+            child(w, n);
+        int status;
+        bool fine = wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+                    WEXITSTATUS(status) == 0;
+        if (!fine) {
+            diag("%s: with allocation %ld failing: failed", w->what, n);
+            bad++;
+        }
+        if (!*reached)
+            break;
+    }
+    ok(bad == 0 && n > 0 && n < 100000,
+       "%s: its host allocations failing, each of the first %d (of %ld) "
+       "and one in %d beyond, in turn (%ld children): refused and said, or "
+       "accepted; all released, nothing left", w->what, EACH, n, STRIDE,
+       tries);
+}
+
+int main(void)
+{
+    plan_lazy();
+    set_cudefer_env("CUDEFER_IDLE_US=1000");
+    reached = mmap(NULL, sizeof *reached, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (reached == MAP_FAILED)
+        bail("mmap");
+    static const struct sweep sweeps[] = {
+        {"the first defer_free (the reclaimer's start)", first_free},
+        {"the first defer_alloc", first_alloc},
+        {"defer_free_n of three blocks", free_n_blocks},
+        {"defer_free_n of 41 pointers, one NULL", free_n},
+        {"defer_record_stream", record_stream},
+        {"a block's defer_free on the legacy stream", batched_free},
+        {"a defer_free on a capturing stream", captured_free},
+    };
+    for (size_t i = 0; i < sizeof sweeps / sizeof *sweeps; i++)
+        sweep(&sweeps[i]);
+    return 0;
+}
+#else
+int main(void)
+{
+    skip_all("the allocator is replaced here, which a sanitizer's clashes "
+             "with");
+    return 0;
+}
+#endif
