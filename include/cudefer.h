@@ -155,8 +155,10 @@ struct defer_stats {
  * reclaimer), and the work enqueued on stream before the capture began is
  * done too (the reclaimer records an event on stream once it sees the
  * capture end; while stream captures again, it waits).  Until then it
- * counts as pending, but defer_flush and defer_shutdown do not wait for
- * it.  If the graph dies after defer_shutdown, or a stream of the capture
+ * counts as pending, but defer_flush does not wait for it, nor
+ * defer_shutdown unless the graph is dead already and only that earlier
+ * work is left (an event, waited for as any other).  If the graph dies
+ * after defer_shutdown, or a stream of the capture
  * is destroyed before the reclaimer saw its capture end (that work can
  * then not be waited for), ptr is never released (reported, counted as
  * failed); limit: one whose handle a new stream got before the reclaimer

@@ -182,15 +182,17 @@ size_t block_pool_trim(int device, cudaStream_t stream)
         atomic_load(&pools[device].state) != POOL_READY)
         return 0;
     cudaMemPool_t pool = pools[device].pool;
-    uint64_t reserved = 0, used = 0;
-    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
     /* The frees were ordered on stream: the trim must come after them.  The
      * stream holds nothing but frees, so this costs no device drain. */
     if (stream != NULL)
         cudaStreamSynchronize(stream);
+    uint64_t before = 0, after = 0;
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);
     if (err != cudaSuccess)
         report_cuda("release", "cudaMemPoolTrimTo", err, "");
-    return reserved > used ? (size_t)(reserved - used) : 0;
+    if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent,
+                                &after) != cudaSuccess)
+        after = before;
+    return before > after ? (size_t)(before - after) : 0;
 }

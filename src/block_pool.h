@@ -63,8 +63,8 @@ size_t block_pool_slack(int device);
 
 /* Reclaimer (device current), after pool blocks were handed back on
  * stream: releases the pool's unused memory to CUDA once that stream
- * reached the frees.  Returns the bytes the pool had reserved beyond what
- * is in use before the trim (0 without a pool). */
+ * reached the frees.  Returns the bytes by which the pool's reserve
+ * shrank (0 without a pool). */
 size_t block_pool_trim(int device, cudaStream_t stream);
 
 #endif

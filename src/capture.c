@@ -430,9 +430,18 @@ bool capture_news(void)
 bool capture_poll(void)
 {
     uint64_t died = atomic_load(&deaths);
-    if (waiting == NULL ||
-        (origins_open == 0 && died == deaths_seen && !taken_since_poll))
-        return origins_open > 0; /* nothing moved: no CUDA call */
+    if (waiting == NULL) {
+        /* Deaths counted meanwhile are news no more: a graph that died
+         * during the pass that settled it left deaths_seen behind, and
+         * capture_news kept the idle reclaimer awake (900 wake-ups a
+         * second; a review found it). */
+        deaths_seen = died;
+        taken_since_poll = false;
+        origins_open = 0;
+        return false;
+    }
+    if (origins_open == 0 && died == deaths_seen && !taken_since_poll)
+        return false; /* nothing moved: no CUDA call */
     deaths_seen = died;
     taken_since_poll = false;
     size_t open = 0;
@@ -449,6 +458,22 @@ bool capture_poll(void)
     }
     origins_open = open;
     return open > 0;
+}
+
+bool capture_dead_pending(void)
+{
+    for (struct graph_entry *g = waiting; g != NULL; g = g->next) {
+        if (atomic_load(&g->owner) != GRAPH_DEAD)
+            continue;
+        bool recorded = false, capturing = false;
+        for (size_t i = 0; i < g->norigins; i++) {
+            recorded |= g->origins[i].state == ORIGIN_RECORDED;
+            capturing |= g->origins[i].state == ORIGIN_CAPTURING;
+        }
+        if (recorded && !capturing)
+            return true;
+    }
+    return false;
 }
 
 size_t capture_stop(void)

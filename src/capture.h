@@ -91,6 +91,12 @@ bool capture_poll(void);
  * stream needs polling.  The reclaimer naps rather than sleep then. */
 bool capture_news(void);
 
+/* Reclaimer only, when it stops: whether a dead graph's entry waits for
+ * streams whose work from before the capture has its event recorded (none
+ * still captures): the drain waits for it, as for any entry's event, before
+ * capture_stop.  No CUDA call. */
+bool capture_dead_pending(void);
+
 /* Reclaimer only, when it stops.  Entries whose graph lives are handed to
  * their destructor (it reports them, counted as failed); dead ones still
  * waiting for their streams fail; dead ones ready are taken in: returns

@@ -610,6 +610,11 @@ static void end_pass(void)
         struct request *q = rs.trims;
         rs.trims = q->next;
         q->bytes = rs.pass_released_bytes;
+        /* A device that failed during the pass that served it is the
+         * trim's error too (as a flush's; before the fix only one that had
+         * failed before it was taken in). */
+        for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
+            q->err = device_error(d);
         request_done(q);
     }
     while (rs.done_requests != NULL) {
@@ -663,9 +668,11 @@ void *reclaimer_main(void *unused)
             event_pool_refill(); /* what the lanes found missing */
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready
-         * just now, pushed: then one more pass). */
+         * just now, pushed: then one more pass), but for dead graphs
+         * whose streams' earlier work has its event: waited for, as any
+         * entry's. */
         if (rs.tracked == 0 && stopping && queue_is_empty(&rs.queue) &&
-            capture_stop() == 0)
+            !capture_dead_pending() && capture_stop() == 0)
             break;
         reclaimer_wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);

@@ -55,7 +55,11 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
                         : block_pool_free_sync(d, b->ptr, b->size);
                 if (err == cudaSuccess) {
                     released++;
-                    rs.pass_released_bytes += batch[i]->size;
+                    /* A pool block's bytes leave the device only when the
+                     * pool gives back its reserve (a trim, below: counted
+                     * there, once; before the fix, twice). */
+                    if (!b->pool)
+                        rs.pass_released_bytes += b->size;
                 } else if (report_cuda_error_is_sticky(err)) {
                     reclaimer_fail_device(d, "cudaFree", err);
                 } else {

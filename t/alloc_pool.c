@@ -198,6 +198,23 @@ static void test_trim(cudaStream_t s)
     ok(fake_allocation_of(p, NULL, NULL) == 0, "with cudaFree");
 }
 
+/* In a fresh process, one block of 1 MiB, the pool's whole reserve: a
+ * trim says 1 MiB.  Before the fix it said 2: the block's bytes when it
+ * went back to the pool, and again in the pool's trim. */
+static void trim_counts_once(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess, "a block");
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    size_t bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess, "trim");
+    CHECK(bytes == (1 << 20), "the trim says %zu bytes, want %d", bytes,
+          1 << 20);
+    CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
+}
+
 /* A shutdown while a request allocates a new block (here the allocation
  * takes 50 ms): the shutdown waits for it, since it destroys the pools the
  * allocation counts in (ASan saw the write to freed memory before). */
@@ -240,6 +257,8 @@ static void test_shutdown_during_malloc(cudaStream_t s)
 int main(void)
 {
     plan_lazy();
+    fork_scenario("a trim counts a pool block's bytes once", "", 1, 20000,
+                  trim_counts_once);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");

@@ -5,6 +5,7 @@
  * dies while process exit drains is released by the drain, not dropped
  * (item 13). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -184,6 +185,79 @@ static void scenario(const char *title, void (*fn)(void))
     ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
 }
 
+/* ---- a graph dead before defer_shutdown ---------------------------------- */
+
+static void *complete_later(void *w)
+{
+    sleep_ms(100);
+    fake_complete(w);
+    return NULL;
+}
+
+/* Its stream's work from before the capture still runs at the shutdown:
+ * the drain waits for it, as for any entry's event, and releases the
+ * entry (before the fix: given up, "not done at shutdown", failed). */
+static void s_dead_graph_at_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    sleep_ms(20); /* the reclaimer saw the end: its event is recorded */
+    pthread_t t;
+    pthread_create(&t, NULL, complete_later, w);
+    cudaError_t err = defer_shutdown();
+    pthread_join(t, NULL);
+    struct defer_stats st = stats_now();
+    CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+    CHECK(fake_is_released(p) == 1 && st.failed == 0,
+          "released by the shutdown's drain (failed %llu)", ULL(st.failed));
+}
+
+/* A graph that dies while the reclaimer queries its stream's earlier
+ * work, settled in that same pass: the idle reclaimer sleeps after (before
+ * the fix the death stayed news, and it woke 900 times a second). */
+static cudaGraph_t racing_graph;
+static _Atomic int race_armed;
+
+static void destroy_in_query(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)arg;
+    int armed = 1;
+    if (r != cudaSuccess || !atomic_compare_exchange_strong(&race_armed,
+                                                            &armed, 0))
+        return;
+    cudaGraphDestroy(racing_graph);
+    wait_no_user_objects(2000);
+}
+
+static void s_death_during_poll(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    racing_graph = end_capture(s);
+    sleep_ms(20); /* its origin event recorded, pending behind w */
+    fake_set_return_hook(FAKE_EVENT_QUERY, destroy_in_query, NULL);
+    atomic_store(&race_armed, 1);
+    fake_complete(w);
+    CHECK(wait_released(p, 5000), "released once the graph died");
+    fake_set_return_hook(FAKE_EVENT_QUERY, NULL, NULL);
+    CHECK(atomic_load(&race_armed) == 0, "the graph died inside a query");
+    sleep_ms(100);
+    uint64_t before = stats_now().wakeups;
+    sleep_ms(500);
+    uint64_t woke = stats_now().wakeups - before;
+    CHECK(woke < 20, "the idle reclaimer sleeps: %llu wake-ups in 500 ms",
+          ULL(woke));
+}
+
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
@@ -228,6 +302,11 @@ int main(void)
     plan_lazy();
     scenario("a graph that dies while exit drains: its entry is released",
              s_graph_dies_in_exit_drain);
+    scenario("a graph dead before shutdown, its stream's earlier work "
+             "running: the shutdown waits and releases it",
+             s_dead_graph_at_shutdown);
+    scenario("a graph that dies during the poll that settles it: the "
+             "reclaimer sleeps after", s_death_during_poll);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();

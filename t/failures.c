@@ -161,6 +161,29 @@ static void test_sticky_query_error(cudaStream_t s)
     cudaFree(q);
 }
 
+/* A device that fails in the pass that serves a trim: the trim returns
+ * its error, as a flush does (before the fix, cudaSuccess: only a device
+ * failed before the trim was taken in counted).  The reclaimer polls
+ * once a second, so the failure comes in the trim's own pass. */
+static void trim_sees_failure(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    sleep_ms(100); /* taken in and polled once: not ready */
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    stderr_capture_begin();
+    size_t bytes = 1;
+    cudaError_t err = defer_trim(&bytes);
+    stderr_capture_end();
+    CHECK(err == cudaErrorIllegalAddress, "the trim returns %s",
+          cudaGetErrorName(err));
+    CHECK(fake_is_released(p) == 0, "nothing released");
+    fake_fail_clear();
+    fake_complete(w);
+}
+
 static void test_start_fails(void)
 {
     fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
@@ -174,6 +197,9 @@ static void test_start_fails(void)
 int main(void)
 {
     plan_lazy();
+    fork_scenario("a device failing in a trim's pass is the trim's error",
+                  "CUDEFER_POLL_US=1s CUDEFER_POLL_MAX_US=1s", 1, 20000,
+                  trim_sees_failure);
     fake_reset(1);
     test_start_fails();
     cudaStream_t s = stream_new();
