@@ -28,7 +28,7 @@ sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 from run_facts import (device_info, device_info_without_programs,  # noqa: E402
                        driver_version, git_commit, torch_check)
 from run_matrix import Runner  # noqa: E402
-from run_process import parse_cpus, progress  # noqa: E402
+from run_process import library_setting, parse_cpus, progress  # noqa: E402
 from run_summary import summarize  # noqa: E402
 from run_workloads import BUILTIN, GROUPS, WORKLOADS, parse_variant  # noqa: E402
 from table import print_table  # noqa: E402
@@ -253,7 +253,7 @@ def main(argv=None):
                  'directory, or give --bindir' % (', '.join(missing), bindir))
         return 2
     for k in sorted(os.environ):
-        if k.startswith('CUDEFER_'):
+        if library_setting(k):
             progress('run.py: note: %s is ignored (each run gets only its '
                      'variant\'s CUDEFER_* settings; use --variant)' % k)
     info = dict(date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),

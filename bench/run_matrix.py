@@ -92,11 +92,15 @@ class Runner:
             rec[key] = num / den if ok and den > 0 else None
         if wl.is_train:
             # native of the same repetition; native itself: its first
-            # repetition (so that its row checks that training is deterministic)
+            # earlier repetition (so that its row checks that training is
+            # deterministic), none for its first (compared with itself, it
+            # said "identical" having checked nothing)
             natives = [r for r in self.results.get((wl.name, 'native'), []) if r['ok']]
             if rec['strategy'] != 'native':
                 natives = [r for r in natives if r['rep'] == rec['rep']] or natives
-            ref = natives[0] if natives else rec if rec['strategy'] == 'native' else {}
+            else:
+                natives = [r for r in natives if r['rep'] < rec['rep']]
+            ref = natives[0] if natives else {}
             # Under DDP every rank's against native's same rank (rank 0's
             # alone hid a difference on another rank).
             for what in ('losses', 'weights'):

@@ -76,11 +76,22 @@ def run_child(cmd, env, timeout, cpus=None):
     return status, out, err, time.monotonic() - t0
 
 
+# Not the library's settings but where python/cudefer_torch.py finds the
+# library, the compiler and the cache of its PyTorch hook: kept.
+HELPER_ENV = ('CUDEFER_LIB', 'CUDEFER_CXX', 'CUDEFER_TORCH_CACHE')
+
+
+def library_setting(name):
+    """Whether an environment variable is one of the library's settings
+    (read once per process by cudefer), not a helper's."""
+    return name.startswith('CUDEFER_') and name not in HELPER_ENV
+
+
 def child_env(strategy):
-    """The environment of a child: no CUDEFER_* but the variant's own (a
-    library setting is read once per process; the default row must see the
-    defaults)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith('CUDEFER_')}
+    """The environment of a child: none of the library's CUDEFER_* settings
+    but the variant's own (a setting is read once per process; the default
+    row must see the defaults); the helpers' variables are kept."""
+    env = {k: v for k, v in os.environ.items() if not library_setting(k)}
     env.update(strategy.env)
     return env
 

@@ -42,6 +42,7 @@ def summarize(workloads, results, info):
                 if k.endswith('_identical'):
                     s[k] = (all(vals) if vals else None)
                     s[k + '_reps'] = sum(1 for v in vals if v)
+                    s[k + '_compared'] = len(vals)
                 elif vals:
                     s[k] = vals[0]
             out.append(s)

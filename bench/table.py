@@ -130,8 +130,10 @@ def table_train(rows, o):
     print('   %d steps timed after %d warm-up steps, %s GPU(s); x native: to '
           'PyTorch\'s caching allocator in the same repetition' % (
               o.train_steps, o.train_warmup, gpus or '?'))
+    # of the repetitions compared (native's first is the reference)
     ident = lambda s, k: '-' if s.get(k) is None else '%s (%d/%d)' % (
-        'yes' if s[k] else 'NO', s[k + '_reps'], s['reps'])
+        'yes' if s[k] else 'NO', s[k + '_reps'],
+        s.get(k + '_compared', s['reps']))
     # GPU behind: steps the GPU had not finished when a step began (about
     # 1: the GPU sets the pace; below: the launching thread does); misses
     # and hand-backs: cudefer's per timed step.

@@ -174,12 +174,17 @@ def test_statistics():
 
 def test_child_env():
     os.environ['CUDEFER_STRAY'] = '1'
+    os.environ['CUDEFER_LIB'] = '/opt/x/libcudefer.so'
     try:
         env = run_process.child_env(run_workloads.Strategy('v', 'cudefer', {'CUDEFER_POLL_US': '5'}))
     finally:
         del os.environ['CUDEFER_STRAY']
+        del os.environ['CUDEFER_LIB']
     assert 'CUDEFER_STRAY' not in env and env['CUDEFER_POLL_US'] == '5'
     assert env.get('PATH') == os.environ.get('PATH')
+    # where the PyTorch helper finds the library is no library setting
+    # (it was dropped, and another library measured)
+    assert env['CUDEFER_LIB'] == '/opt/x/libcudefer.so'
 
 
 def test_plan_order():
@@ -398,7 +403,11 @@ def test_end_to_end():
         ddp = [x for x in reps if x['workload'] == 'train-cnn-ddp']
         assert ddp and all(x['gpus'] == 2 for x in ddp)
         assert sums[('train-lm', 'malloc-free')]['losses_identical'] is False
-        assert sums[('train-lm', 'native')]['losses_identical_reps'] == 2
+        # native's first repetition is the reference, compared with none
+        assert sums[('train-lm', 'native')]['losses_identical_reps'] == 1
+        assert sums[('train-lm', 'native')]['losses_identical_compared'] == 1
+        assert [x['losses_identical'] for x in tr if x['allocator'] == 'native'
+                and x['rep'] == 0] == [None]
         for needle in ('== W1 steady', 'done x floor', '1.050 [1.050-1.050]',
                        '0 (2 FAILED)', '== W5 call cost',
                        '== W6 scale', 'x no-library', '== train-lm', 'NO (0/2)',
@@ -570,7 +579,13 @@ def test_from_json():
         rc, so2, se2 = run_py(tmp, ['--from-json', cut])
         assert rc == 0, se2
         assert 'not a JSON line (cut short?)' in se2, se2
-        assert '== train-lm' in so2 and 'yes (2/2)' in so2 and 'yes (1/1)' in so2, so2
+        assert '== train-lm' in so2, so2
+        # native: 2 repetitions, the second compared with the first;
+        # cudefer: the one left whole
+        rows = {l.split()[0]: l.split() for l in so2.splitlines()
+                if l.startswith(('native ', 'cudefer '))}
+        assert rows['native'][-5:] == ['yes', '(1/1)', 'yes', '(1/1)', '2'], so2
+        assert rows['cudefer'][-5:] == ['yes', '(1/1)', 'yes', '(1/1)', '1'], so2
         table = so[so.index('== train-lm'):]
         rc, so3, se3 = run_py(tmp, ['--from-json', out])
         assert rc == 0 and so3[so3.index('== train-lm'):] == table, (so3, table)
@@ -606,6 +621,18 @@ def test_plot_reads_old_and_new():
         assert rows[0]['ratio_done_max'] == 1.1 and rows[0]['done_ms'] == 105.0, rows
     finally:
         shutil.rmtree(tmp)
+
+
+def test_stats_fields_known():
+    """python/cudefer_torch.py's own list of struct defer_stats' fields
+    (used away from the source tree) is the header's (it lacked five)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'python'))
+    try:
+        import cudefer_torch
+    finally:
+        sys.path.pop(0)
+    assert cudefer_torch._stats_fields() == \
+        list(cudefer_torch.KNOWN_STATS_FIELDS), cudefer_torch._stats_fields()
 
 
 TESTS = [v for k, v in sorted(globals().items()) if k.startswith('test_')]

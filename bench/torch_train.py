@@ -525,6 +525,9 @@ def run_rank(rank, world, args, prep, port):
         "weights_sha256": params_sha256(model),
         "params": sum(p.numel() for p in model.parameters()),
         "record_stream_reaches_allocator": hooked,
+        # record_stream calls that reached cudefer through the hook (None
+        # without it): what shows the hook wired, not only installed.
+        "record_stream_recorded": cudefer_torch.recorded(),
         "device": torch.cuda.get_device_name(device),
         "train_s": time.time() - started,
         "cfg": cfg,
@@ -621,6 +624,7 @@ def main(argv=None):
         "params": first["params"], "batch": first["cfg"]["batch"],
         "amp": "off" if args.no_amp else "bf16",
         "record_stream_reaches_allocator": first["record_stream_reaches_allocator"],
+        "record_stream_recorded": first["record_stream_recorded"],
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "wall_s": time.time() - started,
     }

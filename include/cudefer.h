@@ -42,9 +42,10 @@ enum defer_policy {
 /*
  * Every knob; each has a CUDEFER_* environment variable, which overrides the
  * value given here.  The variable is the field's name in capitals
- * (CUDEFER_POLL_US, CUDEFER_POLICY, ...) except for three:
+ * (CUDEFER_POLL_US, CUDEFER_POLICY, ...) except for four:
  * max_pending_bytes is CUDEFER_MAX_PENDING, event_pool_max is
- * CUDEFER_EVENT_POOL and print_stats is CUDEFER_STATS.
+ * CUDEFER_EVENT_POOL, print_stats is CUDEFER_STATS and split_min_bytes is
+ * CUDEFER_SPLIT_MIN.
  *
  * The struct only grows, at its end (see "Structs that grow" below).
  */

@@ -77,7 +77,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _HOOK_SOURCE = os.path.join(_HERE, "record_stream_hook.cpp")
 
 _lock = threading.Lock()
-_state = {"library": None, "handle": None, "record_stream": None}
+_state = {"library": None, "handle": None, "hook": None, "record_stream": None}
 
 
 class HookError(RuntimeError):
@@ -408,15 +408,19 @@ def _cached_or_compiled(cmd, target, wanted, verbose):
 
 
 def _load_hook(hook_path):
-    """The compiled hook's cudefer_torch_install.  Raises HookError."""
+    """The compiled hook (its cudefer_torch_install and
+    cudefer_torch_recorded typed).  Raises HookError."""
     try:
-        install = ctypes.CDLL(hook_path).cudefer_torch_install
+        hook = ctypes.CDLL(hook_path)
+        install, recorded = hook.cudefer_torch_install, hook.cudefer_torch_recorded
     except (OSError, AttributeError) as e:
         raise HookError("cudefer: cannot load %s: %s" % (hook_path, e)) from None
     install.restype = ctypes.c_int
     install.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p,
                                                 ctypes.c_size_t]
-    return install
+    recorded.restype = ctypes.c_ulonglong
+    recorded.argtypes = []
+    return hook
 
 
 def _refused(reason):
@@ -482,9 +486,9 @@ def enable(lib=None, record_stream=True):
                                  "older than the hook)" % path)
         # Everything that can fail for want of a compiler or headers
         # happens before PyTorch's allocator is changed.
-        install = _load_hook(build_hook()) if record_stream else None
-        if install is not None:
-            _install(install, handle)
+        hook = _load_hook(build_hook()) if record_stream else None
+        if hook is not None:
+            _install(hook.cudefer_torch_install, handle)
         else:
             allocator = torch.cuda.memory.CUDAPluggableAllocator(
                 path, "defer_pluggable_alloc", "defer_pluggable_free")
@@ -497,8 +501,8 @@ def enable(lib=None, record_stream=True):
                 "Tensor.record_stream is ignored, so memory used on another "
                 "stream may be reused before that stream is done with it",
                 RecordStreamWarning, stacklevel=2)
-        _state.update(library=path, handle=handle,
-                      record_stream=install is not None)
+        _state.update(library=path, handle=handle, hook=hook,
+                      record_stream=hook is not None)
         return path
 
 
@@ -507,6 +511,14 @@ def enabled():
     if _state["library"] is None:
         return None
     return _state["library"], _state["record_stream"]
+
+
+def recorded():
+    """How many Tensor.record_stream calls reached cudefer through the hook
+    and recorded their stream; None when enable() did not install the
+    hook."""
+    hook = _state.get("hook")
+    return None if hook is None else int(hook.cudefer_torch_recorded())
 
 
 def _stats_fields():
@@ -524,12 +536,18 @@ def _stats_fields():
             return fields
     except (OSError, AttributeError):
         pass
-    return ["deferred", "released", "pending", "failed", "rejected",
-            "sync_releases", "event_queries", "wakeups", "batches",
-            "largest_batch", "events_created", "events_in_pool", "held",
-            "held_bytes", "idle_releases", "cap_releases", "age_releases",
-            "demand_releases", "latency_p50_us", "latency_max_us",
-            "leaked_at_exit", "reused"]
+    return list(KNOWN_STATS_FIELDS)
+
+
+# struct defer_stats' fields as this file knows them, for a copy installed
+# away from cudefer.h (bench/test_run.py checks them against the header).
+KNOWN_STATS_FIELDS = (
+    "deferred", "released", "pending", "failed", "rejected", "sync_releases",
+    "event_queries", "wakeups", "batches", "largest_batch", "events_created",
+    "events_in_pool", "held", "held_bytes", "idle_releases", "cap_releases",
+    "age_releases", "demand_releases", "latency_p50_us", "latency_max_us",
+    "leaked_at_exit", "reused", "reused_same_stream", "cache_bytes",
+    "cache_free_bytes", "cache_mallocs", "cache_releases")
 
 
 def stats(lib=None):

@@ -23,11 +23,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <memory>
 
 namespace {
+
+// Record_stream calls that reached cudefer and recorded their stream
+// (cudefer_torch_recorded): how a test knows the hook is wired, not only
+// installed.
+std::atomic<unsigned long long> recorded{0};
 
 // defer_record_stream's signature (include/cudefer.h).
 using record_stream_fn = cudaError_t (*)(void *ptr, cudaStream_t stream);
@@ -68,6 +74,8 @@ void record(record_stream_fn fn, void *ptr, cudaStream_t stream)
     if (ptr == nullptr)
         return;
     cudaError_t err = fn(ptr, stream);
+    if (err == cudaSuccess)
+        recorded.fetch_add(1, std::memory_order_relaxed);
     // cudaErrorInvalidValue: not a block of cudefer's (memory PyTorch did
     // not allocate, e.g. imported through DLPack).  cudefer has said so on
     // stderr; like PyTorch's own allocator, which ignores record_stream on
@@ -88,6 +96,15 @@ void put_message(char *message, size_t size, const char *what)
 }
 
 }  // namespace
+
+// cudefer_torch_recorded: how many Tensor.record_stream calls reached
+// defer_record_stream through this hook and recorded their stream.  Any
+// thread; never blocks.
+extern "C" __attribute__((visibility("default"))) unsigned long long
+cudefer_torch_recorded(void)
+{
+    return recorded.load(std::memory_order_relaxed);
+}
 
 // cudefer_torch_install: make PyTorch's current CUDA allocator a pluggable
 // allocator over cudefer, given the addresses of defer_pluggable_alloc_status,
