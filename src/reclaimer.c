@@ -270,9 +270,10 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
     } else {
         err = device_error(e->device);
     }
-    rs.pass_released++;
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) { /* batches: passes that released something */
+        rs.pass_released++;
         rs.pass_released_bytes += e->held_bytes;
+    }
     finish_entry(e, err);
     return err;
 }
@@ -301,7 +302,8 @@ static void completed(struct entry *e, uint64_t now)
     if (e->kind == ENTRY_BLOCK || /* FREE in the cache from now */
         (e->kind == ENTRY_FREE_DEVICE && !e->cache_blocks && e->nptrs > 1 &&
          e->claims != NULL && !give_back_blocks(e))) {
-        rs.pass_released++;
+        /* Counted as released counts them: a free batch's blocks each. */
+        rs.pass_released += e->kind == ENTRY_BLOCK ? e->nptrs : 1;
         finish_entry(e, cudaSuccess);
         return;
     }

@@ -105,12 +105,15 @@ static void test_free_fails(cudaStream_t s)
 static void test_host_pointer_to_defer_free(cudaStream_t s)
 {
     void *h = host_alloc(64);
-    uint64_t failed = stats_now().failed;
+    uint64_t failed = stats_now().failed, batches = stats_now().batches;
     stderr_capture_begin();
     is_int(defer_free(h, s), cudaSuccess, "a host pointer is accepted at the call");
     defer_flush();
     const char *msg = stderr_capture_end();
     is_int(stats_now().failed - failed, 1, "its cudaFree fails and is counted");
+    /* batches: passes that released something (before the fix a failed
+     * release counted as one). */
+    is_int(stats_now().batches - batches, 0, "in no batch");
     ok(strstr(msg, "cudaFree failed") != NULL, "with the pointer named");
     cudaFreeHost(h);
 }

@@ -371,6 +371,33 @@ static void scenario_callback_free(void)
        "a callback's free on stream 0 during shutdown's drain is released");
 }
 
+/* largest_batch counts entries released in a pass as released counts
+ * them: a free batch's blocks each (before the fix its 8 blocks, counted
+ * 8 in released, were 1 in largest_batch). */
+static void scenario_batch_counts_blocks(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        void *p[8];
+        for (int i = 0; i < 8; i++)
+            alloc_checked(&p[i], 16 * KiB, NULL);
+        for (int i = 0; i < 8; i++)
+            CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+        CHECK(defer_flush() == cudaSuccess, "flush");
+        struct defer_stats st = stats_now();
+        CHECK(st.released == 8 && st.largest_batch == 8 && st.batches == 1,
+              "released %llu, largest batch %llu, batches %llu; want 8, 8, "
+              "1", ULL(st.released), ULL(st.largest_batch),
+              ULL(st.batches));
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a free batch of 8 blocks is a batch of 8 released");
+}
+
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
  * shutdown says so in its result (before the fix: cudaSuccess). */
@@ -536,6 +563,7 @@ int main(void)
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
     scenario_callback_free();
     scenario_shutdown_barred();
+    scenario_batch_counts_blocks();
     scenario_two_devices();
     scenario_flush_from_no_device();
     cudaStream_t s2 = stream_new();
