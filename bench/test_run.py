@@ -623,6 +623,15 @@ def test_plot_reads_old_and_new():
         shutil.rmtree(tmp)
 
 
+def test_link_cudefer():
+    """The shims link an installed library by its soname (a bare name from
+    find_library was made a path in the current directory)."""
+    import torch_train
+    assert torch_train.link_cudefer('libcudefer.so.0') == ['-lcudefer']
+    assert torch_train.link_cudefer('/x/src/.libs/libcudefer.so') == \
+        ['/x/src/.libs/libcudefer.so', '-Wl,-rpath,/x/src/.libs']
+
+
 def test_stats_fields_known():
     """python/cudefer_torch.py's own list of struct defer_stats' fields
     (used away from the source tree) is the header's (it lacked five)."""

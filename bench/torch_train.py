@@ -195,11 +195,10 @@ def build_shims(lib_path):
             "torch loaded no libcudart" if cudart is None
             else "no CUDA headers (set CUDA_HOME)"))
     cc = os.environ.get("CC", "cc")
-    lib_dir = os.path.dirname(os.path.abspath(lib_path))
     cmd = [cc, "-std=c11", "-O2", "-shared", "-fPIC",
-           "-I" + os.path.join(TOP, "include"), "-I" + cuda_include, source,
-           os.path.abspath(lib_path), cudart,
-           "-Wl,-rpath," + lib_dir, "-Wl,-rpath," + os.path.dirname(cudart)]
+           "-I" + os.path.join(TOP, "include"), "-I" + cuda_include, source]
+    cmd += link_cudefer(lib_path) + [cudart,
+                                     "-Wl,-rpath," + os.path.dirname(cudart)]
     with open(source, "rb") as f:
         key = hashlib.sha256(f.read())
     key.update(repr(cmd).encode())
@@ -220,6 +219,17 @@ def build_shims(lib_path):
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def link_cudefer(lib_path):
+    """The linker's arguments for libcudefer at lib_path: the file and its
+    directory as an rpath, or -lcudefer for the bare soname find_library
+    gives an installed library (made a path in the current directory, it
+    was not found)."""
+    if os.sep not in lib_path:
+        return ["-lcudefer"]
+    path = os.path.abspath(lib_path)
+    return [path, "-Wl,-rpath," + os.path.dirname(path)]
 
 
 def prepare(args):
