@@ -9,7 +9,7 @@ import sys
 
 PEER = {'W5-busy': 'inline-async', 'W5-idle': 'inline-async',
         'W4': 'malloc-never-free', 'W6': 'no-library'}
-METRICS = {'W5-busy': ['call_p50_us', 'call_p99_us', 'call_max_us', 'events_created_calls'],
+METRICS = {'W5-busy': ['call_p50_us', 'call_p99_us', 'call_max_us', 'slow_calls', 'events_created_calls'],
            'W5-idle': ['call_p50_us', 'call_p99_us', 'call_max_us', 'events_created_calls'],
            'W4': ['done_ms', 'iter_p99_us', 'iter_max_us', 'events_created'],
            'W6': ['enqueue_calls_per_s', 'call_p99_us', 'call_max_us', 'events_created']}
