@@ -39,18 +39,6 @@
  * miss takes about 1-2 ms. */
 #define STOCK 2048
 #define STOCK_NS 5000000ull
-/* After the stock, a miss (no idle event for a free that needs its own)
- * also makes events ahead into the pool: 1, then twice as many at each
- * later miss of the device, BURST_MAX at most, for BURST_NS at most (a
- * creation may wait for the driver's lock).  Why: W5-busy on an H100
- * (20,000 frees pending behind a 200 ms kernel) made an event in each of
- * 18,000 calls, p50 1.28x cudaFreeAsync's; in bursts, one call in about
- * 256 pays them.  To measure its effect: CPPFLAGS=-DEVENT_BURST_MAX=0. */
-#ifndef EVENT_BURST_MAX
-#define EVENT_BURST_MAX 256
-#endif
-#define BURST_MAX EVENT_BURST_MAX
-#define BURST_NS 100000ull
 #ifndef EVENT_POOL_RESERVE /* to measure its effect: CPPFLAGS=-D... */
 #define EVENT_POOL_RESERVE 1024
 #endif
@@ -62,7 +50,6 @@ struct pool {
     struct pool_stack items; /* the idle items, in batches */
     _Atomic bool wanted; /* events: a lane found none idle (refill) */
     _Atomic bool stocked; /* events: made ahead at the first miss (stock) */
-    _Atomic size_t burst; /* events: made ahead at the last miss after it */
     /* Events: idle ones kept for lanes that hold none: pool_reserve, but
      * no more than half of what the stock made (a stock its deadline cut
      * short, on a busy device or under a sanitizer, would else be all
@@ -496,31 +483,13 @@ struct shared_event *event_pool_take_pooled_event(int device)
     return l != NULL ? blank(event_of_link(l)) : NULL;
 }
 
-/* A miss after device's stock: make events ahead into its pool, twice as
- * many as at its last miss (1 at the first), BURST_MAX at most. */
-static void burst(int device)
-{
-    if (BURST_MAX == 0 || device >= pool_count)
-        return;
-    _Atomic size_t *last = &pools[KIND_EVENT][device].burst;
-    size_t n = atomic_load_explicit(last, memory_order_relaxed);
-    n = n == 0 ? 1 : n >= BURST_MAX / 2 ? BURST_MAX : 2 * n;
-    atomic_store_explicit(last, n, memory_order_relaxed);
-    make_ahead(device, n, now_ns() + BURST_NS);
-}
-
 struct shared_event *event_pool_make_event(int device, cudaError_t *err,
                                            const char **call)
 {
     struct shared_event *ev = create_event(device, err, call);
     if (ev == NULL)
         return NULL;
-    if (device < pool_count &&
-        atomic_load_explicit(&pools[KIND_EVENT][device].stocked,
-                             memory_order_relaxed))
-        burst(device);
-    else
-        stock(device);
+    stock(device);
     return blank(ev);
 }
 

@@ -81,9 +81,7 @@ struct shared_event *event_pool_take_pooled_event(int device);
  * device made now (with the thread's current device switched to device
  * and back; at the device's first such call up to 2,048 more are made
  * into its pool, half of CUDEFER_EVENT_POOL at most, until 5 ms have
- * passed, one at least; at each later call 1, 2, 4 ... 256 more, as the
- * pool has room, until 100 us have passed).  NULL when it could not be
- * made, with *err and
+ * passed, one at least).  NULL when it could not be made, with *err and
  * *call (the call that failed). */
 struct shared_event *event_pool_make_event(int device, cudaError_t *err,
                                            const char **call);

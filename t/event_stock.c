@@ -415,34 +415,6 @@ static void test_completed_only_rises(void)
        "%llu)", ULL(after_lower), ULL(atomic_load(&ev.completed)));
 }
 
-/* Frees that each need an event of their own (plain memory), pending
- * behind held work, past the first stock and the reserve: the misses make
- * events ahead in growing bursts, so few calls make any (before: one call
- * in each, 950 here), and every free still has its own event. */
-static void s_misses_burst(void)
-{
-    enum { N = 4000 };
-    static void *p[N];
-    cudaStream_t s = stream_new();
-    for (int i = 0; i < N; i++)
-        p[i] = device_alloc(64);
-    fake_work *w = work_held(s, NULL);
-    int making = 0;
-    for (int i = 0; i < N; i++) {
-        unsigned long before = fake_thread_calls(FAKE_EVENT_CREATE);
-        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free %d", i);
-        making += fake_thread_calls(FAKE_EVENT_CREATE) > before;
-    }
-    struct defer_stats st = stats_now();
-    CHECK(st.events_created >= N, "an event for each of the %d frees "
-          "(%llu made)", N, ULL(st.events_created));
-    CHECK(making <= 40, "%d of %d calls made events", making, N);
-    CHECK(count_released(p, N) == 0, "none released while the work runs");
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(count_released(p, N) == N, "all released after");
-}
-
 int main(void)
 {
     plan_lazy();
@@ -458,9 +430,6 @@ int main(void)
         skip_block(1, "callbacks share no event (LANE_SHARE_CALLBACKS 0)");
     fork_scenario("the stock stays within the pool", "CUDEFER_EVENT_POOL=10",
                   1, 30000, s_stock_within_pool);
-    fork_scenario("misses after the stock make events in growing bursts",
-                  "CUDEFER_POLL_US=1000000 CUDEFER_POLL_MAX_US=1000000", 1,
-                  60000, s_misses_burst);
     fork_scenario("a lane with no idle event at hand asks its newest before "
                   "making one",
                   "CUDEFER_EVENT_POOL=0 CUDEFER_POLL_US=1000000 "

@@ -95,7 +95,7 @@ static const struct scenario scenarios[] = {
      ONCE, cudaSuccess, "back"},
     /* CUDEFER_EVENT_POOL=32: the first miss stocks 32, which the first
      * 33 entries in flight take (the reserve too: plain frees may). */
-    {"out of memory during event-pool growth, once: that call synchronous or a burst shorter",
+    {"out of memory during event-pool growth, once: that call synchronous",
      "CUDEFER_EVENT_POOL=32", 1, s_pool_growth_oom, FAKE_EVENT_CREATE, cudaErrorMemoryAllocation,
      ONCE, cudaSuccess, NULL},
     {"out of memory during event-pool growth, persistently: all synchronous",
