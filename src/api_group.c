@@ -32,7 +32,7 @@ cudaError_t api_group_submit(const struct request_args *a,
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < 64; j++)
-            seen = block_users_same(&recorded[i], streams[j], &sw);
+            seen = block_users_same(&recorded[i], &users[j], &sw);
         if (!seen && (i >= 64 || n == 64)) {
             stats_add(&stats.rejected, 1);
             report("%s: with the streams its blocks were recorded on, more "

@@ -62,12 +62,28 @@ void block_users_leave(struct device_switch *sw)
     sw->on = sw->caller;
 }
 
-bool block_users_same(const struct block_user *u, cudaStream_t given,
+/* The device a special handle of u names: its own, or the caller's. */
+static bool device_of(const struct block_user *u, struct device_switch *sw,
+                      int *device)
+{
+    if (u->device >= 0) {
+        *device = u->device;
+        return true;
+    }
+    int ignored;
+    if (current(sw, &ignored) != cudaSuccess)
+        return false;
+    *device = sw->caller;
+    return true;
+}
+
+bool block_users_same(const struct block_user *u, const struct block_user *v,
                       struct device_switch *sw)
 {
-    if (u->handle != given)
+    if (u->handle != v->handle)
         return false;
-    int on;
-    return !stream_is_special(given) || u->device < 0 ||
-           (current(sw, &on) == cudaSuccess && on == u->device);
+    if (!stream_is_special(u->handle))
+        return true;
+    int du, dv;
+    return device_of(u, sw, &du) && device_of(v, sw, &dv) && du == dv;
 }

@@ -38,10 +38,14 @@ cudaError_t block_users_enter(const struct block_user *u,
                               struct device_switch *sw);
 void block_users_leave(struct device_switch *sw);
 
-/* Whether u is the stream handle given on the current device (where
- * sw knows it, else asked): a special handle of another device is
- * another stream. */
-bool block_users_same(const struct block_user *u, cudaStream_t given,
+/* Whether u and v are the same stream: the same handle, and for a special
+ * handle (0, the legacy or the per-thread stream) the same device, where a
+ * device below 0 means the caller's (asked once, sw).  Before, v's handle
+ * alone was compared with u on the device current now: a block recorded on
+ * device 1's legacy stream and then on device 0's, freed from device 0,
+ * took device 0's for device 1's and never waited for it (a mutation
+ * test's find). */
+bool block_users_same(const struct block_user *u, const struct block_user *v,
                       struct device_switch *sw);
 
 #endif

@@ -170,12 +170,14 @@ static void interior_then_cut(bool with_free_n)
     ok(stats_now().rejected == before.rejected + 1 &&
            stats_now().deferred == before.deferred,
        "counted as rejected, nothing deferred");
-    uint64_t free_bytes = stats_now().cache_free_bytes;
     defer_free(p, s);
-    wait_cache_free_grows(free_bytes, 4 * MiB);
-    /* p's work is done (it had none): FREE once the reclaimer saw so.
-     * Blocks s2 gets before are kept live until the end, so that no other
-     * 1 MiB block is cached for the requests below. */
+    /* p's work is done (it had none): FREE once the reclaimer saw so,
+     * which a flush waits for (the cache's free bytes growing by 4 MiB,
+     * waited for before, could be other blocks': TSan under load once
+     * cut no block at inside in 64 tries).  Blocks s2 gets before are
+     * kept live until the end, so that no other 1 MiB block is cached for
+     * the requests below. */
+    is_int(defer_flush(), cudaSuccess, "p is back in the cache");
     void *taken[64];
     size_t n = 0;
     while (alloc_checked(&q, MiB, s2) == cudaSuccess && q != inside &&

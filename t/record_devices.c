@@ -5,8 +5,8 @@
  * program's): the free waits for device 1's legacy stream, not device 0's,
  * and leaves device 0 current.  Before the fix the event went on device
  * 0's idle legacy stream and another stream got the block while device 1's
- * still read it (found by a review helper).  The oracle checks every
- * hand-out. */
+ * still read it (found by a review helper).  Then the legacy streams of
+ * both devices on one block.  The oracle checks every hand-out. */
 #include "helpers.h"
 
 static void freed_on_device0(bool pluggable)
@@ -57,6 +57,76 @@ static void freed_on_device0(bool pluggable)
     cudaStreamDestroy(s1b);
 }
 
+/* Recorded on device 1's legacy stream, freed on stream 0 with device 0
+ * current: two streams with one handle, both waited for (a mutation that
+ * took any special handle for the same stream went unseen before). */
+static void freed_on_legacy_of_device0(void)
+{
+    const size_t bytes = 65536;
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new(), s1b = stream_new();
+    void *p = NULL, *q = NULL;
+    alloc_checked(&p, bytes, s1);
+    fake_work *w = work_held(0, p);
+    is_int(defer_record_stream(p, 0), cudaSuccess,
+           "recorded on device 1's legacy stream");
+    cudaSetDevice(0);
+    is_int(defer_free(p, 0), cudaSuccess,
+           "freed on stream 0 with device 0 current");
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    ok(fake_is_released(p) == 0 && fake_violations() == 0,
+       "not released while device 1's legacy stream reads it");
+    cudaSetDevice(1);
+    alloc_checked(&q, bytes, s1b);
+    ok(q != p, "nor handed to another stream");
+    fake_complete(w);
+    defer_free(q, s1b);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s1b);
+    cudaSetDevice(0);
+}
+
+/* Recorded on the legacy streams of both devices (one handle), in either
+ * order, freed on a created stream of device 0 while device 0's legacy
+ * stream still reads it (device 1's done): waited for.  Before the fix,
+ * with device 1's recorded first, the free took device 0's legacy stream
+ * for device 1's (the one already named) and released the block under
+ * device 0's work (found by a mutation test). */
+static void both_legacy_streams(bool device1_first)
+{
+    const size_t bytes = 65536;
+    const char *order = device1_first ? "device 1's first" : "device 0's first";
+    cudaSetDevice(0);
+    cudaStream_t s0 = stream_new(), s0b = stream_new();
+    void *p = NULL, *q = NULL;
+    alloc_checked(&p, bytes, s0);
+    fake_work *w0 = NULL, *w1 = NULL;
+    for (int k = 0; k < 2; k++) {
+        int d = (k == 0) == device1_first ? 1 : 0;
+        cudaSetDevice(d);
+        *(d == 1 ? &w1 : &w0) = work_held(0, p);
+        is_int(defer_record_stream(p, 0), cudaSuccess,
+               "%s: recorded on device %d's legacy stream", order, d);
+    }
+    cudaSetDevice(0);
+    fake_complete(w1);
+    is_int(defer_free(p, s0), cudaSuccess, "%s: freed on a stream of device "
+           "0", order);
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    ok(fake_is_released(p) == 0 && fake_violations() == 0,
+       "%s: not released while device 0's legacy stream reads it", order);
+    alloc_checked(&q, bytes, s0b);
+    ok(q != p, "%s: nor handed to another stream", order);
+    fake_complete(w0);
+    defer_free(q, s0b);
+    is_int(defer_flush(), cudaSuccess, "%s: flush", order);
+    cudaStreamDestroy(s0);
+    cudaStreamDestroy(s0b);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -64,6 +134,9 @@ int main(void)
     fake_reset(2);
     freed_on_device0(true);
     freed_on_device0(false);
+    freed_on_legacy_of_device0();
+    both_legacy_streams(true);
+    both_legacy_streams(false);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing reused early");
     return 0;
