@@ -143,9 +143,15 @@ struct defer_stats {
  * thread, so stream 0 and cudaStreamPerThread mean the caller's stream
  * (built with --default-stream per-thread, 0 is the per-thread stream:
  * see the end of this header).
- * Returns cudaSuccess (ptr now belongs to cudefer), or the error of recording
- * the event (ptr still belongs to the caller; nothing was queued), or
- * cudaErrorNotPermitted after defer_shutdown or in a forked child.
+ * Returns cudaSuccess (ptr now belongs to cudefer), or an error, with ptr
+ * still the caller's and nothing queued: the error of recording the event
+ * (or of reading the stream), the sticky error of a device that failed,
+ * cudaErrorMemoryAllocation (no entry could be had), at the first call
+ * the error of starting (cudaGetDeviceCount's, or cudaErrorOperatingSystem
+ * when no thread could be started), cudaErrorNotPermitted after
+ * defer_shutdown or in a forked child, or cudaErrorInvalidValue for a
+ * block of defer_alloc already freed or a pointer inside one (those are
+ * not the caller's to give: see defer_alloc).
  * defer_free(NULL, s) does nothing and returns cudaSuccess.
  *
  * On a capturing stream (CUDA graph capture) no event is recorded: the call
@@ -325,8 +331,8 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * before that work is done (PyTorch's Tensor.record_stream).  Call it once
  * the other stream uses the block; recording a stream twice is once; at
  * most 63 streams per block.  The stream must outlive the block's free (its
- * event is recorded then).  cudaStreamPerThread is refused (the thread that
- * frees could not name it); stream 0 (or cudaStreamLegacy) means the
+ * event is recorded then).  cudaStreamPerThread is refused,
+ * cudaErrorInvalidValue (the thread that frees could not name it); stream 0 (or cudaStreamLegacy) means the
  * legacy stream of the device current at this call, also when the block is
  * freed with another device current (the free then makes that device
  * current for its event, and the caller's again).  Every way of freeing
@@ -472,7 +478,8 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
  * thread, as far as this thread can see) has been released or has failed.
  * Returns cudaSuccess, cudaErrorNotPermitted inside a defer_call callback
  * (on the reclaimer thread, or on the calling thread when the callback ran
- * synchronously) or after defer_shutdown, or the sticky error of a device
+ * synchronously), after defer_shutdown or in a forked child, or the
+ * sticky error of a device
  * whose entries cannot complete, or cudaErrorStreamCaptureImplicit (or the
  * error of the CUDA call that failed) when blocks freed on the legacy
  * stream could not get their batch's event (see Free batches under
@@ -500,7 +507,7 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
  * defer_shutdown: flush, then stop and join the reclaimer and destroy its
  * events; it stops even when the flush returns an error, and returns that
  * error.  Later defer_* calls return cudaErrorNotPermitted.  Calling it again
- * returns cudaSuccess.  Blocks.  Inside a defer_call callback it would wait
+ * returns cudaSuccess (in a forked child: cudaErrorNotPermitted).  Blocks.  Inside a defer_call callback it would wait
  * for the callback itself: cudaErrorNotPermitted there.
  */
 CUDEFER_API cudaError_t defer_shutdown(void);

@@ -27,7 +27,12 @@
  * be recorded — the deleter releases it synchronously instead: it waits for
  * the stream (cudaStreamSynchronize) and calls cudaFree (cudaFreeHost), so
  * nothing leaks — unless CUDA refuses those calls too: in a forked child, or
- * on a stream whose graph capture was invalidated.  The refusal itself is
+ * on a stream whose graph capture was invalidated.  Two refusals leave the
+ * pointer alone: cudaErrorInvalidValue, where cudefer says the pointer is
+ * not the caller's to give (a block of defer_alloc already freed, a pointer
+ * inside one: freeing it would free memory another owner uses), and
+ * cudaErrorStreamCaptureUnsupported (a capture cudefer cannot defer into,
+ * which waiting would break: the memory stays allocated).  Every refusal is
  * explained on stderr by cudefer.
  */
 #ifndef CUDEFER_HPP
@@ -50,6 +55,17 @@ template <class T>
 inline void *untyped(T *p) noexcept
 {
     return const_cast<void *>(static_cast<const volatile void *>(p));
+}
+
+/* Whether a refusal of defer_free leaves p the caller's to release now:
+ * not where cudefer says p is not the caller's to give (a block of
+ * defer_alloc already freed, a pointer inside one: before, the fallback
+ * freed the cache's memory under its next owner), nor on a capture that
+ * waiting would break. */
+inline bool release_now_after(cudaError_t refusal) noexcept
+{
+    return refusal != cudaErrorInvalidValue &&
+           refusal != cudaErrorStreamCaptureUnsupported;
 }
 
 /* The fallback when cudefer refused p: wait for stream, release now. */
@@ -76,7 +92,8 @@ inline cudaError_t malloc_host(void **p, std::size_t bytes)
 }
 
 /* n objects of T from alloc; on cudaErrorMemoryAllocation, defer_trim and
- * one retry if that released anything; std::bad_alloc if it still fails. */
+ * one retry (pool memory a trim releases is not counted in its bytes, so
+ * the retry does not ask them); std::bad_alloc if it still fails. */
 template <class T>
 inline T *allocate(cudaError_t (*alloc)(void **, std::size_t), std::size_t n)
 {
@@ -92,7 +109,7 @@ inline T *allocate(cudaError_t (*alloc)(void **, std::size_t), std::size_t n)
     if (err == cudaErrorMemoryAllocation) {
         std::size_t released = 0;
         (void)cudaGetLastError(); /* clear the runtime's last error */
-        if (defer_trim(&released) == cudaSuccess && released > 0)
+        if (defer_trim(&released) == cudaSuccess)
             err = alloc(&p, n * sizeof(T));
     }
     if (err != cudaSuccess) {
@@ -121,7 +138,8 @@ struct deleter {
     void operator()(T *p) const noexcept
     {
         void *raw = detail::untyped(p);
-        if (raw != nullptr && defer_free(raw, stream) != cudaSuccess)
+        cudaError_t err = raw != nullptr ? defer_free(raw, stream) : cudaSuccess;
+        if (err != cudaSuccess && detail::release_now_after(err))
             detail::free_device_now(raw, stream);
     }
 };
@@ -138,7 +156,9 @@ struct host_deleter {
     void operator()(T *p) const noexcept
     {
         void *raw = detail::untyped(p);
-        if (raw != nullptr && defer_free_host(raw, stream) != cudaSuccess)
+        cudaError_t err =
+            raw != nullptr ? defer_free_host(raw, stream) : cudaSuccess;
+        if (err != cudaSuccess && detail::release_now_after(err))
             detail::free_host_now(raw, stream);
     }
 };

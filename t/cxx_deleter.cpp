@@ -304,7 +304,7 @@ static void test_fallback(cudaStream_t s)
     float *raw2 = static_cast<float *>(device_alloc(512));
     uses = raw2;
     fake_launch(s, 30000, &uses, 1); /* 30 ms */
-    fake_fail(FAKE_EVENT_RECORD, cudaErrorInvalidValue, 0, 1);
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
     {
         std::unique_ptr<float, cudefer::deleter> p(raw2, cudefer::deleter{s});
     }
@@ -312,6 +312,27 @@ static void test_fallback(cudaStream_t s)
     is_int(fake_is_released(raw2), 1,
            "no event recorded: freed at once, after the stream's work "
            "(the oracle checks)");
+
+    /* A block of defer_alloc owned twice (the caller's bug): the second
+     * deleter's defer_free is refused (already being freed) and must not
+     * free the cache's memory, which the block's next owner may hold
+     * (before: cudaFree'd by the fallback). */
+    void *block = nullptr;
+    is_int(defer_alloc(&block, 4096, s), cudaSuccess, "a block");
+    {
+        std::unique_ptr<char, cudefer::deleter> a(static_cast<char *>(block),
+                                                  cudefer::deleter{s});
+        std::unique_ptr<char, cudefer::deleter> b(static_cast<char *>(block),
+                                                  cudefer::deleter{s});
+    }
+    is_int(fake_is_released(block), 0,
+           "a block deleted twice: the second refusal frees nothing");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    void *again = nullptr;
+    is_int(defer_alloc(&again, 4096, s), cudaSuccess, "the cache still "
+           "hands it out");
+    ok(again == block, "the same block");
+    is_int(defer_free(again, s), cudaSuccess, "and takes it back");
 
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     char *raw3 = static_cast<char *>(host_alloc(256));
