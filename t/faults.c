@@ -148,8 +148,12 @@ static const struct scenario scenarios[] = {
     {"after a sticky error shutdown forgets the events it cannot destroy, "
      "no line more", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky_shutdown,
      FAKE_FREE, cudaErrorIllegalAddress, ALWAYS, cudaSuccess, NULL},
+    /* IDLE_US=10s: the held entry must wait for the trim (a TSan run once
+     * released it as idle, 2 ms after the wait saw it held, before the
+     * failure was armed; the test's cudaFree then freed it twice). */
     {"after a sticky error a thread's exit forgets its lanes' events, no "
-     "line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0", 1,
+     "line more", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_EVENT_POOL=0 "
+     "CUDEFER_IDLE_US=10s", 1,
      s_sticky_thread_exit, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
      cudaErrorIllegalAddress, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
