@@ -1,9 +1,11 @@
 /* Out of host memory on the calling thread: each defer call below is made
  * again and again, each time with the next of its malloc, calloc and
  * realloc calls failing (the fake runtime's own are spared), in a fresh
- * child process.  Whatever fails, the call either refuses (an error, a
- * line on stderr saying why, the pointer still the caller's, and the same
- * call unarmed then succeeds) or accepts; shutdown then releases every
+ * child process.  (defer_call, a flush and defer_free_streams make none
+ * on the calling thread once the first call has stocked its pools.)
+ * Whatever fails, the call either refuses (an error, a line on stderr
+ * saying why, the pointer still the caller's, and the same call unarmed
+ * then succeeds) or accepts; shutdown then releases every
  * pointer, returns cudaSuccess, and leaves nothing the armed call
  * allocated behind; the oracle sees nothing released early.
  *
@@ -338,6 +340,27 @@ static cudaError_t captured_free(long n, void **mine, int *nmine)
     return err;
 }
 
+/* PyTorch's first allocation and its free (the pluggable entry points:
+ * a refusal is NULL, said). */
+static cudaError_t pluggable(long n, void **mine, int *nmine)
+{
+    stderr_capture_begin();
+    arm(n);
+    void *q = defer_pluggable_alloc(1 << 20, 0, s);
+    disarm();
+    const char *said = stderr_capture_end();
+    cudaError_t err = q != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (q == NULL) {
+        refused_well(err, said, NULL);
+        q = defer_pluggable_alloc(1 << 20, 0, s);
+        CHECK(q != NULL, "the next defer_pluggable_alloc");
+    }
+    mine[(*nmine)++] = q;
+    if (q != NULL)
+        defer_pluggable_free(q, 1 << 20, 0, s);
+    return err;
+}
+
 /* In a child: the sweep's call with its fail_at-th allocation failing,
  * then shutdown: everything released, nothing of the call's left. */
 static void child(const struct sweep *w, long n)
@@ -415,6 +438,7 @@ int main(void)
         {"defer_record_stream", record_stream},
         {"a block's defer_free on the legacy stream", batched_free},
         {"a defer_free on a capturing stream", captured_free},
+        {"the first defer_pluggable_alloc", pluggable},
     };
     for (size_t i = 0; i < sizeof sweeps / sizeof *sweeps; i++)
         sweep(&sweeps[i]);
