@@ -398,6 +398,41 @@ static void scenario_batch_counts_blocks(void)
        "a free batch of 8 blocks is a batch of 8 released");
 }
 
+/* While another thread's global capture bars the legacy stream, a free
+ * there that joins no batch (plain cudaMalloc memory, the block cache in
+ * use) is refused at the call, with no event recorded there (it would
+ * invalidate that capture); a mutation that skipped that check went
+ * unseen before. */
+static void scenario_barred_plain_free(void)
+{
+    cudaStream_t s = stream_new();
+    void *b = NULL;
+    CHECK(alloc_checked(&b, 4096, s) == cudaSuccess, "defer_alloc: cache in use");
+    defer_free(b, s);
+    void *c = NULL; /* the legacy stream's identity is known from here on */
+    CHECK(alloc_checked(&c, 4096, NULL) == cudaSuccess, "defer_alloc on 0");
+    CHECK(defer_free(c, NULL) == cudaSuccess, "defer_free on 0");
+    defer_flush();
+    void *p = device_alloc(1 << 20);
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorStreamCaptureImplicit, 0, -1);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, NULL);
+    stderr_capture_end();
+    unsigned long recorded = fake_calls(FAKE_EVENT_RECORD) - records;
+    fake_fail_clear();
+    CHECK(err == cudaErrorStreamCaptureImplicit,
+          "refused while the legacy stream is barred: %s",
+          cudaGetErrorName(err));
+    CHECK(recorded == 0, "no event recorded on the barred legacy stream (%lu)",
+          recorded);
+    if (err != cudaSuccess)
+        CHECK(defer_free(p, NULL) == cudaSuccess, "accepted once unbarred");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(p) == 1, "released");
+    cudaStreamDestroy(s);
+}
+
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
  * shutdown says so in its result (before the fix: cudaSuccess). */
@@ -563,6 +598,8 @@ int main(void)
              "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
     scenario_callback_free();
     scenario_shutdown_barred();
+    fork_scenario("barred legacy stream: a plain free is refused", "", 1,
+                  10000, scenario_barred_plain_free);
     scenario_batch_counts_blocks();
     scenario_two_devices();
     scenario_flush_from_no_device();

@@ -127,9 +127,34 @@ static void both_legacy_streams(bool device1_first)
     cudaStreamDestroy(s0b);
 }
 
+/* CUDEFER_DISABLE=1: a free of a block recorded on device 1's legacy
+ * stream, made with device 0 current, waits for that stream (on device 1)
+ * and leaves device 0 current (a mutation that dropped the switch back
+ * went unseen before). */
+static void scenario_sync_free_restores_device(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    void *p = NULL;
+    CHECK(alloc_checked(&p, 4096, s1) == cudaSuccess && p != NULL, "alloc");
+    fake_work *w = work_timed(0, 5000, p); /* device 1's legacy stream */
+    CHECK(defer_record_stream(p, 0) == cudaSuccess, "record on stream 0");
+    cudaSetDevice(0);
+    CHECK(defer_free(p, s1) == cudaSuccess, "defer_free with device 0 current");
+    CHECK(fake_work_done(w), "waited for device 1's legacy stream");
+    int dev = -1;
+    cudaGetDevice(&dev);
+    CHECK(dev == 0, "device 0 current again (got %d)", dev);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    cudaStreamDestroy(s1);
+}
+
 int main(void)
 {
     plan_lazy();
+    fork_scenario("CUDEFER_DISABLE: a synchronous free restores the current "
+                  "device", "CUDEFER_DISABLE=1", 2, 10000,
+                  scenario_sync_free_restores_device);
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s");
     fake_reset(2);
     freed_on_device0(true);

@@ -1,0 +1,158 @@
+/* What flush and trim promise their callers, and the wake-up a push
+ * owes a sleeping reclaimer, in the cases a mutation test showed the
+ * suite blind to (each scenario fails under its mutant of src/):
+ *   - a trim releases every completed entry while other threads defer
+ *     (a demand batch does not yield to the application as an idle one);
+ *   - a flush waits for every entry taken in before it, however many
+ *     taken in after it finish first (the barrier is strict);
+ *   - a device that fails, with any error, while a flush waits is that
+ *     flush's error;
+ *   - an entry pushed while the reclaimer heads for its sleep (holding
+ *     no lock yet) is seen: the reclaimer checks the queue under its wake
+ *     lock.
+ * Each scenario is a fresh process. */
+#include <pthread.h>
+
+#include "helpers.h"
+#include "reclaimer_state.h"
+
+/* ---- trim while others defer ----------------------------------------- */
+
+#define N 64
+
+static volatile int stop_pushing;
+static void noop(void *arg) { (void)arg; }
+
+static void *pusher(void *arg)
+{
+    cudaStream_t s = arg;
+    while (!__atomic_load_n(&stop_pushing, __ATOMIC_SEQ_CST))
+        defer_call(noop, NULL, s);
+    return NULL;
+}
+
+static void scenario_trim_while_pushing(void)
+{
+    cudaStream_t s = stream_new(), other = stream_new();
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(1 << 20);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free %d", i);
+    }
+    CHECK(wait_stats_settled(2000), "settled");
+    CHECK(stats_now().held == N, "all %d held (held %llu)", N,
+          ULL(stats_now().held));
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, pusher, other);
+    sleep_ms(10);
+    size_t bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess, "defer_trim");
+    int released = count_released(p, N);
+    __atomic_store_n(&stop_pushing, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    CHECK(released == N, "trim released all %d completed entries (%d; %zu "
+          "bytes)", N, released, bytes);
+    CHECK(bytes == (size_t)N << 20, "trim's bytes: %zu", bytes);
+    defer_flush();
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(other);
+}
+
+/* ---- the flush's barrier ---------------------------------------------- */
+
+static void scenario_later_entry_first(void)
+{
+    cudaStream_t slow = stream_new(), fast = stream_new();
+    void *a = device_alloc(4096), *b = device_alloc(4096);
+    fake_work *w = work_held(slow, a);
+    CHECK(defer_free(a, slow) == cudaSuccess, "defer_free(a, slow)");
+    sleep_ms(20); /* a is taken in, pending */
+    pthread_t t;
+    int done = 0;
+    flush_in_thread(&t, &done);
+    sleep_ms(20); /* the flush is taken in: its barrier is after a */
+    CHECK(defer_free(b, fast) == cudaSuccess, "defer_free(b, fast)");
+    CHECK(wait_released(b, 2000), "b (after the flush, no work) released");
+    sleep_ms(30);
+    CHECK(__atomic_load_n(&done, __ATOMIC_SEQ_CST) == 0,
+          "flush still waits for a (got %d)", done);
+    CHECK(fake_is_released(a) == 0, "a not released while its work runs");
+    fake_complete(w);
+    CHECK(wait_flag(&done, 2000) && done == 1, "flush returns once a is done");
+    CHECK(fake_is_released(a) == 1, "a released when flush returned");
+    pthread_join(t, NULL);
+    cudaStreamDestroy(slow);
+    cudaStreamDestroy(fast);
+}
+
+/* ---- a device failing while a flush waits ------------------------------ */
+
+static void scenario_fail_during_flush(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    pthread_t t;
+    int done = 0;
+    flush_in_thread(&t, &done);
+    sleep_ms(20);
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorInvalidResourceHandle, 0, -1);
+    CHECK(wait_flag(&done, 2000), "flush returns");
+    stderr_capture_end();
+    fake_fail_clear();
+    CHECK(done == -1, "flush returned an error (done %d)", done);
+    pthread_join(t, NULL);
+    fake_complete(w);
+}
+
+/* ---- a push while the reclaimer goes to sleep ------------------------- */
+
+static volatile int started, locked, ran;
+static void gate_cb(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&started, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&locked, __ATOMIC_SEQ_CST))
+        ;
+}
+static void mark(void *arg) { (void)arg; __atomic_store_n(&ran, 1, __ATOMIC_SEQ_CST); }
+
+static void scenario_push_while_going_to_sleep(void)
+{
+    cudaStream_t s = stream_new();
+    CHECK(defer_call(gate_cb, NULL, s) == cudaSuccess, "defer_call gate");
+    CHECK(wait_flag(&started, 2000), "gate callback runs");
+    pthread_mutex_lock(&rs.wake_lock);
+    __atomic_store_n(&locked, 1, __ATOMIC_SEQ_CST);
+    sleep_ms(30); /* the reclaimer ends its pass and waits for wake_lock */
+    CHECK(defer_call(mark, NULL, s) == cudaSuccess, "defer_call mark");
+    sleep_ms(5);
+    pthread_mutex_unlock(&rs.wake_lock);
+    CHECK(wait_flag(&ran, 1000), "the call pushed meanwhile runs, no later "
+                                 "call needed");
+    defer_flush();
+    cudaStreamDestroy(s);
+}
+
+int main(void)
+{
+    plan_lazy();
+    fork_scenario("trim releases all held memory while others defer",
+                  "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0 "
+                  "CUDEFER_MAX_PENDING=1T",
+                  1, 20000, scenario_trim_while_pushing);
+    fork_scenario("flush ignores entries deferred after it",
+                  "CUDEFER_POLICY=eager", 1, 10000, scenario_later_entry_first);
+    fork_scenario("flush ignores entries deferred after it", "", 1, 10000,
+                  scenario_later_entry_first);
+    fork_scenario("a device failing (not sticky) during a flush is its error",
+                  "", 1, 10000, scenario_fail_during_flush);
+    fork_scenario("an entry pushed while the reclaimer goes to sleep runs",
+                  "CUDEFER_POLL_US=1 CUDEFER_POLL_MAX_US=1", 1, 10000,
+                  scenario_push_while_going_to_sleep);
+    return 0;
+}
