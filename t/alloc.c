@@ -16,7 +16,9 @@
  * it took.  Freeing one on other before the end made it the next request's
  * choice (pending on its own stream, preferred size for size): when the
  * reclaimer was late (TSan, two loaded cores: t/alloc 41 failed in CI), p
- * could never come back once the first 64 were taken. */
+ * could never come back once the first 64 were taken.  Callers whose work
+ * is done flush first: a request that missed as p went FREE handed it back
+ * to the pool (the fake's reserves no more than it lends; t/alloc 15-16). */
 static void *take_when_done(size_t bytes, cudaStream_t other, void *p)
 {
     enum { TRIES = 2000 };
@@ -59,6 +61,7 @@ static void test_same_stream(cudaStream_t s, cudaStream_t s2)
     defer_free(q, s);
     defer_free(r, s2);
     fake_complete(w);
+    defer_flush(); /* p FREE: no request misses meanwhile */
     void *t = take_when_done(1000, s2, p);
     ok(t == p, "once its work is done, another stream gets it");
     defer_free(t, s2);
@@ -135,6 +138,7 @@ static void test_record_stream(cudaStream_t s, cudaStream_t side)
     ok(q != p, "s does not get it while the side stream still reads it");
     defer_free(q, s);
     fake_complete(w);
+    defer_flush(); /* p FREE: no request misses meanwhile */
     void *t = take_when_done(4096, s, p);
     ok(t == p, "once the side stream is done, it comes back");
     ok(fake_is_released(p) == 0, "without a cudaFree");
@@ -163,6 +167,7 @@ static void test_recorded_paths(cudaStream_t s, cudaStream_t side)
     alloc_checked(&q, 16384, s3);
     ok(q != p, "defer_free_streams waits for the recorded stream");
     fake_complete(w);
+    defer_flush(); /* p FREE: no request misses meanwhile */
     void *t = take_when_done(16384, s3, p);
     ok(t == p, "then it comes back");
     /* defer_free_n of a recorded block and another */
@@ -206,7 +211,8 @@ static void test_mixed_free_n(cudaStream_t s, cudaStream_t busy)
     work_timed(s, 10, b);
     defer_free_n(two, 2, s);
     cudaStream_t other = stream_new();
-    void *t = take_when_done(32768, other, b);
+    void *t = take_when_done(32768, other, b); /* no flush: it would
+                                                   release the held rest */
     ok(t == b, "the block comes back while the rest is held");
     ok(fake_is_released(plain) == 0, "the application's memory is held");
     defer_free(t, other);
@@ -269,6 +275,7 @@ static void test_groups(cudaStream_t s, cudaStream_t s2)
     ok(q != p, "a block of several streams is not stream-ordered");
     defer_free(q, s);
     fake_complete(w);
+    defer_flush(); /* p FREE: no request misses meanwhile */
     void *t = take_when_done(8192, s, p);
     ok(t == p && fake_is_released(p) == 0, "it comes back once all are done");
     void *ptrs[2] = {t, NULL};
