@@ -331,8 +331,8 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * before that work is done (PyTorch's Tensor.record_stream).  Call it once
  * the other stream uses the block; recording a stream twice is once; at
  * most 63 streams per block.  The stream must outlive the block's free (its
- * event is recorded then).  cudaStreamPerThread is refused,
- * cudaErrorInvalidValue (the thread that frees could not name it); stream 0 (or cudaStreamLegacy) means the
+ * event is recorded then).  cudaStreamPerThread is refused (the thread
+ * that frees could not name it); stream 0 (or cudaStreamLegacy) means the
  * legacy stream of the device current at this call, also when the block is
  * freed with another device current (the free then makes that device
  * current for its event, and the caller's again).  Every way of freeing
@@ -343,7 +343,9 @@ CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
  * (cudaErrorStreamCaptureUnsupported: the capture could not wait for them).
  * Returns cudaSuccess, cudaErrorInvalidValue (reported) when ptr is not the
  * start of a live block of cudefer's, cudaErrorNotSupported (reported) when
- * it has 63 streams already, cudaErrorStreamCaptureUnsupported on a
+ * it has 63 streams already or for cudaStreamPerThread (not InvalidValue:
+ * the PyTorch hook takes that for memory that is not cudefer's and carries
+ * on), cudaErrorStreamCaptureUnsupported on a
  * capturing stream, cudaErrorMemoryAllocation, or the errors of
  * defer_free.  Thread-safe; never blocks on the GPU.
  */

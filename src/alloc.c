@@ -283,11 +283,14 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     if (stream == cudaStreamPerThread) {
+        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
+         * that for memory that is not cudefer's and carries on, leaving
+         * the block unprotected (a review found it). */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "
                "wait for it: refused (record a created stream)", ptr);
-        return cudaErrorInvalidValue;
+        return cudaErrorNotSupported;
     }
     cudaError_t err = lifecycle_enter("defer_record_stream");
     if (err != cudaSuccess)

@@ -143,8 +143,8 @@ static void test_record_stream(cudaStream_t s, cudaStream_t side)
     ok(t == p, "once the side stream is done, it comes back");
     ok(fake_is_released(p) == 0, "without a cudaFree");
     stderr_capture_begin();
-    is_int(defer_record_stream(p, cudaStreamPerThread), cudaErrorInvalidValue,
-           "cudaStreamPerThread cannot be recorded");
+    is_int(defer_record_stream(p, cudaStreamPerThread), cudaErrorNotSupported,
+           "cudaStreamPerThread: NotSupported (the hook ignores Invalid)");
     defer_free(t, s);
     is_int(defer_record_stream(p, side), cudaErrorInvalidValue,
            "a freed block cannot be recorded");

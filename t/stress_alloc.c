@@ -292,21 +292,29 @@ void op_alloc_held(struct worker *w)
 
 /* ---- wrong inputs ------------------------------------------------------------ */
 
-/* A refusal with cudaErrorInvalidValue was expected of what, given p
- * (freed how, when not NULL; a defer call of one entry when entry). */
-static void expect_refused(struct worker *w, cudaError_t err, const char *what,
-                           const void *p, const char *how, bool entry)
+/* A refusal with want was expected of what, given p (freed how, when not
+ * NULL; a defer call of one entry when entry). */
+static void expect_refused_with(struct worker *w, cudaError_t err,
+                                cudaError_t want, const char *what,
+                                const void *p, const char *how, bool entry)
 {
-    if (err == cudaErrorInvalidValue) {
+    if (err == want) {
         atomic_fetch_add(&wrong_refused, 1);
         return;
     }
-    stress_fail(F_WRONG, "thread %d: %s %p%s%s returned %s, not "
-                "cudaErrorInvalidValue", w->index, what, p,
-                how != NULL ? ", freed " : "", how != NULL ? how : "",
-                cudaGetErrorName(err));
+    stress_fail(F_WRONG, "thread %d: %s %p%s%s returned %s, not %s",
+                w->index, what, p, how != NULL ? ", freed " : "",
+                how != NULL ? how : "", cudaGetErrorName(err),
+                cudaGetErrorName(want));
     if (err == cudaSuccess && entry)
         w->deferred++; /* an entry after all: the counters agree */
+}
+
+/* A refusal with cudaErrorInvalidValue (not the caller's to give). */
+static void expect_refused(struct worker *w, cudaError_t err, const char *what,
+                           const void *p, const char *how, bool entry)
+{
+    expect_refused_with(w, err, cudaErrorInvalidValue, what, p, how, entry);
 }
 
 /* A freed block given again to defer_free (twice), or to
@@ -412,9 +420,10 @@ void op_alloc_wrong(struct worker *w)
         if (p == NULL)
             break;
         block_use(w, l, p, false);
-        expect_refused(w, defer_record_stream(p, cudaStreamPerThread),
-                       "defer_record_stream(cudaStreamPerThread) of block", p,
-                       NULL, false);
+        expect_refused_with(w, defer_record_stream(p, cudaStreamPerThread),
+                            cudaErrorNotSupported,
+                            "defer_record_stream(cudaStreamPerThread) of "
+                            "block", p, NULL, false);
         struct freeing f = {p, 0, l, NULL, false, false};
         block_free(w, &f, FREE_ANY, NULL, NULL);
         break;
