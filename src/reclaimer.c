@@ -63,16 +63,21 @@ static void request_done(struct request *q)
     rs.done_requests = q;
 }
 
+/* A failed device's error becomes q's, unless q has one: every request
+ * hears of it, even one that arrives after its entries were abandoned. */
+static void hear_device_errors(struct request *q)
+{
+    for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
+        q->err = device_error(d);
+}
+
 /* Take in a flush (waits for every entry taken in before it) or a trim
  * (served at the end of this pass). */
 static void take_request(struct request *q)
 {
     /* Graph entries that became complete count as taken in before it. */
     capture_poll();
-    /* A failed device is reported to every request, even one that arrives
-     * after its entries were abandoned. */
-    for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
-        q->err = device_error(d);
+    hear_device_errors(q);
     /* Someone waits: every stream's head is queried this pass, and backs
      * off no further than poll_max_us while requests wait. */
     stream_table_poll_all_soon(&rs.streams, rs.cfg.poll_max_us);
@@ -612,11 +617,9 @@ static void end_pass(void)
         struct request *q = rs.trims;
         rs.trims = q->next;
         q->bytes = rs.pass_released_bytes;
-        /* A device that failed during the pass that served it is the
-         * trim's error too (as a flush's; before the fix only one that had
-         * failed before it was taken in). */
-        for (int d = 0; d < rs.ndevices && q->err == cudaSuccess; d++)
-            q->err = device_error(d);
+        /* A device that failed during the pass that served it too (a
+         * flush hears of that in finish_entry). */
+        hear_device_errors(q);
         request_done(q);
     }
     while (rs.done_requests != NULL) {

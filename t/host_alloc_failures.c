@@ -163,17 +163,21 @@ void free(void *p)
  * reached (no: the call makes fewer allocations; the sweep is over). */
 static _Atomic int *reached;
 
+/* Capture stderr and fail the n-th allocation from here on this thread. */
 static void arm(long n)
 {
+    stderr_capture_begin();
     seen = 0;
     fail_at = n;
     armed = true;
 }
 
-static void disarm(void)
+/* Stop failing; returns what was said on stderr meanwhile. */
+static const char *disarm(void)
 {
     armed = false;
     *reached = seen > fail_at;
+    return stderr_capture_end();
 }
 
 /* A call swept: sets up (unarmed), makes the call armed with its
@@ -202,11 +206,9 @@ static cudaError_t first_free(long n, void **mine, int *nmine)
 {
     void *p = device_alloc(1 << 20);
     mine[(*nmine)++] = p;
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_free(p, s);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, p);
         CHECK(defer_free(p, s) == cudaSuccess, "the next defer_free");
@@ -217,11 +219,9 @@ static cudaError_t first_free(long n, void **mine, int *nmine)
 static cudaError_t first_alloc(long n, void **mine, int *nmine)
 {
     void *q = NULL;
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_alloc(&q, 3 << 20, s);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, NULL);
         CHECK(q == NULL, "no block given (%p)", q);
@@ -242,11 +242,9 @@ static cudaError_t free_n_blocks(long n, void **mine, int *nmine)
               "block %d", i);
         mine[(*nmine)++] = q[i];
     }
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_free_n(q, 3, s2);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, NULL);
         CHECK(defer_free_n(q, 3, s2) == cudaSuccess, "the next defer_free_n");
@@ -264,11 +262,9 @@ static cudaError_t free_n(long n, void **mine, int *nmine)
     void *w = device_alloc(4096);
     mine[(*nmine)++] = w;
     CHECK(defer_free(w, s) == cudaSuccess, "warm-up");
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_free_n(p, 41, s);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, p[0]);
         CHECK(defer_free_n(p, 41, s) == cudaSuccess, "the next defer_free_n");
@@ -282,11 +278,9 @@ static cudaError_t record_stream(long n, void **mine, int *nmine)
     void *q = NULL;
     CHECK(defer_alloc(&q, 1 << 20, s) == cudaSuccess, "a block");
     mine[(*nmine)++] = q;
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_record_stream(q, s2);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, NULL);
         CHECK(defer_record_stream(q, s2) == cudaSuccess,
@@ -302,11 +296,9 @@ static cudaError_t batched_free(long n, void **mine, int *nmine)
     void *q = NULL;
     CHECK(defer_alloc(&q, 1 << 20, NULL) == cudaSuccess, "a block");
     mine[(*nmine)++] = q;
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_free(q, NULL);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, q);
         CHECK(defer_free(q, NULL) == cudaSuccess, "the next defer_free");
@@ -324,11 +316,9 @@ static cudaError_t captured_free(long n, void **mine, int *nmine)
     CHECK(defer_free(w, s) == cudaSuccess, "warm-up");
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) ==
               cudaSuccess, "capture");
-    stderr_capture_begin();
     arm(n);
     cudaError_t err = defer_free(p, s);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     if (err != cudaSuccess) {
         refused_well(err, said, p);
         CHECK(defer_free(p, s) == cudaSuccess, "the next defer_free");
@@ -344,11 +334,9 @@ static cudaError_t captured_free(long n, void **mine, int *nmine)
  * a refusal is NULL, said). */
 static cudaError_t pluggable(long n, void **mine, int *nmine)
 {
-    stderr_capture_begin();
     arm(n);
     void *q = defer_pluggable_alloc(1 << 20, 0, s);
-    disarm();
-    const char *said = stderr_capture_end();
+    const char *said = disarm();
     cudaError_t err = q != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
     if (q == NULL) {
         refused_well(err, said, NULL);
