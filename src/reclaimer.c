@@ -1,8 +1,8 @@
 /*
  * The reclaimer: one thread that takes every pushed entry at once, keeps it
- * in its stream's FIFO, polls the oldest event of each stream, and hands what
- * completed to the release policy, which releases it now or holds it for a
- * better moment.  With nothing pending or held it sleeps on a condition
+ * in its stream's FIFO, polls the oldest event of each stream
+ * (reclaimer_poll.c), and hands what completed to the release policy, which
+ * releases it now or holds it for a better moment.  With nothing pending or held it sleeps on a condition
  * variable until the next push.  Its state is in reclaimer_state.h; its
  * lifecycle (start, the gate, flush, trim, shutdown, exit, fork) is in
  * lifecycle.c (lifecycle.h).
@@ -154,7 +154,7 @@ static void recycle(struct entry *e)
  * failure of the entry's own pointers (a host pointer given to defer_free,
  * one dropped by CUDEFER_CHECK) is reported and counted in failed, not
  * returned to a flush that may be another thread's. */
-static void finish_entry(struct entry *e, cudaError_t err)
+void reclaimer_finish_entry(struct entry *e, cudaError_t err)
 {
     bool device_failed = err != cudaSuccess &&
                          (report_cuda_error_is_sticky(err) ||
@@ -279,7 +279,7 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         rs.pass_released++;
         rs.pass_released_bytes += e->held_bytes;
     }
-    finish_entry(e, err);
+    reclaimer_finish_entry(e, err);
     return err;
 }
 
@@ -309,7 +309,7 @@ static void completed(struct entry *e, uint64_t now)
          e->claims != NULL && !give_back_blocks(e))) {
         /* Counted as released counts them: a free batch's blocks each. */
         rs.pass_released += e->kind == ENTRY_BLOCK ? e->nptrs : 1;
-        finish_entry(e, cudaSuccess);
+        reclaimer_finish_entry(e, cudaSuccess);
         return;
     }
     if (release_policy_release_at_once(&rs.cfg, e)) {
@@ -331,18 +331,18 @@ static void part_done(struct entry *p, cudaError_t err, uint64_t now)
     if (--p->group_remaining > 0)
         return;
     if (p->group_err != cudaSuccess)
-        finish_entry(p, p->group_err);
+        reclaimer_finish_entry(p, p->group_err);
     else
         completed(p, now);
 }
 
 /* Entry e's event completed (err == cudaSuccess) or never will (err). */
-static void event_done(struct entry *e, cudaError_t err, uint64_t now)
+void reclaimer_event_done(struct entry *e, cudaError_t err, uint64_t now)
 {
     drop_event(e);
     if (e->kind == ENTRY_MEMBER) {
         struct entry *payload = e->group;
-        finish_entry(e, err);
+        reclaimer_finish_entry(e, err);
         part_done(payload, err, now);
     } else {
         part_done(e, err, now);
@@ -420,12 +420,12 @@ void reclaimer_take_in(struct entry *e)
     e->seq = rs.next_seq++;
     rs.tracked++;
     if (device_error(e->device) != cudaSuccess) {
-        event_done(e, device_error(e->device), now_ns());
+        reclaimer_event_done(e, device_error(e->device), now_ns());
         return;
     }
     if (rs.cfg.check && e->nptrs > 0 && e->kind != ENTRY_BLOCK &&
         !check_pointers(e)) {
-        event_done(e, cudaErrorInvalidValue, now_ns());
+        reclaimer_event_done(e, cudaErrorInvalidValue, now_ns());
         return;
     }
     /* Sized under the eager policy too: pool memory is then still freed
@@ -436,7 +436,7 @@ void reclaimer_take_in(struct entry *e)
         size_up(e);
     }
     if (e->ev == NULL && !e->synced) { /* complete on arrival */
-        event_done(e, cudaSuccess, now_ns());
+        reclaimer_event_done(e, cudaSuccess, now_ns());
         return;
     }
     if (e->ev != NULL && e->label > e->ev->taken)
@@ -456,7 +456,7 @@ void reclaimer_take_in(struct entry *e)
                       : reclaimer_use_device(e->device)
                           ? cudaEventSynchronize(e->ev->event)
                           : device_error(e->device);
-    event_done(e, err, now_ns());
+    reclaimer_event_done(e, err, now_ns());
 }
 
 static size_t take_pushed(void)
@@ -487,104 +487,10 @@ static size_t take_pushed(void)
     return arrived;
 }
 
-/* Drop every pending and held entry of failed devices, as failed. */
-static void abandon_failed_devices(void)
-{
-    for (size_t i = 0; i < rs.streams.count;) {
-        struct stream_fifo *f = rs.streams.fifos[i];
-        cudaError_t err = device_error(f->device);
-        if (err == cudaSuccess) {
-            i++;
-            continue;
-        }
-        /* Popping the last entry removes f and moves another FIFO to i. */
-        while (rs.streams.count > i && rs.streams.fifos[i] == f) {
-            rs.incomplete--;
-            event_done(stream_table_pop(&rs.streams, f, now_ns()), err,
-                       now_ns());
-        }
-    }
-    for (int d = 0; d < rs.ndevices; d++) {
-        while (device_error(d) != cudaSuccess) {
-            held_lock(&rs.held[d]);
-            struct entry *e = held_pop_locked(&rs.held[d]);
-            held_unlock(&rs.held[d]);
-            if (e == NULL)
-                break;
-            finish_entry(e, device_error(d));
-        }
-    }
-}
-
 /* Whether someone waits for the reclaimer (a flush, a trim, the stop). */
-static bool demand_now(void)
+bool reclaimer_demand_now(void)
 {
     return rs.flushes != NULL || rs.trims != NULL || atomic_load(&rs.stop);
-}
-
-/* Poll the oldest entries of every stream whose head is due (stream_table.h:
- * a head that stayed incomplete backs off); returns how many completed.  An
- * entry is queried only once every entry before it on its stream was seen
- * complete, so a pass costs one query per due stream plus one per entry
- * that completed. */
-static size_t poll_streams(uint64_t now)
-{
-    size_t done = 0;
-    bool any_failed = false, demand = demand_now();
-    for (size_t i = 0; i < rs.streams.count;) {
-        struct stream_fifo *f = rs.streams.fifos[i];
-        bool emptied = false;
-        if (!stream_table_due(f, now)) {
-            i++;
-            continue;
-        }
-        while (!emptied && device_error(f->device) == cudaSuccess &&
-               reclaimer_use_device(f->device)) {
-            /* A synced entry (no event) is complete once it heads its FIFO;
-             * one whose event's record was seen complete needs no query. */
-            cudaError_t err = cudaSuccess;
-            struct shared_event *ev = f->head->ev;
-            if (ev != NULL &&
-                f->head->label > atomic_load_explicit(&ev->completed,
-                                                      memory_order_relaxed)) {
-                err = cudaEventQuery(ev->event);
-                stats_add(&stats.event_queries, 1);
-                /* Every entry of ev taken in so far was recorded before
-                 * this query: their records completed too.  Raised, never
-                 * lowered: the lane's thread may have raised it past
-                 * taken meanwhile and recorded ev again (stream_lane.c);
-                 * lowering it would make entries whose work is done wait
-                 * for that later work. */
-                if (err == cudaSuccess)
-                    stream_lane_raise_completed(ev, ev->taken);
-                else if (err == cudaErrorNotReady &&
-                         f->head->label <=
-                             atomic_load_explicit(&ev->completed,
-                                                  memory_order_acquire))
-                    err = cudaSuccess; /* its lane saw it complete */
-            }
-            if (err == cudaErrorNotReady) {
-                stream_table_backoff(f, now, rs.cfg.poll_us,
-                                     rs.cfg.poll_max_us, demand);
-                break;
-            }
-            if (err != cudaSuccess) {
-                /* Never completion: a sticky error poisons the device. */
-                reclaimer_fail_device(f->device, "cudaEventQuery", err);
-                break;
-            }
-            emptied = f->head == f->tail;
-            rs.incomplete--;
-            done++;
-            event_done(stream_table_pop(&rs.streams, f, now), cudaSuccess, now);
-        }
-        any_failed |= device_error(f->device) != cudaSuccess;
-        if (!emptied)
-            i++;
-    }
-    if (any_failed)
-        abandon_failed_devices();
-    return done;
 }
 
 struct policy_view reclaimer_view_now(uint64_t now)
@@ -593,7 +499,7 @@ struct policy_view reclaimer_view_now(uint64_t now)
         .now_ns = now,
         .last_activity_ns = rs.last_activity_ns,
         .work_pending = rs.incomplete > 0,
-        .demand = demand_now(),
+        .demand = reclaimer_demand_now(),
     };
 }
 
@@ -665,7 +571,7 @@ void *reclaimer_main(void *unused)
         uint64_t now = now_ns();
         if (arrived > 0)
             rs.last_activity_ns = now;
-        size_t done = rs.incomplete > 0 ? poll_streams(now) : 0;
+        size_t done = rs.incomplete > 0 ? reclaimer_poll_streams(now) : 0;
         reclaimer_held_release(now);
         reclaimer_cache_release(now, stopping);
         block_cache_collect_records();

@@ -110,6 +110,21 @@ struct policy_view reclaimer_view_now(uint64_t now);
  * (reported and counted as failed). */
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now);
 
+/* Reclaimer thread only (reclaimer.c): entry e is done with (its release
+ * made, or failed with err: counted, its request told, recycled); e's event
+ * completed (err cudaSuccess: e completes, released or held as the policy
+ * says) or never will (err); whether someone waits for the reclaimer (a
+ * flush, a trim, the stop). */
+void reclaimer_finish_entry(struct entry *e, cudaError_t err);
+void reclaimer_event_done(struct entry *e, cudaError_t err, uint64_t now);
+bool reclaimer_demand_now(void);
+
+/* Reclaimer thread only (reclaimer_poll.c): query the heads of the streams
+ * that are due (in a trim's pass, every memory entry behind an incomplete
+ * head too) and complete what finished; drop the entries of devices that
+ * failed.  Returns how many completed. */
+size_t reclaimer_poll_streams(uint64_t now);
+
 /* Reclaimer thread only (reclaimer_held.c): release what the policy says
  * of each device's held entries, a batch per device and reason. */
 void reclaimer_held_release(uint64_t now);

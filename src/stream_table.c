@@ -153,6 +153,17 @@ struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
     return e;
 }
 
+struct entry *stream_table_unlink_next(struct stream_fifo *fifo,
+                                       struct entry *prev)
+{
+    struct entry *e = prev->fifo_next;
+    prev->fifo_next = e->fifo_next;
+    if (fifo->tail == e)
+        fifo->tail = prev;
+    e->fifo_next = NULL;
+    return e;
+}
+
 void stream_table_backoff(struct stream_fifo *fifo, uint64_t now_ns,
                           uint32_t min_us, uint32_t max_us, bool demand)
 {

@@ -75,6 +75,13 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
 struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
                                uint64_t now_ns);
 
+/* Reclaimer only.  Removes and returns the entry after prev in fifo (prev
+ * any entry of it but its tail): an entry that completed out of turn
+ * (see trim_behind_head in reclaimer.c).  The head, its poll schedule and
+ * the FIFO's place in the table stay. */
+struct entry *stream_table_unlink_next(struct stream_fifo *fifo,
+                                       struct entry *prev);
+
 /* Reclaimer only.  Whether fifo's head should be queried at now_ns. */
 static inline bool stream_table_due(const struct stream_fifo *fifo,
                                     uint64_t now_ns)

@@ -9,7 +9,10 @@
  *     flush's error;
  *   - an entry pushed while the reclaimer heads for its sleep (holding
  *     no lock yet) is seen: the reclaimer checks the queue under its wake
- *     lock.
+ *     lock;
+ *   - a trim releases a completed free that reached the reclaimer behind
+ *     another thread's later free on the same stream (two threads' records
+ *     and pushes need not come in the same order).
  * Each scenario is a fresh process. */
 #include <pthread.h>
 
@@ -138,6 +141,68 @@ static void scenario_push_while_going_to_sleep(void)
     cudaStreamDestroy(s);
 }
 
+/* ---- a completed free behind a later one ------------------------------ */
+
+/* Thread A records its free's event, then is held (the return hook) while
+ * the main thread records and pushes a later free on the same stream; A's
+ * push comes last, so its entry waits behind a later one. */
+static pthread_t held_thread;
+static volatile int in_hook, let_go;
+static void hold_after_record(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)arg;
+    if (r != cudaSuccess || !pthread_equal(pthread_self(), held_thread))
+        return;
+    __atomic_store_n(&in_hook, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&let_go, __ATOMIC_SEQ_CST))
+        sleep_ms(1);
+}
+
+struct late_push { void *ptr; cudaStream_t s; cudaError_t err; };
+static void *free_held_after_record(void *arg)
+{
+    struct late_push *lp = arg;
+    lp->err = defer_free(lp->ptr, lp->s);
+    return NULL;
+}
+
+static void scenario_trim_behind_later_free(void)
+{
+    cudaStream_t s = stream_new();
+    void *a = device_alloc(1 << 20), *b = device_alloc(2 << 20);
+    fake_work *wa = work_held(s, a);
+    struct late_push lp = {a, s, cudaErrorUnknown};
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, free_held_after_record, &lp);
+    held_thread = t;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    CHECK(wait_flag(&in_hook, 2000), "A recorded its event (after a's work)");
+    fake_work *wb = work_held(s, b); /* after A's record */
+    unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
+    CHECK(defer_free(b, s) == cudaSuccess, "defer_free(b): recorded later, "
+                                           "pushed first");
+    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries, "b taken in and queried");
+    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(t, NULL);
+    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+    CHECK(lp.err == cudaSuccess, "defer_free(a) after its hold");
+    fake_complete(wa); /* a's work done; b's still running */
+    size_t bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess, "defer_trim");
+    CHECK(fake_is_released(a) == 1, "trim released a, whose work is done, "
+                                    "though b waits before it");
+    CHECK(fake_is_released(b) == 0, "b not released while its work runs");
+    CHECK(bytes == 1 << 20, "trim's bytes: %zu (a's 1 MiB)", bytes);
+    fake_complete(wb);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(b) == 1, "b released after its work");
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -154,5 +219,9 @@ int main(void)
     fork_scenario("an entry pushed while the reclaimer goes to sleep runs",
                   "CUDEFER_POLL_US=1 CUDEFER_POLL_MAX_US=1", 1, 10000,
                   scenario_push_while_going_to_sleep);
+    fork_scenario("trim releases a completed free behind a later one",
+                  "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0 "
+                  "CUDEFER_MAX_PENDING=1T",
+                  1, 10000, scenario_trim_behind_later_free);
     return 0;
 }
