@@ -494,8 +494,11 @@ CUDEFER_API cudaError_t defer_flush(void);
 /*
  * defer_trim: release every completed entry now, whatever the policy — what
  * an application calls when cudaMalloc fails, before it retries.  Blocks
- * while the reclaimer polls every stream once and releases what completed;
- * does not wait for work still running.  *released_bytes (if not NULL) gets
+ * while the reclaimer polls every stream once and releases what completed
+ * (each pending free, not only each stream's oldest: two threads' frees on
+ * one stream may reach it in another order than their events were
+ * recorded; a query per pending event); does not wait for work still
+ * running.  *released_bytes (if not NULL) gets
  * the bytes of device and pinned memory released (pool memory is released as
  * soon as it completes and is not counted).  Errors as for defer_flush.  A
  * callback that shares an event completes when the event's newest record
