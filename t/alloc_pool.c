@@ -215,6 +215,46 @@ static void trim_counts_once(void)
     CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
 }
 
+/* The bytes cudefer's pool on device 0 reserves now. */
+static uint64_t pool_reserve(void)
+{
+    uint64_t reserved = UINT64_MAX;
+    cudaMemPoolGetAttribute(fake_mem_pool(0), cudaMemPoolAttrReservedMemCurrent,
+                            &reserved);
+    return reserved;
+}
+
+/* In a fresh process, two blocks of 1 MiB, the pool's whole reserve, go
+ * back to it on a trim with frees that take 30 ms each on the reclaimer's
+ * free stream: the trim waits for them (cudaStreamSynchronize) before it
+ * trims, so the pool gives back both and the trim says 2 MiB.  Trimmed
+ * before the frees ran, the pool would keep their memory and the trim say
+ * 0 (the fake freed pool memory at once before, so a trim that did not
+ * wait passed). */
+static void trim_waits_for_frees(void)
+{
+    fake_set_free_async_us(30000);
+    cudaStream_t s = stream_new();
+    void *p = NULL, *q = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess &&
+              defer_alloc(&q, 1 << 20, s) == cudaSuccess,
+          "two blocks");
+    CHECK(pool_reserve() == (2 << 20), "the pool reserves %llu bytes, want %d",
+          (unsigned long long)pool_reserve(), 2 << 20);
+    CHECK(defer_free(p, s) == cudaSuccess && defer_free(q, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "freed");
+    size_t bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess, "trim");
+    CHECK(bytes == (2 << 20), "the trim says %zu bytes, want %d", bytes,
+          2 << 20);
+    CHECK(fake_allocation_of(p, NULL, NULL) == 0 &&
+              fake_allocation_of(q, NULL, NULL) == 0,
+          "their memory went back to the pool");
+    CHECK(pool_reserve() == 0, "the pool still reserves %llu bytes, want 0",
+          (unsigned long long)pool_reserve());
+}
+
 /* A shutdown while a request allocates a new block (here the allocation
  * takes 50 ms): the shutdown waits for it, since it destroys the pools the
  * allocation counts in (ASan saw the write to freed memory before). */
@@ -259,6 +299,8 @@ int main(void)
     plan_lazy();
     fork_scenario("a trim counts a pool block's bytes once", "", 1, 20000,
                   trim_counts_once);
+    fork_scenario("a trim waits for the frees it trims after", "", 1, 20000,
+                  trim_waits_for_frees);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");

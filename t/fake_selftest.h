@@ -5,7 +5,7 @@
  *   fake_selftest.c          exit-time behaviour of the oracle and of tap.c
  *   fake_selftest_streams.c  devices, streams, work ordering, events
  *   fake_selftest_memory.c   allocations, the oracle, handouts (whole
- *                            allocations and blocks of one)
+ *                            allocations and blocks of one), pools
  *   fake_selftest_control.c  failure injection, error strings, reset
  *   fake_selftest_threads.c  concurrency, fork
  * Each group starts with fake_reset and may call fake_oracle_forgive after
@@ -127,6 +127,7 @@ void test_oracle(void);
 void test_handout(void);
 void test_handout_ranges(void);
 void test_pools(void);
+void test_pool_frees(void);
 void test_address_reuse(void);
 void test_injection(void);
 void test_misc(void);

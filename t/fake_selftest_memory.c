@@ -2,7 +2,8 @@
  * fake_selftest_memory.c — self-test of the fake CUDA runtime:
  * allocations of every kind, the oracle that checks each release, and
  * fake_oracle_handout(_range), which checks each block an allocator hands
- * out, whole allocations or blocks cut from one.
+ * out, whole allocations or blocks cut from one; pools, and what their
+ * trims keep of memory whose cudaFreeAsync has not run yet.
  */
 #define _GNU_SOURCE
 #include "fake_selftest.h"
@@ -616,4 +617,60 @@ void test_pools(void)
     cudaFreeAsync(a, t);
     cudaStreamDestroy(s);
     cudaStreamDestroy(t);
+}
+
+/* fake_set_free_async_us: a cudaFreeAsync is an item of its own on its
+ * stream; the pool memory it gave back stays used and reserved through a
+ * trim until the item completed, as does memory freed behind pending work
+ * (no duration); a later allocation from the pool on that stream may take
+ * it at once. */
+void test_pool_frees(void)
+{
+    struct cudaMemPoolProps props = {
+        .allocType = cudaMemAllocationTypePinned,
+        .location = {.type = cudaMemLocationTypeDevice, .id = 0}};
+    cudaMemPool_t pool;
+    cudaStream_t s;
+    void *a = NULL, *b = NULL;
+    uint64_t used = 0, reserved = 0;
+
+    diag("pool frees");
+    fake_reset(1);
+    cudaMemPoolCreate(&pool, &props);
+    cudaStreamCreate(&s);
+    fake_set_free_async_us(20000);
+    cudaMallocFromPoolAsync(&a, MiB, pool, s);
+    is_int(cudaFreeAsync(a, s), cudaSuccess, "a free that takes 20 ms");
+    is_int(cudaStreamQuery(s), cudaErrorNotReady, "runs on its stream");
+    cudaMemPoolTrimTo(pool, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    ok(used == MiB && reserved == MiB, "until it ran, the pool keeps the "
+       "memory through a trim (%llu, %llu)", ULL(used), ULL(reserved));
+    is_int(cudaStreamSynchronize(s), cudaSuccess, "wait for it");
+    cudaMemPoolTrimTo(pool, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    ok(used == 0 && reserved == 0, "then a trim gives it back (%llu, %llu)",
+       ULL(used), ULL(reserved));
+
+    fake_set_free_async_us(0);
+    fake_work *w = fake_launch_held(s, NULL, 0);
+    cudaMallocFromPoolAsync(&a, MiB, pool, s);
+    cudaFreeAsync(a, s);
+    cudaMemPoolTrimTo(pool, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, MiB, "no duration: kept while the work before it runs");
+    cudaMallocFromPoolAsync(&b, MiB / 2, pool, s);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    ok(used == MiB && reserved == MiB, "a later allocation on that stream "
+       "takes half of it: no more reserved (%llu, %llu)", ULL(used),
+       ULL(reserved));
+    fake_complete(w);
+    cudaMemPoolTrimTo(pool, 0);
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    is_hex(reserved, MiB / 2, "the work done, a trim keeps what is lent");
+    cudaFreeAsync(b, s);
+    cudaStreamDestroy(s);
 }

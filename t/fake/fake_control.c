@@ -2,7 +2,8 @@
  * fake_control.c — the fake CUDA runtime's state and the test control API:
  * the lock every call takes, fake_reset, fork safety, and the accounting of
  * calls with failure injection (fake_fail) and latencies (fake_set_latency)
- * applied as each cudart call enters.  See fake_cuda.h for the model.
+ * applied as each cudart call enters, and the duration of a free on its
+ * stream (fake_set_free_async_us).  See fake_cuda.h for the model.
  */
 #define _GNU_SOURCE
 #include "fake_internal.h"
@@ -109,6 +110,10 @@ static void reset_locked(int ndev)
     memset(fake.pool_used, 0, sizeof fake.pool_used);
     memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
     fake.pool_granularity = 1;
+    free(fake.pool_frees);
+    fake.pool_frees = NULL;
+    fake.npool_frees = fake.cappool_frees = 0;
+    fake.free_async_us = 0;
     fake.reuse_addresses = getenv("FAKE_ADDRESS_REUSE") != NULL;
     fake.addresses_reused = 0;
     memset(fake.inj, 0, sizeof fake.inj);
@@ -434,4 +439,13 @@ void fake_set_latency(enum fake_call c, unsigned ns)
 {
     if ((unsigned)c < FAKE_NCALLS)
         atomic_store(&call_latency_ns[c], ns);
+}
+
+/* Make every later cudaFreeAsync enqueue a timed item of us microseconds on
+ * its stream (0: none), the free itself (read under the lock). */
+void fake_set_free_async_us(unsigned us)
+{
+    fake_lock();
+    fake.free_async_us = us;
+    fake_unlock();
 }

@@ -48,7 +48,12 @@
  *   stream is ordered after the work enqueued on it so far, as in CUDA
  *   (its memory may be what that work freed): the oracle counts that work
  *   as a use of it for another stream and for cudaFreeAsync, not for
- *   cudaFree, which waits for the device.
+ *   cudaFree, which waits for the device.  A cudaFreeAsync runs in stream
+ *   order, after the work enqueued on its stream so far, and takes no time
+ *   unless fake_set_free_async_us gives it a duration (an item of its own
+ *   on the stream); pool memory it gives back stays the pool's (used, kept
+ *   by cudaMemPoolTrimTo) until it ran, except for a later allocation from
+ *   the pool on that stream, which stream order lets take it.
  *
  *   Graphs: cudaStreamBeginCapture starts capturing a stream into a new
  *   graph.  While it captures, fake_launch and fake_launch_held on it do
@@ -135,6 +140,8 @@
  *   effect (a failed free leaves the allocation live, a failed record leaves
  *   the event as it was).  fake_set_latency makes calls of one kind
  *   busy-wait (outside the fake's lock) to emulate their cost.
+ *   fake_set_free_async_us makes each cudaFreeAsync take time on its
+ *   stream, not on the caller's thread (a trim must wait for the frees).
  *
  * Everything here is thread-safe.
  */
@@ -295,7 +302,8 @@ void fake_oracle_handout(const void *ptr, cudaStream_t stream);
  * models one pool a device: cudefer's own, src/block_pool.c), for reading
  * its attributes with cudaMemPoolGetAttribute: ReservedMemCurrent (the
  * most it lent since the last cudaMemPoolTrimTo) and UsedMemCurrent (what
- * it lends now).  NULL when dev is no device.  Any thread. */
+ * it lends now, with what cudaFreeAsync gave back before its free ran: see
+ * fake_set_free_async_us).  NULL when dev is no device.  Any thread. */
 cudaMemPool_t fake_mem_pool(int dev);
 
 /* Allocations (all kinds) not yet released. */
@@ -398,6 +406,16 @@ const char *fake_call_name(enum fake_call c);
 /* Make every call of c busy-wait ns nanoseconds, outside the fake's lock
  * (0: no latency). */
 void fake_set_latency(enum fake_call c, unsigned ns);
+
+/* Make every later cudaFreeAsync enqueue on its stream, after the work
+ * there, a timed item of us microseconds: the free itself, which runs on
+ * the device while the call returns at once (0, after fake_reset: no
+ * item; the free runs when the stream's earlier work is done).  Until that
+ * item completed, the memory a free gives back to a pool stays the pool's
+ * (UsedMemCurrent; cudaMemPoolTrimTo keeps it reserved) and its address
+ * is not reused by another stream: so a trim must wait for the frees
+ * (cudaStreamSynchronize) to release what they gave back. */
+void fake_set_free_async_us(unsigned us);
 
 /* Have fn(c, r, arg) called on the calling thread each time a call of c
  * returns r, after the fake's lock is released (fn may call CUDA); NULL:

@@ -144,9 +144,11 @@ struct falloc {
     int own_pool;                 /* from cudaMallocFromPoolAsync */
     int released;
     unsigned long long serial;    /* 1, 2, ... since fake_reset */
-    struct fake_work *freed_after; /* cudaFreeAsync: its stream's last work
-                                      then (the free runs after it; NULL:
-                                      none), for address reuse */
+    struct fake_work *freed_after; /* cudaFreeAsync: when its free ran: its
+                                      own item (fake_set_free_async_us),
+                                      else its stream's last work then
+                                      (NULL: none); for address reuse and
+                                      the pool's use (fake.pool_frees) */
     struct fuser *users;          /* work that uses it (pruned when done) */
     size_t nusers, capusers;
     struct frange *blocks;        /* the blocks allocators handed out of it
@@ -154,6 +156,17 @@ struct falloc {
                                      disjoint, a newer one replacing those
                                      it overlaps */
     size_t nblocks, capblocks;
+};
+
+/* Memory of a pool (cudaMallocFromPoolAsync) given back with cudaFreeAsync
+ * whose free has not run yet on its stream: its bytes stay in the pool's
+ * use (pool_used) until `until` completed, unless a later allocation from
+ * the pool on that very stream takes them (stream order). */
+struct fpool_free {
+    struct fake_work *until;      /* the free's item, or the work before it */
+    struct fstream *stream;       /* the stream of the cudaFreeAsync */
+    int dev;
+    size_t bytes;                 /* not yet taken by such an allocation */
 };
 
 struct injection { long skip, count; cudaError_t err; };
@@ -166,11 +179,15 @@ struct fake_state {
     int ndev;
     size_t devmem[FAKE_MAX_DEVICES], devused[FAKE_MAX_DEVICES];
     /* Pools of cudaMemPoolCreate (one per device): bytes allocated from
-     * them and not freed, and what they reserved (the most they were ever
-     * used since the last trim, rounded up to pool_granularity: the
-     * release threshold is kept). */
+     * them and not freed (a cudaFreeAsync counts once its free ran:
+     * pool_frees), and what they reserved (the most they were ever used
+     * since the last trim, rounded up to pool_granularity: the release
+     * threshold is kept). */
     size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
     size_t pool_granularity; /* 1 unless fake_set_pool_granularity */
+    struct fpool_free *pool_frees; /* not yet run, oldest first */
+    size_t npool_frees, cappool_frees;
+    unsigned free_async_us;  /* 0 unless fake_set_free_async_us */
     int reuse_addresses;     /* 0 unless fake_set_address_reuse */
     size_t addresses_reused;
     unsigned char *released_by_serial; /* [serial]: 1 once released */

@@ -150,15 +150,63 @@ static cudaError_t release(const char *fn, void *p, int host,
     fake_oracle_release(a, p, fn, async);
     a->released = 1;
     fake.released_by_serial[a->serial] = 1;
-    a->freed_after = async != NULL && async->tail != NULL && !async->tail->done
-                         ? async->tail
-                         : NULL;
+    if (async != NULL && fake.free_async_us > 0) {
+        /* The free itself, in stream order (fake_set_free_async_us). */
+        struct fake_work *w = fake_work_new(async, W_TIMED);
+        w->duration_ns = (int64_t)fake.free_async_us * 1000;
+        a->freed_after = w;
+    } else {
+        a->freed_after =
+            async != NULL && async->tail != NULL && !async->tail->done
+                ? async->tail
+                : NULL;
+    }
     fake.live_allocs--;
     if (a->kind != A_HOST)
         fake.devused[a->dev] -= a->size;
-    if (a->own_pool)
+    if (a->own_pool && a->freed_after != NULL) {
+        /* Still the pool's until the free ran (pool_frees_settle). */
+        fake.pool_frees = fake_grow(fake.pool_frees, fake.npool_frees,
+                                    &fake.cappool_frees,
+                                    sizeof *fake.pool_frees);
+        fake.pool_frees[fake.npool_frees++] = (struct fpool_free){
+            .until = a->freed_after, .stream = async, .dev = a->dev,
+            .bytes = a->size};
+    } else if (a->own_pool) {
         fake.pool_used[a->dev] -= a->size;
+    }
     return cudaSuccess;
+}
+
+/* Pool memory given back with cudaFreeAsync leaves its pool's use
+ * (fake.pool_used) once its free ran (the item it waits for completed).
+ * With s (a new allocation of bytes on stream s from device dev's pool),
+ * so does memory freed on s whose free has not run yet, up to bytes, oldest
+ * first: stream order hands it to that allocation, as a real pool does (it
+ * counts again as the allocation's).  Called by cudaMemPoolGetAttribute,
+ * cudaMemPoolTrimTo and cudaMallocFromPoolAsync; lock held. */
+static void pool_frees_settle(const struct fstream *s, int dev, size_t bytes)
+{
+    int64_t now = fake_now_ns(), hint = INF_NS;
+    size_t kept = 0;
+
+    for (size_t i = 0; i < fake.npool_frees; i++) {
+        struct fpool_free f = fake.pool_frees[i];
+        size_t take = f.bytes;
+
+        if (!fake_work_completed(f.until, now, &hint)) {
+            take = 0;
+            if (s != NULL && f.stream == s && f.dev == dev) {
+                take = f.bytes < bytes ? f.bytes : bytes;
+                bytes -= take;
+            }
+        }
+        fake.pool_used[f.dev] -= take;
+        f.bytes -= take;
+        if (f.bytes > 0)
+            fake.pool_frees[kept++] = f;
+    }
+    fake.npool_frees = kept;
 }
 
 /* The memory queries of the control API (fake_cuda.h).  Any thread. */
@@ -295,8 +343,9 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
  * allocations are pool memory like cudaMallocAsync's.  Attributes are
  * accepted; reading them gives the pool's used and reserved bytes (the
  * reserved memory grows with use and shrinks on a trim only, as with the
- * release threshold cudefer sets; no fragmentation is modeled), 0 for the
- * others. */
+ * release threshold cudefer sets; no fragmentation is modeled; memory
+ * given back with cudaFreeAsync counts as used until its free ran:
+ * pool_frees_settle), 0 for the others. */
 #define FAKE_POOL_BASE 0x7e000
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
@@ -352,6 +401,7 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
         return cudaErrorInvalidValue;
     int dev = pool_device(pool);
     fake_lock();
+    pool_frees_settle(NULL, dev, 0);
     switch (attr) {
     case cudaMemPoolAttrReservedMemCurrent:
         *(uint64_t *)value = fake.pool_reserved[dev];
@@ -385,6 +435,7 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
     if (dev < 0)
         return cudaErrorInvalidValue;
     fake_lock();
+    pool_frees_settle(NULL, dev, 0); /* what is freed but not run stays */
     size_t used = pool_round(fake.pool_used[dev]);
     size_t keep = minBytesToKeep > used ? minBytesToKeep : used;
     if (fake.pool_reserved[dev] > keep)
@@ -412,6 +463,7 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
     if (err == cudaSuccess && size > 0) {
         fake_alloc_find(*devPtr, 1)->own_pool = 1;
         fake_alloc_ordered(fake_alloc_find(*devPtr, 1), s);
+        pool_frees_settle(s, dev, size);
         fake.pool_used[dev] += size;
         if (fake.pool_reserved[dev] < fake.pool_used[dev])
             fake.pool_reserved[dev] = pool_round(fake.pool_used[dev]);
@@ -459,7 +511,9 @@ cudaError_t cudaFreeHost(void *ptr)
 }
 
 /* Release device memory in stream order: work ordered before the free on
- * hStream may still be pending. */
+ * hStream may still be pending.  The free runs after it (with
+ * fake_set_free_async_us, as an item of its own on hStream); pool memory
+ * stays in its pool's use until then. */
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
     struct fstream *s;
