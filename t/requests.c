@@ -146,13 +146,13 @@ static void scenario_push_while_going_to_sleep(void)
 /* Thread A records its free's event, then is held (the return hook) while
  * the main thread records and pushes a later free on the same stream; A's
  * push comes last, so its entry waits behind a later one. */
-static pthread_t held_thread;
+static _Thread_local bool hold_me; /* set by the thread to be held */
 static volatile int in_hook, let_go;
 static void hold_after_record(enum fake_call c, cudaError_t r, void *arg)
 {
     (void)c;
     (void)arg;
-    if (r != cudaSuccess || !pthread_equal(pthread_self(), held_thread))
+    if (r != cudaSuccess || !hold_me)
         return;
     __atomic_store_n(&in_hook, 1, __ATOMIC_SEQ_CST);
     while (!__atomic_load_n(&let_go, __ATOMIC_SEQ_CST))
@@ -163,6 +163,7 @@ struct late_push { void *ptr; cudaStream_t s; cudaError_t err; };
 static void *free_held_after_record(void *arg)
 {
     struct late_push *lp = arg;
+    hold_me = true;
     lp->err = defer_free(lp->ptr, lp->s);
     return NULL;
 }
@@ -176,8 +177,6 @@ static void scenario_trim_behind_later_free(void)
     fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
     pthread_t t;
     pthread_create(&t, NULL, free_held_after_record, &lp);
-    held_thread = t;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     CHECK(wait_flag(&in_hook, 2000), "A recorded its event (after a's work)");
     fake_work *wb = work_held(s, b); /* after A's record */
     unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
