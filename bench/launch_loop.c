@@ -37,21 +37,26 @@ enum strategy {
     S_NAIVE,          /* cudaMalloc, kernel, naive_free */
     S_CUDEFER,        /* cudaMalloc, kernel, defer_free */
     S_CUDEFER_ALLOC,  /* defer_alloc, kernel, defer_free */
+    S_NEVER_FREE_RECORD, /* malloc-never-free and a cudaEventRecord on the
+                            stream each iteration: the floor of any release
+                            that waits for an event, with no library */
     S_N
 };
 
 static const char *const strategy_names[S_N] = {
     "limit", "malloc-never-free", "inline-cudaFree", "inline-async",
-    "naive-reclaimer", "cudefer", "cudefer-alloc",
+    "naive-reclaimer", "cudefer", "cudefer-alloc", "malloc-record",
 };
 
 #define IS_CUDEFER(s) ((s) == S_CUDEFER || (s) == S_CUDEFER_ALLOC)
+#define KEEPS_ALL(s) ((s) == S_NEVER_FREE || (s) == S_NEVER_FREE_RECORD)
 
 static const char usage[] =
     "--workload W1|W2|W3|W4 --strategy S [--label NAME] [--rep N] [--iters N]\n"
     "       | --info\n"
     "  strategies: limit, malloc-never-free, inline-cudaFree, inline-async,\n"
-    "  naive-reclaimer, cudefer, cudefer-alloc (W3: limit, inline-async, cudefer)\n";
+    "  naive-reclaimer, cudefer, cudefer-alloc, malloc-record\n"
+    "  (W3: limit, inline-async, cudefer)\n";
 
 struct worker {
     enum strategy strategy;
@@ -59,6 +64,7 @@ struct worker {
     int sync_every;           /* W2: cudaStreamSynchronize every n iterations */
     int iters;
     cudaStream_t stream;
+    cudaEvent_t event;        /* malloc-record's, recorded again each time */
     void *ring[LIMIT_RING];   /* limit's buffers */
     void **kept;              /* malloc-never-free's buffers, freed after timing */
     size_t nkept;
@@ -87,6 +93,9 @@ static cudaError_t release_buf(struct worker *w, void *p)
     case S_NEVER_FREE:
         w->kept[w->nkept++] = p;
         return cudaSuccess;
+    case S_NEVER_FREE_RECORD:
+        w->kept[w->nkept++] = p;
+        return cudaEventRecord(w->event, w->stream);
     case S_INLINE_FREE:
         return cudaFree(p);
     case S_INLINE_ASYNC:
@@ -165,9 +174,11 @@ static void *worker_main(void *arg)
     if (w->strategy == S_LIMIT)
         for (r = 0; r < LIMIT_RING; r++)
             CK(cudaMalloc(&w->ring[r], BUF_BYTES));
+    if (w->strategy == S_NEVER_FREE_RECORD)
+        CK(cudaEventCreateWithFlags(&w->event, cudaEventDisableTiming));
     do_iters(w, w->iters < WARMUP_ITERS ? w->iters : WARMUP_ITERS, 0);
     CK(cudaStreamSynchronize(w->stream));
-    if (w->strategy == S_NEVER_FREE)
+    if (KEEPS_ALL(w->strategy))
         free_kept(w);
     pthread_barrier_wait(w->ready);
     pthread_barrier_wait(w->go);
@@ -228,7 +239,7 @@ int main(int argc, char **argv)
     T = strcmp(a.workload, "W4") == 0 ? W4_THREADS : 1;
     n = (size_t)T * (size_t)a.iters;
     bench_cuda_init();
-    if (st == S_NEVER_FREE)
+    if (KEEPS_ALL(st))
         check_never_free_fits(T, a.iters);
 
     ws = bench_calloc((size_t)T, sizeof *ws);
@@ -244,7 +255,7 @@ int main(int argc, char **argv)
         ws[i].iters = (int)a.iters;
         ws[i].iter_ns = bench_calloc((size_t)a.iters, sizeof(uint64_t));
         ws[i].call_ns = bench_calloc((size_t)a.iters, sizeof(uint64_t));
-        if (st == S_NEVER_FREE)
+        if (KEEPS_ALL(st))
             ws[i].kept = bench_calloc((size_t)a.iters + WARMUP_ITERS, sizeof(void *));
         ws[i].nr = nr;
         ws[i].ready = &ready;
@@ -350,8 +361,10 @@ int main(int argc, char **argv)
     if (nr)
         naive_stop(nr);
     for (i = 0; i < T; i++) {
-        if (st == S_NEVER_FREE)
+        if (KEEPS_ALL(st))
             free_kept(&ws[i]);
+        if (st == S_NEVER_FREE_RECORD)
+            CK(cudaEventDestroy(ws[i].event));
         free(ws[i].kept);
         free(ws[i].iter_ns);
         free(ws[i].call_ns);
