@@ -16,7 +16,6 @@
 
 #include "block_cache.h"
 #include "queue.h"
-#include "thread_shard.h"
 
 enum entry_kind {
     ENTRY_FREE_DEVICE, /* cudaFree (or cudaFreeAsync for pool memory) */
@@ -63,8 +62,6 @@ struct entry {
                               before the push: complete once it heads its
                               stream's FIFO (in order behind the earlier
                               entries; a callback with no event) */
-    uint64_t pusher;       /* thread_shard_tag() of the thread that recorded and
-                              pushed it (0: unknown; stream_table.h) */
     uint64_t seq;          /* order of arrival at the reclaimer */
     uint64_t completed_ns; /* when the reclaimer saw the event complete */
     uint64_t held_bytes;   /* memory it keeps from the application */
@@ -106,7 +103,6 @@ static inline void entry_begin(struct entry *e, enum entry_kind kind,
 {
     e->kind = kind;
     e->stream_id = stream_id;
-    e->pusher = thread_shard_tag();
     e->fn = NULL;
     e->arg = NULL;
     e->request = NULL;

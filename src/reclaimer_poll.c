@@ -101,43 +101,18 @@ static size_t trim_behind_head(struct stream_fifo *f, uint64_t now)
     return done;
 }
 
-/* Entries behind a completed head from which the tail is queried first:
- * a query that fails costs one, one that succeeds saves the others. */
-#define TAIL_FIRST_MIN 4
-
-/* Reclaimer only.  f is not mixed (stream_table.h) and its tail's event
- * was found complete: every entry of f completes, in order, each event's
- * completed label raised to the entry's (its record came before the
- * tail's, on the same stream).  Returns how many. */
-static size_t complete_fifo(struct stream_fifo *f, uint64_t now)
-{
-    size_t n = f->count;
-    for (bool emptied = false; !emptied;) {
-        emptied = f->head == f->tail;
-        struct entry *e = stream_table_pop(&rs.streams, f, now);
-        if (e->ev != NULL)
-            stream_lane_raise_completed(e->ev, e->label);
-        rs.incomplete--;
-        reclaimer_event_done(e, cudaSuccess, now);
-    }
-    return n;
-}
-
 /* Poll the oldest entries of every stream whose head is due (stream_table.h:
  * a head that stayed incomplete backs off); returns how many completed.  An
  * entry is queried only once every entry before it on its stream was seen
  * complete, so a pass costs one query per due stream plus one per entry
- * that completed, but where a completed head leaves TAIL_FIRST_MIN or more
- * entries of its own thread behind it: their tail is asked first, once a
- * pass, and if it completed, so did they all (a trim's pass asks more:
- * trim_behind_head). */
+ * that completed (a trim's pass more: trim_behind_head). */
 size_t reclaimer_poll_streams(uint64_t now)
 {
     size_t done = 0;
     bool any_failed = false, demand = reclaimer_demand_now();
     for (size_t i = 0; i < rs.streams.count;) {
         struct stream_fifo *f = rs.streams.fifos[i];
-        bool emptied = false, tail_asked = false;
+        bool emptied = false;
         if (!stream_table_due(f, now)) {
             i++;
             continue;
@@ -163,17 +138,6 @@ size_t reclaimer_poll_streams(uint64_t now)
             rs.incomplete--;
             done++;
             reclaimer_event_done(stream_table_pop(&rs.streams, f, now), cudaSuccess, now);
-            if (!emptied && !tail_asked && !f->mixed &&
-                f->count >= TAIL_FIRST_MIN && f->tail->ev != NULL) {
-                tail_asked = true;
-                if ((err = query_entry(f->tail)) == cudaSuccess) {
-                    done += complete_fifo(f, now);
-                    emptied = true;
-                } else if (err != cudaErrorNotReady) {
-                    reclaimer_fail_device(f->device, "cudaEventQuery", err);
-                    break;
-                }
-            }
         }
         any_failed |= device_error(f->device) != cudaSuccess;
         if (!emptied)

@@ -112,16 +112,11 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
     if (f == NULL)
         return false;
     e->fifo_next = NULL;
-    if (f->tail != NULL) {
+    if (f->tail != NULL)
         f->tail->fifo_next = e;
-        f->mixed |= e->pusher != f->pusher;
-    } else {
+    else
         f->head = e;
-        f->pusher = e->pusher;
-        f->mixed = e->pusher == 0;
-    }
     f->tail = e;
-    f->count++;
     return true;
 }
 
@@ -145,7 +140,6 @@ struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
 {
     struct entry *e = fifo->head;
     fifo->head = e->fifo_next;
-    fifo->count--;
     /* A new head: its wait starts now, and it is queried at once (the work
      * before it just completed; it may have too). */
     fifo->head_since_ns = now_ns;
@@ -164,7 +158,6 @@ struct entry *stream_table_unlink_next(struct stream_fifo *fifo,
 {
     struct entry *e = prev->fifo_next;
     prev->fifo_next = e->fifo_next;
-    fifo->count--;
     if (fifo->tail == e)
         fifo->tail = prev;
     e->fifo_next = NULL;

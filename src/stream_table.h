@@ -37,15 +37,6 @@ struct stream_fifo {
     struct entry *head, *tail;
     struct stream_fifo *hash_next;
     size_t index; /* position in stream_table.fifos */
-    size_t count; /* entries in it */
-    /* The thread that pushed every entry so far (entry.pusher), unless
-     * mixed: entries of several threads, or of one unknown.  One thread
-     * records and pushes in the same order, so in a FIFO that is not mixed
-     * an entry's work is done once a later entry's is (stream order): a
-     * completed tail completes the whole FIFO (reclaimer_poll.c).  Two
-     * threads' records and pushes need not come in the same order. */
-    uint64_t pusher;
-    bool mixed;
     /* The poll schedule of the head (monotonic ns; see stream_table_due,
      * stream_table_backoff). */
     uint64_t head_since_ns; /* when the head became the head */
@@ -72,8 +63,7 @@ enum stream_fifo_kind stream_table_fifo_of(const struct entry *e);
 
 /* Reclaimer only.  Appends e to its FIFO of (e->device, e->stream_id) (see
  * stream_table_fifo_of), creating it if needed (its head then is e,
- * due at once, since now_ns); the FIFO becomes mixed if e's pusher is
- * another thread than its other entries' (or unknown).
+ * due at once, since now_ns).
  * Returns false when out of memory (e not added). */
 bool stream_table_append(struct stream_table *t, struct entry *e,
                          uint64_t now_ns);

@@ -4,14 +4,6 @@
 struct thread_shard thread_shards[THREAD_SHARDS];
 _Thread_local struct thread_here thread_here = {.shard = -1};
 static _Atomic unsigned next_shard;
-static _Atomic uint64_t next_tag = 1;
-
-uint64_t thread_shard_tag_take(void)
-{
-    thread_here.tag = atomic_fetch_add_explicit(&next_tag, 1,
-                                                memory_order_relaxed);
-    return thread_here.tag;
-}
 
 struct thread_shard *thread_shard_take(void)
 {

@@ -38,22 +38,12 @@ struct thread_here {
     int shard;           /* its shard; -1 until its first call */
     unsigned admissions; /* admissions it holds now (lifecycle.c) */
     bool reclaimer;      /* it is the reclaimer thread */
-    uint64_t tag;        /* unique to the thread in this process, from its
-                            first call (0 before): whose entry is whose */
 };
 
 extern _Thread_local struct thread_here thread_here;
 
 /* Any thread: takes the calling thread's shard (its first call). */
 struct thread_shard *thread_shard_take(void);
-
-/* Any thread: the calling thread's tag (struct thread_here), never 0.
- * Never blocks. */
-uint64_t thread_shard_tag_take(void);
-static inline uint64_t thread_shard_tag(void)
-{
-    return thread_here.tag != 0 ? thread_here.tag : thread_shard_tag_take();
-}
 
 /* Any thread: the calling thread's shard.  Never blocks. */
 static inline struct thread_shard *thread_shard_mine(void)

@@ -359,17 +359,7 @@ static void watch_reclaimer_queries(enum fake_call c, cudaError_t r,
  * Here 600 frees, each with an event of its own (a busy stream's), wait
  * behind held work; once it completes, one pass queries all 600: by its
  * 300th query the pool has 256 of their events back (before, none until
- * the pass ended).  The first free is another thread's: a stream whose
- * entries one thread pushed all would complete in one query of its tail
- * (reclaimer_poll.c). */
-struct other_free { void *p; cudaStream_t s; cudaError_t err; };
-static void *free_on_other_thread(void *arg)
-{
-    struct other_free *o = arg;
-    o->err = defer_free(o->p, o->s);
-    return NULL;
-}
-
+ * the pass ended). */
 static void s_long_pass_gives_back(void)
 {
     cudaStream_t s = stream_new();
@@ -377,14 +367,6 @@ static void s_long_pass_gives_back(void)
     void *p[PASS_FREES];
     for (int i = 0; i < PASS_FREES; i++) {
         p[i] = device_alloc(64);
-        if (i == 0) {
-            struct other_free o = {p[0], s, cudaErrorUnknown};
-            pthread_t t;
-            pthread_create(&t, NULL, free_on_other_thread, &o);
-            pthread_join(t, NULL);
-            CHECK(o.err == cudaSuccess, "defer_free 0 (another thread)");
-            continue;
-        }
         CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free %d", i);
     }
     CHECK(stats_now().events_in_pool + PASS_FREES <=

@@ -12,10 +12,7 @@
  *     lock;
  *   - a trim releases a completed free that reached the reclaimer behind
  *     another thread's later free on the same stream (two threads' records
- *     and pushes need not come in the same order);
- *   - for the same reason a completed tail completes a stream's pending
- *     entries only when one thread pushed them all (reclaimer_poll.c asks
- *     the tail first), and then it does, in one query.
+ *     and pushes need not come in the same order).
  * Each scenario is a fresh process. */
 #include <pthread.h>
 
@@ -205,78 +202,6 @@ static void scenario_trim_behind_later_free(void)
     cudaStreamDestroy(s);
 }
 
-/* ---- a completed tail ------------------------------------------------- */
-
-/* Thread A records its free of a on an idle stream (complete at once) and
- * is held; the main thread frees x0 behind held work w0 and x1..x4 behind
- * held work w, all pushed before A's: the FIFO is x0, x1..x4, a.  Once w0
- * completes, x0 heads it complete with four entries behind: a tail asked
- * first says complete, yet x1..x4 wait for w (the oracle fails their
- * release).  The FIFO is mixed, so their heads are asked one by one. */
-static void scenario_tail_of_another_thread(void)
-{
-    cudaStream_t s = stream_new();
-    void *a = device_alloc(4096), *x[5];
-    for (int i = 0; i < 5; i++)
-        x[i] = device_alloc(4096);
-    struct late_push lp = {a, s, cudaErrorUnknown};
-    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
-    pthread_t t;
-    pthread_create(&t, NULL, free_held_after_record, &lp);
-    CHECK(wait_flag(&in_hook, 2000), "A recorded its event on the idle stream");
-    fake_work *w0 = work_held(s, x[0]);
-    CHECK(defer_free(x[0], s) == cudaSuccess, "defer_free(x0)");
-    fake_work *w = fake_launch_held(s, &x[1], 4);
-    for (int i = 1; i < 5; i++)
-        CHECK(defer_free(x[i], s) == cudaSuccess, "defer_free(x%d)", i);
-    unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
-    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
-        sleep_ms(1);
-    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
-    pthread_join(t, NULL);
-    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
-    CHECK(lp.err == cudaSuccess, "defer_free(a) after its hold");
-    sleep_ms(20); /* a is taken in behind x4 */
-    fake_complete(w0);
-    CHECK(wait_released(x[0], 2000), "x0 released once w0 is done");
-    sleep_ms(20);
-    for (int i = 1; i < 5; i++)
-        CHECK(fake_is_released(x[i]) == 0, "x%d waits for w", i);
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(count_released(x, 5) == 5 && fake_is_released(a) == 1,
-          "all released after w");
-    cudaStreamDestroy(s);
-}
-
-/* One thread's eight frees behind one held kernel: once it completes the
- * reclaimer asks the head and then the tail, not each of them. */
-static void scenario_tail_first(void)
-{
-    cudaStream_t s = stream_new();
-    enum { K = 8 };
-    void *p[K];
-    for (int i = 0; i < K; i++)
-        p[i] = device_alloc(4096);
-    fake_work *w = fake_launch_held(s, p, K);
-    for (int i = 0; i < K; i++)
-        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free %d", i);
-    /* Two of the reclaimer's queries after the last push: the second
-     * pass at least began after it, and took everything in. */
-    unsigned long pushed = fake_calls(FAKE_EVENT_QUERY);
-    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) < pushed + 2; i++)
-        sleep_ms(1);
-    CHECK(fake_calls(FAKE_EVENT_QUERY) >= pushed + 2, "all %d taken in", K);
-    unsigned long before = fake_calls(FAKE_EVENT_QUERY);
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    unsigned long asked = fake_calls(FAKE_EVENT_QUERY) - before;
-    CHECK(count_released(p, K) == K, "all %d released", K);
-    CHECK(asked <= 4, "%lu queries for %d completed entries (the head, the "
-          "tail, and at most two that found them pending)", asked, K);
-    cudaStreamDestroy(s);
-}
-
 int main(void)
 {
     plan_lazy();
@@ -297,12 +222,5 @@ int main(void)
                   "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0 "
                   "CUDEFER_MAX_PENDING=1T",
                   1, 10000, scenario_trim_behind_later_free);
-    fork_scenario("a completed tail of another thread completes no other",
-                  "CUDEFER_POLICY=eager",
-                  1, 10000, scenario_tail_of_another_thread);
-    fork_scenario("one thread's completed tail completes its stream's entries",
-                  "CUDEFER_POLICY=eager CUDEFER_POLL_US=1000 "
-                  "CUDEFER_POLL_MAX_US=1000",
-                  1, 10000, scenario_tail_first);
     return 0;
 }

@@ -4,8 +4,7 @@
  * the dense array stays packed; an entry completed out of turn unlinks
  * from the middle or the tail (a trim's pass, reclaimer_poll.c); the
  * table grows past its first 64 FIFOs; a head's poll schedule backs off
- * and a request makes every head due; a FIFO counts its entries and knows
- * whether one thread pushed them all. */
+ * and a request makes every head due. */
 #include <string.h>
 
 #include "entry.h"
@@ -105,7 +104,6 @@ static void test_unlink_next(void)
        "the head's schedule is untouched");
     ok(stream_table_unlink_next(f, &e[2]) == &e[3] && f->tail == &e[2],
        "from the end: the tail moves back");
-    is_int((long)f->count, 2, "two left, counted");
     struct entry late = entry(ENTRY_FREE_DEVICE, 0, 3);
     ok(stream_table_append(&t, &late, 20) && e[2].fifo_next == &late &&
            f->tail == &late,
@@ -114,36 +112,6 @@ static void test_unlink_next(void)
            stream_table_pop(&t, f, 30) == &e[2] &&
            stream_table_pop(&t, f, 30) == &late && t.count == 0,
        "what is left pops in order, and the FIFO leaves");
-    stream_table_destroy(&t);
-}
-
-static void test_pushers(void)
-{
-    struct stream_table t;
-    ok(stream_table_init(&t), "init");
-    struct entry a = entry(ENTRY_FREE_DEVICE, 0, 5), b = a, c = a, d = a;
-    a.pusher = b.pusher = 7;
-    c.pusher = 8;
-    stream_table_append(&t, &a, 0);
-    stream_table_append(&t, &b, 0);
-    struct stream_fifo *f = t.fifos[0];
-    ok(!f->mixed && f->pusher == 7 && f->count == 2,
-       "one thread's two entries: not mixed, count 2");
-    stream_table_append(&t, &c, 0);
-    ok(f->mixed && f->count == 3, "another thread's entry: mixed");
-    stream_table_pop(&t, f, 0);
-    stream_table_pop(&t, f, 0);
-    ok(f->mixed && f->count == 1, "mixed until the FIFO empties");
-    stream_table_pop(&t, f, 0);
-    ok(t.count == 0, "emptied");
-    d.pusher = 9;
-    stream_table_append(&t, &d, 0);
-    f = t.fifos[0];
-    ok(!f->mixed && f->pusher == 9 && f->count == 1,
-       "a FIFO made again starts with its first entry's thread");
-    struct entry u = entry(ENTRY_FREE_DEVICE, 0, 6); /* pusher 0: unknown */
-    stream_table_append(&t, &u, 0);
-    ok(fifo_of(&t, 0, 6, FIFO_MEMORY)->mixed, "an unknown pusher: mixed");
     stream_table_destroy(&t);
 }
 
@@ -209,7 +177,6 @@ int main(void)
     plan_lazy();
     test_kinds_and_order();
     test_unlink_next();
-    test_pushers();
     test_grow();
     test_schedule();
     return 0;
