@@ -8,6 +8,7 @@
 #include "block_leave.h"
 #include "block_map.h"
 #include "block_recorded.h"
+#include "block_records.h"
 #include "block_test.h"
 #include "helpers.h"
 
@@ -516,6 +517,66 @@ static void test_merged_chain_middle_first(void)
     ok(block_cache_take(0, 8, 3 * MiB, &size) == base, "stream 8 takes it");
 }
 
+/* A PENDING block whose own work is done but a part merged into it is
+ * not, cudaFree'd behind cudefer's back and its address allocated again:
+ * the record is dropped, yet the part's entry still names it (through the
+ * part), so it is not freed before that entry is done (a mutation test
+ * that freed it at once: a use after free, seen by ASan), and is once it
+ * is (it leaked: found by that test). */
+static void test_stale_with_parts(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    size_t size = 0;
+    char *base = ADDR(350);
+    ok(block_cache_add(0, base, 2 * MiB, false) && give_back(base),
+       "stale parts: a FREE 2 MiB segment");
+    void *a = block_cache_take(0, 9, MiB, &size);
+    void *first = block_cache_take(0, 9, MiB, &size);
+    ok(a == base + MiB && first == base, "cut in two for stream 9");
+    struct cache_block *ra = block_map_find(a), *rf = block_map_find(first);
+    uint64_t ha = free_on(a, 9), hf = free_on(first, 9);
+    block_cache_event_done(rf, hf, true, 40);
+    ok(ra->state == BLOCK_MERGED && ra->merged_into == rf &&
+           rf->state == BLOCK_PENDING && rf->events == 0 &&
+           rf->outstanding == 1,
+       "one PENDING block, its own work done, its MERGED part's not");
+    stderr_capture_begin();
+    ok(block_cache_add(0, base, 4096, false),
+       "its address allocated again (it was cudaFree'd)");
+    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
+       "reported");
+    struct cache_block *fresh = block_map_find(base);
+    ok(fresh != rf && fresh->state == BLOCK_LIVE && fresh->size == 4096,
+       "the new block is filed");
+    size_t kept = block_records_kept(block_cache_device(0));
+    block_cache_event_done(ra, ha, true, 41); /* reaches rf: not freed yet */
+    ok(block_map_find(a) == NULL && block_map_find(base) == fresh &&
+           fresh->state == BLOCK_LIVE,
+       "the part's entry done: the new block untouched");
+    is_int(block_records_kept(block_cache_device(0)), kept + 2,
+           "the part's record and the dropped one kept for reuse (the "
+           "dropped one leaked before)");
+    ok(give_back(base), "which its own free gives back");
+
+    /* The same for a block named by its own free's entry alone. */
+    void *x = ADDR(360);
+    ok(block_cache_add(0, x, 4096, false), "stale entry: a block");
+    struct cache_block *rx = block_map_find(x);
+    uint64_t hx = free_on(x, 9);
+    stderr_capture_begin();
+    ok(rx->state == BLOCK_PENDING && block_cache_add(0, x, 8192, false),
+       "freed on 9, its entry pending, its address allocated again");
+    stderr_capture_end();
+    kept = block_records_kept(block_cache_device(0));
+    block_cache_event_done(rx, hx, true, 42);
+    is_int(block_records_kept(block_cache_device(0)), kept + 1,
+           "its entry done: the dropped record kept for reuse (it leaked "
+           "before)");
+    ok(block_map_find(x) != rx && block_map_find(x)->state == BLOCK_LIVE &&
+           give_back(x),
+       "the new block untouched, given back by its own free");
+}
+
 /* A whole FREE segment on the age list that a request is cut from is a
  * piece from then on: expiry and trims (block_leave_expired) must not hand
  * its memory back while the piece cut from it is the application's.  It
@@ -765,6 +826,7 @@ int main(void)
     test_merge_with_free();
     test_pending_neighbours_apart();
     test_merged_chain_middle_first();
+    test_stale_with_parts();
     test_cut_segment_stays();
     test_cut_at_merged();
     test_adopt_unclaimed();
