@@ -212,6 +212,14 @@ static void test_out_of_memory(cudaStream_t s)
            "600 bytes, nothing fits: out of memory");
     is_int(fake_entered(FAKE_MALLOC_ASYNC) - tries, 2,
            "608 bytes tried twice, no larger exact size after");
+    /* 64 KiB: rounded, it is its exact size: not tried a third time (a
+     * mutation test that tried the exact size when equal survived). */
+    tries = fake_entered(FAKE_MALLOC_ASYNC);
+    is_int(defer_alloc(&q, 64 << 10, s), cudaErrorMemoryAllocation,
+           "64 KiB, nothing fits: out of memory");
+    is_int(fake_entered(FAKE_MALLOC_ASYNC) - tries, 2,
+           "64 KiB tried twice (before and after the trim), not again as "
+           "its exact size");
     fake_fail_clear();
     defer_free(big, s);
     fake_set_device_memory(0, total);
