@@ -67,7 +67,7 @@ void block_stale_evict_other(const void *ptr, int device)
     if (merged)
         return;
     block_stale_report(ptr, size);
-    if (!named) /* else the claim that names it forgets it (an
-                   ENTRY_BLOCK's entry does not: a small leak) */
+    if (!named) /* else the last entry naming it forgets it (a claim
+                   let go, or the reclaimer: block_cache.c, settle) */
         block_cache_forget(x);
 }

@@ -15,8 +15,10 @@
 #include "block_bins.h"
 
 /* c's lock held (c: stale's device's): stale leaves every list of c.
- * Returns whether an entry still names it (then that entry's claim
- * forgets it; else the caller does, once the lock is let go). */
+ * Returns whether an entry still names it, itself or through a part
+ * merged into it (then the last of them forgets it: its claim let go, or
+ * the reclaimer once its event is done; else the caller does, once the
+ * lock is let go). */
 bool block_stale_drop_locked(struct device_cache *c,
                              struct cache_block *stale);
 

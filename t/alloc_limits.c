@@ -212,6 +212,14 @@ static void test_out_of_memory(cudaStream_t s)
            "600 bytes, nothing fits: out of memory");
     is_int(fake_entered(FAKE_MALLOC_ASYNC) - tries, 2,
            "608 bytes tried twice, no larger exact size after");
+    /* 64 KiB: rounded, it is its exact size: not tried a third time (a
+     * mutation test that tried the exact size when equal survived). */
+    tries = fake_entered(FAKE_MALLOC_ASYNC);
+    is_int(defer_alloc(&q, 64 << 10, s), cudaErrorMemoryAllocation,
+           "64 KiB, nothing fits: out of memory");
+    is_int(fake_entered(FAKE_MALLOC_ASYNC) - tries, 2,
+           "64 KiB tried twice (before and after the trim), not again as "
+           "its exact size");
     fake_fail_clear();
     defer_free(big, s);
     fake_set_device_memory(0, total);
@@ -319,6 +327,39 @@ static void scenario_coarse_beyond_device(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* Out of memory where no cached block can help (the cache is empty) but
+ * the release policy holds the application's own memory, deferred and
+ * done: defer_alloc's trim releases it, and the retry fits.  (A mutation
+ * test that dropped the trim survived the suite: in test_out_of_memory
+ * the miss's hand-back of the cached block already made room.) */
+static void scenario_trim_releases_held(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    cudaStream_t s = stream_new();
+    void *mine = device_alloc(8 * MiB);
+    /* By serial: the block may take its address (FAKE_ADDRESS_REUSE). */
+    unsigned long long serial = fake_allocation_serial(mine);
+    CHECK(defer_free(mine, s) == cudaSuccess, "defer_free of plain memory");
+    /* Its work (none) is done: the policy holds it (no age limit, no idle
+     * release, far below the cap). */
+    bool held = false;
+    for (double until = now_ms() + 10000; !held && now_ms() < until;)
+        if (!(held = stats_now().held == 1))
+            sleep_ms(1);
+    CHECK(held && fake_serial_released(serial) == 0,
+          "the completed free is held (held %llu)", ULL(stats_now().held));
+    size_t free_b, total;
+    cudaMemGetInfo(&free_b, &total);
+    fake_set_device_memory(0, total - free_b + 4 * MiB); /* 4 MiB left */
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 8 * MiB, s);
+    CHECK(err == cudaSuccess && p != NULL,
+          "8 MiB with 4 MiB free and 8 MiB held: %s", cudaGetErrorName(err));
+    CHECK(fake_serial_released(serial) == 1, "the held memory made room");
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free of the block");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 static void test_rounding_knob(void)
 {
     rounding.mib_plus_one = ((size_t)1 << 20) + (32 << 10);
@@ -359,6 +400,10 @@ int main(void)
        "a shutdown before an out-of-memory retry: refused at the gate, "
        "said once");
     test_rounding_knob();
+    fork_scenario("out of memory, the policy holding deferred memory: the "
+                  "trim releases it, the retry fits",
+                  "CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s", 1, 30000,
+                  scenario_trim_releases_held);
     fake_reset(2);
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);

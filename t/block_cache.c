@@ -8,6 +8,7 @@
 #include "block_leave.h"
 #include "block_map.h"
 #include "block_recorded.h"
+#include "block_records.h"
 #include "block_test.h"
 #include "helpers.h"
 
@@ -416,6 +417,166 @@ static void test_merge_with_free(void)
     is_int(left->events + rest->events, 0, "no entry names either");
 }
 
+/* Neighbours PENDING on different streams never merge, whichever is freed
+ * first: the merged block would be reusable at once on the stream of the
+ * one that absorbs the other, while the other stream's work still uses
+ * the absorbed memory.  (A mutation test dropped each stream comparison
+ * of block_segments_merge_pending: only t/stress noticed, by chance.) */
+static void test_pending_neighbours_apart(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    size_t size = 0;
+    /* The left half freed last: it must not absorb its right neighbour. */
+    char *one = ADDR(320);
+    ok(block_cache_add(0, one, 6 * MiB, true) && give_back(one),
+       "apart: a FREE 6 MiB pool segment");
+    void *right = block_cache_take(0, 7, 3 * MiB, &size);
+    void *left = block_cache_take(0, 8, 3 * MiB, &size);
+    ok(right == one + 3 * MiB && left == one,
+       "cut in two: the right half for stream 7, the left for 8");
+    uint64_t hr = free_on(right, 7), hl = free_on(left, 8);
+    struct cache_block *rr = block_map_find(right), *rl = block_map_find(left);
+    ok(rr != NULL && rr->state == BLOCK_PENDING && rr->size == 3 * MiB &&
+           rl->state == BLOCK_PENDING && rl->size == 3 * MiB,
+       "freed on 7, then the left half on 8: two PENDING halves, the right "
+       "one not absorbed");
+    ok(block_cache_take(0, 7, 6 * MiB, &size) != one &&
+           block_cache_take(0, 8, 6 * MiB, &size) != one,
+       "neither stream gets the whole segment while the other's work runs");
+    block_cache_event_done(rr, hr, true, 20);
+    block_cache_event_done(rl, hl, true, 21);
+    ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
+           block_map_find(right) == NULL,
+       "both halves' work done: one FREE segment again");
+    ok(block_cache_take(0, 9, 6 * MiB, &size) == one, "stream 9 takes it");
+
+    /* The right half freed last: its left neighbour must not absorb it. */
+    char *two = ADDR(330);
+    ok(block_cache_add(0, two, 6 * MiB, true) && give_back(two),
+       "apart: another FREE 6 MiB pool segment");
+    right = block_cache_take(0, 7, 3 * MiB, &size);
+    left = block_cache_take(0, 8, 3 * MiB, &size);
+    ok(right == two + 3 * MiB && left == two, "cut in two again");
+    hl = free_on(left, 8);
+    hr = free_on(right, 7);
+    rr = block_map_find(right);
+    rl = block_map_find(left);
+    ok(rr != NULL && rr->state == BLOCK_PENDING && rr->size == 3 * MiB &&
+           rl->state == BLOCK_PENDING && rl->size == 3 * MiB,
+       "freed on 8, then the right half on 7: the left one does not absorb "
+       "it");
+    ok(block_cache_take(0, 7, 6 * MiB, &size) != two &&
+           block_cache_take(0, 8, 6 * MiB, &size) != two,
+       "neither stream gets the whole segment while the other's work runs");
+    block_cache_event_done(rl, hl, true, 22);
+    block_cache_event_done(rr, hr, true, 23);
+    ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
+           block_map_find(right) == NULL,
+       "both halves' work done: one FREE segment again");
+    ok(block_cache_take(0, 9, 6 * MiB, &size) == two, "stream 9 takes it");
+}
+
+/* A chain of MERGED records (a absorbed by m, m by the block at the
+ * segment's start) whose middle part's work is done first: m waits for
+ * what it absorbed before it tells the block it was merged into, so the
+ * block stays PENDING until a's work is done too.  (A mutation test that
+ * let a MERGED part with parts of its own go at once survived the suite:
+ * its chain completed innermost first.) */
+static void test_merged_chain_middle_first(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    size_t size = 0;
+    char *base = ADDR(340);
+    ok(block_cache_add(0, base, 3 * MiB, true) && give_back(base),
+       "chain: a FREE 3 MiB pool segment");
+    void *a = block_cache_take(0, 9, MiB, &size);
+    void *m = block_cache_take(0, 9, MiB, &size);
+    void *first = block_cache_take(0, 9, MiB, &size);
+    ok(a == base + 2 * MiB && m == base + MiB && first == base,
+       "cut in three for stream 9");
+    struct cache_block *ra = block_map_find(a), *rm = block_map_find(m),
+                       *whole = block_map_find(base);
+    uint64_t hf = free_on(first, 9), ha = free_on(a, 9), hm = free_on(m, 9);
+    ok(ra->state == BLOCK_MERGED && ra->merged_into == rm &&
+           rm->state == BLOCK_MERGED && rm->merged_into == whole &&
+           whole->state == BLOCK_PENDING && whole->size == 3 * MiB,
+       "freed on 9, the middle last: a MERGED into m, m into the first");
+    block_cache_event_done(rm, hm, true, 30);
+    block_cache_event_done(whole, hf, true, 31);
+    ok(whole->state == BLOCK_PENDING && rm->state == BLOCK_MERGED &&
+           block_map_find(m) == rm,
+       "the middle's and the first's work done, a's not: still PENDING, m "
+       "still waiting for a");
+    ok(block_cache_take(0, 8, 3 * MiB, &size) != base,
+       "stream 8 does not get it while a's work runs");
+    block_cache_event_done(ra, ha, true, 32);
+    ok(whole->state == BLOCK_FREE && whole->size == 3 * MiB &&
+           whole->outstanding == 0 && block_map_find(a) == NULL &&
+           block_map_find(m) == NULL,
+       "a's work done too: FREE, both parts' records gone");
+    ok(block_cache_take(0, 8, 3 * MiB, &size) == base, "stream 8 takes it");
+}
+
+/* A PENDING block whose own work is done but a part merged into it is
+ * not, cudaFree'd behind cudefer's back and its address allocated again:
+ * the record is dropped, yet the part's entry still names it (through the
+ * part), so it is not freed before that entry is done (a mutation test
+ * that freed it at once: a use after free, seen by ASan), and is once it
+ * is (it leaked: found by that test). */
+static void test_stale_with_parts(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    size_t size = 0;
+    char *base = ADDR(350);
+    ok(block_cache_add(0, base, 2 * MiB, false) && give_back(base),
+       "stale parts: a FREE 2 MiB segment");
+    void *a = block_cache_take(0, 9, MiB, &size);
+    void *first = block_cache_take(0, 9, MiB, &size);
+    ok(a == base + MiB && first == base, "cut in two for stream 9");
+    struct cache_block *ra = block_map_find(a), *rf = block_map_find(first);
+    uint64_t ha = free_on(a, 9), hf = free_on(first, 9);
+    block_cache_event_done(rf, hf, true, 40);
+    ok(ra->state == BLOCK_MERGED && ra->merged_into == rf &&
+           rf->state == BLOCK_PENDING && rf->events == 0 &&
+           rf->outstanding == 1,
+       "one PENDING block, its own work done, its MERGED part's not");
+    stderr_capture_begin();
+    ok(block_cache_add(0, base, 4096, false),
+       "its address allocated again (it was cudaFree'd)");
+    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
+       "reported");
+    struct cache_block *fresh = block_map_find(base);
+    ok(fresh != rf && fresh->state == BLOCK_LIVE && fresh->size == 4096,
+       "the new block is filed");
+    size_t kept = block_records_kept(block_cache_device(0));
+    block_cache_event_done(ra, ha, true, 41); /* reaches rf: not freed yet */
+    ok(block_map_find(a) == NULL && block_map_find(base) == fresh &&
+           fresh->state == BLOCK_LIVE,
+       "the part's entry done: the new block untouched");
+    is_int(block_records_kept(block_cache_device(0)), kept + 2,
+           "the part's record and the dropped one kept for reuse (the "
+           "dropped one leaked before)");
+    ok(give_back(base), "which its own free gives back");
+
+    /* The same for a block named by its own free's entry alone. */
+    void *x = ADDR(360);
+    ok(block_cache_add(0, x, 4096, false), "stale entry: a block");
+    struct cache_block *rx = block_map_find(x);
+    uint64_t hx = free_on(x, 9);
+    stderr_capture_begin();
+    ok(rx->state == BLOCK_PENDING && block_cache_add(0, x, 8192, false),
+       "freed on 9, its entry pending, its address allocated again");
+    stderr_capture_end();
+    kept = block_records_kept(block_cache_device(0));
+    block_cache_event_done(rx, hx, true, 42);
+    is_int(block_records_kept(block_cache_device(0)), kept + 1,
+           "its entry done: the dropped record kept for reuse (it leaked "
+           "before)");
+    ok(block_map_find(x) != rx && block_map_find(x)->state == BLOCK_LIVE &&
+           give_back(x),
+       "the new block untouched, given back by its own free");
+}
+
 /* A whole FREE segment on the age list that a request is cut from is a
  * piece from then on: expiry and trims (block_leave_expired) must not hand
  * its memory back while the piece cut from it is the application's.  It
@@ -663,6 +824,9 @@ int main(void)
     test_stale_other_device();
     test_split_merge();
     test_merge_with_free();
+    test_pending_neighbours_apart();
+    test_merged_chain_middle_first();
+    test_stale_with_parts();
     test_cut_segment_stays();
     test_cut_at_merged();
     test_adopt_unclaimed();

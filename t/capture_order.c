@@ -3,7 +3,10 @@
  * work may still use the memory when the graph dies, e.g. when the graph
  * was never launched on that stream (issue 12, item 7).  And a graph that
  * dies while process exit drains is released by the drain, not dropped
- * (item 13). */
+ * (item 13).  A graph that dies while its stream captures again still
+ * waits for the work before its own capture, and fails at shutdown
+ * rather than be released under it. */
+#define _GNU_SOURCE /* pthread_getname_np */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -258,6 +261,111 @@ static void s_death_during_poll(void)
           ULL(woke));
 }
 
+/* ---- the stream captures again when its graph dies ------------------------ */
+
+/* The reclaimer held inside one cudaStreamIsCapturing call of its own:
+ * 1 arms, 2 while held, 3 lets it go. */
+static _Atomic int hold_state;
+
+static void hold_reclaimer(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)r;
+    (void)arg;
+    char name[16] = "";
+    int armed = 1;
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
+        !atomic_compare_exchange_strong(&hold_state, &armed, 2))
+        return;
+    while (atomic_load(&hold_state) == 2)
+        sleep_ms(1);
+}
+
+/* cudaStreamIsCapturing calls of other threads than this one. */
+static unsigned long others_is_capturing(void)
+{
+    return fake_calls(FAKE_STREAM_IS_CAPTURING) -
+           fake_thread_calls(FAKE_STREAM_IS_CAPTURING);
+}
+
+/* Work w on s uses p; p is freed in a capture of s.  While the reclaimer
+ * is held in its look at s (still capturing), the capture ends, s begins
+ * another (relaxed: it bars nobody's calls) and the first graph dies; then
+ * the reclaimer goes on.  So it never saw s between the two captures: the
+ * origin is still capturing, no event recorded after w.  Returns w; s
+ * still captures. */
+static fake_work *capture_again_before_death(cudaStream_t s, void *p)
+{
+    fake_work *w = work_held(s, p);
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    cudaGraph_t first = end_capture(s);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
+              cudaSuccess,
+          "s captures again");
+    cudaGraphDestroy(first);
+    CHECK(wait_no_user_objects(2000), "the first graph is gone");
+    atomic_store(&hold_state, 3);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    return w;
+}
+
+/* The graph is dead, its origin stream captures again: the entry waits
+ * (for the capture to end, then for the work before the first capture),
+ * not released as if the origin had settled.  (A mutation test that
+ * counted only origins with an event recorded as open survived the
+ * suite.) */
+static void s_dead_graph_stream_captures_again(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = capture_again_before_death(s, p);
+    unsigned long calls = others_is_capturing();
+    for (double until = now_ms() + 10000; fake_is_released(p) == 0 &&
+                                          others_is_capturing() < calls + 2 &&
+                                          now_ms() < until;)
+        sleep_ms(1);
+    CHECK(others_is_capturing() >= calls + 2 || fake_is_released(p) != 0,
+          "the reclaimer looked again");
+    CHECK(fake_is_released(p) == 0,
+          "not released: s captures again, and w still runs");
+    cudaGraph_t second = end_capture(s);
+    cudaGraphDestroy(second);
+    sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
+}
+
+/* The same at shutdown: the origin is still capturing, so the work before
+ * the first capture cannot be waited for; the entry fails (said), its
+ * memory never released.  (A mutation test that pushed it as complete,
+ * released under w, survived the suite.) */
+static void s_dead_graph_capturing_at_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = capture_again_before_death(s, p);
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    defer_shutdown();
+    const char *said = stderr_capture_end();
+    CHECK(fake_is_released(p) == 0, "not released at shutdown: w runs");
+    CHECK(stats_now().failed == failed + 1 &&
+              strstr(said, "not done at shutdown") != NULL,
+          "counted as failed and said (failed %llu)",
+          ULL(stats_now().failed - failed));
+    cudaGraphDestroy(end_capture(s));
+    fake_complete(w);
+}
+
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
@@ -307,6 +415,14 @@ int main(void)
              s_dead_graph_at_shutdown);
     scenario("a graph that dies during the poll that settles it: the "
              "reclaimer sleeps after", s_death_during_poll);
+    fork_scenario("a dead graph whose stream captures again: its entry "
+                  "waits for the work before the first capture",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_dead_graph_stream_captures_again);
+    fork_scenario("a dead graph whose stream captures again at shutdown: "
+                  "failed, not released",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_dead_graph_capturing_at_shutdown);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();

@@ -57,34 +57,36 @@ static void freed_on_device0(bool pluggable)
     cudaStreamDestroy(s1b);
 }
 
-/* Recorded on device 1's legacy stream, freed on stream 0 with device 0
- * current: two streams with one handle, both waited for (a mutation that
- * took any special handle for the same stream went unseen before). */
-static void freed_on_legacy_of_device0(void)
+/* Recorded on device d's legacy stream, freed on stream 0 with the other
+ * device current: two streams with one handle, both waited for (a
+ * mutation that took any special handle for the same stream went unseen
+ * before; for d = 0, one that took a recorded device 0 for the caller's,
+ * in round 3).  The block is device d's. */
+static void freed_on_other_legacy(int d)
 {
     const size_t bytes = 65536;
-    cudaSetDevice(1);
-    cudaStream_t s1 = stream_new(), s1b = stream_new();
+    cudaSetDevice(d);
+    cudaStream_t s = stream_new(), sb = stream_new();
     void *p = NULL, *q = NULL;
-    alloc_checked(&p, bytes, s1);
+    alloc_checked(&p, bytes, s);
     fake_work *w = work_held(0, p);
     is_int(defer_record_stream(p, 0), cudaSuccess,
-           "recorded on device 1's legacy stream");
-    cudaSetDevice(0);
+           "recorded on device %d's legacy stream", d);
+    cudaSetDevice(1 - d);
     is_int(defer_free(p, 0), cudaSuccess,
-           "freed on stream 0 with device 0 current");
+           "freed on stream 0 with device %d current", 1 - d);
     size_t trimmed = 0;
     defer_trim(&trimmed);
     ok(fake_is_released(p) == 0 && fake_violations() == 0,
-       "not released while device 1's legacy stream reads it");
-    cudaSetDevice(1);
-    alloc_checked(&q, bytes, s1b);
-    ok(q != p, "nor handed to another stream");
+       "not released while device %d's legacy stream reads it", d);
+    cudaSetDevice(d);
+    alloc_checked(&q, bytes, sb);
+    ok(q != p, "nor handed to another stream of device %d", d);
     fake_complete(w);
-    defer_free(q, s1b);
+    defer_free(q, sb);
     is_int(defer_flush(), cudaSuccess, "flush");
-    cudaStreamDestroy(s1);
-    cudaStreamDestroy(s1b);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(sb);
     cudaSetDevice(0);
 }
 
@@ -159,7 +161,8 @@ int main(void)
     fake_reset(2);
     freed_on_device0(true);
     freed_on_device0(false);
-    freed_on_legacy_of_device0();
+    freed_on_other_legacy(1);
+    freed_on_other_legacy(0);
     both_legacy_streams(true);
     both_legacy_streams(false);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
