@@ -560,12 +560,9 @@ static void settle(struct device_cache *c, struct cache_block *b,
     else if ((b->state == BLOCK_GONE ||
               (b->state == BLOCK_LIVE && b->handout == 0)) &&
              b->events == 0) {
-        /* LIVE with hand-out 0: a record dropped as stale while an entry
-         * named it, itself or through a part merged into it
-         * (block_stale.h): the last of them is done.  Before, only a
-         * claim's let-go forgot such a record, and one named by an
-         * ENTRY_BLOCK or a MERGED part leaked (t/block_cache; found by
-         * mutation testing). */
+        /* LIVE with hand-out 0: dropped as stale while an entry named it,
+         * itself or through a merged part (block_stale.h); the last of
+         * them is done (t/block_stale: such records leaked before). */
         b->lru_next = *forget;
         *forget = b;
     }

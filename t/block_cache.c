@@ -1,6 +1,7 @@
 /* The block cache on its own (no reclaimer): fit (rounding: t/block_rounding), the
  * states LIVE -> PENDING (reusable on its stream only) -> FREE (any stream),
- * stale hand-outs, recorded streams, double frees, expiry, accounting. */
+ * stale hand-outs, recorded streams, double frees, expiry, accounting
+ * (stale records: t/block_stale). */
 #include <stdint.h>
 #include <string.h>
 
@@ -18,29 +19,6 @@ static const struct block_user *user(cudaStream_t x, unsigned long long id)
     static struct block_user u;
     u = (struct block_user){x, id, 0};
     return &u;
-}
-
-/* Free b (ptr p) on stream id of device 0 the stream-ordered way; returns
- * the hand-out its entry would name. */
-static uint64_t free_on(void *p, unsigned long long id)
-{
-    struct block_free_plan plan;
-    if (!park_free(p, 0, id, &plan)) {
-        diag("free_on(%p, %llu): path %d", p, id, (int)plan.path);
-        return 0;
-    }
-    return plan.handout;
-}
-
-/* The same on device 1. */
-static uint64_t free_on1(void *p, unsigned long long id)
-{
-    struct block_free_plan plan;
-    if (!park_free(p, 1, id, &plan)) {
-        diag("free_on1(%p, %llu): path %d", p, id, (int)plan.path);
-        return 0;
-    }
-    return plan.handout;
 }
 
 static void test_stream_order(void)
@@ -212,65 +190,6 @@ static void test_devices(void)
         never &= block_cache_take(0, 3, 512, &size) != ADDR(8);
     ok(never, "device 0 never gets device 1's block");
     ok(block_cache_take(1, 3, 512, &size) == ADDR(8), "device 1 does");
-}
-
-static void test_stale_record(void)
-{
-    ok(block_cache_add(0, ADDR(11), 512, false), "a block");
-    uint64_t before = stats_now().cache_bytes;
-    stderr_capture_begin();
-    ok(block_cache_add(0, ADDR(11), 1024, false), "cudaMalloc returned its address "
-                                           "again (it was cudaFree'd)");
-    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
-       "reported");
-    is_int(stats_now().cache_bytes, before - 512 + 1024,
-           "the old record is dropped from the accounting");
-    is_int(block_map_find(ADDR(11))->size, 1024, "the new one counts");
-    is_int(claim((char *)ADDR(11) + 768), BLOCK_INSIDE,
-           "and its memory is the cache's, to its new end");
-}
-
-/* The address of a FREE block of device 1 allocated again on device 0 (it
- * was cudaFree'd behind cudefer's back): device 1's record leaves its
- * lists, the accounting and the map under device 1's lock, before device
- * 0 files its own (block_stale_evict_other). */
-static void test_stale_other_device(void)
-{
-    void *p = ADDR(12);
-    size_t size;
-    ok(block_cache_add(1, p, 2048, false) && give_back(p),
-       "a FREE block of device 1");
-    struct defer_stats before = stats_now();
-    stderr_capture_begin();
-    ok(block_cache_add(0, p, 4096, false),
-       "its address allocated again on device 0");
-    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
-       "reported");
-    struct cache_block *now = block_map_find(p);
-    ok(now != NULL && now->device == 0 && now->size == 4096,
-       "the map holds device 0's record");
-    ok(stats_now().cache_bytes == before.cache_bytes - 2048 + 4096 &&
-           stats_now().cache_free_bytes == before.cache_free_bytes - 2048,
-       "device 1's record left the accounting, its free bytes too");
-    ok(block_cache_take(1, 3, 2048, &size) != p,
-       "device 1 does not hand its old block out");
-
-    /* Smaller on device 0 than it was on device 1: the rest of device 1's
-     * old range is no memory of the cache's any more (device 1's segment
-     * index kept it, and a free there was refused as a pointer inside a
-     * block). */
-    void *q = ADDR(13);
-    ok(block_cache_add(1, q, 8192, false) && give_back(q),
-       "a FREE 8 KiB block of device 1");
-    struct block_free_plan plan;
-    block_cache_plan_free((char *)q + 4096, 1, 3, &plan);
-    is_int(plan.path, BLOCK_INSIDE, "inside it: the cache's memory");
-    stderr_capture_begin();
-    ok(block_cache_add(0, q, 2048, false), "2 KiB at its address on device 0");
-    stderr_capture_end();
-    block_cache_plan_free((char *)q + 4096, 1, 3, &plan);
-    is_int(plan.path, BLOCK_NOT_OURS,
-           "a pointer past its end in device 1's old range is not the cache's");
 }
 
 /* Segments: a request of 1 MiB or more cut from a larger block, FREE or
@@ -517,66 +436,6 @@ static void test_merged_chain_middle_first(void)
     ok(block_cache_take(0, 8, 3 * MiB, &size) == base, "stream 8 takes it");
 }
 
-/* A PENDING block whose own work is done but a part merged into it is
- * not, cudaFree'd behind cudefer's back and its address allocated again:
- * the record is dropped, yet the part's entry still names it (through the
- * part), so it is not freed before that entry is done (a mutation test
- * that freed it at once: a use after free, seen by ASan), and is once it
- * is (it leaked: found by that test). */
-static void test_stale_with_parts(void)
-{
-    const size_t MiB = (size_t)1 << 20;
-    size_t size = 0;
-    char *base = ADDR(350);
-    ok(block_cache_add(0, base, 2 * MiB, false) && give_back(base),
-       "stale parts: a FREE 2 MiB segment");
-    void *a = block_cache_take(0, 9, MiB, &size);
-    void *first = block_cache_take(0, 9, MiB, &size);
-    ok(a == base + MiB && first == base, "cut in two for stream 9");
-    struct cache_block *ra = block_map_find(a), *rf = block_map_find(first);
-    uint64_t ha = free_on(a, 9), hf = free_on(first, 9);
-    block_cache_event_done(rf, hf, true, 40);
-    ok(ra->state == BLOCK_MERGED && ra->merged_into == rf &&
-           rf->state == BLOCK_PENDING && rf->events == 0 &&
-           rf->outstanding == 1,
-       "one PENDING block, its own work done, its MERGED part's not");
-    stderr_capture_begin();
-    ok(block_cache_add(0, base, 4096, false),
-       "its address allocated again (it was cudaFree'd)");
-    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
-       "reported");
-    struct cache_block *fresh = block_map_find(base);
-    ok(fresh != rf && fresh->state == BLOCK_LIVE && fresh->size == 4096,
-       "the new block is filed");
-    size_t kept = block_records_kept(block_cache_device(0));
-    block_cache_event_done(ra, ha, true, 41); /* reaches rf: not freed yet */
-    ok(block_map_find(a) == NULL && block_map_find(base) == fresh &&
-           fresh->state == BLOCK_LIVE,
-       "the part's entry done: the new block untouched");
-    is_int(block_records_kept(block_cache_device(0)), kept + 2,
-           "the part's record and the dropped one kept for reuse (the "
-           "dropped one leaked before)");
-    ok(give_back(base), "which its own free gives back");
-
-    /* The same for a block named by its own free's entry alone. */
-    void *x = ADDR(360);
-    ok(block_cache_add(0, x, 4096, false), "stale entry: a block");
-    struct cache_block *rx = block_map_find(x);
-    uint64_t hx = free_on(x, 9);
-    stderr_capture_begin();
-    ok(rx->state == BLOCK_PENDING && block_cache_add(0, x, 8192, false),
-       "freed on 9, its entry pending, its address allocated again");
-    stderr_capture_end();
-    kept = block_records_kept(block_cache_device(0));
-    block_cache_event_done(rx, hx, true, 42);
-    is_int(block_records_kept(block_cache_device(0)), kept + 1,
-           "its entry done: the dropped record kept for reuse (it leaked "
-           "before)");
-    ok(block_map_find(x) != rx && block_map_find(x)->state == BLOCK_LIVE &&
-           give_back(x),
-       "the new block untouched, given back by its own free");
-}
-
 /* A whole FREE segment on the age list that a request is cut from is a
  * piece from then on: expiry and trims (block_leave_expired) must not hand
  * its memory back while the piece cut from it is the application's.  It
@@ -612,7 +471,7 @@ static void test_cut_segment_stays(void)
            "no FREE block on the age list");
     ok(block_map_find(base) != NULL && block_map_find(p) != NULL,
        "both parts still filed");
-    uint64_t h = free_on1(p, 1);
+    uint64_t h = free_on_device(p, 1, 1);
     block_cache_event_done(block_map_find(p), h, true, 3);
     n = block_leave_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
     ok(n == 1 && out[0]->ptr == base && out[0]->size == 4 * MiB,
@@ -687,30 +546,6 @@ static void test_adopt_unclaimed(void)
     block_cache_adopt(&owner);
     ok(block_map_find(piece) == NULL && block_map_find(base)->size == 2 * MiB,
        "its owner's release: FREE, merged back into the segment");
-}
-
-/* A claimed block whose memory was cudaFree'd behind cudefer's back and
- * allocated again at its address: the new block is filed, the claim's
- * record dropped; the claim's release reports, never touches the new
- * block, and forgets the dropped record (ASan sees a leak otherwise). */
-static void test_claim_of_dropped_record(void)
-{
-    char *p = ADDR(70);
-    ok(block_cache_add(0, p, 4096, false), "a LIVE block");
-    struct block_claim c;
-    ok(block_cache_claim(p, &c) == BLOCK_AFTER_EVENT, "claimed by a free");
-    stderr_capture_begin();
-    ok(block_cache_add(0, p, 8192, false), "its address allocated again");
-    stderr_capture_end();
-    struct cache_block *fresh = block_map_find(p);
-    ok(fresh != c.block && fresh->state == BLOCK_LIVE, "filed as a new block");
-    stderr_capture_begin();
-    block_cache_adopt(&c);
-    ok(strstr(stderr_capture_end(), "behind cudefer's back") != NULL,
-       "the claim's release reports the dropped record");
-    ok(block_map_find(p) == fresh && fresh->state == BLOCK_LIVE,
-       "and leaves the new block its owner's");
-    ok(give_back(p), "which its own free gives back");
 }
 
 /* A batched free's plan parks its block in the same hold (only on the
@@ -820,17 +655,13 @@ int main(void)
     test_recorded();
     test_recorded_devices();
     test_devices();
-    test_stale_record();
-    test_stale_other_device();
     test_split_merge();
     test_merge_with_free();
     test_pending_neighbours_apart();
     test_merged_chain_middle_first();
-    test_stale_with_parts();
     test_cut_segment_stays();
     test_cut_at_merged();
     test_adopt_unclaimed();
-    test_claim_of_dropped_record();
     test_parked_plan_and_claims_done();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");

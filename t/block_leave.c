@@ -104,17 +104,6 @@ static void test_collect_largest(void)
     ok(p == ADDR(17), "a request on 7 finds only the block left there");
 }
 
-/* A free on stream id through the stream-ordered path, parked PENDING;
- * its hand-out (0 when it took another path). */
-static uint64_t free_on(void *p, unsigned long long id)
-{
-    struct block_free_plan plan;
-    block_cache_plan_free(p, 0, id, &plan);
-    if (plan.path != BLOCK_STREAM_ORDERED || !block_cache_park(&plan, id))
-        return 0;
-    return plan.handout;
-}
-
 /* A miss on stream 7 hands a whole PENDING pool segment back while a
  * piece MERGED into it still waits for its entry: the MERGED record stays
  * filed under its address, which the pool gives out again at once (on the

@@ -1,5 +1,6 @@
 /* Helpers shared by the block cache's unit tests (t/block_cache.c,
- * t/block_leave.c): made-up addresses and the two claim paths. */
+ * t/block_stale.c, t/block_leave.c, ...): made-up addresses, the two claim
+ * paths and a stream-ordered free. */
 #ifndef CUDEFER_T_BLOCK_TEST_H
 #define CUDEFER_T_BLOCK_TEST_H
 
@@ -8,6 +9,7 @@
 
 #include "block_cache.h"
 #include "block_map.h"
+#include "tap.h"
 
 /* Made-up addresses: the cache never dereferences them. */
 #define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
@@ -32,6 +34,26 @@ static inline bool park_free(void *p, int device, unsigned long long id,
 {
     block_cache_plan_free(p, device, id, plan);
     return plan->path == BLOCK_STREAM_ORDERED && block_cache_park(plan, id);
+}
+
+/* A free of p on stream id of device the stream-ordered way, parked
+ * PENDING; its hand-out (0, said, when it took another path). */
+static inline uint64_t free_on_device(void *p, int device,
+                                      unsigned long long id)
+{
+    struct block_free_plan plan;
+    if (!park_free(p, device, id, &plan)) {
+        diag("free_on_device(%p, %d, %llu): path %d", p, device, id,
+             (int)plan.path);
+        return 0;
+    }
+    return plan.handout;
+}
+
+/* The same on device 0. */
+static inline uint64_t free_on(void *p, unsigned long long id)
+{
+    return free_on_device(p, 0, id);
 }
 
 /* A claim by a free path that waits for more than one event; its path. */
