@@ -154,6 +154,28 @@ static void test_handback_with_merged_piece(void)
     ok(left, "and leaves the cache");
 }
 
+/* A miss's hand-back skips a FREE pool block an older entry still names
+ * (as expiry does, test_expiry): the pool would lend its memory again
+ * while that entry's work may still use it.  (A mutant that dropped
+ * events == 0 from may_hand_back handed it back.) */
+static void test_handback_skips_named(void)
+{
+    ok(block_cache_add(0, ADDR(60), 8192, true) && give_back(ADDR(60)),
+       "a FREE pool block");
+    struct cache_block *named = block_map_find(ADDR(60));
+    named->events++; /* as if an older entry still named it */
+    struct block_memory out[4];
+    is_int(block_leave_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX), 0,
+           "a miss does not hand back a block an entry still names");
+    ok(block_map_find(ADDR(60)) == named && named->state == BLOCK_FREE,
+       "it stays FREE in the cache");
+    named->events--;
+    size_t n = block_leave_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX);
+    ok(n == 1 && out[0].ptr == ADDR(60) && out[0].size == 8192,
+       "once unnamed, it goes back to the pool");
+    ok(block_map_find(ADDR(60)) == NULL, "out of the map");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -162,6 +184,7 @@ int main(void)
     test_expiry();
     test_collect_largest();
     test_handback_with_merged_piece();
+    test_handback_skips_named();
     block_cache_destroy();
     return 0;
 }
