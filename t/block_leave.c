@@ -176,6 +176,40 @@ static void test_handback_skips_named(void)
     ok(block_map_find(ADDR(60)) == NULL, "out of the map");
 }
 
+/* A PENDING segment with a piece MERGED into it whose entry still waits
+ * is taken again on its stream, then freed by a path that waits for its
+ * event and adopted: FREE while the piece's entry, whose work may use
+ * part of it, is not done (outstanding).  Expiry leaves it until that
+ * entry is done.  (A mutant that dropped outstanding == 0 from
+ * block_leave_expired gave it to cudaFree or the pool then.) */
+static void test_expiry_waits_for_merged_piece(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(80);
+    size_t size;
+    ok(block_cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    uint64_t hs = free_on(base, 7);
+    void *p = block_cache_take(0, 7, MiB, &size);
+    struct cache_block *rp = block_map_find(p), *seg = block_map_find(base);
+    uint64_t hp = free_on(p, 7);
+    ok(rp->state == BLOCK_MERGED && seg->outstanding == 1,
+       "a piece MERGED back into the PENDING segment, its entry waiting");
+    block_cache_event_done(seg, hs, true, 10); /* the segment's own entry */
+    void *again = block_cache_take(0, 7, 4 * MiB, &size);
+    ok(again == base && seg->state == BLOCK_LIVE,
+       "the segment taken again on its stream");
+    ok(give_back(base) && seg->state == BLOCK_FREE && seg->outstanding == 1,
+       "freed and adopted: FREE, the piece's entry still waiting");
+    struct cache_block *out[8];
+    is_int(block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX), 0,
+           "expiry leaves it while the piece's entry waits");
+    block_cache_event_done(rp, hp, true, 11);
+    size_t n = block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
+    ok(n == 1 && out[0] == seg, "once done, it expires");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -185,6 +219,7 @@ int main(void)
     test_collect_largest();
     test_handback_with_merged_piece();
     test_handback_skips_named();
+    test_expiry_waits_for_merged_piece();
     block_cache_destroy();
     return 0;
 }
