@@ -328,6 +328,35 @@ static void no_pool_mallocs_on_the_stream_device(void)
     fake_fail_clear();
 }
 
+/* A trim whose cudaFreeAsync of a cached pool block fails (not sticky):
+ * said, naming the block and the call that failed; not counted as
+ * released; the memory stays allocated (the pool's).  (A mutant that
+ * dropped the report said nothing; the line named cudaFree for the
+ * cudaFreeAsync that failed.) */
+static void trim_free_fails_said(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess, "a block");
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed: FREE in the cache");
+    uint64_t released = stats_now().cache_releases;
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    cudaError_t err = defer_trim(NULL);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    char text[32];
+    snprintf(text, sizeof text, "%p", p);
+    CHECK(err == cudaSuccess, "defer_trim: %d (not sticky: no device error)",
+          (int)err);
+    CHECK(strstr(said, "cudaFreeAsync failed") != NULL &&
+              strstr(said, text) != NULL && strstr(said, "not released"),
+          "said, with the call and the block: %s", said);
+    CHECK(stats_now().cache_releases == released, "not counted as released");
+    CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -338,6 +367,8 @@ int main(void)
     fork_scenario("no pool: blocks from cudaMalloc on the stream's device, "
                   "the caller's device restored", "", 2, 20000,
                   no_pool_mallocs_on_the_stream_device);
+    fork_scenario("a trim's failed cudaFreeAsync of a cached block is said",
+                  "", 1, 20000, trim_free_fails_said);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");
