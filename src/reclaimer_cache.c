@@ -53,6 +53,10 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
                     : async != NULL
                         ? block_pool_free(d, b->ptr, b->size, async)
                         : block_pool_free_sync(d, b->ptr, b->size);
+                /* The call that failed, by name (a failed cudaFreeAsync was
+                 * said as cudaFree before; t/alloc_pool). */
+                const char *call =
+                    b->pool && async != NULL ? "cudaFreeAsync" : "cudaFree";
                 if (err == cudaSuccess) {
                     released++;
                     /* A pool block's bytes leave the device only when the
@@ -61,13 +65,13 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
                     if (!b->pool)
                         rs.pass_released_bytes += b->size;
                 } else if (report_cuda_error_is_sticky(err)) {
-                    reclaimer_fail_device(d, "cudaFree", err);
+                    reclaimer_fail_device(d, call, err);
                 } else {
                     char detail[96];
                     snprintf(detail, sizeof detail,
                              "; block %p (device %d) is not released",
                              batch[i]->ptr, d);
-                    report_cuda("release", "cudaFree", err, detail);
+                    report_cuda("release", call, err, detail);
                 }
                 block_cache_forget(batch[i]);
             }

@@ -294,6 +294,69 @@ static void test_shutdown_during_malloc(cudaStream_t s)
     cudaFree(r.p); /* the application's memory now */
 }
 
+/* No pool could be made (cudaMemPoolCreate fails): blocks come from
+ * cudaMalloc on the stream's device, made current for the call from the
+ * caller's thread and the caller's device made current again (a mutant
+ * that left device 1 current went unseen: the fake's pool never failed,
+ * so the fallback was never run); a trim gives them back with cudaFree. */
+static void no_pool_mallocs_on_the_stream_device(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    cudaSetDevice(0);
+    fake_fail(FAKE_MEM_POOL_CREATE, cudaErrorNotSupported, 0, -1); /* every call */
+    unsigned long mallocs = fake_calls(FAKE_MALLOC);
+    stderr_capture_begin();
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 1 << 20, s1);
+    const char *said = stderr_capture_end();
+    int current = -1;
+    cudaGetDevice(&current);
+    CHECK(err == cudaSuccess && p != NULL, "defer_alloc: %d", (int)err);
+    CHECK(current == 0, "the caller's device is current again (%d)", current);
+    CHECK(fake_calls(FAKE_MALLOC) - mallocs == 1, "a cudaMalloc");
+    struct cudaPointerAttributes at;
+    CHECK(cudaPointerGetAttributes(&at, p) == cudaSuccess && at.device == 1,
+          "on the stream's device (%d)", at.device);
+    CHECK(strstr(said, "cudaMemPoolCreate") != NULL, "the failure is said");
+    CHECK(defer_free(p, s1) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    size_t bytes = 0;
+    CHECK(defer_trim(&bytes) == cudaSuccess && bytes == (1 << 20),
+          "a trim gives it back: %zu bytes", bytes);
+    CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
+    fake_fail_clear();
+}
+
+/* A trim whose cudaFreeAsync of a cached pool block fails (not sticky):
+ * said, naming the block and the call that failed; not counted as
+ * released; the memory stays allocated (the pool's).  (A mutant that
+ * dropped the report said nothing; the line named cudaFree for the
+ * cudaFreeAsync that failed.) */
+static void trim_free_fails_said(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess, "a block");
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed: FREE in the cache");
+    uint64_t released = stats_now().cache_releases;
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    cudaError_t err = defer_trim(NULL);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    char text[32];
+    snprintf(text, sizeof text, "%p", p);
+    CHECK(err == cudaSuccess, "defer_trim: %d (not sticky: no device error)",
+          (int)err);
+    CHECK(strstr(said, "cudaFreeAsync failed") != NULL &&
+              strstr(said, text) != NULL && strstr(said, "not released"),
+          "said, with the call and the block: %s", said);
+    CHECK(stats_now().cache_releases == released, "not counted as released");
+    CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -301,6 +364,11 @@ int main(void)
                   trim_counts_once);
     fork_scenario("a trim waits for the frees it trims after", "", 1, 20000,
                   trim_waits_for_frees);
+    fork_scenario("no pool: blocks from cudaMalloc on the stream's device, "
+                  "the caller's device restored", "", 2, 20000,
+                  no_pool_mallocs_on_the_stream_device);
+    fork_scenario("a trim's failed cudaFreeAsync of a cached block is said",
+                  "", 1, 20000, trim_free_fails_said);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");

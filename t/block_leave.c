@@ -154,6 +154,62 @@ static void test_handback_with_merged_piece(void)
     ok(left, "and leaves the cache");
 }
 
+/* A miss's hand-back skips a FREE pool block an older entry still names
+ * (as expiry does, test_expiry): the pool would lend its memory again
+ * while that entry's work may still use it.  (A mutant that dropped
+ * events == 0 from may_hand_back handed it back.) */
+static void test_handback_skips_named(void)
+{
+    ok(block_cache_add(0, ADDR(60), 8192, true) && give_back(ADDR(60)),
+       "a FREE pool block");
+    struct cache_block *named = block_map_find(ADDR(60));
+    named->events++; /* as if an older entry still named it */
+    struct block_memory out[4];
+    is_int(block_leave_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX), 0,
+           "a miss does not hand back a block an entry still names");
+    ok(block_map_find(ADDR(60)) == named && named->state == BLOCK_FREE,
+       "it stays FREE in the cache");
+    named->events--;
+    size_t n = block_leave_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX);
+    ok(n == 1 && out[0].ptr == ADDR(60) && out[0].size == 8192,
+       "once unnamed, it goes back to the pool");
+    ok(block_map_find(ADDR(60)) == NULL, "out of the map");
+}
+
+/* A PENDING segment with a piece MERGED into it whose entry still waits
+ * is taken again on its stream, then freed by a path that waits for its
+ * event and adopted: FREE while the piece's entry, whose work may use
+ * part of it, is not done (outstanding).  Expiry leaves it until that
+ * entry is done.  (A mutant that dropped outstanding == 0 from
+ * block_leave_expired gave it to cudaFree or the pool then.) */
+static void test_expiry_waits_for_merged_piece(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(80);
+    size_t size;
+    ok(block_cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    uint64_t hs = free_on(base, 7);
+    void *p = block_cache_take(0, 7, MiB, &size);
+    struct cache_block *rp = block_map_find(p), *seg = block_map_find(base);
+    uint64_t hp = free_on(p, 7);
+    ok(rp->state == BLOCK_MERGED && seg->outstanding == 1,
+       "a piece MERGED back into the PENDING segment, its entry waiting");
+    block_cache_event_done(seg, hs, true, 10); /* the segment's own entry */
+    void *again = block_cache_take(0, 7, 4 * MiB, &size);
+    ok(again == base && seg->state == BLOCK_LIVE,
+       "the segment taken again on its stream");
+    ok(give_back(base) && seg->state == BLOCK_FREE && seg->outstanding == 1,
+       "freed and adopted: FREE, the piece's entry still waiting");
+    struct cache_block *out[8];
+    is_int(block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX), 0,
+           "expiry leaves it while the piece's entry waits");
+    block_cache_event_done(rp, hp, true, 11);
+    size_t n = block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
+    ok(n == 1 && out[0] == seg, "once done, it expires");
+    for (size_t i = 0; i < n; i++)
+        block_cache_forget(out[i]);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -162,6 +218,8 @@ int main(void)
     test_expiry();
     test_collect_largest();
     test_handback_with_merged_piece();
+    test_handback_skips_named();
+    test_expiry_waits_for_merged_piece();
     block_cache_destroy();
     return 0;
 }

@@ -132,6 +132,17 @@ static cudaError_t call_one(enum fake_call c, cudaStream_t s, cudaEvent_t e)
         return cudaDeviceGetAttribute(&i, cudaDevAttrWarpSize, 0);
     case FAKE_DRIVER_GET_VERSION: return cudaDriverGetVersion(&i);
     case FAKE_RUNTIME_GET_VERSION: return cudaRuntimeGetVersion(&i);
+    case FAKE_MEM_POOL_CREATE: {
+        struct cudaMemPoolProps props = {0};
+        cudaMemPool_t pool;
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = 0;
+        r = cudaMemPoolCreate(&pool, &props);
+        if (r == cudaSuccess)
+            cudaMemPoolDestroy(pool);
+        return r;
+    }
     case FAKE_NCALLS: break;
     }
     return cudaErrorUnknown;

@@ -137,6 +137,10 @@ static const struct scenario scenarios[] = {
     {"cudaFree fails once: defer_trim's bytes and demand_releases count "
      "only what was released", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
      FAKE_FREE, cudaErrorInvalidValue, ONCE, cudaSuccess, "accounting"},
+    {"defer_free_n: the first pointer's cudaFree fails, the last one's "
+     "works: the entry failed", "CUDEFER_MAX_DELAY_MS=0", 1,
+     s_free_n_first_fails, FAKE_FREE, cudaErrorInvalidValue, ONCE,
+     cudaSuccess, NULL},
     {"cudaFreeHost fails once", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
      FAKE_FREE_HOST, cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"cudaFreeHost fails persistently", "CUDEFER_MAX_DELAY_MS=0", 1,
@@ -161,6 +165,9 @@ static const struct scenario scenarios[] = {
      cudaSuccess, NULL},
     {"cudaFreeAsync fails persistently: cudaFree instead", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ALWAYS,
+     cudaSuccess, NULL},
+    {"cudaFreeAsync rejects the pointer: no cudaFree tried, failed", "", 1,
+     s_free_async_rejected, FAKE_FREE_ASYNC, cudaErrorInvalidValue, ONCE,
      cudaSuccess, NULL},
     {"reclaimer's cudaStreamCreateWithFlags fails once: cudaFree instead", "",
      1, s_free_stream_fails, FAKE_STREAM_CREATE, cudaErrorMemoryAllocation,

@@ -213,6 +213,44 @@ void s_free_fails(const struct scenario *sc)
     CHECK_STATS();
 }
 
+/* A defer_free_n whose first pointer's cudaFree fails and whose last one's
+ * works failed: counted failed, not released, its pointer named.  (The
+ * entry's error is its first pointer's: a mutant that kept the last one's
+ * error lost the failure, counting the entry released.) */
+void s_free_n_first_fails(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[2] = {device_alloc(1024), device_alloc(2048)};
+    work_timed(sb, 0, p[0]);
+    work_timed(sb, 0, p[1]);
+    CHECK(defer_free_n(p, 2, sb) == cudaSuccess, "defer_free_n of two");
+    WAIT_UNTIL(stats_now().held == 1, 10000);
+    CHECK(stats_now().held == 1, "held %llu, want 1", ULL(stats_now().held));
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, ONCE); /* the first pointer's cudaFree */
+    CHECK(defer_trim(NULL) == cudaSuccess, "defer_trim");
+    const char *msg = capture_end();
+    fake_fail_clear();
+    struct defer_stats st = stats_now();
+    CHECK(st.failed == 1 && st.released == 0,
+          "the entry failed: failed %llu released %llu, want 1 and 0",
+          ULL(st.failed), ULL(st.released));
+    CHECK(fake_is_released(p[0]) == 0 && fake_is_released(p[1]) == 1,
+          "the first not released, the second released");
+    CHECK(lines_with(msg, "cudaFree failed", EN(bad), ptr_text(p[0])) == 1,
+          "one line names cudaFree, %s and the first pointer", EN(bad));
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    cudaFree(p[0]);
+    CHECK(fake_live_allocations() == 0, "nothing else left (%zu)",
+          fake_live_allocations());
+    CHECK_STATS();
+}
+
 /* ---- reclaimer: pool memory (cudaFreeAsync, its stream) ------------------- */
 
 /* cudaFreeAsync fails: cudaFree instead. */
@@ -252,6 +290,38 @@ void s_free_async_fails(const struct scenario *sc)
                                           NULL), fails);
     CHECK(lines_with(msg, "cudaFree failed", NULL, NULL) == 0,
           "the fallback cudaFree worked");
+    CHECK_STATS();
+}
+
+/* cudaFreeAsync rejects the pointer (cudaErrorInvalidValue: an interior
+ * pointer, say): cudaFree would reject it too, so it is not tried (a
+ * mutant that tried it said two lines and made a call for nothing); the
+ * entry failed, one line names it. */
+void s_free_async_rejected(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    cudaStream_t s = stream_new();
+    void *p = pool_alloc(s, 4096);
+    work_timed(s, 0, p);
+    unsigned long frees = fake_calls(FAKE_FREE);
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, bad, 0, ONCE);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    defer_flush();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(fake_calls(FAKE_FREE) == frees, "no cudaFree tried (%lu)",
+          fake_calls(FAKE_FREE) - frees);
+    struct defer_stats st = stats_now();
+    CHECK(st.failed == 1 && st.released == 0, "failed %llu released %llu",
+          ULL(st.failed), ULL(st.released));
+    CHECK(fake_is_released(p) == 0, "not released");
+    CHECK(lines_with(msg, "cudaFreeAsync failed", EN(bad), ptr_text(p)) == 1,
+          "a line names cudaFreeAsync, %s and the pointer", EN(bad));
+    CHECK(lines_with(msg, "cudaFree failed", NULL, NULL) == 0 &&
+              lines_with(msg, "with cudaFree instead", NULL, NULL) == 0,
+          "no fallback said");
+    cudaFree(p);
     CHECK_STATS();
 }
 

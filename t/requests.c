@@ -15,6 +15,7 @@
  *     and pushes need not come in the same order).
  * Each scenario is a fresh process. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "helpers.h"
 #include "reclaimer_state.h"
@@ -202,6 +203,58 @@ static void scenario_trim_behind_later_free(void)
     cudaStreamDestroy(s);
 }
 
+/* The same race with callbacks: A's defer_call records first and pushes
+ * last, behind B's, whose work still runs when A's is done.  A trim runs
+ * no callback ahead of one before it on its stream (cudefer.h: callbacks
+ * of one stream run in order): only memory FIFOs complete behind their
+ * head (a mutant that let a trim do so for callbacks ran A first). */
+static char order[3];
+static _Atomic int nran;
+static void note_run(void *arg)
+{
+    order[atomic_fetch_add(&nran, 1)] = *(const char *)arg;
+}
+
+struct late_call { cudaStream_t s; cudaError_t err; };
+static void *call_held_after_record(void *arg)
+{
+    struct late_call *lc = arg;
+    hold_me = true;
+    lc->err = defer_call(note_run, "A", lc->s);
+    return NULL;
+}
+
+static void scenario_trim_keeps_callback_order(void)
+{
+    cudaStream_t s = stream_new();
+    fake_work *wa = work_held(s, NULL);
+    struct late_call lc = {s, cudaErrorUnknown};
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, call_held_after_record, &lc);
+    CHECK(wait_flag(&in_hook, 2000), "A recorded its event (after wa)");
+    fake_work *wb = work_held(s, NULL); /* after A's record */
+    unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
+    CHECK(defer_call(note_run, "B", s) == cudaSuccess,
+          "defer_call(B): recorded later, pushed first");
+    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries, "B taken in and queried");
+    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(t, NULL);
+    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+    CHECK(lc.err == cudaSuccess, "defer_call(A) after its hold");
+    fake_complete(wa); /* A's work done; B's still running */
+    CHECK(defer_trim(NULL) == cudaSuccess, "defer_trim");
+    CHECK(atomic_load(&nran) == 0, "no callback ran ahead of B (%d ran)",
+          atomic_load(&nran));
+    fake_complete(wb);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(atomic_load(&nran) == 2 && order[0] == 'B' && order[1] == 'A',
+          "both ran, B first (%d: %.2s)", atomic_load(&nran), order);
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -222,5 +275,8 @@ int main(void)
                   "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0 "
                   "CUDEFER_MAX_PENDING=1T",
                   1, 10000, scenario_trim_behind_later_free);
+    fork_scenario("trim runs no callback ahead of an earlier one",
+                  "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0", 1, 10000,
+                  scenario_trim_keeps_callback_order);
     return 0;
 }

@@ -419,6 +419,7 @@ const char *fake_call_name(enum fake_call c)
         [FAKE_DEVICE_GET_ATTRIBUTE] = "cudaDeviceGetAttribute",
         [FAKE_DRIVER_GET_VERSION] = "cudaDriverGetVersion",
         [FAKE_RUNTIME_GET_VERSION] = "cudaRuntimeGetVersion",
+        [FAKE_MEM_POOL_CREATE] = "cudaMemPoolCreate",
     };
 
     return (unsigned)c < FAKE_NCALLS && names[c] ? names[c] : "?";

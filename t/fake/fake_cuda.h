@@ -372,6 +372,8 @@ enum fake_call {
     FAKE_DRIVER_ENTRY_POINT,    /* cudaGetDriverEntryPointByVersion */
     FAKE_CU_POINTER_GET_ATTRIBUTES, /* the driver's cuPointerGetAttributes,
                                    as returned by the entry-point query */
+    FAKE_MEM_POOL_CREATE,       /* cudaMemPoolCreate: when it fails, cudefer
+                                   takes blocks from cudaMalloc */
     FAKE_NCALLS
 };
 

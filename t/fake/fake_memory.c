@@ -351,12 +351,13 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
                               const struct cudaMemPoolProps *props)
 {
+    ENTER(FAKE_MEM_POOL_CREATE);
     if (pool == NULL || props == NULL ||
         props->location.type != cudaMemLocationTypeDevice ||
         props->location.id < 0 || props->location.id >= fake.ndev)
-        return cudaErrorInvalidValue;
+        return fake_leave(cudaErrorInvalidValue);
     *pool = (cudaMemPool_t)(uintptr_t)(FAKE_POOL_BASE + props->location.id);
-    return cudaSuccess;
+    return fake_leave(cudaSuccess);
 }
 
 /* The device of a fake pool handle, or -1. */
