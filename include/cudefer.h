@@ -197,7 +197,11 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
 
 /*
  * defer_alloc: *ptr = a block of device memory of at least bytes for use on
- * stream (on stream's device).  Blocks come from cudefer's block cache:
+ * stream (on stream's device).  As with cudaMallocAsync, the block may still
+ * be in use by work enqueued on stream before the call (its previous
+ * owner's): use it on another stream, or free it on one, only once that
+ * stream waits for stream (cudaStreamWaitEvent after the call), never
+ * earlier.  Blocks come from cudefer's block cache:
  *   - a block freed with defer_free on the SAME stream is handed out again
  *     at once, before its work is done: work enqueued later on that stream
  *     runs after the work that used it (the stream-ordered rule of
