@@ -3,6 +3,7 @@
  * the oldest free blocks, then those pending on the request's own stream),
  * and defer_trim.  The oracle checks every hand-out and every free. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "block_pool.h"
