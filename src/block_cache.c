@@ -505,13 +505,18 @@ enum block_free_path block_cache_claim(void *ptr, struct block_claim *claim)
     return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
 }
 
-/* Lock held, a claim on b let go (its event reference dropped).  Whether
- * b's record is to be forgotten: dropped from the cache (block_stale.h) and
- * named by nothing any more. */
+/* Lock held.  Whether b's record is to be forgotten: dropped (block_stale.h:
+ * hand-out 0) and named by no entry or claim, itself or through a part. */
+static bool dropped_unnamed(const struct cache_block *b)
+{
+    return b->handout == 0 && b->events == 0 && b->outstanding == 0;
+}
+
+/* Lock held, a claim on b let go: whether to forget b (dropped_unnamed). */
 static bool claim_let_go(struct cache_block *b)
 {
     b->events--;
-    return b->handout == 0 && b->events == 0 && b->outstanding == 0;
+    return dropped_unnamed(b);
 }
 
 void block_cache_unclaim(const struct block_claim *claim)
@@ -546,8 +551,9 @@ bool block_cache_park(const struct block_free_plan *plan,
 
 /* Lock held, after an entry naming b (or a part merged into it) is done:
  * a PENDING b whose work and parts' work are all done goes FREE, a FREE
- * one no entry names merges with its neighbours, and a GONE one no entry
- * names joins *forget (through lru_next; b's record may be retired). */
+ * one no entry names merges with its neighbours, and a GONE or dropped one
+ * no entry names joins *forget (through lru_next; b's record may be
+ * retired). */
 static void settle(struct device_cache *c, struct cache_block *b,
                    uint64_t now, struct cache_block **forget)
 {
@@ -557,12 +563,8 @@ static void settle(struct device_cache *c, struct cache_block *b,
         make_free(c, b, now);
     else if (b->state == BLOCK_FREE && b->events == 0)
         block_segments_merge_free(c, b);
-    else if ((b->state == BLOCK_GONE ||
-              (b->state == BLOCK_LIVE && b->handout == 0)) &&
-             b->events == 0) {
-        /* LIVE with hand-out 0: dropped as stale while an entry named it,
-         * itself or through a merged part (block_stale.h); the last of
-         * them is done (t/block_stale: such records leaked before). */
+    else if ((b->state == BLOCK_GONE && b->events == 0) ||
+             dropped_unnamed(b)) { /* t/block_stale: these leaked */
         b->lru_next = *forget;
         *forget = b;
     }

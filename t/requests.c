@@ -160,6 +160,31 @@ static void hold_after_record(enum fake_call c, cudaError_t r, void *arg)
         sleep_ms(1);
 }
 
+/* Starts fn(arg) on a thread of its own, which holds after its event
+ * record (hold_after_record); returns once it holds. */
+static pthread_t start_held_after_record(void *(*fn)(void *), void *arg)
+{
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, fn, arg);
+    CHECK(wait_flag(&in_hook, 2000), "the held thread recorded its event");
+    return t;
+}
+
+/* Once the reclaimer queried an event after the queries count (the
+ * main thread's later entry, pushed first, taken in), lets thread t push
+ * and waits for it. */
+static void let_go_after_taken_in(pthread_t t, unsigned long queries)
+{
+    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries, "the later entry taken in "
+                                                  "and queried");
+    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(t, NULL);
+    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+}
+
 struct late_push { void *ptr; cudaStream_t s; cudaError_t err; };
 static void *free_held_after_record(void *arg)
 {
@@ -175,20 +200,12 @@ static void scenario_trim_behind_later_free(void)
     void *a = device_alloc(1 << 20), *b = device_alloc(2 << 20);
     fake_work *wa = work_held(s, a);
     struct late_push lp = {a, s, cudaErrorUnknown};
-    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
-    pthread_t t;
-    pthread_create(&t, NULL, free_held_after_record, &lp);
-    CHECK(wait_flag(&in_hook, 2000), "A recorded its event (after a's work)");
+    pthread_t t = start_held_after_record(free_held_after_record, &lp);
     fake_work *wb = work_held(s, b); /* after A's record */
     unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
     CHECK(defer_free(b, s) == cudaSuccess, "defer_free(b): recorded later, "
                                            "pushed first");
-    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
-        sleep_ms(1);
-    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries, "b taken in and queried");
-    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
-    pthread_join(t, NULL);
-    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+    let_go_after_taken_in(t, queries);
     CHECK(lp.err == cudaSuccess, "defer_free(a) after its hold");
     fake_complete(wa); /* a's work done; b's still running */
     size_t bytes = 0;
@@ -229,20 +246,12 @@ static void scenario_trim_keeps_callback_order(void)
     cudaStream_t s = stream_new();
     fake_work *wa = work_held(s, NULL);
     struct late_call lc = {s, cudaErrorUnknown};
-    fake_set_return_hook(FAKE_EVENT_RECORD, hold_after_record, NULL);
-    pthread_t t;
-    pthread_create(&t, NULL, call_held_after_record, &lc);
-    CHECK(wait_flag(&in_hook, 2000), "A recorded its event (after wa)");
+    pthread_t t = start_held_after_record(call_held_after_record, &lc);
     fake_work *wb = work_held(s, NULL); /* after A's record */
     unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
     CHECK(defer_call(note_run, "B", s) == cudaSuccess,
           "defer_call(B): recorded later, pushed first");
-    for (int i = 0; i < 2000 && fake_calls(FAKE_EVENT_QUERY) == queries; i++)
-        sleep_ms(1);
-    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries, "B taken in and queried");
-    __atomic_store_n(&let_go, 1, __ATOMIC_SEQ_CST);
-    pthread_join(t, NULL);
-    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+    let_go_after_taken_in(t, queries);
     CHECK(lc.err == cudaSuccess, "defer_call(A) after its hold");
     fake_complete(wa); /* A's work done; B's still running */
     CHECK(defer_trim(NULL) == cudaSuccess, "defer_trim");
