@@ -237,11 +237,11 @@ struct bench_cpu bench_cpu_cudefer(void)
 }
 
 /* Any thread. */
-struct bench_cpu bench_cpu_naive(struct naive_reclaimer *nr)
+struct bench_cpu bench_cpu_thread(pid_t tid)
 {
     struct bench_cpu c = { 0, 0, 1 };
 
-    task_cpu(naive_tid(nr), &c.clock_ms, &c.stat_ms);
+    task_cpu(tid, &c.clock_ms, &c.stat_ms);
     return c;
 }
 

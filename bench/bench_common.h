@@ -73,8 +73,8 @@ struct bench_cpu {
 /* CPU time of cudefer's reclaimer threads (named "cudefer-reclaim").
  * threads is 0 (and the times NaN) when there is none; says so once. */
 struct bench_cpu bench_cpu_cudefer(void);
-/* CPU time of the naive reclaimer's thread. */
-struct bench_cpu bench_cpu_naive(struct naive_reclaimer *nr);
+/* CPU time of thread tid of this process (a bench's own reclaimer). */
+struct bench_cpu bench_cpu_thread(pid_t tid);
 /* A "not measured" value (NaN times), for strategies without a reclaimer. */
 struct bench_cpu bench_cpu_none(void);
 /* b - a in ms (stat: from the tick counts), or NaN unless both measured the

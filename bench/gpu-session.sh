@@ -54,6 +54,8 @@ if want check; then
   stage check
   make -j"$JOBS" check > "$OUT/check.log" 2>&1 || failed check
   { grep -E '^# (TOTAL|PASS|SKIP|XFAIL|FAIL|XPASS|ERROR)' "$OUT/check.log"
+    # the GPU suite's own lines: which tests skipped, and why
+    grep -HE '^(ok|not ok|1\.\.)' t/gpu/*.log 2>/dev/null | grep -iE 'skip|1\.\.0|record_stream'
     for log in $(grep -lE '^(not ok|FAIL)' t/*.log t/gpu/*.log 2>/dev/null); do
       echo "== $log"; cat "$log"; done; } > "$OUT/check.txt"
   rm -f "$OUT/check.log"

@@ -16,6 +16,7 @@
 
 #include "bench_common.h"
 #include "cudefer.h"
+#include "event_watcher.h"
 #include "gpu_kernels.h"
 
 #define BUF_BYTES     ((size_t)1 << 20)   /* 1 MiB buffers */
@@ -40,22 +41,28 @@ enum strategy {
     S_NEVER_FREE_RECORD, /* malloc-never-free and a cudaEventRecord on the
                             stream each iteration: the floor of any release
                             that waits for an event, with no library */
+    S_NEVER_FREE_QUERY, /* malloc-record and a thread querying each event
+                           once until complete (event_watcher.h): the floor
+                           of any reclaimer that polls events */
     S_N
 };
 
 static const char *const strategy_names[S_N] = {
     "limit", "malloc-never-free", "inline-cudaFree", "inline-async",
     "naive-reclaimer", "cudefer", "cudefer-alloc", "malloc-record",
+    "malloc-record-query",
 };
 
 #define IS_CUDEFER(s) ((s) == S_CUDEFER || (s) == S_CUDEFER_ALLOC)
-#define KEEPS_ALL(s) ((s) == S_NEVER_FREE || (s) == S_NEVER_FREE_RECORD)
+#define KEEPS_ALL(s) \
+    ((s) == S_NEVER_FREE || (s) == S_NEVER_FREE_RECORD || (s) == S_NEVER_FREE_QUERY)
 
 static const char usage[] =
     "--workload W1|W2|W3|W4 --strategy S [--label NAME] [--rep N] [--iters N]\n"
     "       | --info\n"
     "  strategies: limit, malloc-never-free, inline-cudaFree, inline-async,\n"
-    "  naive-reclaimer, cudefer, cudefer-alloc, malloc-record\n"
+    "  naive-reclaimer, cudefer, cudefer-alloc, malloc-record,\n"
+    "  malloc-record-query\n"
     "  (W3: limit, inline-async, cudefer)\n";
 
 struct worker {
@@ -71,6 +78,8 @@ struct worker {
     uint64_t *iter_ns, *call_ns;
     uint64_t t_end;
     struct naive_reclaimer *nr;
+    struct event_watcher *ew; /* malloc-record-query's; lane: the thread's index */
+    int lane;
     pthread_barrier_t *ready, *go;
 };
 
@@ -96,6 +105,9 @@ static cudaError_t release_buf(struct worker *w, void *p)
     case S_NEVER_FREE_RECORD:
         w->kept[w->nkept++] = p;
         return cudaEventRecord(w->event, w->stream);
+    case S_NEVER_FREE_QUERY:
+        w->kept[w->nkept++] = p;
+        return watcher_record(w->ew, w->lane, w->stream);
     case S_INLINE_FREE:
         return cudaFree(p);
     case S_INLINE_ASYNC:
@@ -114,13 +126,44 @@ static cudaError_t release_buf(struct worker *w, void *p)
  * empty the block cache too, so that the memory sampled from here on is what
  * the timed part holds (as inline-async's pool, trimmed by the next device
  * synchronisation). */
-static void release_all(enum strategy s, struct naive_reclaimer *nr)
+static void release_all(enum strategy s, struct naive_reclaimer *nr,
+                        struct event_watcher *ew)
 {
     if (IS_CUDEFER(s)) {
         CK(defer_flush());
         CK(defer_trim(NULL));
     } else if (s == S_NAIVE)
         naive_drain(nr);
+    else if (s == S_NEVER_FREE_QUERY)
+        watcher_drain(ew);
+}
+
+/* The counters and CPU time of the strategy's reclaimer, if it has one.
+ * malloc-record-query's "released" are the events seen complete. */
+static void snap_reclaimer(enum strategy s, struct naive_reclaimer *nr,
+                           struct event_watcher *ew, struct bench_snap *snap,
+                           struct bench_cpu *cpu)
+{
+    bench_snap_none(snap);
+    *cpu = bench_cpu_none();
+    if (IS_CUDEFER(s)) {
+        bench_snap_cudefer(snap);
+        *cpu = bench_cpu_cudefer();
+    } else if (s == S_NAIVE) {
+        bench_snap_naive(nr, snap);
+        *cpu = bench_cpu_thread(naive_tid(nr));
+    } else if (s == S_NEVER_FREE_QUERY) {
+        struct watcher_stats ws;
+
+        watcher_stats_get(ew, &ws);
+        snap->deferred = (double)ws.recorded;
+        snap->released = (double)ws.seen;
+        snap->failed = (double)ws.failed;
+        snap->queries = (double)ws.queries;
+        snap->wakeups = (double)ws.passes;
+        snap->pending = (double)(ws.recorded - ws.seen);
+        *cpu = bench_cpu_thread(watcher_tid(ew));
+    }
 }
 
 /* malloc-never-free: give back what the (untimed) warm-up or the timed part
@@ -220,6 +263,7 @@ int main(int argc, char **argv)
     pthread_t *th;
     pthread_barrier_t ready, go;
     struct naive_reclaimer *nr = NULL;
+    struct event_watcher *ew = NULL;
     struct bench_sampler smp;
     struct bench_snap s0, s1;
     struct bench_cpu c0, c1;
@@ -246,6 +290,8 @@ int main(int argc, char **argv)
     th = bench_calloc((size_t)T, sizeof *th);
     if (st == S_NAIVE && naive_start(&nr, NAIVE_POLL_US) != 0)
         bench_die("naive_start failed");
+    if (st == S_NEVER_FREE_QUERY && watcher_start(&ew, T, NAIVE_POLL_US) != 0)
+        bench_die("watcher_start failed");
     pthread_barrier_init(&ready, NULL, (unsigned)T + 1);
     pthread_barrier_init(&go, NULL, (unsigned)T + 1);
     for (i = 0; i < T; i++) {
@@ -258,6 +304,8 @@ int main(int argc, char **argv)
         if (KEEPS_ALL(st))
             ws[i].kept = bench_calloc((size_t)a.iters + WARMUP_ITERS, sizeof(void *));
         ws[i].nr = nr;
+        ws[i].ew = ew;
+        ws[i].lane = i;
         ws[i].ready = &ready;
         ws[i].go = &go;
         rc = pthread_create(&th[i], NULL, worker_main, &ws[i]);
@@ -265,20 +313,11 @@ int main(int argc, char **argv)
             bench_die("pthread_create: %s", strerror(rc));
     }
     pthread_barrier_wait(&ready);          /* all warmed up, streams idle */
-    release_all(st, nr);                   /* warm-up memory released */
+    release_all(st, nr, ew);               /* warm-up memory released */
     CK(cudaDeviceSynchronize());           /* pools trimmed */
     CK(cudaMemGetInfo(&base_free, &total));
     bench_sampler_start(&smp);
-    if (IS_CUDEFER(st)) {
-        bench_snap_cudefer(&s0);
-        c0 = bench_cpu_cudefer();
-    } else if (st == S_NAIVE) {
-        bench_snap_naive(nr, &s0);
-        c0 = bench_cpu_naive(nr);
-    } else {
-        bench_snap_none(&s0);
-        c0 = bench_cpu_none();
-    }
+    snap_reclaimer(st, nr, ew, &s0, &c0);
 
     t0 = bench_now_ns();
     pthread_barrier_wait(&go);
@@ -287,19 +326,9 @@ int main(int argc, char **argv)
         if (ws[i].t_end > t_done)
             t_done = ws[i].t_end;
     }
-    release_all(st, nr);
+    release_all(st, nr, ew);
     t_rel = bench_now_ns();
-
-    if (IS_CUDEFER(st)) {
-        bench_snap_cudefer(&s1);
-        c1 = bench_cpu_cudefer();
-    } else if (st == S_NAIVE) {
-        bench_snap_naive(nr, &s1);
-        c1 = bench_cpu_naive(nr);
-    } else {
-        bench_snap_none(&s1);
-        c1 = bench_cpu_none();
-    }
+    snap_reclaimer(st, nr, ew, &s1, &c1);
     peak = bench_sampler_stop(&smp, base_free);
 
     /* Where the slowest iteration was (a stall at the first iterations
@@ -318,7 +347,8 @@ int main(int argc, char **argv)
     }
     bench_sort_u64(iter_all, n);
     bench_sort_u64(call_all, n);
-    if ((IS_CUDEFER(st) || st == S_NAIVE) && s1.released - s0.released != (double)n)
+    if ((IS_CUDEFER(st) || st == S_NAIVE || st == S_NEVER_FREE_QUERY) &&
+        s1.released - s0.released != (double)n)
         bench_note("%.0f entries released in the timed part, %zu deferred "
                    "(sync releases %.0f, failed %.0f)", s1.released - s0.released,
                    n, s1.sync_releases - s0.sync_releases, s1.failed - s0.failed);
@@ -355,11 +385,18 @@ int main(int argc, char **argv)
     json_num("events_created", s1.events_created - s0.events_created);
     json_num("cache_mallocs", s1.cache_mallocs - s0.cache_mallocs);
     json_num("cache_releases", s1.cache_releases - s0.cache_releases);
+    if (ew) {   /* records that found the watcher's ring full */
+        struct watcher_stats wst;
+
+        watcher_stats_get(ew, &wst);
+        json_num("ring_waits", (double)wst.ring_waits);
+    }
     json_num("mem_samples", (double)smp.samples);
     json_end();
 
     if (nr)
         naive_stop(nr);
+    watcher_stop(ew);
     for (i = 0; i < T; i++) {
         if (KEEPS_ALL(st))
             free_kept(&ws[i]);

@@ -87,7 +87,7 @@ static void snap(struct run *r, struct bench_snap *s, struct bench_cpu *c)
         *c = bench_cpu_cudefer();
     } else if (r->strategy == S_NAIVE) {
         bench_snap_naive(r->nr, s);
-        *c = bench_cpu_naive(r->nr);
+        *c = bench_cpu_thread(naive_tid(r->nr));
     } else {
         bench_snap_none(s);
         *c = bench_cpu_none();

@@ -5,7 +5,8 @@ only."""
 import re
 
 LOOP_STRATEGIES = ['limit', 'malloc-never-free', 'inline-cudaFree', 'inline-async',
-                   'naive-reclaimer', 'cudefer', 'cudefer-alloc', 'malloc-record']
+                   'naive-reclaimer', 'cudefer', 'cudefer-alloc', 'malloc-record',
+                   'malloc-record-query']
 CALL_STRATEGIES = ['inline-cudaFree', 'inline-async', 'naive-reclaimer', 'cudefer']
 TRAIN_STRATEGIES = ['native', 'native-async', 'pluggable-floor', 'pluggable-async',
                     'cudefer', 'malloc-defer', 'malloc-free']
