@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prepared for the next session (not run yet): whether W4's library share
+# Ran 2026-11-27 on an H100 (bench/results/2026-11-27-h100-w4-capture-check.txt:
+# no, the check is not it).  Whether W4's library share
 # (holding everything 1.19-1.26x the never-free floor against malloc-record's
 # 1.05x, bench/results/2026-11-27-h100-w4-parts.txt; not the queries:
 # -tail-first-ab.txt) is the capture check each defer_free makes
