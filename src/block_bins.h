@@ -1,6 +1,6 @@
 /*
  * Block bins: the block cache's size classes, lists and per-device state
- * (block_cache.c, block_segments.c), header-only.  A set of bins files
+ * (block_cache.c, block_done.c, block_segments.c), header-only.  A set of bins files
  * blocks by size class (16 classes per power of two from 512 bytes), each
  * bin a list, newest first, with a bitmap of the non-empty ones; an order
  * list keeps blocks in the order they joined it, through their lru links.
@@ -339,5 +339,25 @@ struct cache_block *block_cache_find_locked(const void *ptr,
 struct stream_bins *block_cache_stream_bins(struct device_cache *c,
                                             unsigned long long id);
 void block_cache_stream_unlink(struct device_cache *c, struct cache_block *b);
+
+/* Lock held.  b's work is done: FREE, filed for any stream, merged with
+ * its free neighbours (b's record may be retired).  block_cache.c. */
+void block_cache_make_free(struct device_cache *c, struct cache_block *b,
+                           uint64_t now);
+
+/* Lock held.  Whether b's record is to be forgotten: dropped (block_stale.h:
+ * hand-out 0) and named by no entry or claim, itself or through a part. */
+static inline bool block_dropped_unnamed(const struct cache_block *b)
+{
+    return b->handout == 0 && b->events == 0 && b->outstanding == 0;
+}
+
+/* Lock held, a claim on b let go: whether to forget b
+ * (block_dropped_unnamed). */
+static inline bool block_claim_let_go(struct cache_block *b)
+{
+    b->events--;
+    return block_dropped_unnamed(b);
+}
 
 #endif
