@@ -9,8 +9,11 @@
  * run.py's table): the idle phase after an untimed one, so that it finds
  * the library's pools of entries and events as a first phase leaves them
  * (whether the events a cold phase makes on the calling thread are what
- * sets defer_free's 99th percentile).  One phase per process, one JSON
- * object.
+ * sets defer_free's 99th percentile).  W5-busy-trim (a diagnostic too):
+ * W5-busy, then one defer_trim(NULL) timed while the kernel still runs,
+ * every free behind it (busy_trim_*: the cost of the trim's walk behind
+ * incomplete stream heads; its queries count in queries_per_release).  One
+ * phase per process, one JSON object.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -37,8 +40,8 @@ static const char *const strategy_names[S_N] = {
 };
 
 static const char usage[] =
-    "--workload W5-idle|W5-busy|W5-idle-primed --strategy S [--label NAME] [--rep N]\n"
-    "       [--calls N] | --info\n"
+    "--workload W5-idle|W5-busy|W5-idle-primed|W5-busy-trim --strategy S\n"
+    "       [--label NAME] [--rep N] [--calls N] | --info\n"
     "  strategies: inline-cudaFree, inline-async, naive-reclaimer, cudefer\n";
 
 struct run {
@@ -48,6 +51,38 @@ struct run {
     void **ptrs;
     uint64_t *lat;
 };
+
+/* W5-busy, cudefer: a defer_trim(NULL) while every free waits behind the
+ * kernel, timed.  Its pass queries the entries behind each incomplete
+ * stream head (one query an event) and finds nothing to release: the cost
+ * of that walk.  held_after: whether the kernel still ran when it
+ * returned (else the trim released what the kernel's end freed). */
+struct busy_trim {
+    double ms, queries, released, held_after;
+};
+
+static struct busy_trim trim_behind_busy(struct run *r)
+{
+    struct busy_trim t = { NAN, NAN, NAN, NAN };
+    struct defer_stats a, b;
+    uint64_t t0, t1;
+    cudaError_t q;
+
+    if (r->strategy != S_CUDEFER)
+        return t;
+    defer_stats_get(&a);
+    t0 = bench_now_ns();
+    CK(defer_trim(NULL));
+    t1 = bench_now_ns();
+    defer_stats_get(&b);
+    q = cudaStreamQuery(r->stream);
+    cudaGetLastError();    /* a not-ready query must not linger */
+    t.ms = (double)(t1 - t0) / 1e6;
+    t.queries = (double)(b.event_queries - a.event_queries);
+    t.released = (double)(b.released - a.released);
+    t.held_after = q == cudaErrorNotReady ? 1.0 : 0.0;
+    return t;
+}
 
 static cudaError_t alloc_buf(struct run *r, void **p)
 {
@@ -184,11 +219,12 @@ int main(int argc, char **argv)
     struct bench_cpu c_calls;
     struct bench_cpu c0, c1;
     double held = NAN;
+    struct busy_trim trim = { NAN, NAN, NAN, NAN };
     struct rusage u0, u1;
     uint64_t first_ns = 0;
     struct slow_calls slow;
     size_t n, i;
-    int busy, primed, s;
+    int busy, primed, trim_busy, s;
 
     bench_parse_args(argc, argv, "bench-release-call", usage, &a);
     memset(&r, 0, sizeof r);
@@ -198,11 +234,12 @@ int main(int argc, char **argv)
             r.strategy = (enum strategy)s;
     if (r.strategy == S_N)
         bench_die("unknown strategy '%s' for W5", a.strategy);
+    trim_busy = strcmp(a.workload, "W5-busy-trim") == 0;
     if (strcmp(a.workload, "W5-idle") != 0 && strcmp(a.workload, "W5-busy") != 0 &&
-        strcmp(a.workload, "W5-idle-primed") != 0)
-        bench_die("unknown workload '%s' (W5-idle, W5-busy or W5-idle-primed)",
-                  a.workload);
-    busy = strcmp(a.workload, "W5-busy") == 0;
+        strcmp(a.workload, "W5-idle-primed") != 0 && !trim_busy)
+        bench_die("unknown workload '%s' (W5-idle, W5-busy, W5-idle-primed or "
+                  "W5-busy-trim)", a.workload);
+    busy = trim_busy || strcmp(a.workload, "W5-busy") == 0;
     primed = busy || strcmp(a.workload, "W5-idle-primed") == 0;
     bench_cuda_init();
     r.ptrs = bench_calloc((size_t)a.calls, sizeof(void *));
@@ -245,6 +282,8 @@ int main(int argc, char **argv)
 
         cudaGetLastError();    /* a not-ready query must not linger */
         held = q == cudaErrorNotReady ? 1.0 : 0.0;
+        if (trim_busy)
+            trim = trim_behind_busy(&r);
     }
     CK(cudaStreamSynchronize(r.stream));
     release_all(&r);
@@ -266,6 +305,10 @@ int main(int argc, char **argv)
     json_num("call_mean_us", bench_mean_us(r.lat, n));
     json_num("busy_ms", busy ? (double)BUSY_NS / 1e6 : NAN);
     json_num("busy_held", held);
+    json_num("busy_trim_ms", trim.ms);
+    json_num("busy_trim_queries", trim.queries);
+    json_num("busy_trim_released", trim.released);
+    json_num("busy_trim_held_after", trim.held_after);
     json_num("reclaimer_cpu_ms", bench_cpu_delta(&c0, &c1, 0));
     json_num("reclaimer_cpu_ms_stat", bench_cpu_delta(&c0, &c1, 1));
     json_num("queries_per_release",
