@@ -266,7 +266,7 @@ static inline void cpu_relax(void)
 /* Any thread; may block: takes c's lock.  A thread that finds it held
  * counts itself in c->waiting until it has it, so that the reclaimer,
  * between two holds of a long run of work, lets it in first
- * (block_cache_claims_done): asleep on the lock, a launching thread was
+ * (block_done_claims): asleep on the lock, a launching thread was
  * otherwise woken only after the reclaimer had taken it again, and waited
  * for the rest of its batch (t/cache_lock_waiters).  In the PyTorch LM on
  * an H100 such waits of 4 us or more are rare (0.5 a step; the slow frees

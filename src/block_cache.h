@@ -268,35 +268,6 @@ void block_cache_unclaim(const struct block_claim *claim);
 bool block_cache_park(const struct block_free_plan *plan,
                       unsigned long long stream_id);
 
-/* The reclaimer, or a thread that waited for the work itself (a free
- * batch's fallback).  The event of an entry naming block (for hand-out
- * handout) completed (ok) or never will: a PENDING block of that hand-out
- * is FREE from now. */
-void block_cache_event_done(struct cache_block *block, uint64_t handout,
-                            bool ok, uint64_t now);
-/* The same for n claims at once (an entry's, a free batch's), each naming
- * a record (block not NULL): the device's lock is taken once for a run of
- * one device's claims. */
-void block_cache_claims_done(const struct block_claim *claims, size_t n,
-                             bool ok, uint64_t now);
-
-/* Any thread releasing a pointer whose work is done (reclaimer, or a
- * synchronous release), of a free that claimed a block (claim->block not
- * NULL): that block is FREE now, reusable by any stream.  A record dropped
- * meanwhile (its memory was cudaFree'd behind cudefer's back and its
- * address allocated again) is reported and let go.  Either way the
- * pointer must not be cudaFree'd. */
-void block_cache_adopt(const struct block_claim *claim);
-
-/* Any thread releasing a pointer whose free claimed no block (it was none
- * when the free was accepted).  True (reported) when a whole segment starts
- * at ptr now, which must not be cudaFree'd under the cache (its address was
- * cudaFree'd and allocated again behind cudefer's back, or it is a block
- * freed twice after cudefer released it); false when ptr is no block, or
- * a piece of a segment (the pointer was interior when deferred: cudaFree
- * refuses it as it would have then).  Changes no block. */
-bool block_cache_unclaimed_is_block(void *ptr);
-
 
 /* Any thread: a record that left the cache (block_leave.h) or that no
  * entry names any more is freed. */

@@ -5,7 +5,7 @@
  * claimed, and a pointer no free claimed is checked against the cache.
  * The launching threads' side, and the state both share, are in
  * block_cache.c and block_bins.h. */
-#include "block_cache.h"
+#include "block_done.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -19,7 +19,7 @@
 #include "report.h"
 
 /* The most claims the reclaimer completes in one hold of a device's lock
- * (block_cache_claims_done). */
+ * (block_done_claims). */
 #define CLAIMS_PER_HOLD 8
 
 /* How long the reclaimer waits, spinning, before a hold while launching
@@ -89,8 +89,8 @@ static void let_waiters_in(struct device_cache *c)
         cpu_relax();
 }
 
-void block_cache_claims_done(const struct block_claim *claims, size_t n,
-                             bool ok, uint64_t now)
+void block_done_claims(const struct block_claim *claims, size_t n, bool ok,
+                       uint64_t now)
 {
     (void)ok; /* a failed device's blocks are never handed out again: its
                  defer_alloc calls fail first */
@@ -122,14 +122,14 @@ void block_cache_claims_done(const struct block_claim *claims, size_t n,
     }
 }
 
-void block_cache_event_done(struct cache_block *b, uint64_t handout, bool ok,
-                            uint64_t now)
+void block_done_event(struct cache_block *b, uint64_t handout, bool ok,
+                      uint64_t now)
 {
     struct block_claim claim = {b, handout};
-    block_cache_claims_done(&claim, 1, ok, now);
+    block_done_claims(&claim, 1, ok, now);
 }
 
-void block_cache_adopt(const struct block_claim *claim)
+void block_done_adopt(const struct block_claim *claim)
 {
     struct cache_block *b = claim->block;
     struct device_cache *c = block_cache_device(b->device);
@@ -151,7 +151,7 @@ void block_cache_adopt(const struct block_claim *claim)
                "its defer_free waited: the release is ignored", ptr, device);
 }
 
-bool block_cache_unclaimed_is_block(void *ptr)
+bool block_done_unclaimed_is_block(void *ptr)
 {
     if (!block_cache_active())
         return false;

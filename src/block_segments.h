@@ -34,7 +34,7 @@ void block_segments_merge_free(struct device_cache *c,
  * the same stream, the left one absorbing the right: b's right neighbour
  * becomes MERGED into b, b into its left neighbour (block_cache.h); a
  * MERGED record stays filed under its address until its entries are done
- * (block_cache_claims_done unfiles it).  A FREE neighbour that nothing
+ * (block_done_claims unfiles it).  A FREE neighbour that nothing
  * names joins too (its memory PENDING on the stream from now, as b's: a
  * request there may use it all; other streams wait for b's work): b
  * absorbs a right one, and a left one, PENDING first, absorbs b.  Without

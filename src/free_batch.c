@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "block_done.h"
 #include "capture.h"
 #include "clock.h"
 #include "entry.h"
@@ -194,7 +195,7 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
         give_back_claims(device, claims, n);
         return sync;
     }
-    block_cache_claims_done(claims, n, true, now_ns());
+    block_done_claims(claims, n, true, now_ns());
     stats_add(&stats.released, n);
     stats_add(&stats.sync_releases, n);
     return cudaSuccess;

@@ -23,6 +23,7 @@
 
 #include "alloc_info.h"
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_pool.h"
 #include "capture.h"
 #include "config.h"
@@ -160,8 +161,7 @@ void reclaimer_finish_entry(struct entry *e, cudaError_t err)
                          (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
-        block_cache_claims_done(e->claims, e->nptrs, err == cudaSuccess,
-                                now_ns());
+        block_done_claims(e->claims, e->nptrs, err == cudaSuccess, now_ns());
     else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */
@@ -294,7 +294,7 @@ static bool give_back_blocks(struct entry *e)
             release_move_pointer(e, i, kept++);
             continue;
         }
-        block_cache_adopt(&e->claims[i]);
+        block_done_adopt(&e->claims[i]);
     }
     e->nptrs = kept;
     return kept > 0;

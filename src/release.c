@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "block_cache.h"
+#include "block_done.h"
 #include "report.h"
 
 /* Free pointer i of e; report a failure with the pointer named. */
@@ -19,10 +20,10 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the block that may start there now (another owner's). */
     if (e->kind != ENTRY_FREE_HOST && e->claims != NULL &&
         e->claims[i].block != NULL) {
-        block_cache_adopt(&e->claims[i]);
+        block_done_adopt(&e->claims[i]);
         return cudaSuccess;
     }
-    if (e->kind != ENTRY_FREE_HOST && block_cache_unclaimed_is_block(ptr))
+    if (e->kind != ENTRY_FREE_HOST && block_done_unclaimed_is_block(ptr))
         return cudaSuccess;
     if (e->kind == ENTRY_FREE_HOST) {
         err = cudaFreeHost(ptr);

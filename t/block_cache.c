@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_leave.h"
 #include "block_map.h"
 #include "block_recorded.h"
@@ -38,11 +39,11 @@ static void test_stream_order(void)
     is_int(stats_now().reused_same_stream, 1, "counted as a same-stream reuse");
     uint64_t h2 = free_on(ADDR(1), 7);
     ok(h2 != h1, "a new hand-out, a new id");
-    block_cache_event_done(b, h1, true, 100);
+    block_done_event(b, h1, true, 100);
     ok(b->state == BLOCK_PENDING,
        "the first free's event completing changes nothing: a stale hand-out");
     ok(block_cache_take(0, 8, 1000, &size) == NULL, "still not for stream 8");
-    block_cache_event_done(b, h2, true, 200);
+    block_done_event(b, h2, true, 200);
     ok(b->state == BLOCK_FREE && b->freed_ns == 200,
        "its own event completed: FREE");
     ok(block_cache_take(0, 8, 1000, &size) == ADDR(1), "now any stream takes it");
@@ -82,7 +83,7 @@ static void test_double_free(void)
     block_cache_plan_free(ADDR(6), 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_LIVE, "freed again while PENDING: not live");
     stderr_capture_begin();
-    ok(block_cache_unclaimed_is_block(ADDR(6)),
+    ok(block_done_unclaimed_is_block(ADDR(6)),
        "a release no free claimed must not cudaFree it");
     const char *said = stderr_capture_end();
     ok(strstr(said, "freed twice") != NULL, "and reported as a double free");
@@ -183,7 +184,7 @@ static void test_devices(void)
     block_cache_plan_free(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
            "freed on a device-0 stream: waits for its event, no stream order");
-    block_cache_adopt(&(struct block_claim){plan.block, plan.handout});
+    block_done_adopt(&(struct block_claim){plan.block, plan.handout});
     size_t size;
     int never = 1;
     for (int i = 0; i < 4; i++)
@@ -214,7 +215,7 @@ static void test_split_merge(void)
            "a piece of a segment never goes back to the pool");
     uint64_t h = free_on(p, 1);
     struct cache_block *piece = block_map_find(p);
-    block_cache_event_done(piece, h, true, 5);
+    block_done_event(piece, h, true, 5);
     ok(block_map_find(p) == NULL && rest->size == 4 * MiB &&
            rest->state == BLOCK_FREE,
        "the piece's work done, it merges back: one FREE segment again");
@@ -257,16 +258,16 @@ static void test_split_merge(void)
     ok(block_cache_take(0, 7, 4 * MiB, &size) == base,
        "which stream 7 takes whole");
     uint64_t hm = free_on(base, 7);
-    block_cache_event_done(whole, hm, true, 6);
+    block_done_event(whole, hm, true, 6);
     ok(whole->state == BLOCK_PENDING &&
            block_cache_take(0, 8, 4 * MiB, &size) == NULL,
        "its last free's work done, other parts' not: still PENDING");
-    block_cache_event_done(ra, ha, true, 7);
+    block_done_event(ra, ha, true, 7);
     ok(whole->state == BLOCK_PENDING && block_map_find(a) == NULL,
        "nor with one part done (its record unfiled)");
-    block_cache_event_done(whole, hw, true, 8); /* its older free's entry */
+    block_done_event(whole, hw, true, 8); /* its older free's entry */
     ok(whole->state == BLOCK_PENDING, "nor with the segment's first free's");
-    block_cache_event_done(rb, hb, true, 9);
+    block_done_event(rb, hb, true, 9);
     ok(whole->state == BLOCK_FREE && block_map_find(b) == NULL,
        "every part's work done: FREE");
     is_int(whole->events, 0, "no entry names it any more");
@@ -302,11 +303,11 @@ static void test_merge_with_free(void)
     ok(block_cache_take(0, 7, 4 * MiB, &size) == base && size == 4 * MiB,
        "stream 7 takes the whole segment at once");
     uint64_t hw = free_on(base, 7);
-    block_cache_event_done(rest, hw, true, 10);
+    block_done_event(rest, hw, true, 10);
     ok(rest->state == BLOCK_PENDING &&
            block_cache_take(0, 8, 4 * MiB, &size) == NULL,
        "its own free's work done, the piece's not: still PENDING");
-    block_cache_event_done(piece, hp, true, 11);
+    block_done_event(piece, hp, true, 11);
     ok(rest->state == BLOCK_FREE && block_map_find(p) == NULL,
        "the piece's work done too: FREE, the piece's record gone");
     ok(block_cache_take(0, 8, 4 * MiB, &size) == base, "stream 8 takes it");
@@ -319,7 +320,7 @@ static void test_merge_with_free(void)
     void *r = block_cache_take(0, 7, 2 * MiB, &size);
     ok(q == two + 2 * MiB && r == two, "cut in two for stream 7");
     uint64_t hq = free_on(q, 7);
-    block_cache_event_done(block_map_find(q), hq, true, 12);
+    block_done_event(block_map_find(q), hq, true, 12);
     ok(block_map_find(q)->state == BLOCK_FREE, "the right half's work done: "
                                                "FREE beside its live left half");
     struct cache_block *left = block_map_find(r);
@@ -329,7 +330,7 @@ static void test_merge_with_free(void)
        "the left half freed on 7 absorbs it: one PENDING 4 MiB block");
     ok(block_cache_take(0, 8, 4 * MiB, &size) == NULL,
        "not for stream 8 yet");
-    block_cache_event_done(left, hr, true, 13);
+    block_done_event(left, hr, true, 13);
     ok(left->state == BLOCK_FREE &&
            block_cache_take(0, 8, 4 * MiB, &size) == two,
        "its work done: FREE, and stream 8 takes it whole");
@@ -362,8 +363,8 @@ static void test_pending_neighbours_apart(void)
     ok(block_cache_take(0, 7, 6 * MiB, &size) != one &&
            block_cache_take(0, 8, 6 * MiB, &size) != one,
        "neither stream gets the whole segment while the other's work runs");
-    block_cache_event_done(rr, hr, true, 20);
-    block_cache_event_done(rl, hl, true, 21);
+    block_done_event(rr, hr, true, 20);
+    block_done_event(rl, hl, true, 21);
     ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
            block_map_find(right) == NULL,
        "both halves' work done: one FREE segment again");
@@ -387,8 +388,8 @@ static void test_pending_neighbours_apart(void)
     ok(block_cache_take(0, 7, 6 * MiB, &size) != two &&
            block_cache_take(0, 8, 6 * MiB, &size) != two,
        "neither stream gets the whole segment while the other's work runs");
-    block_cache_event_done(rl, hl, true, 22);
-    block_cache_event_done(rr, hr, true, 23);
+    block_done_event(rl, hl, true, 22);
+    block_done_event(rr, hr, true, 23);
     ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
            block_map_find(right) == NULL,
        "both halves' work done: one FREE segment again");
@@ -420,15 +421,15 @@ static void test_merged_chain_middle_first(void)
            rm->state == BLOCK_MERGED && rm->merged_into == whole &&
            whole->state == BLOCK_PENDING && whole->size == 3 * MiB,
        "freed on 9, the middle last: a MERGED into m, m into the first");
-    block_cache_event_done(rm, hm, true, 30);
-    block_cache_event_done(whole, hf, true, 31);
+    block_done_event(rm, hm, true, 30);
+    block_done_event(whole, hf, true, 31);
     ok(whole->state == BLOCK_PENDING && rm->state == BLOCK_MERGED &&
            block_map_find(m) == rm,
        "the middle's and the first's work done, a's not: still PENDING, m "
        "still waiting for a");
     ok(block_cache_take(0, 8, 3 * MiB, &size) != base,
        "stream 8 does not get it while a's work runs");
-    block_cache_event_done(ra, ha, true, 32);
+    block_done_event(ra, ha, true, 32);
     ok(whole->state == BLOCK_FREE && whole->size == 3 * MiB &&
            whole->outstanding == 0 && block_map_find(a) == NULL &&
            block_map_find(m) == NULL,
@@ -472,7 +473,7 @@ static void test_cut_segment_stays(void)
     ok(block_map_find(base) != NULL && block_map_find(p) != NULL,
        "both parts still filed");
     uint64_t h = free_on_device(p, 1, 1);
-    block_cache_event_done(block_map_find(p), h, true, 3);
+    block_done_event(block_map_find(p), h, true, 3);
     n = block_leave_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
     ok(n == 1 && out[0]->ptr == base && out[0]->size == 4 * MiB,
        "the piece back and merged, the whole segment goes");
@@ -503,10 +504,10 @@ static void test_cut_at_merged(void)
            block_map_find(a)->state == BLOCK_LIVE,
        "stream 9 cuts 1 MiB at a's address again: the new piece is filed "
        "there");
-    block_cache_event_done(ra, ha, true, 10);
+    block_done_event(ra, ha, true, 10);
     ok(block_map_find(a) != NULL && block_map_find(a)->state == BLOCK_LIVE,
        "a's old entry done: the new piece stays filed");
-    block_cache_event_done(whole, hr, true, 11);
+    block_done_event(whole, hr, true, 11);
     ok(whole->state == BLOCK_FREE && whole->size == MiB,
        "the rest FREE once all its work is done");
 }
@@ -521,7 +522,7 @@ static void test_adopt_unclaimed(void)
     size_t size = 0;
     ok(block_cache_add(0, base, 2 * MiB, false), "a LIVE segment");
     stderr_capture_begin();
-    ok(block_cache_unclaimed_is_block(base) &&
+    ok(block_done_unclaimed_is_block(base) &&
            block_map_find(base)->state == BLOCK_LIVE,
        "a release of it that no free claimed: not to be cudaFree'd, and "
        "still LIVE");
@@ -530,7 +531,7 @@ static void test_adopt_unclaimed(void)
     ok(give_back(base), "its owner's free");
     void *piece = block_cache_take(0, 9, 3 * MiB / 2, &size);
     ok(piece == base + MiB / 2, "a piece cut from it");
-    ok(!block_cache_unclaimed_is_block(piece) &&
+    ok(!block_done_unclaimed_is_block(piece) &&
            block_map_find(piece)->state == BLOCK_LIVE,
        "a release of the piece no free claimed: left to cudaFree, which "
        "refuses an interior pointer; still LIVE");
@@ -538,12 +539,12 @@ static void test_adopt_unclaimed(void)
     ok(block_cache_claim(piece, &owner) == BLOCK_AFTER_EVENT &&
            owner.block == block_map_find(piece) && owner.block->events == 1,
        "its owner's free claims it (FREEING), the claim naming it");
-    ok(!block_cache_unclaimed_is_block(piece) &&
+    ok(!block_done_unclaimed_is_block(piece) &&
            block_map_find(piece)->state == BLOCK_FREEING,
        "a release no free claimed (an interior pointer deferred before the "
        "piece was cut) leaves the owner's claimed block alone: it did make "
        "it FREE while the owner's work ran");
-    block_cache_adopt(&owner);
+    block_done_adopt(&owner);
     ok(block_map_find(piece) == NULL && block_map_find(base)->size == 2 * MiB,
        "its owner's release: FREE, merged back into the segment");
 }
@@ -584,9 +585,9 @@ static void test_parked_plan_and_claims_done(void)
            other.block->state == BLOCK_FREEING,
        "freed on another device's stream: claimed, not parked");
     struct block_claim oc = {other.block, other.handout};
-    block_cache_adopt(&oc);
+    block_done_adopt(&oc);
     /* p[0] and p[1] were handed out again: their claims are stale. */
-    block_cache_claims_done(claims, 4, true, 77);
+    block_done_claims(claims, 4, true, 77);
     struct cache_block *b2 = block_map_find(p[2]), *b3 = block_map_find(p[3]);
     ok(b2->state == BLOCK_FREE && b2->freed_ns == 77 &&
            b3->state == BLOCK_FREE && b3->freed_ns == 77,
@@ -624,7 +625,7 @@ static void test_parked_plan_and_claims_done(void)
     ok(plan.size == piece, "the plan keeps the piece's own size");
     ok(block_map_find(a) == NULL || block_map_find(a)->state == BLOCK_MERGED,
        "the pieces merged into the rest at once (a chain of records)");
-    block_cache_claims_done(chain, 3, true, 79);
+    block_done_claims(chain, 3, true, 79);
     struct cache_block *whole = block_map_find(seg);
     ok(whole->state == BLOCK_FREE && whole->size == 4 * piece &&
            whole->events == 0 && whole->outstanding == 0 &&
@@ -637,7 +638,7 @@ static void test_parked_plan_and_claims_done(void)
     ok(block_cache_take(0, 60, 3 * mib, &size) == x, "taken again on 60");
     block_cache_plan_free_parked(x, 0, 60, &plan);
     twice[1] = (struct block_claim){plan.block, plan.handout};
-    block_cache_claims_done(twice, 2, true, 78);
+    block_done_claims(twice, 2, true, 78);
     struct cache_block *xb = block_map_find(x);
     ok(xb->state == BLOCK_FREE && xb->events == 0,
        "named twice in one batch: FREE once, no reference left");

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_leave.h"
 #include "block_map.h"
 #include "block_test.h"
@@ -24,7 +25,7 @@ static void test_expiry(void)
     block_cache_plan_free(ADDR(10), 1, 5, &p10);
     block_cache_park(&p10, 5);
     named->events++; /* as if a second, older entry still named it */
-    block_cache_event_done(named, p10.handout, true, 1);
+    block_done_event(named, p10.handout, true, 1);
     uint64_t oldest = block_leave_oldest_free_ns(1);
     ok(oldest == block_map_find(ADDR(8))->freed_ns, "oldest FREE first");
     struct cache_block *out[8];
@@ -95,9 +96,9 @@ static void test_collect_largest(void)
            claim((char *)ADDR(17) + 512) == BLOCK_INSIDE,
        "the memory handed back is no longer the cache's; the rest is");
     /* Their entries complete: the records go (ASan sees a leak otherwise). */
-    block_cache_event_done(b14, h14, true, 1);
-    block_cache_event_done(b15, h15, true, 1);
-    block_cache_event_done(b16, h16, true, 1);
+    block_done_event(b14, h14, true, 1);
+    block_done_event(b15, h15, true, 1);
+    block_done_event(b16, h16, true, 1);
     void *p = NULL;
     size_t size = 0;
     p = block_cache_take(0, 7, 4096, &size);
@@ -137,15 +138,15 @@ static void test_handback_with_merged_piece(void)
     is_int(stats_now().cache_bytes, bytes0 - 4 * MiB + 2 * MiB,
            "cache_bytes: the segment left, the new block counted once");
     struct cache_block *fresh = block_map_find(p);
-    block_cache_event_done(rp, hp, true, 10);
-    block_cache_event_done(seg, hs, true, 11);
+    block_done_event(rp, hp, true, 10);
+    block_done_event(seg, hs, true, 11);
     ok(block_map_find(p) == fresh && fresh->state == BLOCK_LIVE,
        "the entries done: the new block stays filed, LIVE");
     is_int(stats_now().cache_bytes, bytes0 - 2 * MiB,
            "cache_bytes still right");
     struct block_claim c;
     ok(block_cache_claim(p, &c) == BLOCK_AFTER_EVENT, "freed");
-    block_cache_adopt(&c);
+    block_done_adopt(&c);
     struct cache_block *out[8];
     size_t n = block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
     bool left = block_map_find(p) == NULL;
@@ -194,7 +195,7 @@ static void test_expiry_waits_for_merged_piece(void)
     uint64_t hp = free_on(p, 7);
     ok(rp->state == BLOCK_MERGED && seg->outstanding == 1,
        "a piece MERGED back into the PENDING segment, its entry waiting");
-    block_cache_event_done(seg, hs, true, 10); /* the segment's own entry */
+    block_done_event(seg, hs, true, 10); /* the segment's own entry */
     void *again = block_cache_take(0, 7, 4 * MiB, &size);
     ok(again == base && seg->state == BLOCK_LIVE,
        "the segment taken again on its stream");
@@ -203,7 +204,7 @@ static void test_expiry_waits_for_merged_piece(void)
     struct cache_block *out[8];
     is_int(block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX), 0,
            "expiry leaves it while the piece's entry waits");
-    block_cache_event_done(rp, hp, true, 11);
+    block_done_event(rp, hp, true, 11);
     size_t n = block_leave_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
     ok(n == 1 && out[0] == seg, "once done, it expires");
     for (size_t i = 0; i < n; i++)

@@ -14,6 +14,7 @@
 
 #include "block_bins.h"
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_map.h"
 #include "block_records.h"
 #include "block_test.h"
@@ -127,7 +128,7 @@ static void test_cache_reuses(void)
     ok(p == base + 3 * MiB && piece != NULL, "a cut: a record for the piece");
     struct block_free_plan plan;
     ok(park_free(p, 0, 1, &plan), "the piece freed on stream 1");
-    block_cache_event_done(plan.block, plan.handout, true, 5);
+    block_done_event(plan.block, plan.handout, true, 5);
     ok(block_map_find(p) == NULL, "its work done, the piece merged back");
     is_int((int)block_records_kept(c), (int)before + 1,
            "its record is kept by the device");
@@ -139,7 +140,7 @@ static void test_cache_reuses(void)
     /* Two pieces freed on stream 7 merge PENDING into the rest (MERGED
      * parts): their records are retired once their work completed. */
     ok(park_free(q, 0, 1, &plan), "freed again");
-    block_cache_event_done(plan.block, plan.handout, true, 6);
+    block_done_event(plan.block, plan.handout, true, 6);
     void *whole = block_cache_take(0, 7, 4 * MiB, &size);
     struct block_free_plan w, pa, pb;
     ok(whole == base && park_free(whole, 0, 7, &w),
@@ -153,7 +154,7 @@ static void test_cache_reuses(void)
     struct block_claim done[3] = {{w.block, w.handout},
                                   {pa.block, pa.handout},
                                   {pb.block, pb.handout}};
-    block_cache_claims_done(done, 3, true, 7);
+    block_done_claims(done, 3, true, 7);
     is_int((int)block_records_kept(c), (int)before + 2,
            "their work done: both MERGED records kept by the device");
     ok(block_map_find(base)->state == BLOCK_FREE &&
@@ -173,7 +174,7 @@ static void retire_and_reuse(void)
 {
     block_cache_set_find_hook(NULL);
     size_t size;
-    block_cache_event_done(first_free.block, first_free.handout, true, 9);
+    block_done_event(first_free.block, first_free.handout, true, 9);
     other_owner = block_cache_take(0, 1, 2 * ((size_t)1 << 20), &size);
 }
 
@@ -201,7 +202,7 @@ static void test_found_then_retired(void)
        "the other owner's block stays LIVE (not claimed by that free)");
     struct block_free_plan last;
     ok(park_free(other_owner, 0, 1, &last), "its owner frees it");
-    block_cache_event_done(last.block, last.handout, true, 10);
+    block_done_event(last.block, last.handout, true, 10);
 }
 
 int main(void)

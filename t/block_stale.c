@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_map.h"
 #include "block_records.h"
 #include "block_test.h"
@@ -91,7 +92,7 @@ static void test_stale_with_parts(void)
     ok(a == base + MiB && first == base, "cut in two for stream 9");
     struct cache_block *ra = block_map_find(a), *rf = block_map_find(first);
     uint64_t ha = free_on(a, 9), hf = free_on(first, 9);
-    block_cache_event_done(rf, hf, true, 40);
+    block_done_event(rf, hf, true, 40);
     ok(ra->state == BLOCK_MERGED && ra->merged_into == rf &&
            rf->state == BLOCK_PENDING && rf->events == 0 &&
            rf->outstanding == 1,
@@ -105,7 +106,7 @@ static void test_stale_with_parts(void)
     ok(fresh != rf && fresh->state == BLOCK_LIVE && fresh->size == 4096,
        "the new block is filed");
     size_t kept = block_records_kept(block_cache_device(0));
-    block_cache_event_done(ra, ha, true, 41); /* reaches rf: not freed yet */
+    block_done_event(ra, ha, true, 41); /* reaches rf: not freed yet */
     ok(block_map_find(a) == NULL && block_map_find(base) == fresh &&
            fresh->state == BLOCK_LIVE,
        "the part's entry done: the new block untouched");
@@ -124,7 +125,7 @@ static void test_stale_with_parts(void)
        "freed on 9, its entry pending, its address allocated again");
     stderr_capture_end();
     kept = block_records_kept(block_cache_device(0));
-    block_cache_event_done(rx, hx, true, 42);
+    block_done_event(rx, hx, true, 42);
     is_int(block_records_kept(block_cache_device(0)), kept + 1,
            "its entry done: the dropped record kept for reuse (it leaked "
            "before)");
@@ -150,7 +151,7 @@ static void test_claim_of_dropped_record(void)
     struct cache_block *fresh = block_map_find(p);
     ok(fresh != c.block && fresh->state == BLOCK_LIVE, "filed as a new block");
     stderr_capture_begin();
-    block_cache_adopt(&c);
+    block_done_adopt(&c);
     ok(strstr(stderr_capture_end(), "behind cudefer's back") != NULL,
        "the claim's release reports the dropped record");
     ok(block_map_find(p) == fresh && fresh->state == BLOCK_LIVE,

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_map.h"
 #include "tap.h"
 
@@ -22,7 +23,7 @@ static inline bool give_back(void *p)
     if (block_cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
         claim.block != block_map_find(p))
         return false;
-    block_cache_adopt(&claim);
+    block_done_adopt(&claim);
     return block_map_find(p) != NULL;
 }
 

@@ -1,6 +1,6 @@
 /* The reclaimer lets a launching thread that waits for a device's lock in
  * before its next hold (src/block_bins.h, cache_lock; block_cache.c,
- * block_cache_claims_done).  A thread asleep on the lock was woken by the
+ * block_done_claims).  A thread asleep on the lock was woken by the
  * unlock, but the reclaimer, still running, took the lock again before it
  * was scheduled, for the rest of its run (the waiter waited for the whole
  * run; in the PyTorch LM on an H100 such waits proved rare:
@@ -27,6 +27,7 @@
 
 #include "block_bins.h"
 #include "block_cache.h"
+#include "block_done.h"
 #include "block_map.h"
 #include "block_test.h"
 #include "helpers.h"
@@ -98,7 +99,7 @@ static int trial(int first)
         sleep_ms(1);
     sleep_ms(5); /* past its spin: asleep on the lock */
     pthread_mutex_unlock(&cache->lock);
-    block_cache_claims_done(claims, CLAIMS, true, 1);
+    block_done_claims(claims, CLAIMS, true, 1);
     pthread_join(t, NULL);
     return atomic_load(&done_seen);
 }
@@ -131,7 +132,7 @@ static double claims_with_stuck_waiter(int first)
     sleep_ms(20); /* the spinner runs on CPU 0 */
     atomic_store(&cache->waiting, 1);
     double t0 = now_ms();
-    block_cache_claims_done(claims, CLAIMS, true, 1);
+    block_done_claims(claims, CLAIMS, true, 1);
     double took = now_ms() - t0;
     atomic_store(&cache->waiting, 0);
     atomic_store(&stop_spinning, true);
