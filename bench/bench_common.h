@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <cuda_runtime_api.h>

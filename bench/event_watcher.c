@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 /* Events a lane may have recorded and not yet seen complete.  W4's GPU runs
- * far ahead of its cudaMalloc-bound threads, so a ring this deep is never
- * full there (ring_waits says whether it was). */
+ * far ahead of its cudaMalloc-bound threads, so a ring this deep was never
+ * full there; in W1 it was, 3 times in one run (ring_waits says so). */
 #define WATCH_RING 1024
 
 /* One launching thread's ring, on cache lines of its own: the lane's thread

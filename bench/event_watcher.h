@@ -5,8 +5,9 @@
  *     event of its own ring of events, created before timing, and publishes
  *     how many it recorded;
  *   - one thread queries each lane's recorded events in order, each until it
- *     completed (about one cudaEventQuery an event, as cudefer's reclaimer),
- *     and sleeps poll_us after each pass.
+ *     completed, and sleeps poll_us after each pass (1.43 queries an event
+ *     in W4 on an H100, where cudefer's reclaimer makes 1.02: an estimate
+ *     of what polling costs, not a strict lower bound).
  * No memory is released, no list is locked and no event is created while
  * timed: what is left is the records and the queries themselves.
  */

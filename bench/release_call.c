@@ -10,7 +10,7 @@
  * the library's pools of entries and events as a first phase leaves them
  * (whether the events a cold phase makes on the calling thread are what
  * sets defer_free's 99th percentile).  W5-busy-trim (a diagnostic too):
- * W5-busy, then one defer_trim(NULL) timed while the kernel still runs,
+ * W5-busy (cudefer only), then one defer_trim(NULL) timed while the kernel still runs,
  * every free behind it (busy_trim_*: the cost of the trim's walk behind
  * incomplete stream heads; its queries count in queries_per_release).  One
  * phase per process, one JSON object.
@@ -239,6 +239,9 @@ int main(int argc, char **argv)
         strcmp(a.workload, "W5-idle-primed") != 0 && !trim_busy)
         bench_die("unknown workload '%s' (W5-idle, W5-busy, W5-idle-primed or "
                   "W5-busy-trim)", a.workload);
+    if (trim_busy && r.strategy != S_CUDEFER)
+        bench_die("W5-busy-trim times defer_trim: strategy cudefer only, not %s",
+                  a.strategy);
     busy = trim_busy || strcmp(a.workload, "W5-busy") == 0;
     primed = busy || strcmp(a.workload, "W5-idle-primed") == 0;
     bench_cuda_init();

@@ -1,8 +1,7 @@
 /* Block cache: hand-out and return of blocks (see the header), over the
  * size classes, bins and per-device state of block_bins.h and the
  * segments of block_segments.h: the state, the launching threads' side
- * (take, add, plan, claim, park).  The reclaimer's side, entries done, is
- * block_done.c. */
+ * (take, add, plan, claim, park).  Entries done are block_done.c's. */
 #define _GNU_SOURCE /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include "block_cache.h"
 
@@ -14,7 +13,6 @@
 
 #include "block_bins.h"
 #include "block_map.h"
-#include "block_pool.h"
 #include "block_records.h"
 #include "block_segments.h"
 #include "block_stale.h"

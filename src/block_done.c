@@ -1,13 +1,11 @@
-/* Block done: the reclaimer's side of the block cache (block_cache.h).
- * Entries whose work is done settle the blocks they name (PENDING blocks
- * go FREE, MERGED parts tell the blocks they were merged into, records no
- * entry names any more are retired), a release adopts the block its free
- * claimed, and a pointer no free claimed is checked against the cache.
- * The launching threads' side, and the state both share, are in
- * block_cache.c and block_bins.h. */
+/* Block done: the block cache once work is done (see the header).  The
+ * launching threads' side, and the state both share, are in block_cache.c
+ * and block_bins.h. */
 #include "block_done.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 

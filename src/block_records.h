@@ -18,9 +18,10 @@
  * (block_cache_find_locked asks the map again under the lock).
  *
  * block_records_new, _retire and _kept are called with the device's lock
- * held (block_cache.c, block_segments.c, block_leave.c) and make no CUDA
- * call; none frees memory under it, which could wait for a malloc arena's
- * lock (block_records_new callocs a record when none is kept).
+ * held (block_cache.c, block_done.c, block_segments.c, block_leave.c) and
+ * make no CUDA call; none frees memory under it, which could wait for a
+ * malloc arena's lock (block_records_new callocs a record when none is
+ * kept).
  */
 #ifndef CUDEFER_BLOCK_RECORDS_H
 #define CUDEFER_BLOCK_RECORDS_H

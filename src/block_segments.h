@@ -3,7 +3,8 @@
  * freed neighbours again (block_cache.h says when).  A segment is one
  * allocation of cudefer's; its blocks are linked in address order
  * (seg_prev, seg_next).  Every function is called with the device's mutex
- * held, by block_cache.c only; none makes a CUDA call or blocks.
+ * held, by the block cache's files (block_cache.c, block_done.c,
+ * block_leave.c); none makes a CUDA call or blocks.
  */
 #ifndef CUDEFER_BLOCK_SEGMENTS_H
 #define CUDEFER_BLOCK_SEGMENTS_H

@@ -68,6 +68,6 @@ void block_stale_evict_other(const void *ptr, int device)
         return;
     block_stale_report(ptr, size);
     if (!named) /* else the last entry naming it forgets it (a claim
-                   let go, or the reclaimer: block_cache.c, settle) */
+                   let go, or the reclaimer: block_done.c, settle) */
         block_cache_forget(x);
 }

@@ -1,5 +1,5 @@
 /* The reclaimer lets a launching thread that waits for a device's lock in
- * before its next hold (src/block_bins.h, cache_lock; block_cache.c,
+ * before its next hold (src/block_bins.h, cache_lock; block_done.c,
  * block_done_claims).  A thread asleep on the lock was woken by the
  * unlock, but the reclaimer, still running, took the lock again before it
  * was scheduled, for the rest of its run (the waiter waited for the whole
