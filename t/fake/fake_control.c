@@ -450,3 +450,15 @@ void fake_set_free_async_us(unsigned us)
     fake.free_async_us = us;
     fake_unlock();
 }
+
+int fake_set_stream_id(cudaStream_t s, unsigned long long id)
+{
+    struct fstream *f;
+
+    fake_lock();
+    f = fake_stream_resolve(s);
+    if (f != NULL)
+        f->reported_id = id;
+    fake_unlock();
+    return f != NULL ? 0 : -1;
+}

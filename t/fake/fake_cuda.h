@@ -419,6 +419,14 @@ void fake_set_latency(enum fake_call c, unsigned ns);
  * (cudaStreamSynchronize) to release what they gave back. */
 void fake_set_free_async_us(unsigned us);
 
+/* Make cudaStreamGetId report id for stream s from now on (the per-thread
+ * and legacy handles: the calling thread's stream on the current device).
+ * Real ids are unique only within a device's context, as far as cudefer
+ * may assume: so two streams of two devices can be given one id, and a
+ * test sees whether cudefer tells them apart by device.  Returns 0, or -1
+ * when s is no stream. */
+int fake_set_stream_id(cudaStream_t s, unsigned long long id);
+
 /* Have fn(c, r, arg) called on the calling thread each time a call of c
  * returns r, after the fake's lock is released (fn may call CUDA); NULL:
  * none.  How a test holds a thread between a call and what it does next

@@ -75,6 +75,7 @@ struct fake_work {
 
 struct fstream {
     unsigned long long id;
+    unsigned long long reported_id; /* cudaStreamGetId's (fake_set_stream_id) */
     int dev;
     enum stream_kind kind;
     int destroyed;

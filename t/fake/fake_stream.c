@@ -34,6 +34,7 @@ struct fstream *fake_stream_new(int dev, enum stream_kind kind)
     if (s == NULL)
         fake_die("out of memory");
     s->id = fake.next_stream_id++;
+    s->reported_id = s->id;
     s->dev = dev;
     s->kind = kind;
     fake.streams = fake_grow(fake.streams, fake.nstreams, &fake.capstreams,
@@ -362,7 +363,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream)
                           ? cudaSuccess : cudaErrorNotReady);
 }
 
-/* The stream's unique id (never reused, not even after fake_reset). */
+/* The stream's unique id (never reused, not even after fake_reset), unless
+ * fake_set_stream_id gave it another. */
 cudaError_t cudaStreamGetId(cudaStream_t hStream, unsigned long long *streamId)
 {
     struct fstream *s;
@@ -374,7 +376,7 @@ cudaError_t cudaStreamGetId(cudaStream_t hStream, unsigned long long *streamId)
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* whatever the thread's mode */
         return fake_leave(fake_capture_invalidate(s));
-    *streamId = s->id;
+    *streamId = s->reported_id;
     return fake_leave(cudaSuccess);
 }
 
