@@ -60,16 +60,16 @@ struct run {
 struct busy_trim {
     double ms, queries, released, held_after;
 };
+static const struct busy_trim NO_TRIM = { NAN, NAN, NAN, NAN };
 
+/* Main thread, W5-busy-trim (cudefer only).  Blocks for the trim. */
 static struct busy_trim trim_behind_busy(struct run *r)
 {
-    struct busy_trim t = { NAN, NAN, NAN, NAN };
+    struct busy_trim t;
     struct defer_stats a, b;
     uint64_t t0, t1;
     cudaError_t q;
 
-    if (r->strategy != S_CUDEFER)
-        return t;
     defer_stats_get(&a);
     t0 = bench_now_ns();
     CK(defer_trim(NULL));
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
     struct bench_cpu c_calls;
     struct bench_cpu c0, c1;
     double held = NAN;
-    struct busy_trim trim = { NAN, NAN, NAN, NAN };
+    struct busy_trim trim = NO_TRIM;
     struct rusage u0, u1;
     uint64_t first_ns = 0;
     struct slow_calls slow;

@@ -34,19 +34,19 @@ void block_done_claims(const struct block_claim *claims, size_t n, bool ok,
 /* Any thread releasing a pointer whose work is done (reclaimer, or a
  * synchronous release), of a free that claimed a block (claim->block not
  * NULL); blocks on the device's mutex: that block is FREE now, reusable by
- * any stream.  A record dropped
- * meanwhile (its memory was cudaFree'd behind cudefer's back and its
- * address allocated again) is reported and let go.  Either way the
- * pointer must not be cudaFree'd. */
+ * any stream.  A record dropped meanwhile (its memory was cudaFree'd behind
+ * cudefer's back and its address allocated again) is reported and let go.
+ * Either way the pointer must not be cudaFree'd. */
 void block_done_adopt(const struct block_claim *claim);
 
 /* Any thread releasing a pointer whose free claimed no block (it was none
- * when the free was accepted); blocks on the device's mutex.  True (reported) when a whole segment starts
- * at ptr now, which must not be cudaFree'd under the cache (its address was
- * cudaFree'd and allocated again behind cudefer's back, or it is a block
- * freed twice after cudefer released it); false when ptr is no block, or
- * a piece of a segment (the pointer was interior when deferred: cudaFree
- * refuses it as it would have then).  Changes no block. */
+ * when the free was accepted); blocks on the device's mutex.  True
+ * (reported) when a whole segment starts at ptr now, which must not be
+ * cudaFree'd under the cache (its address was cudaFree'd and allocated
+ * again behind cudefer's back, or it is a block freed twice after cudefer
+ * released it); false when ptr is no block, or a piece of a segment (the
+ * pointer was interior when deferred: cudaFree refuses it as it would have
+ * then).  Changes no block. */
 bool block_done_unclaimed_is_block(void *ptr);
 
 #endif

@@ -25,8 +25,8 @@ static void abandon_failed_devices(void)
         /* Popping the last entry removes f and moves another FIFO to i. */
         while (rs.streams.count > i && rs.streams.fifos[i] == f) {
             rs.incomplete--;
-            reclaimer_event_done(stream_table_pop(&rs.streams, f, now_ns()), err,
-                       now_ns());
+            reclaimer_event_done(stream_table_pop(&rs.streams, f, now_ns()),
+                                 err, now_ns());
         }
     }
     for (int d = 0; d < rs.ndevices; d++) {
@@ -96,7 +96,8 @@ static size_t trim_behind_head(struct stream_fifo *f, uint64_t now)
         }
         rs.incomplete--;
         done++;
-        reclaimer_event_done(stream_table_unlink_next(f, prev), cudaSuccess, now);
+        reclaimer_event_done(stream_table_unlink_next(f, prev), cudaSuccess,
+                             now);
     }
     return done;
 }
@@ -137,7 +138,8 @@ size_t reclaimer_poll_streams(uint64_t now)
             emptied = f->head == f->tail;
             rs.incomplete--;
             done++;
-            reclaimer_event_done(stream_table_pop(&rs.streams, f, now), cudaSuccess, now);
+            reclaimer_event_done(stream_table_pop(&rs.streams, f, now),
+                                 cudaSuccess, now);
         }
         any_failed |= device_error(f->device) != cudaSuccess;
         if (!emptied)

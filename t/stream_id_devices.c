@@ -34,8 +34,8 @@ static void two_streams(cudaStream_t *a, cudaStream_t *b)
     unsigned long long ida = 0, idb = 0;
     cudaStreamGetId(*a, &ida);
     cudaStreamGetId(*b, &idb);
-    is_int(ida == idb && ida == SHARED_ID, 1,
-           "device 0's and device 1's streams report one id");
+    ok(ida == idb && ida == SHARED_ID,
+       "device 0's and device 1's streams report one id");
 }
 
 /* defer_free of cudaMalloc memory: the busy stream's free first, then the
