@@ -10,10 +10,11 @@
  * comparisons was never tested (mutation round 3 said so).  Without the
  * device half in the stream table's key, callback_lanes fails (device 1's
  * callbacks wait behind device 0's busy stream).  Without it in the lanes'
- * key every test here still passes: such a lane would record device 0's
- * event on device 1's stream, which CUDA (and the fake) refuse; what
- * cudefer then does was not traced.  The oracle checks every release and
- * hand-out. */
+ * key every test here still passes, and must: the lanes' set is chosen by
+ * a hash that mixes in the device (stream_lane.c, set_of), and devices 0
+ * and 1 never share a set, whatever the id, so no lane of one is ever
+ * compared with the other's (equivalent for two devices).  The oracle
+ * checks every release and hand-out. */
 #include "helpers.h"
 
 #include <stdatomic.h>
