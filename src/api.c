@@ -145,13 +145,23 @@ static bool queue_synced_call(const struct request_args *a,
 
 /* Wait for stream here and release at once: no event could be had, or
  * CUDEFER_DISABLE.  Callbacks then run on the calling thread, but for one
- * with no event, which is queued behind its stream's earlier callbacks. */
+ * with no event, which is queued behind its stream's earlier callbacks.
+ * The stream's device is looked up as an asynchronous call's is: a device
+ * that failed refuses the call, and a sticky error the release meets
+ * fails the device, said once with its number. */
 cudaError_t api_release_synchronously(const struct request_args *a,
                                       cudaStream_t stream)
 {
     cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess)
         return api_reject(a->what, "cudaStreamSynchronize", err);
+    int device;
+    unsigned long long id;
+    bool cached;
+    const char *call = NULL;
+    if ((err = api_identify_usable(stream, false, -1, &device, &id, &cached,
+                                   &call)) != cudaSuccess)
+        return api_reject(a->what, call, err);
     struct block_user recorded[64];
     size_t nrec = block_users_of(a, recorded);
     if (nrec > 64) { /* only 64 could be waited for */
@@ -173,16 +183,19 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
         queue_synced_call(a, stream))
         return cudaSuccess;
-    struct entry e = {.kind = a->kind, .fn = a->fn, .arg = a->arg,
-                      .nptrs = a->nptrs, .ptrs = (void **)a->ptrs,
+    struct entry e = {.kind = a->kind, .device = device, .fn = a->fn,
+                      .arg = a->arg, .nptrs = a->nptrs,
+                      .ptrs = (void **)a->ptrs,
                       .claims = any_claimed(a) ? a->claims : NULL};
     stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
     err = release_entry(&e, NULL);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    if (report_cuda_error_is_sticky(err)) /* the device's error: say it here */
-        report_cuda(a->what, "the synchronous release", err,
-                    "; the device is unusable");
+    if (report_cuda_error_is_sticky(err)) /* the device's error, not ptr's */
+        lifecycle_fail_device(a->what, device,
+                              a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
+                                                         : "cudaFree",
+                              err);
     return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 

@@ -309,6 +309,13 @@ cudaError_t lifecycle_device_error(int device)
     return device_error(device);
 }
 
+void lifecycle_fail_device(const char *what, int device, const char *call,
+                           cudaError_t err)
+{
+    if (device >= 0 && device < rs.ndevices)
+        reclaimer_fail_device_in(what, device, call, err);
+}
+
 /* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
 static _Atomic unsigned long requests_pushed;
 

@@ -49,6 +49,13 @@ const struct defer_config *lifecycle_config(void);
 bool lifecycle_disabled(void);
 cudaError_t lifecycle_device_error(int device);
 
+/* Any thread, between enter and leave: mark device failed by the sticky
+ * error err that call met in what (a synchronous release's cudaFree); the
+ * first error wins and is said once.  A device the reclaimer does not know
+ * is ignored. */
+void lifecycle_fail_device(const char *what, int device, const char *call,
+                           cudaError_t err);
+
 /* Any thread: whether it is the reclaimer thread (running a callback). */
 bool lifecycle_on_reclaimer_thread(void);
 

@@ -192,17 +192,24 @@ void reclaimer_finish_entry(struct entry *e, cudaError_t err)
     recycle(e);
 }
 
-/* Mark device failed with err (first error wins) and say so once; a runtime
- * that is unloading (process exit) is not worth a message. */
-void reclaimer_fail_device(int device, const char *call, cudaError_t err)
+/* Any thread: mark device failed with err, which call met in who (first
+ * error wins) and say so once; a runtime that is unloading (process exit)
+ * is not worth a message. */
+void reclaimer_fail_device_in(const char *who, int device, const char *call,
+                              cudaError_t err)
 {
     cudaError_t none = cudaSuccess;
     if (atomic_compare_exchange_strong(&rs.device_errors[device], &none, err) &&
         err != cudaErrorCudartUnloading)
-        report("reclaimer: device %d: %s failed: %s (%s); its pending entries "
+        report("%s: device %d: %s failed: %s (%s); its pending entries "
                "will not be released, and later defer calls on it return "
-               "this error", device, call, cudaGetErrorString(err),
+               "this error", who, device, call, cudaGetErrorString(err),
                cudaGetErrorName(err));
+}
+
+void reclaimer_fail_device(int device, const char *call, cudaError_t err)
+{
+    reclaimer_fail_device_in("reclaimer", device, call, err);
 }
 
 /* Make device current on the reclaimer thread; false if that failed. */

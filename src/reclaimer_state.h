@@ -102,6 +102,9 @@ void reclaimer_take_in(struct entry *e);
  * for cudaFreeAsync (NULL if none could be made); what the policy sees now. */
 bool reclaimer_use_device(int device);
 void reclaimer_fail_device(int device, const char *call, cudaError_t err);
+/* Any thread: the same, said as who's (a synchronous release's). */
+void reclaimer_fail_device_in(const char *who, int device, const char *call,
+                              cudaError_t err);
 cudaStream_t reclaimer_free_stream(int device);
 struct policy_view reclaimer_view_now(uint64_t now);
 

@@ -113,6 +113,9 @@ static const struct scenario scenarios[] = {
     {"CUDEFER_DISABLE: the caller's cudaFree fails persistently",
      "CUDEFER_DISABLE=1", 1, s_disable_free_fails, FAKE_FREE,
      cudaErrorInvalidValue, ALWAYS, cudaSuccess, NULL},
+    {"CUDEFER_DISABLE: the caller's cudaFree meets a sticky error: its "
+     "device fails, one line", "CUDEFER_DISABLE=1", 2, s_disable_free_sticky,
+     FAKE_FREE, cudaErrorIllegalAddress, ONCE, cudaErrorIllegalAddress, NULL},
     /* reclaimer */
     {"cudaEventQuery fails once: device 0 abandoned, device 1 carries on",
      "CUDEFER_MAX_DELAY_MS=0", 2, s_query_fails, FAKE_EVENT_QUERY,

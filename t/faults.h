@@ -145,6 +145,7 @@ void s_create_and_sync_fail(const struct scenario *sc);
 void s_create_other_device(const struct scenario *sc);
 void s_disable_sync_fails(const struct scenario *sc);
 void s_disable_free_fails(const struct scenario *sc);
+void s_disable_free_sticky(const struct scenario *sc);
 void s_pool_growth_oom(const struct scenario *sc);
 void s_query_fails(const struct scenario *sc);
 void s_sticky(const struct scenario *sc);

@@ -380,6 +380,47 @@ void s_disable_sync_fails(const struct scenario *sc)
     CHECK_STATS();
 }
 
+/* CUDEFER_DISABLE: the caller's own cudaFree on device 1 meets a sticky
+ * error (a kernel fault surfacing there).  The error is the device's, not
+ * the pointer's: device 1 fails, said once with its number; a flush
+ * returns the error and a later call on device 1 is refused with it, even
+ * where the runtime would let it through (injected once); device 0
+ * carries on. */
+void s_disable_free_sticky(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
+    cudaStream_t s1 = stream_new();
+    void *p = busy_buffer(s1, 64, 1000), *q = device_alloc(64);
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
+    cudaStream_t s0 = stream_new();
+    void *r = busy_buffer(s0, 64, 1000);
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE, bad, 0, sc->count);
+    cudaError_t first = defer_free(p, s1);
+    fake_fail_clear();
+    cudaError_t flushed = defer_flush();
+    cudaError_t later = defer_free(q, s1);
+    cudaError_t other = defer_free(r, s0);
+    const char *msg = capture_end();
+    CHECK(first == cudaSuccess, "the failing defer_free was accepted (%s)",
+          EN(first));
+    CHECK(lines_with(msg, "device 1: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names device 1, cudaFree and %s", EN(bad));
+    CHECK(flushed == bad, "flush returns %s (%s)", EN(bad), EN(flushed));
+    CHECK(later == bad && fake_is_released(q) == 0,
+          "a later defer_free on device 1 is refused with it (%s)",
+          EN(later));
+    CHECK(other == cudaSuccess && fake_is_released(r) == 1,
+          "device 0 carries on (%s)", EN(other));
+    struct defer_stats st = stats_now();
+    CHECK(st.failed == 1 && st.released == 1 && st.rejected == 1,
+          "failed %llu released %llu rejected %llu, want 1, 1, 1",
+          ULL(st.failed), ULL(st.released), ULL(st.rejected));
+    cudaFree(p);
+    cudaFree(q);
+}
+
 /* CUDEFER_DISABLE: the caller's own cudaFree fails. */
 void s_disable_free_fails(const struct scenario *sc)
 {
