@@ -113,6 +113,9 @@ static const struct scenario scenarios[] = {
     {"CUDEFER_DISABLE: the caller's cudaFree fails persistently",
      "CUDEFER_DISABLE=1", 1, s_disable_free_fails, FAKE_FREE,
      cudaErrorInvalidValue, ALWAYS, cudaSuccess, NULL},
+    {"CUDEFER_DISABLE: the caller's cudaFree fails once on device 1: the "
+     "message names device 1", "CUDEFER_DISABLE=1", 2, s_disable_free_fails,
+     FAKE_FREE, cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"CUDEFER_DISABLE: the caller's cudaFree meets a sticky error: its "
      "device fails, one line", "CUDEFER_DISABLE=1", 2, s_disable_free_sticky,
      FAKE_FREE, cudaErrorIllegalAddress, ONCE, cudaErrorIllegalAddress, NULL},

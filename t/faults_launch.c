@@ -421,12 +421,16 @@ void s_disable_free_sticky(const struct scenario *sc)
     cudaFree(q);
 }
 
-/* CUDEFER_DISABLE: the caller's own cudaFree fails. */
+/* CUDEFER_DISABLE: the caller's own cudaFree fails; on the last device's
+ * stream (device 1 of two), the message names that device. */
 void s_disable_free_fails(const struct scenario *sc)
 {
     enum { N = 3 };
     const cudaError_t bad = sc->err;
-    int fails = sc->count == ONCE ? 1 : N;
+    int fails = sc->count == ONCE ? 1 : N, device = sc->ndevices - 1;
+    char named[32];
+    snprintf(named, sizeof named, "(device %d)", device);
+    CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice(%d)", device);
     cudaStream_t s = stream_new();
     void *p[N];
     cudaError_t e[N];
@@ -445,8 +449,9 @@ void s_disable_free_fails(const struct scenario *sc)
               fake_is_released(p[i]));
         if (i < fails)
             CHECK(lines_with(msg, "cudaFree failed", EN(bad), ptr_text(p[i])) ==
-                      1, "the failed cudaFree of #%d is named with its "
-                      "pointer and %s", i, EN(bad));
+                      1 && lines_with(msg, ptr_text(p[i]), named, NULL) == 1,
+                  "the failed cudaFree of #%d is named with its pointer, "
+                  "%s and %s", i, named, EN(bad));
     }
     struct defer_stats st = stats_now();
     CHECK(st.failed == (uint64_t)fails && st.released == (uint64_t)(N - fails),
