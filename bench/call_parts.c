@@ -4,18 +4,19 @@
  * stream, after 64 untimed calls: the CUDA calls a defer call may make
  * (cudaStreamIsCapturing, cudaStreamGetDevice, cudaStreamGetId,
  * cudaGetDevice, cudaEventCreateWithFlags (what a call pays when no pooled
- * event is idle, as in W6), cudaEventRecord of a pooled event, and a
- * thread's own query of its stream's newest event as the library makes it
- * when it finds no idle event (own_query: the relaxed capture mode,
- * cudaEventQuery, the mode back; on a busy stream the not-ready error
- * cleared too)), the clock
- * alone (the
- * floor of every timing), defer_free of a cudaMalloc buffer (W5's call),
- * defer_call, and round robin over 16 streams (W6's pattern, one thread)
- * cudaEventRecord and defer_call; then the allocator pairs, each pair timed
- * as a whole and by halves: defer_alloc + defer_free against cudaMallocAsync
- * + cudaFreeAsync, 1 MiB.  Every part runs on a created (non-blocking)
- * stream and on stream 0 (the legacy stream: what PyTorch passes).
+ * event is idle, as in W6), cudaEventRecord of a pooled event; the driver
+ * API's own capture check, current device, event creation and record, to
+ * tell the runtime wrappers' share (drv_*); and a thread's own query of its
+ * stream's newest event as the library makes it when it finds no idle
+ * event (own_query: the relaxed capture mode, cudaEventQuery, the mode
+ * back; on a busy stream the not-ready error cleared too)), the clock alone
+ * (the floor of every timing), defer_free of a cudaMalloc buffer (W5's
+ * call), defer_call, and round robin over 16 streams (W6's pattern, one
+ * thread) cudaEventRecord and defer_call; then the allocator pairs, each
+ * pair timed as a whole and by halves: defer_alloc + defer_free against
+ * cudaMallocAsync + cudaFreeAsync, 1 MiB.  Every part runs on a created
+ * (non-blocking) stream and on stream 0 (the legacy stream: what PyTorch
+ * passes).
  *   idle  the stream has no work;
  *   busy  a 2 s gpu_spin is queued on the stream first (held: still running
  *         after the last part, so every part saw a busy stream).
@@ -30,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda.h>
 
 #include "bench_common.h"
 #include "cudefer.h"
@@ -116,6 +119,69 @@ static cudaError_t part_own_query(struct bench_stream *s, size_t i)
     if (q == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady)
         cudaGetLastError();
     return q == cudaErrorNotReady ? cudaSuccess : q;
+}
+
+/* The driver API's own versions of the capture check, the current
+ * device, the event creation and the record (cudaGetDriverEntryPoint,
+ * the runtime's default stream semantics): what the runtime's wrappers
+ * add to each. */
+typedef CUresult (*cu_is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*cu_ctx_get_device_fn)(CUdevice *);
+typedef CUresult (*cu_event_create_fn)(CUevent *, unsigned int);
+typedef CUresult (*cu_event_record_fn)(CUevent, CUstream);
+static cu_is_capturing_fn cu_is_capturing;
+static cu_ctx_get_device_fn cu_ctx_get_device;
+static cu_event_create_fn cu_event_create;
+static cu_event_record_fn cu_event_record;
+
+static void *driver_entry(const char *name)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult st;
+    CK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault,
+                                        &st));
+    if (st != cudaDriverEntryPointSuccess || fn == NULL)
+        bench_die("no driver entry point %s", name);
+    return fn;
+}
+
+static void driver_entries(void)
+{
+    cu_is_capturing = (cu_is_capturing_fn)driver_entry("cuStreamIsCapturing");
+    cu_ctx_get_device = (cu_ctx_get_device_fn)driver_entry("cuCtxGetDevice");
+    cu_event_create = (cu_event_create_fn)driver_entry("cuEventCreate");
+    cu_event_record = (cu_event_record_fn)driver_entry("cuEventRecord");
+}
+
+static cudaError_t driver_status(CUresult r)
+{
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+static cudaError_t part_drv_is_capturing(struct bench_stream *s, size_t i)
+{
+    CUstreamCaptureStatus st;
+    (void)i;
+    return driver_status(cu_is_capturing((CUstream)s->stream, &st));
+}
+
+static cudaError_t part_drv_get_device(struct bench_stream *s, size_t i)
+{
+    CUdevice d;
+    (void)s, (void)i;
+    return driver_status(cu_ctx_get_device(&d));
+}
+
+static cudaError_t part_drv_event_create(struct bench_stream *s, size_t i)
+{
+    return driver_status(cu_event_create((CUevent *)&s->made[i],
+                                         CU_EVENT_DISABLE_TIMING));
+}
+
+static cudaError_t part_drv_event_record(struct bench_stream *s, size_t i)
+{
+    return driver_status(cu_event_record((CUevent)s->events[i % EVENTS],
+                                         (CUstream)s->stream));
 }
 
 static cudaError_t part_defer_free(struct bench_stream *s, size_t i)
@@ -245,6 +311,12 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     time_part(s, "get_device", part_get_device, lat, n);
     time_part(s, "event_create", part_event_create, lat, n);
     double record = time_part(s, "event_record", part_event_record, lat, n);
+    time_part(s, "drv_is_capturing", part_drv_is_capturing, lat, n);
+    time_part(s, "drv_get_device", part_drv_get_device, lat, n);
+    for (size_t i = 0; i < n + WARMUP_CALLS; i++) /* made again below */
+        CK(cudaEventDestroy(s->made[i]));
+    time_part(s, "drv_event_create", part_drv_event_create, lat, n);
+    time_part(s, "drv_event_record", part_drv_event_record, lat, n);
     time_part(s, "own_query", part_own_query, lat, n);
     double freeing = time_part(s, "defer_free", part_defer_free, lat, n);
     time_part(s, "defer_call", part_defer_call, lat, n);
@@ -286,6 +358,7 @@ int main(int argc, char **argv)
     int busy = strcmp(a.strategy, "busy") == 0;
     size_t n = (size_t)a.calls;
     bench_cuda_init();
+    driver_entries();
     uint64_t *lat = bench_calloc(n, sizeof *lat);
     struct bench_stream created = {.name = "created"};
     struct bench_stream legacy = {.name = "legacy", .stream = 0};

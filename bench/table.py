@@ -84,7 +84,8 @@ def table_call(idle, busy, o):
 
 # bench-call-parts' parts, in its order (STREAM_PART_p50_us and so on).
 PARTS = ['clock', 'is_capturing', 'stream_get_device', 'stream_get_id',
-         'get_device', 'event_create', 'event_record', 'own_query',
+         'get_device', 'event_create', 'event_record', 'drv_is_capturing',
+         'drv_get_device', 'drv_event_create', 'drv_event_record', 'own_query',
          'defer_free',
          'defer_call', 'event_record_rr16', 'defer_call_rr16', 'pair_defer',
          'pair_defer_alloc', 'pair_defer_free', 'pair_async',

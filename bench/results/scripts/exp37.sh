@@ -1,0 +1,23 @@
+#!/bin/bash
+# The sixth session (2026-11-27): what the runtime's wrappers add to the
+# launching thread's CUDA calls (bench-call-parts' new drv_* parts: the
+# driver API's cuStreamIsCapturing, cuCtxGetDevice, cuEventCreate and
+# cuEventRecord beside the runtime's), with W5 itself, and make check of
+# the commit.  `bash exp37.sh OUT REPO PART...` with .dist/cudefer-0.2.0.tar.gz
+# the make dist of the commit measured:
+#   w5     W5 and W5-parts, 3 reps -> OUT/w5.jsonl, OUT/w5.txt
+#   check  make check -> OUT/check.txt (bench/gpu-session.sh)
+OUT=$1; R=$2; shift 2
+W=/tmp/w37/cudefer-0.2.0
+if [ ! -f $W/src/.libs/libcudefer.so ]; then
+  mkdir -p /tmp/w37 && cd /tmp/w37 && rm -rf cudefer-0.2.0 && tar xzf $R/.dist/cudefer-0.2.0.tar.gz &&
+    cd $W && ./configure -q && make -j16 all bench >/dev/null 2>&1 || echo "build failed"
+fi
+cd $W
+for PART in "$@"; do
+  case $PART in
+    w5)    python3 bench/run.py --workloads W5,W5-parts --reps 3 \
+             --json $OUT/w5.jsonl > $OUT/w5.txt 2>&1; grep -v "^\[" $OUT/w5.txt | head -50 ;;
+    check) STAGES=check bash bench/gpu-session.sh $OUT; tail -5 $OUT/check.txt ;;
+  esac
+done
