@@ -13,6 +13,7 @@
 #include "capture.h"
 #include "clock.h"
 #include "cudefer.h"
+#include "driver_calls.h"
 #include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
@@ -186,7 +187,8 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
      * makes none, so it is checked on a miss only. */
     bool legacy = stream_is_legacy(stream);
     cudaError_t err;
-    if (legacy && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
+    if (legacy && current < 0 &&
+        (err = driver_calls_get_device(&current)) != cudaSuccess)
         return refuse("defer_alloc", "cudaGetDevice", err, "");
     unsigned long long id;
     bool cached =
@@ -327,7 +329,7 @@ static cudaError_t enter_device(int device, cudaStream_t stream,
         return cudaSuccess;
     int current;
     *call = "cudaGetDevice";
-    cudaError_t err = cudaGetDevice(&current);
+    cudaError_t err = driver_calls_get_device(&current);
     if (err == cudaSuccess && current != device &&
         (*call = "cudaSetDevice", err = cudaSetDevice(device)) == cudaSuccess)
         *previous = current;

@@ -1,5 +1,5 @@
 /* Allocation size and pool membership through the driver's
- * cuPointerGetAttributes, resolved once via the runtime. */
+ * cuPointerGetAttributes (driver_calls.h resolves it). */
 #include "alloc_info.h"
 
 #include <cuda.h>
@@ -7,15 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "driver_calls.h"
 #include "report.h"
-
-typedef CUresult (*pointer_get_attributes_fn)(unsigned int,
-                                              CUpointer_attribute *,
-                                              void **, CUdeviceptr);
-
-enum { UNRESOLVED, RESOLVED, UNAVAILABLE };
-static int resolution = UNRESOLVED;
-static pointer_get_attributes_fn pointer_get_attributes;
 
 /* The name of a driver result (the common ones; others by number). */
 static const char *result_name(CUresult res)
@@ -36,36 +29,13 @@ static const char *result_name(CUresult res)
     }
 }
 
-/* Look the entry point up once; later calls reuse the answer. */
-static bool resolve(void)
-{
-    if (resolution == UNRESOLVED) {
-        void *fn = NULL;
-        enum cudaDriverEntryPointQueryResult status;
-        cudaError_t err = cudaGetDriverEntryPointByVersion(
-            "cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &status);
-        if (err == cudaSuccess && status == cudaDriverEntryPointSuccess &&
-            fn != NULL) {
-            pointer_get_attributes = (pointer_get_attributes_fn)fn;
-            resolution = RESOLVED;
-        } else {
-            resolution = UNAVAILABLE;
-            report_cuda("reclaimer", "cudaGetDriverEntryPointByVersion"
-                        "(cuPointerGetAttributes)",
-                        err != cudaSuccess ? err : cudaErrorSymbolNotFound,
-                        "; allocation sizes and pools are unknown: pool "
-                        "memory is freed with cudaFree, and the cap does "
-                        "not see these bytes");
-        }
-    }
-    return resolution == RESOLVED;
-}
-
 bool alloc_info_query(const void *ptr, struct alloc_info *info)
 {
     info->bytes = 0;
     info->pool = false;
-    if (!resolve())
+    driver_calls_pointer_attributes_fn pointer_get_attributes =
+        driver_calls_pointer_attributes();
+    if (pointer_get_attributes == NULL)
         return false;
     size_t bytes = 0;
     CUmemoryPool pool = NULL;
@@ -84,10 +54,4 @@ bool alloc_info_query(const void *ptr, struct alloc_info *info)
     info->bytes = bytes;
     info->pool = pool != NULL;
     return true;
-}
-
-void alloc_info_reset(void)
-{
-    resolution = UNRESOLVED;
-    pointer_get_attributes = NULL;
 }

@@ -2,8 +2,8 @@
  * Allocation facts the release policy needs: how many bytes an entry holds
  * and whether it came from a stream-ordered memory pool.  Asked of the
  * driver (cuPointerGetAttributes, found through the runtime so cudefer needs
- * no link to libcuda), on the reclaimer thread only: it stays off the
- * launching thread's path.
+ * no link to libcuda: driver_calls.h), on the reclaimer thread only: it
+ * stays off the launching thread's path.
  */
 #ifndef CUDEFER_ALLOC_INFO_H
 #define CUDEFER_ALLOC_INFO_H
@@ -20,8 +20,5 @@ struct alloc_info {
  * zero bytes, not pool) when the driver does not know ptr or the query is
  * not available. */
 bool alloc_info_query(const void *ptr, struct alloc_info *info);
-
-/* Reclaimer only: forget the resolved driver entry point (fork child). */
-void alloc_info_reset(void);
 
 #endif

@@ -12,6 +12,7 @@
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
+#include "driver_calls.h"
 #include "entry.h"
 #include "event_pool.h"
 #include "free_batch.h"
@@ -271,7 +272,8 @@ struct entry *api_record(const struct request_args *a, cudaStream_t stream,
         *call = "malloc";
         return NULL;
     }
-    if ((*err = cudaEventRecord(pick.ev->event, stream)) != cudaSuccess) {
+    if ((*err = driver_calls_event_record(pick.ev->event, stream)) !=
+        cudaSuccess) {
         stream_lane_cancel(&pick);
         release_forget_pointers(e);
         event_pool_give_unused(e);
@@ -311,7 +313,8 @@ static cudaError_t submit_admitted(const struct request_args *a,
                      !lifecycle_disabled();
     cudaError_t err = cudaSuccess;
     int current = a->current_known ? a->current_device : -1;
-    if (batchable && current < 0 && (err = cudaGetDevice(&current)) != cudaSuccess)
+    if (batchable && current < 0 &&
+        (err = driver_calls_get_device(&current)) != cudaSuccess)
         return api_reject(a->what, "cudaGetDevice", err);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */

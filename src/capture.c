@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "driver_calls.h"
 #include "lifecycle.h"
 #include "reclaimer_state.h"
 #include "release.h"
@@ -71,7 +72,7 @@ cudaError_t capture_status(const cudaStream_t *streams, size_t n,
     size_t active = 0;
     for (size_t i = 0; i < n; i++) {
         enum cudaStreamCaptureStatus status;
-        cudaError_t err = cudaStreamIsCapturing(streams[i], &status);
+        cudaError_t err = driver_calls_is_capturing(streams[i], &status);
         if (err != cudaSuccess) {
             *call = "cudaStreamIsCapturing";
             return err;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
+#include "driver_calls.h"
 #include "entry_slab.h"
 #include "pool_stack.h"
 #include "release.h"
@@ -378,7 +379,7 @@ static struct shared_event *create_event(int device, cudaError_t *err,
         *call = "calloc";
         return NULL;
     }
-    if ((*err = cudaGetDevice(&current)) != cudaSuccess) {
+    if ((*err = driver_calls_get_device(&current)) != cudaSuccess) {
         *call = "cudaGetDevice";
         goto fail;
     }
@@ -386,7 +387,7 @@ static struct shared_event *create_event(int device, cudaError_t *err,
         *call = "cudaSetDevice";
         goto fail;
     }
-    *err = cudaEventCreateWithFlags(&ev->event, cudaEventDisableTiming);
+    *err = driver_calls_event_create(&ev->event);
     *call = "cudaEventCreateWithFlags";
     if (current != device) {
         cudaError_t back = cudaSetDevice(current);

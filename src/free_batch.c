@@ -10,6 +10,7 @@
 #include "block_done.h"
 #include "capture.h"
 #include "clock.h"
+#include "driver_calls.h"
 #include "entry.h"
 #include "event_pool.h"
 #include "lifecycle.h"
@@ -220,7 +221,8 @@ static cudaError_t seal(int device, cudaStream_t stream,
     if (err == cudaSuccess &&
         (e = event_pool_take_entry(device, &err, &call)) == NULL)
         stream_lane_cancel(&pick);
-    if (e != NULL && (err = cudaEventRecord(pick.ev->event, stream)) !=
+    if (e != NULL && (err = driver_calls_event_record(pick.ev->event,
+                                                     stream)) !=
                          cudaSuccess) {
         call = "cudaEventRecord";
         stream_lane_cancel(&pick);
@@ -354,7 +356,7 @@ static cudaError_t seal_batches(void)
         pthread_mutex_unlock(&b->lock);
         if (!any)
             continue;
-        if (!asked && cudaGetDevice(&current) != cudaSuccess)
+        if (!asked && driver_calls_get_device(&current) != cudaSuccess)
             current = -1;
         if (!asked)
             on = current;

@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc_info.h"
 #include "block_cache.h"
 #include "block_pool.h"
 #include "config.h"
+#include "driver_calls.h"
 #include "event_pool.h"
 #include "free_batch.h"
 #include "report.h"
@@ -98,6 +98,7 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
+    driver_calls_resolve(what); /* the runtime is up: its entry points */
     if (!alloc_per_device(n) ||
         !block_cache_init(n, (size_t)rs.cfg.split_min_bytes,
                           rs.cfg.round_divisions) ||
@@ -584,7 +585,7 @@ static void fork_child(void)
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
-    alloc_info_reset();
+    driver_calls_reset();
     block_cache_fork_child();
     free_batch_fork_child();
     block_pool_fork_child();

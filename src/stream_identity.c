@@ -3,6 +3,8 @@
 
 #include <stdint.h>
 
+#include "driver_calls.h"
+
 /* A 4-way set-associative cache of 16 sets: a thread that round-robins 16
  * streams (W6) or alternates a few streams and stream 0 (PyTorch) finds
  * them all, at a few compares a look-up. */
@@ -75,7 +77,7 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
     if (stream_is_special(stream) && current >= 0) {
         key_device = current;
     } else if (stream_is_special(stream) &&
-               (err = cudaGetDevice(&key_device)) != cudaSuccess) {
+               (err = driver_calls_get_device(&key_device)) != cudaSuccess) {
         *failed = "cudaGetDevice";
         return err;
     }

@@ -368,10 +368,14 @@ void s_free_stream_fails(const struct scenario *sc)
 
 /* ---- reclaimer: allocation sizes (driver entry point, attributes) --------- */
 
-/* The entry point cannot be had: nothing is known of any allocation. */
+/* The entry point cannot be had: nothing is known of any allocation.
+ * Looked up first at the start (once: cuPointerGetAttributes fails and the
+ * launching thread's driver calls are had; always: the runtime makes those
+ * calls, and no driver call is answered). */
 void s_entry_point_fails(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
+    unsigned long driver = fake_driver_calls();
     stderr_capture_begin();
     fake_fail(FAKE_DRIVER_ENTRY_POINT, bad, 0, sc->count);
     cudaStream_t sa = stream_new(), sb = stream_new();
@@ -410,6 +414,10 @@ void s_entry_point_fails(const struct scenario *sc)
           EN(bad));
     diag("  cudaGetDriverEntryPointByVersion called %lu time(s)",
          fake_calls(FAKE_DRIVER_ENTRY_POINT));
+    driver = fake_driver_calls() - driver;
+    CHECK(sc->count == ONCE ? driver > 0 : driver == 0,
+          "%lu driver calls answered (want %s)", driver,
+          sc->count == ONCE ? "some" : "none");
     CHECK_STATS();
 }
 

@@ -338,6 +338,14 @@ int fake_allocation_of(const void *p, void **base, size_t *size);
 /* Events created and not yet destroyed. */
 size_t fake_live_events(void);
 
+/* The driver calls cudefer makes on the launching thread's path, handed out
+ * by cudaGetDriverEntryPointByVersion: how many the fake answered since the
+ * process began (a test takes differences); while the calling thread has
+ * set fake_set_no_context(1) they answer CUDA_ERROR_INVALID_CONTEXT, as on
+ * a thread with no current context, and are not counted. */
+unsigned long fake_driver_calls(void);
+void fake_set_no_context(int on);
+
 /* ---- Failure injection ------------------------------------------------ */
 
 enum fake_call {

@@ -1,14 +1,17 @@
 /*
  * fake_driver.c — entry points other than the plain cudart calls: the
- * driver's cuPointerGetAttributes, which cudefer obtains through
- * cudaGetDriverEntryPointByVersion, and the _ptsz variants that code
- * compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM calls.
+ * driver's cuPointerGetAttributes and the launching thread's driver calls
+ * (cuStreamIsCapturing, cuEventRecord, cuEventCreate, cuCtxGetDevice),
+ * which cudefer obtains through cudaGetDriverEntryPointByVersion, and the
+ * _ptsz variants that code compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM
+ * calls.
  */
 #define _GNU_SOURCE
 #include "fake_internal.h"
 
 #include <cuda.h>
 
+#include <stdatomic.h>
 #include <string.h>
 
 /* ---- Driver entry points ------------------------------------------------
@@ -64,7 +67,84 @@ static CUresult fake_cuPointerGetAttributes(unsigned int n,
     return CUDA_SUCCESS;
 }
 
-/* Only "cuPointerGetAttributes" is known; anything else is not found. */
+/* The launching thread's driver calls (cudefer's driver_calls.c): each is
+ * the fake's runtime call of the same meaning, counted and failed as that
+ * call (FAKE_STREAM_IS_CAPTURING, FAKE_EVENT_RECORD, FAKE_EVENT_CREATE,
+ * FAKE_GET_DEVICE), its cudaError_t returned as the CUresult of the same
+ * number, but, as the driver, leaving the thread's last error as it was.
+ * While the thread has set fake_set_no_context(1) each answers
+ * CUDA_ERROR_INVALID_CONTEXT (a thread with no current context) without
+ * being counted or made. */
+static _Thread_local int no_context;
+static _Atomic unsigned long driver_answers;
+
+void fake_set_no_context(int on)
+{
+    no_context = on;
+}
+
+unsigned long fake_driver_calls(void)
+{
+    return atomic_load(&driver_answers);
+}
+
+/* Ends a driver call: the runtime's answer r, the last error put back. */
+static CUresult driver_result(cudaError_t r, cudaError_t last)
+{
+    fake_thread.last_error = last;
+    atomic_fetch_add(&driver_answers, 1);
+    return (CUresult)r;
+}
+
+static CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+    if (no_context)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cudaError_t last = fake_thread.last_error;
+    return driver_result(cudaStreamIsCapturing(
+                             (cudaStream_t)s, (enum cudaStreamCaptureStatus *)st),
+                         last);
+}
+
+static CUresult fake_cuEventRecord(CUevent e, CUstream s)
+{
+    if (no_context)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cudaError_t last = fake_thread.last_error;
+    return driver_result(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s),
+                         last);
+}
+
+static CUresult fake_cuEventCreate(CUevent *e, unsigned int flags)
+{
+    if (no_context)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cudaError_t last = fake_thread.last_error;
+    return driver_result(cudaEventCreateWithFlags((cudaEvent_t *)e, flags),
+                         last);
+}
+
+static CUresult fake_cuCtxGetDevice(CUdevice *d)
+{
+    if (no_context)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cudaError_t last = fake_thread.last_error;
+    int dev = 0;
+    cudaError_t r = cudaGetDevice(&dev);
+    if (r == cudaSuccess)
+        *d = (CUdevice)dev;
+    return driver_result(r, last);
+}
+
+static const struct { const char *name; void *fn; } entry_points[] = {
+    {"cuPointerGetAttributes", (void *)fake_cuPointerGetAttributes},
+    {"cuStreamIsCapturing", (void *)fake_cuStreamIsCapturing},
+    {"cuEventRecord", (void *)fake_cuEventRecord},
+    {"cuEventCreate", (void *)fake_cuEventCreate},
+    {"cuCtxGetDevice", (void *)fake_cuCtxGetDevice},
+};
+
+/* The symbols above are known; anything else is not found. */
 cudaError_t cudaGetDriverEntryPointByVersion(
     const char *symbol, void **funcPtr, unsigned int cudaVersion,
     unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
@@ -74,16 +154,17 @@ cudaError_t cudaGetDriverEntryPointByVersion(
     ENTER(FAKE_DRIVER_ENTRY_POINT);
     if (symbol == NULL || funcPtr == NULL)
         return fake_leave(cudaErrorInvalidValue);
-    if (strcmp(symbol, "cuPointerGetAttributes") != 0) {
-        *funcPtr = NULL;
-        if (status != NULL)
-            *status = cudaDriverEntryPointSymbolNotFound;
-        return fake_leave(cudaErrorSymbolNotFound);
-    }
-    *funcPtr = (void *)fake_cuPointerGetAttributes;
+    for (size_t i = 0; i < sizeof entry_points / sizeof *entry_points; i++)
+        if (strcmp(symbol, entry_points[i].name) == 0) {
+            *funcPtr = entry_points[i].fn;
+            if (status != NULL)
+                *status = cudaDriverEntryPointSuccess;
+            return fake_leave(cudaSuccess);
+        }
+    *funcPtr = NULL;
     if (status != NULL)
-        *status = cudaDriverEntryPointSuccess;
-    return fake_leave(cudaSuccess);
+        *status = cudaDriverEntryPointSymbolNotFound;
+    return fake_leave(cudaErrorSymbolNotFound);
 }
 
 /* ---- Per-thread-default-stream entry points ----------------------------

@@ -1,0 +1,118 @@
+/* The launching thread's CUDA calls through the driver's entry points
+ * (src/driver_calls.h): a defer call makes its capture check and its event
+ * record through them, once each (not again through the runtime); a failed
+ * one leaves the thread's last error as it was, where the runtime's call
+ * left its error for the application's next cudaGetLastError (PyTorch's
+ * launch checks read it); and on a thread with no current context (the
+ * fake's fake_set_no_context) the runtime's calls are made instead, and
+ * every free, allocation and event creation still works, the oracle
+ * checking every release and hand-out. */
+#include "helpers.h"
+
+/* Driver calls and runtime records since the last mark. */
+static unsigned long base_driver, base_record, base_capturing;
+
+static void mark(void)
+{
+    base_driver = fake_driver_calls();
+    base_record = fake_calls(FAKE_EVENT_RECORD);
+    base_capturing = fake_calls(FAKE_STREAM_IS_CAPTURING);
+}
+
+/* A defer_free on a created stream, after a first one (which starts the
+ * library and stocks the event pool, its creations through the driver
+ * too): its capture check and its record through the driver, each made
+ * once, and no other CUDA call. */
+static void test_free_uses_driver(cudaStream_t s)
+{
+    void *first = device_alloc(256), *p = device_alloc(256);
+    unsigned long before_start = fake_driver_calls();
+    unsigned long created = fake_calls(FAKE_EVENT_CREATE);
+    is_int(defer_free(first, s), cudaSuccess, "a first defer_free");
+    ok(fake_driver_calls() - before_start >=
+           fake_calls(FAKE_EVENT_CREATE) - created + 2,
+       "it went through the driver, the pool's %lu event creations too (%lu "
+       "driver calls)", fake_calls(FAKE_EVENT_CREATE) - created,
+       fake_driver_calls() - before_start);
+    fake_work *w = work_held(s, p);
+    mark();
+    is_int(defer_free(p, s), cudaSuccess, "defer_free");
+    is_int((int)(fake_driver_calls() - base_driver), 2,
+           "its capture check and record went through the driver");
+    is_int((int)(fake_calls(FAKE_EVENT_RECORD) - base_record), 1,
+           "one record, not one more through the runtime");
+    is_int((int)(fake_calls(FAKE_STREAM_IS_CAPTURING) - base_capturing), 1,
+           "one capture check");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 && fake_is_released(first) == 1,
+       "released once their work completed");
+}
+
+/* A record that fails: the call returns the error, and the caller keeps
+ * the pointer; the thread's last error is left as it was. */
+static void test_failed_record_leaves_last_error(cudaStream_t s)
+{
+    void *p = device_alloc(256);
+    cudaGetLastError();
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported, 0, 1);
+    cudaError_t err = defer_free(p, s);
+    fake_fail_clear();
+    stderr_capture_end();
+    is_int(err, cudaErrorNotSupported, "the failed record's error "
+           "is returned");
+    is_int(cudaGetLastError(), cudaSuccess, "and not left as the thread's "
+           "last error");
+    is_int(fake_is_released(p), 0, "the pointer is still the caller's");
+    cudaFree(p);
+}
+
+/* No current context: the driver's calls answer so, and the runtime's are
+ * made: frees (past the event pool's stock: events created too), an
+ * allocation on the legacy stream (its current device) and its free. */
+static void test_no_context(cudaStream_t s)
+{
+    enum { N = 300 };
+    void *p[N];
+    fake_work *w = fake_launch_held(s, NULL, 0);
+    fake_set_no_context(1);
+    mark();
+    int accepted = 0;
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(64);
+        accepted += defer_free(p[i], s) == cudaSuccess;
+    }
+    void *b = NULL;
+    cudaError_t alloc_err = alloc_checked(&b, 4096, 0);
+    cudaError_t free_err = defer_free(b, 0);
+    unsigned long driver = fake_driver_calls() - base_driver;
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD) - base_record;
+    fake_set_no_context(0);
+    is_int(accepted, N, "every free accepted with no current context");
+    ok(alloc_err == cudaSuccess && free_err == cudaSuccess,
+       "defer_alloc and defer_free on the legacy stream too (%s, %s)",
+       cudaGetErrorName(alloc_err), cudaGetErrorName(free_err));
+    is_int((int)driver, 0, "no driver call answered");
+    ok(records >= N, "the runtime recorded their events (%lu records)",
+       records);
+    sleep_ms(10);
+    is_int(count_released(p, N), 0, "none released while the work runs");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(count_released(p, N), N, "all released once it completed");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fake_reset(1);
+    cudaStream_t s = stream_new();
+    test_free_uses_driver(s);
+    test_failed_record_leaves_last_error(s);
+    test_no_context(s);
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released or reused early");
+    fake_oracle_forgive();
+    return 0;
+}
