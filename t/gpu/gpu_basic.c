@@ -10,6 +10,8 @@
  *  - 10 000 device buffers and a few hundred pinned host buffers deferred in
  *    bulk are all released by defer_flush, and device memory comes back;
  *  - cudaStreamPerThread and the legacy stream work from 8 threads at once;
+ *  - a thread whose first CUDA call is a defer call (no current context)
+ *    works on a created stream and on the legacy stream;
  *  - NULL arguments and calls after defer_shutdown behave as documented
  *    (after shutdown the caller still owns the pointer).
  * Without a CUDA device the whole test is skipped.
@@ -453,6 +455,48 @@ static void test_default_streams_from_threads(void)
     check_memory_back(mem_before, "default streams");
 }
 
+struct first_caller {
+    void *on_created, *on_legacy;
+    cudaStream_t created;
+    cudaError_t err_created, err_legacy;
+};
+
+/* A thread that has made no CUDA call: its first is a defer_free on a
+ * created stream, then one on the legacy stream (with no current context
+ * the driver's calls answer so, and the runtime's make device 0's primary
+ * context current, as the thread's own first runtime call would). */
+static void *first_caller_main(void *arg)
+{
+    struct first_caller *f = arg;
+    f->err_created = defer_free(f->on_created, f->created);
+    f->err_legacy = defer_free(f->on_legacy, 0);
+    return NULL;
+}
+
+/* 7 tests. */
+static void test_first_call_on_fresh_thread(cudaStream_t s)
+{
+    const size_t bytes = 16 * MIB;
+    struct first_caller f = {.on_created = device_alloc(bytes),
+                             .on_legacy = device_alloc(bytes), .created = s};
+    CHECK(gpu_spin_fill(s, 200 * MS_NS, f.on_created, bytes, 3));
+    CHECK(gpu_spin_fill(0, 200 * MS_NS, f.on_legacy, bytes, 4));
+    struct defer_stats before = stats_now();
+    pthread_t t;
+    if (pthread_create(&t, NULL, first_caller_main, &f) != 0)
+        bail("pthread_create failed");
+    pthread_join(t, NULL);
+    struct defer_stats during = stats_now();
+    ok(f.err_created == cudaSuccess && f.err_legacy == cudaSuccess,
+       "a fresh thread's first CUDA calls, defer_free on a created stream and "
+       "on the legacy stream, succeed (%s, %s)",
+       cudaGetErrorName(f.err_created), cudaGetErrorName(f.err_legacy));
+    ok(during.released == before.released,
+       "neither released while the 200 ms kernels run");
+    flush_ok("a fresh thread's frees");
+    check_all_released(&before, 2, "a fresh thread's frees");
+}
+
 /* 4 tests. */
 static void test_null_arguments(cudaStream_t s)
 {
@@ -506,7 +550,7 @@ int main(void)
     gpu_tests_serialize();
     read_test_scale();
 
-    plan(55);
+    plan(62);
     if (test_scale != 1.0)
         diag("CUDEFER_TEST_SCALE=%g: %d device buffers, %d pinned buffers, "
              "%d iterations per thread", test_scale, MANY_BUFFERS,
@@ -522,6 +566,7 @@ int main(void)
     test_many_device_buffers(s);        /* 7 */
     test_host_buffers(s);               /* 6 */
     test_default_streams_from_threads(); /* 7 */
+    test_first_call_on_fresh_thread(s); /* 7 */
     test_null_arguments(s);             /* 4 */
     test_shutdown(s);                   /* 9 */
 
