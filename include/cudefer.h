@@ -90,6 +90,13 @@ struct defer_config {
                                    up to one of this many sizes per power
                                    of two (a power of two, 1 .. 256;
                                    default 16; see defer_alloc) */
+    int driver_calls;           /* 1 (default): the launching thread's
+                                   capture check, event record, event
+                                   creation and current device through the
+                                   driver's entry points, cheaper than the
+                                   runtime's wrappers; 0: the runtime's
+                                   calls (an escape hatch, and the A/B of
+                                   bench-call-parts) */
 };
 
 /* Counters since the reclaimer started.  A snapshot: fields are read one by

@@ -79,6 +79,7 @@ static const struct knob knobs[] = {
          "a count, 1..4096", NULL),
     KNOB(ROUND_DIVISIONS, round_divisions, KIND_POW2, 16, 1, 256,
          "a power of two, 1..256", NULL),
+    KNOB(DRIVER_CALLS, driver_calls, KIND_BOOL, 1, 0, 1, "0 or 1", NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 

@@ -36,7 +36,7 @@ static void *entry_point(const char *symbol)
     return status == cudaDriverEntryPointSuccess ? fn : NULL;
 }
 
-void driver_calls_resolve(const char *what)
+void driver_calls_resolve(const char *what, bool fast)
 {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult status;
@@ -57,6 +57,8 @@ void driver_calls_resolve(const char *what)
         if (err != cudaSuccess)
             cudaGetLastError(); /* said: not the application's error */
     }
+    if (!fast)
+        return;
     atomic_store_explicit(&is_capturing,
                           (is_capturing_fn)entry_point("cuStreamIsCapturing"),
                           memory_order_release);

@@ -26,14 +26,16 @@
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 
 /* The start of the library, for its first call what (the lock held,
  * before any call is admitted): look the entry points up, the driver's
  * cuPointerGetAttributes first (alloc_info.h; not found: said once, and
- * allocation sizes and pools are unknown), then the four calls below (one
- * not found leaves that call to the runtime, silently: it works, only
- * slower).  Never blocks on the GPU. */
-void driver_calls_resolve(const char *what);
+ * allocation sizes and pools are unknown), then, when fast
+ * (CUDEFER_DRIVER_CALLS, 1 by default), the four calls below (one not
+ * found leaves that call to the runtime, silently: it works, only slower;
+ * fast false leaves all four to it).  Never blocks on the GPU. */
+void driver_calls_resolve(const char *what, bool fast);
 
 /* Fork child: forget the entry points (CUDA cannot be used there). */
 void driver_calls_reset(void);

@@ -98,7 +98,8 @@ static cudaError_t start_locked(const char *what)
         report_cuda(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
-    driver_calls_resolve(what); /* the runtime is up: its entry points */
+    /* The runtime is up: its entry points. */
+    driver_calls_resolve(what, rs.cfg.driver_calls != 0);
     if (!alloc_per_device(n) ||
         !block_cache_init(n, (size_t)rs.cfg.split_min_bytes,
                           rs.cfg.round_divisions) ||

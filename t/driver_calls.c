@@ -6,7 +6,8 @@
  * launch checks read it); and on a thread with no current context (the
  * fake's fake_set_no_context) the runtime's calls are made instead, and
  * every free, allocation and event creation still works, the oracle
- * checking every release and hand-out. */
+ * checking every release and hand-out.  CUDEFER_DRIVER_CALLS=0 makes the
+ * runtime's calls only. */
 #include "helpers.h"
 
 /* Driver calls and runtime records since the last mark. */
@@ -103,9 +104,31 @@ static void test_no_context(cudaStream_t s)
     is_int(count_released(p, N), N, "all released once it completed");
 }
 
+/* CUDEFER_DRIVER_CALLS=0: the runtime's calls, no driver call. */
+static void runtime_only(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    unsigned long driver = fake_driver_calls();
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(fake_driver_calls() == driver, "no driver call answered (%lu)",
+          fake_driver_calls() - driver);
+    CHECK(fake_calls(FAKE_EVENT_RECORD) - records == 1,
+          "its record made through the runtime (%lu records)",
+          fake_calls(FAKE_EVENT_RECORD) - records);
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess && fake_is_released(p) == 1,
+          "released once its work completed");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 int main(void)
 {
     plan_lazy();
+    fork_scenario("CUDEFER_DRIVER_CALLS=0: the runtime's calls only",
+                  "CUDEFER_DRIVER_CALLS=0", 1, 10000, runtime_only);
     fake_reset(1);
     cudaStream_t s = stream_new();
     test_free_uses_driver(s);

@@ -16,6 +16,7 @@ static const char *const all_vars[] = {
     "CUDEFER_EVENT_POOL",   "CUDEFER_DISABLE",     "CUDEFER_VERBOSE",
     "CUDEFER_STATS",        "CUDEFER_CHECK",       "CUDEFER_CACHE_KEEP_MS",
     "CUDEFER_SPLIT_MIN",    "CUDEFER_FREE_BATCH",  "CUDEFER_ROUND_DIVISIONS",
+    "CUDEFER_DRIVER_CALLS",
 };
 #define NVARS (sizeof all_vars / sizeof *all_vars)
 
@@ -42,6 +43,7 @@ static uint64_t field_of(const struct defer_config *c, const char *var)
         F("CUDEFER_SPLIT_MIN", split_min_bytes),
         F("CUDEFER_FREE_BATCH", free_batch),
         F("CUDEFER_ROUND_DIVISIONS", round_divisions),
+        F("CUDEFER_DRIVER_CALLS", driver_calls),
 #undef F
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
@@ -295,6 +297,9 @@ static const struct var_cases var_cases[] = {
     {"CUDEFER_ROUND_DIVISIONS", "a power of two, 1..256",
      {{"1", 1}, {"16", 16}, {"32", 32}, {"256", 256}},
      {"0", "3", "24", "512", "32k"}},
+    {"CUDEFER_DRIVER_CALLS", "0 or 1",
+     {{"0", 0}, {"1", 1}, {"no", 0}, {"on", 1}},
+     {"2", "driver", "-1"}},
 };
 
 static void test_env_vars(void)
@@ -415,7 +420,8 @@ static void test_print(void)
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
            "cudefer: CUDEFER_FREE_BATCH=32\n"
-           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n",
+           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n"
+           "cudefer: CUDEFER_DRIVER_CALLS=1\n",
            "the defaults, one line per knob");
 
     /* Every value printed reads back the same through the environment. */
@@ -425,7 +431,7 @@ static void test_print(void)
         .policy = DEFER_POLICY_EAGER, .event_pool_max = 0, .disable = 1,
         .verbose = 1, .print_stats = 1, .cache_keep_ms = 5,
         .split_min_bytes = UINT64_C(3) << 19, .free_batch = 7,
-        .round_divisions = 64,
+        .round_divisions = 64, .driver_calls = 0,
     };
     text = printed(&odd);
     ok(strstr(text, "cudefer: CUDEFER_MAX_PENDING=3145732K\n") != NULL,
@@ -619,7 +625,8 @@ static void test_start(void)
            "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
            "cudefer: CUDEFER_FREE_BATCH=32\n"
-           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n",
+           "cudefer: CUDEFER_ROUND_DIVISIONS=16\n"
+           "cudefer: CUDEFER_DRIVER_CALLS=1\n",
            "the invalid value reported, then (verbose) the values in force");
 
     /* A second start (the first one failed further on) settles nothing new. */
