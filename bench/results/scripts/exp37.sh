@@ -9,6 +9,8 @@
 #   micro  W1, W2, W4, W5, W6, 3 interleaved reps, with the row
 #          cudefer-runtime (CUDEFER_DRIVER_CALLS=0: the runtime's calls, as
 #          before driver_calls.c) beside cudefer -> OUT/micro.jsonl/.txt
+#   w4ab   W4 and W5, 5 reps, cudefer and cudefer-runtime with the bounds
+#          and inline peers -> OUT/w4ab.jsonl/.txt
 #   check  make check -> OUT/check.txt (bench/gpu-session.sh)
 OUT=$1; R=$2; shift 2
 W=/tmp/w37/cudefer-0.2.0
@@ -24,6 +26,10 @@ for PART in "$@"; do
     micro) python3 bench/run.py --workloads W1,W2,W4,W5,W6 --reps 3 \
              --variant cudefer-runtime=CUDEFER_DRIVER_CALLS=0 \
              --json $OUT/micro.jsonl > $OUT/micro.txt 2>&1; grep -v "^\[" $OUT/micro.txt | head -60 ;;
+    w4ab)  python3 bench/run.py --workloads W4,W5 --reps 5 \
+             --strategies limit,malloc-never-free,inline-cudaFree,inline-async,cudefer \
+             --variant cudefer-runtime=CUDEFER_DRIVER_CALLS=0 \
+             --json $OUT/w4ab.jsonl > $OUT/w4ab.txt 2>&1; grep -v "^\[" $OUT/w4ab.txt | head -40 ;;
     check) STAGES=check bash bench/gpu-session.sh $OUT; tail -5 $OUT/check.txt ;;
   esac
 done
