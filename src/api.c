@@ -147,22 +147,24 @@ static bool queue_synced_call(const struct request_args *a,
 /* Wait for stream here and release at once: no event could be had, or
  * CUDEFER_DISABLE.  Callbacks then run on the calling thread, but for one
  * with no event, which is queued behind its stream's earlier callbacks.
- * The stream's device is looked up as an asynchronous call's is: a device
- * that failed refuses the call, and a sticky error the release meets
- * fails the device, said once with its number. */
+ * The stream's device is looked up first, as an asynchronous call's is: a
+ * device that failed refuses the call (before any wait).  Memory is
+ * released with that device current, as the reclaimer releases it, so
+ * that a sticky error the release meets is that device's: it fails the
+ * device, said once with its number. */
 cudaError_t api_release_synchronously(const struct request_args *a,
                                       cudaStream_t stream)
 {
-    cudaError_t err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess)
-        return api_reject(a->what, "cudaStreamSynchronize", err);
     int device;
     unsigned long long id;
     bool cached;
     const char *call = NULL;
-    if ((err = api_identify_usable(stream, false, -1, &device, &id, &cached,
-                                   &call)) != cudaSuccess)
+    cudaError_t err = api_identify_usable(stream, true, -1, &device, &id,
+                                          &cached, &call);
+    if (err != cudaSuccess)
         return api_reject(a->what, call, err);
+    if ((err = cudaStreamSynchronize(stream)) != cudaSuccess)
+        return api_reject(a->what, "cudaStreamSynchronize", err);
     struct block_user recorded[64];
     size_t nrec = block_users_of(a, recorded);
     if (nrec > 64) { /* only 64 could be waited for */
@@ -190,7 +192,19 @@ cudaError_t api_release_synchronously(const struct request_args *a,
                       .claims = any_claimed(a) ? a->claims : NULL};
     stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
+    int caller = -1;
+    bool switched = false;
+    if (a->kind != ENTRY_CALL &&
+        driver_calls_get_device(&caller) == cudaSuccess && caller != device) {
+        cudaError_t set = cudaSetDevice(device);
+        switched = set == cudaSuccess;
+        if (!switched && !report_cuda_error_is_sticky(set))
+            cudaGetLastError(); /* released on the caller's device instead */
+    }
     err = release_entry(&e, NULL);
+    if (switched && cudaSetDevice(caller) != cudaSuccess)
+        report_cuda(a->what, "cudaSetDevice (back to the caller's device)",
+                    cudaGetLastError(), "");
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     if (report_cuda_error_is_sticky(err)) /* the device's error, not ptr's */
         lifecycle_fail_device(a->what, device,

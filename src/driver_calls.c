@@ -2,6 +2,14 @@
  * entry points (see the header). */
 #include "driver_calls.h"
 
+/* The entry points are the legacy-stream flavours (cudaEnableLegacyStream),
+ * as the runtime calls they stand in for are when the library is built
+ * without per-thread default streams; built with them, the two would read
+ * stream 0 differently. */
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+#error "driver_calls.c looks up the legacy-stream entry points: build cudefer without CUDA_API_PER_THREAD_DEFAULT_STREAM"
+#endif
+
 #include <cuda.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -13,6 +21,10 @@ typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
 typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
 typedef CUresult (*ctx_get_device_fn)(CUdevice *);
+
+/* Whether a start looked the entry points up (a start that failed later
+ * and is tried again looks nothing up, and says nothing, again). */
+static _Atomic bool resolved;
 
 /* NULL: not resolved (yet, or not found): the runtime's call is made. */
 static _Atomic(driver_calls_pointer_attributes_fn) pointer_attributes;
@@ -38,6 +50,8 @@ static void *entry_point(const char *symbol)
 
 void driver_calls_resolve(const char *what, bool fast)
 {
+    if (atomic_exchange(&resolved, true))
+        return;
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult status;
     cudaError_t err = cudaGetDriverEntryPointByVersion(
@@ -80,6 +94,7 @@ driver_calls_pointer_attributes_fn driver_calls_pointer_attributes(void)
 
 void driver_calls_reset(void)
 {
+    atomic_store(&resolved, false);
     atomic_store(&pointer_attributes, NULL);
     atomic_store(&is_capturing, NULL);
     atomic_store(&event_record, NULL);

@@ -2,22 +2,24 @@
  * Driver calls: the four CUDA calls on the launching thread's path (the
  * capture check, the event record, the event creation and the current
  * device) made through the driver's own entry points, found through the
- * runtime (no link to libcuda), because the runtime's wrappers cost as much
- * again as the driver's work: on the H100 cudaStreamIsCapturing 0.14 us
- * against cuStreamIsCapturing's 0.06, cudaEventRecord 0.38 against 0.30,
+ * runtime (no link to libcuda), because the runtime's wrappers add
+ * 0.04-0.09 us to each: on the H100 cudaStreamIsCapturing 0.14 us against
+ * cuStreamIsCapturing's 0.06, cudaEventRecord 0.38 against 0.30,
  * cudaEventCreateWithFlags 0.33 against 0.24, cudaGetDevice 0.10 against
- * cuCtxGetDevice's 0.06 (bench-call-parts' drv_* parts, p50,
- * bench/results/2026-11-27-h100-call-parts-driver.txt).
+ * cuCtxGetDevice's 0.06 (bench-call-parts' drv_* parts, p50 on an idle
+ * created stream, bench/results/2026-11-27-h100-call-parts-driver.txt).
  *
  * Each call means what the runtime's call of the same name means for a
  * library built without per-thread default streams (stream 0 is the legacy
  * stream; cudaStreamPerThread and cudaStreamLegacy as the runtime reads
  * them) and returns the same cudaError_t (the runtime's codes are the
- * driver's numbers).  Where the thread has no current context (a thread
- * whose first CUDA call this is, a context destroyed under it) or the
- * entry points could not be had, the runtime's call is made instead: it
- * makes the device's primary context current as the application's own
- * calls would.  Unlike the runtime's, a failed driver call leaves the
+ * driver's numbers).  Where the driver answers that the thread has no
+ * current context (a thread whose first CUDA call this is, a context
+ * destroyed under it) or the entry points could not be had, the runtime's
+ * call is made instead and does what the application's own call would
+ * (the capture check, record and creation make the current device's
+ * primary context current; cudaGetDevice answers the thread's device
+ * without).  Unlike the runtime's, a failed driver call leaves the
  * thread's last error (cudaGetLastError) as it was: an error of cudefer's
  * is returned, not left for the application's next check.
  */

@@ -30,8 +30,9 @@ static void test_free_uses_driver(cudaStream_t s)
     unsigned long before_start = fake_driver_calls();
     unsigned long created = fake_calls(FAKE_EVENT_CREATE);
     is_int(defer_free(first, s), cudaSuccess, "a first defer_free");
+    /* Each creation asks the current device and creates: two apiece. */
     ok(fake_driver_calls() - before_start >=
-           fake_calls(FAKE_EVENT_CREATE) - created + 2,
+           2 * (fake_calls(FAKE_EVENT_CREATE) - created) + 2,
        "it went through the driver, the pool's %lu event creations too (%lu "
        "driver calls)", fake_calls(FAKE_EVENT_CREATE) - created,
        fake_driver_calls() - before_start);
@@ -69,15 +70,18 @@ static void test_failed_record_leaves_last_error(cudaStream_t s)
     cudaFree(p);
 }
 
-/* No current context: the driver's calls answer so, and the runtime's are
- * made: frees (past the event pool's stock: events created too), an
+/* No current context (from the library's start on, and CUDEFER_EVENT_POOL=0:
+ * no stock, every free creates its event): the driver's calls answer so,
+ * and the runtime's are made: frees and their event creations, an
  * allocation on the legacy stream (its current device) and its free. */
-static void test_no_context(cudaStream_t s)
+static void no_context(void)
 {
     enum { N = 300 };
+    cudaStream_t s = stream_new();
     void *p[N];
     fake_work *w = fake_launch_held(s, NULL, 0);
     fake_set_no_context(1);
+    unsigned long created = fake_calls(FAKE_EVENT_CREATE);
     mark();
     int accepted = 0;
     for (int i = 0; i < N; i++) {
@@ -89,19 +93,24 @@ static void test_no_context(cudaStream_t s)
     cudaError_t free_err = defer_free(b, 0);
     unsigned long driver = fake_driver_calls() - base_driver;
     unsigned long records = fake_calls(FAKE_EVENT_RECORD) - base_record;
+    created = fake_calls(FAKE_EVENT_CREATE) - created;
     fake_set_no_context(0);
-    is_int(accepted, N, "every free accepted with no current context");
-    ok(alloc_err == cudaSuccess && free_err == cudaSuccess,
-       "defer_alloc and defer_free on the legacy stream too (%s, %s)",
-       cudaGetErrorName(alloc_err), cudaGetErrorName(free_err));
-    is_int((int)driver, 0, "no driver call answered");
-    ok(records >= N, "the runtime recorded their events (%lu records)",
-       records);
+    CHECK(accepted == N, "every free accepted with no current context (%d)",
+          accepted);
+    CHECK(alloc_err == cudaSuccess && free_err == cudaSuccess,
+          "defer_alloc and defer_free on the legacy stream too (%s, %s)",
+          cudaGetErrorName(alloc_err), cudaGetErrorName(free_err));
+    CHECK(driver == 0, "no driver call answered (%lu)", driver);
+    CHECK(records >= N, "the runtime recorded their events (%lu records)",
+          records);
+    CHECK(created >= N, "and created them (%lu events)", created);
     sleep_ms(10);
-    is_int(count_released(p, N), 0, "none released while the work runs");
+    CHECK(count_released(p, N) == 0, "none released while the work runs");
     fake_complete(w);
-    is_int(defer_flush(), cudaSuccess, "flush");
-    is_int(count_released(p, N), N, "all released once it completed");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, N) == N, "all released once it completed (%d)",
+          count_released(p, N));
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
 /* CUDEFER_DRIVER_CALLS=0: the runtime's calls, no driver call. */
@@ -129,11 +138,12 @@ int main(void)
     plan_lazy();
     fork_scenario("CUDEFER_DRIVER_CALLS=0: the runtime's calls only",
                   "CUDEFER_DRIVER_CALLS=0", 1, 10000, runtime_only);
+    fork_scenario("no current context: the runtime's calls, events created "
+                  "too", "CUDEFER_EVENT_POOL=0", 1, 10000, no_context);
     fake_reset(1);
     cudaStream_t s = stream_new();
     test_free_uses_driver(s);
     test_failed_record_leaves_last_error(s);
-    test_no_context(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     fake_oracle_forgive();

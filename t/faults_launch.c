@@ -381,11 +381,12 @@ void s_disable_sync_fails(const struct scenario *sc)
 }
 
 /* CUDEFER_DISABLE: the caller's own cudaFree on device 1 meets a sticky
- * error (a kernel fault surfacing there).  The error is the device's, not
- * the pointer's: device 1 fails, said once with its number; a flush
- * returns the error and a later call on device 1 is refused with it, even
- * where the runtime would let it through (injected once); device 0
- * carries on. */
+ * error (a kernel fault surfacing there), made with device 1 current (the
+ * stream's, as the reclaimer releases) while the caller's is 0.  The
+ * error is the device's, not the pointer's: device 1 fails, said once
+ * with its number; a flush returns the error and a later call on device 1
+ * is refused with it, even where the runtime would let it through
+ * (injected once); device 0 carries on, and is the caller's again. */
 void s_disable_free_sticky(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
@@ -397,7 +398,9 @@ void s_disable_free_sticky(const struct scenario *sc)
     void *r = busy_buffer(s0, 64, 1000);
     stderr_capture_begin();
     fake_fail(FAKE_FREE, bad, 0, sc->count);
+    unsigned long sets = fake_thread_calls(FAKE_SET_DEVICE);
     cudaError_t first = defer_free(p, s1);
+    sets = fake_thread_calls(FAKE_SET_DEVICE) - sets;
     fake_fail_clear();
     cudaError_t flushed = defer_flush();
     cudaError_t later = defer_free(q, s1);
@@ -413,6 +416,11 @@ void s_disable_free_sticky(const struct scenario *sc)
           EN(later));
     CHECK(other == cudaSuccess && fake_is_released(r) == 1,
           "device 0 carries on (%s)", EN(other));
+    int current = -1;
+    CHECK(cudaGetDevice(&current) == cudaSuccess && current == 0,
+          "the caller's device is current again (%d)", current);
+    CHECK(sets == 2, "the release switched to device 1, its stream's, and "
+          "back (%lu cudaSetDevice calls)", sets);
     struct defer_stats st = stats_now();
     CHECK(st.failed == 1 && st.released == 1 && st.rejected == 1,
           "failed %llu released %llu rejected %llu, want 1, 1, 1",

@@ -462,9 +462,10 @@ struct first_caller {
 };
 
 /* A thread that has made no CUDA call: its first is a defer_free on a
- * created stream, then one on the legacy stream (with no current context
- * the driver's calls answer so, and the runtime's make device 0's primary
- * context current, as the thread's own first runtime call would). */
+ * created stream, then one on the legacy stream.  It has no current
+ * context: where the driver's calls answer so, the runtime's are made,
+ * which make device 0's primary context current, as the thread's own
+ * first runtime call would; nothing here tells which answered. */
 static void *first_caller_main(void *arg)
 {
     struct first_caller *f = arg;
