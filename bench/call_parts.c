@@ -21,13 +21,16 @@
  *   busy  a 2 s gpu_spin is queued on the stream first (held: still running
  *         after the last part, so every part saw a busy stream).
  * The library's own work is estimated from the medians: defer_free's p50
- * minus those of cudaStreamIsCapturing and cudaEventRecord, plus the clock's
- * (each median holds one clock reading; the difference holds none).  One
+ * minus those of the two calls it makes, plus the clock's (each median
+ * holds one clock reading; the difference holds none): the driver's
+ * cuStreamIsCapturing and cuEventRecord, which cudefer makes by default
+ * (src/driver_calls.h), or the runtime's under CUDEFER_DRIVER_CALLS=0.  One
  * (mode, repetition) per process, one JSON object on stdout: keys
  * STREAM_PART_p50_us / _p99_us / _mean_us, STREAM is created or legacy.
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,17 +309,21 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
 
     double clock = time_part(s, "clock", part_clock, lat, n);
     double capturing = time_part(s, "is_capturing", part_is_capturing, lat, n);
+    const char *drv = getenv("CUDEFER_DRIVER_CALLS");
+    bool driver = drv == NULL || strcmp(drv, "0") != 0;
     time_part(s, "stream_get_device", part_stream_get_device, lat, n);
     time_part(s, "stream_get_id", part_stream_get_id, lat, n);
     time_part(s, "get_device", part_get_device, lat, n);
     time_part(s, "event_create", part_event_create, lat, n);
     double record = time_part(s, "event_record", part_event_record, lat, n);
-    time_part(s, "drv_is_capturing", part_drv_is_capturing, lat, n);
+    double drv_capturing =
+        time_part(s, "drv_is_capturing", part_drv_is_capturing, lat, n);
     time_part(s, "drv_get_device", part_drv_get_device, lat, n);
     for (size_t i = 0; i < n + WARMUP_CALLS; i++) /* made again below */
         CK(cudaEventDestroy(s->made[i]));
     time_part(s, "drv_event_create", part_drv_event_create, lat, n);
-    time_part(s, "drv_event_record", part_drv_event_record, lat, n);
+    double drv_record =
+        time_part(s, "drv_event_record", part_drv_event_record, lat, n);
     time_part(s, "own_query", part_own_query, lat, n);
     double freeing = time_part(s, "defer_free", part_defer_free, lat, n);
     time_part(s, "defer_call", part_defer_call, lat, n);
@@ -326,7 +333,8 @@ static void run_stream(struct bench_stream *s, int busy, size_t n,
     time_pair(s, 0, lat, n);
     char key[128];
     snprintf(key, sizeof key, "%s_defer_free_own_p50_us", s->name);
-    json_num(key, freeing - capturing - record + clock);
+    json_num(key, freeing + clock - (driver ? drv_capturing + drv_record
+                                            : capturing + record));
 
     if (busy) { /* was every part timed against a busy stream? */
         cudaError_t q = cudaStreamQuery(s->stream);

@@ -95,7 +95,8 @@ PARTS = ['clock', 'is_capturing', 'stream_get_device', 'stream_get_id',
 def table_parts(rows, o):
     print('   %d calls of each part, each timed alone; idle: the stream has no '
           'work; busy: a 2 s kernel queued first; medians over repetitions; '
-          'own: defer_free less cudaStreamIsCapturing and cudaEventRecord'
+          'own: defer_free less the capture check and the record it makes '
+          '(the driver\'s, or with CUDEFER_DRIVER_CALLS=0 the runtime\'s)'
           % o.w5_calls)
     get = lambda n: next((s for s in rows if s['strategy'] == n), {})
     idle, busy = get('idle'), get('busy')
