@@ -34,57 +34,54 @@ static _Atomic(event_create_fn) event_create;
 static _Atomic(ctx_get_device_fn) ctx_get_device;
 
 /* The legacy-stream flavour of symbol (as the library's runtime calls
- * read stream 0), or NULL. */
-static void *entry_point(const char *symbol)
+ * read stream 0), or NULL with *err the reason (the runtime's error, or
+ * cudaErrorSymbolNotFound), cleared from the thread: not the
+ * application's error. */
+static void *entry_point(const char *symbol, cudaError_t *err)
 {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult status;
-    cudaError_t err = cudaGetDriverEntryPointByVersion(
-        symbol, &fn, 12000, cudaEnableLegacyStream, &status);
-    if (err != cudaSuccess) {
-        cudaGetLastError(); /* not the application's error */
+    *err = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000,
+                                            cudaEnableLegacyStream, &status);
+    if (*err != cudaSuccess) {
+        cudaGetLastError();
         return NULL;
     }
-    return status == cudaDriverEntryPointSuccess ? fn : NULL;
+    if (status != cudaDriverEntryPointSuccess || fn == NULL) {
+        *err = cudaErrorSymbolNotFound;
+        return NULL;
+    }
+    return fn;
 }
 
 void driver_calls_resolve(const char *what, bool fast)
 {
     if (atomic_exchange(&resolved, true))
         return;
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult status;
-    cudaError_t err = cudaGetDriverEntryPointByVersion(
-        "cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &status);
-    if (err == cudaSuccess && status == cudaDriverEntryPointSuccess &&
-        fn != NULL) {
-        atomic_store_explicit(&pointer_attributes,
-                              (driver_calls_pointer_attributes_fn)fn,
-                              memory_order_release);
-    } else {
+    cudaError_t err;
+    void *fn = entry_point("cuPointerGetAttributes", &err);
+    if (fn == NULL)
         report_cuda(what,
                     "cudaGetDriverEntryPointByVersion(cuPointerGetAttributes)",
-                    err != cudaSuccess ? err : cudaErrorSymbolNotFound,
-                    "; allocation sizes and pools are unknown: pool memory "
-                    "is freed with cudaFree, and the cap does not see these "
-                    "bytes");
-        if (err != cudaSuccess)
-            cudaGetLastError(); /* said: not the application's error */
-    }
+                    err, "; allocation sizes and pools are unknown: pool "
+                    "memory is freed with cudaFree, and the cap does not see "
+                    "these bytes");
+    atomic_store_explicit(&pointer_attributes,
+                          (driver_calls_pointer_attributes_fn)fn,
+                          memory_order_release);
     if (!fast)
         return;
-    atomic_store_explicit(&is_capturing,
-                          (is_capturing_fn)entry_point("cuStreamIsCapturing"),
-                          memory_order_release);
-    atomic_store_explicit(&event_record,
-                          (event_record_fn)entry_point("cuEventRecord"),
-                          memory_order_release);
-    atomic_store_explicit(&event_create,
-                          (event_create_fn)entry_point("cuEventCreate"),
-                          memory_order_release);
-    atomic_store_explicit(&ctx_get_device,
-                          (ctx_get_device_fn)entry_point("cuCtxGetDevice"),
-                          memory_order_release);
+    /* One not found leaves its call to the runtime, silently. */
+    is_capturing_fn c = (is_capturing_fn)entry_point("cuStreamIsCapturing",
+                                                      &err);
+    event_record_fn r = (event_record_fn)entry_point("cuEventRecord", &err);
+    event_create_fn e = (event_create_fn)entry_point("cuEventCreate", &err);
+    ctx_get_device_fn d = (ctx_get_device_fn)entry_point("cuCtxGetDevice",
+                                                         &err);
+    atomic_store_explicit(&is_capturing, c, memory_order_release);
+    atomic_store_explicit(&event_record, r, memory_order_release);
+    atomic_store_explicit(&event_create, e, memory_order_release);
+    atomic_store_explicit(&ctx_get_device, d, memory_order_release);
 }
 
 driver_calls_pointer_attributes_fn driver_calls_pointer_attributes(void)
