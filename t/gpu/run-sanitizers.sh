@@ -25,7 +25,9 @@
 #   COMPUTE_SANITIZER   the compute-sanitizer program (default: from PATH,
 #                       $CUDA_HOME/bin or /usr/local/cuda/bin)
 #   SAN_TOOLS           tools to run (default "memcheck racecheck")
-#   SAN_TESTS           tests to run (default "t/gpu/gpu_basic
+#   SAN_TESTS           tests to run (default: the C GPU suite but
+#                       gpu_fault and the soak: "t/gpu/gpu_basic
+#                       t/gpu/gpu_alloc t/gpu/gpu_handback t/gpu/gpu_capture
 #                       t/gpu/gpu_multidevice t/gpu/gpu_exit")
 #   SAN_TIMEOUT         seconds per run (default 120)
 #   SAN_DEADLINE        epoch seconds after which no run starts, and no run
@@ -60,7 +62,7 @@ if [ -z "$SAN" ]; then
 fi
 
 TOOLS=${SAN_TOOLS:-memcheck racecheck}
-TESTS=${SAN_TESTS:-t/gpu/gpu_basic t/gpu/gpu_multidevice t/gpu/gpu_exit}
+TESTS=${SAN_TESTS:-t/gpu/gpu_basic t/gpu/gpu_alloc t/gpu/gpu_handback t/gpu/gpu_capture t/gpu/gpu_multidevice t/gpu/gpu_exit}
 TIMEOUT=${SAN_TIMEOUT:-120}
 DEADLINE=${SAN_DEADLINE:-0}
 SCALE=${CUDEFER_TEST_SCALE:-0.1}
