@@ -9,6 +9,7 @@
 #   soak   t/gpu/gpu_soak, 10^7 entries (t/gpu/run-reliability.sh's stage)
 #          -> OUT/soak.txt
 #   train  train-cnn and train-lm, REPS (3) repetitions -> OUT/train.jsonl/.txt
+#   micro  W1, W2, W4, W5, 3 reps -> OUT/micro.jsonl/.txt
 #   ddp    train-cnn-ddp and train-lm-ddp (two GPUs) -> OUT/ddp.jsonl/.txt
 OUT=$1; R=$2; shift 2
 W=/tmp/w38/cudefer-0.2.0
@@ -27,6 +28,8 @@ for PART in "$@"; do
            STAGES=soak RELIABILITY_BUDGET_S=240 SOAK_SECONDS=180 bash t/gpu/run-reliability.sh /tmp/w38/rel \
              > $OUT/soak.txt 2>&1; cat /tmp/w38/rel/soak.txt >> $OUT/soak.txt 2>/dev/null; tail -8 $OUT/soak.txt ;;
     train) STAGES=train REPS=${REPS:-3} bash bench/gpu-session.sh $OUT; grep -v "^\[" $OUT/train.txt | head -40 ;;
+    micro) python3 bench/run.py --workloads W1,W2,W4,W5 --reps 3 \
+             --json $OUT/micro.jsonl > $OUT/micro.txt 2>&1; grep -v "^\[" $OUT/micro.txt | head -60 ;;
     ddp)   STAGES=ddp REPS=${REPS:-2} bash bench/gpu-session.sh $OUT; grep -v "^\[" $OUT/ddp.txt | head -40 ;;
   esac
 done
