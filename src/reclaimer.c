@@ -3,9 +3,9 @@
  * in its stream's FIFO, polls the oldest event of each stream
  * (reclaimer_poll.c), and hands what completed to the release policy, which
  * releases it now or holds it for a better moment.  With nothing pending or
- * held it sleeps on a condition variable until the next push.  Its state is in reclaimer_state.h; its
- * lifecycle (start, the gate, flush, trim, shutdown, exit, fork) is in
- * lifecycle.c (lifecycle.h).
+ * held it sleeps on a condition variable until the next push.  Its state
+ * is in reclaimer_state.h; its lifecycle (start, the gate, flush, trim,
+ * shutdown, exit, fork) is in lifecycle.c (lifecycle.h).
  */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np */
 #include "reclaimer_state.h"
