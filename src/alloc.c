@@ -13,6 +13,7 @@
 #include "capture.h"
 #include "clock.h"
 #include "cudefer.h"
+#include "device_switch.h"
 #include "driver_calls.h"
 #include "lifecycle.h"
 #include "report.h"
@@ -319,29 +320,14 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
 }
 
 /* Make device current for a call on a special stream handle (which means
- * the current device's stream); *previous gets the device to go back to, or
- * -1 when nothing changed; *call names the call that failed. */
-static cudaError_t enter_device(int device, cudaStream_t stream,
-                                int *previous, const char **call)
+ * the current device's stream; a created stream carries its device:
+ * nothing to do).  cudaSuccess or device_switch_to's error, *call naming
+ * the call that failed. */
+static cudaError_t enter_device(struct device_switch *sw, int device,
+                                cudaStream_t stream, const char **call)
 {
-    *previous = -1;
-    if (!stream_is_special(stream))
-        return cudaSuccess;
-    int current;
-    *call = "cudaGetDevice";
-    cudaError_t err = driver_calls_get_device(&current);
-    if (err == cudaSuccess && current != device &&
-        (*call = "cudaSetDevice", err = cudaSetDevice(device)) == cudaSuccess)
-        *previous = current;
-    if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
-        cudaGetLastError(); /* a bad device number: not PyTorch's next error */
-    return err;
-}
-
-static void leave_device(int previous)
-{
-    if (previous >= 0)
-        cudaSetDevice(previous);
+    return stream_is_special(stream) ? device_switch_to(sw, device, call)
+                                     : cudaSuccess;
 }
 
 /* The two pluggable allocations, what naming the caller in reports: a
@@ -351,9 +337,9 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
                                    int device, cudaStream_t stream)
 {
     *ptr = NULL;
-    int previous;
+    struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *call = NULL;
-    cudaError_t err = enter_device(device, stream, &previous, &call);
+    cudaError_t err = enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess) {
         stats_add(&stats.rejected, 1);
         char detail[48];
@@ -364,7 +350,7 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
     /* A special handle's device is now the current one. */
     err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1,
                    device);
-    leave_device(previous);
+    device_switch_back(&sw);
     return err;
 }
 
@@ -401,9 +387,10 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
 {
     if (ptr == NULL)
         return;
-    int previous, on = device, block_device;
+    int on = device, block_device;
+    struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *call = NULL;
-    cudaError_t err = enter_device(device, stream, &previous, &call);
+    cudaError_t err = enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess && !report_cuda_error_is_sticky(err) &&
         block_map_find_device(ptr, &block_device) != NULL &&
         block_device != device) {
@@ -411,14 +398,14 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
          * the stream's device, and the free checks device against the
          * block and says the mismatch. */
         on = block_device;
-        err = enter_device(on, stream, &previous, &call);
+        err = enter_device(&sw, on, stream, &call);
     }
     if (err == cudaSuccess)
         err = api_free_pluggable(ptr, size, device, stream,
                                  stream_is_special(stream) ? on : -1);
     else
         report_cuda("defer_pluggable_free", call, err, "");
-    leave_device(previous);
+    device_switch_back(&sw);
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "
                "allocated", ptr);

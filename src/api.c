@@ -12,6 +12,7 @@
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
+#include "device_switch.h"
 #include "driver_calls.h"
 #include "entry.h"
 #include "event_pool.h"
@@ -173,14 +174,13 @@ cudaError_t api_release_synchronously(const struct request_args *a,
                "refused", a->what);
         return cudaErrorInvalidValue;
     }
-    struct device_switch sw = BLOCK_USERS_NO_SWITCH;
+    struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = block_users_enter(&recorded[i], &sw)) != cudaSuccess)
-            failed = "cudaGetDevice or cudaSetDevice";
-        else
+        if ((err = block_users_enter(&recorded[i], &sw, &failed)) ==
+            cudaSuccess)
             err = cudaStreamSynchronize(recorded[i].handle);
-    block_users_leave(&sw);
+    device_switch_back(&sw);
     if (err != cudaSuccess)
         return api_reject(a->what, failed, err);
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
@@ -192,19 +192,16 @@ cudaError_t api_release_synchronously(const struct request_args *a,
                       .claims = any_claimed(a) ? a->claims : NULL};
     stats_count_deferred();
     stats_add(&stats.sync_releases, 1);
-    int caller = -1;
-    bool switched = false;
-    if (a->kind != ENTRY_CALL &&
-        driver_calls_get_device(&caller) == cudaSuccess && caller != device) {
-        cudaError_t set = cudaSetDevice(device);
-        switched = set == cudaSuccess;
-        if (!switched && !report_cuda_error_is_sticky(set))
-            cudaGetLastError(); /* released on the caller's device instead */
-    }
+    /* Memory is released on its device; where the switch fails, on the
+     * caller's instead. */
+    struct device_switch to_device = DEVICE_SWITCH_NONE;
+    if (a->kind != ENTRY_CALL)
+        device_switch_to(&to_device, device, NULL);
     err = release_entry(&e, NULL);
-    if (switched && cudaSetDevice(caller) != cudaSuccess)
+    cudaError_t back = device_switch_back(&to_device);
+    if (back != cudaSuccess)
         report_cuda(a->what, "cudaSetDevice (back to the caller's device)",
-                    cudaGetLastError(), "");
+                    back, "");
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     if (report_cuda_error_is_sticky(err)) /* the device's error, not ptr's */
         lifecycle_fail_device(a->what, device,

@@ -28,7 +28,7 @@ cudaError_t api_group_submit(const struct request_args *a,
     }
     struct block_user recorded[64];
     size_t nrec = block_users_of(a, recorded);
-    struct device_switch sw = BLOCK_USERS_NO_SWITCH;
+    struct device_switch sw = DEVICE_SWITCH_NONE;
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < 64; j++)
@@ -54,11 +54,10 @@ cudaError_t api_group_submit(const struct request_args *a,
     if (lifecycle_disabled()) {
         const char *failed = "cudaStreamSynchronize";
         for (size_t i = 1; i < n && err == cudaSuccess; i++)
-            if ((err = block_users_enter(&users[i], &sw)) != cudaSuccess)
-                failed = "cudaGetDevice or cudaSetDevice";
-            else
+            if ((err = block_users_enter(&users[i], &sw, &failed)) ==
+                cudaSuccess)
                 err = cudaStreamSynchronize(streams[i]);
-        block_users_leave(&sw);
+        device_switch_back(&sw);
         if (err != cudaSuccess)
             return api_reject(a->what, failed, err);
         return api_release_synchronously(a, streams[0]);
@@ -71,10 +70,9 @@ cudaError_t api_group_submit(const struct request_args *a,
         unsigned long long id;
         bool no_event = false, cached = false;
         /* A recorded special handle: on the device it named. */
-        if ((err = block_users_enter(&users[made], &sw)) != cudaSuccess) {
-            call = "cudaGetDevice or cudaSetDevice";
+        if ((err = block_users_enter(&users[made], &sw, &call)) !=
+            cudaSuccess)
             break;
-        }
         /* Callbacks are ordered per stream: never a stale identity. */
         bool exact = a->kind == ENTRY_CALL;
         if ((err = api_identify_usable(streams[made], exact, -1, &device, &id,
@@ -101,7 +99,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         if (parts[made] == NULL)
             break;
     }
-    block_users_leave(&sw);
+    device_switch_back(&sw);
     if (made < n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             api_discard_recorded(parts[made]);

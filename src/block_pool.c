@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "device_switch.h"
 #include "report.h"
 
 enum { POOL_UNTRIED, POOL_READY, POOL_NONE };
@@ -97,23 +98,20 @@ bool block_pool_beyond_device(int device, size_t bytes)
     return bytes > total;
 }
 
-/* cudaMalloc on device from any thread, restoring its current device. */
+/* cudaMalloc on device from any thread, restoring its current device; a
+ * failed switch back frees the block and returns that error. */
 static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
 {
-    int current;
-    cudaError_t err = cudaGetDevice(&current);
+    struct device_switch sw = DEVICE_SWITCH_NONE;
+    cudaError_t err = device_switch_to(&sw, device, NULL);
     if (err != cudaSuccess)
         return err;
-    if (current != device && (err = cudaSetDevice(device)) != cudaSuccess)
-        return err;
     err = cudaMalloc(ptr, bytes);
-    if (current != device) {
-        cudaError_t back = cudaSetDevice(current);
-        if (err == cudaSuccess && back != cudaSuccess) {
-            cudaFree(*ptr);
-            *ptr = NULL;
-            err = back;
-        }
+    cudaError_t back = device_switch_back(&sw);
+    if (err == cudaSuccess && back != cudaSuccess) {
+        cudaFree(*ptr);
+        *ptr = NULL;
+        err = back;
     }
     return err;
 }

@@ -26,40 +26,12 @@ size_t block_users_of(const struct request_args *a, struct block_user *out)
     return n;
 }
 
-/* The device current now, asked once. */
-static cudaError_t current(struct device_switch *sw, int *device)
-{
-    if (sw->caller < 0) {
-        cudaError_t err = cudaGetDevice(&sw->caller);
-        if (err != cudaSuccess) {
-            sw->caller = -1;
-            return err;
-        }
-        sw->on = sw->caller;
-    }
-    *device = sw->on;
-    return cudaSuccess;
-}
-
 cudaError_t block_users_enter(const struct block_user *u,
-                              struct device_switch *sw)
+                              struct device_switch *sw, const char **call)
 {
     if (!stream_is_special(u->handle) || u->device < 0)
         return cudaSuccess;
-    int on;
-    cudaError_t err = current(sw, &on);
-    if (err != cudaSuccess || on == u->device)
-        return err;
-    if ((err = cudaSetDevice(u->device)) == cudaSuccess)
-        sw->on = u->device;
-    return err;
-}
-
-void block_users_leave(struct device_switch *sw)
-{
-    if (sw->caller >= 0 && sw->on != sw->caller)
-        cudaSetDevice(sw->caller);
-    sw->on = sw->caller;
+    return device_switch_to(sw, u->device, call);
 }
 
 /* The device a special handle of u names: its own, or the caller's. */
@@ -70,11 +42,7 @@ static bool device_of(const struct block_user *u, struct device_switch *sw,
         *device = u->device;
         return true;
     }
-    int ignored;
-    if (current(sw, &ignored) != cudaSuccess)
-        return false;
-    *device = sw->caller;
-    return true;
+    return device_switch_caller(sw, device) == cudaSuccess;
 }
 
 bool block_users_same(const struct block_user *u, const struct block_user *v,

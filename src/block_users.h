@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "block_cache.h"
+#include "device_switch.h"
 #include "request_args.h"
 
 /* How many streams the blocks of a's free were recorded on (a stream
@@ -22,21 +23,13 @@
  * not NULL; a count above 64 means too many.  Never blocks. */
 size_t block_users_of(const struct request_args *a, struct block_user *out);
 
-/* The caller's device and the one made current since (-1: not asked yet,
- * nothing changed).  Start with BLOCK_USERS_NO_SWITCH. */
-struct device_switch {
-    int caller, on;
-};
-#define BLOCK_USERS_NO_SWITCH ((struct device_switch){-1, -1})
-
 /* Makes the device u's handle means current, where it is a special handle
  * of another device than the current one (a created stream carries its
- * device: nothing to do).  cudaSuccess or the error of cudaGetDevice or
- * cudaSetDevice.  block_users_leave makes the caller's device current
- * again. */
+ * device: nothing to do).  cudaSuccess or device_switch_to's error, *call
+ * naming the call that failed; device_switch_back(sw) makes the caller's
+ * device current again. */
 cudaError_t block_users_enter(const struct block_user *u,
-                              struct device_switch *sw);
-void block_users_leave(struct device_switch *sw);
+                              struct device_switch *sw, const char **call);
 
 /* Whether u and v are the same stream: the same handle, and for a special
  * handle (0, the legacy or the per-thread stream) the same device, where a

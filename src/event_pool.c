@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
+#include "device_switch.h"
 #include "driver_calls.h"
 #include "entry_slab.h"
 #include "pool_stack.h"
@@ -373,29 +374,21 @@ static struct shared_event *create_event(int device, cudaError_t *err,
                                          const char **call)
 {
     struct shared_event *ev = calloc(1, sizeof *ev);
-    int current;
     if (ev == NULL) {
         *err = cudaErrorMemoryAllocation;
         *call = "calloc";
         return NULL;
     }
-    if ((*err = driver_calls_get_device(&current)) != cudaSuccess) {
-        *call = "cudaGetDevice";
+    struct device_switch sw = DEVICE_SWITCH_NONE;
+    if ((*err = device_switch_to(&sw, device, call)) != cudaSuccess)
         goto fail;
-    }
-    if (current != device && (*err = cudaSetDevice(device)) != cudaSuccess) {
-        *call = "cudaSetDevice";
-        goto fail;
-    }
     *err = driver_calls_event_create(&ev->event);
     *call = "cudaEventCreateWithFlags";
-    if (current != device) {
-        cudaError_t back = cudaSetDevice(current);
-        if (*err == cudaSuccess && back != cudaSuccess) {
-            cudaEventDestroy(ev->event);
-            *err = back;
-            *call = "cudaSetDevice (back to the caller's device)";
-        }
+    cudaError_t back = device_switch_back(&sw);
+    if (*err == cudaSuccess && back != cudaSuccess) {
+        cudaEventDestroy(ev->event);
+        *err = back;
+        *call = "cudaSetDevice (back to the caller's device)";
     }
     if (*err != cudaSuccess)
         goto fail;

@@ -10,6 +10,7 @@
 #include "block_done.h"
 #include "capture.h"
 #include "clock.h"
+#include "device_switch.h"
 #include "driver_calls.h"
 #include "entry.h"
 #include "event_pool.h"
@@ -347,8 +348,7 @@ void free_batch_add(int device, cudaStream_t stream,
 static cudaError_t seal_batches(void)
 {
     cudaError_t first = cudaSuccess;
-    int current = -1, on = -1; /* the caller's device; the one made current */
-    bool asked = false;
+    struct device_switch sw = DEVICE_SWITCH_NONE;
     for (int d = 0; d < nbatches; d++) {
         struct batch *b = &batches[d];
         pthread_mutex_lock(&b->lock);
@@ -356,23 +356,14 @@ static cudaError_t seal_batches(void)
         pthread_mutex_unlock(&b->lock);
         if (!any)
             continue;
-        if (!asked && driver_calls_get_device(&current) != cudaSuccess)
-            current = -1;
-        if (!asked)
-            on = current;
-        asked = true;
         /* The legacy stream (NULL) is the current device's: switched
          * only when another is current (a switch back to the caller's
          * device then creates no context that was not). */
-        cudaError_t err = cudaSuccess;
-        if (on != d) {
-            err = cudaSetDevice(d);
-            on = err == cudaSuccess ? d : -1;
-        }
+        const char *call = "cudaStreamIsCapturing";
+        cudaError_t err = device_switch_to(&sw, d, &call);
         if (err != cudaSuccess || !legacy_usable(NULL)) {
             /* Left in the batch, reusable on the stream; said. */
-            report_cuda("free batches", err != cudaSuccess ? "cudaSetDevice"
-                                       : "cudaStreamIsCapturing",
+            report_cuda("free batches", call,
                         err != cudaSuccess ? err
                                            : cudaErrorStreamCaptureImplicit,
                         "; blocks freed on the legacy stream wait there "
@@ -395,8 +386,7 @@ static cudaError_t seal_batches(void)
         if (err != cudaSuccess && first == cudaSuccess)
             first = err;
     }
-    if (on != current && current >= 0)
-        cudaSetDevice(current);
+    device_switch_back(&sw);
     return first;
 }
 
