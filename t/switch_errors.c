@@ -1,0 +1,56 @@
+/* A device switch that fails inside cudefer leaves no error of cudefer's
+ * as the thread's last error (PyTorch's launch check reads it after every
+ * kernel), and the caller's device current.  An event made for another
+ * device's stream (CUDEFER_EVENT_POOL=0: every free makes its own) whose
+ * cudaSetDevice fails: the free waits for the stream and releases the
+ * pointer at once (said), cudaGetLastError says nothing, and a free after
+ * it works.  Before
+ * src/device_switch.c the event's switch left cudaErrorNotPermitted for the
+ * application's next cudaGetLastError. */
+#include "helpers.h"
+
+/* bytes on device d, device 0 current again after. */
+static void *device_alloc_on(int d, size_t bytes)
+{
+    cudaSetDevice(d);
+    void *p = device_alloc(bytes);
+    cudaSetDevice(0);
+    return p;
+}
+
+static void event_switch_fails(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    cudaSetDevice(0);
+    void *p = device_alloc_on(1, 256);
+    cudaGetLastError();
+    stderr_capture_begin();
+    fake_fail(FAKE_SET_DEVICE, cudaErrorNotPermitted, 0, 1);
+    cudaError_t err = defer_free(p, s1);
+    fake_fail_clear();
+    stderr_capture_end();
+    CHECK(err == cudaSuccess, "accepted (%d)", (int)err);
+    CHECK(fake_is_released(p) == 1, "released synchronously");
+    cudaError_t last = cudaGetLastError();
+    CHECK(last == cudaSuccess, "no error left as the last one (%d)",
+          (int)last);
+    int current = -1;
+    cudaGetDevice(&current);
+    CHECK(current == 0, "device 0 is current (%d)", current);
+    void *q = device_alloc_on(1, 256);
+    CHECK(defer_free(q, s1) == cudaSuccess, "a free after it works");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(q) == 1, "released once");
+    cudaGetDevice(&current);
+    CHECK(current == 0 && cudaGetLastError() == cudaSuccess,
+          "device 0 still current, no error left");
+}
+
+int main(void)
+{
+    plan_lazy();
+    fork_scenario("a failed switch for another device's event",
+                  "CUDEFER_EVENT_POOL=0", 2, 30000, event_switch_fails);
+    return 0;
+}
