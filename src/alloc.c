@@ -350,7 +350,7 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
     /* A special handle's device is now the current one. */
     err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1,
                    device);
-    device_switch_back(&sw);
+    device_switch_back(&sw, what);
     return err;
 }
 
@@ -405,7 +405,7 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  stream_is_special(stream) ? on : -1);
     else
         report_cuda("defer_pluggable_free", call, err, "");
-    device_switch_back(&sw);
+    device_switch_back(&sw, "defer_pluggable_free");
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "
                "allocated", ptr);

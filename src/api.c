@@ -180,7 +180,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
         if ((err = block_users_enter(&recorded[i], &sw, &failed)) ==
             cudaSuccess)
             err = cudaStreamSynchronize(recorded[i].handle);
-    device_switch_back(&sw);
+    device_switch_back(&sw, a->what);
     if (err != cudaSuccess)
         return api_reject(a->what, failed, err);
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
@@ -198,10 +198,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     if (a->kind != ENTRY_CALL)
         device_switch_to(&to_device, device, NULL);
     err = release_entry(&e, NULL);
-    cudaError_t back = device_switch_back(&to_device);
-    if (back != cudaSuccess)
-        report_cuda(a->what, "cudaSetDevice (back to the caller's device)",
-                    back, "");
+    device_switch_back(&to_device, a->what);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     if (report_cuda_error_is_sticky(err)) /* the device's error, not ptr's */
         lifecycle_fail_device(a->what, device,

@@ -57,7 +57,7 @@ cudaError_t api_group_submit(const struct request_args *a,
             if ((err = block_users_enter(&users[i], &sw, &failed)) ==
                 cudaSuccess)
                 err = cudaStreamSynchronize(streams[i]);
-        device_switch_back(&sw);
+        device_switch_back(&sw, a->what);
         if (err != cudaSuccess)
             return api_reject(a->what, failed, err);
         return api_release_synchronously(a, streams[0]);
@@ -99,7 +99,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         if (parts[made] == NULL)
             break;
     }
-    device_switch_back(&sw);
+    device_switch_back(&sw, a->what);
     if (made < n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             api_discard_recorded(parts[made]);

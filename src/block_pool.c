@@ -99,7 +99,8 @@ bool block_pool_beyond_device(int device, size_t bytes)
 }
 
 /* cudaMalloc on device from any thread, restoring its current device; a
- * failed switch back frees the block and returns that error. */
+ * failed switch back frees the block and returns that error (said, where
+ * cudaMalloc's error is the one returned). */
 static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
 {
     struct device_switch sw = DEVICE_SWITCH_NONE;
@@ -107,7 +108,8 @@ static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
     if (err != cudaSuccess)
         return err;
     err = cudaMalloc(ptr, bytes);
-    cudaError_t back = device_switch_back(&sw);
+    cudaError_t back =
+        device_switch_back(&sw, err == cudaSuccess ? NULL : "defer_alloc");
     if (err == cudaSuccess && back != cudaSuccess) {
         cudaFree(*ptr);
         *ptr = NULL;

@@ -26,17 +26,19 @@ cudaError_t device_switch_caller(struct device_switch *sw, int *device);
 
 /* Make device current (nothing to do where it is).  cudaSuccess, or the
  * error of the query or of cudaSetDevice, *call (when not NULL) naming the
- * one that failed; a failed switch's error that is not the device's sticky
- * one is cleared from the thread's last error, so that the application's
- * next cudaGetLastError (PyTorch's launch check) does not read cudefer's.
- * Never blocks on the GPU. */
+ * one that failed.  A failed cudaSetDevice is cleared from the thread's
+ * last error (but for the device's sticky error), so that the
+ * application's next cudaGetLastError (PyTorch's launch check) does not
+ * read cudefer's; a failed query through the driver leaves the last error
+ * as it was (driver_calls.h).  Never blocks on the GPU. */
 cudaError_t device_switch_to(struct device_switch *sw, int device,
                              const char **call);
 
 /* Make the caller's device current again where another one was made
- * current (or a switch failed half way); cudaSuccess or cudaSetDevice's
- * error, for the caller to say (cleared from the last error as above).
- * sw may be used again after it.  Never blocks on the GPU. */
-cudaError_t device_switch_back(struct device_switch *sw);
+ * current; cudaSuccess or cudaSetDevice's error (cleared from the last
+ * error as above), which is said naming what (the cudefer call) unless
+ * what is NULL (the caller says it).  sw may be used again after it.
+ * Never blocks on the GPU. */
+cudaError_t device_switch_back(struct device_switch *sw, const char *what);
 
 #endif

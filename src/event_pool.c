@@ -384,7 +384,8 @@ static struct shared_event *create_event(int device, cudaError_t *err,
         goto fail;
     *err = driver_calls_event_create(&ev->event);
     *call = "cudaEventCreateWithFlags";
-    cudaError_t back = device_switch_back(&sw);
+    cudaError_t back = device_switch_back(
+        &sw, *err == cudaSuccess ? NULL : "event creation");
     if (*err == cudaSuccess && back != cudaSuccess) {
         cudaEventDestroy(ev->event);
         *err = back;

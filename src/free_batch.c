@@ -386,7 +386,7 @@ static cudaError_t seal_batches(void)
         if (err != cudaSuccess && first == cudaSuccess)
             first = err;
     }
-    device_switch_back(&sw);
+    device_switch_back(&sw, "free batches");
     return first;
 }
 

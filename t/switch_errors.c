@@ -6,7 +6,10 @@
  * pointer at once (said), cudaGetLastError says nothing, and a free after
  * it works.  Before
  * src/device_switch.c the event's switch left cudaErrorNotPermitted for the
- * application's next cudaGetLastError. */
+ * application's next cudaGetLastError.  A pluggable allocation on device 1
+ * (its stream the legacy one) whose switch back to device 0 fails: the
+ * block is handed out, the failure said (a review found it silent in the
+ * module's first version), no error left. */
 #include "helpers.h"
 
 /* bytes on device d, device 0 current again after. */
@@ -47,10 +50,36 @@ static void event_switch_fails(void)
           "device 0 still current, no error left");
 }
 
+static void way_back_fails(void)
+{
+    cudaSetDevice(0);
+    void *first = defer_pluggable_alloc(256, 1, 0); /* starts the library */
+    CHECK(first != NULL, "a first allocation on device 1");
+    defer_pluggable_free(first, 256, 1, 0);
+    cudaGetLastError();
+    stderr_capture_begin();
+    fake_fail(FAKE_SET_DEVICE, cudaErrorNotPermitted, 1, 1); /* the 2nd */
+    void *p = defer_pluggable_alloc(256, 1, 0);
+    fake_fail_clear();
+    const char *said = stderr_capture_end();
+    CHECK(p != NULL, "the block is handed out");
+    CHECK(has_line(said, "defer_pluggable_alloc",
+                   "back to the caller's device", NULL),
+          "the failed way back is said");
+    cudaError_t last = cudaGetLastError();
+    CHECK(last == cudaSuccess, "no error left as the last one (%d)",
+          (int)last);
+    cudaSetDevice(0);
+    defer_pluggable_free(p, 256, 1, 0);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+}
+
 int main(void)
 {
     plan_lazy();
     fork_scenario("a failed switch for another device's event",
                   "CUDEFER_EVENT_POOL=0", 2, 30000, event_switch_fails);
+    fork_scenario("a failed way back from a pluggable allocation's device",
+                  "", 2, 30000, way_back_fails);
     return 0;
 }
