@@ -367,7 +367,9 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  *   torch.cuda.memory.CUDAPluggableAllocator(path_to_libcudefer,
  *       "defer_pluggable_alloc", "defer_pluggable_free")
  * defer_pluggable_alloc is defer_alloc on device (the caller's current
- * device is left as it was; a device it cannot switch to, or a created
+ * device is left as it was, unless the switch back to it fails: said, the
+ * block still handed out, device then current (t/switch_errors); a
+ * device it cannot switch to, or a created
  * stream of another device, is refused: reported, counted in rejected,
  * cudaErrorInvalidDevice for the latter); NULL when out of memory or on another error,
  * reported.  Limit: PyTorch 2.11 does not check the pointer a pluggable
