@@ -26,7 +26,7 @@ size_t block_users_of(const struct request_args *a, struct block_user *out);
 /* Makes the device u's handle means current, where it is a special handle
  * of another device than the current one (a created stream carries its
  * device: nothing to do).  cudaSuccess or device_switch_to's error, *call
- * naming the call that failed; device_switch_back(sw) makes the caller's
+ * naming the call that failed; device_switch_back makes the caller's
  * device current again. */
 cudaError_t block_users_enter(const struct block_user *u,
                               struct device_switch *sw, const char **call);
