@@ -69,6 +69,10 @@ static void way_back_fails(void)
     cudaError_t last = cudaGetLastError();
     CHECK(last == cudaSuccess, "no error left as the last one (%d)",
           (int)last);
+    int current = -1;
+    cudaGetDevice(&current);
+    CHECK(current == 1, "device 1 stays current, as cudefer.h says (%d)",
+          current);
     cudaSetDevice(0);
     defer_pluggable_free(p, 256, 1, 0);
     CHECK(defer_flush() == cudaSuccess, "flush");
