@@ -13,8 +13,9 @@
 
 #include <cuda_runtime_api.h>
 
-/* The caller's device and the one current since (-1: not asked yet, or
- * unknown after a failed switch).  Start with DEVICE_SWITCH_NONE. */
+/* The caller's device and the one current since (both -1: not asked
+ * yet).  Start with DEVICE_SWITCH_NONE; one per call of cudefer's, on its
+ * thread's stack (any thread may switch). */
 struct device_switch {
     int caller, on;
 };
