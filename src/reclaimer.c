@@ -199,8 +199,10 @@ void reclaimer_fail_device_in(const char *who, int device, const char *call,
                               cudaError_t err)
 {
     cudaError_t none = cudaSuccess;
-    if (atomic_compare_exchange_strong(&rs.device_errors[device], &none, err) &&
-        err != cudaErrorCudartUnloading)
+    bool first = atomic_compare_exchange_strong(&rs.device_errors[device],
+                                                &none, err);
+    atomic_store_explicit(&rs.device_failed, true, memory_order_release);
+    if (first && err != cudaErrorCudartUnloading)
         report("%s: device %d: %s failed: %s (%s); its pending entries "
                "will not be released, and later defer calls on it return "
                "this error", who, device, call, cudaGetErrorString(err),
