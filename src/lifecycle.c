@@ -46,7 +46,7 @@ static void register_fork_hook(void)
 static bool alloc_per_device(int n)
 {
     rs.device_errors = calloc((size_t)n, sizeof *rs.device_errors);
-    atomic_store(&rs.device_failed, false);
+    atomic_store(&rs.any_device_failed, false);
     rs.held = calloc((size_t)n, sizeof *rs.held);
     rs.free_streams = calloc((size_t)n, sizeof *rs.free_streams);
     rs.recycle = calloc((size_t)n, sizeof *rs.recycle);
@@ -55,7 +55,7 @@ static bool alloc_per_device(int n)
 
 static void free_per_device(void)
 {
-    atomic_store(&rs.device_failed, false);
+    atomic_store(&rs.any_device_failed, false);
     free(rs.device_errors);
     free(rs.held);
     free(rs.free_streams);

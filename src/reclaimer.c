@@ -201,7 +201,7 @@ void reclaimer_fail_device_in(const char *who, int device, const char *call,
     cudaError_t none = cudaSuccess;
     bool first = atomic_compare_exchange_strong(&rs.device_errors[device],
                                                 &none, err);
-    atomic_store_explicit(&rs.device_failed, true, memory_order_release);
+    atomic_store_explicit(&rs.any_device_failed, true, memory_order_release);
     if (first && err != cudaErrorCudartUnloading)
         report("%s: device %d: %s failed: %s (%s); its pending entries "
                "will not be released, and later defer calls on it return "

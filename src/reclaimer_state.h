@@ -54,7 +54,8 @@ struct recycle_chains {
 /* The one reclaimer's state: rs. */
 struct reclaimer_state {
     /* Shared with launching threads: what every call reads (state,
-     * gate_closed, disabled, device_errors: one cache line; cfg) apart from
+     * gate_closed, disabled, any_device_failed, device_errors: one cache
+     * line; cfg) apart from
      * what they write (the gate's counts, in their thread shards:
      * thread_shard.h; the queue) and from what the reclaimer writes
      * (sleeping), each on cache lines of its own. */
@@ -64,7 +65,7 @@ struct reclaimer_state {
     /* Whether any device has a sticky error: until one has, a call reads
      * this line only, not device_errors (a line of its own, in the heap:
      * one cache miss a call less, bench/cold-calls). */
-    _Atomic bool device_failed;
+    _Atomic bool any_device_failed;
     _Atomic cudaError_t *device_errors; /* per device; set once, sticky */
     int ndevices;
     _Alignas(64) struct queue queue;
@@ -156,7 +157,7 @@ static inline cudaError_t device_error(int device)
 {
     /* Acquire: pairs with reclaimer_fail_device_in's release, made after
      * the error was stored. */
-    if (!atomic_load_explicit(&rs.device_failed, memory_order_acquire))
+    if (!atomic_load_explicit(&rs.any_device_failed, memory_order_acquire))
         return cudaSuccess;
     return atomic_load_explicit(&rs.device_errors[device], memory_order_relaxed);
 }
