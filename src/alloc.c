@@ -387,19 +387,16 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
 {
     if (ptr == NULL)
         return;
+    /* On a special handle the device names the stream: the block's own
+     * device decides, never the caller's word, which would have the free
+     * wait for another device's legacy stream.  The free says a mismatch. */
     int on = device, block_device;
+    if (stream_is_special(stream) &&
+        block_map_find_device(ptr, &block_device) != NULL)
+        on = block_device;
     struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *call = NULL;
-    cudaError_t err = enter_device(&sw, device, stream, &call);
-    if (err != cudaSuccess && !report_cuda_error_is_sticky(err) &&
-        block_map_find_device(ptr, &block_device) != NULL &&
-        block_device != device) {
-        /* A device it cannot switch to (a bad number): the block's own is
-         * the stream's device, and the free checks device against the
-         * block and says the mismatch. */
-        on = block_device;
-        err = enter_device(&sw, on, stream, &call);
-    }
+    cudaError_t err = enter_device(&sw, on, stream, &call);
     if (err == cudaSuccess)
         err = api_free_pluggable(ptr, size, device, stream,
                                  stream_is_special(stream) ? on : -1);

@@ -129,6 +129,47 @@ static void both_legacy_streams(bool device1_first)
     cudaStreamDestroy(s0b);
 }
 
+/* defer_pluggable_free naming a valid device that is not the block's, on
+ * stream 0: the block's own device decides which legacy stream the free
+ * waits for.  Taking the caller's word would record the event on device
+ * 1's idle legacy stream and hand the block to another stream of device 0
+ * while device 0's legacy stream still uses it. */
+static void pluggable_free_wrong_device(void)
+{
+    const size_t bytes = 1 << 20;
+    cudaSetDevice(0);
+    cudaStream_t s0 = stream_new();
+    void *p = defer_pluggable_alloc(bytes, 0, 0);
+    ok(p != NULL, "pluggable: a block of device 0 for stream 0");
+    fake_oracle_handout_range(p, bytes, 0);
+    fake_work *w = work_held(0, p); /* device 0's legacy stream uses it */
+    stderr_capture_begin();
+    defer_pluggable_free(p, bytes, 1, 0);
+    const char *said = stderr_capture_end();
+    ok(has_line(said, "defer_pluggable_free", "device 0", NULL),
+       "pluggable: freed as device 1's, the mismatch said");
+    int dev = -1;
+    cudaGetDevice(&dev);
+    is_int(dev, 0, "pluggable: device 0 is current again");
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *q = NULL;
+    alloc_checked(&q, bytes, s0);
+    ok(q != p && fake_violations() == 0,
+       "pluggable: not handed to another stream of device 0 while device "
+       "0's legacy stream uses it");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "pluggable: flush once that work is "
+           "done");
+    void *r = NULL;
+    alloc_checked(&r, bytes, s0);
+    ok(r == p, "pluggable: then another stream gets it");
+    defer_free(q, s0);
+    defer_free(r, s0);
+    is_int(defer_flush(), cudaSuccess, "pluggable: flush");
+    cudaStreamDestroy(s0);
+}
+
 /* CUDEFER_DISABLE=1: a free of a block recorded on device 1's legacy
  * stream, made with device 0 current, waits for that stream (on device 1)
  * and leaves device 0 current (a mutation that dropped the switch back
@@ -165,6 +206,7 @@ int main(void)
     freed_on_other_legacy(0);
     both_legacy_streams(true);
     both_legacy_streams(false);
+    pluggable_free_wrong_device();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing reused early");
     return 0;
