@@ -479,24 +479,14 @@ static struct {
     struct defer_config in_force; /* app or defaults, then the environment */
 } state = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* In a fork child: the lock may have been held by a thread that does not
- * exist there (issue 12, item 13). */
-static void config_fork_child(void)
+void config_fork_child(void)
 {
     pthread_mutex_init(&state.lock, NULL);
 }
 
-static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
-
-static void register_fork_hook(void)
-{
-    pthread_atfork(NULL, NULL, config_fork_child);
-}
-
-/* Take state.lock (after making sure a fork child gets it unlocked). */
+/* Take state.lock (a fork child gets it unlocked: config_fork_child). */
 static void state_lock(void)
 {
-    pthread_once(&fork_hook_once, register_fork_hook);
     pthread_mutex_lock(&state.lock);
 }
 

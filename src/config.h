@@ -44,6 +44,10 @@ void config_at_start(struct defer_config *out);
  * defer_configure returns cudaErrorNotPermitted: nothing will use it. */
 void config_refuse_from_now(void);
 
+/* Fork child only, from the library's one fork handler (lifecycle.c): the
+ * configuration lock made usable again (its holder may not exist there). */
+void config_fork_child(void);
+
 /* Any thread.  Parsers of a whole string; true when it is valid and within
  * [min, max], with the value in *out; *out unchanged otherwise.  Exposed for
  * the tests.

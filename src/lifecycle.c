@@ -32,12 +32,18 @@
 static void at_exit(void);
 static void fork_child(void);
 
-/* The fork handler is registered before the first use of life_lock, so a
- * child forked while another thread holds it (a start in progress) gets it
- * unlocked. */
-static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
-
-static void register_fork_hook(void)
+/* Note [Fork]
+ * A fork child has no reclaimer thread and cannot use CUDA, so every defer
+ * call in it is refused and what was pending is abandoned (fork_child).
+ * The handler must run in every child: glibc runs in a child only the
+ * handlers registered when fork() began, and drops its atfork lock around
+ * each prepare handler, so a handler registered by a first defer call
+ * could miss a fork() that races that call, and the child would believe
+ * the reclaimer runs (a flush or trim there would wait for ever).  So it
+ * is registered when the library is loaded, before main.  A child forked
+ * while a start is under way (rs.starting) is refused too: the start's
+ * thread and half-made state are not in the child. */
+__attribute__((constructor)) static void register_fork_hook(void)
 {
     pthread_atfork(NULL, NULL, fork_child);
 }
@@ -244,13 +250,14 @@ cudaError_t lifecycle_enter(const char *what)
             return cudaSuccess;
         }
         atomic_fetch_sub(gate_shard_count(), 1);
-        pthread_once(&fork_hook_once, register_fork_hook);
         pthread_mutex_lock(&rs.life_lock);
         cudaError_t err = cudaSuccess;
         int state = atomic_load(&rs.state);
         if (state == STATE_NEW) {
+            atomic_store(&rs.starting, true);
             if ((err = start_locked(what)) != cudaSuccess)
                 stats_add(&stats.rejected, 1);
+            atomic_store(&rs.starting, false);
         } else if (state != STATE_RUNNING) { /* shut down while we waited */
             err = refuse(what);
         }
@@ -503,7 +510,6 @@ cudaError_t lifecycle_shutdown(void)
     }
     if (atomic_load(&rs.state) == STATE_FORKED)
         return refuse("defer_shutdown");
-    pthread_once(&fork_hook_once, register_fork_hook);
     pthread_mutex_lock(&rs.life_lock);
     cudaError_t err = cudaSuccess;
     if (atomic_load(&rs.state) == STATE_RUNNING) {
@@ -564,17 +570,19 @@ static void at_exit(void)
     pthread_mutex_unlock(&rs.life_lock);
 }
 
-/* In a fork child: no reclaimer thread exists and CUDA cannot be used.
- * Every entry still pending is abandoned (counted, never freed here), and
- * every later call is refused. */
+/* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
+ * be used.  Every entry still pending is abandoned (counted, never freed
+ * here), and every later call is refused. */
 static void fork_child(void)
 {
     /* Whatever the state, the locks may have been held by threads that do
      * not exist here (a start in progress, say): usable again. */
+    config_fork_child();
     pthread_mutex_init(&rs.wake_lock, NULL);
     pthread_cond_init(&rs.wake_cond, NULL);
     pthread_mutex_init(&rs.life_lock, NULL);
-    if (atomic_load(&rs.state) != STATE_RUNNING) {
+    if (atomic_load(&rs.state) != STATE_RUNNING &&
+        !atomic_load(&rs.starting)) {
         /* Admissions of threads that are gone never end. */
         gate_forget_admissions();
         return;

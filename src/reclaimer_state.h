@@ -75,6 +75,9 @@ struct reclaimer_state {
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;
     pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
+    /* Set under life_lock while a start is under way: a fork child of it
+     * is refused like one of a running library (Note [Fork], lifecycle.c). */
+    _Atomic bool starting;
     pthread_t thread;
 
     /* The reclaimer thread's alone. */

@@ -1,9 +1,10 @@
-/* fork() while another thread holds one of cudefer's locks (issue 12,
- * item 13): the child must not inherit them locked.  Here the thread that
+/* fork() while another thread holds one of cudefer's locks: the child must
+ * not inherit them locked.  Here the thread that
  * starts the reclaimer is stopped inside the start, holding the lifecycle
  * and configuration locks: CUDEFER_VERBOSE=1 prints the configuration to a
  * pipe that is full and not read.  A fork child then calls defer_configure
- * and defer_shutdown: each must return, whatever it returns.  And a thread
+ * and defer_shutdown: each must return, the shutdown refused (the child of
+ * a start under way has no reclaimer, as a running library's).  And a thread
  * reads the statistics (the event pool's registry lock) while the parent
  * forks again and again: no child may hang in cudefer's fork handler. */
 #define _GNU_SOURCE
@@ -30,18 +31,23 @@ static void *starter(void *unused)
 }
 
 /* The fork child.  The starter holds stderr's stdio lock too (it is
- * blocked writing), and the child inherits that lock: it must not print.
- * So: no CUDEFER_VERBOSE, and _exit with the result. */
+ * blocked writing), and the child inherits that lock: cudefer's lines do
+ * not take it.  Its stderr is the full pipe: /dev/null instead.  A child
+ * of a start under way is refused (its calls print why); each call must
+ * return.  _exit with the result. */
 static void child_calls(void)
 {
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0)
+        dup2(null, STDERR_FILENO);
     unsetenv("CUDEFER_VERBOSE");
     struct defer_config cfg;
     defer_config_defaults(&cfg);
     defer_configure(&cfg); /* returns: the configuration lock is usable */
     /* Takes the lifecycle lock, and starts no thread (ThreadSanitizer does
      * not support starting one in the fork child of a threaded process). */
-    defer_shutdown(); /* returns: the lifecycle lock is usable */
-    _exit(0);
+    cudaError_t err = defer_shutdown(); /* the lifecycle lock is usable */
+    _exit(err == cudaErrorNotPermitted ? 0 : 1);
 }
 
 static void s_fork_during_start(void)
