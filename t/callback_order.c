@@ -2,8 +2,10 @@
  * on one stream run in the order deferred, also when one of them falls
  * back to a synchronous release (no event could be had), when a callback's
  * stream identity was cached by the thread, and when a callback deferred
- * on several streams (defer_call_streams) comes first. */
+ * on several streams (defer_call_streams) comes first; and, by the oracle,
+ * while another thread trims. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -170,6 +172,160 @@ static void test_group_callback_order(void)
     cudaStreamDestroy(s2);
 }
 
+/* Callbacks on several streams, deferred by several threads, while
+ * another thread calls defer_trim over and over: each stream's callbacks
+ * run in the order deferred and each only once the work enqueued before it
+ * completed (the fake tells).  A trim polls every pending free, not only
+ * each stream's oldest; callbacks must keep their order there, also when
+ * a thread's later callback shares an event that completes before an
+ * earlier one's (8 pending on a stream: the newest is recorded again). */
+#define T_STREAMS 3
+#define T_THREADS 4
+#define T_CALLS 150
+
+static struct {
+    cudaStream_t s[T_STREAMS];
+    pthread_mutex_t lock[T_STREAMS];   /* defer order: one at a time */
+    int deferred[T_STREAMS];           /* under lock */
+    fake_work *before[T_STREAMS][T_THREADS * T_CALLS]; /* under lock */
+    atomic_int next[T_STREAMS];        /* the callbacks' */
+    atomic_int ran, out_of_order, early, refused, trims, trims_failed;
+    atomic_bool stop;
+} tr;
+
+/* Callback of stream (v >> 16), its (v & 0xffff)-th. */
+static void trimmed_callback(void *arg)
+{
+    unsigned long v = (unsigned long)arg;
+    int st = (int)(v >> 16), seq = (int)(v & 0xffff);
+    if (atomic_exchange(&tr.next[st], seq + 1) != seq)
+        atomic_fetch_add(&tr.out_of_order, 1);
+    if (!fake_work_done(tr.before[st][seq]))
+        atomic_fetch_add(&tr.early, 1);
+    atomic_fetch_add(&tr.ran, 1);
+}
+
+static void *defer_calls(void *arg)
+{
+    unsigned r = (unsigned)(uintptr_t)arg * 2654435761u + 1;
+    for (int i = 0; i < T_CALLS; i++) {
+        r = r * 1103515245u + 12345u;
+        int st = (int)((r >> 16) % T_STREAMS);
+        /* Mostly short work; now and then 2 ms, behind which 8 and more
+         * callbacks of a thread wait on one stream. */
+        unsigned us = (r >> 8) % 16 == 0 ? 2000 : (r >> 4) % 200;
+        pthread_mutex_lock(&tr.lock[st]);
+        int seq = tr.deferred[st]++;
+        tr.before[st][seq] = work_timed(tr.s[st], us, NULL);
+        if (defer_call(trimmed_callback,
+                       (void *)(((unsigned long)st << 16) |
+                                (unsigned long)seq),
+                       tr.s[st]) != cudaSuccess)
+            atomic_fetch_add(&tr.refused, 1);
+        pthread_mutex_unlock(&tr.lock[st]);
+    }
+    return NULL;
+}
+
+static void *trim_repeatedly(void *unused)
+{
+    (void)unused;
+    while (!atomic_load(&tr.stop)) {
+        if (defer_trim(NULL) != cudaSuccess)
+            atomic_fetch_add(&tr.trims_failed, 1);
+        atomic_fetch_add(&tr.trims, 1);
+    }
+    return NULL;
+}
+
+static void test_order_while_trimming(void)
+{
+    pthread_t callers[T_THREADS], trimmer;
+    for (int st = 0; st < T_STREAMS; st++) {
+        tr.s[st] = stream_new();
+        pthread_mutex_init(&tr.lock[st], NULL);
+    }
+    if (pthread_create(&trimmer, NULL, trim_repeatedly, NULL) != 0)
+        bail("pthread_create");
+    for (int k = 0; k < T_THREADS; k++)
+        if (pthread_create(&callers[k], NULL, defer_calls,
+                           (void *)(uintptr_t)(k + 1)) != 0)
+            bail("pthread_create");
+    for (int k = 0; k < T_THREADS; k++)
+        pthread_join(callers[k], NULL);
+    /* Trims go on while the callbacks' work still runs. */
+    for (int waited = 0; waited < 10000 &&
+                         atomic_load(&tr.ran) < T_THREADS * T_CALLS;
+         waited++)
+        sleep_ms(1);
+    atomic_store(&tr.stop, true);
+    pthread_join(trimmer, NULL);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(atomic_load(&tr.refused), 0, "%d threads deferred %d callbacks "
+           "each on %d streams", T_THREADS, T_CALLS, T_STREAMS);
+    ok(atomic_load(&tr.trims) > 0 && atomic_load(&tr.trims_failed) == 0,
+       "while another thread trimmed (%d trims, %d failed)",
+       atomic_load(&tr.trims), atomic_load(&tr.trims_failed));
+    is_int(atomic_load(&tr.ran), T_THREADS * T_CALLS, "every callback ran");
+    is_int(atomic_load(&tr.out_of_order), 0,
+           "each in its stream's order");
+    is_int(atomic_load(&tr.early), 0,
+           "none before the work enqueued before it completed");
+    for (int st = 0; st < T_STREAMS; st++) {
+        cudaStreamDestroy(tr.s[st]);
+        pthread_mutex_destroy(&tr.lock[st]);
+    }
+}
+
+/* The case behind that: a thread with 8 callbacks pending on a stream
+ * records its newest event again for its 9th, so that event completes
+ * only with the 9th's work; another thread's callback deferred between
+ * them has an event of its own, complete before.  While the trims run,
+ * that callback waits for the 8th (its elder in the stream's order), though
+ * its own event is complete and the 8th's is not. */
+static cudaStream_t shared_stream;
+
+static void *defer_ninth(void *unused)
+{
+    (void)unused;
+    defer_call(note, (void *)9, shared_stream);
+    return NULL;
+}
+
+static void test_shared_event_while_trimming(void)
+{
+    shared_stream = stream_new();
+    fake_work *first = work_held(shared_stream, NULL);
+    for (int i = 1; i <= 8; i++) {
+        work_timed(shared_stream, 10, NULL);
+        defer_call(note, (void *)(intptr_t)i, shared_stream);
+    }
+    work_timed(shared_stream, 10, NULL);
+    pthread_t other;
+    if (pthread_create(&other, NULL, defer_ninth, NULL) != 0)
+        bail("pthread_create");
+    pthread_join(other, NULL);
+    fake_work *second = work_held(shared_stream, NULL);
+    defer_call(note, (void *)10, shared_stream); /* the 8th's event again */
+    atomic_store(&tr.stop, false);
+    pthread_t trimmer;
+    if (pthread_create(&trimmer, NULL, trim_repeatedly, NULL) != 0)
+        bail("pthread_create");
+    fake_complete(first);
+    wait_order(7);
+    sleep_ms(30); /* trims pass meanwhile */
+    is_str(order_text(), "1,2,3,4,5,6,7", "while trims run, the other "
+           "thread's callback, its event complete, waits for the 8th, whose "
+           "shared event is not");
+    fake_complete(second);
+    atomic_store(&tr.stop, true);
+    pthread_join(trimmer, NULL);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_str(order_text(), "1,2,3,4,5,6,7,8,9,10", "then all, in order");
+    order_reset();
+    cudaStreamDestroy(shared_stream);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -184,6 +340,8 @@ int main(void)
     test_callbacks_identify_afresh();
     test_group_callbacks_identify_afresh();
     test_group_callback_order();
+    test_order_while_trimming();
+    test_shared_event_while_trimming();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");

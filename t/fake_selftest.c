@@ -157,6 +157,7 @@ int main(int argc, char **argv)
     SECTION(test_streams);
     SECTION(test_work);
     SECTION(test_events);
+    SECTION(test_wait_lattice);
     SECTION(test_allocations);
     SECTION(test_oracle);
     SECTION(test_handout);

@@ -3,7 +3,8 @@
  * small helpers and the groups of tests, one function each, that main()
  * (fake_selftest.c) runs in order:
  *   fake_selftest.c          exit-time behaviour of the oracle and of tap.c
- *   fake_selftest_streams.c  devices, streams, work ordering, events
+ *   fake_selftest_streams.c  devices, streams, work ordering, events,
+ *                            ordering through many waits
  *   fake_selftest_memory.c   allocations, the oracle, handouts (whole
  *                            allocations and blocks of one), pools
  *   fake_selftest_control.c  failure injection, error strings, reset
@@ -122,6 +123,7 @@ void test_devices(void);
 void test_streams(void);
 void test_work(void);
 void test_events(void);
+void test_wait_lattice(void);
 void test_allocations(void);
 void test_oracle(void);
 void test_handout(void);

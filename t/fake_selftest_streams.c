@@ -381,3 +381,128 @@ void test_events(void)
     cudaEventDestroy(e_dev1);
     is_int((long long)fake_live_events(), 0, "0 live events left");
 }
+
+/* ---- Ordering through many waits -------------------------------------- */
+
+#define LATTICE 60
+
+/* Whether handing out p for stream s is a violation now (forgiven), and
+ * how long the oracle took to tell, in *ms. */
+static bool handout_violates(void *p, cudaStream_t s, double *ms)
+{
+    long before = fake_violations();
+    double t0 = now_ms();
+
+    fake_oracle_handout(p, s);
+    *ms = now_ms() - t0;
+    if (fake_violations() == before)
+        return false;
+    fake_oracle_forgive();
+    return true;
+}
+
+/* The oracle asks whether pending work is ordered before a stream's later
+ * work by walking the stream's pending cudaStreamWaitEvent barriers to the
+ * streams they wait on.  In a lattice where each stream waits on the two
+ * before it, held work keeping every wait pending, the paths from the last
+ * stream back to the first number as Fibonacci's: a walk that scanned a
+ * stream again for each path had not answered after 30 s at 60 streams (a
+ * probe of 16 threads chaining events spun 300 s so).  Each stream is
+ * scanned once a question now: microseconds, the same answers. */
+void test_wait_lattice(void)
+{
+    cudaStream_t s[LATTICE], z, a, t1, t2;
+    cudaEvent_t e[LATTICE], ez, ea1, ea2;
+    fake_work *h[LATTICE], *u, *hz, *ha;
+    void *p;
+    double ms, slowest = 0;
+    bool violated;
+    int i;
+
+    diag("ordering through a lattice of waits (violations below are on "
+         "purpose)");
+    fake_reset(1);
+    cudaMalloc(&p, 4096);
+    cudaStreamCreate(&z);
+    u = fake_launch_held(z, &p, 1);     /* on no stream of the lattice */
+    for (i = 0; i < LATTICE; i++) {
+        cudaStreamCreate(&s[i]);
+        cudaEventCreate(&e[i]);
+        h[i] = fake_launch_held(s[i], i == 0 ? &p : NULL, i == 0);
+        if (i >= 1)
+            cudaStreamWaitEvent(s[i], e[i - 1], 0);
+        if (i >= 2)
+            cudaStreamWaitEvent(s[i], e[i - 2], 0);
+        cudaEventRecord(e[i], s[i]);
+    }
+
+    violated = handout_violates(p, s[LATTICE - 1], &ms);
+    slowest = ms > slowest ? ms : slowest;
+    ok(violated, "work on a stream outside the lattice is not ordered "
+       "before its last stream");
+    ok(last_violation_has("not ordered before"), "... said so");
+    fake_complete(u);
+    violated = handout_violates(p, s[LATTICE - 1], &ms);
+    slowest = ms > slowest ? ms : slowest;
+    ok(!violated, "work on the first stream before its event: ordered "
+       "before the last stream, through %d waits", LATTICE - 1);
+    ok(!handout_violates(p, s[1], &ms) && !handout_violates(p, s[2], &ms),
+       "... and before the second and the third");
+    u = fake_launch_held(s[0], &p, 1);  /* after e[0]'s record */
+    violated = handout_violates(p, s[LATTICE - 1], &ms);
+    slowest = ms > slowest ? ms : slowest;
+    ok(violated, "work on the first stream after its event: not ordered "
+       "before the last stream");
+    ok(slowest < 1000, "each answer took well under a second (slowest "
+       "%.3f ms)", slowest);
+    fake_complete(u);
+    for (i = 0; i < LATTICE; i++)
+        fake_complete(h[i]);
+    is_int(cudaStreamQuery(s[LATTICE - 1]), cudaSuccess,
+           "the lattice completes once its held work did");
+
+    /* A stream met twice in one walk, through an early item and then a
+     * later one (or the other way round): its items between the two are
+     * walked too.  Stream a: held work, event ea1, a wait on z's event
+     * (recorded after the work that uses p), event ea2.  t1 waits on ea1
+     * then ea2, t2 on ea2 then ea1: both are ordered after the use of p,
+     * through ea2 only. */
+    cudaStreamCreate(&a);
+    cudaStreamCreate(&t1);
+    cudaStreamCreate(&t2);
+    cudaEventCreate(&ez);
+    cudaEventCreate(&ea1);
+    cudaEventCreate(&ea2);
+    hz = fake_launch_held(z, &p, 1);
+    cudaEventRecord(ez, z);
+    ha = fake_launch_held(a, NULL, 0);
+    cudaEventRecord(ea1, a);
+    cudaStreamWaitEvent(a, ez, 0);
+    cudaEventRecord(ea2, a);
+    cudaStreamWaitEvent(t1, ea1, 0);
+    cudaStreamWaitEvent(t1, ea2, 0);
+    cudaStreamWaitEvent(t2, ea2, 0);
+    cudaStreamWaitEvent(t2, ea1, 0);
+    ok(!handout_violates(p, t1, &ms),
+       "ordered through the later of two waits on one stream");
+    ok(!handout_violates(p, t2, &ms),
+       "... and through the earlier of two");
+    ok(!handout_violates(p, a, &ms),
+       "... and the stream waited on, after its wait");
+    ok(handout_violates(p, 0, &ms),
+       "the legacy stream, which waited on nothing: not ordered");
+    fake_complete(ha);
+    fake_complete(hz);
+    for (i = 0; i < LATTICE; i++) {
+        cudaEventDestroy(e[i]);
+        cudaStreamDestroy(s[i]);
+    }
+    cudaEventDestroy(ez);
+    cudaEventDestroy(ea1);
+    cudaEventDestroy(ea2);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(t1);
+    cudaStreamDestroy(t2);
+    cudaStreamDestroy(z);
+    cudaFree(p);
+}

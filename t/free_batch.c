@@ -103,6 +103,52 @@ static void test_flush_seals(cudaStream_t s2)
     defer_flush();
 }
 
+/* A sealed batch's blocks go to another stream only once the work before
+ * its event completed, as the oracle sees it.  Work held on the legacy
+ * stream uses a batch of blocks freed there; the free that fills the
+ * batch seals it; while the work is held, a request of the same size on a
+ * non-blocking stream must get a block no pending work uses.  A seal that
+ * pushed its entry without recording the event was caught only by the
+ * tests that count records: the reclaimer found the unrecorded event
+ * complete and the block went to the other stream under the held work. */
+static void test_sealed_batch_waits_for_work(void)
+{
+    cudaStream_t nb;
+    if (cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking) != cudaSuccess)
+        bail("cudaStreamCreateWithFlags");
+    void *p[BATCH];
+    for (int i = 0; i < BATCH; i++)
+        alloc_checked(&p[i], 72 * KiB, NULL);
+    fake_work *held = fake_launch_held(NULL, p, BATCH);
+    for (int i = 0; i < BATCH; i++)
+        defer_free(p[i], NULL);
+    is_int(free_batch_waiting(), 0, "the free that fills the batch seals it");
+    sleep_ms(50); /* the reclaimer polls the batch's event meanwhile */
+    long violations = fake_violations();
+    void *q = NULL;
+    is_int(alloc_checked(&q, 72 * KiB, nb), cudaSuccess,
+           "the same size asked for on a non-blocking stream");
+    is_int(fake_violations() - violations, 0,
+           "oracle: it gets no block the held work on the legacy stream "
+           "still uses");
+    bool theirs = false;
+    for (int i = 0; i < BATCH; i++)
+        theirs |= q == p[i];
+    ok(!theirs, "none of the batch's blocks");
+    fake_complete(held);
+    is_int(defer_flush(), cudaSuccess, "flush, the held work done");
+    void *r = NULL;
+    alloc_checked(&r, 72 * KiB, nb);
+    theirs = false;
+    for (int i = 0; i < BATCH; i++)
+        theirs |= r == p[i];
+    ok(theirs, "then the non-blocking stream gets one of them");
+    defer_free(q, nb);
+    defer_free(r, nb);
+    defer_flush();
+    cudaStreamDestroy(nb);
+}
+
 /* A batch whose oldest claim is older than 1 ms is sealed by the next
  * free on the legacy stream; both blocks are then covered. */
 static void test_age_seals(void)
@@ -606,6 +652,7 @@ int main(void)
     cudaStream_t s2 = stream_new();
     test_full_batches(s2);
     test_flush_seals(s2);
+    test_sealed_batch_waits_for_work();
     test_age_seals();
     test_trim_seals();
     test_record_fails(s2);

@@ -2,7 +2,8 @@
  * that round-robins 16 streams, or frees on stream 0 (as PyTorch does),
  * looks each stream up once, not at every call; stream 0 and
  * cudaStreamPerThread still mean the stream of the caller's current device
- * and thread; a callback's stream is checked with one cudaStreamGetId
+ * and thread (also for two devices whose stream 0 shares a cache set); a
+ * callback's stream is checked with one cudaStreamGetId
  * (callbacks keep an order per stream), never two look-up calls. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -213,15 +214,57 @@ static void test_cached_special(void)
     is_int(cudaSetDevice(0), cudaSuccess, "device 0 current again");
 }
 
+/* Stream 0 on device 0 and on device 7: one handle, looked up by
+ * (handle, current device), and the hash puts both keys in one set of the
+ * cache (device 7 is the first whose stream 0 shares device 0's set), so
+ * only the device in the key tells them apart.  Each block is made on its
+ * own device and goes back to its own device's cache. */
+static void test_stream_zero_shared_set(void)
+{
+    static const int dev[2] = {0, 7};
+    void *p[2] = {NULL, NULL}, *again[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        cudaSetDevice(dev[k]);
+        is_int(alloc_checked(&p[k], 64 * 1024, 0), cudaSuccess,
+               "defer_alloc on stream 0 of device %d", dev[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        struct cudaPointerAttributes at = {0};
+        cudaPointerGetAttributes(&at, p[k]);
+        is_int(at.device, dev[k], "the block asked for on device %d's "
+               "stream 0 is device %d's memory", dev[k], dev[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        cudaSetDevice(dev[k]);
+        is_int(defer_free(p[k], 0), cudaSuccess,
+               "defer_free on stream 0 of device %d", dev[k]);
+    }
+    for (int k = 1; k >= 0; k--) {
+        cudaSetDevice(dev[k]);
+        alloc_checked(&again[k], 64 * 1024, 0);
+        ok(again[k] == p[k], "device %d's stream 0 gets its own block back "
+           "at once (its own device's cache, its own stream)", dev[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        cudaSetDevice(dev[k]);
+        defer_free(again[k], 0);
+    }
+    cudaSetDevice(0);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 int main(void)
 {
     plan_lazy();
-    fake_reset(2);
+    /* 8 devices: stream 0 of device 7 shares a cache set with device 0's. */
+    fake_reset(8);
     test_cached_special();
     test_round_robin_free();
     test_round_robin_call();
     test_stream_zero();
     test_per_thread();
+    /* Last: once defer_alloc made a block, frees ask for more (the cache). */
+    test_stream_zero_shared_set();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");
     return 0;

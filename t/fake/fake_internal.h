@@ -82,6 +82,10 @@ struct fstream {
     struct fstream *reused_by;    /* destroyed: the stream its handle now
                                      names (fake_stream_create_reusing) */
     int evaluating;               /* recursion guard for eval_stream */
+    unsigned long long walk_id;   /* the last fake_work_ordered_before walk
+                                     that reached it, and ... */
+    const struct fake_work *walk_next; /* ... the first pending item that
+                                     walk has not scanned yet */
     struct fake_work *head, *tail;
     struct fake_work *first_pending;  /* items before it are done */
     int64_t last_done_ns;         /* completion time of the last done item */
@@ -123,6 +127,10 @@ struct fgraph {
     struct fake_work **launches;  /* exec: its launches (pruned when done) */
     size_t nlaunches, caplaunches;
 };
+
+/* A question of fake_work_ordered_before's walk: is u before item upto of
+ * stream s? */
+struct fwalk { struct fstream *s; const struct fake_work *upto; };
 
 struct fevent {
     int dev;
@@ -202,6 +210,11 @@ struct fake_state {
     size_t nevents, capevents, live_events;
     unsigned long long event_base;
     struct fake_work **works;     /* all work, for freeing at reset */
+    struct fwalk *walk;           /* fake_work_ordered_before's stack
+                                     (scratch; kept for the next walk) */
+    size_t capwalk;
+    unsigned long long walk_id;   /* walks so far (never reset: streams'
+                                     walk_id starts at 0, none) */
     size_t nworks, capworks;
     struct falloc *allocs;        /* sorted by addr (new addresses grow; a
                                      reused one keeps its record's place) */
@@ -305,10 +318,11 @@ void fake_work_wait(struct fake_work *const *ws, size_t n);
 
 /* 1 if pending work u is ordered before item upto of stream x: on the
  * same stream, or (transitively) before a pending cudaStreamWaitEvent
- * barrier of x that precedes upto; 0 if not (or upto is NULL).  Lock held. */
-int fake_work_ordered_before(const struct fake_work *u,
-                             const struct fstream *x,
-                             const struct fake_work *upto, int depth);
+ * barrier of x that precedes upto; 0 if not (or upto is NULL).  Time
+ * linear in the pending items of the streams it reaches.  Lock held
+ * (writes the streams' walk marks and fake.walk). */
+int fake_work_ordered_before(const struct fake_work *u, struct fstream *x,
+                             const struct fake_work *upto);
 
 /* ---- fake_memory.c ------------------------------------------------------ */
 

@@ -182,7 +182,7 @@ void fake_oracle_release(struct falloc *a, const void *p, const char *fn,
             continue;
         if (async == NULL && a->users[i].order_only)
             continue; /* cudaFree waits for the device */
-        if (async != NULL && fake_work_ordered_before(u, async, async->tail, 0))
+        if (async != NULL && fake_work_ordered_before(u, async, async->tail))
             continue;
         fake_violation("premature release of %p (%s): work #%llu on stream id "
                        "%llu still pending", p, fn, u->id, u->stream->id);
@@ -213,7 +213,7 @@ static const char *handout_hazard(struct fake_work *u, struct fstream *s,
     if (s->capture != NULL)     /* captured work runs wherever the graph is
                                    launched: ordered after nothing */
         return "still pending, and the stream captures";
-    if (u->stream == s || fake_work_ordered_before(u, s, s->tail, 0))
+    if (u->stream == s || fake_work_ordered_before(u, s, s->tail))
         return NULL;
     return "still pending on another stream, not ordered before the "
            "stream's later work";

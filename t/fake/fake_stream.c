@@ -195,21 +195,52 @@ void fake_work_wait(struct fake_work *const *ws, size_t n)
 
 /* 1 if pending work u is ordered before item upto of stream x: on the
  * same stream, or (transitively) before a pending cudaStreamWaitEvent
- * barrier of x that precedes upto. */
-int fake_work_ordered_before(const struct fake_work *u, const struct fstream *x,
-                          const struct fake_work *upto, int depth)
+ * barrier of x that precedes upto.
+ *
+ * A walk over (stream, item) pairs, each the question "is u before this
+ * item of its stream": one for upto, then one for the item each pending
+ * barrier met waits on.  Waits only name work enqueued earlier, so item
+ * ids fall along every path and the walk ends.  It is linear: a stream
+ * met again is scanned only past what this walk already scanned of it
+ * (walk_next), since the barriers before that were followed already; a
+ * later item of the stream asks everything an earlier one does and more.
+ * Answered by scanning each stream's pending items afresh along every path,
+ * a lattice of streams each waiting on the two before it took time
+ * exponential in its size (t/fake_selftest_streams.c, test_wait_lattice).
+ * The pairs wait in fake.walk, a scratch stack kept between calls. */
+int fake_work_ordered_before(const struct fake_work *u, struct fstream *x,
+                             const struct fake_work *upto)
 {
-    const struct fake_work *w;
+    unsigned long long walk = ++fake.walk_id;
+    size_t n = 0;
 
-    if (upto == NULL || depth > 64)
+    if (upto == NULL)
         return 0;
-    if (u->stream == x)
-        return u->id <= upto->id;
-    for (w = x->first_pending; w != NULL && w->id <= upto->id; w = w->next)
-        if (w->kind == W_BARRIER && !w->wait_for->done &&
-            fake_work_ordered_before(u, w->wait_for->stream, w->wait_for,
-                                     depth + 1))
-            return 1;
+    fake.walk = fake_grow(fake.walk, n, &fake.capwalk, sizeof *fake.walk);
+    fake.walk[n++] = (struct fwalk){ x, upto };
+    while (n > 0) {
+        struct fwalk at = fake.walk[--n];
+        const struct fake_work *w;
+
+        if (at.s == u->stream) {
+            if (u->id <= at.upto->id)
+                return 1;
+            continue;
+        }
+        if (at.s->walk_id != walk) {
+            at.s->walk_id = walk;
+            at.s->walk_next = at.s->first_pending;
+        }
+        for (w = at.s->walk_next; w != NULL && w->id <= at.upto->id;
+             w = w->next)
+            if (w->kind == W_BARRIER && !w->wait_for->done) {
+                fake.walk = fake_grow(fake.walk, n, &fake.capwalk,
+                                      sizeof *fake.walk);
+                fake.walk[n++] = (struct fwalk){ w->wait_for->stream,
+                                                 w->wait_for };
+            }
+        at.s->walk_next = w;
+    }
     return 0;
 }
 
