@@ -45,13 +45,40 @@ bool alloc_info_query(const void *ptr, struct alloc_info *info)
     CUresult res =
         pointer_get_attributes(2, attrs, data, (CUdeviceptr)(uintptr_t)ptr);
     if (res != CUDA_SUCCESS) {
-        report("reclaimer: cuPointerGetAttributes(%p) failed: %s; its size "
-               "and pool are unknown (it is freed with cudaFree or "
-               "cudaFreeHost, and the cap does not see it)",
-               ptr, result_name(res));
+        report("reclaimer: the size of %p is unknown: cuPointerGetAttributes "
+               "failed: %s; it is released with cudaFree or cudaFreeHost as "
+               "given, and the cap does not count it", ptr, result_name(res));
         return false;
     }
+    /* The driver answers a pointer it knows nothing of with every
+     * attribute 0 (cuPointerGetAttributes' documentation): its release
+     * will fail, and says so. */
+    if (bytes == 0)
+        return false;
     info->bytes = bytes;
     info->pool = pool != NULL;
     return true;
+}
+
+enum alloc_kind alloc_info_kind(const void *ptr, const void **start)
+{
+    *start = ptr;
+    driver_calls_pointer_attributes_fn pointer_get_attributes =
+        driver_calls_pointer_attributes();
+    if (pointer_get_attributes == NULL)
+        return ALLOC_UNSURE;
+    size_t bytes = 0;
+    CUdeviceptr begin = 0;
+    unsigned int type = 0;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_MEMORY_TYPE};
+    void *data[] = {&bytes, &begin, &type};
+    if (pointer_get_attributes(3, attrs, data, (CUdeviceptr)(uintptr_t)ptr) !=
+        CUDA_SUCCESS)
+        return ALLOC_UNSURE;
+    if (bytes == 0)
+        return ALLOC_UNKNOWN;
+    *start = (const void *)(uintptr_t)begin;
+    return type == CU_MEMORYTYPE_HOST ? ALLOC_HOST : ALLOC_DEVICE;
 }

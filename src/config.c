@@ -1,9 +1,12 @@
 /* Configuration: one table of knobs (variable, field, kind, default, range,
- * what is expected) drives the defaults, the CUDEFER_* environment, the
- * checks of defer_configure and the verbose print.  Each value is parsed in
- * full (the whole string, within bounds) or reported and ignored. */
+ * what 0 means) drives the defaults, the CUDEFER_* environment, the checks
+ * of defer_configure, the verbose print and every range a message states;
+ * the tests hold the README's and cudefer(7)'s tables to it
+ * (config_knob_text).  Each value is parsed in full (the whole string but
+ * the blanks around it, within bounds) or reported and ignored. */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -24,24 +27,25 @@ enum kind {
     KIND_POLICY, /* a policy name (enum defer_policy) */
 };
 
+/* One knob.  Everything said about it (the range in a message, the value
+ * printed, the help text config_knob_text gives the tests, which hold the
+ * README and the manual to it) is made from these fields. */
 struct knob {
     const char *name;     /* the environment variable */
     const char *field;    /* the field of struct defer_config */
     size_t offset, size;  /* of that field: 4 or 8 bytes */
     enum kind kind;
-    uint64_t def, min, max;
-    const char *expected; /* "invalid value ... (expected <this>)" */
-    const char *zero;     /* what 0 means when printed, or NULL */
+    uint64_t def, min, max; /* in the field's unit */
+    const char *zero;     /* what 0 means ("no limit"), or NULL */
 };
 
 /* Every field is 32 or 64 bits wide: see field_get. */
 _Static_assert(sizeof(enum defer_policy) == sizeof(uint32_t), "policy width");
 _Static_assert(sizeof(int) == sizeof(uint32_t), "int width");
 
-#define KNOB(var, field, kind, def, min, max, expected, zero)                \
+#define KNOB(var, field, kind, def, min, max, zero)                            \
     {"CUDEFER_" #var, #field, offsetof(struct defer_config, field),            \
-     sizeof(((struct defer_config *)0)->field), kind, def, min, max, expected, \
-     zero}
+     sizeof(((struct defer_config *)0)->field), kind, def, min, max, zero}
 
 static const char *const policy_names[] = {
     [DEFER_POLICY_BATCHED] = "batched",
@@ -50,36 +54,26 @@ static const char *const policy_names[] = {
 #define NPOLICIES (sizeof policy_names / sizeof *policy_names)
 
 static const struct knob knobs[] = {
-    KNOB(POLL_US, poll_us, KIND_US, 50, 1, 1000000,
-         "microseconds, 1..1000000", NULL),
-    KNOB(POLL_MAX_US, poll_max_us, KIND_US, 1000, 1, 1000000,
-         "microseconds, 1..1000000", NULL),
-    KNOB(IDLE_US, idle_us, KIND_US, 2000, 0, 10000000,
-         "microseconds, 0..10000000", NULL),
+    KNOB(POLL_US, poll_us, KIND_US, 50, 1, 1000000, NULL),
+    KNOB(POLL_MAX_US, poll_max_us, KIND_US, 1000, 1, 1000000, NULL),
+    KNOB(IDLE_US, idle_us, KIND_US, 2000, 0, 10000000, NULL),
     KNOB(MAX_PENDING, max_pending_bytes, KIND_SIZE, 0, 0, UINT64_C(1) << 50,
-         "bytes with an optional k/M/G/T suffix, e.g. 4G; 0 for auto",
-         "auto (a quarter of device memory)"),
-    KNOB(MAX_DELAY_MS, max_delay_ms, KIND_MS, 1000, 0, 3600000,
-         "milliseconds, 0..3600000", "0 (no limit)"),
+         "auto, a quarter of device memory"),
+    KNOB(MAX_DELAY_MS, max_delay_ms, KIND_MS, 1000, 0, 3600000, "no limit"),
     KNOB(POLICY, policy, KIND_POLICY, DEFER_POLICY_BATCHED, 0, NPOLICIES - 1,
-         "batched or eager", NULL),
-    KNOB(EVENT_POOL, event_pool_max, KIND_COUNT, 4096, 0, 1048576,
-         "a count, 0..1048576", NULL),
-    KNOB(DISABLE, disable, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
-    KNOB(VERBOSE, verbose, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
-    KNOB(STATS, print_stats, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
-    KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, "0 or 1", NULL),
-    KNOB(CACHE_KEEP_MS, cache_keep_ms, KIND_MS, 10000, 0, 3600000,
-         "milliseconds, 0..3600000", "0 (kept until defer_trim)"),
-    KNOB(SPLIT_MIN, split_min_bytes, KIND_SIZE, UINT64_C(1) << 20, 0,
-         UINT64_C(1) << 50,
-         "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
          NULL),
-    KNOB(FREE_BATCH, free_batch, KIND_COUNT, 32, 1, 4096,
-         "a count, 1..4096", NULL),
-    KNOB(ROUND_DIVISIONS, round_divisions, KIND_POW2, 16, 1, 256,
-         "a power of two, 1..256", NULL),
-    KNOB(DRIVER_CALLS, driver_calls, KIND_BOOL, 1, 0, 1, "0 or 1", NULL),
+    KNOB(EVENT_POOL, event_pool_max, KIND_COUNT, 4096, 0, 1048576, NULL),
+    KNOB(DISABLE, disable, KIND_BOOL, 0, 0, 1, NULL),
+    KNOB(VERBOSE, verbose, KIND_BOOL, 0, 0, 1, NULL),
+    KNOB(STATS, print_stats, KIND_BOOL, 0, 0, 1, NULL),
+    KNOB(CHECK, check, KIND_BOOL, 0, 0, 1, NULL),
+    KNOB(CACHE_KEEP_MS, cache_keep_ms, KIND_MS, 10000, 0, 3600000,
+         "kept until defer_trim"),
+    KNOB(SPLIT_MIN, split_min_bytes, KIND_SIZE, UINT64_C(1) << 20, 0,
+         UINT64_C(1) << 50, "never"),
+    KNOB(FREE_BATCH, free_batch, KIND_COUNT, 32, 1, 4096, NULL),
+    KNOB(ROUND_DIVISIONS, round_divisions, KIND_POW2, 16, 1, 256, NULL),
+    KNOB(DRIVER_CALLS, driver_calls, KIND_BOOL, 1, 0, 1, NULL),
 };
 #define NKNOBS (sizeof knobs / sizeof *knobs)
 
@@ -179,141 +173,219 @@ static void config_from_caller(struct defer_config *full,
 
 /* ---- parsers ------------------------------------------------------------ */
 
+/* What reading a value found: a value within the knob's bounds, or why not. */
+enum parsed {
+    PARSED,
+    NOT_UNDERSTOOD, /* not in the knob's syntax */
+    OUT_OF_RANGE,   /* a value of the right kind, outside [min, max] */
+    NOT_WHOLE,      /* a duration finer than the knob's unit: "1500us" in ms */
+    NOT_POW2,       /* within the bounds, but not a power of two */
+};
+
+/* text without the blanks around it, in buf (len bytes); NULL when that is
+ * longer than any value cudefer takes (then no value is understood). */
+static const char *trimmed(const char *text, char *buf, size_t len)
+{
+    while (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r')
+        text++;
+    size_t n = strlen(text);
+    while (n > 0 && (text[n - 1] == ' ' || text[n - 1] == '\t' ||
+                     text[n - 1] == '\n' || text[n - 1] == '\r'))
+        n--;
+    if (n >= len)
+        return NULL;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    return buf;
+}
+
 /* The leading digits of text into *value, *end just after them.  False when
  * text does not start with a digit (strtoull would skip blanks and take a
- * sign) or the number overflows. */
-static bool parse_digits(const char *text, uint64_t *value, const char **end)
+ * sign); *huge when they overflow 64 bits (*value is then UINT64_MAX). */
+static bool parse_digits(const char *text, uint64_t *value, const char **end,
+                         bool *huge)
 {
     if (text[0] < '0' || text[0] > '9')
         return false;
     char *e;
     errno = 0;
     unsigned long long v = strtoull(text, &e, 10);
-    if (errno != 0)
-        return false;
+    *huge = errno == ERANGE;
     *value = v;
     *end = e;
     return true;
 }
 
-/* value * scale into *out when it is within [min, max] (no overflow). */
-static bool scale_within(uint64_t value, uint64_t scale, uint64_t min,
-                         uint64_t max, uint64_t *out)
+/* value * scale within [min, max] into *out; a product past 64 bits is out
+ * of range. */
+static enum parsed scale_within(uint64_t value, uint64_t scale, uint64_t min,
+                                uint64_t max, uint64_t *out)
 {
-    if (value > max / scale)
-        return false;
+    if (value > UINT64_MAX / scale)
+        return OUT_OF_RANGE;
     value *= scale;
-    if (value < min)
-        return false;
+    if (value < min || value > max)
+        return OUT_OF_RANGE;
     *out = value;
-    return true;
+    return PARSED;
 }
 
+/* The time units, in any case (config.h, the README, cudefer(7)). */
 static const struct {
     const char *suffix;
     uint64_t us;
-} time_units[] = {{"us", 1}, {"ms", 1000}, {"s", 1000000}};
+} time_units[] = {
+    {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"min", 60000000},
+    {"h", UINT64_C(3600000000)},
+};
+#define NTIME_UNITS (sizeof time_units / sizeof *time_units)
 
-/* A duration counted in units of base_us microseconds: digits, then an
- * optional time unit no finer than the base. */
-static bool parse_duration(const char *text, uint64_t base_us, uint64_t min,
-                           uint64_t max, uint64_t *out)
+/* A duration counted in units of base_us microseconds: digits alone (in
+ * that unit), or digits and a time unit, a whole number of the base. */
+static enum parsed parse_duration(const char *text, uint64_t base_us,
+                                  uint64_t min, uint64_t max, uint64_t *out)
 {
     uint64_t value;
     const char *end;
-    if (!parse_digits(text, &value, &end))
-        return false;
-    uint64_t scale = 1;
+    bool huge;
+    if (!parse_digits(text, &value, &end, &huge))
+        return NOT_UNDERSTOOD;
+    uint64_t unit_us = base_us;
     if (*end != '\0') {
-        size_t i = 0, n = sizeof time_units / sizeof *time_units;
-        while (i < n && strcmp(end, time_units[i].suffix) != 0)
+        size_t i = 0;
+        while (i < NTIME_UNITS && strcasecmp(end, time_units[i].suffix) != 0)
             i++;
-        if (i == n || time_units[i].us < base_us)
-            return false;
-        scale = time_units[i].us / base_us;
+        if (i == NTIME_UNITS)
+            return NOT_UNDERSTOOD;
+        unit_us = time_units[i].us;
     }
-    return scale_within(value, scale, min, max, out);
+    if (huge)
+        return OUT_OF_RANGE;
+    if (unit_us >= base_us)
+        return scale_within(value, unit_us / base_us, min, max, out);
+    /* A finer unit than the knob's ("us" for milliseconds). */
+    if (value % (base_us / unit_us) != 0)
+        return NOT_WHOLE;
+    return scale_within(value / (base_us / unit_us), 1, min, max, out);
+}
+
+/* The multiple of a size suffix into *scale: an optional k, M, G, T or P
+ * (any case), then an optional "B", or "iB" after a multiple (any case).
+ * False if not one. */
+static bool size_scale(const char *suffix, uint64_t *scale)
+{
+    static const char letters[] = "kmgtp";
+    const char *hit = suffix[0] != '\0'
+                          ? strchr(letters, tolower((unsigned char)suffix[0]))
+                          : NULL;
+    *scale = 1;
+    if (hit != NULL) {
+        *scale = UINT64_C(1) << (10 * (hit - letters + 1));
+        suffix++;
+        if (strcasecmp(suffix, "iB") == 0)
+            return true;
+    }
+    return suffix[0] == '\0' || strcasecmp(suffix, "B") == 0;
+}
+
+/* Bytes within [min, max]. */
+static enum parsed parse_size(const char *text, uint64_t min, uint64_t max,
+                              uint64_t *out)
+{
+    uint64_t value, scale;
+    const char *end;
+    bool huge;
+    if (!parse_digits(text, &value, &end, &huge) || !size_scale(end, &scale))
+        return NOT_UNDERSTOOD;
+    return huge ? OUT_OF_RANGE : scale_within(value, scale, min, max, out);
+}
+
+/* A plain number within [min, max]. */
+static enum parsed parse_count(const char *text, uint64_t min, uint64_t max,
+                               uint64_t *out)
+{
+    uint64_t value;
+    const char *end;
+    bool huge;
+    if (!parse_digits(text, &value, &end, &huge) || *end != '\0')
+        return NOT_UNDERSTOOD;
+    return huge ? OUT_OF_RANGE : scale_within(value, 1, min, max, out);
+}
+
+/* A switch: the number 0 or 1 ("01" too), or a word of words (any case). */
+static enum parsed parse_bool(const char *text, bool *out)
+{
+    static const char *const words[][2] = {
+        {"false", "true"}, {"no", "yes"}, {"off", "on"},
+    };
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
+        for (int v = 0; v < 2; v++) {
+            if (strcasecmp(text, words[i][v]) == 0) {
+                *out = v;
+                return PARSED;
+            }
+        }
+    }
+    uint64_t value;
+    if (parse_count(text, 0, 1, &value) != PARSED)
+        return NOT_UNDERSTOOD;
+    *out = value == 1;
+    return PARSED;
+}
+
+/* A policy's name, in any case. */
+static enum parsed parse_policy(const char *text, enum defer_policy *out)
+{
+    for (size_t i = 0; i < NPOLICIES; i++) {
+        if (strcasecmp(text, policy_names[i]) == 0) {
+            *out = (enum defer_policy)i;
+            return PARSED;
+        }
+    }
+    return NOT_UNDERSTOOD;
 }
 
 /* Any thread.  True with microseconds in *out: see config.h. */
 bool config_parse_duration_us(const char *text, uint64_t min_us,
                               uint64_t max_us, uint64_t *out)
 {
-    return parse_duration(text, 1, min_us, max_us, out);
+    char buf[64];
+    const char *t = trimmed(text, buf, sizeof buf);
+    return t != NULL && parse_duration(t, 1, min_us, max_us, out) == PARSED;
 }
 
-/* Any thread.  True with milliseconds in *out ("us" refused). */
+/* Any thread.  True with milliseconds in *out: see config.h. */
 bool config_parse_duration_ms(const char *text, uint64_t min_ms,
                               uint64_t max_ms, uint64_t *out)
 {
-    return parse_duration(text, 1000, min_ms, max_ms, out);
-}
-
-/* The multiple of a size suffix into *scale: an optional k/K, M, G or T,
- * then an optional "B", or "iB" after a multiple.  False if not one. */
-static bool size_scale(const char *suffix, uint64_t *scale)
-{
-    static const char letters[] = "kKMGT";
-    static const unsigned shifts[] = {10, 10, 20, 30, 40};
-    const char *hit = suffix[0] != '\0' ? strchr(letters, suffix[0]) : NULL;
-    *scale = 1;
-    if (hit != NULL) {
-        *scale = UINT64_C(1) << shifts[hit - letters];
-        suffix++;
-        if (strcmp(suffix, "iB") == 0)
-            return true;
-    }
-    return suffix[0] == '\0' || strcmp(suffix, "B") == 0;
+    char buf[64];
+    const char *t = trimmed(text, buf, sizeof buf);
+    return t != NULL &&
+           parse_duration(t, 1000, min_ms, max_ms, out) == PARSED;
 }
 
 /* Any thread.  True with bytes in [0, max] in *out; overflow refused. */
 bool config_parse_size(const char *text, uint64_t max, uint64_t *out)
 {
-    uint64_t value, scale;
-    const char *end;
-    if (!parse_digits(text, &value, &end) || !size_scale(end, &scale))
-        return false;
-    return scale_within(value, scale, 0, max, out);
+    char buf[64];
+    const char *t = trimmed(text, buf, sizeof buf);
+    return t != NULL && parse_size(t, 0, max, out) == PARSED;
 }
 
-/* A plain number within [min, max]. */
-static bool parse_count(const char *text, uint64_t min, uint64_t max,
-                        uint64_t *out)
-{
-    uint64_t value;
-    const char *end;
-    if (!parse_digits(text, &value, &end) || *end != '\0')
-        return false;
-    return scale_within(value, 1, min, max, out);
-}
-
-/* Any thread.  True with the boolean in *out. */
+/* Any thread.  True with the switch in *out. */
 bool config_parse_bool(const char *text, bool *out)
 {
-    static const char *const words[][2] = {
-        {"0", "1"}, {"no", "yes"}, {"false", "true"}, {"off", "on"},
-    };
-    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
-        for (int v = 0; v < 2; v++) {
-            if (strcasecmp(text, words[i][v]) == 0) {
-                *out = v;
-                return true;
-            }
-        }
-    }
-    return false;
+    char buf[64];
+    const char *t = trimmed(text, buf, sizeof buf);
+    return t != NULL && parse_bool(t, out) == PARSED;
 }
 
 /* Any thread.  True with the policy named (any case) in *out. */
 bool config_parse_policy(const char *text, enum defer_policy *out)
 {
-    for (size_t i = 0; i < NPOLICIES; i++) {
-        if (strcasecmp(text, policy_names[i]) == 0) {
-            *out = (enum defer_policy)i;
-            return true;
-        }
-    }
-    return false;
+    char buf[64];
+    const char *t = trimmed(text, buf, sizeof buf);
+    return t != NULL && parse_policy(t, out) == PARSED;
 }
 
 /* Whether v is a value knob k takes: within its range, and a power of two
@@ -324,44 +396,45 @@ static bool knob_takes(const struct knob *k, uint64_t v)
            (k->kind != KIND_POW2 || (v & (v - 1)) == 0);
 }
 
-/* text as a value of knob k, within its range, into *out. */
-static bool parse_knob(const struct knob *k, const char *text, uint64_t *out)
+/* text (trimmed) as a value of knob k, within its range, into *out. */
+static enum parsed parse_knob(const struct knob *k, const char *text,
+                              uint64_t *out)
 {
     bool b;
     enum defer_policy p;
+    enum parsed r;
     switch (k->kind) {
     case KIND_US:
-        return config_parse_duration_us(text, k->min, k->max, out);
+        return parse_duration(text, 1, k->min, k->max, out);
     case KIND_MS:
-        return config_parse_duration_ms(text, k->min, k->max, out);
+        return parse_duration(text, 1000, k->min, k->max, out);
     case KIND_SIZE:
-        return config_parse_size(text, k->max, out) && *out >= k->min;
+        return parse_size(text, k->min, k->max, out);
     case KIND_COUNT:
         return parse_count(text, k->min, k->max, out);
     case KIND_POW2:
-        return parse_count(text, k->min, k->max, out) && knob_takes(k, *out);
+        r = parse_count(text, k->min, k->max, out);
+        return r == PARSED && !knob_takes(k, *out) ? NOT_POW2 : r;
     case KIND_BOOL:
-        if (!config_parse_bool(text, &b))
-            return false;
-        *out = b;
-        return true;
+        if ((r = parse_bool(text, &b)) == PARSED)
+            *out = b;
+        return r;
     case KIND_POLICY:
-        if (!config_parse_policy(text, &p))
-            return false;
-        *out = (uint64_t)p;
-        return true;
+        if ((r = parse_policy(text, &p)) == PARSED)
+            *out = (uint64_t)p;
+        return r;
     }
-    return false;
+    return NOT_UNDERSTOOD;
 }
 
-/* ---- printing ----------------------------------------------------------- */
+/* ---- what is said of a knob --------------------------------------------- */
 
 /* bytes with the largest binary multiple that divides them: "64M". */
 static void format_size(uint64_t bytes, char *buf, size_t len)
 {
-    static const char letters[] = "TGMK";
-    for (int i = 0; i < 4; i++) {
-        uint64_t unit = UINT64_C(1) << (10 * (4 - i));
+    static const char letters[] = "PTGMK";
+    for (int i = 0; i < 5; i++) {
+        uint64_t unit = UINT64_C(1) << (10 * (5 - i));
         if (bytes != 0 && bytes % unit == 0) {
             snprintf(buf, len, "%" PRIu64 "%c", bytes / unit, letters[i]);
             return;
@@ -370,16 +443,30 @@ static void format_size(uint64_t bytes, char *buf, size_t len)
     snprintf(buf, len, "%" PRIu64, bytes);
 }
 
-/* A valid value of knob k as the environment would spell it. */
-static void format_value(const struct knob *k, uint64_t v, char *buf,
+/* A duration of v units of base_us microseconds with the largest time unit
+ * that divides it ("2ms", "1h"); 0 in the knob's own unit ("0ms"). */
+static void format_duration(uint64_t v, uint64_t base_us, char *buf,
+                            size_t len)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < NTIME_UNITS; i++) {
+        uint64_t u = time_units[i].us;
+        if (u == base_us || (u > base_us && v != 0 && v % (u / base_us) == 0))
+            best = i;
+    }
+    uint64_t u = time_units[best].us;
+    snprintf(buf, len, "%" PRIu64 "%s", v / (u / base_us),
+             time_units[best].suffix);
+}
+
+/* A value of knob k as the environment spells it, with no word for 0. */
+static void format_plain(const struct knob *k, uint64_t v, char *buf,
                          size_t len)
 {
-    if (v == 0 && k->zero != NULL) {
-        snprintf(buf, len, "%s", k->zero);
-    } else if (k->kind == KIND_US) {
-        snprintf(buf, len, "%" PRIu64 "us", v);
+    if (k->kind == KIND_US) {
+        format_duration(v, 1, buf, len);
     } else if (k->kind == KIND_MS) {
-        snprintf(buf, len, "%" PRIu64 "ms", v);
+        format_duration(v, 1000, buf, len);
     } else if (k->kind == KIND_SIZE) {
         format_size(v, buf, len);
     } else if (k->kind == KIND_POLICY && v < NPOLICIES) {
@@ -387,6 +474,108 @@ static void format_value(const struct knob *k, uint64_t v, char *buf,
     } else {
         snprintf(buf, len, "%" PRIu64, v);
     }
+}
+
+/* A valid value of knob k as the environment would spell it, 0 with what
+ * it means: "0ms (no limit)". */
+static void format_value(const struct knob *k, uint64_t v, char *buf,
+                         size_t len)
+{
+    char plain[48];
+    format_plain(k, v, plain, sizeof plain);
+    if (v == 0 && k->zero != NULL)
+        snprintf(buf, len, "%s (%s)", plain, k->zero);
+    else
+        snprintf(buf, len, "%s", plain);
+}
+
+/* The values knob k takes, as the environment spells them: "1us..1s",
+ * "a power of two, 1..256", "0/1, false/true, no/yes, off/on". */
+static void format_range(const struct knob *k, char *buf, size_t len)
+{
+    char lo[32], hi[32];
+    if (k->kind == KIND_BOOL) {
+        snprintf(buf, len, "0/1, false/true, no/yes, off/on");
+        return;
+    }
+    if (k->kind == KIND_POLICY) {
+        snprintf(buf, len, "%s, %s", policy_names[0], policy_names[1]);
+        return;
+    }
+    format_plain(k, k->min, lo, sizeof lo);
+    format_plain(k, k->max, hi, sizeof hi);
+    snprintf(buf, len, "%s%s..%s",
+             k->kind == KIND_POW2 ? "a power of two, " : "", lo, hi);
+}
+
+/* How a value of knob k is written, for the environment. */
+static const char *syntax_of(const struct knob *k)
+{
+    switch (k->kind) {
+    case KIND_US:
+        return "a number with an optional unit us, ms, s, min or h; plain: "
+               "microseconds";
+    case KIND_MS:
+        return "a number with an optional unit us, ms, s, min or h; plain: "
+               "milliseconds";
+    case KIND_SIZE:
+        return "bytes with an optional k, M, G, T or P suffix, powers of "
+               "1024";
+    case KIND_COUNT:
+    case KIND_POW2:
+        return "a whole number";
+    case KIND_BOOL:
+    case KIND_POLICY:
+        return "any case";
+    }
+    return "";
+}
+
+/* What the environment may give knob k, for a message: "1us..1s (a
+ * number with an optional unit ...; 0ms: no limit)". */
+static void format_expected(const struct knob *k, char *buf, size_t len)
+{
+    char range[96], zero[96] = "";
+    format_range(k, range, sizeof range);
+    if (k->zero != NULL) {
+        char plain[48];
+        format_plain(k, 0, plain, sizeof plain);
+        snprintf(zero, sizeof zero, "; %s: %s", plain, k->zero);
+    }
+    snprintf(buf, len, "%s (%s%s)", range, syntax_of(k), zero);
+}
+
+/* What a field of struct defer_config may hold, for defer_configure's
+ * message: "microseconds, 1..1000000", "0 or 1". */
+static void format_field_range(const struct knob *k, char *buf, size_t len)
+{
+    static const char *const units[] = {
+        [KIND_US] = "microseconds, ", [KIND_MS] = "milliseconds, ",
+        [KIND_SIZE] = "bytes, ",      [KIND_COUNT] = "a count, ",
+        [KIND_POW2] = "a power of two, ",
+    };
+    if (k->kind == KIND_BOOL) {
+        snprintf(buf, len, "0 or 1");
+    } else if (k->kind == KIND_POLICY) {
+        snprintf(buf, len, "%s or %s", policy_names[0], policy_names[1]);
+    } else {
+        snprintf(buf, len, "%s%" PRIu64 "..%" PRIu64 "%s%s", units[k->kind],
+                 k->min, k->max, k->zero != NULL ? "; 0: " : "",
+                 k->zero != NULL ? k->zero : "");
+    }
+}
+
+/* Any thread.  The help text of knob i: see config.h. */
+bool config_knob_text(size_t i, struct config_knob_text *out)
+{
+    if (i >= NKNOBS)
+        return false;
+    const struct knob *k = &knobs[i];
+    out->name = k->name;
+    format_plain(k, k->def, out->def, sizeof out->def);
+    format_range(k, out->range, sizeof out->range);
+    format_expected(k, out->expected, sizeof out->expected);
+    return true;
 }
 
 /* Any value of a field, as the application set it (ints and enums signed). */
@@ -403,7 +592,7 @@ static void format_raw(const struct knob *k, uint64_t v, char *buf, size_t len)
 void config_print(const struct defer_config *cfg, FILE *out)
 {
     for (size_t i = 0; i < NKNOBS; i++) {
-        char shown[64];
+        char shown[96];
         format_value(&knobs[i], field_get(cfg, &knobs[i]), shown, sizeof shown);
         fprintf(out, "cudefer: %s=%s\n", knobs[i].name, shown);
     }
@@ -416,10 +605,60 @@ static void raise_poll_max(struct defer_config *cfg)
 {
     if (cfg->poll_max_us >= cfg->poll_us)
         return;
-    report("CUDEFER_POLL_MAX_US (%" PRIu32 "us) is below CUDEFER_POLL_US "
-           "(%" PRIu32 "us): using %" PRIu32 "us",
-           cfg->poll_max_us, cfg->poll_us, cfg->poll_us);
+    char lo[48], hi[48];
+    format_duration(cfg->poll_max_us, 1, lo, sizeof lo);
+    format_duration(cfg->poll_us, 1, hi, sizeof hi);
+    report("CUDEFER_POLL_MAX_US (%s) is below CUDEFER_POLL_US (%s): using %s",
+           lo, hi, hi);
     cfg->poll_max_us = cfg->poll_us;
+}
+
+/* text as it may be shown inside quotes on one line: at most 64 bytes
+ * (then "..."), each byte that is no printable ASCII, and a quote or a
+ * backslash, written as \xNN. */
+static void shown_text(const char *text, char *buf, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; text[i] != '\0' && n + 8 < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (i == 64) {
+            n += (size_t)snprintf(buf + n, len - n, "...");
+            break;
+        }
+        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = '\0';
+}
+
+/* Knob k's value text, refused for why: one line naming the variable, the
+ * value, what it takes and the value kept (v, in *cfg). */
+static void report_refused(const struct knob *k, const char *text,
+                           enum parsed why, uint64_t kept)
+{
+    static const char *const kinds[] = {
+        [KIND_US] = "a duration", [KIND_MS] = "a duration",
+        [KIND_SIZE] = "a size",   [KIND_COUNT] = "a number",
+        [KIND_POW2] = "a number", [KIND_BOOL] = "a switch",
+        [KIND_POLICY] = "a policy",
+    };
+    char problem[64], shown[300], expected[256], value[96];
+    if (why == OUT_OF_RANGE)
+        snprintf(problem, sizeof problem, "is out of range");
+    else if (why == NOT_WHOLE)
+        snprintf(problem, sizeof problem, "is not a whole number of "
+                 "milliseconds");
+    else if (why == NOT_POW2)
+        snprintf(problem, sizeof problem, "is not a power of two");
+    else
+        snprintf(problem, sizeof problem, "is not %s", kinds[k->kind]);
+    shown_text(text, shown, sizeof shown);
+    format_expected(k, expected, sizeof expected);
+    format_plain(k, kept, value, sizeof value);
+    report("%s=\"%s\" %s: expected %s; using %s%s", k->name, shown, problem,
+           expected, kept == k->def ? "the default " : "", value);
 }
 
 /* Any thread.  Returns the number of invalid values (each reported once). */
@@ -429,14 +668,19 @@ int config_load_env(struct defer_config *cfg)
     for (size_t i = 0; i < NKNOBS; i++) {
         const struct knob *k = &knobs[i];
         const char *text = getenv(k->name);
-        uint64_t value;
         if (text == NULL)
             continue;
-        if (parse_knob(k, text, &value)) {
+        char buf[64];
+        const char *value_text = trimmed(text, buf, sizeof buf);
+        if (value_text != NULL && value_text[0] == '\0')
+            continue; /* set to nothing (or blanks): as if unset */
+        uint64_t value;
+        enum parsed r = value_text != NULL ? parse_knob(k, value_text, &value)
+                                           : NOT_UNDERSTOOD;
+        if (r == PARSED) {
             field_set(cfg, k, value);
         } else {
-            report("invalid value for %s: \"%s\" (expected %s)", k->name, text,
-                   k->expected);
+            report_refused(k, text, r, field_get(cfg, k));
             invalid++;
         }
     }
@@ -451,10 +695,11 @@ bool config_validate(const struct defer_config *cfg, char *why, size_t len)
         const struct knob *k = &knobs[i];
         uint64_t v = field_get(cfg, k);
         if (!knob_takes(k, v)) {
-            char shown[32];
+            char shown[32], range[160];
             format_raw(k, v, shown, sizeof shown);
+            format_field_range(k, range, sizeof range);
             snprintf(why, len, "%s is %s (expected %s)", k->field, shown,
-                     k->expected);
+                     range);
             return false;
         }
     }

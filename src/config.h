@@ -17,11 +17,14 @@
  * defer_config_defaults does the same). */
 void config_defaults(struct defer_config *cfg);
 
-/* Any thread.  Overrides fields of *cfg from the CUDEFER_* environment.  Each
- * invalid value is reported on stderr ("cudefer: invalid value for
- * CUDEFER_X: ...") and leaves that field unchanged.  Then a poll_max_us below
- * poll_us is reported and raised to poll_us (not counted as invalid).
- * Returns the number of invalid values. */
+/* Any thread.  Overrides fields of *cfg from the CUDEFER_* environment.  A
+ * variable set to nothing (or blanks only) counts as unset.  Each invalid
+ * value is reported on stderr, one line naming the variable, the value, the
+ * values it takes and the value kept ("cudefer: CUDEFER_POLL_US="5s" is out
+ * of range: expected 1us..1s (...); using the default 50us"), and leaves
+ * that field unchanged.  Then a poll_max_us below poll_us is reported and
+ * raised to poll_us (not counted as invalid).  Returns the number of
+ * invalid values. */
 int config_load_env(struct defer_config *cfg);
 
 /* Any thread.  True when every field of *cfg is within its range, the policy
@@ -48,16 +51,19 @@ void config_refuse_from_now(void);
  * configuration lock made usable again (its holder may not exist there). */
 void config_fork_child(void);
 
-/* Any thread.  Parsers of a whole string; true when it is valid and within
- * [min, max], with the value in *out; *out unchanged otherwise.  Exposed for
+/* Any thread.  Parsers of a whole string but the blanks around it; true
+ * when it is valid and within [min, max], with the value in *out; *out
+ * unchanged otherwise.  Units and words are read in any case.  Exposed for
  * the tests.
- *   duration_us: digits with an optional unit "us", "ms" or "s"; microseconds.
- *   duration_ms: digits with an optional unit "ms" or "s"; milliseconds.
- *   size: digits with an optional binary multiple k/K, M, G or T, then an
+ *   duration_us: digits with an optional unit "us", "ms", "s", "min" or
+ *     "h"; microseconds.
+ *   duration_ms: the same in milliseconds; a value in "us" must be a whole
+ *     number of them ("2000us", not "1500us").
+ *   size: digits with an optional binary multiple k, M, G, T or P, then an
  *     optional "B" (or "iB" after a multiple): "64M", "512MiB", "4096"; in
  *     [0, max] bytes.
- *   bool: 0/1, yes/no, true/false, on/off, in any case.
- *   policy: "batched" or "eager", in any case. */
+ *   bool: the number 0 or 1 ("01" too), or false/true, no/yes, off/on.
+ *   policy: "batched" or "eager". */
 bool config_parse_duration_us(const char *text, uint64_t min_us,
                               uint64_t max_us, uint64_t *out);
 bool config_parse_duration_ms(const char *text, uint64_t min_ms,
@@ -65,5 +71,19 @@ bool config_parse_duration_ms(const char *text, uint64_t min_ms,
 bool config_parse_size(const char *text, uint64_t max, uint64_t *out);
 bool config_parse_bool(const char *text, bool *out);
 bool config_parse_policy(const char *text, enum defer_policy *out);
+
+/* What the documentation says of a knob, as the environment spells it. */
+struct config_knob_text {
+    const char *name; /* "CUDEFER_POLL_US" */
+    char def[48];     /* the default: "50us" */
+    char range[96];   /* the values it takes: "1us..1s", "a power of two,
+                         1..256", "0/1, false/true, no/yes, off/on" */
+    char expected[256]; /* what a refusal says it takes: the range, then how
+                           it is written and what 0 means, in brackets */
+};
+
+/* Any thread.  Fills *out for knob i (0, 1, ... in the table's order);
+ * false past the last. */
+bool config_knob_text(size_t i, struct config_knob_text *out);
 
 #endif

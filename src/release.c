@@ -4,9 +4,44 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "alloc_info.h"
 #include "block_cache.h"
 #include "block_done.h"
 #include "report.h"
+
+/* A release of ptr by e refused as an invalid value: said in the words of
+ * the call that deferred it when CUDA can tell what ptr is (not memory of
+ * its own, memory of the other kind, a pointer inside an allocation);
+ * false when it cannot (the caller says what the call returned). */
+static bool report_not_releasable(const struct entry *e, const void *ptr)
+{
+    bool host = e->kind == ENTRY_FREE_HOST;
+    const char *api = host ? "defer_free_host" : "defer_free";
+    const char *call = host ? "cudaFreeHost" : "cudaFree";
+    const void *start;
+    enum alloc_kind kind = alloc_info_kind(ptr, &start);
+    if (kind == ALLOC_UNKNOWN) {
+        report("%s(%p): not memory CUDA allocated (a host pointer, a freed or "
+               "made-up address): %s refused it, so it is not released "
+               "(counted in failed)", api, ptr, call);
+    } else if (kind == ALLOC_HOST && !host) {
+        report("%s(%p): pinned host memory, which defer_free_host releases: "
+               "%s refused it, so it is not released (counted in failed)",
+               api, ptr, call);
+    } else if (kind == ALLOC_DEVICE && host) {
+        report("%s(%p): device memory, which defer_free releases: %s "
+               "refused it, so it is not released (counted in failed)",
+               api, ptr, call);
+    } else if (kind != ALLOC_UNSURE && start != ptr) {
+        report("%s(%p): points %zu bytes inside the allocation at %p, not at "
+               "its start: %s refused it, so it is not released (counted "
+               "in failed)", api, ptr,
+               (size_t)((const char *)ptr - (const char *)start), start, call);
+    } else {
+        return false;
+    }
+    return true;
+}
 
 /* Free pointer i of e; report a failure with the pointer named. */
 static cudaError_t release_pointer(const struct entry *e, size_t i,
@@ -45,7 +80,11 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
         call = "cudaFree";
     }
     /* A sticky error is the device's, not the pointer's: the caller marks
-     * the device failed and says so once. */
+     * the device failed and says so once.  A pointer refused as an invalid
+     * value is the caller's mistake, said in its words where CUDA can tell
+     * what the pointer is. */
+    if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr))
+        return err;
     if (err != cudaSuccess && !report_cuda_error_is_sticky(err)) {
         char detail[96];
         snprintf(detail, sizeof detail, "; %p (device %d) is not released",

@@ -242,7 +242,7 @@ static void test_configure(void)
     is_int(err, cudaSuccess, "the first defer_free starts the reclaimer");
     ok(strstr(text, "cudefer: CUDEFER_POLL_US=30us\n") != NULL,
        "the 0.1.0 caller's poll_us is in force");
-    ok(strstr(text, "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n") != NULL,
+    ok(strstr(text, "cudefer: CUDEFER_CACHE_KEEP_MS=10s\n") != NULL,
        "the knob its struct lacks has its default");
     ok(wait_released(p, 10000), "the buffer is released");
 }

@@ -373,8 +373,9 @@ static void test_rounding_knob(void)
                   "CUDEFER_ROUND_DIVISIONS=1", 1, 30000, scenario_rounding);
     rounding.mib_plus_one = ((size_t)1 << 20) + (64 << 10);
     rounding.thousand = 1024;
-    rounding.said = "cudefer: invalid value for CUDEFER_ROUND_DIVISIONS: "
-                    "\"24\" (expected a power of two, 1..256)\n";
+    rounding.said = "cudefer: CUDEFER_ROUND_DIVISIONS=\"24\" is not a power "
+                    "of two: expected a power of two, 1..256 (a whole "
+                    "number); using the default 16\n";
     fork_scenario("a rounding that is no power of two: said, the default "
                   "kept", "CUDEFER_ROUND_DIVISIONS=24", 1, 30000,
                   scenario_rounding);

@@ -102,37 +102,91 @@ static void test_free_fails(cudaStream_t s)
     cudaFree(p);
 }
 
+/* ptr deferred with defer_free (defer_free_host when host) on s, taken at
+ * the call, its release refused by CUDA: after a flush, stderr holds the
+ * one line want, one failure is counted and no batch. */
+static void refused_release(const char *what, void *ptr, bool host,
+                            cudaStream_t s, const char *want)
+{
+    uint64_t failed = stats_now().failed, batches = stats_now().batches;
+    stderr_capture_begin();
+    cudaError_t err = host ? defer_free_host(ptr, s) : defer_free(ptr, s);
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaSuccess, "%s: accepted at the call", what);
+    is_int(stats_now().failed - failed, 1, "%s: its release fails, counted",
+           what);
+    /* batches: passes that released something (before the fix a failed
+     * release counted as one). */
+    is_int(stats_now().batches - batches, 0, "%s: in no batch", what);
+    is_str(msg, want, "%s: said in one line", what);
+}
+
+/* Memory CUDA never allocated (a made-up address, malloc's): before the
+ * fix, two lines, the first the driver's ("cuPointerGetAttributes(0x1)
+ * failed: CUDA_ERROR_INVALID_VALUE; its size and pool are unknown..."),
+ * the second cudaFree's error. */
+static void test_not_cuda_memory_to_defer_free(cudaStream_t s)
+{
+    char want[512];
+    void *made_up = (void *)0x1;
+    snprintf(want, sizeof want, "cudefer: defer_free(%p): not memory CUDA "
+             "allocated (a host pointer, a freed or made-up address): "
+             "cudaFree refused it, so it is not released (counted in "
+             "failed)\n", made_up);
+    refused_release("a made-up address", made_up, false, s, want);
+    void *heap = malloc(64);
+    if (heap == NULL)
+        sysbail("malloc");
+    snprintf(want, sizeof want, "cudefer: defer_free(%p): not memory CUDA "
+             "allocated (a host pointer, a freed or made-up address): "
+             "cudaFree refused it, so it is not released (counted in "
+             "failed)\n", heap);
+    refused_release("malloc's memory", heap, false, s, want);
+    free(heap);
+    snprintf(want, sizeof want, "cudefer: defer_free_host(%p): not memory "
+             "CUDA allocated (a host pointer, a freed or made-up address): "
+             "cudaFreeHost refused it, so it is not released (counted in "
+             "failed)\n", made_up);
+    refused_release("a made-up address to defer_free_host", made_up, true, s,
+                    want);
+}
+
 static void test_host_pointer_to_defer_free(cudaStream_t s)
 {
     void *h = host_alloc(64);
-    uint64_t failed = stats_now().failed, batches = stats_now().batches;
-    stderr_capture_begin();
-    is_int(defer_free(h, s), cudaSuccess, "a host pointer is accepted at the call");
-    defer_flush();
-    const char *msg = stderr_capture_end();
-    is_int(stats_now().failed - failed, 1, "its cudaFree fails and is counted");
-    /* batches: passes that released something (before the fix a failed
-     * release counted as one). */
-    is_int(stats_now().batches - batches, 0, "in no batch");
-    ok(strstr(msg, "cudaFree failed") != NULL, "with the pointer named");
+    char want[512];
+    snprintf(want, sizeof want, "cudefer: defer_free(%p): pinned host "
+             "memory, which defer_free_host releases: cudaFree refused it, so "
+             "it is not released (counted in failed)\n", h);
+    refused_release("pinned host memory to defer_free", h, false, s, want);
+    is_int(fake_is_released(h), 0, "the host buffer is left alone");
     cudaFreeHost(h);
 }
 
 static void test_device_pointer_to_defer_free_host(cudaStream_t s)
 {
     void *d = device_alloc(64);
-    uint64_t failed = stats_now().failed;
-    stderr_capture_begin();
-    is_int(defer_free_host(d, s), cudaSuccess,
-           "a device pointer is accepted by defer_free_host at the call");
-    defer_flush();
-    const char *msg = stderr_capture_end();
-    is_int(stats_now().failed - failed, 1, "its cudaFreeHost fails and is counted");
-    char want[64];
-    snprintf(want, sizeof want, "cudaFreeHost failed");
-    ok(strstr(msg, want) != NULL && strstr(msg, "is not released") != NULL,
-       "with the call and the pointer named");
+    char want[512];
+    snprintf(want, sizeof want, "cudefer: defer_free_host(%p): device "
+             "memory, which defer_free releases: cudaFreeHost refused it, so "
+             "it is not released (counted in failed)\n", d);
+    refused_release("device memory to defer_free_host", d, true, s, want);
     is_int(fake_is_released(d), 0, "the device buffer is left alone");
+    cudaFree(d);
+}
+
+static void test_interior_pointer_to_defer_free(cudaStream_t s)
+{
+    char *d = device_alloc(4096);
+    char want[512];
+    snprintf(want, sizeof want, "cudefer: defer_free(%p): points 512 bytes "
+             "inside the allocation at %p, not at its start: cudaFree "
+             "refused it, so it is not released (counted in failed)\n",
+             (void *)(d + 512), (void *)d);
+    refused_release("a pointer inside device memory", d + 512, false, s,
+                    want);
+    is_int(fake_is_released(d), 0, "the allocation is left alone");
     cudaFree(d);
 }
 
@@ -210,8 +264,10 @@ int main(void)
     test_destroyed_stream();
     test_event_create_fails(s);
     test_free_fails(s);
+    test_not_cuda_memory_to_defer_free(s);
     test_host_pointer_to_defer_free(s);
     test_device_pointer_to_defer_free_host(s);
+    test_interior_pointer_to_defer_free(s);
     test_sticky_query_error(s);
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: no premature or double release");

@@ -638,10 +638,11 @@ int main(void)
     scenario("CUDEFER_FREE_BATCH=1", 3, 3, 3, NULL);
     scenario("CUDEFER_FREE_BATCH=8", 5, 0, 0, NULL);
     scenario("CUDEFER_FREE_BATCH=0", 5, 0, 0,
-             "invalid value for CUDEFER_FREE_BATCH: \"0\" (expected a "
-             "count, 1..4096)");
+             "CUDEFER_FREE_BATCH=\"0\" is out of range: expected 1..4096 "
+             "(a whole number); using the default 32");
     scenario("CUDEFER_FREE_BATCH=lots", 5, 0, 0,
-             "invalid value for CUDEFER_FREE_BATCH: \"lots\"");
+             "CUDEFER_FREE_BATCH=\"lots\" is not a number: expected "
+             "1..4096");
     scenario_callback_free();
     scenario_shutdown_barred();
     fork_scenario("barred legacy stream: a plain free is refused", "", 1,

@@ -86,12 +86,15 @@ static void test_duration_us(void)
     } cases[] = {
         {"50", 1, 50},       {"50us", 1, 50},    {"2ms", 1, 2000},
         {"1s", 1, 1000000},  {"1", 1, 1},        {"1000000", 1, 1000000},
-        {"0", 0, 0},         {"1000001", 0, 0},  {"abc", 0, 0},
-        {"-5", 0, 0},        {"1e99", 0, 0},     {"", 0, 0},
-        {" 5", 0, 0},        {"5 ", 0, 0},       {"+5", 0, 0},
-        {"5m", 0, 0},        {"2s", 0, 0},       {"99999999999999999999", 0, 0},
-        {"us", 0, 0},        {"5US", 0, 0},      {"5X", 0, 0},
+        {"5US", 1, 5},       {"2Ms", 1, 2000},   {" 5", 1, 5},
+        {"5 ", 1, 5},        {"\t7us\n", 1, 7},  {"0", 0, 0},
+        {"1000001", 0, 0},   {"abc", 0, 0},      {"-5", 0, 0},
+        {"1e99", 0, 0},      {"", 0, 0},         {"  ", 0, 0},
+        {"+5", 0, 0},        {"5m", 0, 0},       {"2s", 0, 0},
+        {"1min", 0, 0},      {"1h", 0, 0},       {"99999999999999999999", 0, 0},
+        {"us", 0, 0},        {"5X", 0, 0},       {"5 us", 0, 0},
         {"18446744073709551615s", 0, 0},         {"5uss", 0, 0},
+        {"1.5ms", 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         uint64_t us = 7;
@@ -103,6 +106,13 @@ static void test_duration_us(void)
             ok(!valid && us == 7, "\"%s\" is rejected, *out untouched",
                cases[i].text);
     }
+    uint64_t us = 7;
+    ok(config_parse_duration_us("2h", 0, UINT64_C(7200000000), &us) &&
+           us == UINT64_C(7200000000),
+       "\"2h\" is 7200000000 us");
+    ok(config_parse_duration_us("3min", 0, UINT64_C(7200000000), &us) &&
+           us == 180000000,
+       "\"3min\" is 180000000 us");
 }
 
 static void test_duration_ms(void)
@@ -112,11 +122,15 @@ static void test_duration_ms(void)
         int valid;
         uint64_t ms;
     } cases[] = {
-        {"500", 1, 500},      {"500ms", 1, 500},  {"2s", 1, 2000},
+        {"500", 1, 500},      {"500ms", 1, 500},     {"2s", 1, 2000},
         {"0", 1, 0},          {"3600s", 1, 3600000}, {"3600000", 1, 3600000},
-        {"3601s", 0, 0},      {"3600001", 0, 0},  {"500us", 0, 0},
-        {"1h", 0, 0},         {"", 0, 0},         {"ms", 0, 0},
-        {"-1", 0, 0},         {"99999999999999999999ms", 0, 0},
+        {"1h", 1, 3600000},   {"1H", 1, 3600000},    {"60min", 1, 3600000},
+        {"2min", 1, 120000},  {"2000us", 1, 2},      {"0us", 1, 0},
+        {" 1h ", 1, 3600000}, {"3601s", 0, 0},       {"3600001", 0, 0},
+        {"500us", 0, 0},      {"1500us", 0, 0},      {"2h", 0, 0},
+        {"61min", 0, 0},      {"", 0, 0},            {"ms", 0, 0},
+        {"-1", 0, 0},         {"1 h", 0, 0},         {"99999999999999999999ms", 0, 0},
+        {"18446744073709551615h", 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         uint64_t ms = 7;
@@ -142,15 +156,18 @@ static void test_size(void)
         {"3GB", 1, UINT64_C(3) << 30}, {"4k", 1, 4096},
         {"4K", 1, 4096},             {"4KiB", 1, 4096},
         {"100B", 1, 100},            {"1024T", 1, 1024 * T},
+        {"1P", 1, 1024 * T},         {"1PiB", 1, 1024 * T},
+        {"1m", 1, UINT64_C(1) << 20}, {"1g", 1, UINT64_C(1) << 30},
+        {"1mb", 1, UINT64_C(1) << 20}, {"1gib", 1, UINT64_C(1) << 30},
+        {"1G ", 1, UINT64_C(1) << 30}, {" 1G", 1, UINT64_C(1) << 30},
         {"G", 0, 0},                 {"1.5G", 0, 0},
-        {"-1", 0, 0},                {"1P", 0, 0},
+        {"-1", 0, 0},                {"2P", 0, 0},
         {"", 0, 0},                  {"abc", 0, 0},
         {"1025T", 0, 0},             {"99999999999999999999", 0, 0},
         {"16777216T", 0, 0},         {"5X", 0, 0},
-        {"1m", 0, 0},                {"1g", 0, 0},
-        {"1Mb", 0, 0},               {"1MBB", 0, 0},
-        {"1iB", 0, 0},               {"1G ", 0, 0},
-        {" 1G", 0, 0},               {"+1G", 0, 0},
+        {"1E", 0, 0},                {"1MBB", 0, 0},
+        {"1iB", 0, 0},               {"1 G", 0, 0},
+        {"+1G", 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         uint64_t bytes = 7;
@@ -167,16 +184,20 @@ static void test_size(void)
        "the largest whole T below 2^64 fits");
     ok(!config_parse_size("16777216T", UINT64_MAX, &bytes),
        "2^64 bytes overflows");
+    ok(!config_parse_size("16384P", UINT64_MAX, &bytes),
+       "so does 16384P");
 }
 
 static void test_bool_policy(void)
 {
-    static const char *const yes[] = {"1",    "yes", "YES", "true",
-                                      "True", "on",  "ON"};
-    static const char *const no[] = {"0",     "no",  "No", "false",
-                                     "FALSE", "off", "Off"};
-    static const char *const bad[] = {"", "2", "-1", "01", "y", "n", "yes ",
-                                      " on", "enable", "t"};
+    static const char *const yes[] = {"1",  "yes", "YES", "true", "True",
+                                      "on", "ON",  "01",  " 1",   "yes\n",
+                                      "\ton "};
+    static const char *const no[] = {"0",     "no",  "No", "false", "FALSE",
+                                     "off",   "Off", "00", "0 ",    " no"};
+    static const char *const bad[] = {"",  "  ", "2", "-1",     "y", "n",
+                                      "t", "f",  "+1", "enable", "1 1",
+                                      "99999999999999999999"};
     for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
         bool b = false;
         ok(config_parse_bool(yes[i], &b) && b, "bool \"%s\" is true", yes[i]);
@@ -197,7 +218,10 @@ static void test_bool_policy(void)
        "policy \"eager\"");
     ok(config_parse_policy("Batched", &p) && p == DEFER_POLICY_BATCHED,
        "policy \"Batched\" (any case)");
-    static const char *const badp[] = {"", "lazy", "0", "1", "eager ", "batch"};
+    ok(config_parse_policy(" eager ", &p) && p == DEFER_POLICY_EAGER,
+       "policy \" eager \" (blanks around)");
+    static const char *const badp[] = {"", "lazy", "0", "1", "batch",
+                                       "eag er"};
     for (size_t i = 0; i < sizeof badp / sizeof *badp; i++) {
         p = DEFER_POLICY_EAGER;
         ok(!config_parse_policy(badp[i], &p) && p == DEFER_POLICY_EAGER,
@@ -207,10 +231,31 @@ static void test_bool_policy(void)
 
 /* ---- the environment ----------------------------------------------------- */
 
-/* var=value on its own: valid gives want quietly; invalid is reported with
- * expected and leaves the default. */
+/* config_knob_text of the knob of var, or bail. */
+static struct config_knob_text text_of(const char *var)
+{
+    struct config_knob_text t;
+    for (size_t i = 0; config_knob_text(i, &t); i++) {
+        if (strcmp(t.name, var) == 0)
+            return t;
+    }
+    bail("no knob %s", var);
+}
+
+/* The line config_load_env writes when var=value is refused for problem
+ * and the default is kept. */
+static void refusal(char *buf, size_t len, const char *var, const char *value,
+                    const char *problem)
+{
+    struct config_knob_text t = text_of(var);
+    snprintf(buf, len, "cudefer: %s=\"%s\" %s: expected %s; using the "
+             "default %s\n", var, value, problem, t.expected, t.def);
+}
+
+/* var=value on its own: valid gives want quietly; invalid (problem, e.g.
+ * "is out of range") is reported in one line and leaves the default. */
 static void env_case(const char *var, const char *value, int valid,
-                     uint64_t want, const char *expected)
+                     uint64_t want, const char *problem)
 {
     struct defer_config cfg;
     config_defaults(&cfg);
@@ -226,96 +271,198 @@ static void env_case(const char *var, const char *value, int valid,
            (unsigned long long)want);
         return;
     }
-    char msg[300];
-    snprintf(msg, sizeof msg,
-             "cudefer: invalid value for %s: \"%s\" (expected %s)\n", var,
-             value, expected);
+    char msg[600];
+    refusal(msg, sizeof msg, var, value, problem);
     ok(invalid == 1 && field_of(&cfg, var) == def && strcmp(err, msg) == 0,
-       "%s=\"%s\" is reported once and the default kept", var, value);
+       "%s=\"%s\" %s: reported in one line, the default kept", var, value,
+       problem);
 }
+
+#define RANGE "is out of range"
+#define WHOLE "is not a whole number of milliseconds"
+#define POW2 "is not a power of two"
 
 struct var_cases {
     const char *var;
-    const char *expected;
+    const char *noun; /* "is not <noun>" for a value it cannot read */
     struct {
         const char *text;
         uint64_t want;
-    } good[8];
-    const char *bad[8]; /* beyond the common ones */
+    } good[10];
+    struct {
+        const char *text;
+        const char *problem; /* NULL: "is not <noun>" */
+    } bad[8]; /* beyond the common ones */
 };
 
 static const struct var_cases var_cases[] = {
-    {"CUDEFER_POLL_US", "microseconds, 1..1000000",
-     {{"10", 10}, {"1", 1}, {"50us", 50}, {"1ms", 1000}},
-     {"0", "1000001", "2s", "5ms5"}},
-    {"CUDEFER_POLL_MAX_US", "microseconds, 1..1000000",
+    {"CUDEFER_POLL_US", "a duration",
+     {{"10", 10}, {"1", 1}, {"50us", 50}, {"1ms", 1000}, {" 7US ", 7}},
+     {{"0", RANGE}, {"1000001", RANGE}, {"2s", RANGE}, {"1min", RANGE},
+      {"5ms5", NULL}, {"99999999999999999999", RANGE}}},
+    {"CUDEFER_POLL_MAX_US", "a duration",
      {{"100", 100}, {"500ms", 500000}, {"1s", 1000000}, {"1000000", 1000000}},
-     {"0", "1000001", "2s"}},
-    {"CUDEFER_IDLE_US", "microseconds, 0..10000000",
+     {{"0", RANGE}, {"1000001", RANGE}, {"2s", RANGE}}},
+    {"CUDEFER_IDLE_US", "a duration",
      {{"0", 0}, {"250ms", 250000}, {"10s", 10000000}, {"7us", 7}},
-     {"10000001", "11s"}},
-    {"CUDEFER_MAX_PENDING",
-     "bytes with an optional k/M/G/T suffix, e.g. 4G; 0 for auto",
+     {{"10000001", RANGE}, {"11s", RANGE}, {"1min", RANGE}}},
+    {"CUDEFER_MAX_PENDING", "a size",
      {{"4G", UINT64_C(4) << 30}, {"0", 0}, {"64M", 67108864},
       {"512MiB", UINT64_C(512) << 20}, {"1T", T}, {"4096", 4096},
-      {"3GB", UINT64_C(3) << 30}, {"1024T", 1024 * T}},
-     {"1025T", "G", "1.5G", "1P", "auto"}},
-    {"CUDEFER_MAX_DELAY_MS", "milliseconds, 0..3600000",
+      {"3GB", UINT64_C(3) << 30}, {"1024T", 1024 * T}, {"1P", 1024 * T},
+      {"2g", UINT64_C(2) << 30}},
+     {{"1025T", RANGE}, {"2P", RANGE}, {"G", NULL}, {"1.5G", NULL},
+      {"auto", NULL}, {"99999999999999999999", RANGE}}},
+    {"CUDEFER_MAX_DELAY_MS", "a duration",
      {{"500", 500}, {"500ms", 500}, {"2s", 2000}, {"0", 0},
-      {"3600s", 3600000}},
-     {"3601s", "3600001", "500us", "1h"}},
-    {"CUDEFER_POLICY", "batched or eager",
+      {"3600s", 3600000}, {"1h", 3600000}, {"30min", 1800000},
+      {"2000us", 2}},
+     {{"3601s", RANGE}, {"3600001", RANGE}, {"2h", RANGE}, {"61min", RANGE},
+      {"500us", WHOLE}, {"1 h", NULL}}},
+    {"CUDEFER_POLICY", "a policy",
      {{"batched", DEFER_POLICY_BATCHED}, {"eager", DEFER_POLICY_EAGER},
-      {"EAGER", DEFER_POLICY_EAGER}},
-     {"lazy", "1", "eager "}},
-    {"CUDEFER_EVENT_POOL", "a count, 0..1048576",
+      {"EAGER", DEFER_POLICY_EAGER}, {"eager ", DEFER_POLICY_EAGER}},
+     {{"lazy", NULL}, {"1", NULL}}},
+    {"CUDEFER_EVENT_POOL", "a number",
      {{"0", 0}, {"4096", 4096}, {"1048576", 1048576}, {"12", 12}},
-     {"1048577", "4k", "12us"}},
-    {"CUDEFER_DISABLE", "0 or 1",
-     {{"1", 1}, {"0", 0}, {"yes", 1}, {"NO", 0}, {"true", 1}, {"off", 0}},
-     {"2", "y", "01"}},
-    {"CUDEFER_VERBOSE", "0 or 1",
-     {{"1", 1}, {"on", 1}, {"False", 0}},
-     {"2", "verbose"}},
-    {"CUDEFER_STATS", "0 or 1",
+     {{"1048577", RANGE}, {"4k", NULL}, {"12us", NULL}}},
+    {"CUDEFER_DISABLE", "a switch",
+     {{"1", 1}, {"0", 0}, {"yes", 1}, {"NO", 0}, {"true", 1}, {"off", 0},
+      {"01", 1}, {" 1", 1}, {"On\n", 1}},
+     {{"2", NULL}, {"y", NULL}, {"10", NULL}}},
+    {"CUDEFER_VERBOSE", "a switch",
+     {{"1", 1}, {"on", 1}, {"False", 0}, {"01", 1}, {" 1", 1}, {"TRUE", 1}},
+     {{"2", NULL}, {"verbose", NULL}}},
+    {"CUDEFER_STATS", "a switch",
      {{"1", 1}, {"Yes", 1}, {"0", 0}},
-     {"2", "-1"}},
-    {"CUDEFER_CHECK", "0 or 1",
+     {{"2", NULL}}},
+    {"CUDEFER_CHECK", "a switch",
      {{"1", 1}, {"true", 1}, {"0", 0}},
-     {"2", "check"}},
-    {"CUDEFER_CACHE_KEEP_MS", "milliseconds, 0..3600000",
-     {{"0", 0}, {"10s", 10000}, {"250", 250}, {"3600s", 3600000}},
-     {"3601s", "3600001", "5us"}},
-    {"CUDEFER_SPLIT_MIN",
-     "bytes with an optional k/M/G/T suffix, e.g. 1M; 0 for never",
+     {{"2", NULL}, {"check", NULL}}},
+    {"CUDEFER_CACHE_KEEP_MS", "a duration",
+     {{"0", 0}, {"10s", 10000}, {"250", 250}, {"3600s", 3600000},
+      {"1h", 3600000}},
+     {{"3601s", RANGE}, {"3600001", RANGE}, {"5us", WHOLE}}},
+    {"CUDEFER_SPLIT_MIN", "a size",
      {{"1M", UINT64_C(1) << 20}, {"0", 0}, {"64k", 65536},
-      {"1024T", 1024 * T}},
-     {"1025T", "1.5M", "never"}},
-    {"CUDEFER_FREE_BATCH", "a count, 1..4096",
+      {"1024T", 1024 * T}, {"1P", 1024 * T}},
+     {{"1025T", RANGE}, {"1.5M", NULL}, {"never", NULL}}},
+    {"CUDEFER_FREE_BATCH", "a number",
      {{"1", 1}, {"32", 32}, {"4096", 4096}},
-     {"0", "4097", "32k"}},
-    {"CUDEFER_ROUND_DIVISIONS", "a power of two, 1..256",
+     {{"0", RANGE}, {"4097", RANGE}, {"32k", NULL}}},
+    {"CUDEFER_ROUND_DIVISIONS", "a number",
      {{"1", 1}, {"16", 16}, {"32", 32}, {"256", 256}},
-     {"0", "3", "24", "512", "32k"}},
-    {"CUDEFER_DRIVER_CALLS", "0 or 1",
+     {{"0", RANGE}, {"3", POW2}, {"24", POW2}, {"512", RANGE},
+      {"32k", NULL}}},
+    {"CUDEFER_DRIVER_CALLS", "a switch",
      {{"0", 0}, {"1", 1}, {"no", 0}, {"on", 1}},
-     {"2", "driver", "-1"}},
+     {{"2", NULL}, {"driver", NULL}}},
 };
+
+/* var set to nothing, or to blanks only: as if unset, said nowhere. */
+static void env_unset_case(const char *var, const char *value)
+{
+    struct defer_config cfg, def;
+    config_defaults(&cfg);
+    def = cfg;
+    setenv(var, value, 1);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    unsetenv(var);
+    ok(invalid == 0 && field_of(&cfg, var) == field_of(&def, var) &&
+           err[0] == '\0',
+       "%s=\"%s\" is taken as unset: the default, quietly", var, value);
+}
 
 static void test_env_vars(void)
 {
-    static const char *const common_bad[] = {
-        "abc", "-5", "1e99", "", "99999999999999999999", "5X", " 5", "5 ",
-    };
+    static const char *const common_bad[] = {"abc", "-5", "1e99", "5X", "+5",
+                                              "5 5"};
     for (size_t i = 0; i < sizeof var_cases / sizeof *var_cases; i++) {
         const struct var_cases *v = &var_cases[i];
-        for (size_t j = 0; j < 8 && v->good[j].text != NULL; j++)
+        char not_one[64];
+        snprintf(not_one, sizeof not_one, "is not %s", v->noun);
+        for (size_t j = 0; j < 10 && v->good[j].text != NULL; j++)
             env_case(v->var, v->good[j].text, 1, v->good[j].want, NULL);
-        for (size_t j = 0; j < 8 && v->bad[j] != NULL; j++)
-            env_case(v->var, v->bad[j], 0, 0, v->expected);
+        for (size_t j = 0; j < 8 && v->bad[j].text != NULL; j++)
+            env_case(v->var, v->bad[j].text, 0, 0,
+                     v->bad[j].problem != NULL ? v->bad[j].problem : not_one);
         for (size_t j = 0; j < sizeof common_bad / sizeof *common_bad; j++)
-            env_case(v->var, common_bad[j], 0, 0, v->expected);
+            env_case(v->var, common_bad[j], 0, 0, not_one);
+        env_unset_case(v->var, "");
+        env_unset_case(v->var, " \t ");
     }
+}
+
+/* The wording of a refusal, whole: the variable, the value, what it takes
+ * (its range, how it is written, what 0 means) and the value kept. */
+static void test_env_messages(void)
+{
+    static const struct {
+        const char *var, *value, *line;
+    } cases[] = {
+        {"CUDEFER_POLL_US", "5s",
+         "cudefer: CUDEFER_POLL_US=\"5s\" is out of range: expected 1us..1s "
+         "(a number with an optional unit us, ms, s, min or h; plain: "
+         "microseconds); using the default 50us\n"},
+        {"CUDEFER_MAX_DELAY_MS", "500us",
+         "cudefer: CUDEFER_MAX_DELAY_MS=\"500us\" is not a whole number of "
+         "milliseconds: expected 0ms..1h (a number with an optional unit us, "
+         "ms, s, min or h; plain: milliseconds; 0ms: no limit); using the "
+         "default 1s\n"},
+        {"CUDEFER_VERBOSE", "maybe",
+         "cudefer: CUDEFER_VERBOSE=\"maybe\" is not a switch: expected 0/1, "
+         "false/true, no/yes, off/on (any case); using the default 0\n"},
+        {"CUDEFER_POLICY", "lazy",
+         "cudefer: CUDEFER_POLICY=\"lazy\" is not a policy: expected "
+         "batched, eager (any case); using the default batched\n"},
+        {"CUDEFER_MAX_PENDING", "1.5G",
+         "cudefer: CUDEFER_MAX_PENDING=\"1.5G\" is not a size: expected "
+         "0..1P (bytes with an optional k, M, G, T or P suffix, powers of "
+         "1024; 0: auto, a quarter of device memory); using the default "
+         "0\n"},
+        {"CUDEFER_ROUND_DIVISIONS", "24",
+         "cudefer: CUDEFER_ROUND_DIVISIONS=\"24\" is not a power of two: "
+         "expected a power of two, 1..256 (a whole number); using the "
+         "default 16\n"},
+        {"CUDEFER_FREE_BATCH", "0",
+         "cudefer: CUDEFER_FREE_BATCH=\"0\" is out of range: expected 1..4096 "
+         "(a whole number); using the default 32\n"},
+        /* What cannot be shown on one line is escaped. */
+        {"CUDEFER_STATS", "1\n\"2\"\\",
+         "cudefer: CUDEFER_STATS=\"1\\x0a\\x222\\x22\\x5c\" is not a switch: "
+         "expected 0/1, false/true, no/yes, off/on (any case); using the "
+         "default 0\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct defer_config cfg;
+        config_defaults(&cfg);
+        setenv(cases[i].var, cases[i].value, 1);
+        stderr_capture_begin();
+        config_load_env(&cfg);
+        const char *err = stderr_capture_end();
+        unsetenv(cases[i].var);
+        is_str(err, cases[i].line, "%s refused: the whole line",
+               cases[i].var);
+    }
+    /* A value past what any knob takes is cut short in the line. */
+    char long_value[200];
+    memset(long_value, 'x', sizeof long_value - 1);
+    long_value[sizeof long_value - 1] = '\0';
+    struct defer_config cfg;
+    config_defaults(&cfg);
+    setenv("CUDEFER_POLL_US", long_value, 1);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    unsetenv("CUDEFER_POLL_US");
+    char want[600];
+    snprintf(want, sizeof want, "%.64s...", long_value);
+    char line[700];
+    refusal(line, sizeof line, "CUDEFER_POLL_US", want, "is not a duration");
+    ok(invalid == 1 && strcmp(err, line) == 0,
+       "a 199-byte value is refused, shown as its first 64 bytes and ...");
 }
 
 static void test_env_several(void)
@@ -325,20 +472,24 @@ static void test_env_several(void)
     def = cfg;
     setenv("CUDEFER_POLL_US", "abc", 1);
     setenv("CUDEFER_IDLE_US", "", 1);
+    setenv("CUDEFER_MAX_DELAY_MS", "2h", 1);
     setenv("CUDEFER_EVENT_POOL", "64", 1);
     setenv("CUDEFER_POLICY", "eager", 1);
     stderr_capture_begin();
     int invalid = config_load_env(&cfg);
     const char *err = stderr_capture_end();
     set_cudefer_env("");
-    is_int(invalid, 2, "two invalid values counted");
+    is_int(invalid, 2, "two invalid values counted (the empty one is unset)");
     is_str(err,
-           "cudefer: invalid value for CUDEFER_POLL_US: \"abc\" (expected "
-           "microseconds, 1..1000000)\n"
-           "cudefer: invalid value for CUDEFER_IDLE_US: \"\" (expected "
-           "microseconds, 0..10000000)\n",
+           "cudefer: CUDEFER_POLL_US=\"abc\" is not a duration: expected "
+           "1us..1s (a number with an optional unit us, ms, s, min or h; "
+           "plain: microseconds); using the default 50us\n"
+           "cudefer: CUDEFER_MAX_DELAY_MS=\"2h\" is out of range: expected "
+           "0ms..1h (a number with an optional unit us, ms, s, min or h; "
+           "plain: milliseconds; 0ms: no limit); using the default 1s\n",
            "each reported once, in order");
     ok(cfg.poll_us == def.poll_us && cfg.idle_us == def.idle_us &&
+           cfg.max_delay_ms == def.max_delay_ms &&
            cfg.event_pool_max == 64 && cfg.policy == DEFER_POLICY_EAGER,
        "the valid ones are applied, the invalid ones keep the default");
 
@@ -371,11 +522,212 @@ static void test_poll_max_fixup(void)
     err = stderr_capture_end();
     set_cudefer_env("");
     is_str(err,
-           "cudefer: CUDEFER_POLL_MAX_US (1000us) is below CUDEFER_POLL_US "
-           "(2000us): using 2000us\n",
+           "cudefer: CUDEFER_POLL_MAX_US (1ms) is below CUDEFER_POLL_US "
+           "(2ms): using 2ms\n",
            "poll above the default poll_max is reported");
     ok(cfg.poll_us == 2000 && cfg.poll_max_us == 2000,
        "the default poll_max raised to poll");
+}
+
+/* ---- the documentation's tables against the parser ----------------------- */
+
+/* $srcdir/path (srcdir: "." unless the harness says), whole, in a static
+ * buffer; bails if it cannot be read. */
+static const char *doc_file(const char *path, char *buf, size_t cap)
+{
+    const char *dir = getenv("srcdir");
+    char name[512];
+    snprintf(name, sizeof name, "%s/%s", dir != NULL ? dir : ".", path);
+    FILE *f = fopen(name, "r");
+    if (f == NULL)
+        sysbail("open %s", name);
+    size_t n = fread(buf, 1, cap - 1, f);
+    if (n == cap - 1)
+        bail("%s is larger than %zu bytes", name, cap - 1);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Cell i (0: the variable) of README.md's row for var, trimmed, into cell;
+ * false if there is no such row. */
+static bool readme_cell(const char *readme, const char *var, int i,
+                        char *cell, size_t len)
+{
+    char head[80];
+    snprintf(head, sizeof head, "\n| `%s` |", var);
+    const char *row = strstr(readme, head);
+    if (row == NULL)
+        return false;
+    row += 2; /* past "\n|" */
+    for (int c = 0; c < i; c++) {
+        const char *bar = strpbrk(row, "|\n");
+        if (bar == NULL || *bar != '|')
+            return false;
+        row = bar + 1;
+    }
+    const char *end = strpbrk(row, "|\n");
+    if (end == NULL || *end != '|')
+        return false;
+    while (*row == ' ')
+        row++;
+    size_t n = (size_t)(end - row);
+    while (n > 0 && row[n - 1] == ' ')
+        n--;
+    snprintf(cell, len, "%.*s", (int)n, row);
+    return true;
+}
+
+/* The first `quoted` text of cell into out; false if none. */
+static bool first_code(const char *cell, char *out, size_t len)
+{
+    const char *a = strchr(cell, '`');
+    const char *b = a != NULL ? strchr(a + 1, '`') : NULL;
+    if (b == NULL)
+        return false;
+    snprintf(out, len, "%.*s", (int)(b - a - 1), a + 1);
+    return true;
+}
+
+/* cudefer(7)'s entry for var: from ".B var" to the next paragraph. */
+static bool man_entry(const char *man, const char *var, char *out, size_t len)
+{
+    char head[80];
+    snprintf(head, sizeof head, ".TP\n.B %s\n", var);
+    const char *at = strstr(man, head);
+    if (at == NULL)
+        return false;
+    at += strlen(head);
+    const char *end = at + strlen(at);
+    static const char *const stops[] = {"\n.TP\n", "\n.PP\n", "\n.SH "};
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+        const char *e = strstr(at, stops[i]);
+        if (e != NULL && e < end)
+            end = e;
+    }
+    snprintf(out, len, "%.*s", (int)(end - at), at);
+    return true;
+}
+
+/* var=value alone (but for the other of CUDEFER_POLL_US and
+ * CUDEFER_POLL_MAX_US at its least or most, so that the latter is not
+ * raised to the former): accepted quietly with the field in *got, or
+ * refused. */
+static bool env_takes(const char *var, const char *value, uint64_t *got,
+                      const char **said)
+{
+    struct defer_config cfg;
+    config_defaults(&cfg);
+    set_cudefer_env("");
+    if (strcmp(var, "CUDEFER_POLL_MAX_US") == 0)
+        setenv("CUDEFER_POLL_US", "1", 1);
+    if (strcmp(var, "CUDEFER_POLL_US") == 0)
+        setenv("CUDEFER_POLL_MAX_US", "1000000", 1);
+    setenv(var, value, 1);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    *said = stderr_capture_end();
+    set_cudefer_env("");
+    *got = field_of(&cfg, var);
+    return invalid == 0 && (*said)[0] == '\0';
+}
+
+/* var=value is refused as out of range, in the one line a refusal is. */
+static void refused_out_of_range(const char *var, const char *value)
+{
+    uint64_t got;
+    const char *said;
+    char want[600];
+    refusal(want, sizeof want, var, value, "is out of range");
+    ok(!env_takes(var, value, &got, &said) && strcmp(said, want) == 0,
+       "%s=%s, one step outside, is refused in one line", var, value);
+}
+
+/* For every knob: README.md's row and cudefer(7)'s entry say the default
+ * and the range config.c works with (config_knob_text), and the bounds the
+ * README documents are taken, one step outside them (a plain number is in
+ * the knob's own unit) refused, the default documented is the default. */
+static void test_documented_bounds(void)
+{
+    static char readme_buf[1 << 20], man_buf[1 << 18];
+    const char *readme = doc_file("README.md", readme_buf, sizeof readme_buf);
+    const char *man = doc_file("man/cudefer.7", man_buf, sizeof man_buf);
+    struct config_knob_text t;
+    size_t n = 0;
+    for (size_t i = 0; config_knob_text(i, &t); i++, n++) {
+        char cell[2048], def[128], range[128], entry[4096];
+        bool row = readme_cell(readme, t.name, 2, cell, sizeof cell) &&
+                   first_code(cell, def, sizeof def) &&
+                   readme_cell(readme, t.name, 3, cell, sizeof cell) &&
+                   first_code(cell, range, sizeof range);
+        if (!ok(row, "README.md has a row for %s, its default and range "
+                     "quoted", t.name))
+            continue;
+        is_str(def, t.def, "README.md: %s's default", t.name);
+        is_str(range, t.range, "README.md: %s's range", t.name);
+        char want[200];
+        snprintf(want, sizeof want, "Default %s;", t.def);
+        ok(man_entry(man, t.name, entry, sizeof entry) &&
+               strstr(entry, want) != NULL && strstr(entry, t.range) != NULL,
+           "cudefer(7): %s's entry says \"%s\" and \"%s\"", t.name, want,
+           t.range);
+
+        /* The documented default is the default. */
+        struct defer_config d;
+        config_defaults(&d);
+        uint64_t got, lo, hi;
+        const char *said;
+        ok(env_takes(t.name, def, &got, &said) && got == field_of(&d, t.name),
+           "%s=%s (the documented default) is the default", t.name, def);
+
+        const char *dots = strstr(range, "..");
+        if (dots != NULL) {
+            const char *from = range;
+            if (strncmp(from, "a power of two, ", 16) == 0)
+                from += 16;
+            char lo_text[64], hi_text[64];
+            snprintf(lo_text, sizeof lo_text, "%.*s", (int)(dots - from),
+                     from);
+            snprintf(hi_text, sizeof hi_text, "%s", dots + 2);
+            ok(env_takes(t.name, lo_text, &lo, &said),
+               "%s=%s (the documented least) is taken", t.name, lo_text);
+            ok(env_takes(t.name, hi_text, &hi, &said) && hi > lo,
+               "%s=%s (the documented most) is taken", t.name, hi_text);
+            char step[32];
+            if (lo > 0) {
+                snprintf(step, sizeof step, "%llu",
+                         (unsigned long long)lo - 1);
+                refused_out_of_range(t.name, step);
+            }
+            snprintf(step, sizeof step, "%llu", (unsigned long long)hi + 1);
+            refused_out_of_range(t.name, step);
+            continue;
+        }
+        /* Words: "a, b" (a policy: the values in order) or pairs "x/y"
+         * (a switch: x is 0, y is 1). */
+        char words[128];
+        snprintf(words, sizeof words, "%s", range);
+        uint64_t next = 0;
+        for (char *w = strtok(words, ", /"); w != NULL;
+             w = strtok(NULL, ", /")) {
+            uint64_t want_value = strchr(range, '/') != NULL ? next % 2 : next;
+            ok(env_takes(t.name, w, &got, &said) && got == want_value,
+               "%s=%s (documented) is %llu", t.name, w,
+               (unsigned long long)want_value);
+            next++;
+        }
+        ok(next >= 2, "%s: %llu words documented", t.name,
+           (unsigned long long)next);
+        ok(!env_takes(t.name, "2", &got, &said) && said[0] != '\0',
+           "%s=2, outside the words, is refused", t.name);
+    }
+    is_int((long long)n, (long long)NVARS, "config_knob_text: every knob");
+    size_t rows = 0;
+    for (const char *r = strstr(readme, "\n| `CUDEFER_"); r != NULL;
+         r = strstr(r + 1, "\n| `CUDEFER_"))
+        rows++;
+    is_int((long long)rows, (long long)n,
+           "README.md's table has a row per knob and no other");
 }
 
 /* ---- printing and validation --------------------------------------------- */
@@ -407,22 +759,22 @@ static void test_print(void)
     }
     is_str(text,
            "cudefer: CUDEFER_POLL_US=50us\n"
-           "cudefer: CUDEFER_POLL_MAX_US=1000us\n"
-           "cudefer: CUDEFER_IDLE_US=2000us\n"
-           "cudefer: CUDEFER_MAX_PENDING=auto (a quarter of device memory)\n"
-           "cudefer: CUDEFER_MAX_DELAY_MS=1000ms\n"
+           "cudefer: CUDEFER_POLL_MAX_US=1ms\n"
+           "cudefer: CUDEFER_IDLE_US=2ms\n"
+           "cudefer: CUDEFER_MAX_PENDING=0 (auto, a quarter of device memory)\n"
+           "cudefer: CUDEFER_MAX_DELAY_MS=1s\n"
            "cudefer: CUDEFER_POLICY=batched\n"
            "cudefer: CUDEFER_EVENT_POOL=4096\n"
            "cudefer: CUDEFER_DISABLE=0\n"
            "cudefer: CUDEFER_VERBOSE=0\n"
            "cudefer: CUDEFER_STATS=0\n"
            "cudefer: CUDEFER_CHECK=0\n"
-           "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
+           "cudefer: CUDEFER_CACHE_KEEP_MS=10s\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
            "cudefer: CUDEFER_FREE_BATCH=32\n"
            "cudefer: CUDEFER_ROUND_DIVISIONS=16\n"
            "cudefer: CUDEFER_DRIVER_CALLS=1\n",
-           "the defaults, one line per knob");
+           "the defaults, one line per knob, each in its largest exact unit");
 
     /* Every value printed reads back the same through the environment. */
     struct defer_config odd = {
@@ -508,11 +860,12 @@ static void test_validate(void)
     validate_case(idle_big,
                   "idle_us is 10000001 (expected microseconds, 0..10000000)");
     validate_case(pending_big,
-                  "max_pending_bytes is 1125899906842625 (expected bytes with "
-                  "an optional k/M/G/T suffix, e.g. 4G; 0 for auto)");
+                  "max_pending_bytes is 1125899906842625 (expected bytes, "
+                  "0..1125899906842624; 0: auto, a quarter of device "
+                  "memory)");
     validate_case(delay_big,
                   "max_delay_ms is 3600001 "
-                  "(expected milliseconds, 0..3600000)");
+                  "(expected milliseconds, 0..3600000; 0: no limit)");
     validate_case(policy_bad, "policy is 7 (expected batched or eager)");
     validate_case(pool_big,
                   "event_pool_max is 1048577 (expected a count, 0..1048576)");
@@ -609,8 +962,9 @@ static void test_start(void)
        "at start: defer_configure's values, the environment on top, the "
        "invalid call ignored");
     is_str(msg,
-           "cudefer: invalid value for CUDEFER_IDLE_US: \"abc\" (expected "
-           "microseconds, 0..10000000)\n"
+           "cudefer: CUDEFER_IDLE_US=\"abc\" is not a duration: expected "
+           "0us..10s (a number with an optional unit us, ms, s, min or h; "
+           "plain: microseconds); using 89us\n"
            "cudefer: CUDEFER_POLL_US=123us\n"
            "cudefer: CUDEFER_POLL_MAX_US=4567us\n"
            "cudefer: CUDEFER_IDLE_US=89us\n"
@@ -622,7 +976,7 @@ static void test_start(void)
            "cudefer: CUDEFER_VERBOSE=1\n"
            "cudefer: CUDEFER_STATS=1\n"
            "cudefer: CUDEFER_CHECK=0\n"
-           "cudefer: CUDEFER_CACHE_KEEP_MS=10000ms\n"
+           "cudefer: CUDEFER_CACHE_KEEP_MS=10s\n"
            "cudefer: CUDEFER_SPLIT_MIN=1M\n"
            "cudefer: CUDEFER_FREE_BATCH=32\n"
            "cudefer: CUDEFER_ROUND_DIVISIONS=16\n"
@@ -666,8 +1020,10 @@ int main(void)
     test_size();
     test_bool_policy();
     test_env_vars();
+    test_env_messages();
     test_env_several();
     test_poll_max_fixup();
+    test_documented_bounds();
     test_print();
     test_validate();
     test_defaults_api();

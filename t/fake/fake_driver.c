@@ -23,8 +23,9 @@
 #define FAKE_POOL_HANDLE(dev) ((void *)(uintptr_t)(0x9000 + (dev)))
 
 /* The driver's cuPointerGetAttributes over the fake's allocations: size,
- * start, pool handle, memory type and device of a live allocation;
- * CUDA_ERROR_INVALID_VALUE for an unknown or released pointer,
+ * start, pool handle, memory type and device of a live allocation; for an
+ * unknown or released pointer, as the driver documents, CUDA_SUCCESS with
+ * every attribute 0 (a size of 0, no pool, no memory type);
  * CUDA_ERROR_NOT_SUPPORTED for another attribute.  Any thread. */
 static CUresult fake_cuPointerGetAttributes(unsigned int n,
                                             CUpointer_attribute *attrs,
@@ -35,28 +36,29 @@ static CUresult fake_cuPointerGetAttributes(unsigned int n,
     if (fake_enter(FAKE_CU_POINTER_GET_ATTRIBUTES) != cudaSuccess)
         return CUDA_ERROR_INVALID_VALUE;
     a = fake_alloc_find((const void *)(uintptr_t)ptr, 0);
-    if (a == NULL || a->released) {
-        fake_unlock();
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (a != NULL && a->released)
+        a = NULL;
     for (unsigned int i = 0; i < n; i++) {
         switch (attrs[i]) {
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-            *(size_t *)data[i] = a->size;
+            *(size_t *)data[i] = a != NULL ? a->size : 0;
             break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-            *(CUdeviceptr *)data[i] = (CUdeviceptr)a->addr;
+            *(CUdeviceptr *)data[i] = a != NULL ? (CUdeviceptr)a->addr : 0;
             break;
         case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-            *(void **)data[i] = a->kind == A_POOL ? FAKE_POOL_HANDLE(a->dev)
-                                                  : NULL;
+            *(void **)data[i] = a != NULL && a->kind == A_POOL
+                                    ? FAKE_POOL_HANDLE(a->dev)
+                                    : NULL;
             break;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-            *(unsigned int *)data[i] = a->kind == A_HOST ? CU_MEMORYTYPE_HOST
-                                                         : CU_MEMORYTYPE_DEVICE;
+            *(unsigned int *)data[i] =
+                a == NULL              ? 0
+                : a->kind == A_HOST    ? CU_MEMORYTYPE_HOST
+                                       : CU_MEMORYTYPE_DEVICE;
             break;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-            *(int *)data[i] = a->dev;
+            *(int *)data[i] = a != NULL ? a->dev : 0;
             break;
         default:
             fake_unlock();
