@@ -2,7 +2,7 @@
  * cudefer.hpp — C++ ownership for cudefer: deleters for std::unique_ptr and
  * std::shared_ptr that release CUDA memory with defer_free, bound to the
  * stream whose work uses the memory.  Header-only, C++11; link with
- * -lcudefer as for the C API (include/cudefer.h).
+ * -lcudefer as for the C API (<cudefer.h>).
  *
  *   float *raw;
  *   cudaMalloc(&raw, n * sizeof *raw);
@@ -59,9 +59,8 @@ inline void *untyped(T *p) noexcept
 
 /* Whether a refusal of defer_free leaves p the caller's to release now:
  * not where cudefer says p is not the caller's to give (a block of
- * defer_alloc already freed, a pointer inside one: before, the fallback
- * freed the cache's memory under its next owner), nor on a capture that
- * waiting would break. */
+ * defer_alloc already freed, a pointer inside one: freeing it would free
+ * memory its next owner uses), nor on a capture that waiting would break. */
 inline bool release_now_after(cudaError_t refusal) noexcept
 {
     return refusal != cudaErrorInvalidValue &&
