@@ -12,6 +12,7 @@
 # name and arguments of each example
 examples='demo -n 200
 streams -n 200
+quickstart
 cpp_raii -n 200
 graph_capture -n 5'
 
