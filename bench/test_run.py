@@ -603,12 +603,21 @@ def test_plot_reads_old_and_new():
         import plot
     except ImportError as e:
         return 'skip: %s' % e
-    old = os.path.join(HERE, 'results', '2026-11-21-h200-final.json')
-    rows = plot.load(old)
-    assert any(r['workload'] == 'W4' and r['strategy'] == 'cudefer-alloc' for r in rows)
-    assert all('ratio_done' in r for r in rows if r['workload'] in ('W1', 'W2'))
     tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
-    try:   # a run stopped before its summaries: only repetition lines
+    try:
+        # the older C bench's lines: summaries with no "record" key
+        old = os.path.join(tmp, 'old.json')
+        with open(old, 'w') as f:
+            for wl, st, ratio in (('W1', 'limit', 1.0), ('W1', 'cudefer', 1.01),
+                                  ('W4', 'cudefer-alloc', 0.99)):
+                f.write(json.dumps(dict(workload=wl, strategy=st, kind=st, env='',
+                                        reps=3, reps_failed=0, ratio_done=ratio,
+                                        ratio_done_min=ratio, ratio_done_max=ratio,
+                                        device='NVIDIA H200')) + '\n')
+        rows = plot.load(old)
+        assert any(r['workload'] == 'W4' and r['strategy'] == 'cudefer-alloc' for r in rows)
+        assert all('ratio_done' in r for r in rows if r['workload'] in ('W1', 'W2'))
+        # a run stopped before its summaries: only repetition lines
         path = os.path.join(tmp, 'reps.jsonl')
         with open(path, 'w') as f:
             for rep, done in ((0, 100.0), (1, 110.0)):
