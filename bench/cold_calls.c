@@ -23,11 +23,9 @@
  * in the caches, and only the call is timed.  No kernel runs: every block
  * is free by the next request, which is not what a GPU a step behind gives
  * (bench/replay-trace measures that policy); this measures the work of the
- * calls.  On the H100, in LM training with every call timed (--time-calls;
+ * calls.  On an H100, in LM training with every call timed (--time-calls;
  * about 1050 allocations and 1040 frees a step), cudefer's calls took
- * 749/959 us a step (bench/results/2026-11-23-h100-train-s6-calls.txt) and
- * the floor's 254/202 (-train-calls.txt): about 0.71/0.92 and 0.24/0.19 us
- * a call.
+ * about 0.71/0.92 us each and the floor's 0.24/0.19.
  *
  * Prints one line per row (microseconds per allocation and per free, means
  * over the counted cycles), then one JSON object with the same numbers.

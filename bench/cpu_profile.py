@@ -7,8 +7,7 @@ programs it starts: a shell script is not profiled), then prints, for the
 reclaimer thread and for all other threads apart: the functions the samples
 were in (self) and the functions on their stacks (inclusive, each counted
 once a sample), named with nm from the process's own mappings.  Linux x86-64
-only.  How bench/results/2026-11-26-h100-w6-profile.txt found where W6's
-launching threads spend their time."""
+only.  For questions such as where W6's launching threads spend their time."""
 import bisect
 import collections
 import os

@@ -3,9 +3,10 @@
 
 Reads the JSON lines of bench/run.py (its summary records; from the
 per-repetition records when a run stopped before its summaries) and the
-older files of the C bench in bench/results/*.json (one summary line per
-workload and strategy, with the same keys).  Panels, each drawn only when
-the file has its data:
+files of the older C bench (one summary line per workload and strategy,
+no "record" key, the same keys).  bench/results_md.py draws each GPU
+kind's figure through draw().  Panels, each drawn only when the rows have
+their data:
   1. W1-W4: time until all GPU work is done, ratio to the preallocated limit
      (median; whiskers min..max);
   2. W5: the release call alone, p50 and p99, idle and busy (log scale);
@@ -181,16 +182,9 @@ def panel_train(ax, rows, colors, key, what):
                  'min..max; hatched: losses differ from native\'s)' % what)
 
 
-def main(argv):
-    if len(argv) != 3:
-        sys.stderr.write('usage: plot.py RESULTS.jsonl OUT.png\n')
-        return 2
-    src, out = argv[1], argv[2]
-    try:
-        rows = load(src)
-    except OSError as e:
-        sys.stderr.write('plot.py: %s: %s\n' % (src, e.strerror))
-        return 1
+def draw(rows, title, out):
+    """Draws the panels that rows (summary records) have data for into
+    out (a PNG).  Returns 0, or 1 with the reason on stderr."""
     try:
         import matplotlib
         matplotlib.use('Agg')
@@ -213,20 +207,37 @@ def main(argv):
         panels.append(lambda ax, r, c: panel_train(ax, r, c, 'peak_ratio', 'peak memory'))
         heights += [1.0, 1.0]
     if not panels:
-        sys.stderr.write('plot.py: no benchmark results in %s\n' % src)
+        sys.stderr.write('plot.py: no benchmark results for %s\n' % out)
         return 1
     names = list(dict.fromkeys(r['strategy'] for r in rows))
     cmap = plt.get_cmap('tab20')
     colors = {n: cmap(i % 20) for i, n in enumerate(names)}
     fig, axes = plt.subplots(len(panels), 1, figsize=(14, 4.2 * sum(heights)),
                              squeeze=False, gridspec_kw={'height_ratios': heights})
-    for draw, ax in zip(panels, axes[:, 0]):
-        draw(ax, rows, colors)
-    fig.suptitle(title_of(src, rows), fontsize=11)
+    for draw_panel, ax in zip(panels, axes[:, 0]):
+        draw_panel(ax, rows, colors)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=110)
+    plt.close(fig)
     sys.stderr.write('plot.py: wrote %s\n' % out)
     return 0
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.stderr.write('usage: plot.py RESULTS.jsonl OUT.png\n')
+        return 2
+    src, out = argv[1], argv[2]
+    try:
+        rows = load(src)
+    except OSError as e:
+        sys.stderr.write('plot.py: %s: %s\n' % (src, e.strerror))
+        return 1
+    if not rows:
+        sys.stderr.write('plot.py: no benchmark results in %s\n' % src)
+        return 1
+    return draw(rows, title_of(src, rows), out)
 
 
 if __name__ == '__main__':

@@ -19,8 +19,7 @@
  * (measured on the first pass) or --kernel-us.  cudefer's pool reserves
  * memory in granules of --pool-granularity bytes (default 2 MiB, as a
  * real pool maps memory; 1: exactly what it lends at most, which makes the
- * H100 LM trace miss 255 requests a step where the H100 missed none:
- * bench/results/2026-11-25-fake-replay-granularity.txt).
+ * H100 LM trace miss 255 requests a step where the H100 missed none).
  *
  * The steps: the trace's "m STEP" lines cut it into steps; the last one
  * ends the last step (what follows it, the teardown, is not replayed).

@@ -2,8 +2,8 @@
 threads (not the main thread) sleeps in futex on a heap address for 15 ms or
 more, stop the process (SIGSTOP) and print every thread's backtrace
 (cuda-gdb, or gdb where there is no cuda-gdb), then kill it.  At most one
-capture.  Linux only (/proc); how bench/results/2026-11-26-h100-w4-stall-
-stacks.txt found where W4's stalled defer_free waited."""
+capture.  Linux only (/proc).  For questions such as where a defer_free
+that stalls in W4 waits."""
 import os
 import shutil
 import signal
