@@ -8,7 +8,7 @@
  *     bench/cold-calls [--evict KIB] [--cycles N] TRACE
  *
  * TRACE is an allocation trace of bench/torch_shims.c (cudefer-trace; the
- * H100 traces are in bench/results/2026-11-23-h100-traces.tar.gz).  Every
+ * H100 traces are in bench/results/h100-traces.tar.gz).  Every
  * allocation (but those the trace says were refused) and free of it is
  * replayed on the legacy stream, as PyTorch
  * makes them, --cycles times (default 3; the first warms up and is not
