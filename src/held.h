@@ -23,6 +23,7 @@ struct held_list {
     uint64_t count;
     uint64_t cap; /* bytes above which a batch is released while busy;
                      0 until the reclaimer learns it (reclaimer only) */
+    uint64_t cap_at_ns; /* when cap was learned (reclaimer only) */
 };
 
 /* Start-up only. */

@@ -385,18 +385,24 @@ static void size_up(struct entry *e)
         e->held_bytes = 0; /* cudaFreeAsync costs nothing: never held */
 }
 
-/* A device's cap, once it is in use (asking earlier would create a
- * context): from its memory when the configuration says "auto". */
-static void learn_cap(int device)
+void reclaimer_learn_cap(int device, uint64_t now)
 {
+    struct held_list *h = &rs.held[device];
     size_t free_bytes = 0, total = 0;
     cudaError_t err = cudaMemGetInfo(&free_bytes, &total);
+    h->cap_at_ns = now;
     if (err != cudaSuccess) {
+        if (h->cap != 0)
+            return; /* the cap learned before stays */
         total = (size_t)80 << 30; /* what today's large GPUs have */
+        free_bytes = total;
         report_cuda("reclaimer", "cudaMemGetInfo", err,
                     "; the cap assumes 80 GiB of device memory");
     }
-    rs.held[device].cap = release_policy_cap(&rs.cfg, total);
+    held_lock(h);
+    uint64_t held_bytes = h->bytes;
+    held_unlock(h);
+    h->cap = release_policy_cap(&rs.cfg, total, free_bytes, held_bytes);
 }
 
 /* CUDEFER_CHECK: drop (and report) the pointers of e that are already
@@ -441,7 +447,7 @@ void reclaimer_take_in(struct entry *e)
      * with cudaFreeAsync, and a trim can say what it released. */
     if (reclaimer_use_device(e->device)) {
         if (rs.held[e->device].cap == 0)
-            learn_cap(e->device);
+            reclaimer_learn_cap(e->device, now_ns());
         size_up(e);
     }
     if (e->ev == NULL && !e->synced) { /* complete on arrival */

@@ -46,6 +46,10 @@ void reclaimer_held_release(uint64_t now)
     struct policy_view view = reclaimer_view_now(now);
     for (int d = 0; d < rs.ndevices; d++) {
         struct held_list *h = &rs.held[d];
+        if (h->head != NULL && release_policy_cap_follows_use(&rs.cfg) &&
+            now - h->cap_at_ns >= RELEASE_POLICY_CAP_REFRESH_NS &&
+            reclaimer_use_device(d))
+            reclaimer_learn_cap(d, now);
         held_lock(h);
         enum release_reason reason = release_policy_decide(&rs.cfg, h, &view);
         held_unlock(h);

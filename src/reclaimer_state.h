@@ -140,6 +140,12 @@ size_t reclaimer_poll_streams(uint64_t now);
  * of each device's held entries, a batch per device and reason. */
 void reclaimer_held_release(uint64_t now);
 
+/* Reclaimer only, on device (reclaimer_use_device): learn device's cap
+ * from its memory now (Note [The cap], release_policy.h).  A failed query
+ * keeps the cap learned before (the first is reported, and assumes a
+ * device of 80 GiB).  Does not block beyond the query. */
+void reclaimer_learn_cap(int device, uint64_t now);
+
 /* Reclaimer thread only (reclaimer_cache.c): release the block cache's free
  * blocks that expired, or all of them on a trim or when stopping; and when
  * the next one expires (UINT64_MAX: none). */

@@ -89,10 +89,21 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
     return wait;
 }
 
-uint64_t release_policy_cap(const struct defer_config *cfg,
-                            uint64_t total_bytes)
+bool release_policy_cap_follows_use(const struct defer_config *cfg)
 {
-    if (cfg->max_pending_bytes != 0)
+    return cfg->max_pending_bytes == 0;
+}
+
+uint64_t release_policy_cap(const struct defer_config *cfg,
+                            uint64_t total_bytes, uint64_t free_bytes,
+                            uint64_t held_bytes)
+{
+    if (!release_policy_cap_follows_use(cfg))
         return cfg->max_pending_bytes;
-    return total_bytes / 4;
+    uint64_t used = total_bytes > free_bytes ? total_bytes - free_bytes : 0;
+    uint64_t app = used > held_bytes ? used - held_bytes : 0;
+    uint64_t cap = app / RELEASE_POLICY_CAP_SHARE, most = total_bytes / 4;
+    if (cap < RELEASE_POLICY_CAP_FLOOR)
+        cap = RELEASE_POLICY_CAP_FLOOR;
+    return cap < most ? cap : most;
 }

@@ -9,8 +9,9 @@
  *   - the application is quiet: no stream cudefer tracks has work pending and
  *     no defer call arrived for idle_us (such a batch stops at the next
  *     defer call, so it never stands long in the application's way);
- *   - a device holds more than its cap (max_pending_bytes, or a quarter of
- *     its memory): released down to half the cap, one drain for many frees;
+ *   - a device holds more than its cap (max_pending_bytes, or a share of
+ *     the memory the application uses there: Note [The cap]): released
+ *     down to half the cap, one drain for many frees;
  *   - the oldest held entry is older than max_delay_ms;
  *   - a flush, trim or shutdown asks for everything.
  * Pool memory (cudaMallocAsync) is not held: cudaFreeAsync on the
@@ -80,8 +81,32 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
                                 const struct held_list *h,
                                 const struct policy_view *view);
 
-/* The cap of a device of total_bytes memory under cfg. */
+/* Note [The cap]
+ * In training the GPU is never idle and a step frees more than the age
+ * limit lets pile up, so the cap is what bounds held memory.  A fixed share
+ * of the device let a program that keeps cudaMalloc and defers its frees
+ * hold many times its working set: cudaMalloc cannot reuse held memory, so
+ * every held byte adds to the program's peak.  So by default the cap
+ * follows the application: a quarter (RELEASE_POLICY_CAP_SHARE) of the
+ * memory it uses on the device (the device's used memory less what cudefer
+ * holds), at least RELEASE_POLICY_CAP_FLOOR (a small program does not
+ * drain the device for every few frees) and at most a quarter of the
+ * device.  A batch over the cap releases down to half of it: one device
+ * drain frees an eighth of the working set.  The reclaimer asks the
+ * device's use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds
+ * memory there; max_pending_bytes, when set, is the cap instead. */
+#define RELEASE_POLICY_CAP_SHARE 4
+#define RELEASE_POLICY_CAP_FLOOR (UINT64_C(256) << 20)
+#define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)
+
+/* The cap of a device under cfg (Note [The cap]): of total_bytes memory,
+ * free_bytes of them free, held_bytes of them held by cudefer. */
 uint64_t release_policy_cap(const struct defer_config *cfg,
-                            uint64_t total_bytes);
+                            uint64_t total_bytes, uint64_t free_bytes,
+                            uint64_t held_bytes);
+
+/* Whether the cap follows the device's use, so that the reclaimer asks for
+ * it again while it holds memory (Note [The cap]). */
+bool release_policy_cap_follows_use(const struct defer_config *cfg);
 
 #endif

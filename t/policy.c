@@ -156,6 +156,51 @@ static int s_batched_holds_while_busy(void)
 
 /* ---- 2. cap --------------------------------------------------------------- */
 
+/* The default cap follows the application (release_policy.h, Note [The
+ * cap]): with 4 GiB of its own in use, frees of 64 MiB buffers behind a
+ * busy stream are held up to about a quarter of that, then released in
+ * batches, never up to a quarter of the device (20 GiB here). */
+static int s_cap_follows_use(void)
+{
+    enum { LIVE = 16, N = 48 };
+    const size_t MiB = (size_t)1 << 20, part = 256 * MiB, size = 64 * MiB;
+    void *live[LIVE];
+    for (int i = 0; i < LIVE; i++)
+        live[i] = device_alloc(part);
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    uint64_t max_held_bytes = 0;
+    for (int i = 0; i < N; i++) {
+        void *p;
+        defer_fast(sb, &p, 1, size);
+        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
+        uint64_t hb = stats_now().held_bytes;
+        if (hb > max_held_bytes)
+            max_held_bytes = hb;
+    }
+    wait_stats_settled(10000);
+    struct defer_stats st = stats_now();
+    const uint64_t cap = (LIVE * part + size) / 4; /* the busy buffer's too */
+    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
+          ULL(st.cap_releases));
+    CHECK(max_held_bytes <= cap + 2 * size,
+          "held_bytes stayed near a quarter of the 4 GiB in use (max seen "
+          "%llu MiB)", ULL(max_held_bytes >> 20));
+    CHECK(max_held_bytes >= cap / 2,
+          "and the batches were not tiny (max seen %llu MiB)",
+          ULL(max_held_bytes >> 20));
+    CHECK(st.idle_releases + st.age_releases + st.demand_releases == 0,
+          "no other reason (idle %llu age %llu demand %llu)",
+          ULL(st.idle_releases), ULL(st.age_releases),
+          ULL(st.demand_releases));
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    for (int i = 0; i < LIVE; i++)
+        cudaFree(live[i]);
+    return 0;
+}
+
+
 static int s_cap(void)
 {
     enum { N = 32, SIZE = 16 << 10, CAP = 64 << 10 };
@@ -603,6 +648,8 @@ int main(void)
     scenario("batched: held while another stream is busy, released when quiet",
              "CUDEFER_IDLE_US=2000 CUDEFER_MAX_DELAY_MS=0",
              s_batched_holds_while_busy);
+    scenario("cap: by default a quarter of what the application uses",
+             "CUDEFER_MAX_DELAY_MS=0", s_cap_follows_use);
     scenario("cap: released down to the cap while busy",
              "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
     scenario("age: released after max_delay_ms while busy",
