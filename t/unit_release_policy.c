@@ -145,10 +145,10 @@ static void test_default_cap(void)
     ok(!release_policy_cap_follows_use(&c), "and then it is not asked again");
     c.max_pending_bytes = 0;
     ok(release_policy_cap_follows_use(&c), "auto: the cap follows the use");
-    ok(release_policy_cap(&c, 80 * GiB, 72 * GiB, 0) == 2 * GiB,
-       "auto: a quarter of what the application uses (8 GiB used)");
-    ok(release_policy_cap(&c, 80 * GiB, 68 * GiB, 4 * GiB) == 2 * GiB,
-       "what cudefer holds is not the application's (12 GiB used, 4 held)");
+    ok(release_policy_cap(&c, 80 * GiB, 68 * GiB, 0) == 2 * GiB,
+       "auto: a sixth of what the application uses (12 GiB used)");
+    ok(release_policy_cap(&c, 80 * GiB, 64 * GiB, 4 * GiB) == 2 * GiB,
+       "what cudefer holds is not the application's (16 GiB used, 4 held)");
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 0) ==
            RELEASE_POLICY_CAP_FLOOR &&
            release_policy_cap(&c, 80 * GiB, 79 * GiB, 0) == 256 * MiB,
@@ -156,8 +156,8 @@ static void test_default_cap(void)
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 5 * GiB) ==
            RELEASE_POLICY_CAP_FLOOR,
        "held more than used (pinned memory): the floor");
-    ok(release_policy_cap(&c, 80 * GiB, 0, 0) == 20 * GiB,
-       "at most a quarter of the device");
+    ok(release_policy_cap(&c, 96 * GiB, 0, 0) == 16 * GiB,
+       "a device used whole: a sixth of it");
     ok(release_policy_cap(&c, 512 * MiB, 0, 0) == 128 * MiB,
        "a device smaller than four floors: a quarter of it");
 }
