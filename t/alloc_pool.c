@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "block_pool.h"
+#include "cache.h"
 #include "helpers.h"
 
 /* A request that no cached block fits.  When the pool has the memory
@@ -150,7 +150,7 @@ static void test_failed_hand_back(cudaStream_t s)
     alloc_checked(&a, 1 << 20, s);
     defer_free(a, s);
     defer_flush(); /* FREE; the pool lends all it has */
-    is_int(block_pool_slack(0), 0, "the pool has no slack");
+    is_int(cache_upstream_slack(0), 0, "the pool has no slack");
     uint64_t releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
@@ -178,7 +178,7 @@ static void test_failed_hand_back(cudaStream_t s)
     fake_fail_clear();
     ok(fake_is_released(a) == 0 && stats_now().cache_releases == releases,
        "and not counted as released");
-    is_int(block_pool_slack(0), 0,
+    is_int(cache_upstream_slack(0), 0,
            "the pool still counts that memory as lent");
     cudaFree(a); /* the test's now: the oracle's count of live memory */
     defer_free(b, s);

@@ -1,10 +1,10 @@
-/* The size of a new block (block_cache_round) at every rounding
+/* The size of a new block (cache_round) at every rounding
  * CUDEFER_ROUND_DIVISIONS allows the ends of: 16 (the default), 32, 1 and
  * 256 sizes per power of two, the cache started again for each. */
 #include <stddef.h>
 #include <stdio.h>
 
-#include "block_cache.h"
+#include "cache.h"
 #include "helpers.h"
 
 /* New blocks at the rounding divs sizes per power of two the cache was
@@ -15,14 +15,14 @@ static void test_rounding(unsigned divs, const size_t (*cases)[2])
 {
     int good = 1, within = 1;
     for (; cases[0][0] != 0; cases++) {
-        size_t r = block_cache_round(cases[0][0]);
+        size_t r = cache_round(cases[0][0]);
         if (r != cases[0][1]) {
             diag("round(%zu) = %zu; want %zu", cases[0][0], r, cases[0][1]);
             good = 0;
         }
     }
     for (size_t n = 513; n < ((size_t)1 << 41); n = n * 3 / 2 + 7) {
-        size_t r = block_cache_round(n), waste = r - n;
+        size_t r = cache_round(n), waste = r - n;
         within &= r >= n && waste * (divs < 16 ? divs : 16) < n &&
                   (n <= (size_t)512 * divs || waste * divs < n);
     }
@@ -60,10 +60,10 @@ int main(void)
     plan_lazy();
     fake_reset(1);
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
-        if (!block_cache_init(1, MIB, runs[i].divs))
-            bail("block_cache_init at %u", runs[i].divs);
+        if (!cache_init(1, MIB, runs[i].divs))
+            bail("cache_init at %u", runs[i].divs);
         test_rounding(runs[i].divs, runs[i].cases);
-        block_cache_destroy();
+        cache_destroy();
     }
     return 0;
 }

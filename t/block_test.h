@@ -7,9 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "block_cache.h"
-#include "block_done.h"
-#include "block_map.h"
+#include "cache.h"
+#include "cache_block.h" /* for now */
 #include "tap.h"
 
 /* Made-up addresses: the cache never dereferences them. */
@@ -20,11 +19,11 @@
 static inline bool give_back(void *p)
 {
     struct block_claim claim;
-    if (block_cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
-        claim.block != block_map_find(p))
+    if (cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
+        claim.block != cache_map_find(p))
         return false;
-    block_done_adopt(&claim);
-    return block_map_find(p) != NULL;
+    cache_reclaim_adopt(&claim);
+    return cache_map_find(p) != NULL;
 }
 
 /* Free p on stream id of device the stream-ordered way: planned and
@@ -33,8 +32,8 @@ static inline bool give_back(void *p)
 static inline bool park_free(void *p, int device, unsigned long long id,
                              struct block_free_plan *plan)
 {
-    block_cache_plan_free(p, device, id, plan);
-    return plan->path == BLOCK_STREAM_ORDERED && block_cache_park(plan, id);
+    cache_plan_free(p, device, id, plan);
+    return plan->path == BLOCK_STREAM_ORDERED && cache_park(plan, id);
 }
 
 /* A free of p on stream id of device the stream-ordered way, parked
@@ -61,9 +60,9 @@ static inline uint64_t free_on(void *p, unsigned long long id)
 static inline enum block_free_path claim(void *p)
 {
     struct block_claim c;
-    enum block_free_path path = block_cache_claim(p, &c);
+    enum block_free_path path = cache_claim(p, &c);
     if (c.block != NULL)
-        block_cache_unclaim(&c);
+        cache_unclaim(&c);
     return path;
 }
 

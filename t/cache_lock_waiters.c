@@ -1,6 +1,6 @@
 /* The reclaimer lets a launching thread that waits for a device's lock in
  * before its next hold (src/block_bins.h, cache_lock; block_done.c,
- * block_done_claims).  A thread asleep on the lock was woken by the
+ * cache_reclaim_claims_done).  A thread asleep on the lock was woken by the
  * unlock, but the reclaimer, still running, took the lock again before it
  * was scheduled, for the rest of its run (the waiter waited for the whole
  * run; in the PyTorch LM on an H100 such waits proved rare:
@@ -25,11 +25,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "block_bins.h"
-#include "block_cache.h"
-#include "block_done.h"
-#include "block_map.h"
 #include "block_test.h"
+#include "cache.h"
+#include "cache_block.h"
 #include "helpers.h"
 
 #define CLAIMS 32
@@ -76,9 +74,9 @@ static void park_claims(int first)
     for (int i = 0; i < CLAIMS; i++) {
         void *p = ADDR(first + i);
         struct block_free_plan plan;
-        if (!block_cache_add(0, p, BLOCK_BYTES, false))
-            bail("block_cache_add");
-        block_cache_plan_free_parked(p, 0, 7, &plan);
+        if (!cache_add(0, p, BLOCK_BYTES, false))
+            bail("cache_add");
+        cache_plan_free_parked(p, 0, 7, &plan);
         if (plan.path != BLOCK_STREAM_ORDERED || !plan.parked)
             bail("plan_free_parked: path %d", (int)plan.path);
         claims[i] = (struct block_claim){plan.block, plan.handout};
@@ -99,7 +97,7 @@ static int trial(int first)
         sleep_ms(1);
     sleep_ms(5); /* past its spin: asleep on the lock */
     pthread_mutex_unlock(&cache->lock);
-    block_done_claims(claims, CLAIMS, true, 1);
+    cache_reclaim_claims_done(claims, CLAIMS, true, 1);
     pthread_join(t, NULL);
     return atomic_load(&done_seen);
 }
@@ -132,7 +130,7 @@ static double claims_with_stuck_waiter(int first)
     sleep_ms(20); /* the spinner runs on CPU 0 */
     atomic_store(&cache->waiting, 1);
     double t0 = now_ms();
-    block_done_claims(claims, CLAIMS, true, 1);
+    cache_reclaim_claims_done(claims, CLAIMS, true, 1);
     double took = now_ms() - t0;
     atomic_store(&cache->waiting, 0);
     atomic_store(&stop_spinning, true);
@@ -151,8 +149,8 @@ int main(void)
     }
     plan_lazy();
     fake_reset(1);
-    ok(block_cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
-    cache = block_cache_device(0);
+    ok(cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
+    cache = cache_device(0);
     int first_in = 0;
     for (int k = 0; k < TRIALS; k++) {
         int seen = trial(100 + k * CLAIMS);
@@ -167,6 +165,6 @@ int main(void)
     ok(took < 40, "a waiter never scheduled delays 32 claims %.2f ms (under "
                   "40: 50 us a hold, and the busy thread's share of the "
                   "CPU)", took);
-    block_cache_destroy();
+    cache_destroy();
     return 0;
 }
