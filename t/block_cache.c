@@ -1,7 +1,7 @@
-/* The block cache on its own (no reclaimer): fit (rounding: t/block_rounding), the
- * states LIVE -> PENDING (reusable on its stream only) -> FREE (any stream),
- * stale hand-outs, recorded streams, double frees, expiry, accounting
- * (stale records: t/block_stale). */
+/* The block cache on its own (no reclaimer), through src/cache.h: fit
+ * (rounding: t/block_rounding), the states LIVE -> PENDING (reusable on its
+ * stream only) -> FREE (any stream), stale hand-outs, users, double frees,
+ * split and merge, expiry, accounting (stale blocks: t/block_stale). */
 #include <stdint.h>
 #include <string.h>
 
@@ -23,10 +23,10 @@ static void test_stream_order(void)
     ok(cache_take(0, 7, 1000, &size) == NULL, "empty: nothing to take");
     ok(cache_add(0, ADDR(1), 1024, false), "a fresh block is filed");
     ok(cache_active(), "the cache is active from the first block");
-    struct cache_block *b = cache_map_find(ADDR(1));
-    ok(b != NULL && b->state == BLOCK_LIVE, "it is LIVE");
+    struct cache_block *b = cache_test_find(ADDR(1));
+    ok(b != NULL && view(b).state == BLOCK_LIVE, "it is LIVE");
     uint64_t h1 = free_on(ADDR(1), 7);
-    ok(h1 != 0 && b->state == BLOCK_PENDING, "freed on stream 7: PENDING");
+    ok(h1 != 0 && view(b).state == BLOCK_PENDING, "freed on stream 7: PENDING");
     ok(cache_take(0, 8, 1000, &size) == NULL,
        "another stream cannot take it before its work is done");
     ok(cache_take(0, 7, 1000, &size) == ADDR(1) && size == 1024,
@@ -35,14 +35,14 @@ static void test_stream_order(void)
     uint64_t h2 = free_on(ADDR(1), 7);
     ok(h2 != h1, "a new hand-out, a new id");
     cache_reclaim_event_done(b, h1, true, 100);
-    ok(b->state == BLOCK_PENDING,
+    ok(view(b).state == BLOCK_PENDING,
        "the first free's event completing changes nothing: a stale hand-out");
     ok(cache_take(0, 8, 1000, &size) == NULL, "still not for stream 8");
     cache_reclaim_event_done(b, h2, true, 200);
-    ok(b->state == BLOCK_FREE && b->freed_ns == 200,
+    ok(view(b).state == BLOCK_FREE && view(b).freed_ns == 200,
        "its own event completed: FREE");
     ok(cache_take(0, 8, 1000, &size) == ADDR(1), "now any stream takes it");
-    is_int(b->events, 0, "no entry names it any more");
+    is_int(view(b).events, 0, "no entry names it any more");
 }
 
 static void test_fit(void)
@@ -89,7 +89,7 @@ static void test_double_free(void)
            "an interior pointer of a live block lies in the cache's memory: "
            "refused");
     ok(plan.block == NULL && cache_inside_live((char *)ADDR(2) + 2048) &&
-           cache_map_find(ADDR(2))->state == BLOCK_LIVE,
+           view(cache_test_find(ADDR(2))).state == BLOCK_LIVE,
        "inside a live block, which stays its owner's");
     is_int(claim((char *)ADDR(2) + 2048), BLOCK_INSIDE,
            "so does any other free path");
@@ -143,7 +143,7 @@ static void test_recorded(void)
     ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
     ok(give_back(ADDR(7)), "freed, its work done: adopted");
     ok(cache_take(0, 4, 2048, &size) == ADDR(7) &&
-           cache_map_find(ADDR(7))->nusers == 0,
+           view(cache_test_find(ADDR(7))).nusers == 0,
        "handed out again with no stream recorded");
     stderr_capture_begin();
     is_int(cache_user_add(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
@@ -151,9 +151,8 @@ static void test_recorded(void)
     stderr_capture_end();
 }
 
-/* The legacy streams of two devices may share an id: a record is told
- * apart by device too (found by a review helper, with the free's device
- * switch of src/block_users.c). */
+/* The legacy streams of two devices may share an id: a user is told
+ * apart by device too (as the free's device switch is: cache_user_enter). */
 static void test_recorded_devices(void)
 {
     ok(cache_add(0, ADDR(500), 2048, false), "a block");
@@ -202,17 +201,17 @@ static void test_split_merge(void)
        "a request below 1 MiB is never cut from it");
     void *p = cache_take(0, 1, MiB, &size);
     ok(p == base + 3 * MiB && size == MiB, "1 MiB is cut from its end");
-    struct cache_block *rest = cache_map_find(base);
-    ok(rest != NULL && rest->size == 3 * MiB && rest->state == BLOCK_FREE,
+    struct cache_block *rest = cache_test_find(base);
+    ok(rest != NULL && view(rest).size == 3 * MiB && view(rest).state == BLOCK_FREE,
        "the rest stays FREE at the segment's start");
     struct block_memory mem[4];
     is_int(cache_reclaim_for_miss(0, 1, UINT64_MAX, mem, 4, SIZE_MAX), 0,
            "a piece of a segment never goes back to the pool");
     uint64_t h = free_on(p, 1);
-    struct cache_block *piece = cache_map_find(p);
+    struct cache_block *piece = cache_test_find(p);
     cache_reclaim_event_done(piece, h, true, 5);
-    ok(cache_map_find(p) == NULL && rest->size == 4 * MiB &&
-           rest->state == BLOCK_FREE,
+    ok(cache_test_find(p) == NULL && view(rest).size == 4 * MiB &&
+           view(rest).state == BLOCK_FREE,
        "the piece's work done, it merges back: one FREE segment again");
     struct block_free_plan late;
     cache_plan_free(p, 0, 1, &late);
@@ -222,7 +221,7 @@ static void test_split_merge(void)
        "cache's free memory: refused as a second free (it was taken for "
        "other memory, whose cudaFree failed)");
     is_int(claim(p), BLOCK_INSIDE, "by any free path");
-    ok(rest->state == BLOCK_FREE && rest->size == 4 * MiB,
+    ok(view(rest).state == BLOCK_FREE && view(rest).size == 4 * MiB,
        "the segment unchanged");
 
     /* PENDING on stream 7: two pieces cut and freed there merge at once. */
@@ -235,15 +234,15 @@ static void test_split_merge(void)
        "stream 7 cuts two pieces from its own PENDING segment");
     ok(cache_take(0, 8, MiB, &size) == NULL,
        "stream 8 cuts nothing from it before its work is done");
-    struct cache_block *ra = cache_map_find(a), *rb = cache_map_find(b);
+    struct cache_block *ra = cache_test_find(a), *rb = cache_test_find(b);
     uint64_t ha = free_on(a, 7), hb = free_on(b, 7);
-    struct cache_block *whole = cache_map_find(base);
-    ok(whole == rest && whole->size == 4 * MiB &&
-           whole->state == BLOCK_PENDING,
+    struct cache_block *whole = cache_test_find(base);
+    ok(whole == rest && view(whole).size == 4 * MiB &&
+           view(whole).state == BLOCK_PENDING,
        "freed on 7, the three parts are one PENDING block at once, the "
        "first part's record");
-    ok(ra->state == BLOCK_MERGED && cache_map_find(a) == ra &&
-           rb->state == BLOCK_MERGED && cache_map_find(b) == rb,
+    ok(view(ra).state == BLOCK_MERGED && cache_test_find(a) == ra &&
+           view(rb).state == BLOCK_MERGED && cache_test_find(b) == rb,
        "the parts it absorbed are MERGED, still filed under their addresses");
     struct block_free_plan again;
     cache_plan_free(b, 0, 7, &again);
@@ -254,28 +253,26 @@ static void test_split_merge(void)
        "which stream 7 takes whole");
     uint64_t hm = free_on(base, 7);
     cache_reclaim_event_done(whole, hm, true, 6);
-    ok(whole->state == BLOCK_PENDING &&
+    ok(view(whole).state == BLOCK_PENDING &&
            cache_take(0, 8, 4 * MiB, &size) == NULL,
        "its last free's work done, other parts' not: still PENDING");
     cache_reclaim_event_done(ra, ha, true, 7);
-    ok(whole->state == BLOCK_PENDING && cache_map_find(a) == NULL,
+    ok(view(whole).state == BLOCK_PENDING && cache_test_find(a) == NULL,
        "nor with one part done (its record unfiled)");
     cache_reclaim_event_done(whole, hw, true, 8); /* its older free's entry */
-    ok(whole->state == BLOCK_PENDING, "nor with the segment's first free's");
+    ok(view(whole).state == BLOCK_PENDING, "nor with the segment's first free's");
     cache_reclaim_event_done(rb, hb, true, 9);
-    ok(whole->state == BLOCK_FREE && cache_map_find(b) == NULL,
+    ok(view(whole).state == BLOCK_FREE && cache_test_find(b) == NULL,
        "every part's work done: FREE");
-    is_int(whole->events, 0, "no entry names it any more");
+    is_int(view(whole).events, 0, "no entry names it any more");
     ok(cache_take(0, 8, 4 * MiB, &size) == base && size == 4 * MiB,
        "and stream 8 takes it");
 }
 
 /* A block freed on a stream next to a FREE piece of its segment joins it
  * at once, PENDING on that stream: a request there of their combined size
- * takes it whole, another stream only once the freed block's work is done.
- * Before, the two stayed apart until that work was done, and the request
- * missed (bench/replay-trace of the H100 LM trace with the GPU under a step
- * behind: a 1 GiB segment more, the pool at 1.154x the live peak). */
+ * takes it whole, another stream only once the freed block's work is done
+ * (src/cache_segments.c, Note [Merging at once]). */
 static void test_merge_with_free(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -285,12 +282,12 @@ static void test_merge_with_free(void)
     ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
        "merge with free: a FREE 4 MiB pool segment");
     void *p = cache_take(0, 7, 2 * MiB, &size);
-    struct cache_block *rest = cache_map_find(base), *piece = cache_map_find(p);
-    ok(p == base + 2 * MiB && rest->state == BLOCK_FREE,
+    struct cache_block *rest = cache_test_find(base), *piece = cache_test_find(p);
+    ok(p == base + 2 * MiB && view(rest).state == BLOCK_FREE,
        "2 MiB cut for stream 7, the rest FREE");
     uint64_t hp = free_on(p, 7);
-    ok(rest->state == BLOCK_PENDING && rest->size == 4 * MiB &&
-           piece->state == BLOCK_MERGED,
+    ok(view(rest).state == BLOCK_PENDING && view(rest).size == 4 * MiB &&
+           view(piece).state == BLOCK_MERGED,
        "the piece freed on 7 (work running) joins the FREE rest: one "
        "PENDING 4 MiB block");
     ok(cache_take(0, 8, 4 * MiB, &size) == NULL,
@@ -299,11 +296,11 @@ static void test_merge_with_free(void)
        "stream 7 takes the whole segment at once");
     uint64_t hw = free_on(base, 7);
     cache_reclaim_event_done(rest, hw, true, 10);
-    ok(rest->state == BLOCK_PENDING &&
+    ok(view(rest).state == BLOCK_PENDING &&
            cache_take(0, 8, 4 * MiB, &size) == NULL,
        "its own free's work done, the piece's not: still PENDING");
     cache_reclaim_event_done(piece, hp, true, 11);
-    ok(rest->state == BLOCK_FREE && cache_map_find(p) == NULL,
+    ok(view(rest).state == BLOCK_FREE && cache_test_find(p) == NULL,
        "the piece's work done too: FREE, the piece's record gone");
     ok(cache_take(0, 8, 4 * MiB, &size) == base, "stream 8 takes it");
 
@@ -315,28 +312,28 @@ static void test_merge_with_free(void)
     void *r = cache_take(0, 7, 2 * MiB, &size);
     ok(q == two + 2 * MiB && r == two, "cut in two for stream 7");
     uint64_t hq = free_on(q, 7);
-    cache_reclaim_event_done(cache_map_find(q), hq, true, 12);
-    ok(cache_map_find(q)->state == BLOCK_FREE, "the right half's work done: "
+    cache_reclaim_event_done(cache_test_find(q), hq, true, 12);
+    ok(view(cache_test_find(q)).state == BLOCK_FREE, "the right half's work done: "
                                                "FREE beside its live left half");
-    struct cache_block *left = cache_map_find(r);
+    struct cache_block *left = cache_test_find(r);
     uint64_t hr = free_on(r, 7);
-    ok(left->state == BLOCK_PENDING && left->size == 4 * MiB &&
-           cache_map_find(q) == NULL,
+    ok(view(left).state == BLOCK_PENDING && view(left).size == 4 * MiB &&
+           cache_test_find(q) == NULL,
        "the left half freed on 7 absorbs it: one PENDING 4 MiB block");
     ok(cache_take(0, 8, 4 * MiB, &size) == NULL,
        "not for stream 8 yet");
     cache_reclaim_event_done(left, hr, true, 13);
-    ok(left->state == BLOCK_FREE &&
+    ok(view(left).state == BLOCK_FREE &&
            cache_take(0, 8, 4 * MiB, &size) == two,
        "its work done: FREE, and stream 8 takes it whole");
-    is_int(left->events + rest->events, 0, "no entry names either");
+    is_int(view(left).events + view(rest).events, 0, "no entry names either");
 }
 
 /* Neighbours PENDING on different streams never merge, whichever is freed
  * first: the merged block would be reusable at once on the stream of the
  * one that absorbs the other, while the other stream's work still uses
- * the absorbed memory.  (A mutation test dropped each stream comparison
- * of cache_segments_merge_pending: only t/stress noticed, by chance.) */
+ * the absorbed memory.  (This guards each stream comparison of
+ * cache_segments_merge_pending, which t/stress only meets by chance.) */
 static void test_pending_neighbours_apart(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -350,9 +347,9 @@ static void test_pending_neighbours_apart(void)
     ok(right == one + 3 * MiB && left == one,
        "cut in two: the right half for stream 7, the left for 8");
     uint64_t hr = free_on(right, 7), hl = free_on(left, 8);
-    struct cache_block *rr = cache_map_find(right), *rl = cache_map_find(left);
-    ok(rr != NULL && rr->state == BLOCK_PENDING && rr->size == 3 * MiB &&
-           rl->state == BLOCK_PENDING && rl->size == 3 * MiB,
+    struct cache_block *rr = cache_test_find(right), *rl = cache_test_find(left);
+    ok(rr != NULL && view(rr).state == BLOCK_PENDING && view(rr).size == 3 * MiB &&
+           view(rl).state == BLOCK_PENDING && view(rl).size == 3 * MiB,
        "freed on 7, then the left half on 8: two PENDING halves, the right "
        "one not absorbed");
     ok(cache_take(0, 7, 6 * MiB, &size) != one &&
@@ -360,8 +357,8 @@ static void test_pending_neighbours_apart(void)
        "neither stream gets the whole segment while the other's work runs");
     cache_reclaim_event_done(rr, hr, true, 20);
     cache_reclaim_event_done(rl, hl, true, 21);
-    ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
-           cache_map_find(right) == NULL,
+    ok(view(rl).state == BLOCK_FREE && view(rl).size == 6 * MiB &&
+           cache_test_find(right) == NULL,
        "both halves' work done: one FREE segment again");
     ok(cache_take(0, 9, 6 * MiB, &size) == one, "stream 9 takes it");
 
@@ -374,10 +371,10 @@ static void test_pending_neighbours_apart(void)
     ok(right == two + 3 * MiB && left == two, "cut in two again");
     hl = free_on(left, 8);
     hr = free_on(right, 7);
-    rr = cache_map_find(right);
-    rl = cache_map_find(left);
-    ok(rr != NULL && rr->state == BLOCK_PENDING && rr->size == 3 * MiB &&
-           rl->state == BLOCK_PENDING && rl->size == 3 * MiB,
+    rr = cache_test_find(right);
+    rl = cache_test_find(left);
+    ok(rr != NULL && view(rr).state == BLOCK_PENDING && view(rr).size == 3 * MiB &&
+           view(rl).state == BLOCK_PENDING && view(rl).size == 3 * MiB,
        "freed on 8, then the right half on 7: the left one does not absorb "
        "it");
     ok(cache_take(0, 7, 6 * MiB, &size) != two &&
@@ -385,18 +382,18 @@ static void test_pending_neighbours_apart(void)
        "neither stream gets the whole segment while the other's work runs");
     cache_reclaim_event_done(rl, hl, true, 22);
     cache_reclaim_event_done(rr, hr, true, 23);
-    ok(rl->state == BLOCK_FREE && rl->size == 6 * MiB &&
-           cache_map_find(right) == NULL,
+    ok(view(rl).state == BLOCK_FREE && view(rl).size == 6 * MiB &&
+           cache_test_find(right) == NULL,
        "both halves' work done: one FREE segment again");
     ok(cache_take(0, 9, 6 * MiB, &size) == two, "stream 9 takes it");
 }
 
-/* A chain of MERGED records (a absorbed by m, m by the block at the
+/* A chain of MERGED blocks (a absorbed by m, m by the block at the
  * segment's start) whose middle part's work is done first: m waits for
  * what it absorbed before it tells the block it was merged into, so the
- * block stays PENDING until a's work is done too.  (A mutation test that
- * let a MERGED part with parts of its own go at once survived the suite:
- * its chain completed innermost first.) */
+ * block stays PENDING until a's work is done too.  (The other tests'
+ * chains complete innermost first, where letting a MERGED part with parts
+ * of its own go at once would pass.) */
 static void test_merged_chain_middle_first(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -409,35 +406,35 @@ static void test_merged_chain_middle_first(void)
     void *first = cache_take(0, 9, MiB, &size);
     ok(a == base + 2 * MiB && m == base + MiB && first == base,
        "cut in three for stream 9");
-    struct cache_block *ra = cache_map_find(a), *rm = cache_map_find(m),
-                       *whole = cache_map_find(base);
+    struct cache_block *ra = cache_test_find(a), *rm = cache_test_find(m),
+                       *whole = cache_test_find(base);
     uint64_t hf = free_on(first, 9), ha = free_on(a, 9), hm = free_on(m, 9);
-    ok(ra->state == BLOCK_MERGED && ra->merged_into == rm &&
-           rm->state == BLOCK_MERGED && rm->merged_into == whole &&
-           whole->state == BLOCK_PENDING && whole->size == 3 * MiB,
+    ok(view(ra).state == BLOCK_MERGED && view(ra).merged_into == rm &&
+           view(rm).state == BLOCK_MERGED && view(rm).merged_into == whole &&
+           view(whole).state == BLOCK_PENDING && view(whole).size == 3 * MiB,
        "freed on 9, the middle last: a MERGED into m, m into the first");
     cache_reclaim_event_done(rm, hm, true, 30);
     cache_reclaim_event_done(whole, hf, true, 31);
-    ok(whole->state == BLOCK_PENDING && rm->state == BLOCK_MERGED &&
-           cache_map_find(m) == rm,
+    ok(view(whole).state == BLOCK_PENDING && view(rm).state == BLOCK_MERGED &&
+           cache_test_find(m) == rm,
        "the middle's and the first's work done, a's not: still PENDING, m "
        "still waiting for a");
     ok(cache_take(0, 8, 3 * MiB, &size) != base,
        "stream 8 does not get it while a's work runs");
     cache_reclaim_event_done(ra, ha, true, 32);
-    ok(whole->state == BLOCK_FREE && whole->size == 3 * MiB &&
-           whole->outstanding == 0 && cache_map_find(a) == NULL &&
-           cache_map_find(m) == NULL,
+    ok(view(whole).state == BLOCK_FREE && view(whole).size == 3 * MiB &&
+           view(whole).outstanding == 0 && cache_test_find(a) == NULL &&
+           cache_test_find(m) == NULL,
        "a's work done too: FREE, both parts' records gone");
     ok(cache_take(0, 8, 3 * MiB, &size) == base, "stream 8 takes it");
 }
 
 /* A whole FREE segment on the age list that a request is cut from is a
  * piece from then on: expiry and trims (cache_reclaim_expired) must not hand
- * its memory back while the piece cut from it is the application's.  It
- * did: the rest was refiled before it was linked to the piece, still
- * whole, and stayed on the age list (the stress test saw blocks handed out
- * of released allocations). */
+ * its memory back while the piece cut from it is the application's.  The
+ * rest must leave the age list: refiled before it is linked to the piece,
+ * it would still be whole there, and its allocation released under the
+ * piece. */
 static void test_cut_segment_stays(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -451,7 +448,7 @@ static void test_cut_segment_stays(void)
     struct block_free_plan plan;
     cache_plan_free((char *)p + MiB, 0, 1, &plan);
     ok(plan.path == BLOCK_INSIDE && cache_inside_live((char *)p + MiB) &&
-           cache_map_find(p)->state == BLOCK_LIVE,
+           view(cache_test_find(p)).state == BLOCK_LIVE,
        "an interior pointer of the live piece (another device's stream) is "
        "refused; the piece stays its owner's");
     is_int(claim((char *)p + 512), BLOCK_INSIDE, "by any free path");
@@ -465,12 +462,12 @@ static void test_cut_segment_stays(void)
         cache_forget(out[i]);
     is_int(cache_reclaim_oldest_free_ns(1), UINT64_MAX,
            "no FREE block on the age list");
-    ok(cache_map_find(base) != NULL && cache_map_find(p) != NULL,
+    ok(cache_test_find(base) != NULL && cache_test_find(p) != NULL,
        "both parts still filed");
     uint64_t h = free_on_device(p, 1, 1);
-    cache_reclaim_event_done(cache_map_find(p), h, true, 3);
+    cache_reclaim_event_done(cache_test_find(p), h, true, 3);
     n = cache_reclaim_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
-    ok(n == 1 && out[0]->ptr == base && out[0]->size == 4 * MiB,
+    ok(n == 1 && view(out[0]).ptr == base && view(out[0]).size == 4 * MiB,
        "the piece back and merged, the whole segment goes");
     for (size_t i = 0; i < n; i++)
         cache_forget(out[i]);
@@ -478,8 +475,8 @@ static void test_cut_segment_stays(void)
            "handed back, its memory is no longer the cache's");
 }
 
-/* A MERGED record's address is cut again before its entry is done: the
- * piece is filed there, the MERGED record keeps waiting for its entry. */
+/* A MERGED block's address is cut again before its entry is done: the
+ * piece is filed there, the MERGED block keeps waiting for its entry. */
 static void test_cut_at_merged(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -491,19 +488,19 @@ static void test_cut_at_merged(void)
     void *rest = cache_take(0, 9, MiB, &size);
     ok(a == base + MiB && rest == base, "cut in two for stream 9");
     uint64_t hr = free_on(rest, 9), ha = free_on(a, 9);
-    struct cache_block *ra = cache_map_find(a), *whole = cache_map_find(base);
-    ok(ra->state == BLOCK_MERGED && whole->size == 2 * MiB,
+    struct cache_block *ra = cache_test_find(a), *whole = cache_test_find(base);
+    ok(view(ra).state == BLOCK_MERGED && view(whole).size == 2 * MiB,
        "freed on 9: one PENDING block, a MERGED in it");
     void *again = cache_take(0, 9, MiB, &size);
-    ok(again == a && cache_map_find(a) != ra &&
-           cache_map_find(a)->state == BLOCK_LIVE,
+    ok(again == a && cache_test_find(a) != ra &&
+           view(cache_test_find(a)).state == BLOCK_LIVE,
        "stream 9 cuts 1 MiB at a's address again: the new piece is filed "
        "there");
     cache_reclaim_event_done(ra, ha, true, 10);
-    ok(cache_map_find(a) != NULL && cache_map_find(a)->state == BLOCK_LIVE,
+    ok(cache_test_find(a) != NULL && view(cache_test_find(a)).state == BLOCK_LIVE,
        "a's old entry done: the new piece stays filed");
     cache_reclaim_event_done(whole, hr, true, 11);
-    ok(whole->state == BLOCK_FREE && whole->size == MiB,
+    ok(view(whole).state == BLOCK_FREE && view(whole).size == MiB,
        "the rest FREE once all its work is done");
 }
 
@@ -518,7 +515,7 @@ static void test_adopt_unclaimed(void)
     ok(cache_add(0, base, 2 * MiB, false), "a LIVE segment");
     stderr_capture_begin();
     ok(cache_reclaim_unclaimed_is_block(base) &&
-           cache_map_find(base)->state == BLOCK_LIVE,
+           view(cache_test_find(base)).state == BLOCK_LIVE,
        "a release of it that no free claimed: not to be cudaFree'd, and "
        "still LIVE");
     ok(strstr(stderr_capture_end(), "another owner holds") != NULL,
@@ -527,20 +524,20 @@ static void test_adopt_unclaimed(void)
     void *piece = cache_take(0, 9, 3 * MiB / 2, &size);
     ok(piece == base + MiB / 2, "a piece cut from it");
     ok(!cache_reclaim_unclaimed_is_block(piece) &&
-           cache_map_find(piece)->state == BLOCK_LIVE,
+           view(cache_test_find(piece)).state == BLOCK_LIVE,
        "a release of the piece no free claimed: left to cudaFree, which "
        "refuses an interior pointer; still LIVE");
     struct block_claim owner;
     ok(cache_claim(piece, &owner) == BLOCK_AFTER_EVENT &&
-           owner.block == cache_map_find(piece) && owner.block->events == 1,
+           owner.block == cache_test_find(piece) && view(owner.block).events == 1,
        "its owner's free claims it (FREEING), the claim naming it");
     ok(!cache_reclaim_unclaimed_is_block(piece) &&
-           cache_map_find(piece)->state == BLOCK_FREEING,
+           view(cache_test_find(piece)).state == BLOCK_FREEING,
        "a release no free claimed (an interior pointer deferred before the "
-       "piece was cut) leaves the owner's claimed block alone: it did make "
-       "it FREE while the owner's work ran");
+       "piece was cut) leaves the owner's claimed block alone, not FREE "
+       "while the owner's work runs");
     cache_reclaim_adopt(&owner);
-    ok(cache_map_find(piece) == NULL && cache_map_find(base)->size == 2 * MiB,
+    ok(cache_test_find(piece) == NULL && view(cache_test_find(base)).size == 2 * MiB,
        "its owner's release: FREE, merged back into the segment");
 }
 
@@ -559,7 +556,7 @@ static void test_parked_plan_and_claims_done(void)
         ok(cache_add(device[i], p[i], 24576, false), "block %d", i);
         cache_plan_free_parked(p[i], device[i], stream[i], &plan);
         ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
-               plan.block->state == BLOCK_PENDING,
+               view(plan.block).state == BLOCK_PENDING,
            "block %d: freed on its device's stream, parked: PENDING", i);
         ok(!cache_park(&plan, stream[i]),
            "block %d: a second park finds it parked already", i);
@@ -577,26 +574,26 @@ static void test_parked_plan_and_claims_done(void)
     ok(cache_add(1, q, 24576, false), "a block of device 1");
     cache_plan_free_parked(q, 0, 40, &other);
     ok(other.path == BLOCK_AFTER_EVENT && !other.parked &&
-           other.block->state == BLOCK_FREEING,
+           view(other.block).state == BLOCK_FREEING,
        "freed on another device's stream: claimed, not parked");
     struct block_claim oc = {other.block, other.handout};
     cache_reclaim_adopt(&oc);
     /* p[0] and p[1] were handed out again: their claims are stale. */
     cache_reclaim_claims_done(claims, 4, true, 77);
-    struct cache_block *b2 = cache_map_find(p[2]), *b3 = cache_map_find(p[3]);
-    ok(b2->state == BLOCK_FREE && b2->freed_ns == 77 &&
-           b3->state == BLOCK_FREE && b3->freed_ns == 77,
+    struct cache_block *b2 = cache_test_find(p[2]), *b3 = cache_test_find(p[3]);
+    ok(view(b2).state == BLOCK_FREE && view(b2).freed_ns == 77 &&
+           view(b3).state == BLOCK_FREE && view(b3).freed_ns == 77,
        "claims over devices 0, 0, 1, 0 done at once: device 1's and the "
        "last one FREE");
-    ok(cache_map_find(p[0])->state == BLOCK_LIVE &&
-           cache_map_find(p[1])->state == BLOCK_LIVE,
+    ok(view(cache_test_find(p[0])).state == BLOCK_LIVE &&
+           view(cache_test_find(p[1])).state == BLOCK_LIVE,
        "the handed-out ones stay their new owners' (stale hand-outs)");
-    is_int(cache_map_find(p[0])->events + cache_map_find(p[1])->events +
-               b2->events + b3->events,
+    is_int(view(cache_test_find(p[0])).events + view(cache_test_find(p[1])).events +
+               view(b2).events + view(b3).events,
            0, "every claim's event reference dropped");
     ok(give_back(p[0]) && give_back(p[1]), "the two taken back");
 
-    /* A chain of merged records, and one record named twice in a batch
+    /* A chain of merged blocks, and one block named twice in a batch
      * (freed, taken again on its stream, freed again).  Pieces of 64 MiB:
      * larger than any FREE block earlier tests left, so they are cut from
      * this segment. */
@@ -618,13 +615,13 @@ static void test_parked_plan_and_claims_done(void)
     cache_plan_free_parked(b, 0, 61, &plan);
     chain[1] = (struct block_claim){plan.block, plan.handout};
     ok(plan.size == piece, "the plan keeps the piece's own size");
-    ok(cache_map_find(a) == NULL || cache_map_find(a)->state == BLOCK_MERGED,
+    ok(cache_test_find(a) == NULL || view(cache_test_find(a)).state == BLOCK_MERGED,
        "the pieces merged into the rest at once (a chain of records)");
     cache_reclaim_claims_done(chain, 3, true, 79);
-    struct cache_block *whole = cache_map_find(seg);
-    ok(whole->state == BLOCK_FREE && whole->size == 4 * piece &&
-           whole->events == 0 && whole->outstanding == 0 &&
-           whole->seg_prev == NULL && whole->seg_next == NULL,
+    struct cache_block *whole = cache_test_find(seg);
+    ok(view(whole).state == BLOCK_FREE && view(whole).size == 4 * piece &&
+           view(whole).events == 0 && view(whole).outstanding == 0 &&
+           view(whole).whole,
        "the chain's claims done in one call: one whole FREE segment");
     void *x = ADDR(100);
     ok(cache_add(0, x, 3 * mib, false), "a 3 MiB block");
@@ -634,8 +631,8 @@ static void test_parked_plan_and_claims_done(void)
     cache_plan_free_parked(x, 0, 60, &plan);
     twice[1] = (struct block_claim){plan.block, plan.handout};
     cache_reclaim_claims_done(twice, 2, true, 78);
-    struct cache_block *xb = cache_map_find(x);
-    ok(xb->state == BLOCK_FREE && xb->events == 0,
+    struct cache_block *xb = cache_test_find(x);
+    ok(view(xb).state == BLOCK_FREE && view(xb).events == 0,
        "named twice in one batch: FREE once, no reference left");
 }
 

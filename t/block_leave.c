@@ -1,6 +1,7 @@
-/* The blocks that leave the block cache on their own (block_leave.h, no
- * reclaimer): expiry oldest first, never a block an entry still names;
- * a miss's hand-back of pool blocks, the largest first. */
+/* The blocks that leave the block cache (src/cache_reclaim.c), on their
+ * own (no reclaimer), through src/cache.h: expiry oldest first, never a
+ * block an entry still names; a miss's hand-back of upstream blocks, the
+ * largest first. */
 #include <stdint.h>
 #include <string.h>
 
@@ -17,23 +18,23 @@ static void test_expiry(void)
     ok(cache_add(1, ADDR(9), 512, false) && cache_add(1, ADDR(10), 512, false),
        "two more");
     give_back(ADDR(9));
-    struct cache_block *named = cache_map_find(ADDR(10));
+    struct cache_block *named = cache_test_find(ADDR(10));
     struct block_free_plan p10;
     cache_plan_free(ADDR(10), 1, 5, &p10);
     cache_park(&p10, 5);
-    named->events++; /* as if a second, older entry still named it */
+    cache_test_add_events(named, 1); /* as if a second, older entry still named it */
     cache_reclaim_event_done(named, p10.handout, true, 1);
     uint64_t oldest = cache_reclaim_oldest_free_ns(1);
-    ok(oldest == cache_map_find(ADDR(8))->freed_ns, "oldest FREE first");
+    ok(oldest == view(cache_test_find(ADDR(8))).freed_ns, "oldest FREE first");
     struct cache_block *out[8];
     size_t n = cache_reclaim_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
     is_int(n, 2, "collect takes the FREE blocks no entry names");
-    ok(cache_map_find(ADDR(8)) == NULL && cache_map_find(ADDR(9)) == NULL,
+    ok(cache_test_find(ADDR(8)) == NULL && cache_test_find(ADDR(9)) == NULL,
        "and removes them from the map");
-    ok(cache_map_find(ADDR(10)) != NULL, "a block still named stays");
+    ok(cache_test_find(ADDR(10)) != NULL, "a block still named stays");
     for (size_t i = 0; i < n; i++)
         cache_forget(out[i]);
-    named->events--;
+    cache_test_add_events(named, -1);
     is_int(cache_reclaim_expired(1, 0, out, 8, SIZE_MAX), 0,
            "nothing became free before time 0... ");
     n = cache_reclaim_expired(1, UINT64_MAX, out, 8, SIZE_MAX);
@@ -43,7 +44,7 @@ static void test_expiry(void)
 
 /* A miss's hand-back: pool blocks FREE or PENDING on the request's stream
  * only, the largest first, no more than the bytes asked for; PENDING
- * records go once the entries naming them are done. */
+ * ones go once the entries naming them are done. */
 static void test_collect_largest(void)
 {
     struct block_free_plan plan[4];
@@ -63,10 +64,10 @@ static void test_collect_largest(void)
        "a FREE pool block");
     ok(cache_add(0, ADDR(20), 8192, false) && give_back(ADDR(20)),
        "a FREE cudaMalloc block");
-    struct cache_block *b14 = cache_map_find(ADDR(14));
-    struct cache_block *b15 = cache_map_find(ADDR(15));
-    struct cache_block *b16 = cache_map_find(ADDR(16));
-    uint64_t h14 = b14->handout, h15 = b15->handout, h16 = b16->handout;
+    struct cache_block *b14 = cache_test_find(ADDR(14));
+    struct cache_block *b15 = cache_test_find(ADDR(15));
+    struct cache_block *b16 = cache_test_find(ADDR(16));
+    uint64_t h14 = view(b14).handout, h15 = view(b15).handout, h16 = view(b16).handout;
     struct block_memory out[8];
     is_int(cache_reclaim_for_miss(0, 9, 0, out, 8, SIZE_MAX), 0,
            "another stream takes none of 7's, nor a block free after the "
@@ -76,23 +77,23 @@ static void test_collect_largest(void)
            out[1].ptr == ADDR(19) && out[1].size == 3072,
        "the largest pool blocks, PENDING on the stream or FREE, until the "
        "bytes asked for are reached");
-    ok(b14->state == BLOCK_GONE && cache_map_find(ADDR(14)) == NULL &&
-           cache_map_find(ADDR(19)) == NULL,
+    ok(view(b14).state == BLOCK_GONE && cache_test_find(ADDR(14)) == NULL &&
+           cache_test_find(ADDR(19)) == NULL,
        "GONE or forgotten, out of the map");
-    ok(cache_map_find(ADDR(15)) != NULL && cache_map_find(ADDR(16)) != NULL,
+    ok(cache_test_find(ADDR(15)) != NULL && cache_test_find(ADDR(16)) != NULL,
        "the smaller ones stay");
     n = cache_reclaim_for_miss(0, 7, UINT64_MAX, out, 8, SIZE_MAX);
     ok(n == 2 && out[0].ptr == ADDR(16) && out[1].ptr == ADDR(15),
        "the rest of the stream's pool blocks, largest first, not its "
        "cudaMalloc block");
-    ok(cache_map_find(ADDR(17)) != NULL && cache_map_find(ADDR(18)) != NULL &&
-           cache_map_find(ADDR(20)) != NULL,
+    ok(cache_test_find(ADDR(17)) != NULL && cache_test_find(ADDR(18)) != NULL &&
+           cache_test_find(ADDR(20)) != NULL,
        "nor another stream's, nor a FREE cudaMalloc block");
     ok(claim((char *)ADDR(14) + 512) == BLOCK_NOT_OURS &&
            claim((char *)ADDR(19) + 512) == BLOCK_NOT_OURS &&
            claim((char *)ADDR(17) + 512) == BLOCK_INSIDE,
        "the memory handed back is no longer the cache's; the rest is");
-    /* Their entries complete: the records go (ASan sees a leak otherwise). */
+    /* Their entries complete: the blocks go (ASan sees a leak otherwise). */
     cache_reclaim_event_done(b14, h14, true, 1);
     cache_reclaim_event_done(b15, h15, true, 1);
     cache_reclaim_event_done(b16, h16, true, 1);
@@ -103,12 +104,12 @@ static void test_collect_largest(void)
 }
 
 /* A miss on stream 7 hands a whole PENDING pool segment back while a
- * piece MERGED into it still waits for its entry: the MERGED record stays
+ * piece MERGED into it still waits for its entry: the MERGED block stays
  * filed under its address, which the pool gives out again at once (on the
  * same stream).  The new block there is no stale block: no report of a
- * cudaFree behind cudefer's back, its bytes counted once (before the fix:
- * reported, cache_bytes 1 MiB short, the pool's held bytes too; found by a
- * review helper). */
+ * cudaFree behind cudefer's back, its bytes counted once (taken for a
+ * stale one, cache_bytes and the pool's held bytes would be 1 MiB
+ * short). */
 static void test_handback_with_merged_piece(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -118,10 +119,10 @@ static void test_handback_with_merged_piece(void)
     uint64_t hs = free_on(base, 7);
     void *p = cache_take(0, 7, MiB, &size);
     ok(p == base + 3 * MiB, "1 MiB cut on stream 7 from its PENDING self");
-    struct cache_block *rp = cache_map_find(p), *seg = cache_map_find(base);
+    struct cache_block *rp = cache_test_find(p), *seg = cache_test_find(base);
     uint64_t hp = free_on(p, 7);
-    ok(rp->state == BLOCK_MERGED && seg->size == 4 * MiB &&
-           seg->outstanding == 1,
+    ok(view(rp).state == BLOCK_MERGED && view(seg).size == 4 * MiB &&
+           view(seg).outstanding == 1,
        "freed on 7: MERGED back, the segment whole and PENDING");
     struct block_memory mem[4];
     uint64_t bytes0 = stats_now().cache_bytes;
@@ -134,10 +135,10 @@ static void test_handback_with_merged_piece(void)
        "no report of a cudaFree behind cudefer's back");
     is_int(stats_now().cache_bytes, bytes0 - 4 * MiB + 2 * MiB,
            "cache_bytes: the segment left, the new block counted once");
-    struct cache_block *fresh = cache_map_find(p);
+    struct cache_block *fresh = cache_test_find(p);
     cache_reclaim_event_done(rp, hp, true, 10);
     cache_reclaim_event_done(seg, hs, true, 11);
-    ok(cache_map_find(p) == fresh && fresh->state == BLOCK_LIVE,
+    ok(cache_test_find(p) == fresh && view(fresh).state == BLOCK_LIVE,
        "the entries done: the new block stays filed, LIVE");
     is_int(stats_now().cache_bytes, bytes0 - 2 * MiB,
            "cache_bytes still right");
@@ -146,7 +147,7 @@ static void test_handback_with_merged_piece(void)
     cache_reclaim_adopt(&c);
     struct cache_block *out[8];
     size_t n = cache_reclaim_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
-    bool left = cache_map_find(p) == NULL;
+    bool left = cache_test_find(p) == NULL;
     for (size_t i = 0; i < n; i++)
         cache_forget(out[i]);
     ok(left, "and leaves the cache");
@@ -154,32 +155,33 @@ static void test_handback_with_merged_piece(void)
 
 /* A miss's hand-back skips a FREE pool block an older entry still names
  * (as expiry does, test_expiry): the pool would lend its memory again
- * while that entry's work may still use it.  (A mutant that dropped
- * events == 0 from may_hand_back handed it back.) */
+ * while that entry's work may still use it.  (This guards events == 0 in
+ * may_hand_back.) */
 static void test_handback_skips_named(void)
 {
     ok(cache_add(0, ADDR(60), 8192, true) && give_back(ADDR(60)),
        "a FREE pool block");
-    struct cache_block *named = cache_map_find(ADDR(60));
-    named->events++; /* as if an older entry still named it */
+    struct cache_block *named = cache_test_find(ADDR(60));
+    cache_test_add_events(named, 1); /* as if an older entry still named it */
     struct block_memory out[4];
     is_int(cache_reclaim_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX), 0,
            "a miss does not hand back a block an entry still names");
-    ok(cache_map_find(ADDR(60)) == named && named->state == BLOCK_FREE,
+    ok(cache_test_find(ADDR(60)) == named && view(named).state == BLOCK_FREE,
        "it stays FREE in the cache");
-    named->events--;
+    cache_test_add_events(named, -1);
     size_t n = cache_reclaim_for_miss(0, 7, UINT64_MAX, out, 4, SIZE_MAX);
     ok(n == 1 && out[0].ptr == ADDR(60) && out[0].size == 8192,
        "once unnamed, it goes back to the pool");
-    ok(cache_map_find(ADDR(60)) == NULL, "out of the map");
+    ok(cache_test_find(ADDR(60)) == NULL, "out of the map");
 }
 
 /* A PENDING segment with a piece MERGED into it whose entry still waits
  * is taken again on its stream, then freed by a path that waits for its
  * event and adopted: FREE while the piece's entry, whose work may use
  * part of it, is not done (outstanding).  Expiry leaves it until that
- * entry is done.  (A mutant that dropped outstanding == 0 from
- * cache_reclaim_expired gave it to cudaFree or the pool then.) */
+ * entry is done.  (This guards outstanding == 0 in
+ * cache_reclaim_expired: without it the block would go to cudaFree or the
+ * pool then.) */
 static void test_expiry_waits_for_merged_piece(void)
 {
     const size_t MiB = (size_t)1 << 20;
@@ -188,15 +190,15 @@ static void test_expiry_waits_for_merged_piece(void)
     ok(cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
     uint64_t hs = free_on(base, 7);
     void *p = cache_take(0, 7, MiB, &size);
-    struct cache_block *rp = cache_map_find(p), *seg = cache_map_find(base);
+    struct cache_block *rp = cache_test_find(p), *seg = cache_test_find(base);
     uint64_t hp = free_on(p, 7);
-    ok(rp->state == BLOCK_MERGED && seg->outstanding == 1,
+    ok(view(rp).state == BLOCK_MERGED && view(seg).outstanding == 1,
        "a piece MERGED back into the PENDING segment, its entry waiting");
     cache_reclaim_event_done(seg, hs, true, 10); /* the segment's own entry */
     void *again = cache_take(0, 7, 4 * MiB, &size);
-    ok(again == base && seg->state == BLOCK_LIVE,
+    ok(again == base && view(seg).state == BLOCK_LIVE,
        "the segment taken again on its stream");
-    ok(give_back(base) && seg->state == BLOCK_FREE && seg->outstanding == 1,
+    ok(give_back(base) && view(seg).state == BLOCK_FREE && view(seg).outstanding == 1,
        "freed and adopted: FREE, the piece's entry still waiting");
     struct cache_block *out[8];
     is_int(cache_reclaim_expired(0, UINT64_MAX, out, 8, SIZE_MAX), 0,

@@ -1,13 +1,14 @@
-/* Block records kept for reuse (src/block_records.h): on a device cache of
- * its own, a retired record is BLOCK_RETIRED and comes back zeroed but for
- * its device and its recorded array, last in first out, up to
- * SPARE_BLOCKS_KEPT; more go to the surplus, which only
- * cache_reclaim_collect_spares frees (nothing is freed under the lock); ASan's
- * leak check sees the rest.  Then through the block cache: the records a
- * cut takes are the ones merges retired, from FREE neighbours and from
- * MERGED parts whose work completed; and a free that found a record in the
- * map just before it was retired and reused for another block does not
- * free that other block. */
+/* Spare block structs kept for reuse (src/cache_reclaim.c, Note [Spare
+ * blocks]).  First white-box, on a device cache of its own (so this test
+ * includes the private src/cache_block.h): a retired struct is
+ * BLOCK_RETIRED and comes back zeroed but for its device and its users
+ * array, last in first out, up to SPARE_BLOCKS_KEPT; more go to the
+ * surplus, which only cache_reclaim_collect_spares frees (nothing is freed
+ * under the lock); ASan's leak check sees the rest.  Then through the
+ * cache's interface: the structs a cut takes are the ones merges retired,
+ * from FREE neighbours and from MERGED parts whose work completed; and a
+ * free that found a block in the map just before it was retired and reused
+ * for another block does not free that other block. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,8 @@
 #include "cache_block.h"
 #include "helpers.h"
 
-/* A record as a block leaves it: every byte set, streams recorded. */
-static struct cache_block *used_record(void)
+/* A struct as a block leaves it: every byte set, users recorded. */
+static struct cache_block *used_block(void)
 {
     struct cache_block *b = malloc(sizeof *b);
     if (b == NULL)
@@ -30,8 +31,8 @@ static struct cache_block *used_record(void)
     return b;
 }
 
-/* Zeroed as calloc's but for what a record keeps: its device and its
- * recorded array (hidden: nrecorded 0). */
+/* Zeroed as calloc's but for what a struct keeps: its device and its
+ * users array (hidden: nusers 0). */
 static bool zeroed(const struct cache_block *b)
 {
     struct cache_block zero = {0};
@@ -40,7 +41,7 @@ static bool zeroed(const struct cache_block *b)
     return memcmp(b, &zero, sizeof *b) == 0;
 }
 
-static void free_record(struct cache_block *b)
+static void free_block(struct cache_block *b)
 {
     free(b->users);
     free(b);
@@ -58,12 +59,12 @@ static size_t surplus(const struct device_cache *c)
 static void test_kept(void)
 {
     struct device_cache c = {0};
-    is_int((int)cache_reclaim_spares_kept(&c), 0, "a new device keeps no record");
+    is_int((int)cache_reclaim_spares_kept(&c), 0, "a new device keeps no struct");
     struct cache_block *fresh = cache_reclaim_reuse(&c);
-    ok(fresh != NULL && zeroed(fresh), "with none kept: a zeroed new record");
+    ok(fresh != NULL && zeroed(fresh), "with none kept: a zeroed new struct");
     free(fresh);
 
-    struct cache_block *a = used_record(), *b = used_record();
+    struct cache_block *a = used_block(), *b = used_block();
     struct block_user *arrays[2] = {a->users, b->users};
     int device = a->device;
     cache_reclaim_retire(&c, a);
@@ -71,21 +72,21 @@ static void test_kept(void)
     is_int((int)cache_reclaim_spares_kept(&c), 2, "two retired: two kept");
     ok(a->state == BLOCK_RETIRED && b->state == BLOCK_RETIRED &&
            a->handout == 0 && a->nusers == 0,
-       "retired: BLOCK_RETIRED, no hand-out, no recorded stream");
+       "retired: BLOCK_RETIRED, no hand-out, no user");
     struct cache_block *first = cache_reclaim_reuse(&c);
     struct cache_block *second = cache_reclaim_reuse(&c);
     ok(first == b && second == a, "given out again last in, first out");
     ok(zeroed(first) && zeroed(second), "zeroed, as calloc's, but for");
     ok(second->device == device && second->users == arrays[0] &&
            first->users == arrays[1],
-       "the device and the recorded array they keep");
+       "the device and the users array they keep");
     is_int((int)cache_reclaim_spares_kept(&c), 0, "none kept after");
-    free_record(first);
-    free_record(second);
+    free_block(first);
+    free_block(second);
 
     int all_kept = 1;
     for (int i = 0; i < SPARE_BLOCKS_KEPT + 50; i++) {
-        cache_reclaim_retire(&c, used_record());
+        cache_reclaim_retire(&c, used_block());
         all_kept &= (int)cache_reclaim_spares_kept(&c) ==
                     (i < SPARE_BLOCKS_KEPT ? i + 1 : SPARE_BLOCKS_KEPT);
     }
@@ -99,43 +100,42 @@ static void test_kept(void)
     struct cache_block *r;
     while (cache_reclaim_spares_kept(&c) > 0 && (r = cache_reclaim_reuse(&c)) != NULL) {
         given += zeroed(r);
-        free_record(r);
+        free_block(r);
     }
-    is_int(given, SPARE_BLOCKS_KEPT, "each kept record given out once");
+    is_int(given, SPARE_BLOCKS_KEPT, "each kept struct given out once");
     for (int i = 0; i < SPARE_BLOCKS_KEPT + 10; i++)
-        cache_reclaim_retire(&c, used_record());
+        cache_reclaim_retire(&c, used_block());
     cache_reclaim_free_spares(&c);
     ok(surplus(&c) == 0, "free_all: the surplus too");
     is_int((int)cache_reclaim_spares_kept(&c), 0, "free_all: none kept (and none "
                                            "leaked: ASan's leak check)");
 }
 
-/* Through the cache: cuts take the records merges retired. */
+/* Through the cache: cuts take the structs merges retired. */
 static void test_cache_reuses(void)
 {
     const size_t MiB = (size_t)1 << 20;
-    struct device_cache *c = cache_device(0);
     char *base = ADDR(40);
     size_t size;
     ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
        "a FREE 4 MiB segment");
-    size_t before = cache_reclaim_spares_kept(c);
+    size_t before = cache_test_spares(0);
     void *p = cache_take(0, 1, MiB, &size);
-    struct cache_block *piece = cache_map_find(p);
-    ok(p == base + 3 * MiB && piece != NULL, "a cut: a record for the piece");
+    struct cache_block *piece = cache_test_find(p);
+    ok(p == base + 3 * MiB && piece != NULL, "a cut: a struct for the piece");
     struct block_free_plan plan;
     ok(park_free(p, 0, 1, &plan), "the piece freed on stream 1");
     cache_reclaim_event_done(plan.block, plan.handout, true, 5);
-    ok(cache_map_find(p) == NULL, "its work done, the piece merged back");
-    is_int((int)cache_reclaim_spares_kept(c), (int)before + 1,
-           "its record is kept by the device");
+    ok(cache_test_find(p) == NULL, "its work done, the piece merged back");
+    is_int((int)cache_test_spares(0), (int)before + 1,
+           "its struct is kept by the device");
     void *q = cache_take(0, 1, MiB, &size);
-    ok(q == p && cache_map_find(q) == piece &&
-           (int)cache_reclaim_spares_kept(c) == (int)before,
-       "the next cut takes that record again");
+    ok(q == p && cache_test_find(q) == piece &&
+           (int)cache_test_spares(0) == (int)before,
+       "the next cut takes that struct again");
 
     /* Two pieces freed on stream 7 merge PENDING into the rest (MERGED
-     * parts): their records are retired once their work completed. */
+     * parts): their structs are retired once their work completed. */
     ok(park_free(q, 0, 1, &plan), "freed again");
     cache_reclaim_event_done(plan.block, plan.handout, true, 6);
     void *whole = cache_take(0, 7, 4 * MiB, &size);
@@ -145,24 +145,24 @@ static void test_cache_reuses(void)
     void *a = cache_take(0, 7, MiB, &size);
     void *b = cache_take(0, 7, MiB, &size);
     ok(park_free(a, 0, 7, &pa) && park_free(b, 0, 7, &pb) &&
-           pa.block->state == BLOCK_MERGED && pb.block->state == BLOCK_MERGED,
+           view(pa.block).state == BLOCK_MERGED && view(pb.block).state == BLOCK_MERGED,
        "two pieces freed on their stream: MERGED into the segment");
-    before = cache_reclaim_spares_kept(c);
+    before = cache_test_spares(0);
     struct block_claim done[3] = {{w.block, w.handout},
                                   {pa.block, pa.handout},
                                   {pb.block, pb.handout}};
     cache_reclaim_claims_done(done, 3, true, 7);
-    is_int((int)cache_reclaim_spares_kept(c), (int)before + 2,
-           "their work done: both MERGED records kept by the device");
-    ok(cache_map_find(base)->state == BLOCK_FREE &&
-           cache_map_find(base)->size == 4 * MiB,
+    is_int((int)cache_test_spares(0), (int)before + 2,
+           "their work done: both MERGED structs kept by the device");
+    ok(view(cache_test_find(base)).state == BLOCK_FREE &&
+           view(cache_test_find(base)).size == 4 * MiB,
        "and the segment is one FREE block again");
 }
 
 /* The race of a double free with a merge: the second free finds the
- * piece's record in the map; before it takes the lock (the hook), the
- * first free's work completes, the piece merges back (its record retired)
- * and a cut takes the record for a block at another address, another
+ * piece's struct in the map; before it takes the lock (the hook), the
+ * first free's work completes, the piece merges back (its struct retired)
+ * and a cut takes the struct for a block at another address, another
  * owner's. */
 static struct block_free_plan first_free;
 static void *other_owner;
@@ -183,19 +183,19 @@ static void test_found_then_retired(void)
     ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
        "another FREE 4 MiB segment");
     void *p = cache_take(0, 1, MiB, &size);
-    struct cache_block *record = cache_map_find(p);
+    struct cache_block *found = cache_test_find(p);
     ok(p == base + 3 * MiB && park_free(p, 0, 1, &first_free),
        "a piece cut and freed on stream 1");
     cache_test_set_find_hook(retire_and_reuse);
     struct block_free_plan second;
     cache_plan_free(p, 0, 1, &second);
-    struct cache_block *now = cache_map_find(other_owner);
-    ok(other_owner == base + 2 * MiB && now == record,
-       "meanwhile its record went to another owner's block");
+    struct cache_block *now = cache_test_find(other_owner);
+    ok(other_owner == base + 2 * MiB && now == found,
+       "meanwhile its struct went to another owner's block");
     ok(second.path == BLOCK_INSIDE && second.block == NULL,
        "the second free is refused: its pointer lies inside that block "
        "(path %d)", (int)second.path);
-    ok(now != NULL && now->state == BLOCK_LIVE,
+    ok(now != NULL && view(now).state == BLOCK_LIVE,
        "the other owner's block stays LIVE (not claimed by that free)");
     struct block_free_plan last;
     ok(park_free(other_owner, 0, 1, &last), "its owner frees it");
@@ -211,6 +211,6 @@ int main(void)
     test_cache_reuses();
     test_found_then_retired();
     cache_destroy();
-    ok(!cache_active(), "destroyed with records kept (ASan: no leak)");
+    ok(!cache_active(), "destroyed with structs kept (ASan: no leak)");
     return 0;
 }

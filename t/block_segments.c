@@ -1,10 +1,11 @@
-/* The block cache's segment index (src/block_segments.h): sorted, disjoint
- * ranges; a new segment drops the ranges it overlaps (their memory was
- * cudaFree'd behind cudefer's back and allocated again); cache_segments_holds
- * tells a pointer inside a segment from one outside all.  The index alone,
- * on a device cache of its own (no block in the map: holds finds no block),
- * then against a model of the rule (a list, every range checked), with
- * random segments. */
+/* The block cache's segment index (src/cache_segments.c, Note [Segment
+ * index]): sorted, disjoint ranges; a new segment drops the ranges it
+ * overlaps (their memory was cudaFree'd behind cudefer's back and allocated
+ * again); cache_segments_holds tells a pointer inside a segment from one
+ * outside all.  White-box: the index alone, on a device cache of its own
+ * (so this test includes the private src/cache_block.h; no block in the
+ * map: holds finds no block), then against a model of the rule (a list,
+ * every range checked), with random segments. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Helpers shared by the block cache's unit tests (t/block_cache.c,
- * t/block_stale.c, t/block_leave.c, ...): made-up addresses, the two claim
- * paths and a stream-ordered free. */
+ * t/block_stale.c, t/block_leave.c, ...), which reach the cache through its
+ * interface, src/cache.h, and see a block's fields through its tests-only
+ * view: made-up addresses, the two claim paths and a stream-ordered free. */
 #ifndef CUDEFER_T_BLOCK_TEST_H
 #define CUDEFER_T_BLOCK_TEST_H
 
@@ -8,11 +9,16 @@
 #include <stdint.h>
 
 #include "cache.h"
-#include "cache_block.h" /* for now */
 #include "tap.h"
 
 /* Made-up addresses: the cache never dereferences them. */
 #define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
+
+/* block's fields (cache_test_view). */
+static inline struct block_view view(const struct cache_block *block)
+{
+    return cache_test_view(block);
+}
 
 /* A LIVE block at p freed by a path that waits for its event (claimed),
  * its work done (adopted): FREE.  True when so. */
@@ -20,10 +26,10 @@ static inline bool give_back(void *p)
 {
     struct block_claim claim;
     if (cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
-        claim.block != cache_map_find(p))
+        claim.block != cache_test_find(p))
         return false;
     cache_reclaim_adopt(&claim);
-    return cache_map_find(p) != NULL;
+    return cache_test_find(p) != NULL;
 }
 
 /* Free p on stream id of device the stream-ordered way: planned and
