@@ -178,6 +178,14 @@ static void test_devices(void)
     cache_plan_free(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
            "freed on a device-0 stream: waits for its event, no stream order");
+    struct block_claim claim = {plan.block, plan.handout};
+    ok(plan.device == 1 && cache_claim_ptr(&claim) == ADDR(8),
+       "the plan says the block's device; the claim, its address");
+    int device = -1;
+    ok(cache_device_of(ADDR(8), &device) && device == 1 &&
+           !cache_device_of((char *)ADDR(8) + 512, &device) &&
+           !cache_device_of(ADDR(99), &device),
+       "the device of a block's start; none past it nor elsewhere");
     cache_reclaim_adopt(&(struct block_claim){plan.block, plan.handout});
     size_t size;
     int never = 1;

@@ -210,11 +210,81 @@ static void test_expiry_waits_for_merged_piece(void)
         cache_forget(out[i]);
 }
 
+/* cache_reclaim_release's fail: counts the sticky errors handed to it. */
+static int fails;
+static const char *failed_call;
+static cudaError_t failed_err;
+
+static void count_fail(int device, const char *call, cudaError_t err)
+{
+    (void)device;
+    fails++;
+    failed_call = call;
+    failed_err = err;
+}
+
+/* The release of what expires, with real (fake) memory: a cudaMalloc
+ * segment goes with cudaFree, its bytes leaving the device; an upstream
+ * one goes back to the pool on the stream given, its bytes leaving only
+ * with the pool's trim; a sticky error is handed to the caller's fail, any
+ * other reported; either way the block is forgotten. */
+static void test_release(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    ok(cache_upstream_init(2), "the upstream pools");
+    uint64_t releases = stats_now().cache_releases;
+    void *p = device_alloc(MiB);
+    ok(cache_add(0, p, MiB, false) && give_back(p), "a FREE cudaMalloc segment");
+    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail), MiB,
+           "released: its bytes left the device");
+    ok(fake_is_released(p) && cache_test_find(p) == NULL &&
+           stats_now().cache_releases == releases + 1 && fails == 0,
+       "with cudaFree, forgotten, counted");
+
+    cudaStream_t s = stream_new();
+    void *q = NULL;
+    bool upstream = false;
+    ok(cache_upstream_malloc(0, MiB, s, &q, &upstream) == cudaSuccess &&
+           upstream && cache_add(0, q, MiB, true) && give_back(q),
+       "a FREE segment from the upstream pool");
+    unsigned long async = fake_calls(FAKE_FREE_ASYNC);
+    is_int(cache_reclaim_release(0, UINT64_MAX, s, count_fail), 0,
+           "released: its bytes stay with the pool until a trim");
+    ok(fake_calls(FAKE_FREE_ASYNC) == async + 1 && cache_test_find(q) == NULL &&
+           stats_now().cache_releases == releases + 2,
+       "back to the pool with cudaFreeAsync, forgotten, counted");
+
+    void *r = device_alloc(MiB);
+    ok(cache_add(0, r, MiB, false) && give_back(r), "another FREE segment");
+    fake_fail(FAKE_FREE, cudaErrorIllegalAddress, 0, 1);
+    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail), 0,
+           "a sticky error: nothing released");
+    ok(fails == 1 && failed_err == cudaErrorIllegalAddress &&
+           strcmp(failed_call, "cudaFree") == 0 && cache_test_find(r) == NULL,
+       "handed to fail with the call by name; the block forgotten");
+    cudaFree(r);
+
+    void *x = device_alloc(MiB);
+    ok(cache_add(0, x, MiB, false) && give_back(x), "one more FREE segment");
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    cache_reclaim_release(0, UINT64_MAX, NULL, count_fail);
+    const char *said = stderr_capture_end();
+    ok(fails == 1 && strstr(said, "is not released") != NULL &&
+           cache_test_find(x) == NULL,
+       "another error is reported, not handed to fail; the block forgotten");
+    fake_fail_clear();
+    cudaFree(x);
+    cudaStreamDestroy(s);
+    cache_upstream_destroy();
+}
+
 int main(void)
 {
     plan_lazy();
     fake_reset(2);
     ok(cache_init(2, (size_t)1 << 20, 16), "init for two devices");
+    test_release(); /* first: the fake's addresses meet no made-up one */
     test_expiry();
     test_collect_largest();
     test_handback_with_merged_piece();
