@@ -73,8 +73,8 @@ static struct stream_bins **stream_slot(struct device_cache *c,
     return link;
 }
 
-/* Lock held.  The bins of stream id, or NULL: the recent ones, else
- * from the buckets (then recent). */
+/* Any thread, under the device's lock.  The bins of stream id, or NULL: the
+ * recent ones, else from the buckets (then recent). */
 static struct stream_bins *stream_find(struct device_cache *c,
                                        unsigned long long id)
 {
@@ -86,8 +86,8 @@ static struct stream_bins *stream_find(struct device_cache *c,
     return s;
 }
 
-/* Lock held.  The bins of stream id, made if needed; NULL when out of
- * memory. */
+/* Any thread, under the device's lock.  The bins of stream id, made if needed;
+ * NULL when out of memory. */
 static struct stream_bins *stream_bins_get(struct device_cache *c,
                                            unsigned long long id)
 {
@@ -288,7 +288,8 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
  * taken out of the map, and forgotten when its entries are done.
  */
 
-/* c's lock held (c: stale's device's): stale leaves every list of c.
+/* Any thread, under c's lock (c: stale's device's): stale leaves every
+ * list of c.
  * Returns whether an entry or claim still names it, itself or through a
  * part merged into it (then the last of them forgets it; else the caller
  * does, once the lock is let go). */
@@ -447,8 +448,9 @@ bool cache_inside_live(const void *ptr)
     return inside_segment(ptr, &live) && live;
 }
 
-/* Lock held: b, claimed (FREEING) by a free on stream_id, becomes PENDING
- * on that stream, named by the free's entry or batch. */
+/* Any thread, under the device's lock: b, claimed (FREEING) by a free on
+ * stream_id, becomes PENDING on that stream, named by the free's entry or
+ * batch. */
 static void park_locked(struct device_cache *c, struct cache_block *b,
                         unsigned long long stream_id)
 {

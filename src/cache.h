@@ -97,7 +97,7 @@ cudaError_t cache_user_add(void *ptr, const struct block_user *user);
  * mutex only. */
 size_t cache_users_of_block(const void *ptr, struct block_user *out);
 
-/* A launching thread.  How many streams the blocks of a's free have as
+/* Launching thread.  How many streams the blocks of a's free have as
  * users (a stream that several of them have counted once when out is not
  * NULL); their frees must wait for those streams too.  Copied to out (64
  * of room) when not NULL; a count above 64 means too many.  Blocks on the
@@ -267,7 +267,7 @@ bool cache_inside_live(const void *ptr);
  * or that nothing names any more is freed. */
 void cache_forget(struct cache_block *block);
 
-/* A launching thread inside a defer call.  *a = *given with room for the
+/* Launching thread, inside a defer call.  *a = *given with room for the
  * claims of its frees: one (*one) for a single pointer, an array for
  * several; none when a is no free of device memory or the cache is not in
  * use (no pointer can be a block).  False when out of memory.
@@ -277,7 +277,7 @@ bool cache_claims_make(const struct request_args *given,
                        struct request_args *a, struct block_claim *one);
 void cache_claims_free(struct request_args *a, struct block_claim *one);
 
-/* A launching thread, the free paths but the single stream-ordered one
+/* Launching thread, the free paths but the single stream-ordered one
  * (whose plan claims its block, cache_plan_free): claims every block among
  * a's pointers (FREEING) before anything is recorded, so that a block
  * freed twice, by any paths, is refused at the second free.  cudaSuccess
@@ -286,11 +286,11 @@ void cache_claims_free(struct request_args *a, struct block_claim *one);
  * free, or starts no block inside the cache's memory. */
 cudaError_t cache_claim_all(const struct request_args *a, bool *claimed);
 
-/* A launching thread, once a's free is refused after its blocks were
+/* Launching thread, once a's free is refused after its blocks were
  * claimed: they are the caller's again. */
 void cache_unclaim_all(const struct request_args *a);
 
-/* A launching thread.  The refusals (reported, counted in rejected;
+/* Launching thread.  The refusals (reported, counted in rejected;
  * cudaErrorInvalidValue): ptr is a block already free or being freed;
  * ptr lies inside the cache's memory but starts no block (an interior
  * pointer, or a block freed twice after it merged). */
@@ -332,7 +332,7 @@ void cache_reclaim_adopt(const struct block_claim *claim);
  * then).  Changes no block. */
 bool cache_reclaim_unclaimed_is_block(void *ptr);
 
-/* The reclaimer.  Removes FREE whole segments of device that became free
+/* Reclaimer only.  Removes FREE whole segments of device that became free
  * at or before freed_before_ns (UINT64_MAX: all) and that nothing names,
  * oldest first, into out: at most max of them, and no more once their
  * sizes add up to max_bytes (SIZE_MAX: no such limit).  The caller
@@ -343,7 +343,7 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
                              struct cache_block **out, size_t max,
                              size_t max_bytes);
 
-/* The reclaimer, device current.  Releases what cache_reclaim_expired
+/* Reclaimer only, device current.  Releases what cache_reclaim_expired
  * takes (at most 64 at a time, until none is left): an upstream segment
  * back to the pool, ordered on stream (NULL: with cudaFree), another with
  * cudaFree (which drains the device); each is then forgotten.  A sticky
@@ -377,14 +377,14 @@ size_t cache_reclaim_for_miss(int device, unsigned long long stream_id,
                               struct block_memory *out, size_t max,
                               size_t max_bytes);
 
-/* The reclaimer.  The time from which cache_reclaim_expired takes a FREE
+/* Reclaimer only.  The time from which cache_reclaim_expired takes a FREE
  * segment of device: the first one nothing names, at the latest free time
  * of the segments before it on the age list (UINT64_MAX: none).  The
  * reclaimer sleeps until then plus cache_keep_ms; an earlier time would
  * end every such sleep at once.  Blocks on the device's mutex only. */
 uint64_t cache_reclaim_oldest_free_ns(int device);
 
-/* The reclaimer, once a pass: frees the spare block structs retired beyond
+/* Reclaimer only, once a pass: frees the spare block structs retired beyond
  * what each device keeps (Note [Spare blocks]), outside the devices'
  * locks. */
 void cache_reclaim_collect(void);
@@ -449,7 +449,7 @@ void cache_upstream_forget(int device, size_t bytes);
  * say; never blocks on the GPU. */
 size_t cache_upstream_slack(int device);
 
-/* The reclaimer (device current), after segments were handed back on
+/* Reclaimer only (device current), after segments were handed back on
  * stream: releases the pool's unused memory to CUDA once that stream
  * reached the frees.  Returns the bytes by which the pool's reserve shrank
  * (0 without a pool). */

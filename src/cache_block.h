@@ -423,7 +423,8 @@ static inline bool is_whole(const struct cache_block *b)
     return b->seg_prev == NULL && b->seg_next == NULL;
 }
 
-/* Lock held.  FREE b leaves c's free bins, and the age list if on it. */
+/* Any thread, under the device's lock.  FREE b leaves c's free bins, and the
+ * age list if on it. */
 static inline void free_unlink(struct device_cache *c, struct cache_block *b)
 {
     bins_unlink(&c->free, b);
@@ -433,8 +434,9 @@ static inline void free_unlink(struct device_cache *c, struct cache_block *b)
     }
 }
 
-/* Lock held.  FREE b joins c's free bins, and when it is a whole segment
- * the age list (only whole segments expire: pieces cannot be released). */
+/* Any thread, under the device's lock.  FREE b joins c's free bins, and when
+ * it is a whole segment the age list (only whole segments expire: pieces
+ * cannot be released). */
 static inline void free_link(struct device_cache *c, struct cache_block *b)
 {
     bins_push(&c->free, b);
@@ -444,8 +446,8 @@ static inline void free_link(struct device_cache *c, struct cache_block *b)
     }
 }
 
-/* Lock held.  The first bin in [lo, hi] non-empty in own (NULL: none) or
- * in c's free bins, or -1. */
+/* Any thread, under the device's lock.  The first bin in [lo, hi] non-empty in
+ * own (NULL: none) or in c's free bins, or -1. */
 static inline int bins_next_either(const struct device_cache *c,
                                    const struct stream_bins *own, int lo,
                                    int hi)
@@ -456,16 +458,16 @@ static inline int bins_next_either(const struct device_cache *c,
            : next_free < 0 || next_own < next_free ? next_own : next_free;
 }
 
-/* Lock held.  Whether b is to be forgotten: dropped (hand-out 0: Note
- * [Stale blocks]) and named by no entry or claim, itself or through a
- * part. */
+/* Any thread, under the device's lock.  Whether b is to be forgotten: dropped
+ * (hand-out 0: Note [Stale blocks]) and named by no entry or claim, itself or
+ * through a part. */
 static inline bool block_dropped_unnamed(const struct cache_block *b)
 {
     return b->handout == 0 && b->events == 0 && b->outstanding == 0;
 }
 
-/* Lock held, a claim on b let go: whether to forget b
- * (block_dropped_unnamed). */
+/* Any thread, under the device's lock, a claim on b let go: whether to forget
+ * b (block_dropped_unnamed). */
 static inline bool block_claim_let_go(struct cache_block *b)
 {
     b->events--;
@@ -486,16 +488,17 @@ struct device_cache *cache_device(int device);
 struct cache_block *cache_find_locked(const void *ptr,
                                       struct device_cache **cache);
 
-/* Lock held.  The bins of stream id's PENDING blocks, or NULL. */
+/* Any thread, under the device's lock.  The bins of stream id's PENDING
+ * blocks, or NULL. */
 struct stream_bins *cache_stream_bins(struct device_cache *c,
                                       unsigned long long id);
 
-/* Lock held.  PENDING b leaves its stream's bins (an emptied stream leaves
- * the table). */
+/* Any thread, under the device's lock.  PENDING b leaves its stream's bins (an
+ * emptied stream leaves the table). */
 void cache_stream_unlink(struct device_cache *c, struct cache_block *b);
 
-/* Lock held.  b's work is done: FREE, filed for any stream, merged with
- * its free neighbours (b may be retired). */
+/* Any thread, under the device's lock.  b's work is done: FREE, filed for any
+ * stream, merged with its free neighbours (b may be retired). */
 void cache_make_free(struct device_cache *c, struct cache_block *b,
                      uint64_t now);
 
@@ -507,22 +510,22 @@ void cache_make_free(struct device_cache *c, struct cache_block *b,
  * users arrays (63 x 24 bytes) of those that had one. */
 #define SPARE_BLOCKS_KEPT 1024
 
-/* Lock held: a zeroed block struct, the last one c kept if any (its device
- * and its users array kept), else a new one from calloc; NULL when out of
- * memory. */
+/* Any thread, under the device's lock: a zeroed block struct, the last one c
+ * kept if any (its device and its users array kept), else a new one from
+ * calloc; NULL when out of memory. */
 struct cache_block *cache_reclaim_reuse(struct device_cache *c);
 
-/* Lock held: b, which nothing names any more (out of every list and of the
- * address map), is RETIRED: kept by c for its next piece, or put in c's
- * surplus (for cache_reclaim_collect_spares) when c keeps SPARE_BLOCKS_KEPT
- * already. */
+/* Any thread, under the device's lock: b, which nothing names any more (out of
+ * every list and of the address map), is RETIRED: kept by c for its next
+ * piece, or put in c's surplus (for cache_reclaim_collect_spares) when c keeps
+ * SPARE_BLOCKS_KEPT already. */
 void cache_reclaim_retire(struct device_cache *c, struct cache_block *b);
 
-/* Lock held: how many spare structs c keeps now. */
+/* Any thread, under the device's lock: how many spare structs c keeps now. */
 size_t cache_reclaim_spares_kept(const struct device_cache *c);
 
-/* The reclaimer (any thread not holding c's lock; takes it when there is
- * something to take): frees c's surplus.  Returns how many. */
+/* Reclaimer only (or any thread not holding c's lock; takes it when there
+ * is something to take): frees c's surplus.  Returns how many. */
 size_t cache_reclaim_collect_spares(struct device_cache *c);
 
 /* Shutdown (no other thread uses c): the structs c keeps and its surplus
@@ -531,14 +534,14 @@ void cache_reclaim_free_spares(struct device_cache *c);
 
 /* ---- cache_segments.c --------------------------------------------------- */
 
-/* Lock held (every function here; none makes a CUDA call or blocks).  A
- * request of piece bytes (a multiple of 512) on the stream whose PENDING
- * blocks are own (NULL: none) that no cached block fits: cut from the end
- * of the smallest block in the bins from lo up, FREE or PENDING on own
- * (size for size own's first), which keeps the rest with its state, its
- * entries and its hand-out.  Returns the piece, in no list (*same_stream:
- * cut from a PENDING block), or NULL (nothing changed) when no block is
- * large enough or no struct could be made. */
+/* Any thread, under the device's lock (every function here; none makes a CUDA
+ * call or blocks).  A request of piece bytes (a multiple of 512) on the stream
+ * whose PENDING blocks are own (NULL: none) that no cached block fits: cut
+ * from the end of the smallest block in the bins from lo up, FREE or PENDING
+ * on own (size for size own's first), which keeps the rest with its state, its
+ * entries and its hand-out.  Returns the piece, in no list (*same_stream: cut
+ * from a PENDING block), or NULL (nothing changed) when no block is large
+ * enough or no struct could be made. */
 struct cache_block *cache_segments_split(struct device_cache *c,
                                          struct stream_bins *own, int lo,
                                          size_t piece, bool *same_stream);

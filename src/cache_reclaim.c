@@ -51,10 +51,11 @@
  * hold. */
 #define WAITER_WAIT_NS 50000u
 
-/* Lock held, after an entry naming b (or a part merged into it) is done:
- * a PENDING b whose work and parts' work are all done goes FREE, a FREE
- * one nothing names merges with its neighbours, and a GONE or dropped one
- * nothing names joins *forget (through lru_next; b may be retired). */
+/* Any thread, under the device's lock, after an entry naming b (or a part
+ * merged into it) is done: a PENDING b whose work and parts' work are all done
+ * goes FREE, a FREE one nothing names merges with its neighbours, and a GONE
+ * or dropped one nothing names joins *forget (through lru_next; b may be
+ * retired). */
 static void settle(struct device_cache *c, struct cache_block *b,
                    uint64_t now, struct cache_block **forget)
 {
@@ -71,8 +72,9 @@ static void settle(struct device_cache *c, struct cache_block *b,
     }
 }
 
-/* Lock held: the event of an entry naming b (hand-out handout) is done.
- * Blocks nothing names any more join *forget (through lru_next). */
+/* Any thread, under the device's lock: the event of an entry naming b
+ * (hand-out handout) is done.  Blocks nothing names any more join *forget
+ * (through lru_next). */
 static void event_done_locked(struct device_cache *c, struct cache_block *b,
                               uint64_t handout, uint64_t now,
                               struct cache_block **forget)
@@ -192,9 +194,9 @@ bool cache_reclaim_unclaimed_is_block(void *ptr)
 
 /* ---- blocks that leave the cache ---------------------------------------- */
 
-/* Lock held.  A whole segment's block b, unlinked from its list, leaves
- * the cache: out of the address map and the segment index, out of the
- * byte counts.  Returns its size. */
+/* Any thread, under the device's lock.  A whole segment's block b, unlinked
+ * from its list, leaves the cache: out of the address map and the segment
+ * index, out of the byte counts.  Returns its size. */
 static size_t leave_cache(struct device_cache *c, struct cache_block *b)
 {
     cache_map_remove(b);
@@ -273,9 +275,10 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
     return bytes;
 }
 
-/* Lock held.  Whether b, FREE or PENDING on the stream of a request that
- * missed, may go back upstream for it: a whole upstream segment, and when
- * FREE, one nothing names that was free at or before freed_before_ns. */
+/* Any thread, under the device's lock.  Whether b, FREE or PENDING on the
+ * stream of a request that missed, may go back upstream for it: a whole
+ * upstream segment, and when FREE, one nothing names that was free at or
+ * before freed_before_ns. */
 static bool may_hand_back(const struct cache_block *b, uint64_t freed_before_ns)
 {
     return b->upstream && is_whole(b) &&
@@ -284,8 +287,8 @@ static bool may_hand_back(const struct cache_block *b, uint64_t freed_before_ns)
              b->freed_ns <= freed_before_ns));
 }
 
-/* Lock held.  The largest block of s (NULL: none) that may go back; of
- * equal sizes, the oldest filed. */
+/* Any thread, under the device's lock.  The largest block of s (NULL: none)
+ * that may go back; of equal sizes, the oldest filed. */
 static struct cache_block *largest_to_hand_back(const struct bins *s,
                                                 uint64_t freed_before_ns)
 {
