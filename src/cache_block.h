@@ -67,9 +67,11 @@
  * Note [Locks]
  *
  * - A device's lock (struct device_cache, lock; taken with cache_lock)
- *   guards its lists and every field of its blocks but device (fixed for
- *   a struct's life: read without it) and the two atomics of struct
- *   device_cache.  Launching threads and the reclaimer both take it.
+ *   guards its lists and every field of its blocks, but device (fixed for
+ *   a struct's life) and ptr while a claim names the block (fixed until
+ *   the struct is retired), which are read without it, and the two atomics
+ *   of struct device_cache.  Launching threads and the reclaimer both take
+ *   it.
  * - No CUDA call is made under it, and no block struct is freed under it
  *   (a free() could wait for another thread's malloc arena: Note [Spare
  *   blocks]); allocating one is allowed.
