@@ -1,15 +1,11 @@
 /* The allocation calls: defer_alloc, defer_record_stream and PyTorch's
- * pluggable-allocator entry points, over the block cache (block_cache.h):
+ * pluggable-allocator entry points, over the block cache (cache.h):
  * a block freed on a stream goes back to a request on that stream at once,
  * to any stream once its work is done, and a miss is a cudaMalloc. */
 #include <stdio.h>
 
 #include "api.h"
-#include "block_cache.h"
-#include "block_leave.h"
-#include "block_map.h"
-#include "block_pool.h"
-#include "block_recorded.h"
+#include "cache.h"
 #include "capture.h"
 #include "clock.h"
 #include "cudefer.h"
@@ -35,17 +31,17 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
     cudaError_t err = lifecycle_enter("defer_alloc");
     if (err != cudaSuccess)
         return err;
-    bool pooled;
-    err = block_pool_malloc(device, size, stream, ptr, &pooled);
+    bool upstream;
+    err = cache_upstream_malloc(device, size, stream, ptr, &upstream);
     if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
         refuse("defer_alloc", "allocating a new block", err, "");
     if (err == cudaSuccess) {
         stats_add(&stats.cache_mallocs, 1);
-        if (!block_cache_add(device, *ptr, size, pooled)) {
+        if (!cache_add(device, *ptr, size, upstream)) {
             report("defer_alloc: out of memory for the record of %p: it is "
                    "released when freed, never reused", *ptr);
-            if (pooled)
-                block_pool_forget(device, size);
+            if (upstream)
+                cache_upstream_forget(device, size);
         }
     }
     lifecycle_leave();
@@ -59,13 +55,13 @@ static size_t exact_size(size_t bytes)
 }
 
 /* The size of a fresh block for bytes on device: rounded
- * (block_cache_round), or exact when the rounded size is more than the
+ * (cache_round), or exact when the rounded size is more than the
  * device holds (a coarse CUDEFER_ROUND_DIVISIONS near the device's size:
  * 1 takes 65 GiB to 128 GiB), which no trim could make fit. */
 static size_t fresh_size(int device, size_t bytes)
 {
-    size_t rounded = block_cache_round(bytes);
-    return block_pool_beyond_device(device, rounded) ? exact_size(bytes)
+    size_t rounded = cache_round(bytes);
+    return cache_upstream_beyond_device(device, rounded) ? exact_size(bytes)
                                                      : rounded;
 }
 
@@ -100,11 +96,11 @@ static size_t give_to_pool(int device, const struct block_memory *m,
 {
     size_t bytes = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
-        cudaError_t err = block_pool_free(device, m[i].ptr, m[i].size, stream);
+        cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess) {
             report_cuda("defer_alloc", "cudaFreeAsync", err,
                         "; the free block goes back with cudaFree");
-            err = block_pool_free_sync(device, m[i].ptr, m[i].size);
+            err = cache_upstream_free_sync(device, m[i].ptr, m[i].size);
             if (err != cudaSuccess)
                 report_cuda("defer_alloc", "cudaFree", err,
                             "; a free block is lost to the pool");
@@ -138,13 +134,13 @@ static void hand_back_free_blocks(int device, size_t bytes,
                                   unsigned long long stream_id,
                                   uint64_t before_ns)
 {
-    if (!block_pool_exists(device))
+    if (!cache_upstream_exists(device))
         return;
-    size_t need = fresh_size(device, bytes), slack = block_pool_slack(device);
+    size_t need = fresh_size(device, bytes), slack = cache_upstream_slack(device);
     size_t lacking = need > slack ? need - slack : 0, n, got;
     struct block_memory memory[64];
     while (lacking > 0 &&
-           (n = block_leave_for_miss(device, stream_id, before_ns, memory,
+           (n = cache_reclaim_for_miss(device, stream_id, before_ns, memory,
                                      64, lacking)) > 0) {
         got = give_to_pool(device, memory, n, stream);
         lacking = got < lacking ? lacking - got : 0;
@@ -215,7 +211,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
         return refuse("defer_alloc", "an earlier CUDA call on this device", err,
                       "");
     size_t size;
-    *ptr = block_cache_take(*device, id, bytes, &size);
+    *ptr = cache_take(*device, id, bytes, &size);
     if (*ptr != NULL)
         return cudaSuccess;
     /* Read on a miss only (a hit's clock read was a tenth of the call):
@@ -227,9 +223,8 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     /* More than the whole device can never succeed: it must not empty the
      * cache on its way to failing (the hand-back below, the trim of
      * malloc_block), nor reach the pool with a size beyond what the device
-     * maps (a 1 PiB torch.empty killed a process on an H100; whether there
-     * is not known, 2026-11-25). */
-    if (block_pool_beyond_device(*device, bytes))
+     * maps (a 1 PiB torch.empty killed the process on an H100). */
+    if (cache_upstream_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
     hand_back_free_blocks(*device, bytes, stream, id, before);
     return cudaSuccess;
@@ -252,7 +247,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
     if (bytes > BLOCK_MAX_REQUEST) {
         /* No device holds it, and rounding it up would wrap (to a block of
-         * 0 bytes: defer_alloc "succeeded" with NULL before). */
+         * 0 bytes: defer_alloc would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
         report("defer_alloc: %zu bytes asked for, more than any device "
                "holds (a negative size converted?): out of memory", bytes);
@@ -288,7 +283,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     if (stream == cudaStreamPerThread) {
         /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
          * that for memory that is not cudefer's and carries on, leaving
-         * the block unprotected (a review found it). */
+         * the block unprotected. */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "
@@ -311,7 +306,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         err = refuse("defer_record_stream", "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
-    else if ((err = block_recorded_add(
+    else if ((err = cache_user_add(
                   ptr, &(struct block_user){stream, id, device})) !=
              cudaSuccess)
         stats_add(&stats.rejected, 1);
@@ -391,8 +386,7 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */
     int on = device, block_device;
-    if (stream_is_special(stream) &&
-        block_map_find_device(ptr, &block_device) != NULL)
+    if (stream_is_special(stream) && cache_device_of(ptr, &block_device))
         on = block_device;
     struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *call = NULL;

@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "api.h"
-#include "block_cache.h"
-#include "block_users.h"
+#include "cache.h"
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
@@ -17,7 +16,6 @@
 #include "entry.h"
 #include "event_pool.h"
 #include "free_batch.h"
-#include "free_claims.h"
 #include "lifecycle.h"
 #include "release.h"
 #include "request_args.h"
@@ -167,7 +165,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     if ((err = cudaStreamSynchronize(stream)) != cudaSuccess)
         return api_reject(a->what, "cudaStreamSynchronize", err);
     struct block_user recorded[64];
-    size_t nrec = block_users_of(a, recorded);
+    size_t nrec = cache_users_of_free(a, recorded);
     if (nrec > 64) { /* only 64 could be waited for */
         stats_add(&stats.rejected, 1);
         report("%s: its blocks were recorded on more than 64 streams: "
@@ -177,7 +175,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = block_users_enter(&recorded[i], &sw, &failed)) ==
+        if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
             cudaSuccess)
             err = cudaStreamSynchronize(recorded[i].handle);
     device_switch_back(&sw, a->what);
@@ -213,7 +211,7 @@ cudaError_t api_release_synchronously(const struct request_args *a,
 cudaError_t api_submit_captured(const struct request_args *a,
                                 const cudaStream_t *streams, size_t n)
 {
-    if (block_users_of(a, NULL) > 0) {
+    if (cache_users_of_free(a, NULL) > 0) {
         stats_add(&stats.rejected, 1);
         report("%s: a block recorded on other streams (defer_record_stream) "
                "cannot be freed into a graph capture, which would not wait "
@@ -332,13 +330,13 @@ static cudaError_t submit_admitted(const struct request_args *a,
         (err = capture_status(&stream, 1, &capturing, &call)) != cudaSuccess)
         return api_reject(a->what, call, err);
     bool single = a->nptrs == 1 && !capturing && !lifecycle_disabled();
-    if (!single && (err = free_claims_claim(a, claimed)) != cudaSuccess)
+    if (!single && (err = cache_claim_all(a, claimed)) != cudaSuccess)
         return err;
     if (capturing) /* even with CUDEFER_DISABLE: a capture cannot be waited for */
         return api_submit_captured(a, &stream, 1);
     if (lifecycle_disabled())
         return api_release_synchronously(a, stream);
-    if (a->nptrs > 1 && *claimed && block_users_of(a, NULL) > 0)
+    if (a->nptrs > 1 && *claimed && cache_users_of_free(a, NULL) > 0)
         return api_group_submit(a, &stream, 1);
     int device;
     unsigned long long id;
@@ -347,7 +345,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
      * block cache is in use: a stale identity would park a block as pending
      * on the destroyed stream whose handle this stream got. */
     bool exact = a->kind == ENTRY_CALL ||
-                 (a->kind == ENTRY_FREE_DEVICE && block_cache_active());
+                 (a->kind == ENTRY_FREE_DEVICE && cache_active());
     err = api_identify_usable(stream, exact, current, &device, &id, &cached,
                               &call);
     if (err != cudaSuccess)
@@ -356,12 +354,12 @@ static cudaError_t submit_admitted(const struct request_args *a,
     struct block_free_plan plan = {.path = BLOCK_NOT_OURS};
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL) {
         /* A batched free parks its block in the same lock hold. */
-        (batchable ? block_cache_plan_free_parked
-                   : block_cache_plan_free)(a->ptrs[0], device, id, &plan);
+        (batchable ? cache_plan_free_parked : cache_plan_free)(
+            a->ptrs[0], device, id, &plan);
         if (plan.path == BLOCK_NOT_LIVE)
-            return free_claims_refuse_freed(a, a->ptrs[0]);
+            return cache_refuse_freed(a, a->ptrs[0]);
         if (plan.path == BLOCK_INSIDE)
-            return free_claims_refuse_inside(a, a->ptrs[0]);
+            return cache_refuse_inside(a, a->ptrs[0]);
         *claimed = plan.path != BLOCK_NOT_OURS;
         if (*claimed) /* the entry carries it to the release */
             a->claims[0] = (struct block_claim){plan.block, plan.handout};
@@ -369,10 +367,10 @@ static cudaError_t submit_admitted(const struct request_args *a,
          * and be another thread's to cut); its device never changes. */
         if (*claimed && a->said_bytes > 0 &&
             (plan.size < a->said_bytes ||
-             plan.block->device != a->said_device))
+             plan.device != a->said_device))
             report("defer_pluggable_free: %p is a block of %zu bytes on "
                    "device %d, freed as %zu bytes on device %d: freed all "
-                   "the same", a->ptrs[0], plan.size, plan.block->device,
+                   "the same", a->ptrs[0], plan.size, plan.device,
                    a->said_bytes, a->said_device);
         if (plan.parked) {
             /* No event of its own: its batch's (free_batch.h). */
@@ -406,7 +404,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
         e = api_record(a, stream, device, id, lane, &err, &call, &no_event);
     }
     if (e != NULL && e->kind == ENTRY_BLOCK &&
-        e->device != plan.block->device) {
+        e->device != plan.device) {
         /* A stale identity hid another device: a plain free, with an event
          * of its own (defer_trim's promise).  Only the stream-ordered path
          * makes ENTRY_BLOCK, in block_args. */
@@ -423,9 +421,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
     if (e == NULL)
         return api_reject(a->what, call, err);
     if (e->kind == ENTRY_BLOCK) {
-        if (!block_cache_park(&plan, id)) {
+        if (!cache_park(&plan, id)) {
             api_discard_recorded(e);
-            return free_claims_refuse_freed(a, a->ptrs[0]);
+            return cache_refuse_freed(a, a->ptrs[0]);
         }
     }
     stats_count_deferred();
@@ -439,7 +437,7 @@ cudaError_t api_begin(const struct request_args *given,
     cudaError_t err = lifecycle_enter(given->what);
     if (err != cudaSuccess)
         return err;
-    if (!free_claims_make(given, a, one)) {
+    if (!cache_claims_make(given, a, one)) {
         lifecycle_leave();
         return api_reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
@@ -450,8 +448,8 @@ cudaError_t api_end(struct request_args *a, struct block_claim *one,
                     bool claimed, cudaError_t err)
 {
     if (err != cudaSuccess && claimed)
-        free_claims_unclaim(a);
-    free_claims_free(a, one);
+        cache_unclaim_all(a);
+    cache_claims_free(a, one);
     lifecycle_leave();
     return err;
 }

@@ -2,11 +2,11 @@
  * defer_call_streams, and a free whose blocks were recorded on other
  * streams (defer_record_stream), which waits for all of them. */
 #include "api.h"
-#include "block_users.h"
+#include "cache.h"
 #include "capture.h"
 #include "config.h"
 #include "cudefer.h"
-#include "free_claims.h"
+#include "device_switch.h"
 #include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
@@ -27,12 +27,12 @@ cudaError_t api_group_submit(const struct request_args *a,
         users[i] = (struct block_user){given[i], 0, -1};
     }
     struct block_user recorded[64];
-    size_t nrec = block_users_of(a, recorded);
+    size_t nrec = cache_users_of_free(a, recorded);
     struct device_switch sw = DEVICE_SWITCH_NONE;
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < 64; j++)
-            seen = block_users_same(&recorded[i], &users[j], &sw);
+            seen = cache_user_same(&recorded[i], &users[j], &sw);
         if (!seen && (i >= 64 || n == 64)) {
             stats_add(&stats.rejected, 1);
             report("%s: with the streams its blocks were recorded on, more "
@@ -54,7 +54,7 @@ cudaError_t api_group_submit(const struct request_args *a,
     if (lifecycle_disabled()) {
         const char *failed = "cudaStreamSynchronize";
         for (size_t i = 1; i < n && err == cudaSuccess; i++)
-            if ((err = block_users_enter(&users[i], &sw, &failed)) ==
+            if ((err = cache_user_enter(&users[i], &sw, &failed)) ==
                 cudaSuccess)
                 err = cudaStreamSynchronize(streams[i]);
         device_switch_back(&sw, a->what);
@@ -70,7 +70,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         unsigned long long id;
         bool no_event = false, cached = false;
         /* A recorded special handle: on the device it named. */
-        if ((err = block_users_enter(&users[made], &sw, &call)) !=
+        if ((err = cache_user_enter(&users[made], &sw, &call)) !=
             cudaSuccess)
             break;
         /* Callbacks are ordered per stream: never a stale identity. */
@@ -133,7 +133,7 @@ static cudaError_t submit_group(const struct request_args *given,
     if (err != cudaSuccess)
         return err;
     bool claimed = false; /* a refused claim claimed nothing */
-    if ((err = free_claims_claim(&a, &claimed)) == cudaSuccess)
+    if ((err = cache_claim_all(&a, &claimed)) == cudaSuccess)
         err = api_group_submit(&a, streams, n);
     return api_end(&a, &one, claimed, err);
 }

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "block_cache.h"
+#include "cache.h"
 #include "queue.h"
 
 enum entry_kind {
@@ -24,7 +24,7 @@ enum entry_kind {
     ENTRY_REQUEST,     /* not work: a flush or trim waiting for the reclaimer */
     ENTRY_MEMBER,      /* only an event: one of the streams a group waits for */
     ENTRY_BLOCK,       /* a block of the cache, freed on its stream (see
-                          block_cache.h): FREE once the event completes */
+                          cache.h): FREE once the event completes */
 };
 
 struct request;
@@ -68,7 +68,7 @@ struct entry {
     bool pool;             /* every pointer is stream-ordered pool memory */
     bool cache_blocks;     /* every pointer is a block of the cache: given
                               back to it, never released, never held */
-    /* The block each pointer's free claimed (block_cache.h; block NULL:
+    /* The block each pointer's free claimed (cache.h; block NULL:
      * none), which its release acts on: claims[0..nptrs) of an
      * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or
      * an array owned by the entry.  ENTRY_BLOCK: claims[0..nptrs), the
@@ -118,7 +118,7 @@ static inline void entry_begin(struct entry *e, enum entry_kind kind,
     e->ptrs = &e->one_ptr;
 }
 
-/* Whether the free of e's pointer i claimed a block (block_cache.h). */
+/* Whether the free of e's pointer i claimed a block (cache.h). */
 static inline bool entry_claimed(const struct entry *e, size_t i)
 {
     return e->claims != NULL && e->claims[i].block != NULL;

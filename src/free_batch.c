@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "block_done.h"
+#include "cache.h"
 #include "capture.h"
 #include "clock.h"
 #include "device_switch.h"
@@ -197,7 +197,7 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
         give_back_claims(device, claims, n);
         return sync;
     }
-    block_done_claims(claims, n, true, now_ns());
+    cache_reclaim_claims_done(claims, n, true, now_ns());
     stats_add(&stats.released, n);
     stats_add(&stats.sync_releases, n);
     return cudaSuccess;
@@ -326,7 +326,7 @@ void free_batch_add(int device, cudaStream_t stream,
             report("defer_free: out of memory for the claim of %p, freed "
                    "on the legacy stream while another thread's capture "
                    "bars it: the block stays reusable on it only, never "
-                   "released", claim->block->ptr);
+                   "released", cache_claim_ptr(claim));
         return;
     }
     struct block_claim *array = NULL;

@@ -5,7 +5,7 @@
  * cudaEventRecord on stream 0 and the entry each free pushed).
  *
  * A block freed with defer_free on its device's stream is reusable there at
- * once (block_cache.h: PENDING); its event is needed only for another
+ * once (cache.h: PENDING); its event is needed only for another
  * stream, a release or a trim.  So a free on the legacy stream parks its
  * block and adds its claim to the device's batch without recording
  * anything; the defer call that finds the batch full (free_batch claims)
@@ -48,7 +48,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "block_cache.h"
+#include "cache.h"
 
 /* A batch is sealed once its oldest claim is this old, at the next free,
  * as the coarse clock tells (clock.h: so up to one tick, 1 to 10 ms,

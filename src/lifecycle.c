@@ -15,8 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_cache.h"
-#include "block_pool.h"
+#include "cache.h"
 #include "config.h"
 #include "driver_calls.h"
 #include "event_pool.h"
@@ -77,8 +76,8 @@ static void free_per_device(void)
  * leaked when the event pool, the stream table or the thread failed). */
 static void undo_start(void)
 {
-    block_pool_destroy_all();
-    block_cache_destroy();
+    cache_upstream_destroy();
+    cache_destroy();
     free_batch_destroy();
     free_per_device();
 }
@@ -109,9 +108,9 @@ static cudaError_t start_locked(const char *what)
     /* The runtime is up: its entry points. */
     driver_calls_resolve(what, rs.cfg.driver_calls != 0);
     if (!alloc_per_device(n) ||
-        !block_cache_init(n, (size_t)rs.cfg.split_min_bytes,
-                          rs.cfg.round_divisions) ||
-        !block_pool_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
+        !cache_init(n, (size_t)rs.cfg.split_min_bytes,
+                    rs.cfg.round_divisions) ||
+        !cache_upstream_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
         undo_start();
         report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
@@ -495,8 +494,8 @@ static bool stop_and_join(uint64_t deadline_ns)
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
     free_batch_destroy();
-    block_cache_destroy();
-    block_pool_destroy_all();
+    cache_destroy();
+    cache_upstream_destroy();
     free_per_device();
     return true;
 }
@@ -597,7 +596,7 @@ static void fork_child(void)
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
     driver_calls_reset();
-    block_cache_fork_child();
+    cache_fork_child();
     free_batch_fork_child();
-    block_pool_fork_child();
+    cache_upstream_fork_child();
 }

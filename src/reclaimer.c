@@ -22,9 +22,7 @@
 #include <time.h>
 
 #include "alloc_info.h"
-#include "block_cache.h"
-#include "block_done.h"
-#include "block_pool.h"
+#include "cache.h"
 #include "capture.h"
 #include "config.h"
 #include "entry_slab.h"
@@ -161,7 +159,7 @@ void reclaimer_finish_entry(struct entry *e, cudaError_t err)
                          (report_cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
-        block_done_claims(e->claims, e->nptrs, err == cudaSuccess, now_ns());
+        cache_reclaim_claims_done(e->claims, e->nptrs, err == cudaSuccess, now_ns());
     else if (rs.cfg.check)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */
@@ -303,7 +301,7 @@ static bool give_back_blocks(struct entry *e)
             release_move_pointer(e, i, kept++);
             continue;
         }
-        block_done_adopt(&e->claims[i]);
+        cache_reclaim_adopt(&e->claims[i]);
     }
     e->nptrs = kept;
     return kept > 0;
@@ -552,6 +550,41 @@ static void end_pass(void)
     rs.pass_released_bytes = 0;
 }
 
+#define NS_PER_MS UINT64_C(1000000)
+
+/* Reclaimer thread only.  Releases the block cache's FREE segments that
+ * nobody took for cache_keep_ms, at a quiet moment (or once 4 x
+ * cache_keep_ms passed, quiet or not), and every one on a trim and when
+ * stopping (then the upstream pools' unused memory too): a batch per
+ * device.  Blocks are reused in the steady state, so these batches are
+ * rare: each segment is released at most once. */
+static void release_cache_blocks(uint64_t now, bool stopping)
+{
+    bool all = rs.trims != NULL || stopping;
+    struct policy_view view = reclaimer_view_now(now);
+    uint64_t keep_ns = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+    if (!release_policy_quiet(&rs.cfg, &view))
+        keep_ns *= 4;
+    if (!all && (keep_ns == 0 || now <= keep_ns))
+        return;
+    uint64_t before = all ? UINT64_MAX : now - keep_ns;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t oldest = cache_reclaim_oldest_free_ns(d);
+        bool blocks = oldest != UINT64_MAX && oldest <= before;
+        bool upstream = all && cache_upstream_exists(d);
+        if ((!blocks && !upstream) || device_error(d) != cudaSuccess ||
+            !reclaimer_use_device(d))
+            continue;
+        trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
+        cudaStream_t async = reclaimer_free_stream(d);
+        rs.pass_released_bytes +=
+            cache_reclaim_release(d, before, async, reclaimer_fail_device);
+        if (all) /* the pool's unused memory back to CUDA too */
+            rs.pass_released_bytes += cache_upstream_trim(d, async);
+        trace_pop();
+    }
+}
+
 static void destroy_free_streams(void)
 {
     for (int d = 0; d < rs.ndevices; d++) {
@@ -588,8 +621,8 @@ void *reclaimer_main(void *unused)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? reclaimer_poll_streams(now) : 0;
         reclaimer_held_release(now);
-        reclaimer_cache_release(now, stopping);
-        block_cache_collect_records();
+        release_cache_blocks(now, stopping);
+        cache_reclaim_collect();
         if (!stopping)
             event_pool_refill(); /* what the lanes found missing */
         end_pass();

@@ -146,12 +146,6 @@ void reclaimer_held_release(uint64_t now);
  * device of 80 GiB).  Does not block beyond the query. */
 void reclaimer_learn_cap(int device, uint64_t now);
 
-/* Reclaimer thread only (reclaimer_cache.c): release the block cache's free
- * blocks that expired, or all of them on a trim or when stopping; and when
- * the next one expires (UINT64_MAX: none). */
-void reclaimer_cache_release(uint64_t now, bool stopping);
-uint64_t reclaimer_cache_expiry_ns(void);
-
 /* Reclaimer thread, after a pass (progress: it completed or took in
  * something): naps while entries are pending, waits for the release
  * policy's next deadline while only held memory waits, and sleeps until a

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "block_cache.h"
+#include "cache.h"
 #include "capture.h"
 #include "clock.h"
 #include "held.h"
@@ -57,6 +57,35 @@ static uint64_t held_count(void)
     return n;
 }
 
+#define NS_PER_MS UINT64_C(1000000)
+
+/* When the next cached segment is released (UINT64_MAX: none, or never),
+ * as the pass's cache release decides (reclaimer.c): cache_keep_ms after it
+ * was freed if the application is quiet then, else once it is, at most 4 x
+ * cache_keep_ms after; never for a failed device's blocks.  A deadline
+ * that ignored the quiet rule would pass with the segment not released,
+ * and end the timed sleep at once, pass after pass. */
+static uint64_t cache_release_ns(void)
+{
+    if (rs.cfg.cache_keep_ms == 0)
+        return UINT64_MAX;
+    uint64_t keep = (uint64_t)rs.cfg.cache_keep_ms * NS_PER_MS;
+    struct policy_view view = reclaimer_view_now(0);
+    uint64_t quiet_at = release_policy_quiet_at(&rs.cfg, &view);
+    uint64_t next = UINT64_MAX;
+    for (int d = 0; d < rs.ndevices; d++) {
+        uint64_t freed = cache_reclaim_oldest_free_ns(d);
+        if (freed == UINT64_MAX || device_error(d) != cudaSuccess)
+            continue;
+        uint64_t at = freed + keep;
+        if (at < quiet_at)
+            at = quiet_at < freed + 4 * keep ? quiet_at : freed + 4 * keep;
+        if (at < next)
+            next = at;
+    }
+    return next;
+}
+
 /* Wait for the next pass.  Polling backs off from poll_us to poll_max_us
  * while nothing happens; with only held entries the wait ends at the
  * policy's next deadline; with nothing at all, after a short linger (so a
@@ -91,5 +120,5 @@ void reclaimer_wait_for_work(bool progress, uint64_t now)
         nap_us(rs.nap_us);
         return;
     }
-    sleep_until_pushed(reclaimer_cache_expiry_ns());
+    sleep_until_pushed(cache_release_ns());
 }

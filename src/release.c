@@ -5,8 +5,7 @@
 #include <stdlib.h>
 
 #include "alloc_info.h"
-#include "block_cache.h"
-#include "block_done.h"
+#include "cache.h"
 #include "report.h"
 
 /* A release of ptr by e refused as an invalid value: said in the words of
@@ -55,10 +54,10 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the block that may start there now (another owner's). */
     if (e->kind != ENTRY_FREE_HOST && e->claims != NULL &&
         e->claims[i].block != NULL) {
-        block_done_adopt(&e->claims[i]);
+        cache_reclaim_adopt(&e->claims[i]);
         return cudaSuccess;
     }
-    if (e->kind != ENTRY_FREE_HOST && block_done_unclaimed_is_block(ptr))
+    if (e->kind != ENTRY_FREE_HOST && cache_reclaim_unclaimed_is_block(ptr))
         return cudaSuccess;
     if (e->kind == ENTRY_FREE_HOST) {
         err = cudaFreeHost(ptr);

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "block_cache.h"
+#include "cache.h"
 #include "entry.h"
 
 struct request_args {

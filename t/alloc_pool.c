@@ -1,12 +1,12 @@
-/* The pool behind the block cache (src/block_pool.h), end to end with the
- * reclaimer: what a miss hands back to the pool (only what the pool lacks:
+/* The pool behind the block cache (src/cache_upstream.c), end to end with
+ * the reclaimer: what a miss hands back to the pool (only what the pool lacks:
  * the oldest free blocks, then those pending on the request's own stream),
  * and defer_trim.  The oracle checks every hand-out and every free. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "block_pool.h"
+#include "cache.h"
 #include "helpers.h"
 
 /* A request that no cached block fits.  When the pool has the memory
@@ -84,12 +84,13 @@ static void test_miss_hands_back_pending(cudaStream_t s, cudaStream_t s2)
     defer_free(d, s);
 }
 
-/* The records of pending blocks a miss hands back go with their entries,
- * on the reclaimer, maybe while the miss is still handing the memory back:
- * here every cudaFreeAsync takes 50 ms and the blocks' work completes
- * meanwhile.  The miss must not read the records then (it once did: a
- * use-after-free that TSan saw in t/stress and ASan sees here). */
-static void test_hand_back_outlives_records(cudaStream_t s)
+/* The pending blocks a miss hands back go with their entries, on the
+ * reclaimer, maybe while the miss is still handing the memory back: here
+ * every cudaFreeAsync takes 50 ms and the blocks' work completes
+ * meanwhile.  The miss must not read the blocks then (it copies their
+ * memory first: cache_reclaim_for_miss); a read would be a use after free,
+ * which ASan sees here and TSan in t/stress. */
+static void test_hand_back_outlives_blocks(cudaStream_t s)
 {
     size_t trimmed = 0;
     defer_trim(&trimmed);
@@ -138,9 +139,9 @@ static void test_reused_handle(void)
 }
 
 /* A block whose hand-back fails has left the cache: nothing else would
- * ever release it, so it goes with cudaFree instead (the block was only
- * counted as released, and stayed allocated past the shutdown, before).
- * When that fails too, it is reported, not counted as released, and the
+ * ever release it, so it goes with cudaFree instead (counted as released
+ * otherwise, it would stay allocated past the shutdown).  When that fails
+ * too, it is reported, not counted as released, and the
  * pool's slack does not count memory it never got back. */
 static void test_failed_hand_back(cudaStream_t s)
 {
@@ -150,7 +151,7 @@ static void test_failed_hand_back(cudaStream_t s)
     alloc_checked(&a, 1 << 20, s);
     defer_free(a, s);
     defer_flush(); /* FREE; the pool lends all it has */
-    is_int(block_pool_slack(0), 0, "the pool has no slack");
+    is_int(cache_upstream_slack(0), 0, "the pool has no slack");
     uint64_t releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
@@ -178,7 +179,7 @@ static void test_failed_hand_back(cudaStream_t s)
     fake_fail_clear();
     ok(fake_is_released(a) == 0 && stats_now().cache_releases == releases,
        "and not counted as released");
-    is_int(block_pool_slack(0), 0,
+    is_int(cache_upstream_slack(0), 0,
            "the pool still counts that memory as lent");
     cudaFree(a); /* the test's now: the oracle's count of live memory */
     defer_free(b, s);
@@ -200,8 +201,8 @@ static void test_trim(cudaStream_t s)
 }
 
 /* In a fresh process, one block of 1 MiB, the pool's whole reserve: a
- * trim says 1 MiB.  Before the fix it said 2: the block's bytes when it
- * went back to the pool, and again in the pool's trim. */
+ * trim says 1 MiB, not 2 (the block's bytes when it went back to the pool,
+ * and again in the pool's trim). */
 static void trim_counts_once(void)
 {
     cudaStream_t s = stream_new();
@@ -230,8 +231,7 @@ static uint64_t pool_reserve(void)
  * free stream: the trim waits for them (cudaStreamSynchronize) before it
  * trims, so the pool gives back both and the trim says 2 MiB.  Trimmed
  * before the frees ran, the pool would keep their memory and the trim say
- * 0 (the fake freed pool memory at once before, so a trim that did not
- * wait passed). */
+ * 0 (the fake frees pool memory only once the free ran on its stream). */
 static void trim_waits_for_frees(void)
 {
     fake_set_free_async_us(30000);
@@ -258,7 +258,7 @@ static void trim_waits_for_frees(void)
 
 /* A shutdown while a request allocates a new block (here the allocation
  * takes 50 ms): the shutdown waits for it, since it destroys the pools the
- * allocation counts in (ASan saw the write to freed memory before). */
+ * allocation counts in (else a write to freed memory: ASan). */
 struct racing_alloc {
     cudaStream_t s;
     void *p;
@@ -377,7 +377,7 @@ int main(void)
     cudaStream_t s = stream_new(), s2 = stream_new();
     test_miss_hands_back(s);
     test_miss_hands_back_pending(s, s2);
-    test_hand_back_outlives_records(s);
+    test_hand_back_outlives_blocks(s);
     test_reused_handle();
     test_failed_hand_back(s);
     test_trim(s);

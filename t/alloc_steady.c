@@ -25,7 +25,7 @@
  *   (2) a step behind: 0 misses, 1.834x; half a step behind: 10-11
  *       misses and as many hand-backs a step, 1.80x;
  *   (3) what the pool lacks, the oldest FREE blocks, then the oldest
- *       PENDING on the request's stream (90e3ebc): 1.017x the live peak,
+ *       PENDING on the request's stream: 1.017x the live peak,
  *       but 55 misses and 55 hand-backs a step (a third of the requests)
  *       in all three runs;
  *   (4) what a miss hands back now: what the pool lacks, FREE blocks or
@@ -34,8 +34,8 @@
  *       next ones): 1.010x, 27 misses and 27 hand-backs a step in all
  *       three runs (best fit: 29-30; newest first: 42).
  * The hoarding bound below fails for (1) and (2); the churn bound fails
- * for (3) and holds for (4), at 27 misses a step: the limit block_cache.h
- * states (a miss, ~5 us on the H100, where blocks are not split).  Why a
+ * for (3) and holds for (4), at 27 misses a step (a miss, ~5 us on the
+ * H100, where blocks are not split).  Why a
  * cache of unsplit blocks churns at all: the blocks of every size this
  * trace asks for add up to 1.83x its live peak (the gradients, workspaces
  * and optimizer temporaries have sizes no activation has), so a cache of
@@ -51,13 +51,13 @@
  * cudefer does by default (requests of 1 MiB or more cut from larger
  * blocks, freed neighbours merged).  Measured in 72 runs of each case
  * (two at a time on 2 cores, under load), every one 10.9 misses and 11.0
- * hand-backs a step and the pool at 1.076x the live peak.  Before a freed
- * block merged with its FREE neighbours at once (a098776; measured at
- * 2916869, just before), the same runs
- * spread over 1.076-1.417x (42 of 72 above 1.076x): whether a large request
- * fitted depended on which piece's work had completed first, so the timing
- * of the simulated GPU decided the pool.  The bound is the 1.10x goal,
- * which the old code failed in 37 of the 72.
+ * hand-backs a step and the pool at 1.076x the live peak.  Where a freed
+ * block merges with its FREE neighbours only once its work is done, the
+ * same runs spread over 1.076-1.417x (42 of 72 above 1.076x): whether a
+ * large request fitted depended on which piece's work had completed first,
+ * so the timing of the simulated GPU decided the pool (src/cache_segments.c,
+ * Note [Merging at once]).  The bound is the 1.10x goal, which that failed
+ * in 37 of the 72.
  * The fake's oracle checks every hand-out and every free. */
 #include <stdint.h>
 
@@ -255,7 +255,7 @@ static void check_steady(const struct steady *m, unsigned depth,
        "%s: the GPU runs behind (%.2f step; its queue holds %.2f)", name,
        m->steps_behind, want);
     ok(m->misses_per_step <= MAX_MISSES_PER_STEP,
-       "%s: %.1f misses a step (at most %.1f: the limit in block_cache.h)",
+       "%s: %.1f misses a step (at most %.1f)",
        name,
        m->misses_per_step, MAX_MISSES_PER_STEP);
     ok(m->releases_per_step <= MAX_RELEASES_PER_STEP,

@@ -1,16 +1,17 @@
-/* The block cache's segment index (src/block_segments.h): sorted, disjoint
- * ranges; a new segment drops the ranges it overlaps (their memory was
- * cudaFree'd behind cudefer's back and allocated again); block_segments_holds
- * tells a pointer inside a segment from one outside all.  The index alone,
- * on a device cache of its own (no block in the map: holds finds no block),
- * then against a model of the rule (a list, every range checked), with
- * random segments. */
+/* The block cache's segment index (src/cache_segments.c, Note [Segment
+ * index]): sorted, disjoint ranges; a new segment drops the ranges it
+ * overlaps (their memory was cudaFree'd behind cudefer's back and allocated
+ * again); cache_segments_holds tells a pointer inside a segment from one
+ * outside all.  White-box: the index alone, on a device cache of its own
+ * (so this test includes the private src/cache_block.h; no block in the
+ * map: holds finds no block), then against a model of the rule (a list,
+ * every range checked), with random segments. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_bins.h"
-#include "block_segments.h"
+#include "cache.h"
+#include "cache_block.h"
 #include "helpers.h"
 
 #define MiB ((uintptr_t)1 << 20)
@@ -19,12 +20,12 @@
 static bool holds(struct device_cache *c, uintptr_t p)
 {
     struct cache_block *b;
-    return block_segments_holds(c, (const void *)p, &b);
+    return cache_segments_holds(c, (const void *)p, &b);
 }
 
 static bool file(struct device_cache *c, uintptr_t start, uintptr_t size)
 {
-    return block_segments_file(c, (const void *)start, size);
+    return cache_segments_file(c, (const void *)start, size);
 }
 
 /* The index stays sorted and disjoint. */
@@ -66,11 +67,11 @@ static void test_rules(void)
     ok(file(&c, AT(40), MiB), "and one above all");
     is_int(c.segments.count, 4, "four");
     ok(well_formed(&c.segments), "sorted and disjoint");
-    block_segments_unfile(&c, (const void *)(AT(40) + 1));
+    cache_segments_unfile(&c, (const void *)(AT(40) + 1));
     is_int(c.segments.count, 4, "unfiling an address where none starts: nothing");
-    block_segments_unfile(&c, (const void *)AT(5));
+    cache_segments_unfile(&c, (const void *)AT(5));
     ok(c.segments.count == 3 && !holds(&c, AT(5)), "unfiling 5 drops it");
-    block_segments_index_free(&c);
+    cache_segments_index_free(&c);
     ok(c.segments.count == 0 && c.segments.ranges == NULL, "freed");
 }
 
@@ -115,7 +116,7 @@ static void test_against_model(void)
     for (int k = 0; k < 20000; k++) {
         if (rand_r(&seed) % 5 == 0 && m->n > 0) {
             size_t i = (size_t)rand_r(&seed) % m->n;
-            block_segments_unfile(&c, (const void *)m->start[i]);
+            cache_segments_unfile(&c, (const void *)m->start[i]);
             m->start[i] = m->start[m->n - 1];
             m->end[i] = m->end[--m->n];
         } else {
@@ -135,7 +136,7 @@ static void test_against_model(void)
     is_int(malformed, 0, "the index stayed sorted and disjoint");
     is_int(disagreements, 0, "it agreed with the model every time (%zu ranges "
                              "at the end)", m->n);
-    block_segments_index_free(&c);
+    cache_segments_index_free(&c);
     free(m);
 }
 

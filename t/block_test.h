@@ -1,30 +1,35 @@
 /* Helpers shared by the block cache's unit tests (t/block_cache.c,
- * t/block_stale.c, t/block_leave.c, ...): made-up addresses, the two claim
- * paths and a stream-ordered free. */
+ * t/block_stale.c, t/block_leave.c, ...), which reach the cache through its
+ * interface, src/cache.h, and see a block's fields through its tests-only
+ * view: made-up addresses, the two claim paths and a stream-ordered free. */
 #ifndef CUDEFER_T_BLOCK_TEST_H
 #define CUDEFER_T_BLOCK_TEST_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "block_cache.h"
-#include "block_done.h"
-#include "block_map.h"
+#include "cache.h"
 #include "tap.h"
 
 /* Made-up addresses: the cache never dereferences them. */
 #define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
+
+/* block's fields (cache_test_view). */
+static inline struct block_view view(const struct cache_block *block)
+{
+    return cache_test_view(block);
+}
 
 /* A LIVE block at p freed by a path that waits for its event (claimed),
  * its work done (adopted): FREE.  True when so. */
 static inline bool give_back(void *p)
 {
     struct block_claim claim;
-    if (block_cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
-        claim.block != block_map_find(p))
+    if (cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
+        claim.block != cache_test_find(p))
         return false;
-    block_done_adopt(&claim);
-    return block_map_find(p) != NULL;
+    cache_reclaim_adopt(&claim);
+    return cache_test_find(p) != NULL;
 }
 
 /* Free p on stream id of device the stream-ordered way: planned and
@@ -33,8 +38,8 @@ static inline bool give_back(void *p)
 static inline bool park_free(void *p, int device, unsigned long long id,
                              struct block_free_plan *plan)
 {
-    block_cache_plan_free(p, device, id, plan);
-    return plan->path == BLOCK_STREAM_ORDERED && block_cache_park(plan, id);
+    cache_plan_free(p, device, id, plan);
+    return plan->path == BLOCK_STREAM_ORDERED && cache_park(plan, id);
 }
 
 /* A free of p on stream id of device the stream-ordered way, parked
@@ -61,9 +66,9 @@ static inline uint64_t free_on(void *p, unsigned long long id)
 static inline enum block_free_path claim(void *p)
 {
     struct block_claim c;
-    enum block_free_path path = block_cache_claim(p, &c);
+    enum block_free_path path = cache_claim(p, &c);
     if (c.block != NULL)
-        block_cache_unclaim(&c);
+        cache_unclaim(&c);
     return path;
 }
 

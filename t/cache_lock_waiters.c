@@ -1,23 +1,21 @@
 /* The reclaimer lets a launching thread that waits for a device's lock in
- * before its next hold (src/block_bins.h, cache_lock; block_done.c,
- * block_done_claims).  A thread asleep on the lock was woken by the
- * unlock, but the reclaimer, still running, took the lock again before it
- * was scheduled, for the rest of its run (the waiter waited for the whole
- * run; in the PyTorch LM on an H100 such waits proved rare:
- * bench/results/2026-11-26-h100-slow-frees-traced.txt).
+ * before its next hold (src/cache_reclaim.c, Note [Letting waiters in]).
+ * A thread asleep on the lock is woken by the unlock, but the reclaimer,
+ * still running, would take the lock again before it was scheduled, for
+ * the rest of its run, and the waiter would wait for the whole run.
  *
  * A trial: this thread holds the lock while a second thread, on another
  * CPU, asks for it and falls asleep; then it lets go and at once completes
  * 32 claims, four holds of 8, as the reclaimer does.  The second thread,
- * once it has the lock, counts the claims already completed.  Before the
- * fix it found 8 or more in every trial: the first hold began before it
- * was awake.  Now it must get in first in at least one of 5 trials (the
+ * once it has the lock, counts the claims already completed.  Without the
+ * rule it finds 8 or more in every trial: the first hold began before it
+ * was awake.  It must get in first in at least one of 5 trials (the
  * reclaimer waits for a waiter 50 us at most, so a machine too busy to
- * schedule it may miss one).  The two threads are on different
- * CPUs, as on a GPU machine: on one CPU, a woken thread may preempt the
- * one that woke it.  Then the bound: a waiter counted but never scheduled
- * delays the reclaimer 50 us a hold at most.  Skipped where there are not
- * two CPUs to pin to. */
+ * schedule it may miss one).  The two threads are on different CPUs, as
+ * on a GPU machine: on one CPU, a woken thread may preempt the one that
+ * woke it.  Then the bound: a waiter counted but never scheduled delays
+ * the reclaimer 50 us a hold at most.  Skipped where there are not two
+ * CPUs to pin to.  Through src/cache.h and its tests-only lock calls. */
 #define _GNU_SOURCE /* pthread_setaffinity_np */
 #include <pthread.h>
 #include <sched.h>
@@ -25,18 +23,14 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "block_bins.h"
-#include "block_cache.h"
-#include "block_done.h"
-#include "block_map.h"
 #include "block_test.h"
+#include "cache.h"
 #include "helpers.h"
 
 #define CLAIMS 32
 #define TRIALS 5
 #define BLOCK_BYTES 24576
 
-static struct device_cache *cache;
 static struct block_claim claims[CLAIMS];
 static atomic_int done_seen;
 
@@ -45,7 +39,7 @@ static int completed(void)
 {
     int n = 0;
     for (int i = 0; i < CLAIMS; i++)
-        n += claims[i].block->state == BLOCK_FREE;
+        n += view(claims[i].block).state == BLOCK_FREE;
     return n;
 }
 
@@ -63,9 +57,9 @@ static void *waiter(void *arg)
     (void)arg;
     if (!pin(1))
         bail("pthread_setaffinity_np");
-    cache_lock(cache);
+    cache_test_lock(0);
     atomic_store(&done_seen, completed());
-    pthread_mutex_unlock(&cache->lock);
+    cache_test_unlock(0);
     return NULL;
 }
 
@@ -76,9 +70,9 @@ static void park_claims(int first)
     for (int i = 0; i < CLAIMS; i++) {
         void *p = ADDR(first + i);
         struct block_free_plan plan;
-        if (!block_cache_add(0, p, BLOCK_BYTES, false))
-            bail("block_cache_add");
-        block_cache_plan_free_parked(p, 0, 7, &plan);
+        if (!cache_add(0, p, BLOCK_BYTES, false))
+            bail("cache_add");
+        cache_plan_free_parked(p, 0, 7, &plan);
         if (plan.path != BLOCK_STREAM_ORDERED || !plan.parked)
             bail("plan_free_parked: path %d", (int)plan.path);
         claims[i] = (struct block_claim){plan.block, plan.handout};
@@ -91,15 +85,15 @@ static int trial(int first)
 {
     park_claims(first);
     atomic_store(&done_seen, -1);
-    pthread_mutex_lock(&cache->lock);
+    cache_test_lock(0);
     pthread_t t;
     if (pthread_create(&t, NULL, waiter, NULL) != 0)
         bail("pthread_create");
-    while (atomic_load(&cache->waiting) == 0)
+    while (cache_test_waiting(0) == 0)
         sleep_ms(1);
     sleep_ms(5); /* past its spin: asleep on the lock */
-    pthread_mutex_unlock(&cache->lock);
-    block_done_claims(claims, CLAIMS, true, 1);
+    cache_test_unlock(0);
+    cache_reclaim_claims_done(claims, CLAIMS, true, 1);
     pthread_join(t, NULL);
     return atomic_load(&done_seen);
 }
@@ -119,9 +113,9 @@ static void *spinner(void *arg)
 
 /* A waiter counted but never scheduled (its CPU busy) is not waited for
  * long: the reclaimer's 32 claims, four holds, with waiting stuck at 1 and
- * a busy thread on the reclaimer's CPU.  With 64 sched_yield calls a hold
- * (a yield to the busy thread: a time slice) they took 408-420 ms; the
- * wait is now 50 us a hold at most. */
+ * a busy thread on the reclaimer's CPU.  The wait is a spin of 50 us a hold
+ * at most (a yield to the busy thread would give it a time slice: 64 of
+ * them a hold took over 400 ms). */
 static double claims_with_stuck_waiter(int first)
 {
     park_claims(first);
@@ -130,11 +124,11 @@ static double claims_with_stuck_waiter(int first)
     if (pthread_create(&t, NULL, spinner, NULL) != 0)
         bail("pthread_create");
     sleep_ms(20); /* the spinner runs on CPU 0 */
-    atomic_store(&cache->waiting, 1);
+    cache_test_set_waiting(0, 1);
     double t0 = now_ms();
-    block_done_claims(claims, CLAIMS, true, 1);
+    cache_reclaim_claims_done(claims, CLAIMS, true, 1);
     double took = now_ms() - t0;
-    atomic_store(&cache->waiting, 0);
+    cache_test_set_waiting(0, 0);
     atomic_store(&stop_spinning, true);
     pthread_join(t, NULL);
     return took;
@@ -151,8 +145,7 @@ int main(void)
     }
     plan_lazy();
     fake_reset(1);
-    ok(block_cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
-    cache = block_cache_device(0);
+    ok(cache_init(1, (size_t)1 << 20, 16), "a cache for one device");
     int first_in = 0;
     for (int k = 0; k < TRIALS; k++) {
         int seen = trial(100 + k * CLAIMS);
@@ -167,6 +160,6 @@ int main(void)
     ok(took < 40, "a waiter never scheduled delays 32 claims %.2f ms (under "
                   "40: 50 us a hold, and the busy thread's share of the "
                   "CPU)", took);
-    block_cache_destroy();
+    cache_destroy();
     return 0;
 }

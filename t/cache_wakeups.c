@@ -1,11 +1,10 @@
 /* The reclaimer sleeps while only cached free blocks wait for their
- * expiry (src/reclaimer_cache.c): its sleep ends when a block will really
- * be released.  It ended at the first block's cache_keep_ms, also where the
- * release waits longer: while the application is not quiet (up to 4 x
- * cache_keep_ms; here idle_us is longer than cache_keep_ms), or for good on
- * a failed device; past that moment every timed sleep ended at once, and
- * the reclaimer spun (3,000-4,300 wake-ups in 200-300 ms; found by a
- * review helper). */
+ * expiry (src/reclaimer_wait.c, cache_release_ns): its sleep ends when a
+ * block will really be released, not at the first block's cache_keep_ms
+ * where the release waits longer: while the application is not quiet (up
+ * to 4 x cache_keep_ms; here idle_us is longer than cache_keep_ms), or for
+ * good on a failed device.  Past that moment every timed sleep would end at
+ * once, and the reclaimer spin (thousands of wake-ups in 200 ms). */
 
 #include "helpers.h"
 

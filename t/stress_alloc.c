@@ -112,7 +112,7 @@ void op_alloc_n(struct worker *w)
         /* A created stream of this thread, or a third of the time the
          * legacy stream of a device (recorded with that device current);
          * the free then runs with any device current, as PyTorch's may:
-         * it must wait for that device's legacy stream (block_users.c). */
+         * it must wait for that device's legacy stream (cache_user_enter). */
         bool legacy = rng_percent(&w->rng, 33);
         struct lane *b =
             legacy ? &w->legacy[rng_below(&w->rng, (uint32_t)opt.devices)]
@@ -352,7 +352,7 @@ static void wrong_after_free(struct worker *w, struct lane *l, bool twice)
 /* An interior pointer of a block: defer_record_stream refuses it, and so
  * does defer_free at the call (it lies in the block cache's memory where
  * no block starts; or, with block splitting, a part merged into the block
- * is still filed there, a second free of it: block_cache.h, MERGED); then
+ * is still filed there, a second free of it: MERGED in src/cache.h); then
  * the block is freed. */
 static void wrong_interior(struct worker *w, struct lane *l)
 {

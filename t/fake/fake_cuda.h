@@ -299,11 +299,11 @@ void fake_oracle_handout_range(const void *ptr, size_t bytes,
 void fake_oracle_handout(const void *ptr, cudaStream_t stream);
 
 /* The handle cudaMemPoolCreate gives every pool of device dev (the fake
- * models one pool a device: cudefer's own, src/block_pool.c), for reading
- * its attributes with cudaMemPoolGetAttribute: ReservedMemCurrent (the
- * most it lent since the last cudaMemPoolTrimTo) and UsedMemCurrent (what
- * it lends now, with what cudaFreeAsync gave back before its free ran: see
- * fake_set_free_async_us).  NULL when dev is no device.  Any thread. */
+ * models one pool a device: cudefer's own, src/cache_upstream.c), for
+ * reading its attributes with cudaMemPoolGetAttribute: ReservedMemCurrent
+ * (the most it lent since the last cudaMemPoolTrimTo) and UsedMemCurrent
+ * (what it lends now, with what cudaFreeAsync gave back before its free
+ * ran: see fake_set_free_async_us).  NULL when dev is no device.  Any thread. */
 cudaMemPool_t fake_mem_pool(int dev);
 
 /* Allocations (all kinds) not yet released. */

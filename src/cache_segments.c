@@ -1,13 +1,14 @@
-/* Block segments: cutting requests from larger blocks and merging freed
- * neighbours (see the header). */
-#include "block_segments.h"
+/* The block cache's segments (cache.h says which file holds what): a
+ * request cut from a larger block, freed neighbours merged again, and the
+ * index of each device's segments by address.  A segment is one allocation
+ * from upstream; its blocks are linked in address order (seg_prev,
+ * seg_next).  Every function is called with the device's lock held; none
+ * makes a CUDA call or blocks. */
+#include "cache_block.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "block_map.h"
-#include "block_records.h"
 
 /* The least a block keeps when a request is cut from it. */
 #define SPLIT_MIN_REST MIN_BLOCK
@@ -44,29 +45,29 @@ static struct cache_block *split_candidate(struct device_cache *c,
     return NULL;
 }
 
-struct cache_block *block_segments_split(struct device_cache *c,
+struct cache_block *cache_segments_split(struct device_cache *c,
                                          struct stream_bins *own, int lo,
                                          size_t piece, bool *same_stream)
 {
     struct cache_block *b = split_candidate(c, own, lo, piece);
     if (b == NULL)
         return NULL;
-    struct cache_block *p = block_records_new(c);
+    struct cache_block *p = cache_reclaim_reuse(c);
     if (p == NULL)
         return NULL;
     p->ptr = (char *)b->ptr + (b->size - piece);
     p->size = piece;
     p->device = b->device;
     p->bin = block_bin_of(piece);
-    p->pool = b->pool;
-    struct cache_block *stale = NULL, *there = block_map_find(p->ptr);
-    /* Inside a segment only MERGED records are filed (another would be
+    p->upstream = b->upstream;
+    struct cache_block *stale = NULL, *there = cache_map_find(p->ptr);
+    /* Inside a segment only MERGED blocks are filed (another would be
      * memory freed behind cudefer's back): never replace one.  A MERGED
      * one stays for its entries, unfiled: its address is p's now, as a
      * block's is its next owner's once handed out again. */
     if ((there != NULL && there->state != BLOCK_MERGED) ||
-        !block_map_insert(p, &stale)) {
-        block_records_retire(c, p);
+        !cache_map_insert(p, &stale)) {
+        cache_reclaim_retire(c, p);
         return NULL;
     }
     /* b keeps the rest, refiled for its new size: a piece now, linked to
@@ -106,7 +107,7 @@ static void grow_over(struct cache_block *keep, const struct cache_block *gone)
 }
 
 /* FREE keep absorbs FREE gone, its right neighbour that no entry names;
- * gone's record is retired (block_records.h). */
+ * gone is retired (Note [Spare blocks]). */
 static void absorb(struct device_cache *c, struct cache_block *keep,
                    struct cache_block *gone)
 {
@@ -115,19 +116,19 @@ static void absorb(struct device_cache *c, struct cache_block *keep,
     grow_over(keep, gone);
     if (gone->freed_ns > keep->freed_ns)
         keep->freed_ns = gone->freed_ns;
-    block_map_remove(gone);
-    block_records_retire(c, gone);
+    cache_map_remove(gone);
+    cache_reclaim_retire(c, gone);
     free_link(c, keep);
 }
 
 /* Whether FREE b may be absorbed: no entry, nor a part merged into it,
- * still names it (an entry would find its record gone). */
+ * still names it (an entry would find its block gone). */
 static bool absorbable(const struct cache_block *b)
 {
     return b->state == BLOCK_FREE && b->events == 0 && b->outstanding == 0;
 }
 
-void block_segments_merge_free(struct device_cache *c,
+void cache_segments_merge_free(struct device_cache *c,
                                struct cache_block *b)
 {
     struct cache_block *right = b->seg_next, *left = b->seg_prev;
@@ -138,9 +139,9 @@ void block_segments_merge_free(struct device_cache *c,
 }
 
 /* PENDING keep absorbs gone, its right neighbour PENDING on the same
- * stream s: gone is MERGED into keep (block_cache.h) and stays filed
- * under its address until its entries are done, so that freeing it again
- * meanwhile is still refused as a second free. */
+ * stream s: gone is MERGED into keep and stays filed under its address
+ * until its entries are done, so that freeing it again meanwhile is still
+ * refused as a second free. */
 static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
                            struct cache_block *gone)
 {
@@ -158,15 +159,15 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
 }
 
 /* PENDING keep absorbs gone, its FREE right neighbour that nothing names:
- * gone's memory is keep's, PENDING on s with it; gone's record is retired. */
+ * gone's memory is keep's, PENDING on s with it; gone is retired. */
 static void absorb_free(struct device_cache *c, struct stream_bins *s,
                         struct cache_block *keep, struct cache_block *gone)
 {
     free_unlink(c, gone);
     bins_unlink(&s->bins, keep);
     grow_over(keep, gone);
-    block_map_remove(gone);
-    block_records_retire(c, gone);
+    cache_map_remove(gone);
+    cache_reclaim_retire(c, gone);
     bins_push(&s->bins, keep);
 }
 
@@ -183,14 +184,29 @@ static void pend(struct device_cache *c, struct stream_bins *s,
     order_append(&s->order, b);
 }
 
-/* Why at once: a program whose GPU runs a step behind then finds its freed
- * memory in one piece again (a request on that stream may use it all: its
- * work runs after theirs).  The left block absorbs the right one, so every
- * record keeps its address: an absorbed record is MERGED, still filed, and
- * waits for its entry and for the parts it absorbed itself; the merged
- * block goes FREE only after them (other streams wait for every part's
- * work). */
-void block_segments_merge_pending(struct device_cache *c,
+/*
+ * Note [Merging at once]
+ *
+ * A block just freed on stream S merges at once with its neighbours
+ * PENDING on S, and with FREE ones that nothing names, not only once its
+ * work is done: a program whose GPU runs a step behind then finds its
+ * freed memory in one piece again (a request on S may use it all: its work
+ * runs after theirs); apart, memory freed in pieces stayed in two blocks
+ * whenever one piece's work completed before the next was freed, and a
+ * request of their combined size missed (on the replay of a language
+ * model's trace, the GPU a step behind, the pool held 1.154x the live peak
+ * apart and 1.022x merged at once).
+ *
+ * The left block absorbs the right one, so every block keeps its address:
+ * b absorbs a right neighbour, and a left one absorbs b.  An absorbed
+ * PENDING block is MERGED, still filed under its address (a second free of
+ * it is refused), and waits for its entry and for the parts it absorbed
+ * itself; then it tells the block it was merged into (merged_into,
+ * outstanding), which goes FREE only after every part's work is done (other
+ * streams wait for all of it).  A FREE left neighbour first becomes PENDING
+ * on S, its own work done (ready); a FREE right one is simply taken in.
+ */
+void cache_segments_merge_pending(struct device_cache *c,
                                   struct cache_block *b)
 {
     struct stream_bins *s = b->stream;
@@ -209,12 +225,17 @@ void block_segments_merge_pending(struct device_cache *c,
 
 /* ---- the segment index ------------------------------------------------- */
 
-/* Why: defer_free looks a pointer up by its exact address (block_map.h);
+/*
+ * Note [Segment index]
+ *
+ * defer_free looks a pointer up by its exact address (the address map);
  * one that misses is either memory cudefer does not own (the ordinary
  * release) or lies inside a segment where no block starts: an interior
  * pointer, or a block freed again after its first free merged it with a
- * free neighbour.  The index tells the two apart on a miss only, so the
- * look-up of a live block costs nothing more. */
+ * free neighbour.  Each device keeps its segments' ranges sorted and
+ * disjoint; the index tells the two apart on a miss only, so the look-up
+ * of a live block costs nothing more.
+ */
 
 /* The index of the first range of x that starts above p (x->count if
  * none). */
@@ -231,7 +252,7 @@ static size_t first_above(const struct segment_index *x, uintptr_t p)
     return lo;
 }
 
-bool block_segments_file(struct device_cache *c, const void *ptr,
+bool cache_segments_file(struct device_cache *c, const void *ptr,
                          size_t size)
 {
     struct segment_index *x = &c->segments;
@@ -246,8 +267,8 @@ bool block_segments_file(struct device_cache *c, const void *ptr,
     /* The ranges are sorted and disjoint, so those [start, end) overlaps
      * are one run: the last starting at or below start, if it reaches
      * past it, and those starting below end.  A binary search finds it,
-     * one move closes it (a scan of every range cost 6,800 instructions
-     * a filing in the LM trace's replay under callgrind; this, 180). */
+     * one move closes it (a scan of every range cost 40 times the
+     * instructions a filing). */
     uintptr_t start = (uintptr_t)ptr, end = start + size;
     size_t at = first_above(x, start), lo = at, hi = at;
     if (lo > 0 && x->ranges[lo - 1].end > start)
@@ -261,7 +282,7 @@ bool block_segments_file(struct device_cache *c, const void *ptr,
     return true;
 }
 
-void block_segments_unfile(struct device_cache *c, const void *ptr)
+void cache_segments_unfile(struct device_cache *c, const void *ptr)
 {
     struct segment_index *x = &c->segments;
     size_t at = first_above(x, (uintptr_t)ptr);
@@ -272,7 +293,7 @@ void block_segments_unfile(struct device_cache *c, const void *ptr)
     x->count--;
 }
 
-bool block_segments_holds(struct device_cache *c, const void *ptr,
+bool cache_segments_holds(struct device_cache *c, const void *ptr,
                           struct cache_block **block)
 {
     const struct segment_index *x = &c->segments;
@@ -284,7 +305,7 @@ bool block_segments_holds(struct device_cache *c, const void *ptr,
     /* A segment's first block keeps its start: pieces are cut from the
      * end, and a left neighbour absorbs its right one. */
     for (struct cache_block *b =
-             block_map_find((const void *)x->ranges[at - 1].start);
+             cache_map_find((const void *)x->ranges[at - 1].start);
          b != NULL; b = b->seg_next)
         if (p >= (uintptr_t)b->ptr && p - (uintptr_t)b->ptr < b->size) {
             *block = b;
@@ -293,7 +314,7 @@ bool block_segments_holds(struct device_cache *c, const void *ptr,
     return true;
 }
 
-void block_segments_index_free(struct device_cache *c)
+void cache_segments_index_free(struct device_cache *c)
 {
     free(c->segments.ranges);
     c->segments = (struct segment_index){NULL, 0, 0};

@@ -1,6 +1,7 @@
-/* Block pool: one cudaMemPool per device behind the block cache (see the
- * header). */
-#include "block_pool.h"
+/* The block cache's upstream: one stream-ordered memory pool of cudefer's
+ * own per device (cudaMemPoolCreate), where new segments come from (cache.h
+ * says which file holds what, and what each function does). */
+#include "cache.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,52 +11,54 @@
 #include "device_switch.h"
 #include "report.h"
 
-enum { POOL_UNTRIED, POOL_READY, POOL_NONE };
+enum { MEMPOOL_UNTRIED, MEMPOOL_READY, MEMPOOL_NONE };
 
-struct pool {
+struct mempool {
     _Atomic int state;
     cudaMemPool_t pool;
     _Atomic uint64_t held; /* bytes of blocks taken and not handed back */
     _Atomic uint64_t device_bytes; /* the device's memory; 0: not known yet */
 };
 
-static struct pool *pools;
-static int npools;
+static struct mempool *mempools;
+static int nmempools;
 static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
 
-bool block_pool_init(int ndevices)
+bool cache_upstream_init(int ndevices)
 {
-    pools = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *pools);
-    npools = pools != NULL ? ndevices : 0;
-    return pools != NULL;
+    mempools = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *mempools);
+    nmempools = mempools != NULL ? ndevices : 0;
+    return mempools != NULL;
 }
 
-void block_pool_destroy_all(void)
+void cache_upstream_destroy(void)
 {
-    for (int d = 0; d < npools; d++)
-        if (atomic_load(&pools[d].state) == POOL_READY)
-            cudaMemPoolDestroy(pools[d].pool);
-    free(pools);
-    pools = NULL;
-    npools = 0;
+    for (int d = 0; d < nmempools; d++)
+        if (atomic_load(&mempools[d].state) == MEMPOOL_READY)
+            cudaMemPoolDestroy(mempools[d].pool);
+    free(mempools);
+    mempools = NULL;
+    nmempools = 0;
 }
 
-void block_pool_fork_child(void)
+void cache_upstream_fork_child(void)
 {
     pthread_mutex_init(&create_lock, NULL);
-    pools = NULL; /* the child has no CUDA: the parent's pools are of no use */
-    npools = 0;
+    mempools = NULL; /* the child has no CUDA: the parent's are of no use */
+    nmempools = 0;
 }
 
-/* Create device's pool, once; false when there is none (reported once). */
-static bool pool_ready(int device)
+/* Create device's pool, once; false when there is none (reported once).
+ * The only CUDA call under a lock of the cache's (Note [Locks]): the first
+ * miss of each device, once. */
+static bool mempool_ready(int device)
 {
-    struct pool *p = &pools[device];
+    struct mempool *p = &mempools[device];
     int state = atomic_load_explicit(&p->state, memory_order_acquire);
-    if (state != POOL_UNTRIED)
-        return state == POOL_READY;
-    pthread_mutex_lock(&create_lock); /* a CUDA call under it: only here */
-    if ((state = atomic_load(&p->state)) == POOL_UNTRIED) {
+    if (state != MEMPOOL_UNTRIED)
+        return state == MEMPOOL_READY;
+    pthread_mutex_lock(&create_lock);
+    if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED) {
         struct cudaMemPoolProps props = {0};
         props.allocType = cudaMemAllocationTypePinned;
         props.location.type = cudaMemLocationTypeDevice;
@@ -72,18 +75,18 @@ static bool pool_ready(int device)
             report_cuda("defer_alloc", "cudaMemPoolCreate", err,
                         "; blocks come from cudaMalloc on this device");
         }
-        state = err == cudaSuccess ? POOL_READY : POOL_NONE;
+        state = err == cudaSuccess ? MEMPOOL_READY : MEMPOOL_NONE;
         atomic_store_explicit(&p->state, state, memory_order_release);
     }
     pthread_mutex_unlock(&create_lock);
-    return state == POOL_READY;
+    return state == MEMPOOL_READY;
 }
 
-bool block_pool_beyond_device(int device, size_t bytes)
+bool cache_upstream_beyond_device(int device, size_t bytes)
 {
-    if (device < 0 || device >= npools)
+    if (device < 0 || device >= nmempools)
         return false;
-    uint64_t total = atomic_load_explicit(&pools[device].device_bytes,
+    uint64_t total = atomic_load_explicit(&mempools[device].device_bytes,
                                           memory_order_relaxed);
     if (total == 0) {
         struct cudaDeviceProp prop;
@@ -92,7 +95,7 @@ bool block_pool_beyond_device(int device, size_t bytes)
             return false;
         }
         total = prop.totalGlobalMem;
-        atomic_store_explicit(&pools[device].device_bytes, total,
+        atomic_store_explicit(&mempools[device].device_bytes, total,
                               memory_order_relaxed);
     }
     return bytes > total;
@@ -118,70 +121,71 @@ static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
     return err;
 }
 
-cudaError_t block_pool_malloc(int device, size_t bytes, cudaStream_t stream,
-                              void **ptr, bool *pooled)
+cudaError_t cache_upstream_malloc(int device, size_t bytes,
+                                  cudaStream_t stream, void **ptr,
+                                  bool *upstream)
 {
-    *pooled = device >= 0 && device < npools && pool_ready(device);
-    cudaError_t err =
-        *pooled ? cudaMallocFromPoolAsync(ptr, bytes, pools[device].pool, stream)
-                : malloc_on(device, ptr, bytes);
+    *upstream = device >= 0 && device < nmempools && mempool_ready(device);
+    cudaError_t err = *upstream ? cudaMallocFromPoolAsync(
+                                      ptr, bytes, mempools[device].pool, stream)
+                                : malloc_on(device, ptr, bytes);
     if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
-    else if (err == cudaSuccess && *pooled)
-        atomic_fetch_add(&pools[device].held, bytes);
+    else if (err == cudaSuccess && *upstream)
+        atomic_fetch_add(&mempools[device].held, bytes);
     return err;
 }
 
-cudaError_t block_pool_free(int device, void *ptr, size_t bytes,
+cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
     cudaError_t err = cudaFreeAsync(ptr, stream);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
-        block_pool_forget(device, bytes);
+        cache_upstream_forget(device, bytes);
     return err;
 }
 
-void block_pool_forget(int device, size_t bytes)
+void cache_upstream_forget(int device, size_t bytes)
 {
-    if (device >= 0 && device < npools)
-        atomic_fetch_sub(&pools[device].held, bytes);
+    if (device >= 0 && device < nmempools)
+        atomic_fetch_sub(&mempools[device].held, bytes);
 }
 
-cudaError_t block_pool_free_sync(int device, void *ptr, size_t bytes)
+cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
 {
     cudaError_t err = cudaFree(ptr);
     if (err == cudaSuccess)
-        block_pool_forget(device, bytes);
+        cache_upstream_forget(device, bytes);
     return err;
 }
 
-size_t block_pool_slack(int device)
+size_t cache_upstream_slack(int device)
 {
-    if (!block_pool_exists(device))
+    if (!cache_upstream_exists(device))
         return 0;
     uint64_t reserved = 0;
-    if (cudaMemPoolGetAttribute(pools[device].pool,
+    if (cudaMemPoolGetAttribute(mempools[device].pool,
                                 cudaMemPoolAttrReservedMemCurrent,
                                 &reserved) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    uint64_t held = atomic_load(&pools[device].held);
+    uint64_t held = atomic_load(&mempools[device].held);
     return reserved > held ? (size_t)(reserved - held) : 0;
 }
 
-bool block_pool_exists(int device)
+bool cache_upstream_exists(int device)
 {
-    return device >= 0 && device < npools &&
-           atomic_load(&pools[device].state) == POOL_READY;
+    return device >= 0 && device < nmempools &&
+           atomic_load(&mempools[device].state) == MEMPOOL_READY;
 }
 
-size_t block_pool_trim(int device, cudaStream_t stream)
+size_t cache_upstream_trim(int device, cudaStream_t stream)
 {
-    if (device < 0 || device >= npools ||
-        atomic_load(&pools[device].state) != POOL_READY)
+    if (device < 0 || device >= nmempools ||
+        atomic_load(&mempools[device].state) != MEMPOOL_READY)
         return 0;
-    cudaMemPool_t pool = pools[device].pool;
+    cudaMemPool_t pool = mempools[device].pool;
     /* The frees were ordered on stream: the trim must come after them.  The
      * stream holds nothing but frees, so this costs no device drain. */
     if (stream != NULL)

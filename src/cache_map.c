@@ -1,12 +1,12 @@
-/* Block map: a hash of chained records, sharded by address (see the
- * header). */
-#include "block_map.h"
+/* The block cache's address map (cache.h says which file holds what;
+ * cache_block.h declares these): from the start address of every block to
+ * the block, a hash of chained blocks sharded by address, a mutex per
+ * shard. */
+#include "cache_block.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
-
-#include "block_cache.h"
 
 #define SHARDS 64
 
@@ -70,13 +70,13 @@ static struct cache_block **slot_of(struct shard *s, uint64_t h,
     return link;
 }
 
-struct cache_block *block_map_find(const void *ptr)
+struct cache_block *cache_map_find(const void *ptr)
 {
     int device;
-    return block_map_find_device(ptr, &device);
+    return cache_map_find_device(ptr, &device);
 }
 
-struct cache_block *block_map_find_device(const void *ptr, int *device)
+struct cache_block *cache_map_find_device(const void *ptr, int *device)
 {
     uint64_t h = hash_of(ptr);
     struct shard *s = shard_of(h);
@@ -88,7 +88,7 @@ struct cache_block *block_map_find_device(const void *ptr, int *device)
     return b;
 }
 
-bool block_map_insert(struct cache_block *b, struct cache_block **stale)
+bool cache_map_insert(struct cache_block *b, struct cache_block **stale)
 {
     uint64_t h = hash_of(b->ptr);
     struct shard *s = shard_of(h);
@@ -116,7 +116,7 @@ bool block_map_insert(struct cache_block *b, struct cache_block **stale)
     return true;
 }
 
-void block_map_remove(struct cache_block *b)
+void cache_map_remove(struct cache_block *b)
 {
     uint64_t h = hash_of(b->ptr);
     struct shard *s = shard_of(h);
@@ -129,7 +129,7 @@ void block_map_remove(struct cache_block *b)
     pthread_mutex_unlock(&s->lock);
 }
 
-void block_map_clear(void (*dispose)(struct cache_block *b))
+void cache_map_clear(void (*dispose)(struct cache_block *b))
 {
     for (int i = 0; i < SHARDS; i++) {
         struct shard *s = &shards[i];
@@ -144,7 +144,7 @@ void block_map_clear(void (*dispose)(struct cache_block *b))
     }
 }
 
-void block_map_reset(void)
+void cache_map_reset(void)
 {
     for (int i = 0; i < SHARDS; i++) {
         pthread_mutex_init(&shards[i].lock, NULL);

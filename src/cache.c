@@ -1,0 +1,866 @@
+/* The block cache's launching side (cache.h says which file holds what):
+ * the per-device state, start and shutdown; take and add; a free's plan,
+ * claim and park; a block's users; a request's claims and their refusals;
+ * stale blocks; the tests' view.  The reclaimer side is cache_reclaim.c. */
+#define _GNU_SOURCE /* PTHREAD_MUTEX_ADAPTIVE_NP */
+#include "cache.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_block.h"
+#include "device_switch.h"
+#include "report.h"
+#include "request_args.h"
+#include "stats.h"
+#include "stream_identity.h"
+
+_Static_assert(BLOCK_MAX_USERS <= UINT8_MAX, "nusers is a uint8_t");
+_Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
+                   offsetof(struct cache_block, users) == 128,
+               "a block's hot fields fill its first 64 bytes, the age "
+               "list, segment and counts the next 64");
+
+/* Where pthread_mutex_t is larger than glibc's 40 bytes on x86-64 (48 on
+ * aarch64), the spare blocks' pointer spills onto the next line. */
+_Static_assert(sizeof(pthread_mutex_t) > 40 ||
+                   offsetof(struct device_cache, spare_blocks) +
+                           sizeof(void *) <=
+                       64,
+               "a device's lock, hand-out counter, recent stream and spare "
+               "blocks share one cache line");
+
+/* ---- per-device state --------------------------------------------------- */
+
+/* What every call reads, on one cache line, written only at start,
+ * shutdown and the first block. */
+static _Alignas(64) struct {
+    struct device_cache *caches;
+    int ncaches;
+    size_t split_min; /* requests below it are never cut (0: none is) */
+    int round_shift; /* new blocks: 2^this sizes per power of two */
+    _Atomic bool active;
+    /* Tests: runs between the address map's look-up and the lock (NULL:
+     * none); here, so that a free reads no other line for it. */
+    void (*_Atomic find_hook)(void);
+} set = {.round_shift = STEPS_SHIFT}; /* the default until init */
+
+size_t cache_round(size_t bytes)
+{
+    return block_round_up(bytes, set.round_shift);
+}
+
+static struct device_cache *cache_of(int device)
+{
+    return &set.caches[device];
+}
+
+struct device_cache *cache_device(int device)
+{
+    return device >= 0 && device < set.ncaches ? cache_of(device) : NULL;
+}
+
+static struct stream_bins **stream_slot(struct device_cache *c,
+                                        unsigned long long id)
+{
+    struct stream_bins **link = &c->streams[id % STREAM_BUCKETS];
+    while (*link != NULL && (*link)->stream_id != id)
+        link = &(*link)->next;
+    return link;
+}
+
+/* Any thread, under the device's lock.  The bins of stream id, or NULL: the
+ * recent ones, else from the buckets (then recent). */
+static struct stream_bins *stream_find(struct device_cache *c,
+                                       unsigned long long id)
+{
+    struct stream_bins *s = c->recent;
+    if (s != NULL && s->stream_id == id)
+        return s;
+    if ((s = *stream_slot(c, id)) != NULL)
+        c->recent = s;
+    return s;
+}
+
+/* Any thread, under the device's lock.  The bins of stream id, made if needed;
+ * NULL when out of memory. */
+static struct stream_bins *stream_bins_get(struct device_cache *c,
+                                           unsigned long long id)
+{
+    struct stream_bins *s = stream_find(c, id);
+    if (s != NULL)
+        return s;
+    if ((s = c->spare_bins) != NULL) {
+        c->spare_bins = s->next;
+        c->nspare_bins--;
+    } else if ((s = block_zalloc(sizeof *s)) == NULL) {
+        return NULL;
+    }
+    s->stream_id = id;
+    s->order.oldest = s->order.newest = NULL;
+    struct stream_bins **bucket = &c->streams[id % STREAM_BUCKETS];
+    s->next = *bucket; /* first: no walk to the bucket's end */
+    *bucket = s;
+    c->recent = s;
+    return s;
+}
+
+struct stream_bins *cache_stream_bins(struct device_cache *c,
+                                      unsigned long long id)
+{
+    return stream_find(c, id);
+}
+
+void cache_stream_unlink(struct device_cache *c, struct cache_block *b)
+{
+    struct stream_bins *s = b->stream;
+    b->stream = NULL;
+    if (s == NULL)
+        return;
+    bins_unlink(&s->bins, b);
+    order_unlink(&s->order, b);
+    if (!bins_empty(&s->bins))
+        return;
+    *stream_slot(c, s->stream_id) = s->next;
+    if (c->recent == s)
+        c->recent = NULL;
+    if (c->nspare_bins < MAX_SPARE_BINS) {
+        s->next = c->spare_bins;
+        c->spare_bins = s;
+        c->nspare_bins++;
+    } else {
+        free(s);
+    }
+}
+
+void cache_make_free(struct device_cache *c, struct cache_block *b,
+                     uint64_t now)
+{
+    if (b->state == BLOCK_PENDING)
+        cache_stream_unlink(c, b);
+    else /* LIVE or FREEING: it was the application's until now */
+        stats_add(&stats.cache_free_bytes, b->size);
+    b->state = BLOCK_FREE;
+    b->nusers = 0;
+    b->freed_ns = now;
+    b->ready = false;
+    free_link(c, b);
+    cache_segments_merge_free(c, b);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+bool cache_init(int ndevices, size_t split_min_bytes, unsigned round_divisions)
+{
+    set.split_min = split_min_bytes;
+    assert(round_divisions >= 1 && round_divisions <= 256 &&
+           (round_divisions & (round_divisions - 1)) == 0); /* config.c */
+    set.round_shift = __builtin_ctz(round_divisions);
+    set.caches = block_zalloc((size_t)(ndevices > 0 ? ndevices : 1) *
+                              sizeof *set.caches);
+    if (set.caches == NULL)
+        return false;
+    /* Adaptive: a launching thread that finds the reclaimer in a short
+     * hold spins instead of sleeping in the kernel and being woken (a
+     * fifth of the futex calls of alloc/free pairs). */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    for (int d = 0; d < ndevices; d++) {
+        pthread_mutex_init(&set.caches[d].lock, &attr);
+        set.caches[d].next_handout = 1;
+    }
+    pthread_mutexattr_destroy(&attr);
+    set.ncaches = ndevices;
+    return true;
+}
+
+static void forget_all_blocks(void)
+{
+    cache_map_clear(cache_forget);
+    for (int d = 0; d < set.ncaches; d++) {
+        struct device_cache *c = &set.caches[d];
+        for (int i = 0; i < STREAM_BUCKETS; i++)
+            for (struct stream_bins *s = c->streams[i], *next; s; s = next) {
+                next = s->next;
+                free(s);
+            }
+        for (struct stream_bins *s = c->spare_bins, *next; s; s = next) {
+            next = s->next;
+            free(s);
+        }
+        cache_reclaim_free_spares(c);
+        pthread_mutex_destroy(&c->lock);
+    }
+    for (int d = 0; d < set.ncaches; d++)
+        cache_segments_index_free(&set.caches[d]);
+    free(set.caches);
+    set.caches = NULL;
+    set.ncaches = 0;
+    atomic_store(&set.active, false);
+}
+
+void cache_destroy(void)
+{
+    forget_all_blocks();
+}
+
+void cache_fork_child(void)
+{
+    /* The child has no CUDA: its blocks are of no use.  Other threads may
+     * have held the locks at the fork, so nothing here takes one. */
+    cache_map_reset();
+    set.caches = NULL; /* the parent's blocks stay allocated in the child */
+    set.ncaches = 0;
+    atomic_store(&set.active, false);
+}
+
+bool cache_active(void)
+{
+    return atomic_load_explicit(&set.active, memory_order_acquire);
+}
+
+/* ---- take and add ------------------------------------------------------- */
+
+void *cache_take(int device, unsigned long long stream_id, size_t bytes,
+                 size_t *size)
+{
+    if (device < 0 || device >= set.ncaches || !cache_active())
+        return NULL;
+    struct block_fit fit = block_fit_of(bytes, set.round_shift);
+    struct device_cache *c = cache_of(device);
+    cache_lock(c);
+    struct stream_bins *own = stream_find(c, stream_id);
+    struct cache_block *b = NULL;
+    /* Size for size, the stream's own pending block first: it keeps the
+     * stream's memory warm and leaves FREE blocks for other streams. */
+    for (int bin = fit.lo; b == NULL &&
+                       (bin = bins_next_either(c, own, bin, fit.hi)) >= 0;
+         bin++) {
+        if (own != NULL &&
+            (b = bins_fit(&own->bins, bin, fit.min, fit.max)) != NULL)
+            break;
+        b = bins_fit(&c->free, bin, fit.min, fit.max);
+    }
+    bool same_stream = false;
+    if (b != NULL) {
+        same_stream = b->state == BLOCK_PENDING;
+        if (same_stream)
+            cache_stream_unlink(c, b);
+        else
+            free_unlink(c, b);
+    } else if (set.split_min > 0 && fit.min >= set.split_min) {
+        /* None fits: cut the request from a larger block (its size rounded
+         * to 512 only: the rest stays for others). */
+        size_t piece = (fit.min + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+        b = cache_segments_split(c, own, fit.lo, piece, &same_stream);
+    }
+    if (b != NULL) {
+        b->state = BLOCK_LIVE;
+        b->ready = false;
+        b->nusers = 0;
+        b->handout = c->next_handout++;
+        *size = b->size;
+        stats_sub(&stats.cache_free_bytes, b->size);
+        stats_count_reused(same_stream);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return b != NULL ? b->ptr : NULL;
+}
+
+/*
+ * Note [Stale blocks]
+ *
+ * cache_add may find a block already filed under the address of memory
+ * that upstream just gave out: the application freed that block's memory
+ * with cudaFree instead of defer_free, and CUDA gave the address out again.
+ * The stale block is dropped: out of every list of its device's cache, out
+ * of the byte counts, hand-out 0 so that no claim or entry matches it; it
+ * is reported, and freed once nothing names it (a claim's let-go, the
+ * reclaimer's settle, or cache_add itself when nothing does).  A stale
+ * block of another device is dropped under that device's lock before the
+ * new one is filed (drop_other_device); a MERGED part is no block of its
+ * own (its bytes count in the block that absorbed it), so it is only
+ * taken out of the map, and forgotten when its entries are done.
+ */
+
+/* Any thread, under c's lock (c: stale's device's): stale leaves every
+ * list of c.
+ * Returns whether an entry or claim still names it, itself or through a
+ * part merged into it (then the last of them forgets it; else the caller
+ * does, once the lock is let go). */
+static bool drop_stale_locked(struct device_cache *c,
+                              struct cache_block *stale)
+{
+    if (stale->state == BLOCK_PENDING)
+        cache_stream_unlink(c, stale);
+    else if (stale->state == BLOCK_FREE)
+        free_unlink(c, stale);
+    /* Out of its segment: its neighbours' memory went with it, but they
+     * are no longer linked to a block that is going. */
+    if (stale->seg_prev != NULL)
+        stale->seg_prev->seg_next = stale->seg_next;
+    if (stale->seg_next != NULL)
+        stale->seg_next->seg_prev = stale->seg_prev;
+    stale->seg_prev = stale->seg_next = NULL;
+    if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
+        stats_sub(&stats.cache_free_bytes, stale->size);
+    stats_sub(&stats.cache_bytes, stale->size);
+    if (stale->upstream) /* its memory went back behind cudefer's back too */
+        cache_upstream_forget(stale->device, stale->size);
+    stale->state = BLOCK_LIVE;
+    stale->handout = 0; /* no entry's hand-out matches it any more */
+    return stale->events > 0 || stale->outstanding > 0;
+}
+
+/* Any thread: says that the block of size bytes at ptr was freed with
+ * cudaFree instead of defer_free, and that it is dropped. */
+static void report_stale(const void *ptr, size_t size)
+{
+    report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
+           "as its block of %zu bytes: that block was freed with cudaFree "
+           "instead of defer_free; its record is dropped", ptr, size);
+}
+
+/* Any thread holding no device's lock, before it files memory of device at
+ * ptr: a stale block of another device's filed under ptr is dropped under
+ * that device's lock, taken out of the map and reported (Note [Stale
+ * blocks]).  A block of device itself is left to the caller's hold. */
+static void drop_other_device(const void *ptr, int device)
+{
+    struct device_cache *o;
+    struct cache_block *x = cache_find_locked(ptr, &o);
+    if (x == NULL)
+        return;
+    if (x->device == device) { /* the caller's own hold drops it */
+        pthread_mutex_unlock(&o->lock);
+        return;
+    }
+    bool merged = x->state == BLOCK_MERGED;
+    size_t size = x->size;
+    bool named = merged || drop_stale_locked(o, x);
+    /* Its range too (a block of this device's at ptr replaces the range
+     * when it is filed; this one is of another device): a free in what is
+     * left of it would be refused as a pointer inside a block. */
+    if (!merged)
+        cache_segments_unfile(o, ptr);
+    cache_map_remove(x);
+    pthread_mutex_unlock(&o->lock);
+    if (merged)
+        return;
+    report_stale(ptr, size);
+    if (!named) /* else the last entry naming it forgets it */
+        cache_forget(x);
+}
+
+bool cache_add(int device, void *ptr, size_t size, bool upstream)
+{
+    if (device < 0 || device >= set.ncaches)
+        return false;
+    struct cache_block *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return false;
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    b->bin = block_bin_of(size);
+    b->upstream = upstream;
+    b->state = BLOCK_LIVE;
+    struct device_cache *c = cache_of(device);
+    struct cache_block *stale = NULL;
+    drop_other_device(ptr, device);
+    /* Filed, inserted and the block it replaces looked at in one hold (the
+     * cache's lock, then the map's, as everywhere).  A piece MERGED into a
+     * segment that a miss handed back upstream while the piece's entry was
+     * pending is no block any more (its memory was counted in that
+     * segment's, and upstream may give the address out again at once): its
+     * entry forgets it, and the reclaimer may free it as soon as the lock
+     * is let go, so it is not touched after. */
+    cache_lock(c);
+    b->handout = c->next_handout++;
+    bool filed = cache_segments_file(c, ptr, size);
+    bool inserted = filed && cache_map_insert(b, &stale);
+    if (filed && !inserted)
+        cache_segments_unfile(c, ptr);
+    bool merged = stale != NULL && stale->state == BLOCK_MERGED;
+    /* A stale block (of this device: cache_map_insert replaces no other)
+     * is dropped in the same hold: let go first, a merge could retire it
+     * before the drop. */
+    bool here = stale != NULL && !merged; /* set only when inserted */
+    size_t stale_size = here ? stale->size : 0;
+    bool stale_named = here && drop_stale_locked(c, stale);
+    pthread_mutex_unlock(&c->lock);
+    if (!inserted) {
+        free(b);
+        return false;
+    }
+    if (here) {
+        report_stale(ptr, stale_size);
+        if (!stale_named) /* else the last entry naming it forgets it */
+            cache_forget(stale);
+    }
+    stats_add(&stats.cache_bytes, size);
+    if (!atomic_load_explicit(&set.active, memory_order_relaxed))
+        /* Written once: the line every call reads stays clean. */
+        atomic_store_explicit(&set.active, true, memory_order_release);
+    return true;
+}
+
+bool cache_device_of(const void *ptr, int *device)
+{
+    return cache_map_find_device(ptr, device) != NULL;
+}
+
+void cache_forget(struct cache_block *b)
+{
+    free(b->users);
+    free(b);
+}
+
+/* ---- a free's claim ----------------------------------------------------- */
+
+/* Any thread, once the exact look-up of ptr missed (never before: a live
+ * block's free must not pay for it).  Whether ptr lies in a segment of any
+ * device's cache; then *live says whether the block holding it is the
+ * application's.  Takes each device's mutex in turn. */
+static bool inside_segment(const void *ptr, bool *live)
+{
+    for (int d = 0; d < set.ncaches; d++) {
+        struct device_cache *c = cache_of(d);
+        struct cache_block *b;
+        cache_lock(c);
+        bool in = cache_segments_holds(c, ptr, &b);
+        *live = b != NULL && b->state == BLOCK_LIVE;
+        pthread_mutex_unlock(&c->lock);
+        if (in)
+            return true;
+    }
+    return false;
+}
+
+bool cache_inside_live(const void *ptr)
+{
+    bool live = false;
+    return inside_segment(ptr, &live) && live;
+}
+
+/* Any thread, under the device's lock: b, claimed (FREEING) by a free on
+ * stream_id, becomes PENDING on that stream, named by the free's entry or
+ * batch. */
+static void park_locked(struct device_cache *c, struct cache_block *b,
+                        unsigned long long stream_id)
+{
+    b->state = BLOCK_PENDING; /* the claim's event is its entry's now */
+    /* Without bins for the stream (out of memory) it waits for its event
+     * like any other block. */
+    struct stream_bins *s = stream_bins_get(c, stream_id);
+    b->stream = s;
+    if (s != NULL) {
+        bins_push(&s->bins, b);
+        order_append(&s->order, b);
+    }
+    stats_add(&stats.cache_free_bytes, b->size);
+    cache_segments_merge_pending(c, b);
+}
+
+struct cache_block *cache_find_locked(const void *ptr,
+                                      struct device_cache **cache)
+{
+    /* The device first, then, under its lock (which every removal from
+     * the map and every retirement takes), the block again: a block found
+     * before the lock may be gone, even freed, by then. */
+    for (;;) {
+        int device, now;
+        if (cache_map_find_device(ptr, &device) == NULL)
+            return NULL;
+        void (*hook)(void) = atomic_load_explicit(&set.find_hook,
+                                                  memory_order_relaxed);
+        if (hook != NULL)
+            hook();
+        struct device_cache *c = cache_of(device);
+        cache_lock(c);
+        struct cache_block *b = cache_map_find_device(ptr, &now);
+        if (b != NULL && now == device) {
+            *cache = c;
+            return b;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (b == NULL)
+            return NULL;
+    }
+}
+
+/* cache_plan_free's work; park: a BLOCK_STREAM_ORDERED block is parked in
+ * the same lock hold (plan->parked). */
+static void plan_free(void *ptr, int stream_device,
+                      unsigned long long stream_id, bool park,
+                      struct block_free_plan *plan)
+{
+    plan->path = BLOCK_NOT_OURS;
+    plan->block = NULL;
+    plan->nstreams = 0;
+    plan->parked = false;
+    struct device_cache *c;
+    struct cache_block *b = cache_find_locked(ptr, &c);
+    if (b == NULL) {
+        bool live;
+        if (inside_segment(ptr, &live))
+            plan->path = BLOCK_INSIDE;
+        return;
+    }
+    plan->block = b;
+    plan->handout = b->handout;
+    plan->size = b->size; /* parked, it may grow by merging at once */
+    plan->device = b->device;
+    if (b->state != BLOCK_LIVE) {
+        plan->path = BLOCK_NOT_LIVE;
+    } else {
+        b->state = BLOCK_FREEING; /* this free's: a second one is refused */
+        b->events++;              /* the claim names it */
+        plan->nstreams = 1; /* the caller's */
+        for (uint32_t i = 0; i < b->nusers; i++)
+            if (b->users[i].id != stream_id ||
+                b->users[i].device != stream_device)
+                plan->nstreams++;
+    }
+    if (plan->path == BLOCK_NOT_LIVE) {
+        /* said */
+    } else if (plan->nstreams > 1) {
+        plan->path = BLOCK_AFTER_STREAMS;
+    } else {
+        plan->path = b->device == stream_device ? BLOCK_STREAM_ORDERED
+                                                : BLOCK_AFTER_EVENT;
+    }
+    if (park && plan->path == BLOCK_STREAM_ORDERED) {
+        park_locked(c, b, stream_id);
+        plan->parked = true;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void cache_plan_free(void *ptr, int stream_device,
+                     unsigned long long stream_id,
+                     struct block_free_plan *plan)
+{
+    plan_free(ptr, stream_device, stream_id, false, plan);
+}
+
+void cache_plan_free_parked(void *ptr, int stream_device,
+                            unsigned long long stream_id,
+                            struct block_free_plan *plan)
+{
+    plan_free(ptr, stream_device, stream_id, true, plan);
+}
+
+bool cache_park(const struct block_free_plan *plan,
+                unsigned long long stream_id)
+{
+    struct cache_block *b = plan->block;
+    struct device_cache *c = cache_of(b->device);
+    cache_lock(c);
+    bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
+    if (mine)
+        park_locked(c, b, stream_id);
+    pthread_mutex_unlock(&c->lock);
+    return mine;
+}
+
+enum block_free_path cache_claim(void *ptr, struct block_claim *claim)
+{
+    claim->block = NULL;
+    claim->handout = 0;
+    struct device_cache *c;
+    struct cache_block *b = cache_find_locked(ptr, &c);
+    bool inside_live;
+    if (b == NULL)
+        return inside_segment(ptr, &inside_live) ? BLOCK_INSIDE
+                                                 : BLOCK_NOT_OURS;
+    bool live = b->state == BLOCK_LIVE;
+    if (live) {
+        b->state = BLOCK_FREEING;
+        b->events++; /* the claim names it */
+        claim->block = b;
+        claim->handout = b->handout;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
+}
+
+void *cache_claim_ptr(const struct block_claim *claim)
+{
+    return claim->block->ptr;
+}
+
+void cache_unclaim(const struct block_claim *claim)
+{
+    struct cache_block *b = claim->block;
+    if (b == NULL)
+        return;
+    struct device_cache *c = cache_of(b->device);
+    cache_lock(c);
+    if (b->state == BLOCK_FREEING && b->handout == claim->handout)
+        b->state = BLOCK_LIVE;
+    bool forget = block_claim_let_go(b);
+    pthread_mutex_unlock(&c->lock);
+    if (forget)
+        cache_forget(b);
+}
+
+/* ---- a request's claims ------------------------------------------------- */
+
+bool cache_claims_make(const struct request_args *given,
+                       struct request_args *a, struct block_claim *one)
+{
+    *a = *given;
+    a->claims = NULL;
+    if (given->kind != ENTRY_FREE_DEVICE || !cache_active())
+        return true;
+    *one = (struct block_claim){NULL, 0};
+    a->claims = given->nptrs == 1 ? one
+                                  : calloc(given->nptrs, sizeof *a->claims);
+    return a->claims != NULL;
+}
+
+void cache_claims_free(struct request_args *a, struct block_claim *one)
+{
+    if (a->claims != one)
+        free(a->claims);
+    a->claims = NULL;
+}
+
+cudaError_t cache_refuse_freed(const struct request_args *a, const void *ptr)
+{
+    stats_add(&stats.rejected, 1);
+    report("%s: %p is a block of defer_alloc's that is already free or being "
+           "freed (freed twice?): refused; nothing was deferred", a->what,
+           ptr);
+    return cudaErrorInvalidValue;
+}
+
+/* Refused at the call, where its release would only fail later: either
+ * inside a live block (an interior pointer) or inside free memory (a block
+ * freed twice, its first free's work done and the block merged with a free
+ * neighbour since). */
+cudaError_t cache_refuse_inside(const struct request_args *a, const void *ptr)
+{
+    stats_add(&stats.rejected, 1);
+    if (cache_inside_live(ptr))
+        report("%s: %p points inside a live block of defer_alloc's, not at "
+               "its start (an interior pointer): refused; nothing was "
+               "deferred", a->what, ptr);
+    else
+        report("%s: %p points inside memory of defer_alloc's that is free or "
+               "being freed, where no block starts (freed twice, after its "
+               "first free's work was done and the block merged with a free "
+               "neighbour?): refused; nothing was deferred", a->what, ptr);
+    return cudaErrorInvalidValue;
+}
+
+void cache_unclaim_all(const struct request_args *a)
+{
+    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++) {
+        cache_unclaim(&a->claims[i]);
+        a->claims[i] = (struct block_claim){NULL, 0};
+    }
+}
+
+cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
+{
+    *claimed = false;
+    if (a->kind != ENTRY_FREE_DEVICE || a->claims == NULL)
+        return cudaSuccess;
+    for (size_t i = 0; i < a->nptrs; i++) {
+        enum block_free_path path = cache_claim(a->ptrs[i], &a->claims[i]);
+        if (path == BLOCK_NOT_LIVE || path == BLOCK_INSIDE) {
+            cache_unclaim_all(a);
+            *claimed = false;
+            return path == BLOCK_INSIDE ? cache_refuse_inside(a, a->ptrs[i])
+                                        : cache_refuse_freed(a, a->ptrs[i]);
+        }
+        *claimed |= path != BLOCK_NOT_OURS;
+    }
+    return cudaSuccess;
+}
+
+/* ---- a block's users ---------------------------------------------------- */
+
+cudaError_t cache_user_add(void *ptr, const struct block_user *user)
+{
+    struct device_cache *c;
+    struct cache_block *b = cache_find_locked(ptr, &c);
+    if (b == NULL) {
+        /* python/record_stream_hook.cpp carries on after this (PyTorch's
+         * own allocator ignores memory it does not own): the message is
+         * the user's only sign. */
+        report("defer_record_stream: %p is not the start of a block of "
+               "cudefer's (memory from elsewhere, or a pointer inside a "
+               "block): nothing recorded", ptr);
+        return cudaErrorInvalidValue;
+    }
+    cudaError_t err = cudaSuccess;
+    bool known = false;
+    /* Ids told apart by device too: the legacy streams of two devices
+     * may share one. */
+    for (uint32_t i = 0; i < b->nusers && !known; i++)
+        known = b->users[i].id == user->id &&
+                b->users[i].device == user->device;
+    if (b->state != BLOCK_LIVE) {
+        err = cudaErrorInvalidValue;
+    } else if (known) {
+        /* once is enough */
+    } else if (b->nusers == BLOCK_MAX_USERS) {
+        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
+         * that for memory that is not cudefer's, and carries on. */
+        err = cudaErrorNotSupported;
+    } else {
+        /* An array of the largest size at once: a block rarely has any. */
+        if (b->users == NULL)
+            b->users = malloc(BLOCK_MAX_USERS * sizeof *b->users);
+        if (b->users == NULL)
+            err = cudaErrorMemoryAllocation;
+        else
+            b->users[b->nusers++] = *user;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (err != cudaSuccess)
+        report("defer_record_stream: %p %s: nothing recorded", ptr,
+               err == cudaErrorNotSupported
+                   ? "is already recorded on 63 streams (the most)"
+               : err == cudaErrorMemoryAllocation
+                   ? "needs its list of streams: out of host memory"
+                   : "is no live block of cudefer's (already freed?)");
+    return err;
+}
+
+size_t cache_users_of_block(const void *ptr, struct block_user *out)
+{
+    struct device_cache *c;
+    struct cache_block *b = cache_find_locked(ptr, &c);
+    if (b == NULL)
+        return 0;
+    size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
+                   ? b->nusers
+                   : 0;
+    if (out != NULL && n > 0)
+        memcpy(out, b->users, n * sizeof *out);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+size_t cache_users_of_free(const struct request_args *a,
+                           struct block_user *out)
+{
+    if (a->kind != ENTRY_FREE_DEVICE || !cache_active())
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < a->nptrs; i++) {
+        struct block_user mine[BLOCK_MAX_USERS];
+        size_t k = cache_users_of_block(a->ptrs[i], mine);
+        for (size_t j = 0; j < k; j++) {
+            bool seen = false;
+            for (size_t m = 0; out != NULL && m < n && m < 64 && !seen; m++)
+                seen = out[m].handle == mine[j].handle &&
+                       out[m].device == mine[j].device;
+            if (!seen && out != NULL && n < 64)
+                out[n] = mine[j];
+            n += !seen;
+        }
+    }
+    return n;
+}
+
+/* A block recorded on device 1's legacy stream and freed while device 0 is
+ * current must wait for device 1's legacy stream: a user's special handle
+ * is used with the device it named current. */
+cudaError_t cache_user_enter(const struct block_user *u,
+                             struct device_switch *sw, const char **call)
+{
+    if (!stream_is_special(u->handle) || u->device < 0)
+        return cudaSuccess;
+    return device_switch_to(sw, u->device, call);
+}
+
+/* The device a special handle of u names: its own, or the caller's. */
+static bool user_device(const struct block_user *u, struct device_switch *sw,
+                        int *device)
+{
+    if (u->device >= 0) {
+        *device = u->device;
+        return true;
+    }
+    return device_switch_caller(sw, device) == cudaSuccess;
+}
+
+bool cache_user_same(const struct block_user *u, const struct block_user *v,
+                     struct device_switch *sw)
+{
+    if (u->handle != v->handle)
+        return false;
+    if (!stream_is_special(u->handle))
+        return true;
+    int du, dv;
+    return user_device(u, sw, &du) && user_device(v, sw, &dv) && du == dv;
+}
+
+/* ---- tests only --------------------------------------------------------- */
+
+struct cache_block *cache_test_find(const void *ptr)
+{
+    return cache_map_find(ptr);
+}
+
+struct block_view cache_test_view(const struct cache_block *b)
+{
+    return (struct block_view){
+        .ptr = b->ptr,
+        .size = b->size,
+        .device = b->device,
+        .state = b->state,
+        .handout = b->handout,
+        .freed_ns = b->freed_ns,
+        .events = b->events,
+        .outstanding = b->outstanding,
+        .merged_into = b->merged_into,
+        .nusers = b->nusers,
+        .whole = is_whole(b),
+    };
+}
+
+void cache_test_add_events(struct cache_block *b, int delta)
+{
+    b->events += (uint32_t)delta;
+}
+
+size_t cache_test_spares(int device)
+{
+    return cache_reclaim_spares_kept(cache_of(device));
+}
+
+void cache_test_lock(int device)
+{
+    cache_lock(cache_of(device));
+}
+
+void cache_test_unlock(int device)
+{
+    pthread_mutex_unlock(&cache_of(device)->lock);
+}
+
+unsigned cache_test_waiting(int device)
+{
+    return atomic_load(&cache_of(device)->waiting);
+}
+
+void cache_test_set_waiting(int device, unsigned n)
+{
+    atomic_store(&cache_of(device)->waiting, n);
+}
+
+void cache_test_set_find_hook(void (*hook)(void))
+{
+    atomic_store(&set.find_hook, hook);
+}
