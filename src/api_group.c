@@ -5,6 +5,7 @@
 #include "block_users.h"
 #include "capture.h"
 #include "config.h"
+#include "cuda.h"
 #include "cudefer.h"
 #include "free_claims.h"
 #include "lifecycle.h"
@@ -28,7 +29,7 @@ cudaError_t api_group_submit(const struct request_args *a,
     }
     struct block_user recorded[64];
     size_t nrec = block_users_of(a, recorded);
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < 64; j++)
@@ -57,7 +58,7 @@ cudaError_t api_group_submit(const struct request_args *a,
             if ((err = block_users_enter(&users[i], &sw, &failed)) ==
                 cudaSuccess)
                 err = cudaStreamSynchronize(streams[i]);
-        device_switch_back(&sw, a->what);
+        cuda_switch_back(&sw, a->what);
         if (err != cudaSuccess)
             return api_reject(a->what, failed, err);
         return api_release_synchronously(a, streams[0]);
@@ -99,7 +100,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         if (parts[made] == NULL)
             break;
     }
-    device_switch_back(&sw, a->what);
+    cuda_switch_back(&sw, a->what);
     if (made < n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             api_discard_recorded(parts[made]);

@@ -27,26 +27,26 @@ size_t block_users_of(const struct request_args *a, struct block_user *out)
 }
 
 cudaError_t block_users_enter(const struct block_user *u,
-                              struct device_switch *sw, const char **call)
+                              struct cuda_switch *sw, const char **call)
 {
     if (!stream_is_special(u->handle) || u->device < 0)
         return cudaSuccess;
-    return device_switch_to(sw, u->device, call);
+    return cuda_switch_device(sw, u->device, call);
 }
 
 /* The device a special handle of u names: its own, or the caller's. */
-static bool device_of(const struct block_user *u, struct device_switch *sw,
+static bool device_of(const struct block_user *u, struct cuda_switch *sw,
                       int *device)
 {
     if (u->device >= 0) {
         *device = u->device;
         return true;
     }
-    return device_switch_caller(sw, device) == cudaSuccess;
+    return cuda_switch_caller_device(sw, device) == cudaSuccess;
 }
 
 bool block_users_same(const struct block_user *u, const struct block_user *v,
-                      struct device_switch *sw)
+                      struct cuda_switch *sw)
 {
     if (u->handle != v->handle)
         return false;

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "block_cache.h"
-#include "device_switch.h"
+#include "cuda.h"
 #include "request_args.h"
 
 /* How many streams the blocks of a's free were recorded on (a stream
@@ -25,11 +25,11 @@ size_t block_users_of(const struct request_args *a, struct block_user *out);
 
 /* Makes the device u's handle means current, where it is a special handle
  * of another device than the current one (a created stream carries its
- * device: nothing to do).  cudaSuccess or device_switch_to's error, *call
- * naming the call that failed; device_switch_back makes the caller's
+ * device: nothing to do).  cudaSuccess or cuda_switch_device's error, *call
+ * naming the call that failed; cuda_switch_back makes the caller's
  * device current again. */
 cudaError_t block_users_enter(const struct block_user *u,
-                              struct device_switch *sw, const char **call);
+                              struct cuda_switch *sw, const char **call);
 
 /* Whether u and v are the same stream: the same handle, and for a special
  * handle (0, the legacy or the per-thread stream) the same device, where a
@@ -39,6 +39,6 @@ cudaError_t block_users_enter(const struct block_user *u,
  * took device 0's for device 1's and never waited for it (a mutation
  * test's find). */
 bool block_users_same(const struct block_user *u, const struct block_user *v,
-                      struct device_switch *sw);
+                      struct cuda_switch *sw);
 
 #endif

@@ -21,12 +21,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc_info.h"
 #include "block_cache.h"
 #include "block_done.h"
 #include "block_pool.h"
 #include "capture.h"
 #include "config.h"
+#include "cuda.h"
 #include "entry_slab.h"
 #include "event_pool.h"
 #include "held.h"
@@ -158,7 +158,7 @@ static void recycle(struct entry *e)
 void reclaimer_finish_entry(struct entry *e, cudaError_t err)
 {
     bool device_failed = err != cudaSuccess &&
-                         (report_cuda_error_is_sticky(err) ||
+                         (cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
         block_done_claims(e->claims, e->nptrs, err == cudaSuccess, now_ns());
@@ -202,11 +202,13 @@ void reclaimer_fail_device_in(const char *who, int device, const char *call,
     bool first = atomic_compare_exchange_strong(&rs.device_errors[device],
                                                 &none, err);
     atomic_store_explicit(&rs.any_device_failed, true, memory_order_release);
-    if (first && err != cudaErrorCudartUnloading)
-        report("%s: device %d: %s failed: %s (%s); its pending entries "
-               "will not be released, and later defer calls on it return "
-               "this error", who, device, call, cudaGetErrorString(err),
-               cudaGetErrorName(err));
+    if (first) {
+        char what[96];
+        snprintf(what, sizeof what, "%s: device %d", who, device);
+        cuda_report_failure(what, call, err,
+                            "; its pending entries will not be released, "
+                            "and later defer calls on it return this error");
+    }
 }
 
 void reclaimer_fail_device(int device, const char *call, cudaError_t err)
@@ -219,7 +221,7 @@ bool reclaimer_use_device(int device)
 {
     if (rs.current_device == device)
         return true;
-    cudaError_t err = cudaSetDevice(device);
+    cudaError_t err = cuda_set_device(device);
     if (err != cudaSuccess) {
         reclaimer_fail_device(device, "cudaSetDevice", err);
         return false;
@@ -234,15 +236,14 @@ cudaStream_t reclaimer_free_stream(int device)
 {
     if (rs.free_streams[device] != NULL)
         return rs.free_streams[device];
-    cudaError_t err = cudaStreamCreateWithFlags(&rs.free_streams[device],
-                                                cudaStreamNonBlocking);
+    cudaError_t err = cuda_stream_create(&rs.free_streams[device]);
     if (err != cudaSuccess) {
         static bool reported; /* once: it is tried again for each entry */
         rs.free_streams[device] = NULL;
         if (!reported)
-            report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
-                        "; pool memory is freed with cudaFree until a "
-                        "stream can be made (reported once)");
+            cuda_report_failure("reclaimer", "cudaStreamCreateWithFlags", err,
+                                "; pool memory is freed with cudaFree until a "
+                                "stream can be made (reported once)");
         reported = true;
     }
     return rs.free_streams[device];
@@ -256,7 +257,8 @@ cudaStream_t reclaimer_free_stream(int device)
 static void learn_device_after_callback(void)
 {
     int device;
-    rs.current_device = cudaGetDevice(&device) == cudaSuccess ? device : -1;
+    rs.current_device =
+        cuda_get_device_runtime(&device) == cudaSuccess ? device : -1;
 }
 
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
@@ -269,13 +271,13 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
          * reclaimer's (a failed cudaFree, a probe of a stream the
          * application destroyed; PyTorch's launch checks read it). */
         if (e->kind == ENTRY_CALL)
-            cudaGetLastError();
+            cuda_clear_last_error();
         err = release_entry(e, e->pool ? reclaimer_free_stream(e->device)
                                        : NULL);
         trace_pop();
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
-        if (report_cuda_error_is_sticky(err))
+        if (cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device,
                                   e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
                                                              : "cudaFree",
@@ -373,8 +375,8 @@ static void size_up(struct entry *e)
             blocks++;
             continue;
         }
-        struct alloc_info info;
-        alloc_info_query(e->ptrs[i], &info);
+        struct cuda_allocation info;
+        cuda_allocation_of(e->ptrs[i], &info);
         e->pool &= info.pool;
         e->held_bytes += info.bytes;
     }
@@ -390,11 +392,11 @@ static void size_up(struct entry *e)
 static void learn_cap(int device)
 {
     size_t free_bytes = 0, total = 0;
-    cudaError_t err = cudaMemGetInfo(&free_bytes, &total);
+    cudaError_t err = cuda_memory_info(&free_bytes, &total);
     if (err != cudaSuccess) {
         total = (size_t)80 << 30; /* what today's large GPUs have */
-        report_cuda("reclaimer", "cudaMemGetInfo", err,
-                    "; the cap assumes 80 GiB of device memory");
+        cuda_report_failure("reclaimer", "cudaMemGetInfo", err,
+                            "; the cap assumes 80 GiB of device memory");
     }
     rs.held[device].cap = release_policy_cap(&rs.cfg, total);
 }
@@ -463,7 +465,7 @@ void reclaimer_take_in(struct entry *e)
            "synchronously");
     cudaError_t err = e->ev == NULL ? cudaSuccess /* synced */
                       : reclaimer_use_device(e->device)
-                          ? cudaEventSynchronize(e->ev->event)
+                          ? cuda_event_synchronize(e->ev->event)
                           : device_error(e->device);
     reclaimer_event_done(e, err, now_ns());
 }
@@ -552,8 +554,8 @@ static void destroy_free_streams(void)
         cudaError_t err;
         if (rs.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
             reclaimer_use_device(d) &&
-            (err = cudaStreamDestroy(rs.free_streams[d])) != cudaSuccess)
-            report_cuda("shutdown", "cudaStreamDestroy", err, "");
+            (err = cuda_stream_destroy(rs.free_streams[d])) != cudaSuccess)
+            cuda_report_failure("shutdown", "cudaStreamDestroy", err, "");
     }
 }
 
@@ -564,8 +566,7 @@ void *reclaimer_main(void *unused)
     pthread_setname_np(pthread_self(), "cudefer-reclaim");
     /* The reclaimer's queries and frees must never invalidate a capture
      * that another thread runs in the global mode (the default). */
-    enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&relaxed);
+    cuda_relax_capture_mode();
     rs.nap_us = rs.cfg.poll_us;
     bool stop_seen = false;
     for (;;) {

@@ -9,6 +9,7 @@
 #include "block_cache.h"
 #include "block_leave.h"
 #include "block_pool.h"
+#include "cuda.h"
 #include "release_policy.h"
 #include "report.h"
 #include "stats.h"
@@ -64,14 +65,14 @@ void reclaimer_cache_release(uint64_t now, bool stopping)
                      * there, once; before the fix, twice). */
                     if (!b->pool)
                         rs.pass_released_bytes += b->size;
-                } else if (report_cuda_error_is_sticky(err)) {
+                } else if (cuda_error_is_sticky(err)) {
                     reclaimer_fail_device(d, call, err);
                 } else {
                     char detail[96];
                     snprintf(detail, sizeof detail,
                              "; block %p (device %d) is not released",
                              batch[i]->ptr, d);
-                    report_cuda("release", call, err, detail);
+                    cuda_report_failure("release", call, err, detail);
                 }
                 block_cache_forget(batch[i]);
             }

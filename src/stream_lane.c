@@ -2,6 +2,7 @@
  * header). */
 #include "stream_lane.h"
 
+#include "cuda.h"
 #include "event_pool.h"
 #include "stats.h"
 
@@ -144,23 +145,13 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
  * show it to the application's next cudaGetLastError). */
 static bool newest_done_now(struct lane_slot *slot)
 {
-    /* Relaxed: a query in the thread's own mode (global by default) is
-     * refused while any thread captures in the global mode, and
-     * invalidates that capture (t/event_stock); the reclaimer runs
-     * relaxed for the same reason. */
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    cudaError_t err = cudaEventQuery(slot->ev->event);
-    if (exchanged)
-        cudaThreadExchangeStreamCaptureMode(&mode);
+    /* Relaxed: in the thread's own mode the query could invalidate
+     * another thread's capture (t/event_stock). */
+    cudaError_t err = cuda_event_query_relaxed(slot->ev->event);
     stats_add(&stats.event_queries, 1);
-    if (err == cudaErrorNotReady) {
-        if (cudaPeekAtLastError() == cudaErrorNotReady)
-            cudaGetLastError();
-        return false;
-    }
     if (err != cudaSuccess)
-        return false; /* the reclaimer's query meets it and says so */
+        return false; /* not ready; or the reclaimer's query meets the
+                         error and says so */
     stream_lane_raise_completed(slot->ev, slot->label);
     return true;
 }
