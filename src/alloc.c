@@ -226,8 +226,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     /* More than the whole device can never succeed: it must not empty the
      * cache on its way to failing (the hand-back below, the trim of
      * malloc_block), nor reach the pool with a size beyond what the device
-     * maps (a 1 PiB torch.empty killed a process on an H100; whether there
-     * is not known, 2026-11-25). */
+     * maps (a 1 PiB torch.empty killed a process on an H100). */
     if (block_pool_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
     hand_back_free_blocks(*device, bytes, stream, id, before);
@@ -287,7 +286,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     if (stream == cudaStreamPerThread) {
         /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
          * that for memory that is not cudefer's and carries on, leaving
-         * the block unprotected (a review found it). */
+         * the block unprotected. */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "

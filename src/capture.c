@@ -149,10 +149,10 @@ static void CUDART_CB graph_released(void *ptr)
 /* The device of the entry e made on a capturing stream.  The stream cannot
  * be asked: cudaStreamGetDevice and cudaStreamGetId on a capturing stream
  * are refused, and the refusal invalidates the capture, whatever the
- * thread's capture mode (seen on an H200, CUDA 13.0).  So: the device of
- * its first pointer that CUDA knows (where cudaFree wants to run anyway),
- * else (a callback, unknown memory) the calling thread's current device.
- * Both calls are allowed during a capture. */
+ * thread's capture mode (as CUDA 13.0 does).  So: the device of its first
+ * pointer that CUDA knows (where cudaFree wants to run anyway), else (a
+ * callback, unknown memory) the calling thread's current device.  Both
+ * calls are allowed during a capture. */
 static cudaError_t entry_device(struct entry *e, const char **call)
 {
     if ((e->device = cuda_device_of_pointers(e->ptrs, e->nptrs)) >= 0)
@@ -419,9 +419,9 @@ bool capture_poll(void)
     uint64_t died = atomic_load(&deaths);
     if (waiting == NULL) {
         /* Deaths counted meanwhile are news no more: a graph that died
-         * during the pass that settled it left deaths_seen behind, and
-         * capture_news kept the idle reclaimer awake (900 wake-ups a
-         * second; a review found it). */
+         * during the pass that settles it leaves deaths_seen behind, and
+         * capture_news would keep the idle reclaimer awake (900
+         * wake-ups a second). */
         deaths_seen = died;
         taken_since_poll = false;
         origins_open = 0;

@@ -34,8 +34,8 @@
  * lane), and a later thread's first callback on a stream made its event
  * while 63 threads recorded: 87-349 ms, for the driver's lock taken for
  * writing waits behind them.  With the stock and the reserve the slowest
- * call took 6-24 ms, calls/s as before (a stock of 4,096 or a reserve of
- * 256 measured the same; bench/results/2026-11-26-h100-w6-stock.txt).
+ * call took 6-24 ms, calls/s as without them (a stock of 4,096 or a
+ * reserve of 256 measured the same).
  * Made before the device is busy, an event costs 0.2-0.3 us: the first
  * miss takes about 1-2 ms. */
 #define STOCK 2048
@@ -60,7 +60,7 @@ struct pool {
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
  * the idle count reads it, so a take moves no cache line shared with other
- * threads (issue 13, item 4). */
+ * threads. */
 struct thread_cache {
     struct pool_link *head[KINDS][CACHED_DEVICES];
     _Atomic size_t count[KINDS][CACHED_DEVICES];

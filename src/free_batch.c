@@ -62,7 +62,7 @@ void free_batch_set_take_hook(void (*hook)(void))
  * it); returns the generation to land them in.  A flush that turns the
  * generation between the read and the count would not see the count, and
  * a later flush would wait for the other generation: the claims of frees
- * that returned before it would be missed (found by a review helper).  So
+ * that returned before it would be missed.  So
  * the generation is read again after counting (sequentially consistent
  * with the flush's turn and its wait), and the count moved where it
  * changed.  Only a flush whose scan came before this take can turn it

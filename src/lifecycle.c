@@ -228,14 +228,14 @@ static void gate_forget_admissions(void)
  * the reclaimer runs, the first callers start it under life_lock, holding no
  * admission while they wait for that lock: shutdown and exit take the lock
  * and then wait for every admission to end, so an admission held while
- * waiting for the lock would never end (issue 12, item 1). */
+ * waiting for the lock would never end. */
 cudaError_t lifecycle_enter(const char *what)
 {
     for (;;) {
         if (!gate_enter()) {
             /* The drain of a shutdown or exit runs callbacks; they may
              * defer until the reclaimer stops (it finishes what they add
-             * before it does; issue 12, item 10). */
+             * before it does). */
             if (thread_here.reclaimer &&
                 atomic_load(&rs.state) == STATE_RUNNING) {
                 atomic_fetch_add(gate_shard_count(), 1);

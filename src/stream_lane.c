@@ -135,14 +135,13 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
 
 /* The calling thread, for its lane's newest slot, when no idle event is at
  * hand: whether every record of its event has completed, by a query of
- * its own (W5 on an H100: while the reclaimer had not yet looked, a
- * thread freeing on an idle stream made 3,000-5,000 events in 20,000
- * frees, each with the driver's lock taken for writing and its page
- * faults: the slow calls; bench/results/2026-11-26-h100-w5-diag.txt).
- * True: the event's completed label is raised to the slot's (every record
- * of a lane is its thread's, on one stream).  A not-ready query leaves no
- * error behind on the thread (the runtime, where it records one, would
- * show it to the application's next cudaGetLastError). */
+ * its own (without it, on an H100 in W5, a thread freeing on an idle
+ * stream before the reclaimer had looked made 3,000-5,000 events in
+ * 20,000 frees, each with the driver's lock taken for writing and its
+ * page faults: the slow calls).  True: the event's completed label is
+ * raised to the slot's (every record of a lane is its thread's, on one
+ * stream).  A not-ready query leaves no error behind on the thread
+ * (cuda_event_query_relaxed). */
 static bool newest_done_now(struct lane_slot *slot)
 {
     /* Relaxed: in the thread's own mode the query could invalidate
@@ -169,9 +168,9 @@ void stream_lane_raise_completed(struct shared_event *ev, uint64_t label)
 /* The calling thread: whether l's newest has completed, by a query of its
  * own (newest_done_now), unless the same newest record was found not
  * complete within the last ask_wait picks; the wait doubles, up to
- * ASK_WAIT_MAX, while it stays so (H100, W5-busy: a not-ready query before
- * each event made put defer_free's p50 at 1.01 us from 0.75;
- * bench/results/2026-11-26-h100-asks-newest.txt). */
+ * ASK_WAIT_MAX, while it stays so (on an H100 in W5-busy, a not-ready
+ * query before each event made puts defer_free's p50 at 1.01 us, 0.75
+ * without). */
 #define ASK_WAIT_MAX 64
 static bool ask_newest(struct lane *l)
 {

@@ -5,8 +5,8 @@
  * a failed switch leaves no error of cudefer's as the thread's last error
  * (a sticky one stays: it is the device's) and nothing to switch back; a
  * failed way back is said (when named) and can be tried again; a failed
- * query through the driver leaves the application's pending error alone
- * (a review's find: the first version cleared it). */
+ * query through the driver leaves the application's pending error
+ * alone. */
 #include <string.h>
 
 #include "cuda.h"
