@@ -24,7 +24,7 @@
  * minus those of the two calls it makes, plus the clock's (each median
  * holds one clock reading; the difference holds none): the driver's
  * cuStreamIsCapturing and cuEventRecord, which cudefer makes by default
- * (src/driver_calls.h), or the runtime's under CUDEFER_DRIVER_CALLS=0.  One
+ * (src/cuda.h), or the runtime's under CUDEFER_DRIVER_CALLS=0.  One
  * (mode, repetition) per process, one JSON object on stdout: keys
  * STREAM_PART_p50_us / _p99_us / _mean_us, STREAM is created or legacy.
  */

@@ -8,9 +8,8 @@
 #include "cache.h"
 #include "capture.h"
 #include "clock.h"
+#include "cuda.h"
 #include "cudefer.h"
-#include "device_switch.h"
-#include "driver_calls.h"
 #include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
@@ -98,12 +97,12 @@ static size_t give_to_pool(int device, const struct block_memory *m,
     for (size_t i = 0; i < n; i++) {
         cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess) {
-            report_cuda("defer_alloc", "cudaFreeAsync", err,
+            cuda_report_failure("defer_alloc", "cudaFreeAsync", err,
                         "; the free block goes back with cudaFree");
             err = cache_upstream_free_sync(device, m[i].ptr, m[i].size);
             if (err != cudaSuccess)
-                report_cuda("defer_alloc", "cudaFree", err,
-                            "; a free block is lost to the pool");
+                cuda_report_failure("defer_alloc", "cudaFree", err,
+                                    "; a free block is lost to the pool");
         }
         if (err == cudaSuccess) {
             bytes += m[i].size;
@@ -152,7 +151,7 @@ static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
                           const char *detail)
 {
     stats_add(&stats.rejected, 1);
-    report_cuda(what, call, err, detail);
+    cuda_report_failure(what, call, err, detail);
     return err;
 }
 
@@ -185,7 +184,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     bool legacy = stream_is_legacy(stream);
     cudaError_t err;
     if (legacy && current < 0 &&
-        (err = driver_calls_get_device(&current)) != cudaSuccess)
+        (err = cuda_get_device(&current)) != cudaSuccess)
         return refuse("defer_alloc", "cudaGetDevice", err, "");
     unsigned long long id;
     bool cached =
@@ -316,12 +315,12 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
 
 /* Make device current for a call on a special stream handle (which means
  * the current device's stream; a created stream carries its device:
- * nothing to do).  cudaSuccess or device_switch_to's error, *call naming
+ * nothing to do).  cudaSuccess or cuda_switch_device's error, *call naming
  * the call that failed. */
-static cudaError_t enter_device(struct device_switch *sw, int device,
+static cudaError_t enter_device(struct cuda_switch *sw, int device,
                                 cudaStream_t stream, const char **call)
 {
-    return stream_is_special(stream) ? device_switch_to(sw, device, call)
+    return stream_is_special(stream) ? cuda_switch_device(sw, device, call)
                                      : cudaSuccess;
 }
 
@@ -332,20 +331,20 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
                                    int device, cudaStream_t stream)
 {
     *ptr = NULL;
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess) {
         stats_add(&stats.rejected, 1);
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
-        report_cuda(what, call, err, detail);
+        cuda_report_failure(what, call, err, detail);
         return err;
     }
     /* A special handle's device is now the current one. */
     err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1,
                    device);
-    device_switch_back(&sw, what);
+    cuda_switch_back(&sw, what);
     return err;
 }
 
@@ -388,15 +387,15 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     int on = device, block_device;
     if (stream_is_special(stream) && cache_device_of(ptr, &block_device))
         on = block_device;
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, on, stream, &call);
     if (err == cudaSuccess)
         err = api_free_pluggable(ptr, size, device, stream,
                                  stream_is_special(stream) ? on : -1);
     else
-        report_cuda("defer_pluggable_free", call, err, "");
-    device_switch_back(&sw, "defer_pluggable_free");
+        cuda_report_failure("defer_pluggable_free", call, err, "");
+    cuda_switch_back(&sw, "defer_pluggable_free");
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "
                "allocated", ptr);

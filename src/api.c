@@ -10,9 +10,8 @@
 #include "cache.h"
 #include "capture.h"
 #include "config.h"
+#include "cuda.h"
 #include "cudefer.h"
-#include "device_switch.h"
-#include "driver_calls.h"
 #include "entry.h"
 #include "event_pool.h"
 #include "free_batch.h"
@@ -28,8 +27,8 @@
 cudaError_t api_reject(const char *what, const char *call, cudaError_t err)
 {
     stats_add(&stats.rejected, 1);
-    report_cuda(what, call, err, "; nothing was deferred (the caller keeps "
-                                 "ownership)");
+    cuda_report_failure(what, call, err,
+                        "; nothing was deferred (the caller keeps ownership)");
     return err;
 }
 
@@ -172,13 +171,13 @@ cudaError_t api_release_synchronously(const struct request_args *a,
                "refused", a->what);
         return cudaErrorInvalidValue;
     }
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
         if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
             cudaSuccess)
             err = cudaStreamSynchronize(recorded[i].handle);
-    device_switch_back(&sw, a->what);
+    cuda_switch_back(&sw, a->what);
     if (err != cudaSuccess)
         return api_reject(a->what, failed, err);
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
@@ -192,13 +191,13 @@ cudaError_t api_release_synchronously(const struct request_args *a,
     stats_add(&stats.sync_releases, 1);
     /* Memory is released on its device; where the switch fails, on the
      * caller's instead. */
-    struct device_switch to_device = DEVICE_SWITCH_NONE;
+    struct cuda_switch to_device = CUDA_SWITCH_NONE;
     if (a->kind != ENTRY_CALL)
-        device_switch_to(&to_device, device, NULL);
+        cuda_switch_device(&to_device, device, NULL);
     err = release_entry(&e, NULL);
-    device_switch_back(&to_device, a->what);
+    cuda_switch_back(&to_device, a->what);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    if (report_cuda_error_is_sticky(err)) /* the device's error, not ptr's */
+    if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
         lifecycle_fail_device(a->what, device,
                               a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
                                                          : "cudaFree",
@@ -278,7 +277,7 @@ struct entry *api_record(const struct request_args *a, cudaStream_t stream,
         *call = "malloc";
         return NULL;
     }
-    if ((*err = driver_calls_event_record(pick.ev->event, stream)) !=
+    if ((*err = cuda_event_record(pick.ev->event, stream)) !=
         cudaSuccess) {
         stream_lane_cancel(&pick);
         release_forget_pointers(e);
@@ -320,7 +319,7 @@ static cudaError_t submit_admitted(const struct request_args *a,
     cudaError_t err = cudaSuccess;
     int current = a->current_known ? a->current_device : -1;
     if (batchable && current < 0 &&
-        (err = driver_calls_get_device(&current)) != cudaSuccess)
+        (err = cuda_get_device(&current)) != cudaSuccess)
         return api_reject(a->what, "cudaGetDevice", err);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */
@@ -414,8 +413,9 @@ static cudaError_t submit_admitted(const struct request_args *a,
                        &no_event);
     }
     if (e == NULL && no_event) {
-        report_cuda(a->what, call, err,
-                    "; waiting for the stream and releasing synchronously");
+        cuda_report_failure(a->what, call, err,
+                            "; waiting for the stream and releasing "
+                            "synchronously");
         return api_release_synchronously(a, stream);
     }
     if (e == NULL)

@@ -5,8 +5,8 @@
 #include "cache.h"
 #include "capture.h"
 #include "config.h"
+#include "cuda.h"
 #include "cudefer.h"
-#include "device_switch.h"
 #include "lifecycle.h"
 #include "report.h"
 #include "stats.h"
@@ -28,7 +28,7 @@ cudaError_t api_group_submit(const struct request_args *a,
     }
     struct block_user recorded[64];
     size_t nrec = cache_users_of_free(a, recorded);
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < 64; j++)
@@ -57,7 +57,7 @@ cudaError_t api_group_submit(const struct request_args *a,
             if ((err = cache_user_enter(&users[i], &sw, &failed)) ==
                 cudaSuccess)
                 err = cudaStreamSynchronize(streams[i]);
-        device_switch_back(&sw, a->what);
+        cuda_switch_back(&sw, a->what);
         if (err != cudaSuccess)
             return api_reject(a->what, failed, err);
         return api_release_synchronously(a, streams[0]);
@@ -99,7 +99,7 @@ cudaError_t api_group_submit(const struct request_args *a,
         if (parts[made] == NULL)
             break;
     }
-    device_switch_back(&sw, a->what);
+    cuda_switch_back(&sw, a->what);
     if (made < n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             api_discard_recorded(parts[made]);

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cache_block.h"
-#include "device_switch.h"
+#include "cuda.h"
 #include "report.h"
 #include "request_args.h"
 #include "stats.h"
@@ -777,26 +777,26 @@ size_t cache_users_of_free(const struct request_args *a,
  * current must wait for device 1's legacy stream: a user's special handle
  * is used with the device it named current. */
 cudaError_t cache_user_enter(const struct block_user *u,
-                             struct device_switch *sw, const char **call)
+                             struct cuda_switch *sw, const char **call)
 {
     if (!stream_is_special(u->handle) || u->device < 0)
         return cudaSuccess;
-    return device_switch_to(sw, u->device, call);
+    return cuda_switch_device(sw, u->device, call);
 }
 
 /* The device a special handle of u names: its own, or the caller's. */
-static bool user_device(const struct block_user *u, struct device_switch *sw,
+static bool user_device(const struct block_user *u, struct cuda_switch *sw,
                         int *device)
 {
     if (u->device >= 0) {
         *device = u->device;
         return true;
     }
-    return device_switch_caller(sw, device) == cudaSuccess;
+    return cuda_switch_caller_device(sw, device) == cudaSuccess;
 }
 
 bool cache_user_same(const struct block_user *u, const struct block_user *v,
-                     struct device_switch *sw)
+                     struct cuda_switch *sw)
 {
     if (u->handle != v->handle)
         return false;

@@ -49,7 +49,7 @@
 #include <cuda_runtime_api.h>
 
 struct cache_block;     /* a block: private (cache_block.h) */
-struct device_switch;   /* device_switch.h */
+struct cuda_switch;   /* cuda.h */
 struct request_args;    /* request_args.h */
 
 /* The states of a block.  Who moves a block between them, when and under
@@ -107,18 +107,18 @@ size_t cache_users_of_free(const struct request_args *a,
 
 /* Any thread.  Makes the device u's handle means current, where it is a
  * special handle of another device than the current one (a created stream
- * carries its device: nothing to do).  cudaSuccess or device_switch_to's
- * error, *call naming the call that failed; device_switch_back makes the
+ * carries its device: nothing to do).  cudaSuccess or cuda_switch_device's
+ * error, *call naming the call that failed; cuda_switch_back makes the
  * caller's device current again. */
 cudaError_t cache_user_enter(const struct block_user *u,
-                             struct device_switch *sw, const char **call);
+                             struct cuda_switch *sw, const char **call);
 
 /* Any thread.  Whether u and v are the same stream: the same handle, and
  * for a special handle (0, the legacy or the per-thread stream) the same
  * device, where a device below 0 means the caller's (asked once, sw): the
  * legacy streams of two devices share a handle. */
 bool cache_user_same(const struct block_user *u, const struct block_user *v,
-                     struct device_switch *sw);
+                     struct cuda_switch *sw);
 
 /* ---- a free's claim ----------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cache_block.h"
+#include "cuda.h"
 #include "clock.h"
 #include "report.h"
 #include "stats.h"
@@ -246,7 +247,7 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
              * pool could be made) drain the device. */
             struct cache_block *b = batch[i];
             cudaError_t err =
-                !b->upstream ? cudaFree(b->ptr)
+                !b->upstream ? cuda_free(b->ptr)
                 : stream != NULL
                     ? cache_upstream_free(device, b->ptr, b->size, stream)
                     : cache_upstream_free_sync(device, b->ptr, b->size);
@@ -259,14 +260,14 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                  * there once). */
                 if (!b->upstream)
                     bytes += b->size;
-            } else if (report_cuda_error_is_sticky(err)) {
+            } else if (cuda_error_is_sticky(err)) {
                 fail(device, call, err);
             } else {
                 char detail[96];
                 snprintf(detail, sizeof detail,
                          "; block %p (device %d) is not released", b->ptr,
                          device);
-                report_cuda("release", call, err, detail);
+                cuda_report_failure("release", call, err, detail);
             }
             cache_forget(b);
         }

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "device_switch.h"
+#include "cuda.h"
 #include "report.h"
 
 enum { MEMPOOL_UNTRIED, MEMPOOL_READY, MEMPOOL_NONE };
@@ -72,8 +72,8 @@ static bool mempool_ready(int device)
             cudaMemPoolDestroy(p->pool);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            report_cuda("defer_alloc", "cudaMemPoolCreate", err,
-                        "; blocks come from cudaMalloc on this device");
+            cuda_report_failure("defer_alloc", "cudaMemPoolCreate", err,
+                                "; blocks come from cudaMalloc on this device");
         }
         state = err == cudaSuccess ? MEMPOOL_READY : MEMPOOL_NONE;
         atomic_store_explicit(&p->state, state, memory_order_release);
@@ -106,13 +106,13 @@ bool cache_upstream_beyond_device(int device, size_t bytes)
  * cudaMalloc's error is the one returned). */
 static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
 {
-    struct device_switch sw = DEVICE_SWITCH_NONE;
-    cudaError_t err = device_switch_to(&sw, device, NULL);
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
+    cudaError_t err = cuda_switch_device(&sw, device, NULL);
     if (err != cudaSuccess)
         return err;
     err = cudaMalloc(ptr, bytes);
     cudaError_t back =
-        device_switch_back(&sw, err == cudaSuccess ? NULL : "defer_alloc");
+        cuda_switch_back(&sw, err == cudaSuccess ? NULL : "defer_alloc");
     if (err == cudaSuccess && back != cudaSuccess) {
         cudaFree(*ptr);
         *ptr = NULL;
@@ -129,7 +129,7 @@ cudaError_t cache_upstream_malloc(int device, size_t bytes,
     cudaError_t err = *upstream ? cudaMallocFromPoolAsync(
                                       ptr, bytes, mempools[device].pool, stream)
                                 : malloc_on(device, ptr, bytes);
-    if (err != cudaSuccess && !report_cuda_error_is_sticky(err))
+    if (err != cudaSuccess && !cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
     else if (err == cudaSuccess && *upstream)
         atomic_fetch_add(&mempools[device].held, bytes);
@@ -194,7 +194,7 @@ size_t cache_upstream_trim(int device, cudaStream_t stream)
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);
     if (err != cudaSuccess)
-        report_cuda("release", "cudaMemPoolTrimTo", err, "");
+        cuda_report_failure("release", "cudaMemPoolTrimTo", err, "");
     if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent,
                                 &after) != cudaSuccess)
         after = before;

@@ -5,7 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "driver_calls.h"
+#include "cuda.h"
 #include "lifecycle.h"
 #include "reclaimer_state.h"
 #include "release.h"
@@ -72,7 +72,7 @@ cudaError_t capture_status(const cudaStream_t *streams, size_t n,
     size_t active = 0;
     for (size_t i = 0; i < n; i++) {
         enum cudaStreamCaptureStatus status;
-        cudaError_t err = driver_calls_is_capturing(streams[i], &status);
+        cudaError_t err = cuda_stream_is_capturing(streams[i], &status);
         if (err != cudaSuccess) {
             *call = "cudaStreamIsCapturing";
             return err;
@@ -149,27 +149,15 @@ static void CUDART_CB graph_released(void *ptr)
 /* The device of the entry e made on a capturing stream.  The stream cannot
  * be asked: cudaStreamGetDevice and cudaStreamGetId on a capturing stream
  * are refused, and the refusal invalidates the capture, whatever the
- * thread's capture mode (seen on an H200, CUDA 13.0).  So: the device of
- * its first pointer that CUDA knows (where cudaFree wants to run anyway),
- * else (a callback, unknown memory) the calling thread's current device.
- * Both calls are allowed during a capture. */
+ * thread's capture mode (as CUDA 13.0 does).  So: the device of its first
+ * pointer that CUDA knows (where cudaFree wants to run anyway), else (a
+ * callback, unknown memory) the calling thread's current device.  Both
+ * calls are allowed during a capture. */
 static cudaError_t entry_device(struct entry *e, const char **call)
 {
-    /* A failed query is no error of the application's: leave its last
-     * error as it was (where it had none). */
-    bool had_error = e->nptrs > 0 && cudaPeekAtLastError() != cudaSuccess;
-    for (size_t i = 0; i < e->nptrs; i++) {
-        struct cudaPointerAttributes at;
-        cudaError_t err = cudaPointerGetAttributes(&at, e->ptrs[i]);
-        if (err != cudaSuccess && !had_error)
-            cudaGetLastError();
-        if (err == cudaSuccess && at.type != cudaMemoryTypeUnregistered &&
-            at.device >= 0) {
-            e->device = at.device;
-            return cudaSuccess;
-        }
-    }
-    cudaError_t err = cudaGetDevice(&e->device);
+    if ((e->device = cuda_device_of_pointers(e->ptrs, e->nptrs)) >= 0)
+        return cudaSuccess;
+    cudaError_t err = cuda_get_device_runtime(&e->device);
     if (err != cudaSuccess)
         *call = "cudaGetDevice";
     return err;
@@ -184,8 +172,8 @@ static cudaError_t capture_graph(const cudaStream_t *streams, size_t n,
     for (size_t i = 0; i < n; i++) {
         enum cudaStreamCaptureStatus status;
         unsigned long long id;
-        cudaError_t err = cudaStreamGetCaptureInfo(streams[i], &status, &id,
-                                                   graph, NULL, NULL, NULL);
+        cudaError_t err = cuda_stream_capture_info(streams[i], &status, &id,
+                                                   graph);
         if (err != cudaSuccess) {
             *call = "cudaStreamGetCaptureInfo";
             return err;
@@ -235,8 +223,7 @@ cudaError_t capture_defer(const char *what, struct entry *e,
         e->captured = true;
     }
     if (err == cudaSuccess &&
-        (err = cudaUserObjectCreate(&object, g, graph_released, 1,
-                                    cudaUserObjectNoDestructorSync)) !=
+        (err = cuda_user_object_create(&object, g, graph_released)) !=
             cudaSuccess)
         *call = "cudaUserObjectCreate";
     if (err != cudaSuccess) {
@@ -244,15 +231,15 @@ cudaError_t capture_defer(const char *what, struct entry *e,
         return err;
     }
     pthread_once(&exit_hook_once, register_exit_hook);
-    err = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
+    err = cuda_graph_take_user_object(graph, object);
     if (err != cudaSuccess) {
         /* The object is still ours: its destructor only frees the entry. */
         *call = "cudaGraphRetainUserObject";
         atomic_store_explicit(&g->armed, false, memory_order_release);
-        cudaError_t release_err = cudaUserObjectRelease(object, 1);
+        cudaError_t release_err = cuda_user_object_release(object);
         if (release_err != cudaSuccess)
-            report_cuda(what, "cudaUserObjectRelease", release_err,
-                        "; a user object and its entry are leaked");
+            cuda_report_failure(what, "cudaUserObjectRelease", release_err,
+                                "; a user object and its entry are leaked");
         return err;
     }
     /* From here on the entry is the reclaimer's (the destructor may even
@@ -294,7 +281,7 @@ static bool capture_error(cudaError_t err)
 static bool not_capturing(cudaStream_t stream, bool *gone)
 {
     enum cudaStreamCaptureStatus status;
-    cudaError_t err = cudaStreamIsCapturing(stream, &status);
+    cudaError_t err = cuda_stream_is_capturing_runtime(stream, &status);
     *gone = err != cudaSuccess;
     return err == cudaSuccess && status == cudaStreamCaptureStatusNone;
 }
@@ -311,22 +298,21 @@ static void record_origin(struct origin *o)
             o->state = ORIGIN_LOST;
         return;
     }
-    if (cudaStreamGetDevice(o->stream, &device) != cudaSuccess ||
+    if (cuda_stream_get_device(o->stream, &device) != cudaSuccess ||
         device < 0 || device >= rs.ndevices ||
         device_error(device) != cudaSuccess) {
         o->state = ORIGIN_LOST;
         return;
     }
     if (rs.current_device != device) {
-        if (cudaSetDevice(device) != cudaSuccess) {
+        if (cuda_set_device(device) != cudaSuccess) {
             o->state = ORIGIN_LOST;
             return;
         }
         rs.current_device = device;
     }
     if (o->event == NULL &&
-        cudaEventCreateWithFlags(&o->event, cudaEventDisableTiming) !=
-            cudaSuccess) {
+        cuda_event_create_runtime(&o->event) != cudaSuccess) {
         o->event = NULL; /* tried again on the next pass */
         return;
     }
@@ -335,7 +321,7 @@ static void record_origin(struct origin *o)
             o->state = ORIGIN_LOST;
         return;
     }
-    cudaError_t err = cudaEventRecord(o->event, o->stream);
+    cudaError_t err = cuda_event_record_runtime(o->event, o->stream);
     if (err == cudaSuccess)
         o->state = ORIGIN_RECORDED;
     else if (!capture_error(err))
@@ -344,7 +330,7 @@ static void record_origin(struct origin *o)
 
 static void query_origin(struct origin *o)
 {
-    cudaError_t err = cudaEventQuery(o->event);
+    cudaError_t err = cuda_event_query(o->event);
     if (err == cudaErrorNotReady)
         return;
     if (err == cudaSuccess)
@@ -361,7 +347,7 @@ static size_t drop_origins(struct graph_entry *g)
     size_t lost = 0;
     for (size_t i = 0; i < g->norigins; i++) {
         if (g->origins[i].event != NULL)
-            cudaEventDestroy(g->origins[i].event);
+            cuda_event_destroy(g->origins[i].event);
         g->origins[i].event = NULL;
         lost += g->origins[i].state == ORIGIN_LOST;
     }
@@ -433,9 +419,9 @@ bool capture_poll(void)
     uint64_t died = atomic_load(&deaths);
     if (waiting == NULL) {
         /* Deaths counted meanwhile are news no more: a graph that died
-         * during the pass that settled it left deaths_seen behind, and
-         * capture_news kept the idle reclaimer awake (900 wake-ups a
-         * second; a review found it). */
+         * during the pass that settles it leaves deaths_seen behind, and
+         * capture_news would keep the idle reclaimer awake (900
+         * wake-ups a second). */
         deaths_seen = died;
         taken_since_poll = false;
         origins_open = 0;

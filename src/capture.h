@@ -14,7 +14,7 @@
  *
  * The work enqueued on the streams before the capture began may still use
  * the memory then (the graph need never have run on those streams), so
- * the entry waits for it too (issue 12, item 7): once a stream's capture
+ * the entry waits for it too: once a stream's capture
  * has ended (cudaStreamIsCapturing says so; no call may ask a capturing
  * stream), the reclaimer records an event on it, and the entry is complete
  * when the graph is gone and those events have completed.  A stream

@@ -9,8 +9,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
-#include "device_switch.h"
-#include "driver_calls.h"
+#include "cuda.h"
 #include "entry_slab.h"
 #include "pool_stack.h"
 #include "release.h"
@@ -35,8 +34,8 @@
  * lane), and a later thread's first callback on a stream made its event
  * while 63 threads recorded: 87-349 ms, for the driver's lock taken for
  * writing waits behind them.  With the stock and the reserve the slowest
- * call took 6-24 ms, calls/s as before (a stock of 4,096 or a reserve of
- * 256 measured the same; bench/results/2026-11-26-h100-w6-stock.txt).
+ * call took 6-24 ms, calls/s as without them (a stock of 4,096 or a
+ * reserve of 256 measured the same).
  * Made before the device is busy, an event costs 0.2-0.3 us: the first
  * miss takes about 1-2 ms. */
 #define STOCK 2048
@@ -61,7 +60,7 @@ struct pool {
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
  * the idle count reads it, so a take moves no cache line shared with other
- * threads (issue 13, item 4). */
+ * threads. */
 struct thread_cache {
     struct pool_link *head[KINDS][CACHED_DEVICES];
     _Atomic size_t count[KINDS][CACHED_DEVICES];
@@ -138,11 +137,12 @@ static void free_chain(enum kind k, struct pool_link *l, bool destroy_events)
             static _Atomic bool reported; /* once: thousands may follow */
             cudaError_t err =
                 destroy_events && !device_failed(ev->device)
-                    ? cudaEventDestroy(ev->event)
+                    ? cuda_event_destroy(ev->event)
                     : cudaSuccess;
             if (err != cudaSuccess && !atomic_exchange(&reported, true))
-                report_cuda("event pool", "cudaEventDestroy", err,
-                            "; such events are forgotten (reported once)");
+                cuda_report_failure("event pool", "cudaEventDestroy", err,
+                                    "; such events are forgotten (reported "
+                                    "once)");
             free(ev);
         }
         l = next;
@@ -379,15 +379,15 @@ static struct shared_event *create_event(int device, cudaError_t *err,
         *call = "calloc";
         return NULL;
     }
-    struct device_switch sw = DEVICE_SWITCH_NONE;
-    if ((*err = device_switch_to(&sw, device, call)) != cudaSuccess)
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
+    if ((*err = cuda_switch_device(&sw, device, call)) != cudaSuccess)
         goto fail;
-    *err = driver_calls_event_create(&ev->event);
+    *err = cuda_event_create(&ev->event);
     *call = "cudaEventCreateWithFlags";
-    cudaError_t back = device_switch_back(
+    cudaError_t back = cuda_switch_back(
         &sw, *err == cudaSuccess ? NULL : "event creation");
     if (*err == cudaSuccess && back != cudaSuccess) {
-        cudaEventDestroy(ev->event);
+        cuda_event_destroy(ev->event);
         *err = back;
         *call = "cudaSetDevice (back to the caller's device)";
     }
@@ -428,8 +428,9 @@ static size_t make_ahead(int device, size_t n, uint64_t until)
         if (ev == NULL) { /* the next take that finds none asks again */
             static _Atomic bool reported;
             if (!atomic_exchange(&reported, true))
-                report_cuda("event pool", call, err,
-                            "; fewer idle events made ahead (reported once)");
+                cuda_report_failure("event pool", call, err,
+                                    "; fewer idle events made ahead (reported "
+                                    "once)");
             break;
         }
         ev->link.next = chain;
@@ -552,7 +553,7 @@ void event_pool_destroy_all(void)
             for (int d = 0; d < CACHED_DEVICES && d < pool_count; d++) {
                 if (tc->head[k][d] != NULL)
                     free_chain((enum kind)k, tc->head[k][d],
-                               cudaSetDevice(d) == cudaSuccess);
+                               cuda_set_device(d) == cudaSuccess);
                 tc->head[k][d] = NULL;
                 set_count(tc, (enum kind)k, d, 0);
             }
@@ -564,7 +565,8 @@ void event_pool_destroy_all(void)
         for (int d = 0; d < pool_count; d++) {
             struct pool_link *b = pool_stack_take_all(&pools[k][d].items);
             if (b != NULL)
-                free_batches((enum kind)k, b, cudaSetDevice(d) == cudaSuccess);
+                free_batches((enum kind)k, b,
+                             cuda_set_device(d) == cudaSuccess);
             pthread_mutex_destroy(&pools[k][d].items.lock);
         }
     event_pool_abandon();

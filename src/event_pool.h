@@ -5,7 +5,7 @@
  * cudaEventDisableTiming, that entries of one stream share: stream_lane.h
  * says how).  An entry no longer owns an event: under load thousands of
  * entries of a stream share a few events, so the driver's event creation,
- * W6's cost on an H100 (issue 13), is paid a few times per stream, not once
+ * W6's cost on an H100, is paid a few times per stream, not once
  * per entry.
  *
  * Each device has a pool of each kind (a stack under a lock that guards
@@ -108,8 +108,8 @@ bool event_pool_keeps_idle(void);
  * the reclaimer's wait than theirs, and each makes the launching threads'
  * records wait (the lock is taken for writing): making the pool up to its
  * stock whenever a thread left it low put W5-busy's p99 at 17 us from 4.3,
- * the launching thread blocked 1,500-2,200 times in 20,000 calls (H100,
- * bench/results/2026-11-26-h100-event-refill.txt).  Holds no lock of
+ * the launching thread blocked 1,500-2,200 times in 20,000 calls (on an
+ * H100).  Holds no lock of
  * cudefer's meanwhile.  Returns how many it made. */
 size_t event_pool_refill(void);
 

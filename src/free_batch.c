@@ -10,8 +10,7 @@
 #include "cache.h"
 #include "capture.h"
 #include "clock.h"
-#include "device_switch.h"
-#include "driver_calls.h"
+#include "cuda.h"
 #include "entry.h"
 #include "event_pool.h"
 #include "lifecycle.h"
@@ -63,7 +62,7 @@ void free_batch_set_take_hook(void (*hook)(void))
  * it); returns the generation to land them in.  A flush that turns the
  * generation between the read and the count would not see the count, and
  * a later flush would wait for the other generation: the claims of frees
- * that returned before it would be missed (found by a review helper).  So
+ * that returned before it would be missed.  So
  * the generation is read again after counting (sequentially consistent
  * with the flush's turn and its wait), and the count moved where it
  * changed.  Only a flush whose scan came before this take can turn it
@@ -186,14 +185,14 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
                                           size_t n, const char *call,
                                           cudaError_t err)
 {
-    report_cuda("defer_free", call, err,
-                "; waiting for the legacy stream to give back the blocks "
-                "freed on it");
-    cudaError_t sync = cudaStreamSynchronize(stream);
+    cuda_report_failure("defer_free", call, err,
+                        "; waiting for the legacy stream to give back the "
+                        "blocks freed on it");
+    cudaError_t sync = cuda_stream_synchronize(stream);
     if (sync != cudaSuccess) {
-        report_cuda("defer_free", "cudaStreamSynchronize", sync,
-                    "; the blocks freed on the legacy stream stay reusable "
-                    "on it only until a later seal");
+        cuda_report_failure("defer_free", "cudaStreamSynchronize", sync,
+                            "; the blocks freed on the legacy stream stay "
+                            "reusable on it only until a later seal");
         give_back_claims(device, claims, n);
         return sync;
     }
@@ -222,9 +221,8 @@ static cudaError_t seal(int device, cudaStream_t stream,
     if (err == cudaSuccess &&
         (e = event_pool_take_entry(device, &err, &call)) == NULL)
         stream_lane_cancel(&pick);
-    if (e != NULL && (err = driver_calls_event_record(pick.ev->event,
-                                                     stream)) !=
-                         cudaSuccess) {
+    if (e != NULL &&
+        (err = cuda_event_record(pick.ev->event, stream)) != cudaSuccess) {
         call = "cudaEventRecord";
         stream_lane_cancel(&pick);
         event_pool_give_unused(e);
@@ -348,7 +346,7 @@ void free_batch_add(int device, cudaStream_t stream,
 static cudaError_t seal_batches(void)
 {
     cudaError_t first = cudaSuccess;
-    struct device_switch sw = DEVICE_SWITCH_NONE;
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
     for (int d = 0; d < nbatches; d++) {
         struct batch *b = &batches[d];
         pthread_mutex_lock(&b->lock);
@@ -360,14 +358,14 @@ static cudaError_t seal_batches(void)
          * only when another is current (a switch back to the caller's
          * device then creates no context that was not). */
         const char *call = "cudaStreamIsCapturing";
-        cudaError_t err = device_switch_to(&sw, d, &call);
+        cudaError_t err = cuda_switch_device(&sw, d, &call);
         if (err != cudaSuccess || !legacy_usable(NULL)) {
             /* Left in the batch, reusable on the stream; said. */
-            report_cuda("free batches", call,
-                        err != cudaSuccess ? err
-                                           : cudaErrorStreamCaptureImplicit,
-                        "; blocks freed on the legacy stream wait there "
-                        "until a later free or flush can seal their batch");
+            cuda_report_failure(
+                "free batches", call,
+                err != cudaSuccess ? err : cudaErrorStreamCaptureImplicit,
+                "; blocks freed on the legacy stream wait there until a later "
+                "free or flush can seal their batch");
             if (first == cudaSuccess)
                 first = err != cudaSuccess ? err
                                            : cudaErrorStreamCaptureImplicit;
@@ -386,7 +384,7 @@ static cudaError_t seal_batches(void)
         if (err != cudaSuccess && first == cudaSuccess)
             first = err;
     }
-    device_switch_back(&sw, "free batches");
+    cuda_switch_back(&sw, "free batches");
     return first;
 }
 

@@ -1,8 +1,8 @@
 /*
  * Free batches: blocks of the cache freed on the legacy stream share one
- * event (issue 11: the training step's time went to the launching thread,
- * about 2.5 us per defer_free in PyTorch on an H100, most of it the
- * cudaEventRecord on stream 0 and the entry each free pushed).
+ * event (without it, about 2.5 us per defer_free in PyTorch training on an
+ * H100 went to the launching thread, most of it the cudaEventRecord on
+ * stream 0 and the entry each free pushed).
  *
  * A block freed with defer_free on its device's stream is reusable there at
  * once (cache.h: PENDING); its event is needed only for another
@@ -33,8 +33,8 @@
  * Cost: the free that seals pays the record, which in PyTorch training on
  * an H100 takes 1-4 us on the legacy stream (0.2-0.35 us in a loop): the
  * LM's frees of 4 us or more, 25-47 a step, are those seals (batches of
- * 64 seal half as often but each record took longer: the same time a
- * step; bench/results/2026-11-26-h100-slow-frees-traced.txt).
+ * 64 seal half as often but each record takes longer: the same time a
+ * step).
  *
  * Launching threads add and seal; flush, trim, shutdown and exit seal
  * everything.  One mutex per device guards its batch; no CUDA call is made

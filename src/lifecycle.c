@@ -17,7 +17,7 @@
 
 #include "cache.h"
 #include "config.h"
-#include "driver_calls.h"
+#include "cuda.h"
 #include "event_pool.h"
 #include "free_batch.h"
 #include "report.h"
@@ -100,31 +100,31 @@ static cudaError_t start_locked(const char *what)
     config_at_start(&rs.cfg);
     rs.disabled = rs.cfg.disable != 0;
     int n;
-    cudaError_t err = cudaGetDeviceCount(&n);
+    cudaError_t err = cuda_device_count(&n);
     if (err != cudaSuccess) {
-        report_cuda(what, "cudaGetDeviceCount", err, kept);
+        cuda_report_failure(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
     /* The runtime is up: its entry points. */
-    driver_calls_resolve(what, rs.cfg.driver_calls != 0);
+    cuda_resolve_entry_points(what, rs.cfg.driver_calls != 0);
     if (!alloc_per_device(n) ||
         !cache_init(n, (size_t)rs.cfg.split_min_bytes,
                     rs.cfg.round_divisions) ||
         !cache_upstream_init(n) || !free_batch_init(n, rs.cfg.free_batch)) {
         undo_start();
-        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
+        cuda_report_failure(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
     if ((err = event_pool_init(n, rs.cfg.event_pool_max, device_failed)) !=
         cudaSuccess) {
         undo_start();
-        report_cuda(what, "calloc", err, kept);
+        cuda_report_failure(what, "calloc", err, kept);
         return err;
     }
     if (!stream_table_init(&rs.streams)) {
         event_pool_abandon();
         undo_start();
-        report_cuda(what, "calloc", cudaErrorMemoryAllocation, kept);
+        cuda_report_failure(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
     }
     for (int d = 0; d < n; d++)
@@ -227,14 +227,14 @@ static void gate_forget_admissions(void)
  * the reclaimer runs, the first callers start it under life_lock, holding no
  * admission while they wait for that lock: shutdown and exit take the lock
  * and then wait for every admission to end, so an admission held while
- * waiting for the lock would never end (issue 12, item 1). */
+ * waiting for the lock would never end. */
 cudaError_t lifecycle_enter(const char *what)
 {
     for (;;) {
         if (!gate_enter()) {
             /* The drain of a shutdown or exit runs callbacks; they may
              * defer until the reclaimer stops (it finishes what they add
-             * before it does; issue 12, item 10). */
+             * before it does). */
             if (thread_here.reclaimer &&
                 atomic_load(&rs.state) == STATE_RUNNING) {
                 atomic_fetch_add(gate_shard_count(), 1);
@@ -595,7 +595,7 @@ static void fork_child(void)
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
-    driver_calls_reset();
+    cuda_forget_entry_points();
     cache_fork_child();
     free_batch_fork_child();
     cache_upstream_fork_child();

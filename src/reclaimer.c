@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc_info.h"
+#include "cuda.h"
 #include "cache.h"
 #include "capture.h"
 #include "config.h"
@@ -101,9 +101,8 @@ static void take_request(struct request *q)
  * thousands of entries (one thread freeing faster than the reclaimer
  * queries one event per entry) would else keep every one of their events
  * from the pool until it ends, and the thread, finding none idle, queries
- * its stream's newest itself (stream_lane.c).  On an H100, W5-idle's p99
- * 1.62 us from 2.26, p50 0.73 from 0.83 (5 runs side by side,
- * bench/results/2026-11-26-h100-recycle.txt). */
+ * its stream's newest itself (stream_lane.c): on an H100, W5-idle's p99
+ * is 1.62 us with it, 2.26 without; p50 0.73 and 0.83. */
 #define RECYCLE_EVENTS 256
 
 /* e's event is of no more use to it (its work is done, or never will be):
@@ -156,7 +155,7 @@ static void recycle(struct entry *e)
 void reclaimer_finish_entry(struct entry *e, cudaError_t err)
 {
     bool device_failed = err != cudaSuccess &&
-                         (report_cuda_error_is_sticky(err) ||
+                         (cuda_error_is_sticky(err) ||
                           err == device_error(e->device));
     if (e->kind == ENTRY_BLOCK) /* the cache checks its blocks itself */
         cache_reclaim_claims_done(e->claims, e->nptrs, err == cudaSuccess, now_ns());
@@ -200,11 +199,13 @@ void reclaimer_fail_device_in(const char *who, int device, const char *call,
     bool first = atomic_compare_exchange_strong(&rs.device_errors[device],
                                                 &none, err);
     atomic_store_explicit(&rs.any_device_failed, true, memory_order_release);
-    if (first && err != cudaErrorCudartUnloading)
-        report("%s: device %d: %s failed: %s (%s); its pending entries "
-               "will not be released, and later defer calls on it return "
-               "this error", who, device, call, cudaGetErrorString(err),
-               cudaGetErrorName(err));
+    if (first) {
+        char what[96];
+        snprintf(what, sizeof what, "%s: device %d", who, device);
+        cuda_report_failure(what, call, err,
+                            "; its pending entries will not be released, "
+                            "and later defer calls on it return this error");
+    }
 }
 
 void reclaimer_fail_device(int device, const char *call, cudaError_t err)
@@ -217,7 +218,7 @@ bool reclaimer_use_device(int device)
 {
     if (rs.current_device == device)
         return true;
-    cudaError_t err = cudaSetDevice(device);
+    cudaError_t err = cuda_set_device(device);
     if (err != cudaSuccess) {
         reclaimer_fail_device(device, "cudaSetDevice", err);
         return false;
@@ -232,15 +233,14 @@ cudaStream_t reclaimer_free_stream(int device)
 {
     if (rs.free_streams[device] != NULL)
         return rs.free_streams[device];
-    cudaError_t err = cudaStreamCreateWithFlags(&rs.free_streams[device],
-                                                cudaStreamNonBlocking);
+    cudaError_t err = cuda_stream_create(&rs.free_streams[device]);
     if (err != cudaSuccess) {
         static bool reported; /* once: it is tried again for each entry */
         rs.free_streams[device] = NULL;
         if (!reported)
-            report_cuda("reclaimer", "cudaStreamCreateWithFlags", err,
-                        "; pool memory is freed with cudaFree until a "
-                        "stream can be made (reported once)");
+            cuda_report_failure("reclaimer", "cudaStreamCreateWithFlags", err,
+                                "; pool memory is freed with cudaFree until a "
+                                "stream can be made (reported once)");
         reported = true;
     }
     return rs.free_streams[device];
@@ -254,7 +254,8 @@ cudaStream_t reclaimer_free_stream(int device)
 static void learn_device_after_callback(void)
 {
     int device;
-    rs.current_device = cudaGetDevice(&device) == cudaSuccess ? device : -1;
+    rs.current_device =
+        cuda_get_device_runtime(&device) == cudaSuccess ? device : -1;
 }
 
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
@@ -267,13 +268,13 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
          * reclaimer's (a failed cudaFree, a probe of a stream the
          * application destroyed; PyTorch's launch checks read it). */
         if (e->kind == ENTRY_CALL)
-            cudaGetLastError();
+            cuda_clear_last_error();
         err = release_entry(e, e->pool ? reclaimer_free_stream(e->device)
                                        : NULL);
         trace_pop();
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
-        if (report_cuda_error_is_sticky(err))
+        if (cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device,
                                   e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
                                                              : "cudaFree",
@@ -371,8 +372,8 @@ static void size_up(struct entry *e)
             blocks++;
             continue;
         }
-        struct alloc_info info;
-        alloc_info_query(e->ptrs[i], &info);
+        struct cuda_allocation info;
+        cuda_allocation_of(e->ptrs[i], &info);
         e->pool &= info.pool;
         e->held_bytes += info.bytes;
     }
@@ -387,14 +388,14 @@ void reclaimer_learn_cap(int device, uint64_t now)
 {
     struct held_list *h = &rs.held[device];
     size_t free_bytes = 0, total = 0;
-    cudaError_t err = cudaMemGetInfo(&free_bytes, &total);
+    cudaError_t err = cuda_memory_info(&free_bytes, &total);
     h->cap_at_ns = now;
     if (err != cudaSuccess) {
         if (h->cap != 0)
             return; /* the cap learned before stays */
         total = (size_t)80 << 30; /* what today's large GPUs have */
         free_bytes = total;
-        report_cuda("reclaimer", "cudaMemGetInfo", err,
+        cuda_report_failure("reclaimer", "cudaMemGetInfo", err,
                     "; the cap assumes 80 GiB of device memory");
     }
     held_lock(h);
@@ -467,7 +468,7 @@ void reclaimer_take_in(struct entry *e)
            "synchronously");
     cudaError_t err = e->ev == NULL ? cudaSuccess /* synced */
                       : reclaimer_use_device(e->device)
-                          ? cudaEventSynchronize(e->ev->event)
+                          ? cuda_event_synchronize(e->ev->event)
                           : device_error(e->device);
     reclaimer_event_done(e, err, now_ns());
 }
@@ -591,8 +592,8 @@ static void destroy_free_streams(void)
         cudaError_t err;
         if (rs.free_streams[d] != NULL && device_error(d) == cudaSuccess &&
             reclaimer_use_device(d) &&
-            (err = cudaStreamDestroy(rs.free_streams[d])) != cudaSuccess)
-            report_cuda("shutdown", "cudaStreamDestroy", err, "");
+            (err = cuda_stream_destroy(rs.free_streams[d])) != cudaSuccess)
+            cuda_report_failure("shutdown", "cudaStreamDestroy", err, "");
     }
 }
 
@@ -603,8 +604,7 @@ void *reclaimer_main(void *unused)
     pthread_setname_np(pthread_self(), "cudefer-reclaim");
     /* The reclaimer's queries and frees must never invalidate a capture
      * that another thread runs in the global mode (the default). */
-    enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&relaxed);
+    cuda_relax_capture_mode();
     rs.nap_us = rs.cfg.poll_us;
     bool stop_seen = false;
     for (;;) {

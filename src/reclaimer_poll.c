@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "clock.h"
+#include "cuda.h"
 #include "event_pool.h"
 #include "held.h"
 #include "stats.h"
@@ -50,7 +51,7 @@ static cudaError_t query_entry(const struct entry *e)
     struct shared_event *ev = e->ev;
     if (e->label <= atomic_load_explicit(&ev->completed, memory_order_relaxed))
         return cudaSuccess;
-    cudaError_t err = cudaEventQuery(ev->event);
+    cudaError_t err = cuda_event_query(ev->event);
     stats_add(&stats.event_queries, 1);
     /* Every entry of ev taken in so far was recorded before this query:
      * their records completed too.  Raised, never lowered: the lane's

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "alloc_info.h"
+#include "cuda.h"
 #include "cache.h"
 #include "report.h"
 
@@ -18,20 +18,20 @@ static bool report_not_releasable(const struct entry *e, const void *ptr)
     const char *api = host ? "defer_free_host" : "defer_free";
     const char *call = host ? "cudaFreeHost" : "cudaFree";
     const void *start;
-    enum alloc_kind kind = alloc_info_kind(ptr, &start);
-    if (kind == ALLOC_UNKNOWN) {
+    enum cuda_memory_kind kind = cuda_memory_kind_of(ptr, &start);
+    if (kind == CUDA_MEMORY_UNKNOWN) {
         report("%s(%p): not memory CUDA allocated (a host pointer, a freed or "
                "made-up address): %s refused it, so it is not released "
                "(counted in failed)", api, ptr, call);
-    } else if (kind == ALLOC_HOST && !host) {
+    } else if (kind == CUDA_MEMORY_HOST && !host) {
         report("%s(%p): pinned host memory, which defer_free_host releases: "
                "%s refused it, so it is not released (counted in failed)",
                api, ptr, call);
-    } else if (kind == ALLOC_DEVICE && host) {
+    } else if (kind == CUDA_MEMORY_DEVICE && host) {
         report("%s(%p): device memory, which defer_free releases: %s "
                "refused it, so it is not released (counted in failed)",
                api, ptr, call);
-    } else if (kind != ALLOC_UNSURE && start != ptr) {
+    } else if (kind != CUDA_MEMORY_UNSURE && start != ptr) {
         report("%s(%p): points %zu bytes inside the allocation at %p, not at "
                "its start: %s refused it, so it is not released (counted "
                "in failed)", api, ptr,
@@ -60,10 +60,10 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
     if (e->kind != ENTRY_FREE_HOST && cache_reclaim_unclaimed_is_block(ptr))
         return cudaSuccess;
     if (e->kind == ENTRY_FREE_HOST) {
-        err = cudaFreeHost(ptr);
+        err = cuda_free_host(ptr);
         call = "cudaFreeHost";
     } else if (e->pool && async_stream != NULL &&
-               ((err = cudaFreeAsync(ptr, async_stream)) == cudaSuccess ||
+               ((err = cuda_free_async(ptr, async_stream)) == cudaSuccess ||
                 err == cudaErrorInvalidValue)) {
         /* A pointer cudaFreeAsync rejects (an interior one, say) would be
          * rejected by cudaFree too: reported below, not tried twice. */
@@ -73,9 +73,9 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
             char detail[96];
             snprintf(detail, sizeof detail, "; freeing %p with cudaFree instead",
                      ptr);
-            report_cuda("release", "cudaFreeAsync", err, detail);
+            cuda_report_failure("release", "cudaFreeAsync", err, detail);
         }
-        err = cudaFree(ptr);
+        err = cuda_free(ptr);
         call = "cudaFree";
     }
     /* A sticky error is the device's, not the pointer's: the caller marks
@@ -84,11 +84,11 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * what the pointer is. */
     if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr))
         return err;
-    if (err != cudaSuccess && !report_cuda_error_is_sticky(err)) {
+    if (err != cudaSuccess && !cuda_error_is_sticky(err)) {
         char detail[96];
         snprintf(detail, sizeof detail, "; %p (device %d) is not released",
                  ptr, e->device);
-        report_cuda("release", call, err, detail);
+        cuda_report_failure("release", call, err, detail);
     }
     return err;
 }

@@ -3,7 +3,7 @@
 
 #include <stdint.h>
 
-#include "driver_calls.h"
+#include "cuda.h"
 
 /* A 4-way set-associative cache of 16 sets: a thread that round-robins 16
  * streams (W6) or alternates a few streams and stream 0 (PyTorch) finds
@@ -77,7 +77,7 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
     if (stream_is_special(stream) && current >= 0) {
         key_device = current;
     } else if (stream_is_special(stream) &&
-               (err = driver_calls_get_device(&key_device)) != cudaSuccess) {
+               (err = cuda_get_device(&key_device)) != cudaSuccess) {
         *failed = "cudaGetDevice";
         return err;
     }
@@ -86,7 +86,7 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
     /* A special handle cannot name another stream later: only a created
      * stream's handle can come back for a new stream. */
     if (slot != NULL && exact && key_device == NO_DEVICE) {
-        if ((err = cudaStreamGetId(stream, id)) != cudaSuccess) {
+        if ((err = cuda_stream_get_id(stream, id)) != cudaSuccess) {
             *failed = "cudaStreamGetId";
             return err;
         }
@@ -100,11 +100,11 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
         *cached = true;
         return cudaSuccess;
     }
-    if ((err = cudaStreamGetDevice(stream, device)) != cudaSuccess) {
+    if ((err = cuda_stream_get_device(stream, device)) != cudaSuccess) {
         *failed = "cudaStreamGetDevice";
         return err;
     }
-    if (!have_id && (err = cudaStreamGetId(stream, id)) != cudaSuccess) {
+    if (!have_id && (err = cuda_stream_get_id(stream, id)) != cudaSuccess) {
         *failed = "cudaStreamGetId";
         return err;
     }

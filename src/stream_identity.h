@@ -12,8 +12,8 @@
 #include <cuda_runtime_api.h>
 
 /* Any thread; never blocks.  Device and id of stream.  Each thread caches
- * the identities of the last 64 or so handles it asked about (issue 13,
- * item 3): a created stream by its handle; a special handle, which names
+ * the identities of the last 64 or so handles it asked about: a created
+ * stream by its handle; a special handle, which names
  * the caller's stream on its current device, by the handle and the current
  * device (one cudaGetDevice call).  *cached says whether the answer came
  * from the cache.  On failure, the error with *failed naming the call.

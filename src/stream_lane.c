@@ -2,6 +2,7 @@
  * header). */
 #include "stream_lane.h"
 
+#include "cuda.h"
 #include "event_pool.h"
 #include "stats.h"
 
@@ -134,33 +135,22 @@ static struct shared_event *take_idle(struct lane_table *t, int device)
 
 /* The calling thread, for its lane's newest slot, when no idle event is at
  * hand: whether every record of its event has completed, by a query of
- * its own (W5 on an H100: while the reclaimer had not yet looked, a
- * thread freeing on an idle stream made 3,000-5,000 events in 20,000
- * frees, each with the driver's lock taken for writing and its page
- * faults: the slow calls; bench/results/2026-11-26-h100-w5-diag.txt).
- * True: the event's completed label is raised to the slot's (every record
- * of a lane is its thread's, on one stream).  A not-ready query leaves no
- * error behind on the thread (the runtime, where it records one, would
- * show it to the application's next cudaGetLastError). */
+ * its own (without it, on an H100 in W5, a thread freeing on an idle
+ * stream before the reclaimer had looked made 3,000-5,000 events in
+ * 20,000 frees, each with the driver's lock taken for writing and its
+ * page faults: the slow calls).  True: the event's completed label is
+ * raised to the slot's (every record of a lane is its thread's, on one
+ * stream).  A not-ready query leaves no error behind on the thread
+ * (cuda_event_query_relaxed). */
 static bool newest_done_now(struct lane_slot *slot)
 {
-    /* Relaxed: a query in the thread's own mode (global by default) is
-     * refused while any thread captures in the global mode, and
-     * invalidates that capture (t/event_stock); the reclaimer runs
-     * relaxed for the same reason. */
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    cudaError_t err = cudaEventQuery(slot->ev->event);
-    if (exchanged)
-        cudaThreadExchangeStreamCaptureMode(&mode);
+    /* Relaxed: in the thread's own mode the query could invalidate
+     * another thread's capture (t/event_stock). */
+    cudaError_t err = cuda_event_query_relaxed(slot->ev->event);
     stats_add(&stats.event_queries, 1);
-    if (err == cudaErrorNotReady) {
-        if (cudaPeekAtLastError() == cudaErrorNotReady)
-            cudaGetLastError();
-        return false;
-    }
     if (err != cudaSuccess)
-        return false; /* the reclaimer's query meets it and says so */
+        return false; /* not ready; or the reclaimer's query meets the
+                         error and says so */
     stream_lane_raise_completed(slot->ev, slot->label);
     return true;
 }
@@ -178,9 +168,9 @@ void stream_lane_raise_completed(struct shared_event *ev, uint64_t label)
 /* The calling thread: whether l's newest has completed, by a query of its
  * own (newest_done_now), unless the same newest record was found not
  * complete within the last ask_wait picks; the wait doubles, up to
- * ASK_WAIT_MAX, while it stays so (H100, W5-busy: a not-ready query before
- * each event made put defer_free's p50 at 1.01 us from 0.75;
- * bench/results/2026-11-26-h100-asks-newest.txt). */
+ * ASK_WAIT_MAX, while it stays so (on an H100 in W5-busy, a not-ready
+ * query before each event made puts defer_free's p50 at 1.01 us, 0.75
+ * without). */
 #define ASK_WAIT_MAX 64
 static bool ask_newest(struct lane *l)
 {

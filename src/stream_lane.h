@@ -1,6 +1,6 @@
 /*
  * Stream lanes: how a launching thread's consecutive entries of one stream
- * share events (issue 13: W6's cost on an H100 is the driver's event
+ * share events (without them, W6's cost on an H100 is the driver's event
  * creation, one event per pending entry).
  *
  * Stream order makes sharing sound: once an event recorded on stream S
@@ -17,8 +17,7 @@
  *     CUDEFER_EVENT_POOL=0, where nothing is ever idle) and
  *     the reclaimer makes more (event_pool_refill), for on a GPU creating
  *     an event waits for the driver's lock behind every launch that waits
- *     for room in its queue (H100, W4: 15-220 ms;
- *     bench/results/2026-11-26-h100-w4-events.txt; W6's slowest
+ *     for room in its queue (H100, W4: 15-220 ms; W6's slowest
  *     callbacks, 78-105 ms, were that wait);
  *   - else, in a sharing lane, records the newest event again: it is
  *     shared.  Once an older event completes the next entry takes a fresh
@@ -27,7 +26,7 @@
  *     oldest event of its lane completed or an idle event reached its
  *     thread (at most LANE_REUSE_MAX entries later);
  *   - else takes an event of its own from the pool, which the lane does
- *     not keep (as every entry did before lanes).
+ *     not keep.
  * Where a lane holding events would take a fresh one and none is idle, it
  * first queries its newest itself: if every record of it has completed
  * (the reclaimer had not looked yet), it records that one again, as it
@@ -82,22 +81,22 @@
  * stream may be pending), and memory never waits for it: a stream's frees
  * wait in a FIFO apart from its callbacks (stream_table.h).  While a flush
  * waits, nothing is shared (stream_lane_waiter), so a flush never waits
- * for work deferred after it began.  For W6 (issue 13: its cost on the
- * H100 was the driver's event creation): 10^6 pending callbacks over 1024
+ * for work deferred after it began.  In W6 (where the driver's event
+ * creation is the cost on an H100), 10^6 pending callbacks over 1024
  * streams take 8192 events, not 10^6.  To compile it
  * off: ./configure CPPFLAGS=-DLANE_SHARE_CALLBACKS=0. */
 #ifndef LANE_SHARE_CALLBACKS
 #define LANE_SHARE_CALLBACKS 1
 #endif
 /* Whether blocks of the cache freed on their stream share pending events:
- * on.  Without it each such free behind a busy stream created an event: on
+ * on.  Without it each such free behind a busy stream creates an event: on
  * an H100, W4 cudefer-alloc (8 threads, a created stream each) created
  * 6,600-7,800 events in its timed part, cudaEventCreate took about 110 us
  * at the median when 8 threads created at once (1 us alone), and one
- * defer_free a run stalled for 4-135 ms (bench-event-records and
- * bench/results/2026-11-26-h100-w4-events.txt): cuEventCreate takes a
- * driver lock for writing, which waits while other threads' launches hold
- * it for reading as they wait for room in their streams' queues.  Sharing,
+ * defer_free a run stalled for 4-135 ms (bench-event-records):
+ * cuEventCreate takes a driver lock for writing, which waits while other
+ * threads' launches hold it for reading as they wait for room in their
+ * streams' queues.  Sharing,
  * 3-12 events were made, yet one free in 2 of 3 runs still waited 28-114
  * ms, in the few it made: hence a sharing lane that holds an event never
  * makes one (stream_lane_pick, event_pool_refill).  To compile it off:
@@ -107,11 +106,11 @@
 #endif
 /* The most records of one event not seen complete a sharing lane makes
  * while it waits for an idle event (stream_lane_pick); then it makes one,
- * on the launching thread.  It was 256: in W6 on an H100 (64 threads, 16
- * streams each, about 980 callbacks a stream and thread behind a gate)
- * lanes reached it at a thread's 4,096th and 8,192nd call, before the
- * reclaimer's events came, and those calls waited 80-97 ms for the
- * driver's lock (bench/results/2026-11-26-h100-w6-diag.txt).  Records
+ * on the launching thread.  Not less: at 256, in W6 on an H100 (64
+ * threads, 16 streams each, about 980 callbacks a stream and thread behind
+ * a gate) lanes reached it at a thread's 4,096th and 8,192nd call, before
+ * the reclaimer's events came, and those calls waited 80-97 ms for the
+ * driver's lock.  Records
  * made while the stream was idle (each finding the last completed) do not
  * count: they share no pending work. */
 #define LANE_REUSE_MAX 4096

@@ -1,5 +1,5 @@
 /* The launching thread's CUDA calls through the driver's entry points
- * (src/driver_calls.h): a defer call makes its capture check and its event
+ * (src/cuda.h): a defer call makes its capture check and its event
  * record through them, once each (not again through the runtime); a failed
  * one leaves the thread's last error as it was, where the runtime's call
  * left its error for the application's next cudaGetLastError (PyTorch's

@@ -3,13 +3,11 @@
  * kernel), and the caller's device current.  An event made for another
  * device's stream (CUDEFER_EVENT_POOL=0: every free makes its own) whose
  * cudaSetDevice fails: the free waits for the stream and releases the
- * pointer at once (said), cudaGetLastError says nothing, and a free after
- * it works.  Before
- * src/device_switch.c the event's switch left cudaErrorNotPermitted for the
- * application's next cudaGetLastError.  A pluggable allocation on device 1
- * (its stream the legacy one) whose switch back to device 0 fails: the
- * block is handed out, the failure said (a review found it silent in the
- * module's first version), no error left. */
+ * pointer at once (said), cudaGetLastError says nothing (no
+ * cudaErrorNotPermitted left for the application), and a free after it
+ * works.  A pluggable allocation on device 1 (its stream the legacy one)
+ * whose switch back to device 0 fails: the block is handed out, the
+ * failure said, no error left. */
 #include "helpers.h"
 
 /* bytes on device d, device 0 current again after. */

@@ -69,7 +69,7 @@ static CUresult fake_cuPointerGetAttributes(unsigned int n,
     return CUDA_SUCCESS;
 }
 
-/* The launching thread's driver calls (cudefer's driver_calls.c): each is
+/* The launching thread's driver calls (cudefer's src/cuda.c): each is
  * the fake's runtime call of the same meaning, counted and failed as that
  * call (FAKE_STREAM_IS_CAPTURING, FAKE_EVENT_RECORD, FAKE_EVENT_CREATE,
  * FAKE_GET_DEVICE), its cudaError_t returned as the CUresult of the same
