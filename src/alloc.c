@@ -4,7 +4,6 @@
  * to any stream once its work is done, and a miss is a cudaMalloc. */
 #include <stdio.h>
 
-#include "api.h"
 #include "block_cache.h"
 #include "block_leave.h"
 #include "block_map.h"
@@ -19,6 +18,7 @@
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
+#include "submit.h"
 
 static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
                           const char *detail);
@@ -397,11 +397,19 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     struct device_switch sw = DEVICE_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, on, stream, &call);
-    if (err == cudaSuccess)
-        err = api_free_pluggable(ptr, size, device, stream,
-                                 stream_is_special(stream) ? on : -1);
-    else
+    if (err == cudaSuccess) {
+        /* A special handle's device is now the current one.  The size and
+         * device PyTorch says are checked against the block's (submit.c). */
+        int current = stream_is_special(stream) ? on : -1;
+        struct request_args a = {.what = "defer_free",
+                                 .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
+                                 .nptrs = 1, .current_known = current >= 0,
+                                 .current_device = current,
+                                 .said_bytes = size, .said_device = device};
+        err = submit(&a, stream);
+    } else {
         report_cuda("defer_pluggable_free", call, err, "");
+    }
     device_switch_back(&sw, "defer_pluggable_free");
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "

@@ -1,5 +1,6 @@
-/* What a defer call asks for, before it becomes an entry (api.c builds
- * it; free_claims.c fills in a free's claims). */
+/* What a defer call asks for, before it becomes an entry: the entry
+ * points (api.c, alloc.c) build it, submit.c routes it, free_claims.c
+ * fills in a free's claims.  On the calling thread's stack. */
 #ifndef CUDEFER_REQUEST_ARGS_H
 #define CUDEFER_REQUEST_ARGS_H
 
@@ -12,7 +13,7 @@
 struct request_args {
     const char *what; /* the public function, for messages */
     enum entry_kind kind;
-    void *const *ptrs;
+    void *const *ptrs; /* the caller's; ptrs[0..nptrs), none NULL */
     size_t nptrs;
     void (*fn)(void *arg);
     void *arg;
