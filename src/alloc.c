@@ -227,8 +227,8 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     /* More than the whole device can never succeed: it must not empty the
      * cache on its way to failing (the hand-back below, the trim of
      * malloc_block), nor reach the pool with a size beyond what the device
-     * maps (a 1 PiB torch.empty killed a process on an H100; whether there
-     * is not known, 2026-11-25). */
+     * maps (such a request, a 1 PiB torch.empty, can kill the process
+     * there). */
     if (block_pool_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
     hand_back_free_blocks(*device, bytes, stream, id, before);
@@ -252,7 +252,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
     if (bytes > BLOCK_MAX_REQUEST) {
         /* No device holds it, and rounding it up would wrap (to a block of
-         * 0 bytes: defer_alloc "succeeded" with NULL before). */
+         * 0 bytes, which would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
         report("defer_alloc: %zu bytes asked for, more than any device "
                "holds (a negative size converted?): out of memory", bytes);
@@ -287,8 +287,8 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     }
     if (stream == cudaStreamPerThread) {
         /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's and carries on, leaving
-         * the block unprotected (a review found it). */
+         * that for memory that is not cudefer's and carries on, which
+         * would leave the block unprotected. */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "
