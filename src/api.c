@@ -1,7 +1,8 @@
 /* The public defer_* calls that free or call back, and flush, trim,
  * shutdown and version: each checks its arguments (a bad one is refused
  * here, said in the caller's words and counted), builds its request and
- * submits it (submit.h).  The allocation calls are in alloc.c. */
+ * submits it (submit.h).  The allocation calls are in alloc.c.  Any
+ * thread; include/cudefer.h states each call's contract. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,8 @@ static bool streams_taken(const char *what, const cudaStream_t *streams,
     return false;
 }
 
+/* Any thread.  NULL: nothing to do; else submitted (blocks only where the
+ * route does): cudaSuccess or the refusal. */
 cudaError_t defer_free(void *ptr, cudaStream_t stream)
 {
     if (ptr == NULL)
@@ -36,6 +39,7 @@ cudaError_t defer_free(void *ptr, cudaStream_t stream)
     return submit(&a, stream);
 }
 
+/* Any thread: as defer_free, for pinned host memory. */
 cudaError_t defer_free_host(void *ptr, cudaStream_t stream)
 {
     if (ptr == NULL)
@@ -45,6 +49,7 @@ cudaError_t defer_free_host(void *ptr, cudaStream_t stream)
     return submit(&a, stream);
 }
 
+/* qsort's order of two pointers, by address. */
 static int compare_pointers(const void *a, const void *b)
 {
     uintptr_t x = (uintptr_t) * (void *const *)a,
@@ -81,6 +86,9 @@ static void *repeated_pointer(void *const *p, size_t n, cudaError_t *err)
     return twice;
 }
 
+/* Any thread: the n pointers in ptrs (NULL ones left out, none named
+ * twice) as one request.  Blocks only in malloc and where the route does.
+ * cudaSuccess or the refusal. */
 cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
 {
     if (n == 0)
@@ -127,6 +135,8 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     return err;
 }
 
+/* Any thread: fn(arg) once stream's work so far is done.  Blocks only
+ * where the route does.  cudaSuccess or the refusal. */
 cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
 {
     if (fn == NULL) {
@@ -139,6 +149,7 @@ cudaError_t defer_call(void (*fn)(void *arg), void *arg, cudaStream_t stream)
     return submit(&a, stream);
 }
 
+/* Any thread: as defer_free, once the work of all n streams is done. */
 cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,
                                size_t n)
 {
@@ -152,6 +163,8 @@ cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,
     return submit_streams(&a, streams, n);
 }
 
+/* Any thread: as defer_free_host, once the work of all n streams is
+ * done. */
 cudaError_t defer_free_host_streams(void *ptr, const cudaStream_t *streams,
                                     size_t n)
 {
@@ -165,6 +178,7 @@ cudaError_t defer_free_host_streams(void *ptr, const cudaStream_t *streams,
     return submit_streams(&a, streams, n);
 }
 
+/* Any thread: as defer_call, once the work of all n streams is done. */
 cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
                                const cudaStream_t *streams, size_t n)
 {
@@ -180,21 +194,28 @@ cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
     return submit_streams(&a, streams, n);
 }
 
+/* Any thread but the reclaimer (lifecycle.h): blocks until everything
+ * deferred before the call was released or failed. */
 cudaError_t defer_flush(void)
 {
     return lifecycle_flush();
 }
 
+/* Any thread but the reclaimer (lifecycle.h): blocks while every
+ * completed entry is released, whatever the policy. */
 cudaError_t defer_trim(size_t *released_bytes)
 {
     return lifecycle_trim(released_bytes);
 }
 
+/* Any thread but the reclaimer (lifecycle.h): refuses new calls, drains,
+ * stops the reclaimer; blocks. */
 cudaError_t defer_shutdown(void)
 {
     return lifecycle_shutdown();
 }
 
+/* Any thread; never blocks: the library's version string. */
 const char *defer_version(void)
 {
     return PACKAGE_VERSION;

@@ -134,6 +134,7 @@ struct failure {
     bool no_event;
 };
 
+/* Any thread; never blocks (submit.h). */
 cudaError_t submit_reject(const char *what, const char *call, cudaError_t err)
 {
     stats_add(&stats.rejected, 1);
@@ -875,7 +876,7 @@ static cudaError_t take_route(struct request_args *a, struct target *t)
 /* ---- admission ---------------------------------------------------------- */
 
 /* Any thread: a request's start: admitted by the reclaimer's gate
- * (lifecycle_enter, which blocks only while a shutdown runs) and *a made
+ * (lifecycle_enter, which starts the reclaimer on first use) and *a made
  * from given with room for its claims (*one: a single pointer's).
  * cudaSuccess, or the refusal (said and counted; nothing held).  Every
  * request that began ends with leave. */
@@ -928,11 +929,13 @@ static cudaError_t run(const struct request_args *given, cudaStream_t stream,
     return leave(&a, &one, claimed, err);
 }
 
+/* Any thread; blocks where the route does (submit.h). */
 cudaError_t submit(const struct request_args *given, cudaStream_t stream)
 {
     return run(given, stream, NULL, 0);
 }
 
+/* Any thread; blocks where the route does (submit.h). */
 cudaError_t submit_streams(const struct request_args *given,
                            const cudaStream_t *streams, size_t n)
 {
