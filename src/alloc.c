@@ -4,7 +4,7 @@
  * to any stream once its work is done, and a miss is a cudaMalloc. */
 #include <stdio.h>
 
-#include "api.h"
+#include "submit.h"
 #include "cache.h"
 #include "capture.h"
 #include "clock.h"
@@ -14,6 +14,7 @@
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
+#include "submit.h"
 
 static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
                           const char *detail);
@@ -222,7 +223,8 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     /* More than the whole device can never succeed: it must not empty the
      * cache on its way to failing (the hand-back below, the trim of
      * malloc_block), nor reach the pool with a size beyond what the device
-     * maps (a 1 PiB torch.empty killed the process on an H100). */
+     * maps (such a request, a 1 PiB torch.empty, can kill the process
+     * there). */
     if (cache_upstream_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
     hand_back_free_blocks(*device, bytes, stream, id, before);
@@ -246,7 +248,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
     if (bytes > BLOCK_MAX_REQUEST) {
         /* No device holds it, and rounding it up would wrap (to a block of
-         * 0 bytes: defer_alloc would "succeed" with NULL). */
+         * 0 bytes, which would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
         report("defer_alloc: %zu bytes asked for, more than any device "
                "holds (a negative size converted?): out of memory", bytes);
@@ -281,8 +283,8 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     }
     if (stream == cudaStreamPerThread) {
         /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's and carries on, leaving
-         * the block unprotected. */
+         * that for memory that is not cudefer's and carries on, which
+         * would leave the block unprotected. */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "
@@ -390,11 +392,19 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, on, stream, &call);
-    if (err == cudaSuccess)
-        err = api_free_pluggable(ptr, size, device, stream,
-                                 stream_is_special(stream) ? on : -1);
-    else
+    if (err == cudaSuccess) {
+        /* A special handle's device is now the current one.  The size and
+         * device PyTorch says are checked against the block's (submit.c). */
+        int current = stream_is_special(stream) ? on : -1;
+        struct request_args a = {.what = "defer_free",
+                                 .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
+                                 .nptrs = 1, .current_known = current >= 0,
+                                 .current_device = current,
+                                 .said_bytes = size, .said_device = device};
+        err = submit(&a, stream);
+    } else {
         cuda_report_failure("defer_pluggable_free", call, err, "");
+    }
     cuda_switch_back(&sw, "defer_pluggable_free");
     if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
         report("defer_pluggable_free: %p could not be freed: it stays "

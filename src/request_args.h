@@ -1,5 +1,6 @@
-/* What a defer call asks for, before it becomes an entry (api.c builds
- * it; free_claims.c fills in a free's claims). */
+/* What a defer call asks for, before it becomes an entry: the entry
+ * points (api.c, alloc.c) build it, submit.c routes it, the cache (cache.c)
+ * fills in a free's claims.  On the calling thread's stack. */
 #ifndef CUDEFER_REQUEST_ARGS_H
 #define CUDEFER_REQUEST_ARGS_H
 
@@ -12,11 +13,11 @@
 struct request_args {
     const char *what; /* the public function, for messages */
     enum entry_kind kind;
-    void *const *ptrs;
+    void *const *ptrs; /* the caller's; ptrs[0..nptrs), none NULL */
     size_t nptrs;
     void (*fn)(void *arg);
     void *arg;
-    /* A free's claims (block_cache.h), one per pointer (block NULL: no
+    /* A free's claims (cache.h), one per pointer (block NULL: no
      * block), filled in as its blocks are claimed; NULL when the block
      * cache was not in use at the call (no pointer can be a block). */
     struct block_claim *claims;

@@ -112,12 +112,6 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
     return cudaSuccess;
 }
 
-bool stream_identity_known(cudaStream_t stream, int current)
-{
-    return find(stream, stream_is_special(stream) ? current : NO_DEVICE) !=
-           NULL;
-}
-
 bool stream_identity_cached_special(cudaStream_t stream, int current,
                                     int *device, unsigned long long *id)
 {

@@ -43,11 +43,6 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
                                       unsigned long long *id, bool *cached,
                                       const char **failed);
 
-/* Any thread: whether this thread has stream's identity cached (for a
- * special handle, on device current, which must be known), so that a
- * look-up makes no CUDA call on the stream. */
-bool stream_identity_known(cudaStream_t stream, int current);
-
 /* Any thread; no CUDA call: the identity of a special handle (current:
  * the current device, which must be known) when this thread has it
  * cached, in *device and *id; false when not.  A special handle's cannot

@@ -1,0 +1,940 @@
+/* One request's route, on the calling thread (submit.h): admit, resolve the
+ * stream once, choose the route once, take it.  Note [The submit route]. */
+#include "submit.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "capture.h"
+#include "cuda.h"
+#include "entry.h"
+#include "event_pool.h"
+#include "free_batch.h"
+#include "lifecycle.h"
+#include "release.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_identity.h"
+#include "stream_lane.h"
+
+/*
+ * Note [The submit route]
+ *
+ * Every defer call that defers something is one request (struct
+ * request_args, built by api.c or alloc.c) and takes one route:
+ *
+ *   1. admit: the reclaimer's gate (lifecycle_enter), and room for the
+ *      claims a free makes on blocks of the cache (cache_claims_make, cache.h);
+ *   2. resolve: its stream is looked up once, into a struct target on the
+ *      caller's stack: whether it captures, its device and id, and for a
+ *      free of one block the cache's plan (which claims the block); a
+ *      group gathers its streams there;
+ *   3. choose: choose_route picks the route from those facts alone;
+ *   4. take it: one function a route; then leave the gate, a refused free
+ *      giving back the blocks it claimed.
+ *
+ * Resolving asks only what the route still depends on, in the order CUDA
+ * imposes: the capture check before any other CUDA call on a stream (Note
+ * [Capture check]).  A capture, CUDEFER_DISABLE and a group fix the route
+ * before the stream's identity is asked: a capturing stream must not be
+ * asked at all, and a synchronous release and each stream of a group look
+ * their streams up exactly, on their own devices.
+ *
+ * Nothing here allocates or locks on the common path: the target lives on
+ * the stack; the identity comes from the thread's cache (stream_identity.h);
+ * the entry and its event from the thread's lane and the device's pool
+ * (stream_lane.h, event_pool.h).  A free on a created stream then makes two
+ * CUDA calls, the capture check and cudaEventRecord (and cudaStreamGetId
+ * where its identity must be exact); a block freed on the legacy stream
+ * and batched makes none (free_batch.h).
+ *
+ *
+ * Note [Capture check]
+ *
+ * An event recorded on a stream that captures into a graph becomes a node
+ * of the graph, and cudaStreamGetDevice invalidates the capture: so a
+ * request asks capture_status before any other CUDA call on its streams,
+ * and a capture takes the captured route (capture.h), which records
+ * nothing.
+ *
+ * One exception: a block of the cache freed on the legacy stream, whose
+ * identity this thread has cached (target.batch), may join the device's
+ * free batch, which makes no CUDA call on the stream.  The legacy stream
+ * cannot capture; it can only be barred by another thread's capture in the
+ * global mode, which matters once a call uses the stream.  So that free is
+ * checked after the cache's plan, and only when it takes a route that uses
+ * the stream; a batch checks before it seals (free_batch_add).
+ *
+ * A group checks all its streams once they are gathered, the caller's
+ * stream again among them.
+ *
+ *
+ * Note [Stale identity]
+ *
+ * A destroyed stream's handle may come back for a new stream: this
+ * thread's cached identity of the handle is then stale (stream_identity.h).
+ * Recording on it fails (cudaErrorInvalidResourceHandle) when the new stream
+ * is on another device: the route looks the stream up afresh and records
+ * once more.  A block the plan took for one freed on a stream of its own
+ * device (ROUTE_BLOCK) may then find its entry on another device: it is
+ * freed as a plain free instead, with an event of its own (never shared),
+ * so that defer_trim can release it once its own work is done.
+ */
+
+/* The streams of a group: those the call named, then those its blocks were
+ * recorded on (users[i]: streams[i]'s device for a special handle). */
+struct group_streams {
+    cudaStream_t streams[SUBMIT_MAX_STREAMS];
+    struct block_user users[SUBMIT_MAX_STREAMS];
+};
+
+/* What a request waits for, resolved once (resolve_one, resolve_group):
+ * what choose_route reads and the routes use.  On the caller's stack. */
+struct target {
+    cudaStream_t handle;         /* the caller's stream */
+    const cudaStream_t *streams; /* the streams waited for: &handle, or a
+                                    group's */
+    const struct block_user *users; /* a group's; NULL for one stream */
+    size_t n;                    /* how many streams */
+    int current;    /* the caller's current device; -1: not known */
+    bool disabled;  /* CUDEFER_DISABLE: release synchronously */
+    bool batch;     /* may join a free batch: capture not checked yet */
+    bool capturing; /* the streams capture into a graph */
+    bool group;     /* a group: one entry per stream */
+    bool cached;    /* device and id are from this thread's cache */
+    int device;     /* the stream's device and id, once identified */
+    unsigned long long id;
+    struct block_free_plan plan; /* a single block's free: the cache's
+                                    plan (BLOCK_NOT_OURS: none) */
+    struct cuda_switch sw;     /* a group's: the caller's device */
+};
+
+/* The routes, one function each (take_route). */
+enum route {
+    ROUTE_REFUSED,     /* the cache refuses the pointer */
+    ROUTE_CAPTURED,    /* the streams capture: the graph's user object */
+    ROUTE_SYNCHRONOUS, /* wait for the streams, release here */
+    ROUTE_GROUP,       /* an entry on each stream; one is the payload */
+    ROUTE_BATCHED,     /* a parked block joins its device's free batch */
+    ROUTE_BLOCK,       /* a block freed on its stream: ENTRY_BLOCK */
+    ROUTE_ENTRY,       /* an entry and its event on the stream */
+};
+
+/* Why no entry could be made: the error, the call that failed, and
+ * whether it was the event or the entry that could not be had (then the
+ * request is released synchronously instead of refused). */
+struct failure {
+    cudaError_t err;
+    const char *call;
+    bool no_event;
+};
+
+/* Any thread; never blocks (submit.h). */
+cudaError_t submit_reject(const char *what, const char *call, cudaError_t err)
+{
+    stats_add(&stats.rejected, 1);
+    cuda_report_failure(what, call, err, "; nothing was deferred (the caller keeps "
+                                 "ownership)");
+    return err;
+}
+
+/* ---- the stream's identity --------------------------------------------- */
+
+/* Any thread: the identity of stream looked up afresh, a cached one having
+ * proved stale (Note [Stale identity]).  Never blocks.  cudaSuccess or the
+ * look-up's error, *failed naming the call. */
+static cudaError_t identify_again(cudaStream_t stream, int *device,
+                                  unsigned long long *id, const char **failed)
+{
+    bool cached;
+    stream_identity_forget(stream);
+    return stream_identity_lookup(stream, false, device, id, &cached, failed);
+}
+
+/* Any thread: an identity of stream just looked up (*cached: from the
+ * thread's cache) made usable.  A cached identity whose device failed is
+ * looked up again first: the handle may now name a stream of a healthy
+ * device.  Never blocks.  cudaSuccess, or the error of that look-up or the
+ * device's sticky error, *failed naming it. */
+static cudaError_t usable(cudaStream_t stream, int *device,
+                          unsigned long long *id, bool *cached,
+                          const char **failed)
+{
+    cudaError_t err = lifecycle_device_error(*device);
+    if (err != cudaSuccess && *cached) {
+        *cached = false;
+        if ((err = identify_again(stream, device, id, failed)) != cudaSuccess)
+            return err;
+        err = lifecycle_device_error(*device);
+    }
+    if (err != cudaSuccess)
+        *failed = "an earlier CUDA call on this device";
+    return err;
+}
+
+/* Any thread: device and id of stream on a device that has not failed
+ * (exact and current: stream_identity_lookup_on).  Never blocks.
+ * cudaSuccess, or the error with *failed naming it. */
+static cudaError_t identify_usable(cudaStream_t stream, bool exact,
+                                   int current, int *device,
+                                   unsigned long long *id, bool *cached,
+                                   const char **failed)
+{
+    cudaError_t err = stream_identity_lookup_on(stream, exact, current,
+                                                device, id, cached, failed);
+    return err == cudaSuccess ? usable(stream, device, id, cached, failed)
+                              : err;
+}
+
+/* ---- entries ------------------------------------------------------------ */
+
+/* Any thread: whether the free a asks for claimed any block (then its
+ * entry carries the claims). */
+static bool any_claimed(const struct request_args *a)
+{
+    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++)
+        if (a->claims[i].block != NULL)
+            return true;
+    return false;
+}
+
+/* Any thread: copies a's pointers and claims into e (arrays, owned by e,
+ * only for several).  Blocks only in malloc.  False when out of memory
+ * (e then carries none). */
+static bool set_pointers(struct entry *e, const struct request_args *a)
+{
+    e->nptrs = a->nptrs;
+    e->ptrs = &e->one_ptr;
+    e->claims = NULL;
+    if (any_claimed(a) && a->nptrs == 1) {
+        e->one_claim = a->claims[0];
+        e->claims = &e->one_claim;
+    } else if (any_claimed(a)) {
+        e->claims = malloc(a->nptrs * sizeof *e->claims);
+        if (e->claims == NULL) {
+            e->nptrs = 0;
+            return false;
+        }
+        memcpy(e->claims, a->claims, a->nptrs * sizeof *e->claims);
+    }
+    if (a->nptrs == 1) {
+        e->one_ptr = a->ptrs[0];
+    } else if (a->nptrs > 1) {
+        e->ptrs = malloc(a->nptrs * sizeof *e->ptrs);
+        if (e->ptrs == NULL) {
+            e->ptrs = &e->one_ptr;
+            e->nptrs = 0;
+            if (e->claims != &e->one_claim)
+                free(e->claims);
+            e->claims = NULL;
+            return false;
+        }
+        memcpy(e->ptrs, a->ptrs, a->nptrs * sizeof *e->ptrs);
+    }
+    return true;
+}
+
+/* Any thread, admitted: a pooled entry for a on stream (device, id), its
+ * event from the thread's lane of kind lane (stream_lane.h), recorded on
+ * the stream.  Never blocks but where the lane makes an event.  The entry,
+ * or NULL with f->err and f->call, and f->no_event set when it was the
+ * event or the entry that could not be had (f->no_event is never cleared
+ * here). */
+static struct entry *record(const struct request_args *a, cudaStream_t stream,
+                            int device, unsigned long long id,
+                            enum lane_share lane, struct failure *f)
+{
+    struct lane_pick pick;
+    if ((f->err = stream_lane_pick(device, id, lane, &pick, &f->call)) !=
+        cudaSuccess) {
+        f->no_event = true;
+        return NULL;
+    }
+    struct entry *e = event_pool_take_entry(device, &f->err, &f->call);
+    if (e == NULL) {
+        stream_lane_cancel(&pick);
+        f->no_event = true;
+        return NULL;
+    }
+    entry_begin(e, a->kind, id);
+    e->fn = a->fn;
+    e->arg = a->arg;
+    if (!set_pointers(e, a)) {
+        stream_lane_cancel(&pick);
+        event_pool_give_unused(e);
+        f->err = cudaErrorMemoryAllocation;
+        f->call = "malloc";
+        return NULL;
+    }
+    if ((f->err = cuda_event_record(pick.ev->event, stream)) !=
+        cudaSuccess) {
+        stream_lane_cancel(&pick);
+        release_forget_pointers(e);
+        event_pool_give_unused(e);
+        f->call = "cudaEventRecord";
+        return NULL;
+    }
+    stream_lane_commit(&pick, e);
+    return e;
+}
+
+/* Any thread: a recorded entry that will not be pushed after all: its
+ * reference to its event goes, and it goes back to the pool.  Never
+ * blocks. */
+static void discard_recorded(struct entry *e)
+{
+    release_forget_pointers(e);
+    stream_lane_uncommit(e);
+    event_pool_give_unused(e);
+}
+
+/* Any thread, admitted: the first record on t's stream failed (f): when
+ * t's identity was cached and the stream's handle is unknown now, the
+ * identity may be stale: looked up afresh and recorded once more.  Never
+ * blocks but as record may.  The entry, or NULL as record says
+ * (f->no_event cleared when the fresh look-up failed: a refusal). */
+static struct entry *record_again(const struct request_args *a,
+                                  struct target *t, enum lane_share lane,
+                                  struct failure *f)
+{
+    if (!t->cached || f->err != cudaErrorInvalidResourceHandle)
+        return NULL;
+    if ((f->err = identify_again(t->handle, &t->device, &t->id, &f->call)) !=
+        cudaSuccess) {
+        f->no_event = false;
+        return NULL;
+    }
+    return record(a, t->handle, t->device, t->id, lane, f);
+}
+
+/* Any thread, admitted: a's entry recorded on t's stream (record), once
+ * more after a stale cached identity (Note [Stale identity]; t's device
+ * and id are then the fresh ones).  Never blocks but as record may.  The
+ * entry, or NULL as record says (f->no_event cleared when the fresh
+ * look-up failed: a refusal). */
+static inline struct entry *record_on(const struct request_args *a,
+                                      struct target *t, enum lane_share lane,
+                                      struct failure *f)
+{
+    struct entry *e = record(a, t->handle, t->device, t->id, lane, f);
+    return e != NULL ? e : record_again(a, t, lane, f);
+}
+
+/* Any thread, admitted: e goes to the reclaimer; the request is deferred.
+ * Never blocks.  Returns cudaSuccess. */
+static cudaError_t push(struct entry *e)
+{
+    stats_count_deferred();
+    lifecycle_push(e);
+    return cudaSuccess;
+}
+
+/* ---- the synchronous release -------------------------------------------- */
+
+/* Any thread, admitted: a callback whose stream the caller has just
+ * synchronized, when no event could be had: queued in its stream's FIFO
+ * with no event, so that it runs on the reclaimer thread after the
+ * stream's earlier callbacks, and waited for, so that it has run when the
+ * call returns, as a synchronous release has.  Blocks until it ran.  False
+ * when it could not be queued (the caller runs it). */
+static bool queue_synced_call(const struct request_args *a,
+                              cudaStream_t stream)
+{
+    int device;
+    unsigned long long id;
+    bool cached;
+    const char *call;
+    if (stream_identity_lookup(stream, true, &device, &id, &cached, &call) !=
+        cudaSuccess)
+        return false;
+    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
+    if (e == NULL)
+        return false;
+    e->kind = ENTRY_CALL;
+    e->device = device;
+    e->stream_id = id;
+    e->synced = true;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    e->ptrs = &e->one_ptr;
+    e->group_remaining = 1;
+    e->group_err = cudaSuccess;
+    stats_count_deferred();
+    stats_add(&stats.sync_releases, 1);
+    lifecycle_push_and_wait(e);
+    return true;
+}
+
+/* Any thread, admitted: wait for stream (and the streams a's blocks were
+ * recorded on) here and release at once.  Blocks.  Callbacks run on the
+ * calling thread, but for one that can be queued behind its stream's
+ * earlier callbacks (queue_synced_call).  The stream is looked up first,
+ * as for any route that uses it: a device that failed refuses the call
+ * before any wait.  Memory is released with its device current, as the
+ * reclaimer releases it, so that a sticky error the release meets is that
+ * device's: it fails the device, said once with its number.  Returns
+ * cudaSuccess once accepted (a failed release is counted and reported),
+ * else the refusal. */
+static cudaError_t release_synchronously(const struct request_args *a,
+                                         cudaStream_t stream)
+{
+    int device;
+    unsigned long long id;
+    bool cached;
+    const char *call = NULL;
+    cudaError_t err = identify_usable(stream, true, -1, &device, &id, &cached,
+                                      &call);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, call, err);
+    if ((err = cudaStreamSynchronize(stream)) != cudaSuccess)
+        return submit_reject(a->what, "cudaStreamSynchronize", err);
+    struct block_user recorded[SUBMIT_MAX_STREAMS];
+    size_t nrec = cache_users_of_free(a, recorded);
+    if (nrec > SUBMIT_MAX_STREAMS) { /* only so many could be waited for */
+        stats_add(&stats.rejected, 1);
+        report("%s: its blocks were recorded on more than 64 streams: "
+               "refused", a->what);
+        return cudaErrorInvalidValue;
+    }
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
+    const char *failed = "cudaStreamSynchronize";
+    for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
+        if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
+            cudaSuccess)
+            err = cudaStreamSynchronize(recorded[i].handle);
+    cuda_switch_back(&sw, a->what);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, failed, err);
+    if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
+        queue_synced_call(a, stream))
+        return cudaSuccess;
+    struct entry e = {.kind = a->kind, .device = device, .fn = a->fn,
+                      .arg = a->arg, .nptrs = a->nptrs,
+                      .ptrs = (void **)a->ptrs,
+                      .claims = any_claimed(a) ? a->claims : NULL};
+    stats_count_deferred();
+    stats_add(&stats.sync_releases, 1);
+    /* Memory is released on its device; where the switch fails, on the
+     * caller's instead. */
+    struct cuda_switch to_device = CUDA_SWITCH_NONE;
+    if (a->kind != ENTRY_CALL)
+        cuda_switch_device(&to_device, device, NULL);
+    err = release_entry(&e, NULL);
+    cuda_switch_back(&to_device, a->what);
+    stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
+        lifecycle_fail_device(a->what, device,
+                              a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
+                                                         : "cudaFree",
+                              err);
+    return cudaSuccess; /* accepted; a failed release is counted, reported */
+}
+
+/* Any thread, admitted: no entry could be made for a on t's stream (f).
+ * Without an event, wait for the stream and release here (blocks); else
+ * the refusal.  Returns what release_synchronously or submit_reject
+ * does. */
+static cudaError_t no_entry(const struct request_args *a,
+                            const struct target *t, const struct failure *f)
+{
+    if (!f->no_event)
+        return submit_reject(a->what, f->call, f->err);
+    cuda_report_failure(a->what, f->call, f->err,
+                "; waiting for the stream and releasing synchronously");
+    return release_synchronously(a, t->handle);
+}
+
+/* ---- resolving ---------------------------------------------------------- */
+
+/* Any thread: *t for a on stream, nothing looked up yet. */
+static void target_init(struct target *t, const struct request_args *a,
+                        cudaStream_t stream)
+{
+    t->handle = stream;
+    t->streams = &t->handle;
+    t->users = NULL;
+    t->n = 1;
+    t->current = a->current_known ? a->current_device : -1;
+    t->disabled = lifecycle_disabled();
+    t->batch = t->capturing = t->group = t->cached = false;
+    t->plan = (struct block_free_plan){.path = BLOCK_NOT_OURS};
+    t->sw = CUDA_SWITCH_NONE;
+}
+
+/* Any thread, admitted: the capture check of t's streams (Note [Capture
+ * check]): one cudaStreamIsCapturing a stream, never blocks.  cudaSuccess
+ * (t->capturing says), or the refusal. */
+static cudaError_t check_capture(const struct request_args *a,
+                                 struct target *t)
+{
+    const char *call = NULL;
+    cudaError_t err = capture_status(t->streams, t->n, &t->capturing, &call);
+    return err == cudaSuccess ? err : submit_reject(a->what, call, err);
+}
+
+/* Any thread, admitted: whether a, a free of one block of the cache on the
+ * legacy stream, may join a free batch (free_batch.h): t->batch, with its
+ * identity from this thread's cache, asked without a CUDA call on the
+ * stream (Note [Capture check]).  cudaSuccess, or the refusal when the
+ * current device could not be had. */
+static cudaError_t find_batch(const struct request_args *a, struct target *t)
+{
+    cudaError_t err;
+    if (a->kind != ENTRY_FREE_DEVICE || a->nptrs != 1 || a->claims == NULL ||
+        !free_batch_takes(t->handle) || t->disabled)
+        return cudaSuccess;
+    if (t->current < 0 &&
+        (err = cuda_get_device(&t->current)) != cudaSuccess)
+        return submit_reject(a->what, "cudaGetDevice", err);
+    t->batch = stream_identity_cached_special(t->handle, t->current,
+                                              &t->device, &t->id);
+    t->cached = t->batch;
+    return cudaSuccess;
+}
+
+/* Any thread, admitted: t's device and id, on a device that has not
+ * failed.  Exact for callbacks (their order per stream) and for frees once
+ * the block cache is in use: a stale identity would park a block as
+ * pending on the destroyed stream whose handle this stream got.  Never
+ * blocks.  cudaSuccess, or the refusal. */
+static cudaError_t identify(const struct request_args *a, struct target *t)
+{
+    bool exact = a->kind == ENTRY_CALL ||
+                 (a->kind == ENTRY_FREE_DEVICE && cache_active());
+    const char *call = NULL;
+    cudaError_t err = cudaSuccess;
+    if (!t->batch) /* else find_batch found it */
+        err = stream_identity_lookup_on(t->handle, exact, t->current,
+                                        &t->device, &t->id, &t->cached,
+                                        &call);
+    if (err == cudaSuccess)
+        err = usable(t->handle, &t->device, &t->id, &t->cached, &call);
+    return err == cudaSuccess ? err : submit_reject(a->what, call, err);
+}
+
+/* Any thread, admitted: the cache's plan for a's one pointer freed on t's
+ * stream, which claims a live block (a batch's is parked in the same lock
+ * hold); a->claims[0] then carries the claim, *claimed says so.  A size or
+ * device that defer_pluggable_free says and the block does not have is
+ * reported (the block is freed all the same).  Never blocks but on the
+ * device's mutex. */
+static void plan_block(struct request_args *a, struct target *t,
+                       bool *claimed)
+{
+    struct block_free_plan *plan = &t->plan;
+    (t->batch ? cache_plan_free_parked
+              : cache_plan_free)(a->ptrs[0], t->device, t->id, plan);
+    if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
+        plan->path == BLOCK_NOT_OURS)
+        return;
+    *claimed = true;
+    a->claims[0] = (struct block_claim){plan->block, plan->handout};
+    /* Its size when claimed (a parked block may have merged since, and be
+     * another thread's to cut); its device never changes. */
+    if (a->said_bytes > 0 && (plan->size < a->said_bytes ||
+                              plan->device != a->said_device))
+        report("defer_pluggable_free: %p is a block of %zu bytes on device "
+               "%d, freed as %zu bytes on device %d: freed all the same",
+               a->ptrs[0], plan->size, plan->device, a->said_bytes,
+               a->said_device);
+}
+
+/* Any thread, admitted: a's streams gathered into *t (a group, in g): the
+ * given[0..n), then those its blocks were recorded on, each once, then
+ * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
+ * than SUBMIT_MAX_STREAMS in all). */
+static cudaError_t resolve_group(const struct request_args *a,
+                                 const cudaStream_t *given, size_t n,
+                                 struct group_streams *g, struct target *t)
+{
+    for (size_t i = 0; i < n; i++) {
+        g->streams[i] = given[i];
+        g->users[i] = (struct block_user){given[i], 0, -1};
+    }
+    struct block_user recorded[SUBMIT_MAX_STREAMS];
+    size_t nrec = cache_users_of_free(a, recorded);
+    for (size_t i = 0; i < nrec; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < n && !seen && i < SUBMIT_MAX_STREAMS; j++)
+            seen = cache_user_same(&recorded[i], &g->users[j], &t->sw);
+        if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS)) {
+            stats_add(&stats.rejected, 1);
+            report("%s: with the streams its blocks were recorded on, more "
+                   "than 64 streams: refused", a->what);
+            return cudaErrorInvalidValue;
+        }
+        if (!seen) {
+            g->users[n] = recorded[i];
+            g->streams[n++] = recorded[i].handle;
+        }
+    }
+    t->streams = g->streams;
+    t->users = g->users;
+    t->n = n;
+    t->group = true;
+    return check_capture(a, t);
+}
+
+/* Any thread, admitted: a's stream resolved into *t (Note [The submit
+ * route]), g the room for a group's streams.  Blocks of a's free are
+ * claimed here (*claimed: the caller gives them back on a refusal), before
+ * anything is recorded: a single pointer's by its plan (in the same lock
+ * hold as a batch's park), every other free's all at once.  Never blocks.  cudaSuccess, or the refusal (said
+ * and counted). */
+static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
+                               struct group_streams *g, struct target *t,
+                               bool *claimed)
+{
+    target_init(t, a, stream);
+    cudaError_t err = find_batch(a, t);
+    if (err == cudaSuccess && !t->batch)
+        err = check_capture(a, t);
+    if (err != cudaSuccess)
+        return err;
+    if ((a->nptrs != 1 || t->capturing || t->disabled) &&
+        (err = cache_claim_all(a, claimed)) != cudaSuccess)
+        return err;
+    if (t->capturing || t->disabled) /* their routes ask no more */
+        return cudaSuccess;
+    if (a->nptrs > 1 && *claimed && cache_users_of_free(a, NULL) > 0)
+        return resolve_group(a, &t->handle, 1, g, t);
+    if ((err = identify(a, t)) != cudaSuccess)
+        return err;
+    if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL)
+        plan_block(a, t, claimed);
+    bool refused = t->plan.path == BLOCK_NOT_LIVE ||
+                   t->plan.path == BLOCK_INSIDE;
+    if (t->batch && !refused && !t->plan.parked &&
+        (err = check_capture(a, t)) != cudaSuccess)
+        return err;
+    if (t->plan.path == BLOCK_AFTER_STREAMS)
+        return resolve_group(a, &t->handle, 1, g, t);
+    return cudaSuccess;
+}
+
+/* Any thread, admitted: the group streams[0..n) resolved into *t: every
+ * block of a's free claimed first (*claimed: the caller gives them back on
+ * a refusal), then resolve_group.  Never blocks.  cudaSuccess, or the
+ * refusal. */
+static cudaError_t resolve_streams(struct request_args *a,
+                                   const cudaStream_t *streams, size_t n,
+                                   struct group_streams *g, struct target *t,
+                                   bool *claimed)
+{
+    target_init(t, a, streams[0]);
+    cudaError_t err = cache_claim_all(a, claimed);
+    return err == cudaSuccess ? resolve_group(a, streams, n, g, t) : err;
+}
+
+/* ---- the route ---------------------------------------------------------- */
+
+/* Any thread: the route of a request resolved into t.  Pure. */
+static enum route choose_route(const struct target *t)
+{
+    /* The streams capture into a graph: the entry waits for the graph's
+     * end (and the streams' work before the capture), not for an event;
+     * even with CUDEFER_DISABLE, for a capture cannot be waited for. */
+    if (t->capturing)
+        return ROUTE_CAPTURED;
+    /* CUDEFER_DISABLE: wait for the streams here and release at once. */
+    if (t->disabled)
+        return ROUTE_SYNCHRONOUS;
+    /* defer_*_streams, or blocks recorded on other streams
+     * (defer_record_stream): an entry on each stream, one of them the
+     * payload, released once every part's event completed. */
+    if (t->group)
+        return ROUTE_GROUP;
+    switch (t->plan.path) {
+    /* A block already free or being freed, or a pointer inside the
+     * cache's memory that starts no block: refused at the call. */
+    case BLOCK_NOT_LIVE:
+    case BLOCK_INSIDE:
+        return ROUTE_REFUSED;
+    /* A block freed on a stream of its device: reusable there at once.
+     * On the legacy stream the plan parked it for the free batch, which
+     * records one event for many frees (free_batch.h); else it has an
+     * event of its own lane. */
+    case BLOCK_STREAM_ORDERED:
+        return t->plan.parked ? ROUTE_BATCHED : ROUTE_BLOCK;
+    /* Anything else: plain memory, a callback, pinned memory, a block
+     * freed on another device's stream (adopted back by the cache once
+     * its event completed): an entry with its event. */
+    default:
+        return ROUTE_ENTRY;
+    }
+}
+
+/* Any thread, admitted: ROUTE_REFUSED.  Returns the refusal. */
+static cudaError_t route_refused(const struct request_args *a,
+                                 const struct target *t)
+{
+    return t->plan.path == BLOCK_INSIDE
+               ? cache_refuse_inside(a, a->ptrs[0])
+               : cache_refuse_freed(a, a->ptrs[0]);
+}
+
+/* Any thread, admitted: ROUTE_CAPTURED (capture.h): a's entry is tied to
+ * the graph t's streams capture into.  Never blocks.  cudaSuccess, or the
+ * refusal: blocks recorded on other streams, which the graph would not
+ * wait for; a capture of cudaStreamPerThread, whose earlier work the
+ * reclaimer cannot wait for (there it names the reclaimer's own stream). */
+static cudaError_t route_captured(const struct request_args *a,
+                                  const struct target *t)
+{
+    if (cache_users_of_free(a, NULL) > 0) {
+        stats_add(&stats.rejected, 1);
+        report("%s: a block recorded on other streams (defer_record_stream) "
+               "cannot be freed into a graph capture, which would not wait "
+               "for them: refused (the caller keeps ownership)", a->what);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    for (size_t i = 0; i < t->n; i++)
+        if (t->streams[i] == cudaStreamPerThread) {
+            stats_add(&stats.rejected, 1);
+            report("%s: a capture of cudaStreamPerThread: refused (the "
+                   "reclaimer could not wait for the work this thread "
+                   "enqueued on it before the capture; capture a created "
+                   "stream; the caller keeps ownership, the capture is "
+                   "intact)", a->what);
+            return cudaErrorStreamCaptureUnsupported;
+        }
+    struct entry *e = capture_entry_new();
+    if (e == NULL)
+        return submit_reject(a->what, "calloc", cudaErrorMemoryAllocation);
+    e->kind = a->kind;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    if (!set_pointers(e, a)) {
+        capture_entry_discard(e);
+        return submit_reject(a->what, "malloc", cudaErrorMemoryAllocation);
+    }
+    const char *call = NULL;
+    cudaError_t err = capture_defer(a->what, e, t->streams, t->n, &call);
+    return err == cudaSuccess ? cudaSuccess
+                              : submit_reject(a->what, call, err);
+}
+
+/* Any thread, admitted: ROUTE_SYNCHRONOUS: a group's other streams waited
+ * for first (each on its device), then release_synchronously on the
+ * first.  Blocks.  Returns as release_synchronously does. */
+static cudaError_t route_synchronous(const struct request_args *a,
+                                     struct target *t)
+{
+    cudaError_t err = cudaSuccess;
+    const char *failed = "cudaStreamSynchronize";
+    for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
+        if ((err = cache_user_enter(&t->users[i], &t->sw, &failed)) ==
+            cudaSuccess)
+            err = cudaStreamSynchronize(t->streams[i]);
+    cuda_switch_back(&t->sw, a->what);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, failed, err);
+    return release_synchronously(a, t->streams[0]);
+}
+
+/* Any thread, admitted: part (a, or a member) of a group recorded on t's
+ * stream i, on the device a recorded special handle named.  Callbacks look
+ * their streams up exactly (their order per stream).  A stale cached
+ * identity is looked up afresh once (Note [Stale identity]).  Never
+ * blocks.  The entry, or NULL with f->err and f->call. */
+static struct entry *record_part(const struct request_args *a,
+                                 const struct request_args *part,
+                                 struct target *t, size_t i,
+                                 enum lane_share lane, struct failure *f)
+{
+    int device;
+    unsigned long long id;
+    bool cached = false;
+    cudaStream_t stream = t->streams[i];
+    if ((f->err = cache_user_enter(&t->users[i], &t->sw, &f->call)) !=
+            cudaSuccess ||
+        (f->err = identify_usable(stream, a->kind == ENTRY_CALL, -1, &device,
+                                  &id, &cached, &f->call)) != cudaSuccess)
+        return NULL;
+    struct entry *e = record(part, stream, device, id, lane, f);
+    if (e != NULL || !cached || f->err != cudaErrorInvalidResourceHandle)
+        return e;
+    if ((f->err = identify_again(stream, &device, &id, &f->call)) !=
+        cudaSuccess)
+        return NULL;
+    if ((f->err = lifecycle_device_error(device)) != cudaSuccess) {
+        f->call = "an earlier CUDA call on this device";
+        return NULL;
+    }
+    return record(part, stream, device, id, lane, f);
+}
+
+/* Any thread, admitted: ROUTE_GROUP: one entry per stream of t, all
+ * recorded before any is pushed, so that a failure leaves nothing behind.
+ * The first stream's entry is the payload; the others are members that
+ * count down the payload's group.  Never blocks.  cudaSuccess, or the
+ * refusal. */
+static cudaError_t route_group(const struct request_args *a, struct target *t)
+{
+    struct entry *parts[SUBMIT_MAX_STREAMS] = {NULL};
+    struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
+    enum lane_share lane = stream_lane_share_of(a->kind); /* the group's */
+    struct failure f = {cudaSuccess, NULL, false};
+    size_t made = 0;
+    while (made < t->n &&
+           (parts[made] = record_part(a, made == 0 ? a : &member, t, made,
+                                      lane, &f)) != NULL)
+        made++;
+    cuda_switch_back(&t->sw, a->what);
+    if (made < t->n) {
+        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
+            discard_recorded(parts[made]);
+        return submit_reject(a->what, f.call, f.err);
+    }
+    parts[0]->group_remaining = (uint32_t)t->n;
+    for (size_t i = 1; i < t->n; i++)
+        parts[i]->group = parts[0];
+    stats_count_deferred();
+    /* Any order would do: the payload completes only once every part has,
+     * whichever the reclaimer takes in first. */
+    for (size_t i = t->n; i-- > 0;)
+        lifecycle_push(parts[i]);
+    return cudaSuccess;
+}
+
+/* Any thread, admitted: ROUTE_BATCHED: the block, parked by its plan, adds
+ * its claim to its device's free batch; no event of its own.  Blocks only
+ * where free_batch_add does.  Returns cudaSuccess. */
+static cudaError_t route_batched(const struct request_args *a,
+                                 const struct target *t)
+{
+    stats_count_deferred();
+    free_batch_add(t->device, t->handle, t->id, &a->claims[0]);
+    return cudaSuccess;
+}
+
+/* Any thread, admitted: ROUTE_BLOCK: an ENTRY_BLOCK recorded on t's stream
+ * in a lane that shares events, then the block parked (PENDING on the
+ * stream: reusable there at once).  Note [Stale identity] for an entry on
+ * another device.  Never blocks but as no_entry may.  cudaSuccess, or the
+ * refusal. */
+static cudaError_t route_block(const struct request_args *a, struct target *t)
+{
+    struct request_args block = *a;
+    block.kind = ENTRY_BLOCK;
+    struct failure f = {cudaSuccess, NULL, false};
+    struct entry *e = record_on(&block, t, stream_lane_share_of(ENTRY_BLOCK),
+                                &f);
+    if (e != NULL && e->device != t->plan.device) {
+        discard_recorded(e);
+        block.kind = ENTRY_FREE_DEVICE;
+        e = record(&block, t->handle, t->device, t->id, LANE_SOLO, &f);
+    }
+    if (e == NULL)
+        return no_entry(&block, t, &f);
+    if (e->kind == ENTRY_BLOCK && !cache_park(&t->plan, t->id)) {
+        discard_recorded(e);
+        return cache_refuse_freed(&block, block.ptrs[0]);
+    }
+    return push(e);
+}
+
+/* Any thread, admitted: ROUTE_ENTRY: an entry recorded on t's stream
+ * (callbacks in a lane that shares events; other frees in one that does
+ * not: defer_trim releases a free once its own work is done).  Never
+ * blocks but as no_entry may.  cudaSuccess, or the refusal. */
+static cudaError_t route_entry(const struct request_args *a, struct target *t)
+{
+    struct failure f = {cudaSuccess, NULL, false};
+    struct entry *e = record_on(a, t, stream_lane_share_of(a->kind), &f);
+    return e != NULL ? push(e) : no_entry(a, t, &f);
+}
+
+/* Any thread, admitted: takes the route choose_route picks for t.  Blocks
+ * where that route does.  cudaSuccess, or the refusal. */
+static cudaError_t take_route(struct request_args *a, struct target *t)
+{
+    switch (choose_route(t)) {
+    case ROUTE_REFUSED:
+        return route_refused(a, t);
+    case ROUTE_CAPTURED:
+        return route_captured(a, t);
+    case ROUTE_SYNCHRONOUS:
+        return route_synchronous(a, t);
+    case ROUTE_GROUP:
+        return route_group(a, t);
+    case ROUTE_BATCHED:
+        return route_batched(a, t);
+    case ROUTE_BLOCK:
+        return route_block(a, t);
+    case ROUTE_ENTRY:
+        break;
+    }
+    return route_entry(a, t);
+}
+
+/* ---- admission ---------------------------------------------------------- */
+
+/* Any thread: a request's start: admitted by the reclaimer's gate
+ * (lifecycle_enter, which starts the reclaimer on first use) and *a made
+ * from given with room for its claims (*one: a single pointer's).
+ * cudaSuccess, or the refusal (said and counted; nothing held).  Every
+ * request that began ends with leave. */
+static cudaError_t admit(const struct request_args *given,
+                         struct request_args *a, struct block_claim *one)
+{
+    cudaError_t err = lifecycle_enter(given->what);
+    if (err != cudaSuccess)
+        return err;
+    if (!cache_claims_make(given, a, one)) {
+        lifecycle_leave();
+        return submit_reject(given->what, "calloc", cudaErrorMemoryAllocation);
+    }
+    return cudaSuccess;
+}
+
+/* Any thread, admitted: a request's end: a free refused (err) after it
+ * claimed blocks of the cache gives them back (LIVE again: the caller
+ * keeps them); the claims' room goes, and the call leaves the gate.  Never
+ * blocks.  Returns err. */
+static cudaError_t leave(struct request_args *a, struct block_claim *one,
+                         bool claimed, cudaError_t err)
+{
+    if (err != cudaSuccess && claimed)
+        cache_unclaim_all(a);
+    cache_claims_free(a, one);
+    lifecycle_leave();
+    return err;
+}
+
+/* Any thread: a request's whole way (Note [The submit route]): admit
+ * given, resolve its stream (or the group streams[0..n) when streams is
+ * not NULL), take the route, leave.  Blocks where the route does.
+ * cudaSuccess, or the refusal (said and counted). */
+static cudaError_t run(const struct request_args *given, cudaStream_t stream,
+                       const cudaStream_t *streams, size_t n)
+{
+    struct block_claim one;
+    struct request_args a;
+    cudaError_t err = admit(given, &a, &one);
+    if (err != cudaSuccess)
+        return err;
+    bool claimed = false;
+    struct group_streams g; /* a group's streams: written only for one */
+    struct target t;
+    err = streams == NULL ? resolve_one(&a, stream, &g, &t, &claimed)
+                          : resolve_streams(&a, streams, n, &g, &t, &claimed);
+    if (err == cudaSuccess)
+        err = take_route(&a, &t);
+    return leave(&a, &one, claimed, err);
+}
+
+/* Any thread; blocks where the route does (submit.h). */
+cudaError_t submit(const struct request_args *given, cudaStream_t stream)
+{
+    return run(given, stream, NULL, 0);
+}
+
+/* Any thread; blocks where the route does (submit.h). */
+cudaError_t submit_streams(const struct request_args *given,
+                           const cudaStream_t *streams, size_t n)
+{
+    return run(given, streams[0], streams, n);
+}

@@ -1,0 +1,36 @@
+/* One request's route: from the checked arguments of a defer_* call (api.c,
+ * alloc.c) to an entry on the reclaimer's queue, a free batch, a graph's
+ * user object, or a release made on the calling thread (submit.c, Note [The
+ * submit route] there). */
+#ifndef CUDEFER_SUBMIT_H
+#define CUDEFER_SUBMIT_H
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+#include "request_args.h"
+
+/* The most streams one request waits for: those a defer_*_streams call
+ * names, with the streams its blocks were recorded on. */
+#define SUBMIT_MAX_STREAMS 64
+
+/* Any thread, once the call's arguments were checked.  Admits the request
+ * given on stream (lifecycle_enter), resolves the stream, chooses the route
+ * and takes it.  Blocks only where the route does: a synchronous release
+ * (CUDEFER_DISABLE, or no event could be had) waits for the stream.
+ * Returns cudaSuccess once deferred (or released), else the refusal, said
+ * and counted: nothing was deferred and the caller keeps ownership. */
+cudaError_t submit(const struct request_args *given, cudaStream_t stream);
+
+/* The same on streams[0..n) (1 <= n <= SUBMIT_MAX_STREAMS, checked by the
+ * caller; not NULL): one entry per stream, all recorded before any is
+ * pushed, so that a refusal leaves nothing behind. */
+cudaError_t submit_streams(const struct request_args *given,
+                           const cudaStream_t *streams, size_t n);
+
+/* Any thread: what (the public function) is refused because call failed
+ * with err: said ("nothing was deferred"), counted in rejected.  Returns
+ * err. */
+cudaError_t submit_reject(const char *what, const char *call, cudaError_t err);
+
+#endif
