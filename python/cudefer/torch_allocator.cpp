@@ -717,6 +717,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
             TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
                         " missing from the table");
             count_free(d, a, b->ptr);
+            d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
             b->uses.clear();
             b->retired = false;
             pool_put_free(pool, b.get());
@@ -753,7 +754,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     CCA::SnapshotInfo snapshot(MempoolId_t mempool_id,
                                bool /*include_traces*/) override
     {
-        CCA::SnapshotInfo info;
+        CCA::SnapshotInfo info{};  // zeroes config_metadata's numbers
         bool all = mempool_id.first == 0 && mempool_id.second == 0;
         for (int dev = 0; dev < device_count_; dev++) {
             DeviceState &d = *devices_[dev];
@@ -896,11 +897,17 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     // The cost of the bookkeeping of one allocation and its free (the
     // table and the statistics, no CUDA call), in nanoseconds, over n
-    // pairs on device 0's counters (left as they were).
+    // pairs on device 0's counters, which are put back as they were: call
+    // it while no other thread allocates.
     double bookkeeping_ns(int n)
     {
         DeviceState &d = *devices_[0];
         uint64_t used = used_devices_.load();
+        std::vector<std::pair<int64_t, int64_t>> saved;  // peak, freed
+        for (AtomicStatArray *a :
+             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+            for (auto &x : a->s)
+                saved.push_back({x.peak.load(), x.freed.load()});
         std::vector<char> fake(64 * 1024);
         auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < n; i++) {
@@ -919,6 +926,14 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                       std::chrono::steady_clock::now() - start)
                       .count();
         used_devices_.store(used);
+        size_t i = 0;
+        for (AtomicStatArray *a :
+             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+            for (auto &x : a->s) {
+                x.peak.store(saved[i].first);
+                x.freed.store(saved[i].second);
+                i++;
+            }
         return n > 0 ? ns / n : 0.0;
     }
 
