@@ -1208,7 +1208,9 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         a.device = static_cast<int8_t>(device);
         remember(b->ptr, a);
         count_alloc(d, a, device, b->ptr);
-        d.pool_allocated.fetch_add(static_cast<int64_t>(rounded));
+        // The block's size (a reused block may be larger than rounded), as
+        // pool_free takes it off.
+        d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
         return b->ptr;
     }
 
