@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT
 # bench/ab.sh OLD NEW: two builds of cudefer measured side by side on one
 # GPU machine, through bench/run.py, in one results file.
 #

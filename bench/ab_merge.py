@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench/ab_merge.py: the results file of bench/ab.sh, from the JSON lines
 of its bench/run.py runs (one per repetition, workload and build).
 

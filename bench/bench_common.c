@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What every benchmark program shares: see bench_common.h. */
 #define _GNU_SOURCE
 #include "bench_common.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_common: what every benchmark program shares.  Each program runs one
  * (workload, strategy, repetition) in its own process and prints ONE JSON

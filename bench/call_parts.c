@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench-call-parts: the parts of the launching thread's call (issue 13,
  * item 3).  Each part is one call, timed alone, --calls times in a row on one

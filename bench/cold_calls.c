@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cold-calls: what cudefer's PyTorch entry points cost the launching thread
  * when its caches are cold, as they are between two allocator calls of a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_profile.c: a sampling CPU profiler loaded with LD_PRELOAD, for
  * machines without perf (the GPU machines have none).  bench/cpu_profile.py

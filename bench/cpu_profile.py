@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/cpu_profile.py [--us N] [--top N] PROGRAM [ARGS...]: where a
 program's CPU time goes, on machines without perf (the GPU machines have
 none).  Builds bench/cpu_profile.c with cc into a temporary directory, runs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench-event-records: what cudaEventRecord costs the launching thread when
  * the GPU runs far behind it, by how many distinct events are pending.  W4

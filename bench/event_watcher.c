@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The least an event-polling reclaimer must do: see event_watcher.h. */
 #define _GNU_SOURCE
 #include "event_watcher.h"

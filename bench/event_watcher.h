@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * event_watcher — the least any event-polling reclaimer must do, kept in
  * bench/ as the bound row malloc-record-query (bench/README.md):

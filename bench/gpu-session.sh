@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT
 # gpu-session.sh OUTDIR: the GPU measurements the open issues wait for, in
 # stages, each leaving few files in OUTDIR (a device machine returns at most
 # eight).  Run it from the top of a built tree (the unpacked tarball, after

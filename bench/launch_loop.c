@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench-launch-loop: workloads W1-W4, the launch loop.  Each iteration of a
  * launching thread allocates a 1 MiB buffer, launches one kernel that spins

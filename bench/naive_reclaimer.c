@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The literal deferred-free design: see naive_reclaimer.h. */
 #define _GNU_SOURCE
 #include "naive_reclaimer.h"

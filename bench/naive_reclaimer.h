@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * naive_reclaimer — the literal deferred-free design, kept in bench/ as the
  * baseline cudefer is measured against:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench/plot.py RESULTS.jsonl OUT.png: draw the benchmark's figures.
 
 Reads the JSON lines of bench/run.py (its summary records; from the

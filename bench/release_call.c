@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench-release-call: workload W5, the cost of the release call alone.
  * N buffers of 1 MiB are allocated first; then each release call (cudaFree,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * replay-trace: replay an allocation trace recorded from PyTorch training
  * (bench/torch_shims.c's shim_traced_alloc/free; its header comment gives

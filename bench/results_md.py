@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench/results_md.py: bench/RESULTS.md, written from the JSON lines of
 bench/results/.
 

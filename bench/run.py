@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench/run.py: run cudefer's benchmark matrix and print the table.
 
 Every (workload, strategy, repetition) runs in a fresh process: the C

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/run_facts.py: the facts of a bench/run.py run that every record
 carries: date, command, commit, NVIDIA driver, device, CUDA and PyTorch
 versions.  The parent never initializes CUDA itself: a C program or

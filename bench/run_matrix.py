@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/run_matrix.py: bench/run.py's matrix: which runs, in which order
 (interleaved repetitions, bound rows first), their commands, and one JSON
 record per run with its ratios to the bounds of the same repetition.

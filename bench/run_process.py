@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/run_process.py: one run of bench/run.py in a fresh process: its
 environment, the time limit (the whole process group is killed), its JSON
 answer, and what of its stderr is shown.  Python standard library only."""

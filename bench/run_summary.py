@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/run_summary.py: the statistics of bench/run.py: medians and
 spreads over the repetitions, one summary record per (workload, strategy).
 Python standard library only."""

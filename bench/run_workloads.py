@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/run_workloads.py: what bench/run.py can run: the workloads (which
 program, strategies in table order, bound rows, ratios to them), the
 strategies and the --variant rows built on them.  Python standard library

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench-scale: workload W6, many entries from many threads.  64 threads make
  * 1,000,000 calls over 1024 streams (16 streams per thread, round robin)

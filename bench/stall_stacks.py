@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/stall_stacks.py PROGRAM [ARGS...]: run PROGRAM; when one of its
 threads (not the main thread) sleeps in futex on a heap address for 15 ms or
 more, stop the process (SIGSTOP) and print every thread's backtrace

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/table.py: the table bench/run.py prints at the end, from the
 summary records (one per workload and strategy; see bench/README.md for the
 columns).  Python standard library only."""

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench/test_run.py: tests of bench/run.py, bench/ab.sh, bench/results_md.py
 (and bench/results/ against bench/RESULTS.md) and bench/plot.py's reading,
 without a GPU, as TAP.  The C programs and torch_train.py are replaced by

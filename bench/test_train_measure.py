@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/test_train_measure.py: tests of bench/train_measure.py (what a
 training run measures beside its time), without a GPU: the host's load
 from /proc/stat, and the NVML sampler over a fake pynvml.  Run through

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/thread_states.py PROGRAM [ARGS...]: run a bench program (its last
 stdout line a JSON object) and sample every thread's state about every 0.5
 ms (/proc/PID/task/*/stat, syscall, comm); print the program's result and

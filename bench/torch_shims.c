@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * torch_shims.c: the allocators cudefer is compared with, as PyTorch
  * pluggable allocators (torch.cuda.memory.CUDAPluggableAllocator loads a

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Train one real model under one CUDA allocator, once, and print the result.
 
     python3 bench/torch_train.py --model {cnn,lm} \

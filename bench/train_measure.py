@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """bench/train_measure.py: what a training run of bench/torch_train.py
 measures beside its time: the peak device memory (an NVML sampler in a
 process of its own), the machine's load over the timed steps

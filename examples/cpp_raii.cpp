@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpp_raii.cpp: cudefer from C++ (include/cudefer.hpp).  Device and pinned
  * memory owned by std::unique_ptr and std::shared_ptr, whose deleters hand

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * demo.c: the same small GPU pipeline, timed with three ways of releasing.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * graph_capture.c: defer_free inside a CUDA graph capture.
  *

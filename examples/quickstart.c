@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* quickstart.c: free device memory without waiting for the GPU. */
 #include <stdio.h>
 #include <stdlib.h>

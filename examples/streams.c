@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * streams.c: one buffer used by several streams, released with
  * defer_free_streams, without making the streams wait for each other.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """cudefer as PyTorch's CUDA allocator: a few training steps, PyTorch's
 memory statistics, and a tensor shared with a side stream through
 record_stream.

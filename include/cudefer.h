@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cudefer — free CUDA memory without stalling the threads that launch GPU work.
  *

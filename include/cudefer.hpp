@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cudefer.hpp — C++ ownership for cudefer: deleters for std::unique_ptr and
  * std::shared_ptr that release CUDA memory with defer_free, bound to the

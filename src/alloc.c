@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The allocation calls: defer_alloc, defer_record_stream and PyTorch's
  * pluggable-allocator entry points, over the block cache (cache.h):
  * a block freed on a stream goes back to a request on that stream at once,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The public defer_* calls that free or call back, and flush, trim,
  * shutdown and version: each checks its arguments (a bad one is refused
  * here, said in the caller's words and counted), builds its request and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's launching side (cache.h says which file holds what):
  * the per-device state, start and shutdown; take and add; a free's plan,
  * claim and park; a block's users; a request's claims and their refusals;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The block cache: the device memory defer_alloc hands out, and what comes
  * back to it.  This header is the module's interface to the rest of src/.

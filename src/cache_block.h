@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The block cache's one private header (the interface is cache.h): the
  * block, its states and their transitions, the per-device cache, size

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's address map (cache.h says which file holds what;
  * cache_block.h declares these): from the start address of every block to
  * the block, a hash of chained blocks sharded by address, a mutex per

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's reclaimer side (cache.h says which file holds what):
  * a claim's work done, a release's adoption, the blocks that leave the
  * cache and their release, and the spare block structs kept for reuse.

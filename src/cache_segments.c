@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's segments (cache.h says which file holds what): a
  * request cut from a larger block, freed neighbours merged again, and the
  * index of each device's segments by address.  A segment is one allocation

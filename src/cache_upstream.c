@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's upstream: one stream-ordered memory pool of cudefer's
  * own per device (cudaMemPoolCreate), where new segments come from (cache.h
  * says which file holds what, and what each function does). */

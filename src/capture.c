@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Graph capture: entries tied to a graph's life (see capture.h). */
 #include "capture.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Graph capture: defer calls on streams that are being captured into a CUDA
  * graph.

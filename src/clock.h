@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Time: the monotonic clock in nanoseconds, which every interval and
  * deadline of cudefer is measured on, and its conversion to the realtime

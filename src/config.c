@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Configuration: one table of knobs (variable, field, kind, default, range,
  * what 0 means) drives the defaults, the CUDEFER_* environment, the checks
  * of defer_configure, the verbose print and every range a message states;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Configuration: the built-in defaults, the application's defer_configure,
  * the CUDEFER_* environment variables on top, and the values in force.  The

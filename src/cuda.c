@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The CUDA layer: the rules are in cuda.h. */
 #include "cuda.h"
 

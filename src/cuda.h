@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The CUDA layer: every CUDA call of cudefer's goes through this header and
  * cuda.c, so that a new call means a wrapper here, its fake in t/fake and

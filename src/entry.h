@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * An entry: one deferred release (or callback, or request) on its way from a
  * launching thread to the reclaimer.  Entries are recycled (see

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Entries mapped a slab at a time: see entry_slab.h. */
 #define _GNU_SOURCE /* MAP_ANONYMOUS, MAP_POPULATE */
 #include "entry_slab.h"

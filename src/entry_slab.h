@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Entry slabs: where pooled entries (entry.h, event_pool.h) live.  A thread
  * that needs an entry while its cache and its device's pool have none maps
@@ -11,8 +12,7 @@
  * lock for writing while the other threads fault their pages in).  In W6 on
  * an H100 (64 threads, 10^6 pending callbacks) 30% of the launching
  * threads' CPU samples were in that mprotect, and in W5 one defer_free in
- * 18 took a page fault of a fresh entry
- * (bench/results/2026-11-26-h100-w6-profile.txt).
+ * 18 took a page fault of a fresh entry.
  *
  * Limit: a slab stays mapped while any of its entries is allocated, so
  * after a burst the idle entries the pools keep (CUDEFER_EVENT_POOL a

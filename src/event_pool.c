@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Entries and shared events, pooled per device and cached per thread: see
  * event_pool.h. */
 #include "event_pool.h"

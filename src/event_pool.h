@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Event pool: the launching threads' recycled resources, per device.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Free batches: blocks freed on the legacy stream share one event (see the
  * header). */
 #include "free_batch.h"

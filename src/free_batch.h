@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Free batches: blocks of the cache freed on the legacy stream share one
  * event (without it, about 2.5 us per defer_free in PyTorch training on an

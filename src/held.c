@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Held lists: see held.h. */
 #include "held.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Held lists: completed device and pinned memory that the release policy
  * keeps for a better moment (memory the application allocated itself and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The library's lifecycle: lazy start, admission of defer calls (the gate),
  * flush and trim requests, shutdown, process exit and fork (see
  * lifecycle.h). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The library's lifecycle (lifecycle.c): lazy start of the reclaimer thread
  * (reclaimer.c), admission of every defer call (the gate), hand-over of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Open-addressing set of pointers with linear probing and backward-shift
  * deletion (no tombstones). */
 #include "pointer_set.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Pointer set: the pointers deferred and not yet released, for
  * CUDEFER_CHECK=1 (a pointer deferred again while pending is reported, not

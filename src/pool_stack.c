@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A pool's idle items as a stack of batches: see pool_stack.h. */
 #include "pool_stack.h"
 

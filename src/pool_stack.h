@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Pool stack: the idle items of one pool (event_pool.h: entries or shared
  * events of a device), kept as a stack of batches, so that a thread
@@ -6,8 +7,7 @@
  * Why: the pool was one chain, and a refill walked BATCH items under the
  * lock, each a cache line last written by another thread (the reclaimer
  * gives them back): on an H100, in W5 runs that made no event, one
- * defer_free in 32 was slow, 2-4 us, the p99
- * (bench/results/2026-11-26-h100-w5-diag.txt).  Now whoever gives items
+ * defer_free in 32 was slow, 2-4 us, the p99.  Now whoever gives items
  * back cuts its chain into batches before it takes the lock (the
  * reclaimer, whose items those are), and a taker pops one.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Intrusive MPSC queue: see queue.h.  Push is exchange-then-link, so the
  * consumer can briefly see a node whose successor is not linked yet; it then
  * yields until the producer finishes its link store. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Intrusive multi-producer, single-consumer queue.
  *

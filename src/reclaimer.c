@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The reclaimer: one thread that takes every pushed entry at once, keeps it
  * in its stream's FIFO, polls the oldest event of each stream

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer's side of the held lists (held.h): which completed
  * entries the release policy (release_policy.h) lets go now, and why, in
  * one batch per device.  Reclaimer thread only. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer's poll: which pending entries' events completed, stream by
  * stream (stream_table.h), and the entries of devices that failed meanwhile.
  * Reclaimer thread only. */

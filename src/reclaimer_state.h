@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The reclaimer's state, shared by the reclaimer thread (reclaimer.c) and
  * the library's lifecycle (lifecycle.c: start, admission, flush and trim

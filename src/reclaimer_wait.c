@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer's wait between passes (see reclaimer_state.h): a nap while
  * work is pending, the policy's next deadline while only held memory waits,
  * and a sleep until a push once there is nothing at all. */

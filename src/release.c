@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Release of one completed entry. */
 #include "release.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Release: what it means to finish one entry's work — cudaFree, cudaFreeAsync
  * (pool memory), cudaFreeHost or the callback — and how a failure is

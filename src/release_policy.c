@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Release policy: which held entries to release, and when (see the header). */
 #include "release_policy.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Release policy: WHEN completed memory is released.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Diagnostics on stderr, one whole line per message: one write(2) of the
  * line, so lines of concurrent threads do not interleave, and no stdio lock
  * is taken (a fork child inherits stderr's lock as it was: held for ever

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Diagnostics: every message cudefer prints goes to stderr as one line that
  * starts with "cudefer: " (a failed CUDA call's through cuda_report_failure,
  * cuda.h). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Statistics counters, the defer_stats_get snapshot and the one-line print,
  * all from the list in stats_counters.h. */
 #include "stats.h"

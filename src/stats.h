@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Statistics: counters bumped by the launching threads and the reclaimer,
  * read as a snapshot by defer_stats_get.  Relaxed atomics: exact counts, no
@@ -19,7 +20,7 @@
 /* One atomic per kept counter of stats_counters.h (gauges are computed by
  * the snapshot), then the latency histogram.  Each counter on a cache line
  * of its own: the launching threads bump deferred at every call, the
- * reclaimer its counters at every pass (issue 13, item 4). */
+ * reclaimer its counters at every pass. */
 #define STATS_ATOMIC(name) _Alignas(64) _Atomic uint64_t name;
 #define STATS_NOT_KEPT(name)
 struct stats {

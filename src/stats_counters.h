@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The one list of statistics fields, in the order of struct defer_stats
  * (include/cudefer.h, written out there for its readers).  From it stats.h

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Stream identity, with a small cache per thread (see the header). */
 #include "stream_identity.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stream identity: the device and the unique id (cudaStreamGetId) of a
  * stream handle, as the launching thread sees it.  The id, not the handle,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Stream lanes: consecutive entries of a stream share events (see the
  * header). */
 #include "stream_lane.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stream lanes: how a launching thread's consecutive entries of one stream
  * share events (without them, W6's cost on an H100 is the driver's event

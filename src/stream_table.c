@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Per-stream FIFOs of pending entries: a chained hash table for lookup and a
  * dense array for the reclaimer's pass over every pending stream. */
 #include "stream_table.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stream table: FIFOs of pending entries, owned by the reclaimer thread
  * alone (no locks).  Events recorded on one stream complete in order, so
@@ -15,7 +16,7 @@
  * found a block sharing a pending event at the head of a stream's one
  * memory FIFO holding back plain frees whose work was done).
  *
- * Each FIFO also keeps its poll schedule (issue 13, item 4): a head that
+ * Each FIFO also keeps its poll schedule: a head that
  * stays incomplete is queried less and less often, so entries waiting
  * behind long work cost a few queries each, not one per reclaimer pass.
  */

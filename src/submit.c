@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One request's route, on the calling thread (submit.h): admit, resolve the
  * stream once, choose the route once, take it.  Note [The submit route]. */
 #include "submit.h"

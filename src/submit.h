@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One request's route: from the checked arguments of a defer_* call (api.c,
  * alloc.c) to an entry on the reclaimer's queue, a free batch, a graph's
  * user object, or a release made on the calling thread (submit.c, Note [The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Thread shards (see the header). */
 #include "thread_shard.h"
 

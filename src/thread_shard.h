@@ -1,16 +1,15 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Thread shards: the one cache line of counters a launching thread writes
  * at every defer call, and the one thread-local line it reads.
  *
  * A thread counts in one of THREAD_SHARDS shards, taken in turn at its
  * first call: alone as long as there are no more threads than shards, so no
- * cache line bounces between launching threads (issue 13, item 4; W6's 64
- * threads).  A shard holds lifecycle's gate count (the defer calls under
+ * cache line bounces between launching threads.  A shard holds lifecycle's gate count (the defer calls under
  * way; lifecycle.c says how it pairs with the closed flag) and the
  * statistics bumped per call (stats.h).  One line for all of them: each
  * line a call touches is a miss when PyTorch's own work ran between two
- * calls, and a call of its entry points touched one line per counter
- * before (bench/cold-calls under cachegrind, 2026-11-26).
+ * calls (bench/cold-calls under cachegrind counts them).
  */
 #ifndef CUDEFER_THREAD_SHARD_H
 #define CUDEFER_THREAD_SHARD_H

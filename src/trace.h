@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Trace: NVTX ranges, so Nsight Systems shows when cudefer releases memory
  * (a range per release batch, named for its reason, and one per release).

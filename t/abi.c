@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The ABI that can grow (cudefer.h, "Structs that grow"): a caller whose
  * struct defer_stats or struct defer_config is smaller than the library's
  * (built against an older header) gets no byte written past its struct and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Addresses reused, as CUDA reuses them: the fake hands a released
  * allocation's address to the next allocation that fits
  * (fake_set_address_reuse), so that whatever cudefer remembers of a pointer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Calls after defer_shutdown, and a shutdown before any defer call: every
  * call is refused with cudaErrorNotPermitted, explained on stderr and
  * counted; the caller keeps its pointers; the no-ops stay no-ops.  Each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_alloc over the block cache, end to end with the reclaimer: a block
  * freed on a stream goes back to that stream at once, to other streams only
  * once its work is done (the oracle checks every hand-out), record_stream,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A block of defer_alloc used on another stream than the one it was asked
  * for, as cudefer.h allows: once that stream waits for the block's own
  * (cudaStreamWaitEvent after the call), as with cudaMallocAsync.  The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Pointers inside defer_alloc's memory where no block starts, end to end
  * with the reclaimer (block splitting on, the default): an interior pointer
  * of a live block (a cut one, a whole one) and a cut block freed again after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_alloc at its limits: sizes no device holds (their rounding
  * wrapped to a block of 0 bytes: "success" with NULL before; found by a
  * review helper), and out of memory (the rounded size does not fit but the

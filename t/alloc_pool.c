@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The pool behind the block cache (src/cache_upstream.c), end to end with
  * the reclaimer: what a miss hands back to the pool (only what the pool lacks:
  * the oldest free blocks, then those pending on the request's own stream),

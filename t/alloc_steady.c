@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The steady state of defer_alloc as a training loop's allocator: a
  * synthetic step (a forward pass keeping 40 activations live, temporaries
  * freed right after their kernel, a backward pass freeing the activations

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Bugs the stress test found (t/stress, then with --double-free-every-path,
  * now its default), each in its smallest form; every test here fails at
  * commit f444d14, before the fix (a block is FREEING from the moment any

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The core promise on one stream: nothing is released before the work that
  * uses it completes, everything is released after, in batches, and the
  * reclaimer sleeps when idle. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache on its own (no reclaimer), through src/cache.h: fit
  * (rounding: t/block_rounding), the states LIVE -> PENDING (reusable on its
  * stream only) -> FREE (any stream), stale hand-outs, users, double frees,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Blocks of the cache freed on their stream share events as callbacks do
  * (stream_lane.h: LANE_SHARE_BLOCKS).  On an H100, W4 cudefer-alloc (8
  * threads, each freeing on its own stream behind the GPU) created 6,600 to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The blocks that leave the block cache (src/cache_reclaim.c), on their
  * own (no reclaimer), through src/cache.h: expiry oldest first, never a
  * block an entry still names; a miss's hand-back of upstream blocks, the

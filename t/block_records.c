@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Spare block structs kept for reuse (src/cache_reclaim.c, Note [Spare
  * blocks]).  First white-box, on a device cache of its own (so this test
  * includes the private src/cache_block.h): a retired struct is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Size classes and the fit rule.  The pure functions of the private
  * src/cache_block.h (which this test includes for them alone: no state):
  * every class, the bin a block is filed in and the blocks a request may

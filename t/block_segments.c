@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The block cache's segment index (src/cache_segments.c, Note [Segment
  * index]): sorted, disjoint ranges; a new segment drops the ranges it
  * overlaps (their memory was cudaFree'd behind cudefer's back and allocated

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Stale blocks: a block's memory cudaFree'd behind cudefer's back and its
  * address allocated again (src/cache.c, Note [Stale blocks]).  The new
  * block is filed and counted, the old one dropped from its lists, the

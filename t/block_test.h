@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers shared by the block cache's unit tests (t/block_cache.c,
  * t/block_stale.c, t/block_leave.c, ...), which reach the cache through its
  * interface, src/cache.h, and see a block's fields through its tests-only

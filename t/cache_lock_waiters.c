@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer lets a launching thread that waits for a device's lock in
  * before its next hold (src/cache_reclaim.c, Note [Letting waiters in]).
  * A thread asleep on the lock is woken by the unlock, but the reclaimer,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer sleeps while only cached free blocks wait for their
  * expiry (src/reclaimer_wait.c, cache_release_ns): its sleep ends when a
  * block will really be released, not at the first block's cache_keep_ms

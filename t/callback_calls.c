@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What a defer_call callback may call (issue 12, items 2 and 10).
  *
  * A callback runs on the reclaimer thread, or on the calling thread under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer's current device around callbacks (issue 13, item 4: W6's
  * drain runs 10^6 callbacks).  A callback may switch the reclaimer thread's
  * device, so the reclaimer used to forget which device was current after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The order of defer_call callbacks (issue 12, item 8): callbacks deferred
  * on one stream run in the order deferred, also when one of them falls
  * back to a synchronous release (no event could be had), when a callback's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Defer calls on a stream that is being captured into a CUDA graph: no
  * event is recorded into the capture, and the entry is released only once
  * the graph and every executable graph made from it are destroyed and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A defer call on a capturing stream waits for the graph (t/capture.c) and
  * also for the work enqueued on the stream before the capture began: that
  * work may still use the memory when the graph dies, e.g. when the graph

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CUDEFER_CHECK=1: a pointer deferred again while its first release is
  * pending is reported by name and dropped, so it is released once; once
  * released, deferring the same address again (after a new allocation) is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_configure through the library: the values given before the first
  * defer call are the ones the reclaimer starts with (shown by
  * CUDEFER_VERBOSE=1, the environment on top), and a later call is refused. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_configure against the lifecycle and the environment (issue 12,
  * item 12): after a defer_shutdown that came before any defer call it is
  * refused (nothing will ever start to use it), and a bad CUDEFER_* value

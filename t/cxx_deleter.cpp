@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* include/cudefer.hpp on the fake runtime, built with the C++ compiler:
  * std::unique_ptr and std::shared_ptr owning device and pinned memory
  * release it through cudefer — held while work that uses it is pending,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Four devices: each entry's event lives on its stream's device whatever the
  * caller's current device, the caller's device is left alone, and the
  * reclaimer touches only devices the application used. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The launching thread's CUDA calls through the driver's entry points
  * (src/cuda.h): a defer call makes its capture check and its event
  * record through them, once each (not again through the runtime); a failed

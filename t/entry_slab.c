@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Entry slabs (src/entry_slab.h): a slab's entries, its unmapping when the
  * last is freed, and the library's use of them: a burst's slabs go back
  * once it drains (but for what the pools keep, the limit in entry_slab.h),

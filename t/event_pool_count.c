@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The stats' events_in_pool counts every idle event, in the pools and in
  * each thread's cache, though a thread's take and give no longer touch a
  * counter shared by all threads (issue 13, item 4): while the threads that

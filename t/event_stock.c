@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A device's first stock of events and the reserve its pool keeps for
  * lanes that hold none (src/event_pool.c).  On an H100, W6 (64 threads, 16
  * streams each, callbacks behind a gate) lost 156-209 ms at a thread's

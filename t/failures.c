@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Failures of the runtime: the caller gets the error and keeps its pointer,
  * or the entry is released safely anyway; nothing is ever released early,
  * and every failure is named on stderr and counted. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest.c — tests of the fake CUDA runtime (t/fake) and of the TAP
  * producer (t/tap) themselves.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest.h — what the parts of the fake runtime's self-test share:
  * small helpers and the groups of tests, one function each, that main()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest_control.c — self-test of the fake CUDA runtime:
  * failure injection and call counting for every call kind, error strings,

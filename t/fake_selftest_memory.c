@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest_memory.c — self-test of the fake CUDA runtime:
  * allocations of every kind, the oracle that checks each release, and

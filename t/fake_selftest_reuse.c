@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest_reuse.c — self-test of the fake CUDA runtime: released
  * addresses reused as CUDA reuses them (fake_set_address_reuse,

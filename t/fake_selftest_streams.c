@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest_streams.c — self-test of the fake CUDA runtime:
  * devices, streams (legacy, per-thread, user), the order in which

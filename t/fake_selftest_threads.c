@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_selftest_threads.c — self-test of the fake CUDA runtime:
  * the fake under concurrency (producers and a reclaimer-like consumer) and

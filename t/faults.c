@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Fault injection: every CUDA runtime call cudefer makes fails, once and
  * persistently, one scenario per process (the configuration is read once
  * per process, and a failed device stays failed).  Each scenario checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * faults.h — what the fault-injection scenarios share: the scenario table's
  * row, small helpers, and the scenarios, grouped by the part of cudefer

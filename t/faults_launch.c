@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * faults_launch.c — fault injection into the calls cudefer's launching
  * thread makes: cudaGetDeviceCount at start, cudaStreamGetDevice and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * faults_reclaimer.c — fault injection into the reclaimer's loop:
  * cudaEventQuery (once, persistently, and the sticky error that fails a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * faults_release.c — fault injection into releasing memory: cudaFree and
  * cudaFreeHost (once, persistently, sticky), pool memory (cudaFreeAsync

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * faults_teardown.c — fault injection at shutdown and exit:
  * cudaEventDestroy and cudaStreamDestroy, and every call failing with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_flush waits for what was deferred before it (and only that);
  * defer_shutdown drains, stops, and refuses later calls clearly. */
 #include <pthread.h>

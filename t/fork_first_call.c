@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* fork() racing the process's first defer call.  glibc runs in a fork
  * child only the atfork handlers registered when fork() began, and drops
  * its atfork lock around each prepare handler; a handler that cudefer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* fork() while another thread holds one of cudefer's locks: the child must
  * not inherit them locked.  Here the thread that
  * starts the reclaimer is stopped inside the start, holding the lifecycle

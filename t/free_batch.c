@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Free batches (src/free_batch.h), end to end with the reclaimer: blocks of
  * defer_alloc's freed on the legacy stream share one event per batch
  * (CUDEFER_FREE_BATCH, 4 here), are reusable on the legacy stream at once

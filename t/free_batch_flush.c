@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Free batches (src/free_batch.h) against flushes that run beside other
  * threads' seals: a flush waits for a seal that took earlier frees' claims
  * and has not pushed them yet, waits for no seal begun after it looked,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_free_n: one event for several pointers, NULL ones skipped, the
  * array copied at the call; a NULL array, n == 0 and a pointer named more
  * than once (which would be released twice) handled at the call.  (Moved

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The gate counts submissions in per-thread shards (issue 13, item 4):
  * with more threads than shards (some share one), defer_shutdown must still
  * wait for every submission under way and refuse every later one.  80

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Memory used by several streams (defer_free_streams and its host and call
  * variants): released only after the work of every stream, without the
  * streams waiting for each other; a failure on any stream defers nothing. */

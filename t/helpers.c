@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers for the fake-runtime tests (see helpers.h). */
 #define _GNU_SOURCE
 #include "helpers.h"

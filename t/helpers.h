@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers shared by the fake-runtime tests: allocations, simulated work,
  * waiting with a deadline, capturing what the library prints, and running
  * scenarios in child processes (checks, the environment, fork and wait). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Out of host memory on the calling thread: each defer call below is made
  * again and again, each time with the next of its malloc, calloc and
  * realloc calls failing (the fake runtime's own are spared), in a fresh

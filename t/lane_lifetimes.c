@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* How long the events a thread's stream lanes hold live (stream_lane.h):
  * every one is let go of, and destroyed at shutdown, whatever ended the
  * lane, and none is destroyed where its device cannot take it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The library's lifecycle, one scenario per process: fork with entries
  * pending (the child refuses every call and never frees what the parent
  * owns), process exit (drains what completes, never hangs, counts what is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A program built with nvcc --default-stream per-thread (which defines
  * CUDA_API_PER_THREAD_DEFAULT_STREAM before the CUDA headers) means its
  * per-thread default stream by stream 0.  cudefer, built apart, took 0 for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The release policy, one scenario per process (the configuration is read
  * once per process): completed memory is held while the application is
  * busy and released in batches when it is quiet, over the cap, too old, or

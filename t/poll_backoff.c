@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The reclaimer's poll of streams whose work is held back (issue 13, item
  * 4): a stream's head that stays incomplete is queried less and less often,
  * so entries waiting behind a closed gate cost at most 3 event queries

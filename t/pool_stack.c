@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The pool stack on its own (src/pool_stack.h): chains cut into batches,
  * the bound, whole-batch and one-item pops, the kept reserve, and every
  * item accounted for (pushed, popped, or returned as did not fit). */

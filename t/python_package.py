@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """t/python_package.py: the cudefer Python package's errors, as TAP,
 without PyTorch, CuPy or a GPU.
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # make check: t/python_package.py (the cudefer Python package's errors with
 # a fake torch and cupy) as TAP, on the library just built; skipped
 # without python3.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # readme_quickstart.sh: the C quick start that README.md prints is
 # examples/quickstart.c line for line, so the program a reader copies is
 # the one make builds (and t/gpu/run-examples.sh runs on a GPU).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_record_stream of the legacy stream (0) on two devices: a block of
  * device 1, recorded on stream 0 while device 1 is current (device 1's
  * legacy stream, which still reads it), freed while device 0 is current

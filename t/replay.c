@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A training loop's allocations replayed on the fake runtime (replay.h). */
 #include <stdlib.h>
 

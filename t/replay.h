@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Replaying a training loop's allocations on the fake runtime: defer_alloc
  * and defer_free on one stream, simulated kernels using the blocks, and a
  * launch queue that makes the simulated GPU run behind the CPU as it does

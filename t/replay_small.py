@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Write t/replay_small.trace: a small allocation trace in the format of
 bench/torch_shims.c (shim_traced_alloc/free, shim_trace_mark), shaped as
 PyTorch training makes it, for t/replay_trace.sh to replay with

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # make check: bench/replay-trace replays t/replay_small.trace (a small trace
 # in bench/torch_shims.c's format, made by t/replay_small.py) on the fake
 # runtime, as TAP.  It checks that the replay runs with the oracle clean,

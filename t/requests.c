@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What flush and trim promise their callers, and the wake-up a push
  * owes a sleeping reclaimer, in the cases a mutation test showed the
  * suite blind to (each scenario fails under its mutant of src/):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Consecutive callbacks of a stream share events (stream_lane.h; issue 13:
  * W6's cost on an H100 was the driver's event creation, one event per
  * pending entry).  Behind a held stream a thread's callbacks take at most

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/torch_shims.c's pluggable-floor pair (a bound row of the training
  * benchmark) on the fake runtime: a block freed on a stream comes back to
  * the next request of exactly its size on that stream, at once (stream

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_flush and defer_shutdown after callbacks deferred while event
  * creation fails for good, with the eager policy and a reclaimer that
  * polls once a second, in a program that never called defer_alloc (its

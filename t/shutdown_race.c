@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* defer_shutdown and process exit racing threads that make their first
  * defer call while another thread starts the reclaimer (issue 12, item 1).
  * The starter's cudaGetDeviceCount is slowed down, so the other threads

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A thread's cached stream identity can be stale: the stream was destroyed
  * and its handle now names another stream (on another device, recording
  * then fails with cudaErrorInvalidResourceHandle).  The single-stream path

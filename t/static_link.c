@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The static libcudefer.a keeps its internal names to itself: this program
  * defines its own stats, report and queue_init (names cudefer uses inside)
  * and is linked against the static archive and the real CUDA runtime (no

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # static_symbols.sh: the static libcudefer.a defines no global symbol but
 # the API's (defer_*, cudefer_*), as one TAP test.  make check runs it from
 # the top of the build tree with NM and OBJCOPY as configure found them;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Two streams of two devices that report one id (cudaStreamGetId's ids are
  * unique only within a device's context, as far as cudefer may assume;
  * the fake's fake_set_stream_id makes them collide).  cudefer must tell

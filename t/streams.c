@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Several streams: each is its own FIFO, so a stalled stream holds back only
  * its own entries; per-thread streams of two threads are two FIFOs; the
  * legacy stream works from any thread. */

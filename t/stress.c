@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A seeded stress test: many threads defer on many streams of several
  * devices (their own streams, created and destroyed as they go, their
  * per-thread streams, the legacy streams, short-lived threads' streams),

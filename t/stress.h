@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stress.h — what the parts of the stress test share: stress.c (the
  * options, the configuration drawn from the seed, failures, the watchdog and

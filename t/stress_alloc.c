@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stress_alloc.c — the stress test's operations on defer_alloc's blocks
  * (how one is got, used and freed, checked, is in stress_blocks.c): a block

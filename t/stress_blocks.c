@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stress_blocks.c — how the stress test gets, uses and frees a block of
  * defer_alloc's, with every hand-out checked; the operations built on them

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stress_worker.c — a stress-test thread: the operations it draws from its
  * seeded sequence (defer_free of device, pinned and pool memory, defer_free_n,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A device switch that fails inside cudefer leaves no error of cudefer's
  * as the thread's last error (PyTorch's launch check reads it after every
  * kernel), and the caller's device current.  An event made for another

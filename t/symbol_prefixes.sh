@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # symbol_prefixes.sh: every function a library source file exports (src/X.c)
 # starts with the file's name (X_...), so a reader finds a function from its
 # name; the public API (defer_*, cudefer_*) is exempt.  One TAP test per

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Thread shards (src/thread_shard.h): each thread counts in one shard of
  * its own while there are no more threads than shards, keeps it for good,
  * and the statistics add up across threads: blocks freed on one thread and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Many threads deferring at once on their own, per-thread and the legacy
  * streams: every entry released exactly once, never early. */
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/torch_shims.c's cudefer-trace pair on the fake runtime: every call
  * of shim_traced_alloc, shim_traced_free and shim_trace_mark becomes one
  * line of the trace file (the format in torch_shims.c's header comment), in

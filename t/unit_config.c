@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CUDEFER_* parsing: the whole string, within bounds, or a clear message and
  * the default.  Then defer_configure and the configuration settled at
  * start-up (config_at_start, called directly: once per process, so last). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Making a device current and the caller's current again (cuda_switch_*
  * in src/cuda.c), called directly on the fake runtime with two
  * devices: nothing is switched where the device is current already; the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The pointer set alone (CUDEFER_CHECK's record of the pointers deferred
  * and not yet released): after a removal, every other member is still
  * found, so a pointer deferred twice is still seen as a second free.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPSC queue alone: order per producer, nothing lost or duplicated when
  * many producers push while the consumer takes batches. */
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The release policy's decisions at their boundaries (src/release_policy.c),
  * called directly: the cap ("more than" it; a batch stops at half), the
  * age (max_delay_ms, 0 = none), quiet time (idle_us after the last

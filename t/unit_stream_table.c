@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The stream table (src/stream_table.c), called directly: each stream has
  * three FIFOs (callbacks, blocks of the cache, other memory) kept apart
  * and in order; a FIFO leaves the table when its last entry is popped and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """cudefer from Python: the library's counters and trim, and cudefer as the
 CUDA allocator of PyTorch (cudefer.torch) and CuPy (cudefer.cupy).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """cudefer as CuPy's device memory allocator.
 
     import cudefer.cupy

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """cudefer as PyTorch's CUDA allocator.
 
     import cudefer.torch

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 // torch_allocator.cpp: cudefer as PyTorch's whole CUDA allocator.
 //
 // A subclass of c10::cuda::CUDACachingAllocator::CUDAAllocator (PyTorch

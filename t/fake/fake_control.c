@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_control.c — the fake CUDA runtime's state and the test control API:
  * the lock every call takes, fake_reset, fork safety, and the accounting of

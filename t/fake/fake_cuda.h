@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_cuda.h — a fake CUDA runtime for testing cudefer without a GPU.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_device.c — the fake's devices: how many, the calling thread's
  * current device (and which devices the application, as opposed to

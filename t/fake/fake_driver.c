@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_driver.c — entry points other than the plain cudart calls: the
  * driver's cuPointerGetAttributes and the launching thread's driver calls

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_graph.c — stream capture and graphs: what a capturing stream
  * refuses (and which captures that invalidates), graphs made by a capture,

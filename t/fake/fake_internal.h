@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_internal.h — what the parts of the fake CUDA runtime share; not for
  * tests (they include fake_cuda.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_memory.c — memory.  Device memory (cudaMalloc), stream-ordered pool
  * memory (cudaMallocAsync / cudaFreeAsync) and pinned host memory

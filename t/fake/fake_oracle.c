@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_oracle.c — the oracle: which work uses which bytes of an
  * allocation, and the checks of every release and every hand-out.

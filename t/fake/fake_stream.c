@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fake_stream.c — streams, simulated work and events on the simulated
  * clock (real time, CLOCK_MONOTONIC).  Work on a stream completes strictly

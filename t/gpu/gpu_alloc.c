@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_alloc.c: defer_alloc on a real GPU.  A loop of {defer_alloc 1 MiB,
  * kernel that fills it, defer_free} on one stream gets its own block back

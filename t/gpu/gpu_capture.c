@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_capture.c: defer calls inside a CUDA graph capture, on a real GPU
  * (issue 7).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_exit.c: process exit with entries pending, on a real GPU, and the cost
  * of a defer_free call.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_fault.c: a kernel fault (an illegal address) while entries are pending.
  *

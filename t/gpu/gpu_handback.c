@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_handback.c: a miss that hands blocks back to cudefer's pool, on a
  * real GPU.  Two 64 MiB blocks are freed on stream s while a 200 ms kernel

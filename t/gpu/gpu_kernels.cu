@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Kernels for the GPU tests, the demo and the benchmark (see gpu_kernels.h). */
 #include "gpu_kernels.h"
 

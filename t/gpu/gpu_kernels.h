@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Small kernels shared by the GPU tests, the demo and the benchmark.
  * Each launcher enqueues one kernel on stream and returns the launch error. */
 #ifndef CUDEFER_GPU_KERNELS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_multidevice.c: cudefer with two CUDA devices.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_soak: at least 10^7 entries of W1-like traffic through cudefer with the
  * default (batched) release policy, on device 0.  Not part of make check:

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # gpu_torch.sh: real PyTorch training under cudefer and under PyTorch's own
 # caching allocator must give bitwise identical results (TAP).
 #

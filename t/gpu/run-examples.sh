@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run-examples.sh: the examples on a GPU, as one TAP test.  make check runs
 # it from the top of the build tree, where the examples were built; each
 # runs with a short iteration count and must exit 0.  Without a CUDA device

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT
 # run-reliability.sh OUTDIR: cudefer's reliability checks on a GPU machine, in
 # one go, within a time budget (RELIABILITY_BUDGET_S, default 500 s):
 #   1. build: ./configure if there is no Makefile yet, make, make soak;

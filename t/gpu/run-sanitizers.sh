@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT
 # run-sanitizers.sh LOGDIR: the GPU tests under compute-sanitizer, memcheck
 # and racecheck.
 #

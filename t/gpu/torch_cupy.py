@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """torch_cupy.py: PyTorch and CuPy in one process on one cudefer pool.
 
     python3 t/gpu/torch_cupy.py [--lib PATH]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """torch_errors.py CASE: cudefer as PyTorch's allocator (cudefer.torch) when
 a call fails.  t/gpu/gpu_torch.sh runs it with CUDEFER_LIB set; exit status 0 when the
 case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.

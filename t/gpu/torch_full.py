@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """torch_full.py: a training script that uses every memory call a PyTorch
 user makes, under PyTorch's own allocator and under cudefer.torch.enable(),
 each in its own process, then compares them.

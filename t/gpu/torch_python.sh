@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # torch_python.sh: the cudefer Python package on a GPU, as TAP.
 #   t/gpu/torch_full.py  every memory call of a training script, a CUDA
 #                        graph, torch.compile(mode="reduce-overhead") and a

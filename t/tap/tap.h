@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tap.h — a small TAP (Test Anything Protocol) producer for cudefer's tests.
  *
