@@ -275,6 +275,17 @@ def cases(tmp):
         tap(rc == 0 and "WHY None" in out,
             "check_cxx_runtime takes a build that links libstdc++ dynamically",
             out)
+        plain = os.path.join(tmp, "plain.so")
+        with open(os.path.join(tmp, "plain.c"), "w") as f:
+            f.write("int plain(int x) { return x + 1; }\n")
+        subprocess.run([shutil.which("gcc") or shutil.which("cc") or cxx,
+                        "-shared", "-fPIC", "-x", "c", "-o", plain,
+                        os.path.join(tmp, "plain.c")], check=True)
+        rc, out = py("import cudefer.torch as t; print('WHY', t.check_cxx_runtime(%r))"
+                     % plain)
+        tap(rc == 0 and "WHY None" in out,
+            "check_cxx_runtime takes a build that needs no C++ runtime of "
+            "its own (its C++ calls reach torch's)", out)
         static = os.path.join(tmp, "static.so")
         built = subprocess.run([cxx, "-shared", "-fPIC", "-static-libstdc++",
                                 "-o", static, src], stdout=subprocess.PIPE,

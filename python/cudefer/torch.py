@@ -84,14 +84,33 @@ def _needed_libraries(path):
     return None
 
 
+def _defines_cxx_runtime(path):
+    """Whether the shared object at path carries a copy of the C++ runtime
+    (defines its exception machinery, as a -static-libstdc++ build does);
+    None when nm is not there to tell."""
+    try:
+        run = subprocess.run(["nm", path], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if run.returncode != 0:
+        return None
+    return re.search(r"^\S*\s+[TtWw]\s+(__gxx_personality_v0|__cxa_throw)$",
+                     run.stdout, re.M) is not None
+
+
 def check_cxx_runtime(path):
-    """None when the shared object at path needs the shared libstdc++ (or
-    when no tool can tell), else why it must not be loaded: an allocator
-    with a C++ runtime of its own crashed PyTorch at the first out of memory
-    (its copy of the runtime used the process's locale facets by the wrong
-    index, building the exception's message)."""
+    """None when the shared object at path uses the process's C++ runtime
+    (it needs the shared libstdc++, or reaches it only through torch's
+    libraries and carries none of its own), or when no tool can tell; else
+    why it must not be loaded: an allocator with a C++ runtime of its own
+    crashed PyTorch at the first out of memory (its copy of the runtime
+    used the process's locale facets by the wrong index, building the
+    exception's message)."""
     needed = _needed_libraries(path)
     if needed is None or any(n.startswith("libstdc++.so") for n in needed):
+        return None
+    if not _defines_cxx_runtime(path):
         return None
     return ("%s does not link libstdc++ dynamically (it needs only %s): the "
             "compiler ($CXX) links a C++ runtime of its own into it; set CXX "

@@ -45,8 +45,8 @@ def tensor_sha(tensors):
     import torch
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().to(torch.float32).cpu().contiguous()
-                 .view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().to(torch.float32).cpu().reshape(-1)
+                 .contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
