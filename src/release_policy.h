@@ -90,14 +90,16 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * every held byte adds to the program's peak.  So by default the cap
  * follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE) of the
  * memory it uses on the device (the device's used memory less what cudefer
- * holds), at least RELEASE_POLICY_CAP_FLOOR (a small program does not
- * drain the device for every few frees) and at most a quarter of the
- * device.  A batch over the cap releases down to half of it: one device
+ * holds), at least RELEASE_POLICY_CAP_FLOOR and at most a quarter of the
+ * device.  The floor is for a program whose working set is small but
+ * whose frees are many: each drain stalls its launches for as long as the
+ * device needs to finish its queue, so a floor of a quarter GiB cost such
+ * a loop of 1 MiB frees 40 % of its run time.  A batch over the cap releases down to half of it: one device
  * drain frees a twelfth of the working set.  The reclaimer asks the
  * device's use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds
  * memory there; max_pending_bytes, when set, is the cap instead. */
 #define RELEASE_POLICY_CAP_SHARE 6
-#define RELEASE_POLICY_CAP_FLOOR (UINT64_C(256) << 20)
+#define RELEASE_POLICY_CAP_FLOOR (UINT64_C(1) << 30)
 #define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)
 
 /* The cap of a device under cfg (Note [The cap]): of total_bytes memory,

@@ -158,12 +158,12 @@ static int s_batched_holds_while_busy(void)
 /* ---- 2. cap --------------------------------------------------------------- */
 
 /* The default cap follows the application (release_policy.h, Note [The
- * cap]): with 4 GiB of its own in use, frees of 64 MiB buffers behind a
+ * cap]): with 12 GiB of its own in use, frees of 64 MiB buffers behind a
  * busy stream are held up to about a sixth of that, then released in
  * batches, never up to a quarter of the device (20 GiB here). */
 static int s_cap_follows_use(void)
 {
-    enum { LIVE = 16, N = 48 };
+    enum { LIVE = 48, N = 64 };
     const size_t MiB = (size_t)1 << 20, part = 256 * MiB, size = 64 * MiB;
     void *live[LIVE];
     for (int i = 0; i < LIVE; i++)
@@ -185,7 +185,7 @@ static int s_cap_follows_use(void)
     CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
           ULL(st.cap_releases));
     CHECK(max_held_bytes <= cap + 2 * size,
-          "held_bytes stayed near a sixth of the 4 GiB in use (max seen "
+          "held_bytes stayed near a sixth of the 12 GiB in use (max seen "
           "%llu MiB)", ULL(max_held_bytes >> 20));
     CHECK(max_held_bytes >= cap / 2,
           "and the batches were not tiny (max seen %llu MiB)",

@@ -233,7 +233,8 @@ def cases(tmp):
     tap(ok, "a torch without CUDA is said", out)
     root = fake_torch(os.path.join(tmp, "nocxx"),
                       cxx=os.path.join(tmp, "no-such-c++"))
-    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+    ok, out = raises("import os; os.environ['CXX'] = %r; import cudefer.torch;"
+                     " cudefer.torch.build()" % os.path.join(tmp, "no-such-c++"),
                      "RuntimeError", ["no C++ compiler", "no-such-c++",
                                       "set CXX"], fakes=root)
     tap(ok, "no C++ compiler: said, with the name tried", out)

@@ -152,8 +152,8 @@ static void test_default_cap(void)
        "what cudefer holds is not the application's (16 GiB used, 4 held)");
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 0) ==
            RELEASE_POLICY_CAP_FLOOR &&
-           release_policy_cap(&c, 80 * GiB, 79 * GiB, 0) == 256 * MiB,
-       "at least the floor (256 MiB) for a small program");
+           release_policy_cap(&c, 80 * GiB, 79 * GiB, 0) == 1 * GiB,
+       "at least the floor (1 GiB) for a small program");
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 5 * GiB) ==
            RELEASE_POLICY_CAP_FLOOR,
        "held more than used (pinned memory): the floor");

@@ -149,10 +149,15 @@ def build(verbose=False):
     from torch.utils import cpp_extension
     if not os.path.isfile(SOURCE):
         raise RuntimeError("cudefer.torch: %s is missing" % SOURCE)
-    cxx = cpp_extension.get_cxx_compiler()
-    if shutil.which(cxx) is None:
-        raise RuntimeError("cudefer.torch: no C++ compiler: %r not found "
-                           "(set CXX to one)" % cxx)
+    # $CXX alone when set; else g++, then c++: a compiler whose default is
+    # a C++ runtime of its own (check_cxx_runtime) is passed over.
+    wanted = os.environ.get("CXX")
+    compilers = [c for c in ([wanted] if wanted else ["g++", "c++"])
+                 if shutil.which(c.split()[0])]
+    if not compilers:
+        raise RuntimeError("cudefer.torch: no C++ compiler: %s not found "
+                           "(set CXX to one)" % (repr(wanted) if wanted
+                                                 else "'g++' or 'c++'"))
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("cudefer.torch: building the allocator needs "
                            "ninja (pip install ninja)")
@@ -161,13 +166,28 @@ def build(verbose=False):
         raise RuntimeError("cudefer.torch: no CUDA runtime headers "
                            "(cuda_runtime_api.h) found: set CUDA_HOME to the "
                            "CUDA toolkit")
+    why = None
+    for cxx in compilers:
+        path = _build_with(torch, cpp_extension, cxx, cuda_include, verbose)
+        why = check_cxx_runtime(path)
+        if why is None:
+            return path
+    raise RuntimeError("cudefer.torch: " + why)
+
+
+def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
+    """The allocator built with compiler cxx (cached by cpp_extension under
+    a name of the torch version and the compiler); its path."""
     # The torch version in the name: a build for another torch (another
     # CUDAAllocator layout) is never loaded.
-    name = "cudefer_torch_" + re.sub(r"\W", "_", torch.__version__)
+    name = "cudefer_torch_" + re.sub(
+        r"\W", "_", torch.__version__ + "_" + os.path.basename(cxx.split()[0]))
+    saved = os.environ.get("CXX")
+    os.environ["CXX"] = cxx
     try:
         # No CUDA source: no nvcc, no GPU architectures (with_cuda would
         # ask the GPU for them); libcudart comes with libtorch_cuda.
-        path = cpp_extension.load(
+        return cpp_extension.load(
             name=name, sources=[SOURCE], extra_cflags=["-O2"],
             extra_include_paths=[cuda_include],
             extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
@@ -177,10 +197,11 @@ def build(verbose=False):
         raise RuntimeError("cudefer.torch: compiling %s with %s failed (%s);"
                            " cudefer.torch.build(verbose=True) shows the "
                            "compiler's output" % (SOURCE, cxx, first)) from None
-    why = check_cxx_runtime(path)
-    if why is not None:
-        raise RuntimeError("cudefer.torch: " + why)
-    return path
+    finally:
+        if saved is None:
+            del os.environ["CXX"]
+        else:
+            os.environ["CXX"] = saved
 
 
 def _function(handle, name):
