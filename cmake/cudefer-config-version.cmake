@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: MIT
+# find_package(cudefer VERSION): this cudefer satisfies a request for the
+# same major version (for 0.x, the same minor) that is not newer.
+set(PACKAGE_VERSION "0.2.0")
+if(PACKAGE_FIND_VERSION VERSION_GREATER PACKAGE_VERSION)
+  set(PACKAGE_VERSION_COMPATIBLE FALSE)
+else()
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" have "${PACKAGE_VERSION}")
+  if(PACKAGE_FIND_VERSION_MAJOR EQUAL 0)
+    set(want "${PACKAGE_FIND_VERSION_MAJOR}.${PACKAGE_FIND_VERSION_MINOR}")
+  else()
+    string(REGEX MATCH "^[0-9]+" have "${PACKAGE_VERSION}")
+    set(want "${PACKAGE_FIND_VERSION_MAJOR}")
+  endif()
+  if(have VERSION_EQUAL want)
+    set(PACKAGE_VERSION_COMPATIBLE TRUE)
+  else()
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  endif()
+  if(PACKAGE_FIND_VERSION VERSION_EQUAL PACKAGE_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()
