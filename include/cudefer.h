@@ -17,8 +17,8 @@
  *   it fails with cudaGetDeviceCount's error, or cudaErrorOperatingSystem.
  * - A defer call that returns cudaSuccess owns the pointer from then on;
  *   one that fails leaves it with the caller and queues nothing.
- * - After defer_shutdown, and in the child of a fork() made after cudefer
- *   started, all calls but defer_config_defaults, defer_stats_get and
+ * - After defer_shutdown, and in the child of a fork() made once cudefer
+ *   began to start, all calls but defer_config_defaults, defer_stats_get and
  *   defer_version return cudaErrorNotPermitted; the child never releases
  *   what the parent had pending (counted as failed).
  * - After a sticky error on a device (a kernel fault), its pending entries
@@ -126,6 +126,7 @@ struct defer_stats {
  * launches done, and the stream's work from before the capture is done;
  * defer_flush does not wait for it.  A capture already invalidated is
  * cudaErrorStreamCaptureInvalidated.
+ * Limit: by default a device holds a sixth of its use at most (1 GiB min).
  * Limit: a graph destroyed after defer_shutdown never releases ptr.
  * Limit: a stream of the capture destroyed before the reclaimer saw the
  * capture end leaves ptr never released (reported, counted as failed).
