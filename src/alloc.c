@@ -387,8 +387,10 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     /* On a special handle the device names the stream: the block's own
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */
-    int on = device, block_device;
-    if (stream_is_special(stream) && cache_device_of(ptr, &block_device))
+    int on = device, block_device = -1;
+    bool block_known =
+        stream_is_special(stream) && cache_device_of(ptr, &block_device);
+    if (block_known)
         on = block_device;
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
@@ -401,7 +403,9 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
                                  .nptrs = 1, .current_known = current >= 0,
                                  .current_device = current,
-                                 .said_bytes = size, .said_device = device};
+                                 .said_bytes = size, .said_device = device,
+                                 .block_known = block_known,
+                                 .block_device = block_device};
         err = submit(&a, stream);
     } else {
         cuda_report_failure("defer_pluggable_free", call, err, "");

@@ -468,15 +468,19 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
     cache_segments_merge_pending(c, b);
 }
 
-struct cache_block *cache_find_locked(const void *ptr,
-                                      struct device_cache **cache)
+/* cache_find_locked, device the block's device when the caller looked it
+ * up already (-1: not known): then the look-up before the lock is the
+ * caller's, and only the one under the lock is made. */
+static struct cache_block *find_locked_on(const void *ptr, int device,
+                                          struct device_cache **cache)
 {
     /* The device first, then, under its lock (which every removal from
      * the map and every retirement takes), the block again: a block found
      * before the lock may be gone, even freed, by then. */
     for (;;) {
-        int device, now;
-        if (cache_map_find_device(ptr, &device) == NULL)
+        int now;
+        if ((device < 0 || device >= set.ncaches) &&
+            cache_map_find_device(ptr, &device) == NULL)
             return NULL;
         void (*hook)(void) = atomic_load_explicit(&set.find_hook,
                                                   memory_order_relaxed);
@@ -492,12 +496,19 @@ struct cache_block *cache_find_locked(const void *ptr,
         pthread_mutex_unlock(&c->lock);
         if (b == NULL)
             return NULL;
+        device = -1;
     }
+}
+
+struct cache_block *cache_find_locked(const void *ptr,
+                                      struct device_cache **cache)
+{
+    return find_locked_on(ptr, -1, cache);
 }
 
 /* cache_plan_free's work; park: a BLOCK_STREAM_ORDERED block is parked in
  * the same lock hold (plan->parked). */
-static void plan_free(void *ptr, int stream_device,
+static void plan_free(void *ptr, int block_device, int stream_device,
                       unsigned long long stream_id, bool park,
                       struct block_free_plan *plan)
 {
@@ -506,7 +517,7 @@ static void plan_free(void *ptr, int stream_device,
     plan->nstreams = 0;
     plan->parked = false;
     struct device_cache *c;
-    struct cache_block *b = cache_find_locked(ptr, &c);
+    struct cache_block *b = find_locked_on(ptr, block_device, &c);
     if (b == NULL) {
         bool live;
         if (inside_segment(ptr, &live))
@@ -547,14 +558,21 @@ void cache_plan_free(void *ptr, int stream_device,
                      unsigned long long stream_id,
                      struct block_free_plan *plan)
 {
-    plan_free(ptr, stream_device, stream_id, false, plan);
+    plan_free(ptr, -1, stream_device, stream_id, false, plan);
 }
 
 void cache_plan_free_parked(void *ptr, int stream_device,
                             unsigned long long stream_id,
                             struct block_free_plan *plan)
 {
-    plan_free(ptr, stream_device, stream_id, true, plan);
+    plan_free(ptr, -1, stream_device, stream_id, true, plan);
+}
+
+void cache_plan_free_on(void *ptr, int block_device, int stream_device,
+                        unsigned long long stream_id, bool park,
+                        struct block_free_plan *plan)
+{
+    plan_free(ptr, block_device, stream_device, stream_id, park, plan);
 }
 
 bool cache_park(const struct block_free_plan *plan,

@@ -234,6 +234,14 @@ void cache_plan_free_parked(void *ptr, int stream_device,
                             unsigned long long stream_id,
                             struct block_free_plan *plan);
 
+/* Either of the two (park: cache_plan_free_parked), block_device the
+ * device cache_device_of gave for ptr when the caller asked it already
+ * (-1: not asked), which spares the look-up of ptr's device before its
+ * lock: the block is looked up once more under that lock either way. */
+void cache_plan_free_on(void *ptr, int block_device, int stream_device,
+                        unsigned long long stream_id, bool park,
+                        struct block_free_plan *plan);
+
 /* Any thread, once the free of a BLOCK_STREAM_ORDERED plan is sure to be
  * accepted (its event recorded): the claimed block becomes PENDING on
  * stream_id, named by the entry that carries the plan's claim.  False

@@ -32,6 +32,11 @@ struct request_args {
      * reported; the block is freed all the same). */
     size_t said_bytes;
     int said_device;
+    /* The device of ptrs[0]'s block, when the entry point looked it up
+     * (block_known: defer_pluggable_free on a special handle), so that
+     * the free's plan need not look it up again before the device's lock. */
+    bool block_known;
+    int block_device;
 };
 
 #endif

@@ -525,8 +525,8 @@ static void plan_block(struct request_args *a, struct target *t,
                        bool *claimed)
 {
     struct block_free_plan *plan = &t->plan;
-    (t->batch ? cache_plan_free_parked
-              : cache_plan_free)(a->ptrs[0], t->device, t->id, plan);
+    cache_plan_free_on(a->ptrs[0], a->block_known ? a->block_device : -1,
+                       t->device, t->id, t->batch, plan);
     if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
         plan->path == BLOCK_NOT_OURS)
         return;
