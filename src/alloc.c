@@ -388,10 +388,19 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */
     int on = device, block_device = -1;
-    bool block_known =
-        stream_is_special(stream) && cache_device_of(ptr, &block_device);
-    if (block_known)
-        on = block_device;
+    bool block_known = false;
+    if (stream_is_special(stream)) {
+        /* With one device, a block of the cache is on device 0: where
+         * PyTorch says 0, no look-up can change the device to switch to,
+         * and the plan's look-up under device 0's lock decides whether
+         * ptr is a block. */
+        if (device == 0 && cache_one_device())
+            block_device = 0, block_known = true;
+        else
+            block_known = cache_device_of(ptr, &block_device);
+        if (block_known)
+            on = block_device;
+    }
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, on, stream, &call);

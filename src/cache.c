@@ -45,6 +45,7 @@ static _Alignas(64) struct {
     size_t split_min; /* requests below it are never cut (0: none is) */
     int round_shift; /* new blocks: 2^this sizes per power of two */
     _Atomic bool active;
+    _Atomic bool one_device; /* ncaches == 1, for callers not admitted */
     /* Tests: runs between the address map's look-up and the lock (NULL:
      * none); here, so that a free reads no other line for it. */
     void (*_Atomic find_hook)(void);
@@ -177,6 +178,8 @@ bool cache_init(int ndevices, size_t split_min_bytes, unsigned round_divisions)
     }
     pthread_mutexattr_destroy(&attr);
     set.ncaches = ndevices;
+    atomic_store_explicit(&set.one_device, ndevices == 1,
+                          memory_order_relaxed);
     return true;
 }
 
@@ -202,6 +205,7 @@ static void forget_all_blocks(void)
     free(set.caches);
     set.caches = NULL;
     set.ncaches = 0;
+    atomic_store_explicit(&set.one_device, false, memory_order_relaxed);
     atomic_store(&set.active, false);
 }
 
@@ -217,6 +221,7 @@ void cache_fork_child(void)
     cache_map_reset();
     set.caches = NULL; /* the parent's blocks stay allocated in the child */
     set.ncaches = 0;
+    atomic_store_explicit(&set.one_device, false, memory_order_relaxed);
     atomic_store(&set.active, false);
 }
 
@@ -409,6 +414,11 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
         /* Written once: the line every call reads stays clean. */
         atomic_store_explicit(&set.active, true, memory_order_release);
     return true;
+}
+
+bool cache_one_device(void)
+{
+    return atomic_load_explicit(&set.one_device, memory_order_relaxed);
 }
 
 bool cache_device_of(const void *ptr, int *device)

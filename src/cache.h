@@ -209,6 +209,12 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
  * memory).  Never blocks but on the devices' mutexes. */
 bool cache_add(int device, void *ptr, size_t size, bool upstream);
 
+/* Any thread.  Whether the cache is for one device (device 0: every block
+ * is on it, so the device of a pointer that is a block needs no look-up).
+ * Never blocks; a call not admitted may see it change at a start or a
+ * shutdown, so it only spares a look-up that an admitted one repeats. */
+bool cache_one_device(void);
+
 /* Any thread: whether ptr starts a block, and then *device its device.
  * Never blocks but on the address map's mutex. */
 bool cache_device_of(const void *ptr, int *device);
@@ -235,9 +241,10 @@ void cache_plan_free_parked(void *ptr, int stream_device,
                             struct block_free_plan *plan);
 
 /* Either of the two (park: cache_plan_free_parked), block_device the
- * device cache_device_of gave for ptr when the caller asked it already
- * (-1: not asked), which spares the look-up of ptr's device before its
- * lock: the block is looked up once more under that lock either way. */
+ * device of ptr's block if ptr is one, when the caller knows it
+ * (cache_device_of, cache_one_device; -1: not known), which spares the
+ * look-up of ptr's device before its lock: the block is looked up under
+ * that lock either way, and found on another device looked up afresh. */
 void cache_plan_free_on(void *ptr, int block_device, int stream_device,
                         unsigned long long stream_id, bool park,
                         struct block_free_plan *plan);

@@ -32,9 +32,10 @@ struct request_args {
      * reported; the block is freed all the same). */
     size_t said_bytes;
     int said_device;
-    /* The device of ptrs[0]'s block, when the entry point looked it up
-     * (block_known: defer_pluggable_free on a special handle), so that
-     * the free's plan need not look it up again before the device's lock. */
+    /* The device of ptrs[0]'s block if it is one, when the entry point
+     * knows it (block_known: defer_pluggable_free on a special handle), so
+     * that the free's plan need not look it up before the device's lock
+     * (the look-up under the lock decides). */
     bool block_known;
     int block_device;
 };
