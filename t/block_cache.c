@@ -645,6 +645,32 @@ static void test_parked_plan_and_claims_done(void)
        "named twice in one batch: FREE once, no reference left");
 }
 
+/* A free's plan given the block's device as its caller knew it
+ * (cache_plan_free_on): the look-up under that device's lock decides, so
+ * a wrong device or a pointer that is no block plans as without it. */
+static void test_plan_with_device(void)
+{
+    ok(cache_add(1, ADDR(600), 512, false) && cache_add(0, ADDR(601), 512, false),
+       "a block on device 1, one on device 0");
+    struct block_free_plan plan;
+    cache_plan_free_on(ADDR(600), 0, 1, 3, false, &plan);
+    ok(plan.path == BLOCK_STREAM_ORDERED && plan.device == 1 &&
+           plan.block == cache_test_find(ADDR(600)),
+       "said on device 0, the block of device 1 is found and claimed "
+       "(path %d)", (int)plan.path);
+    cache_plan_free_on(ADDR(600), 1, 1, 3, false, &plan);
+    is_int(plan.path, BLOCK_NOT_LIVE, "claimed: a second free is refused");
+    cache_plan_free_on(ADDR(601), 0, 0, 4, true, &plan);
+    ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
+           view(cache_test_find(ADDR(601))).state == BLOCK_PENDING,
+       "said on its own device: claimed and parked");
+    cache_plan_free_on(ADDR(602), 0, 0, 4, true, &plan);
+    ok(plan.path == BLOCK_NOT_OURS && plan.block == NULL,
+       "a pointer that is no block is not ours, device given or not");
+    cache_plan_free_on((char *)ADDR(601) + 256, 0, 0, 4, false, &plan);
+    is_int(plan.path, BLOCK_INSIDE, "nor is one inside a block");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -665,6 +691,7 @@ int main(void)
     test_cut_at_merged();
     test_adopt_unclaimed();
     test_parked_plan_and_claims_done();
+    test_plan_with_device();
     struct defer_stats s = stats_now();
     ok(s.cache_free_bytes <= s.cache_bytes, "free bytes within the total");
     cache_destroy();
