@@ -389,7 +389,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
                                       &call);
     if (err != cudaSuccess)
         return submit_reject(a->what, call, err);
-    if ((err = cudaStreamSynchronize(stream)) != cudaSuccess)
+    if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
         return submit_reject(a->what, "cudaStreamSynchronize", err);
     struct block_user recorded[SUBMIT_MAX_STREAMS];
     size_t nrec = cache_users_of_free(a, recorded);
@@ -404,7 +404,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
         if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
             cudaSuccess)
-            err = cudaStreamSynchronize(recorded[i].handle);
+            err = cuda_stream_synchronize(recorded[i].handle);
     cuda_switch_back(&sw, a->what);
     if (err != cudaSuccess)
         return submit_reject(a->what, failed, err);
@@ -728,7 +728,7 @@ static cudaError_t route_synchronous(const struct request_args *a,
     for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
         if ((err = cache_user_enter(&t->users[i], &t->sw, &failed)) ==
             cudaSuccess)
-            err = cudaStreamSynchronize(t->streams[i]);
+            err = cuda_stream_synchronize(t->streams[i]);
     cuda_switch_back(&t->sw, a->what);
     if (err != cudaSuccess)
         return submit_reject(a->what, failed, err);
