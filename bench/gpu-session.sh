@@ -81,7 +81,7 @@ if want errors; then
   { make t/gpu/gpu_alloc >/dev/null 2>&1 && ./t/gpu/gpu_alloc 2>&1
     echo "gpu_alloc: exit status $?"
     for c in oom huge late; do
-      CUDEFER_LIB=$LIB CUDEFER_TORCH_CACHE=$(mktemp -d) \
+      CUDEFER_LIB=$LIB TORCH_EXTENSIONS_DIR=$(mktemp -d) \
         "$PY" "$BENCH/../t/gpu/torch_errors.py" $c 2>&1 | tail -n 20
       echo "torch_errors.py $c: exit status ${PIPESTATUS[0]}"
     done; } > "$OUT/errors.txt" 2>&1

@@ -77,9 +77,9 @@ def run_child(cmd, env, timeout, cpus=None):
     return status, out, err, time.monotonic() - t0
 
 
-# Not the library's settings but where python/cudefer_torch.py finds the
-# library, the compiler and the cache of its PyTorch hook: kept.
-HELPER_ENV = ('CUDEFER_LIB', 'CUDEFER_CXX', 'CUDEFER_TORCH_CACHE')
+# Not the library's settings but where the cudefer Python package finds the
+# library: kept.
+HELPER_ENV = ('CUDEFER_LIB',)
 
 
 def library_setting(name):

@@ -834,15 +834,15 @@ def test_link_cudefer():
 
 
 def test_stats_fields_known():
-    """python/cudefer_torch.py's own list of struct defer_stats' fields
-    (used away from the source tree) is the header's (it lacked five)."""
+    """The cudefer package's own list of struct defer_stats' fields (used
+    away from the source tree) is the header's (it once lacked five)."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'python'))
     try:
-        import cudefer_torch
+        import cudefer
     finally:
         sys.path.pop(0)
-    assert cudefer_torch._stats_fields() == \
-        list(cudefer_torch.KNOWN_STATS_FIELDS), cudefer_torch._stats_fields()
+    assert cudefer.stats_fields() == \
+        list(cudefer.KNOWN_STATS_FIELDS), cudefer.stats_fields()
 
 
 TESTS = [v for k, v in sorted(globals().items()) if k.startswith('test_')]

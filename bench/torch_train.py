@@ -28,7 +28,8 @@ Allocators:
   native           PyTorch's caching allocator
   native-async     PyTorch's cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF)
   cudefer          libcudefer's defer_pluggable_alloc/free through
-                   python/cudefer_torch.py, record_stream wired
+                   the cudefer package's cudefer.torch (PyTorch's whole
+                   allocator interface, record_stream wired)
   pluggable-async  cudaMallocAsync/cudaFreeAsync     } pluggable shims of
   malloc-defer     cudaMalloc/defer_free             } bench/torch_shims.c,
   malloc-free      cudaMalloc/cudaFree               } compiled at first use
@@ -85,7 +86,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(TOP, "python"))
 
-import cudefer_torch  # noqa: E402  (standard library only until enable())
+import cudefer  # noqa: E402  (standard library only until enable())
+import cudefer.torch  # noqa: E402
 from train_measure import (  # noqa: E402
     CallTimer, Sampler, host_cpu_sample, host_load)
 
@@ -131,13 +133,14 @@ def parse_args(argv=None):
     p.add_argument("--ddp", action="store_true",
                    help="DistributedDataParallel over every visible GPU")
     p.add_argument("--lib", metavar="PATH",
-                   help="libcudefer.so (default: cudefer_torch.find_library)")
+                   help="libcudefer.so (default: cudefer.find_library)")
     p.add_argument("--side-stream", action="store_true",
                    help="add the record_stream side-stream computation")
     p.add_argument("--batch", type=int, help="override the model's batch size")
     p.add_argument("--no-record-stream-hook", action="store_true",
-                   help="cudefer without the record_stream hook (to show "
-                   "what the hook prevents)")
+                   help="cudefer through PyTorch's pluggable allocator "
+                   "(defer_pluggable_alloc/free), without cudefer.torch: "
+                   "record_stream ignored (to show what it prevents)")
     p.add_argument("--no-amp", action="store_true", help="train in fp32")
     p.add_argument("--sample-ms", type=float, default=1.0,
                    help="NVML sampling period (default 1 ms)")
@@ -189,8 +192,8 @@ def build_shims(lib_path):
     import torch
     source = os.path.join(HERE, "torch_shims.c")
     cudart = loaded_library("libcudart.so")
-    _, lib_dirs = cudefer_torch._torch_build_paths(torch)
-    cuda_include = cudefer_torch._cuda_include_dir(lib_dirs)
+    from torch.utils import cpp_extension
+    cuda_include = cudefer.torch._cuda_include_dir(cpp_extension)
     if cudart is None or cuda_include is None:
         sys.exit("torch_train: cannot build the shims: %s" % (
             "torch loaded no libcudart" if cudart is None
@@ -203,7 +206,10 @@ def build_shims(lib_path):
     with open(source, "rb") as f:
         key = hashlib.sha256(f.read())
     key.update(repr(cmd).encode())
-    out_dir = cudefer_torch._cache_dir()
+    out_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or
+                           os.path.join(os.path.expanduser("~"), ".cache"),
+                           "cudefer-bench")
+    os.makedirs(out_dir, exist_ok=True)
     target = os.path.join(out_dir, "torch_shims-%s.so" % key.hexdigest()[:16])
     if os.path.isfile(target):
         return target
@@ -237,13 +243,13 @@ def prepare(args):
     """What every rank needs, resolved once: {'lib', 'shims', 'hook'}."""
     prep = {"lib": None, "shims": None}
     if args.allocator in USES_CUDEFER:
-        prep["lib"] = cudefer_torch.find_library(args.lib)
+        prep["lib"] = cudefer.find_library(args.lib)
     if args.allocator in SHIMS or args.time_calls:
-        lib = prep["lib"] or cudefer_torch.find_library(args.lib)
+        lib = prep["lib"] or cudefer.find_library(args.lib)
         prep["shims"] = build_shims(lib)
     if args.allocator == "cudefer" and not args.no_record_stream_hook \
             and not args.time_calls:
-        cudefer_torch.build_hook()  # compiled once here, not by every rank
+        cudefer.torch.build()  # compiled once here, not by every rank
     return prep
 
 
@@ -268,13 +274,14 @@ def install_allocator(args, prep):
         return False
     if args.allocator == "cudefer":
         if args.no_record_stream_hook:
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", cudefer_torch.RecordStreamWarning)
-                cudefer_torch.enable(prep["lib"], record_stream=False)
-            log("cudefer WITHOUT the record_stream hook (as asked)")
+            torch.cuda.memory.change_current_allocator(
+                torch.cuda.memory.CUDAPluggableAllocator(
+                    prep["lib"], "defer_pluggable_alloc",
+                    "defer_pluggable_free"))
+            log("cudefer through the pluggable allocator, record_stream "
+                "ignored (as asked)")
             return False
-        cudefer_torch.enable(prep["lib"], record_stream=True)
+        cudefer.torch.enable(prep["lib"])
         return True
     alloc_fn, free_fn = SHIMS[args.allocator]
     allocator = torch.cuda.memory.CUDAPluggableAllocator(prep["shims"],
@@ -471,7 +478,7 @@ def run_rank(rank, world, args, prep, port):
     if dist is not None:
         dist.barrier()
         torch.cuda.synchronize(device)
-    window_start = (cudefer_torch.stats(prep["lib"])
+    window_start = (cudefer.stats(prep["lib"])
                     if args.allocator in USES_CUDEFER else None)
     if timer is not None:
         timer.read()  # the warm-up's calls are not counted
@@ -536,9 +543,9 @@ def run_rank(rank, world, args, prep, port):
         "weights_sha256": params_sha256(model),
         "params": sum(p.numel() for p in model.parameters()),
         "record_stream_reaches_allocator": hooked,
-        # record_stream calls that reached cudefer through the hook (None
-        # without it): what shows the hook wired, not only installed.
-        "record_stream_recorded": cudefer_torch.recorded(),
+        # record_stream calls that reached cudefer through cudefer.torch
+        # (None without it): what shows it wired, not only installed.
+        "record_stream_recorded": cudefer.torch.recorded(),
         "device": torch.cuda.get_device_name(device),
         "train_s": time.time() - started,
         "cfg": cfg,
@@ -551,7 +558,7 @@ def run_rank(rank, world, args, prep, port):
         result["side_sha256"] = [hashlib.sha256(tensor_bytes(r)).hexdigest()
                                  for r in side_results]
     if args.allocator in USES_CUDEFER:
-        result["cudefer_stats"] = cudefer_torch.stats(prep["lib"])
+        result["cudefer_stats"] = cudefer.stats(prep["lib"])
         # Counters per timed step (the steady state, warm-up excluded).
         result["cudefer_per_step"] = {
             k: (v - window_start.get(k, 0)) / args.steps

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""cudefer as PyTorch's CUDA allocator: a few training steps and a tensor
-shared with a side stream through record_stream.
+"""cudefer as PyTorch's CUDA allocator: a few training steps, PyTorch's
+memory statistics, and a tensor shared with a side stream through
+record_stream.
 
+    pip install ./python            # once, or PYTHONPATH=python
     CUDEFER_LIB=src/.libs/libcudefer.so python3 examples/torch_allocator.py
 
-(from the top of a build; without CUDEFER_LIB, cudefer_torch looks in
-src/.libs of the source tree, then for the installed library.)
+(from the top of a build; without CUDEFER_LIB, cudefer looks for the
+installed library, then in src/.libs of the source tree.)
 """
 import os
 import sys
@@ -15,14 +17,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "python"))
 
 import torch  # noqa: E402
-import cudefer_torch  # noqa: E402
+import cudefer  # noqa: E402
+import cudefer.torch  # noqa: E402
 
 
 def main():
     if not torch.cuda.is_available():
         sys.exit("torch_allocator: no CUDA device")
     # Before the first CUDA tensor: PyTorch cannot change an allocator in use.
-    lib = cudefer_torch.enable()
+    lib = cudefer.torch.enable()
     print("allocator: %s" % lib)
 
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
@@ -35,6 +38,11 @@ def main():
         loss.backward()
         opt.step()
     print("loss after 20 steps: %.4f" % loss.item())
+    # PyTorch's own memory calls work as under its allocator.
+    print("allocated %d MiB (peak %d MiB), reserved %d MiB" % (
+        torch.cuda.memory_allocated() >> 20,
+        torch.cuda.max_memory_allocated() >> 20,
+        torch.cuda.memory_reserved() >> 20))
 
     # A tensor made on the current stream and read on another one: tell the
     # allocator with record_stream, then it may be freed at once.
@@ -50,7 +58,7 @@ def main():
     print("side result: %.1f; %d bytes requested again at once"
           % (total.item(), again.numel() * again.element_size()))
 
-    s = cudefer_torch.stats()
+    s = cudefer.stats()
     print("cudefer: %d blocks deferred, %d reused, %d held (%d bytes)"
           % (s["deferred"], s["reused"], s["held"], s["held_bytes"]))
 

@@ -194,7 +194,7 @@ static void test_out_of_memory(cudaStream_t s)
     ok(none == NULL && strstr(said, "defer_pluggable_alloc: out of memory "
                                     "for 65536 bytes on device 0") != NULL,
        "defer_pluggable_alloc out of memory: NULL, said");
-    /* The status entry point (behind python/cudefer_torch.py's hook, which
+    /* The status entry point (behind cudefer.torch's allocator, which
      * raises torch.OutOfMemoryError): the error, nothing said. */
     void *q = &q;
     stderr_capture_begin();

@@ -5,7 +5,8 @@
 #
 # make check runs it from the top of the build tree (where src/.libs holds
 # the libcudefer just built) with $srcdir naming the source tree (where
-# bench/torch_train.py and python/cudefer_torch.py are), so VPATH builds
+# bench/torch_train.py and the cudefer package, python/cudefer, are), so
+# VPATH builds
 # work; $PYTHON picks the interpreter (python3).  It prints "1..0 # SKIP"
 # when that python has no torch or torch sees no CUDA device.
 #
@@ -16,7 +17,7 @@
 #        protected by record_stream, freed at once, same-size tensors
 #        requested and overwritten) on the lm (no torchvision needed):
 #        every step's side result identical to native's, and the hook
-#        counted record_stream calls that reached cudefer;
+#        counted record_stream calls that reached cudefer (cudefer.torch);
 #   4-5  with 2+ GPUs, cnn and lm under DistributedDataParallel (NCCL, one
 #        process per GPU): every rank's losses identical to native's same
 #        rank, the final weights identical on every rank and to native's;
@@ -62,9 +63,9 @@ fi
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/cudefer-torch.XXXXXX") || exit 99
 trap 'rm -rf "$out"' EXIT
-# The compiled record_stream hook goes here, not into $HOME.
-CUDEFER_TORCH_CACHE=$out/cache
-export CUDEFER_TORCH_CACHE
+# cudefer.torch's compiled allocator goes here, not into $HOME.
+TORCH_EXTENSIONS_DIR=$out/ext
+export TORCH_EXTENSIONS_DIR
 unset CUDEFER_LIB PYTORCH_CUDA_ALLOC_CONF
 
 # train NAME ARGS...: run torch_train.py; its JSON goes to $out/NAME.json,
@@ -113,8 +114,8 @@ if what == "losses":
     failed = differ("losses") | differ("weights_sha256")
 elif what == "side":
     failed = differ("side_sha256") | differ("losses")
-    # Counted by the hook as they reach cudefer (the installed flag alone
-    # said nothing of the calls).
+    # Counted by cudefer.torch as they reach cudefer (the installed flag
+    # alone said nothing of the calls).
     calls = run.get("record_stream_recorded")
     print("# record_stream calls that reached cudefer: %s" % calls)
     if run.get("record_stream_reaches_allocator") is not True or not calls:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""torch_errors.py CASE: cudefer as PyTorch's allocator when a call fails.
-t/gpu/gpu_torch.sh runs it with CUDEFER_LIB set; exit status 0 when the
+"""torch_errors.py CASE: cudefer as PyTorch's allocator (cudefer.torch) when
+a call fails.  t/gpu/gpu_torch.sh runs it with CUDEFER_LIB set; exit status 0 when the
 case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
 
   oom   a request for twice the device's memory raises
@@ -10,10 +10,11 @@ case behaves, 1 (with the reason on stdout) when not, 77 without a GPU.
         the tensor made before is intact and new tensors compute
   huge  the same for 1 PiB, beyond any device's address space
         (t/gpu/gpu_alloc asks for both sizes through the C entry points).
-        Both killed this process on an H100 on 2026-11-25 (SIGSEGV in
-        torch.empty): that machine's $CXX linked libstdc++ into the hook
-        statically, and the hook's copy crashed formatting the message
-        (t/gpu/results/2026-11-25-h100-hook-segv.txt; t/torch_hook_build.py)
+        Both killed this process on an H100 (SIGSEGV in torch.empty): that
+        machine's $CXX linked libstdc++ into the allocator statically, and
+        its copy crashed formatting the message
+        (t/gpu/results/2026-11-25-h100-hook-segv.txt); cudefer.torch now
+        refuses such a build (t/python_package.py)
   late  enable() once PyTorch's own allocator has made a tensor raises
         RuntimeError saying to call it first, and PyTorch goes on working
 """
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "python"))
 
 import torch  # noqa: E402
-import cudefer_torch  # noqa: E402
+import cudefer.torch  # noqa: E402
 
 
 def fail(why):
@@ -39,7 +40,7 @@ def step(what):
 
 
 def oom(size=None):
-    cudefer_torch.enable()
+    cudefer.torch.enable()
     kept = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
     size = size or 2 * torch.cuda.get_device_properties(0).total_memory
     step("asking for %d GiB" % (size >> 30))
@@ -66,7 +67,7 @@ def oom(size=None):
 def late():
     first = torch.ones(16, device="cuda")  # PyTorch's own allocator
     try:
-        cudefer_torch.enable()
+        cudefer.torch.enable()
     except RuntimeError as e:
         text = str(e)
         if "before the first CUDA tensor" not in text:
@@ -74,8 +75,8 @@ def late():
         step("raised: %s" % text)
     else:
         fail("enable() after a CUDA tensor returned")
-    if cudefer_torch.enabled() is not None:
-        fail("enabled() says %r after the refusal" % (cudefer_torch.enabled(),))
+    if cudefer.torch.enabled() is not None:
+        fail("enabled() says %r after the refusal" % (cudefer.torch.enabled(),))
     if (first * 2).sum().item() != 32.0:
         fail("PyTorch's allocator broke after the refusal")
 

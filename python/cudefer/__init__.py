@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: MIT
+"""cudefer from Python: the library's counters and trim, and cudefer as the
+CUDA allocator of PyTorch (cudefer.torch) and CuPy (cudefer.cupy).
+
+    import cudefer.torch
+    cudefer.torch.enable()        # before the first CUDA tensor
+    ...
+    print(cudefer.stats()["reused"])
+
+Every part loads the same libcudefer, once per process (load()): found, in
+this order, as the lib argument, $CUDEFER_LIB, pkg-config's libdir, the
+dynamic loader's search (LD_LIBRARY_PATH, ldconfig), then src/.libs of the
+source tree this package sits in.  Standard library only; torch and cupy are
+imported by their modules' enable() alone.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import re
+import subprocess
+import threading
+
+__all__ = ["load", "find_library", "library", "stats", "trim", "version",
+           "LIBRARY_ENV", "KNOWN_STATS_FIELDS"]
+
+# The environment variable naming libcudefer.so (overrides the search).
+LIBRARY_ENV = "CUDEFER_LIB"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The source tree's top when this package is python/cudefer of one.
+_TREE = os.path.dirname(os.path.dirname(_HERE))
+
+_lock = threading.Lock()
+# The library load() loaded: {"path": str, "handle": ctypes.CDLL}; set
+# once, under _lock, never changed afterwards.
+_loaded = {}
+
+# struct defer_stats' fields as this package knows them, in order, for a
+# copy installed away from cudefer.h (bench/test_run.py checks them
+# against the header).
+KNOWN_STATS_FIELDS = (
+    "deferred", "released", "pending", "failed", "rejected", "sync_releases",
+    "event_queries", "wakeups", "batches", "largest_batch", "events_created",
+    "events_in_pool", "held", "held_bytes", "idle_releases", "cap_releases",
+    "age_releases", "demand_releases", "latency_p50_us", "latency_max_us",
+    "leaked_at_exit", "reused", "reused_same_stream", "cache_bytes",
+    "cache_free_bytes", "cache_mallocs", "cache_releases")
+
+# The entry points the Python side and the PyTorch allocator call.
+_NEEDED = ("defer_pluggable_alloc_status", "defer_pluggable_free",
+           "defer_record_stream", "defer_trim", "defer_stats_get_sized",
+           "defer_alloc", "defer_free")
+
+
+def _pkg_config_libdir():
+    """pkg-config's libdir of cudefer, or None (no pkg-config, no
+    cudefer.pc on its path)."""
+    try:
+        run = subprocess.run(["pkg-config", "--variable=libdir", "cudefer"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    libdir = run.stdout.strip()
+    return libdir if run.returncode == 0 and libdir else None
+
+
+def find_library(lib=None):
+    """The path (or the loader's name) of the libcudefer to load.
+
+    Order: lib; $CUDEFER_LIB; libcudefer.so in pkg-config's libdir; the
+    dynamic loader's search (ctypes.util.find_library); src/.libs of the
+    source tree this package belongs to.  A lib or $CUDEFER_LIB that names
+    no file is an error, not skipped.  Raises FileNotFoundError naming every
+    place looked at.  Blocks while pkg-config runs."""
+    for source, path in (("lib=", lib),
+                         ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
+        if path:
+            if os.path.isfile(path):
+                return os.path.abspath(path)
+            raise FileNotFoundError("cudefer: %s%s names no file" % (
+                source, repr(path) if source == "lib=" else "=" + path))
+    tried = ["$" + LIBRARY_ENV + " (unset)"]
+    libdir = _pkg_config_libdir()
+    if libdir:
+        for name in ("libcudefer.so", "libcudefer.so.0"):
+            path = os.path.join(libdir, name)
+            if os.path.isfile(path):
+                return path
+        tried.append("pkg-config's libdir " + libdir)
+    else:
+        tried.append("pkg-config (no cudefer.pc)")
+    found = ctypes.util.find_library("cudefer")
+    if found:
+        return found
+    tried.append("the loader's search")
+    path = os.path.join(_TREE, "src", ".libs", "libcudefer.so")
+    if os.path.isfile(path):
+        return path
+    tried.append(path)
+    raise FileNotFoundError(
+        "cudefer: libcudefer not found (install it with make install, or set "
+        "$%s to its path); looked at: %s" % (LIBRARY_ENV, ", ".join(tried)))
+
+
+def load(lib=None):
+    """Load libcudefer once for the whole process and return its ctypes
+    handle.  lib: as find_library's.  A later call returns the same handle;
+    one naming another library raises RuntimeError (one process, one
+    cudefer: its allocations must be freed by the library that made them).
+    Raises FileNotFoundError (not found), OSError (cannot be loaded),
+    RuntimeError (lacks an entry point: a library older than this
+    package)."""
+    with _lock:
+        if _loaded:
+            if lib is not None or os.environ.get(LIBRARY_ENV):
+                wanted = find_library(lib)
+                if os.path.realpath(wanted) != os.path.realpath(
+                        _loaded["path"]) and os.sep in wanted:
+                    raise RuntimeError(
+                        "cudefer: %s is already loaded; cannot use %s too"
+                        % (_loaded["path"], wanted))
+            return _loaded["handle"]
+        path = find_library(lib)
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError("cudefer: cannot load %s: %s" % (path, e)) from None
+        missing = [n for n in _NEEDED if not hasattr(handle, n)]
+        if missing:
+            raise RuntimeError("cudefer: %s lacks %s (a library older than "
+                               "this package)" % (path, ", ".join(missing)))
+        handle.defer_trim.restype = ctypes.c_int
+        handle.defer_trim.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        handle.defer_stats_get_sized.restype = None
+        handle.defer_stats_get_sized.argtypes = [ctypes.c_void_p,
+                                                 ctypes.c_size_t]
+        handle.defer_version.restype = ctypes.c_char_p
+        handle.defer_version.argtypes = []
+        _loaded.update(path=path, handle=handle)
+        return handle
+
+
+def library():
+    """The path of the libcudefer load() loaded, or None before."""
+    return _loaded.get("path")
+
+
+def stats_fields():
+    """struct defer_stats' field names, in order: read from cudefer.h when
+    this package sits in a source tree (so fields added later are picked
+    up), else KNOWN_STATS_FIELDS."""
+    header = os.path.join(_TREE, "include", "cudefer.h")
+    try:
+        with open(header) as f:
+            text = f.read()
+        body = re.search(r"struct defer_stats\s*\{(.*?)\};", text, re.S).group(1)
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        fields = re.findall(r"uint64_t\s+(\w+)\s*;", body)
+        if fields:
+            return fields
+    except (OSError, AttributeError):
+        pass
+    return list(KNOWN_STATS_FIELDS)
+
+
+def stats(lib=None):
+    """cudefer's counters (defer_stats_get_sized) as a dict of ints.  Loads
+    the library (load(lib)) if nothing did yet.  Never blocks."""
+    handle = load(lib)
+    fields = stats_fields()
+    # Room for fields this package does not know of, should the struct grow.
+    buf = (ctypes.c_uint64 * max(256, len(fields)))()
+    handle.defer_stats_get_sized(ctypes.byref(buf), ctypes.sizeof(buf))
+    return {name: int(buf[i]) for i, name in enumerate(fields)}
+
+
+def trim(lib=None):
+    """defer_trim: release every completed entry and every free cached block
+    now; return the bytes given back to CUDA.  Blocks for one pass of the
+    reclaimer.  Raises RuntimeError with the CUDA error number on failure."""
+    handle = load(lib)
+    released = ctypes.c_size_t(0)
+    rc = handle.defer_trim(ctypes.byref(released))
+    if rc != 0:
+        raise RuntimeError("cudefer: defer_trim failed with CUDA error %d" % rc)
+    return released.value
+
+
+def version(lib=None):
+    """The library's version string (defer_version)."""
+    return load(lib).defer_version().decode()

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: MIT
+"""cudefer as CuPy's device memory allocator.
+
+    import cudefer.cupy
+    cudefer.cupy.enable()           # CuPy's arrays now come from cudefer
+
+enable() makes cudefer CuPy's allocator (cupy.cuda.set_allocator): each
+allocation is defer_pluggable_alloc_status on CuPy's current device and
+stream, held by a cupy.cuda.UnownedMemory whose owner frees it with
+defer_pluggable_free on the stream it was allocated on, once CuPy drops it.
+With cudefer.torch.enable() too, PyTorch and CuPy share one pool: memory
+one of them frees is reused by the other (DLPack exchanges in both
+directions need no copy, and a tensor imported from the other library is
+freed by its owner only).
+
+Limit: CuPy's per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM,
+cupy.cuda.Stream.ptds) is refused: a finalizer may run on another thread,
+whose per-thread stream is another stream.
+Limit: a CuPy array used on a stream other than its allocation stream must
+be freed only once that stream's work is ordered before the allocation
+stream (as with CuPy's own pool, which also reuses per stream).
+"""
+
+import ctypes
+import os
+import threading
+
+from . import load, library
+
+__all__ = ["enable", "enabled", "allocate"]
+
+_lock = threading.Lock()
+_state = {}
+
+# cudaStreamPerThread's handle.
+_PER_THREAD_STREAM = 2
+# cudaErrorMemoryAllocation.
+_OUT_OF_MEMORY = 2
+
+
+class _Block:
+    """The owner of one allocation: frees it, on its allocation stream and
+    device, when CuPy drops the last reference (any thread)."""
+    __slots__ = ("ptr", "size", "device", "stream", "free")
+
+    def __init__(self, ptr, size, device, stream, free):
+        self.ptr = ptr
+        self.size = size
+        self.device = device
+        self.stream = stream
+        self.free = free
+
+    def __del__(self):
+        try:
+            self.free(self.ptr, self.size, self.device, self.stream)
+        except Exception:  # interpreter teardown: nothing left to call
+            pass
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise ImportError("cudefer.cupy: CuPy is not installed "
+                          "(import cupy: %s)" % e) from None
+    return cupy
+
+
+def allocate(size):
+    """A cupy.cuda.MemoryPointer to size bytes from cudefer on CuPy's
+    current device and stream: the function enable() hands CuPy.  Raises
+    cupy.cuda.memory.OutOfMemoryError when cudefer has no memory,
+    RuntimeError for another CUDA error or the per-thread default stream."""
+    cupy = _import_cupy()
+    alloc, free = _state["alloc"], _state["free"]
+    device = cupy.cuda.runtime.getDevice()
+    if size == 0:
+        return cupy.cuda.MemoryPointer(
+            cupy.cuda.UnownedMemory(0, 0, None, device), 0)
+    stream = cupy.cuda.get_current_stream().ptr
+    if stream == _PER_THREAD_STREAM:
+        raise RuntimeError("cudefer.cupy: CuPy's per-thread default stream "
+                           "is not supported; use cupy.cuda.Stream()")
+    ptr = ctypes.c_void_p()
+    err = alloc(ctypes.byref(ptr), size, device, stream)
+    if err == _OUT_OF_MEMORY:
+        raise cupy.cuda.memory.OutOfMemoryError(size, -1)
+    if err != 0:
+        raise RuntimeError("cudefer.cupy: allocating %d bytes on device %d "
+                           "failed with CUDA error %d (cudefer's line on "
+                           "stderr says more)" % (size, device, err))
+    owner = _Block(ptr.value, size, device, stream, free)
+    mem = cupy.cuda.UnownedMemory(ptr.value, size, owner, device)
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+def enable(lib=None):
+    """Make cudefer CuPy's allocator; return the library's path.  lib: as
+    cudefer.load's.  Call before CuPy allocates what should come from
+    cudefer (arrays allocated before stay CuPy's pool's).  A second call
+    returns at once.  Raises ImportError without CuPy, RuntimeError under
+    CuPy's per-thread default stream."""
+    with _lock:
+        if _state:
+            load(lib)
+            return _state["library"]
+        cupy = _import_cupy()
+        if os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") != "0":
+            raise RuntimeError("cudefer.cupy: CuPy's per-thread default "
+                               "stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM) "
+                               "is not supported")
+        handle = load(lib)
+        alloc = handle.defer_pluggable_alloc_status
+        alloc.restype = ctypes.c_int
+        alloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                          ctypes.c_int, ctypes.c_void_p]
+        free = handle.defer_pluggable_free
+        free.restype = None
+        free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]
+        _state.update(library=library(), alloc=alloc, free=free)
+        try:
+            cupy.cuda.set_allocator(allocate)
+        except Exception:
+            _state.clear()
+            raise
+        return _state["library"]
+
+
+def enabled():
+    """The path of the library enable() installed, or None."""
+    return _state.get("library")

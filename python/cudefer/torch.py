@@ -1,0 +1,320 @@
+# SPDX-License-Identifier: MIT
+"""cudefer as PyTorch's CUDA allocator.
+
+    import cudefer.torch
+    cudefer.torch.enable()          # before the first CUDA tensor
+    x = torch.randn(1 << 20, device="cuda")   # allocated by cudefer
+
+enable() loads libcudefer (cudefer.load), compiles torch_allocator.cpp for
+the installed torch with torch.utils.cpp_extension (once: it caches the
+build in $TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions, keyed by
+the source, the flags and this torch's version) and installs it: a whole
+c10 CUDAAllocator over cudefer, so that torch.cuda.memory_allocated,
+memory_stats, memory_summary, reset_peak_memory_stats, empty_cache,
+set_per_process_memory_fraction, Tensor.record_stream, torch.cuda.graph and
+torch.compile(mode="reduce-overhead") work as under PyTorch's own allocator
+(README's table says what differs).  Out of memory raises
+torch.OutOfMemoryError.
+
+Needs, at the first enable(): torch built with CUDA, a C++ compiler whose
+build shares PyTorch's C++ runtime ($CUDEFER_CXX; else the first of $CXX,
+g++ and c++ that does), ninja, and the CUDA toolkit's headers (CUDA_HOME, else nvcc's).  Each missing piece is a RuntimeError (or
+ImportError for torch) naming it, raised before anything changes.
+"""
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+
+from . import load, library, stats_fields
+
+__all__ = ["enable", "enabled", "build", "recorded", "bookkeeping_ns",
+           "SOURCE"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The allocator's source, shipped as package data.
+SOURCE = os.path.join(_HERE, "torch_allocator.cpp")
+
+# The environment variable that names the one C++ compiler to use.
+CXX_ENV = "CUDEFER_CXX"
+
+_lock = threading.Lock()
+_state = {}  # "library", "extension" once enable() succeeded
+
+
+class _Functions(ctypes.Structure):
+    """struct CudeferFunctions of torch_allocator.cpp."""
+    _fields_ = [("alloc_status", ctypes.c_void_p),
+                ("free", ctypes.c_void_p),
+                ("record_stream", ctypes.c_void_p),
+                ("trim", ctypes.c_void_p),
+                ("stats_get_sized", ctypes.c_void_p),
+                ("stat_cache_bytes", ctypes.c_int64),
+                ("stat_cache_mallocs", ctypes.c_int64),
+                ("stat_cache_releases", ctypes.c_int64)]
+
+
+def _import_torch():
+    """torch, built with CUDA; ImportError or RuntimeError naming what is
+    missing."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("cudefer.torch: PyTorch is not installed "
+                          "(import torch: %s)" % e) from None
+    if not getattr(torch.version, "cuda", None):
+        raise RuntimeError("cudefer.torch: torch %s is built without CUDA"
+                           % torch.__version__)
+    return torch
+
+
+def _needed_libraries(path):
+    """The DT_NEEDED entries of the shared object at path, as readelf or
+    objdump prints them; None when neither tool is there."""
+    for cmd in (["readelf", "-d", path], ["objdump", "-p", path]):
+        try:
+            run = subprocess.run(cmd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True,
+                                 timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if run.returncode == 0:
+            return re.findall(r"NEEDED\)?\s+(?:Shared library: \[)?([^\]\s]+)",
+                              run.stdout)
+    return None
+
+
+def _defines_cxx_runtime(path):
+    """Whether the shared object at path carries a copy of the C++ runtime
+    (defines its exception machinery, as a -static-libstdc++ build does);
+    None when nm is not there to tell."""
+    try:
+        run = subprocess.run(["nm", path], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if run.returncode != 0:
+        return None
+    return re.search(r"^\S*\s+[TtWw]\s+(__gxx_personality_v0|__cxa_throw)$",
+                     run.stdout, re.M) is not None
+
+
+def check_cxx_runtime(path):
+    """None when the shared object at path uses the process's C++ runtime
+    (it needs the shared libstdc++, or reaches it only through torch's
+    libraries and carries none of its own), or when no tool can tell; else
+    why it must not be loaded: an allocator with a C++ runtime of its own
+    crashed PyTorch at the first out of memory (its copy of the runtime
+    used the process's locale facets by the wrong index, building the
+    exception's message)."""
+    needed = _needed_libraries(path)
+    if needed is None or any(n.startswith("libstdc++.so") for n in needed):
+        return None
+    if not _defines_cxx_runtime(path):
+        return None
+    return ("its build carries a C++ runtime of its own (it needs only %s, "
+            "not libstdc++)" % (", ".join(needed) or "nothing"))
+
+
+def compilers():
+    """The C++ compilers build() tries, in order, each as a path: the one
+    $CUDEFER_CXX names, alone, when it is set (the user's choice: no
+    other is tried); else $CXX, g++ and c++, each that is found, without
+    repeats.  Raises RuntimeError when none is found."""
+    mine = os.environ.get(CXX_ENV, "").strip()
+    names = [mine] if mine else [os.environ.get("CXX", "").strip(),
+                                 "g++", "c++"]
+    found = []
+    for name in names:
+        path = shutil.which(name) if name else None
+        if path and os.path.realpath(path) not in (
+                os.path.realpath(f) for f in found):
+            found.append(path)
+    if not found:
+        raise RuntimeError(
+            "cudefer.torch: no C++ compiler: %s not found (set %s to one)"
+            % (repr(mine) if mine else "$CXX, 'g++' or 'c++'", CXX_ENV))
+    return found
+
+
+def _cuda_include_dir(cpp_extension):
+    """A directory with cuda_runtime_api.h: the CUDA toolkit's
+    (cpp_extension.CUDA_HOME: $CUDA_HOME, nvcc's, /usr/local/cuda) or that
+    of pip's nvidia runtime package torch came with; None when neither."""
+    candidates = []
+    if cpp_extension.CUDA_HOME:
+        candidates.append(os.path.join(cpp_extension.CUDA_HOME, "include"))
+    try:
+        import nvidia
+        for base in getattr(nvidia, "__path__", []):
+            for sub in sorted(os.listdir(base)):
+                candidates.append(os.path.join(base, sub, "include"))
+    except ImportError:
+        pass
+    for d in candidates:
+        if os.path.isfile(os.path.join(d, "cuda_runtime_api.h")):
+            return d
+    return None
+
+
+def build(verbose=False):
+    """Compile the allocator for the torch in use, unless
+    torch.utils.cpp_extension has it cached; return the shared object's
+    path.  Blocks while the compiler runs (a few seconds, at the first use
+    for a torch version).  Raises RuntimeError naming what is missing: no
+    C++ compiler, no ninja, no CUDA headers, a failed compilation (its
+    output is shown with verbose=True), a build that carries its own C++
+    runtime."""
+    torch = _import_torch()
+    from torch.utils import cpp_extension
+    if not os.path.isfile(SOURCE):
+        raise RuntimeError("cudefer.torch: %s is missing" % SOURCE)
+    candidates = compilers()
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError("cudefer.torch: building the allocator needs "
+                           "ninja (pip install ninja)")
+    cuda_include = _cuda_include_dir(cpp_extension)
+    if cuda_include is None:
+        raise RuntimeError("cudefer.torch: no CUDA runtime headers "
+                           "(cuda_runtime_api.h) found: set CUDA_HOME to the "
+                           "CUDA toolkit")
+    reasons = []
+    for cxx in candidates:
+        try:
+            path = _build_with(torch, cpp_extension, cxx, cuda_include,
+                               verbose)
+        except RuntimeError as e:
+            if len(candidates) == 1:
+                raise
+            why = str(e)
+        else:
+            why = check_cxx_runtime(path)
+        if why is None:
+            return path
+        reasons.append("%s: %s" % (cxx, why))
+        if verbose:
+            print("cudefer.torch: not using %s: %s" % (cxx, why),
+                  file=sys.stderr)
+    if len(reasons) == 1:
+        raise RuntimeError("cudefer.torch: %s; set %s to a g++ that links "
+                           "libstdc++ dynamically" % (reasons[0], CXX_ENV))
+    raise RuntimeError("cudefer.torch: no C++ compiler built an allocator "
+                       "that shares PyTorch's C++ runtime (set %s to a g++ "
+                       "that links libstdc++ dynamically): %s"
+                       % (CXX_ENV, "; ".join(reasons)))
+
+
+def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
+    """The allocator built with the compiler at path cxx (cached by
+    cpp_extension under a name of the torch version and the compiler); its
+    path.  Raises RuntimeError when the compilation fails."""
+    # The torch version in the name: a build for another torch (another
+    # CUDAAllocator layout) is never loaded.  The compiler's resolved path
+    # too: cpp_extension's cache does not know the compiler, and two
+    # compilers of one name (/opt/gcc/bin/g++, /usr/bin/g++) may link
+    # different C++ runtimes.
+    tag = hashlib.sha256(os.path.realpath(cxx).encode()).hexdigest()[:8]
+    name = "cudefer_torch_%s_%s_%s" % (
+        re.sub(r"\W", "_", torch.__version__),
+        re.sub(r"\W", "_", os.path.basename(cxx)), tag)
+    saved = os.environ.get("CXX")
+    os.environ["CXX"] = cxx
+    try:
+        # No CUDA source: no nvcc, no GPU architectures (with_cuda would
+        # ask the GPU for them); libcudart comes with libtorch_cuda.
+        return cpp_extension.load(
+            name=name, sources=[SOURCE], extra_cflags=["-O2"],
+            extra_include_paths=[cuda_include],
+            extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
+            with_cuda=False, is_python_module=False, verbose=verbose)
+    except Exception as e:  # cpp_extension raises several kinds
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RuntimeError("cudefer.torch: compiling %s with %s failed (%s);"
+                           " cudefer.torch.build(verbose=True) shows the "
+                           "compiler's output" % (SOURCE, cxx, first)) from None
+    finally:
+        if saved is None:
+            del os.environ["CXX"]
+        else:
+            os.environ["CXX"] = saved
+
+
+def _function(handle, name):
+    return ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
+
+
+def enable(lib=None, verbose=False):
+    """Make cudefer PyTorch's CUDA allocator; return the library's path.
+
+    lib: libcudefer's path (default: cudefer.find_library's search).
+    verbose: show the compiler's command and output.
+    Call once, before the first CUDA tensor and before other threads use
+    CUDA; a second call returns at once.  Raises ImportError without torch,
+    RuntimeError for a build that cannot be made (build()), and
+    RuntimeError saying to call it first when PyTorch's own allocator is in
+    use already; nothing is changed then."""
+    with _lock:
+        if _state:
+            load(lib)  # the same library, or RuntimeError
+            return _state["library"]
+        _import_torch()
+        handle = load(lib)
+        extension = ctypes.CDLL(build(verbose))
+        install = extension.cudefer_torch_install
+        install.restype = ctypes.c_int
+        install.argtypes = [ctypes.POINTER(_Functions), ctypes.c_char_p,
+                            ctypes.c_size_t]
+        extension.cudefer_torch_recorded.restype = ctypes.c_ulonglong
+        extension.cudefer_torch_recorded.argtypes = []
+        extension.cudefer_torch_bookkeeping_ns.restype = ctypes.c_double
+        extension.cudefer_torch_bookkeeping_ns.argtypes = [ctypes.c_int]
+        fields = stats_fields()
+
+        def index(field):
+            return fields.index(field) if field in fields else -1
+
+        fns = _Functions(
+            _function(handle, "defer_pluggable_alloc_status"),
+            _function(handle, "defer_pluggable_free"),
+            _function(handle, "defer_record_stream"),
+            _function(handle, "defer_trim"),
+            _function(handle, "defer_stats_get_sized"),
+            index("cache_bytes"), index("cache_mallocs"),
+            index("cache_releases"))
+        message = ctypes.create_string_buffer(1024)
+        rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
+        if rc == 3:
+            raise RuntimeError(
+                "cudefer.torch: call enable() before the first CUDA tensor: "
+                "PyTorch refused to change its allocator (%s)"
+                % message.value.decode(errors="replace").strip())
+        if rc not in (0, 4):
+            raise RuntimeError("cudefer.torch: installing the allocator "
+                               "failed (%d)" % rc)
+        _state.update(library=library(), extension=extension)
+        return _state["library"]
+
+
+def enabled():
+    """The path of the library enable() installed, or None."""
+    return _state.get("library")
+
+
+def recorded():
+    """How many Tensor.record_stream calls reached cudefer; None before
+    enable()."""
+    ext = _state.get("extension")
+    return None if ext is None else int(ext.cudefer_torch_recorded())
+
+
+def bookkeeping_ns(pairs=1000000):
+    """Nanoseconds of the allocator's own bookkeeping (pointer table and
+    statistics, no CUDA call) per allocation and free, measured over pairs
+    pairs now; None before enable()."""
+    ext = _state.get("extension")
+    return None if ext is None else ext.cudefer_torch_bookkeeping_ns(pairs)

@@ -1,0 +1,1414 @@
+/* SPDX-License-Identifier: MIT */
+// torch_allocator.cpp: cudefer as PyTorch's whole CUDA allocator.
+//
+// A subclass of c10::cuda::CUDACachingAllocator::CUDAAllocator (PyTorch
+// 2.11's interface, read from its headers) over cudefer:
+//   - tensors come from defer_pluggable_alloc_status and go back through
+//     defer_pluggable_free on the stream they were allocated on; out of
+//     memory raises torch.OutOfMemoryError after the OOM observers ran;
+//     Tensor.record_stream calls defer_record_stream; empty_cache calls
+//     defer_trim;
+//   - the statistics torch.cuda.memory_stats reads, with PyTorch's
+//     meanings: allocated bytes count each live tensor at the size PyTorch's
+//     own allocator rounds it to (512 bytes, or roundup_power2_divisions),
+//     so memory_allocated agrees with PyTorch's on the same tensors;
+//     reserved bytes are cudefer's (its cache) plus the private pools';
+//   - CUDA graphs: between beginAllocateToPool and endAllocateToPool, an
+//     allocation whose stream the filter accepts comes from a private pool
+//     of cudaMalloc'd blocks (cudaMalloc under a relaxed capture mode, as
+//     PyTorch's allocator does), never from cudefer, which refuses a
+//     capturing stream.  A pool lives while its use count (graphs,
+//     MemPools, allocate-to-pool sections) is above zero; its free blocks
+//     go back to CUDA at empty_cache or out of memory once it is released.
+//     Checkpoints of a pool (torch.compile's CUDA graph trees) and
+//     checkPoolLiveAllocations work on these blocks;
+//   - set_per_process_memory_fraction caps the bytes allocated on a device.
+// What it cannot serve (IPC, memory history, trace trackers, a MemPool with
+// its own allocator, use_on_oom pools) raises an error naming cudefer.
+//
+// It does not link libcudefer: Python passes the addresses of the functions
+// of the library it loaded (cudefer_torch_install), so allocator and
+// Python side always use the same copy.
+//
+// Threads: any thread may allocate and free.  The hot path (allocation and
+// free outside any allocate-to-pool section) takes no lock but one shard
+// of the pointer table (64 shards, by address): statistics are per-device
+// atomics.  Pools, captures and observers are guarded by a per-device
+// mutex; lock order: device mutex, then a table shard.
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <c10/util/llvmMathExtras.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+using c10::CachingAllocator::kMinBlockSize;
+using c10::CachingAllocator::kSmallSize;
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::MempoolId_t;
+
+// The functions of libcudefer Python loaded (include/cudefer.h), and where
+// struct defer_stats keeps the counters read here (field indices: this
+// file does not include cudefer.h, so the struct's layout comes from
+// Python, which reads the header or knows the fields).
+struct CudeferFunctions {
+    cudaError_t (*alloc_status)(void **ptr, size_t size, int device,
+                                cudaStream_t stream);
+    void (*free)(void *ptr, size_t size, int device, cudaStream_t stream);
+    cudaError_t (*record_stream)(void *ptr, cudaStream_t stream);
+    cudaError_t (*trim)(size_t *released_bytes);
+    void (*stats_get_sized)(void *out, size_t size);
+    int64_t stat_cache_bytes;     // index of cache_bytes, -1 if unknown
+    int64_t stat_cache_mallocs;   // index of cache_mallocs
+    int64_t stat_cache_releases;  // index of cache_releases
+};
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kStatsWords = 256;  // room for struct defer_stats to grow
+constexpr int kShards = 64;
+// pool_malloc_locked's "out of memory" (no block's address).
+void *const kPoolOutOfMemory = reinterpret_cast<void *>(uintptr_t{1});
+
+std::string format_size(uint64_t bytes)
+{
+    char text[64];
+    if (bytes < (1u << 10))
+        std::snprintf(text, sizeof text, "%" PRIu64 " bytes", bytes);
+    else if (bytes < (1u << 20))
+        std::snprintf(text, sizeof text, "%.2f KiB", bytes / 1024.0);
+    else if (bytes < (1ull << 30))
+        std::snprintf(text, sizeof text, "%.2f MiB", bytes / 1048576.0);
+    else if (bytes < (1ull << 40))
+        std::snprintf(text, sizeof text, "%.2f GiB", bytes / 1073741824.0);
+    else
+        std::snprintf(text, sizeof text, "%.2f TiB",
+                      bytes / 1099511627776.0);
+    return text;
+}
+
+// PyTorch's own allocator's rounding of a request (round_size of
+// CUDACachingAllocator.cpp): at least 512 bytes, a multiple of 512, or the
+// next of roundup_power2_divisions' steps where configured.
+size_t torch_round_size(size_t size)
+{
+    if (size < kMinBlockSize)
+        return kMinBlockSize;
+    size_t divisions =
+        c10::CachingAllocator::AcceleratorAllocatorConfig::
+            roundup_power2_divisions(size);
+    if (divisions > 1 && size > kMinBlockSize * divisions) {
+        if (c10::llvm::isPowerOf2_64(size))
+            return size;
+        size_t floor2 = c10::llvm::PowerOf2Floor(size);
+        size_t step =
+            floor2 >> (63 - c10::llvm::countLeadingZeros(divisions));
+        if (step == 0)
+            return floor2 << 1;
+        size_t down = size & ~(step - 1);
+        return down == size ? size : down + step;
+    }
+    return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+// One statistic of PyTorch's (c10::CachingAllocator::Stat) kept in atomics.
+// current and freed change with every allocation and free; allocated is
+// current + freed - base (base: current at the last reset of the
+// accumulated counters), so an allocation costs two atomic additions and a
+// load.  The peak is raised with a compare-and-swap only when passed.
+// Any thread; never blocks.
+struct AtomicStat {
+    std::atomic<int64_t> current{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> freed{0};
+    std::atomic<int64_t> base{0};
+
+    void add(int64_t n)
+    {
+        int64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
+        int64_t seen = peak.load(std::memory_order_relaxed);
+        while (now > seen &&
+               !peak.compare_exchange_weak(seen, now,
+                                           std::memory_order_relaxed))
+            ;
+    }
+    void sub(int64_t n)
+    {
+        current.fetch_sub(n, std::memory_order_relaxed);
+        freed.fetch_add(n, std::memory_order_relaxed);
+    }
+    void reset_peak()
+    {
+        peak.store(current.load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+    }
+    void reset_accumulated()
+    {
+        freed.store(0, std::memory_order_relaxed);
+        base.store(current.load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+    }
+    Stat get() const
+    {
+        Stat s;
+        s.current = current.load(std::memory_order_relaxed);
+        s.peak = std::max(peak.load(std::memory_order_relaxed), s.current);
+        s.freed = freed.load(std::memory_order_relaxed);
+        s.allocated = s.current + s.freed - base.load(std::memory_order_relaxed);
+        return s;
+    }
+};
+
+// AGGREGATE, SMALL_POOL, LARGE_POOL (StatType's order).
+struct AtomicStatArray {
+    std::array<AtomicStat, 3> s;
+    void add(bool small, int64_t n)
+    {
+        s[0].add(n);
+        s[small ? 1 : 2].add(n);
+    }
+    void sub(bool small, int64_t n)
+    {
+        s[0].sub(n);
+        s[small ? 1 : 2].sub(n);
+    }
+    StatArray get() const
+    {
+        StatArray a;
+        for (size_t i = 0; i < 3; i++)
+            a[i] = s[i].get();
+        return a;
+    }
+    void reset_peak()
+    {
+        for (auto &x : s)
+            x.reset_peak();
+    }
+    void reset_accumulated()
+    {
+        for (auto &x : s)
+            x.reset_accumulated();
+    }
+};
+
+struct Pool;
+
+// A block of a private pool: one cudaMalloc of size bytes (the rounded
+// request), on device, for use on stream.  Guarded by its device's mutex.
+struct PoolBlock {
+    void *ptr = nullptr;
+    size_t size = 0;
+    size_t requested = 0;
+    cudaStream_t stream = nullptr;
+    Pool *pool = nullptr;
+    bool allocated = false;
+    // Recorded on another stream (record_stream) before its free: never
+    // handed out again, returned to CUDA with its pool.
+    bool retired = false;
+    std::vector<cudaStream_t> uses;
+};
+
+// A private pool (a CUDA graph's, a MemPool's, torch.compile's CUDA graph
+// trees'): its blocks, its free blocks by (stream, size), its use count.
+// Guarded by its device's mutex.
+struct Pool {
+    MempoolId_t id{0, 0};
+    int device = 0;
+    int use_count = 0;
+    std::vector<std::unique_ptr<PoolBlock>> blocks;
+    std::multimap<std::pair<cudaStream_t, size_t>, PoolBlock *> free_blocks;
+};
+
+// What the allocator knows of a live allocation (the pointer table).
+struct Allocation {
+    size_t requested = 0;
+    size_t rounded = 0;
+    cudaStream_t stream = nullptr;
+    PoolBlock *block = nullptr;  // nullptr: cudefer's
+    int8_t device = 0;
+};
+
+// The reserved figures of cudefer's counters, sampled (reading them costs
+// a pass over its counters: every 64th allocation of a thread and at every
+// statistics read).
+struct CudeferSample {
+    std::atomic<int64_t> cache_bytes{0};
+    std::atomic<int64_t> cache_mallocs{0};
+    std::atomic<int64_t> cache_releases{0};
+};
+
+struct alignas(64) DeviceState {
+    AtomicStatArray allocation;       // count of live allocations
+    AtomicStatArray allocated_bytes;  // their rounded bytes
+    AtomicStatArray requested_bytes;  // their requested bytes
+    AtomicStatArray pool_bytes;       // private pools' segments' bytes
+    AtomicStatArray pool_segments;    // and their count
+    std::atomic<int64_t> pool_allocated{0};  // bytes of live pool blocks
+    std::atomic<int64_t> reserved_peak{0};
+    std::atomic<int64_t> num_alloc_retries{0};
+    std::atomic<int64_t> num_ooms{0};
+    std::atomic<int64_t> pool_mallocs{0};
+    std::atomic<int64_t> pool_frees{0};
+    // cudefer's cache_mallocs and cache_releases at the last reset of the
+    // accumulated counters.
+    std::atomic<int64_t> device_alloc_base{0};
+    std::atomic<int64_t> device_free_base{0};
+    // set_per_process_memory_fraction: 0 none, else the cap in bytes.
+    std::atomic<uint64_t> cap{0};
+    std::atomic<double> fraction{1.0};
+    // Allocate-to-pool sections open on this device (hot-path test).
+    std::atomic<int> sections{0};
+
+    std::mutex mu;  // guards what follows
+    std::map<MempoolId_t, std::unique_ptr<Pool>> pools;
+    struct Section {
+        MempoolId_t id;
+        std::function<bool(cudaStream_t)> filter;
+    };
+    std::vector<Section> open_sections;
+};
+
+class CudeferAllocator;
+CudeferAllocator *the_allocator = nullptr;  // set once, before it is current
+std::atomic<unsigned long long> recorded{0};
+std::atomic<int> sections_anywhere{0};
+
+void raw_delete_fn(void *ptr);
+
+// A checkpoint of a private pool (getCheckpointState): each block's
+// address, size, stream and whether it was allocated.
+struct PoolCheckpoint : CCA::AllocatorState {
+    MempoolId_t id{0, 0};
+    struct Block {
+        void *ptr;
+        size_t size;
+        size_t requested;
+        cudaStream_t stream;
+        bool allocated;
+    };
+    std::vector<Block> blocks;
+};
+
+class CudeferAllocator final : public CCA::CUDAAllocator {
+  public:
+    explicit CudeferAllocator(const CudeferFunctions &fns) : fns_(fns)
+    {
+        for (auto &d : devices_)
+            d = std::make_unique<DeviceState>();
+    }
+
+    // ---- allocation and free -------------------------------------------
+
+    c10::DataPtr allocate(size_t size) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        void *ptr = malloc(size, device, stream);
+        return {ptr, ptr, &raw_delete_fn,
+                c10::Device(c10::DeviceType::CUDA, device)};
+    }
+
+    c10::DeleterFnPtr raw_deleter() const override { return &raw_delete_fn; }
+
+    void *raw_alloc(size_t nbytes) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        return malloc(nbytes, device,
+                      c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+
+    void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
+    {
+        return malloc(nbytes, c10::cuda::current_device(), stream);
+    }
+
+    // Any thread; blocks only where cudefer does (out of memory: a trim).
+    void *malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream)
+    {
+        if (size == 0)
+            return nullptr;
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " is beyond the ", kMaxDevices,
+                    " devices cudefer's PyTorch allocator keeps");
+        DeviceState &d = *devices_[device];
+        size_t rounded = torch_round_size(size);
+        if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
+            void *p = pool_malloc(d, device, size, rounded, stream);
+            if (p != nullptr)
+                return p;
+        }
+        uint64_t cap = d.cap.load(std::memory_order_relaxed);
+        if (C10_UNLIKELY(cap != 0) &&
+            static_cast<uint64_t>(
+                d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
+                    rounded > cap)
+            out_of_memory(device, rounded, "the memory fraction's cap");
+        void *ptr = nullptr;
+        cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
+        if (err == cudaErrorMemoryAllocation) {
+            // cudefer trimmed and retried before it failed; give it what
+            // released private pools hold, and try once more.
+            d.num_alloc_retries.fetch_add(1, std::memory_order_relaxed);
+            if (release_free_pools(device) > 0)
+                err = cudefer_alloc(&ptr, size, device, stream);
+        }
+        if (err == cudaErrorMemoryAllocation)
+            out_of_memory(device, rounded, nullptr);
+        TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
+                    "cudefer: cannot allocate ", size, " bytes on a stream "
+                    "being captured into a CUDA graph outside a private pool "
+                    "(capture with torch.cuda.graph, which gives one)");
+        TORCH_CHECK(err == cudaSuccess, "cudefer: allocating ", size,
+                    " bytes on device ", static_cast<int>(device),
+                    " failed with CUDA error ", static_cast<int>(err), " (",
+                    cudaGetErrorString(err), "; cudefer's line on stderr "
+                    "says more)");
+        Allocation a;
+        a.requested = size;
+        a.rounded = rounded;
+        a.stream = stream;
+        a.device = device;
+        remember(ptr, a);
+        count_alloc(d, a, device, ptr);
+        thread_local unsigned sample_every = 0;
+        if ((++sample_every & 63) == 0)
+            sample_reserved(device);
+        return ptr;
+    }
+
+    void raw_delete(void *ptr) override
+    {
+        if (ptr == nullptr)
+            return;
+        Allocation a;
+        TORCH_CHECK(forget(ptr, &a), "cudefer: freeing ", ptr,
+                    ", which cudefer's PyTorch allocator did not allocate "
+                    "(or freed already)");
+        DeviceState &d = *devices_[a.device];
+        count_free(d, a, ptr);
+        if (a.block != nullptr) {
+            std::lock_guard<std::mutex> lock(d.mu);
+            pool_free(d, a.block);
+            return;
+        }
+        fns_.free(ptr, a.requested, a.device, a.stream);
+    }
+
+    // ---- record_stream, empty_cache, fraction --------------------------
+
+    void recordStream(const c10::DataPtr &data_ptr,
+                      c10::cuda::CUDAStream stream) override
+    {
+        void *ptr = data_ptr.get();
+        // A storage of no bytes has no block.
+        if (ptr == nullptr)
+            return;
+        PoolBlock *block = nullptr;
+        int device = 0;
+        if (!lookup(ptr, &block, &device))
+            return;  // memory PyTorch did not allocate (DLPack): ignored
+        if (block != nullptr) {
+            std::lock_guard<std::mutex> lock(devices_[device]->mu);
+            if (stream.stream() != block->stream &&
+                std::find(block->uses.begin(), block->uses.end(),
+                          stream.stream()) == block->uses.end())
+                block->uses.push_back(stream.stream());
+            recorded.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        cudaError_t err = fns_.record_stream(ptr, stream.stream());
+        TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
+                    "cudefer: Tensor.record_stream on a stream being "
+                    "captured into a CUDA graph, for memory allocated "
+                    "outside the graph's pool, is not supported");
+        TORCH_CHECK(err == cudaSuccess,
+                    "cudefer: defer_record_stream failed with CUDA error ",
+                    static_cast<int>(err),
+                    "; the tensor's memory is not protected for that stream");
+        recorded.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    void emptyCache(MempoolId_t mempool_id) override
+    {
+        if (mempool_id.first == 0 && mempool_id.second == 0) {
+            cudaError_t err = fns_.trim(nullptr);
+            TORCH_CHECK(err == cudaSuccess,
+                        "cudefer: defer_trim failed with CUDA error ",
+                        static_cast<int>(err));
+            for (int i = 0; i < device_count_; i++)
+                release_free_pools(i);
+            return;
+        }
+        for (int i = 0; i < device_count_; i++)
+            release_free_pools(i, &mempool_id);
+    }
+
+    void setMemoryFraction(double fraction, c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(fraction >= 0 && fraction <= 1, "cudefer: memory "
+                    "fraction ", fraction, " is not between 0 and 1");
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        c10::cuda::CUDAGuard guard(device);
+        size_t free_bytes = 0, total = 0;
+        C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+        devices_[device]->fraction.store(fraction);
+        devices_[device]->cap.store(
+            static_cast<uint64_t>(fraction * static_cast<double>(total)));
+    }
+
+    double getMemoryFraction(c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        return devices_[device]->fraction.load();
+    }
+
+    // ---- statistics ------------------------------------------------------
+
+    DeviceStats getDeviceStats(c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        sample_reserved(device);
+        DeviceState &d = *devices_[device];
+        DeviceStats s;
+        s.allocation = d.allocation.get();
+        s.active = s.allocation;
+        s.allocated_bytes = d.allocated_bytes.get();
+        s.active_bytes = s.allocated_bytes;
+        s.requested_bytes = d.requested_bytes.get();
+        // Reserved: cudefer's cache (the whole process's while one device
+        // was used; see reserved_of) plus the private pools' segments.  The
+        // small and large pools' figures are the private pools' alone
+        // (cudefer does not sort its cache by size); the aggregate's
+        // allocated counts cudefer's part as allocated once.
+        s.reserved_bytes = d.pool_bytes.get();
+        s.segment = d.pool_segments.get();
+        int64_t reserved = reserved_of(device);
+        int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
+        Stat &r = s.reserved_bytes[0];
+        r.current = reserved;
+        r.peak = std::max<int64_t>(d.reserved_peak.load(), reserved);
+        r.allocated += cudefer_part;
+        int64_t mallocs = device_used_alone(device)
+                              ? sample_.cache_mallocs.load() : 0;
+        int64_t releases = device_used_alone(device)
+                               ? sample_.cache_releases.load() : 0;
+        s.segment[0].current += mallocs - releases;
+        s.segment[0].peak = std::max(s.segment[0].peak, s.segment[0].current);
+        s.num_alloc_retries = d.num_alloc_retries.load();
+        s.num_ooms = d.num_ooms.load();
+        s.num_device_alloc = d.pool_mallocs.load() + mallocs -
+                             d.device_alloc_base.load();
+        s.num_device_free = d.pool_frees.load() + releases -
+                            d.device_free_base.load();
+        s.max_split_size = static_cast<int64_t>(
+            c10::CachingAllocator::AcceleratorAllocatorConfig::
+                max_split_size());
+        return s;
+    }
+
+    void resetAccumulatedStats(c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        sample_reserved(device);
+        DeviceState &d = *devices_[device];
+        for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
+                                   &d.requested_bytes, &d.pool_bytes,
+                                   &d.pool_segments})
+            a->reset_accumulated();
+        d.num_alloc_retries.store(0);
+        d.num_ooms.store(0);
+        d.pool_mallocs.store(0);
+        d.pool_frees.store(0);
+        d.device_alloc_base.store(device_used_alone(device)
+                                      ? sample_.cache_mallocs.load() : 0);
+        d.device_free_base.store(device_used_alone(device)
+                                     ? sample_.cache_releases.load() : 0);
+    }
+
+    void resetPeakStats(c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        DeviceState &d = *devices_[device];
+        for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
+                                   &d.requested_bytes, &d.pool_bytes,
+                                   &d.pool_segments})
+            a->reset_peak();
+        sample_reserved(device);
+        d.reserved_peak.store(reserved_of(device));
+    }
+
+    void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override
+    {
+        std::lock_guard<std::mutex> lock(observers_mu_);
+        observers_.push_back(std::move(observer));
+    }
+
+    // ---- private pools: CUDA graphs, MemPool, torch.compile -------------
+
+    void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
+                             std::function<bool(cudaStream_t)> filter) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        pool_incref(d, device, mempool_id);
+        d.open_sections.push_back({mempool_id, std::move(filter)});
+        d.sections.fetch_add(1, std::memory_order_release);
+        sections_anywhere.fetch_add(1, std::memory_order_release);
+    }
+
+    void endAllocateToPool(c10::DeviceIndex device,
+                           MempoolId_t mempool_id) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        for (auto it = d.open_sections.begin(); it != d.open_sections.end();
+             ++it) {
+            if (it->id == mempool_id) {
+                d.open_sections.erase(it);
+                d.sections.fetch_sub(1, std::memory_order_release);
+                sections_anywhere.fetch_sub(1, std::memory_order_release);
+                return;
+            }
+        }
+        TORCH_CHECK(false, "cudefer: endAllocateToPool for pool (",
+                    mempool_id.first, ", ", mempool_id.second,
+                    ") with no allocation to it begun");
+    }
+
+    void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        auto it = d.pools.find(mempool_id);
+        TORCH_CHECK(it != d.pools.end(), "cudefer: releasePool of pool (",
+                    mempool_id.first, ", ", mempool_id.second,
+                    ") that does not exist");
+        TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (",
+                    mempool_id.first, ", ", mempool_id.second,
+                    ") released more often than used");
+        // Its free blocks go back to CUDA at empty_cache or out of memory,
+        // as PyTorch's own allocator does: not here, where graph replays
+        // may still run.
+        it->second->use_count--;
+    }
+
+    void createOrIncrefPool(
+        c10::DeviceIndex device, MempoolId_t mempool_id,
+        std::shared_ptr<CCA::CUDAAllocator> allocator) override
+    {
+        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                    "cudefer: a MemPool with an allocator of its own is not "
+                    "supported while cudefer is PyTorch's allocator");
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        pool_incref(d, device, mempool_id);
+    }
+
+    int getPoolUseCount(c10::DeviceIndex device,
+                        MempoolId_t mempool_id) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        auto it = d.pools.find(mempool_id);
+        return it == d.pools.end() ? 0 : it->second->use_count;
+    }
+
+    void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override
+    {
+        // MemPool's destructor turns it off: accepted.
+        TORCH_CHECK(!use_on_oom, "cudefer: MemPool(use_on_oom=True) is not "
+                    "supported while cudefer is PyTorch's allocator");
+    }
+
+    // Blocks of a private pool are never split: nothing to do.
+    void setNoSplit(c10::DeviceIndex, MempoolId_t) override {}
+
+    bool checkPoolLiveAllocations(
+        c10::DeviceIndex device, MempoolId_t mempool_id,
+        const std::unordered_set<void *> &expected) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        auto it = d.pools.find(mempool_id);
+        TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (",
+                    mempool_id.first, ", ", mempool_id.second, ")");
+        size_t live = 0;
+        for (auto &b : it->second->blocks) {
+            if (!b->allocated)
+                continue;
+            if (expected.count(b->ptr) == 0)
+                return false;
+            live++;
+        }
+        return live == expected.size();
+    }
+
+    std::shared_ptr<CCA::AllocatorState>
+    getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override
+    {
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        auto it = d.pools.find(id);
+        TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (", id.first,
+                    ", ", id.second, ") to checkpoint");
+        TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (", id.first,
+                    ", ", id.second, ") was released: no checkpoint");
+        auto state = std::make_shared<PoolCheckpoint>();
+        state->id = id;
+        for (auto &b : it->second->blocks)
+            state->blocks.push_back(
+                {b->ptr, b->size, b->requested, b->stream, b->allocated});
+        return state;
+    }
+
+    // Returns the pool to a checkpoint: every block allocated now is freed
+    // (ptrs_freed; PyTorch takes their storages' deleters away), every
+    // block allocated in the checkpoint is allocated again and handed back
+    // as a DataPtr (dataptrs_allocd).
+    CCA::CheckpointDelta setCheckpointPoolState(
+        c10::DeviceIndex device,
+        std::shared_ptr<CCA::AllocatorState> as) override
+    {
+        auto *cp = dynamic_cast<PoolCheckpoint *>(as.get());
+        TORCH_CHECK(cp != nullptr, "cudefer: a checkpoint that is not "
+                    "cudefer's");
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        auto it = d.pools.find(cp->id);
+        TORCH_CHECK(it != d.pools.end() && it->second->use_count > 0,
+                    "cudefer: the checkpoint's pool (", cp->id.first, ", ",
+                    cp->id.second, ") is gone");
+        Pool &pool = *it->second;
+        CCA::CheckpointDelta delta;
+        std::unordered_map<void *, PoolBlock *> by_ptr;
+        for (auto &b : pool.blocks) {
+            by_ptr[b->ptr] = b.get();
+            if (!b->allocated)
+                continue;
+            Allocation a;
+            TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
+                        " missing from the table");
+            count_free(d, a, b->ptr);
+            d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+            b->uses.clear();
+            b->retired = false;
+            pool_put_free(pool, b.get());
+            delta.ptrs_freed.push_back(b->ptr);
+        }
+        for (auto &c : cp->blocks) {
+            if (!c.allocated)
+                continue;
+            auto found = by_ptr.find(c.ptr);
+            TORCH_CHECK(found != by_ptr.end() && found->second->size == c.size,
+                        "cudefer: the checkpoint's block ", c.ptr,
+                        " is no longer in its pool");
+            PoolBlock *b = found->second;
+            pool_take_free(pool, b);
+            b->allocated = true;
+            b->requested = c.requested;
+            b->stream = c.stream;
+            Allocation a;
+            a.requested = c.requested;
+            a.rounded = b->size;
+            a.stream = c.stream;
+            a.block = b;
+            a.device = device;
+            remember(b->ptr, a);
+            count_alloc(d, a, device, b->ptr);
+            d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+            delta.dataptrs_allocd.emplace_back(
+                b->ptr, b->ptr, &raw_delete_fn,
+                c10::Device(c10::DeviceType::CUDA, device));
+        }
+        return delta;
+    }
+
+    CCA::SnapshotInfo snapshot(MempoolId_t mempool_id,
+                               bool /*include_traces*/) override
+    {
+        CCA::SnapshotInfo info{};  // zeroes config_metadata's numbers
+        bool all = mempool_id.first == 0 && mempool_id.second == 0;
+        for (int dev = 0; dev < device_count_; dev++) {
+            DeviceState &d = *devices_[dev];
+            std::lock_guard<std::mutex> lock(d.mu);
+            for (auto &p : d.pools) {
+                if (!all && p.first != mempool_id)
+                    continue;
+                for (auto &b : p.second->blocks)
+                    info.segments.push_back(segment_of(
+                        dev, b->ptr, b->size, b->requested, b->stream,
+                        b->allocated, p.first));
+            }
+        }
+        if (all) {
+            // cudefer's live blocks, each as a segment of its own (cudefer
+            // does not say how its cache lays them out).
+            for (auto &shard : shards_) {
+                std::lock_guard<std::mutex> lock(shard.mu);
+                for (auto &e : shard.map)
+                    if (e.second.block == nullptr)
+                        info.segments.push_back(segment_of(
+                            e.second.device, e.first, e.second.rounded,
+                            e.second.requested, e.second.stream, true,
+                            {0, 0}));
+            }
+        }
+        info.device_traces.resize(static_cast<size_t>(device_count_));
+        info.config_metadata.max_split_size =
+            c10::CachingAllocator::AcceleratorAllocatorConfig::
+                max_split_size();
+        info.config_metadata.last_allocator_settings = "cudefer";
+        return info;
+    }
+
+    // ---- the rest of the interface -------------------------------------
+
+    void init(int device_count) override
+    {
+        device_count_ = std::min(device_count, kMaxDevices);
+        initialized_.store(true);
+    }
+    bool initialized() override { return initialized_.load(); }
+    void enable(bool) override {}
+    bool isEnabled() const override { return true; }
+    std::string name() override { return "cudefer"; }
+
+    std::vector<CCA::StreamSegmentSize>
+    getExpandableSegmentSizes(c10::DeviceIndex) override
+    {
+        return {};
+    }
+
+    // The largest block an allocation could get now: the device's free
+    // memory (cudefer's free blocks are not listed) or a free pool block.
+    void cacheInfo(c10::DeviceIndex device, size_t *largest) override
+    {
+        if (*largest == 0) {
+            c10::cuda::CUDAGuard guard(device);
+            size_t total = 0;
+            C10_CUDA_CHECK(cudaMemGetInfo(largest, &total));
+        }
+        DeviceState &d = state(device);
+        std::lock_guard<std::mutex> lock(d.mu);
+        for (auto &p : d.pools)
+            for (auto &f : p.second->free_blocks)
+                *largest = std::max(*largest, f.second->size);
+    }
+
+    // Blocks are never parts of larger ones: a block is its own base.
+    void *getBaseAllocation(void *ptr, size_t *size) override
+    {
+        if (size != nullptr) {
+            Shard &s = shard_of(ptr);
+            std::lock_guard<std::mutex> lock(s.mu);
+            auto it = s.map.find(ptr);
+            *size = it == s.map.end() ? 0 : it->second.rounded;
+        }
+        return ptr;
+    }
+
+    CCA::ShareableHandle shareIpcHandle(void *) override
+    {
+        TORCH_CHECK(false, "cudefer: sharing CUDA tensors between processes "
+                    "(CUDA IPC) is not supported while cudefer is PyTorch's "
+                    "allocator");
+    }
+
+    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    {
+        TORCH_CHECK(false, "cudefer: opening a CUDA tensor of another "
+                    "process (CUDA IPC) is not supported while cudefer is "
+                    "PyTorch's allocator");
+    }
+
+    bool isHistoryEnabled() override { return false; }
+
+    void recordHistory(bool enabled, CCA::CreateContextFn, size_t,
+                       CCA::RecordContext, bool,
+                       const std::vector<std::string> &) override
+    {
+        TORCH_CHECK(!enabled, "cudefer: memory history "
+                    "(torch.cuda.memory._record_memory_history) is not "
+                    "recorded while cudefer is PyTorch's allocator");
+    }
+
+    void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override
+    {
+        TORCH_CHECK(false, "cudefer: allocator trace trackers are not "
+                    "supported while cudefer is PyTorch's allocator");
+    }
+
+    void enablePeerAccess(c10::DeviceIndex dev,
+                          c10::DeviceIndex dev_to_access) override
+    {
+        c10::cuda::CUDAGuard guard(dev);
+        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+        else
+            C10_CUDA_CHECK(err);
+    }
+
+    // Every block is cudaMalloc'd (cudefer's pool and the private pools):
+    // cudaMemcpyAsync works across devices with or without peer access.
+    cudaError_t memcpyAsync(void *dst, int, const void *src, int,
+                            size_t count, cudaStream_t stream, bool) override
+    {
+        return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
+                               stream);
+    }
+
+    void copy_data(void *dest, const void *src,
+                   std::size_t count) const override
+    {
+        C10_CUDA_CHECK(
+            cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+    }
+
+    // ---- for Python and tests ------------------------------------------
+
+    // The cost of the bookkeeping of one allocation and its free (the
+    // table and the statistics, no CUDA call), in nanoseconds, over n
+    // pairs on device 0's counters, which are put back as they were: call
+    // it while no other thread allocates.
+    double bookkeeping_ns(int n)
+    {
+        DeviceState &d = *devices_[0];
+        uint64_t used = used_devices_.load();
+        std::vector<std::pair<int64_t, int64_t>> saved;  // peak, freed
+        for (AtomicStatArray *a :
+             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+            for (auto &x : a->s)
+                saved.push_back({x.peak.load(), x.freed.load()});
+        std::vector<char> fake(64 * 1024);
+        auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; i++) {
+            void *ptr = fake.data() + (i % 1024) * 64;
+            Allocation a;
+            a.requested = 1000 + (i & 4095);
+            a.rounded = torch_round_size(a.requested);
+            a.device = 0;
+            remember(ptr, a);
+            count_alloc(d, a, 0, nullptr);
+            Allocation back;
+            forget(ptr, &back);
+            count_free(d, back, nullptr);
+        }
+        auto ns = std::chrono::duration<double, std::nano>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+        used_devices_.store(used);
+        size_t i = 0;
+        for (AtomicStatArray *a :
+             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+            for (auto &x : a->s) {
+                x.peak.store(saved[i].first);
+                x.freed.store(saved[i].second);
+                i++;
+            }
+        return n > 0 ? ns / n : 0.0;
+    }
+
+  private:
+    struct Shard {
+        std::mutex mu;
+        std::unordered_map<void *, Allocation> map;
+    };
+
+    DeviceState &state(c10::DeviceIndex device)
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                    static_cast<int>(device), " out of range");
+        return *devices_[device];
+    }
+
+    Shard &shard_of(void *ptr)
+    {
+        auto v = reinterpret_cast<uintptr_t>(ptr) >> 9;
+        return shards_[(v ^ (v >> 7) ^ (v >> 17)) % kShards];
+    }
+
+    void remember(void *ptr, const Allocation &a)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.map[ptr] = a;
+    }
+
+    bool forget(void *ptr, Allocation *out)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        if (it == s.map.end())
+            return false;
+        *out = it->second;
+        s.map.erase(it);
+        return true;
+    }
+
+    bool lookup(void *ptr, PoolBlock **block, int *device)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        if (it == s.map.end())
+            return false;
+        *block = it->second.block;
+        *device = it->second.device;
+        return true;
+    }
+
+    void count_alloc(DeviceState &d, const Allocation &a, int device,
+                     void *ptr)
+    {
+        bool small = a.rounded <= kSmallSize;
+        d.allocation.add(small, 1);
+        d.allocated_bytes.add(small, static_cast<int64_t>(a.rounded));
+        d.requested_bytes.add(small, static_cast<int64_t>(a.requested));
+        uint64_t bit = 1ull << device;
+        if (C10_UNLIKELY(!(used_devices_.load(std::memory_order_relaxed) &
+                           bit)))
+            used_devices_.fetch_or(bit, std::memory_order_relaxed);
+        if (ptr != nullptr)
+            c10::reportMemoryUsageToProfiler(
+                ptr, static_cast<int64_t>(a.rounded),
+                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
+                    std::memory_order_relaxed)),
+                0, c10::Device(c10::DeviceType::CUDA,
+                               static_cast<c10::DeviceIndex>(device)));
+    }
+
+    void count_free(DeviceState &d, const Allocation &a, void *ptr)
+    {
+        bool small = a.rounded <= kSmallSize;
+        d.allocation.sub(small, 1);
+        d.allocated_bytes.sub(small, static_cast<int64_t>(a.rounded));
+        d.requested_bytes.sub(small, static_cast<int64_t>(a.requested));
+        if (ptr != nullptr)
+            c10::reportMemoryUsageToProfiler(
+                ptr, -static_cast<int64_t>(a.rounded),
+                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
+                    std::memory_order_relaxed)),
+                0, c10::Device(c10::DeviceType::CUDA, a.device));
+    }
+
+    // defer_pluggable_alloc_status, under a relaxed capture mode while any
+    // allocate-to-pool section is open (this thread may be capturing in
+    // global mode, where cudefer's cudaMalloc would break the capture).
+    cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
+                              cudaStream_t stream)
+    {
+        if (C10_UNLIKELY(sections_anywhere.load(std::memory_order_acquire) >
+                         0)) {
+            c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+                cudaStreamCaptureModeRelaxed);
+            return fns_.alloc_status(ptr, size, device, stream);
+        }
+        return fns_.alloc_status(ptr, size, device, stream);
+    }
+
+    // Whether device is the only one this allocator has served, so that
+    // cudefer's process-wide counters are that device's.
+    bool device_used_alone(int device) const
+    {
+        uint64_t used = used_devices_.load(std::memory_order_relaxed);
+        return (used & ~(1ull << device)) == 0;
+    }
+
+    // Reserved bytes of device: cudefer's cache while the device was used
+    // alone, else (cudefer does not yet count per device) the bytes of
+    // cudefer's blocks live there, a lower bound; plus the private pools'.
+    // Never below the allocated bytes.
+    int64_t reserved_of(int device)
+    {
+        DeviceState &d = *devices_[device];
+        int64_t live = d.allocated_bytes.s[0].current.load() -
+                       d.pool_allocated.load();
+        int64_t cudefer_part = device_used_alone(device)
+                                   ? std::max(sample_.cache_bytes.load(), live)
+                                   : live;
+        return cudefer_part + d.pool_bytes.s[0].current.load();
+    }
+
+    void sample_reserved(int device)
+    {
+        if (fns_.stats_get_sized != nullptr && fns_.stat_cache_bytes >= 0) {
+            uint64_t words[kStatsWords] = {};
+            fns_.stats_get_sized(words, sizeof words);
+            sample_.cache_bytes.store(
+                static_cast<int64_t>(words[fns_.stat_cache_bytes]));
+            if (fns_.stat_cache_mallocs >= 0)
+                sample_.cache_mallocs.store(
+                    static_cast<int64_t>(words[fns_.stat_cache_mallocs]));
+            if (fns_.stat_cache_releases >= 0)
+                sample_.cache_releases.store(
+                    static_cast<int64_t>(words[fns_.stat_cache_releases]));
+        }
+        DeviceState &d = *devices_[device];
+        int64_t now = reserved_of(device);
+        int64_t seen = d.reserved_peak.load(std::memory_order_relaxed);
+        while (now > seen && !d.reserved_peak.compare_exchange_weak(seen, now))
+            ;
+    }
+
+    [[noreturn]] void out_of_memory(int device, size_t rounded,
+                                    const char *why)
+    {
+        DeviceState &d = *devices_[device];
+        d.num_ooms.fetch_add(1, std::memory_order_relaxed);
+        size_t device_free = 0, device_total = 0;
+        {
+            c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+            if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess)
+                (void)cudaGetLastError();
+        }
+        sample_reserved(device);
+        int64_t allocated = d.allocated_bytes.s[0].current.load();
+        int64_t reserved = reserved_of(device);
+        uint64_t cap = d.cap.load();
+        c10::reportOutOfMemoryToProfiler(
+            static_cast<int64_t>(rounded), static_cast<size_t>(allocated),
+            static_cast<size_t>(reserved),
+            c10::Device(c10::DeviceType::CUDA,
+                        static_cast<c10::DeviceIndex>(device)));
+        std::vector<CCA::OutOfMemoryObserver> observers;
+        {
+            std::lock_guard<std::mutex> lock(observers_mu_);
+            observers = observers_;
+        }
+        for (auto &o : observers)
+            o(device, rounded, cap != 0 ? cap : device_total, device_free);
+        TORCH_CHECK_WITH(
+            OutOfMemoryError, false, "cudefer: CUDA out of memory: tried to "
+            "allocate ", format_size(rounded), " on device ", device,
+            why != nullptr ? " beyond " : "", why != nullptr ? why : "",
+            cap != 0 ? " (" + format_size(cap) + " allowed)" : "",
+            "; the device has ", format_size(device_total), " of which ",
+            format_size(device_free), " is free; PyTorch has ",
+            format_size(static_cast<uint64_t>(allocated)),
+            " allocated and cudefer ",
+            format_size(static_cast<uint64_t>(reserved)), " reserved");
+    }
+
+    // ---- private pools (under the device's mutex) -----------------------
+
+    Pool &pool_incref(DeviceState &d, int device, MempoolId_t id)
+    {
+        auto &slot = d.pools[id];
+        if (!slot) {
+            slot = std::make_unique<Pool>();
+            slot->id = id;
+            slot->device = device;
+        }
+        slot->use_count++;
+        return *slot;
+    }
+
+    // An allocation of the first open section whose filter takes stream,
+    // or nullptr when none does (the allocation is cudefer's then).
+    // Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
+    void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,
+                      cudaStream_t stream)
+    {
+        void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
+        if (ptr == kPoolOutOfMemory)
+            out_of_memory(device, rounded, nullptr);
+        return ptr;
+    }
+
+    // pool_malloc under the device's mutex; kPoolOutOfMemory when
+    // cudaMalloc had no memory (the error is raised once it is unlocked:
+    // OOM observers may take the GIL).
+    void *pool_malloc_locked(DeviceState &d, int device, size_t size,
+                             size_t rounded, cudaStream_t stream)
+    {
+        std::lock_guard<std::mutex> lock(d.mu);
+        Pool *pool = nullptr;
+        for (auto &s : d.open_sections) {
+            if (s.filter(stream)) {
+                auto it = d.pools.find(s.id);
+                TORCH_INTERNAL_ASSERT(it != d.pools.end());
+                pool = it->second.get();
+                break;
+            }
+        }
+        if (pool == nullptr)
+            return nullptr;
+        PoolBlock *b = nullptr;
+        // The smallest free block of this stream that fits and wastes less
+        // than the request (blocks are never split).
+        auto it = pool->free_blocks.lower_bound({stream, rounded});
+        if (it != pool->free_blocks.end() && it->first.first == stream &&
+            it->first.second <= 2 * rounded) {
+            b = it->second;
+            pool->free_blocks.erase(it);
+        } else {
+            void *ptr = nullptr;
+            cudaError_t err;
+            {
+                c10::cuda::CUDAGuard guard(
+                    static_cast<c10::DeviceIndex>(device));
+                c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+                    cudaStreamCaptureModeRelaxed);
+                err = cudaMalloc(&ptr, rounded);
+            }
+            if (err == cudaErrorMemoryAllocation) {
+                (void)cudaGetLastError();
+                return kPoolOutOfMemory;
+            }
+            C10_CUDA_CHECK(err);
+            auto owned = std::make_unique<PoolBlock>();
+            b = owned.get();
+            b->ptr = ptr;
+            b->size = rounded;
+            b->pool = pool;
+            pool->blocks.push_back(std::move(owned));
+            bool small = rounded <= kSmallSize;
+            d.pool_bytes.add(small, static_cast<int64_t>(rounded));
+            d.pool_segments.add(small, 1);
+            d.pool_mallocs.fetch_add(1, std::memory_order_relaxed);
+        }
+        b->allocated = true;
+        b->requested = size;
+        b->stream = stream;
+        Allocation a;
+        a.requested = size;
+        a.rounded = rounded;
+        a.stream = stream;
+        a.block = b;
+        a.device = static_cast<int8_t>(device);
+        remember(b->ptr, a);
+        count_alloc(d, a, device, b->ptr);
+        // The block's size (a reused block may be larger than rounded), as
+        // pool_free takes it off.
+        d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+        return b->ptr;
+    }
+
+    void pool_put_free(Pool &pool, PoolBlock *b)
+    {
+        b->allocated = false;
+        pool.free_blocks.insert({{b->stream, b->size}, b});
+    }
+
+    void pool_take_free(Pool &pool, PoolBlock *b)
+    {
+        auto range = pool.free_blocks.equal_range({b->stream, b->size});
+        for (auto it = range.first; it != range.second; ++it) {
+            if (it->second == b) {
+                pool.free_blocks.erase(it);
+                return;
+            }
+        }
+        TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
+                    " is neither free nor retired");
+        b->retired = false;
+    }
+
+    // A pool block's free: back to its pool's free blocks for its stream,
+    // unless another stream recorded a use (it is retired then: nothing
+    // tells when that stream is done, and during a capture no event can
+    // be waited for).
+    void pool_free(DeviceState &d, PoolBlock *b)
+    {
+        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+        if (!b->uses.empty()) {
+            b->allocated = false;
+            b->retired = true;
+            b->uses.clear();
+            return;
+        }
+        pool_put_free(*b->pool, b);
+    }
+
+    // Give the free and retired blocks of released pools (use count 0) of
+    // device back to CUDA (only that pool with only != nullptr), and drop
+    // pools with no blocks left.  Not while any allocate-to-pool section is
+    // open (a capture may be running: no synchronisation then).  Returns
+    // the bytes released.
+    size_t release_free_pools(int device, const MempoolId_t *only = nullptr)
+    {
+        if (sections_anywhere.load(std::memory_order_acquire) > 0)
+            return 0;
+        DeviceState &d = *devices_[device];
+        std::lock_guard<std::mutex> lock(d.mu);
+        size_t released = 0;
+        bool synced = false;
+        for (auto it = d.pools.begin(); it != d.pools.end();) {
+            Pool &pool = *it->second;
+            if (pool.use_count > 0 || (only != nullptr && pool.id != *only)) {
+                ++it;
+                continue;
+            }
+            auto &blocks = pool.blocks;
+            for (auto b = blocks.begin(); b != blocks.end();) {
+                if ((*b)->allocated) {
+                    ++b;
+                    continue;
+                }
+                c10::cuda::CUDAGuard guard(
+                    static_cast<c10::DeviceIndex>(device));
+                if (!synced) {
+                    // Replays of the pool's graphs may still run.
+                    C10_CUDA_CHECK(cudaDeviceSynchronize());
+                    synced = true;
+                }
+                C10_CUDA_CHECK(cudaFree((*b)->ptr));
+                bool small = (*b)->size <= kSmallSize;
+                d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
+                d.pool_segments.sub(small, 1);
+                d.pool_frees.fetch_add(1, std::memory_order_relaxed);
+                released += (*b)->size;
+                b = blocks.erase(b);
+            }
+            pool.free_blocks.clear();
+            if (blocks.empty())
+                it = d.pools.erase(it);
+            else
+                ++it;
+        }
+        return released;
+    }
+
+    static c10::cuda::CUDACachingAllocator::SegmentInfo
+    segment_of(int device, void *ptr, size_t size, size_t requested,
+               cudaStream_t stream, bool allocated, MempoolId_t pool)
+    {
+        c10::CachingDeviceAllocator::SegmentInfo s;
+        s.device = static_cast<c10::DeviceIndex>(device);
+        s.address = reinterpret_cast<size_t>(ptr);
+        s.total_size = size;
+        s.requested_size = allocated ? requested : 0;
+        s.allocated_size = allocated ? size : 0;
+        s.active_size = s.allocated_size;
+        s.stream = stream;
+        s.is_large = size > kSmallSize;
+        s.owner_private_pool_id = pool;
+        c10::CachingDeviceAllocator::BlockInfo b;
+        b.size = size;
+        b.requested_size = allocated ? requested : 0;
+        b.allocated = allocated;
+        b.active = allocated;
+        s.blocks.push_back(b);
+        return s;
+    }
+
+    CudeferFunctions fns_;
+    std::array<std::unique_ptr<DeviceState>, kMaxDevices> devices_;
+    std::array<Shard, kShards> shards_;
+    CudeferSample sample_;
+    std::atomic<uint64_t> used_devices_{0};
+    std::atomic<bool> initialized_{false};
+    int device_count_ = 0;
+    std::mutex observers_mu_;
+    std::vector<CCA::OutOfMemoryObserver> observers_;
+};
+
+void raw_delete_fn(void *ptr)
+{
+    the_allocator->raw_delete(ptr);
+}
+
+// Copies what into message (NUL-terminated, truncated to size).
+void put_message(char *message, size_t size, const char *what)
+{
+    if (message != nullptr && size > 0)
+        std::snprintf(message, size, "%s", what);
+}
+
+std::shared_ptr<CudeferAllocator> installed;
+
+}  // namespace
+
+// cudefer_torch_install: make cudefer PyTorch's CUDA allocator (current
+// for torch.cuda and registered for the CUDA device type), over the
+// functions in *fns.  Call once, from Python, before the first CUDA tensor
+// and before other threads use CUDA.  Returns 0 when installed; 2 for a
+// NULL function; 3 when PyTorch refused (an allocator already in use: its
+// reason is copied to message, at most size bytes, NUL-terminated); 4 when
+// installed already.  Nothing is changed unless it returns 0.  Never
+// blocks.
+extern "C" __attribute__((visibility("default"))) int
+cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
+{
+    if (fns == nullptr || fns->alloc_status == nullptr ||
+        fns->free == nullptr || fns->record_stream == nullptr ||
+        fns->trim == nullptr)
+        return 2;
+    if (installed)
+        return 4;
+    try {
+        // Never destroyed: tensors may be freed during the interpreter's
+        // teardown, after this library's static destructors ran.
+        std::shared_ptr<CudeferAllocator> allocator(
+            new CudeferAllocator(*fns), [](CudeferAllocator *) {});
+        // CUDA may be initialized already (PyTorch then calls init no
+        // more): count the devices now.
+        allocator->init(static_cast<int>(c10::cuda::device_count()));
+        the_allocator = allocator.get();
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+        // Also for c10::GetAllocator(kCUDA): storages made from Python and
+        // torch.accelerator's memory calls (same priority as PyTorch's own
+        // registration, which it replaces).
+        c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), 0);
+        installed = allocator;
+    } catch (const c10::Error &e) {
+        // No C++ exception may cross into ctypes: hand the reason back
+        // (without the C++ backtrace what() appends).
+        the_allocator = installed.get();
+        put_message(message, size, e.what_without_backtrace());
+        return 3;
+    } catch (const std::exception &e) {
+        the_allocator = installed.get();
+        put_message(message, size, e.what());
+        return 3;
+    }
+    return 0;
+}
+
+// cudefer_torch_recorded: Tensor.record_stream calls that reached cudefer
+// (defer_record_stream, or a private pool block).  Any thread.
+extern "C" __attribute__((visibility("default"))) unsigned long long
+cudefer_torch_recorded(void)
+{
+    return recorded.load(std::memory_order_relaxed);
+}
+
+// cudefer_torch_bookkeeping_ns: nanoseconds of the allocator's own
+// bookkeeping (pointer table and statistics, no CUDA call) per allocation
+// and free, over n pairs; -1 before cudefer_torch_install.
+extern "C" __attribute__((visibility("default"))) double
+cudefer_torch_bookkeeping_ns(int n)
+{
+    return installed ? installed->bookkeeping_ns(n) : -1.0;
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""torch_cupy.py: PyTorch and CuPy in one process on one cudefer pool.
+
+    python3 t/gpu/torch_cupy.py [--lib PATH]
+
+Runs the same program twice, each in its own process: once with each
+library's own allocator (PyTorch's caching allocator, CuPy's memory pool),
+once with cudefer.torch.enable() and cudefer.cupy.enable().  The program
+hands arrays from PyTorch to CuPy and back through DLPack (no copy), and in
+three rounds has PyTorch, then CuPy, use a 1 GiB temporary and free it.
+Checks, one PASS/FAIL line each (exit 1 if any failed, 77 without torch,
+cupy or a device):
+  - the results are identical bit for bit;
+  - DLPack shares memory both ways (the same address);
+  - under cudefer the process's peak device memory (cudaMemGetInfo) above
+    what is live (measured with every cache emptied) is at most the larger
+    of the two libraries' own peaks, one temporary (plus 5 % and 64 MiB
+    for rounding and scratch); with two pools it is about two temporaries
+    (printed for reference).
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "python"))
+
+MiB = 1 << 20
+TEMP = 1 << 30           # each library's temporary
+LIVE_ELEMS = 32 * MiB    # float32 elements of each long-lived array (128 MiB)
+
+
+def run(mode, lib, out_path):
+    import torch
+    import cupy
+    res = {"mode": mode}
+    if mode == "cudefer":
+        import cudefer
+        import cudefer.torch
+        import cudefer.cupy
+        res["library"] = cudefer.torch.enable(lib)
+        cudefer.cupy.enable(lib)
+    dev = torch.device("cuda")
+
+    def used():
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    # Warm-up: contexts, kernels, cuBLAS, CuPy's elementwise compilation.
+    w = torch.ones(1024, device=dev) * 2
+    c = cupy.ones(1024, dtype=cupy.float32) * 2
+    torch.cuda.synchronize()
+    cupy.cuda.Device().synchronize()
+    del w, c
+    peak = 0
+
+    gen = torch.Generator(device=dev).manual_seed(3)
+    a = torch.rand(LIVE_ELEMS, device=dev, generator=gen)
+    # PyTorch -> CuPy: the same memory.
+    a_cp = cupy.from_dlpack(a)
+    res["dlpack_torch_to_cupy_same"] = int(a_cp.data.ptr) == a.data_ptr()
+    b_cp = cupy.sqrt(a_cp * 3 + 1)
+    # CuPy -> PyTorch.
+    b = torch.from_dlpack(b_cp)
+    res["dlpack_cupy_to_torch_same"] = b.data_ptr() == int(b_cp.data.ptr)
+    acc_t = torch.zeros(1, device=dev, dtype=torch.float64)
+    acc_c = cupy.zeros(1, dtype=cupy.float64)
+    # The baseline: what is live now, every cache emptied.
+    torch.cuda.synchronize()
+    cupy.cuda.Device().synchronize()
+    torch.cuda.empty_cache()
+    if mode == "cudefer":
+        cudefer.trim()
+    else:
+        cupy.get_default_memory_pool().free_all_blocks()
+    base = used()
+    for r in range(3):
+        t = torch.empty(TEMP // 4, device=dev).uniform_(generator=gen)
+        acc_t += t.sum(dtype=torch.float64) + b.sum(dtype=torch.float64)
+        torch.cuda.synchronize()
+        peak = max(peak, used() - base)
+        del t
+        cp = cupy.arange(TEMP // 4, dtype=cupy.float32)
+        cp *= r + 1
+        acc_c += cp.sum(dtype=cupy.float64) + b_cp.sum(dtype=cupy.float64)
+        cupy.cuda.Device().synchronize()
+        peak = max(peak, used() - base)
+        del cp
+        # The streams differ (PyTorch's and CuPy's current); the frees above
+        # were on each one's own stream: order the next round after both.
+        torch.cuda.synchronize()
+        cupy.cuda.Device().synchronize()
+    h = hashlib.sha256()
+    h.update(b.cpu().numpy().tobytes())
+    h.update(acc_t.cpu().numpy().tobytes())
+    h.update(cupy.asnumpy(acc_c).tobytes())
+    res.update(sha=h.hexdigest(), peak=peak)
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib")
+    p.add_argument("--run", choices=["native", "cudefer"],
+                   help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.run:
+        run(args.run, args.lib, args.out)
+        return 0
+    try:
+        import torch
+        import cupy  # noqa: F401
+    except ImportError as e:
+        print("SKIP %s" % e)
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIP no CUDA device")
+        return 77
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("native", "cudefer"):
+            out = os.path.join(tmp, mode + ".json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
+                   "--out", out] + (["--lib", args.lib] if args.lib else [])
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            if proc.returncode != 0 or not os.path.exists(out):
+                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
+                print("\n".join("  " + line for line in
+                                proc.stdout.splitlines()[-30:]))
+                return 1
+            with open(out) as f:
+                results[mode] = json.load(f)
+    native, mine = results["native"], results["cudefer"]
+    failures = 0
+
+    def check(name, ok, detail=""):
+        nonlocal failures
+        print("%s %s%s" % ("PASS" if ok else "FAIL", name,
+                           ": " + detail if detail else ""), flush=True)
+        failures += 0 if ok else 1
+
+    check("PyTorch and CuPy on one cudefer pool: results identical to each "
+          "library's own allocator", native["sha"] == mine["sha"])
+    check("DLPack shares memory PyTorch -> CuPy and CuPy -> PyTorch",
+          mine["dlpack_torch_to_cupy_same"] and
+          mine["dlpack_cupy_to_torch_same"])
+    # Above what is live (the baseline): one temporary, 5 % and 64 MiB for
+    # rounding and the reductions' scratch.
+    bound = TEMP * 1.05 + 64 * MiB
+    check("one pool: peak at most the larger library's peak plus what is "
+          "live", mine["peak"] <= bound,
+          "cudefer %d MiB, bound %d MiB; two pools %d MiB" % (
+              mine["peak"] // MiB, bound // MiB, native["peak"] // MiB))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
