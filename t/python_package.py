@@ -288,6 +288,9 @@ def cases(tmp):
     tap(ok, "no ninja: said", out)
     root = fake_torch(os.path.join(tmp, "noheaders"), cxx=sys.executable,
                       cuda_home=os.path.join(tmp, "no-cuda"))
+    # pip's CUDA runtime package, where installed, has headers too.
+    os.makedirs(os.path.join(root, "nvidia"))
+    open(os.path.join(root, "nvidia", "__init__.py"), "w").close()
     ok, out = raises("import cudefer.torch; cudefer.torch.build()",
                      "RuntimeError", ["no CUDA runtime headers",
                                       "set CUDA_HOME"], fakes=root, env=one)
