@@ -462,6 +462,57 @@ static void scenario_race(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* A defer_alloc in a defer_call callback: the handler runs on the
+ * reclaimer thread, under a callback's rules (defer_flush refused, not a
+ * deadlock). */
+static struct {
+    pthread_t main_thread, handler_thread;
+    atomic_int calls;
+    cudaError_t flushed, allocated;
+    cudaStream_t s;
+} cb;
+
+static int callback_handler(size_t bytes, int device, void *arg)
+{
+    (void)bytes, (void)device, (void)arg;
+    atomic_fetch_add(&cb.calls, 1);
+    cb.handler_thread = pthread_self();
+    cb.flushed = defer_flush();
+    return 0;
+}
+
+static void allocate_in_callback(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    cb.allocated = defer_alloc(&p, MiB, cb.s);
+}
+
+static void scenario_in_callback(void)
+{
+    cb.main_thread = pthread_self();
+    cb.s = stream_new();
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
+    fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
+    defer_set_oom_handler(callback_handler, NULL, NULL, NULL);
+    stderr_capture_begin();
+    CHECK(defer_call(allocate_in_callback, NULL, cb.s) == cudaSuccess,
+          "defer_call");
+    CHECK(defer_flush() == cudaSuccess, "flushed: the callback ran");
+    stderr_capture_end();
+    CHECK(atomic_load(&cb.calls) == 1 &&
+              !pthread_equal(cb.handler_thread, cb.main_thread),
+          "called once (%d), on the reclaimer thread",
+          atomic_load(&cb.calls));
+    CHECK(cb.flushed == cudaErrorNotPermitted &&
+              cb.allocated == cudaErrorMemoryAllocation,
+          "defer_flush inside refused (%s); out of memory (%s)",
+          cudaGetErrorName(cb.flushed), cudaGetErrorName(cb.allocated));
+    fake_fail_clear();
+    defer_set_oom_handler(NULL, NULL, NULL, NULL);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -482,5 +533,7 @@ int main(void)
                   scenario_set_while_running);
     fork_scenario("set while others allocate: the pair read whole", ENV, 1,
                   60000, scenario_race);
+    fork_scenario("in a defer_call callback: on the reclaimer, a callback's "
+                  "rules", ENV, 1, 30000, scenario_in_callback);
     return 0;
 }
