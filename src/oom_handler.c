@@ -21,6 +21,8 @@ static struct {
  * allocates). */
 static _Thread_local bool in_handler;
 
+/* Fork child only (lifecycle.c's fork handler); never blocks: the lock
+ * re-made, the pair kept (the child's own calls are refused anyway). */
 void oom_handler_fork_child(void)
 {
     pthread_mutex_init(&pair.lock, NULL);
@@ -49,6 +51,8 @@ cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
     return cudaSuccess;
 }
 
+/* Any thread, holding no lock or admission of cudefer's; blocks while
+ * the handler runs.  Whether to try the request again (oom_handler.h). */
 bool oom_handler_retry(size_t bytes, int device, unsigned *calls)
 {
     if (in_handler)
