@@ -18,8 +18,9 @@
  * - A defer call that returns cudaSuccess owns the pointer from then on;
  *   one that fails leaves it with the caller and queues nothing.
  * - After defer_shutdown, and in the child of a fork() made once cudefer
- *   began to start, all calls but defer_config_defaults, defer_stats_get and
- *   defer_version return cudaErrorNotPermitted; the child never releases
+ *   began to start, all calls but defer_config_defaults, defer_stats_get,
+ *   defer_set_oom_handler and defer_version return cudaErrorNotPermitted;
+ *   the child never releases
  *   what the parent had pending (counted as failed).
  * - After a sticky error on a device (a kernel fault), its pending entries
  *   are abandoned (counted as failed); later calls on it and defer_flush
@@ -158,7 +159,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * defer_pluggable_free), never with cudaFree.  A free block not taken for
  * cache_keep_ms is released, and every free block by defer_trim and
  * defer_shutdown; live blocks stay the application's.  Blocks only to
- * allocate and, out of memory, to trim before one retry.  bytes == 0 gives
+ * allocate and, out of memory, to trim before one retry, then in the
+ * out-of-memory handler (defer_set_oom_handler).  bytes == 0 gives
  * *ptr = NULL and cudaSuccess.  Errors (each counted in rejected):
  * cudaErrorInvalidValue for a NULL ptr; cudaErrorMemoryAllocation when out
  * of memory (not reported); cudaErrorStreamCaptureUnsupported on a
@@ -179,6 +181,47 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * Limit: the cache has no cap; freed blocks stay until they expire. */
 CUDEFER_API cudaError_t defer_alloc(void **ptr, size_t bytes,
                                     cudaStream_t stream);
+
+/* The out-of-memory handler: fn(bytes, device, arg) is told that a
+ * request of bytes on device failed, and returns nonzero to have it tried
+ * again, 0 to let it fail with cudaErrorMemoryAllocation. */
+typedef int (*defer_oom_handler)(size_t bytes, int device, void *arg);
+
+/* The most calls of the handler for one request. */
+#define DEFER_OOM_MAX_CALLS 16
+
+/* defer_set_oom_handler: from now on fn(bytes, device, arg) is called when
+ * a request of defer_alloc, defer_pluggable_alloc or
+ * defer_pluggable_alloc_status runs out of memory after cudefer's own trim
+ * and retry; a NULL fn removes the handler.  *prev_fn and *prev_arg (each
+ * if not NULL) get the pair it replaces (NULL, NULL if none), to chain to.
+ * One pair for the process, read as a pair: a call that sets it while
+ * others allocate gives each failed request the old pair or the new one,
+ * never a mix.  Returns cudaSuccess; it never blocks on the GPU and may be
+ * called at any time, the handler included, also after defer_shutdown.
+ * The handler runs on the allocating thread (the reclaimer, for a
+ * defer_call callback: a callback's rules apply), with no lock of cudefer's
+ * held, so it may call any defer_* function, defer_alloc too; it must leave
+ * the thread's current device as it found it.  Nonzero: the whole request
+ * is tried again (the cache, where a block the handler freed on the
+ * request's stream serves it at once; then a new block, out of memory
+ * after a trim), and if that fails the handler is called again.  Memory it
+ * frees with defer_free comes back once its work is done (defer_flush in
+ * the handler waits for that).  Not called for a request above the
+ * device's memory, nor for another error.  bytes is what was asked for,
+ * device the one the block would be on (the current device for a special
+ * stream handle).
+ * Limit: at most DEFER_OOM_MAX_CALLS calls for one request; then it fails
+ * with cudaErrorMemoryAllocation (said): wait inside the handler rather
+ * than return nonzero at once.
+ * Limit: an allocation made inside the handler on the same thread never
+ * calls it: out of memory there, it fails as with no handler.
+ * Limit: a request that read the pair just before a set may call the old
+ * handler after the set returned, and a set does not wait for a handler
+ * running: free the old arg once the allocations under way then are done. */
+CUDEFER_API cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
+                                              defer_oom_handler *prev_fn,
+                                              void **prev_arg);
 
 /* defer_record_stream: the live block ptr (of defer_alloc's) is also used by
  * stream.  Every free of the block then waits for stream's work up to the

@@ -12,6 +12,7 @@
 #include "cuda.h"
 #include "cudefer.h"
 #include "lifecycle.h"
+#include "oom_handler.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
@@ -232,6 +233,30 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     return cudaSuccess;
 }
 
+/* Any thread, holding no lock or admission of cudefer's.  One try of a
+ * request (alloc_on's arguments): admitted, the cache; then, not admitted,
+ * a new block, out of memory after a trim.  cudaSuccess with *ptr, or the
+ * error (said and counted where it arose, out of memory neither);
+ * *device: the request's device.  *full: whether the device itself was out
+ * of memory for the new block (not a request above its memory, which no
+ * freeing makes fit, nor host memory). */
+static cudaError_t alloc_try(void **ptr, size_t bytes, cudaStream_t stream,
+                             int current, int expect, int *device, bool *full)
+{
+    *device = -1;
+    *full = false;
+    cudaError_t err = lifecycle_enter("defer_alloc");
+    if (err != cudaSuccess)
+        return err;
+    err = alloc_admitted(ptr, bytes, stream, current, expect, device);
+    lifecycle_leave(); /* a trim below must not wait behind our admission */
+    if (err == cudaSuccess && *ptr == NULL) { /* said and counted there */
+        err = malloc_block(*device, bytes, stream, ptr);
+        *full = err == cudaErrorMemoryAllocation;
+    }
+    return err;
+}
+
 /* defer_alloc, with the current device when the caller knows it
  * (current >= 0: the pluggable entry point made it current) and the device
  * the block must be on (expect >= 0: the one PyTorch named; a stream of
@@ -255,14 +280,15 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
                "holds (a negative size converted?): out of memory", bytes);
         return cudaErrorMemoryAllocation;
     }
-    cudaError_t err = lifecycle_enter("defer_alloc");
-    if (err != cudaSuccess)
-        return err;
-    int device = -1;
-    err = alloc_admitted(ptr, bytes, stream, current, expect, &device);
-    lifecycle_leave(); /* a trim below must not wait behind our admission */
-    if (err == cudaSuccess && *ptr == NULL) /* said and counted there */
-        err = malloc_block(device, bytes, stream, ptr);
+    /* Out of memory, the application's handler may free memory of its own
+     * and ask for the whole request again (its calls are bounded there). */
+    cudaError_t err;
+    unsigned handler_calls = 0;
+    int device;
+    bool full;
+    do
+        err = alloc_try(ptr, bytes, stream, current, expect, &device, &full);
+    while (full && oom_handler_retry(bytes, device, &handler_calls));
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     if (err != cudaSuccess)

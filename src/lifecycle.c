@@ -21,6 +21,7 @@
 #include "cuda.h"
 #include "event_pool.h"
 #include "free_batch.h"
+#include "oom_handler.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_lane.h"
@@ -578,6 +579,7 @@ static void fork_child(void)
     /* Whatever the state, the locks may have been held by threads that do
      * not exist here (a start in progress, say): usable again. */
     config_fork_child();
+    oom_handler_fork_child();
     pthread_mutex_init(&rs.wake_lock, NULL);
     pthread_cond_init(&rs.wake_cond, NULL);
     pthread_mutex_init(&rs.life_lock, NULL);
