@@ -19,8 +19,9 @@
  *   one that fails leaves it with the caller and queues nothing.
  * - After defer_shutdown, and in the child of a fork() made once cudefer
  *   began to start, all calls but defer_config_defaults, defer_stats_get,
- *   defer_set_oom_handler and defer_version return cudaErrorNotPermitted;
- *   the child never releases
+ *   defer_set_oom_handler, defer_device_stats_get,
+ *   defer_device_stats_reset_peaks and defer_version return
+ *   cudaErrorNotPermitted; the child never releases
  *   what the parent had pending (counted as failed).
  * - After a sticky error on a device (a kernel fault), its pending entries
  *   are abandoned (counted as failed); later calls on it and defer_flush
@@ -110,6 +111,29 @@ struct defer_stats {
     uint64_t cache_free_bytes; /* ... of them free, waiting for reuse */
     uint64_t cache_mallocs;  /* new blocks defer_alloc made */
     uint64_t cache_releases; /* blocks released: expired, trim, shutdown */
+};
+
+/* Devices 0 .. DEFER_STATS_MAX_DEVICES - 1 have counters of their own
+ * (struct defer_device_stats). */
+#define DEFER_STATS_MAX_DEVICES 64
+
+/* One device's share of defer_alloc's blocks and of the held memory, since
+ * the reclaimer started; each peak since then or the last
+ * defer_device_stats_reset_peaks of the device.  A snapshot read field by
+ * field, as struct defer_stats.  The struct only grows, at its end
+ * ("Structs that grow"). */
+struct defer_device_stats {
+    uint64_t cache_bytes;      /* bytes of defer_alloc's blocks, live or free */
+    uint64_t cache_bytes_peak; /* ... the most there were */
+    uint64_t live_bytes;       /* of them handed out, not back in the cache */
+    uint64_t live_bytes_peak;  /* ... the most there were */
+    uint64_t cache_free_bytes; /* of them free, waiting for reuse */
+    uint64_t held_bytes;       /* completed frees' bytes the policy holds */
+    uint64_t held_bytes_peak;  /* ... the most there were */
+    uint64_t cache_mallocs;    /* new blocks defer_alloc made */
+    uint64_t cache_releases;   /* blocks released: expired, trim, shutdown */
+    uint64_t allocs;           /* requests defer_alloc served with a block */
+    uint64_t reused;           /* ... of them with a block from the cache */
 };
 
 /* defer_free: cudaFree(ptr) once all work enqueued on stream so far is done.
@@ -324,8 +348,8 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
  * Limit: a free batch that cannot get its event is lost to the cache. */
 CUDEFER_API cudaError_t defer_shutdown(void);
 
-/* Structs that grow: struct defer_config and struct defer_stats gain fields
- * at their end.  The calls that take them are macros passing this header's
+/* Structs that grow: struct defer_config, struct defer_stats and struct
+ * defer_device_stats gain fields at their end.  The calls that take them are macros passing this header's
  * sizeof, so fields a program's struct lacks are never read nor written.
  * Call the *_sized functions directly where no macro can be used (dlsym,
  * ctypes).  The plain symbols are cudefer 0.1.0's, which know its fields
@@ -361,6 +385,37 @@ CUDEFER_API void defer_stats_get_sized(struct defer_stats *out, size_t size);
 CUDEFER_API void defer_stats_get(struct defer_stats *out);
 #define defer_stats_get(out) \
     defer_stats_get_sized((out), sizeof(struct defer_stats))
+
+/* defer_device_stats_get_sized: copy device's counters that fit in size
+ * bytes (whole fields; bytes past this library's struct get 0).  A device
+ * cudefer never used reads all 0; so does every device before the first
+ * defer call.  Its cache_bytes, cache_free_bytes, cache_mallocs,
+ * cache_releases and reused add up over the devices to defer_stats'
+ * fields of those names; held_bytes is current, where defer_stats' is
+ * published once a reclaimer pass.  live_bytes counts a freed block until
+ * it is back in the cache: at once for a free on its own stream, once the
+ * work is done for one that waits for other streams.  Takes no lock, makes
+ * no CUDA call, never blocks; works before the first call, after
+ * defer_shutdown and in a fork child.  Errors (said, nothing written):
+ * cudaErrorInvalidValue for a NULL out, a size that holds no field, or a
+ * device below 0 or from DEFER_STATS_MAX_DEVICES on.
+ * Limit: a device from DEFER_STATS_MAX_DEVICES (64) on is counted in
+ * defer_stats only. */
+CUDEFER_API cudaError_t
+defer_device_stats_get_sized(int device, struct defer_device_stats *out,
+                             size_t size);
+/* defer_device_stats_get(device, out): defer_device_stats_get_sized with
+ * this header's struct. */
+#define defer_device_stats_get(device, out) \
+    defer_device_stats_get_sized((device), (out),  \
+                                 sizeof(struct defer_device_stats))
+
+/* defer_device_stats_reset_peaks: each peak of device (-1: of every device)
+ * becomes its current value.  An allocation or free on another thread
+ * meanwhile may land before or after the reset.  Takes no lock, makes no
+ * CUDA call, never blocks; the errors of defer_device_stats_get_sized for
+ * a device other than -1. */
+CUDEFER_API cudaError_t defer_device_stats_reset_peaks(int device);
 
 /* defer_version: "MAJOR.MINOR.PATCH" of the library in use. */
 CUDEFER_API const char *defer_version(void);

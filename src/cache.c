@@ -144,8 +144,10 @@ void cache_make_free(struct device_cache *c, struct cache_block *b,
 {
     if (b->state == BLOCK_PENDING)
         cache_stream_unlink(c, b);
-    else /* LIVE or FREEING: it was the application's until now */
+    else { /* LIVE or FREEING: it was the application's until now */
         stats_add(&stats.cache_free_bytes, b->size);
+        stats_device_freed(b->device, b->size);
+    }
     b->state = BLOCK_FREE;
     b->nusers = 0;
     b->freed_ns = now;
@@ -273,6 +275,7 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
         *size = b->size;
         stats_sub(&stats.cache_free_bytes, b->size);
         stats_count_reused(same_stream);
+        stats_device_handout(device, b->size, true);
     }
     pthread_mutex_unlock(&c->lock);
     return b != NULL ? b->ptr : NULL;
@@ -313,9 +316,12 @@ static bool drop_stale_locked(struct device_cache *c,
     if (stale->seg_next != NULL)
         stale->seg_next->seg_prev = stale->seg_prev;
     stale->seg_prev = stale->seg_next = NULL;
-    if (stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE)
+    bool was_free =
+        stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE;
+    if (was_free)
         stats_sub(&stats.cache_free_bytes, stale->size);
     stats_sub(&stats.cache_bytes, stale->size);
+    stats_device_left(stale->device, stale->size, was_free);
     if (stale->upstream) /* its memory went back behind cudefer's back too */
         cache_upstream_forget(stale->device, stale->size);
     stale->state = BLOCK_LIVE;
@@ -399,6 +405,8 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
     bool here = stale != NULL && !merged; /* set only when inserted */
     size_t stale_size = here ? stale->size : 0;
     bool stale_named = here && drop_stale_locked(c, stale);
+    if (inserted) /* counted in the hold that makes it a block */
+        stats_device_handout(device, size, false);
     pthread_mutex_unlock(&c->lock);
     if (!inserted) {
         free(b);
@@ -475,6 +483,7 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
         order_append(&s->order, b);
     }
     stats_add(&stats.cache_free_bytes, b->size);
+    stats_device_freed(b->device, b->size);
     cache_segments_merge_pending(c, b);
 }
 

@@ -2,9 +2,11 @@
 /* Held lists: see held.h. */
 #include "held.h"
 
-void held_init(struct held_list *h)
+#include "stats.h"
+
+void held_init(struct held_list *h, int device)
 {
-    *h = (struct held_list){0};
+    *h = (struct held_list){.device = device};
     pthread_mutex_init(&h->lock, NULL);
 }
 
@@ -29,6 +31,7 @@ void held_push_locked(struct held_list *h, struct entry *e)
     h->tail = e;
     h->bytes += e->held_bytes;
     h->count++;
+    stats_device_held(h->device, h->bytes);
 }
 
 struct entry *held_pop_locked(struct held_list *h)
@@ -43,6 +46,7 @@ struct entry *held_pop_locked(struct held_list *h)
         h->tail = NULL;
     h->bytes -= e->held_bytes;
     h->count--;
+    stats_device_held(h->device, h->bytes);
     e->fifo_next = e->held_prev = NULL;
     return e;
 }

@@ -25,10 +25,12 @@ struct held_list {
     uint64_t cap; /* bytes above which a batch is released while busy;
                      0 until the reclaimer learns it (reclaimer only) */
     uint64_t cap_at_ns; /* when cap was learned (reclaimer only) */
+    int device;         /* whose list: its bytes are that device's
+                           held_bytes (stats.h, Note [Device counters]) */
 };
 
-/* Start-up only. */
-void held_init(struct held_list *h);
+/* Start-up only: an empty list of device's. */
+void held_init(struct held_list *h, int device);
 
 void held_lock(struct held_list *h);
 void held_unlock(struct held_list *h);

@@ -130,7 +130,7 @@ static cudaError_t start_locked(const char *what)
         return cudaErrorMemoryAllocation;
     }
     for (int d = 0; d < n; d++)
-        held_init(&rs.held[d]);
+        held_init(&rs.held[d], d);
     rs.ndevices = n;
     rs.current_device = -1;
     queue_init(&rs.queue);

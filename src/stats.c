@@ -12,6 +12,7 @@
 #include "report.h"
 
 struct stats stats;
+struct stats_device stats_devices[DEFER_STATS_MAX_DEVICES + 1];
 
 static uint64_t read(_Atomic uint64_t *counter)
 {
@@ -150,6 +151,102 @@ void defer_stats_get_sized(struct defer_stats *out, size_t size)
 void (defer_stats_get)(struct defer_stats *out)
 {
     defer_stats_get_sized(out, STATS_END_0_1_0);
+}
+
+/* ---- per-device counters ------------------------------------------------- */
+
+/* Any thread: whether device names a slot; if not, says so for who
+ * (also: what else who takes, "" if nothing). */
+static bool device_in_range(const char *who, int device, const char *also)
+{
+    if (device >= 0 && device < DEFER_STATS_MAX_DEVICES)
+        return true;
+    report("%s: device %d is out of range: cudefer counts devices 0 .. %d "
+           "(DEFER_STATS_MAX_DEVICES - 1)%s: refused", who, device,
+           DEFER_STATS_MAX_DEVICES - 1, also);
+    return false;
+}
+
+static uint64_t larger(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Any thread; takes no lock.  device's counters (Note [Device counters],
+ * stats.h), read field by field: free bytes read above the bytes (a block
+ * left between the two reads) count as the bytes, so that live bytes never
+ * read below 0; a peak below its current value (a reset raced a growth)
+ * reads as that value. */
+static void device_snapshot(int device, struct defer_device_stats *snap)
+{
+    struct stats_device *d = stats_device_of(device);
+    memset(snap, 0, sizeof *snap);
+    uint64_t free_bytes = read(&d->free_bytes), bytes = read(&d->bytes);
+    snap->cache_bytes = bytes;
+    snap->cache_free_bytes = free_bytes < bytes ? free_bytes : bytes;
+    snap->live_bytes = bytes - snap->cache_free_bytes;
+    snap->cache_bytes_peak = larger(read(&d->bytes_peak), bytes);
+    snap->live_bytes_peak = larger(read(&d->live_peak), snap->live_bytes);
+    snap->held_bytes = read(&d->held_bytes);
+    snap->held_bytes_peak = larger(read(&d->held_peak), snap->held_bytes);
+    snap->cache_mallocs = read(&d->mallocs);
+    snap->cache_releases = read(&d->releases);
+    snap->allocs = read(&d->allocs);
+    snap->reused = read(&d->reused);
+}
+
+/* Public, any thread; takes no lock, never blocks.  The whole fields of
+ * device's snapshot that fit in size bytes go to out, and bytes past this
+ * library's struct are zeroed (a caller built against a later header). */
+cudaError_t defer_device_stats_get_sized(int device,
+                                         struct defer_device_stats *out,
+                                         size_t size)
+{
+    static const char who[] = "defer_device_stats_get_sized";
+    if (out == NULL) {
+        report("%s: out is NULL: refused", who);
+        return cudaErrorInvalidValue;
+    }
+    if (size < sizeof(uint64_t)) {
+        report("%s: size %zu holds no field of struct defer_device_stats "
+               "(%zu bytes): refused", who, size,
+               sizeof(struct defer_device_stats));
+        return cudaErrorInvalidValue;
+    }
+    if (!device_in_range(who, device, ""))
+        return cudaErrorInvalidValue;
+    struct defer_device_stats snap;
+    device_snapshot(device, &snap);
+    size_t known = size < sizeof snap ? size : sizeof snap;
+    known -= known % sizeof(uint64_t); /* whole fields only */
+    memcpy(out, &snap, known);
+    if (size > sizeof snap)
+        memset((char *)out + sizeof snap, 0, size - sizeof snap);
+    return cudaSuccess;
+}
+
+/* Any thread: each peak of slot d becomes its current value. */
+static void device_reset_peaks(struct stats_device *d)
+{
+    uint64_t free_bytes = read(&d->free_bytes), bytes = read(&d->bytes);
+    stats_set(&d->bytes_peak, bytes);
+    stats_set(&d->live_peak, bytes > free_bytes ? bytes - free_bytes : 0);
+    stats_set(&d->held_peak, read(&d->held_bytes));
+}
+
+/* Public, any thread; takes no lock, never blocks. */
+cudaError_t defer_device_stats_reset_peaks(int device)
+{
+    if (device == -1) {
+        for (int d = 0; d < DEFER_STATS_MAX_DEVICES; d++)
+            device_reset_peaks(&stats_devices[d]);
+        return cudaSuccess;
+    }
+    if (!device_in_range("defer_device_stats_reset_peaks", device,
+                         ", or -1 for all"))
+        return cudaErrorInvalidValue;
+    device_reset_peaks(&stats_devices[device]);
+    return cudaSuccess;
 }
 
 /* Any thread: every field of the list, "name value", on one line. */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cudefer.h"
 #include "stats_counters.h"
 #include "thread_shard.h"
 
@@ -68,6 +69,126 @@ static inline void stats_sub(_Atomic uint64_t *counter, uint64_t n)
 static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)
 {
     atomic_store_explicit(counter, v, memory_order_relaxed);
+}
+
+/* ---- per-device counters (defer_device_stats_get) ----------------------- */
+
+/*
+ * Note [Device counters]
+ *
+ * One struct stats_device a device, static (so readable before the start,
+ * after shutdown and in a fork child, with no lock and no lifetime to
+ * guard), for devices 0 .. DEFER_STATS_MAX_DEVICES - 1; the slot past them
+ * takes the counts of any higher device and is never read.  Each field has
+ * one kind of writer:
+ * - the holder of the device's cache lock (cache_block.h, Note [Locks]):
+ *   bytes, free_bytes, allocs and reused, updated by a relaxed load and
+ *   store (no locked instruction: the lock makes the writer one at a time),
+ *   as the global cache_bytes and cache_free_bytes change with them;
+ * - the reclaimer, holding the device's held lock (held.h): held_bytes;
+ * - any thread, by read-modify-write: mallocs and releases (counted where
+ *   the global ones are, after the CUDA call, outside any lock).
+ * A peak grows by compare-and-swap wherever its current value grows, since
+ * a reset (any thread, no lock) stores into it too; a reset racing a growth
+ * may leave a peak below its current value, which the snapshot corrects.
+ * live bytes are not kept: bytes less free_bytes.
+ */
+struct stats_device {
+    _Alignas(64) _Atomic uint64_t bytes; /* the cache lock's writers */
+    _Atomic uint64_t bytes_peak;
+    _Atomic uint64_t free_bytes;
+    _Atomic uint64_t live_peak;
+    _Atomic uint64_t allocs;
+    _Atomic uint64_t reused;
+    _Alignas(64) _Atomic uint64_t held_bytes; /* the reclaimer's */
+    _Atomic uint64_t held_peak;
+    _Atomic uint64_t mallocs; /* any thread's */
+    _Atomic uint64_t releases;
+};
+
+extern struct stats_device stats_devices[DEFER_STATS_MAX_DEVICES + 1];
+
+/* Any thread: device's counters (the unread slot for one out of range). */
+static inline struct stats_device *stats_device_of(int device)
+{
+    return &stats_devices[(unsigned)device < DEFER_STATS_MAX_DEVICES
+                              ? device
+                              : DEFER_STATS_MAX_DEVICES];
+}
+
+/* The sole writer of *x (Note [Device counters]): *x += delta (mod 2^64). */
+static inline uint64_t stats_device_bump(_Atomic uint64_t *x, uint64_t delta)
+{
+    uint64_t v = atomic_load_explicit(x, memory_order_relaxed) + delta;
+    atomic_store_explicit(x, v, memory_order_relaxed);
+    return v;
+}
+
+/* Any thread: *peak is at least now. */
+static inline void stats_device_peak(_Atomic uint64_t *peak, uint64_t now)
+{
+    uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);
+    while (now > p && !atomic_compare_exchange_weak_explicit(
+                          peak, &p, now, memory_order_relaxed,
+                          memory_order_relaxed))
+        ;
+}
+
+/* Any thread holding device's cache lock: a block of size bytes handed out,
+ * reused from the cache (hit) or new (filed by cache_add). */
+static inline void stats_device_handout(int device, uint64_t size, bool hit)
+{
+    struct stats_device *d = stats_device_of(device);
+    uint64_t bytes, free_bytes;
+    if (hit) {
+        bytes = atomic_load_explicit(&d->bytes, memory_order_relaxed);
+        free_bytes = stats_device_bump(&d->free_bytes, -size);
+        stats_device_bump(&d->reused, 1);
+    } else {
+        bytes = stats_device_bump(&d->bytes, size);
+        free_bytes = atomic_load_explicit(&d->free_bytes,
+                                          memory_order_relaxed);
+        stats_device_peak(&d->bytes_peak, bytes);
+    }
+    stats_device_bump(&d->allocs, 1);
+    stats_device_peak(&d->live_peak, bytes - free_bytes);
+}
+
+/* Any thread holding device's cache lock: size bytes of blocks went back to
+ * the cache (PENDING or FREE), waiting for reuse. */
+static inline void stats_device_freed(int device, uint64_t size)
+{
+    stats_device_bump(&stats_device_of(device)->free_bytes, size);
+}
+
+/* Any thread holding device's cache lock: a block of size bytes left the
+ * cache (released, handed back upstream, or dropped); was_free: it was
+ * PENDING or FREE, not the application's. */
+static inline void stats_device_left(int device, uint64_t size,
+                                     bool was_free)
+{
+    struct stats_device *d = stats_device_of(device);
+    stats_device_bump(&d->bytes, -size);
+    if (was_free)
+        stats_device_bump(&d->free_bytes, -size);
+}
+
+/* Any thread: n more new blocks made, or blocks released, on device. */
+static inline void stats_device_count_mallocs(int device, uint64_t n)
+{
+    stats_add(&stats_device_of(device)->mallocs, n);
+}
+static inline void stats_device_count_releases(int device, uint64_t n)
+{
+    stats_add(&stats_device_of(device)->releases, n);
+}
+
+/* Reclaimer only, holding device's held lock: it holds bytes now. */
+static inline void stats_device_held(int device, uint64_t bytes)
+{
+    struct stats_device *d = stats_device_of(device);
+    atomic_store_explicit(&d->held_bytes, bytes, memory_order_relaxed);
+    stats_device_peak(&d->held_peak, bytes);
 }
 
 /* Reclaimer only (single writer): a pass released n entries. */
