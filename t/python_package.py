@@ -234,6 +234,22 @@ def cases(tmp):
         "the library is loaded once and read: stats() and version()", out)
     rc, out = py("""
         import cudefer
+        s = cudefer.device_stats(1, %r, reset_peaks=True)
+        assert list(s) == cudefer.device_stats_fields(), list(s)
+        assert tuple(s) == cudefer.KNOWN_DEVICE_STATS_FIELDS, list(s)
+        assert set(s.values()) == {0}, s
+        print("DEVICE1", s)
+        """ % LIB)
+    tap(rc == 0 and "DEVICE1 " in out,
+        "device_stats(): one device's counters by the header's field names "
+        "(an unused device: all 0)", out)
+    for bad in ("-1", "64", "'0'", "True"):
+        ok, out = raises("import cudefer; cudefer.device_stats(%s, %r)"
+                         % (bad, LIB), "ValueError",
+                         ["cudefer: device", "0 .. 63"])
+        tap(ok, "device_stats(%s) is refused in one line" % bad, out)
+    rc, out = py("""
+        import cudefer
         cudefer.load(%r)
         try:
             cudefer.load("/bin/sh")

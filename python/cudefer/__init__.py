@@ -21,8 +21,9 @@ import re
 import subprocess
 import threading
 
-__all__ = ["load", "find_library", "library", "stats", "trim", "version",
-           "LIBRARY_ENV", "KNOWN_STATS_FIELDS"]
+__all__ = ["load", "find_library", "library", "stats", "device_stats",
+           "trim", "version", "LIBRARY_ENV", "KNOWN_STATS_FIELDS",
+           "KNOWN_DEVICE_STATS_FIELDS"]
 
 # The environment variable naming libcudefer.so (overrides the search).
 LIBRARY_ENV = "CUDEFER_LIB"
@@ -46,6 +47,11 @@ KNOWN_STATS_FIELDS = (
     "age_releases", "demand_releases", "latency_p50_us", "latency_max_us",
     "leaked_at_exit", "reused", "reused_same_stream", "cache_bytes",
     "cache_free_bytes", "cache_mallocs", "cache_releases")
+
+KNOWN_DEVICE_STATS_FIELDS = (
+    "cache_bytes", "cache_bytes_peak", "live_bytes", "live_bytes_peak",
+    "cache_free_bytes", "held_bytes", "held_bytes_peak", "cache_mallocs",
+    "cache_releases", "allocs", "reused")
 
 # The entry points the Python side and the PyTorch allocator call.
 _NEEDED = ("defer_pluggable_alloc_status", "defer_pluggable_free",
@@ -147,22 +153,33 @@ def library():
     return _loaded.get("path")
 
 
-def stats_fields():
-    """struct defer_stats' field names, in order: read from cudefer.h when
-    this package sits in a source tree (so fields added later are picked
-    up), else KNOWN_STATS_FIELDS."""
+def _struct_fields(name, known):
+    """struct name's uint64_t field names, in order: read from cudefer.h
+    when this package sits in a source tree (so fields added later are
+    picked up), else known."""
     header = os.path.join(_TREE, "include", "cudefer.h")
     try:
         with open(header) as f:
             text = f.read()
-        body = re.search(r"struct defer_stats\s*\{(.*?)\};", text, re.S).group(1)
+        body = re.search(r"struct %s\s*\{(.*?)\};" % name, text,
+                         re.S).group(1)
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
         fields = re.findall(r"uint64_t\s+(\w+)\s*;", body)
         if fields:
             return fields
     except (OSError, AttributeError):
         pass
-    return list(KNOWN_STATS_FIELDS)
+    return list(known)
+
+
+def stats_fields():
+    """struct defer_stats' field names, in order."""
+    return _struct_fields("defer_stats", KNOWN_STATS_FIELDS)
+
+
+def device_stats_fields():
+    """struct defer_device_stats' field names, in order."""
+    return _struct_fields("defer_device_stats", KNOWN_DEVICE_STATS_FIELDS)
 
 
 def stats(lib=None):
@@ -173,6 +190,39 @@ def stats(lib=None):
     # Room for fields this package does not know of, should the struct grow.
     buf = (ctypes.c_uint64 * max(256, len(fields)))()
     handle.defer_stats_get_sized(ctypes.byref(buf), ctypes.sizeof(buf))
+    return {name: int(buf[i]) for i, name in enumerate(fields)}
+
+
+def device_stats(device=0, lib=None, reset_peaks=False):
+    """One device's counters (defer_device_stats_get_sized) as a dict of
+    ints: the bytes of cudefer's blocks there, live and free, with their
+    peaks, held bytes, counts.  reset_peaks: afterwards set each peak to
+    its current value (defer_device_stats_reset_peaks).  Loads the library
+    if nothing did yet.  Never blocks.  Raises ValueError for a device
+    cudefer does not count, RuntimeError for a library without per-device
+    counters."""
+    handle = load(lib)
+    try:
+        get = handle.defer_device_stats_get_sized
+        reset = handle.defer_device_stats_reset_peaks
+    except AttributeError:
+        raise RuntimeError("cudefer: %s has no per-device counters "
+                           "(defer_device_stats_get_sized): an older "
+                           "libcudefer" % _loaded["path"]) from None
+    get.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    reset.argtypes = [ctypes.c_int]
+    fields = device_stats_fields()
+    buf = (ctypes.c_uint64 * max(64, len(fields)))()
+    if not isinstance(device, int) or isinstance(device, bool) or \
+            not 0 <= device < 64:
+        raise ValueError("cudefer: device %r: cudefer counts devices 0 .. 63"
+                         % (device,))
+    rc = get(device, ctypes.byref(buf), ctypes.sizeof(buf))
+    if rc != 0:
+        raise RuntimeError("cudefer: defer_device_stats_get_sized(%d) failed "
+                           "with CUDA error %d" % (device, rc))
+    if reset_peaks:
+        reset(device)
     return {name: int(buf[i]) for i, name in enumerate(fields)}
 
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 
-from . import load, library, stats_fields
+from . import load, library, stats_fields, device_stats_fields
 
 __all__ = ["enable", "enabled", "build", "recorded", "bookkeeping_ns",
            "SOURCE"]
@@ -56,7 +56,11 @@ class _Functions(ctypes.Structure):
                 ("stats_get_sized", ctypes.c_void_p),
                 ("stat_cache_bytes", ctypes.c_int64),
                 ("stat_cache_mallocs", ctypes.c_int64),
-                ("stat_cache_releases", ctypes.c_int64)]
+                ("stat_cache_releases", ctypes.c_int64),
+                ("device_stats_get_sized", ctypes.c_void_p),
+                ("dstat_cache_bytes", ctypes.c_int64),
+                ("dstat_cache_mallocs", ctypes.c_int64),
+                ("dstat_cache_releases", ctypes.c_int64)]
 
 
 def _import_torch():
@@ -274,9 +278,12 @@ def enable(lib=None, verbose=False):
         extension.cudefer_torch_bookkeeping_ns.restype = ctypes.c_double
         extension.cudefer_torch_bookkeeping_ns.argtypes = [ctypes.c_int]
         fields = stats_fields()
+        dfields = device_stats_fields()
 
-        def index(field):
-            return fields.index(field) if field in fields else -1
+        def index(field, names=fields):
+            return names.index(field) if field in names else -1
+        # A library without per-device counters: the process's are used.
+        per_device = hasattr(handle, "defer_device_stats_get_sized")
 
         fns = _Functions(
             _function(handle, "defer_pluggable_alloc_status"),
@@ -285,7 +292,11 @@ def enable(lib=None, verbose=False):
             _function(handle, "defer_trim"),
             _function(handle, "defer_stats_get_sized"),
             index("cache_bytes"), index("cache_mallocs"),
-            index("cache_releases"))
+            index("cache_releases"),
+            _function(handle, "defer_device_stats_get_sized")
+            if per_device else None,
+            index("cache_bytes", dfields) if per_device else -1,
+            index("cache_mallocs", dfields), index("cache_releases", dfields))
         message = ctypes.create_string_buffer(1024)
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
         if rc == 3:

@@ -86,6 +86,12 @@ struct CudeferFunctions {
     int64_t stat_cache_bytes;     // index of cache_bytes, -1 if unknown
     int64_t stat_cache_mallocs;   // index of cache_mallocs
     int64_t stat_cache_releases;  // index of cache_releases
+    // defer_device_stats_get_sized (NULL: a library without it) and the
+    // indices of struct defer_device_stats' fields, -1 if unknown.
+    cudaError_t (*device_stats_get_sized)(int device, void *out, size_t size);
+    int64_t dstat_cache_bytes;
+    int64_t dstat_cache_mallocs;
+    int64_t dstat_cache_releases;
 };
 
 constexpr int kMaxDevices = 64;
@@ -282,6 +288,8 @@ struct alignas(64) DeviceState {
     std::atomic<double> fraction{1.0};
     // Allocate-to-pool sections open on this device (hot-path test).
     std::atomic<int> sections{0};
+    // cudefer's own counters of this device, sampled (per_device()).
+    CudeferSample sample;
 
     std::mutex mu;  // guards what follows
     std::map<MempoolId_t, std::unique_ptr<Pool>> pools;
@@ -502,8 +510,8 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         s.allocated_bytes = d.allocated_bytes.get();
         s.active_bytes = s.allocated_bytes;
         s.requested_bytes = d.requested_bytes.get();
-        // Reserved: cudefer's cache (the whole process's while one device
-        // was used; see reserved_of) plus the private pools' segments.  The
+        // Reserved: cudefer's cache on the device (see reserved_of) plus
+        // the private pools' segments.  The
         // small and large pools' figures are the private pools' alone
         // (cudefer does not sort its cache by size); the aggregate's
         // allocated counts cudefer's part as allocated once.
@@ -515,10 +523,8 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         r.current = reserved;
         r.peak = std::max<int64_t>(d.reserved_peak.load(), reserved);
         r.allocated += cudefer_part;
-        int64_t mallocs = device_used_alone(device)
-                              ? sample_.cache_mallocs.load() : 0;
-        int64_t releases = device_used_alone(device)
-                               ? sample_.cache_releases.load() : 0;
+        int64_t mallocs = sampled_mallocs(device);
+        int64_t releases = sampled_releases(device);
         s.segment[0].current += mallocs - releases;
         s.segment[0].peak = std::max(s.segment[0].peak, s.segment[0].current);
         s.num_alloc_retries = d.num_alloc_retries.load();
@@ -547,10 +553,8 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         d.num_ooms.store(0);
         d.pool_mallocs.store(0);
         d.pool_frees.store(0);
-        d.device_alloc_base.store(device_used_alone(device)
-                                      ? sample_.cache_mallocs.load() : 0);
-        d.device_free_base.store(device_used_alone(device)
-                                     ? sample_.cache_releases.load() : 0);
+        d.device_alloc_base.store(sampled_mallocs(device));
+        d.device_free_base.store(sampled_releases(device));
     }
 
     void resetPeakStats(c10::DeviceIndex device) override
@@ -1045,24 +1049,64 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         return (used & ~(1ull << device)) == 0;
     }
 
-    // Reserved bytes of device: cudefer's cache while the device was used
-    // alone, else (cudefer does not yet count per device) the bytes of
-    // cudefer's blocks live there, a lower bound; plus the private pools'.
-    // Never below the allocated bytes.
+    // Whether cudefer counts per device (defer_device_stats_get_sized):
+    // then every figure below is the device's own.
+    bool per_device() const
+    {
+        return fns_.device_stats_get_sized != nullptr &&
+               fns_.dstat_cache_bytes >= 0;
+    }
+
+    // cudefer's blocks made and released on device, sampled: its own
+    // counts, else the process's while the device was used alone, else 0.
+    int64_t sampled_mallocs(int device) const
+    {
+        if (per_device())
+            return devices_[device]->sample.cache_mallocs.load();
+        return device_used_alone(device) ? sample_.cache_mallocs.load() : 0;
+    }
+    int64_t sampled_releases(int device) const
+    {
+        if (per_device())
+            return devices_[device]->sample.cache_releases.load();
+        return device_used_alone(device) ? sample_.cache_releases.load() : 0;
+    }
+
+    // Reserved bytes of device: cudefer's cache there (with a library that
+    // counts per device; else the process's while the device was used
+    // alone, else the bytes of cudefer's blocks live there, a lower bound);
+    // plus the private pools'.  Never below the allocated bytes.
     int64_t reserved_of(int device)
     {
         DeviceState &d = *devices_[device];
         int64_t live = d.allocated_bytes.s[0].current.load() -
                        d.pool_allocated.load();
-        int64_t cudefer_part = device_used_alone(device)
-                                   ? std::max(sample_.cache_bytes.load(), live)
-                                   : live;
+        int64_t cudefer_part = live;
+        if (per_device())
+            cudefer_part = std::max(d.sample.cache_bytes.load(), live);
+        else if (device_used_alone(device))
+            cudefer_part = std::max(sample_.cache_bytes.load(), live);
         return cudefer_part + d.pool_bytes.s[0].current.load();
     }
 
     void sample_reserved(int device)
     {
-        if (fns_.stats_get_sized != nullptr && fns_.stat_cache_bytes >= 0) {
+        if (per_device()) {
+            uint64_t words[kStatsWords] = {};
+            if (fns_.device_stats_get_sized(device, words, sizeof words) ==
+                cudaSuccess) {
+                CudeferSample &m = devices_[device]->sample;
+                m.cache_bytes.store(
+                    static_cast<int64_t>(words[fns_.dstat_cache_bytes]));
+                if (fns_.dstat_cache_mallocs >= 0)
+                    m.cache_mallocs.store(static_cast<int64_t>(
+                        words[fns_.dstat_cache_mallocs]));
+                if (fns_.dstat_cache_releases >= 0)
+                    m.cache_releases.store(static_cast<int64_t>(
+                        words[fns_.dstat_cache_releases]));
+            }
+        } else if (fns_.stats_get_sized != nullptr &&
+                   fns_.stat_cache_bytes >= 0) {
             uint64_t words[kStatsWords] = {};
             fns_.stats_get_sized(words, sizeof words);
             sample_.cache_bytes.store(
