@@ -38,7 +38,6 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
     if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
         refuse("defer_alloc", "allocating a new block", err, "");
     if (err == cudaSuccess) {
-        stats_add(&stats.cache_mallocs, 1);
         stats_device_count_mallocs(device, 1);
         if (!cache_add(device, *ptr, size, upstream)) {
             report("defer_alloc: out of memory for the record of %p: it is "
@@ -113,7 +112,6 @@ static size_t give_to_pool(int device, const struct block_memory *m,
             released++;
         }
     }
-    stats_add(&stats.cache_releases, released);
     stats_device_count_releases(device, released);
     return bytes;
 }

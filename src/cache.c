@@ -145,7 +145,6 @@ void cache_make_free(struct device_cache *c, struct cache_block *b,
     if (b->state == BLOCK_PENDING)
         cache_stream_unlink(c, b);
     else { /* LIVE or FREEING: it was the application's until now */
-        stats_add(&stats.cache_free_bytes, b->size);
         stats_device_freed(b->device, b->size);
     }
     b->state = BLOCK_FREE;
@@ -273,9 +272,7 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
         b->nusers = 0;
         b->handout = c->next_handout++;
         *size = b->size;
-        stats_sub(&stats.cache_free_bytes, b->size);
-        stats_count_reused(same_stream);
-        stats_device_handout(device, b->size, true);
+        stats_device_hit(device, b->size, same_stream);
     }
     pthread_mutex_unlock(&c->lock);
     return b != NULL ? b->ptr : NULL;
@@ -318,9 +315,6 @@ static bool drop_stale_locked(struct device_cache *c,
     stale->seg_prev = stale->seg_next = NULL;
     bool was_free =
         stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE;
-    if (was_free)
-        stats_sub(&stats.cache_free_bytes, stale->size);
-    stats_sub(&stats.cache_bytes, stale->size);
     stats_device_left(stale->device, stale->size, was_free);
     if (stale->upstream) /* its memory went back behind cudefer's back too */
         cache_upstream_forget(stale->device, stale->size);
@@ -406,7 +400,7 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
     size_t stale_size = here ? stale->size : 0;
     bool stale_named = here && drop_stale_locked(c, stale);
     if (inserted) /* counted in the hold that makes it a block */
-        stats_device_handout(device, size, false);
+        stats_device_new(device, size);
     pthread_mutex_unlock(&c->lock);
     if (!inserted) {
         free(b);
@@ -417,7 +411,6 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
         if (!stale_named) /* else the last entry naming it forgets it */
             cache_forget(stale);
     }
-    stats_add(&stats.cache_bytes, size);
     if (!atomic_load_explicit(&set.active, memory_order_relaxed))
         /* Written once: the line every call reads stays clean. */
         atomic_store_explicit(&set.active, true, memory_order_release);
@@ -482,7 +475,6 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
         bins_push(&s->bins, b);
         order_append(&s->order, b);
     }
-    stats_add(&stats.cache_free_bytes, b->size);
     stats_device_freed(b->device, b->size);
     cache_segments_merge_pending(c, b);
 }

@@ -203,8 +203,6 @@ static size_t leave_cache(struct device_cache *c, struct cache_block *b)
 {
     cache_map_remove(b);
     cache_segments_unfile(c, b->ptr);
-    stats_sub(&stats.cache_free_bytes, b->size);
-    stats_sub(&stats.cache_bytes, b->size);
     stats_device_left(b->device, b->size, true);
     return b->size;
 }
@@ -274,7 +272,6 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
             cache_forget(b);
         }
     }
-    stats_add(&stats.cache_releases, released);
     stats_device_count_releases(device, released);
     return bytes;
 }

@@ -58,14 +58,15 @@ static uint64_t latency_p50_us(void)
  * A mirror of the list, then each field's offset compared. */
 #define STATS_MIRROR(name) uint64_t name;
 struct stats_mirror {
-    STATS_FIELDS(STATS_MIRROR, STATS_MIRROR, STATS_MIRROR)
+    STATS_FIELDS(STATS_MIRROR, STATS_MIRROR, STATS_MIRROR, STATS_MIRROR)
 };
 #define STATS_SAME_PLACE(name)                                              \
     _Static_assert(offsetof(struct defer_stats, name) ==                    \
                        offsetof(struct stats_mirror, name) &&               \
                    sizeof(((struct defer_stats *)0)->name) == sizeof(uint64_t), \
                    "struct defer_stats and stats_counters.h disagree at " #name);
-STATS_FIELDS(STATS_SAME_PLACE, STATS_SAME_PLACE, STATS_SAME_PLACE)
+STATS_FIELDS(STATS_SAME_PLACE, STATS_SAME_PLACE, STATS_SAME_PLACE,
+             STATS_SAME_PLACE)
 _Static_assert(sizeof(struct defer_stats) == sizeof(struct stats_mirror),
                "struct defer_stats has fields stats_counters.h does not list");
 
@@ -97,25 +98,112 @@ static uint64_t stats_gauge_latency_p50_us(const struct defer_stats *snap)
     return latency_p50_us();
 }
 
+/* ---- the overflow slot: devices without a slot of their own ------------ */
+
+/* The overflow slot (Note [Device counters], stats.h): written under the
+ * cache locks of several devices at once, so by read-modify-writes; its
+ * peaks and held bytes are not kept. */
+static struct stats_device *const overflow =
+    &stats_devices[DEFER_STATS_MAX_DEVICES];
+
+void stats_overflow_hit(uint64_t size, bool same_stream)
+{
+    stats_sub(&overflow->free_bytes, size);
+    stats_add(&overflow->reused, 1);
+    if (same_stream)
+        stats_add(&overflow->reused_same_stream, 1);
+    stats_add(&overflow->allocs, 1);
+}
+
+void stats_overflow_new(uint64_t size)
+{
+    stats_add(&overflow->bytes, size);
+    stats_add(&overflow->allocs, 1);
+}
+
+void stats_overflow_freed(uint64_t size)
+{
+    stats_add(&overflow->free_bytes, size);
+}
+
+void stats_overflow_left(uint64_t size, bool was_free)
+{
+    stats_sub(&overflow->bytes, size);
+    if (was_free)
+        stats_sub(&overflow->free_bytes, size);
+}
+
+/* ---- the block cache's counters: sums over the devices ------------------ */
+
+/* One slot's free bytes and bytes, read in that order, the free bytes no
+ * more than the bytes: a block that left between the two reads counts as
+ * not free, so live bytes never read below 0. */
+static void slot_bytes(struct stats_device *d, uint64_t *bytes,
+                       uint64_t *free_bytes)
+{
+    uint64_t f = read(&d->free_bytes), b = read(&d->bytes);
+    *bytes = b;
+    *free_bytes = f < b ? f : b;
+}
+
+/* Any thread; takes no lock.  Slot d's share of the DEVICE fields of
+ * stats_counters.h, into the fields of those names of *one (the others
+ * left as they are). */
+static void slot_read(struct stats_device *d, struct defer_stats *one)
+{
+    slot_bytes(d, &one->cache_bytes, &one->cache_free_bytes);
+    one->cache_mallocs = read(&d->mallocs);
+    one->cache_releases = read(&d->releases);
+    one->reused_same_stream = read(&d->reused_same_stream);
+    one->reused = read(&d->reused);
+}
+
+/* slot_read fills as many fields as the list has DEVICE fields. */
+#define STATS_NONE(name)
+#define STATS_ONE(name) +1
+enum { STATS_SUMMED = 0 STATS_FIELDS(STATS_NONE, STATS_NONE, STATS_NONE,
+                                     STATS_ONE) };
+_Static_assert(STATS_SUMMED == 6,
+               "slot_read and the DEVICE fields of stats_counters.h disagree");
+#undef STATS_NONE
+#undef STATS_ONE
+
+/* Any thread; takes no lock.  Each DEVICE field of *snap (0 before) becomes
+ * the sum over every slot, the overflow slot included (Note [Device
+ * counters], stats.h): for the fields defer_device_stats_get shows, the sum
+ * of what it reads over the devices, plus the devices that have no slot of
+ * their own.  Read slot by slot, field by field: under load a sum may mix
+ * moments, as the snapshot's fields do. */
+static void stats_sum_devices(struct defer_stats *snap)
+{
+#define STATS_ADD(name) snap->name += one.name;
+#define STATS_SKIP(name)
+    for (int i = 0; i <= DEFER_STATS_MAX_DEVICES; i++) {
+        struct defer_stats one;
+        slot_read(&stats_devices[i], &one);
+        STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_SKIP, STATS_ADD)
+    }
+#undef STATS_ADD
+#undef STATS_SKIP
+}
+
 /* ---- the snapshot --------------------------------------------------------- */
 
 /* Any thread; never blocks.  Every field of *snap from the list: the
- * finished counts first, then the other counters, then the gauges. */
+ * finished counts first, then the other counters, then the sums over the
+ * devices, then the gauges. */
 static void stats_snapshot(struct defer_stats *snap)
 {
 #define STATS_READ(name) snap->name = read(&stats.name);
 #define STATS_SKIP(name)
 #define STATS_GAUGE(name) snap->name = stats_gauge_##name(snap);
     memset(snap, 0, sizeof *snap);
-    STATS_FIELDS(STATS_SKIP, STATS_READ, STATS_SKIP)
-    STATS_FIELDS(STATS_READ, STATS_SKIP, STATS_SKIP)
-    for (int i = 0; i < THREAD_SHARDS; i++) { /* after the finished counts */
-        struct thread_shard *s = &thread_shards[i];
-        snap->deferred += read(&s->deferred);
-        snap->reused += read(&s->reused);
-        snap->reused_same_stream += read(&s->reused_same_stream);
-    }
-    STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE)
+    STATS_FIELDS(STATS_SKIP, STATS_READ, STATS_SKIP, STATS_SKIP)
+    STATS_FIELDS(STATS_READ, STATS_SKIP, STATS_SKIP, STATS_SKIP)
+    for (int i = 0; i < THREAD_SHARDS; i++) /* after the finished counts */
+        snap->deferred += read(&thread_shards[i].deferred);
+    stats_sum_devices(snap);
+    STATS_FIELDS(STATS_SKIP, STATS_SKIP, STATS_GAUGE, STATS_SKIP)
 #undef STATS_READ
 #undef STATS_SKIP
 #undef STATS_GAUGE
@@ -173,18 +261,18 @@ static uint64_t larger(uint64_t a, uint64_t b)
 }
 
 /* Any thread; takes no lock.  device's counters (Note [Device counters],
- * stats.h), read field by field: free bytes read above the bytes (a block
- * left between the two reads) count as the bytes, so that live bytes never
- * read below 0; a peak below its current value (a reset raced a growth)
- * reads as that value. */
+ * stats.h), read field by field: the bytes as slot_bytes reads them; a
+ * peak below its current value (a reset raced a growth) reads as that
+ * value. */
 static void device_snapshot(int device, struct defer_device_stats *snap)
 {
     struct stats_device *d = stats_device_of(device);
     memset(snap, 0, sizeof *snap);
-    uint64_t free_bytes = read(&d->free_bytes), bytes = read(&d->bytes);
+    uint64_t bytes, free_bytes;
+    slot_bytes(d, &bytes, &free_bytes);
     snap->cache_bytes = bytes;
-    snap->cache_free_bytes = free_bytes < bytes ? free_bytes : bytes;
-    snap->live_bytes = bytes - snap->cache_free_bytes;
+    snap->cache_free_bytes = free_bytes;
+    snap->live_bytes = bytes - free_bytes;
     snap->cache_bytes_peak = larger(read(&d->bytes_peak), bytes);
     snap->live_bytes_peak = larger(read(&d->live_peak), snap->live_bytes);
     snap->held_bytes = read(&d->held_bytes);
@@ -260,7 +348,7 @@ void stats_print(FILE *out)
     if (used < sizeof line)                                                 \
         used += (size_t)snprintf(line + used, sizeof line - used,          \
                                  " " #name " %" PRIu64, s.name);
-    STATS_FIELDS(STATS_PRINT, STATS_PRINT, STATS_PRINT)
+    STATS_FIELDS(STATS_PRINT, STATS_PRINT, STATS_PRINT, STATS_PRINT)
 #undef STATS_PRINT
     fprintf(out, "cudefer: stats:%s\n", line);
 }

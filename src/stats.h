@@ -19,13 +19,13 @@
 #define LATENCY_BUCKETS 40 /* bucket i: latencies below 2^i microseconds */
 
 /* One atomic per kept counter of stats_counters.h (gauges are computed by
- * the snapshot), then the latency histogram.  Each counter on a cache line
- * of its own: the launching threads bump deferred at every call, the
- * reclaimer its counters at every pass. */
+ * the snapshot, the block cache's counters summed from the devices'), then
+ * the latency histogram.  Each counter on a cache line of its own: the
+ * reclaimer bumps its counters at every pass. */
 #define STATS_ATOMIC(name) _Alignas(64) _Atomic uint64_t name;
 #define STATS_NOT_KEPT(name)
 struct stats {
-    STATS_FIELDS(STATS_ATOMIC, STATS_ATOMIC, STATS_NOT_KEPT)
+    STATS_FIELDS(STATS_ATOMIC, STATS_ATOMIC, STATS_NOT_KEPT, STATS_NOT_KEPT)
     _Atomic uint64_t latency[LATENCY_BUCKETS];
 };
 #undef STATS_ATOMIC
@@ -33,27 +33,15 @@ struct stats {
 
 extern struct stats stats;
 
-/* deferred, and the block cache's reused and reused_same_stream, are
- * bumped by the launching threads at every call: they are counted in the
- * thread's shard (thread_shard.h); the snapshot adds the shards to the
- * kept counters of the same names. */
+/* deferred is bumped by the launching threads at every call: it is counted
+ * in the thread's shard (thread_shard.h); the snapshot adds the shards to
+ * the kept counter of that name. */
 
 /* Any thread; never blocks: one more call accepted. */
 static inline void stats_count_deferred(void)
 {
     atomic_fetch_add_explicit(&thread_shard_mine()->deferred, 1,
                               memory_order_relaxed);
-}
-
-/* Any thread; never blocks: a cached block handed out again, on the
- * stream it was freed on or not. */
-static inline void stats_count_reused(bool same_stream)
-{
-    struct thread_shard *mine = thread_shard_mine();
-    atomic_fetch_add_explicit(&mine->reused, 1, memory_order_relaxed);
-    if (same_stream)
-        atomic_fetch_add_explicit(&mine->reused_same_stream, 1,
-                                  memory_order_relaxed);
 }
 
 static inline void stats_add(_Atomic uint64_t *counter, uint64_t n)
@@ -78,16 +66,24 @@ static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)
  *
  * One struct stats_device a device, static (so readable before the start,
  * after shutdown and in a fork child, with no lock and no lifetime to
- * guard), for devices 0 .. DEFER_STATS_MAX_DEVICES - 1; the slot past them
- * takes the counts of any higher device and is never read.  Each field has
- * one kind of writer:
+ * guard), for devices 0 .. DEFER_STATS_MAX_DEVICES - 1, and one overflow
+ * slot past them that takes the counts of every higher device.  They are
+ * the only count of the block cache: defer_stats' cache_bytes,
+ * cache_free_bytes, cache_mallocs, cache_releases, reused and
+ * reused_same_stream are their sums over all the slots, the overflow slot
+ * included (stats.c, stats_sum_devices), so that a hit or a free touches
+ * its own device's line and no line every launching thread shares.
+ * Each field of a device's own slot has one kind of writer:
  * - the holder of the device's cache lock (cache_block.h, Note [Locks]):
- *   bytes, free_bytes, allocs and reused, updated by a relaxed load and
- *   store (no locked instruction: the lock makes the writer one at a time),
- *   as the global cache_bytes and cache_free_bytes change with them;
+ *   bytes, free_bytes, allocs, reused and reused_same_stream, updated by a
+ *   relaxed load and store (no locked instruction: the lock makes the
+ *   writer one at a time);
  * - the reclaimer, holding the device's held lock (held.h): held_bytes;
- * - any thread, by read-modify-write: mallocs and releases (counted where
- *   the global ones are, after the CUDA call, outside any lock).
+ * - any thread, by read-modify-write: mallocs and releases (counted after
+ *   the CUDA call, outside any lock).
+ * The overflow slot is written under the cache locks of several devices
+ * at once: every field of it by read-modify-write.  Its peaks and
+ * held_bytes are not kept (no device reads them, defer_stats has none).
  * A peak grows by compare-and-swap wherever its current value grows, since
  * a reset (any thread, no lock) stores into it too; a reset racing a growth
  * may leave a peak below its current value, which the snapshot corrects.
@@ -100,23 +96,31 @@ struct stats_device {
     _Atomic uint64_t live_peak;
     _Atomic uint64_t allocs;
     _Atomic uint64_t reused;
+    _Atomic uint64_t reused_same_stream; /* defer_stats' only */
     _Alignas(64) _Atomic uint64_t held_bytes; /* the reclaimer's */
     _Atomic uint64_t held_peak;
     _Atomic uint64_t mallocs; /* any thread's */
     _Atomic uint64_t releases;
 };
 
+/* The overflow slot is stats_devices[DEFER_STATS_MAX_DEVICES]. */
 extern struct stats_device stats_devices[DEFER_STATS_MAX_DEVICES + 1];
 
-/* Any thread: device's counters (the unread slot for one out of range). */
-static inline struct stats_device *stats_device_of(int device)
+/* Whether device has a slot of its own (else it counts in the overflow). */
+static inline bool stats_device_own(int device)
 {
-    return &stats_devices[(unsigned)device < DEFER_STATS_MAX_DEVICES
-                              ? device
-                              : DEFER_STATS_MAX_DEVICES];
+    return (unsigned)device < DEFER_STATS_MAX_DEVICES;
 }
 
-/* The sole writer of *x (Note [Device counters]): *x += delta (mod 2^64). */
+/* Any thread: device's counters (the overflow slot for one out of range). */
+static inline struct stats_device *stats_device_of(int device)
+{
+    return &stats_devices[stats_device_own(device) ? device
+                                                    : DEFER_STATS_MAX_DEVICES];
+}
+
+/* The sole writer of *x, a field of a device's own slot (Note [Device
+ * counters]): *x += delta (mod 2^64), by a relaxed load and store. */
 static inline uint64_t stats_device_bump(_Atomic uint64_t *x, uint64_t delta)
 {
     uint64_t v = atomic_load_explicit(x, memory_order_relaxed) + delta;
@@ -134,22 +138,48 @@ static inline void stats_device_peak(_Atomic uint64_t *peak, uint64_t now)
         ;
 }
 
-/* Any thread holding device's cache lock: a block of size bytes handed out,
- * reused from the cache (hit) or new (filed by cache_add). */
-static inline void stats_device_handout(int device, uint64_t size, bool hit)
+/* Any thread holding the cache lock of a device without a slot of its own:
+ * stats_device_hit, stats_device_new, stats_device_freed and
+ * stats_device_left on the overflow slot, by read-modify-writes (stats.c:
+ * out of the inlined path of the devices that have a slot). */
+void stats_overflow_hit(uint64_t size, bool same_stream);
+void stats_overflow_new(uint64_t size);
+void stats_overflow_freed(uint64_t size);
+void stats_overflow_left(uint64_t size, bool was_free);
+
+/* Any thread holding device's cache lock: a block of size bytes reused
+ * from the cache is handed out; same_stream: it was PENDING on the
+ * request's own stream. */
+static inline void stats_device_hit(int device, uint64_t size,
+                                    bool same_stream)
 {
-    struct stats_device *d = stats_device_of(device);
-    uint64_t bytes, free_bytes;
-    if (hit) {
-        bytes = atomic_load_explicit(&d->bytes, memory_order_relaxed);
-        free_bytes = stats_device_bump(&d->free_bytes, -size);
-        stats_device_bump(&d->reused, 1);
-    } else {
-        bytes = stats_device_bump(&d->bytes, size);
-        free_bytes = atomic_load_explicit(&d->free_bytes,
-                                          memory_order_relaxed);
-        stats_device_peak(&d->bytes_peak, bytes);
+    if (!stats_device_own(device)) {
+        stats_overflow_hit(size, same_stream);
+        return;
     }
+    struct stats_device *d = &stats_devices[device];
+    uint64_t bytes = atomic_load_explicit(&d->bytes, memory_order_relaxed);
+    uint64_t free_bytes = stats_device_bump(&d->free_bytes, -size);
+    stats_device_bump(&d->reused, 1);
+    if (same_stream)
+        stats_device_bump(&d->reused_same_stream, 1);
+    stats_device_bump(&d->allocs, 1);
+    stats_device_peak(&d->live_peak, bytes - free_bytes);
+}
+
+/* Any thread holding device's cache lock: a new block of size bytes, filed
+ * by cache_add, is handed out. */
+static inline void stats_device_new(int device, uint64_t size)
+{
+    if (!stats_device_own(device)) {
+        stats_overflow_new(size);
+        return;
+    }
+    struct stats_device *d = &stats_devices[device];
+    uint64_t bytes = stats_device_bump(&d->bytes, size);
+    uint64_t free_bytes = atomic_load_explicit(&d->free_bytes,
+                                               memory_order_relaxed);
+    stats_device_peak(&d->bytes_peak, bytes);
     stats_device_bump(&d->allocs, 1);
     stats_device_peak(&d->live_peak, bytes - free_bytes);
 }
@@ -158,7 +188,10 @@ static inline void stats_device_handout(int device, uint64_t size, bool hit)
  * the cache (PENDING or FREE), waiting for reuse. */
 static inline void stats_device_freed(int device, uint64_t size)
 {
-    stats_device_bump(&stats_device_of(device)->free_bytes, size);
+    if (!stats_device_own(device))
+        stats_overflow_freed(size);
+    else
+        stats_device_bump(&stats_devices[device].free_bytes, size);
 }
 
 /* Any thread holding device's cache lock: a block of size bytes left the
@@ -167,7 +200,11 @@ static inline void stats_device_freed(int device, uint64_t size)
 static inline void stats_device_left(int device, uint64_t size,
                                      bool was_free)
 {
-    struct stats_device *d = stats_device_of(device);
+    if (!stats_device_own(device)) {
+        stats_overflow_left(size, was_free);
+        return;
+    }
+    struct stats_device *d = &stats_devices[device];
     stats_device_bump(&d->bytes, -size);
     if (was_free)
         stats_device_bump(&d->free_bytes, -size);
@@ -183,9 +220,12 @@ static inline void stats_device_count_releases(int device, uint64_t n)
     stats_add(&stats_device_of(device)->releases, n);
 }
 
-/* Reclaimer only, holding device's held lock: it holds bytes now. */
+/* Reclaimer only, holding device's held lock: it holds bytes now (not kept
+ * for a device without a slot of its own). */
 static inline void stats_device_held(int device, uint64_t bytes)
 {
+    if (!stats_device_own(device))
+        return;
     struct stats_device *d = stats_device_of(device);
     atomic_store_explicit(&d->held_bytes, bytes, memory_order_relaxed);
     stats_device_peak(&d->held_peak, bytes);

@@ -6,20 +6,24 @@
  * (CUDEFER_STATS=1) and the compile-time check that the list and the public
  * struct agree field by field.
  *
- * STATS_FIELDS(COUNTER, FINISHED, GAUGE) calls, for each field, in order:
+ * STATS_FIELDS(COUNTER, FINISHED, GAUGE, DEVICE) calls, for each field, in
+ * order:
  *   COUNTER(name)  a counter kept here, read as is;
  *   FINISHED(name) a counter of entries that are done (released, failed):
  *                  the snapshot reads these before the others, so that
  *                  pending, derived from deferred, never underflows;
  *   GAUGE(name)    not kept here: the snapshot computes it (stats.c has one
- *                  stats_gauge_NAME function each).
+ *                  stats_gauge_NAME function each);
+ *   DEVICE(name)   not kept here: counted per device (struct stats_device,
+ *                  stats.h, Note [Device counters]) and added up over the
+ *                  devices by the snapshot (stats.c, stats_sum_devices).
  * A new counter: add it here, at the end, and to the end of struct
  * defer_stats with its comment; never reorder (the ABI).
  */
 #ifndef CUDEFER_STATS_COUNTERS_H
 #define CUDEFER_STATS_COUNTERS_H
 
-#define STATS_FIELDS(COUNTER, FINISHED, GAUGE) \
+#define STATS_FIELDS(COUNTER, FINISHED, GAUGE, DEVICE) \
     COUNTER(deferred)                          \
     FINISHED(released)                         \
     GAUGE(pending)                             \
@@ -41,12 +45,12 @@
     GAUGE(latency_p50_us)                      \
     COUNTER(latency_max_us)                    \
     COUNTER(leaked_at_exit)                    \
-    COUNTER(reused)                            \
-    COUNTER(reused_same_stream)                \
-    COUNTER(cache_bytes)                       \
-    COUNTER(cache_free_bytes)                  \
-    COUNTER(cache_mallocs)                     \
-    COUNTER(cache_releases)
+    DEVICE(reused)                             \
+    DEVICE(reused_same_stream)                 \
+    DEVICE(cache_bytes)                        \
+    DEVICE(cache_free_bytes)                   \
+    DEVICE(cache_mallocs)                      \
+    DEVICE(cache_releases)
 
 /* The last field of struct defer_stats in cudefer 0.1.0: callers built
  * against 0.1.0 have room up to its end, and no further. */

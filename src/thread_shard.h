@@ -26,8 +26,9 @@ struct thread_shard {
      * grow (a gauge such as cache_free_bytes cannot be kept here: a free
      * adding to one shard and the hit on another thread subtracting from
      * its own, a snapshot reading the shards in turn could sum to less than
-     * zero). */
-    _Atomic uint64_t deferred, reused, reused_same_stream;
+     * zero).  The block cache's counts are the devices' (stats.h, Note
+     * [Device counters]), bumped under the device's lock. */
+    _Atomic uint64_t deferred;
 };
 
 extern struct thread_shard thread_shards[THREAD_SHARDS];

@@ -2,10 +2,9 @@
 /* Thread shards (src/thread_shard.h): each thread counts in one shard of
  * its own while there are no more threads than shards, keeps it for good,
  * and the statistics add up across threads: blocks freed on one thread and
- * handed out again on another count as reused (in the second thread's
- * shard), and cache_free_bytes (a gauge, kept as one counter: a shard's
- * difference could make a snapshot read less than zero) comes back to
- * where it was. */
+ * handed out again on another count as reused, and cache_free_bytes (a
+ * gauge, kept per device, never in shards: a shard's difference could make
+ * a snapshot read less than zero) comes back to where it was. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -87,8 +86,8 @@ static void counts_add_up_across_threads(void)
     defer_stats_get(&parked);
     is_int((long long)(parked.cache_free_bytes - before.cache_free_bytes),
            (long long)(BLOCKS * BLOCK_BYTES), "the freed blocks count as free bytes");
-    /* Another thread takes them back on s (stream order: at once), its
-     * shard counting the hits and subtracting the bytes. */
+    /* Another thread takes them back on s (stream order: at once), the
+     * device's counters counting the hits and subtracting the bytes. */
     struct taker k = {.stream = s};
     pthread_t t;
     if (pthread_create(&t, NULL, take_blocks, &k))
