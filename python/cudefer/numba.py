@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import operator
 import threading
+import weakref
 
 from . import load, library, trim
 
@@ -146,9 +147,11 @@ def _build_class(cuda, driver):
             if bad:
                 raise ValueError("cudefer.numba: cannot allocate %r bytes "
                                  "(a size is a whole number >= 0)" % (size,))
+            # A proxy, as Numba's own manager hands it: an array left alive
+            # does not keep a context that cuda.close() dropped.
+            context = weakref.proxy(self.context)
             if size == 0:
-                return cuda.MemoryPointer(self.context, _pointer(driver, 0),
-                                          0)
+                return cuda.MemoryPointer(context, _pointer(driver, 0), 0)
             alloc, free = _entry_points()
             device = int(self.context.device.id)
             ptr = ctypes.c_void_p()
@@ -164,7 +167,7 @@ def _build_class(cuda, driver):
                     "with CUDA error %d (cudefer's line on stderr says more)"
                     % (size, device, err))
             return cuda.MemoryPointer(
-                self.context, _pointer(driver, ptr.value), size,
+                context, _pointer(driver, ptr.value), size,
                 finalizer=_finalizer(free, ptr.value, size, device))
 
         def get_memory_info(self):
