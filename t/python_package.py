@@ -5,10 +5,13 @@ without PyTorch, CuPy or a GPU.
 
 Each case runs in a fresh interpreter (the package loads one library per
 process) with python/ on its path and, where the case needs one, a fake
-`torch` or `cupy` package in front of it: a torch with no CUDA, one whose
-cpp_extension has no compiler, no ninja, no CUDA headers or fails to
-compile; a cupy that records the allocator it is given.  What must come
-out is the one-line error naming what is missing.  Also: the library is
+`torch`, `cupy` or `numba` package in front of it: a torch with no CUDA,
+one whose cpp_extension has no compiler, no ninja, no CUDA headers or fails
+to compile; a cupy that records the allocator it is given; a numba.cuda
+with each of its driver bindings, whose memory manager cudefer.numba
+replaces (on a recording libcudefer built here: the pointer Numba gets, the
+finalizer's free, out of memory, reset).  What must come out is the
+one-line error naming what is missing.  Also: the library is
 found and read (stats, version), a library without cudefer's entry points
 is refused, and cudefer.torch.check_cxx_runtime refuses a shared object
 with a C++ runtime of its own (a g++ build with -static-libstdc++: such an
@@ -130,6 +133,142 @@ cuda = types.SimpleNamespace(
 '''
 
 
+# A fake numba.cuda with what the EMM interface uses: the memory manager
+# base class, MemoryPointer, set_memory_manager, the driver's binding (the
+# CUDA Python one or ctypes), devices and contexts.  make_context() is
+# Numba's first use of a GPU: a context made with the manager set then.
+FAKE_NUMBA_CUDA = """
+from .cudadrv.driver import (HostOnlyCUDAMemoryManager, MemoryPointer,
+                             MemoryInfo, set_memory_manager)
+"""
+
+FAKE_NUMBA_DRIVER = """
+import collections, contextlib, ctypes, types, weakref
+NV = %(nv)r
+if NV:
+    class CUdeviceptr:
+        def __init__(self, value=0):
+            self.value = int(value)
+        def __int__(self):
+            return self.value
+    binding = types.SimpleNamespace(
+        CUdeviceptr=CUdeviceptr,
+        CUresult=types.SimpleNamespace(
+            CUDA_ERROR_OUT_OF_MEMORY="CUresult.CUDA_ERROR_OUT_OF_MEMORY"))
+    %(nv_flag)s
+else:
+    USE_NV_BINDING = False
+FREE, TOTAL = 3 << 30, 80 << 30
+held = []
+class CudaAPIError(Exception):
+    def __init__(self, code, msg):
+        self.code, self.msg = code, msg
+        super().__init__(code, msg)
+    def __str__(self):
+        return "[%%s] %%s" %% (self.code, self.msg)
+MemoryInfo = collections.namedtuple("MemoryInfo", "free,total")
+class MemoryPointer:
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        self.context, self.device_pointer, self.size = context, pointer, size
+        if finalizer is not None:
+            self._finalizer = weakref.finalize(self, finalizer)
+class HostOnlyCUDAMemoryManager:
+    def __init__(self, *args, **kwargs):
+        if "context" not in kwargs:
+            raise RuntimeError("Memory manager requires a context")
+        self.context = kwargs.pop("context")
+        self.host_resets = 0
+    def reset(self):
+        self.host_resets += 1
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        held.append("host")
+        try:
+            yield
+        finally:
+            held.pop()
+_memory_manager = None
+def set_memory_manager(cls):
+    global _memory_manager
+    if cls(context=None).interface_version != 1:
+        raise RuntimeError("EMM Plugin interface has another version")
+    _memory_manager = cls
+class Device:
+    def __init__(self, devnum):
+        self.id = devnum
+        self.primary_context = None
+class NumbaCUDAMemoryManager(HostOnlyCUDAMemoryManager):
+    pass
+class Context:
+    def __init__(self, device):
+        self.device = device
+        self.memory_manager = (_memory_manager or
+                               NumbaCUDAMemoryManager)(context=self)
+class Driver:
+    def __init__(self):
+        self.devices = {}
+    def cuMemGetInfo(self, *out):
+        if NV:
+            return FREE, TOTAL
+        ctypes.cast(out[0], ctypes.POINTER(ctypes.c_size_t))[0] = FREE
+        ctypes.cast(out[1], ctypes.POINTER(ctypes.c_size_t))[0] = TOTAL
+driver = Driver()
+def make_context(devnum=0):
+    dev = driver.devices.setdefault(devnum, Device(devnum))
+    dev.primary_context = Context(dev)
+    return dev.primary_context
+"""
+
+# A libcudefer that records: allocations come from a static arena (never
+# touched), above 1 GiB are out of memory, on a device other than 0 fail
+# with cudaErrorInvalidDevice; frees and trims are counted and the last
+# free's arguments kept for the test to read.
+FAKE_LIBCUDEFER = r"""
+#include <stddef.h>
+#include <string.h>
+static char arena[1 << 20];
+static size_t used, frees, trims, allocs;
+static void *free_ptr, *free_stream = (void *)1, *alloc_stream = (void *)1;
+static size_t free_size;
+static int free_device = -1;
+int defer_pluggable_alloc_status(void **ptr, size_t size, int device,
+                                 void *stream)
+{
+    *ptr = NULL;
+    alloc_stream = stream;
+    if (device != 0)
+        return 101;
+    if (size > ((size_t)1 << 30))
+        return 2;
+    *ptr = arena + used % sizeof arena;
+    used += 256;
+    allocs++;
+    return 0;
+}
+void defer_pluggable_free(void *ptr, size_t size, int device, void *stream)
+{
+    free_ptr = ptr, free_size = size, free_device = device;
+    free_stream = stream;
+    frees++;
+}
+int defer_trim(size_t *released) { *released = 0; trims++; return 0; }
+void defer_stats_get_sized(void *s, size_t n) { memset(s, 0, n); }
+const char *defer_version(void) { return "fake"; }
+int defer_record_stream(void *p, void *s) { (void)p; (void)s; return 0; }
+int defer_alloc(void **p, size_t n, void *s) { (void)p; (void)n; (void)s; return 2; }
+int defer_free(void *p, void *s) { (void)p; (void)s; return 0; }
+size_t fake_allocs(void) { return allocs; }
+size_t fake_frees(void) { return frees; }
+size_t fake_trims(void) { return trims; }
+void *fake_alloc_stream(void) { return alloc_stream; }
+void *fake_free(size_t *size, int *device, void **stream)
+{
+    *size = free_size, *device = free_device, *stream = free_stream;
+    return free_ptr;
+}
+"""
+
+
 def fake_torch(root, cuda="13.0", cuda_home=None, cxx="c++", ninja=True):
     d = os.path.join(root, "torch")
     os.makedirs(os.path.join(d, "utils"), exist_ok=True)
@@ -148,6 +287,29 @@ def fake_cupy(root, stream=0):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "__init__.py"), "w") as f:
         f.write(FAKE_CUPY % {"stream": stream})
+    return root
+
+
+def fake_numba(root, nv=True, nv_flag=True):
+    """A fake numba.cuda under root: nv, the CUDA Python binding (nv_flag:
+    saying so in USE_NV_BINDING, as Numba with both bindings does; else
+    only a `binding` module, as numba-cuda has), or ctypes."""
+    d = os.path.join(root, "numba", "cuda", "cudadrv")
+    os.makedirs(d, exist_ok=True)
+    files = {
+        "numba/__init__.py": "",
+        "numba/cuda/__init__.py": FAKE_NUMBA_CUDA,
+        "numba/cuda/cudadrv/__init__.py": "",
+        "numba/cuda/cudadrv/driver.py": FAKE_NUMBA_DRIVER % {
+            "nv": nv, "nv_flag": "USE_NV_BINDING = True" if nv_flag
+            else "pass"},
+        "numba/cuda/cudadrv/drvapi.py": "import ctypes\n"
+                                        "cu_device_ptr = ctypes.c_size_t\n",
+        "numba/cuda/cudadrv/enums.py": "CUDA_ERROR_OUT_OF_MEMORY = 2\n",
+    }
+    for name, text in files.items():
+        with open(os.path.join(root, name), "w") as f:
+            f.write(text)
     return root
 
 
@@ -407,6 +569,171 @@ def cases(tmp):
         """ % LIB, "RuntimeError", ["per-thread default stream",
                                     "cupy.cuda.Stream()"], fakes=root)
     tap(ok, "an allocation on cupy.cuda.Stream.ptds is refused", out)
+    numba_cases(tmp)
+
+
+def numba_cases(tmp):
+    """cudefer.numba with a fake numba.cuda: on a recording libcudefer (the
+    pointer Numba gets, the finalizer's free, out of memory, reset, the
+    other entry points), on the library just built, and its refusals."""
+    have_numba = py("import numba.cuda")[0] == 0
+    for code in ("cudefer.numba.enable(%r)" % LIB,
+                 "cudefer.numba._numba_memory_manager"):
+        ok, out = raises("import cudefer.numba; " + code, "ImportError",
+                         ["cudefer.numba: Numba (numba.cuda) is not "
+                          "installed"])
+        if have_numba:
+            skip("without numba: %s raises ImportError naming Numba" % code,
+                 "numba installed")
+        else:
+            tap(ok, "without numba: %s raises ImportError naming Numba"
+                % code.replace(LIB, "LIB"), out)
+
+    root = fake_numba(os.path.join(tmp, "numba-ctx"))
+    ok, out = raises("""
+        from numba.cuda.cudadrv import driver
+        import cudefer.numba
+        driver.make_context(1)
+        cudefer.numba.enable(%r)
+        """ % LIB, "RuntimeError", ["cudefer.numba: Numba already holds a "
+                                    "CUDA context on device 1",
+                                    "before Numba first uses the GPU"],
+        fakes=root)
+    tap(ok, "cudefer.numba.enable() once Numba holds a context: refused in "
+        "one line", out)
+
+    root = fake_numba(os.path.join(tmp, "numba-real"))
+    rc, out = py("""
+        from numba.cuda.cudadrv import driver
+        import cudefer.numba
+        cudefer.numba.enable(%r)
+        mm = driver.make_context(0).memory_manager
+        try:
+            p = mm.memalloc(1 << 20)
+        except RuntimeError as e:
+            print("REFUSED", e)
+        else:
+            print("ALLOCATED", int(p.device_pointer) != 0, p.size)
+        """ % LIB, fakes=root)
+    tap(rc == 0 and ("REFUSED cudefer.numba: allocating 1048576 bytes on "
+                     "device 0 failed with CUDA error" in out
+                     or "ALLOCATED True 1048576" in out),
+        "cudefer.numba on the library just built: Numba's allocation comes "
+        "from it, or its failure names the size, device and CUDA error", out)
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        skip("cudefer.numba on a recording libcudefer", "no cc")
+        return
+    fakelib = os.path.join(tmp, "libcudefer-recording.so")
+    src = os.path.join(tmp, "recording.c")
+    with open(src, "w") as f:
+        f.write(FAKE_LIBCUDEFER)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", fakelib, src], check=True)
+    check = """
+        import ctypes, gc
+        import numba.cuda as cuda
+        from numba.cuda.cudadrv import driver
+        import cudefer, cudefer.numba
+        assert cudefer.numba.enable(%(lib)r) == %(lib)r
+        assert cudefer.numba.enable() == %(lib)r, "a second call returns"
+        cls = driver._memory_manager
+        assert cls is cudefer.numba.manager_class(), cls
+        assert cls is cudefer.numba._numba_memory_manager
+        assert issubclass(cls, cuda.HostOnlyCUDAMemoryManager)
+        h = cudefer.load()
+        for name in ("fake_allocs", "fake_frees", "fake_trims"):
+            getattr(h, name).restype = ctypes.c_size_t
+        h.fake_alloc_stream.restype = ctypes.c_void_p
+        h.fake_free.restype = ctypes.c_void_p
+        mm = driver.make_context(0).memory_manager
+        mm.initialize()
+
+        p = mm.memalloc(4096)
+        assert isinstance(p, cuda.MemoryPointer), type(p)
+        assert type(p.device_pointer) is %(kind)s, type(p.device_pointer)
+        addr = int(p.device_pointer.value)
+        assert addr and p.size == 4096, (addr, p.size)
+        assert h.fake_allocs() == 1 and h.fake_alloc_stream() is None
+        assert h.fake_frees() == 0, "freed while Numba holds it"
+        del p
+        gc.collect()
+        assert h.fake_frees() == 1, h.fake_frees()
+        size, device, stream = ctypes.c_size_t(), ctypes.c_int(), \\
+            ctypes.c_void_p(1)
+        freed = h.fake_free(ctypes.byref(size), ctypes.byref(device),
+                            ctypes.byref(stream))
+        assert (freed, size.value, device.value, stream.value) == \\
+            (addr, 4096, 0, None), (freed, size, device, stream)
+
+        z = mm.memalloc(0)
+        assert z.size == 0 and not int(z.device_pointer.value or 0)
+        assert h.fake_allocs() == 1, "no library call for 0 bytes"
+        del z
+        assert h.fake_frees() == 1, "nothing to free for 0 bytes"
+        try:
+            mm.memalloc(2 << 30)
+        except driver.CudaAPIError as e:
+            assert e.code == %(oom)s, e.code
+            assert "\\n" not in str(e)
+            print("OOM", e)
+        for bad in (-1, 1.5):
+            try:
+                mm.memalloc(bad)
+            except ValueError as e:
+                print("BAD", e)
+        assert tuple(mm.get_memory_info()) == (driver.FREE, driver.TOTAL)
+        try:
+            mm.get_ipc_handle(None)
+        except RuntimeError as e:
+            print("IPC", e)
+        mm.reset()
+        assert h.fake_trims() == 1 and mm.host_resets == 1
+        with mm.defer_cleanup():
+            assert driver.held == ["host"], driver.held
+        assert mm.interface_version == 1
+        print("DONE")
+        """
+    for label, nv, nv_flag, kind, oom in (
+            ("the CUDA Python binding (USE_NV_BINDING)", True, True,
+             "driver.binding.CUdeviceptr",
+             "driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY"),
+            ("numba-cuda's binding only", True, False,
+             "driver.binding.CUdeviceptr",
+             "driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY"),
+            ("the ctypes binding", False, False, "ctypes.c_size_t", "2")):
+        root = fake_numba(os.path.join(tmp, "numba-%d%d" % (nv, nv_flag)),
+                          nv=nv, nv_flag=nv_flag)
+        rc, out = py(check % {"lib": fakelib, "kind": kind, "oom": oom},
+                     fakes=root)
+        tap(rc == 0 and "DONE" in out
+            and "cudefer.numba: out of memory allocating 2147483648 bytes "
+                "on device 0 (CUDA_ERROR_OUT_OF_MEMORY)" in out
+            and "BAD cudefer.numba: cannot allocate -1 bytes" in out
+            and "BAD cudefer.numba: cannot allocate 1.5 bytes" in out
+            and "IPC cudefer.numba: CUDA IPC handles are not supported" in out,
+            "cudefer.numba under %s: Numba gets its pointer kind with the "
+            "size, the finalizer frees it on the legacy stream, out of "
+            "memory is Numba's CudaAPIError, reset trims" % label, out)
+    root = fake_numba(os.path.join(tmp, "numba-env"))
+    rc, out = py("""
+        import numba.cuda as cuda
+        from numba.cuda.cudadrv import driver
+        import cudefer.numba
+        # What NUMBA_CUDA_MEMORY_MANAGER=cudefer.numba makes Numba do.
+        cuda.set_memory_manager(cudefer.numba._numba_memory_manager)
+        mm = driver.make_context(1).memory_manager
+        mm.initialize()
+        try:
+            mm.memalloc(4096)
+        except RuntimeError as e:
+            print("REFUSED", e)
+        """, fakes=root, env={"CUDEFER_LIB": fakelib})
+    tap(rc == 0 and "REFUSED cudefer.numba: allocating 4096 bytes on device "
+        "1 failed with CUDA error 101" in out,
+        "NUMBA_CUDA_MEMORY_MANAGER=cudefer.numba: the manager loads "
+        "$CUDEFER_LIB itself; an allocation's failure names the size, the "
+        "context's device and the CUDA error", out)
 
 
 if __name__ == "__main__":
