@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: MIT
 """cudefer from Python: the library's counters and trim, and cudefer as the
-CUDA allocator of PyTorch (cudefer.torch), CuPy (cudefer.cupy) and Numba
-(cudefer.numba).
+CUDA allocator of PyTorch (cudefer.torch) and CuPy (cudefer.cupy).
 
     import cudefer.torch
     cudefer.torch.enable()        # before the first CUDA tensor
@@ -11,8 +10,8 @@ CUDA allocator of PyTorch (cudefer.torch), CuPy (cudefer.cupy) and Numba
 Every part loads the same libcudefer, once per process (load()): found, in
 this order, as the lib argument, $CUDEFER_LIB, pkg-config's libdir, the
 dynamic loader's search (LD_LIBRARY_PATH, ldconfig), then src/.libs of the
-source tree this package sits in.  Standard library only; torch, cupy and
-numba are imported by their modules' enable() alone.
+source tree this package sits in.  Standard library only; torch and cupy are
+imported by their modules' enable() alone.
 """
 
 import ctypes

@@ -6,15 +6,13 @@
 #                        memory fraction under PyTorch's allocator and under
 #                        cudefer.torch.enable(), compared;
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
-#                        ways), compared with each library's own allocator;
-#   t/gpu/numba_cudefer.py  a Numba kernel on arrays from cudefer.numba,
-#                        compared with Numba's own memory manager.
+#                        ways), compared with each library's own allocator.
 # Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
 # top of the build tree (src/.libs holds the library just built) with
 # $srcdir naming the source tree; $PYTHON picks the interpreter (python3).
 # "1..0 # SKIP" when that python has no torch or torch sees no GPU; the
-# CuPy part is skipped without cupy, the Numba part without numba.  The
-# allocator is compiled into a temporary TORCH_EXTENSIONS_DIR (about 15 s).
+# CuPy part is skipped without cupy.  The allocator is compiled into a
+# temporary TORCH_EXTENSIONS_DIR (about 15 s).
 srcdir=${srcdir:-.}
 top_builddir=${top_builddir:-.}
 PYTHON=${PYTHON:-python3}
@@ -42,7 +40,7 @@ PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR PYTHONUNBUFFERED
 unset CUDEFER_LIB PYTORCH_CUDA_ALLOC_CONF
 
-for script in torch_full torch_cupy numba_cudefer; do
+for script in torch_full torch_cupy; do
   "$PYTHON" "$srcdir/t/gpu/$script.py" --lib "$lib" > "$out/$script.log" 2>&1 9>&-
   echo "rc $?" >> "$out/$script.log"
 done
@@ -54,5 +52,4 @@ awk '
   /^rc 77$/ { next }
   /^rc [0-9]+$/ { if ($2 != 0 && $2 != 1) { n++; print "not ok " n " - " FILENAME " exited " $2 } next }
   { print "# " $0 }
-  END { print "1.." n }' "$out/torch_full.log" "$out/torch_cupy.log" \
-  "$out/numba_cudefer.log"
+  END { print "1.." n }' "$out/torch_full.log" "$out/torch_cupy.log"
