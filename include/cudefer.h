@@ -120,8 +120,10 @@ struct defer_stats {
 /* One device's share of defer_alloc's blocks and of the held memory, since
  * the reclaimer started; each peak since then or the last
  * defer_device_stats_reset_peaks of the device.  A snapshot read field by
- * field, as struct defer_stats.  The struct only grows, at its end
- * ("Structs that grow"). */
+ * field, as struct defer_stats.  The held bytes are those of the frees
+ * deferred on the device's streams: pinned host memory of defer_free_host
+ * there counts too.  The struct only grows, at its end ("Structs that
+ * grow"). */
 struct defer_device_stats {
     uint64_t cache_bytes;      /* bytes of defer_alloc's blocks, live or free */
     uint64_t cache_bytes_peak; /* ... the most there were */
@@ -240,6 +242,8 @@ typedef int (*defer_oom_handler)(size_t bytes, int device, void *arg);
  * than return nonzero at once.
  * Limit: an allocation made inside the handler on the same thread never
  * calls it: out of memory there, it fails as with no handler.
+ * Limit: the handler must return: one that leaves by longjmp or a C++
+ * exception is never called again on that thread.
  * Limit: a request that read the pair just before a set may call the old
  * handler after the set returned, and a set does not wait for a handler
  * running: free the old arg once the allocations under way then are done. */
@@ -414,7 +418,10 @@ defer_device_stats_get_sized(int device, struct defer_device_stats *out,
  * becomes its current value.  An allocation or free on another thread
  * meanwhile may land before or after the reset.  Takes no lock, makes no
  * CUDA call, never blocks; the errors of defer_device_stats_get_sized for
- * a device other than -1. */
+ * a device other than -1.
+ * Limit: a reset racing a free and a new block on the device may leave
+ * live_bytes_peak up to that block's size above any value live_bytes had,
+ * until the next reset. */
 CUDEFER_API cudaError_t defer_device_stats_reset_peaks(int device);
 
 /* defer_version: "MAJOR.MINOR.PATCH" of the library in use. */
