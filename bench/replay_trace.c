@@ -7,12 +7,18 @@
  *
  *     bench/replay-trace [--from STEP] [--cycles N] [--lag-ops N]
  *                        [--kernel-us N] [--pool-granularity BYTES]
- *                        [--legacy-stream] TRACE
+ *                        [--legacy-stream] [--pluggable] TRACE
  *
  * Every allocation of the trace becomes a defer_alloc of its size on one
  * fake stream (a created one, or the legacy stream with --legacy-stream),
  * followed by a simulated kernel on that stream using the block; every free
- * becomes a defer_free of that block on that stream.  The trace's streams
+ * becomes a defer_free of that block on that stream.  --pluggable: through
+ * PyTorch's entry points instead, as python/cudefer/torch_allocator.cpp
+ * calls them (defer_pluggable_alloc_status of the size on device 0,
+ * defer_pluggable_free of the block with its size and device 0); with
+ * --legacy-stream, what a PyTorch model on its default stream makes
+ * cudefer do (the path to measure for its launching-thread cost: run under
+ * callgrind, docs in bench/README.md).  The trace's streams
  * are not told apart (a trace with several says so).  The simulated GPU
  * runs behind the CPU by one step (as many kernels as the window's steps
  * make on average) or by --lag-ops kernels: the CPU waits once that many are
@@ -102,6 +108,7 @@ struct options {
     unsigned kernel_us; /* 0: paced */
     unsigned long pool_granularity;
     int legacy_stream;
+    int pluggable;
 };
 
 /* Print "replay-trace: ..." on stderr and exit 2 (bad input).  Anyone. */
@@ -489,10 +496,12 @@ static struct options parse_options(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--legacy-stream") == 0) {
             o.legacy_stream = 1;
+        } else if (strcmp(a, "--pluggable") == 0) {
+            o.pluggable = 1;
         } else if (a[0] == '-' || o.path != NULL) {
             die("usage: replay-trace [--from STEP] [--cycles N] "
                 "[--lag-ops N] [--kernel-us N] [--pool-granularity BYTES] "
-                "[--legacy-stream] TRACE (%s?)", a);
+                "[--legacy-stream] [--pluggable] TRACE (%s?)", a);
         } else {
             o.path = a;
         }
@@ -515,6 +524,7 @@ static void print_json(const struct player *pl, const struct options *o,
     printf("{\"trace\": \"%s\", \"trace_lines\": %lu, \"trace_steps\": %zu, "
            "\"from_step\": %zu, \"cycles\": %u, \"steps_measured\": %lu, "
            "\"streams_in_trace\": %u, \"stream\": \"%s\", "
+           "\"entry_points\": \"%s\", "
            "\"requests_per_step\": %.1f, \"lag_ops\": %u, \"kernel_us\": %u, "
            "\"pool_granularity\": %lu, "
            "\"gpu_steps_behind\": %.3f, "
@@ -528,6 +538,7 @@ static void print_json(const struct player *pl, const struct options *o,
            "\"oracle_violations\": %ld}\n",
            t->path, t->lines, t->nmarks - 1, from, o->cycles, s->steps,
            t->nstreams, o->legacy_stream ? "legacy" : "created",
+           o->pluggable ? "pluggable" : "defer_alloc",
            requests_per_step, pl->r.depth, pl->r.kernel_us,
            o->pool_granularity, (double)s->behind / steps / requests_per_step,
            (double)s->misses / steps, s->misses_max,
@@ -577,6 +588,7 @@ int main(int argc, char **argv)
                                : (unsigned)(requests_per_step + 0.5);
     replay_init(&pl.r, o.legacy_stream ? 0 : stream_new(), depth,
                 o.kernel_us ? o.kernel_us : FIRST_KERNEL_US);
+    pl.r.pluggable = o.pluggable;
     pl.since = stats_now();
 
     double t0 = now_ms();
@@ -594,6 +606,11 @@ int main(int argc, char **argv)
     if (defer_shutdown() != cudaSuccess)
         bail("defer_shutdown failed");
     long violations = fake_violations();
+    /* defer_pluggable_free cannot say a refusal but in its count. */
+    uint64_t rejected = stats_now().rejected;
+    if (rejected != 0)
+        fprintf(stderr, "replay-trace: %" PRIu64 " calls refused\n",
+                rejected);
     print_json(&pl, &o, from, requests_per_step, carried_in, paired,
                violations);
     fflush(stdout);
@@ -602,5 +619,5 @@ int main(int argc, char **argv)
     free(t.ops);
     free(t.size_of);
     free(t.marks);
-    return violations != 0;
+    return violations != 0 || rejected != 0;
 }

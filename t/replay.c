@@ -36,17 +36,30 @@ void replay_finish(struct replay *r)
 void *replay_take(struct replay *r, size_t bytes)
 {
     void *p = NULL;
-    if (alloc_checked(&p, bytes, r->stream) != cudaSuccess || p == NULL)
+    if (r->pluggable) {
+        if (defer_pluggable_alloc_status(&p, bytes, 0, r->stream) !=
+                cudaSuccess || p == NULL)
+            bail("defer_pluggable_alloc_status of %zu bytes refused", bytes);
+        fake_oracle_handout_range(p, bytes, r->stream);
+    } else if (alloc_checked(&p, bytes, r->stream) != cudaSuccess ||
+               p == NULL) {
         bail("defer_alloc of %zu bytes refused", bytes);
+    }
     r->live += bytes;
     if (r->live > r->live_peak)
         r->live_peak = r->live;
     return p;
 }
 
-/* The replay's owner.  Never blocks on the GPU. */
+/* The replay's owner.  Never blocks on the GPU.  defer_pluggable_free
+ * returns nothing: a refusal is said on stderr (and counted rejected). */
 void replay_give(struct replay *r, void *p, size_t bytes)
 {
+    if (r->pluggable) {
+        defer_pluggable_free(p, bytes, 0, r->stream);
+        r->live -= bytes;
+        return;
+    }
     if (defer_free(p, r->stream) != cudaSuccess)
         bail("defer_free refused");
     r->live -= bytes;

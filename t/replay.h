@@ -11,6 +11,7 @@
 #ifndef CUDEFER_TEST_REPLAY_H
 #define CUDEFER_TEST_REPLAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,11 @@
  * caller last reset live_peak). */
 struct replay {
     cudaStream_t stream;
+    /* Through PyTorch's entry points (defer_pluggable_alloc_status and
+     * defer_pluggable_free, device 0, the size said), as
+     * python/cudefer/torch_allocator.cpp calls them; else defer_alloc and
+     * defer_free.  Set after replay_init. */
+    bool pluggable;
     unsigned kernel_us;
     unsigned depth;
     cudaEvent_t *queued; /* ring: after each of the last depth kernels */
@@ -41,12 +47,13 @@ void replay_init(struct replay *r, cudaStream_t stream, unsigned depth,
  * replay's kernels are done. */
 void replay_finish(struct replay *r);
 
-/* A block of bytes from defer_alloc for the replay's stream (checked by the
- * oracle), counted live; bails when refused. */
+/* A block of bytes from defer_alloc (or the pluggable allocation) for the
+ * replay's stream (checked by the oracle), counted live; bails when
+ * refused. */
 void *replay_take(struct replay *r, size_t bytes);
 
-/* defer_free of the replay's block p of bytes on its stream; bails when
- * refused. */
+/* defer_free (or defer_pluggable_free) of the replay's block p of bytes on
+ * its stream; bails when refused. */
 void replay_give(struct replay *r, void *p, size_t bytes);
 
 /* A simulated kernel on the stream using the n blocks of uses (NULLs are

@@ -6,7 +6,8 @@
 # that its numbers are sane (the steps it measured, misses and hand-backs
 # no more than the requests, the pool holding at least the live peak and
 # not twice it, the GPU behind), that a steady trace's window closes on
-# itself (every free of an earlier block paired, none skipped), and that a
+# itself (every free of an earlier block paired, none skipped), that the
+# pluggable pair on the legacy stream (--pluggable) replays as well, and that a
 # malformed trace is refused with a message naming its line.  Then the
 # round trip: t/trace_record records a loop through bench/torch_shims.c's
 # cudefer-trace pair on the fake runtime, and replay-trace replays what it
@@ -34,7 +35,7 @@ holds() {
     awk "BEGIN { exit !($1) }"
 }
 
-echo "1..16"
+echo "1..17"
 "$replay" "$trace" >"$tmp.out" 2>"$tmp.err"
 status=$?
 sed 's/^/# /' "$tmp.out" "$tmp.err"
@@ -75,6 +76,16 @@ ok "$([ $status = 0 ] && [ "$(field pool_granularity)" = 1 ] &&
       [ "$(field oracle_violations)" = 0 ] && [ $bad = 2 ] &&
       grep -q "pool-granularity needs a positive number" "$tmp.err2"; echo $?)" \
    "--pool-granularity 1 replays with exact reservations; 2M is refused (exit status $bad)"
+
+# PyTorch's path: the pluggable pair on the legacy stream (what callgrind
+# measures, bench/callgrind_calls.py), the oracle clean and no call refused.
+"$replay" --pluggable --legacy-stream "$trace" >"$tmp.out" 2>"$tmp.err"
+status=$?
+sed 's/^/# /' "$tmp.err"
+ok "$([ $status = 0 ] && [ "$(field entry_points)" = pluggable ] &&
+      [ "$(field stream)" = legacy ] && [ "$(field oracle_violations)" = 0 ] &&
+      [ "$(field misses_per_step)" = "$misses" ]; echo $?)" \
+   "--pluggable --legacy-stream replays through the pluggable pair, the oracle clean, as many misses (exit status $status)"
 
 # A malformed trace: exit status 2 and the line named.
 printf 'm 0\na 4096 0 0x1000\nfree 0x1000 0\n' >"$tmp.bad"
