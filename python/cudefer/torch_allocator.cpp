@@ -1089,34 +1089,31 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         return cudefer_part + d.pool_bytes.s[0].current.load();
     }
 
+    // words[i] of a counters struct into *to, for each index known (>= 0).
+    static void store_sample(CudeferSample &to, const uint64_t *words,
+                             int64_t bytes, int64_t mallocs, int64_t releases)
+    {
+        to.cache_bytes.store(static_cast<int64_t>(words[bytes]));
+        if (mallocs >= 0)
+            to.cache_mallocs.store(static_cast<int64_t>(words[mallocs]));
+        if (releases >= 0)
+            to.cache_releases.store(static_cast<int64_t>(words[releases]));
+    }
+
     void sample_reserved(int device)
     {
+        uint64_t words[kStatsWords] = {};
         if (per_device()) {
-            uint64_t words[kStatsWords] = {};
             if (fns_.device_stats_get_sized(device, words, sizeof words) ==
-                cudaSuccess) {
-                CudeferSample &m = devices_[device]->sample;
-                m.cache_bytes.store(
-                    static_cast<int64_t>(words[fns_.dstat_cache_bytes]));
-                if (fns_.dstat_cache_mallocs >= 0)
-                    m.cache_mallocs.store(static_cast<int64_t>(
-                        words[fns_.dstat_cache_mallocs]));
-                if (fns_.dstat_cache_releases >= 0)
-                    m.cache_releases.store(static_cast<int64_t>(
-                        words[fns_.dstat_cache_releases]));
-            }
+                cudaSuccess)
+                store_sample(devices_[device]->sample, words,
+                             fns_.dstat_cache_bytes, fns_.dstat_cache_mallocs,
+                             fns_.dstat_cache_releases);
         } else if (fns_.stats_get_sized != nullptr &&
                    fns_.stat_cache_bytes >= 0) {
-            uint64_t words[kStatsWords] = {};
             fns_.stats_get_sized(words, sizeof words);
-            sample_.cache_bytes.store(
-                static_cast<int64_t>(words[fns_.stat_cache_bytes]));
-            if (fns_.stat_cache_mallocs >= 0)
-                sample_.cache_mallocs.store(
-                    static_cast<int64_t>(words[fns_.stat_cache_mallocs]));
-            if (fns_.stat_cache_releases >= 0)
-                sample_.cache_releases.store(
-                    static_cast<int64_t>(words[fns_.stat_cache_releases]));
+            store_sample(sample_, words, fns_.stat_cache_bytes,
+                         fns_.stat_cache_mallocs, fns_.stat_cache_releases);
         }
         DeviceState &d = *devices_[device];
         int64_t now = reserved_of(device);
