@@ -59,8 +59,8 @@ void cuda_resolve_entry_points(const char *what, bool fast)
     if (fn == NULL)
         cuda_report_failure(
             what, "cudaGetDriverEntryPointByVersion(cuPointerGetAttributes)",
-            err, "; allocation sizes and pools are unknown: pool memory is "
-                 "freed with cudaFree, and the cap does not see these bytes");
+            err, "; allocation sizes and pools are unknown: the cap does "
+                 "not see these bytes");
     atomic_store_explicit(&pointer_attributes, (pointer_attributes_fn)fn,
                           memory_order_release);
     if (!fast)
@@ -277,6 +277,15 @@ cudaError_t cuda_event_destroy(cudaEvent_t event)
 cudaError_t cuda_stream_synchronize(cudaStream_t stream)
 {
     return cudaStreamSynchronize(stream);
+}
+
+cudaError_t cuda_device_has_pools(int device, bool *yes)
+{
+    int value = 0;
+    cudaError_t err = cudaDeviceGetAttribute(
+        &value, cudaDevAttrMemoryPoolsSupported, device);
+    *yes = err == cudaSuccess && value != 0;
+    return err;
 }
 
 cudaError_t cuda_stream_create(cudaStream_t *stream)

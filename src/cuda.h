@@ -214,6 +214,10 @@ static inline cudaError_t cuda_stream_get_device(cudaStream_t stream,
  * cudaStreamSynchronize. */
 cudaError_t cuda_stream_synchronize(cudaStream_t stream);
 
+/* Any thread; never blocks on the GPU: whether device has memory pools
+ * (cudaDevAttrMemoryPoolsSupported), the condition of cudaFreeAsync. */
+cudaError_t cuda_device_has_pools(int device, bool *yes);
+
 /* Reclaimer only; never blocks on the GPU: a non-blocking stream on the
  * current device (cudaStreamCreateWithFlags). */
 cudaError_t cuda_stream_create(cudaStream_t *stream);

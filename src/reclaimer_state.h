@@ -53,6 +53,16 @@ struct recycle_chains {
 };
 
 /* The one reclaimer's state: rs. */
+/* Where the reclaimer gives device memory back on one device: its own
+ * stream, on which nothing else runs.  Reclaimer thread only. */
+struct free_stream {
+    cudaStream_t stream; /* made on first use; NULL until then */
+    uint32_t unsynced;   /* cudaMalloc pointers freed on stream since its
+                            last cudaStreamSynchronize */
+    int8_t async;        /* cudaMalloc memory freed with cudaFreeAsync: 1 yes,
+                            -1 no (no memory pools), 0 not asked yet */
+};
+
 struct reclaimer_state {
     /* Shared with launching threads: what every call reads (state,
      * gate_closed, disabled, any_device_failed, device_errors: one cache
@@ -87,7 +97,9 @@ struct reclaimer_state {
     struct stream_table streams; /* entries whose work is incomplete */
     uint64_t incomplete;         /* entries in streams */
     struct held_list *held;      /* per device: completed, held by policy */
-    cudaStream_t *free_streams;  /* per device: for cudaFreeAsync; lazy */
+    struct free_stream *free_streams; /* per device: the reclaimer's stream
+                                          for cudaFreeAsync (Note [Releasing
+                                          without a drain], reclaimer.c) */
     struct recycle_chains *recycle; /* per device: done entries and events
                                        to give back (event_pool.h) */
     uint64_t next_seq;

@@ -13,11 +13,11 @@
  * the call that deferred it when CUDA can tell what ptr is (not memory of
  * its own, memory of the other kind, a pointer inside an allocation);
  * false when it cannot (the caller says what the call returned). */
-static bool report_not_releasable(const struct entry *e, const void *ptr)
+static bool report_not_releasable(const struct entry *e, const void *ptr,
+                                  const char *call)
 {
     bool host = e->kind == ENTRY_FREE_HOST;
     const char *api = host ? "defer_free_host" : "defer_free";
-    const char *call = host ? "cudaFreeHost" : "cudaFree";
     const void *start;
     enum cuda_memory_kind kind = cuda_memory_kind_of(ptr, &start);
     if (kind == CUDA_MEMORY_UNKNOWN) {
@@ -45,7 +45,7 @@ static bool report_not_releasable(const struct entry *e, const void *ptr)
 
 /* Free pointer i of e; report a failure with the pointer named. */
 static cudaError_t release_pointer(const struct entry *e, size_t i,
-                                   cudaStream_t async_stream)
+                                   cudaStream_t async_stream, unsigned *queued)
 {
     void *ptr = e->ptrs[i];
     cudaError_t err;
@@ -63,27 +63,40 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
     if (e->kind == ENTRY_FREE_HOST) {
         err = cuda_free_host(ptr);
         call = "cudaFreeHost";
-    } else if (e->pool && async_stream != NULL &&
-               ((err = cuda_free_async(ptr, async_stream)) == cudaSuccess ||
-                err == cudaErrorInvalidValue)) {
-        /* A pointer cudaFreeAsync rejects (an interior one, say) would be
-         * rejected by cudaFree too: reported below, not tried twice. */
-        call = "cudaFreeAsync";
-    } else {
-        if (e->pool && async_stream != NULL) {
-            char detail[96];
-            snprintf(detail, sizeof detail, "; freeing %p with cudaFree instead",
-                     ptr);
-            cuda_report_failure("release", "cudaFreeAsync", err, detail);
-        }
+    } else if (async_stream == NULL) {
         err = cuda_free(ptr);
         call = "cudaFree";
+    } else {
+        err = cuda_free_async(ptr, async_stream);
+        call = "cudaFreeAsync";
+        if (err == cudaSuccess && !e->pool)
+            (*queued)++;
+        /* What cudaFreeAsync refused goes to cudaFree, unless cudaFree
+         * would refuse it too: a sticky error is the device's, and a
+         * pointer refused as an invalid value is no allocation's start
+         * (said below) or pool memory's (an interior pointer, say).  The
+         * fallback is said for pool memory only: a cudaMalloc pointer is
+         * cudaFree's anyway (Note [Releasing without a drain]). */
+        bool refused = err == cudaErrorInvalidValue &&
+                       (e->pool || report_not_releasable(e, ptr, call));
+        if (refused && !e->pool)
+            return err;
+        if (err != cudaSuccess && !refused && !cuda_error_is_sticky(err)) {
+            if (e->pool) {
+                char detail[96];
+                snprintf(detail, sizeof detail,
+                         "; freeing %p with cudaFree instead", ptr);
+                cuda_report_failure("release", call, err, detail);
+            }
+            err = cuda_free(ptr);
+            call = "cudaFree";
+        }
     }
     /* A sticky error is the device's, not the pointer's: the caller marks
      * the device failed and says so once.  A pointer refused as an invalid
      * value is the caller's mistake, said in its words where CUDA can tell
      * what the pointer is. */
-    if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr))
+    if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr, call))
         return err;
     if (err != cudaSuccess && !cuda_error_is_sticky(err)) {
         char detail[96];
@@ -94,7 +107,8 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
     return err;
 }
 
-cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream)
+cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
+                          unsigned *queued)
 {
     if (e->kind == ENTRY_CALL) {
         e->fn(e->arg);
@@ -102,7 +116,7 @@ cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream)
     }
     cudaError_t first = cudaSuccess;
     for (size_t i = 0; i < e->nptrs; i++) {
-        cudaError_t err = release_pointer(e, i, async_stream);
+        cudaError_t err = release_pointer(e, i, async_stream, queued);
         if (first == cudaSuccess)
             first = err;
     }

@@ -10,11 +10,14 @@
 #include "entry.h"
 
 /* The reclaimer (or a launching thread, in the synchronous fallback), once
- * the entry's work is complete.  async_stream is where pool memory is freed
- * (cudaFreeAsync); NULL frees it with cudaFree.  Blocks as long as the
- * release does.  Returns the first CUDA error (each one already reported);
- * cudaSuccess for calls. */
-cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream);
+ * the entry's work is complete.  async_stream is where device memory is
+ * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer.c);
+ * NULL frees it with cudaFree.  *queued (when async_stream is given) grows
+ * by the cudaMalloc pointers freed there, which come back once the caller
+ * synchronizes that stream.  Blocks as long as the release does.  Returns
+ * the first CUDA error (each one already reported); cudaSuccess for calls. */
+cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
+                          unsigned *queued);
 
 /* Any thread: free the pointer array of a multi-pointer entry, and its
  * claims (none from now). */

@@ -422,7 +422,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     struct cuda_switch to_device = CUDA_SWITCH_NONE;
     if (a->kind != ENTRY_CALL)
         cuda_switch_device(&to_device, device, NULL);
-    err = release_entry(&e, NULL);
+    err = release_entry(&e, NULL, NULL);
     cuda_switch_back(&to_device, a->what);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */

@@ -92,6 +92,8 @@ static void test_free_fails(cudaStream_t s)
 {
     void *p = device_alloc(64);
     uint64_t failed = stats_now().failed;
+    /* Both ways the reclaimer has: cudaFreeAsync, then cudaFree. */
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorNotSupported, 0, 1);
     fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
     defer_free(p, s);
@@ -133,7 +135,7 @@ static void test_not_cuda_memory_to_defer_free(cudaStream_t s)
     void *made_up = (void *)0x1;
     snprintf(want, sizeof want, "cudefer: defer_free(%p): not memory CUDA "
              "allocated (a host pointer, a freed or made-up address): "
-             "cudaFree refused it, so it is not released (counted in "
+             "cudaFreeAsync refused it, so it is not released (counted in "
              "failed)\n", made_up);
     refused_release("a made-up address", made_up, false, s, want);
     void *heap = malloc(64);
@@ -141,7 +143,7 @@ static void test_not_cuda_memory_to_defer_free(cudaStream_t s)
         sysbail("malloc");
     snprintf(want, sizeof want, "cudefer: defer_free(%p): not memory CUDA "
              "allocated (a host pointer, a freed or made-up address): "
-             "cudaFree refused it, so it is not released (counted in "
+             "cudaFreeAsync refused it, so it is not released (counted in "
              "failed)\n", heap);
     refused_release("malloc's memory", heap, false, s, want);
     free(heap);
@@ -158,7 +160,7 @@ static void test_host_pointer_to_defer_free(cudaStream_t s)
     void *h = host_alloc(64);
     char want[512];
     snprintf(want, sizeof want, "cudefer: defer_free(%p): pinned host "
-             "memory, which defer_free_host releases: cudaFree refused it, so "
+             "memory, which defer_free_host releases: cudaFreeAsync refused it, so "
              "it is not released (counted in failed)\n", h);
     refused_release("pinned host memory to defer_free", h, false, s, want);
     is_int(fake_is_released(h), 0, "the host buffer is left alone");
@@ -182,7 +184,7 @@ static void test_interior_pointer_to_defer_free(cudaStream_t s)
     char *d = device_alloc(4096);
     char want[512];
     snprintf(want, sizeof want, "cudefer: defer_free(%p): points 512 bytes "
-             "inside the allocation at %p, not at its start: cudaFree "
+             "inside the allocation at %p, not at its start: cudaFreeAsync "
              "refused it, so it is not released (counted in failed)\n",
              (void *)(d + 512), (void *)d);
     refused_release("a pointer inside device memory", d + 512, false, s,

@@ -167,6 +167,20 @@ static const struct scenario scenarios[] = {
      "CUDEFER_IDLE_US=10s", 1,
      s_sticky_thread_exit, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
      cudaErrorIllegalAddress, NULL},
+    {"cudaFreeAsync of cudaMalloc memory fails once: cudaFree instead, "
+     "silently, released", "CUDEFER_MAX_DELAY_MS=0", 1, s_malloc_free_async_fails,
+     FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE, cudaSuccess, NULL},
+    {"cudaFreeAsync of cudaMalloc memory fails persistently: cudaFree "
+     "instead", "CUDEFER_MAX_DELAY_MS=0", 1, s_malloc_free_async_fails,
+     FAKE_FREE_ASYNC, cudaErrorNotSupported, ALWAYS, cudaSuccess, NULL},
+    {"cudaFreeAsync of cudaMalloc memory meets a sticky error: the device "
+     "fails, one line, no cudaFree", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky,
+     FAKE_FREE_ASYNC, cudaErrorIllegalAddress, ALWAYS, cudaErrorIllegalAddress,
+     NULL},
+    {"the reclaimer's cudaStreamSynchronize of its frees fails: said, the "
+     "memory counted released", "CUDEFER_MAX_DELAY_MS=0", 1,
+     s_malloc_free_sync_fails, FAKE_STREAM_SYNCHRONIZE, cudaErrorNotReady,
+     ALWAYS, cudaSuccess, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE,
      cudaSuccess, NULL},
@@ -246,6 +260,12 @@ static void run(const struct scenario *sc)
     if (pid == 0) {
         set_cudefer_env(sc->env);
         fake_reset(sc->ndevices);
+        /* The reclaimer gives cudaMalloc memory back with cudaFreeAsync
+         * where the device has memory pools: a scenario of cudaFree's
+         * failures runs on devices without them, where cudaFree is it. */
+        if (sc->call == FAKE_FREE)
+            for (int d = 0; d < sc->ndevices; d++)
+                fake_set_memory_pools(d, 0);
         failed_checks = 0;
         sc->fn(sc);
         fake_fail_clear();

@@ -20,12 +20,19 @@
 
 /* ---- reclaimer: cudaFree, cudaFreeHost ------------------------------------ */
 
-/* A sticky error from cudaFree (a kernel fault surfacing there) is the
- * device's: it fails like a failed query, said once, not once per pointer. */
+/* A sticky error from cudaFree, or from the reclaimer's cudaFreeAsync of
+ * cudaMalloc memory (a kernel fault surfacing there), is the device's: it
+ * fails like a failed query, said once, not once per pointer, and no
+ * cudaFree follows a failed cudaFreeAsync. */
 void s_free_sticky(const struct scenario *sc)
 {
     enum { N = 4 };
     const cudaError_t bad = sc->err;
+    const char *call = sc->call == FAKE_FREE_ASYNC ? "cudaFreeAsync" : "cudaFree";
+    char device_line[64], pointer_line[64];
+    snprintf(device_line, sizeof device_line, "device 0: %s failed", call);
+    snprintf(pointer_line, sizeof pointer_line, "release: %s failed", call);
+    unsigned long frees = fake_calls(FAKE_FREE);
     cudaStream_t sa = stream_new(), sb = stream_new();
     void *busy = device_alloc(512);
     fake_work *w = work_held(sa, busy);
@@ -48,10 +55,12 @@ void s_free_sticky(const struct scenario *sc)
     struct defer_stats st = stats_now();
     CHECK(f == bad, "flush returns %s (%s)", EN(bad), EN(f));
     CHECK(later == bad, "a later defer_free returns it (%s)", EN(later));
-    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
-          "one line names the device, cudaFree and %s", EN(bad));
-    CHECK(lines_with(msg, "release: cudaFree failed", NULL, NULL) == 0,
-          "no line per pointer");
+    CHECK(lines_with(msg, device_line, EN(bad), NULL) == 1,
+          "one line names the device, %s and %s", call, EN(bad));
+    CHECK(lines_with(msg, pointer_line, NULL, NULL) == 0, "no line per pointer");
+    CHECK(sc->call != FAKE_FREE_ASYNC || fake_calls(FAKE_FREE) == frees,
+          "no cudaFree after the sticky cudaFreeAsync (%lu)",
+          fake_calls(FAKE_FREE) - frees);
     CHECK(st.failed == N + 1 && st.released == 0 && st.pending == 0,
           "all %d entries failed (failed %llu released %llu pending %llu)",
           N + 1, ULL(st.failed), ULL(st.released), ULL(st.pending));
@@ -254,6 +263,70 @@ void s_free_n_first_fails(const struct scenario *sc)
 
 /* ---- reclaimer: pool memory (cudaFreeAsync, its stream) ------------------- */
 
+/* cudaMalloc memory goes back with cudaFreeAsync on the reclaimer's stream;
+ * where that call refuses it (not sticky), cudaFree takes it, silently: it
+ * is cudaFree's memory anyway.  Released, nothing failed, no line. */
+void s_malloc_free_async_fails(const struct scenario *sc)
+{
+    enum { N = 3 };
+    int fails = sc->count == ONCE ? 1 : N;
+    cudaStream_t s = stream_new();
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(4096);
+        work_timed(s, 0, p[i]);
+    }
+    unsigned long frees = fake_calls(FAKE_FREE);
+    unsigned long asyncs = fake_calls(FAKE_FREE_ASYNC);
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, sc->err, 0, sc->count);
+    for (int i = 0; i < N; i++)
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    cudaError_t f = defer_flush();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(f == cudaSuccess, "flush: %s", EN(f));
+    CHECK(count_released(p, N) == N, "all released (%d of %d)",
+          count_released(p, N), N);
+    struct defer_stats st = stats_now();
+    CHECK(st.released == N && st.failed == 0, "released %llu failed %llu",
+          ULL(st.released), ULL(st.failed));
+    CHECK(fake_calls(FAKE_FREE_ASYNC) - asyncs == N, "%lu cudaFreeAsync "
+          "calls, want %d", fake_calls(FAKE_FREE_ASYNC) - asyncs, N);
+    CHECK(fake_calls(FAKE_FREE) - frees == (unsigned long)fails,
+          "%lu cudaFree calls, want %d", fake_calls(FAKE_FREE) - frees, fails);
+    CHECK(*msg == '\0', "no line: %s", msg);
+}
+
+/* The stream the frees went to cannot be synchronized (not a sticky
+ * error): said once a pass, in one line, and the memory is counted
+ * released (CUDA has it; it comes back when its free runs). */
+void s_malloc_free_sync_fails(const struct scenario *sc)
+{
+    enum { N = 3 };
+    cudaStream_t s = stream_new();
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = device_alloc(4096);
+        work_timed(s, 0, p[i]);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    }
+    WAIT_UNTIL(stats_now().held == N, 10000);
+    stderr_capture_begin();
+    fake_fail(sc->call, sc->err, 0, sc->count);
+    cudaError_t f = defer_flush();
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(f == cudaSuccess, "flush: %s", EN(f));
+    CHECK(count_released(p, N) == N, "all released (%d of %d)",
+          count_released(p, N), N);
+    struct defer_stats st = stats_now();
+    CHECK(st.released == N && st.failed == 0, "released %llu failed %llu",
+          ULL(st.released), ULL(st.failed));
+    CHECK(lines_with(msg, "cudaStreamSynchronize failed", EN(sc->err), NULL) == 1,
+          "one line names cudaStreamSynchronize and %s: %s", EN(sc->err), msg);
+}
+
 /* cudaFreeAsync fails: cudaFree instead. */
 void s_free_async_fails(const struct scenario *sc)
 {
@@ -406,10 +479,13 @@ void s_entry_point_fails(const struct scenario *sc)
     fake_fail_clear();
     CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
           "all released (%d of %d)", count_released(p, N), N);
-    CHECK(fake_calls(FAKE_FREE_ASYNC) == 0, "pool memory not with "
-          "cudaFreeAsync (%lu calls)", fake_calls(FAKE_FREE_ASYNC));
-    CHECK(fake_calls(FAKE_FREE) - frees == N, "with cudaFree: %lu calls, want "
-          "%d", fake_calls(FAKE_FREE) - frees, N);
+    /* Device memory of either kind goes back with cudaFreeAsync on the
+     * reclaimer's stream (Note [Releasing without a drain]): whether it
+     * came from a pool needs no telling. */
+    CHECK(fake_calls(FAKE_FREE_ASYNC) == N, "device and pool memory with "
+          "cudaFreeAsync: %lu calls, want %d", fake_calls(FAKE_FREE_ASYNC), N);
+    CHECK(fake_calls(FAKE_FREE) == frees, "none with cudaFree (%lu calls)",
+          fake_calls(FAKE_FREE) - frees);
     CHECK(lines_with(msg, "cudaGetDriverEntryPointByVersion", EN(bad), NULL) ==
               1, "one line names cudaGetDriverEntryPointByVersion and %s",
           EN(bad));
@@ -466,9 +542,10 @@ void s_pointer_attributes_fail(const struct scenario *sc)
     CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
           "all released (%d of %d)", count_released(p, N), N);
-    CHECK(fake_calls(FAKE_FREE_ASYNC) == (once ? 1u : 0u), "cudaFreeAsync "
-          "only for the pool buffer known as such (%lu calls)",
-          fake_calls(FAKE_FREE_ASYNC));
+    CHECK(fake_calls(FAKE_FREE_ASYNC) == N && fake_calls(FAKE_FREE) == 0,
+          "cudaFreeAsync for every device buffer, known as pool memory or "
+          "not (%lu calls, want %d), cudaFree for none (%lu)",
+          fake_calls(FAKE_FREE_ASYNC), N, fake_calls(FAKE_FREE));
     int lines = lines_with(msg, "cuPointerGetAttributes", "failed", NULL);
     bool with_error = lines_with(msg, "cuPointerGetAttributes",
                                  "CUDA_ERROR_INVALID_VALUE", NULL) +

@@ -124,8 +124,8 @@ static void s_sticky_shutdown_empty_pool(void)
         sleep_ms(1);
     CHECK(stats_now().held == 1, "the completed free is held");
     stderr_capture_begin();
-    fake_fail(FAKE_FREE, bad, 0, -1);
-    defer_trim(NULL); /* the cudaFree fails: the device with it */
+    fake_fail(FAKE_FREE_ASYNC, bad, 0, -1);
+    defer_trim(NULL); /* the release fails: the device with it */
     fake_complete(w);
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, -1); /* as on a GPU */
     cudaError_t err = defer_shutdown();
@@ -133,8 +133,8 @@ static void s_sticky_shutdown_empty_pool(void)
     fake_fail_clear();
     CHECK(err == bad, "shutdown returns the device's error (%s)",
           cudaGetErrorName(err));
-    CHECK(lines_naming(msg, "cudaFree failed") == 1,
-          "one line says the cudaFree failed");
+    CHECK(lines_naming(msg, "cudaFreeAsync failed") == 1,
+          "one line says the cudaFreeAsync failed");
     CHECK(lines_naming(msg, "cudaEventDestroy") == 0,
           "no line for the events shutdown cannot destroy, the lanes' "
           "included");

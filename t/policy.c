@@ -512,7 +512,7 @@ static int s_idle_batch_yields(void)
     WAIT_UNTIL(stats_now().held == N, 10000);
     CHECK(stats_now().held == N, "%d entries held (%llu)", N,
           ULL(stats_now().held));
-    fake_set_latency(FAKE_FREE, 5000000); /* 5 ms per cudaFree: 1 s */
+    fake_set_latency(FAKE_FREE_ASYNC, 5000000); /* 5 ms a release: 1 s */
     busy_end(&a); /* quiet: the idle batch starts */
     CHECK(wait_released(p[0], 10000), "the idle batch started");
     sleep_ms(10);
@@ -536,7 +536,7 @@ static int s_idle_batch_yields(void)
     CHECK(count_released(p, N) == released,
           "and stays stopped while the new work is pending (%d, then %d)",
           released, count_released(p, N));
-    fake_set_latency(FAKE_FREE, 0);
+    fake_set_latency(FAKE_FREE_ASYNC, 0);
     fake_complete(wn);
     CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(count_released(p, N) == N && fake_is_released(n) == 1 &&

@@ -182,6 +182,11 @@ cudaStream_t fake_stream_create_reusing(cudaStream_t destroyed);
 /* Set the memory of device dev (cudaMemGetInfo total, cudaMalloc limit). */
 void fake_set_device_memory(int dev, size_t bytes);
 
+/* Whether device dev has memory pools (1, the default): without them its
+ * cudaDevAttrMemoryPoolsSupported is 0 and cudaFreeAsync on its streams
+ * answers cudaErrorNotSupported, as on a device without them. */
+void fake_set_memory_pools(int dev, int on);
+
 /* Make every pool reserve memory in multiples of bytes (1 after
  * fake_reset: a pool reserves exactly what it lends at most).  A real pool
  * maps memory in granules (2 MiB, the driver's allocation granularity, is

@@ -40,6 +40,14 @@ void fake_set_device_memory(int dev, size_t bytes)
     fake_unlock();
 }
 
+void fake_set_memory_pools(int dev, int on)
+{
+    fake_lock();
+    if (dev >= 0 && dev < FAKE_MAX_DEVICES)
+        fake.no_pools[dev] = !on;
+    fake_unlock();
+}
+
 void fake_set_pool_granularity(size_t bytes)
 {
     fake_lock();
@@ -192,8 +200,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
     case cudaDevAttrCanMapHostMemory:
     case cudaDevAttrUnifiedAddressing:
     case cudaDevAttrConcurrentManagedAccess:
-    case cudaDevAttrHostRegisterSupported:
-    case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
+    case cudaDevAttrHostRegisterSupported: *value = 1; break;
+    case cudaDevAttrMemoryPoolsSupported: *value = !fake.no_pools[device]; break;
     default: *value = 0; break;
     }
     return fake_leave(cudaSuccess);

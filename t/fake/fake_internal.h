@@ -188,6 +188,7 @@ struct fake_state {
     unsigned gen;                 /* bumped by each reset (thread state) */
     int ndev;
     size_t devmem[FAKE_MAX_DEVICES], devused[FAKE_MAX_DEVICES];
+    int no_pools[FAKE_MAX_DEVICES]; /* fake_set_memory_pools(dev, 0) */
     /* Pools of cudaMemPoolCreate (one per device): bytes allocated from
      * them and not freed (a cudaFreeAsync counts once its free ran:
      * pool_frees), and what they reserved (the most they were ever used

@@ -526,6 +526,8 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
         return fake_leave(cudaErrorInvalidResourceHandle);
     if (s->capture != NULL)     /* memory nodes are not modeled */
         return fake_leave(fake_capture_invalidate(s));
+    if (fake.no_pools[s->dev])
+        return fake_leave(cudaErrorNotSupported);
     UNSAFE_CALL();
     return fake_leave(release("cudaFreeAsync", devPtr, 0, s, twice));
 }
