@@ -510,8 +510,9 @@ void cache_test_unlock(int device);
 unsigned cache_test_waiting(int device);
 void cache_test_set_waiting(int device, unsigned n);
 /* hook (NULL: none) runs in every look-up of a freed or recorded pointer
- * between the address map's answer and the device's lock, so that a test
- * can retire and reuse the block found there. */
+ * between the address map's answer and the device's lock (with one device,
+ * before the lock and the one look-up under it), so that a test can
+ * retire and reuse the block found there. */
 void cache_test_set_find_hook(void (*hook)(void));
 
 #endif

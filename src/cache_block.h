@@ -82,7 +82,9 @@
  *   device's lock or alone, never the other way round: every change of
  *   the map is made under the block's device lock as well, so a block
  *   found in the map before that lock is taken is looked up again under
- *   it (cache_find_locked).
+ *   it (cache_find_locked).  With one device, that lock alone keeps the
+ *   map still: a free's look-up is made once, under it, without a
+ *   shard's lock (cache_map_find_held).
  * - The upstream pool's creation lock (cache_upstream.c) is the one lock
  *   of the module under which a CUDA call is made (cudaMemPoolCreate, once
  *   a device); it is taken under no other lock of the module's.
@@ -594,6 +596,14 @@ struct cache_block *cache_map_find(const void *ptr);
  * that lock).  Only a holder of that device's lock may go on to use the
  * block (cache_find_locked). */
 struct cache_block *cache_map_find_device(const void *ptr, int *device);
+
+/* Any thread holding the lock of the one device of a one-device cache
+ * (set.ncaches == 1).  As cache_map_find, without the shard's lock: every
+ * change of the map is made under a block's device lock too (Note
+ * [Locks]), and with one device that is the lock the caller holds, so
+ * nothing changes the map meanwhile.  Never with several devices: another
+ * device's insert may grow the shard under the caller's feet. */
+struct cache_block *cache_map_find_held(const void *ptr);
 
 /* Any thread, holding b's device's lock.  Adds b (keyed by b->ptr); false
  * when out of memory, or when another device's block is filed under that

@@ -89,6 +89,13 @@ struct cache_block *cache_map_find_device(const void *ptr, int *device)
     return b;
 }
 
+struct cache_block *cache_map_find_held(const void *ptr)
+{
+    uint64_t h = hash_of(ptr);
+    struct shard *s = shard_of(h);
+    return s->nbuckets ? *slot_of(s, h, ptr) : NULL;
+}
+
 bool cache_map_insert(struct cache_block *b, struct cache_block **stale)
 {
     uint64_t h = hash_of(b->ptr);

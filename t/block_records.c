@@ -164,7 +164,9 @@ static void test_cache_reuses(void)
  * piece's struct in the map; before it takes the lock (the hook), the
  * first free's work completes, the piece merges back (its struct retired)
  * and a cut takes the struct for a block at another address, another
- * owner's. */
+ * owner's.  With several devices the look-up before the lock finds the
+ * struct and the one under it finds it gone; with one, the only look-up is
+ * made under the lock, after the hook: the same answer either way. */
 static struct block_free_plan first_free;
 static void *other_owner;
 
@@ -213,5 +215,12 @@ int main(void)
     test_found_then_retired();
     cache_destroy();
     ok(!cache_active(), "destroyed with structs kept (ASan: no leak)");
+    /* Again with two devices: the look-up before the device's lock, and
+     * the one under it. */
+    fake_reset(2);
+    ok(cache_init(2, (size_t)1 << 20, 16), "a cache for two devices");
+    test_found_then_retired();
+    cache_destroy();
+    ok(!cache_active(), "destroyed again");
     return 0;
 }
