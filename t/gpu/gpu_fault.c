@@ -383,9 +383,15 @@ int main(void)
     long long released = child_int(out, "released", -1);
     diag("stats after the flush: deferred %lld, released %lld, failed %lld",
          deferred, released, failed);
-    ok(failed >= 2 * N + 1 && deferred == released + failed,
-       "every entry behind the fault or on the other stream counted failed "
-       "(at least %d), none lost", 2 * N + 1);
+    /* The other stream's 16 count either way: released where its kernel
+     * finished, and its event said so, before any call met the device's
+     * error (nothing in cudefer waits for the whole device: Note
+     * [Releasing without a drain]); failed where a call met it first.
+     * What was deferred behind the fault never counts released. */
+    ok(failed >= N + 1 && released <= 2 * N && deferred == released + failed,
+       "every entry behind the fault counted failed (at least %d; %lld), at "
+       "most the %d before it released (%lld), none lost", N + 1, failed,
+       2 * N, released);
     is_int(child_int(out, "pending", -1), 0, "nothing is left pending after "
            "the flush");
     return 0;
