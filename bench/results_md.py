@@ -12,7 +12,8 @@ bench/results/.
 
 Which runs make the tables: every bench/run.py results file in
 bench/results/ (a *.jsonl whose first record is its "run" header; the A/B
-files of bench/ab.sh are left out).  A GPU kind is the device, and for the
+files of bench/ab.sh and the runs of experiment builds, whose header says
+"experiment", are left out).  A GPU kind is the device, and for the
 DDP workloads the number of GPUs too.  For each kind and workload the run
 with the newest date gives the table, pooled with the other runs of the
 same commit, kind and workload (each ratio was taken inside its own run,
@@ -111,8 +112,10 @@ class Run:
 
 def read_run(path):
     """A Run, or None when the file is not a bench/run.py results file (no
-    "run" header first) or is an A/B file of bench/ab.sh.  Lines that are
-    not JSON (a run killed while writing) are skipped."""
+    "run" header first), is an A/B file of bench/ab.sh, or is a run of an
+    experiment build (its header's "experiment" says which: rows named as
+    main's that are not main's library).  Lines that are not JSON (a run
+    killed while writing) are skipped."""
     records = []
     with open(path, encoding='utf-8') as f:
         for line in f:
@@ -122,7 +125,8 @@ def read_run(path):
                 except ValueError:
                     continue
     if not records or not isinstance(records[0], dict) or \
-            records[0].get('record') != 'run' or 'ab' in records[0]:
+            records[0].get('record') != 'run' or 'ab' in records[0] or \
+            'experiment' in records[0]:
         return None
     reps = [r for r in records[1:] if isinstance(r, dict) and r.get('record') == 'rep'
             and r.get('workload') in BY_NAME]

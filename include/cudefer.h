@@ -142,8 +142,9 @@ struct defer_device_stats {
  * Never blocks on the GPU but where no event can be had or under
  * CUDEFER_DISABLE (it then waits for stream and releases at once).  Memory
  * of cudaMalloc is released under the release policy, of cudaMallocAsync
- * as soon as its work is done; a block of defer_alloc's goes back to its
- * cache.  defer_free(NULL, s) does nothing.  Errors: the error of recording
+ * as soon as its work is done, both with cudaFreeAsync on the reclaimer's
+ * own stream (no device drain; cudaFree on a device without memory pools);
+ * a block of defer_alloc's goes back to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of recording
  * the event or reading the stream; cudaErrorMemoryAllocation when no entry
  * could be had; cudaErrorInvalidValue for a block of defer_alloc's already
  * freed, or a pointer inside one.  A host pointer is accepted: its release
@@ -154,6 +155,8 @@ struct defer_device_stats {
  * defer_flush does not wait for it.  A capture already invalidated is
  * cudaErrorStreamCaptureInvalidated.
  * Limit: by default a device holds a sixth of its use at most (1 GiB min).
+ * Limit: giving a cudaMalloc buffer back holds up other threads' cudaMalloc
+ * and cudaFree (not their launches) for about 20 us.
  * Limit: a graph destroyed after defer_shutdown never releases ptr.
  * Limit: a stream of the capture destroyed before the reclaimer saw the
  * capture end leaves ptr never released (reported, counted as failed).
