@@ -143,8 +143,9 @@ struct defer_device_stats {
  * CUDEFER_DISABLE (it then waits for stream and releases at once).  Memory
  * of cudaMalloc is released under the release policy, of cudaMallocAsync
  * as soon as its work is done, both with cudaFreeAsync on the reclaimer's
- * own stream (no device drain; cudaFree on a device without memory pools);
- * a block of defer_alloc's goes back to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of recording
+ * own stream (no device drain; cudaFree on a device without memory pools
+ * and when the call releases at once); a block of defer_alloc's goes back
+ * to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of recording
  * the event or reading the stream; cudaErrorMemoryAllocation when no entry
  * could be had; cudaErrorInvalidValue for a block of defer_alloc's already
  * freed, or a pointer inside one.  A host pointer is accepted: its release

@@ -387,8 +387,8 @@ bool cuda_allocation_of(const void *ptr, struct cuda_allocation *a)
     CUresult res = get(2, attrs, data, (CUdeviceptr)(uintptr_t)ptr);
     if (res != CUDA_SUCCESS) {
         report("reclaimer: the size of %p is unknown: cuPointerGetAttributes "
-               "failed: %s; it is released with cudaFree or cudaFreeHost as "
-               "given, and the cap does not count it", ptr, result_name(res));
+               "failed: %s; it is released all the same, and the cap does not "
+               "count it", ptr, result_name(res));
         return false;
     }
     /* The driver answers a pointer it knows nothing of with every

@@ -266,8 +266,8 @@ cudaStream_t reclaimer_free_stream(int device)
  * without holding up launches or event records; only other threads'
  * cudaMalloc and cudaFree wait meanwhile.  The reclaimer synchronizes the
  * stream after every FREE_SYNC_SLICE such frees and at the end of each pass,
- * so the memory is back before a flush or trim returns, and no cudaMalloc
- * waits for more than a slice.  W1 then runs at 1.00x the floor; W2 (a host
+ * so the memory is back before a flush or trim returns (sync_frees says what
+ * happens when that fails), and no cudaMalloc waits for more than a slice.  W1 then runs at 1.00x the floor; W2 (a host
  * sync every 32 iterations) at 1.19x with slices of 8, 1.25x with 64, 1.29x
  * with one sync a pass.
  *
@@ -279,18 +279,28 @@ cudaStream_t reclaimer_free_stream(int device)
 #define FREE_SYNC_SLICE 8
 
 /* Reclaimer only; blocks until the frees on device's stream ran (never on
- * other streams' work).  An error marks the device failed when sticky and
- * is reported otherwise. */
+ * other streams' work).  A sticky error fails the device, and the requests
+ * this pass completes hear of it (end_pass): their entries counted released
+ * when CUDA took their frees, but the device is gone.  Another error is
+ * said once until a sync succeeds, and the frees stay unsynchronized, to be
+ * tried again at the next release or pass. */
 static void sync_frees(int device)
 {
     struct free_stream *f = &rs.free_streams[device];
-    f->unsynced = 0;
     cudaError_t err = cuda_stream_synchronize(f->stream);
-    if (cuda_error_is_sticky(err))
+    if (err == cudaSuccess || cuda_error_is_sticky(err)) {
+        f->unsynced = 0;
+        f->sync_failure_said = false;
+    }
+    if (cuda_error_is_sticky(err)) {
         reclaimer_fail_device(device, "cudaStreamSynchronize", err);
-    else if (err != cudaSuccess)
+        rs.pass_sync_failed = true;
+    } else if (err != cudaSuccess && !f->sync_failure_said) {
         cuda_report_failure("release", "cudaStreamSynchronize", err,
-                            "; device memory given back may come back later");
+                            "; device memory given back comes back when a "
+                            "later synchronization succeeds (said once)");
+        f->sync_failure_said = true;
+    }
 }
 
 /* Reclaimer only: where e's device memory is given back with cudaFreeAsync;
@@ -336,20 +346,18 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
          * application destroyed; PyTorch's launch checks read it). */
         if (e->kind == ENTRY_CALL)
             cuda_clear_last_error();
-        unsigned queued = 0;
-        cudaStream_t stream = release_stream(e);
-        err = release_entry(e, stream, &queued);
+        struct release_report out = {0};
+        err = release_entry(e, release_stream(e), &out);
         struct free_stream *f = &rs.free_streams[e->device];
-        if (queued > 0 && (f->unsynced += queued) >= FREE_SYNC_SLICE)
+        if (out.queued > 0 && (f->unsynced += out.queued) >= FREE_SYNC_SLICE)
             sync_frees(e->device);
         trace_pop();
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
         if (cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device,
-                                  e->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
-                                  : stream != NULL           ? "cudaFreeAsync"
-                                                             : "cudaFree",
+                                  out.failed_call != NULL ? out.failed_call
+                                                          : "cudaFree",
                                   err);
         stats_record_latency(now - e->completed_ns);
     } else {
@@ -620,8 +628,11 @@ static void end_pass(void)
     while (rs.done_requests != NULL) {
         struct request *q = rs.done_requests;
         rs.done_requests = q->next;
+        if (rs.pass_sync_failed) /* found after its entries finished */
+            hear_device_errors(q);
         complete_request(q);
     }
+    rs.pass_sync_failed = false;
     rs.pass_released = 0;
     rs.pass_released_bytes = 0;
 }

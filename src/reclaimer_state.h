@@ -61,6 +61,8 @@ struct free_stream {
                             last cudaStreamSynchronize */
     int8_t async;        /* cudaMalloc memory freed with cudaFreeAsync: 1 yes,
                             -1 no (no memory pools), 0 not asked yet */
+    bool sync_failure_said; /* a failed synchronize was reported; cleared
+                               when one succeeds */
 };
 
 struct reclaimer_state {
@@ -106,6 +108,8 @@ struct reclaimer_state {
     uint64_t tracked; /* entries taken in and not yet finished */
     struct request *flushes, *trims, *done_requests;
     uint64_t pass_released, pass_released_bytes;
+    bool pass_sync_failed; /* a sync of freed memory met a sticky error in
+                              this pass (sync_frees, reclaimer.c) */
     int current_device; /* -1: unknown */
     uint64_t last_activity_ns;
     uint32_t nap_us;

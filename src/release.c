@@ -45,7 +45,8 @@ static bool report_not_releasable(const struct entry *e, const void *ptr,
 
 /* Free pointer i of e; report a failure with the pointer named. */
 static cudaError_t release_pointer(const struct entry *e, size_t i,
-                                   cudaStream_t async_stream, unsigned *queued)
+                                   cudaStream_t async_stream,
+                                   struct release_report *out)
 {
     void *ptr = e->ptrs[i];
     cudaError_t err;
@@ -70,7 +71,7 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
         err = cuda_free_async(ptr, async_stream);
         call = "cudaFreeAsync";
         if (err == cudaSuccess && !e->pool)
-            (*queued)++;
+            out->queued++;
         /* What cudaFreeAsync refused goes to cudaFree, unless cudaFree
          * would refuse it too: a sticky error is the device's, and a
          * pointer refused as an invalid value is no allocation's start
@@ -79,8 +80,11 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
          * cudaFree's anyway (Note [Releasing without a drain]). */
         bool refused = err == cudaErrorInvalidValue &&
                        (e->pool || report_not_releasable(e, ptr, call));
-        if (refused && !e->pool)
+        if (refused && !e->pool) {
+            if (out->failed_call == NULL)
+                out->failed_call = call;
             return err;
+        }
         if (err != cudaSuccess && !refused && !cuda_error_is_sticky(err)) {
             if (e->pool) {
                 char detail[96];
@@ -96,6 +100,8 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the device failed and says so once.  A pointer refused as an invalid
      * value is the caller's mistake, said in its words where CUDA can tell
      * what the pointer is. */
+    if (err != cudaSuccess && out->failed_call == NULL)
+        out->failed_call = call;
     if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr, call))
         return err;
     if (err != cudaSuccess && !cuda_error_is_sticky(err)) {
@@ -108,15 +114,18 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
 }
 
 cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
-                          unsigned *queued)
+                          struct release_report *out)
 {
+    struct release_report ignored = {0};
+    if (out == NULL)
+        out = &ignored;
     if (e->kind == ENTRY_CALL) {
         e->fn(e->arg);
         return cudaSuccess;
     }
     cudaError_t first = cudaSuccess;
     for (size_t i = 0; i < e->nptrs; i++) {
-        cudaError_t err = release_pointer(e, i, async_stream, queued);
+        cudaError_t err = release_pointer(e, i, async_stream, out);
         if (first == cudaSuccess)
             first = err;
     }

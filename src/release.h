@@ -9,15 +9,22 @@
 
 #include "entry.h"
 
+/* What release_entry did besides its return value. */
+struct release_report {
+    unsigned queued;         /* cudaMalloc pointers freed on async_stream:
+                                back once the caller synchronizes it */
+    const char *failed_call; /* the call that returned the first error */
+};
+
 /* The reclaimer (or a launching thread, in the synchronous fallback), once
  * the entry's work is complete.  async_stream is where device memory is
  * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer.c);
- * NULL frees it with cudaFree.  *queued (when async_stream is given) grows
- * by the cudaMalloc pointers freed there, which come back once the caller
- * synchronizes that stream.  Blocks as long as the release does.  Returns
- * the first CUDA error (each one already reported); cudaSuccess for calls. */
+ * NULL frees it with cudaFree.  out, when not NULL, says what was queued on
+ * async_stream and which call failed.  Blocks as long as the release does.
+ * Returns the first CUDA error (each one already reported); cudaSuccess
+ * for calls. */
 cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
-                          unsigned *queued);
+                          struct release_report *out);
 
 /* Any thread: free the pointer array of a multi-pointer entry, and its
  * claims (none from now). */

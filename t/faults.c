@@ -178,8 +178,8 @@ static const struct scenario scenarios[] = {
      FAKE_FREE_ASYNC, cudaErrorIllegalAddress, ALWAYS, cudaErrorIllegalAddress,
      NULL},
     {"the reclaimer's cudaStreamSynchronize of its frees fails: said, the "
-     "memory counted released", "CUDEFER_MAX_DELAY_MS=0", 1,
-     s_malloc_free_sync_fails, FAKE_STREAM_SYNCHRONIZE, cudaErrorNotReady,
+     "memory counted released", "CUDEFER_MAX_DELAY_MS=0 CUDEFER_IDLE_US=10s",
+     1, s_malloc_free_sync_fails, FAKE_STREAM_SYNCHRONIZE, cudaErrorNotReady,
      ALWAYS, cudaSuccess, NULL},
     {"cudaFreeAsync fails once: cudaFree instead, released", "", 1,
      s_free_async_fails, FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE,

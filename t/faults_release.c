@@ -299,8 +299,8 @@ void s_malloc_free_async_fails(const struct scenario *sc)
 }
 
 /* The stream the frees went to cannot be synchronized (not a sticky
- * error): said once a pass, in one line, and the memory is counted
- * released (CUDA has it; it comes back when its free runs). */
+ * error): said in one line, and the memory is counted released (CUDA has
+ * it; it comes back when a later synchronize succeeds). */
 void s_malloc_free_sync_fails(const struct scenario *sc)
 {
     enum { N = 3 };

@@ -3,10 +3,21 @@
  * drain], src/reclaimer.c): with cudaFreeAsync on its own stream, that
  * stream synchronized after every 8 such frees and at the end of the pass,
  * so the memory is back when a flush returns; with cudaFree on a device
- * without memory pools.  Each scenario runs in a child process. */
+ * without memory pools; and what a failed synchronize does.  Each scenario
+ * runs in a child process. */
+#include <string.h>
+
 #include "helpers.h"
 
 enum { N = 20 };
+
+#define EN(err) cudaGetErrorName(err)
+/* Completed entries stay held until the flush: no idle-time or age release
+ * can take them before a scenario arms its failure. */
+#define HELD "CUDEFER_IDLE_US=10s CUDEFER_MAX_DELAY_MS=0"
+#define WAIT_UNTIL(cond, ms)                                                   \
+    for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
+    sleep_ms(1)
 
 /* The counts of the calls that give memory back, from here on. */
 struct calls {
@@ -43,9 +54,9 @@ static void s_async(void)
 {
     cudaStream_t s = stream_new();
     size_t before = device_free_bytes();
+    struct calls c0 = calls_now(); /* before: a slow run may release early */
     void *p[N];
     defer_behind_work(s, p);
-    struct calls c0 = calls_now();
     CHECK(defer_flush() == cudaSuccess, "flush");
     struct calls c = calls_now();
     CHECK(count_released(p, N) == N, "all released (%d of %d)",
@@ -71,9 +82,9 @@ static void s_no_pools(void)
 {
     fake_set_memory_pools(0, 0);
     cudaStream_t s = stream_new();
+    struct calls c0 = calls_now();
     void *p[N];
     defer_behind_work(s, p);
-    struct calls c0 = calls_now();
     CHECK(defer_flush() == cudaSuccess, "flush");
     struct calls c = calls_now();
     CHECK(count_released(p, N) == N, "all released (%d of %d)",
@@ -89,13 +100,13 @@ static void s_no_pools(void)
 static void s_mixed_devices(void)
 {
     fake_set_memory_pools(1, 0);
+    struct calls c0 = calls_now();
     void *p[2][N];
     for (int d = 0; d < 2; d++) {
         cudaSetDevice(d);
         defer_behind_work(stream_new(), p[d]);
     }
     cudaSetDevice(0);
-    struct calls c0 = calls_now();
     CHECK(defer_flush() == cudaSuccess, "flush");
     struct calls c = calls_now();
     CHECK(count_released(p[0], N) == N && count_released(p[1], N) == N,
@@ -106,6 +117,108 @@ static void s_mixed_devices(void)
           "cudaFree (%lu calls), want %d each", c.async - c0.async,
           c.free - c0.free, N);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* A sticky error first met by the reclaimer's synchronize of its frees
+ * (the device faulted meanwhile): the device fails, and the flush that
+ * served the release returns the error, though its entries had finished. */
+static void s_sync_sticky(void)
+{
+    enum { M = 3 };
+    cudaStream_t s = stream_new();
+    void *p[M];
+    fake_work *w = work_held(s, NULL);
+    for (int i = 0; i < M; i++) {
+        p[i] = device_alloc(1 << 20);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    }
+    fake_complete(w);
+    WAIT_UNTIL(stats_now().held == M, 10000);
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorIllegalAddress, 0, -1);
+    cudaError_t f = defer_flush();
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    void *q = device_alloc(4096);
+    cudaError_t later = defer_free(q, s);
+    CHECK(f == cudaErrorIllegalAddress, "defer_flush returns the device's "
+          "error met while it ran (%s)", EN(f));
+    CHECK(later == cudaErrorIllegalAddress, "the device failed (a later "
+          "defer_free: %s)", EN(later));
+    CHECK(strstr(msg, "device 0: cudaStreamSynchronize failed") != NULL,
+          "one line names the device and the call: %s", msg);
+    cudaFree(q);
+}
+
+/* A synchronize that fails without a sticky error leaves the frees to be
+ * synchronized by the next pass: a later trim brings the memory back. */
+static void s_sync_fails_then_trim(void)
+{
+    enum { M = 3 };
+    cudaStream_t s = stream_new();
+    size_t before = device_free_bytes();
+    void *p[M];
+    fake_work *w = work_held(s, NULL);
+    for (int i = 0; i < M; i++) {
+        p[i] = device_alloc(1 << 20);
+        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
+    }
+    fake_complete(w);
+    WAIT_UNTIL(stats_now().held == M, 10000);
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, 1);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(strstr(msg, "cudaStreamSynchronize failed") != NULL, "said: %s",
+          msg);
+    CHECK(device_free_bytes() < before, "the memory is not back yet");
+    CHECK(defer_trim(NULL) == cudaSuccess, "trim");
+    CHECK(device_free_bytes() == before, "a later trim brings it back (%zu "
+          "of %zu bytes free)", device_free_bytes(), before);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* A synchronize that keeps failing is said once, not once a slice. */
+static void s_sync_fails_said_once(void)
+{
+    cudaStream_t s = stream_new();
+    void *p[N];
+    defer_behind_work(s, p);
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, -1);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(defer_flush() == cudaSuccess, "flush again");
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    int lines = 0;
+    for (const char *q = msg; (q = strstr(q, "cudaStreamSynchronize failed"));
+         q++)
+        lines++;
+    CHECK(lines == 1, "one line (%d): %s", lines, msg);
+    CHECK(count_released(p, N) == N, "all released (%d of %d)",
+          count_released(p, N), N);
+}
+
+/* cudaFreeAsync refused (not sticky), the cudaFree it falls back on meets
+ * a sticky error: the device's line names cudaFree. */
+static void s_fallback_sticky_named(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(4096);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    fake_complete(w);
+    WAIT_UNTIL(stats_now().held == 1, 10000);
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorNotSupported, 0, -1);
+    fake_fail(FAKE_FREE, cudaErrorIllegalAddress, 0, -1);
+    cudaError_t f = defer_flush();
+    const char *msg = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(f == cudaErrorIllegalAddress, "flush: %s", EN(f));
+    CHECK(strstr(msg, "device 0: cudaFree failed") != NULL,
+          "the line names cudaFree, which met the error: %s", msg);
 }
 
 int main(void)
@@ -119,5 +232,16 @@ int main(void)
                   s_no_pools);
     fork_scenario("two devices, one without memory pools: each its own way",
                   "", 2, 15000, s_mixed_devices);
+    fork_scenario("a sticky error met by the reclaimer's synchronize of its "
+                  "frees: the device fails, the flush returns it", HELD, 1,
+                  15000, s_sync_sticky);
+    fork_scenario("a synchronize that fails (not sticky): a later trim "
+                  "synchronizes the frees again", HELD, 1, 15000,
+                  s_sync_fails_then_trim);
+    fork_scenario("a synchronize that keeps failing: said once", HELD, 1, 15000,
+                  s_sync_fails_said_once);
+    fork_scenario("cudaFreeAsync refused, its cudaFree fallback meets a sticky "
+                  "error: the line names cudaFree", HELD, 1, 15000,
+                  s_fallback_sticky_named);
     return 0;
 }

@@ -54,7 +54,10 @@
  *   unless fake_set_free_async_us gives it a duration (an item of its own
  *   on the stream); pool memory it gives back stays the pool's (used, kept
  *   by cudaMemPoolTrimTo) until it ran, except for a later allocation from
- *   the pool on that stream, which stream order lets take it.
+ *   the pool on that stream, which stream order lets take it.  cudaMalloc
+ *   memory given to cudaFreeAsync stays in the device's use (cudaMemGetInfo)
+ *   until its stream, or its device, is synchronized or the stream
+ *   destroyed, as an H200 does (bench/results/h200-probes.txt).
  *
  *   Graphs: cudaStreamBeginCapture starts capturing a stream into a new
  *   graph.  While it captures, fake_launch and fake_launch_held on it do

@@ -159,6 +159,9 @@ cudaError_t cudaDeviceSynchronize(void)
             tails[n++] = fake.streams[i]->tail;
     fake_work_wait(tails, n);
     free(tails);
+    for (i = 0; i < fake.nstreams; i++)
+        if (fake.streams[i]->dev == fake_thread.dev)
+            fake_unmap_settle(fake.streams[i]);
     return fake_leave(cudaSuccess);
 }
 

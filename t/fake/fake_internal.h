@@ -91,6 +91,10 @@ struct fstream {
     struct fake_work *first_pending;  /* items before it are done */
     int64_t last_done_ns;         /* completion time of the last done item */
     struct fgraph *capture;       /* the graph it captures into; NULL: none */
+    size_t unmapping[FAKE_MAX_DEVICES]; /* bytes of cudaMalloc memory per
+                                     device freed here with cudaFreeAsync:
+                                     used until this stream is synchronized,
+                                     as CUDA does (fake_unmap_settle) */
 };
 
 /* A user object: a destructor and its references. */
@@ -397,5 +401,10 @@ enum cudaStreamCaptureStatus fake_capture_status(const struct fstream *s);
 /* References to user objects may have dropped: make sure the destructor
  * thread runs, and wake it.  Lock held. */
 void fake_uobj_kick(void);
+
+/* cudaMalloc memory freed on s with cudaFreeAsync leaves the devices' use
+ * (fake.devused) now: s was synchronized (or destroyed, or its device).
+ * Lock held. */
+void fake_unmap_settle(struct fstream *s);
 
 #endif /* CUDEFER_FAKE_INTERNAL_H */

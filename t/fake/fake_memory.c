@@ -163,7 +163,9 @@ static cudaError_t release(const char *fn, void *p, int host,
                 : NULL;
     }
     fake.live_allocs--;
-    if (a->kind != A_HOST)
+    if (a->kind == A_DEVICE && async != NULL)
+        async->unmapping[a->dev] += a->size; /* fake_unmap_settle */
+    else if (a->kind != A_HOST)
         fake.devused[a->dev] -= a->size;
     if (a->own_pool && a->freed_after != NULL) {
         /* Still the pool's until the free ran (pool_frees_settle). */
@@ -574,4 +576,12 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
         attributes->devicePointer = (void *)ptr;
     }
     return fake_leave(cudaSuccess);
+}
+
+void fake_unmap_settle(struct fstream *s)
+{
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+        fake.devused[d] -= s->unmapping[d];
+        s->unmapping[d] = 0;
+    }
 }

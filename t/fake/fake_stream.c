@@ -358,6 +358,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
         (s = fake_stream_resolve(stream)) == NULL)
         return fake_leave(cudaErrorInvalidResourceHandle);
     s->destroyed = 1;
+    fake_unmap_settle(s);
     return fake_leave(cudaSuccess);
 }
 
@@ -376,6 +377,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     UNSAFE_CALL();
     tail = s->tail;
     fake_work_wait(&tail, 1);
+    fake_unmap_settle(s);
     return fake_leave(cudaSuccess);
 }
 
