@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench-call-parts: the parts of the launching thread's call (issue 13,
- * item 3).  Each part is one call, timed alone, --calls times in a row on one
+ * bench-call-parts: the parts of the launching thread's call.  Each part is one call, timed alone, --calls times in a row on one
  * stream, after 64 untimed calls: the CUDA calls a defer call may make
  * (cudaStreamIsCapturing, cudaStreamGetDevice, cudaStreamGetId,
  * cudaGetDevice, cudaEventCreateWithFlags (what a call pays when no pooled

@@ -11,7 +11,7 @@
  *               each time), so it is the driver's cost of the event record
  *               that any deferred release needs, with no library around it.
  * Three more strategies, not in run.py's default table, split cudefer's cost
- * into its parts on a GPU (issue 13, item 4; run one directly, e.g.
+ * into its parts on a GPU (run one directly, e.g.
  * bench/bench-scale --workload W6 --strategy no-library-create):
  *   no-library-create  each call is cudaEventCreateWithFlags of a new event
  *               and cudaEventRecord of it: one event per pending call, as

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Bugs the stress test found (t/stress, then with --double-free-every-path,
- * now its default), each in its smallest form; every test here fails at
- * commit f444d14, before the fix (a block is FREEING from the moment any
- * free accepts it; defer_flush returns only a device's error).  t/alloc.c
+ * now its default), each in its smallest form; every test here fails
+ * without the rules it pins (a block is FREEING from the moment any free
+ * accepts it; defer_flush returns only a device's error).  t/alloc.c
  * tests every pair of free paths.
  *
  * 1. A block of defer_alloc's freed a second time is refused (the header:

@@ -107,8 +107,8 @@ static void test_frees_share_behind_a_held_stream(void)
 }
 
 /* On a GPU, creating an event waits for the driver's lock behind every
- * launch that waits for room in its queue: 15-220 ms on an H100 in W4
- * (bench/results/2026-11-26-h100-w4-events.txt).  So a thread whose lane
+ * launch that waits for room in its queue: 15-220 ms on an H100 in W4.
+ * So a thread whose lane
  * holds an event never makes one: it takes an idle one, or records its
  * newest again while the reclaimer makes more.  Here creating takes 20 ms
  * (fake latency); 8 held streams, 3 x LANE_EVENTS frees of blocks each,

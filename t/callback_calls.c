@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* What a defer_call callback may call (issue 12, items 2 and 10).
+/* What a defer_call callback may call.
  *
  * A callback runs on the reclaimer thread, or on the calling thread under
  * CUDEFER_DISABLE (with no event it waits for its stream on the calling
@@ -115,7 +115,7 @@ static void s_exit_in_sync_callback(void)
     CHECK(false, "exit() in the callback returned");
 }
 
-/* ---- item 10: a callback run by the shutdown or exit drain defers ---- */
+/* ---- a callback run by the shutdown or exit drain defers ----------- */
 
 static cudaStream_t drain_stream;
 static void *drain_ptr;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The reclaimer's current device around callbacks (issue 13, item 4: W6's
- * drain runs 10^6 callbacks).  A callback may switch the reclaimer thread's
+/* The reclaimer's current device around callbacks (W6's drain
+ * runs 10^6 callbacks).  A callback may switch the reclaimer thread's
  * device, so the reclaimer used to forget which device was current after
  * each one, and made a cudaSetDevice before the next query or callback: one
  * per callback.  It now reads the device the callback left current instead.

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The order of defer_call callbacks (issue 12, item 8): callbacks deferred
+/* The order of defer_call callbacks: callbacks deferred
  * on one stream run in the order deferred, also when one of them falls
  * back to a synchronous release (no event could be had), when a callback's
  * stream identity was cached by the thread, and when a callback deferred

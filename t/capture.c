@@ -2,7 +2,7 @@
 /* Defer calls on a stream that is being captured into a CUDA graph: no
  * event is recorded into the capture, and the entry is released only once
  * the graph and every executable graph made from it are destroyed and
- * their launches have completed (issue 7).  First a few checks of the fake's
+ * their launches have completed.  First a few checks of the fake's
  * capture model and its oracle, on which the rest relies. */
 #include <pthread.h>
 #include <stdint.h>

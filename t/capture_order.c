@@ -2,9 +2,8 @@
 /* A defer call on a capturing stream waits for the graph (t/capture.c) and
  * also for the work enqueued on the stream before the capture began: that
  * work may still use the memory when the graph dies, e.g. when the graph
- * was never launched on that stream (issue 12, item 7).  And a graph that
- * dies while process exit drains is released by the drain, not dropped
- * (item 13).  A graph that dies while its stream captures again still
+ * was never launched on that stream.  And a graph that
+ * dies while process exit drains is released by the drain, not dropped.  A graph that dies while its stream captures again still
  * waits for the work before its own capture, and fails at shutdown
  * rather than be released under it. */
 #define _GNU_SOURCE /* pthread_getname_np */

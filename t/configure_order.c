@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* defer_configure against the lifecycle and the environment (issue 12,
- * item 12): after a defer_shutdown that came before any defer call it is
+/* defer_configure against the lifecycle and the environment: after a defer_shutdown that came before any defer call it is
  * refused (nothing will ever start to use it), and a bad CUDEFER_* value
  * keeps the value given to defer_configure, not the built-in default.
  * Each scenario runs in a child process: the configuration is settled once

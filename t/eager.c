@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* CUDEFER_POLICY=eager (issue 12, item 11): entries are still sized, so a
+/* CUDEFER_POLICY=eager: entries are still sized, so a
  * trim says what its pass released (make_device_unique retries on that),
  * and pool memory is still freed with cudaFreeAsync, not cudaFree (a device
  * drain each). */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The stats' events_in_pool counts every idle event, in the pools and in
  * each thread's cache, though a thread's take and give no longer touch a
- * counter shared by all threads (issue 13, item 4): while the threads that
+ * counter shared by all threads: while the threads that
  * took events live (each keeps the events of its stream's lane, shared by
  * its entries: stream_lane.h, at most LANE_EVENTS), and after they exit
  * (their caches and lanes go back to the pool). */

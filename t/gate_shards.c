@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The gate counts submissions in per-thread shards (issue 13, item 4):
+/* The gate counts submissions in per-thread shards:
  * with more threads than shards (some share one), defer_shutdown must still
  * wait for every submission under way and refuse every later one.  80
  * threads free in a loop, each event record slowed to 200 us so that many

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The launching thread's stream identities (issue 13, item 3): a thread
+/* The launching thread's stream identities: a thread
  * that round-robins 16 streams, or frees on stream 0 (as PyTorch does),
  * looks each stream up once, not at every call; stream 0 and
  * cudaStreamPerThread still mean the stream of the caller's current device

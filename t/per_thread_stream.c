@@ -5,7 +5,7 @@
  * the legacy stream: the event then did not follow the caller's work (on a
  * GPU the legacy stream waits for the per-thread stream, so it was a
  * device-wide barrier; the fake, which has no implicit synchronisation,
- * shows the difference as a premature release).  Issue 12, item 13.
+ * shows the difference as a premature release).
  *
  * This file is compiled as such a program.  It calls no CUDA runtime
  * function that the macro renames (the fake has no _ptsz variants): only

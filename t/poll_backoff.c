@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The reclaimer's poll of streams whose work is held back (issue 13, item
- * 4): a stream's head that stays incomplete is queried less and less often,
+/* The reclaimer's poll of streams whose work is held back: a
+ * stream's head that stays incomplete is queried less and less often,
  * so entries waiting behind a closed gate cost at most 3 event queries
  * each, the wait included; a head that completes after a long wait is still
  * seen within 1/16 of that wait; a flush looks at once. */

@@ -44,9 +44,9 @@ static void scenario_trim_while_pushing(void)
         p[i] = device_alloc(1 << 20);
         CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free %d", i);
     }
-    /* Held once the reclaimer has taken them in: "settled" alone passed
-     * before it had (two snapshots of nothing agree), on a 2x H200 host
-     * running make check -j16 (t/gpu/results/2026-11-27-h200x2-check-309bb74.txt). */
+    /* Held once the reclaimer has taken them in: "settled" alone can pass
+     * before it has (two snapshots of nothing agree), as on a loaded host
+     * running make check -j16. */
     double deadline = now_ms() + 10000;
     while (stats_now().held < N && now_ms() < deadline)
         sleep_ms(1);

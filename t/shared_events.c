@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Consecutive callbacks of a stream share events (stream_lane.h; issue 13:
+/* Consecutive callbacks of a stream share events (stream_lane.h:
  * W6's cost on an H100 was the driver's event creation, one event per
  * pending entry).  Behind a held stream a thread's callbacks take at most
  * LANE_EVENTS events and cost a few queries in all; yet none runs before
@@ -455,8 +455,7 @@ static void count_slow(void *arg)
 
 /* On a GPU, creating an event waits for the driver's lock behind every
  * launch or record that waits for room in its queue: W6's slowest calls on
- * an H100, 78-105 ms, were that wait (bench/results/
- * 2026-11-26-h100-micro-8e9f7c9.txt).  So a callbacks' lane that holds an
+ * an H100, 78-105 ms, were that wait.  So a callbacks' lane that holds an
  * event makes none on the launching thread, as a blocks' lane
  * (t/block_events): it takes an idle one, or records its newest again while
  * the reclaimer makes more.  A fresh process (the device's first stock,

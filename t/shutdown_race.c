@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* defer_shutdown and process exit racing threads that make their first
- * defer call while another thread starts the reclaimer (issue 12, item 1).
+ * defer call while another thread starts the reclaimer.
  * The starter's cudaGetDeviceCount is slowed down, so the other threads
  * queue up behind the start; the starter then shuts down (or exits) at
  * once.  Neither may wait for the threads queued behind it: shutdown must

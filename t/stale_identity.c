@@ -3,7 +3,7 @@
  * and its handle now names another stream (on another device, recording
  * then fails with cudaErrorInvalidResourceHandle).  The single-stream path
  * then looks the stream up again and retries once; the *_streams path must
- * do the same (issue 12, item 9).  The stale identity is emulated by a
+ * do the same.  The stale identity is emulated by a
  * record that fails once with cudaErrorInvalidResourceHandle on a stream
  * whose identity the thread has cached, and made for real by giving a
  * destroyed stream's handle to a new stream (fake_stream_create_reusing). */

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * gpu_capture.c: defer calls inside a CUDA graph capture, on a real GPU
- * (issue 7).
+ * gpu_capture.c: defer calls inside a CUDA graph capture, on a real GPU.
  *
  * A kernel that writes a 256 MiB device buffer is captured together with
  * defer_free(buffer) and a defer_call; the graph is instantiated and
