@@ -168,11 +168,11 @@ static const struct scenario scenarios[] = {
      s_sticky_thread_exit, FAKE_FREE, cudaErrorIllegalAddress, ALWAYS,
      cudaErrorIllegalAddress, NULL},
     {"cudaFreeAsync of cudaMalloc memory fails once: cudaFree instead, "
-     "silently, released", "CUDEFER_MAX_DELAY_MS=0", 1, s_malloc_free_async_fails,
-     FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE, cudaSuccess, NULL},
+     "silently, released", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_async_fails,
+     FAKE_FREE_ASYNC, cudaErrorNotSupported, ONCE, cudaSuccess, "malloc"},
     {"cudaFreeAsync of cudaMalloc memory fails persistently: cudaFree "
-     "instead", "CUDEFER_MAX_DELAY_MS=0", 1, s_malloc_free_async_fails,
-     FAKE_FREE_ASYNC, cudaErrorNotSupported, ALWAYS, cudaSuccess, NULL},
+     "instead", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_async_fails,
+     FAKE_FREE_ASYNC, cudaErrorNotSupported, ALWAYS, cudaSuccess, "malloc"},
     {"cudaFreeAsync of cudaMalloc memory meets a sticky error: the device "
      "fails, one line, no cudaFree", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_sticky,
      FAKE_FREE_ASYNC, cudaErrorIllegalAddress, ALWAYS, cudaErrorIllegalAddress,

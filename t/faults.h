@@ -156,7 +156,6 @@ void s_free_sticky_shutdown(const struct scenario *sc);
 void s_sticky_thread_exit(const struct scenario *sc);
 void s_free_fails(const struct scenario *sc);
 void s_free_async_fails(const struct scenario *sc);
-void s_malloc_free_async_fails(const struct scenario *sc);
 void s_malloc_free_sync_fails(const struct scenario *sc);
 void s_free_async_rejected(const struct scenario *sc);
 void s_free_n_first_fails(const struct scenario *sc);

@@ -37,17 +37,39 @@ static size_t device_free_bytes(void)
     return free_bytes;
 }
 
-/* N buffers deferred behind one work item on s; returns when all are held
- * (complete, kept by the policy) so that one flush releases them. */
-static void defer_behind_work(cudaStream_t s, void **p)
+/* n buffers of 1 MiB deferred behind one work item on s, which then
+ * completes: under HELD they stay held until a flush or trim. */
+static void defer_n_behind_work(cudaStream_t s, void **p, int n)
 {
     fake_work *w = work_held(s, NULL);
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         p[i] = device_alloc(1 << 20);
         CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
     }
-    CHECK(count_released(p, N) == 0, "none released while the work runs");
+    CHECK(count_released(p, n) == 0, "none released while the work runs");
     fake_complete(w);
+}
+
+static void defer_behind_work(cudaStream_t s, void **p)
+{
+    defer_n_behind_work(s, p, N);
+}
+
+/* A flush, after which all n of p are released. */
+static void flush_releases_all(void **p, int n)
+{
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, n) == n, "all released (%d of %d)",
+          count_released(p, n), n);
+}
+
+/* n buffers deferred on s and held (HELD), ready for a failure to arm. */
+static void defer_held(cudaStream_t s, void **p, int n)
+{
+    defer_n_behind_work(s, p, n);
+    WAIT_UNTIL(stats_now().held == (uint64_t)n, 10000);
+    CHECK(stats_now().held == (uint64_t)n, "%d held (%llu)", n,
+          ULL(stats_now().held));
 }
 
 static void s_async(void)
@@ -57,10 +79,8 @@ static void s_async(void)
     struct calls c0 = calls_now(); /* before: a slow run may release early */
     void *p[N];
     defer_behind_work(s, p);
-    CHECK(defer_flush() == cudaSuccess, "flush");
+    flush_releases_all(p, N);
     struct calls c = calls_now();
-    CHECK(count_released(p, N) == N, "all released (%d of %d)",
-          count_released(p, N), N);
     CHECK(c.async - c0.async == N && c.free == c0.free,
           "%lu cudaFreeAsync calls (want %d), %lu cudaFree (want 0)",
           c.async - c0.async, N, c.free - c0.free);
@@ -85,10 +105,8 @@ static void s_no_pools(void)
     struct calls c0 = calls_now();
     void *p[N];
     defer_behind_work(s, p);
-    CHECK(defer_flush() == cudaSuccess, "flush");
+    flush_releases_all(p, N);
     struct calls c = calls_now();
-    CHECK(count_released(p, N) == N, "all released (%d of %d)",
-          count_released(p, N), N);
     CHECK(c.free - c0.free == N && c.async == c0.async && c.sync == c0.sync,
           "%lu cudaFree calls (want %d), %lu cudaFreeAsync and %lu "
           "cudaStreamSynchronize (want 0)", c.free - c0.free, N,
@@ -127,13 +145,7 @@ static void s_sync_sticky(void)
     enum { M = 3 };
     cudaStream_t s = stream_new();
     void *p[M];
-    fake_work *w = work_held(s, NULL);
-    for (int i = 0; i < M; i++) {
-        p[i] = device_alloc(1 << 20);
-        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
-    }
-    fake_complete(w);
-    WAIT_UNTIL(stats_now().held == M, 10000);
+    defer_held(s, p, M);
     stderr_capture_begin();
     fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorIllegalAddress, 0, -1);
     cudaError_t f = defer_flush();
@@ -158,13 +170,7 @@ static void s_sync_fails_then_trim(void)
     cudaStream_t s = stream_new();
     size_t before = device_free_bytes();
     void *p[M];
-    fake_work *w = work_held(s, NULL);
-    for (int i = 0; i < M; i++) {
-        p[i] = device_alloc(1 << 20);
-        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
-    }
-    fake_complete(w);
-    WAIT_UNTIL(stats_now().held == M, 10000);
+    defer_held(s, p, M);
     stderr_capture_begin();
     fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, 1);
     CHECK(defer_flush() == cudaSuccess, "flush");
@@ -205,11 +211,8 @@ static void s_sync_fails_said_once(void)
 static void s_fallback_sticky_named(void)
 {
     cudaStream_t s = stream_new();
-    void *p = device_alloc(4096);
-    fake_work *w = work_held(s, p);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
-    fake_complete(w);
-    WAIT_UNTIL(stats_now().held == 1, 10000);
+    void *p;
+    defer_held(s, &p, 1);
     stderr_capture_begin();
     fake_fail(FAKE_FREE_ASYNC, cudaErrorNotSupported, 0, -1);
     fake_fail(FAKE_FREE, cudaErrorIllegalAddress, 0, -1);

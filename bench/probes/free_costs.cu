@@ -1,21 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Probe: what releasing cudaMalloc memory costs, and whether cudaFreeAsync
 // accepts it without draining the device.
-#include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
-#include <atomic>
-static double now_us(){ timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec*1e6+t.tv_nsec/1e3; }
+
+#include "probe.h"
+
 __global__ void spin(long long ns){ long long s=clock64(); long long cyc = ns*2; while(clock64()-s<cyc){} }
-__global__ void tiny(){}
-static std::atomic<int> stop_flag; static double max_launch_us; static long nlaunch;
-static void* launcher(void*){ cudaStream_t s; cudaStreamCreateWithFlags(&s,cudaStreamNonBlocking); double mx=0; long n=0;
-  while(!stop_flag.load()){ double t=now_us(); tiny<<<1,1,0,s>>>(); double d=now_us()-t; if(d>mx)mx=d; n++; if(n%256==0) cudaStreamSynchronize(s);} 
-  cudaStreamSynchronize(s); max_launch_us=mx; nlaunch=n; return 0; }
-static size_t used(){ size_t f,t; cudaMemGetInfo(&f,&t); return t-f; }
 int main(){
   const int N=1000; const size_t B=1<<20; void* p[N];
   cudaFree(0); cudaStream_t s; cudaStreamCreateWithFlags(&s,cudaStreamNonBlocking);

@@ -2,20 +2,12 @@
 // Probe: W1's loop (cudaMalloc 1 MiB, 50 us kernel, release) with the memory never freed, freed
 // with cudaFree, or freed with cudaFreeAsync on the same or another stream; and
 // whether frees completing on a stream hold up another thread's launches.
-#include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
-#include <atomic>
-static double now_us(){ timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec*1e6+t.tv_nsec/1e3; }
+
+#include "probe.h"
+
 __global__ void spin_ns(unsigned long long ns){ unsigned long long s; asm volatile("mov.u64 %0, %%globaltimer;":"=l"(s)); unsigned long long n=s; while(n-s<ns) asm volatile("mov.u64 %0, %%globaltimer;":"=l"(n)); }
-__global__ void tiny(){}
-static std::atomic<int> stop_flag; static double max_launch_us; static long nlaunch;
-static void* launcher(void*){ cudaStream_t s; cudaStreamCreateWithFlags(&s,cudaStreamNonBlocking); double mx=0; long n=0;
-  while(!stop_flag.load()){ double t=now_us(); tiny<<<1,1,0,s>>>(); double d=now_us()-t; if(d>mx)mx=d; n++; if(n%256==0) cudaStreamSynchronize(s);}
-  cudaStreamSynchronize(s); max_launch_us=mx; nlaunch=n; return 0; }
-static size_t used(){ size_t f,t; cudaMemGetInfo(&f,&t); return t-f; }
 enum { NEVER, SYNCFREE, ASYNCFREE, ASYNCFREE_OTHER };
 static const char* nm[]={"never-free","inline-cudaFree","cudaFreeAsync same stream","cudaFreeAsync other stream after event"};
 static void* kept[6000];
