@@ -582,8 +582,9 @@ static cudaError_t resolve_group(const struct request_args *a,
  * route]), g the room for a group's streams.  Blocks of a's free are
  * claimed here (*claimed: the caller gives them back on a refusal), before
  * anything is recorded: a single pointer's by its plan (in the same lock
- * hold as a batch's park), every other free's all at once.  Never blocks.  cudaSuccess, or the refusal (said
- * and counted). */
+ * hold as a batch's park), every other free's all at once.  Never blocks
+ * on the GPU; takes the device's cache lock for the plan.  cudaSuccess, or
+ * the refusal (said and counted). */
 static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
                                struct group_streams *g, struct target *t,
                                bool *claimed)
