@@ -12,7 +12,7 @@
  *     defer call, so it never stands long in the application's way);
  *   - a device holds more than its cap (max_pending_bytes, or a share of
  *     the memory the application uses there: Note [The cap]): released
- *     down to half the cap, one drain for many frees;
+ *     down to half the cap, in one batch;
  *   - the oldest held entry is older than max_delay_ms;
  *   - a flush, trim or shutdown asks for everything.
  * Pool memory (cudaMallocAsync) is not held: cudaFreeAsync on the
@@ -92,12 +92,15 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * memory it uses on the device (the device's used memory less what cudefer
  * holds), at least RELEASE_POLICY_CAP_FLOOR and at most a quarter of the
  * device.  The floor is for a program whose working set is small but
- * whose frees are many: each drain stalls its launches for as long as the
- * device needs to finish its queue, so a floor of a quarter GiB cost such
- * a loop of 1 MiB frees 40 % of its run time.  A batch over the cap releases down to half of it: one device
- * drain frees a twelfth of the working set.  The reclaimer asks the
- * device's use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds
- * memory there; max_pending_bytes, when set, is the cap instead. */
+ * whose frees are many.  While releases were cudaFree batches, each of
+ * which drained the device, a floor of a quarter GiB cost such a loop of
+ * 1 MiB frees 40 % of its run time; with releases on the reclaimer's
+ * stream (Note [Releasing without a drain], reclaimer.c) that loop runs at
+ * its never-free floor under this one, and smaller floors have not been
+ * measured since.  A batch over the cap releases down to half of it: a
+ * twelfth of the working set at a time.  The reclaimer asks the device's
+ * use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds memory
+ * there; max_pending_bytes, when set, is the cap instead. */
 #define RELEASE_POLICY_CAP_SHARE 6
 #define RELEASE_POLICY_CAP_FLOOR (UINT64_C(1) << 30)
 #define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)
