@@ -165,6 +165,7 @@ int main(int argc, char **argv)
     SECTION(test_handout_ranges);
     SECTION(test_pools);
     SECTION(test_pool_frees);
+    SECTION(test_malloc_free_async);
     SECTION(test_address_reuse);
     SECTION(test_injection);
     SECTION(test_misc);

@@ -131,6 +131,7 @@ void test_handout(void);
 void test_handout_ranges(void);
 void test_pools(void);
 void test_pool_frees(void);
+void test_malloc_free_async(void);
 void test_address_reuse(void);
 void test_injection(void);
 void test_misc(void);

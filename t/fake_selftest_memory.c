@@ -4,7 +4,8 @@
  * allocations of every kind, the oracle that checks each release, and
  * fake_oracle_handout(_range), which checks each block an allocator hands
  * out, whole allocations or blocks cut from one; pools, and what their
- * trims keep of memory whose cudaFreeAsync has not run yet.
+ * trims keep of memory whose cudaFreeAsync has not run yet; cudaMalloc
+ * memory given to cudaFreeAsync.
  */
 #define _GNU_SOURCE
 #include "fake_selftest.h"
@@ -674,4 +675,57 @@ void test_pool_frees(void)
     is_hex(reserved, MiB / 2, "the work done, a trim keeps what is lent");
     cudaFreeAsync(b, s);
     cudaStreamDestroy(s);
+}
+
+/* cudaMalloc memory given to cudaFreeAsync: released at once as far as the
+ * oracle and a second release are concerned, but in the device's use
+ * (cudaMemGetInfo) until its stream, or its device, is synchronized or the
+ * stream destroyed, as on an H200; and refused on a device without memory
+ * pools. */
+void test_malloc_free_async(void)
+{
+    size_t free0 = 0, fr = 0, tot = 0;
+    cudaStream_t s;
+    void *a;
+    int value = -1;
+
+    diag("cudaMalloc memory given to cudaFreeAsync");
+    fake_reset(2);
+    cudaStreamCreate(&s);
+    cudaMemGetInfo(&free0, &tot);
+    is_int(cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported, 0),
+           cudaSuccess, "cudaDevAttrMemoryPoolsSupported");
+    is_int(value, 1, "memory pools by default");
+
+    const char *how[] = {"cudaStreamSynchronize", "cudaDeviceSynchronize",
+                         "cudaStreamDestroy"};
+    for (int k = 0; k < 3; k++) {
+        cudaMalloc(&a, MiB);
+        is_int(cudaFreeAsync(a, s), cudaSuccess, "cudaFreeAsync of cudaMalloc "
+               "memory (then %s)", how[k]);
+        is_int(fake_is_released(a), 1, "released for the oracle");
+        cudaMemGetInfo(&fr, &tot);
+        is_hex(free0 - fr, MiB, "still in the device's use");
+        if (k == 0)
+            cudaStreamSynchronize(s);
+        else if (k == 1)
+            cudaDeviceSynchronize();
+        else
+            cudaStreamDestroy(s);
+        cudaMemGetInfo(&fr, &tot);
+        is_hex(free0 - fr, 0, "back after %s", how[k]);
+    }
+
+    fake_set_memory_pools(1, 0);
+    cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported, 1);
+    is_int(value, 0, "fake_set_memory_pools(1, 0): device 1 has none");
+    cudaSetDevice(1);
+    cudaStreamCreate(&s);
+    cudaMalloc(&a, MiB);
+    is_int(cudaFreeAsync(a, s), cudaErrorNotSupported,
+           "cudaFreeAsync on its streams: cudaErrorNotSupported");
+    is_int(fake_is_released(a), 0, "and nothing released");
+    is_int(cudaFree(a), cudaSuccess, "cudaFree does it");
+    cudaStreamDestroy(s);
+    cudaSetDevice(0);
 }
