@@ -279,13 +279,12 @@ cudaError_t cuda_stream_synchronize(cudaStream_t stream)
     return cudaStreamSynchronize(stream);
 }
 
-cudaError_t cuda_device_has_pools(int device, bool *yes)
+bool cuda_device_has_pools(int device)
 {
     int value = 0;
-    cudaError_t err = cudaDeviceGetAttribute(
-        &value, cudaDevAttrMemoryPoolsSupported, device);
-    *yes = err == cudaSuccess && value != 0;
-    return err;
+    return cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported,
+                                  device) == cudaSuccess &&
+           value != 0;
 }
 
 cudaError_t cuda_stream_create(cudaStream_t *stream)

@@ -228,101 +228,6 @@ bool reclaimer_use_device(int device)
     return true;
 }
 
-/* The reclaimer's own stream on device, for cudaFreeAsync; NULL if none
- * could be made (pool memory is then freed with cudaFree). */
-cudaStream_t reclaimer_free_stream(int device)
-{
-    struct free_stream *f = &rs.free_streams[device];
-    if (f->stream != NULL)
-        return f->stream;
-    cudaError_t err = cuda_stream_create(&f->stream);
-    if (err != cudaSuccess) {
-        static bool reported; /* once: it is tried again for each entry */
-        f->stream = NULL;
-        if (!reported)
-            cuda_report_failure("reclaimer", "cudaStreamCreateWithFlags", err,
-                                "; device memory is freed with cudaFree until "
-                                "a stream can be made (reported once)");
-        reported = true;
-    }
-    return f->stream;
-}
-
-/*
- * Note [Releasing without a drain]
- * ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
- * cudaFree waits until the whole device is idle, and other threads' launches
- * and event records wait behind it: each batch the cap forces drains the
- * application's queue, and the GPU then idles while the launching thread
- * refills it.  Measured on an H200 (bench/results/h200-release-async.txt):
- * 1 MiB buffers released with cudaFree cost the launch loop W1 1.45x the
- * never-free floor.
- *
- * So device memory from cudaMalloc goes back with cudaFreeAsync on the
- * reclaimer's own stream, where nothing else runs: the entry's work is
- * complete, so the free is ordered after nothing and waits for no other
- * stream.  CUDA unmaps the memory when that stream is synchronized (about
- * 22 us a 1 MiB buffer there), without waiting for other streams' work and
- * without holding up launches or event records; only other threads'
- * cudaMalloc and cudaFree wait meanwhile.  The reclaimer synchronizes the
- * stream after every FREE_SYNC_SLICE such frees and at the end of each pass,
- * so the memory is back before a flush or trim returns (sync_frees says what
- * happens when that fails), and no cudaMalloc waits for more than a slice.  W1 then runs at 1.00x the floor; W2 (a host
- * sync every 32 iterations) at 1.19x with slices of 8, 1.25x with 64, 1.29x
- * with one sync a pass.
- *
- * A device without memory pools (cudaDevAttrMemoryPoolsSupported 0) has no
- * cudaFreeAsync: its memory goes back with cudaFree.  A pointer that
- * cudaFreeAsync refuses (memory of another device, say) is freed with
- * cudaFree, which says what is wrong with it if anything is.
- */
-#define FREE_SYNC_SLICE 8
-
-/* Reclaimer only; blocks until the frees on device's stream ran (never on
- * other streams' work).  A sticky error fails the device, and the requests
- * this pass completes hear of it (end_pass): their entries counted released
- * when CUDA took their frees, but the device is gone.  Another error is
- * said once until a sync succeeds, and the frees stay unsynchronized, to be
- * tried again at the next release or pass. */
-static void sync_frees(int device)
-{
-    struct free_stream *f = &rs.free_streams[device];
-    cudaError_t err = cuda_stream_synchronize(f->stream);
-    if (err == cudaSuccess || cuda_error_is_sticky(err)) {
-        f->unsynced = 0;
-        f->sync_failure_said = false;
-    }
-    if (cuda_error_is_sticky(err)) {
-        reclaimer_fail_device(device, "cudaStreamSynchronize", err);
-        rs.pass_sync_failed = true;
-    } else if (err != cudaSuccess && !f->sync_failure_said) {
-        cuda_report_failure("release", "cudaStreamSynchronize", err,
-                            "; device memory given back comes back when a "
-                            "later synchronization succeeds (said once)");
-        f->sync_failure_said = true;
-    }
-}
-
-/* Reclaimer only: where e's device memory is given back with cudaFreeAsync;
- * NULL for cudaFree (Note [Releasing without a drain]).  Asks CUDA once a
- * device whether it has memory pools; never blocks on the GPU. */
-static cudaStream_t release_stream(const struct entry *e)
-{
-    if (e->kind != ENTRY_FREE_DEVICE)
-        return NULL;
-    if (e->pool)
-        return reclaimer_free_stream(e->device);
-    struct free_stream *f = &rs.free_streams[e->device];
-    if (f->async == 0) {
-        bool pools;
-        f->async = cuda_device_has_pools(e->device, &pools) == cudaSuccess &&
-                           pools
-                       ? 1
-                       : -1;
-    }
-    return f->async > 0 ? reclaimer_free_stream(e->device) : NULL;
-}
-
 /* Reclaimer thread only, after a callback ran: the callback may have
  * switched the thread's device, so learn which one is current (a cheap
  * cudaGetDevice) rather than forget it, which cost a cudaSetDevice before
@@ -347,10 +252,8 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         if (e->kind == ENTRY_CALL)
             cuda_clear_last_error();
         struct release_report out = {0};
-        err = release_entry(e, release_stream(e), &out);
-        struct free_stream *f = &rs.free_streams[e->device];
-        if (out.queued > 0 && (f->unsynced += out.queued) >= FREE_SYNC_SLICE)
-            sync_frees(e->device);
+        err = release_entry(e, reclaimer_frees_stream_of(e), &out);
+        reclaimer_frees_queued(e->device, out.queued);
         trace_pop();
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
@@ -611,9 +514,7 @@ static void end_pass(void)
     }
     stats_set(&stats.held, held);
     stats_set(&stats.held_bytes, held_bytes);
-    for (int d = 0; d < rs.ndevices; d++) /* before the requests: back now */
-        if (rs.free_streams[d].unsynced > 0)
-            sync_frees(d);
+    reclaimer_frees_sync(); /* before the requests: the memory back now */
     if (rs.pass_released > 0)
         stats_record_batch(rs.pass_released);
     while (rs.trims != NULL) {
@@ -663,24 +564,12 @@ static void release_cache_blocks(uint64_t now, bool stopping)
             !reclaimer_use_device(d))
             continue;
         trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
-        cudaStream_t async = reclaimer_free_stream(d);
+        cudaStream_t async = reclaimer_frees_stream(d);
         rs.pass_released_bytes +=
             cache_reclaim_release(d, before, async, reclaimer_fail_device);
         if (all) /* the pool's unused memory back to CUDA too */
             rs.pass_released_bytes += cache_upstream_trim(d, async);
         trace_pop();
-    }
-}
-
-static void destroy_free_streams(void)
-{
-    for (int d = 0; d < rs.ndevices; d++) {
-        cudaError_t err;
-        if (rs.free_streams[d].stream != NULL &&
-            device_error(d) == cudaSuccess && reclaimer_use_device(d) &&
-            (err = cuda_stream_destroy(rs.free_streams[d].stream)) !=
-                cudaSuccess)
-            cuda_report_failure("shutdown", "cudaStreamDestroy", err, "");
     }
 }
 
@@ -723,7 +612,7 @@ void *reclaimer_main(void *unused)
         reclaimer_wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);
     }
-    destroy_free_streams();
+    reclaimer_frees_destroy();
     event_pool_destroy_all();
     return NULL;
 }

@@ -99,9 +99,9 @@ struct reclaimer_state {
     struct stream_table streams; /* entries whose work is incomplete */
     uint64_t incomplete;         /* entries in streams */
     struct held_list *held;      /* per device: completed, held by policy */
-    struct free_stream *free_streams; /* per device: the reclaimer's stream
-                                          for cudaFreeAsync (Note [Releasing
-                                          without a drain], reclaimer.c) */
+    /* Per device: the reclaimer's stream for cudaFreeAsync (Note
+     * [Releasing without a drain], reclaimer_frees.c). */
+    struct free_stream *free_streams;
     struct recycle_chains *recycle; /* per device: done entries and events
                                        to give back (event_pool.h) */
     uint64_t next_seq;
@@ -109,7 +109,7 @@ struct reclaimer_state {
     struct request *flushes, *trims, *done_requests;
     uint64_t pass_released, pass_released_bytes;
     bool pass_sync_failed; /* a sync of freed memory met a sticky error in
-                              this pass (sync_frees, reclaimer.c) */
+                              this pass (reclaimer_frees.c) */
     int current_device; /* -1: unknown */
     uint64_t last_activity_ns;
     uint32_t nap_us;
@@ -123,15 +123,28 @@ void reclaimer_take_in(struct entry *e);
 
 /* Reclaimer thread only (reclaimer.c): make device current (false, the
  * device marked failed, if that failed); mark device failed by call's err
- * (the first error wins, said once); the reclaimer's own stream on device
- * for cudaFreeAsync (NULL if none could be made); what the policy sees now. */
+ * (the first error wins, said once); what the policy sees now. */
 bool reclaimer_use_device(int device);
 void reclaimer_fail_device(int device, const char *call, cudaError_t err);
 /* Any thread: the same, said as who's (a synchronous release's). */
 void reclaimer_fail_device_in(const char *who, int device, const char *call,
                               cudaError_t err);
-cudaStream_t reclaimer_free_stream(int device);
 struct policy_view reclaimer_view_now(uint64_t now);
+
+/* Reclaimer thread only (reclaimer_frees.c: Note [Releasing without a
+ * drain]).  The reclaimer's own stream on device, where device memory is
+ * freed with cudaFreeAsync, made on first use (NULL if none could be made:
+ * reported once); the stream e's memory goes back on, or NULL for cudaFree
+ * (asks CUDA once a device whether it has memory pools); n more cudaMalloc
+ * pointers freed on device's stream, synchronized once a slice is full;
+ * every device's stream synchronized where frees wait (end of a pass);
+ * the streams destroyed (shutdown).  Only a synchronize blocks, and only
+ * until the frees on that stream ran. */
+cudaStream_t reclaimer_frees_stream(int device);
+cudaStream_t reclaimer_frees_stream_of(const struct entry *e);
+void reclaimer_frees_queued(int device, unsigned n);
+void reclaimer_frees_sync(void);
+void reclaimer_frees_destroy(void);
 
 /* Reclaimer thread only (reclaimer.c): release one completed entry now
  * (making its device current) and finish it; returns the release's error

@@ -18,7 +18,7 @@ struct release_report {
 
 /* The reclaimer (or a launching thread, in the synchronous fallback), once
  * the entry's work is complete.  async_stream is where device memory is
- * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer.c);
+ * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer_frees.c);
  * NULL frees it with cudaFree.  out, when not NULL, says what was queued on
  * async_stream and which call failed.  Blocks as long as the release does.
  * Returns the first CUDA error (each one already reported); cudaSuccess

@@ -95,9 +95,9 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * whose frees are many.  While releases were cudaFree batches, each of
  * which drained the device, a floor of a quarter GiB cost such a loop of
  * 1 MiB frees 40 % of its run time; with releases on the reclaimer's
- * stream (Note [Releasing without a drain], reclaimer.c) that loop runs at
- * its never-free floor under this one, and smaller floors have not been
- * measured since.  A batch over the cap releases down to half of it: a
+ * stream (Note [Releasing without a drain], reclaimer_frees.c) that loop
+ * runs at its never-free floor under this one, and smaller floors have not
+ * been measured since.  A batch over the cap releases down to half of it: a
  * twelfth of the working set at a time.  The reclaimer asks the device's
  * use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds memory
  * there; max_pending_bytes, when set, is the cap instead. */

@@ -7,7 +7,8 @@
  *   fake_selftest_streams.c  devices, streams, work ordering, events,
  *                            ordering through many waits
  *   fake_selftest_memory.c   allocations, the oracle, handouts (whole
- *                            allocations and blocks of one), pools
+ *                            allocations and blocks of one)
+ *   fake_selftest_async.c    pools, frees in stream order (cudaFreeAsync)
  *   fake_selftest_control.c  failure injection, error strings, reset
  *   fake_selftest_threads.c  concurrency, fork
  * Each group starts with fake_reset and may call fake_oracle_forgive after
@@ -129,6 +130,7 @@ void test_allocations(void);
 void test_oracle(void);
 void test_handout(void);
 void test_handout_ranges(void);
+/* fake_selftest_async.c */
 void test_pools(void);
 void test_pool_frees(void);
 void test_malloc_free_async(void);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* How the reclaimer gives cudaMalloc memory back (Note [Releasing without a
- * drain], src/reclaimer.c): with cudaFreeAsync on its own stream, that
+ * drain], src/reclaimer_frees.c): with cudaFreeAsync on its own stream, that
  * stream synchronized after every 8 such frees and at the end of the pass,
  * so the memory is back when a flush returns; with cudaFree on a device
  * without memory pools; and what a failed synchronize does.  Each scenario
