@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* One request's route, on the calling thread (submit.h): admit, resolve the
- * stream once, choose the route once, take it.  Note [The submit route]. */
+ * stream once, choose the route once, take it.  Note [The submit route].
+ * This file holds the common path, from admit to leave, as one unit for
+ * the compiler to inline; the synchronous release is in submit_sync.c, the
+ * group route in submit_group.c, what the three share in submit_route.h. */
 #include "submit.h"
+#include "submit_route.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,34 +87,6 @@
  * so that defer_trim can release it once its own work is done.
  */
 
-/* The streams of a group: those the call named, then those its blocks were
- * recorded on (users[i]: streams[i]'s device for a special handle). */
-struct group_streams {
-    cudaStream_t streams[SUBMIT_MAX_STREAMS];
-    struct block_user users[SUBMIT_MAX_STREAMS];
-};
-
-/* What a request waits for, resolved once (resolve_one, resolve_group):
- * what choose_route reads and the routes use.  On the caller's stack. */
-struct target {
-    cudaStream_t handle;         /* the caller's stream */
-    const cudaStream_t *streams; /* the streams waited for: &handle, or a
-                                    group's */
-    const struct block_user *users; /* a group's; NULL for one stream */
-    size_t n;                    /* how many streams */
-    int current;    /* the caller's current device; -1: not known */
-    bool disabled;  /* CUDEFER_DISABLE: release synchronously */
-    bool batch;     /* may join a free batch: capture not checked yet */
-    bool capturing; /* the streams capture into a graph */
-    bool group;     /* a group: one entry per stream */
-    bool cached;    /* device and id are from this thread's cache */
-    int device;     /* the stream's device and id, once identified */
-    unsigned long long id;
-    struct block_free_plan plan; /* a single block's free: the cache's
-                                    plan (BLOCK_NOT_OURS: none) */
-    struct cuda_switch sw;     /* a group's: the caller's device */
-};
-
 /* The routes, one function each (take_route). */
 enum route {
     ROUTE_REFUSED,     /* the cache refuses the pointer */
@@ -121,15 +96,6 @@ enum route {
     ROUTE_BATCHED,     /* a parked block joins its device's free batch */
     ROUTE_BLOCK,       /* a block freed on its stream: ENTRY_BLOCK */
     ROUTE_ENTRY,       /* an entry and its event on the stream */
-};
-
-/* Why no entry could be made: the error, the call that failed, and
- * whether it was the event or the entry that could not be had (then the
- * request is released synchronously instead of refused). */
-struct failure {
-    cudaError_t err;
-    const char *call;
-    bool no_event;
 };
 
 /* Any thread; never blocks (submit.h). */
@@ -146,7 +112,7 @@ cudaError_t submit_reject(const char *what, const char *call, cudaError_t err)
 /* Any thread: the identity of stream looked up afresh, a cached one having
  * proved stale (Note [Stale identity]).  Never blocks.  cudaSuccess or the
  * look-up's error, *failed naming the call. */
-static cudaError_t identify_again(cudaStream_t stream, int *device,
+cudaError_t submit_identify_again(cudaStream_t stream, int *device,
                                   unsigned long long *id, const char **failed)
 {
     bool cached;
@@ -166,7 +132,8 @@ static cudaError_t usable(cudaStream_t stream, int *device,
     cudaError_t err = lifecycle_device_error(*device);
     if (err != cudaSuccess && *cached) {
         *cached = false;
-        if ((err = identify_again(stream, device, id, failed)) != cudaSuccess)
+        if ((err = submit_identify_again(stream, device, id, failed)) !=
+            cudaSuccess)
             return err;
         err = lifecycle_device_error(*device);
     }
@@ -178,7 +145,7 @@ static cudaError_t usable(cudaStream_t stream, int *device,
 /* Any thread: device and id of stream on a device that has not failed
  * (exact and current: stream_identity_lookup_on).  Never blocks.
  * cudaSuccess, or the error with *failed naming it. */
-static cudaError_t identify_usable(cudaStream_t stream, bool exact,
+cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
                                    int current, int *device,
                                    unsigned long long *id, bool *cached,
                                    const char **failed)
@@ -191,16 +158,6 @@ static cudaError_t identify_usable(cudaStream_t stream, bool exact,
 
 /* ---- entries ------------------------------------------------------------ */
 
-/* Any thread: whether the free a asks for claimed any block (then its
- * entry carries the claims). */
-static bool any_claimed(const struct request_args *a)
-{
-    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++)
-        if (a->claims[i].block != NULL)
-            return true;
-    return false;
-}
-
 /* Any thread: copies a's pointers and claims into e (arrays, owned by e,
  * only for several).  Blocks only in malloc.  False when out of memory
  * (e then carries none). */
@@ -209,10 +166,10 @@ static bool set_pointers(struct entry *e, const struct request_args *a)
     e->nptrs = a->nptrs;
     e->ptrs = &e->one_ptr;
     e->claims = NULL;
-    if (any_claimed(a) && a->nptrs == 1) {
+    if (submit_any_claimed(a) && a->nptrs == 1) {
         e->one_claim = a->claims[0];
         e->claims = &e->one_claim;
-    } else if (any_claimed(a)) {
+    } else if (submit_any_claimed(a)) {
         e->claims = malloc(a->nptrs * sizeof *e->claims);
         if (e->claims == NULL) {
             e->nptrs = 0;
@@ -243,9 +200,10 @@ static bool set_pointers(struct entry *e, const struct request_args *a)
  * or NULL with f->err and f->call, and f->no_event set when it was the
  * event or the entry that could not be had (f->no_event is never cleared
  * here). */
-static struct entry *record(const struct request_args *a, cudaStream_t stream,
-                            int device, unsigned long long id,
-                            enum lane_share lane, struct failure *f)
+struct entry *submit_record(const struct request_args *a,
+                            cudaStream_t stream, int device,
+                            unsigned long long id, enum lane_share lane,
+                            struct failure *f)
 {
     struct lane_pick pick;
     if ((f->err = stream_lane_pick(device, id, lane, &pick, &f->call)) !=
@@ -284,7 +242,7 @@ static struct entry *record(const struct request_args *a, cudaStream_t stream,
 /* Any thread: a recorded entry that will not be pushed after all: its
  * reference to its event goes, and it goes back to the pool.  Never
  * blocks. */
-static void discard_recorded(struct entry *e)
+void submit_discard_recorded(struct entry *e)
 {
     release_forget_pointers(e);
     stream_lane_uncommit(e);
@@ -294,32 +252,32 @@ static void discard_recorded(struct entry *e)
 /* Any thread, admitted: the first record on t's stream failed (f): when
  * t's identity was cached and the stream's handle is unknown now, the
  * identity may be stale: looked up afresh and recorded once more.  Never
- * blocks but as record may.  The entry, or NULL as record says
- * (f->no_event cleared when the fresh look-up failed: a refusal). */
+ * blocks but as submit_record may.  The entry, or NULL as submit_record
+ * says (f->no_event cleared when the fresh look-up failed: a refusal). */
 static struct entry *record_again(const struct request_args *a,
                                   struct target *t, enum lane_share lane,
                                   struct failure *f)
 {
     if (!t->cached || f->err != cudaErrorInvalidResourceHandle)
         return NULL;
-    if ((f->err = identify_again(t->handle, &t->device, &t->id, &f->call)) !=
-        cudaSuccess) {
+    if ((f->err = submit_identify_again(t->handle, &t->device, &t->id,
+                                        &f->call)) != cudaSuccess) {
         f->no_event = false;
         return NULL;
     }
-    return record(a, t->handle, t->device, t->id, lane, f);
+    return submit_record(a, t->handle, t->device, t->id, lane, f);
 }
 
-/* Any thread, admitted: a's entry recorded on t's stream (record), once
- * more after a stale cached identity (Note [Stale identity]; t's device
- * and id are then the fresh ones).  Never blocks but as record may.  The
- * entry, or NULL as record says (f->no_event cleared when the fresh
- * look-up failed: a refusal). */
+/* Any thread, admitted: a's entry recorded on t's stream (submit_record),
+ * once more after a stale cached identity (Note [Stale identity]; t's
+ * device and id are then the fresh ones).  Never blocks but as
+ * submit_record may.  The entry, or NULL as submit_record says
+ * (f->no_event cleared when the fresh look-up failed: a refusal). */
 static inline struct entry *record_on(const struct request_args *a,
                                       struct target *t, enum lane_share lane,
                                       struct failure *f)
 {
-    struct entry *e = record(a, t->handle, t->device, t->id, lane, f);
+    struct entry *e = submit_record(a, t->handle, t->device, t->id, lane, f);
     return e != NULL ? e : record_again(a, t, lane, f);
 }
 
@@ -330,121 +288,6 @@ static cudaError_t push(struct entry *e)
     stats_count_deferred();
     lifecycle_push(e);
     return cudaSuccess;
-}
-
-/* ---- the synchronous release -------------------------------------------- */
-
-/* Any thread, admitted: a callback whose stream the caller has just
- * synchronized, when no event could be had: queued in its stream's FIFO
- * with no event, so that it runs on the reclaimer thread after the
- * stream's earlier callbacks, and waited for, so that it has run when the
- * call returns, as a synchronous release has.  Blocks until it ran.  False
- * when it could not be queued (the caller runs it). */
-static bool queue_synced_call(const struct request_args *a,
-                              cudaStream_t stream)
-{
-    int device;
-    unsigned long long id;
-    bool cached;
-    const char *call;
-    if (stream_identity_lookup(stream, true, &device, &id, &cached, &call) !=
-        cudaSuccess)
-        return false;
-    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
-    if (e == NULL)
-        return false;
-    e->kind = ENTRY_CALL;
-    e->device = device;
-    e->stream_id = id;
-    e->synced = true;
-    e->fn = a->fn;
-    e->arg = a->arg;
-    e->ptrs = &e->one_ptr;
-    e->group_remaining = 1;
-    e->group_err = cudaSuccess;
-    stats_count_deferred();
-    stats_add(&stats.sync_releases, 1);
-    lifecycle_push_and_wait(e);
-    return true;
-}
-
-/* Any thread, admitted: wait for stream (and the streams a's blocks were
- * recorded on) here and release at once.  Blocks.  Callbacks run on the
- * calling thread, but for one that can be queued behind its stream's
- * earlier callbacks (queue_synced_call).  The stream is looked up first,
- * as for any route that uses it: a device that failed refuses the call
- * before any wait.  Memory is released with its device current, as the
- * reclaimer releases it, so that a sticky error the release meets is that
- * device's: it fails the device, said once with its number.  Returns
- * cudaSuccess once accepted (a failed release is counted and reported),
- * else the refusal. */
-static cudaError_t release_synchronously(const struct request_args *a,
-                                         cudaStream_t stream)
-{
-    int device;
-    unsigned long long id;
-    bool cached;
-    const char *call = NULL;
-    cudaError_t err = identify_usable(stream, true, -1, &device, &id, &cached,
-                                      &call);
-    if (err != cudaSuccess)
-        return submit_reject(a->what, call, err);
-    if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
-        return submit_reject(a->what, "cudaStreamSynchronize", err);
-    struct block_user recorded[SUBMIT_MAX_STREAMS];
-    size_t nrec = cache_users_of_free(a, recorded);
-    if (nrec > SUBMIT_MAX_STREAMS) { /* only so many could be waited for */
-        stats_add(&stats.rejected, 1);
-        report("%s: its blocks were recorded on more than 64 streams: "
-               "refused", a->what);
-        return cudaErrorInvalidValue;
-    }
-    struct cuda_switch sw = CUDA_SWITCH_NONE;
-    const char *failed = "cudaStreamSynchronize";
-    for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
-            cudaSuccess)
-            err = cuda_stream_synchronize(recorded[i].handle);
-    cuda_switch_back(&sw, a->what);
-    if (err != cudaSuccess)
-        return submit_reject(a->what, failed, err);
-    if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
-        queue_synced_call(a, stream))
-        return cudaSuccess;
-    struct entry e = {.kind = a->kind, .device = device, .fn = a->fn,
-                      .arg = a->arg, .nptrs = a->nptrs,
-                      .ptrs = (void **)a->ptrs,
-                      .claims = any_claimed(a) ? a->claims : NULL};
-    stats_count_deferred();
-    stats_add(&stats.sync_releases, 1);
-    /* Memory is released on its device; where the switch fails, on the
-     * caller's instead. */
-    struct cuda_switch to_device = CUDA_SWITCH_NONE;
-    if (a->kind != ENTRY_CALL)
-        cuda_switch_device(&to_device, device, NULL);
-    err = release_entry(&e, NULL, NULL);
-    cuda_switch_back(&to_device, a->what);
-    stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
-    if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
-        lifecycle_fail_device(a->what, device,
-                              a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
-                                                         : "cudaFree",
-                              err);
-    return cudaSuccess; /* accepted; a failed release is counted, reported */
-}
-
-/* Any thread, admitted: no entry could be made for a on t's stream (f).
- * Without an event, wait for the stream and release here (blocks); else
- * the refusal.  Returns what release_synchronously or submit_reject
- * does. */
-static cudaError_t no_entry(const struct request_args *a,
-                            const struct target *t, const struct failure *f)
-{
-    if (!f->no_event)
-        return submit_reject(a->what, f->call, f->err);
-    cuda_report_failure(a->what, f->call, f->err,
-                "; waiting for the stream and releasing synchronously");
-    return release_synchronously(a, t->handle);
 }
 
 /* ---- resolving ---------------------------------------------------------- */
@@ -462,17 +305,6 @@ static void target_init(struct target *t, const struct request_args *a,
     t->batch = t->capturing = t->group = t->cached = false;
     t->plan = (struct block_free_plan){.path = BLOCK_NOT_OURS};
     t->sw = CUDA_SWITCH_NONE;
-}
-
-/* Any thread, admitted: the capture check of t's streams (Note [Capture
- * check]): one cudaStreamIsCapturing a stream, never blocks.  cudaSuccess
- * (t->capturing says), or the refusal. */
-static cudaError_t check_capture(const struct request_args *a,
-                                 struct target *t)
-{
-    const char *call = NULL;
-    cudaError_t err = capture_status(t->streams, t->n, &t->capturing, &call);
-    return err == cudaSuccess ? err : submit_reject(a->what, call, err);
 }
 
 /* Any thread, admitted: whether a, a free of one block of the cache on the
@@ -542,42 +374,6 @@ static void plan_block(struct request_args *a, struct target *t,
                a->said_device);
 }
 
-/* Any thread, admitted: a's streams gathered into *t (a group, in g): the
- * given[0..n), then those its blocks were recorded on, each once, then
- * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
- * than SUBMIT_MAX_STREAMS in all). */
-static cudaError_t resolve_group(const struct request_args *a,
-                                 const cudaStream_t *given, size_t n,
-                                 struct group_streams *g, struct target *t)
-{
-    for (size_t i = 0; i < n; i++) {
-        g->streams[i] = given[i];
-        g->users[i] = (struct block_user){given[i], 0, -1};
-    }
-    struct block_user recorded[SUBMIT_MAX_STREAMS];
-    size_t nrec = cache_users_of_free(a, recorded);
-    for (size_t i = 0; i < nrec; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < n && !seen && i < SUBMIT_MAX_STREAMS; j++)
-            seen = cache_user_same(&recorded[i], &g->users[j], &t->sw);
-        if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS)) {
-            stats_add(&stats.rejected, 1);
-            report("%s: with the streams its blocks were recorded on, more "
-                   "than 64 streams: refused", a->what);
-            return cudaErrorInvalidValue;
-        }
-        if (!seen) {
-            g->users[n] = recorded[i];
-            g->streams[n++] = recorded[i].handle;
-        }
-    }
-    t->streams = g->streams;
-    t->users = g->users;
-    t->n = n;
-    t->group = true;
-    return check_capture(a, t);
-}
-
 /* Any thread, admitted: a's stream resolved into *t (Note [The submit
  * route]), g the room for a group's streams.  Blocks of a's free are
  * claimed here (*claimed: the caller gives them back on a refusal), before
@@ -592,7 +388,7 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
     target_init(t, a, stream);
     cudaError_t err = find_batch(a, t);
     if (err == cudaSuccess && !t->batch)
-        err = check_capture(a, t);
+        err = submit_check_capture(a, t);
     if (err != cudaSuccess)
         return err;
     if ((a->nptrs != 1 || t->capturing || t->disabled) &&
@@ -601,7 +397,7 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
     if (t->capturing || t->disabled) /* their routes ask no more */
         return cudaSuccess;
     if (a->nptrs > 1 && *claimed && cache_users_of_free(a, NULL) > 0)
-        return resolve_group(a, &t->handle, 1, g, t);
+        return submit_group_resolve(a, &t->handle, 1, g, t);
     if ((err = identify(a, t)) != cudaSuccess)
         return err;
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL)
@@ -609,17 +405,17 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
     bool refused = t->plan.path == BLOCK_NOT_LIVE ||
                    t->plan.path == BLOCK_INSIDE;
     if (t->batch && !refused && !t->plan.parked &&
-        (err = check_capture(a, t)) != cudaSuccess)
+        (err = submit_check_capture(a, t)) != cudaSuccess)
         return err;
     if (t->plan.path == BLOCK_AFTER_STREAMS)
-        return resolve_group(a, &t->handle, 1, g, t);
+        return submit_group_resolve(a, &t->handle, 1, g, t);
     return cudaSuccess;
 }
 
 /* Any thread, admitted: the group streams[0..n) resolved into *t: every
  * block of a's free claimed first (*claimed: the caller gives them back on
- * a refusal), then resolve_group.  Never blocks.  cudaSuccess, or the
- * refusal. */
+ * a refusal), then submit_group_resolve.  Never blocks.  cudaSuccess, or
+ * the refusal. */
 static cudaError_t resolve_streams(struct request_args *a,
                                    const cudaStream_t *streams, size_t n,
                                    struct group_streams *g, struct target *t,
@@ -627,7 +423,8 @@ static cudaError_t resolve_streams(struct request_args *a,
 {
     target_init(t, a, streams[0]);
     cudaError_t err = cache_claim_all(a, claimed);
-    return err == cudaSuccess ? resolve_group(a, streams, n, g, t) : err;
+    return err == cudaSuccess ? submit_group_resolve(a, streams, n, g, t)
+                              : err;
 }
 
 /* ---- the route ---------------------------------------------------------- */
@@ -718,89 +515,6 @@ static cudaError_t route_captured(const struct request_args *a,
                               : submit_reject(a->what, call, err);
 }
 
-/* Any thread, admitted: ROUTE_SYNCHRONOUS: a group's other streams waited
- * for first (each on its device), then release_synchronously on the
- * first.  Blocks.  Returns as release_synchronously does. */
-static cudaError_t route_synchronous(const struct request_args *a,
-                                     struct target *t)
-{
-    cudaError_t err = cudaSuccess;
-    const char *failed = "cudaStreamSynchronize";
-    for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
-        if ((err = cache_user_enter(&t->users[i], &t->sw, &failed)) ==
-            cudaSuccess)
-            err = cuda_stream_synchronize(t->streams[i]);
-    cuda_switch_back(&t->sw, a->what);
-    if (err != cudaSuccess)
-        return submit_reject(a->what, failed, err);
-    return release_synchronously(a, t->streams[0]);
-}
-
-/* Any thread, admitted: part (a, or a member) of a group recorded on t's
- * stream i, on the device a recorded special handle named.  Callbacks look
- * their streams up exactly (their order per stream).  A stale cached
- * identity is looked up afresh once (Note [Stale identity]).  Never
- * blocks.  The entry, or NULL with f->err and f->call. */
-static struct entry *record_part(const struct request_args *a,
-                                 const struct request_args *part,
-                                 struct target *t, size_t i,
-                                 enum lane_share lane, struct failure *f)
-{
-    int device;
-    unsigned long long id;
-    bool cached = false;
-    cudaStream_t stream = t->streams[i];
-    if ((f->err = cache_user_enter(&t->users[i], &t->sw, &f->call)) !=
-            cudaSuccess ||
-        (f->err = identify_usable(stream, a->kind == ENTRY_CALL, -1, &device,
-                                  &id, &cached, &f->call)) != cudaSuccess)
-        return NULL;
-    struct entry *e = record(part, stream, device, id, lane, f);
-    if (e != NULL || !cached || f->err != cudaErrorInvalidResourceHandle)
-        return e;
-    if ((f->err = identify_again(stream, &device, &id, &f->call)) !=
-        cudaSuccess)
-        return NULL;
-    if ((f->err = lifecycle_device_error(device)) != cudaSuccess) {
-        f->call = "an earlier CUDA call on this device";
-        return NULL;
-    }
-    return record(part, stream, device, id, lane, f);
-}
-
-/* Any thread, admitted: ROUTE_GROUP: one entry per stream of t, all
- * recorded before any is pushed, so that a failure leaves nothing behind.
- * The first stream's entry is the payload; the others are members that
- * count down the payload's group.  Never blocks.  cudaSuccess, or the
- * refusal. */
-static cudaError_t route_group(const struct request_args *a, struct target *t)
-{
-    struct entry *parts[SUBMIT_MAX_STREAMS] = {NULL};
-    struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
-    enum lane_share lane = stream_lane_share_of(a->kind); /* the group's */
-    struct failure f = {cudaSuccess, NULL, false};
-    size_t made = 0;
-    while (made < t->n &&
-           (parts[made] = record_part(a, made == 0 ? a : &member, t, made,
-                                      lane, &f)) != NULL)
-        made++;
-    cuda_switch_back(&t->sw, a->what);
-    if (made < t->n) {
-        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
-            discard_recorded(parts[made]);
-        return submit_reject(a->what, f.call, f.err);
-    }
-    parts[0]->group_remaining = (uint32_t)t->n;
-    for (size_t i = 1; i < t->n; i++)
-        parts[i]->group = parts[0];
-    stats_count_deferred();
-    /* Any order would do: the payload completes only once every part has,
-     * whichever the reclaimer takes in first. */
-    for (size_t i = t->n; i-- > 0;)
-        lifecycle_push(parts[i]);
-    return cudaSuccess;
-}
-
 /* Any thread, admitted: ROUTE_BATCHED: the block, parked by its plan, adds
  * its claim to its device's free batch; no event of its own.  Blocks only
  * where free_batch_add does.  Returns cudaSuccess. */
@@ -815,8 +529,8 @@ static cudaError_t route_batched(const struct request_args *a,
 /* Any thread, admitted: ROUTE_BLOCK: an ENTRY_BLOCK recorded on t's stream
  * in a lane that shares events, then the block parked (PENDING on the
  * stream: reusable there at once).  Note [Stale identity] for an entry on
- * another device.  Never blocks but as no_entry may.  cudaSuccess, or the
- * refusal. */
+ * another device.  Never blocks but as submit_sync_no_entry may.  cudaSuccess,
+ * or the refusal. */
 static cudaError_t route_block(const struct request_args *a, struct target *t)
 {
     struct request_args block = *a;
@@ -825,14 +539,14 @@ static cudaError_t route_block(const struct request_args *a, struct target *t)
     struct entry *e = record_on(&block, t, stream_lane_share_of(ENTRY_BLOCK),
                                 &f);
     if (e != NULL && e->device != t->plan.device) {
-        discard_recorded(e);
+        submit_discard_recorded(e);
         block.kind = ENTRY_FREE_DEVICE;
-        e = record(&block, t->handle, t->device, t->id, LANE_SOLO, &f);
+        e = submit_record(&block, t->handle, t->device, t->id, LANE_SOLO, &f);
     }
     if (e == NULL)
-        return no_entry(&block, t, &f);
+        return submit_sync_no_entry(&block, t, &f);
     if (e->kind == ENTRY_BLOCK && !cache_park(&t->plan, t->id)) {
-        discard_recorded(e);
+        submit_discard_recorded(e);
         return cache_refuse_freed(&block, block.ptrs[0]);
     }
     return push(e);
@@ -841,12 +555,12 @@ static cudaError_t route_block(const struct request_args *a, struct target *t)
 /* Any thread, admitted: ROUTE_ENTRY: an entry recorded on t's stream
  * (callbacks in a lane that shares events; other frees in one that does
  * not: defer_trim releases a free once its own work is done).  Never
- * blocks but as no_entry may.  cudaSuccess, or the refusal. */
+ * blocks but as submit_sync_no_entry may.  cudaSuccess, or the refusal. */
 static cudaError_t route_entry(const struct request_args *a, struct target *t)
 {
     struct failure f = {cudaSuccess, NULL, false};
     struct entry *e = record_on(a, t, stream_lane_share_of(a->kind), &f);
-    return e != NULL ? push(e) : no_entry(a, t, &f);
+    return e != NULL ? push(e) : submit_sync_no_entry(a, t, &f);
 }
 
 /* Any thread, admitted: takes the route choose_route picks for t.  Blocks
@@ -859,9 +573,9 @@ static cudaError_t take_route(struct request_args *a, struct target *t)
     case ROUTE_CAPTURED:
         return route_captured(a, t);
     case ROUTE_SYNCHRONOUS:
-        return route_synchronous(a, t);
+        return submit_sync_route(a, t);
     case ROUTE_GROUP:
-        return route_group(a, t);
+        return submit_group_route(a, t);
     case ROUTE_BATCHED:
         return route_batched(a, t);
     case ROUTE_BLOCK:

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/* The group route (submit_route.h): one entry per stream, all recorded
+ * before any is pushed, for the *_streams calls and for blocks recorded on
+ * other streams; the group's streams gathered first.  Note [The submit
+ * route], submit.c. */
+#include "submit_route.h"
+
+#include <stdint.h>
+
+#include "cache.h"
+#include "cuda.h"
+#include "entry.h"
+#include "lifecycle.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_lane.h"
+
+/* Any thread, admitted: a's streams gathered into *t (a group, in g): the
+ * given[0..n), then those its blocks were recorded on, each once, then
+ * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
+ * than SUBMIT_MAX_STREAMS in all). */
+cudaError_t submit_group_resolve(const struct request_args *a,
+                                 const cudaStream_t *given, size_t n,
+                                 struct group_streams *g, struct target *t)
+{
+    for (size_t i = 0; i < n; i++) {
+        g->streams[i] = given[i];
+        g->users[i] = (struct block_user){given[i], 0, -1};
+    }
+    struct block_user recorded[SUBMIT_MAX_STREAMS];
+    size_t nrec = cache_users_of_free(a, recorded);
+    for (size_t i = 0; i < nrec; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < n && !seen && i < SUBMIT_MAX_STREAMS; j++)
+            seen = cache_user_same(&recorded[i], &g->users[j], &t->sw);
+        if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS)) {
+            stats_add(&stats.rejected, 1);
+            report("%s: with the streams its blocks were recorded on, more "
+                   "than 64 streams: refused", a->what);
+            return cudaErrorInvalidValue;
+        }
+        if (!seen) {
+            g->users[n] = recorded[i];
+            g->streams[n++] = recorded[i].handle;
+        }
+    }
+    t->streams = g->streams;
+    t->users = g->users;
+    t->n = n;
+    t->group = true;
+    return submit_check_capture(a, t);
+}
+
+/* Any thread, admitted: part (a, or a member) of a group recorded on t's
+ * stream i, on the device a recorded special handle named.  Callbacks look
+ * their streams up exactly (their order per stream).  A stale cached
+ * identity is looked up afresh once (Note [Stale identity], submit.c).  Never
+ * blocks.  The entry, or NULL with f->err and f->call. */
+static struct entry *record_part(const struct request_args *a,
+                                 const struct request_args *part,
+                                 struct target *t, size_t i,
+                                 enum lane_share lane, struct failure *f)
+{
+    int device;
+    unsigned long long id;
+    bool cached = false;
+    cudaStream_t stream = t->streams[i];
+    if ((f->err = cache_user_enter(&t->users[i], &t->sw, &f->call)) !=
+            cudaSuccess ||
+        (f->err = submit_identify_usable(stream, a->kind == ENTRY_CALL, -1,
+                                         &device, &id, &cached, &f->call)) !=
+            cudaSuccess)
+        return NULL;
+    struct entry *e = submit_record(part, stream, device, id, lane, f);
+    if (e != NULL || !cached || f->err != cudaErrorInvalidResourceHandle)
+        return e;
+    if ((f->err = submit_identify_again(stream, &device, &id, &f->call)) !=
+        cudaSuccess)
+        return NULL;
+    if ((f->err = lifecycle_device_error(device)) != cudaSuccess) {
+        f->call = "an earlier CUDA call on this device";
+        return NULL;
+    }
+    return submit_record(part, stream, device, id, lane, f);
+}
+
+/* Any thread, admitted: ROUTE_GROUP: one entry per stream of t, all
+ * recorded before any is pushed, so that a failure leaves nothing behind.
+ * The first stream's entry is the payload; the others are members that
+ * count down the payload's group.  Never blocks.  cudaSuccess, or the
+ * refusal. */
+cudaError_t submit_group_route(const struct request_args *a,
+                               struct target *t)
+{
+    struct entry *parts[SUBMIT_MAX_STREAMS] = {NULL};
+    struct request_args member = {.what = a->what, .kind = ENTRY_MEMBER};
+    enum lane_share lane = stream_lane_share_of(a->kind); /* the group's */
+    struct failure f = {cudaSuccess, NULL, false};
+    size_t made = 0;
+    while (made < t->n &&
+           (parts[made] = record_part(a, made == 0 ? a : &member, t, made,
+                                      lane, &f)) != NULL)
+        made++;
+    cuda_switch_back(&t->sw, a->what);
+    if (made < t->n) {
+        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
+            submit_discard_recorded(parts[made]);
+        return submit_reject(a->what, f.call, f.err);
+    }
+    parts[0]->group_remaining = (uint32_t)t->n;
+    for (size_t i = 1; i < t->n; i++)
+        parts[i]->group = parts[0];
+    stats_count_deferred();
+    /* Any order would do: the payload completes only once every part has,
+     * whichever the reclaimer takes in first. */
+    for (size_t i = t->n; i-- > 0;)
+        lifecycle_push(parts[i]);
+    return cudaSuccess;
+}

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: MIT */
+/* The synchronous release (submit_route.h): a request's streams waited for
+ * on the calling thread and its memory or callback released there, for
+ * ROUTE_SYNCHRONOUS (CUDEFER_DISABLE) and for a request that could have no
+ * event.  Note [The submit route], submit.c. */
+#include "submit_route.h"
+
+#include <stdlib.h>
+
+#include "cache.h"
+#include "cuda.h"
+#include "entry.h"
+#include "lifecycle.h"
+#include "release.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_identity.h"
+
+/* Any thread, admitted: a callback whose stream the caller has just
+ * synchronized, when no event could be had: queued in its stream's FIFO
+ * with no event, so that it runs on the reclaimer thread after the
+ * stream's earlier callbacks, and waited for, so that it has run when the
+ * call returns, as a synchronous release has.  Blocks until it ran.  False
+ * when it could not be queued (the caller runs it). */
+static bool queue_synced_call(const struct request_args *a,
+                              cudaStream_t stream)
+{
+    int device;
+    unsigned long long id;
+    bool cached;
+    const char *call;
+    if (stream_identity_lookup(stream, true, &device, &id, &cached, &call) !=
+        cudaSuccess)
+        return false;
+    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
+    if (e == NULL)
+        return false;
+    e->kind = ENTRY_CALL;
+    e->device = device;
+    e->stream_id = id;
+    e->synced = true;
+    e->fn = a->fn;
+    e->arg = a->arg;
+    e->ptrs = &e->one_ptr;
+    e->group_remaining = 1;
+    e->group_err = cudaSuccess;
+    stats_count_deferred();
+    stats_add(&stats.sync_releases, 1);
+    lifecycle_push_and_wait(e);
+    return true;
+}
+
+/* Any thread, admitted: wait for stream (and the streams a's blocks were
+ * recorded on) here and release at once.  Blocks.  Callbacks run on the
+ * calling thread, but for one that can be queued behind its stream's
+ * earlier callbacks (queue_synced_call).  The stream is looked up first,
+ * as for any route that uses it: a device that failed refuses the call
+ * before any wait.  Memory is released with its device current, as the
+ * reclaimer releases it, so that a sticky error the release meets is that
+ * device's: it fails the device, said once with its number.  Returns
+ * cudaSuccess once accepted (a failed release is counted and reported),
+ * else the refusal. */
+static cudaError_t release_synchronously(const struct request_args *a,
+                                         cudaStream_t stream)
+{
+    int device;
+    unsigned long long id;
+    bool cached;
+    const char *call = NULL;
+    cudaError_t err = submit_identify_usable(stream, true, -1, &device, &id,
+                                             &cached, &call);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, call, err);
+    if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
+        return submit_reject(a->what, "cudaStreamSynchronize", err);
+    struct block_user recorded[SUBMIT_MAX_STREAMS];
+    size_t nrec = cache_users_of_free(a, recorded);
+    if (nrec > SUBMIT_MAX_STREAMS) { /* only so many could be waited for */
+        stats_add(&stats.rejected, 1);
+        report("%s: its blocks were recorded on more than 64 streams: "
+               "refused", a->what);
+        return cudaErrorInvalidValue;
+    }
+    struct cuda_switch sw = CUDA_SWITCH_NONE;
+    const char *failed = "cudaStreamSynchronize";
+    for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
+        if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
+            cudaSuccess)
+            err = cuda_stream_synchronize(recorded[i].handle);
+    cuda_switch_back(&sw, a->what);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, failed, err);
+    if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
+        queue_synced_call(a, stream))
+        return cudaSuccess;
+    struct entry e = {.kind = a->kind, .device = device, .fn = a->fn,
+                      .arg = a->arg, .nptrs = a->nptrs,
+                      .ptrs = (void **)a->ptrs,
+                      .claims = submit_any_claimed(a) ? a->claims : NULL};
+    stats_count_deferred();
+    stats_add(&stats.sync_releases, 1);
+    /* Memory is released on its device; where the switch fails, on the
+     * caller's instead. */
+    struct cuda_switch to_device = CUDA_SWITCH_NONE;
+    if (a->kind != ENTRY_CALL)
+        cuda_switch_device(&to_device, device, NULL);
+    err = release_entry(&e, NULL, NULL);
+    cuda_switch_back(&to_device, a->what);
+    stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
+        lifecycle_fail_device(a->what, device,
+                              a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
+                                                         : "cudaFree",
+                              err);
+    return cudaSuccess; /* accepted; a failed release is counted, reported */
+}
+
+/* Any thread, admitted: no entry could be made for a on t's stream (f).
+ * Without an event, wait for the stream and release here (blocks); else
+ * the refusal.  Returns what release_synchronously or submit_reject
+ * does. */
+cudaError_t submit_sync_no_entry(const struct request_args *a,
+                                 const struct target *t,
+                                 const struct failure *f)
+{
+    if (!f->no_event)
+        return submit_reject(a->what, f->call, f->err);
+    cuda_report_failure(a->what, f->call, f->err,
+                "; waiting for the stream and releasing synchronously");
+    return release_synchronously(a, t->handle);
+}
+
+/* Any thread, admitted: ROUTE_SYNCHRONOUS: a group's other streams waited
+ * for first (each on its device), then release_synchronously on the
+ * first.  Blocks.  Returns as release_synchronously does. */
+cudaError_t submit_sync_route(const struct request_args *a, struct target *t)
+{
+    cudaError_t err = cudaSuccess;
+    const char *failed = "cudaStreamSynchronize";
+    for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
+        if ((err = cache_user_enter(&t->users[i], &t->sw, &failed)) ==
+            cudaSuccess)
+            err = cuda_stream_synchronize(t->streams[i]);
+    cuda_switch_back(&t->sw, a->what);
+    if (err != cudaSuccess)
+        return submit_reject(a->what, failed, err);
+    return release_synchronously(a, t->streams[0]);
+}
