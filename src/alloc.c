@@ -334,7 +334,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         err = refuse("defer_record_stream", "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
-    else if ((err = cache_user_add(
+    else if ((err = cache_users_add(
                   ptr, &(struct block_user){stream, id, device})) !=
              cudaSuccess)
         stats_add(&stats.rejected, 1);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The block cache's launching side (cache.h says which file holds what):
- * the per-device state, start and shutdown; take and add; a free's plan,
- * claim and park; a block's users; a request's claims and their refusals;
- * stale blocks; the tests' view.  The reclaimer side is cache_reclaim.c. */
+/* The block cache's devices (cache.h says which file holds what): the
+ * per-device state and its streams' bins, start and shutdown; take and
+ * add; the look-ups under a device's lock and a free's parking, which
+ * cache_claim.c and cache_users.c build on; stale blocks; the tests' view.
+ * The reclaimer side is cache_reclaim.c. */
 #define _GNU_SOURCE /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include "cache.h"
 
@@ -11,14 +12,10 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cache_block.h"
-#include "cuda.h"
 #include "report.h"
-#include "request_args.h"
 #include "stats.h"
-#include "stream_identity.h"
 
 _Static_assert(BLOCK_MAX_USERS <= UINT8_MAX, "nusers is a uint8_t");
 _Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
@@ -433,13 +430,9 @@ void cache_forget(struct cache_block *b)
     free(b);
 }
 
-/* ---- a free's claim ----------------------------------------------------- */
+/* ---- look-ups and parking --------------------------------------------- */
 
-/* Any thread, once the exact look-up of ptr missed (never before: a live
- * block's free must not pay for it).  Whether ptr lies in a segment of any
- * device's cache; then *live says whether the block holding it is the
- * application's.  Takes each device's mutex in turn. */
-static bool inside_segment(const void *ptr, bool *live)
+bool cache_inside_segment(const void *ptr, bool *live)
 {
     for (int d = 0; d < set.ncaches; d++) {
         struct device_cache *c = cache_of(d);
@@ -454,17 +447,8 @@ static bool inside_segment(const void *ptr, bool *live)
     return false;
 }
 
-bool cache_inside_live(const void *ptr)
-{
-    bool live = false;
-    return inside_segment(ptr, &live) && live;
-}
-
-/* Any thread, under the device's lock: b, claimed (FREEING) by a free on
- * stream_id, becomes PENDING on that stream, named by the free's entry or
- * batch. */
-static void park_locked(struct device_cache *c, struct cache_block *b,
-                        unsigned long long stream_id)
+void cache_park_locked(struct device_cache *c, struct cache_block *b,
+                       unsigned long long stream_id)
 {
     b->state = BLOCK_PENDING; /* the claim's event is its entry's now */
     /* Without bins for the stream (out of memory) it waits for its event
@@ -479,11 +463,8 @@ static void park_locked(struct device_cache *c, struct cache_block *b,
     cache_segments_merge_pending(c, b);
 }
 
-/* cache_find_locked, device the block's device when the caller looked it
- * up already (-1: not known): then the look-up before the lock is the
- * caller's, and only the one under the lock is made. */
-static struct cache_block *find_locked_on(const void *ptr, int device,
-                                          struct device_cache **cache)
+struct cache_block *cache_find_locked_on(const void *ptr, int device,
+                                         struct device_cache **cache)
 {
     if (set.ncaches == 1) {
         /* One device: its lock is taken first, and the block looked up
@@ -532,326 +513,7 @@ static struct cache_block *find_locked_on(const void *ptr, int device,
 struct cache_block *cache_find_locked(const void *ptr,
                                       struct device_cache **cache)
 {
-    return find_locked_on(ptr, -1, cache);
-}
-
-/* cache_plan_free's work; park: a BLOCK_STREAM_ORDERED block is parked in
- * the same lock hold (plan->parked). */
-static void plan_free(void *ptr, int block_device, int stream_device,
-                      unsigned long long stream_id, bool park,
-                      struct block_free_plan *plan)
-{
-    plan->path = BLOCK_NOT_OURS;
-    plan->block = NULL;
-    plan->nstreams = 0;
-    plan->parked = false;
-    struct device_cache *c;
-    struct cache_block *b = find_locked_on(ptr, block_device, &c);
-    if (b == NULL) {
-        bool live;
-        if (inside_segment(ptr, &live))
-            plan->path = BLOCK_INSIDE;
-        return;
-    }
-    plan->block = b;
-    plan->handout = b->handout;
-    plan->size = b->size; /* parked, it may grow by merging at once */
-    plan->device = b->device;
-    if (b->state != BLOCK_LIVE) {
-        plan->path = BLOCK_NOT_LIVE;
-    } else {
-        b->state = BLOCK_FREEING; /* this free's: a second one is refused */
-        b->events++;              /* the claim names it */
-        plan->nstreams = 1; /* the caller's */
-        for (uint32_t i = 0; i < b->nusers; i++)
-            if (b->users[i].id != stream_id ||
-                b->users[i].device != stream_device)
-                plan->nstreams++;
-    }
-    if (plan->path == BLOCK_NOT_LIVE) {
-        /* said */
-    } else if (plan->nstreams > 1) {
-        plan->path = BLOCK_AFTER_STREAMS;
-    } else {
-        plan->path = b->device == stream_device ? BLOCK_STREAM_ORDERED
-                                                : BLOCK_AFTER_EVENT;
-    }
-    if (park && plan->path == BLOCK_STREAM_ORDERED) {
-        park_locked(c, b, stream_id);
-        plan->parked = true;
-    }
-    pthread_mutex_unlock(&c->lock);
-}
-
-void cache_plan_free(void *ptr, int stream_device,
-                     unsigned long long stream_id,
-                     struct block_free_plan *plan)
-{
-    plan_free(ptr, -1, stream_device, stream_id, false, plan);
-}
-
-void cache_plan_free_parked(void *ptr, int stream_device,
-                            unsigned long long stream_id,
-                            struct block_free_plan *plan)
-{
-    plan_free(ptr, -1, stream_device, stream_id, true, plan);
-}
-
-void cache_plan_free_on(void *ptr, int block_device, int stream_device,
-                        unsigned long long stream_id, bool park,
-                        struct block_free_plan *plan)
-{
-    plan_free(ptr, block_device, stream_device, stream_id, park, plan);
-}
-
-bool cache_park(const struct block_free_plan *plan,
-                unsigned long long stream_id)
-{
-    struct cache_block *b = plan->block;
-    struct device_cache *c = cache_of(b->device);
-    cache_lock(c);
-    bool mine = b->state == BLOCK_FREEING && b->handout == plan->handout;
-    if (mine)
-        park_locked(c, b, stream_id);
-    pthread_mutex_unlock(&c->lock);
-    return mine;
-}
-
-enum block_free_path cache_claim(void *ptr, struct block_claim *claim)
-{
-    claim->block = NULL;
-    claim->handout = 0;
-    struct device_cache *c;
-    struct cache_block *b = cache_find_locked(ptr, &c);
-    bool inside_live;
-    if (b == NULL)
-        return inside_segment(ptr, &inside_live) ? BLOCK_INSIDE
-                                                 : BLOCK_NOT_OURS;
-    bool live = b->state == BLOCK_LIVE;
-    if (live) {
-        b->state = BLOCK_FREEING;
-        b->events++; /* the claim names it */
-        claim->block = b;
-        claim->handout = b->handout;
-    }
-    pthread_mutex_unlock(&c->lock);
-    return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
-}
-
-void *cache_claim_ptr(const struct block_claim *claim)
-{
-    return claim->block->ptr;
-}
-
-void cache_unclaim(const struct block_claim *claim)
-{
-    struct cache_block *b = claim->block;
-    if (b == NULL)
-        return;
-    struct device_cache *c = cache_of(b->device);
-    cache_lock(c);
-    if (b->state == BLOCK_FREEING && b->handout == claim->handout)
-        b->state = BLOCK_LIVE;
-    bool forget = block_claim_let_go(b);
-    pthread_mutex_unlock(&c->lock);
-    if (forget)
-        cache_forget(b);
-}
-
-/* ---- a request's claims ------------------------------------------------- */
-
-bool cache_claims_make(const struct request_args *given,
-                       struct request_args *a, struct block_claim *one)
-{
-    *a = *given;
-    a->claims = NULL;
-    if (given->kind != ENTRY_FREE_DEVICE || !cache_active())
-        return true;
-    *one = (struct block_claim){NULL, 0};
-    a->claims = given->nptrs == 1 ? one
-                                  : calloc(given->nptrs, sizeof *a->claims);
-    return a->claims != NULL;
-}
-
-void cache_claims_free(struct request_args *a, struct block_claim *one)
-{
-    if (a->claims != one)
-        free(a->claims);
-    a->claims = NULL;
-}
-
-cudaError_t cache_refuse_freed(const struct request_args *a, const void *ptr)
-{
-    stats_add(&stats.rejected, 1);
-    report("%s: %p is a block of defer_alloc's that is already free or being "
-           "freed (freed twice?): refused; nothing was deferred", a->what,
-           ptr);
-    return cudaErrorInvalidValue;
-}
-
-/* Refused at the call, where its release would only fail later: either
- * inside a live block (an interior pointer) or inside free memory (a block
- * freed twice, its first free's work done and the block merged with a free
- * neighbour since). */
-cudaError_t cache_refuse_inside(const struct request_args *a, const void *ptr)
-{
-    stats_add(&stats.rejected, 1);
-    if (cache_inside_live(ptr))
-        report("%s: %p points inside a live block of defer_alloc's, not at "
-               "its start (an interior pointer): refused; nothing was "
-               "deferred", a->what, ptr);
-    else
-        report("%s: %p points inside memory of defer_alloc's that is free or "
-               "being freed, where no block starts (freed twice, after its "
-               "first free's work was done and the block merged with a free "
-               "neighbour?): refused; nothing was deferred", a->what, ptr);
-    return cudaErrorInvalidValue;
-}
-
-void cache_unclaim_all(const struct request_args *a)
-{
-    for (size_t i = 0; a->claims != NULL && i < a->nptrs; i++) {
-        cache_unclaim(&a->claims[i]);
-        a->claims[i] = (struct block_claim){NULL, 0};
-    }
-}
-
-cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
-{
-    *claimed = false;
-    if (a->kind != ENTRY_FREE_DEVICE || a->claims == NULL)
-        return cudaSuccess;
-    for (size_t i = 0; i < a->nptrs; i++) {
-        enum block_free_path path = cache_claim(a->ptrs[i], &a->claims[i]);
-        if (path == BLOCK_NOT_LIVE || path == BLOCK_INSIDE) {
-            cache_unclaim_all(a);
-            *claimed = false;
-            return path == BLOCK_INSIDE ? cache_refuse_inside(a, a->ptrs[i])
-                                        : cache_refuse_freed(a, a->ptrs[i]);
-        }
-        *claimed |= path != BLOCK_NOT_OURS;
-    }
-    return cudaSuccess;
-}
-
-/* ---- a block's users ---------------------------------------------------- */
-
-cudaError_t cache_user_add(void *ptr, const struct block_user *user)
-{
-    struct device_cache *c;
-    struct cache_block *b = cache_find_locked(ptr, &c);
-    if (b == NULL) {
-        /* python/record_stream_hook.cpp carries on after this (PyTorch's
-         * own allocator ignores memory it does not own): the message is
-         * the user's only sign. */
-        report("defer_record_stream: %p is not the start of a block of "
-               "cudefer's (memory from elsewhere, or a pointer inside a "
-               "block): nothing recorded", ptr);
-        return cudaErrorInvalidValue;
-    }
-    cudaError_t err = cudaSuccess;
-    bool known = false;
-    /* Ids told apart by device too: the legacy streams of two devices
-     * may share one. */
-    for (uint32_t i = 0; i < b->nusers && !known; i++)
-        known = b->users[i].id == user->id &&
-                b->users[i].device == user->device;
-    if (b->state != BLOCK_LIVE) {
-        err = cudaErrorInvalidValue;
-    } else if (known) {
-        /* once is enough */
-    } else if (b->nusers == BLOCK_MAX_USERS) {
-        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's, and carries on. */
-        err = cudaErrorNotSupported;
-    } else {
-        /* An array of the largest size at once: a block rarely has any. */
-        if (b->users == NULL)
-            b->users = malloc(BLOCK_MAX_USERS * sizeof *b->users);
-        if (b->users == NULL)
-            err = cudaErrorMemoryAllocation;
-        else
-            b->users[b->nusers++] = *user;
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (err != cudaSuccess)
-        report("defer_record_stream: %p %s: nothing recorded", ptr,
-               err == cudaErrorNotSupported
-                   ? "is already recorded on 63 streams (the most)"
-               : err == cudaErrorMemoryAllocation
-                   ? "needs its list of streams: out of host memory"
-                   : "is no live block of cudefer's (already freed?)");
-    return err;
-}
-
-size_t cache_users_of_block(const void *ptr, struct block_user *out)
-{
-    struct device_cache *c;
-    struct cache_block *b = cache_find_locked(ptr, &c);
-    if (b == NULL)
-        return 0;
-    size_t n = b->state == BLOCK_LIVE || b->state == BLOCK_FREEING
-                   ? b->nusers
-                   : 0;
-    if (out != NULL && n > 0)
-        memcpy(out, b->users, n * sizeof *out);
-    pthread_mutex_unlock(&c->lock);
-    return n;
-}
-
-size_t cache_users_of_free(const struct request_args *a,
-                           struct block_user *out)
-{
-    if (a->kind != ENTRY_FREE_DEVICE || !cache_active())
-        return 0;
-    size_t n = 0;
-    for (size_t i = 0; i < a->nptrs; i++) {
-        struct block_user mine[BLOCK_MAX_USERS];
-        size_t k = cache_users_of_block(a->ptrs[i], mine);
-        for (size_t j = 0; j < k; j++) {
-            bool seen = false;
-            for (size_t m = 0; out != NULL && m < n && m < 64 && !seen; m++)
-                seen = out[m].handle == mine[j].handle &&
-                       out[m].device == mine[j].device;
-            if (!seen && out != NULL && n < 64)
-                out[n] = mine[j];
-            n += !seen;
-        }
-    }
-    return n;
-}
-
-/* A block recorded on device 1's legacy stream and freed while device 0 is
- * current must wait for device 1's legacy stream: a user's special handle
- * is used with the device it named current. */
-cudaError_t cache_user_enter(const struct block_user *u,
-                             struct cuda_switch *sw, const char **call)
-{
-    if (!stream_is_special(u->handle) || u->device < 0)
-        return cudaSuccess;
-    return cuda_switch_device(sw, u->device, call);
-}
-
-/* The device a special handle of u names: its own, or the caller's. */
-static bool user_device(const struct block_user *u, struct cuda_switch *sw,
-                        int *device)
-{
-    if (u->device >= 0) {
-        *device = u->device;
-        return true;
-    }
-    return cuda_switch_caller_device(sw, device) == cudaSuccess;
-}
-
-bool cache_user_same(const struct block_user *u, const struct block_user *v,
-                     struct cuda_switch *sw)
-{
-    if (u->handle != v->handle)
-        return false;
-    if (!stream_is_special(u->handle))
-        return true;
-    int du, dv;
-    return user_device(u, sw, &du) && user_device(v, sw, &dv) && du == dv;
+    return cache_find_locked_on(ptr, -1, cache);
 }
 
 /* ---- tests only --------------------------------------------------------- */

@@ -20,11 +20,15 @@
  * nobody uses.
  *
  * Which file holds what:
- *   cache.c           the launching side: start and shutdown; take (a hit)
- *                     and add (a new segment); a free's claim, plan and
- *                     park; the streams recorded as a block's users
- *                     (defer_record_stream); a request's claims and their
- *                     refusals; stale blocks; the tests' view.
+ *   cache.c           the devices' caches and their streams' bins; start
+ *                     and shutdown; take (a hit) and add (a new segment);
+ *                     the look-ups under a device's lock and a free's
+ *                     parking; stale blocks; the tests' view.
+ *   cache_claim.c     a free's plan and claim (LIVE to FREEING, parked
+ *                     PENDING), letting a claim go, a request's claims and
+ *                     their refusals.
+ *   cache_users.c     the streams recorded as a block's users
+ *                     (defer_record_stream).
  *   cache_reclaim.c   the reclaimer side: a claim's work done (PENDING to
  *                     FREE, MERGED and GONE blocks settled), a release's
  *                     adoption, the blocks that leave the cache (expiry,
@@ -69,7 +73,7 @@ enum block_state {
                       not in the address map */
 };
 
-/* ---- a block's users (defer_record_stream) ------------------------------ */
+/* ---- cache_users.c: a block's users (defer_record_stream) --------------- */
 
 /* A block may have this many users besides the stream it is freed on
  * (defer_free_streams takes at most 64 streams). */
@@ -90,7 +94,7 @@ struct block_user {
  * when ptr is no live block, cudaErrorNotSupported when it has
  * BLOCK_MAX_USERS already (both reported), cudaErrorMemoryAllocation.
  * Blocks on the device's mutex only. */
-cudaError_t cache_user_add(void *ptr, const struct block_user *user);
+cudaError_t cache_users_add(void *ptr, const struct block_user *user);
 
 /* Any thread, the block's owner.  The users of the LIVE (or claimed:
  * FREEING) block at ptr, copied to out (BLOCK_MAX_USERS of room) when not
@@ -111,19 +115,19 @@ size_t cache_users_of_free(const struct request_args *a,
  * carries its device: nothing to do).  cudaSuccess or cuda_switch_device's
  * error, *call naming the call that failed; cuda_switch_back makes the
  * caller's device current again. */
-cudaError_t cache_user_enter(const struct block_user *u,
-                             struct cuda_switch *sw, const char **call);
+cudaError_t cache_users_enter(const struct block_user *u,
+                              struct cuda_switch *sw, const char **call);
 
 /* Any thread.  Whether u and v are the same stream: the same handle, and
  * for a special handle (0, the legacy or the per-thread stream) the same
  * device, where a device below 0 means the caller's (asked once, sw): the
  * legacy streams of two devices share a handle. */
-bool cache_user_same(const struct block_user *u, const struct block_user *v,
-                     struct cuda_switch *sw);
+bool cache_users_same(const struct block_user *u, const struct block_user *v,
+                      struct cuda_switch *sw);
 
-/* ---- a free's claim ----------------------------------------------------- */
+/* ---- a free's claim: the types ------------------------------------------ */
 
-/* How defer_free must treat a pointer (cache_plan_free, cache_claim).
+/* How defer_free must treat a pointer (cache_claim_plan, cache_claim).
  * Every path but the first three claimed the block (FREEING). */
 enum block_free_path {
     BLOCK_NOT_OURS,       /* not a block: the ordinary release */
@@ -149,7 +153,7 @@ struct block_free_plan {
     size_t nstreams;
     size_t size;     /* the block's, when claimed (before any merge) */
     int device;      /* the block's (a block never changes device) */
-    bool parked;     /* cache_plan_free_parked parked the block */
+    bool parked;     /* cache_claim_plan_parked parked the block */
 };
 
 /* A free's claim on a block, carried by its entry to the release: the
@@ -219,6 +223,12 @@ bool cache_one_device(void);
  * Never blocks but on the address map's mutex. */
 bool cache_device_of(const void *ptr, int *device);
 
+/* Any thread: a block struct that left the cache (cache_reclaim_expired)
+ * or that nothing names any more is freed. */
+void cache_forget(struct cache_block *block);
+
+/* ---- cache_claim.c: a free's plan and claim ----------------------------- */
+
 /* Any thread, the block's owner.  Decides how defer_free(ptr) on stream
  * stream_id of stream_device goes (see enum block_free_path: a pointer
  * that starts no block is BLOCK_INSIDE when it lies in a segment of the
@@ -226,37 +236,37 @@ bool cache_device_of(const void *ptr, int *device);
  * that are stream_id itself do not count.  A LIVE block is claimed
  * (FREEING) in the same step, so that of two frees only one is accepted:
  * the caller then parks it, hands the claim (plan->block, plan->handout)
- * to an entry, or gives it back with cache_unclaim.  Never blocks but on
+ * to an entry, or gives it back with cache_claim_undo.  Never blocks but on
  * the device's mutex. */
-void cache_plan_free(void *ptr, int stream_device,
-                     unsigned long long stream_id,
-                     struct block_free_plan *plan);
+void cache_claim_plan(void *ptr, int stream_device,
+                      unsigned long long stream_id,
+                      struct block_free_plan *plan);
 
-/* The same, and a BLOCK_STREAM_ORDERED block is parked (cache_park) in the
- * same lock hold (plan->parked): for a free that is sure to be accepted if
+/* The same, and a BLOCK_STREAM_ORDERED block is parked (cache_claim_park) in
+ * the same lock hold (plan->parked): for a free that is sure to be accepted if
  * its path is that one (it then joins a free batch, free_batch.h, which
  * records nothing that could fail). */
-void cache_plan_free_parked(void *ptr, int stream_device,
-                            unsigned long long stream_id,
-                            struct block_free_plan *plan);
+void cache_claim_plan_parked(void *ptr, int stream_device,
+                             unsigned long long stream_id,
+                             struct block_free_plan *plan);
 
-/* Either of the two (park: cache_plan_free_parked), block_device the
+/* Either of the two (park: cache_claim_plan_parked), block_device the
  * device of ptr's block if ptr is one, when the caller knows it
  * (cache_device_of, cache_one_device; -1: not known), which spares the
  * look-up of ptr's device before its lock: the block is looked up under
  * that lock either way, and found on another device looked up afresh. */
-void cache_plan_free_on(void *ptr, int block_device, int stream_device,
-                        unsigned long long stream_id, bool park,
-                        struct block_free_plan *plan);
+void cache_claim_plan_on(void *ptr, int block_device, int stream_device,
+                         unsigned long long stream_id, bool park,
+                         struct block_free_plan *plan);
 
 /* Any thread, once the free of a BLOCK_STREAM_ORDERED plan is sure to be
  * accepted (its event recorded): the claimed block becomes PENDING on
  * stream_id, named by the entry that carries the plan's claim.  False
  * (nothing changed) when it is not the plan's claimed block any more (no
  * caller should see that).  A batched free parks in its plan instead
- * (cache_plan_free_parked).  Never blocks but on the device's mutex. */
-bool cache_park(const struct block_free_plan *plan,
-                unsigned long long stream_id);
+ * (cache_claim_plan_parked).  Never blocks but on the device's mutex. */
+bool cache_claim_park(const struct block_free_plan *plan,
+                      unsigned long long stream_id);
 
 /* Any thread, the block's owner, for the frees that wait for more than one
  * stream-ordered event (several pointers, several streams, a graph capture,
@@ -272,29 +282,25 @@ enum block_free_path cache_claim(void *ptr, struct block_claim *claim);
 /* Any thread, the free that made claim (cache_claim, or a plan's block and
  * hand-out), refused after all: the block is LIVE again (the
  * application's).  Nothing when claim->block is NULL. */
-void cache_unclaim(const struct block_claim *claim);
+void cache_claim_undo(const struct block_claim *claim);
 
 /* Any thread, for the report of a free refused as BLOCK_INSIDE: true when
  * ptr lies in a block the application holds (LIVE: an interior pointer),
  * false when in one free or being freed (freed twice?) or in none. */
-bool cache_inside_live(const void *ptr);
-
-/* Any thread: a block struct that left the cache (cache_reclaim_expired)
- * or that nothing names any more is freed. */
-void cache_forget(struct cache_block *block);
+bool cache_claim_inside_live(const void *ptr);
 
 /* Launching thread, inside a defer call.  *a = *given with room for the
  * claims of its frees: one (*one) for a single pointer, an array for
  * several; none when a is no free of device memory or the cache is not in
  * use (no pointer can be a block).  False when out of memory.
- * cache_claims_free gives the room back once the call is over (an entry
+ * cache_claim_room_free gives the room back once the call is over (an entry
  * copied the claims it carries). */
-bool cache_claims_make(const struct request_args *given,
-                       struct request_args *a, struct block_claim *one);
-void cache_claims_free(struct request_args *a, struct block_claim *one);
+bool cache_claim_room(const struct request_args *given, struct request_args *a,
+                      struct block_claim *one);
+void cache_claim_room_free(struct request_args *a, struct block_claim *one);
 
 /* Launching thread, the free paths but the single stream-ordered one
- * (whose plan claims its block, cache_plan_free): claims every block among
+ * (whose plan claims its block, cache_claim_plan): claims every block among
  * a's pointers (FREEING) before anything is recorded, so that a block
  * freed twice, by any paths, is refused at the second free.  cudaSuccess
  * (*claimed: whether any pointer was a block), or cudaErrorInvalidValue
@@ -304,15 +310,16 @@ cudaError_t cache_claim_all(const struct request_args *a, bool *claimed);
 
 /* Launching thread, once a's free is refused after its blocks were
  * claimed: they are the caller's again. */
-void cache_unclaim_all(const struct request_args *a);
+void cache_claim_undo_all(const struct request_args *a);
 
 /* Launching thread.  The refusals (reported, counted in rejected;
  * cudaErrorInvalidValue): ptr is a block already free or being freed;
  * ptr lies inside the cache's memory but starts no block (an interior
  * pointer, or a block freed twice after it merged). */
-cudaError_t cache_refuse_freed(const struct request_args *a, const void *ptr);
-cudaError_t cache_refuse_inside(const struct request_args *a,
-                                const void *ptr);
+cudaError_t cache_claim_refuse_freed(const struct request_args *a,
+                                     const void *ptr);
+cudaError_t cache_claim_refuse_inside(const struct request_args *a,
+                                      const void *ptr);
 
 /* ---- cache_reclaim.c: the reclaimer side -------------------------------- */
 

@@ -36,10 +36,10 @@
  * free batch's fallback, a synchronous release).
  *
  *   new memory (cache_add), a piece cut (cache_segments_split) -> LIVE    L
- *   LIVE      -- a free claims it (cache_plan_free, cache_claim)
+ *   LIVE      -- a free claims it (cache_claim_plan, cache_claim)
  *                                                          -> FREEING     L
- *   FREEING   -- the free refused after all (cache_unclaim) -> LIVE       L
- *   FREEING   -- stream-ordered, its event recorded (cache_park)
+ *   FREEING   -- the free refused after all (cache_claim_undo) -> LIVE       L
+ *   FREEING   -- stream-ordered, its event recorded (cache_claim_park)
  *                                                          -> PENDING S   L
  *   FREEING   -- its entry's work done (cache_reclaim_adopt) -> FREE      R
  *   PENDING S -- taken by a request on S (cache_take)      -> LIVE        L
@@ -492,6 +492,27 @@ struct device_cache *cache_device(int device);
  * merge): the map is asked again under the lock. */
 struct cache_block *cache_find_locked(const void *ptr,
                                       struct device_cache **cache);
+
+/* Any thread holding no device's lock; may block on the locks.
+ * cache_find_locked, with device the block's device when the caller looked
+ * it up already (-1: not known): then the look-up before the lock is the
+ * caller's, and only the one under the lock is made. */
+struct cache_block *cache_find_locked_on(const void *ptr, int device,
+                                         struct device_cache **cache);
+
+/* Any thread holding no device's lock, once the exact look-up of ptr missed
+ * (never before: a live block's free must not pay for it).  Whether ptr
+ * lies in a segment of any device's cache; then *live says whether the
+ * block holding it is the application's.  Takes each device's lock in
+ * turn. */
+bool cache_inside_segment(const void *ptr, bool *live);
+
+/* Any thread, under the device's lock: b, claimed (FREEING) by a free on
+ * stream_id, becomes PENDING on that stream, named by the free's entry or
+ * batch (without bins for the stream, out of memory, it waits for its
+ * event like any other block). */
+void cache_park_locked(struct device_cache *c, struct cache_block *b,
+                       unsigned long long stream_id);
 
 /* Any thread, under the device's lock.  The bins of stream id's PENDING
  * blocks, or NULL. */

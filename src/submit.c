@@ -30,7 +30,7 @@
  * request_args, built by api.c or alloc.c) and takes one route:
  *
  *   1. admit: the reclaimer's gate (lifecycle_enter), and room for the
- *      claims a free makes on blocks of the cache (cache_claims_make, cache.h);
+ *      claims a free makes on blocks of the cache (cache_claim_room, cache.h);
  *   2. resolve: its stream is looked up once, into a struct target on the
  *      caller's stack: whether it captures, its device and id, and for a
  *      free of one block the cache's plan (which claims the block); a
@@ -357,8 +357,8 @@ static void plan_block(struct request_args *a, struct target *t,
                        bool *claimed)
 {
     struct block_free_plan *plan = &t->plan;
-    cache_plan_free_on(a->ptrs[0], a->block_known ? a->block_device : -1,
-                       t->device, t->id, t->batch, plan);
+    cache_claim_plan_on(a->ptrs[0], a->block_known ? a->block_device : -1,
+                        t->device, t->id, t->batch, plan);
     if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
         plan->path == BLOCK_NOT_OURS)
         return;
@@ -470,8 +470,8 @@ static cudaError_t route_refused(const struct request_args *a,
                                  const struct target *t)
 {
     return t->plan.path == BLOCK_INSIDE
-               ? cache_refuse_inside(a, a->ptrs[0])
-               : cache_refuse_freed(a, a->ptrs[0]);
+               ? cache_claim_refuse_inside(a, a->ptrs[0])
+               : cache_claim_refuse_freed(a, a->ptrs[0]);
 }
 
 /* Any thread, admitted: ROUTE_CAPTURED (capture.h): a's entry is tied to
@@ -545,9 +545,9 @@ static cudaError_t route_block(const struct request_args *a, struct target *t)
     }
     if (e == NULL)
         return submit_sync_no_entry(&block, t, &f);
-    if (e->kind == ENTRY_BLOCK && !cache_park(&t->plan, t->id)) {
+    if (e->kind == ENTRY_BLOCK && !cache_claim_park(&t->plan, t->id)) {
         submit_discard_recorded(e);
-        return cache_refuse_freed(&block, block.ptrs[0]);
+        return cache_claim_refuse_freed(&block, block.ptrs[0]);
     }
     return push(e);
 }
@@ -599,7 +599,7 @@ static cudaError_t admit(const struct request_args *given,
     cudaError_t err = lifecycle_enter(given->what);
     if (err != cudaSuccess)
         return err;
-    if (!cache_claims_make(given, a, one)) {
+    if (!cache_claim_room(given, a, one)) {
         lifecycle_leave();
         return submit_reject(given->what, "calloc", cudaErrorMemoryAllocation);
     }
@@ -614,8 +614,8 @@ static cudaError_t leave(struct request_args *a, struct block_claim *one,
                          bool claimed, cudaError_t err)
 {
     if (err != cudaSuccess && claimed)
-        cache_unclaim_all(a);
-    cache_claims_free(a, one);
+        cache_claim_undo_all(a);
+    cache_claim_room_free(a, one);
     lifecycle_leave();
     return err;
 }

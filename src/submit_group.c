@@ -32,11 +32,12 @@ cudaError_t submit_group_resolve(const struct request_args *a,
     for (size_t i = 0; i < nrec; i++) {
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < SUBMIT_MAX_STREAMS; j++)
-            seen = cache_user_same(&recorded[i], &g->users[j], &t->sw);
+            seen = cache_users_same(&recorded[i], &g->users[j], &t->sw);
         if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS)) {
             stats_add(&stats.rejected, 1);
             report("%s: with the streams its blocks were recorded on, more "
-                   "than 64 streams: refused", a->what);
+                   "than 64 streams: refused",
+                   a->what);
             return cudaErrorInvalidValue;
         }
         if (!seen) {
@@ -65,7 +66,7 @@ static struct entry *record_part(const struct request_args *a,
     unsigned long long id;
     bool cached = false;
     cudaStream_t stream = t->streams[i];
-    if ((f->err = cache_user_enter(&t->users[i], &t->sw, &f->call)) !=
+    if ((f->err = cache_users_enter(&t->users[i], &t->sw, &f->call)) !=
             cudaSuccess ||
         (f->err = submit_identify_usable(stream, a->kind == ENTRY_CALL, -1,
                                          &device, &id, &cached, &f->call)) !=

@@ -84,7 +84,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = cache_user_enter(&recorded[i], &sw, &failed)) ==
+        if ((err = cache_users_enter(&recorded[i], &sw, &failed)) ==
             cudaSuccess)
             err = cuda_stream_synchronize(recorded[i].handle);
     cuda_switch_back(&sw, a->what);
@@ -138,7 +138,7 @@ cudaError_t submit_sync_route(const struct request_args *a, struct target *t)
     cudaError_t err = cudaSuccess;
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
-        if ((err = cache_user_enter(&t->users[i], &t->sw, &failed)) ==
+        if ((err = cache_users_enter(&t->users[i], &t->sw, &failed)) ==
             cudaSuccess)
             err = cuda_stream_synchronize(t->streams[i]);
     cuda_switch_back(&t->sw, a->what);

@@ -76,25 +76,25 @@ static void test_double_free(void)
     ok(cache_add(0, ADDR(6), 512, false), "a block");
     free_on(ADDR(6), 3);
     struct block_free_plan plan;
-    cache_plan_free(ADDR(6), 0, 3, &plan);
+    cache_claim_plan(ADDR(6), 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_LIVE, "freed again while PENDING: not live");
     stderr_capture_begin();
     ok(cache_reclaim_unclaimed_is_block(ADDR(6)),
        "a release no free claimed must not cudaFree it");
     const char *said = stderr_capture_end();
     ok(strstr(said, "freed twice") != NULL, "and reported as a double free");
-    cache_plan_free(ADDR(99), 0, 3, &plan);
+    cache_claim_plan(ADDR(99), 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_OURS, "an unknown pointer is not ours");
-    cache_plan_free((char *)ADDR(2) + 2048, 0, 3, &plan);
+    cache_claim_plan((char *)ADDR(2) + 2048, 0, 3, &plan);
     is_int(plan.path, BLOCK_INSIDE,
            "an interior pointer of a live block lies in the cache's memory: "
            "refused");
-    ok(plan.block == NULL && cache_inside_live((char *)ADDR(2) + 2048) &&
+    ok(plan.block == NULL && cache_claim_inside_live((char *)ADDR(2) + 2048) &&
            view(cache_test_find(ADDR(2))).state == BLOCK_LIVE,
        "inside a live block, which stays its owner's");
     is_int(claim((char *)ADDR(2) + 2048), BLOCK_INSIDE,
            "so does any other free path");
-    cache_plan_free((char *)ADDR(2) + 4096, 0, 3, &plan);
+    cache_claim_plan((char *)ADDR(2) + 4096, 0, 3, &plan);
     is_int(plan.path, BLOCK_NOT_OURS, "the address past its end is not ours");
 }
 
@@ -103,42 +103,42 @@ static void test_recorded(void)
     size_t size;
     ok(cache_add(0, ADDR(7), 2048, false), "a block");
     cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
-    is_int(cache_user_add(ADDR(7), user(x, 9)), cudaSuccess,
+    is_int(cache_users_add(ADDR(7), user(x, 9)), cudaSuccess,
            "recorded on stream 9");
-    is_int(cache_user_add(ADDR(7), user(x, 9)), cudaSuccess,
+    is_int(cache_users_add(ADDR(7), user(x, 9)), cudaSuccess,
            "recording it twice is once");
     struct block_free_plan plan;
-    cache_plan_free(ADDR(7), 0, 9, &plan);
+    cache_claim_plan(ADDR(7), 0, 9, &plan);
     is_int(plan.path, BLOCK_STREAM_ORDERED,
            "freed on the recorded stream itself: stream-ordered");
     /* A plan claims the block (FREEING): until the free gives it back
      * (refused after all), no other free or record takes it. */
     struct block_free_plan again;
-    cache_plan_free(ADDR(7), 0, 9, &again);
+    cache_claim_plan(ADDR(7), 0, 9, &again);
     is_int(again.path, BLOCK_NOT_LIVE, "planned: a second free is refused");
     is_int(claim(ADDR(7)), BLOCK_NOT_LIVE,
            "so is a claim by another free path");
     stderr_capture_begin();
-    is_int(cache_user_add(ADDR(7), user(x, 10)), cudaErrorInvalidValue,
+    is_int(cache_users_add(ADDR(7), user(x, 10)), cudaErrorInvalidValue,
            "and a record");
     stderr_capture_end();
-    cache_unclaim(&(struct block_claim){plan.block, plan.handout});
-    cache_plan_free(ADDR(7), 0, 4, &plan);
+    cache_claim_undo(&(struct block_claim){plan.block, plan.handout});
+    cache_claim_plan(ADDR(7), 0, 4, &plan);
     struct block_user waits[BLOCK_MAX_USERS];
     ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2 &&
            cache_users_of_block(ADDR(7), waits) == 1 && waits[0].handle == x,
        "given back, then freed on another stream: waits for both");
     is_int(cache_users_of_block(ADDR(7), NULL), 1,
            "a claimed block's recorded streams are still its free's");
-    cache_unclaim(&(struct block_claim){plan.block, plan.handout});
+    cache_claim_undo(&(struct block_claim){plan.block, plan.handout});
     is_int(claim(ADDR(99)), BLOCK_NOT_OURS,
            "claiming an unknown pointer: not ours");
     int all = 1;
     for (unsigned long long id = 100; id < 100 + BLOCK_MAX_USERS - 1; id++)
-        all &= cache_user_add(ADDR(7), user(x, id)) == cudaSuccess;
+        all &= cache_users_add(ADDR(7), user(x, id)) == cudaSuccess;
     ok(all, "up to 63 streams recorded");
     stderr_capture_begin();
-    is_int(cache_user_add(ADDR(7), user(x, 5000)), cudaErrorNotSupported,
+    is_int(cache_users_add(ADDR(7), user(x, 5000)), cudaErrorNotSupported,
            "a 64th is refused (not InvalidValue: the PyTorch hook takes "
            "that for memory that is not cudefer's, and carries on)");
     ok(strstr(stderr_capture_end(), "63 streams") != NULL, "saying why");
@@ -147,28 +147,28 @@ static void test_recorded(void)
            view(cache_test_find(ADDR(7))).nusers == 0,
        "handed out again with no stream recorded");
     stderr_capture_begin();
-    is_int(cache_user_add(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
+    is_int(cache_users_add(ADDR(98), user(x, 9)), cudaErrorInvalidValue,
            "recording an unknown pointer is refused");
     stderr_capture_end();
 }
 
 /* The legacy streams of two devices may share an id: a user is told
- * apart by device too (as the free's device switch is: cache_user_enter). */
+ * apart by device too (as the free's device switch is: cache_users_enter). */
 static void test_recorded_devices(void)
 {
     ok(cache_add(0, ADDR(500), 2048, false), "a block");
     struct block_user on0 = {0, 9, 0}, on1 = {0, 9, 1};
-    ok(cache_user_add(ADDR(500), &on0) == cudaSuccess &&
-           cache_user_add(ADDR(500), &on1) == cudaSuccess,
+    ok(cache_users_add(ADDR(500), &on0) == cudaSuccess &&
+           cache_users_add(ADDR(500), &on1) == cudaSuccess,
        "stream 0 recorded with device 0, then with device 1 (one id)");
     struct block_user got[BLOCK_MAX_USERS];
     ok(cache_users_of_block(ADDR(500), got) == 2 && got[1].device == 1,
        "two users");
     struct block_free_plan plan;
-    cache_plan_free(ADDR(500), 0, 9, &plan);
+    cache_claim_plan(ADDR(500), 0, 9, &plan);
     ok(plan.path == BLOCK_AFTER_STREAMS && plan.nstreams == 2,
        "freed on device 0's stream 9: waits for device 1's too");
-    cache_unclaim(&(struct block_claim){plan.block, plan.handout});
+    cache_claim_undo(&(struct block_claim){plan.block, plan.handout});
     ok(give_back(ADDR(500)), "given back");
 }
 
@@ -176,7 +176,7 @@ static void test_devices(void)
 {
     ok(cache_add(1, ADDR(8), 512, false), "a block of device 1");
     struct block_free_plan plan;
-    cache_plan_free(ADDR(8), 0, 3, &plan);
+    cache_claim_plan(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
            "freed on a device-0 stream: waits for its event, no stream order");
     struct block_claim claim = {plan.block, plan.handout};
@@ -223,9 +223,9 @@ static void test_split_merge(void)
            view(rest).state == BLOCK_FREE,
        "the piece's work done, it merges back: one FREE segment again");
     struct block_free_plan late;
-    cache_plan_free(p, 0, 1, &late);
+    cache_claim_plan(p, 0, 1, &late);
     ok(late.path == BLOCK_INSIDE && late.block == NULL &&
-           !cache_inside_live(p),
+           !cache_claim_inside_live(p),
        "freed again now, the piece is no block any more but lies in the "
        "cache's free memory: refused as a second free (it was taken for "
        "other memory, whose cudaFree failed)");
@@ -254,7 +254,7 @@ static void test_split_merge(void)
            view(rb).state == BLOCK_MERGED && cache_test_find(b) == rb,
        "the parts it absorbed are MERGED, still filed under their addresses");
     struct block_free_plan again;
-    cache_plan_free(b, 0, 7, &again);
+    cache_claim_plan(b, 0, 7, &again);
     is_int(again.path, BLOCK_NOT_LIVE,
            "so a part freed again meanwhile is refused as a second free");
     is_int(claim(a), BLOCK_NOT_LIVE, "by any free path");
@@ -455,13 +455,13 @@ static void test_cut_segment_stays(void)
     void *p = cache_take(1, 1, 2 * MiB, &size);
     ok(p == base + 2 * MiB, "2 MiB cut from its end, LIVE");
     struct block_free_plan plan;
-    cache_plan_free((char *)p + MiB, 0, 1, &plan);
-    ok(plan.path == BLOCK_INSIDE && cache_inside_live((char *)p + MiB) &&
+    cache_claim_plan((char *)p + MiB, 0, 1, &plan);
+    ok(plan.path == BLOCK_INSIDE && cache_claim_inside_live((char *)p + MiB) &&
            view(cache_test_find(p)).state == BLOCK_LIVE,
        "an interior pointer of the live piece (another device's stream) is "
        "refused; the piece stays its owner's");
     is_int(claim((char *)p + 512), BLOCK_INSIDE, "by any free path");
-    ok(!cache_inside_live(base + MiB) &&
+    ok(!cache_claim_inside_live(base + MiB) &&
            claim(base + MiB) == BLOCK_INSIDE,
        "as is one inside the FREE rest");
     size_t n = cache_reclaim_expired(1, UINT64_MAX, out, 4, SIZE_MAX);
@@ -563,11 +563,11 @@ static void test_parked_plan_and_claims_done(void)
     for (int i = 0; i < 4; i++) {
         struct block_free_plan plan;
         ok(cache_add(device[i], p[i], 24576, false), "block %d", i);
-        cache_plan_free_parked(p[i], device[i], stream[i], &plan);
+        cache_claim_plan_parked(p[i], device[i], stream[i], &plan);
         ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
                view(plan.block).state == BLOCK_PENDING,
            "block %d: freed on its device's stream, parked: PENDING", i);
-        ok(!cache_park(&plan, stream[i]),
+        ok(!cache_claim_park(&plan, stream[i]),
            "block %d: a second park finds it parked already", i);
         claims[i] = (struct block_claim){plan.block, plan.handout};
     }
@@ -581,7 +581,7 @@ static void test_parked_plan_and_claims_done(void)
     void *q = ADDR(84);
     struct block_free_plan other;
     ok(cache_add(1, q, 24576, false), "a block of device 1");
-    cache_plan_free_parked(q, 0, 40, &other);
+    cache_claim_plan_parked(q, 0, 40, &other);
     ok(other.path == BLOCK_AFTER_EVENT && !other.parked &&
            view(other.block).state == BLOCK_FREEING,
        "freed on another device's stream: claimed, not parked");
@@ -611,7 +611,7 @@ static void test_parked_plan_and_claims_done(void)
     struct block_free_plan plan;
     void *seg = ADDR(1000);
     ok(cache_add(0, seg, 4 * piece, false), "a 256 MiB segment");
-    cache_plan_free_parked(seg, 0, 61, &plan);
+    cache_claim_plan_parked(seg, 0, 61, &plan);
     chain[2] = (struct block_claim){plan.block, plan.handout};
     void *a = cache_take(0, 61, piece, &size);
     void *b = cache_take(0, 61, piece, &size);
@@ -619,12 +619,13 @@ static void test_parked_plan_and_claims_done(void)
        "two pieces cut from its end on its own stream");
     if (a != (char *)seg + 3 * piece)
         diag("cut at %p and %p, segment at %p", a, b, seg);
-    cache_plan_free_parked(a, 0, 61, &plan);
+    cache_claim_plan_parked(a, 0, 61, &plan);
     chain[0] = (struct block_claim){plan.block, plan.handout};
-    cache_plan_free_parked(b, 0, 61, &plan);
+    cache_claim_plan_parked(b, 0, 61, &plan);
     chain[1] = (struct block_claim){plan.block, plan.handout};
     ok(plan.size == piece, "the plan keeps the piece's own size");
-    ok(cache_test_find(a) == NULL || view(cache_test_find(a)).state == BLOCK_MERGED,
+    ok(cache_test_find(a) == NULL ||
+           view(cache_test_find(a)).state == BLOCK_MERGED,
        "the pieces merged into the rest at once (a chain of records)");
     cache_reclaim_claims_done(chain, 3, true, 79);
     struct cache_block *whole = cache_test_find(seg);
@@ -634,10 +635,10 @@ static void test_parked_plan_and_claims_done(void)
        "the chain's claims done in one call: one whole FREE segment");
     void *x = ADDR(100);
     ok(cache_add(0, x, 3 * mib, false), "a 3 MiB block");
-    cache_plan_free_parked(x, 0, 60, &plan);
+    cache_claim_plan_parked(x, 0, 60, &plan);
     twice[0] = (struct block_claim){plan.block, plan.handout};
     ok(cache_take(0, 60, 3 * mib, &size) == x, "taken again on 60");
-    cache_plan_free_parked(x, 0, 60, &plan);
+    cache_claim_plan_parked(x, 0, 60, &plan);
     twice[1] = (struct block_claim){plan.block, plan.handout};
     cache_reclaim_claims_done(twice, 2, true, 78);
     struct cache_block *xb = cache_test_find(x);
@@ -646,28 +647,29 @@ static void test_parked_plan_and_claims_done(void)
 }
 
 /* A free's plan given the block's device as its caller knew it
- * (cache_plan_free_on): the look-up under that device's lock decides, so
+ * (cache_claim_plan_on): the look-up under that device's lock decides, so
  * a wrong device or a pointer that is no block plans as without it. */
 static void test_plan_with_device(void)
 {
     ok(cache_add(1, ADDR(600), 512, false) && cache_add(0, ADDR(601), 512, false),
        "a block on device 1, one on device 0");
     struct block_free_plan plan;
-    cache_plan_free_on(ADDR(600), 0, 1, 3, false, &plan);
+    cache_claim_plan_on(ADDR(600), 0, 1, 3, false, &plan);
     ok(plan.path == BLOCK_STREAM_ORDERED && plan.device == 1 &&
            plan.block == cache_test_find(ADDR(600)),
        "said on device 0, the block of device 1 is found and claimed "
-       "(path %d)", (int)plan.path);
-    cache_plan_free_on(ADDR(600), 1, 1, 3, false, &plan);
+       "(path %d)",
+       (int)plan.path);
+    cache_claim_plan_on(ADDR(600), 1, 1, 3, false, &plan);
     is_int(plan.path, BLOCK_NOT_LIVE, "claimed: a second free is refused");
-    cache_plan_free_on(ADDR(601), 0, 0, 4, true, &plan);
+    cache_claim_plan_on(ADDR(601), 0, 0, 4, true, &plan);
     ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
            view(cache_test_find(ADDR(601))).state == BLOCK_PENDING,
        "said on its own device: claimed and parked");
-    cache_plan_free_on(ADDR(602), 0, 0, 4, true, &plan);
+    cache_claim_plan_on(ADDR(602), 0, 0, 4, true, &plan);
     ok(plan.path == BLOCK_NOT_OURS && plan.block == NULL,
        "a pointer that is no block is not ours, device given or not");
-    cache_plan_free_on((char *)ADDR(601) + 256, 0, 0, 4, false, &plan);
+    cache_claim_plan_on((char *)ADDR(601) + 256, 0, 0, 4, false, &plan);
     is_int(plan.path, BLOCK_INSIDE, "nor is one inside a block");
 }
 

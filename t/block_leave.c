@@ -21,9 +21,10 @@ static void test_expiry(void)
     give_back(ADDR(9));
     struct cache_block *named = cache_test_find(ADDR(10));
     struct block_free_plan p10;
-    cache_plan_free(ADDR(10), 1, 5, &p10);
-    cache_park(&p10, 5);
-    cache_test_add_events(named, 1); /* as if a second, older entry still named it */
+    cache_claim_plan(ADDR(10), 1, 5, &p10);
+    cache_claim_park(&p10, 5);
+    cache_test_add_events(named,
+                          1); /* as if a second, older entry still named it */
     cache_reclaim_event_done(named, p10.handout, true, 1);
     uint64_t oldest = cache_reclaim_oldest_free_ns(1);
     ok(oldest == view(cache_test_find(ADDR(8))).freed_ns, "oldest FREE first");
@@ -55,8 +56,8 @@ static void test_collect_largest(void)
     size_t sizes[5] = {4096, 1024, 2048, 4096, 4096};
     for (int i = 0; i < 5; i++) {
         ok(cache_add(0, ADDR(14 + i), sizes[i], i != 3), "block %d", i);
-        cache_plan_free(ADDR(14 + i), 0, streams[i], &plan[i < 4 ? i : 3]);
-        ok(cache_park(&plan[i < 4 ? i : 3], streams[i]),
+        cache_claim_plan(ADDR(14 + i), 0, streams[i], &plan[i < 4 ? i : 3]);
+        ok(cache_claim_park(&plan[i < 4 ? i : 3], streams[i]),
            "PENDING on its stream");
     }
     /* 19: a FREE pool block, free at time >= 1; 20: a FREE cudaMalloc

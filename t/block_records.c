@@ -191,7 +191,7 @@ static void test_found_then_retired(void)
        "a piece cut and freed on stream 1");
     cache_test_set_find_hook(retire_and_reuse);
     struct block_free_plan second;
-    cache_plan_free(p, 0, 1, &second);
+    cache_claim_plan(p, 0, 1, &second);
     struct cache_block *now = cache_test_find(other_owner);
     ok(other_owner == base + 2 * MiB && now == found,
        "meanwhile its struct went to another owner's block");

@@ -62,16 +62,15 @@ static void test_stale_other_device(void)
     ok(cache_add(1, q, 8192, false) && give_back(q),
        "a FREE 8 KiB block of device 1");
     struct block_free_plan plan;
-    cache_plan_free((char *)q + 4096, 1, 3, &plan);
+    cache_claim_plan((char *)q + 4096, 1, 3, &plan);
     is_int(plan.path, BLOCK_INSIDE, "inside it: the cache's memory");
     stderr_capture_begin();
     ok(cache_add(0, q, 2048, false), "2 KiB at its address on device 0");
     stderr_capture_end();
-    cache_plan_free((char *)q + 4096, 1, 3, &plan);
+    cache_claim_plan((char *)q + 4096, 1, 3, &plan);
     is_int(plan.path, BLOCK_NOT_OURS,
            "a pointer past its end in device 1's old range is not the cache's");
 }
-
 
 /* A PENDING block whose own work is done but a part merged into it is
  * not, cudaFree'd behind cudefer's back and its address allocated again:

@@ -39,8 +39,8 @@ static inline bool give_back(void *p)
 static inline bool park_free(void *p, int device, unsigned long long id,
                              struct block_free_plan *plan)
 {
-    cache_plan_free(p, device, id, plan);
-    return plan->path == BLOCK_STREAM_ORDERED && cache_park(plan, id);
+    cache_claim_plan(p, device, id, plan);
+    return plan->path == BLOCK_STREAM_ORDERED && cache_claim_park(plan, id);
 }
 
 /* A free of p on stream id of device the stream-ordered way, parked
@@ -69,7 +69,7 @@ static inline enum block_free_path claim(void *p)
     struct block_claim c;
     enum block_free_path path = cache_claim(p, &c);
     if (c.block != NULL)
-        cache_unclaim(&c);
+        cache_claim_undo(&c);
     return path;
 }
 

@@ -73,7 +73,7 @@ static void park_claims(int first)
         struct block_free_plan plan;
         if (!cache_add(0, p, BLOCK_BYTES, false))
             bail("cache_add");
-        cache_plan_free_parked(p, 0, 7, &plan);
+        cache_claim_plan_parked(p, 0, 7, &plan);
         if (plan.path != BLOCK_STREAM_ORDERED || !plan.parked)
             bail("plan_free_parked: path %d", (int)plan.path);
         claims[i] = (struct block_claim){plan.block, plan.handout};

@@ -113,7 +113,7 @@ void op_alloc_n(struct worker *w)
         /* A created stream of this thread, or a third of the time the
          * legacy stream of a device (recorded with that device current);
          * the free then runs with any device current, as PyTorch's may:
-         * it must wait for that device's legacy stream (cache_user_enter). */
+         * it must wait for that device's legacy stream (cache_users_enter). */
         bool legacy = rng_percent(&w->rng, 33);
         struct lane *b =
             legacy ? &w->legacy[rng_below(&w->rng, (uint32_t)opt.devices)]
