@@ -271,10 +271,15 @@ MODEL = {'cnn': 'CNN', 'lm': 'LM'}
 
 def table_train(workloads, sums):
     bounds = set(BY_NAME[workloads[0]].bounds)
+    # A run with --time-calls: the allocator's own µs a step, per model.
+    timed = any(s.get('calls_alloc_us_per_step') is not None for s in sums
+                if s['workload'] in workloads)
     header = ['row']
     for w in workloads:
         m = MODEL.get(BY_NAME[w].model, BY_NAME[w].model)
         header += ['%s ms/step × native' % m, '%s peak × native' % m]
+        if timed:
+            header.append('%s alloc / free µs a step' % m)
     header += ['losses, weights identical to native', 'reps']
     rows = []
     for name, per in by_row(sums, workloads):
@@ -285,6 +290,9 @@ def table_train(workloads, sums):
             s = per.get(w)
             cells += [ratio(s, 'ms_per_step_ratio', 'ms_per_step', ' ms'),
                       ratio(s, 'peak_ratio', 'peak_mib', ' MiB', 0)]
+            if timed:
+                cells.append(pair(s, ('calls_alloc_us_per_step',
+                                      'calls_free_us_per_step'), 0))
             for k in ('losses_identical', 'weights_identical'):
                 if s:
                     same += s.get(k + '_reps') or 0
@@ -296,7 +304,10 @@ def table_train(workloads, sums):
     return grid(header, rows) + (
         '\nms/step and peak: median [min–max] of the repetitions\' ratios '
         'to native of the same repetition (peak: NVML, the larger rank\'s '
-        'under DDP); reps: %s.\n' % ', '.join(workloads))
+        'under DDP)%s; reps: %s.\n' % (
+            '; alloc / free µs a step: the pluggable allocator\'s own time '
+            'in its calls, medians (`--time-calls`; the timing itself takes '
+            'about 40 ns a call)' if timed else '', ', '.join(workloads)))
 
 
 def table_loops(workloads, sums):
