@@ -685,11 +685,15 @@ def test_results_md():
                             dict(enqueue_calls_per_s=1e6, ratio_calls_per_s=0.5))])
         results_run(os.path.join(res, 'f-ddp.jsonl'), '2026-01-05T00:00:00Z', 'c4' * 20,
                     'NVIDIA H200', 2,
-                    [('train-lm-ddp', st, st, 0, dict(ms_per_step=ms, ms_per_step_ratio=ms / 40,
-                                                      peak_mib=1000.0, peak_ratio=1.0,
-                                                      losses_identical=st != 'native' or None,
-                                                      weights_identical=st != 'native' or None))
-                     for st, ms in (('native', 40.0), ('cudefer', 42.0))])
+                    [('train-lm-ddp', st, st, 0, dict(dict(ms_per_step=ms, ms_per_step_ratio=ms / 40,
+                                                           peak_mib=1000.0, peak_ratio=1.0,
+                                                           losses_identical=st != 'native' or None,
+                                                           weights_identical=st != 'native' or None),
+                                                      **calls))
+                     for st, ms, calls in (('native', 40.0, {}),
+                                           ('cudefer', 42.0,
+                                            dict(calls_alloc_us_per_step=300.0,
+                                                 calls_free_us_per_step=400.0)))])
         with open(os.path.join(res, 'b-new.txt'), 'w') as f:
             f.write('the table\n')
         with open(os.path.join(res, 'traces.tar.gz'), 'w') as f:
@@ -714,6 +718,11 @@ def test_results_md():
         ddp = text[text.index('## 2× NVIDIA H200'):]
         row = next(l for l in ddp.splitlines() if l.startswith('| `cudefer`'))
         assert '| 1.050 |' in row and 'yes, 2 of 2' in row, row
+        # --time-calls: the allocator's own time a step, a column of its own
+        assert '| LM alloc / free µs a step |' in ddp and '| 300 / 400 |' in row, ddp
+        native = next(l for l in ddp.splitlines() if l.startswith('| `native`'))
+        assert '| 1.000 (1000 MiB) | - |' in native, native
+        assert 'alloc / free µs a step' not in one   # no timed run there
         others = text[text.index('## Other files'):]
         for n in ('a-old.jsonl', 'd-ab.jsonl', 'traces.tar.gz'):
             assert '[`%s`](results/%s)' % (n, n) in others, (n, others)
