@@ -52,7 +52,10 @@ void s_event_destroy_at_shutdown(const struct scenario *sc)
 }
 
 /* CUDEFER_EVENT_POOL=0: every event given back is destroyed.  A stream's
- * completed events are given back by its next call (stream_lane.h). */
+ * completed events are given back by its next call (stream_lane.h).  The
+ * frees wait behind held work, so each finds the stream busy and takes an
+ * event of its own however slowly the test runs (on an idle stream a lane
+ * records its one event again, and nothing would be given back). */
 void s_event_destroy_overflow(const struct scenario *sc)
 {
     enum { N = 6 };
@@ -61,10 +64,12 @@ void s_event_destroy_overflow(const struct scenario *sc)
     void *p[N];
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_DESTROY, bad, 0, sc->count);
+    fake_work *hold = fake_launch_held(s, NULL, 0);
     for (int i = 0; i < N; i++) {
         p[i] = busy_buffer(s, 256, 100);
         CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
     }
+    fake_complete(hold);
     cudaError_t f = defer_flush();
     void *q = busy_buffer(s, 256, 100);
     cudaError_t fq = defer_free(q, s);
