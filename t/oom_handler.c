@@ -380,10 +380,13 @@ static void scenario_set_while_running(void)
 
 /* Threads allocate out of memory while another sets the pair again and
  * again (two handlers, each with its own arg, and none): every call sees
- * its own handler's arg. */
+ * its own handler's arg.  Each thread makes RACE_REQUESTS requests, and
+ * goes on (up to RACE_MORE times as many) until a handler was called: on
+ * a loaded machine the setter may not run before the first requests end. */
 #define RACE_REQUESTS 150
+#define RACE_MORE 100
 static const int tag_a = 'a', tag_b = 'b';
-static atomic_int race_calls, race_mixed, race_done;
+static atomic_int race_calls, race_mixed, race_done, race_requests;
 
 static int handler_a(size_t bytes, int device, void *arg)
 {
@@ -406,8 +409,12 @@ static int handler_b(size_t bytes, int device, void *arg)
 static void *race_allocate(void *arg)
 {
     cudaStream_t s = arg;
-    for (int i = 0; i < RACE_REQUESTS; i++) {
+    for (int i = 0;
+         i < RACE_REQUESTS || (atomic_load(&race_calls) == 0 &&
+                               i < RACE_MORE * RACE_REQUESTS);
+         i++) {
         void *p = NULL;
+        atomic_fetch_add(&race_requests, 1);
         if (defer_alloc(&p, MiB, s) != cudaErrorMemoryAllocation)
             atomic_fetch_add(&race_mixed, 1000);
     }
@@ -452,11 +459,11 @@ static void scenario_race(void)
           "every call got its own handler's arg (%d mixed)",
           atomic_load(&race_mixed));
     CHECK(atomic_load(&race_calls) > 0 &&
-              atomic_load(&race_calls) <= 2 * RACE_REQUESTS,
+              atomic_load(&race_calls) <= atomic_load(&race_requests),
           "called at most once a request: %d calls for %d requests",
-          atomic_load(&race_calls), 2 * RACE_REQUESTS);
+          atomic_load(&race_calls), atomic_load(&race_requests));
     diag("%d handler calls for %d requests", atomic_load(&race_calls),
-         2 * RACE_REQUESTS);
+         atomic_load(&race_requests));
     fake_fail_clear();
     defer_set_oom_handler(NULL, NULL, NULL, NULL);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
