@@ -52,7 +52,6 @@ struct recycle_chains {
     size_t nevents; /* chained on events */
 };
 
-/* The one reclaimer's state: rs. */
 /* Where the reclaimer gives device memory back on one device: its own
  * stream, on which nothing else runs.  Reclaimer thread only. */
 struct free_stream {
@@ -65,6 +64,7 @@ struct free_stream {
                                when one succeeds */
 };
 
+/* The one reclaimer's state: rs. */
 struct reclaimer_state {
     /* Shared with launching threads: what every call reads (state,
      * gate_closed, disabled, any_device_failed, device_errors: one cache
