@@ -258,10 +258,7 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
         if (cuda_error_is_sticky(err))
-            reclaimer_fail_device(e->device,
-                                  out.failed_call != NULL ? out.failed_call
-                                                          : "cudaFree",
-                                  err);
+            reclaimer_fail_device(e->device, out.failed_call, err);
         stats_record_latency(now - e->completed_ns);
     } else {
         err = device_error(e->device);

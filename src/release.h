@@ -13,7 +13,8 @@
 struct release_report {
     unsigned queued;         /* cudaMalloc pointers freed on async_stream:
                                 back once the caller synchronizes it */
-    const char *failed_call; /* the call that returned the first error */
+    const char *failed_call; /* the call that returned the first error;
+                                set whenever release_entry fails */
 };
 
 /* The reclaimer (or a launching thread, in the synchronous fallback), once

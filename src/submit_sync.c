@@ -50,6 +50,23 @@ static bool queue_synced_call(const struct request_args *a,
     return true;
 }
 
+/* Any thread, admitted: wait for each of users[0..n), each on its device
+ * (sw: the caller's device, restored before the return).  Blocks.
+ * cudaSuccess, or the refusal of a's call naming the call that failed. */
+static cudaError_t wait_for_users(const struct request_args *a,
+                                  const struct block_user *users, size_t n,
+                                  struct cuda_switch *sw)
+{
+    cudaError_t err = cudaSuccess;
+    const char *failed = "cudaStreamSynchronize";
+    for (size_t i = 0; i < n && err == cudaSuccess; i++)
+        if ((err = cache_users_enter(&users[i], sw, &failed)) == cudaSuccess)
+            err = cuda_stream_synchronize(users[i].handle);
+    cuda_switch_back(sw, a->what);
+    return err == cudaSuccess ? cudaSuccess
+                              : submit_reject(a->what, failed, err);
+}
+
 /* Any thread, admitted: wait for stream (and the streams a's blocks were
  * recorded on) here and release at once.  Blocks.  Callbacks run on the
  * calling thread, but for one that can be queued behind its stream's
@@ -82,14 +99,8 @@ static cudaError_t release_synchronously(const struct request_args *a,
         return cudaErrorInvalidValue;
     }
     struct cuda_switch sw = CUDA_SWITCH_NONE;
-    const char *failed = "cudaStreamSynchronize";
-    for (size_t i = 0; i < nrec && err == cudaSuccess; i++)
-        if ((err = cache_users_enter(&recorded[i], &sw, &failed)) ==
-            cudaSuccess)
-            err = cuda_stream_synchronize(recorded[i].handle);
-    cuda_switch_back(&sw, a->what);
-    if (err != cudaSuccess)
-        return submit_reject(a->what, failed, err);
+    if ((err = wait_for_users(a, recorded, nrec, &sw)) != cudaSuccess)
+        return err;
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
         queue_synced_call(a, stream))
         return cudaSuccess;
@@ -104,14 +115,12 @@ static cudaError_t release_synchronously(const struct request_args *a,
     struct cuda_switch to_device = CUDA_SWITCH_NONE;
     if (a->kind != ENTRY_CALL)
         cuda_switch_device(&to_device, device, NULL);
-    err = release_entry(&e, NULL, NULL);
+    struct release_report out = {0};
+    err = release_entry(&e, NULL, &out);
     cuda_switch_back(&to_device, a->what);
     stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
     if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
-        lifecycle_fail_device(a->what, device,
-                              a->kind == ENTRY_FREE_HOST ? "cudaFreeHost"
-                                                         : "cudaFree",
-                              err);
+        lifecycle_fail_device(a->what, device, out.failed_call, err);
     return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 
@@ -135,14 +144,8 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
  * first.  Blocks.  Returns as release_synchronously does. */
 cudaError_t submit_sync_route(const struct request_args *a, struct target *t)
 {
-    cudaError_t err = cudaSuccess;
-    const char *failed = "cudaStreamSynchronize";
-    for (size_t i = 1; i < t->n && err == cudaSuccess; i++)
-        if ((err = cache_users_enter(&t->users[i], &t->sw, &failed)) ==
-            cudaSuccess)
-            err = cuda_stream_synchronize(t->streams[i]);
-    cuda_switch_back(&t->sw, a->what);
+    cudaError_t err = wait_for_users(a, t->users + 1, t->n - 1, &t->sw);
     if (err != cudaSuccess)
-        return submit_reject(a->what, failed, err);
+        return err;
     return release_synchronously(a, t->streams[0]);
 }
