@@ -155,7 +155,7 @@ struct defer_device_stats {
  * launches done, and the stream's work from before the capture is done;
  * defer_flush does not wait for it.  A capture already invalidated is
  * cudaErrorStreamCaptureInvalidated.
- * Limit: by default a device holds a sixth of its use at most (1 GiB min).
+ * Limit: by default a device holds a sixth of its use at most (512 MiB min).
  * Limit: giving a cudaMalloc buffer back holds up other threads' cudaMalloc
  * and cudaFree (not their launches) for about 20 us.
  * Limit: a graph destroyed after defer_shutdown never releases ptr.

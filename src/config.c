@@ -59,7 +59,7 @@ static const struct knob knobs[] = {
     KNOB(POLL_MAX_US, poll_max_us, KIND_US, 1000, 1, 1000000, NULL),
     KNOB(IDLE_US, idle_us, KIND_US, 2000, 0, 10000000, NULL),
     KNOB(MAX_PENDING, max_pending_bytes, KIND_SIZE, 0, 0, UINT64_C(1) << 50,
-         "auto, a sixth of what the application uses on the device, 1G..a quarter of the device"),
+         "auto, a sixth of what the application uses on the device, 512M..a quarter of the device"),
     KNOB(MAX_DELAY_MS, max_delay_ms, KIND_MS, 1000, 0, 3600000, "no limit"),
     KNOB(POLICY, policy, KIND_POLICY, DEFER_POLICY_BATCHED, 0, NPOLICIES - 1,
          NULL),

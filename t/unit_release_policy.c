@@ -152,14 +152,16 @@ static void test_default_cap(void)
        "what cudefer holds is not the application's (16 GiB used, 4 held)");
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 0) ==
            RELEASE_POLICY_CAP_FLOOR &&
-           release_policy_cap(&c, 80 * GiB, 79 * GiB, 0) == 1 * GiB,
-       "at least the floor (1 GiB) for a small program");
+           release_policy_cap(&c, 80 * GiB, 79 * GiB, 0) == 512 * MiB,
+       "at least the floor (half a GiB) for a small program");
+    ok(release_policy_cap(&c, 80 * GiB, 76 * GiB, 0) == 4 * GiB / 6,
+       "a working set of 4 GiB sets the cap: above the floor");
     ok(release_policy_cap(&c, 80 * GiB, 80 * GiB, 5 * GiB) ==
            RELEASE_POLICY_CAP_FLOOR,
        "held more than used (pinned memory): the floor");
     ok(release_policy_cap(&c, 96 * GiB, 0, 0) == 16 * GiB,
        "a device used whole: a sixth of it");
-    ok(release_policy_cap(&c, 512 * MiB, 0, 0) == 128 * MiB,
+    ok(release_policy_cap(&c, 1 * GiB, 0, 0) == 256 * MiB,
        "a device smaller than four floors: a quarter of it");
 }
 
