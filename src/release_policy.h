@@ -84,27 +84,27 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
 
 /* Note [The cap]
  * In training the GPU is never idle and a step frees more than the age
- * limit lets pile up, so the cap is what bounds held memory.  A fixed share
- * of the device let a program that keeps cudaMalloc and defers its frees
- * hold many times its working set: cudaMalloc cannot reuse held memory, so
- * every held byte adds to the program's peak.  So by default the cap
- * follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE) of the
- * memory it uses on the device (the device's used memory less what cudefer
- * holds), at least RELEASE_POLICY_CAP_FLOOR and at most a quarter of the
- * device.  The floor is for a program whose working set is small but
- * whose frees are many.  While releases were cudaFree batches, each of
- * which drained the device, a floor of a quarter GiB cost such a loop of
- * 1 MiB frees 40 % of its run time; with releases on the reclaimer's
- * stream (Note [Releasing without a drain], reclaimer_frees.c) such loops
- * (one stream, bursts, eight threads) run as fast under caps of a quarter,
- * a half and one GiB, while a CNN whose working set is 4 GiB holds 1.32
- * times the peak of cudaMalloc and cudaFree under a 1 GiB floor and 1.24
- * times under the sixth it would have without one.  Half a GiB keeps the
- * small program's batches large and lets a working set of 3 GiB or more
- * set the cap.  A batch over the cap releases down to half of it: a
- * twelfth of the working set at a time.  The reclaimer asks the device's
- * use again every RELEASE_POLICY_CAP_REFRESH_NS while it holds memory
- * there; max_pending_bytes, when set, is the cap instead. */
+ * limit lets pile up, so the cap is what bounds held memory.  A fixed
+ * share of the device would let a program that keeps cudaMalloc and defers
+ * its frees hold many times its working set: cudaMalloc cannot reuse held
+ * memory, so every held byte adds to the program's peak.  So by default
+ * the cap follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE)
+ * of the memory it uses on the device (the device's used memory less what
+ * cudefer holds), at least RELEASE_POLICY_CAP_FLOOR and at most a
+ * quarter of the device.  The floor is for a program whose working set is
+ * small but whose frees are many: each batch over the cap is a release.
+ * Where a release drains the device (cudaFree, on a device without memory
+ * pools) a floor of a quarter GiB cost a loop of 1 MiB frees 40 % of its run
+ * time.  Released on the reclaimer's stream (Note [Releasing without a
+ * drain], reclaimer_frees.c), such loops (one stream, bursts, eight threads)
+ * run as fast under caps of a quarter, a half and one GiB, while a CNN whose
+ * working set is 4 GiB holds 1.32 times the peak of cudaMalloc and cudaFree
+ * under a floor of one GiB and 1.20 times under half a GiB.  So the floor is
+ * half a GiB, and a working set of more than 3 GiB sets the cap.  A batch
+ * over the cap releases down to half of it: a twelfth of the working set at
+ * a time.  The reclaimer asks the device's use again every
+ * RELEASE_POLICY_CAP_REFRESH_NS while it holds memory there;
+ * max_pending_bytes, when set, is the cap instead. */
 #define RELEASE_POLICY_CAP_SHARE 6
 #define RELEASE_POLICY_CAP_FLOOR (UINT64_C(1) << 29)
 #define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)

@@ -144,7 +144,9 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
  * first.  Blocks.  Returns as release_synchronously does. */
 cudaError_t submit_sync_route(const struct request_args *a, struct target *t)
 {
-    cudaError_t err = wait_for_users(a, t->users + 1, t->n - 1, &t->sw);
+    cudaError_t err = t->n > 1 /* else users is NULL */
+                          ? wait_for_users(a, t->users + 1, t->n - 1, &t->sw)
+                          : cudaSuccess;
     if (err != cudaSuccess)
         return err;
     return release_synchronously(a, t->streams[0]);

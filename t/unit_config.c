@@ -421,7 +421,7 @@ static void test_env_messages(void)
         {"CUDEFER_MAX_PENDING", "1.5G",
          "cudefer: CUDEFER_MAX_PENDING=\"1.5G\" is not a size: expected "
          "0..1P (bytes with an optional k, M, G, T or P suffix, powers of "
-         "1024; 0: auto, a sixth of what the application uses on the device, 1G..a quarter of the device); using the default "
+         "1024; 0: auto, a sixth of what the application uses on the device, 512M..a quarter of the device); using the default "
          "0\n"},
         {"CUDEFER_ROUND_DIVISIONS", "24",
          "cudefer: CUDEFER_ROUND_DIVISIONS=\"24\" is not a power of two: "
@@ -762,7 +762,7 @@ static void test_print(void)
            "cudefer: CUDEFER_POLL_US=50us\n"
            "cudefer: CUDEFER_POLL_MAX_US=1ms\n"
            "cudefer: CUDEFER_IDLE_US=2ms\n"
-           "cudefer: CUDEFER_MAX_PENDING=0 (auto, a sixth of what the application uses on the device, 1G..a quarter of the device)\n"
+           "cudefer: CUDEFER_MAX_PENDING=0 (auto, a sixth of what the application uses on the device, 512M..a quarter of the device)\n"
            "cudefer: CUDEFER_MAX_DELAY_MS=1s\n"
            "cudefer: CUDEFER_POLICY=batched\n"
            "cudefer: CUDEFER_EVENT_POOL=4096\n"
@@ -862,7 +862,7 @@ static void test_validate(void)
                   "idle_us is 10000001 (expected microseconds, 0..10000000)");
     validate_case(pending_big,
                   "max_pending_bytes is 1125899906842625 (expected bytes, "
-                  "0..1125899906842624; 0: auto, a sixth of what the application uses on the device, 1G..a quarter of the device)");
+                  "0..1125899906842624; 0: auto, a sixth of what the application uses on the device, 512M..a quarter of the device)");
     validate_case(delay_big,
                   "max_delay_ms is 3600001 "
                   "(expected milliseconds, 0..3600000; 0: no limit)");
