@@ -14,7 +14,8 @@
  * pinned results are released with defer_free_host_streams.
  *
  * Needs no kernel of its own: build it against an installed cudefer with
- *   cc streams.c $(pkg-config --cflags --libs cudefer) -lcudart
+ *   cc streams.c $(pkg-config --cflags --libs cudefer) \
+ *      -L/usr/local/cuda/lib64 -lcudart
  *
  * usage: streams [-n ITER]    (default 1000 iterations, at most 10000)
  * Exits 0 when every byte copied is right and cudefer released everything;

@@ -21,14 +21,16 @@
  *   began to start, all calls but defer_config_defaults, defer_stats_get,
  *   defer_set_oom_handler, defer_device_stats_get,
  *   defer_device_stats_reset_peaks and defer_version return
- *   cudaErrorNotPermitted; the child never releases
+ *   cudaErrorNotPermitted (but for what has nothing to do: a NULL free, a
+ *   0-byte defer_alloc, a second defer_shutdown); the child never releases
  *   what the parent had pending (counted as failed).
  * - After a sticky error on a device (a kernel fault), its pending entries
  *   are abandoned (counted as failed); later calls on it and defer_flush
  *   return that error.
  * - At exit, pending entries are drained for at most 2 s; the rest is never
  *   released (leaked_at_exit).
- * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...".
+ * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",
+ *   but for defer_alloc's out of memory (the caller's to handle).
  * - Stream 0 is the legacy stream, cudaStreamPerThread the calling thread's
  *   (but see the end for --default-stream per-thread).
  */

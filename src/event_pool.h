@@ -4,7 +4,7 @@
  *
  * Two kinds are pooled: entries (entry.h) and shared events (a CUDA event,
  * cudaEventDisableTiming, that entries of one stream share: stream_lane.h
- * says how).  An entry no longer owns an event: under load thousands of
+ * says how).  An entry owns no event of its own: under load thousands of
  * entries of a stream share a few events, so the driver's event creation,
  * W6's cost on an H100, is paid a few times per stream, not once
  * per entry.

@@ -66,6 +66,9 @@ static int s_after_shutdown(void)
     CHECK(defer_free(NULL, s) == cudaSuccess, "defer_free(NULL) is still a no-op");
     CHECK(defer_free_n(q, 0, s) == cudaSuccess, "defer_free_n of 0 is still a "
           "no-op");
+    void *none = &none;
+    CHECK(defer_alloc(&none, 0, s) == cudaSuccess && none == NULL,
+          "defer_alloc of 0 bytes is still a no-op, NULL");
     struct defer_config cfg;
     defer_config_defaults(&cfg);
     stderr_capture_begin();
