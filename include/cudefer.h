@@ -359,8 +359,9 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 CUDEFER_API cudaError_t defer_shutdown(void);
 
 /* Structs that grow: struct defer_config, struct defer_stats and struct
- * defer_device_stats gain fields at their end.  The calls that take them are macros passing this header's
- * sizeof, so fields a program's struct lacks are never read nor written.
+ * defer_device_stats gain fields at their end.  The calls that take them
+ * are macros passing this header's sizeof, so fields a program's struct
+ * lacks are never read nor written.
  * Call the *_sized functions directly where no macro can be used (dlsym,
  * ctypes).  The plain symbols are cudefer 0.1.0's, which know its fields
  * only (through check; through reused); later knobs keep their defaults. */
