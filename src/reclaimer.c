@@ -443,13 +443,19 @@ void reclaimer_take_in(struct entry *e)
             stream_table_poll_all_soon(&rs.streams, rs.cfg.poll_max_us);
         return;
     }
-    /* Out of memory for a FIFO: wait for this one entry here. */
+    /* Out of memory for a FIFO: wait for this one entry here.  A wait that
+     * fails is what a failed query is (reclaimer_poll.c): never completion,
+     * so the device fails, said once. */
     report("reclaimer: out of memory; waiting for one entry's event "
            "synchronously");
     cudaError_t err = e->ev == NULL ? cudaSuccess /* synced */
                       : reclaimer_use_device(e->device)
                           ? cuda_event_synchronize(e->ev->event)
                           : device_error(e->device);
+    if (err != cudaSuccess) {
+        reclaimer_fail_device(e->device, "cudaEventSynchronize", err);
+        err = device_error(e->device);
+    }
     reclaimer_event_done(e, err, now_ns());
 }
 

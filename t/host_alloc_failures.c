@@ -8,7 +8,10 @@
  * saying why, the pointer still the caller's, and the same call unarmed
  * then succeeds) or accepts; shutdown then releases every
  * pointer, returns cudaSuccess, and leaves nothing the armed call
- * allocated behind; the oracle sees nothing released early.
+ * allocated behind; the oracle sees nothing released early.  The reclaimer
+ * is armed the same way, by a defer_call that runs on it: out of memory
+ * for a stream's FIFO it waits for the entry with cudaEventSynchronize,
+ * the one call t/faults cannot reach.
  *
  * The allocator functions are replaced in this program (ELF interposition:
  * the library's calls come here too), so a sanitizer's own replacements
@@ -350,6 +353,113 @@ static cudaError_t pluggable(long n, void **mine, int *nmine)
     return err;
 }
 
+/* Callbacks that arm and disarm the thread they run on: the reclaimer. */
+static void arm_reclaimer(void *n)
+{
+    seen = 0;
+    fail_at = *(const long *)n;
+    armed = true;
+}
+
+static void set_flag(void *flag)
+{
+    *(int *)flag = 1;
+}
+
+static void disarm_reclaimer(void *unused)
+{
+    (void)unused;
+    armed = false;
+    *reached = seen > fail_at;
+}
+
+/* The reclaimer out of host memory: its fail_at-th allocation from the
+ * arming fails while it takes entries of a stream it has not seen (each
+ * kind needs a FIFO there: memory, a block, a callback) and of s, then
+ * releases them.  Whatever fails, nothing is released before its work is
+ * done (the oracle), each entry is released or run by the flush, and
+ * shutdown leaves nothing the reclaimer allocated meanwhile.  An entry
+ * the reclaimer cannot file is waited for at once (cudaEventSynchronize),
+ * said in one line. */
+static cudaError_t reclaimer_out_of_memory(long n, void **mine, int *nmine)
+{
+    static long at;
+    static int ran;
+    at = n;
+    ran = 0;
+    void *p = device_alloc(1 << 20), *q = NULL, *r = device_alloc(4096);
+    mine[(*nmine)++] = p;
+    mine[(*nmine)++] = r;
+    stderr_capture_begin();
+    CHECK(defer_call(arm_reclaimer, &at, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "the reclaimer armed");
+    CHECK(defer_alloc(&q, 2 << 20, s2) == cudaSuccess, "a block on s2");
+    mine[(*nmine)++] = q;
+    fake_launch(s2, 2000, &p, 1);
+    CHECK(defer_free(p, s2) == cudaSuccess, "a free behind work on s2");
+    CHECK(defer_free(q, s2) == cudaSuccess, "the block's free on s2");
+    CHECK(defer_call(set_flag, &ran, s2) == cudaSuccess, "a callback on s2");
+    CHECK(defer_free(r, s) == cudaSuccess, "a free on s");
+    cudaError_t err = defer_flush();
+    CHECK(defer_call(disarm_reclaimer, NULL, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "the reclaimer disarmed");
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess, "the flush: %s (stderr: \"%s\")",
+          cudaGetErrorName(err), said);
+    CHECK(fake_is_released(p) && fake_is_released(r),
+          "the frees released by the flush");
+    CHECK(ran, "the callback ran by the flush");
+    return err;
+}
+
+/* The reclaimer out of memory for a FIFO, and the cudaEventSynchronize it
+ * then waits with failing (a non-sticky error, as a query's would be): the
+ * device fails as when a query fails, said in one line naming the call,
+ * the flush returns the error, and the frees on it are counted failed,
+ * never released.  Two frees on streams the reclaimer has not seen: the
+ * first may take the FIFO the arming callback left spare, the second needs
+ * a new one.  In a child; exits with the checks' verdict. */
+static void reclaimer_sync_fails_child(void)
+{
+    failed_checks = 0;
+    fake_reset(1);
+    s = stream_new();
+    s2 = stream_new();
+    cudaStream_t s3 = stream_new();
+    static long at = 0;
+    void *p[2] = {device_alloc(1 << 20), device_alloc(1 << 20)};
+    fake_launch(s2, 2000, &p[0], 1);
+    fake_launch(s3, 2000, &p[1], 1);
+    stderr_capture_begin();
+    CHECK(defer_call(arm_reclaimer, &at, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "the reclaimer armed");
+    fake_fail(FAKE_EVENT_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, 1);
+    unsigned long long failed = stats_now().failed;
+    CHECK(defer_free(p[0], s2) == cudaSuccess &&
+              defer_free(p[1], s3) == cudaSuccess,
+          "frees behind work on two new streams");
+    cudaError_t err = defer_flush();
+    const char *said = stderr_capture_end();
+    CHECK(fake_calls(FAKE_EVENT_SYNCHRONIZE) == 1,
+          "the reclaimer waited with cudaEventSynchronize (%lu calls)",
+          fake_calls(FAKE_EVENT_SYNCHRONIZE));
+    CHECK(err == cudaErrorInvalidResourceHandle, "the flush: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "device 0", "cudaEventSynchronize", NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(stats_now().failed - failed == 2, "both frees counted failed (%llu)",
+          stats_now().failed - failed);
+    CHECK(!fake_is_released(p[0]) && !fake_is_released(p[1]),
+          "and never released");
+    stderr_capture_begin();
+    defer_shutdown();
+    stderr_capture_end();
+    scenario_child_end();
+}
+
 /* In a child: the sweep's call with its fail_at-th allocation failing,
  * then shutdown: everything released, nothing of the call's left. */
 static void child(const struct sweep *w, long n)
@@ -428,9 +538,18 @@ int main(void)
         {"a block's defer_free on the legacy stream", batched_free},
         {"a defer_free on a capturing stream", captured_free},
         {"the first defer_pluggable_alloc", pluggable},
+        {"the reclaimer's own allocations", reclaimer_out_of_memory},
     };
     for (size_t i = 0; i < sizeof sweeps / sizeof *sweeps; i++)
         sweep(&sweeps[i]);
+    pid_t pid = fork_flushed();
+    if (pid == 0)
+        reclaimer_sync_fails_child();
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "the reclaimer out of memory, its cudaEventSynchronize failing: the "
+       "device fails, said in one line; the flush returns the error");
     return 0;
 }
 #else
