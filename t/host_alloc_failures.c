@@ -375,8 +375,8 @@ static void disarm_reclaimer(void *unused)
 
 /* The reclaimer out of host memory: its fail_at-th allocation from the
  * arming fails while it takes entries of a stream it has not seen (each
- * kind needs a FIFO there: memory, a block, a callback) and of s, then
- * releases them.  Whatever fails, nothing is released before its work is
+ * kind needs a FIFO there: memory, a block, a callback) and of s, a
+ * group on both, a block used on both and a trim, then releases them.  Whatever fails, nothing is released before its work is
  * done (the oracle), each entry is released or run by the flush, and
  * shutdown leaves nothing the reclaimer allocated meanwhile.  An entry
  * the reclaimer cannot file is waited for at once (cudaEventSynchronize),
@@ -401,6 +401,18 @@ static cudaError_t reclaimer_out_of_memory(long n, void **mine, int *nmine)
     CHECK(defer_free(q, s2) == cudaSuccess, "the block's free on s2");
     CHECK(defer_call(set_flag, &ran, s2) == cudaSuccess, "a callback on s2");
     CHECK(defer_free(r, s) == cudaSuccess, "a free on s");
+    /* A group (members on both streams) and a block used on two streams. */
+    void *g = device_alloc(1 << 20), *b = NULL;
+    mine[(*nmine)++] = g;
+    cudaStream_t both[2] = {s2, s};
+    CHECK(defer_free_streams(g, both, 2) == cudaSuccess, "a group's free");
+    CHECK(defer_alloc(&b, 1 << 20, s) == cudaSuccess &&
+              defer_record_stream(b, s2) == cudaSuccess,
+          "a block also used on s2");
+    mine[(*nmine)++] = b;
+    CHECK(defer_free(b, s) == cudaSuccess, "its free");
+    size_t trimmed = 0;
+    CHECK(defer_trim(&trimmed) == cudaSuccess, "a trim");
     cudaError_t err = defer_flush();
     CHECK(defer_call(disarm_reclaimer, NULL, s) == cudaSuccess &&
               defer_flush() == cudaSuccess,
@@ -408,7 +420,7 @@ static cudaError_t reclaimer_out_of_memory(long n, void **mine, int *nmine)
     const char *said = stderr_capture_end();
     CHECK(err == cudaSuccess, "the flush: %s (stderr: \"%s\")",
           cudaGetErrorName(err), said);
-    CHECK(fake_is_released(p) && fake_is_released(r),
+    CHECK(fake_is_released(p) && fake_is_released(r) && fake_is_released(g),
           "the frees released by the flush");
     CHECK(ran, "the callback ran by the flush");
     return err;
