@@ -472,11 +472,12 @@ void cache_upstream_forget(int device, size_t bytes);
  * say; never blocks on the GPU. */
 size_t cache_upstream_slack(int device);
 
-/* Reclaimer only (device current), after segments were handed back on
- * stream: releases the pool's unused memory to CUDA once that stream
- * reached the frees.  Returns the bytes by which the pool's reserve shrank
- * (0 without a pool). */
-size_t cache_upstream_trim(int device, cudaStream_t stream);
+/* Reclaimer only (device current): releases the pool's unused memory to
+ * CUDA.  Segments handed back on a stream are the pool's unused memory
+ * only once that stream reached their frees: the caller waits for it
+ * first (and says a failed wait).  Returns the bytes by which the pool's
+ * reserve shrank (0 without a pool). */
+size_t cache_upstream_trim(int device);
 
 /* ---- tests only --------------------------------------------------------- */
 

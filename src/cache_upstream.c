@@ -181,16 +181,12 @@ bool cache_upstream_exists(int device)
            atomic_load(&mempools[device].state) == MEMPOOL_READY;
 }
 
-size_t cache_upstream_trim(int device, cudaStream_t stream)
+size_t cache_upstream_trim(int device)
 {
     if (device < 0 || device >= nmempools ||
         atomic_load(&mempools[device].state) != MEMPOOL_READY)
         return 0;
     cudaMemPool_t pool = mempools[device].pool;
-    /* The frees were ordered on stream: the trim must come after them.  The
-     * stream holds nothing but frees, so this costs no device drain. */
-    if (stream != NULL)
-        cudaStreamSynchronize(stream);
     uint64_t before = 0, after = 0;
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);

@@ -570,8 +570,13 @@ static void release_cache_blocks(uint64_t now, bool stopping)
         cudaStream_t async = reclaimer_frees_stream(d);
         rs.pass_released_bytes +=
             cache_reclaim_release(d, before, async, reclaimer_fail_device);
-        if (all) /* the pool's unused memory back to CUDA too */
-            rs.pass_released_bytes += cache_upstream_trim(d, async);
+        /* The pool's unused memory back to CUDA too, once the segments
+         * handed back on async reached it: that wait fails as the wait
+         * after a pass's frees does (a sticky error fails the device). */
+        if (all && async != NULL)
+            reclaimer_frees_wait(d);
+        if (all && device_error(d) == cudaSuccess)
+            rs.pass_released_bytes += cache_upstream_trim(d);
         trace_pop();
     }
 }

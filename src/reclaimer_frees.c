@@ -98,6 +98,12 @@ void reclaimer_frees_queued(int device, unsigned n)
         sync_frees(device);
 }
 
+void reclaimer_frees_wait(int device)
+{
+    if (rs.free_streams[device].stream != NULL)
+        sync_frees(device);
+}
+
 void reclaimer_frees_sync(void)
 {
     for (int d = 0; d < rs.ndevices; d++)

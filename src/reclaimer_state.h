@@ -137,12 +137,15 @@ struct policy_view reclaimer_view_now(uint64_t now);
  * reported once); the stream e's memory goes back on, or NULL for cudaFree
  * (asks CUDA once a device whether it has memory pools); n more cudaMalloc
  * pointers freed on device's stream, synchronized once a slice is full;
- * every device's stream synchronized where frees wait (end of a pass);
- * the streams destroyed (shutdown).  Only a synchronize blocks, and only
- * until the frees on that stream ran. */
+ * device's stream synchronized now, whatever was freed on it (a trim of
+ * the block cache's pool); every device's stream synchronized where frees
+ * wait (end of a pass); the streams destroyed (shutdown).  Only a
+ * synchronize blocks, and only until the frees on that stream ran; a
+ * failed one is handled as sync_frees says. */
 cudaStream_t reclaimer_frees_stream(int device);
 cudaStream_t reclaimer_frees_stream_of(const struct entry *e);
 void reclaimer_frees_queued(int device, unsigned n);
+void reclaimer_frees_wait(int device);
 void reclaimer_frees_sync(void);
 void reclaimer_frees_destroy(void);
 

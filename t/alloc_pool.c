@@ -359,6 +359,53 @@ static void trim_free_fails_said(void)
     CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
 }
 
+/* A trim's wait for the frees it trims after (cudaStreamSynchronize of
+ * the reclaimer's free stream) that fails is what a failed wait after a
+ * pass's frees is (src/reclaimer_frees.c): another error is said once,
+ * naming the call, and the trim returns cudaSuccess; a sticky one fails
+ * the device, said once naming the device and the call, and defer_trim
+ * returns it.  The frees take 30 ms, so a trim that went on unsaid would
+ * find the pool's reserve unchanged. */
+static void trim_sync_fails_said(void)
+{
+    fake_set_free_async_us(30000);
+    cudaStream_t s = stream_new();
+    void *p = NULL, *q = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess &&
+              defer_alloc(&q, 1 << 20, s) == cudaSuccess,
+          "two blocks");
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "one freed: FREE in the cache");
+    unsigned long syncs = fake_calls(FAKE_STREAM_SYNCHRONIZE);
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, 1);
+    cudaError_t err = defer_trim(NULL);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs == 1,
+          "the trim waited for its frees (%lu calls)",
+          fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs);
+    CHECK(err == cudaSuccess, "defer_trim: %s (not sticky: no device error)",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "cudaStreamSynchronize failed",
+                   "cudaErrorInvalidResourceHandle", NULL),
+          "said, naming the call and the error (stderr: \"%s\")", said);
+
+    CHECK(defer_free(q, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "the other freed");
+    stderr_capture_begin();
+    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorLaunchFailure, 0, 1);
+    err = defer_trim(NULL);
+    said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
+          "error", cudaGetErrorName(err));
+    CHECK(has_line(said, "device 0", "cudaStreamSynchronize", NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(defer_flush() == cudaErrorLaunchFailure,
+          "a later flush hears the device's error");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -371,6 +418,8 @@ int main(void)
                   no_pool_mallocs_on_the_stream_device);
     fork_scenario("a trim's failed cudaFreeAsync of a cached block is said",
                   "", 1, 20000, trim_free_fails_said);
+    fork_scenario("a trim's failed wait for its frees is said; a sticky "
+                  "error fails the device", "", 1, 20000, trim_sync_fails_said);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");
