@@ -312,9 +312,19 @@ static void record_origin(struct origin *o)
         }
         rs.current_device = device;
     }
+    cudaError_t err;
     if (o->event == NULL &&
-        cuda_event_create_runtime(&o->event) != cudaSuccess) {
-        o->event = NULL; /* tried again on the next pass */
+        (err = cuda_event_create_runtime(&o->event)) != cudaSuccess) {
+        /* Tried again on the next pass, the entry waiting meanwhile: said
+         * once, since every pass may meet it again. */
+        static bool said;
+        if (!said)
+            cuda_report_failure("graph capture", "cudaEventCreateWithFlags",
+                                err, "; a captured entry waits for its "
+                                "streams' work from before the capture "
+                                "until an event can be made (said once)");
+        said = true;
+        o->event = NULL;
         return;
     }
     if (!not_capturing(o->stream, &gone)) {
@@ -322,7 +332,7 @@ static void record_origin(struct origin *o)
             o->state = ORIGIN_LOST;
         return;
     }
-    cudaError_t err = cuda_event_record_runtime(o->event, o->stream);
+    err = cuda_event_record_runtime(o->event, o->stream);
     if (err == cudaSuccess)
         o->state = ORIGIN_RECORDED;
     else if (!capture_error(err))

@@ -366,6 +366,51 @@ static void s_dead_graph_capturing_at_shutdown(void)
     fake_complete(w);
 }
 
+/* Lines of text that contain what. */
+static int lines_containing(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, what)) != NULL;
+         at += strlen(what))
+        n++;
+    return n;
+}
+
+/* The event the reclaimer records on a dead graph's stream once its
+ * capture ended cannot be made (cudaEventCreateWithFlags fails, pass
+ * after pass): said once, naming the call and the error, while the entry
+ * waits; never released while the work before the capture runs, and
+ * released once an event can be made and that work is done. */
+static void s_origin_event_create_fails(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    unsigned long creates = fake_calls(FAKE_EVENT_CREATE);
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_CREATE) < creates + 3 && now_ms() < until;)
+        sleep_ms(1);
+    const char *said = stderr_capture_end();
+    CHECK(fake_calls(FAKE_EVENT_CREATE) >= creates + 3,
+          "the reclaimer tried to make the event, pass after pass (%lu)",
+          fake_calls(FAKE_EVENT_CREATE) - creates);
+    CHECK(lines_containing(said, "cudaEventCreateWithFlags failed") == 1 &&
+              strstr(said, "cudaErrorMemoryAllocation") != NULL,
+          "said once, naming the call and the error (stderr: \"%s\")", said);
+    CHECK(fake_is_released(p) == 0, "not released: w runs");
+    fake_fail_clear();
+    sleep_ms(20); /* an event now, recorded after w */
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
+}
+
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
@@ -423,6 +468,8 @@ int main(void)
                   "failed, not released",
                   "CUDEFER_POLICY=eager", 1, 30000,
                   s_dead_graph_capturing_at_shutdown);
+    scenario("a dead graph's stream: the reclaimer cannot make its event: "
+             "said once, released once it can", s_origin_event_create_fails);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();
