@@ -26,6 +26,7 @@ enum origin_state {
 struct origin {
     cudaStream_t stream;
     cudaEvent_t event;
+    int device; /* the stream's, once its event is recorded */
     enum origin_state state;
 };
 
@@ -333,6 +334,7 @@ static void record_origin(struct origin *o)
         return;
     }
     err = cuda_event_record_runtime(o->event, o->stream);
+    o->device = device;
     if (err == cudaSuccess)
         o->state = ORIGIN_RECORDED;
     else if (!capture_error(err))
@@ -344,12 +346,16 @@ static void query_origin(struct origin *o)
     cudaError_t err = cuda_event_query(o->event);
     if (err == cudaErrorNotReady)
         return;
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         o->state = ORIGIN_DONE;
-    else if (capture_error(err)) /* a capture took the record: again */
+    } else if (capture_error(err)) { /* a capture took the record: again */
         o->state = ORIGIN_CAPTURING;
-    else
-        o->state = ORIGIN_LOST; /* a failed device: never complete */
+    } else {
+        /* Never complete: as with any failed query (reclaimer_poll.c),
+         * the device fails, said once. */
+        reclaimer_fail_device(o->device, "cudaEventQuery", err);
+        o->state = ORIGIN_LOST;
+    }
 }
 
 /* Destroy the origins' events; how many origins were lost. */

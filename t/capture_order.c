@@ -411,6 +411,49 @@ static void s_origin_event_create_fails(void)
     CHECK(wait_released(p, 10000), "released once w completed");
 }
 
+/* The query of the event recorded on a dead graph's stream after its
+ * capture fails: what a failed query of any entry's event is
+ * (reclaimer_poll.c): never completion, so the device fails, said once
+ * naming the device and the call, and a flush returns the error; the
+ * entry is counted failed, never released. */
+static void s_origin_query_fails(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
+          "the reclaimer recorded an event after the capture");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorInvalidResourceHandle, 0, 1);
+    for (double until = now_ms() + 10000;
+         stats_now().failed == failed && now_ms() < until;)
+        sleep_ms(1);
+    cudaError_t err = defer_flush();
+    const char *said = stderr_capture_end();
+    CHECK(stats_now().failed == failed + 1, "the entry counted failed (%llu)",
+          ULL(stats_now().failed - failed));
+    CHECK(has_line(said, "device 0", "cudaEventQuery", NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(err == cudaErrorInvalidResourceHandle, "the flush: %s",
+          cudaGetErrorName(err));
+    fake_complete(w);
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0, "never released");
+    stderr_capture_begin();
+    defer_shutdown();
+    stderr_capture_end();
+    cudaFree(p);
+}
+
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
@@ -470,6 +513,8 @@ int main(void)
                   s_dead_graph_capturing_at_shutdown);
     scenario("a dead graph's stream: the reclaimer cannot make its event: "
              "said once, released once it can", s_origin_event_create_fails);
+    scenario("a dead graph's stream: the query of its event fails: the "
+             "device fails, said", s_origin_query_fails);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();
