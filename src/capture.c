@@ -306,12 +306,9 @@ static void record_origin(struct origin *o)
         o->state = ORIGIN_LOST;
         return;
     }
-    if (rs.current_device != device) {
-        if (cuda_set_device(device) != cudaSuccess) {
-            o->state = ORIGIN_LOST;
-            return;
-        }
-        rs.current_device = device;
+    if (!reclaimer_use_device(device)) { /* the device failed, said */
+        o->state = ORIGIN_LOST;
+        return;
     }
     cudaError_t err;
     if (o->event == NULL &&

@@ -454,6 +454,51 @@ static void s_origin_query_fails(void)
     cudaFree(p);
 }
 
+/* The reclaimer's cudaSetDevice to the device of a dead graph's stream
+ * (device 1, the reclaimer on device 0) fails: what any failed switch of
+ * the reclaimer's is (reclaimer_use_device): that device fails, said once
+ * naming the device and the call, a flush returns the error; the entry is
+ * counted failed, never released. */
+static void s_origin_set_device_fails(void)
+{
+    cudaStream_t s0 = stream_new();
+    void *q = device_alloc(256);
+    CHECK(cudaSetDevice(1) == cudaSuccess, "device 1");
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+    CHECK(defer_free(q, s0) == cudaSuccess && defer_flush() == cudaSuccess,
+          "a free on device 0, flushed: the reclaimer's device is 0");
+    uint64_t failed = stats_now().failed;
+    unsigned long sets = fake_calls(FAKE_SET_DEVICE);
+    stderr_capture_begin();
+    fake_fail(FAKE_SET_DEVICE, cudaErrorDevicesUnavailable, 0, 1);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    for (double until = now_ms() + 10000;
+         stats_now().failed == failed && now_ms() < until;)
+        sleep_ms(1);
+    cudaError_t err = defer_flush();
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(fake_calls(FAKE_SET_DEVICE) > sets, "the reclaimer switched");
+    CHECK(stats_now().failed == failed + 1, "the entry counted failed (%llu)",
+          ULL(stats_now().failed - failed));
+    CHECK(has_line(said, "device 1", "cudaSetDevice", NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(err == cudaErrorDevicesUnavailable, "the flush: %s",
+          cudaGetErrorName(err));
+    fake_complete(w);
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0, "never released");
+    stderr_capture_begin();
+    defer_shutdown();
+    stderr_capture_end();
+}
+
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
@@ -515,6 +560,9 @@ int main(void)
              "said once, released once it can", s_origin_event_create_fails);
     scenario("a dead graph's stream: the query of its event fails: the "
              "device fails, said", s_origin_query_fails);
+    fork_scenario("a dead graph's stream on device 1: the reclaimer's "
+                  "cudaSetDevice to it fails: the device fails, said", "", 2,
+                  30000, s_origin_set_device_fails);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();
