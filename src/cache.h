@@ -475,9 +475,13 @@ size_t cache_upstream_slack(int device);
 /* Reclaimer only (device current): releases the pool's unused memory to
  * CUDA.  Segments handed back on a stream are the pool's unused memory
  * only once that stream reached their frees: the caller waits for it
- * first (and says a failed wait).  Returns the bytes by which the pool's
- * reserve shrank (0 without a pool). */
-size_t cache_upstream_trim(int device);
+ * first (and says a failed wait).  A sticky error of the trim is handed to
+ * fail (device, the call by name, the error); another is reported.
+ * Returns the bytes by which the pool's reserve shrank (0 without a
+ * pool). */
+size_t cache_upstream_trim(int device,
+                           void (*fail)(int device, const char *call,
+                                        cudaError_t err));
 
 /* ---- tests only --------------------------------------------------------- */
 

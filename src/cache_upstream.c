@@ -181,7 +181,9 @@ bool cache_upstream_exists(int device)
            atomic_load(&mempools[device].state) == MEMPOOL_READY;
 }
 
-size_t cache_upstream_trim(int device)
+size_t cache_upstream_trim(int device,
+                           void (*fail)(int device, const char *call,
+                                        cudaError_t err))
 {
     if (device < 0 || device >= nmempools ||
         atomic_load(&mempools[device].state) != MEMPOOL_READY)
@@ -190,7 +192,9 @@ size_t cache_upstream_trim(int device)
     uint64_t before = 0, after = 0;
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);
-    if (err != cudaSuccess)
+    if (cuda_error_is_sticky(err)) /* the device's, not the pool's */
+        fail(device, "cudaMemPoolTrimTo", err);
+    else if (err != cudaSuccess)
         cuda_report_failure("release", "cudaMemPoolTrimTo", err, "");
     if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent,
                                 &after) != cudaSuccess)

@@ -576,7 +576,8 @@ static void release_cache_blocks(uint64_t now, bool stopping)
         if (all && async != NULL)
             reclaimer_frees_wait(d);
         if (all && device_error(d) == cudaSuccess)
-            rs.pass_released_bytes += cache_upstream_trim(d);
+            rs.pass_released_bytes +=
+                cache_upstream_trim(d, reclaimer_fail_device);
         trace_pop();
     }
 }

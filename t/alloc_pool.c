@@ -406,6 +406,50 @@ static void trim_sync_fails_said(void)
           "a later flush hears the device's error");
 }
 
+/* The pool's trim (cudaMemPoolTrimTo) after a trim's releases fails: a
+ * sticky error is the device's, as in every other release of the
+ * reclaimer's: the device fails, said once naming the device and the
+ * call, and defer_trim returns the error; another error is said, naming
+ * the call, and the trim returns cudaSuccess. */
+static void pool_trim_fails_said(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL, *q = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess &&
+              defer_alloc(&q, 1 << 20, s) == cudaSuccess,
+          "two blocks");
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "one freed: FREE in the cache");
+    unsigned long trims = fake_calls(FAKE_MEM_POOL_TRIM);
+    stderr_capture_begin();
+    fake_fail(FAKE_MEM_POOL_TRIM, cudaErrorInvalidResourceHandle, 0, 1);
+    cudaError_t err = defer_trim(NULL);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(fake_calls(FAKE_MEM_POOL_TRIM) - trims == 1,
+          "the trim trimmed the pool (%lu calls)",
+          fake_calls(FAKE_MEM_POOL_TRIM) - trims);
+    CHECK(err == cudaSuccess, "defer_trim: %s (not sticky: no device error)",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "cudaMemPoolTrimTo failed",
+                   "cudaErrorInvalidResourceHandle", NULL),
+          "said, naming the call and the error (stderr: \"%s\")", said);
+
+    CHECK(defer_free(q, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "the other freed");
+    stderr_capture_begin();
+    fake_fail(FAKE_MEM_POOL_TRIM, cudaErrorLaunchFailure, 0, 1);
+    err = defer_trim(NULL);
+    said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
+          "error", cudaGetErrorName(err));
+    CHECK(has_line(said, "device 0", "cudaMemPoolTrimTo", NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(defer_flush() == cudaErrorLaunchFailure,
+          "a later flush hears the device's error");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -420,6 +464,8 @@ int main(void)
                   "", 1, 20000, trim_free_fails_said);
     fork_scenario("a trim's failed wait for its frees is said; a sticky "
                   "error fails the device", "", 1, 20000, trim_sync_fails_said);
+    fork_scenario("the pool's failed trim is said; a sticky error fails the "
+                  "device", "", 1, 20000, pool_trim_fails_said);
     /* No age limit: a slow run (sanitizers) must not see the application's
      * memory released for its age while a test expects it held. */
     set_cudefer_env("CUDEFER_MAX_DELAY_MS=0");

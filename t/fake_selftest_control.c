@@ -144,6 +144,7 @@ static cudaError_t call_one(enum fake_call c, cudaStream_t s, cudaEvent_t e)
             cudaMemPoolDestroy(pool);
         return r;
     }
+    case FAKE_MEM_POOL_TRIM: return cudaMemPoolTrimTo(fake_mem_pool(0), 0);
     case FAKE_NCALLS: break;
     }
     return cudaErrorUnknown;

@@ -421,6 +421,7 @@ const char *fake_call_name(enum fake_call c)
         [FAKE_DRIVER_GET_VERSION] = "cudaDriverGetVersion",
         [FAKE_RUNTIME_GET_VERSION] = "cudaRuntimeGetVersion",
         [FAKE_MEM_POOL_CREATE] = "cudaMemPoolCreate",
+        [FAKE_MEM_POOL_TRIM] = "cudaMemPoolTrimTo",
     };
 
     return (unsigned)c < FAKE_NCALLS && names[c] ? names[c] : "?";

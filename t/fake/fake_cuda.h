@@ -391,6 +391,7 @@ enum fake_call {
                                    as returned by the entry-point query */
     FAKE_MEM_POOL_CREATE,       /* cudaMemPoolCreate: when it fails, cudefer
                                    takes blocks from cudaMalloc */
+    FAKE_MEM_POOL_TRIM,         /* cudaMemPoolTrimTo */
     FAKE_NCALLS
 };
 

@@ -436,16 +436,15 @@ static size_t pool_round(size_t bytes)
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
 {
     int dev = pool_device(pool);
+    ENTER(FAKE_MEM_POOL_TRIM);
     if (dev < 0)
-        return cudaErrorInvalidValue;
-    fake_lock();
+        return fake_leave(cudaErrorInvalidValue);
     pool_frees_settle(NULL, dev, 0); /* what is freed but not run stays */
     size_t used = pool_round(fake.pool_used[dev]);
     size_t keep = minBytesToKeep > used ? minBytesToKeep : used;
     if (fake.pool_reserved[dev] > keep)
         fake.pool_reserved[dev] = keep;
-    fake_unlock();
-    return cudaSuccess;
+    return fake_leave(cudaSuccess);
 }
 
 /* Allocate pool memory from pool (its device), ordered on hStream; counted
