@@ -573,11 +573,12 @@ static void release_cache_blocks(uint64_t now, bool stopping)
         /* The pool's unused memory back to CUDA too, once the segments
          * handed back on async reached it: that wait fails as the wait
          * after a pass's frees does (a sticky error fails the device). */
-        if (all && async != NULL)
+        if (upstream) {
             reclaimer_frees_wait(d);
-        if (all && device_error(d) == cudaSuccess)
-            rs.pass_released_bytes +=
-                cache_upstream_trim(d, reclaimer_fail_device);
+            if (device_error(d) == cudaSuccess)
+                rs.pass_released_bytes +=
+                    cache_upstream_trim(d, reclaimer_fail_device);
+        }
         trace_pop();
     }
 }

@@ -359,16 +359,15 @@ static void trim_free_fails_said(void)
     CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
 }
 
-/* A trim's wait for the frees it trims after (cudaStreamSynchronize of
- * the reclaimer's free stream) that fails is what a failed wait after a
- * pass's frees is (src/reclaimer_frees.c): another error is said once,
- * naming the call, and the trim returns cudaSuccess; a sticky one fails
- * the device, said once naming the device and the call, and defer_trim
- * returns it.  The frees take 30 ms, so a trim that went on unsaid would
- * find the pool's reserve unchanged. */
-static void trim_sync_fails_said(void)
+/* A call of a trim's failing: what a failed release of the reclaimer's
+ * is.  Another error is said once, naming the call, and the trim returns
+ * cudaSuccess; a sticky one fails the device, said once naming the device
+ * and the call, and defer_trim returns it. */
+static void trim_call_fails(enum fake_call c)
 {
-    fake_set_free_async_us(30000);
+    const char *call = fake_call_name(c);
+    char failed[64];
+    snprintf(failed, sizeof failed, "%s failed", call);
     cudaStream_t s = stream_new();
     void *p = NULL, *q = NULL;
     CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess &&
@@ -376,78 +375,48 @@ static void trim_sync_fails_said(void)
           "two blocks");
     CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
           "one freed: FREE in the cache");
-    unsigned long syncs = fake_calls(FAKE_STREAM_SYNCHRONIZE);
+    unsigned long calls = fake_calls(c);
     stderr_capture_begin();
-    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorInvalidResourceHandle, 0, 1);
+    fake_fail(c, cudaErrorInvalidResourceHandle, 0, 1);
     cudaError_t err = defer_trim(NULL);
     const char *said = stderr_capture_end();
     fake_fail_clear();
-    CHECK(fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs == 1,
-          "the trim waited for its frees (%lu calls)",
-          fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs);
+    CHECK(fake_calls(c) - calls == 1, "the trim made %s once (%lu calls)",
+          call, fake_calls(c) - calls);
     CHECK(err == cudaSuccess, "defer_trim: %s (not sticky: no device error)",
           cudaGetErrorName(err));
-    CHECK(has_line(said, "cudaStreamSynchronize failed",
-                   "cudaErrorInvalidResourceHandle", NULL),
+    CHECK(has_line(said, failed, "cudaErrorInvalidResourceHandle", NULL),
           "said, naming the call and the error (stderr: \"%s\")", said);
 
     CHECK(defer_free(q, s) == cudaSuccess && defer_flush() == cudaSuccess,
           "the other freed");
     stderr_capture_begin();
-    fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorLaunchFailure, 0, 1);
+    fake_fail(c, cudaErrorLaunchFailure, 0, 1);
     err = defer_trim(NULL);
     said = stderr_capture_end();
     fake_fail_clear();
     CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
           "error", cudaGetErrorName(err));
-    CHECK(has_line(said, "device 0", "cudaStreamSynchronize", NULL),
+    CHECK(has_line(said, "device 0", call, NULL),
           "said, naming the device and the call (stderr: \"%s\")", said);
     CHECK(defer_flush() == cudaErrorLaunchFailure,
           "a later flush hears the device's error");
 }
 
-/* The pool's trim (cudaMemPoolTrimTo) after a trim's releases fails: a
- * sticky error is the device's, as in every other release of the
- * reclaimer's: the device fails, said once naming the device and the
- * call, and defer_trim returns the error; another error is said, naming
- * the call, and the trim returns cudaSuccess. */
+/* The trim's wait for the frees it trims after (cudaStreamSynchronize of
+ * the reclaimer's free stream, src/reclaimer_frees.c).  The frees take
+ * 30 ms, so a trim that went on unsaid would find the pool's reserve
+ * unchanged. */
+static void trim_sync_fails_said(void)
+{
+    fake_set_free_async_us(30000);
+    trim_call_fails(FAKE_STREAM_SYNCHRONIZE);
+}
+
+/* The pool's own trim (cudaMemPoolTrimTo) after the trim's releases. */
 static void pool_trim_fails_said(void)
 {
-    cudaStream_t s = stream_new();
-    void *p = NULL, *q = NULL;
-    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess &&
-              defer_alloc(&q, 1 << 20, s) == cudaSuccess,
-          "two blocks");
-    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
-          "one freed: FREE in the cache");
-    unsigned long trims = fake_calls(FAKE_MEM_POOL_TRIM);
-    stderr_capture_begin();
-    fake_fail(FAKE_MEM_POOL_TRIM, cudaErrorInvalidResourceHandle, 0, 1);
-    cudaError_t err = defer_trim(NULL);
-    const char *said = stderr_capture_end();
-    fake_fail_clear();
-    CHECK(fake_calls(FAKE_MEM_POOL_TRIM) - trims == 1,
-          "the trim trimmed the pool (%lu calls)",
-          fake_calls(FAKE_MEM_POOL_TRIM) - trims);
-    CHECK(err == cudaSuccess, "defer_trim: %s (not sticky: no device error)",
-          cudaGetErrorName(err));
-    CHECK(has_line(said, "cudaMemPoolTrimTo failed",
-                   "cudaErrorInvalidResourceHandle", NULL),
-          "said, naming the call and the error (stderr: \"%s\")", said);
-
-    CHECK(defer_free(q, s) == cudaSuccess && defer_flush() == cudaSuccess,
-          "the other freed");
-    stderr_capture_begin();
-    fake_fail(FAKE_MEM_POOL_TRIM, cudaErrorLaunchFailure, 0, 1);
-    err = defer_trim(NULL);
-    said = stderr_capture_end();
-    fake_fail_clear();
-    CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
-          "error", cudaGetErrorName(err));
-    CHECK(has_line(said, "device 0", "cudaMemPoolTrimTo", NULL),
-          "said, naming the device and the call (stderr: \"%s\")", said);
-    CHECK(defer_flush() == cudaErrorLaunchFailure,
-          "a later flush hears the device's error");
+    trim_call_fails(FAKE_MEM_POOL_TRIM);
 }
 
 int main(void)

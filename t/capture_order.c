@@ -31,6 +31,18 @@ static cudaGraph_t end_capture(cudaStream_t s)
     return graph;
 }
 
+/* Device memory at *p, used by held work on s (returned) and freed with
+ * defer_free in a capture that s begins: the capture's entry, which waits
+ * for that work once the graph is gone. */
+static fake_work *free_in_capture(cudaStream_t s, void **p)
+{
+    *p = device_alloc(256);
+    fake_work *w = work_held(s, *p);
+    begin_capture(s);
+    CHECK(defer_free(*p, s) == cudaSuccess, "defer_free in a capture");
+    return w;
+}
+
 /* Poll until fake_live_user_objects() == 0, at most timeout_ms. */
 static bool wait_no_user_objects(unsigned timeout_ms)
 {
@@ -203,10 +215,8 @@ static void *complete_later(void *w)
 static void s_dead_graph_at_shutdown(void)
 {
     cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_no_user_objects(2000), "the graph is gone");
     sleep_ms(20); /* the reclaimer saw the end: its event is recorded */
@@ -241,10 +251,8 @@ static void destroy_in_query(enum fake_call c, cudaError_t r, void *arg)
 static void s_death_during_poll(void)
 {
     cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
     racing_graph = end_capture(s);
     sleep_ms(20); /* its origin event recorded, pending behind w */
     fake_set_return_hook(FAKE_EVENT_QUERY, destroy_in_query, NULL);
@@ -366,7 +374,7 @@ static void s_dead_graph_capturing_at_shutdown(void)
     fake_complete(w);
 }
 
-/* Lines of text that contain what. */
+/* How many times what occurs in text. */
 static int lines_containing(const char *text, const char *what)
 {
     int n = 0;
@@ -374,6 +382,35 @@ static int lines_containing(const char *text, const char *what)
          at += strlen(what))
         n++;
     return n;
+}
+
+/* A call of the reclaimer's for a dead graph's entry at p (its work w
+ * held) fails with want, stderr captured since the injection: the entry
+ * is counted failed (failed: the count before), the device fails, said in
+ * a line naming it (device, "device N") and the call, a flush returns
+ * want, and p is never released, even once w completes.  Ends the capture
+ * and the injection, and shuts cudefer down. */
+static void check_device_failed(uint64_t failed, const char *device,
+                                const char *call, cudaError_t want, void *p,
+                                fake_work *w)
+{
+    for (double until = now_ms() + 10000;
+         stats_now().failed == failed && now_ms() < until;)
+        sleep_ms(1);
+    cudaError_t err = defer_flush();
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(stats_now().failed == failed + 1, "the entry counted failed (%llu)",
+          ULL(stats_now().failed - failed));
+    CHECK(has_line(said, device, call, NULL),
+          "said, naming the device and the call (stderr: \"%s\")", said);
+    CHECK(err == want, "the flush: %s", cudaGetErrorName(err));
+    fake_complete(w);
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0, "never released");
+    stderr_capture_begin();
+    defer_shutdown();
+    stderr_capture_end();
 }
 
 /* The event the reclaimer records on a dead graph's stream once its
@@ -384,10 +421,8 @@ static int lines_containing(const char *text, const char *what)
 static void s_origin_event_create_fails(void)
 {
     cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
     unsigned long creates = fake_calls(FAKE_EVENT_CREATE);
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
@@ -419,10 +454,8 @@ static void s_origin_event_create_fails(void)
 static void s_origin_query_fails(void)
 {
     cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
     unsigned long records = fake_calls(FAKE_EVENT_RECORD);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_no_user_objects(2000), "the graph is gone");
@@ -434,23 +467,8 @@ static void s_origin_query_fails(void)
     uint64_t failed = stats_now().failed;
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_QUERY, cudaErrorInvalidResourceHandle, 0, 1);
-    for (double until = now_ms() + 10000;
-         stats_now().failed == failed && now_ms() < until;)
-        sleep_ms(1);
-    cudaError_t err = defer_flush();
-    const char *said = stderr_capture_end();
-    CHECK(stats_now().failed == failed + 1, "the entry counted failed (%llu)",
-          ULL(stats_now().failed - failed));
-    CHECK(has_line(said, "device 0", "cudaEventQuery", NULL),
-          "said, naming the device and the call (stderr: \"%s\")", said);
-    CHECK(err == cudaErrorInvalidResourceHandle, "the flush: %s",
-          cudaGetErrorName(err));
-    fake_complete(w);
-    sleep_ms(20);
-    CHECK(fake_is_released(p) == 0, "never released");
-    stderr_capture_begin();
-    defer_shutdown();
-    stderr_capture_end();
+    check_device_failed(failed, "device 0", "cudaEventQuery",
+                        cudaErrorInvalidResourceHandle, p, w);
     cudaFree(p);
 }
 
@@ -465,10 +483,8 @@ static void s_origin_set_device_fails(void)
     void *q = device_alloc(256);
     CHECK(cudaSetDevice(1) == cudaSuccess, "device 1");
     cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
     CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
     CHECK(defer_free(q, s0) == cudaSuccess && defer_flush() == cudaSuccess,
           "a free on device 0, flushed: the reclaimer's device is 0");
@@ -478,25 +494,9 @@ static void s_origin_set_device_fails(void)
     fake_fail(FAKE_SET_DEVICE, cudaErrorDevicesUnavailable, 0, 1);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_no_user_objects(2000), "the graph is gone");
-    for (double until = now_ms() + 10000;
-         stats_now().failed == failed && now_ms() < until;)
-        sleep_ms(1);
-    cudaError_t err = defer_flush();
-    const char *said = stderr_capture_end();
-    fake_fail_clear();
+    check_device_failed(failed, "device 1", "cudaSetDevice",
+                        cudaErrorDevicesUnavailable, p, w);
     CHECK(fake_calls(FAKE_SET_DEVICE) > sets, "the reclaimer switched");
-    CHECK(stats_now().failed == failed + 1, "the entry counted failed (%llu)",
-          ULL(stats_now().failed - failed));
-    CHECK(has_line(said, "device 1", "cudaSetDevice", NULL),
-          "said, naming the device and the call (stderr: \"%s\")", said);
-    CHECK(err == cudaErrorDevicesUnavailable, "the flush: %s",
-          cudaGetErrorName(err));
-    fake_complete(w);
-    sleep_ms(20);
-    CHECK(fake_is_released(p) == 0, "never released");
-    stderr_capture_begin();
-    defer_shutdown();
-    stderr_capture_end();
 }
 
 /* ---- a graph that dies while exit drains -------------------------------- */
