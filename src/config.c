@@ -3,17 +3,17 @@
  * what 0 means) drives the defaults, the CUDEFER_* environment, the checks
  * of defer_configure, the verbose print and every range a message states;
  * the tests hold the README's and cudefer(7)'s tables to it
- * (config_knob_text).  Each value is parsed in full (the whole string but
- * the blanks around it, within bounds) or reported and ignored. */
+ * (config_knob_text).  Here: the table, the formatting of its values and
+ * messages, the environment and defer_configure.  Each value is parsed in
+ * full (the whole string but the blanks around it, within bounds: the
+ * syntax is config_parse.c's) or reported and ignored. */
 #include "config.h"
+#include "config_parse.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "report.h"
 
@@ -48,12 +48,6 @@ _Static_assert(sizeof(int) == sizeof(uint32_t), "int width");
     {"CUDEFER_" #var, #field, offsetof(struct defer_config, field),            \
      sizeof(((struct defer_config *)0)->field), kind, def, min, max, zero}
 
-static const char *const policy_names[] = {
-    [DEFER_POLICY_BATCHED] = "batched",
-    [DEFER_POLICY_EAGER] = "eager",
-};
-#define NPOLICIES (sizeof policy_names / sizeof *policy_names)
-
 static const struct knob knobs[] = {
     KNOB(POLL_US, poll_us, KIND_US, 50, 1, 1000000, NULL),
     KNOB(POLL_MAX_US, poll_max_us, KIND_US, 1000, 1, 1000000, NULL),
@@ -61,7 +55,8 @@ static const struct knob knobs[] = {
     KNOB(MAX_PENDING, max_pending_bytes, KIND_SIZE, 0, 0, UINT64_C(1) << 50,
          "auto, a sixth of what the application uses on the device, 512M..a quarter of the device"),
     KNOB(MAX_DELAY_MS, max_delay_ms, KIND_MS, 1000, 0, 3600000, "no limit"),
-    KNOB(POLICY, policy, KIND_POLICY, DEFER_POLICY_BATCHED, 0, NPOLICIES - 1,
+    KNOB(POLICY, policy, KIND_POLICY, DEFER_POLICY_BATCHED, 0,
+         CONFIG_PARSE_NPOLICIES - 1,
          NULL),
     KNOB(EVENT_POOL, event_pool_max, KIND_COUNT, 4096, 0, 1048576, NULL),
     KNOB(DISABLE, disable, KIND_BOOL, 0, 0, 1, NULL),
@@ -172,222 +167,7 @@ static void config_from_caller(struct defer_config *full,
     }
 }
 
-/* ---- parsers ------------------------------------------------------------ */
-
-/* What reading a value found: a value within the knob's bounds, or why not. */
-enum parsed {
-    PARSED,
-    NOT_UNDERSTOOD, /* not in the knob's syntax */
-    OUT_OF_RANGE,   /* a value of the right kind, outside [min, max] */
-    NOT_WHOLE,      /* a duration finer than the knob's unit: "1500us" in ms */
-    NOT_POW2,       /* within the bounds, but not a power of two */
-};
-
-/* text without the blanks around it, in buf (len bytes); NULL when that is
- * longer than any value cudefer takes (then no value is understood). */
-static const char *trimmed(const char *text, char *buf, size_t len)
-{
-    while (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r')
-        text++;
-    size_t n = strlen(text);
-    while (n > 0 && (text[n - 1] == ' ' || text[n - 1] == '\t' ||
-                     text[n - 1] == '\n' || text[n - 1] == '\r'))
-        n--;
-    if (n >= len)
-        return NULL;
-    memcpy(buf, text, n);
-    buf[n] = '\0';
-    return buf;
-}
-
-/* The leading digits of text into *value, *end just after them.  False when
- * text does not start with a digit (strtoull would skip blanks and take a
- * sign); *huge when they overflow 64 bits (*value is then UINT64_MAX). */
-static bool parse_digits(const char *text, uint64_t *value, const char **end,
-                         bool *huge)
-{
-    if (text[0] < '0' || text[0] > '9')
-        return false;
-    char *e;
-    errno = 0;
-    unsigned long long v = strtoull(text, &e, 10);
-    *huge = errno == ERANGE;
-    *value = v;
-    *end = e;
-    return true;
-}
-
-/* value * scale within [min, max] into *out; a product past 64 bits is out
- * of range. */
-static enum parsed scale_within(uint64_t value, uint64_t scale, uint64_t min,
-                                uint64_t max, uint64_t *out)
-{
-    if (value > UINT64_MAX / scale)
-        return OUT_OF_RANGE;
-    value *= scale;
-    if (value < min || value > max)
-        return OUT_OF_RANGE;
-    *out = value;
-    return PARSED;
-}
-
-/* The time units, in any case (config.h, the README, cudefer(7)). */
-static const struct {
-    const char *suffix;
-    uint64_t us;
-} time_units[] = {
-    {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"min", 60000000},
-    {"h", UINT64_C(3600000000)},
-};
-#define NTIME_UNITS (sizeof time_units / sizeof *time_units)
-
-/* A duration counted in units of base_us microseconds: digits alone (in
- * that unit), or digits and a time unit, a whole number of the base. */
-static enum parsed parse_duration(const char *text, uint64_t base_us,
-                                  uint64_t min, uint64_t max, uint64_t *out)
-{
-    uint64_t value;
-    const char *end;
-    bool huge;
-    if (!parse_digits(text, &value, &end, &huge))
-        return NOT_UNDERSTOOD;
-    uint64_t unit_us = base_us;
-    if (*end != '\0') {
-        size_t i = 0;
-        while (i < NTIME_UNITS && strcasecmp(end, time_units[i].suffix) != 0)
-            i++;
-        if (i == NTIME_UNITS)
-            return NOT_UNDERSTOOD;
-        unit_us = time_units[i].us;
-    }
-    if (huge)
-        return OUT_OF_RANGE;
-    if (unit_us >= base_us)
-        return scale_within(value, unit_us / base_us, min, max, out);
-    /* A finer unit than the knob's ("us" for milliseconds). */
-    if (value % (base_us / unit_us) != 0)
-        return NOT_WHOLE;
-    return scale_within(value / (base_us / unit_us), 1, min, max, out);
-}
-
-/* The multiple of a size suffix into *scale: an optional k, M, G, T or P
- * (any case), then an optional "B", or "iB" after a multiple (any case).
- * False if not one. */
-static bool size_scale(const char *suffix, uint64_t *scale)
-{
-    static const char letters[] = "kmgtp";
-    const char *hit = suffix[0] != '\0'
-                          ? strchr(letters, tolower((unsigned char)suffix[0]))
-                          : NULL;
-    *scale = 1;
-    if (hit != NULL) {
-        *scale = UINT64_C(1) << (10 * (hit - letters + 1));
-        suffix++;
-        if (strcasecmp(suffix, "iB") == 0)
-            return true;
-    }
-    return suffix[0] == '\0' || strcasecmp(suffix, "B") == 0;
-}
-
-/* Bytes within [min, max]. */
-static enum parsed parse_size(const char *text, uint64_t min, uint64_t max,
-                              uint64_t *out)
-{
-    uint64_t value, scale;
-    const char *end;
-    bool huge;
-    if (!parse_digits(text, &value, &end, &huge) || !size_scale(end, &scale))
-        return NOT_UNDERSTOOD;
-    return huge ? OUT_OF_RANGE : scale_within(value, scale, min, max, out);
-}
-
-/* A plain number within [min, max]. */
-static enum parsed parse_count(const char *text, uint64_t min, uint64_t max,
-                               uint64_t *out)
-{
-    uint64_t value;
-    const char *end;
-    bool huge;
-    if (!parse_digits(text, &value, &end, &huge) || *end != '\0')
-        return NOT_UNDERSTOOD;
-    return huge ? OUT_OF_RANGE : scale_within(value, 1, min, max, out);
-}
-
-/* A switch: the number 0 or 1 ("01" too), or a word of words (any case). */
-static enum parsed parse_bool(const char *text, bool *out)
-{
-    static const char *const words[][2] = {
-        {"false", "true"}, {"no", "yes"}, {"off", "on"},
-    };
-    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
-        for (int v = 0; v < 2; v++) {
-            if (strcasecmp(text, words[i][v]) == 0) {
-                *out = v;
-                return PARSED;
-            }
-        }
-    }
-    uint64_t value;
-    if (parse_count(text, 0, 1, &value) != PARSED)
-        return NOT_UNDERSTOOD;
-    *out = value == 1;
-    return PARSED;
-}
-
-/* A policy's name, in any case. */
-static enum parsed parse_policy(const char *text, enum defer_policy *out)
-{
-    for (size_t i = 0; i < NPOLICIES; i++) {
-        if (strcasecmp(text, policy_names[i]) == 0) {
-            *out = (enum defer_policy)i;
-            return PARSED;
-        }
-    }
-    return NOT_UNDERSTOOD;
-}
-
-/* Any thread.  True with microseconds in *out: see config.h. */
-bool config_parse_duration_us(const char *text, uint64_t min_us,
-                              uint64_t max_us, uint64_t *out)
-{
-    char buf[64];
-    const char *t = trimmed(text, buf, sizeof buf);
-    return t != NULL && parse_duration(t, 1, min_us, max_us, out) == PARSED;
-}
-
-/* Any thread.  True with milliseconds in *out: see config.h. */
-bool config_parse_duration_ms(const char *text, uint64_t min_ms,
-                              uint64_t max_ms, uint64_t *out)
-{
-    char buf[64];
-    const char *t = trimmed(text, buf, sizeof buf);
-    return t != NULL &&
-           parse_duration(t, 1000, min_ms, max_ms, out) == PARSED;
-}
-
-/* Any thread.  True with bytes in [0, max] in *out; overflow refused. */
-bool config_parse_size(const char *text, uint64_t max, uint64_t *out)
-{
-    char buf[64];
-    const char *t = trimmed(text, buf, sizeof buf);
-    return t != NULL && parse_size(t, 0, max, out) == PARSED;
-}
-
-/* Any thread.  True with the switch in *out. */
-bool config_parse_bool(const char *text, bool *out)
-{
-    char buf[64];
-    const char *t = trimmed(text, buf, sizeof buf);
-    return t != NULL && parse_bool(t, out) == PARSED;
-}
-
-/* Any thread.  True with the policy named (any case) in *out. */
-bool config_parse_policy(const char *text, enum defer_policy *out)
-{
-    char buf[64];
-    const char *t = trimmed(text, buf, sizeof buf);
-    return t != NULL && parse_policy(t, out) == PARSED;
-}
+/* ---- a knob's value (its syntax: config_parse.c) ------------------------ */
 
 /* Whether v is a value knob k takes: within its range, and a power of two
  * where it must be. */
@@ -398,34 +178,36 @@ static bool knob_takes(const struct knob *k, uint64_t v)
 }
 
 /* text (trimmed) as a value of knob k, within its range, into *out. */
-static enum parsed parse_knob(const struct knob *k, const char *text,
-                              uint64_t *out)
+static enum config_parse_result parse_knob(const struct knob *k,
+                                           const char *text, uint64_t *out)
 {
     bool b;
     enum defer_policy p;
-    enum parsed r;
+    enum config_parse_result r;
     switch (k->kind) {
     case KIND_US:
-        return parse_duration(text, 1, k->min, k->max, out);
+        return config_parse_duration(text, 1, k->min, k->max, out);
     case KIND_MS:
-        return parse_duration(text, 1000, k->min, k->max, out);
+        return config_parse_duration(text, 1000, k->min, k->max, out);
     case KIND_SIZE:
-        return parse_size(text, k->min, k->max, out);
+        return config_parse_size_within(text, k->min, k->max, out);
     case KIND_COUNT:
-        return parse_count(text, k->min, k->max, out);
+        return config_parse_count(text, k->min, k->max, out);
     case KIND_POW2:
-        r = parse_count(text, k->min, k->max, out);
-        return r == PARSED && !knob_takes(k, *out) ? NOT_POW2 : r;
+        r = config_parse_count(text, k->min, k->max, out);
+        return r == CONFIG_PARSE_OK && !knob_takes(k, *out)
+                   ? CONFIG_PARSE_NOT_POW2
+                   : r;
     case KIND_BOOL:
-        if ((r = parse_bool(text, &b)) == PARSED)
+        if ((r = config_parse_switch(text, &b)) == CONFIG_PARSE_OK)
             *out = b;
         return r;
     case KIND_POLICY:
-        if ((r = parse_policy(text, &p)) == PARSED)
+        if ((r = config_parse_policy_name(text, &p)) == CONFIG_PARSE_OK)
             *out = (uint64_t)p;
         return r;
     }
-    return NOT_UNDERSTOOD;
+    return CONFIG_PARSE_NOT_UNDERSTOOD;
 }
 
 /* ---- what is said of a knob --------------------------------------------- */
@@ -449,15 +231,17 @@ static void format_size(uint64_t bytes, char *buf, size_t len)
 static void format_duration(uint64_t v, uint64_t base_us, char *buf,
                             size_t len)
 {
-    size_t best = 0;
-    for (size_t i = 0; i < NTIME_UNITS; i++) {
-        uint64_t u = time_units[i].us;
-        if (u == base_us || (u > base_us && v != 0 && v % (u / base_us) == 0))
-            best = i;
+    const char *suffix, *best = "";
+    uint64_t u, best_us = 1;
+    for (size_t i = 0; config_parse_time_unit(i, &suffix, &u); i++) {
+        /* The finest unit, then each coarser one that fits. */
+        if (i == 0 || u == base_us ||
+            (u > base_us && v != 0 && v % (u / base_us) == 0)) {
+            best = suffix;
+            best_us = u;
+        }
     }
-    uint64_t u = time_units[best].us;
-    snprintf(buf, len, "%" PRIu64 "%s", v / (u / base_us),
-             time_units[best].suffix);
+    snprintf(buf, len, "%" PRIu64 "%s", v / (best_us / base_us), best);
 }
 
 /* A value of knob k as the environment spells it, with no word for 0. */
@@ -470,8 +254,8 @@ static void format_plain(const struct knob *k, uint64_t v, char *buf,
         format_duration(v, 1000, buf, len);
     } else if (k->kind == KIND_SIZE) {
         format_size(v, buf, len);
-    } else if (k->kind == KIND_POLICY && v < NPOLICIES) {
-        snprintf(buf, len, "%s", policy_names[v]);
+    } else if (k->kind == KIND_POLICY && config_parse_policy_word(v) != NULL) {
+        snprintf(buf, len, "%s", config_parse_policy_word(v));
     } else {
         snprintf(buf, len, "%" PRIu64, v);
     }
@@ -500,7 +284,8 @@ static void format_range(const struct knob *k, char *buf, size_t len)
         return;
     }
     if (k->kind == KIND_POLICY) {
-        snprintf(buf, len, "%s, %s", policy_names[0], policy_names[1]);
+        snprintf(buf, len, "%s, %s", config_parse_policy_word(0),
+                 config_parse_policy_word(1));
         return;
     }
     format_plain(k, k->min, lo, sizeof lo);
@@ -558,7 +343,8 @@ static void format_field_range(const struct knob *k, char *buf, size_t len)
     if (k->kind == KIND_BOOL) {
         snprintf(buf, len, "0 or 1");
     } else if (k->kind == KIND_POLICY) {
-        snprintf(buf, len, "%s or %s", policy_names[0], policy_names[1]);
+        snprintf(buf, len, "%s or %s", config_parse_policy_word(0),
+                 config_parse_policy_word(1));
     } else {
         snprintf(buf, len, "%s%" PRIu64 "..%" PRIu64 "%s%s", units[k->kind],
                  k->min, k->max, k->zero != NULL ? "; 0: " : "",
@@ -637,7 +423,7 @@ static void shown_text(const char *text, char *buf, size_t len)
 /* Knob k's value text, refused for why: one line naming the variable, the
  * value, what it takes and the value kept (v, in *cfg). */
 static void report_refused(const struct knob *k, const char *text,
-                           enum parsed why, uint64_t kept)
+                           enum config_parse_result why, uint64_t kept)
 {
     static const char *const kinds[] = {
         [KIND_US] = "a duration", [KIND_MS] = "a duration",
@@ -646,12 +432,12 @@ static void report_refused(const struct knob *k, const char *text,
         [KIND_POLICY] = "a policy",
     };
     char problem[64], shown[300], expected[256], value[96];
-    if (why == OUT_OF_RANGE)
+    if (why == CONFIG_PARSE_OUT_OF_RANGE)
         snprintf(problem, sizeof problem, "is out of range");
-    else if (why == NOT_WHOLE)
+    else if (why == CONFIG_PARSE_NOT_WHOLE)
         snprintf(problem, sizeof problem, "is not a whole number of "
                  "milliseconds");
-    else if (why == NOT_POW2)
+    else if (why == CONFIG_PARSE_NOT_POW2)
         snprintf(problem, sizeof problem, "is not a power of two");
     else
         snprintf(problem, sizeof problem, "is not %s", kinds[k->kind]);
@@ -672,13 +458,14 @@ int config_load_env(struct defer_config *cfg)
         if (text == NULL)
             continue;
         char buf[64];
-        const char *value_text = trimmed(text, buf, sizeof buf);
+        const char *value_text = config_parse_trim(text, buf, sizeof buf);
         if (value_text != NULL && value_text[0] == '\0')
             continue; /* set to nothing (or blanks): as if unset */
         uint64_t value;
-        enum parsed r = value_text != NULL ? parse_knob(k, value_text, &value)
-                                           : NOT_UNDERSTOOD;
-        if (r == PARSED) {
+        enum config_parse_result r =
+            value_text != NULL ? parse_knob(k, value_text, &value)
+                               : CONFIG_PARSE_NOT_UNDERSTOOD;
+        if (r == CONFIG_PARSE_OK) {
             field_set(cfg, k, value);
         } else {
             report_refused(k, text, r, field_get(cfg, k));

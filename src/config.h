@@ -52,27 +52,6 @@ void config_refuse_from_now(void);
  * configuration lock made usable again (its holder may not exist there). */
 void config_fork_child(void);
 
-/* Any thread.  Parsers of a whole string but the blanks around it; true
- * when it is valid and within [min, max], with the value in *out; *out
- * unchanged otherwise.  Units and words are read in any case.  Exposed for
- * the tests.
- *   duration_us: digits with an optional unit "us", "ms", "s", "min" or
- *     "h"; microseconds.
- *   duration_ms: the same in milliseconds; a value in "us" must be a whole
- *     number of them ("2000us", not "1500us").
- *   size: digits with an optional binary multiple k, M, G, T or P, then an
- *     optional "B" (or "iB" after a multiple): "64M", "512MiB", "4096"; in
- *     [0, max] bytes.
- *   bool: the number 0 or 1 ("01" too), or false/true, no/yes, off/on.
- *   policy: "batched" or "eager". */
-bool config_parse_duration_us(const char *text, uint64_t min_us,
-                              uint64_t max_us, uint64_t *out);
-bool config_parse_duration_ms(const char *text, uint64_t min_ms,
-                              uint64_t max_ms, uint64_t *out);
-bool config_parse_size(const char *text, uint64_t max, uint64_t *out);
-bool config_parse_bool(const char *text, bool *out);
-bool config_parse_policy(const char *text, enum defer_policy *out);
-
 /* What the documentation says of a knob, as the environment spells it. */
 struct config_knob_text {
     const char *name; /* "CUDEFER_POLL_US" */

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* The CUDEFER_* value parsers alone (config.h): durations, sizes, switches
- * and the policy, each taken whole and within its bounds or refused. */
+/* The CUDEFER_* value parsers alone (config_parse.h): durations, sizes,
+ * switches and the policy, each taken whole and within its bounds or
+ * refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "config_parse.h"
 #include "helpers.h"
 
 #define T (UINT64_C(1) << 40)
