@@ -15,7 +15,8 @@
 //     reserved bytes are cudefer's (its cache) plus the private pools';
 //   - CUDA graphs: between beginAllocateToPool and endAllocateToPool, an
 //     allocation whose stream the filter accepts comes from a private pool
-//     of cudaMalloc'd blocks (cudaMalloc under a relaxed capture mode, as
+//     (the newest open section's whose filter accepts it) of cudaMalloc'd
+//     blocks (cudaMalloc under a relaxed capture mode, as
 //     PyTorch's allocator does), never from cudefer, which refuses a
 //     capturing stream.  A pool lives while its use count (graphs,
 //     MemPools, allocate-to-pool sections) is above zero; its free blocks
@@ -1175,8 +1176,10 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         return *slot;
     }
 
-    // An allocation of the first open section whose filter takes stream,
-    // or nullptr when none does (the allocation is cudefer's then).
+    // An allocation of the newest open section whose filter takes stream
+    // (sections nest: an inner use_mem_pool or a capture inside one wins,
+    // as in PyTorch's allocator), or nullptr when none does (the
+    // allocation is cudefer's then).
     // Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
     void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,
                       cudaStream_t stream)
@@ -1195,9 +1198,10 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     {
         std::lock_guard<std::mutex> lock(d.mu);
         Pool *pool = nullptr;
-        for (auto &s : d.open_sections) {
-            if (s.filter(stream)) {
-                auto it = d.pools.find(s.id);
+        for (auto s = d.open_sections.rbegin(); s != d.open_sections.rend();
+             ++s) {
+            if (s->filter(stream)) {
+                auto it = d.pools.find(s->id);
                 TORCH_INTERNAL_ASSERT(it != d.pools.end());
                 pool = it->second.get();
                 break;

@@ -15,6 +15,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     Tensor.record_stream and empty_cache on the way;
   - captures the forward pass with torch.cuda.graph and replays it;
   - runs the model through torch.compile(mode="reduce-overhead");
+  - allocates inside two nested torch.cuda.use_mem_pool contexts: the
+    tensor must land in the inner MemPool's segments;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
     MiB must fit;
@@ -162,6 +164,23 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001
         res["compile_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
 
+    # Nested MemPools: the innermost use_mem_pool serves the allocation.
+    try:
+        outer, inner = torch.cuda.MemPool(), torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(outer):
+            with torch.cuda.use_mem_pool(inner):
+                t = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+        addr, owner = t.data_ptr(), "no segment"
+        for seg in torch.cuda.memory_snapshot():
+            if seg["address"] <= addr < seg["address"] + seg["total_size"]:
+                pid = tuple(seg.get("segment_pool_id", ()))
+                owner = ("inner" if pid == tuple(inner.id) else
+                         "outer" if pid == tuple(outer.id) else str(pid))
+        res["nested_pool"] = owner
+        del t, outer, inner
+    except Exception as e:  # noqa: BLE001
+        res["nested_pool"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+
     # set_per_process_memory_fraction and an OOM observer.
     seen = []
     try:
@@ -249,6 +268,10 @@ def compare(native, mine):
     else:
         check("torch.compile(mode='reduce-overhead'): identical outputs",
               native["compile_sha"] == mine["compile_sha"])
+    check("nested use_mem_pool: the inner MemPool serves the allocation",
+          mine.get("nested_pool") == native.get("nested_pool") == "inner",
+          "native %s, cudefer %s" % (native.get("nested_pool"),
+                                     mine.get("nested_pool")))
     check("set_per_process_memory_fraction: beyond the cap raises "
           "OutOfMemoryError, below it fits",
           mine["fraction_big"] == native["fraction_big"] == "OutOfMemoryError"
