@@ -98,6 +98,8 @@ struct CudeferFunctions {
 constexpr int kMaxDevices = 64;
 constexpr size_t kStatsWords = 256;  // room for struct defer_stats to grow
 constexpr int kShards = 64;
+// DeviceState::cap with no memory fraction set (or a fraction of 1): no cap.
+constexpr uint64_t kNoCap = UINT64_MAX;
 // pool_malloc_locked's "out of memory" (no block's address).
 void *const kPoolOutOfMemory = reinterpret_cast<void *>(uintptr_t{1});
 
@@ -284,8 +286,9 @@ struct alignas(64) DeviceState {
     // accumulated counters.
     std::atomic<int64_t> device_alloc_base{0};
     std::atomic<int64_t> device_free_base{0};
-    // set_per_process_memory_fraction: 0 none, else the cap in bytes.
-    std::atomic<uint64_t> cap{0};
+    // set_per_process_memory_fraction: kNoCap none, else the cap in bytes
+    // (0 for a fraction of 0: nothing may be allocated).
+    std::atomic<uint64_t> cap{kNoCap};
     std::atomic<double> fraction{1.0};
     // Allocate-to-pool sections open on this device (hot-path test).
     std::atomic<int> sections{0};
@@ -371,7 +374,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                 return p;
         }
         uint64_t cap = d.cap.load(std::memory_order_relaxed);
-        if (C10_UNLIKELY(cap != 0) &&
+        if (C10_UNLIKELY(cap != kNoCap) &&
             static_cast<uint64_t>(
                 d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
                     rounded > cap)
@@ -486,8 +489,12 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         size_t free_bytes = 0, total = 0;
         C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
         devices_[device]->fraction.store(fraction);
+        // A fraction of 1 is no cap (PyTorch's allocator then has no
+        // allowed_memory_maximum); one of 0 allows nothing.
         devices_[device]->cap.store(
-            static_cast<uint64_t>(fraction * static_cast<double>(total)));
+            fraction < 1.0
+                ? static_cast<uint64_t>(fraction * static_cast<double>(total))
+                : kNoCap);
     }
 
     double getMemoryFraction(c10::DeviceIndex device) override
@@ -1149,12 +1156,13 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
             observers = observers_;
         }
         for (auto &o : observers)
-            o(device, rounded, cap != 0 ? cap : device_total, device_free);
+            o(device, rounded, cap != kNoCap ? cap : device_total,
+              device_free);
         TORCH_CHECK_WITH(
             OutOfMemoryError, false, "cudefer: CUDA out of memory: tried to "
             "allocate ", format_size(rounded), " on device ", device,
             why != nullptr ? " beyond " : "", why != nullptr ? why : "",
-            cap != 0 ? " (" + format_size(cap) + " allowed)" : "",
+            cap != kNoCap ? " (" + format_size(cap) + " allowed)" : "",
             "; the device has ", format_size(device_total), " of which ",
             format_size(device_free), " is free; PyTorch has ",
             format_size(static_cast<uint64_t>(allocated)),

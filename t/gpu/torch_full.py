@@ -19,7 +19,7 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     tensor must land in the inner MemPool's segments;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
-    MiB must fit;
+    MiB must fit; at a fraction of 0, 1 GiB must raise it too;
 and writes what it saw as JSON.  The checks: memory_allocated identical at
 every point, max_memory_allocated within 1 % at every step, losses, graph
 and compiled outputs bit for bit identical, the fraction and observer
@@ -207,6 +207,15 @@ def run(mode, lib, steps, out_path):
         del small
     except torch.OutOfMemoryError:
         res["fraction_small"] = "OutOfMemoryError"
+    # A fraction of 0 allows no new memory (PyTorch's cache emptied first).
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.0)
+    try:
+        zero = torch.empty(GiB, dtype=torch.uint8, device=dev)
+        res["fraction_zero"] = "allocated"
+        del zero
+    except torch.OutOfMemoryError:
+        res["fraction_zero"] = "OutOfMemoryError"
     torch.cuda.set_per_process_memory_fraction(1.0)
     res["observer_calls"] = len(seen)
     res["snapshot_segments"] = len(torch.cuda.memory_snapshot())
@@ -280,6 +289,12 @@ def compare(native, mine):
               native["fraction_big"], native["fraction_small"],
               mine["fraction_big"], mine["fraction_small"],
               mine.get("fraction_message", "")))
+    check("set_per_process_memory_fraction(0): allocating raises "
+          "OutOfMemoryError",
+          mine.get("fraction_zero") == native.get("fraction_zero")
+          == "OutOfMemoryError",
+          "native %s, cudefer %s" % (native.get("fraction_zero"),
+                                     mine.get("fraction_zero")))
     check("OOM observer called as under PyTorch's allocator",
           mine.get("observer_calls") == native.get("observer_calls")
           and mine.get("observer_calls", 0) > 0,
