@@ -368,17 +368,19 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                     " devices cudefer's PyTorch allocator keeps");
         DeviceState &d = *devices_[device];
         size_t rounded = torch_round_size(size);
-        if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
-            void *p = pool_malloc(d, device, size, rounded, stream);
-            if (p != nullptr)
-                return p;
-        }
+        // The cap covers private pools' allocations too, as PyTorch's
+        // allowed_memory_maximum covers its private pools' segments.
         uint64_t cap = d.cap.load(std::memory_order_relaxed);
         if (C10_UNLIKELY(cap != kNoCap) &&
             static_cast<uint64_t>(
                 d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
                     rounded > cap)
             out_of_memory(device, rounded, "the memory fraction's cap");
+        if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
+            void *p = pool_malloc(d, device, size, rounded, stream);
+            if (p != nullptr)
+                return p;
+        }
         void *ptr = nullptr;
         cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
         if (err == cudaErrorMemoryAllocation) {

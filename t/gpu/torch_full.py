@@ -19,7 +19,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     tensor must land in the inner MemPool's segments;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
-    MiB must fit; at a fraction of 0, 1 GiB must raise it too;
+    MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
+    1 GiB at a fraction of 0;
 and writes what it saw as JSON.  The checks: memory_allocated identical at
 every point, max_memory_allocated within 1 % at every step, losses, graph
 and compiled outputs bit for bit identical, the fraction and observer
@@ -207,6 +208,16 @@ def run(mode, lib, steps, out_path):
         del small
     except torch.OutOfMemoryError:
         res["fraction_small"] = "OutOfMemoryError"
+    # The cap holds inside a MemPool (a private pool) too.
+    pool = torch.cuda.MemPool()
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            big = torch.empty(2 * GiB, dtype=torch.uint8, device=dev)
+        res["fraction_pool"] = "allocated"
+        del big
+    except torch.OutOfMemoryError:
+        res["fraction_pool"] = "OutOfMemoryError"
+    del pool
     # A fraction of 0 allows no new memory (PyTorch's cache emptied first).
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(0.0)
@@ -289,6 +300,12 @@ def compare(native, mine):
               native["fraction_big"], native["fraction_small"],
               mine["fraction_big"], mine["fraction_small"],
               mine.get("fraction_message", "")))
+    check("set_per_process_memory_fraction: beyond the cap in a MemPool "
+          "raises OutOfMemoryError",
+          mine.get("fraction_pool") == native.get("fraction_pool")
+          == "OutOfMemoryError",
+          "native %s, cudefer %s" % (native.get("fraction_pool"),
+                                     mine.get("fraction_pool")))
     check("set_per_process_memory_fraction(0): allocating raises "
           "OutOfMemoryError",
           mine.get("fraction_zero") == native.get("fraction_zero")
