@@ -531,7 +531,11 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
         Stat &r = s.reserved_bytes[0];
         r.current = reserved;
-        r.peak = std::max<int64_t>(d.reserved_peak.load(), reserved);
+        // The sampled peak misses what came and went between samples; the
+        // reserved bytes are never below the allocated ones (reserved_of),
+        // so neither is their peak.
+        r.peak = std::max<int64_t>({d.reserved_peak.load(), reserved,
+                                    s.allocated_bytes[0].peak});
         r.allocated += cudefer_part;
         int64_t mallocs = sampled_mallocs(device);
         int64_t releases = sampled_releases(device);

@@ -15,6 +15,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     Tensor.record_stream and empty_cache on the way;
   - captures the forward pass with torch.cuda.graph and replays it;
   - runs the model through torch.compile(mode="reduce-overhead");
+  - frees and empties a 1 GiB tensor between two statistics calls:
+    max_memory_reserved must still count it;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
@@ -165,6 +167,16 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001
         res["compile_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
 
+    # A peak between two statistics calls: max_memory_reserved sees it.
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    spike = torch.empty(GiB, dtype=torch.uint8, device=dev)
+    del spike
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    res["spike_peaks"] = [torch.cuda.max_memory_allocated(),
+                          torch.cuda.max_memory_reserved()]
+
     # Nested MemPools: the innermost use_mem_pool serves the allocation.
     try:
         outer, inner = torch.cuda.MemPool(), torch.cuda.MemPool()
@@ -288,6 +300,11 @@ def compare(native, mine):
     else:
         check("torch.compile(mode='reduce-overhead'): identical outputs",
               native["compile_sha"] == mine["compile_sha"])
+    spikes = [native.get("spike_peaks"), mine.get("spike_peaks")]
+    check("max_memory_reserved >= max_memory_allocated >= 1 GiB after a "
+          "freed 1 GiB tensor",
+          all(p and p[1] >= p[0] >= GiB for p in spikes),
+          "native %s, cudefer %s (allocated, reserved)" % tuple(spikes))
     check("nested use_mem_pool: the inner MemPool serves the allocation",
           mine.get("nested_pool") == native.get("nested_pool") == "inner",
           "native %s, cudefer %s" % (native.get("nested_pool"),
