@@ -454,7 +454,15 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
             recorded.fetch_add(1, std::memory_order_relaxed);
             return;
         }
-        cudaError_t err = fns_.record_stream(ptr, stream.stream());
+        cudaError_t err;
+        {
+            // To cudefer, stream 0 is the legacy stream of the device
+            // current at the call: for a default stream, that must be the
+            // stream's device, not the caller's (Tensor.record_stream runs
+            // on the tensor's device).
+            c10::cuda::CUDAGuard guard(stream.device_index());
+            err = fns_.record_stream(ptr, stream.stream());
+        }
         TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
                     "cudefer: Tensor.record_stream on a stream being "
                     "captured into a CUDA graph, for memory allocated "

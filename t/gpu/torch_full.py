@@ -17,6 +17,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - runs the model through torch.compile(mode="reduce-overhead");
   - frees and empties a 1 GiB tensor between two statistics calls:
     max_memory_reserved must still count it;
+  - with two GPUs, records a tensor of a created stream on GPU 1's
+    default stream while that is busy: its block must not come back
+    before GPU 1 is done;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
@@ -194,6 +197,32 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001
         res["nested_pool"] = "%s: %s" % (type(e).__name__, str(e)[:200])
 
+    # record_stream on another GPU's default stream (two GPUs): the block,
+    # allocated on a created stream, must wait for that default stream,
+    # busy for about 2 s, not for this GPU's.
+    if torch.cuda.device_count() >= 2:
+        with torch.cuda.device(1):
+            torch.cuda._sleep(4000000000)
+        created = torch.cuda.Stream()
+        with torch.cuda.stream(created):
+            x = torch.empty(8 << 20, dtype=torch.uint8, device=dev)
+        old = x.data_ptr()
+        x.record_stream(torch.cuda.default_stream(1))
+        del x
+        kept = []
+        for _ in range(100):
+            with torch.cuda.stream(created):
+                kept.append(torch.empty(8 << 20, dtype=torch.uint8,
+                                        device=dev))
+            time.sleep(0.002)
+        busy = not torch.cuda.default_stream(1).query()
+        res["cross_record"] = (
+            "reused" if any(t.data_ptr() == old for t in kept) else
+            "kept" if busy else "inconclusive (device 1 done too soon)")
+        del kept
+        torch.cuda.synchronize(1)
+        torch.cuda.synchronize()
+
     # set_per_process_memory_fraction and an OOM observer.
     seen = []
     try:
@@ -309,6 +338,14 @@ def compare(native, mine):
           mine.get("nested_pool") == native.get("nested_pool") == "inner",
           "native %s, cudefer %s" % (native.get("nested_pool"),
                                      mine.get("nested_pool")))
+    if "cross_record" not in native:
+        print("SKIP record_stream on another GPU's default stream: one GPU")
+    else:
+        check("record_stream on another GPU's default stream: the block "
+              "waits for that GPU",
+              mine.get("cross_record") == native["cross_record"] == "kept",
+              "native %s, cudefer %s" % (native["cross_record"],
+                                         mine.get("cross_record")))
     check("set_per_process_memory_fraction: beyond the cap raises "
           "OutOfMemoryError, below it fits",
           mine["fraction_big"] == native["fraction_big"] == "OutOfMemoryError"
