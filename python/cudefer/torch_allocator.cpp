@@ -1172,8 +1172,11 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         for (auto &o : observers)
             o(device, rounded, cap != kNoCap ? cap : device_total,
               device_free);
+        // It opens as PyTorch's own does ("CUDA out of memory. Tried to
+        // allocate"): tools that retry with smaller batches look for
+        // "CUDA out of memory." in the message.
         TORCH_CHECK_WITH(
-            OutOfMemoryError, false, "cudefer: CUDA out of memory: tried to "
+            OutOfMemoryError, false, "CUDA out of memory. Tried to "
             "allocate ", format_size(rounded), " on device ", device,
             why != nullptr ? " beyond " : "", why != nullptr ? why : "",
             cap != kNoCap ? " (" + format_size(cap) + " allowed)" : "",

@@ -48,7 +48,8 @@ def oom(size=None):
         huge = torch.empty(size, dtype=torch.uint8, device="cuda")
     except torch.OutOfMemoryError as e:
         text = str(e)
-        if "cudefer: CUDA out of memory" not in text:
+        if "CUDA out of memory. Tried to allocate" not in text or \
+                "cudefer" not in text:
             fail("OutOfMemoryError without cudefer's message: %s" % text)
         step("raised: %s" % text.splitlines()[0])
     else:

@@ -25,7 +25,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
     MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
-    1 GiB at a fraction of 0;
+    1 GiB at a fraction of 0; the message holds "CUDA out of memory.", as
+    tools that retry with a smaller batch expect;
 and writes what it saw as JSON.  The checks: memory_allocated identical at
 every point, max_memory_allocated within 1 % at every step, losses, graph
 and compiled outputs bit for bit identical, the fraction and observer
@@ -243,6 +244,10 @@ def run(mode, lib, steps, out_path):
     except torch.OutOfMemoryError as e:
         res["fraction_big"] = "OutOfMemoryError"
         res["fraction_message"] = str(e).splitlines()[0][:200]
+        # What accelerate's find_executable_batch_size (and HF Trainer's
+        # auto_find_batch_size) takes for an out of memory to retry.
+        res["oom_retryable"] = (len(e.args) == 1 and
+                                "CUDA out of memory." in e.args[0])
     try:
         small = torch.empty(GiB // 4, dtype=torch.uint8, device=dev)
         res["fraction_small"] = "allocated"
@@ -366,6 +371,11 @@ def compare(native, mine):
           == "OutOfMemoryError",
           "native %s, cudefer %s" % (native.get("fraction_zero"),
                                      mine.get("fraction_zero")))
+    check("the OutOfMemoryError's message opens with 'CUDA out of memory.'",
+          mine.get("oom_retryable") is native.get("oom_retryable") is True,
+          "native %s, cudefer %s (%s)" % (native.get("oom_retryable"),
+                                          mine.get("oom_retryable"),
+                                          mine.get("fraction_message", "")))
     check("OOM observer called as under PyTorch's allocator",
           mine.get("observer_calls") == native.get("observer_calls")
           and mine.get("observer_calls", 0) > 0,
