@@ -191,8 +191,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * defer_pluggable_free), never with cudaFree.  A free block not taken for
  * cache_keep_ms is released, and every free block by defer_trim and
  * defer_shutdown; live blocks stay the application's.  Blocks only to
- * allocate and, out of memory, to trim before one retry, then in the
- * out-of-memory handler (defer_set_oom_handler).  bytes == 0 gives
+ * allocate and, out of memory, to trim before one retry (not in a
+ * callback, which cannot wait for the trim), then in the out-of-memory
+ * handler (defer_set_oom_handler).  bytes == 0 gives
  * *ptr = NULL and cudaSuccess.  Errors (each counted in rejected):
  * cudaErrorInvalidValue for a NULL ptr; cudaErrorMemoryAllocation when out
  * of memory (not reported); cudaErrorStreamCaptureUnsupported on a

@@ -71,7 +71,9 @@ static size_t fresh_size(int device, size_t bytes)
  * memory, everything cudefer holds is trimmed (not admitted: the trim
  * waits for the reclaimer) and that size tried again, then bytes rounded
  * up to 512 only where that is less (it may fit where the rounded size
- * does not). */
+ * does not).  A callback cannot wait for the reclaimer: there the trim
+ * and its retry are left out (a refused defer_trim would be said, and the
+ * caller of defer_alloc never called it). */
 static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
                                 void **ptr)
 {
@@ -79,9 +81,11 @@ static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
     cudaError_t err = malloc_filed(device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
-    size_t trimmed = 0;
-    defer_trim(&trimmed);
-    err = malloc_filed(device, rounded, stream, ptr);
+    if (!lifecycle_in_callback()) {
+        size_t trimmed = 0;
+        defer_trim(&trimmed);
+        err = malloc_filed(device, rounded, stream, ptr);
+    }
     if (err != cudaErrorMemoryAllocation || exact >= rounded)
         return err;
     return malloc_filed(device, exact, stream, ptr);

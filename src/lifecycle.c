@@ -304,6 +304,11 @@ bool lifecycle_on_reclaimer_thread(void)
     return thread_here.reclaimer;
 }
 
+bool lifecycle_in_callback(void)
+{
+    return inside_callback();
+}
+
 const struct defer_config *lifecycle_config(void)
 {
     return &rs.cfg;

@@ -60,6 +60,11 @@ void lifecycle_fail_device(const char *what, int device, const char *call,
 /* Any thread: whether it is the reclaimer thread (running a callback). */
 bool lifecycle_on_reclaimer_thread(void);
 
+/* Any thread: whether it runs a callback now (the reclaimer thread, or a
+ * thread inside a defer call that runs one itself): it must not wait for
+ * the reclaimer (a flush or trim would wait for itself). */
+bool lifecycle_in_callback(void);
+
 /* Any thread but the reclaimer.  Blocks until everything pushed before the
  * call has been released or has failed.  Returns cudaSuccess, the error of a
  * failed device, or cudaErrorNotPermitted (on the reclaimer thread, after

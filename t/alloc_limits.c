@@ -361,6 +361,48 @@ static void scenario_trim_releases_held(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* Out of memory in a defer_call callback, on the reclaimer thread, where
+ * no trim can be had (it would wait for the reclaimer itself): out of
+ * memory, returned and counted, nothing said, as anywhere else (a refusal
+ * of a defer_trim the application never called was said). */
+static struct {
+    size_t bytes;
+    cudaError_t err;
+    void *p;
+} in_callback;
+
+static void alloc_in_callback(void *arg)
+{
+    in_callback.p = &in_callback;
+    in_callback.err = defer_alloc(&in_callback.p, in_callback.bytes, arg);
+}
+
+static void scenario_out_of_memory_in_callback(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    cudaStream_t s = stream_new();
+    void *mine = device_alloc(64 * MiB); /* the device holds 8 MiB */
+    size_t free_b, total;
+    cudaMemGetInfo(&free_b, &total);
+    fake_set_device_memory(0, total - free_b + 4 * MiB); /* 4 MiB left */
+    in_callback.bytes = 8 * MiB;
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    CHECK(defer_call(alloc_in_callback, s, s) == cudaSuccess, "defer_call");
+    cudaError_t flushed = defer_flush();
+    const char *said = stderr_capture_end();
+    CHECK(flushed == cudaSuccess &&
+              in_callback.err == cudaErrorMemoryAllocation &&
+              in_callback.p == NULL,
+          "8 MiB with 4 MiB free, in a callback: %s, %p",
+          cudaGetErrorName(in_callback.err), in_callback.p);
+    CHECK(said[0] == '\0', "nothing said (%s)", said);
+    CHECK(stats_now().rejected - rejected == 1, "counted as rejected (%llu)",
+          ULL(stats_now().rejected - rejected));
+    CHECK(cudaFree(mine) == cudaSuccess, "cudaFree");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 static void test_rounding_knob(void)
 {
     rounding.mib_plus_one = ((size_t)1 << 20) + (32 << 10);
@@ -380,6 +422,8 @@ static void test_rounding_knob(void)
     fork_scenario("a rounding that is no power of two: said, the default "
                   "kept", "CUDEFER_ROUND_DIVISIONS=24", 1, 30000,
                   scenario_rounding);
+    fork_scenario("out of memory in a callback: returned, nothing said",
+                  "", 1, 30000, scenario_out_of_memory_in_callback);
     fork_scenario("coarse rounding beyond the device: the exact size at once",
                   "CUDEFER_ROUND_DIVISIONS=1", 1, 30000,
                   scenario_coarse_beyond_device);
