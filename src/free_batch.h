@@ -72,7 +72,8 @@ void free_batch_set_take_hook(void (*hook)(void));
 bool free_batch_init(int ndevices, uint32_t max_claims);
 
 /* Shutdown, after everything was sealed and the reclaimer stopped: forgets
- * the batches (a claim still in one is reported and dropped). */
+ * the batches (a claim still in one is reported and dropped, its free
+ * counted as failed: it is never released). */
 void free_batch_destroy(void);
 
 /* Fork child: forgets the batches without touching the locks' owners. */

@@ -482,7 +482,8 @@ static void scenario_barred_plain_free(void)
 
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
- * shutdown says so in its result (before the fix: cudaSuccess). */
+ * shutdown says so in its result (before the fix: cudaSuccess).  The
+ * dropped frees count as failed (they stayed pending for good before). */
 static void scenario_shutdown_barred(void)
 {
     pid_t pid = fork_flushed();
@@ -502,6 +503,10 @@ static void scenario_shutdown_barred(void)
         CHECK(err == cudaErrorStreamCaptureImplicit, "shutdown: %s",
               cudaGetErrorName(err));
         CHECK(strstr(said, "never sealed") != NULL, "said: %s", said);
+        struct defer_stats st = stats_now();
+        CHECK(st.pending == 0 && st.failed == 3,
+              "the dropped frees counted as failed, none pending (pending "
+              "%llu, failed %llu)", ULL(st.pending), ULL(st.failed));
         scenario_child_end();
     }
     int status;
