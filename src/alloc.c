@@ -338,6 +338,10 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         err = refuse("defer_record_stream", "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
+    else if ((err = lifecycle_device_error(device)) != cudaSuccess)
+        /* A failed device's error, as every later call on it returns. */
+        refuse("defer_record_stream", "an earlier CUDA call on this device",
+               err, "; nothing recorded");
     else if ((err = cache_users_add(
                   ptr, &(struct block_user){stream, id, device})) !=
              cudaSuccess)

@@ -244,6 +244,31 @@ static void trim_sees_failure(void)
     fake_complete(w);
 }
 
+/* A block's defer_record_stream on a device that failed since it was
+ * handed out: the device's sticky error, as every later call on it
+ * returns, and nothing recorded (before the fix: recorded, cudaSuccess). */
+static void record_stream_after_failure(void)
+{
+    cudaStream_t s = stream_new(), other = stream_new();
+    void *b = NULL;
+    CHECK(defer_alloc(&b, 4096, s) == cudaSuccess, "a block");
+    void *p = device_alloc(64);
+    fake_work *w = work_held(s, p);
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    stderr_capture_begin();
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_flush() == cudaErrorIllegalAddress, "the device fails");
+    uint64_t rejected = stats_now().rejected;
+    cudaError_t err = defer_record_stream(b, other);
+    stderr_capture_end();
+    CHECK(err == cudaErrorIllegalAddress,
+          "defer_record_stream on the failed device: %s",
+          cudaGetErrorName(err));
+    CHECK(stats_now().rejected - rejected == 1, "counted as rejected");
+    fake_fail_clear();
+    fake_complete(w);
+}
+
 static void test_start_fails(void)
 {
     fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
@@ -260,6 +285,8 @@ int main(void)
     fork_scenario("a device failing in a trim's pass is the trim's error",
                   "CUDEFER_POLL_US=1s CUDEFER_POLL_MAX_US=1s", 1, 20000,
                   trim_sees_failure);
+    fork_scenario("defer_record_stream on a failed device: its error", "", 1,
+                  20000, record_stream_after_failure);
     fake_reset(1);
     test_start_fails();
     cudaStream_t s = stream_new();
