@@ -417,6 +417,7 @@ void lifecycle_push_and_wait(struct entry *e)
 static cudaError_t may_wait(const char *what)
 {
     if (inside_callback()) {
+        stats_add(&stats.rejected, 1);
         report("%s called from a defer_call callback: refused (it would wait "
                "for itself)", what);
         return cudaErrorNotPermitted;
@@ -510,6 +511,7 @@ static bool stop_and_join(uint64_t deadline_ns)
 cudaError_t lifecycle_shutdown(void)
 {
     if (inside_callback()) {
+        stats_add(&stats.rejected, 1);
         report("defer_shutdown called from a defer_call callback: refused "
                "(it would wait for itself)");
         return cudaErrorNotPermitted;

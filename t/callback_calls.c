@@ -31,6 +31,7 @@ static void wait_calls(void *unused)
 /* defer_call(wait_calls) must return, the three calls refused. */
 static void check_wait_calls_refused(cudaStream_t s)
 {
+    uint64_t rejected = stats_now().rejected;
     stderr_capture_begin();
     cudaError_t err = defer_call(wait_calls, NULL, s);
     const char *msg = stderr_capture_end();
@@ -46,6 +47,9 @@ static void check_wait_calls_refused(cudaStream_t s)
     CHECK(strstr(msg, "defer_shutdown called from a defer_call callback") !=
               NULL,
           "the refusal is explained");
+    CHECK(stats_now().rejected - rejected == 3,
+          "the three refusals counted in rejected (%llu)",
+          ULL(stats_now().rejected - rejected));
 }
 
 /* After the refusals the library works as before. */

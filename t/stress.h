@@ -229,8 +229,9 @@ extern struct worker *workers;
 
 /* Totals across threads and callbacks. */
 extern _Atomic unsigned long calls_run, nested_deferred;
-/* Wrong inputs given so far: refused ones (stats' rejected) and accepted
- * ones whose release fails (stats' failed, the fake's invalid releases). */
+/* Wrong inputs given so far: refused ones (stats' rejected, with the
+ * flushes refused in callbacks) and accepted ones whose release fails
+ * (stats' failed, the fake's invalid releases). */
 extern _Atomic unsigned long wrong_refused, wrong_failing;
 extern _Atomic int lull; /* 1 while a thread makes a quiet moment */
 extern _Atomic int phase_done;

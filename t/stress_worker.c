@@ -279,6 +279,8 @@ static void on_call(void *arg)
             stress_fail(F_IN_CALLBACK,
                         "defer_flush in a callback returned %s, not "
                         "cudaErrorNotPermitted", cudaGetErrorName(err));
+        else /* a refusal: counted in rejected */
+            atomic_fetch_add(&wrong_refused, 1);
     }
 }
 
