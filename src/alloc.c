@@ -368,6 +368,13 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
                                    int device, cudaStream_t stream)
 {
     *ptr = NULL;
+    if (device < 0) {
+        /* No device: alloc_on would take it for "any" (expect < 0), and a
+         * created stream would get a block of its own device. */
+        stats_add(&stats.rejected, 1);
+        report("%s: device %d: no such device: refused", what, device);
+        return cudaErrorInvalidDevice;
+    }
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err = enter_device(&sw, device, stream, &call);

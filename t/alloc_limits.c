@@ -88,6 +88,24 @@ static void test_pluggable_status(cudaStream_t s)
            "device %d with a stream of device 0: %s, NULL, said, counted",
            device, cudaGetErrorName(err));
     }
+    /* A negative device with a created stream: no device, refused and
+     * said (a block of the stream's device 0, silently, before), and
+     * counted; with the legacy stream too. */
+    for (int i = 0; i < 2; i++) {
+        uint64_t rejected = stats_now().rejected;
+        q = &q;
+        stderr_capture_begin();
+        err = defer_pluggable_alloc_status(&q, 4096, -1, i == 0 ? s : 0);
+        said = stderr_capture_end();
+        ok(err == cudaErrorInvalidDevice && q == NULL &&
+               strstr(said, "device -1") != NULL &&
+               stats_now().rejected == rejected + 1,
+           "device -1 with %s: %s, NULL, said, counted",
+           i == 0 ? "a created stream" : "the legacy stream",
+           cudaGetErrorName(err));
+        if (err == cudaSuccess)
+            defer_pluggable_free(q, 4096, 0, s);
+    }
     /* A free naming a device it cannot switch to, on the legacy stream:
      * freed on the block's own device, the mismatch said (it stayed
      * allocated before). */
