@@ -311,7 +311,8 @@ static void record_origin(struct origin *o)
         return;
     }
     cudaError_t err;
-    if (o->event == NULL &&
+    bool had_event = o->event != NULL;
+    if (!had_event &&
         (err = cuda_event_create_runtime(&o->event)) != cudaSuccess) {
         /* Tried again on the next pass, the entry waiting meanwhile: said
          * once, since every pass may meet it again. */
@@ -325,6 +326,8 @@ static void record_origin(struct origin *o)
         o->event = NULL;
         return;
     }
+    if (!had_event) /* counted as every event of cudefer's is */
+        stats_add(&stats.events_created, 1);
     if (!not_capturing(o->stream, &gone)) {
         if (gone)
             o->state = ORIGIN_LOST;
@@ -341,6 +344,7 @@ static void record_origin(struct origin *o)
 static void query_origin(struct origin *o)
 {
     cudaError_t err = cuda_event_query(o->event);
+    stats_add(&stats.event_queries, 1);
     if (err == cudaErrorNotReady)
         return;
     if (err == cudaSuccess) {

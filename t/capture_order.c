@@ -502,6 +502,31 @@ static void s_origin_set_device_fails(void)
 /* ---- a graph that dies while exit drains -------------------------------- */
 
 static cudaGraph_t exit_graph;
+/* The event the reclaimer makes for a captured entry's stream, and its
+ * queries, count in events_created and event_queries as every event and
+ * query of cudefer's do: the test makes and queries none, so the counters
+ * match the calls CUDA saw (before: one event and its queries short). */
+static void s_origin_event_counted(void)
+{
+    cudaStream_t s = stream_new();
+    void *p;
+    fake_work *before = free_in_capture(s, &p);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    sleep_ms(20); /* its stream's event recorded and queried, not ready */
+    fake_complete(before);
+    CHECK(wait_released(p, 10000), "released");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    struct defer_stats st = stats_now();
+    unsigned long created = fake_calls(FAKE_EVENT_CREATE),
+                  queried = fake_calls(FAKE_EVENT_QUERY);
+    CHECK(st.events_created == created,
+          "events_created %llu, CUDA made %lu", ULL(st.events_created),
+          created);
+    CHECK(st.event_queries == queried, "event_queries %llu, CUDA saw %lu",
+          ULL(st.event_queries), queried);
+}
+
 static void *exit_ptr;
 
 /* Run by the exit drain: destroy the graph and wait for its user object's
@@ -563,6 +588,8 @@ int main(void)
     fork_scenario("a dead graph's stream on device 1: the reclaimer's "
                   "cudaSetDevice to it fails: the device fails, said", "", 2,
                   30000, s_origin_set_device_fails);
+    scenario("a dead graph's stream: its event and queries counted",
+             s_origin_event_counted);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();
