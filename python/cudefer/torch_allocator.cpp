@@ -23,7 +23,9 @@
 //     go back to CUDA at empty_cache or out of memory once it is released.
 //     Checkpoints of a pool (torch.compile's CUDA graph trees) and
 //     checkPoolLiveAllocations work on these blocks;
-//   - set_per_process_memory_fraction caps the bytes allocated on a device.
+//   - set_per_process_memory_fraction (and PYTORCH_CUDA_ALLOC_CONF's
+//     per_process_memory_fraction, from the start) caps the bytes allocated
+//     on a device.
 // What it cannot serve (IPC, memory history, trace trackers, a MemPool with
 // its own allocator, use_on_oom pools) raises an error naming cudefer.
 //
@@ -38,6 +40,7 @@
 // mutex; lock order: device mutex, then a table shard.
 
 #include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -498,13 +501,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         c10::cuda::CUDAGuard guard(device);
         size_t free_bytes = 0, total = 0;
         C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-        devices_[device]->fraction.store(fraction);
-        // A fraction of 1 is no cap (PyTorch's allocator then has no
-        // allowed_memory_maximum); one of 0 allows nothing.
-        devices_[device]->cap.store(
-            fraction < 1.0
-                ? static_cast<uint64_t>(fraction * static_cast<double>(total))
-                : kNoCap);
+        set_cap(device, fraction, total);
     }
 
     double getMemoryFraction(c10::DeviceIndex device) override
@@ -818,9 +815,23 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     // ---- the rest of the interface -------------------------------------
 
+    // PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction caps each
+    // device from the start, as PyTorch's allocator sets it for each device
+    // it sets up (DeviceCachingAllocator's constructor); a later init adds
+    // devices, never resets one.  cudaGetDeviceProperties makes no context.
     void init(int device_count) override
     {
-        device_count_ = std::min(device_count, kMaxDevices);
+        int count = std::min(device_count, kMaxDevices);
+        double fraction =
+            CCA::CUDAAllocatorConfig::per_process_memory_fraction();
+        if (fraction < 1.0) {
+            for (int i = device_count_; i < count; i++) {
+                cudaDeviceProp prop{};
+                C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+                set_cap(i, fraction, prop.totalGlobalMem);
+            }
+        }
+        device_count_ = std::max(device_count_, count);
         initialized_.store(true);
     }
     bool initialized() override { return initialized_.load(); }
@@ -969,6 +980,18 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         std::mutex mu;
         std::unordered_map<void *, Allocation> map;
     };
+
+    // The memory fraction of device: a cap of fraction times total bytes;
+    // a fraction of 1 is no cap (PyTorch's allocator then has no
+    // allowed_memory_maximum), one of 0 allows nothing.
+    void set_cap(int device, double fraction, size_t total)
+    {
+        devices_[device]->fraction.store(fraction);
+        devices_[device]->cap.store(
+            fraction < 1.0
+                ? static_cast<uint64_t>(fraction * static_cast<double>(total))
+                : kNoCap);
+    }
 
     DeviceState &state(c10::DeviceIndex device)
     {

@@ -27,6 +27,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
     1 GiB at a fraction of 0; the message holds "CUDA out of memory.", as
     tools that retry with a smaller batch expect;
+  - in a process of its own under PYTORCH_CUDA_ALLOC_CONF=
+    per_process_memory_fraction:0.5, reads the fraction and allocates 60 %
+    of the device: it must raise torch.OutOfMemoryError;
 and writes what it saw as JSON.  The checks: memory_allocated identical at
 every point, max_memory_allocated within 1 % at every step, losses, graph
 and compiled outputs bit for bit identical, the fraction and observer
@@ -57,6 +60,47 @@ def tensor_sha(tensors):
         h.update(t.detach().to(torch.float32).cpu().reshape(-1)
                  .contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+ENV_FRACTION = "per_process_memory_fraction:0.5"
+
+
+def probe_env_fraction(mode, lib):
+    """The process env_fraction starts: prints, as JSON, the fraction read
+    and whether 60 % of the device fits."""
+    import torch
+    if mode == "cudefer":
+        import cudefer.torch
+        cudefer.torch.enable(lib)
+    res = {"fraction": torch.cuda.get_per_process_memory_fraction()
+           if hasattr(torch.cuda, "get_per_process_memory_fraction") else None}
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        big = torch.empty(int(total * 0.6), dtype=torch.uint8, device="cuda")
+        res["big"] = "allocated"
+        del big
+    except torch.OutOfMemoryError:
+        res["big"] = "OutOfMemoryError"
+    print(json.dumps(res))
+
+
+def env_fraction(mode, lib):
+    """What probe_env_fraction saw under PYTORCH_CUDA_ALLOC_CONF=ENV_FRACTION
+    (read when the allocator starts: a process of its own), or why it
+    failed."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ENV_FRACTION)
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
+           "--probe", "env-fraction"]
+    if lib:
+        cmd += ["--lib", lib]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    found = [line for line in proc.stdout.splitlines()
+             if line.startswith("{")]
+    if proc.returncode != 0 or not found:
+        return "exit status %d: %s" % (proc.returncode,
+                                       proc.stdout.strip()[-300:])
+    return json.loads(found[-1])
 
 
 def run(mode, lib, steps, out_path):
@@ -224,6 +268,9 @@ def run(mode, lib, steps, out_path):
         torch.cuda.synchronize(1)
         torch.cuda.synchronize()
 
+    # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction.
+    res["env_fraction"] = env_fraction(mode, lib)
+
     # set_per_process_memory_fraction and an OOM observer.
     seen = []
     try:
@@ -371,6 +418,15 @@ def compare(native, mine):
           == "OutOfMemoryError",
           "native %s, cudefer %s" % (native.get("fraction_zero"),
                                      mine.get("fraction_zero")))
+    def env_capped(r):
+        return (isinstance(r, dict) and r.get("big") == "OutOfMemoryError"
+                and (r.get("fraction") is None
+                     or abs(r["fraction"] - 0.5) < 1e-6))
+    check("PYTORCH_CUDA_ALLOC_CONF=%s caps from the start" % ENV_FRACTION,
+          env_capped(native.get("env_fraction"))
+          and env_capped(mine.get("env_fraction")),
+          "native %s, cudefer %s" % (native.get("env_fraction"),
+                                     mine.get("env_fraction")))
     check("the OutOfMemoryError's message opens with 'CUDA out of memory.'",
           mine.get("oom_retryable") is native.get("oom_retryable") is True,
           "native %s, cudefer %s (%s)" % (native.get("oom_retryable"),
@@ -407,7 +463,12 @@ def main():
     p.add_argument("--run", choices=["native", "cudefer"],
                    help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--probe", choices=["env-fraction"],
+                   help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.probe == "env-fraction":
+        probe_env_fraction(args.run, args.lib)
+        return 0
     if args.run:
         run(args.run, args.lib, args.steps, args.out)
         return 0
