@@ -477,9 +477,19 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         recorded.fetch_add(1, std::memory_order_relaxed);
     }
 
+    // Releases nothing while an allocate-to-pool section is open, as
+    // PyTorch's allocator releases nothing of its default pools while one
+    // is open on the device (release_cached_blocks tests captures_underway):
+    // a capture may be under way in another thread, and defer_trim fails
+    // then (cudaErrorStreamCaptureImplicit) when that capture's stream is a
+    // blocking one and blocks freed on the legacy stream wait for their
+    // event.  cudefer trims every device: a section on any device counts.
+    // A section begun while defer_trim runs is not seen.
     void emptyCache(MempoolId_t mempool_id) override
     {
         if (mempool_id.first == 0 && mempool_id.second == 0) {
+            if (sections_anywhere.load(std::memory_order_acquire) > 0)
+                return;
             cudaError_t err = fns_.trim(nullptr);
             TORCH_CHECK(err == cudaSuccess,
                         "cudefer: defer_trim failed with CUDA error ",

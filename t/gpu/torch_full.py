@@ -30,6 +30,10 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - in a process of its own under PYTORCH_CUDA_ALLOC_CONF=
     per_process_memory_fraction:0.5, reads the fraction and allocates 60 %
     of the device: it must raise torch.OutOfMemoryError;
+  - frees a tensor of the default stream and calls empty_cache while
+    another thread captures a CUDA graph on a blocking stream (one
+    cudaStreamCreate made, as other libraries make them): empty_cache must
+    not raise, and the capture must succeed;
 and writes what it saw as JSON.  The checks: memory_allocated identical at
 every point, max_memory_allocated within 1 % at every step, losses, graph
 and compiled outputs bit for bit identical, the fraction and observer
@@ -44,6 +48,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,6 +106,74 @@ def env_fraction(mode, lib):
         return "exit status %d: %s" % (proc.returncode,
                                        proc.stdout.strip()[-300:])
     return json.loads(found[-1])
+
+
+def blocking_stream(torch):
+    """A blocking stream (cudaStreamCreate's, through the libcudart the
+    process loaded) as a torch.cuda.ExternalStream, and a function that
+    destroys it; None when no libcudart.so is among the process's
+    libraries."""
+    import ctypes
+    path = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "libcudart.so" in line:
+                path = line.split()[-1]
+                break
+    if path is None:
+        return None
+    rt = ctypes.CDLL(path)
+    rt.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    rt.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+    handle = ctypes.c_void_p()
+    if rt.cudaStreamCreate(ctypes.byref(handle)) != 0:
+        return None
+    return (torch.cuda.ExternalStream(handle.value),
+            lambda: rt.cudaStreamDestroy(handle))
+
+
+def empty_cache_during_capture(torch, dev):
+    """(what empty_cache did, what the capture did) when a tensor of the
+    default stream is freed and empty_cache called while another thread
+    captures a CUDA graph on a blocking stream; None when no blocking
+    stream can be made."""
+    made = blocking_stream(torch)
+    if made is None:
+        return None
+    stream, destroy = made
+    capturing, finish = threading.Event(), threading.Event()
+    outcome = {}
+
+    def capture():
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                y = torch.ones(1 << 20, device=dev) * 2
+                capturing.set()
+                finish.wait(60)
+            del graph, y
+            outcome["capture"] = "ok"
+        except Exception as e:  # noqa: BLE001 (reported, compared)
+            outcome["capture"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+        finally:
+            capturing.set()
+
+    x = torch.ones(1 << 20, device=dev)  # the default stream's
+    torch.cuda.synchronize()
+    thread = threading.Thread(target=capture)
+    thread.start()
+    capturing.wait(60)
+    try:
+        del x  # a free on the default stream during the capture
+        torch.cuda.empty_cache()
+        outcome["empty_cache"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        outcome["empty_cache"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+    finish.set()
+    thread.join()
+    torch.cuda.synchronize()
+    destroy()
+    return [outcome.get("empty_cache"), outcome.get("capture")]
 
 
 def run(mode, lib, steps, out_path):
@@ -322,6 +395,7 @@ def run(mode, lib, steps, out_path):
         res["fraction_zero"] = "OutOfMemoryError"
     torch.cuda.set_per_process_memory_fraction(1.0)
     res["observer_calls"] = len(seen)
+    res["capture_empty_cache"] = empty_cache_during_capture(torch, dev)
     res["snapshot_segments"] = len(torch.cuda.memory_snapshot())
     if mode == "cudefer":
         import cudefer.torch
@@ -438,6 +512,17 @@ def compare(native, mine):
           "native %s, cudefer %s %s" % (native.get("observer_calls"),
                                         mine.get("observer_calls"),
                                         mine.get("observer_error", "")))
+    if native.get("capture_empty_cache") is None:
+        print("SKIP empty_cache during another thread's capture: no "
+              "libcudart.so to make a blocking stream with")
+    else:
+        check("empty_cache while another thread captures a CUDA graph: no "
+              "error, and the capture succeeds",
+              mine.get("capture_empty_cache")
+              == native["capture_empty_cache"] == ["ok", "ok"],
+              "native %s, cudefer %s (empty_cache, capture)" % (
+                  native["capture_empty_cache"],
+                  mine.get("capture_empty_cache")))
     check("record_stream reached cudefer", (mine.get("recorded") or 0) > 0,
           "%s calls" % mine.get("recorded"))
     steps = mine["step_ms"][1:] or mine["step_ms"]
