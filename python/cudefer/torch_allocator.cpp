@@ -506,8 +506,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     {
         TORCH_CHECK(fraction >= 0 && fraction <= 1, "cudefer: memory "
                     "fraction ", fraction, " is not between 0 and 1");
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         c10::cuda::CUDAGuard guard(device);
         size_t free_bytes = 0, total = 0;
         C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
@@ -516,8 +515,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     double getMemoryFraction(c10::DeviceIndex device) override
     {
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         return devices_[device]->fraction.load();
     }
 
@@ -525,8 +523,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     DeviceStats getDeviceStats(c10::DeviceIndex device) override
     {
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         sample_reserved(device);
         DeviceState &d = *devices_[device];
         DeviceStats s;
@@ -570,8 +567,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     void resetAccumulatedStats(c10::DeviceIndex device) override
     {
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         sample_reserved(device);
         DeviceState &d = *devices_[device];
         for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
@@ -588,8 +584,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     void resetPeakStats(c10::DeviceIndex device) override
     {
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         DeviceState &d = *devices_[device];
         for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
                                    &d.requested_bytes, &d.pool_bytes,
@@ -815,7 +810,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                             {0, 0}));
             }
         }
-        info.device_traces.resize(static_cast<size_t>(device_count_));
+        info.device_traces.resize(static_cast<size_t>(device_count_.load()));
         info.config_metadata.max_split_size =
             c10::CachingAllocator::AcceleratorAllocatorConfig::
                 max_split_size();
@@ -835,13 +830,13 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         double fraction =
             CCA::CUDAAllocatorConfig::per_process_memory_fraction();
         if (fraction < 1.0) {
-            for (int i = device_count_; i < count; i++) {
+            for (int i = device_count_.load(); i < count; i++) {
                 cudaDeviceProp prop{};
                 C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
                 set_cap(i, fraction, prop.totalGlobalMem);
             }
         }
-        device_count_ = std::max(device_count_, count);
+        device_count_.store(std::max(device_count_.load(), count));
         initialized_.store(true);
     }
     bool initialized() override { return initialized_.load(); }
@@ -1003,10 +998,21 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                 : kNoCap);
     }
 
+    // A device argument must be one init was told of, as PyTorch's
+    // allocator requires (assertValidDevice): a statistics call for a GPU
+    // the process does not have raises instead of reading zeros.
+    void check_device(c10::DeviceIndex device) const
+    {
+        int count = device_count_.load();
+        TORCH_CHECK(device >= 0 && device < count,
+                    "cudefer: invalid device argument ",
+                    static_cast<int>(device), ": the process has ", count,
+                    " CUDA device(s)");
+    }
+
     DeviceState &state(c10::DeviceIndex device)
     {
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " out of range");
+        check_device(device);
         return *devices_[device];
     }
 
@@ -1432,7 +1438,9 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     CudeferSample sample_;
     std::atomic<uint64_t> used_devices_{0};
     std::atomic<bool> initialized_{false};
-    int device_count_ = 0;
+    // The devices init was told of (at most kMaxDevices); only grows.  Any
+    // thread reads it.
+    std::atomic<int> device_count_{0};
     std::mutex observers_mu_;
     std::vector<CCA::OutOfMemoryObserver> observers_;
 };

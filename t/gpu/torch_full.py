@@ -30,6 +30,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - in a process of its own under PYTORCH_CUDA_ALLOC_CONF=
     per_process_memory_fraction:0.5, reads the fraction and allocates 60 %
     of the device: it must raise torch.OutOfMemoryError;
+  - asks memory_stats, reset_peak_memory_stats and
+    reset_accumulated_memory_stats of a device index the process does not
+    have (device_count()): each must raise RuntimeError;
   - frees a tensor of the default stream and calls empty_cache while
     another thread captures a CUDA graph on a blocking stream (one
     cudaStreamCreate made, as other libraries make them): empty_cache must
@@ -341,6 +344,17 @@ def run(mode, lib, steps, out_path):
         torch.cuda.synchronize(1)
         torch.cuda.synchronize()
 
+    # Statistics of a device the process does not have: an error, not 0.
+    beyond = torch.cuda.device_count()
+    res["stats_beyond"] = []
+    for call in (torch.cuda.memory_stats, torch.cuda.reset_peak_memory_stats,
+                 torch.cuda.reset_accumulated_memory_stats):
+        try:
+            call(beyond)
+            res["stats_beyond"].append("returned")
+        except Exception as e:  # noqa: BLE001 (compared)
+            res["stats_beyond"].append(type(e).__name__)
+
     # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction.
     res["env_fraction"] = env_fraction(mode, lib)
 
@@ -492,6 +506,13 @@ def compare(native, mine):
           == "OutOfMemoryError",
           "native %s, cudefer %s" % (native.get("fraction_zero"),
                                      mine.get("fraction_zero")))
+    check("memory_stats and the resets of a device the process does not "
+          "have raise RuntimeError",
+          mine.get("stats_beyond") == native.get("stats_beyond")
+          == ["RuntimeError"] * 3,
+          "native %s, cudefer %s" % (native.get("stats_beyond"),
+                                     mine.get("stats_beyond")))
+
     def env_capped(r):
         return (isinstance(r, dict) and r.get("big") == "OutOfMemoryError"
                 and (r.get("fraction") is None
