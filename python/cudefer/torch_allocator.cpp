@@ -607,6 +607,14 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     {
         DeviceState &d = state(device);
         std::lock_guard<std::mutex> lock(d.mu);
+        // One open section per pool, as PyTorch's allocator requires: two
+        // would hand one pool's blocks to two captures at once, and
+        // endAllocateToPool could not tell which of them ends.  Refused
+        // before the use count changes.
+        for (const auto &s : d.open_sections)
+            TORCH_CHECK(s.id != mempool_id, "cudefer: beginAllocateToPool: "
+                        "already recording to mempool_id (", mempool_id.first,
+                        ", ", mempool_id.second, ")");
         pool_incref(d, device, mempool_id);
         d.open_sections.push_back({mempool_id, std::move(filter)});
         d.sections.fetch_add(1, std::memory_order_release);

@@ -22,6 +22,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     before GPU 1 is done;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
+  - enters torch.cuda.use_mem_pool for a MemPool already in use_mem_pool:
+    it must raise RuntimeError;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
     MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
@@ -318,6 +320,17 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001
         res["nested_pool"] = "%s: %s" % (type(e).__name__, str(e)[:200])
 
+    # One pool in two nested use_mem_pool: the inner one is refused.
+    pool = torch.cuda.MemPool()
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            with torch.cuda.use_mem_pool(pool):
+                pass
+        res["same_pool_twice"] = "entered"
+    except Exception as e:  # noqa: BLE001 (compared)
+        res["same_pool_twice"] = type(e).__name__
+    del pool
+
     # record_stream on another GPU's default stream (two GPUs): the block,
     # allocated on a created stream, must wait for that default stream,
     # busy for about 2 s, not for this GPU's.
@@ -478,6 +491,12 @@ def compare(native, mine):
           mine.get("nested_pool") == native.get("nested_pool") == "inner",
           "native %s, cudefer %s" % (native.get("nested_pool"),
                                      mine.get("nested_pool")))
+    check("use_mem_pool of a MemPool already in use_mem_pool raises "
+          "RuntimeError",
+          mine.get("same_pool_twice") == native.get("same_pool_twice")
+          == "RuntimeError",
+          "native %s, cudefer %s" % (native.get("same_pool_twice"),
+                                     mine.get("same_pool_twice")))
     if "cross_record" not in native:
         print("SKIP record_stream on another GPU's default stream: one GPU")
     else:
