@@ -1072,13 +1072,17 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         if (C10_UNLIKELY(!(used_devices_.load(std::memory_order_relaxed) &
                            bit)))
             used_devices_.fetch_or(bit, std::memory_order_relaxed);
+        // The profiler's memory events carry the device's allocated and
+        // reserved bytes, as PyTorch's allocator reports them (reserved:
+        // reserved_of, never below allocated; tools divide by it).
         if (ptr != nullptr)
             c10::reportMemoryUsageToProfiler(
                 ptr, static_cast<int64_t>(a.rounded),
                 static_cast<size_t>(d.allocated_bytes.s[0].current.load(
                     std::memory_order_relaxed)),
-                0, c10::Device(c10::DeviceType::CUDA,
-                               static_cast<c10::DeviceIndex>(device)));
+                static_cast<size_t>(reserved_of(device)),
+                c10::Device(c10::DeviceType::CUDA,
+                            static_cast<c10::DeviceIndex>(device)));
     }
 
     void count_free(DeviceState &d, const Allocation &a, void *ptr)
@@ -1092,7 +1096,8 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                 ptr, -static_cast<int64_t>(a.rounded),
                 static_cast<size_t>(d.allocated_bytes.s[0].current.load(
                     std::memory_order_relaxed)),
-                0, c10::Device(c10::DeviceType::CUDA, a.device));
+                static_cast<size_t>(reserved_of(a.device)),
+                c10::Device(c10::DeviceType::CUDA, a.device));
     }
 
     // defer_pluggable_alloc_status, under a relaxed capture mode while any

@@ -35,6 +35,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - asks memory_stats, reset_peak_memory_stats and
     reset_accumulated_memory_stats of a device index the process does not
     have (device_count()): each must raise RuntimeError;
+  - profiles (profile_memory=True) a tensor's allocation and free: each
+    CUDA "[memory]" event of the exported trace must carry a Total Reserved
+    above 0 and at least its Total Allocated;
   - frees a tensor of the default stream and calls empty_cache while
     another thread captures a CUDA graph on a blocking stream (one
     cudaStreamCreate made, as other libraries make them): empty_cache must
@@ -179,6 +182,29 @@ def empty_cache_during_capture(torch, dev):
     torch.cuda.synchronize()
     destroy()
     return [outcome.get("empty_cache"), outcome.get("capture")]
+
+
+def profiler_reserved(torch, dev):
+    """[Total Allocated, Total Reserved] of each CUDA "[memory]" event of a
+    profiled allocation and free (profile_memory=True, exported as a chrome
+    trace), or why there are none."""
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with prof:
+        t = torch.empty(8 << 20, dtype=torch.uint8, device=dev)
+        del t
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    found = []
+    for e in trace.get("traceEvents", []):
+        args = e.get("args") or {}
+        if e.get("name") == "[memory]" and str(args.get("Device Type")) == "1":
+            found.append([args.get("Total Allocated"),
+                          args.get("Total Reserved")])
+    return found or "no CUDA memory events"
 
 
 def run(mode, lib, steps, out_path):
@@ -423,6 +449,10 @@ def run(mode, lib, steps, out_path):
     torch.cuda.set_per_process_memory_fraction(1.0)
     res["observer_calls"] = len(seen)
     res["capture_empty_cache"] = empty_cache_during_capture(torch, dev)
+    try:
+        res["profiler_reserved"] = profiler_reserved(torch, dev)
+    except Exception as e:  # noqa: BLE001 (reported)
+        res["profiler_reserved"] = "%s: %s" % (type(e).__name__, str(e)[:200])
     res["snapshot_segments"] = len(torch.cuda.memory_snapshot())
     if mode == "cudefer":
         import cudefer.torch
@@ -552,6 +582,22 @@ def compare(native, mine):
           "native %s, cudefer %s %s" % (native.get("observer_calls"),
                                         mine.get("observer_calls"),
                                         mine.get("observer_error", "")))
+
+    def reserved_ok(events):
+        return isinstance(events, list) and all(
+            isinstance(r, int) and isinstance(a, int) and r > 0 and r >= a
+            for a, r in events)
+    if not isinstance(native.get("profiler_reserved"), list):
+        print("SKIP the profiler's Total Reserved: native run had %s"
+              % native.get("profiler_reserved"))
+    else:
+        check("the profiler's memory events: Total Reserved > 0 and >= "
+              "Total Allocated",
+              reserved_ok(native["profiler_reserved"])
+              and reserved_ok(mine.get("profiler_reserved")),
+              "native %s, cudefer %s ([allocated, reserved] each event)" % (
+                  native["profiler_reserved"][:4],
+                  str(mine.get("profiler_reserved"))[:200]))
     if native.get("capture_empty_cache") is None:
         print("SKIP empty_cache during another thread's capture: no "
               "libcudart.so to make a blocking stream with")
