@@ -13,7 +13,11 @@ found and read (stats, version), a library without cudefer's entry points
 is refused, and cudefer.torch.check_cxx_runtime refuses a shared object
 with a C++ runtime of its own (a g++ build with -static-libstdc++: such an
 allocator crashed PyTorch at its first out of memory) but takes one that
-links libstdc++ dynamically.
+links libstdc++ dynamically.  cudefer.cupy's allocations and frees run
+on the library built with the fake CUDA runtime (make check's
+t/libcudefer-fake.la, linked here into a shared object; skipped where it
+is not built), with a fake cupy whose Stream is a stream of that runtime,
+destroyed with its object, as CuPy's.
 
     python3 t/python_package.py [LIBCUDEFER]
 
@@ -107,6 +111,8 @@ def load(**kw):
 '''
 
 FAKE_CUPY = '''
+import ctypes
+import os
 import types
 given = []
 class OutOfMemoryError(MemoryError):
@@ -114,6 +120,24 @@ class OutOfMemoryError(MemoryError):
         super().__init__("Out of memory allocating %%d bytes" %% size)
 class _Stream:
     ptr = %(stream)d
+_current = []
+class Stream:
+    # A created stream of the fake CUDA runtime $FAKE_CUDA_LIB, destroyed
+    # when the object goes, as CuPy's are.
+    def __init__(self):
+        self._runtime = ctypes.CDLL(os.environ["FAKE_CUDA_LIB"])
+        handle = ctypes.c_void_p()
+        assert self._runtime.cudaStreamCreate(ctypes.byref(handle)) == 0
+        self.ptr = handle.value
+    def __enter__(self):
+        _current.append(self)
+        return self
+    def __exit__(self, *exc):
+        _current.pop()
+    def __del__(self):
+        self._runtime.cudaStreamDestroy(ctypes.c_void_p(self.ptr))
+def _get_current_stream():
+    return _current[-1] if _current else _Stream()
 def _set_allocator(f):
     given.append(f)
 class UnownedMemory:
@@ -123,8 +147,8 @@ class MemoryPointer:
     def __init__(self, mem, offset):
         self.mem, self.ptr = mem, mem.ptr + offset
 cuda = types.SimpleNamespace(
-    set_allocator=_set_allocator, get_current_stream=lambda: _Stream(),
-    runtime=types.SimpleNamespace(getDevice=lambda: 0),
+    set_allocator=_set_allocator, get_current_stream=_get_current_stream,
+    Stream=Stream, runtime=types.SimpleNamespace(getDevice=lambda: 0),
     memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
     UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer)
 '''
@@ -149,6 +173,35 @@ def fake_cupy(root, stream=0):
     with open(os.path.join(d, "__init__.py"), "w") as f:
         f.write(FAKE_CUPY % {"stream": stream})
     return root
+
+
+def fake_runtime_library(tmp):
+    """libcudefer with the fake CUDA runtime in it, as a shared object (from
+    make check's t/libcudefer-fake.la and t/libtap.la, beside LIB's build
+    tree), for the cases that allocate and free; (path, None), or (None,
+    why not)."""
+    top = os.path.dirname(os.path.dirname(os.path.dirname(LIB)))
+    archives = [os.path.join(top, "t", ".libs", name)
+                for name in ("libcudefer-fake.a", "libtap.a")]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, "no cc"
+    if not all(os.path.isfile(a) for a in archives):
+        return None, "%s not built" % archives[0]
+    path = os.path.join(tmp, "libcudefer-fake.so")
+    built = subprocess.run([cc, "-shared", "-o", path, "-Wl,--whole-archive",
+                            archives[0], "-Wl,--no-whole-archive",
+                            archives[1], "-lpthread", "-ldl", "-lrt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    if built.returncode != 0:
+        return None, "linking it failed"
+    probe = subprocess.run([sys.executable, "-c", "import ctypes, sys; "
+                            "ctypes.CDLL(sys.argv[1])", path],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if probe.returncode != 0:
+        return None, "python3 cannot load it"
+    return path, None
 
 
 def main():
@@ -407,6 +460,26 @@ def cases(tmp):
         """ % LIB, "RuntimeError", ["per-thread default stream",
                                     "cupy.cuda.Stream()"], fakes=root)
     tap(ok, "an allocation on cupy.cuda.Stream.ptds is refused", out)
+
+    fake, why = fake_runtime_library(tmp)
+    root = fake_cupy(os.path.join(tmp, "cupy-fake"))
+    name = ("cudefer.cupy: an array outlives its stream object; its free is "
+            "on that stream, still alive")
+    if fake is None:
+        skip(name, why)
+    else:
+        rc, out = py("""
+            import gc, cupy, cudefer, cudefer.cupy
+            cudefer.cupy.enable(%r)
+            with cupy.cuda.Stream():
+                p = cudefer.cupy.allocate(1 << 20)
+            gc.collect()
+            del p
+            s = cudefer.stats()
+            print("REJECTED", s["rejected"], "FREE", s["cache_free_bytes"])
+            """ % fake, fakes=root, env={"FAKE_CUDA_LIB": fake})
+        tap(rc == 0 and "REJECTED 0 FREE 1048576" in out
+            and "cudefer:" not in out, name, out)
 
 
 if __name__ == "__main__":

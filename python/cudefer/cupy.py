@@ -16,6 +16,8 @@ freed by its owner only).
 Limit: CuPy's per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM,
 cupy.cuda.Stream.ptds) is refused: a finalizer may run on another thread,
 whose per-thread stream is another stream.
+Limit: a cupy.cuda.ExternalStream (its stream is the user's to destroy) must
+outlive the arrays allocated on it.
 Limit: a CuPy array used on a stream other than its allocation stream must
 be freed only once that stream's work is ordered before the allocation
 stream (as with CuPy's own pool, which also reuses per stream).
@@ -40,7 +42,9 @@ _OUT_OF_MEMORY = 2
 
 class _Block:
     """The owner of one allocation: frees it, on its allocation stream and
-    device, when CuPy drops the last reference (any thread)."""
+    device, when CuPy drops the last reference (any thread).  It holds the
+    cupy.cuda.Stream too: CuPy destroys a stream when its object goes, and
+    the free must find the stream alive."""
     __slots__ = ("ptr", "size", "device", "stream", "free")
 
     def __init__(self, ptr, size, device, stream, free):
@@ -52,7 +56,7 @@ class _Block:
 
     def __del__(self):
         try:
-            self.free(self.ptr, self.size, self.device, self.stream)
+            self.free(self.ptr, self.size, self.device, self.stream.ptr)
         except Exception:  # interpreter teardown: nothing left to call
             pass
 
@@ -77,12 +81,12 @@ def allocate(size):
     if size == 0:
         return cupy.cuda.MemoryPointer(
             cupy.cuda.UnownedMemory(0, 0, None, device), 0)
-    stream = cupy.cuda.get_current_stream().ptr
-    if stream == _PER_THREAD_STREAM:
+    stream = cupy.cuda.get_current_stream()
+    if stream.ptr == _PER_THREAD_STREAM:
         raise RuntimeError("cudefer.cupy: CuPy's per-thread default stream "
                            "is not supported; use cupy.cuda.Stream()")
     ptr = ctypes.c_void_p()
-    err = alloc(ctypes.byref(ptr), size, device, stream)
+    err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
         raise cupy.cuda.memory.OutOfMemoryError(size, -1)
     if err != 0:

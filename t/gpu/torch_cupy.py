@@ -13,6 +13,7 @@ Checks, one PASS/FAIL line each (exit 1 if any failed, 77 without torch,
 cupy or a device):
   - the results are identical bit for bit;
   - DLPack shares memory both ways (the same address);
+  - a CuPy array that outlives its cupy.cuda.Stream object is freed;
   - under cudefer the process's peak device memory (cudaMemGetInfo) above
     what is live (measured with every cache emptied) is at most the larger
     of the two libraries' own peaks above the same point in the native run
@@ -23,6 +24,7 @@ cupy or a device):
     reduction casts as it reads.)
 """
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -105,6 +107,17 @@ def run(mode, lib, out_path):
         # were on each one's own stream: order the next round after both.
         torch.cuda.synchronize()
         cupy.cuda.Device().synchronize()
+    if mode == "cudefer":
+        # An array that outlives the cupy.cuda.Stream it was allocated on
+        # (CuPy destroys the stream when the object goes): its free is
+        # still accepted.
+        rejected = cudefer.stats()["rejected"]
+        with cupy.cuda.Stream():
+            kept = cupy.ones(MiB, dtype=cupy.float32)
+        gc.collect()
+        del kept
+        cupy.cuda.Device().synchronize()
+        res["freed_after_stream"] = cudefer.stats()["rejected"] == rejected
     h = hashlib.sha256()
     h.update(b.cpu().numpy().tobytes())
     h.update(acc_t.cpu().numpy().tobytes())
@@ -163,6 +176,8 @@ def main():
     check("DLPack shares memory PyTorch -> CuPy and CuPy -> PyTorch",
           mine["dlpack_torch_to_cupy_same"] and
           mine["dlpack_cupy_to_torch_same"])
+    check("a CuPy array freed after its stream object went is freed, not "
+          "refused", mine.get("freed_after_stream") is True)
     # Above what is live (the baseline): the larger library's own peak,
     # 5 % and 64 MiB for rounding.
     larger = max(native["torch_peak"], native["cupy_peak"])
