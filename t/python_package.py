@@ -115,6 +115,7 @@ import ctypes
 import os
 import types
 given = []
+pool_frees = []
 class OutOfMemoryError(MemoryError):
     def __init__(self, size, total, limit=0):
         super().__init__("Out of memory allocating %%d bytes" %% size)
@@ -140,6 +141,12 @@ def _get_current_stream():
     return _current[-1] if _current else _Stream()
 def _set_allocator(f):
     given.append(f)
+class _Pool:
+    def free_all_blocks(self):
+        pool_frees.append(True)
+_pool = _Pool()
+def get_default_memory_pool():
+    return _pool
 class UnownedMemory:
     def __init__(self, ptr, size, owner, device_id=-1):
         self.ptr, self.size, self.owner = ptr, size, owner
@@ -480,6 +487,32 @@ def cases(tmp):
             """ % fake, fakes=root, env={"FAKE_CUDA_LIB": fake})
         tap(rc == 0 and "REJECTED 0 FREE 1048576" in out
             and "cudefer:" not in out, name, out)
+    name = ("cudefer.cupy: out of memory, what CuPy holds is released "
+            "(garbage cycles, its own pool's free blocks) before a retry")
+    if fake is None:
+        skip(name, why)
+    else:
+        rc, out = py("""
+            import ctypes, gc, cupy, cudefer, cudefer.cupy
+            runtime = ctypes.CDLL(%r)
+            runtime.fake_set_device_memory.argtypes = [ctypes.c_int,
+                                                       ctypes.c_size_t]
+            runtime.fake_set_device_memory(0, 64 << 20)
+            cudefer.cupy.enable(%r)
+            gc.disable()
+            cycle = [cudefer.cupy.allocate(48 << 20)]
+            cycle.append(cycle)
+            del cycle
+            p = cudefer.cupy.allocate(48 << 20)
+            print("ALLOCATED", p.ptr != 0, "POOL", len(cupy.pool_frees))
+            try:
+                cudefer.cupy.allocate(1 << 40)
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                print("OOM", e)
+            """ % (fake, fake), fakes=root, env={"FAKE_CUDA_LIB": fake})
+        tap(rc == 0 and "ALLOCATED True POOL 1" in out
+            and "OOM Out of memory allocating 1099511627776 bytes" in out,
+            name, out)
 
 
 if __name__ == "__main__":

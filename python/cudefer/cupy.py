@@ -24,6 +24,7 @@ stream (as with CuPy's own pool, which also reuses per stream).
 """
 
 import ctypes
+import gc
 import os
 import threading
 
@@ -72,9 +73,12 @@ def _import_cupy():
 
 def allocate(size):
     """A cupy.cuda.MemoryPointer to size bytes from cudefer on CuPy's
-    current device and stream: the function enable() hands CuPy.  Raises
-    cupy.cuda.memory.OutOfMemoryError when cudefer has no memory,
-    RuntimeError for another CUDA error or the per-thread default stream."""
+    current device and stream: the function enable() hands CuPy.  Out of
+    memory, it collects garbage (gc.collect) and empties CuPy's own pool
+    on the device (free_all_blocks), as CuPy's pool does, and tries once
+    more; it blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
+    when cudefer has no memory even then, RuntimeError for another CUDA
+    error or the per-thread default stream."""
     cupy = _import_cupy()
     alloc, free = _state["alloc"], _state["free"]
     device = cupy.cuda.runtime.getDevice()
@@ -87,6 +91,12 @@ def allocate(size):
                            "is not supported; use cupy.cuda.Stream()")
     ptr = ctypes.c_void_p()
     err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
+    if err == _OUT_OF_MEMORY:
+        # As CuPy's own pool does: free what only garbage cycles still
+        # hold, and the free blocks CuPy's pool kept, then try once more.
+        gc.collect()
+        cupy.get_default_memory_pool().free_all_blocks()
+        err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
         raise cupy.cuda.memory.OutOfMemoryError(size, -1)
     if err != 0:
