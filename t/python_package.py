@@ -467,6 +467,14 @@ def cases(tmp):
         """ % LIB, "RuntimeError", ["per-thread default stream",
                                     "cupy.cuda.Stream()"], fakes=root)
     tap(ok, "an allocation on cupy.cuda.Stream.ptds is refused", out)
+    ok, out = raises("""
+        import cupy, cudefer.cupy
+        cupy.cuda.set_allocator(cudefer.cupy.allocate)
+        cudefer.cupy.allocate(4096)
+        """, "RuntimeError", ["cudefer.cupy:", "before enable()",
+                              "cudefer.cupy.enable()"], fakes=root)
+    tap(ok, "cudefer.cupy.allocate before enable() says to call enable()",
+        out)
 
     fake, why = fake_runtime_library(tmp)
     root = fake_cupy(os.path.join(tmp, "cupy-fake"))

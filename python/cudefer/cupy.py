@@ -77,10 +77,14 @@ def allocate(size):
     memory, it collects garbage (gc.collect) and empties CuPy's own pool
     on the device (free_all_blocks), as CuPy's pool does, and tries once
     more; it blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
-    when cudefer has no memory even then, RuntimeError for another CUDA
-    error or the per-thread default stream."""
+    when cudefer has no memory even then, RuntimeError before enable(),
+    for another CUDA error or on the per-thread default stream."""
     cupy = _import_cupy()
-    alloc, free = _state["alloc"], _state["free"]
+    try:
+        alloc, free = _state["alloc"], _state["free"]
+    except KeyError:
+        raise RuntimeError("cudefer.cupy: allocate() before enable(): call "
+                           "cudefer.cupy.enable() first") from None
     device = cupy.cuda.runtime.getDevice()
     if size == 0:
         return cupy.cuda.MemoryPointer(
