@@ -318,6 +318,33 @@ def cases(tmp):
         """ % LIB)
     tap("RAISED cudefer: %s is already loaded; cannot use /bin/sh too" % LIB
         in out, "a second library in the same process is refused", out)
+    # Found by the dynamic loader's search (pkg-config finding nothing):
+    # the same file named by its path afterwards is the same library.
+    empty = os.path.join(tmp, "no-pc")
+    os.makedirs(empty)
+    search = {"LD_LIBRARY_PATH": os.path.dirname(LIB),
+              "PKG_CONFIG_LIBDIR": empty, "PKG_CONFIG_PATH": empty}
+    rc, out = py("""
+        import ctypes.util, cudefer
+        if ctypes.util.find_library("cudefer") is None:
+            print("NO LOADER SEARCH")
+        else:
+            cudefer.load()
+            print("FOUND", cudefer.library())
+            cudefer.load(%r)
+            print("SAME", cudefer.library())
+        """ % LIB, env=search)
+    name = ("a library the loader found is its file: load() of its path "
+            "is the same library, library() a path")
+    if "NO LOADER SEARCH" in out:
+        skip(name, "ctypes.util.find_library does not search "
+             "LD_LIBRARY_PATH here")
+    else:
+        found = [l.split(" ", 1)[1] for l in out.splitlines()
+                 if l.startswith("FOUND ")]
+        tap(rc == 0 and "SAME " in out and found and os.sep in found[0]
+            and os.path.realpath(found[0]) == os.path.realpath(LIB),
+            name, out)
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc:

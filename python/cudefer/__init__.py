@@ -110,6 +110,30 @@ def find_library(lib=None):
         "$%s to its path); looked at: %s" % (LIBRARY_ENV, ", ".join(tried)))
 
 
+class _DlInfo(ctypes.Structure):
+    """Dl_info of dladdr(3)."""
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_of(handle, name):
+    """The path of the file the dynamic loader loaded as name (a loader's
+    name, such as libcudefer.so.0), from dladdr of one of its functions;
+    name when dladdr cannot tell."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return name
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    if dladdr(ctypes.cast(handle.defer_trim, ctypes.c_void_p),
+              ctypes.byref(info)) and info.dli_fname and \
+            os.sep.encode() in info.dli_fname:
+        return os.fsdecode(info.dli_fname)
+    return name
+
+
 def load(lib=None):
     """Load libcudefer once for the whole process and return its ctypes
     handle.  lib: as find_library's.  A later call returns the same handle;
@@ -137,6 +161,10 @@ def load(lib=None):
         if missing:
             raise RuntimeError("cudefer: %s lacks %s (a library older than "
                                "this package)" % (path, ", ".join(missing)))
+        if os.sep not in path:
+            # Found by the loader's search: name the file it chose, so that
+            # library() is a path and a later load of it is the same one.
+            path = _file_of(handle, path)
         handle.defer_trim.restype = ctypes.c_int
         handle.defer_trim.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
         handle.defer_stats_get_sized.restype = None
