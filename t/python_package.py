@@ -318,6 +318,14 @@ def cases(tmp):
         """ % LIB)
     tap("RAISED cudefer: %s is already loaded; cannot use /bin/sh too" % LIB
         in out, "a second library in the same process is refused", out)
+    rc, out = py("""
+        import cudefer
+        cudefer.load(%r)
+        print("STATS", len(cudefer.stats()), cudefer.version())
+        """ % LIB, env={"CUDEFER_LIB": "/bin/sh"})
+    tap(rc == 0 and "STATS " in out,
+        "after load(lib), stats() and version() use that library, whatever "
+        "$CUDEFER_LIB names", out)
     # Found by the dynamic loader's search (pkg-config finding nothing):
     # the same file named by its path afterwards is the same library.
     empty = os.path.join(tmp, "no-pc")

@@ -137,14 +137,15 @@ def _file_of(handle, name):
 def load(lib=None):
     """Load libcudefer once for the whole process and return its ctypes
     handle.  lib: as find_library's.  A later call returns the same handle;
-    one naming another library raises RuntimeError (one process, one
-    cudefer: its allocations must be freed by the library that made them).
+    one whose lib names another library raises RuntimeError (one process,
+    one cudefer: its allocations must be freed by the library that made
+    them).  $CUDEFER_LIB is read by the first load only.
     Raises FileNotFoundError (not found), OSError (cannot be loaded),
     RuntimeError (lacks an entry point: a library older than this
     package)."""
     with _lock:
         if _loaded:
-            if lib is not None or os.environ.get(LIBRARY_ENV):
+            if lib is not None:
                 wanted = find_library(lib)
                 if os.path.realpath(wanted) != os.path.realpath(
                         _loaded["path"]) and os.sep in wanted:
