@@ -557,6 +557,31 @@ def cases(tmp):
             and "OOM Out of memory allocating 1099511627776 bytes" in out,
             name, out)
 
+    name = ("cudefer.cupy: an allocation during a CUDA-graph capture is "
+            "refused in words, the capture left intact")
+    if fake is None:
+        skip(name, why)
+    else:
+        rc, out = py("""
+            import ctypes, cupy, cudefer.cupy
+            runtime = ctypes.CDLL(%r)
+            cudefer.cupy.enable(%r)
+            with cupy.cuda.Stream() as s:
+                assert runtime.cudaStreamBeginCapture(
+                    ctypes.c_void_p(s.ptr), 0) == 0
+                try:
+                    cudefer.cupy.allocate(1 << 20)
+                except RuntimeError as e:
+                    print("REFUSED", e)
+                graph = ctypes.c_void_p()
+                print("ENDED", runtime.cudaStreamEndCapture(
+                    ctypes.c_void_p(s.ptr), ctypes.byref(graph)))
+            """ % (fake, fake), fakes=root, env={"FAKE_CUDA_LIB": fake})
+        tap(rc == 0 and "REFUSED cudefer.cupy: allocating 1048576 bytes on "
+            "a stream being captured into a CUDA graph is not supported: "
+            "allocate before the capture" in out and "ENDED 0" in out,
+            name, out)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,6 +18,9 @@ cupy.cuda.Stream.ptds) is refused: a finalizer may run on another thread,
 whose per-thread stream is another stream.
 Limit: a cupy.cuda.ExternalStream (its stream is the user's to destroy) must
 outlive the arrays allocated on it.
+Limit: an allocation on a stream being captured into a CUDA graph
+(cupy.cuda.Stream.begin_capture) is refused (RuntimeError): allocate
+before the capture.
 Limit: a CuPy array used on a stream other than its allocation stream must
 be freed only once that stream's work is ordered before the allocation
 stream (as with CuPy's own pool, which also reuses per stream).
@@ -39,6 +42,8 @@ _state = {}
 _PER_THREAD_STREAM = 2
 # cudaErrorMemoryAllocation.
 _OUT_OF_MEMORY = 2
+# cudaErrorStreamCaptureUnsupported: the stream is being captured.
+_CAPTURING = 900
 
 
 class _Block:
@@ -78,7 +83,8 @@ def allocate(size):
     on the device (free_all_blocks), as CuPy's pool does, and tries once
     more; it blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
     when cudefer has no memory even then, RuntimeError before enable(),
-    for another CUDA error or on the per-thread default stream."""
+    on a capturing stream, for another CUDA error or on the per-thread
+    default stream."""
     cupy = _import_cupy()
     try:
         alloc, free = _state["alloc"], _state["free"]
@@ -103,6 +109,10 @@ def allocate(size):
         err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
         raise cupy.cuda.memory.OutOfMemoryError(size, -1)
+    if err == _CAPTURING:
+        raise RuntimeError("cudefer.cupy: allocating %d bytes on a stream "
+                           "being captured into a CUDA graph is not "
+                           "supported: allocate before the capture" % size)
     if err != 0:
         raise RuntimeError("cudefer.cupy: allocating %d bytes on device %d "
                            "failed with CUDA error %d (cudefer's line on "
