@@ -408,18 +408,22 @@ static bool check_pointers(struct entry *e)
 /* Move every pushed entry into its stream's FIFO; returns how many came. */
 /* Take in one pushed entry (not a request, not a waiting graph entry): it
  * gets its place in the flushes' order, then waits in its stream's FIFO, or
- * completes at once when it has no event. */
+ * completes at once when it has no event.  CUDEFER_CHECK: its pointers
+ * join the pending set first, also when its device failed already, for
+ * finishing it takes them out again (reclaimer_finish_entry): one never
+ * added would be taken out from under another device's pending free of
+ * the same pointer. */
 void reclaimer_take_in(struct entry *e)
 {
     e->seq = rs.next_seq++;
     rs.tracked++;
-    if (device_error(e->device) != cudaSuccess) {
-        reclaimer_event_done(e, device_error(e->device), now_ns());
-        return;
-    }
     if (rs.cfg.check && e->nptrs > 0 && e->kind != ENTRY_BLOCK &&
         !check_pointers(e)) {
         reclaimer_event_done(e, cudaErrorInvalidValue, now_ns());
+        return;
+    }
+    if (device_error(e->device) != cudaSuccess) {
+        reclaimer_event_done(e, device_error(e->device), now_ns());
         return;
     }
     /* Sized under the eager policy too: pool memory is then still freed

@@ -9,9 +9,71 @@
 
 #include "helpers.h"
 
+static void noop(void *arg)
+{
+    (void)arg;
+}
+
+static void set_flag(void *flag)
+{
+    __atomic_store_n((int *)flag, 1, __ATOMIC_SEQ_CST);
+}
+
+/* p pending on device 0; deferred again on device 1, which fails (the
+ * reclaimer cannot make it current for a callback pushed just before)
+ * before the reclaimer takes that free in; then deferred again on device
+ * 0.  The last free is reported and dropped: before the fix the failed
+ * device's free took p out of the pending set it had never joined, the
+ * last free went unseen and p was released twice (the oracle's double
+ * release). */
+static void scenario_failed_device_keeps_others(void)
+{
+    cudaStream_t s0 = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s0, p);
+    CHECK(defer_free(p, s0) == cudaSuccess, "defer_free(p) on device 0");
+    /* Once a callback pushed after it ran, the reclaimer took p's free in
+     * and works on device 0: only device 1's switch can fail below. */
+    static int ran;
+    CHECK(defer_call(set_flag, &ran, stream_new()) == cudaSuccess &&
+              wait_flag(&ran, 5000),
+          "the reclaimer took p's free in");
+    CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
+    cudaStream_t s1 = stream_new();
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    fake_fail(FAKE_SET_DEVICE, cudaErrorDevicesUnavailable, 0, -1);
+    CHECK(defer_call(noop, NULL, s1) == cudaSuccess, "a callback on device 1");
+    CHECK(defer_free(p, s1) == cudaSuccess,
+          "p again on device 1 (accepted at the call)");
+    double deadline = now_ms() + 5000;
+    while (stats_now().failed < failed + 2 && now_ms() < deadline)
+        sleep_ms(1);
+    fake_fail_clear();
+    CHECK(stats_now().failed == failed + 2,
+          "both device 1 entries failed (%llu)",
+          ULL(stats_now().failed - failed));
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
+    CHECK(defer_free(p, s0) == cudaSuccess, "p again on device 0");
+    fake_complete(w);
+    cudaError_t flushed = defer_flush();
+    const char *msg = stderr_capture_end();
+    CHECK(flushed == cudaErrorDevicesUnavailable,
+          "flush returns device 1's error (%s)", cudaGetErrorName(flushed));
+    char want[64];
+    snprintf(want, sizeof want, "CUDEFER_CHECK: %p (device 0)", p);
+    CHECK(strstr(msg, want) != NULL,
+          "the second free on device 0 is reported");
+    CHECK(fake_is_released(p) == 1 && fake_invalid_releases() == 0,
+          "p released once (%zu invalid releases)", fake_invalid_releases());
+}
+
 int main(void)
 {
-    plan(9);
+    plan(10);
+    fork_scenario("a failed device's free keeps a healthy one's pointer "
+                  "tracked", "CUDEFER_CHECK=1 CUDEFER_MAX_DELAY_MS=0", 2,
+                  20000, scenario_failed_device_keeps_others);
     set_cudefer_env("CUDEFER_CHECK=1");
     fake_reset(1);
     cudaStream_t s = stream_new();
