@@ -183,8 +183,12 @@ static void give_back_claims(int device, const struct block_claim *claims,
 }
 
 /* The claims of the block frees an event could not cover: the caller
- * waits for stream here, after which their work is done; if even that
- * fails, they go back to the batch.  Counted as released. */
+ * waits for stream here, after which their work is done (counted as
+ * released).  A sticky error of the wait is the device's: the device
+ * fails (said once), and the claims are abandoned as the reclaimer
+ * abandons a failed device's entries (counted as failed; the device's
+ * blocks are never handed out again).  Any other failed wait gives them
+ * back to the batch. */
 static cudaError_t complete_synchronously(int device, cudaStream_t stream,
                                           const struct block_claim *claims,
                                           size_t n, const char *call,
@@ -194,6 +198,13 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
                         "; waiting for the legacy stream to give back the "
                         "blocks freed on it");
     cudaError_t sync = cuda_stream_synchronize(stream);
+    if (cuda_error_is_sticky(sync)) {
+        lifecycle_fail_device("defer_free", device, "cudaStreamSynchronize",
+                              sync);
+        cache_reclaim_claims_done(claims, n, false, now_ns());
+        stats_add(&stats.failed, n);
+        return sync;
+    }
     if (sync != cudaSuccess) {
         cuda_report_failure("defer_free", "cudaStreamSynchronize", sync,
                             "; the blocks freed on the legacy stream stay "
@@ -213,7 +224,8 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
  * claims were taken from the batch before this call, so their work was
  * enqueued before the record.  Returns cudaSuccess, or the error of the
  * wait that could not replace the event: the claims are back in the
- * batch then (said). */
+ * batch then, or abandoned with the device when the error is sticky
+ * (said). */
 static cudaError_t seal(int device, cudaStream_t stream,
                         unsigned long long id, struct block_claim *array,
                         const struct block_claim *one, size_t n, unsigned g)

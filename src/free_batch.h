@@ -106,7 +106,10 @@ void free_batch_add(int device, cudaStream_t stream,
  * cudaSuccess, or the error that left a batch it found waiting (said):
  * cudaErrorStreamCaptureImplicit while another thread captures a blocking
  * stream in the global mode, or the error of switching to the batch's
- * device or of the wait that replaces a failed record. */
+ * device or of the wait that replaces a failed record (a sticky error of
+ * that wait fails the device: the frees it could not wait for are then
+ * abandoned, counted as failed, as the reclaimer abandons the device's
+ * entries). */
 cudaError_t free_batch_seal_all(void);
 
 /* Any thread: claims waiting in batches now (takes each device's batch

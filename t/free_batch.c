@@ -516,6 +516,62 @@ static void scenario_shutdown_barred(void)
        "cudaErrorStreamCaptureImplicit and says what it dropped");
 }
 
+/* A sticky error (a kernel fault: every later call on the device fails
+ * with it) meets the seal's record and the wait that replaces it: the
+ * device fails, as where the reclaimer or a synchronous release meets one
+ * (cudefer.h): the batch's frees are abandoned (counted as failed, not
+ * pending), a later defer call on the device and defer_flush return the
+ * error, and no flush waits for the stream again.  Before the fix the
+ * claims went back to the batch, later frees on the legacy stream were
+ * accepted into it, and every flush retried the wait and said so. */
+static void scenario_sticky_seal(void)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=4");
+        free_batch_set_age_ns(UINT64_MAX);
+        void *p[BATCH + 1];
+        for (int i = 0; i < BATCH + 1; i++)
+            alloc_checked(&p[i], 16 * KiB, NULL);
+        for (int i = 0; i < BATCH - 1; i++)
+            CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+        const cudaError_t bad = cudaErrorIllegalAddress;
+        fake_fail(FAKE_EVENT_RECORD, bad, 0, -1);
+        fake_fail(FAKE_STREAM_SYNCHRONIZE, bad, 0, -1);
+        stderr_capture_begin();
+        cudaError_t sealing = defer_free(p[BATCH - 1], NULL);
+        cudaError_t later = defer_free(p[BATCH], NULL);
+        unsigned long syncs = fake_calls(FAKE_STREAM_SYNCHRONIZE);
+        cudaError_t flushed = defer_flush();
+        cudaError_t again = defer_flush();
+        syncs = fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs;
+        const char *said = stderr_capture_end();
+        CHECK(sealing == cudaSuccess, "the free whose seal fails is "
+              "accepted (%s)", cudaGetErrorName(sealing));
+        CHECK(has_line(said, "device 0: cudaStreamSynchronize failed",
+                       "cudaErrorIllegalAddress", NULL),
+              "the device's failure is said, naming device 0");
+        CHECK(later == bad, "a later free on the device returns the error "
+              "(%s)", cudaGetErrorName(later));
+        CHECK(flushed == bad && again == bad, "flushes return it (%s, %s)",
+              cudaGetErrorName(flushed), cudaGetErrorName(again));
+        CHECK(syncs == 0, "no flush waits for the stream again (%lu waits)",
+              syncs);
+        CHECK(free_batch_waiting() == 0, "nothing waits in the batch (%zu)",
+              free_batch_waiting());
+        struct defer_stats st = stats_now();
+        CHECK(st.pending == 0 && st.failed == BATCH,
+              "the batch's frees counted as failed, none pending (pending "
+              "%llu, failed %llu)", ULL(st.pending), ULL(st.failed));
+        fake_fail_clear();
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a sticky error in a seal's fallback wait fails the device");
+}
+
 /* Two devices' batches sealed by one trim from a thread whose device is
  * the second: each batch's event goes on its own device's legacy stream.
  * Before the fix the second device's was recorded on the first's (the
@@ -651,6 +707,7 @@ int main(void)
              "1..4096");
     scenario_callback_free();
     scenario_shutdown_barred();
+    scenario_sticky_seal();
     fork_scenario("barred legacy stream: a plain free is refused", "", 1,
                   10000, scenario_barred_plain_free);
     scenario_batch_counts_blocks();
