@@ -165,7 +165,8 @@ static bool append(struct batch *b, const struct block_claim *claim,
 /* Claims taken by a seal that could not be pushed go back to device's
  * batch, to be sealed later (their work is not known to be done, so their
  * blocks stay PENDING: reusable on the legacy stream only).  One that
- * finds no room (out of memory) stays so for good: reported. */
+ * finds no room (out of memory) stays so for good, its free never
+ * released: reported and counted as failed (each was counted deferred). */
 static void give_back_claims(int device, const struct block_claim *claims,
                              size_t n)
 {
@@ -176,10 +177,12 @@ static void give_back_claims(int device, const struct block_claim *claims,
         lost += !append(b, &claims[i], coarse_now_ns());
     pthread_mutex_unlock(&b->lock);
     atomic_fetch_add(&given_back, 1);
-    if (lost > 0)
+    if (lost > 0) {
+        stats_add(&stats.failed, lost);
         report("defer_free: out of memory for %zu claims of blocks freed on "
                "the legacy stream: they stay reusable on it only, never "
-               "released", lost);
+               "released (counted as failed)", lost);
+    }
 }
 
 /* The claims of the block frees an event could not cover: the caller
@@ -337,11 +340,13 @@ void free_batch_add(int device, cudaStream_t stream,
     /* Checked before the claims are taken: a batch that cannot be sealed
      * now stays, for the next free (or a flush) to seal. */
     if (!legacy_usable(stream)) {
-        if (!added) /* out of memory, and no event can be recorded */
+        if (!added) { /* out of memory, and no event can be recorded */
+            stats_add(&stats.failed, 1); /* counted deferred */
             report("defer_free: out of memory for the claim of %p, freed "
                    "on the legacy stream while another thread's capture "
                    "bars it: the block stays reusable on it only, never "
-                   "released", cache_claim_ptr(claim));
+                   "released (counted as failed)", cache_claim_ptr(claim));
+        }
         return;
     }
     struct block_claim *array = NULL;

@@ -28,6 +28,7 @@
 
 #include "cudefer.h"
 #include "fake_cuda.h"
+#include "free_batch.h"
 #include "helpers.h"
 #include "tap.h"
 
@@ -472,6 +473,80 @@ static void reclaimer_sync_fails_child(void)
     scenario_child_end();
 }
 
+/* A return hook: after a failed call, the calling thread's next
+ * allocation fails. */
+static void arm_next(enum fake_call c, cudaError_t r, void *unused)
+{
+    (void)c;
+    (void)unused;
+    if (r == cudaSuccess)
+        return;
+    seen = 0;
+    fail_at = 0;
+    armed = true;
+}
+
+/* Blocks freed on the legacy stream whose claims find no room in their
+ * free batch (out of host memory) stay pending in the cache, never
+ * released, said: counted as failed then, so that pending reads 0 after
+ * shutdown (before the fix they stayed pending for good).  lost_in_add:
+ * the free's own claim, while another thread's capture bars the legacy
+ * stream (no event may be recorded there); else claims a seal gives back
+ * to the batch when it can neither record nor wait for the stream.  In a
+ * child; exits with the checks' verdict. */
+static void lost_claims_child(bool lost_in_add)
+{
+    failed_checks = 0;
+    set_cudefer_env("CUDEFER_FREE_BATCH=4 CUDEFER_IDLE_US=1000");
+    fake_reset(1);
+    /* Sealed on demand only: a slow run must not seal the two claims for
+     * their age before the failures are armed. */
+    free_batch_set_age_ns(UINT64_MAX);
+    void *q[3];
+    for (int i = 0; i < 3; i++)
+        CHECK(defer_alloc(&q[i], (size_t)(i + 1) << 20, NULL) == cudaSuccess,
+              "block %d", i);
+    CHECK(defer_free(q[0], NULL) == cudaSuccess && defer_flush() ==
+              cudaSuccess, "a batch sealed: the next claim needs room");
+    stderr_capture_begin();
+    cudaError_t err;
+    if (lost_in_add) {
+        fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorStreamCaptureImplicit,
+                  0, -1);
+        seen = 0;
+        fail_at = 0; /* the batch's room for the claim */
+        armed = true;
+        err = defer_free(q[1], NULL);
+        armed = false;
+    } else {
+        CHECK(defer_free(q[1], NULL) == cudaSuccess &&
+                  defer_free(q[2], NULL) == cudaSuccess,
+              "two claims wait");
+        fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+        fake_fail(FAKE_STREAM_SYNCHRONIZE, cudaErrorLaunchOutOfResources, 0,
+                  1);
+        fake_set_return_hook(FAKE_STREAM_SYNCHRONIZE, arm_next, NULL);
+        err = defer_flush(); /* its seal gives the two claims back */
+        armed = false;
+        fake_set_return_hook(FAKE_STREAM_SYNCHRONIZE, NULL, NULL);
+    }
+    fake_fail_clear();
+    uint64_t failed = stats_now().failed;
+    cudaError_t down = defer_shutdown();
+    const char *said = stderr_capture_end();
+    CHECK(strstr(said, "out of memory for") != NULL,
+          "a claim was lost for want of memory, said (stderr: \"%s\")",
+          said);
+    CHECK(down == cudaSuccess, "shutdown: %s (the free: %s)",
+          cudaGetErrorName(down), cudaGetErrorName(err));
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.failed >= 1 && failed >= 1,
+          "the lost claim counted as failed, nothing pending (pending %llu, "
+          "failed %llu, before shutdown %llu)", ULL(st.pending),
+          ULL(st.failed), ULL(failed));
+    scenario_child_end();
+}
+
 /* In a child: the sweep's call with its fail_at-th allocation failing,
  * then shutdown: everything released, nothing of the call's left. */
 static void child(const struct sweep *w, long n)
@@ -562,6 +637,16 @@ int main(void)
            WEXITSTATUS(status) == 0,
        "the reclaimer out of memory, its cudaEventSynchronize failing: the "
        "device fails, said in one line; the flush returns the error");
+    for (int add = 1; add >= 0; add--) {
+        pid = fork_flushed();
+        if (pid == 0)
+            lost_claims_child(add);
+        ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+               WEXITSTATUS(status) == 0,
+           "a claim that finds no room in its free batch %s: counted as "
+           "failed, nothing pending", add ? "while the legacy stream is "
+           "barred" : "when a seal gives it back");
+    }
     return 0;
 }
 #else
