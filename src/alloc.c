@@ -38,8 +38,12 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
     if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
         refuse("defer_alloc", "allocating a new block", err, "");
     if (err == cudaSuccess) {
-        stats_device_count_mallocs(device, 1);
-        if (!cache_add(device, *ptr, size, upstream)) {
+        /* Counted as a new block once filed: one that is not is plain
+         * memory, never a block of the cache (in neither cache_bytes nor
+         * allocs, and its release in no cache_releases). */
+        if (cache_add(device, *ptr, size, upstream)) {
+            stats_device_count_mallocs(device, 1);
+        } else {
             report("defer_alloc: out of memory for the record of %p: it is "
                    "released when freed, never reused", *ptr);
             if (upstream)

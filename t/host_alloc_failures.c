@@ -547,6 +547,63 @@ static void lost_claims_child(bool lost_in_add)
     scenario_child_end();
 }
 
+/* A return hook: after a successful call, the calling thread's next
+ * allocation fails. */
+static void arm_after_success(enum fake_call c, cudaError_t r, void *unused)
+{
+    (void)c;
+    (void)unused;
+    if (r != cudaSuccess)
+        return;
+    seen = 0;
+    fail_at = 0;
+    armed = true;
+}
+
+/* A new block of defer_alloc's that cannot be filed (out of host memory
+ * for its record) is plain memory, as if the application had allocated
+ * it: released when freed, never reused, in neither cache_bytes nor
+ * cache_releases.  So it is no new block either: the counters agree, allocs
+ * less reused is cache_mallocs, and once everything is released
+ * cache_mallocs is cache_releases (before the fix cache_mallocs counted it,
+ * 2 against 1 and 1, and PyTorch's segment count under cudefer.torch,
+ * cache_mallocs less cache_releases, stayed 1 for good).  In a child;
+ * exits with the checks' verdict. */
+static void unfiled_block_child(void)
+{
+    failed_checks = 0;
+    fake_reset(1);
+    s = stream_new();
+    void *p = NULL, *q = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess, "a block");
+    enum fake_call c = fake_calls(FAKE_MALLOC_ASYNC) > 0 ? FAKE_MALLOC_ASYNC
+                                                          : FAKE_MALLOC;
+    stderr_capture_begin();
+    fake_set_return_hook(c, arm_after_success, NULL);
+    cudaError_t err = defer_alloc(&q, 4 << 20, s);
+    fake_set_return_hook(c, NULL, NULL);
+    armed = false;
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess && q != NULL, "the second defer_alloc: %s",
+          cudaGetErrorName(err));
+    CHECK(strstr(said, "out of memory for the record of") != NULL,
+          "its block could not be filed, said (stderr: \"%s\")", said);
+    struct defer_device_stats d;
+    CHECK(defer_device_stats_get(0, &d) == cudaSuccess, "device stats");
+    CHECK(d.allocs - d.reused == d.cache_mallocs,
+          "allocs %llu less reused %llu is cache_mallocs %llu",
+          ULL(d.allocs), ULL(d.reused), ULL(d.cache_mallocs));
+    CHECK(defer_free(p, s) == cudaSuccess && defer_free(q, s) == cudaSuccess,
+          "both freed");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_is_released(p) && fake_is_released(q), "both released");
+    struct defer_stats st = stats_now();
+    CHECK(st.cache_mallocs == st.cache_releases && st.cache_bytes == 0,
+          "cache_mallocs %llu, cache_releases %llu, cache_bytes %llu",
+          ULL(st.cache_mallocs), ULL(st.cache_releases), ULL(st.cache_bytes));
+    scenario_child_end();
+}
+
 /* In a child: the sweep's call with its fail_at-th allocation failing,
  * then shutdown: everything released, nothing of the call's left. */
 static void child(const struct sweep *w, long n)
@@ -637,6 +694,13 @@ int main(void)
            WEXITSTATUS(status) == 0,
        "the reclaimer out of memory, its cudaEventSynchronize failing: the "
        "device fails, said in one line; the flush returns the error");
+    pid = fork_flushed();
+    if (pid == 0)
+        unfiled_block_child();
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       "a new block that cannot be filed is plain memory: no new block in "
+       "the counters");
     for (int add = 1; add >= 0; add--) {
         pid = fork_flushed();
         if (pid == 0)
