@@ -561,6 +561,12 @@ static void at_exit(void)
             free_batch_seal_all();
         if (!closed || !request_and_wait(&q, deadline, false) ||
             !stop_and_join(deadline)) {
+            /* The reclaimer, left running, counts nothing from here on
+             * (it may be inside a count: never blocks), so that what is
+             * counted failed here is never counted released too. */
+            atomic_store(&rs.abandoned, true);
+            while (atomic_load(&rs.counting))
+                sched_yield();
             struct defer_stats s;
             defer_stats_get(&s);
             stats_set(&stats.leaked_at_exit, s.pending);

@@ -164,10 +164,15 @@ void reclaimer_finish_entry(struct entry *e, cudaError_t err)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */
                 pointer_set_remove(&rs.deferred, e->ptrs[i]);
-    if (e->kind != ENTRY_MEMBER) /* members are not the caller's entries;
-                                    a free batch is one per block */
+    /* Members are not the caller's entries; a free batch is one per block.
+     * Either exit sees this count under way and waits for it, or this
+     * sees exit's abandon and counts nothing (exit counted the entry as
+     * failed): sequentially consistent, both sides. */
+    atomic_store(&rs.counting, true);
+    if (e->kind != ENTRY_MEMBER && !atomic_load(&rs.abandoned))
         stats_add(err == cudaSuccess ? &stats.released : &stats.failed,
                   e->kind == ENTRY_BLOCK ? e->nptrs : 1);
+    atomic_store(&rs.counting, false);
     rs.tracked--;
     for (struct request **link = &rs.flushes; *link != NULL;) {
         struct request *q = *link;
@@ -598,6 +603,11 @@ void *reclaimer_main(void *unused)
     rs.nap_us = rs.cfg.poll_us;
     bool stop_seen = false;
     for (;;) {
+        /* Exit gave up on the drain and counted what is left as failed:
+         * nothing more is released, no CUDA call made (the process is
+         * ending; nobody joins this thread). */
+        if (atomic_load(&rs.abandoned))
+            return NULL;
         /* Read once, first: the pass that ends the loop has seen it all
          * through (the cache is emptied only by a pass that knew). */
         bool stopping = atomic_load(&rs.stop);

@@ -84,6 +84,10 @@ struct reclaimer_state {
     _Alignas(64) struct queue queue;
     _Alignas(64) _Atomic bool sleeping;
     _Atomic bool stop;
+    /* Set once by exit when it gives up on the drain and counts every entry
+     * still pending as failed: from then on the reclaimer counts nothing
+     * and ends at its next pass, releasing nothing more. */
+    _Atomic bool abandoned;
     _Alignas(64) struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;
@@ -92,6 +96,13 @@ struct reclaimer_state {
      * is refused like one of a running library (Note [Fork], lifecycle.c). */
     _Atomic bool starting;
     pthread_t thread;
+
+    /* The reclaimer's, while it counts an entry released or failed
+     * (reclaimer_finish_entry): exit waits for it to end before it counts
+     * what is left as failed (lifecycle.c, at_exit).  Written for every
+     * entry: on a line of its own, with the reclaimer's state below, not
+     * on one the launching threads read. */
+    _Alignas(64) _Atomic bool counting;
 
     /* The reclaimer thread's alone. */
     struct queue_batch batch;    /* entries being taken in */

@@ -365,6 +365,48 @@ static int s_exit_stuck(void)
     return failed_checks;
 }
 
+/* Exit with work that completes only after the drain gave up: the entry
+ * is counted as failed (leaked) and is then never released, so the counts
+ * still add up once it completes (before the fix the reclaimer, left
+ * running, released it all the same: released 1 and failed 1 of 1
+ * deferred). */
+static void say_stats_later(void)
+{
+    sleep_ms(1500); /* the work completes 500 ms after the drain ended */
+    struct defer_stats st;
+    defer_stats_get(&st);
+    fprintf(stderr, "worker: later: deferred %llu released %llu failed %llu "
+            "freed %d\n", ULL(st.deferred), ULL(st.released),
+            ULL(st.failed), fake_is_released(stuck_p));
+}
+
+static int worker_exit_late(void)
+{
+    atexit(say_stats_later);
+    cudaStream_t s = stream_new();
+    stuck_p = device_alloc(4096);
+    work_timed(s, 2500000, stuck_p); /* the drain gives up after 2 s */
+    if (defer_free(stuck_p, s) != cudaSuccess)
+        fprintf(stderr, "worker: defer_free refused\n");
+    exit(0);
+}
+
+static int s_exit_late(void)
+{
+    struct worker wk;
+    run_worker(worker_exit_late, 10000, &wk);
+    worker_ok(&wk, "exit(0) with work that completes after the drain");
+    CHECK_STAT(&wk, "leaked_at_exit", 1);
+    CHECK_STAT(&wk, "failed", 1);
+    const char *later = strstr(wk.err, "worker: later:");
+    static const char want[] = "worker: later: deferred 1 released 0 "
+                               "failed 1 freed 0\n";
+    CHECK(later != NULL && strncmp(later, want, sizeof want - 1) == 0,
+          "the leaked entry is never released, its counts add up: %s",
+          later != NULL ? later : wk.err);
+    return failed_checks;
+}
+
 /* ---- 5. exit from another thread, exit from a callback -------------------- */
 
 static void *exit_from_thread(void *unused)
@@ -522,6 +564,8 @@ static const struct scenario {
      "CUDEFER_STATS=1", s_exit_drains},
     {"exit-stuck", "exit with work that never completes: gives up, counts "
      "the leak", "CUDEFER_STATS=1", s_exit_stuck},
+    {"exit-late", "exit with work that completes after the drain: left "
+     "unreleased, counted once", "CUDEFER_STATS=1", s_exit_late},
     {"exit-other-thread", "exit from a second thread while main is blocked",
      "CUDEFER_STATS=1", s_exit_other_thread},
     {"exit-while-flushing", "exit from a second thread while main waits in "
