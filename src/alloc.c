@@ -379,9 +379,14 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
         report("%s: device %d: no such device: refused", what, device);
         return cudaErrorInvalidDevice;
     }
+    /* Refused before the switch: a forked child cannot use CUDA (a
+     * 0-byte request, which has nothing to do, is never refused). */
+    cudaError_t err;
+    if (size > 0 && (err = lifecycle_refused(what)) != cudaSuccess)
+        return err;
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
-    cudaError_t err = enter_device(&sw, device, stream, &call);
+    err = enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess) {
         stats_add(&stats.rejected, 1);
         char detail[48];
@@ -429,6 +434,13 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
 {
     if (ptr == NULL)
         return;
+    /* Refused before the look-up and the switch: a forked child cannot
+     * use CUDA. */
+    if (lifecycle_refused("defer_free") != cudaSuccess) {
+        report("defer_pluggable_free: %p could not be freed: it stays "
+               "allocated", ptr);
+        return;
+    }
     /* On a special handle the device names the stream: the block's own
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */

@@ -270,6 +270,16 @@ cudaError_t lifecycle_enter(const char *what)
     }
 }
 
+cudaError_t lifecycle_refused(const char *what)
+{
+    /* As lifecycle_enter: the reclaimer's callbacks may defer during the
+     * drain of a shutdown or exit. */
+    if (!atomic_load(&rs.gate_closed) ||
+        (thread_here.reclaimer && atomic_load(&rs.state) == STATE_RUNNING))
+        return cudaSuccess;
+    return refuse(what);
+}
+
 void lifecycle_leave(void)
 {
     thread_here.admissions--;

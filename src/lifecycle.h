@@ -24,6 +24,13 @@
  * child (reported naming the caller, what), or the start-up error. */
 cudaError_t lifecycle_enter(const char *what);
 
+/* Any thread: cudaErrorNotPermitted (said naming what, counted) where
+ * lifecycle_enter would refuse for the closed gate (after defer_shutdown,
+ * in a forked child), else cudaSuccess; admits nothing, starts nothing,
+ * makes no CUDA call.  For a call that must make CUDA calls before it is
+ * admitted (a device switch): a forked child cannot use CUDA. */
+cudaError_t lifecycle_refused(const char *what);
+
 /* Any thread, between enter and leave.  Hands e to the reclaimer (which now
  * owns it) and wakes it if it sleeps.  Never blocks. */
 void lifecycle_push(struct entry *e);

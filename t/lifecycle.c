@@ -151,6 +151,22 @@ static int child_after_fork(void)
     err = defer_trim(&bytes);
     CHECK(err == cudaErrorNotPermitted && bytes == 0,
           "defer_trim in the child: %s, %zu bytes", cudaGetErrorName(err), bytes);
+    /* PyTorch's entry points, on the legacy stream, where they would make
+     * the device current: refused before any CUDA call (the child cannot
+     * use CUDA; before the fix each asked the current device first). */
+    unsigned long calls = fake_calls(FAKE_GET_DEVICE) +
+                          fake_calls(FAKE_SET_DEVICE) + fake_driver_calls();
+    void *got = &got;
+    err = defer_pluggable_alloc_status(&got, 4096, 0, NULL);
+    CHECK(err == cudaErrorNotPermitted && got == NULL,
+          "defer_pluggable_alloc_status in the child: %s",
+          cudaGetErrorName(err));
+    CHECK(defer_pluggable_alloc(4096, 0, NULL) == NULL,
+          "defer_pluggable_alloc in the child: NULL");
+    defer_pluggable_free(q, 64, 0, NULL);
+    calls = fake_calls(FAKE_GET_DEVICE) + fake_calls(FAKE_SET_DEVICE) +
+            fake_driver_calls() - calls;
+    CHECK(calls == 0, "no CUDA call before their refusals (%lu)", calls);
     err = defer_shutdown();
     diag("  in the fork child, defer_shutdown returns %s", cudaGetErrorName(err));
     sleep_ms(20);
