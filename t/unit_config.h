@@ -95,8 +95,12 @@ static inline void refusal(char *buf, size_t len, const char *var,
                            const char *value, const char *problem)
 {
     struct config_knob_text t = text_of(var);
-    snprintf(buf, len, "cudefer: %s=\"%s\" %s: expected %s; using the "
-             "default %s\n", var, value, problem, t.expected, t.def);
+    int n = snprintf(buf, len, "cudefer: %s=\"%s\" %s: expected %s; using "
+                     "the default %s\n", var, value, problem, t.expected,
+                     t.def);
+    if (n < 0 || (size_t)n >= len)
+        bail("the refusal of %s=%s does not fit in %zu bytes", var, value,
+             len);
 }
 
 #endif
