@@ -604,10 +604,14 @@ void *reclaimer_main(void *unused)
     bool stop_seen = false;
     for (;;) {
         /* Exit gave up on the drain and counted what is left as failed:
-         * nothing more is released, no CUDA call made (the process is
-         * ending; nobody joins this thread). */
-        if (atomic_load(&rs.abandoned))
+         * nothing more is released, no CUDA call made.  Nobody joins this
+         * thread (exit's join, if it tried, had timed out before the
+         * abandon), so it detaches itself: a thread that ends unjoined and
+         * undetached is a leak to the thread sanitizer. */
+        if (atomic_load(&rs.abandoned)) {
+            pthread_detach(pthread_self());
             return NULL;
+        }
         /* Read once, first: the pass that ends the loop has seen it all
          * through (the cache is emptied only by a pass that knew). */
         bool stopping = atomic_load(&rs.stop);
