@@ -281,58 +281,96 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
  * cache_add may find a block already filed under the address of memory
  * that upstream just gave out: the application freed that block's memory
  * with cudaFree instead of defer_free, and CUDA gave the address out again.
- * The stale block is dropped: out of every list of its device's cache, out
- * of the byte counts, hand-out 0 so that no claim or entry matches it; it
- * is reported, and freed once nothing names it (a claim's let-go, the
- * reclaimer's settle, or cache_add itself when nothing does).  A stale
+ * The stale block is dropped, and with it every block of its segment (CUDA
+ * releases an allocation whole, pieces and all): out of every list of its
+ * device's cache and of the address map, out of the byte counts, hand-out
+ * 0 so that no claim or entry matches it; it is reported, and freed once
+ * nothing names it (a claim's let-go, the reclaimer's settle, or cache_add
+ * itself when nothing does).  A stale
  * block of another device is dropped under that device's lock before the
  * new one is filed (drop_other_device); a MERGED part is no block of its
  * own (its bytes count in the block that absorbed it), so it is only
  * taken out of the map, and forgotten when its entries are done.
  */
 
-/* Any thread, under c's lock (c: stale's device's): stale leaves every
- * list of c.
- * Returns whether an entry or claim still names it, itself or through a
- * part merged into it (then the last of them forgets it; else the caller
- * does, once the lock is let go). */
-static bool drop_stale_locked(struct device_cache *c,
-                              struct cache_block *stale)
+/* Any thread, under c's lock (c: b's device's): b, a block of a segment
+ * whose memory is gone, leaves every list of c and the address map, out
+ * of the byte counts, hand-out 0 (Note [Stale blocks]).  Joins *forget
+ * (through lru_next: the caller forgets it once the lock is let go) when
+ * no entry or claim names it, itself or through a part merged into it;
+ * else the last of them forgets it. */
+static void drop_one_locked(struct device_cache *c, struct cache_block *b,
+                            struct cache_block **forget)
 {
-    if (stale->state == BLOCK_PENDING)
-        cache_stream_unlink(c, stale);
-    else if (stale->state == BLOCK_FREE)
-        free_unlink(c, stale);
-    /* Out of its segment: its neighbours' memory went with it, but they
-     * are no longer linked to a block that is going. */
-    if (stale->seg_prev != NULL)
-        stale->seg_prev->seg_next = stale->seg_next;
-    if (stale->seg_next != NULL)
-        stale->seg_next->seg_prev = stale->seg_prev;
-    stale->seg_prev = stale->seg_next = NULL;
-    bool was_free =
-        stale->state == BLOCK_PENDING || stale->state == BLOCK_FREE;
-    stats_device_left(stale->device, stale->size, was_free);
-    if (stale->upstream) /* its memory went back behind cudefer's back too */
-        cache_upstream_forget(stale->device, stale->size);
-    stale->state = BLOCK_LIVE;
-    stale->handout = 0; /* no entry's hand-out matches it any more */
-    return stale->events > 0 || stale->outstanding > 0;
+    if (b->state == BLOCK_PENDING)
+        cache_stream_unlink(c, b);
+    else if (b->state == BLOCK_FREE)
+        free_unlink(c, b);
+    bool was_free = b->state == BLOCK_PENDING || b->state == BLOCK_FREE;
+    stats_device_left(b->device, b->size, was_free);
+    if (b->upstream) /* its memory went back behind cudefer's back too */
+        cache_upstream_forget(b->device, b->size);
+    cache_map_remove(b); /* unless a new block took its address */
+    b->seg_prev = b->seg_next = NULL;
+    b->state = BLOCK_LIVE;
+    b->handout = 0; /* no entry's hand-out matches it any more */
+    if (block_dropped_unnamed(b)) {
+        b->lru_next = *forget;
+        *forget = b;
+    }
+}
+
+/* Any thread, under c's lock (c: stale's device's): stale is dropped
+ * (drop_one_locked), and so is every other block of its segment: CUDA
+ * released the allocation whole, so the blocks cut from it went with it
+ * (left in the bins, a FREE one would be handed out over the memory just
+ * allocated at stale's address; a live one, freed, would go back to
+ * them).  Returns how many other blocks were dropped; *start: the
+ * segment's start (its first block keeps it). */
+static size_t drop_stale_locked(struct device_cache *c,
+                                struct cache_block *stale,
+                                struct cache_block **forget,
+                                const void **start)
+{
+    struct cache_block *first = stale;
+    while (first->seg_prev != NULL)
+        first = first->seg_prev;
+    *start = first->ptr;
+    size_t others = 0;
+    for (struct cache_block *b = first, *next; b != NULL; b = next) {
+        next = b->seg_next;
+        others += b != stale;
+        drop_one_locked(c, b, forget);
+    }
+    return others;
 }
 
 /* Any thread: says that the block of size bytes at ptr was freed with
- * cudaFree instead of defer_free, and that it is dropped. */
-static void report_stale(const void *ptr, size_t size)
+ * cudaFree instead of defer_free, and that it is dropped with the others
+ * (other blocks cut from its allocation). */
+static void report_stale(const void *ptr, size_t size, size_t others)
 {
     report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
            "as its block of %zu bytes: that block was freed with cudaFree "
-           "instead of defer_free; its record is dropped", ptr, size);
+           "instead of defer_free; its record is dropped%s%zu%s", ptr, size,
+           others > 0 ? ", with the " : "", others,
+           others > 0 ? " other blocks cut from its allocation" : "");
+}
+
+/* Any thread: forgets the blocks of forget (linked by lru_next). */
+static void forget_list(struct cache_block *forget)
+{
+    for (struct cache_block *next; forget != NULL; forget = next) {
+        next = forget->lru_next;
+        cache_forget(forget);
+    }
 }
 
 /* Any thread holding no device's lock, before it files memory of device at
  * ptr: a stale block of another device's filed under ptr is dropped under
- * that device's lock, taken out of the map and reported (Note [Stale
- * blocks]).  A block of device itself is left to the caller's hold. */
+ * that device's lock with its segment, taken out of the map and reported
+ * (Note [Stale blocks]).  A block of device itself is left to the caller's
+ * hold. */
 static void drop_other_device(const void *ptr, int device)
 {
     struct device_cache *o;
@@ -343,21 +381,24 @@ static void drop_other_device(const void *ptr, int device)
         pthread_mutex_unlock(&o->lock);
         return;
     }
-    bool merged = x->state == BLOCK_MERGED;
+    if (x->state == BLOCK_MERGED) {
+        /* No block of its own: out of the map, forgotten when its
+         * entries are done. */
+        cache_map_remove(x);
+        pthread_mutex_unlock(&o->lock);
+        return;
+    }
     size_t size = x->size;
-    bool named = merged || drop_stale_locked(o, x);
+    struct cache_block *forget = NULL;
+    const void *start;
+    size_t others = drop_stale_locked(o, x, &forget, &start);
     /* Its range too (a block of this device's at ptr replaces the range
      * when it is filed; this one is of another device): a free in what is
      * left of it would be refused as a pointer inside a block. */
-    if (!merged)
-        cache_segments_unfile(o, ptr);
-    cache_map_remove(x);
+    cache_segments_unfile(o, start);
     pthread_mutex_unlock(&o->lock);
-    if (merged)
-        return;
-    report_stale(ptr, size);
-    if (!named) /* else the last entry naming it forgets it */
-        cache_forget(x);
+    report_stale(ptr, size, others);
+    forget_list(forget);
 }
 
 bool cache_add(int device, void *ptr, size_t size, bool upstream)
@@ -394,8 +435,11 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
      * is dropped in the same hold: let go first, a merge could retire it
      * before the drop. */
     bool here = stale != NULL && !merged; /* set only when inserted */
-    size_t stale_size = here ? stale->size : 0;
-    bool stale_named = here && drop_stale_locked(c, stale);
+    size_t stale_size = here ? stale->size : 0, others = 0;
+    struct cache_block *forget = NULL;
+    const void *start;
+    if (here)
+        others = drop_stale_locked(c, stale, &forget, &start);
     if (inserted) /* counted in the hold that makes it a block */
         stats_device_new(device, size);
     pthread_mutex_unlock(&c->lock);
@@ -404,9 +448,8 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
         return false;
     }
     if (here) {
-        report_stale(ptr, stale_size);
-        if (!stale_named) /* else the last entry naming it forgets it */
-            cache_forget(stale);
+        report_stale(ptr, stale_size, others);
+        forget_list(forget); /* the others: the last entry naming each */
     }
     if (!atomic_load_explicit(&set.active, memory_order_relaxed))
         /* Written once: the line every call reads stays clean. */

@@ -641,6 +641,56 @@ static void scenario_expiry(void)
     scenario_child_end();
 }
 
+/* A block at the start of its allocation cudaFree'd behind cudefer's back
+ * (Note [Stale blocks]), while a block cut from the same allocation waits
+ * FREE in the cache: CUDA released the allocation whole, so once its
+ * address comes back, the other block goes with the stale one.  Left in
+ * the cache, it was handed out over the new allocation at that address
+ * while work on another stream used it (the oracle), and its bytes stayed
+ * counted. */
+static void scenario_stale_segment(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
+    void *whole = NULL, *x = NULL, *y = NULL, *n = NULL, *z = NULL;
+    CHECK(alloc_checked(&whole, 2 * MiB, s) == cudaSuccess &&
+              defer_free(whole, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "a FREE 2 MiB block");
+    CHECK(alloc_checked(&x, MiB, s) == cudaSuccess &&
+              alloc_checked(&y, MiB, s) == cudaSuccess && y == whole &&
+              x == (char *)whole + MiB,
+          "cut in two: y at its start, x after it");
+    CHECK(defer_free(x, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "x freed, its work done: FREE");
+    CHECK(cudaFree(y) == cudaSuccess,
+          "y cudaFree'd behind cudefer's back: the whole allocation goes");
+    stderr_capture_begin();
+    CHECK(alloc_checked(&n, 2 * MiB, s3) == cudaSuccess && n == whole,
+          "a new 2 MiB block gets the address back (n %p)", n);
+    const char *said = stderr_capture_end();
+    CHECK(has_line(said, "instead of defer_free", "1 other blocks cut from "
+                   "its allocation", NULL),
+          "said, with the other block dropped: %s", said);
+    CHECK(stats_now().cache_bytes == 2 * MiB &&
+              stats_now().cache_free_bytes == 0,
+          "only the new block counts (cache bytes %llu, free %llu)",
+          ULL(stats_now().cache_bytes), ULL(stats_now().cache_free_bytes));
+    fake_work *w = work_held(s3, n);
+    CHECK(alloc_checked(&z, MiB, s2) == cudaSuccess,
+          "1 MiB on s2 while n's work runs on s3");
+    CHECK(z < (void *)whole || z >= (void *)((char *)whole + 2 * MiB),
+          "not x, inside n (z %p)", z);
+    fake_complete(w);
+    CHECK(defer_free(n, s3) == cudaSuccess && defer_free(z, s2) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "freed");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+    cudaStreamDestroy(s3);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -662,6 +712,10 @@ int main(void)
                   "block back once its work is done",
                   "CUDEFER_POLL_US=150ms CUDEFER_POLL_MAX_US=150ms", 1, 10000,
                   scenario_slow_reclaimer);
+    fork_scenario("a block cudaFree'd behind cudefer's back: the blocks cut "
+                  "from its allocation are dropped with it once its address "
+                  "comes back",
+                  "", 1, 20000, scenario_stale_segment);
     /* No age limit and no idle release: a slow run (sanitizers, a loaded
      * machine) must not see the application's memory released for its age,
      * or because no defer call came for 2 ms, while a test expects it held
