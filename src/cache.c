@@ -350,11 +350,17 @@ static size_t drop_stale_locked(struct device_cache *c,
  * (other blocks cut from its allocation). */
 static void report_stale(const void *ptr, size_t size, size_t others)
 {
-    report("defer_alloc: cudaMalloc returned %p, which cudefer still counted "
-           "as its block of %zu bytes: that block was freed with cudaFree "
-           "instead of defer_free; its record is dropped%s%zu%s", ptr, size,
-           others > 0 ? ", with the " : "", others,
-           others > 0 ? " other blocks cut from its allocation" : "");
+    if (others == 0)
+        report("defer_alloc: cudaMalloc returned %p, which cudefer still "
+               "counted as its block of %zu bytes: that block was freed with "
+               "cudaFree instead of defer_free; its record is dropped", ptr,
+               size);
+    else
+        report("defer_alloc: cudaMalloc returned %p, which cudefer still "
+               "counted as its block of %zu bytes: that block was freed with "
+               "cudaFree instead of defer_free; its record is dropped, with "
+               "the %zu other block%s cut from its allocation", ptr, size,
+               others, others == 1 ? "" : "s");
 }
 
 /* Any thread: forgets the blocks of forget (linked by lru_next). */

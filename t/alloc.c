@@ -670,8 +670,8 @@ static void scenario_stale_segment(void)
     CHECK(alloc_checked(&n, 2 * MiB, s3) == cudaSuccess && n == whole,
           "a new 2 MiB block gets the address back (n %p)", n);
     const char *said = stderr_capture_end();
-    CHECK(has_line(said, "instead of defer_free", "1 other blocks cut from "
-                   "its allocation", NULL),
+    CHECK(has_line(said, "instead of defer_free", "with the 1 other block cut "
+                   "from its allocation", NULL),
           "said, with the other block dropped: %s", said);
     CHECK(stats_now().cache_bytes == 2 * MiB &&
               stats_now().cache_free_bytes == 0,

@@ -19,8 +19,11 @@ static void test_stale_record(void)
     stderr_capture_begin();
     ok(cache_add(0, ADDR(11), 1024, false), "cudaMalloc returned its address "
                                            "again (it was cudaFree'd)");
-    ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
-       "reported");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "instead of defer_free; its record is dropped\n") !=
+           NULL,
+       "reported, one line ending at the dropped record (it stood alone): "
+       "%s", said);
     is_int(stats_now().cache_bytes, before - 512 + 1024,
            "the old record is dropped from the accounting");
     is_int(view(cache_test_find(ADDR(11))).size, 1024, "the new one counts");
