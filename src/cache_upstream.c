@@ -49,9 +49,12 @@ void cache_upstream_fork_child(void)
     nmempools = 0;
 }
 
-/* Create device's pool, once; false when there is none (reported once).
- * The only CUDA call under a lock of the cache's (Note [Locks]): the first
- * miss of each device, once. */
+/* Create device's pool, once; false when there is none: a device without
+ * memory pools (cudaDevAttrMemoryPoolsSupported 0) quietly (nothing
+ * failed: cudaMalloc is its way, cudefer(7)); a failed creation reported
+ * once.  The only
+ * CUDA calls under a lock of the cache's (Note [Locks]): the first miss of
+ * each device, once. */
 static bool mempool_ready(int device)
 {
     struct mempool *p = &mempools[device];
@@ -59,7 +62,12 @@ static bool mempool_ready(int device)
     if (state != MEMPOOL_UNTRIED)
         return state == MEMPOOL_READY;
     pthread_mutex_lock(&create_lock);
-    if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED) {
+    if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED &&
+        !cuda_device_has_pools(device)) {
+        state = MEMPOOL_NONE;
+        atomic_store_explicit(&p->state, state, memory_order_release);
+    }
+    if (state == MEMPOOL_UNTRIED) {
         struct cudaMemPoolProps props = {0};
         props.allocType = cudaMemAllocationTypePinned;
         props.location.type = cudaMemLocationTypeDevice;

@@ -282,9 +282,12 @@ cudaError_t cuda_stream_synchronize(cudaStream_t stream)
 bool cuda_device_has_pools(int device)
 {
     int value = 0;
-    return cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported,
-                                  device) == cudaSuccess &&
-           value != 0;
+    if (cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported,
+                               device) != cudaSuccess) {
+        cudaGetLastError(); /* not the caller's error to find later */
+        return false;
+    }
+    return value != 0;
 }
 
 cudaError_t cuda_stream_create(cudaStream_t *stream)

@@ -215,8 +215,8 @@ static inline cudaError_t cuda_stream_get_device(cudaStream_t stream,
 cudaError_t cuda_stream_synchronize(cudaStream_t stream);
 
 /* Any thread; never blocks on the GPU: whether device has memory pools
- * (cudaDevAttrMemoryPoolsSupported), the condition of cudaFreeAsync; false
- * when CUDA cannot say. */
+ * (cudaDevAttrMemoryPoolsSupported), the condition of cudaFreeAsync and of
+ * cudefer's own pool; false when CUDA cannot say (that error cleared). */
 bool cuda_device_has_pools(int device);
 
 /* Reclaimer only; never blocks on the GPU: a non-blocking stream on the

@@ -330,6 +330,33 @@ static void no_pool_mallocs_on_the_stream_device(void)
     fake_fail_clear();
 }
 
+/* A device without memory pools (cudaDevAttrMemoryPoolsSupported 0): its
+ * blocks come from cudaMalloc without a word (nothing failed: cudefer.h
+ * says such a device uses cudaMalloc and cudaFree), and go back with
+ * cudaFree. */
+static void no_pool_support_quiet(void)
+{
+    fake_set_memory_pools(0, 0);
+    cudaStream_t s = stream_new();
+    unsigned long mallocs = fake_calls(FAKE_MALLOC);
+    stderr_capture_begin();
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 1 << 20, s);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess && p != NULL, "defer_alloc: %d", (int)err);
+    CHECK(fake_calls(FAKE_MALLOC) - mallocs == 1, "a cudaMalloc");
+    CHECK(said[0] == '\0', "nothing said (stderr: \"%s\")", said);
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    size_t bytes = 0;
+    unsigned long frees = fake_calls(FAKE_FREE);
+    CHECK(defer_trim(&bytes) == cudaSuccess && bytes == (1 << 20),
+          "a trim gives it back: %zu bytes", bytes);
+    CHECK(fake_calls(FAKE_FREE) - frees == 1 &&
+              fake_allocation_of(p, NULL, NULL) == 0,
+          "with cudaFree: its memory went");
+}
+
 /* A trim whose cudaFreeAsync of a cached pool block fails (not sticky):
  * said, naming the block and the call that failed; not counted as
  * released; the memory stays allocated (the pool's).  (A mutant that
@@ -429,6 +456,9 @@ int main(void)
     fork_scenario("no pool: blocks from cudaMalloc on the stream's device, "
                   "the caller's device restored", "", 2, 20000,
                   no_pool_mallocs_on_the_stream_device);
+    fork_scenario("a device without memory pools: blocks from cudaMalloc, "
+                  "nothing said, back with cudaFree", "", 1, 20000,
+                  no_pool_support_quiet);
     fork_scenario("a trim's failed cudaFreeAsync of a cached block is said",
                   "", 1, 20000, trim_free_fails_said);
     fork_scenario("a trim's failed wait for its frees is said; a sticky "

@@ -359,6 +359,8 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
         props->location.type != cudaMemLocationTypeDevice ||
         props->location.id < 0 || props->location.id >= fake.ndev)
         return fake_leave(cudaErrorInvalidValue);
+    if (fake.no_pools[props->location.id]) /* fake_set_memory_pools */
+        return fake_leave(cudaErrorNotSupported);
     *pool = (cudaMemPool_t)(uintptr_t)(FAKE_POOL_BASE + props->location.id);
     return fake_leave(cudaSuccess);
 }
