@@ -49,12 +49,35 @@ void cache_upstream_fork_child(void)
     nmempools = 0;
 }
 
-/* Create device's pool, once; false when there is none: a device without
- * memory pools (cudaDevAttrMemoryPoolsSupported 0) quietly (nothing
- * failed: cudaMalloc is its way, cudefer(7)); a failed creation reported
- * once.  The only
- * CUDA calls under a lock of the cache's (Note [Locks]): the first miss of
- * each device, once. */
+/* Under create_lock: makes p's pool for device, its release threshold the
+ * maximum; false when CUDA cannot (said: the device's blocks come from
+ * cudaMalloc). */
+static bool mempool_create(struct mempool *p, int device)
+{
+    struct cudaMemPoolProps props = {0};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaError_t err = cudaMemPoolCreate(&p->pool, &props);
+    uint64_t keep = UINT64_MAX;
+    if (err == cudaSuccess &&
+        (err = cudaMemPoolSetAttribute(p->pool,
+                                       cudaMemPoolAttrReleaseThreshold,
+                                       &keep)) != cudaSuccess)
+        cudaMemPoolDestroy(p->pool);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        cuda_report_failure("defer_alloc", "cudaMemPoolCreate", err,
+                            "; blocks come from cudaMalloc on this device");
+    }
+    return err == cudaSuccess;
+}
+
+/* Create device's pool, once; false when there is none.  A device without
+ * memory pools (cudaDevAttrMemoryPoolsSupported 0) has none quietly:
+ * nothing failed, cudaMalloc is its way (cudefer(7)).  The only CUDA calls
+ * under a lock of the cache's (Note [Locks]): the first miss of each
+ * device, once. */
 static bool mempool_ready(int device)
 {
     struct mempool *p = &mempools[device];
@@ -62,29 +85,10 @@ static bool mempool_ready(int device)
     if (state != MEMPOOL_UNTRIED)
         return state == MEMPOOL_READY;
     pthread_mutex_lock(&create_lock);
-    if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED &&
-        !cuda_device_has_pools(device)) {
-        state = MEMPOOL_NONE;
-        atomic_store_explicit(&p->state, state, memory_order_release);
-    }
-    if (state == MEMPOOL_UNTRIED) {
-        struct cudaMemPoolProps props = {0};
-        props.allocType = cudaMemAllocationTypePinned;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = device;
-        cudaError_t err = cudaMemPoolCreate(&p->pool, &props);
-        uint64_t keep = UINT64_MAX;
-        if (err == cudaSuccess &&
-            (err = cudaMemPoolSetAttribute(p->pool,
-                                           cudaMemPoolAttrReleaseThreshold,
-                                           &keep)) != cudaSuccess)
-            cudaMemPoolDestroy(p->pool);
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            cuda_report_failure("defer_alloc", "cudaMemPoolCreate", err,
-                                "; blocks come from cudaMalloc on this device");
-        }
-        state = err == cudaSuccess ? MEMPOOL_READY : MEMPOOL_NONE;
+    if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED) {
+        state = cuda_device_has_pools(device) && mempool_create(p, device)
+                    ? MEMPOOL_READY
+                    : MEMPOOL_NONE;
         atomic_store_explicit(&p->state, state, memory_order_release);
     }
     pthread_mutex_unlock(&create_lock);
