@@ -18,7 +18,7 @@
  *     and cuPointerGetAttributes, cudaEventQuery, cudaFree, cudaFreeHost,
  *     cudaFreeAsync, cudaStreamCreateWithFlags, cudaEventDestroy,
  *     cudaStreamDestroy, and cudaEventSynchronize, made only when the
- *     reclaimer is out of host memory, which t/host_alloc_failures makes
+ *     reclaimer is out of host memory, which t/host_alloc_filing makes
  *     it (its allocator replaced) and fails there;
  *   process exit: any of the reclaimer's, failing with
  *     cudaErrorCudartUnloading.

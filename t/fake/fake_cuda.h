@@ -405,7 +405,7 @@ void fake_fail_clear(void);
 
 /* Whether the calling thread is inside the fake now (holds its lock): a
  * test that fails the library's host allocations spares the fake's own
- * (t/host_alloc_failures).  Anyone. */
+ * (t/host_alloc_sweep.h).  Anyone. */
 int fake_in_call(void);
 
 /* Calls of c since fake_reset, failed ones included. */
