@@ -3,9 +3,9 @@
  * for, as cudefer.h allows: once that stream waits for the block's own
  * (cudaStreamWaitEvent after the call), as with cudaMallocAsync.  The
  * block here is the hardest case: handed out at once on its stream while a
- * piece merged into it still waits for its previous owner's work (a
- * mutation test found the cache can make such a block FREE before the
- * piece's entry is done).  The oracle checks every hand-out: the block
+ * piece merged into it still waits for its previous owner's work (the
+ * cache must not make such a block FREE before the piece's entry is
+ * done).  The oracle checks every hand-out: the block
  * must reach a third stream only once that work is done. */
 #include "helpers.h"
 

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* defer_alloc at its limits: sizes no device holds (their rounding
- * wrapped to a block of 0 bytes: "success" with NULL before; found by a
- * review helper), and out of memory (the rounded size does not fit but the
+ * must not wrap to a block of 0 bytes, "success" with NULL), and out of memory (the rounded size does not fit but the
  * exact one does; cached blocks are trimmed to make room; the pluggable
  * entry point, whose NULL PyTorch does not check, says so). */
 #include <pthread.h>
@@ -245,9 +244,9 @@ static void test_out_of_memory(cudaStream_t s)
 }
 
 /* A shutdown between an allocation that ran out of memory and its retry
- * (found by a review helper): the retry is refused at the gate, said once
- * by the gate; the allocation said nothing of its own (it said "allocating
- * a new block failed: operation not permitted" too, and counted it twice).
+ * the retry is refused at the gate, said once by the gate; the allocation
+ * says nothing of its own (not "allocating a new block failed: operation
+ * not permitted" too, counted twice).
  * In a child: a shutdown is for good. */
 struct slow_request {
     cudaStream_t s;
@@ -328,8 +327,8 @@ static void scenario_rounding(void)
 
 /* A device of 48 MiB and CUDEFER_ROUND_DIVISIONS=1: 40 MiB rounds to 64,
  * more than the device holds, so the block is the exact size at once.
- * Before (found by a review helper), the 64 MiB try failed, everything
- * cached was trimmed, 64 MiB failed again, and only then the exact size. */
+ * Not: the 64 MiB try failing, everything cached trimmed, 64 MiB failing
+ * again, and only then the exact size. */
 static void scenario_coarse_beyond_device(void)
 {
     fake_set_device_memory(0, (size_t)48 << 20);

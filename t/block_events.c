@@ -193,8 +193,8 @@ static void test_plain_free_not_behind_shared_blocks(void)
 
 /* With CUDEFER_EVENT_POOL=0 no event is ever idle: a blocks' lane makes
  * its events as a callbacks' lane does, else it would share its first one
- * for good (a review found it: behind a stream that never goes idle no
- * block went back, and a trim got nothing).  Each free's work completes
+ * for good (behind a stream that never goes idle no block would go back,
+ * and a trim would get nothing).  Each free's work completes
  * just after the next free: most blocks go to another stream. */
 static void s_pool0_blocks_go_back(void)
 {
@@ -228,7 +228,7 @@ static void s_pool0_blocks_go_back(void)
 
 /* The reclaimer cannot make events (each creation fails after the first
  * five): it says so once, not at every pass that a lane's want sends it
- * to try again (a review found 295 identical lines for 300 frees). */
+ * to try again (not 295 identical lines for 300 frees). */
 static void s_refill_failure_reported_once(void)
 {
     enum { M = 200 }; /* under LANE_REUSE_MAX: no free makes one itself */

@@ -218,9 +218,8 @@ static void s_stuck_defer_during_exit(void)
 
 /* The last CUDA error a callback finds on its thread: its own only.  The
  * reclaimer's own failures (a cudaFree that failed; a probe of a stream the
- * application destroyed) were left for it to find (found by a review
- * helper; CUDA keeps a last error per thread, and PyTorch's launch checks
- * read it). */
+ * application destroyed) must not be left for it to find (CUDA keeps a
+ * last error per thread, and PyTorch's launch checks read it). */
 static cudaError_t seen_error = cudaErrorUnknown;
 
 static void read_last_error(void *unused)

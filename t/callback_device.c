@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The reclaimer's current device around callbacks (W6's drain
  * runs 10^6 callbacks).  A callback may switch the reclaimer thread's
- * device, so the reclaimer used to forget which device was current after
- * each one, and made a cudaSetDevice before the next query or callback: one
- * per callback.  It now reads the device the callback left current instead.
+ * device; rather than forget which device is current after each one and
+ * make a cudaSetDevice before the next query or callback (one per
+ * callback), the reclaimer reads the device the callback left current.
  * Checked here: a drain of many callbacks on one stream makes no
  * cudaSetDevice per callback, and a callback that switches the device still
  * leaves the next callback on its own stream's device. */

@@ -595,8 +595,7 @@ static void test_global_capture_elsewhere(void)
 /* The limit in cudefer.h: a capture of cudaStreamPerThread refuses defer
  * calls, the capture intact, the caller keeping the pointer.  The reclaimer
  * could not wait for the work this thread enqueued on it before the
- * capture: before, p was released while that work ran (found by a review
- * helper). */
+ * capture: p must not be released while that work runs. */
 static void test_per_thread_capture(void)
 {
     cudaStream_t s = cudaStreamPerThread;

@@ -211,7 +211,7 @@ static void *complete_later(void *w)
 
 /* Its stream's work from before the capture still runs at the shutdown:
  * the drain waits for it, as for any entry's event, and releases the
- * entry (before the fix: given up, "not done at shutdown", failed). */
+ * entry (not given up as "not done at shutdown" and failed). */
 static void s_dead_graph_at_shutdown(void)
 {
     cudaStream_t s = stream_new();

@@ -22,10 +22,10 @@ static void set_flag(void *flag)
 /* p pending on device 0; deferred again on device 1, which fails (the
  * reclaimer cannot make it current for a callback pushed just before)
  * before the reclaimer takes that free in; then deferred again on device
- * 0.  The last free is reported and dropped: before the fix the failed
- * device's free took p out of the pending set it had never joined, the
- * last free went unseen and p was released twice (the oracle's double
- * release). */
+ * 0.  The last free is reported and dropped; the failure guarded against:
+ * the failed device's free takes p out of the pending set it never
+ * joined, the last free goes unseen and p is released twice (the oracle's
+ * double release). */
 static void scenario_failed_device_keeps_others(void)
 {
     cudaStream_t s0 = stream_new();

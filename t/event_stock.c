@@ -24,8 +24,8 @@ static void count(void *arg)
 }
 
 /* The first miss makes up to 2,048 events (half of CUDEFER_EVENT_POOL),
- * on the fake's fast creation all or most of them (5 ms at most): before,
- * it made 32.  Fewer than 64 only where the call lasted its 5 ms (a thread
+ * on the fake's fast creation all or most of them (5 ms at most), not a
+ * mere 32.  Fewer than 64 only where the call lasted its 5 ms (a thread
  * descheduled in its first batch, TSan under load: 31 and 32 seen, 2 runs
  * in 180 with 4-6 busy loops). */
 static void s_first_miss_stocks(void)
@@ -69,8 +69,8 @@ static void s_stock_within_pool(void)
 
 /* A stock its deadline cut short (creating takes 1 ms here) keeps at
  * most half of what it made in reserve: a sharing lane still finds idle
- * events above it (before, the whole 1,024 reserve: none; under TSan the
- * default stock missed its deadline and t/shared_events failed). */
+ * events above it (with the whole 1,024 in reserve, none: under TSan the
+ * default stock misses its deadline, and t/shared_events would fail). */
 static void s_short_stock_small_reserve(void)
 {
     cudaStream_t s = stream_new();
@@ -86,7 +86,7 @@ static void s_short_stock_small_reserve(void)
     for (int i = 0; i < 3; i++)
         CHECK(defer_call(count, NULL, s) == cudaSuccess, "callback %d", i);
     /* The reclaimer may meanwhile have made a few for the lane's want
-     * (event_pool_refill): counted out (the review saw it under TSan).
+     * (event_pool_refill): counted out (seen under TSan).
      * A snapshot reads its counters before its gauges (cudefer.h: one by
      * one), so a refill that lands in between is in events_in_pool and
      * not in events_created ("4 of 1 left, 0 made meanwhile": a stock of
@@ -229,7 +229,7 @@ static void s_lane_asks_its_newest(void)
 
 /* The lane's own query runs in the relaxed capture mode: a query in the
  * thread's default (global) mode is refused while a global capture runs
- * and invalidates it (a review found it).  A free behind held work, the
+ * and invalidates it.  A free behind held work, the
  * work done, a global capture begun on another stream, then a free on the
  * first stream with no idle event: it queries, and the capture stays
  * active, no error left on the thread. */
@@ -242,8 +242,8 @@ static void s_own_query_keeps_captures(void)
     CHECK(defer_free(p, s) == cudaSuccess, "defer_free behind held work");
     /* The push wakes the reclaimer for one pass: once it has queried the
      * held work it sleeps its second; completed before that query, the
-     * work would be seen done and the next free need ask nothing (TSan
-     * under load: the review). */
+     * work would be seen done and the next free need ask nothing (seen
+     * under TSan under load). */
     double t0 = now_ms();
     while (stats_now().event_queries == queried && now_ms() - t0 < 10000)
         sleep_ms(1);
@@ -289,14 +289,14 @@ static void hold_reclaimer_query(enum fake_call c, cudaError_t r, void *arg)
         sleep_ms(1);
 }
 
-/* The race a review found, played in order: the reclaimer's query of a
+/* A race, played in order: the reclaimer's query of a
  * stream's event completes and the reclaimer is held before it raises the
  * completed label to what it took in (label 1).  Meanwhile the lane's
  * thread queries the event itself twice, raising the label to 2, and
  * records it again (label 3) behind held work.  Let go, the reclaimer
  * must not lower the label: the free of label 2, whose work is done, is
- * released while the later work is still held (before the fix the
- * reclaimer stored 1, and that free waited for the held work). */
+ * released while the later work is still held (were the reclaimer to
+ * store 1, that free would wait for the held work). */
 static void s_reclaimer_never_lowers(void)
 {
     cudaStream_t s = stream_new();
@@ -359,8 +359,8 @@ static void watch_reclaimer_queries(enum fake_call c, cudaError_t r,
  * (W5), and each such call queried its stream's newest event itself.
  * Here 600 frees, each with an event of its own (a busy stream's), wait
  * behind held work; once it completes, one pass queries all 600: by its
- * 300th query the pool has 256 of their events back (before, none until
- * the pass ended). */
+ * 300th query the pool has 256 of their events back, not none until the
+ * pass ends. */
 static void s_long_pass_gives_back(void)
 {
     cudaStream_t s = stream_new();
@@ -376,7 +376,7 @@ static void s_long_pass_gives_back(void)
           ULL(stats_now().events_created), ULL(stats_now().events_in_pool));
     /* Two wake-ups later a whole pass began after the last push: it took
      * every entry in (a fixed sleep could end while a stalled reclaimer
-     * had taken in only some: the review). */
+     * had taken in only some). */
     uint64_t w0 = stats_now().wakeups;
     double t0 = now_ms();
     while (stats_now().wakeups < w0 + 2 && now_ms() - t0 < 10000)
@@ -399,10 +399,9 @@ static void s_long_pass_gives_back(void)
 }
 
 /* The completed label only rises: the lane's thread and the reclaimer
- * both raise it after a query of their own, and the reclaimer's used to
- * store what it had taken in, lowering a label the lane had raised past
- * it (a review found it: entries whose work was done then waited for
- * later work). */
+ * both raise it after a query of their own; the reclaimer must not store
+ * what it had taken in, lowering a label the lane had raised past it
+ * (entries whose work is done would wait for later work). */
 static void test_completed_only_rises(void)
 {
     struct shared_event ev;

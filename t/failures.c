@@ -119,8 +119,8 @@ static void refused_release(const char *what, void *ptr, bool host,
     is_int(err, cudaSuccess, "%s: accepted at the call", what);
     is_int(stats_now().failed - failed, 1, "%s: its release fails, counted",
            what);
-    /* batches: passes that released something (before the fix a failed
-     * release counted as one). */
+    /* batches: passes that released something (a failed release is not
+     * one). */
     is_int(stats_now().batches - batches, 0, "%s: in no batch", what);
     is_str(msg, want, "%s: said in one line", what);
 }
@@ -222,8 +222,8 @@ static void test_sticky_query_error(cudaStream_t s)
 }
 
 /* A device that fails in the pass that serves a trim: the trim returns
- * its error, as a flush does (before the fix, cudaSuccess: only a device
- * failed before the trim was taken in counted).  The reclaimer polls
+ * its error, as a flush does, not cudaSuccess (a device failed before the
+ * trim was taken in is not the only one that counts).  The reclaimer polls
  * once a second, so the failure comes in the trim's own pass. */
 static void trim_sees_failure(void)
 {
@@ -246,7 +246,7 @@ static void trim_sees_failure(void)
 
 /* A block's defer_record_stream on a device that failed since it was
  * handed out: the device's sticky error, as every later call on it
- * returns, and nothing recorded (before the fix: recorded, cudaSuccess). */
+ * returns, and nothing recorded (not recorded with cudaSuccess). */
 static void record_stream_after_failure(void)
 {
     cudaStream_t s = stream_new(), other = stream_new();

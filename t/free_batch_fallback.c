@@ -117,8 +117,8 @@ static void test_barred_legacy(cudaStream_t s2)
 
 /* The seal's event cannot be recorded and even waiting for the stream
  * fails: the claims go back to the batch, their blocks still reusable on
- * the legacy stream only (before the fix they went FREE, reusable by any
- * stream while their work may still run); a flush then seals them. */
+ * the legacy stream only (not FREE, reusable by any stream while their
+ * work may still run); a flush then seals them. */
 static void test_sync_fails(cudaStream_t s2)
 {
     void *p[BATCH];
@@ -200,8 +200,8 @@ static void scenario_barred_plain_free(void)
 
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
- * shutdown says so in its result (before the fix: cudaSuccess).  The
- * dropped frees count as failed (they stayed pending for good before). */
+ * shutdown says so in its result (not cudaSuccess).  The dropped frees
+ * count as failed, not pending for good. */
 static void scenario_shutdown_barred(void)
 {
     pid_t pid = fork_flushed();

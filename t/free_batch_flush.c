@@ -127,9 +127,9 @@ static void test_flush_reseals_given_back(void)
 /* A seal's take reads the flushes' generation, and a flush F1 turns it
  * before the take counts its claims (the take stalled there by the test
  * hook): F1 needs nothing of it (its scan came first), but a flush F2 after
- * the frees whose claims the take holds must wait for their seal.  Before
- * the fix the count went to the generation F1 had closed, F2 waited on the
- * other and returned with those frees unpushed (found by a review helper). */
+ * the frees whose claims the take holds must wait for their seal.  The
+ * failure guarded against: the count goes to the generation F1 had closed,
+ * F2 waits on the other and returns with those frees unpushed. */
 static _Atomic int stall; /* 1: armed; 2: a take stalls; 3: go on */
 
 static void stall_take(void)
@@ -193,7 +193,7 @@ static void test_take_across_a_turn(void)
  * they seal by turns, and every record takes 20 ms: a seal of theirs is
  * nearly always in flight).  A flush waits for the seals under way when
  * it looked only, not for later ones: it returns while they still free
- * (before the fix it waited until they stopped, here after 10 s). */
+ * (not until they stop, here after 10 s). */
 #define CHURNERS 4
 static _Atomic int churn_stop, churning;
 

@@ -271,8 +271,8 @@ static void scenario_callback_free(void)
 
 
 /* largest_batch counts entries released in a pass as released counts
- * them: a free batch's blocks each (before the fix its 8 blocks, counted
- * 8 in released, were 1 in largest_batch). */
+ * them: a free batch's blocks each (its 8 blocks, counted 8 in released,
+ * are not 1 in largest_batch). */
 static void scenario_batch_counts_blocks(void)
 {
     pid_t pid = fork_flushed();
@@ -343,7 +343,7 @@ static void scenario_two_devices(void)
  * device is 0 by default) flushes while device 1's batch holds claims; the
  * flush seals it on device 1 and makes device 0 current again, which
  * touches device 0 (with CUDA 12 or later, creates its primary context).
- * Checked so that a fix shows here (found by a review helper). */
+ * Checked so that a change of it shows here. */
 static void *free_on_device1(void *unused)
 {
     (void)unused;
@@ -422,7 +422,7 @@ int main(void)
     fake_reset(1);
     /* Batches seal when full or on demand only (test_age_seals excepted):
      * a tick of the coarse clock between two frees split a batch a test
-     * filled (found by a review helper). */
+     * filled. */
     free_batch_set_age_ns(UINT64_MAX);
     /* Batched: no event. */
     scenario("CUDEFER_FREE_BATCH=1", 3, 3, 3, NULL);

@@ -159,7 +159,7 @@ static void arm_next(enum fake_call c, cudaError_t r, void *unused)
 /* Blocks freed on the legacy stream whose claims find no room in their
  * free batch (out of host memory) stay pending in the cache, never
  * released, said: counted as failed then, so that pending reads 0 after
- * shutdown (before the fix they stayed pending for good).  lost_in_add:
+ * shutdown, not pending for good.  lost_in_add:
  * the free's own claim, while another thread's capture bars the legacy
  * stream (no event may be recorded there); else claims a seal gives back
  * to the batch when it can neither record nor wait for the stream.  In a
@@ -235,9 +235,9 @@ static void arm_after_success(enum fake_call c, cudaError_t r, void *unused)
  * it: released when freed, never reused, in neither cache_bytes nor
  * cache_releases.  So it is no new block either: the counters agree, allocs
  * less reused is cache_mallocs, and once everything is released
- * cache_mallocs is cache_releases (before the fix cache_mallocs counted it,
- * 2 against 1 and 1, and PyTorch's segment count under cudefer.torch,
- * cache_mallocs less cache_releases, stayed 1 for good).  In a child;
+ * cache_mallocs is cache_releases (were cache_mallocs to count it, 2
+ * against 1 and 1, PyTorch's segment count under cudefer.torch,
+ * cache_mallocs less cache_releases, would stay 1 for good).  In a child;
  * exits with the checks' verdict. */
 static void unfiled_block_child(void)
 {

@@ -252,8 +252,8 @@ static void s_failed_groups_leave_no_stale_event(void)
 
 /* Refused groups whose parts' picks sweep the thread's lanes (take_idle,
  * CUDEFER_EVENT_POOL=1 or 2 so idle events run out) between a part's
- * commit and its uncommit (a review's question: a sweep must not let go
- * of a slot whose label is still to be uncommitted).  Random groups over
+ * commit and its uncommit (a sweep must not let go of a slot whose label
+ * is still to be uncommitted).  Random groups over
  * 4 streams, held and completed work interleaved, a record failing at
  * random.  Then every accepted callback runs, callbacks run as their work
  * completes, and no event outlives shutdown. */

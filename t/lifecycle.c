@@ -153,7 +153,7 @@ static int child_after_fork(void)
           "defer_trim in the child: %s, %zu bytes", cudaGetErrorName(err), bytes);
     /* PyTorch's entry points, on the legacy stream, where they would make
      * the device current: refused before any CUDA call (the child cannot
-     * use CUDA; before the fix each asked the current device first). */
+     * use CUDA), not after asking for the current device. */
     unsigned long calls = fake_calls(FAKE_GET_DEVICE) +
                           fake_calls(FAKE_SET_DEVICE) + fake_driver_calls();
     void *got = &got;
@@ -383,9 +383,8 @@ static int s_exit_stuck(void)
 
 /* Exit with work that completes only after the drain gave up: the entry
  * is counted as failed (leaked) and is then never released, so the counts
- * still add up once it completes (before the fix the reclaimer, left
- * running, released it all the same: released 1 and failed 1 of 1
- * deferred). */
+ * still add up once it completes (the reclaimer, left running, must not
+ * release it all the same: released 1 and failed 1 of 1 deferred). */
 static void say_stats_later(void)
 {
     sleep_ms(1500); /* the work completes 500 ms after the drain ended */

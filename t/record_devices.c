@@ -4,9 +4,9 @@
  * legacy stream, which still reads it), freed while device 0 is current
  * (PyTorch's free runs on whatever device is current; so may a C
  * program's): the free waits for device 1's legacy stream, not device 0's,
- * and leaves device 0 current.  Before the fix the event went on device
- * 0's idle legacy stream and another stream got the block while device 1's
- * still read it (found by a review helper).  Then the legacy streams of
+ * and leaves device 0 current (an event on device 0's idle legacy stream
+ * would let another stream get the block while device 1's still reads
+ * it).  Then the legacy streams of
  * both devices on one block.  The oracle checks every hand-out. */
 #include "helpers.h"
 
@@ -93,10 +93,10 @@ static void freed_on_other_legacy(int d)
 
 /* Recorded on the legacy streams of both devices (one handle), in either
  * order, freed on a created stream of device 0 while device 0's legacy
- * stream still reads it (device 1's done): waited for.  Before the fix,
- * with device 1's recorded first, the free took device 0's legacy stream
- * for device 1's (the one already named) and released the block under
- * device 0's work (found by a mutation test). */
+ * stream still reads it (device 1's done): waited for.  The failure
+ * guarded against: with device 1's recorded first, the free takes device
+ * 0's legacy stream for device 1's (the one already named) and releases
+ * the block under device 0's work. */
 static void both_legacy_streams(bool device1_first)
 {
     const size_t bytes = 65536;

@@ -543,10 +543,10 @@ static void s_reuse_bound(void)
 }
 
 /* LANE_REUSE_MAX counts the records of the newest event not yet seen
- * complete, not every record of it (a review found it did): a lane whose
- * one event was recorded LANE_REUSE_MAX times on an idle stream (each
- * call finding the last completed) made an event on the calling thread at
- * its first miss on a busy stream, after one shared record.  Here the
+ * complete, not every record of it: else a lane whose one event was
+ * recorded LANE_REUSE_MAX times on an idle stream (each call finding the
+ * last completed) would make an event on the calling thread at its first
+ * miss on a busy stream, after one shared record.  Here the
  * pool's one idle event goes to another stream first; then two callbacks
  * on the busy stream share, and the calling thread makes no event (the
  * fake counts its cudaEventCreate calls). */
