@@ -103,11 +103,17 @@ def get_cxx_compiler():
 def is_ninja_available():
     return %(ninja)r
 def load(**kw):
+    # Each call's name and sources, a line in $FAKE_LOAD_LOG.
+    if os.environ.get("FAKE_LOAD_LOG"):
+        with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
+            f.write(" ".join([kw["name"]] + kw["sources"]) + "\\n")
     # A fake compiler's "build" is the file beside it named COMPILER.so.
     built = os.environ.get("CXX", "") + ".so"
     if os.path.isfile(built):
         return built
-    raise RuntimeError("Error building extension 'cudefer_torch': boom")
+    # cpp_extension's message: its own line, then ninja's output.
+    raise RuntimeError("Error building extension 'cudefer_torch': "
+                       + os.environ.get("FAKE_BUILD_OUTPUT", "boom"))
 '''
 
 FAKE_CUPY = '''
@@ -272,6 +278,104 @@ def compiler_choice(tmp, headers, dynamic, static):
     tap(ok, "no compiler's build shares the runtime: each one said", out)
 
 
+def allocator_files(tmp, headers, dynamic):
+    """build() with the allocator's files: it compiles every unit the
+    package has, names the build after every file's contents, says a
+    missing one and names the unit that failed to compile.  Runs on a copy
+    of the package (in front of python/ on the path), edited."""
+    rc, out = py("import cudefer.torch as t; print('FILES', t.SOURCES, "
+                 "t.HEADERS)")
+    words = out.split()
+    shipped = sorted(f for f in os.listdir(os.path.join(PYTHON_DIR, "cudefer"))
+                     if f.endswith((".cpp", ".h")))
+    listed = sorted(os.path.basename(w.strip("[]',")) for w in words[1:])
+    tap(rc == 0 and listed == shipped,
+        "SOURCES and HEADERS list every .cpp and .h of the package, each "
+        "there", "%s\nshipped %s, listed %s" % (out, shipped, listed))
+
+    root = fake_torch(os.path.join(tmp, "files"), cuda_home=headers)
+    package = os.path.join(root, "cudefer")
+    shutil.copytree(os.path.join(PYTHON_DIR, "cudefer"), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    cxx = os.path.join(tmp, "files-bin", "g++")
+    os.makedirs(os.path.dirname(cxx))
+    with open(cxx, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(cxx, 0o755)
+    shutil.copy(dynamic, cxx + ".so")
+    log = os.path.join(tmp, "files.log")
+    env = {"CUDEFER_CXX": cxx, "FAKE_LOAD_LOG": log}
+    code = ("import cudefer.torch as t; print('BUILT', t.build()); "
+            "print('SOURCES', ' '.join(t.SOURCES + t.HEADERS))")
+
+    def build():
+        """(the build's name, its sources, all files) or None."""
+        if os.path.exists(log):
+            os.remove(log)
+        rc, out = py(code, root, env)
+        files = [l.split()[1:] for l in out.splitlines()
+                 if l.startswith("SOURCES ")]
+        if rc != 0 or not files or not os.path.exists(log):
+            return None, out
+        with open(log) as f:
+            called = f.read().split()
+        return (called[0], called[1:], files[0]), out
+    base, out = build()
+    units = [] if base is None else base[1]
+    tap(base is not None and units and
+        all(u.endswith(".cpp") and os.path.dirname(u) == package
+            for u in units) and base[2] == units + [
+                p for p in base[2] if p.endswith(".h")],
+        "build() hands cpp_extension every unit, from the package", out)
+    if base is None:
+        return
+    for path in base[2]:
+        with open(path) as f:
+            saved = f.read()
+        with open(path, "a") as f:
+            f.write("\n// edited\n")
+        edited, out_edited = build()
+        with open(path, "w") as f:
+            f.write(saved)
+        again, out_again = build()
+        tap(edited is not None and edited[0] != base[0] and again == base,
+            "an edit of %s is a build of its own name"
+            % os.path.basename(path), out_edited + out_again)
+    header = [p for p in base[2] if p.endswith(".h")][0]
+    os.rename(header, header + ".away")
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["cudefer.torch:", header, "is missing"],
+                     root, env)
+    os.rename(header + ".away", header)
+    tap(ok, "a missing header is said", out)
+
+    fail = dict(env, CUDEFER_CXX=sys.executable)
+    last = units[-1]
+    stem = os.path.splitext(os.path.basename(last))[0]
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["compiling %s with" % last, "build(verbose=True)"], root,
+        dict(fail, FAKE_BUILD_OUTPUT="[2/4] c++ -c %s -o %s.o\nFAILED: "
+             "%s.o\n%s:12:5: error: 'x' was not declared in this scope"
+             % (last, stem, stem, last)))
+    others = [u for u in units if u != last]
+    tap(ok and not any(u in l for u in others for l in out.splitlines()
+                       if l.startswith("RAISED")),
+        "a failed compilation names the unit the compiler blamed, only it",
+        out)
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["compiling %s with" % header], root,
+        dict(fail, FAKE_BUILD_OUTPUT="".join(
+            "FAILED: %s.o\n%s:3:1: error: expected ';'\n"
+            % (os.path.splitext(os.path.basename(u))[0], header)
+            for u in units)))
+    tap(ok and not any(u in l for u in units for l in out.splitlines()
+                       if l.startswith("RAISED")),
+        "an error in the header names the header, not the units that "
+        "include it", out)
+
+
 def cases(tmp):
     ok, out = raises('import cudefer; cudefer.load("/no/such/libcudefer.so")',
                      "FileNotFoundError", ["cudefer:", "lib=",
@@ -433,6 +537,7 @@ def cases(tmp):
         tap(rc == 0 and "WHY None" in out,
             "check_cxx_runtime takes a build that links libstdc++ dynamically",
             out)
+        allocator_files(tmp, headers, dyn)
         plain = os.path.join(tmp, "plain.so")
         with open(os.path.join(tmp, "plain.c"), "w") as f:
             f.write("int plain(int x) { return x + 1; }\n")

@@ -5,11 +5,13 @@
     cudefer.torch.enable()          # before the first CUDA tensor
     x = torch.randn(1 << 20, device="cuda")   # allocated by cudefer
 
-enable() loads libcudefer (cudefer.load), compiles torch_allocator.cpp for
-the installed torch with torch.utils.cpp_extension (once: it caches the
-build in $TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions, keyed by
-the source, the flags and this torch's version) and installs it: a whole
-c10 CUDAAllocator over cudefer, so that torch.cuda.memory_allocated,
+enable() loads libcudefer (cudefer.load), compiles the allocator's units
+(SOURCES, which share the header torch_allocator.h) for the installed torch
+with torch.utils.cpp_extension (once: it caches the build in
+$TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions, keyed by the
+contents of every one of those files, the compiler, the flags and this
+torch's version) and installs it: a whole c10 CUDAAllocator over cudefer,
+so that torch.cuda.memory_allocated,
 memory_stats, memory_summary, reset_peak_memory_stats, empty_cache,
 set_per_process_memory_fraction, Tensor.record_stream, torch.cuda.graph and
 torch.compile(mode="reduce-overhead") work as under PyTorch's own allocator
@@ -34,11 +36,16 @@ import threading
 from . import load, library, stats_fields, device_stats_fields
 
 __all__ = ["enable", "enabled", "build", "recorded", "bookkeeping_ns",
-           "SOURCE"]
+           "SOURCE", "SOURCES", "HEADERS"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# The allocator's source, shipped as package data.
-SOURCE = os.path.join(_HERE, "torch_allocator.cpp")
+# The allocator's units, compiled together, and the private header they
+# share; all shipped as package data (torch_allocator.h says which unit
+# holds what).
+SOURCES = [os.path.join(_HERE, name) for name in ("torch_allocator.cpp",)]
+HEADERS = [os.path.join(_HERE, "torch_allocator.h")]
+# The unit with the entry points enable() calls (cudefer_torch_install).
+SOURCE = SOURCES[0]
 
 # The environment variable that names the one C++ compiler to use.
 CXX_ENV = "CUDEFER_CXX"
@@ -48,7 +55,7 @@ _state = {}  # "library", "extension" once enable() succeeded
 
 
 class _Functions(ctypes.Structure):
-    """struct CudeferFunctions of torch_allocator.cpp."""
+    """struct CudeferFunctions of torch_allocator.h."""
     _fields_ = [("alloc_status", ctypes.c_void_p),
                 ("free", ctypes.c_void_p),
                 ("record_stream", ctypes.c_void_p),
@@ -176,8 +183,9 @@ def build(verbose=False):
     runtime."""
     torch = _import_torch()
     from torch.utils import cpp_extension
-    if not os.path.isfile(SOURCE):
-        raise RuntimeError("cudefer.torch: %s is missing" % SOURCE)
+    for path in SOURCES + HEADERS:
+        if not os.path.isfile(path):
+            raise RuntimeError("cudefer.torch: %s is missing" % path)
     candidates = compilers()
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("cudefer.torch: building the allocator needs "
@@ -213,16 +221,51 @@ def build(verbose=False):
                        % (CXX_ENV, "; ".join(reasons)))
 
 
+def _files_digest():
+    """A digest of the names and contents of the allocator's files, every
+    source and header."""
+    digest = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        with open(path, "rb") as f:
+            content = f.read()
+        digest.update(b"%s\0%d\0" % (os.path.basename(path).encode(),
+                                       len(content)))
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def _failed_files(output):
+    """The allocator's files a failed build's output blames: those with a
+    compiler error in them, else those whose object ninja says FAILED,
+    else (nothing said: verbose builds print it instead) every source."""
+    def blamed(pattern):
+        return [p for p in SOURCES + HEADERS
+                if re.search(pattern % re.escape(os.path.basename(p)),
+                             output, re.M)]
+    return (blamed(r"\b%s:\d+(?::\d+)?: (?:fatal )?error")
+            or [p for p in SOURCES if re.search(
+                r"^FAILED: .*\b%s\.o\b"
+                % re.escape(os.path.splitext(os.path.basename(p))[0]),
+                output, re.M)]
+            or SOURCES)
+
+
 def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     """The allocator built with the compiler at path cxx (cached by
-    cpp_extension under a name of the torch version and the compiler); its
-    path.  Raises RuntimeError when the compilation fails."""
+    cpp_extension under a name of the torch version, the compiler and the
+    files' contents); its path.  Raises RuntimeError naming the files that
+    failed to compile."""
     # The torch version in the name: a build for another torch (another
     # CUDAAllocator layout) is never loaded.  The compiler's resolved path
     # too: cpp_extension's cache does not know the compiler, and two
     # compilers of one name (/opt/gcc/bin/g++, /usr/bin/g++) may link
-    # different C++ runtimes.
-    tag = hashlib.sha256(os.path.realpath(cxx).encode()).hexdigest()[:8]
+    # different C++ runtimes.  And the contents of every file, header
+    # included: cpp_extension hashes only the sources it compiles, and
+    # ninja rebuilds by modification times, which an installed copy of
+    # another version need not advance.
+    tag = hashlib.sha256(("%s\0%s" % (os.path.realpath(cxx),
+                                       _files_digest())).encode()
+                         ).hexdigest()[:8]
     name = "cudefer_torch_%s_%s_%s" % (
         re.sub(r"\W", "_", torch.__version__),
         re.sub(r"\W", "_", os.path.basename(cxx)), tag)
@@ -232,7 +275,7 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
         # No CUDA source: no nvcc, no GPU architectures (with_cuda would
         # ask the GPU for them); libcudart comes with libtorch_cuda.
         return cpp_extension.load(
-            name=name, sources=[SOURCE], extra_cflags=["-O2"],
+            name=name, sources=list(SOURCES), extra_cflags=["-O2"],
             extra_include_paths=[cuda_include],
             extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
             with_cuda=False, is_python_module=False, verbose=verbose)
@@ -240,7 +283,9 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RuntimeError("cudefer.torch: compiling %s with %s failed (%s);"
                            " cudefer.torch.build(verbose=True) shows the "
-                           "compiler's output" % (SOURCE, cxx, first)) from None
+                           "compiler's output"
+                           % (", ".join(_failed_files(str(e))), cxx, first)
+                           ) from None
     finally:
         if saved is None:
             del os.environ["CXX"]
