@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-// torch_allocator.cpp: cudefer as PyTorch's CUDA allocator: the allocator
-// class, and the entry points Python calls. torch_allocator.h says what the
-// allocator serves and its thread rules.
+// torch_allocator.cpp: cudefer as PyTorch's CUDA allocator: allocation and
+// free (the hot path), record_stream, the memory fraction, out of memory,
+// the rest of CUDAAllocator, private pools, statistics, and the entry points
+// Python calls. torch_allocator.h says what the allocator serves and its
+// thread rules.
 
 #include "torch_allocator.h"
 
@@ -64,6 +66,392 @@ std::atomic<unsigned long long> recorded{0};
 
 std::atomic<int> sections_anywhere{0};
 
+c10::DataPtr CudeferAllocator::allocate(size_t size)
+{
+    c10::DeviceIndex device = c10::cuda::current_device();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void *ptr = malloc(size, device, stream);
+    return {ptr, ptr, &raw_delete_fn,
+            c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+void *CudeferAllocator::raw_alloc(size_t nbytes)
+{
+    c10::DeviceIndex device = c10::cuda::current_device();
+    return malloc(nbytes, device,
+                  c10::cuda::getCurrentCUDAStream(device).stream());
+}
+
+void *CudeferAllocator::raw_alloc_with_stream(size_t nbytes,
+                                              cudaStream_t stream)
+{
+    return malloc(nbytes, c10::cuda::current_device(), stream);
+}
+
+// Any thread; blocks only where cudefer does (out of memory: a trim).
+void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
+                               cudaStream_t stream)
+{
+    if (size == 0)
+        return nullptr;
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
+                static_cast<int>(device), " is beyond the ", kMaxDevices,
+                " devices cudefer's PyTorch allocator keeps");
+    DeviceState &d = *devices_[device];
+    size_t rounded = torch_round_size(size);
+    // The cap covers private pools' allocations too, as PyTorch's
+    // allowed_memory_maximum covers its private pools' segments.
+    uint64_t cap = d.cap.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY(cap != kNoCap) &&
+        static_cast<uint64_t>(
+            d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
+                rounded > cap)
+        out_of_memory(device, rounded, "the memory fraction's cap");
+    if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
+        void *p = pool_malloc(d, device, size, rounded, stream);
+        if (p != nullptr)
+            return p;
+    }
+    void *ptr = nullptr;
+    cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
+    if (err == cudaErrorMemoryAllocation) {
+        // cudefer trimmed and retried before it failed; give it what
+        // released private pools hold, and try once more.
+        d.num_alloc_retries.fetch_add(1, std::memory_order_relaxed);
+        if (release_free_pools(device) > 0)
+            err = cudefer_alloc(&ptr, size, device, stream);
+    }
+    if (err == cudaErrorMemoryAllocation)
+        out_of_memory(device, rounded, nullptr);
+    TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
+                "cudefer: cannot allocate ", size, " bytes on a stream "
+                "being captured into a CUDA graph outside a private pool "
+                "(capture with torch.cuda.graph, which gives one)");
+    TORCH_CHECK(err == cudaSuccess, "cudefer: allocating ", size,
+                " bytes on device ", static_cast<int>(device),
+                " failed with CUDA error ", static_cast<int>(err), " (",
+                cudaGetErrorString(err), "; cudefer's line on stderr "
+                "says more)");
+    Allocation a;
+    a.requested = size;
+    a.rounded = rounded;
+    a.stream = stream;
+    a.device = device;
+    remember(ptr, a);
+    count_alloc(d, a, device, ptr);
+    thread_local unsigned sample_every = 0;
+    if ((++sample_every & 63) == 0)
+        sample_reserved(device);
+    return ptr;
+}
+
+void CudeferAllocator::raw_delete(void *ptr)
+{
+    if (ptr == nullptr)
+        return;
+    Allocation a;
+    TORCH_CHECK(forget(ptr, &a), "cudefer: freeing ", ptr,
+                ", which cudefer's PyTorch allocator did not allocate "
+                "(or freed already)");
+    DeviceState &d = *devices_[a.device];
+    count_free(d, a, ptr);
+    if (a.block != nullptr) {
+        std::lock_guard<std::mutex> lock(d.mu);
+        pool_free(d, a.block);
+        return;
+    }
+    fns_.free(ptr, a.requested, a.device, a.stream);
+}
+
+// defer_pluggable_alloc_status, under a relaxed capture mode while any
+// allocate-to-pool section is open (this thread may be capturing in
+// global mode, where cudefer's cudaMalloc would break the capture).
+cudaError_t CudeferAllocator::cudefer_alloc(void **ptr, size_t size,
+                                            int device, cudaStream_t stream)
+{
+    if (C10_UNLIKELY(sections_anywhere.load(std::memory_order_acquire) >
+                     0)) {
+        c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+            cudaStreamCaptureModeRelaxed);
+        return fns_.alloc_status(ptr, size, device, stream);
+    }
+    return fns_.alloc_status(ptr, size, device, stream);
+}
+
+// ---- record_stream, fraction, out of memory ---------------------------
+
+void CudeferAllocator::recordStream(const c10::DataPtr &data_ptr,
+                                    c10::cuda::CUDAStream stream)
+{
+    void *ptr = data_ptr.get();
+    // A storage of no bytes has no block.
+    if (ptr == nullptr)
+        return;
+    PoolBlock *block = nullptr;
+    int device = 0;
+    if (!lookup(ptr, &block, &device))
+        return;  // memory PyTorch did not allocate (DLPack): ignored
+    if (block != nullptr) {
+        std::lock_guard<std::mutex> lock(devices_[device]->mu);
+        if (stream.stream() != block->stream &&
+            std::find(block->uses.begin(), block->uses.end(),
+                      stream.stream()) == block->uses.end())
+            block->uses.push_back(stream.stream());
+        recorded.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    cudaError_t err;
+    {
+        // To cudefer, stream 0 is the legacy stream of the device
+        // current at the call: for a default stream, that must be the
+        // stream's device, not the caller's (Tensor.record_stream runs
+        // on the tensor's device).
+        c10::cuda::CUDAGuard guard(stream.device_index());
+        err = fns_.record_stream(ptr, stream.stream());
+    }
+    TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
+                "cudefer: Tensor.record_stream on a stream being "
+                "captured into a CUDA graph, for memory allocated "
+                "outside the graph's pool, is not supported");
+    TORCH_CHECK(err == cudaSuccess,
+                "cudefer: defer_record_stream failed with CUDA error ",
+                static_cast<int>(err),
+                "; the tensor's memory is not protected for that stream");
+    recorded.fetch_add(1, std::memory_order_relaxed);
+}
+
+void CudeferAllocator::setMemoryFraction(double fraction,
+                                         c10::DeviceIndex device)
+{
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "cudefer: memory "
+                "fraction ", fraction, " is not between 0 and 1");
+    check_device(device);
+    c10::cuda::CUDAGuard guard(device);
+    size_t free_bytes = 0, total = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    set_cap(device, fraction, total);
+}
+
+double CudeferAllocator::getMemoryFraction(c10::DeviceIndex device)
+{
+    check_device(device);
+    return devices_[device]->fraction.load();
+}
+
+// The memory fraction of device: a cap of fraction times total bytes;
+// a fraction of 1 is no cap (PyTorch's allocator then has no
+// allowed_memory_maximum), one of 0 allows nothing.
+void CudeferAllocator::set_cap(int device, double fraction, size_t total)
+{
+    devices_[device]->fraction.store(fraction);
+    devices_[device]->cap.store(
+        fraction < 1.0
+            ? static_cast<uint64_t>(fraction * static_cast<double>(total))
+            : kNoCap);
+}
+
+void CudeferAllocator::attachOutOfMemoryObserver(
+    CCA::OutOfMemoryObserver observer)
+{
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    observers_.push_back(std::move(observer));
+}
+
+void CudeferAllocator::out_of_memory(int device, size_t rounded,
+                                     const char *why)
+{
+    DeviceState &d = *devices_[device];
+    d.num_ooms.fetch_add(1, std::memory_order_relaxed);
+    size_t device_free = 0, device_total = 0;
+    {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    sample_reserved(device);
+    int64_t allocated = d.allocated_bytes.s[0].current.load();
+    int64_t reserved = reserved_of(device);
+    uint64_t cap = d.cap.load();
+    c10::reportOutOfMemoryToProfiler(
+        static_cast<int64_t>(rounded), static_cast<size_t>(allocated),
+        static_cast<size_t>(reserved),
+        c10::Device(c10::DeviceType::CUDA,
+                    static_cast<c10::DeviceIndex>(device)));
+    std::vector<CCA::OutOfMemoryObserver> observers;
+    {
+        std::lock_guard<std::mutex> lock(observers_mu_);
+        observers = observers_;
+    }
+    for (auto &o : observers)
+        o(device, rounded, cap != kNoCap ? cap : device_total,
+          device_free);
+    // It opens as PyTorch's own does ("CUDA out of memory. Tried to
+    // allocate"): tools that retry with smaller batches look for
+    // "CUDA out of memory." in the message.
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "CUDA out of memory. Tried to "
+        "allocate ", format_size(rounded), " on device ", device,
+        why != nullptr ? " beyond " : "", why != nullptr ? why : "",
+        cap != kNoCap ? " (" + format_size(cap) + " allowed)" : "",
+        "; the device has ", format_size(device_total), " of which ",
+        format_size(device_free), " is free; PyTorch has ",
+        format_size(static_cast<uint64_t>(allocated)),
+        " allocated and cudefer ",
+        format_size(static_cast<uint64_t>(reserved)), " reserved");
+}
+
+// ---- the rest of the interface ---------------------------------------
+
+// PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction caps each
+// device from the start, as PyTorch's allocator sets it for each device
+// it sets up (DeviceCachingAllocator's constructor); a later init adds
+// devices, never resets one.  cudaGetDeviceProperties makes no context.
+void CudeferAllocator::init(int device_count)
+{
+    int count = std::min(device_count, kMaxDevices);
+    double fraction =
+        CCA::CUDAAllocatorConfig::per_process_memory_fraction();
+    if (fraction < 1.0) {
+        for (int i = device_count_.load(); i < count; i++) {
+            cudaDeviceProp prop{};
+            C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+            set_cap(i, fraction, prop.totalGlobalMem);
+        }
+    }
+    device_count_.store(std::max(device_count_.load(), count));
+    initialized_.store(true);
+}
+
+// The largest block an allocation could get now: the device's free
+// memory (cudefer's free blocks are not listed) or a free pool block.
+void CudeferAllocator::cacheInfo(c10::DeviceIndex device, size_t *largest)
+{
+    if (*largest == 0) {
+        c10::cuda::CUDAGuard guard(device);
+        size_t total = 0;
+        C10_CUDA_CHECK(cudaMemGetInfo(largest, &total));
+    }
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto &p : d.pools)
+        for (auto &f : p.second->free_blocks)
+            *largest = std::max(*largest, f.second->size);
+}
+
+// Blocks are never parts of larger ones: a block is its own base.
+void *CudeferAllocator::getBaseAllocation(void *ptr, size_t *size)
+{
+    if (size != nullptr) {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        *size = it == s.map.end() ? 0 : it->second.rounded;
+    }
+    return ptr;
+}
+
+CCA::ShareableHandle CudeferAllocator::shareIpcHandle(void *)
+{
+    TORCH_CHECK(false, "cudefer: sharing CUDA tensors between processes "
+                "(CUDA IPC) is not supported while cudefer is PyTorch's "
+                "allocator");
+}
+
+std::shared_ptr<void> CudeferAllocator::getIpcDevPtr(std::string)
+{
+    TORCH_CHECK(false, "cudefer: opening a CUDA tensor of another "
+                "process (CUDA IPC) is not supported while cudefer is "
+                "PyTorch's allocator");
+}
+
+void CudeferAllocator::recordHistory(bool enabled, CCA::CreateContextFn,
+                                     size_t, CCA::RecordContext, bool,
+                                     const std::vector<std::string> &)
+{
+    TORCH_CHECK(!enabled, "cudefer: memory history "
+                "(torch.cuda.memory._record_memory_history) is not "
+                "recorded while cudefer is PyTorch's allocator");
+}
+
+void CudeferAllocator::attachAllocatorTraceTracker(
+    CCA::AllocatorTraceTracker)
+{
+    TORCH_CHECK(false, "cudefer: allocator trace trackers are not "
+                "supported while cudefer is PyTorch's allocator");
+}
+
+void CudeferAllocator::enablePeerAccess(c10::DeviceIndex dev,
+                                        c10::DeviceIndex dev_to_access)
+{
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled)
+        (void)cudaGetLastError();
+    else
+        C10_CUDA_CHECK(err);
+}
+
+// Every block is cudaMalloc'd (cudefer's pool and the private pools):
+// cudaMemcpyAsync works across devices with or without peer access.
+cudaError_t CudeferAllocator::memcpyAsync(void *dst, int, const void *src,
+                                          int, size_t count,
+                                          cudaStream_t stream, bool)
+{
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
+                           stream);
+}
+
+void CudeferAllocator::copy_data(void *dest, const void *src,
+                                 std::size_t count) const
+{
+    C10_CUDA_CHECK(
+        cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+}
+
+// ---- for Python and tests ----------------------------------------------
+
+// The cost of the bookkeeping of one allocation and its free (the
+// table and the statistics, no CUDA call), in nanoseconds, over n
+// pairs on device 0's counters, which are put back as they were: call
+// it while no other thread allocates.
+double CudeferAllocator::bookkeeping_ns(int n)
+{
+    DeviceState &d = *devices_[0];
+    uint64_t used = used_devices_.load();
+    std::vector<std::pair<int64_t, int64_t>> saved;  // peak, freed
+    for (AtomicStatArray *a :
+         {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+        for (auto &x : a->s)
+            saved.push_back({x.peak.load(), x.freed.load()});
+    std::vector<char> fake(64 * 1024);
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; i++) {
+        void *ptr = fake.data() + (i % 1024) * 64;
+        Allocation a;
+        a.requested = 1000 + (i & 4095);
+        a.rounded = torch_round_size(a.requested);
+        a.device = 0;
+        remember(ptr, a);
+        count_alloc(d, a, 0, nullptr);
+        Allocation back;
+        forget(ptr, &back);
+        count_free(d, back, nullptr);
+    }
+    auto ns = std::chrono::duration<double, std::nano>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    used_devices_.store(used);
+    size_t i = 0;
+    for (AtomicStatArray *a :
+         {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
+        for (auto &x : a->s) {
+            x.peak.store(saved[i].first);
+            x.freed.store(saved[i].second);
+            i++;
+        }
+    return n > 0 ? ns / n : 0.0;
+}
+
 namespace {
 
 // pool_malloc_locked's "out of memory" (no block's address).
@@ -85,1135 +473,573 @@ struct PoolCheckpoint : CCA::AllocatorState {
 
 }  // namespace
 
-class CudeferAllocator final : public CCA::CUDAAllocator {
-  public:
-    explicit CudeferAllocator(const CudeferFunctions &fns) : fns_(fns)
-    {
-        for (auto &d : devices_)
-            d = std::make_unique<DeviceState>();
-    }
+// ---- private pools: CUDA graphs, MemPool, torch.compile; empty_cache ---
 
-    // ---- allocation and free -------------------------------------------
-
-    c10::DataPtr allocate(size_t size) override
-    {
-        c10::DeviceIndex device = c10::cuda::current_device();
-        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-        void *ptr = malloc(size, device, stream);
-        return {ptr, ptr, &raw_delete_fn,
-                c10::Device(c10::DeviceType::CUDA, device)};
-    }
-
-    c10::DeleterFnPtr raw_deleter() const override { return &raw_delete_fn; }
-
-    void *raw_alloc(size_t nbytes) override
-    {
-        c10::DeviceIndex device = c10::cuda::current_device();
-        return malloc(nbytes, device,
-                      c10::cuda::getCurrentCUDAStream(device).stream());
-    }
-
-    void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
-    {
-        return malloc(nbytes, c10::cuda::current_device(), stream);
-    }
-
-    // Any thread; blocks only where cudefer does (out of memory: a trim).
-    void *malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream)
-    {
-        if (size == 0)
-            return nullptr;
-        TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
-                    static_cast<int>(device), " is beyond the ", kMaxDevices,
-                    " devices cudefer's PyTorch allocator keeps");
-        DeviceState &d = *devices_[device];
-        size_t rounded = torch_round_size(size);
-        // The cap covers private pools' allocations too, as PyTorch's
-        // allowed_memory_maximum covers its private pools' segments.
-        uint64_t cap = d.cap.load(std::memory_order_relaxed);
-        if (C10_UNLIKELY(cap != kNoCap) &&
-            static_cast<uint64_t>(
-                d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
-                    rounded > cap)
-            out_of_memory(device, rounded, "the memory fraction's cap");
-        if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
-            void *p = pool_malloc(d, device, size, rounded, stream);
-            if (p != nullptr)
-                return p;
-        }
-        void *ptr = nullptr;
-        cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
-        if (err == cudaErrorMemoryAllocation) {
-            // cudefer trimmed and retried before it failed; give it what
-            // released private pools hold, and try once more.
-            d.num_alloc_retries.fetch_add(1, std::memory_order_relaxed);
-            if (release_free_pools(device) > 0)
-                err = cudefer_alloc(&ptr, size, device, stream);
-        }
-        if (err == cudaErrorMemoryAllocation)
-            out_of_memory(device, rounded, nullptr);
-        TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
-                    "cudefer: cannot allocate ", size, " bytes on a stream "
-                    "being captured into a CUDA graph outside a private pool "
-                    "(capture with torch.cuda.graph, which gives one)");
-        TORCH_CHECK(err == cudaSuccess, "cudefer: allocating ", size,
-                    " bytes on device ", static_cast<int>(device),
-                    " failed with CUDA error ", static_cast<int>(err), " (",
-                    cudaGetErrorString(err), "; cudefer's line on stderr "
-                    "says more)");
-        Allocation a;
-        a.requested = size;
-        a.rounded = rounded;
-        a.stream = stream;
-        a.device = device;
-        remember(ptr, a);
-        count_alloc(d, a, device, ptr);
-        thread_local unsigned sample_every = 0;
-        if ((++sample_every & 63) == 0)
-            sample_reserved(device);
-        return ptr;
-    }
-
-    void raw_delete(void *ptr) override
-    {
-        if (ptr == nullptr)
+// Releases nothing while an allocate-to-pool section is open, as
+// PyTorch's allocator releases nothing of its default pools while one
+// is open on the device (release_cached_blocks tests captures_underway):
+// a capture may be under way in another thread, and defer_trim fails
+// then (cudaErrorStreamCaptureImplicit) when that capture's stream is a
+// blocking one and blocks freed on the legacy stream wait for their
+// event.  cudefer trims every device: a section on any device counts.
+// A section begun while defer_trim runs is not seen.
+void CudeferAllocator::emptyCache(MempoolId_t mempool_id)
+{
+    if (mempool_id.first == 0 && mempool_id.second == 0) {
+        if (sections_anywhere.load(std::memory_order_acquire) > 0)
             return;
-        Allocation a;
-        TORCH_CHECK(forget(ptr, &a), "cudefer: freeing ", ptr,
-                    ", which cudefer's PyTorch allocator did not allocate "
-                    "(or freed already)");
-        DeviceState &d = *devices_[a.device];
-        count_free(d, a, ptr);
-        if (a.block != nullptr) {
-            std::lock_guard<std::mutex> lock(d.mu);
-            pool_free(d, a.block);
-            return;
-        }
-        fns_.free(ptr, a.requested, a.device, a.stream);
-    }
-
-    // ---- record_stream, empty_cache, fraction --------------------------
-
-    void recordStream(const c10::DataPtr &data_ptr,
-                      c10::cuda::CUDAStream stream) override
-    {
-        void *ptr = data_ptr.get();
-        // A storage of no bytes has no block.
-        if (ptr == nullptr)
-            return;
-        PoolBlock *block = nullptr;
-        int device = 0;
-        if (!lookup(ptr, &block, &device))
-            return;  // memory PyTorch did not allocate (DLPack): ignored
-        if (block != nullptr) {
-            std::lock_guard<std::mutex> lock(devices_[device]->mu);
-            if (stream.stream() != block->stream &&
-                std::find(block->uses.begin(), block->uses.end(),
-                          stream.stream()) == block->uses.end())
-                block->uses.push_back(stream.stream());
-            recorded.fetch_add(1, std::memory_order_relaxed);
-            return;
-        }
-        cudaError_t err;
-        {
-            // To cudefer, stream 0 is the legacy stream of the device
-            // current at the call: for a default stream, that must be the
-            // stream's device, not the caller's (Tensor.record_stream runs
-            // on the tensor's device).
-            c10::cuda::CUDAGuard guard(stream.device_index());
-            err = fns_.record_stream(ptr, stream.stream());
-        }
-        TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
-                    "cudefer: Tensor.record_stream on a stream being "
-                    "captured into a CUDA graph, for memory allocated "
-                    "outside the graph's pool, is not supported");
+        cudaError_t err = fns_.trim(nullptr);
         TORCH_CHECK(err == cudaSuccess,
-                    "cudefer: defer_record_stream failed with CUDA error ",
-                    static_cast<int>(err),
-                    "; the tensor's memory is not protected for that stream");
-        recorded.fetch_add(1, std::memory_order_relaxed);
+                    "cudefer: defer_trim failed with CUDA error ",
+                    static_cast<int>(err));
+        for (int i = 0; i < device_count_; i++)
+            release_free_pools(i);
+        return;
     }
+    for (int i = 0; i < device_count_; i++)
+        release_free_pools(i, &mempool_id);
+}
 
-    // Releases nothing while an allocate-to-pool section is open, as
-    // PyTorch's allocator releases nothing of its default pools while one
-    // is open on the device (release_cached_blocks tests captures_underway):
-    // a capture may be under way in another thread, and defer_trim fails
-    // then (cudaErrorStreamCaptureImplicit) when that capture's stream is a
-    // blocking one and blocks freed on the legacy stream wait for their
-    // event.  cudefer trims every device: a section on any device counts.
-    // A section begun while defer_trim runs is not seen.
-    void emptyCache(MempoolId_t mempool_id) override
-    {
-        if (mempool_id.first == 0 && mempool_id.second == 0) {
-            if (sections_anywhere.load(std::memory_order_acquire) > 0)
-                return;
-            cudaError_t err = fns_.trim(nullptr);
-            TORCH_CHECK(err == cudaSuccess,
-                        "cudefer: defer_trim failed with CUDA error ",
-                        static_cast<int>(err));
-            for (int i = 0; i < device_count_; i++)
-                release_free_pools(i);
+void CudeferAllocator::beginAllocateToPool(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    std::function<bool(cudaStream_t)> filter)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    // One open section per pool, as PyTorch's allocator requires: two
+    // would hand one pool's blocks to two captures at once, and
+    // endAllocateToPool could not tell which of them ends.  Refused
+    // before the use count changes.
+    for (const auto &s : d.open_sections)
+        TORCH_CHECK(s.id != mempool_id, "cudefer: beginAllocateToPool: "
+                    "already recording to mempool_id (", mempool_id.first,
+                    ", ", mempool_id.second, ")");
+    pool_incref(d, device, mempool_id);
+    d.open_sections.push_back({mempool_id, std::move(filter)});
+    d.sections.fetch_add(1, std::memory_order_release);
+    sections_anywhere.fetch_add(1, std::memory_order_release);
+}
+
+void CudeferAllocator::endAllocateToPool(c10::DeviceIndex device,
+                                         MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto it = d.open_sections.begin(); it != d.open_sections.end();
+         ++it) {
+        if (it->id == mempool_id) {
+            d.open_sections.erase(it);
+            d.sections.fetch_sub(1, std::memory_order_release);
+            sections_anywhere.fetch_sub(1, std::memory_order_release);
             return;
         }
-        for (int i = 0; i < device_count_; i++)
-            release_free_pools(i, &mempool_id);
     }
+    TORCH_CHECK(false, "cudefer: endAllocateToPool for pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") with no allocation to it begun");
+}
 
-    void setMemoryFraction(double fraction, c10::DeviceIndex device) override
-    {
-        TORCH_CHECK(fraction >= 0 && fraction <= 1, "cudefer: memory "
-                    "fraction ", fraction, " is not between 0 and 1");
-        check_device(device);
-        c10::cuda::CUDAGuard guard(device);
-        size_t free_bytes = 0, total = 0;
-        C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-        set_cap(device, fraction, total);
-    }
+void CudeferAllocator::releasePool(c10::DeviceIndex device,
+                                   MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: releasePool of pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") that does not exist");
+    TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") released more often than used");
+    // Its free blocks go back to CUDA at empty_cache or out of memory,
+    // as PyTorch's own allocator does: not here, where graph replays
+    // may still run.
+    it->second->use_count--;
+}
 
-    double getMemoryFraction(c10::DeviceIndex device) override
-    {
-        check_device(device);
-        return devices_[device]->fraction.load();
-    }
+void CudeferAllocator::createOrIncrefPool(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    std::shared_ptr<CCA::CUDAAllocator> allocator)
+{
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "cudefer: a MemPool with an allocator of its own is not "
+                "supported while cudefer is PyTorch's allocator");
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    pool_incref(d, device, mempool_id);
+}
 
-    // ---- statistics ------------------------------------------------------
+int CudeferAllocator::getPoolUseCount(c10::DeviceIndex device,
+                                      MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    return it == d.pools.end() ? 0 : it->second->use_count;
+}
 
-    DeviceStats getDeviceStats(c10::DeviceIndex device) override
-    {
-        check_device(device);
-        sample_reserved(device);
-        DeviceState &d = *devices_[device];
-        DeviceStats s;
-        s.allocation = d.allocation.get();
-        s.active = s.allocation;
-        s.allocated_bytes = d.allocated_bytes.get();
-        s.active_bytes = s.allocated_bytes;
-        s.requested_bytes = d.requested_bytes.get();
-        // Reserved: cudefer's cache on the device (see reserved_of) plus
-        // the private pools' segments.  The
-        // small and large pools' figures are the private pools' alone
-        // (cudefer does not sort its cache by size); the aggregate's
-        // allocated counts cudefer's part as allocated once.
-        s.reserved_bytes = d.pool_bytes.get();
-        s.segment = d.pool_segments.get();
-        int64_t reserved = reserved_of(device);
-        int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
-        Stat &r = s.reserved_bytes[0];
-        r.current = reserved;
-        // The sampled peak misses what came and went between samples; the
-        // reserved bytes are never below the allocated ones (reserved_of),
-        // so neither is their peak.
-        r.peak = std::max<int64_t>({d.reserved_peak.load(), reserved,
-                                    s.allocated_bytes[0].peak});
-        r.allocated += cudefer_part;
-        int64_t mallocs = sampled_mallocs(device);
-        int64_t releases = sampled_releases(device);
-        s.segment[0].current += mallocs - releases;
-        s.segment[0].peak = std::max(s.segment[0].peak, s.segment[0].current);
-        s.num_alloc_retries = d.num_alloc_retries.load();
-        s.num_ooms = d.num_ooms.load();
-        s.num_device_alloc = d.pool_mallocs.load() + mallocs -
-                             d.device_alloc_base.load();
-        s.num_device_free = d.pool_frees.load() + releases -
-                            d.device_free_base.load();
-        s.max_split_size = static_cast<int64_t>(
-            c10::CachingAllocator::AcceleratorAllocatorConfig::
-                max_split_size());
-        return s;
-    }
+void CudeferAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t,
+                                   bool use_on_oom)
+{
+    // MemPool's destructor turns it off: accepted.
+    TORCH_CHECK(!use_on_oom, "cudefer: MemPool(use_on_oom=True) is not "
+                "supported while cudefer is PyTorch's allocator");
+}
 
-    void resetAccumulatedStats(c10::DeviceIndex device) override
-    {
-        check_device(device);
-        sample_reserved(device);
-        DeviceState &d = *devices_[device];
-        for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
-                                   &d.requested_bytes, &d.pool_bytes,
-                                   &d.pool_segments})
-            a->reset_accumulated();
-        d.num_alloc_retries.store(0);
-        d.num_ooms.store(0);
-        d.pool_mallocs.store(0);
-        d.pool_frees.store(0);
-        d.device_alloc_base.store(sampled_mallocs(device));
-        d.device_free_base.store(sampled_releases(device));
-    }
-
-    void resetPeakStats(c10::DeviceIndex device) override
-    {
-        check_device(device);
-        DeviceState &d = *devices_[device];
-        for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
-                                   &d.requested_bytes, &d.pool_bytes,
-                                   &d.pool_segments})
-            a->reset_peak();
-        sample_reserved(device);
-        d.reserved_peak.store(reserved_of(device));
-    }
-
-    void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override
-    {
-        std::lock_guard<std::mutex> lock(observers_mu_);
-        observers_.push_back(std::move(observer));
-    }
-
-    // ---- private pools: CUDA graphs, MemPool, torch.compile -------------
-
-    void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
-                             std::function<bool(cudaStream_t)> filter) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        // One open section per pool, as PyTorch's allocator requires: two
-        // would hand one pool's blocks to two captures at once, and
-        // endAllocateToPool could not tell which of them ends.  Refused
-        // before the use count changes.
-        for (const auto &s : d.open_sections)
-            TORCH_CHECK(s.id != mempool_id, "cudefer: beginAllocateToPool: "
-                        "already recording to mempool_id (", mempool_id.first,
-                        ", ", mempool_id.second, ")");
-        pool_incref(d, device, mempool_id);
-        d.open_sections.push_back({mempool_id, std::move(filter)});
-        d.sections.fetch_add(1, std::memory_order_release);
-        sections_anywhere.fetch_add(1, std::memory_order_release);
-    }
-
-    void endAllocateToPool(c10::DeviceIndex device,
-                           MempoolId_t mempool_id) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        for (auto it = d.open_sections.begin(); it != d.open_sections.end();
-             ++it) {
-            if (it->id == mempool_id) {
-                d.open_sections.erase(it);
-                d.sections.fetch_sub(1, std::memory_order_release);
-                sections_anywhere.fetch_sub(1, std::memory_order_release);
-                return;
-            }
-        }
-        TORCH_CHECK(false, "cudefer: endAllocateToPool for pool (",
-                    mempool_id.first, ", ", mempool_id.second,
-                    ") with no allocation to it begun");
-    }
-
-    void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        auto it = d.pools.find(mempool_id);
-        TORCH_CHECK(it != d.pools.end(), "cudefer: releasePool of pool (",
-                    mempool_id.first, ", ", mempool_id.second,
-                    ") that does not exist");
-        TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (",
-                    mempool_id.first, ", ", mempool_id.second,
-                    ") released more often than used");
-        // Its free blocks go back to CUDA at empty_cache or out of memory,
-        // as PyTorch's own allocator does: not here, where graph replays
-        // may still run.
-        it->second->use_count--;
-    }
-
-    void createOrIncrefPool(
-        c10::DeviceIndex device, MempoolId_t mempool_id,
-        std::shared_ptr<CCA::CUDAAllocator> allocator) override
-    {
-        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                    "cudefer: a MemPool with an allocator of its own is not "
-                    "supported while cudefer is PyTorch's allocator");
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        pool_incref(d, device, mempool_id);
-    }
-
-    int getPoolUseCount(c10::DeviceIndex device,
-                        MempoolId_t mempool_id) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        auto it = d.pools.find(mempool_id);
-        return it == d.pools.end() ? 0 : it->second->use_count;
-    }
-
-    void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override
-    {
-        // MemPool's destructor turns it off: accepted.
-        TORCH_CHECK(!use_on_oom, "cudefer: MemPool(use_on_oom=True) is not "
-                    "supported while cudefer is PyTorch's allocator");
-    }
-
-    // Blocks of a private pool are never split: nothing to do.
-    void setNoSplit(c10::DeviceIndex, MempoolId_t) override {}
-
-    bool checkPoolLiveAllocations(
-        c10::DeviceIndex device, MempoolId_t mempool_id,
-        const std::unordered_set<void *> &expected) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        auto it = d.pools.find(mempool_id);
-        TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (",
-                    mempool_id.first, ", ", mempool_id.second, ")");
-        size_t live = 0;
-        for (auto &b : it->second->blocks) {
-            if (!b->allocated)
-                continue;
-            if (expected.count(b->ptr) == 0)
-                return false;
-            live++;
-        }
-        return live == expected.size();
-    }
-
-    std::shared_ptr<CCA::AllocatorState>
-    getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override
-    {
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        auto it = d.pools.find(id);
-        TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (", id.first,
-                    ", ", id.second, ") to checkpoint");
-        TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (", id.first,
-                    ", ", id.second, ") was released: no checkpoint");
-        auto state = std::make_shared<PoolCheckpoint>();
-        state->id = id;
-        for (auto &b : it->second->blocks)
-            state->blocks.push_back(
-                {b->ptr, b->size, b->requested, b->stream, b->allocated});
-        return state;
-    }
-
-    // Returns the pool to a checkpoint: every block allocated now is freed
-    // (ptrs_freed; PyTorch takes their storages' deleters away), every
-    // block allocated in the checkpoint is allocated again and handed back
-    // as a DataPtr (dataptrs_allocd).
-    CCA::CheckpointDelta setCheckpointPoolState(
-        c10::DeviceIndex device,
-        std::shared_ptr<CCA::AllocatorState> as) override
-    {
-        auto *cp = dynamic_cast<PoolCheckpoint *>(as.get());
-        TORCH_CHECK(cp != nullptr, "cudefer: a checkpoint that is not "
-                    "cudefer's");
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        auto it = d.pools.find(cp->id);
-        TORCH_CHECK(it != d.pools.end() && it->second->use_count > 0,
-                    "cudefer: the checkpoint's pool (", cp->id.first, ", ",
-                    cp->id.second, ") is gone");
-        Pool &pool = *it->second;
-        CCA::CheckpointDelta delta;
-        std::unordered_map<void *, PoolBlock *> by_ptr;
-        for (auto &b : pool.blocks) {
-            by_ptr[b->ptr] = b.get();
-            if (!b->allocated)
-                continue;
-            Allocation a;
-            TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
-                        " missing from the table");
-            count_free(d, a, b->ptr);
-            d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
-            b->uses.clear();
-            b->retired = false;
-            pool_put_free(pool, b.get());
-            delta.ptrs_freed.push_back(b->ptr);
-        }
-        for (auto &c : cp->blocks) {
-            if (!c.allocated)
-                continue;
-            auto found = by_ptr.find(c.ptr);
-            TORCH_CHECK(found != by_ptr.end() && found->second->size == c.size,
-                        "cudefer: the checkpoint's block ", c.ptr,
-                        " is no longer in its pool");
-            PoolBlock *b = found->second;
-            pool_take_free(pool, b);
-            b->allocated = true;
-            b->requested = c.requested;
-            b->stream = c.stream;
-            Allocation a;
-            a.requested = c.requested;
-            a.rounded = b->size;
-            a.stream = c.stream;
-            a.block = b;
-            a.device = device;
-            remember(b->ptr, a);
-            count_alloc(d, a, device, b->ptr);
-            d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
-            delta.dataptrs_allocd.emplace_back(
-                b->ptr, b->ptr, &raw_delete_fn,
-                c10::Device(c10::DeviceType::CUDA, device));
-        }
-        return delta;
-    }
-
-    CCA::SnapshotInfo snapshot(MempoolId_t mempool_id,
-                               bool /*include_traces*/) override
-    {
-        CCA::SnapshotInfo info{};  // zeroes config_metadata's numbers
-        bool all = mempool_id.first == 0 && mempool_id.second == 0;
-        for (int dev = 0; dev < device_count_; dev++) {
-            DeviceState &d = *devices_[dev];
-            std::lock_guard<std::mutex> lock(d.mu);
-            for (auto &p : d.pools) {
-                if (!all && p.first != mempool_id)
-                    continue;
-                for (auto &b : p.second->blocks)
-                    info.segments.push_back(segment_of(
-                        dev, b->ptr, b->size, b->requested, b->stream,
-                        b->allocated, p.first));
-            }
-        }
-        if (all) {
-            // cudefer's live blocks, each as a segment of its own (cudefer
-            // does not say how its cache lays them out).
-            for (auto &shard : shards_) {
-                std::lock_guard<std::mutex> lock(shard.mu);
-                for (auto &e : shard.map)
-                    if (e.second.block == nullptr)
-                        info.segments.push_back(segment_of(
-                            e.second.device, e.first, e.second.rounded,
-                            e.second.requested, e.second.stream, true,
-                            {0, 0}));
-            }
-        }
-        info.device_traces.resize(static_cast<size_t>(device_count_.load()));
-        info.config_metadata.max_split_size =
-            c10::CachingAllocator::AcceleratorAllocatorConfig::
-                max_split_size();
-        info.config_metadata.last_allocator_settings = "cudefer";
-        return info;
-    }
-
-    // ---- the rest of the interface -------------------------------------
-
-    // PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction caps each
-    // device from the start, as PyTorch's allocator sets it for each device
-    // it sets up (DeviceCachingAllocator's constructor); a later init adds
-    // devices, never resets one.  cudaGetDeviceProperties makes no context.
-    void init(int device_count) override
-    {
-        int count = std::min(device_count, kMaxDevices);
-        double fraction =
-            CCA::CUDAAllocatorConfig::per_process_memory_fraction();
-        if (fraction < 1.0) {
-            for (int i = device_count_.load(); i < count; i++) {
-                cudaDeviceProp prop{};
-                C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
-                set_cap(i, fraction, prop.totalGlobalMem);
-            }
-        }
-        device_count_.store(std::max(device_count_.load(), count));
-        initialized_.store(true);
-    }
-    bool initialized() override { return initialized_.load(); }
-    void enable(bool) override {}
-    bool isEnabled() const override { return true; }
-    std::string name() override { return "cudefer"; }
-
-    std::vector<CCA::StreamSegmentSize>
-    getExpandableSegmentSizes(c10::DeviceIndex) override
-    {
-        return {};
-    }
-
-    // The largest block an allocation could get now: the device's free
-    // memory (cudefer's free blocks are not listed) or a free pool block.
-    void cacheInfo(c10::DeviceIndex device, size_t *largest) override
-    {
-        if (*largest == 0) {
-            c10::cuda::CUDAGuard guard(device);
-            size_t total = 0;
-            C10_CUDA_CHECK(cudaMemGetInfo(largest, &total));
-        }
-        DeviceState &d = state(device);
-        std::lock_guard<std::mutex> lock(d.mu);
-        for (auto &p : d.pools)
-            for (auto &f : p.second->free_blocks)
-                *largest = std::max(*largest, f.second->size);
-    }
-
-    // Blocks are never parts of larger ones: a block is its own base.
-    void *getBaseAllocation(void *ptr, size_t *size) override
-    {
-        if (size != nullptr) {
-            Shard &s = shard_of(ptr);
-            std::lock_guard<std::mutex> lock(s.mu);
-            auto it = s.map.find(ptr);
-            *size = it == s.map.end() ? 0 : it->second.rounded;
-        }
-        return ptr;
-    }
-
-    CCA::ShareableHandle shareIpcHandle(void *) override
-    {
-        TORCH_CHECK(false, "cudefer: sharing CUDA tensors between processes "
-                    "(CUDA IPC) is not supported while cudefer is PyTorch's "
-                    "allocator");
-    }
-
-    std::shared_ptr<void> getIpcDevPtr(std::string) override
-    {
-        TORCH_CHECK(false, "cudefer: opening a CUDA tensor of another "
-                    "process (CUDA IPC) is not supported while cudefer is "
-                    "PyTorch's allocator");
-    }
-
-    bool isHistoryEnabled() override { return false; }
-
-    void recordHistory(bool enabled, CCA::CreateContextFn, size_t,
-                       CCA::RecordContext, bool,
-                       const std::vector<std::string> &) override
-    {
-        TORCH_CHECK(!enabled, "cudefer: memory history "
-                    "(torch.cuda.memory._record_memory_history) is not "
-                    "recorded while cudefer is PyTorch's allocator");
-    }
-
-    void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override
-    {
-        TORCH_CHECK(false, "cudefer: allocator trace trackers are not "
-                    "supported while cudefer is PyTorch's allocator");
-    }
-
-    void enablePeerAccess(c10::DeviceIndex dev,
-                          c10::DeviceIndex dev_to_access) override
-    {
-        c10::cuda::CUDAGuard guard(dev);
-        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-        if (err == cudaErrorPeerAccessAlreadyEnabled)
-            (void)cudaGetLastError();
-        else
-            C10_CUDA_CHECK(err);
-    }
-
-    // Every block is cudaMalloc'd (cudefer's pool and the private pools):
-    // cudaMemcpyAsync works across devices with or without peer access.
-    cudaError_t memcpyAsync(void *dst, int, const void *src, int,
-                            size_t count, cudaStream_t stream, bool) override
-    {
-        return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
-                               stream);
-    }
-
-    void copy_data(void *dest, const void *src,
-                   std::size_t count) const override
-    {
-        C10_CUDA_CHECK(
-            cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
-    }
-
-    // ---- for Python and tests ------------------------------------------
-
-    // The cost of the bookkeeping of one allocation and its free (the
-    // table and the statistics, no CUDA call), in nanoseconds, over n
-    // pairs on device 0's counters, which are put back as they were: call
-    // it while no other thread allocates.
-    double bookkeeping_ns(int n)
-    {
-        DeviceState &d = *devices_[0];
-        uint64_t used = used_devices_.load();
-        std::vector<std::pair<int64_t, int64_t>> saved;  // peak, freed
-        for (AtomicStatArray *a :
-             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
-            for (auto &x : a->s)
-                saved.push_back({x.peak.load(), x.freed.load()});
-        std::vector<char> fake(64 * 1024);
-        auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < n; i++) {
-            void *ptr = fake.data() + (i % 1024) * 64;
-            Allocation a;
-            a.requested = 1000 + (i & 4095);
-            a.rounded = torch_round_size(a.requested);
-            a.device = 0;
-            remember(ptr, a);
-            count_alloc(d, a, 0, nullptr);
-            Allocation back;
-            forget(ptr, &back);
-            count_free(d, back, nullptr);
-        }
-        auto ns = std::chrono::duration<double, std::nano>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-        used_devices_.store(used);
-        size_t i = 0;
-        for (AtomicStatArray *a :
-             {&d.allocation, &d.allocated_bytes, &d.requested_bytes})
-            for (auto &x : a->s) {
-                x.peak.store(saved[i].first);
-                x.freed.store(saved[i].second);
-                i++;
-            }
-        return n > 0 ? ns / n : 0.0;
-    }
-
-  private:
-    struct Shard {
-        std::mutex mu;
-        std::unordered_map<void *, Allocation> map;
-    };
-
-    // The memory fraction of device: a cap of fraction times total bytes;
-    // a fraction of 1 is no cap (PyTorch's allocator then has no
-    // allowed_memory_maximum), one of 0 allows nothing.
-    void set_cap(int device, double fraction, size_t total)
-    {
-        devices_[device]->fraction.store(fraction);
-        devices_[device]->cap.store(
-            fraction < 1.0
-                ? static_cast<uint64_t>(fraction * static_cast<double>(total))
-                : kNoCap);
-    }
-
-    // A device argument must be one init was told of, as PyTorch's
-    // allocator requires (assertValidDevice): a statistics call for a GPU
-    // the process does not have raises instead of reading zeros.
-    void check_device(c10::DeviceIndex device) const
-    {
-        int count = device_count_.load();
-        TORCH_CHECK(device >= 0 && device < count,
-                    "cudefer: invalid device argument ",
-                    static_cast<int>(device), ": the process has ", count,
-                    " CUDA device(s)");
-    }
-
-    DeviceState &state(c10::DeviceIndex device)
-    {
-        check_device(device);
-        return *devices_[device];
-    }
-
-    Shard &shard_of(void *ptr)
-    {
-        auto v = reinterpret_cast<uintptr_t>(ptr) >> 9;
-        return shards_[(v ^ (v >> 7) ^ (v >> 17)) % kShards];
-    }
-
-    void remember(void *ptr, const Allocation &a)
-    {
-        Shard &s = shard_of(ptr);
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.map[ptr] = a;
-    }
-
-    bool forget(void *ptr, Allocation *out)
-    {
-        Shard &s = shard_of(ptr);
-        std::lock_guard<std::mutex> lock(s.mu);
-        auto it = s.map.find(ptr);
-        if (it == s.map.end())
+bool CudeferAllocator::checkPoolLiveAllocations(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    const std::unordered_set<void *> &expected)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (",
+                mempool_id.first, ", ", mempool_id.second, ")");
+    size_t live = 0;
+    for (auto &b : it->second->blocks) {
+        if (!b->allocated)
+            continue;
+        if (expected.count(b->ptr) == 0)
             return false;
-        *out = it->second;
-        s.map.erase(it);
-        return true;
+        live++;
     }
+    return live == expected.size();
+}
 
-    bool lookup(void *ptr, PoolBlock **block, int *device)
-    {
-        Shard &s = shard_of(ptr);
-        std::lock_guard<std::mutex> lock(s.mu);
-        auto it = s.map.find(ptr);
-        if (it == s.map.end())
-            return false;
-        *block = it->second.block;
-        *device = it->second.device;
-        return true;
-    }
+std::shared_ptr<CCA::AllocatorState>
+CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
+                                     MempoolId_t id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (", id.first,
+                ", ", id.second, ") to checkpoint");
+    TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (", id.first,
+                ", ", id.second, ") was released: no checkpoint");
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->id = id;
+    for (auto &b : it->second->blocks)
+        state->blocks.push_back(
+            {b->ptr, b->size, b->requested, b->stream, b->allocated});
+    return state;
+}
 
-    void count_alloc(DeviceState &d, const Allocation &a, int device,
-                     void *ptr)
-    {
-        bool small = a.rounded <= kSmallSize;
-        d.allocation.add(small, 1);
-        d.allocated_bytes.add(small, static_cast<int64_t>(a.rounded));
-        d.requested_bytes.add(small, static_cast<int64_t>(a.requested));
-        uint64_t bit = 1ull << device;
-        if (C10_UNLIKELY(!(used_devices_.load(std::memory_order_relaxed) &
-                           bit)))
-            used_devices_.fetch_or(bit, std::memory_order_relaxed);
-        // The profiler's memory events carry the device's allocated and
-        // reserved bytes, as PyTorch's allocator reports them (reserved:
-        // reserved_of, never below allocated; tools divide by it).
-        if (ptr != nullptr)
-            c10::reportMemoryUsageToProfiler(
-                ptr, static_cast<int64_t>(a.rounded),
-                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
-                    std::memory_order_relaxed)),
-                static_cast<size_t>(reserved_of(device)),
-                c10::Device(c10::DeviceType::CUDA,
-                            static_cast<c10::DeviceIndex>(device)));
-    }
-
-    void count_free(DeviceState &d, const Allocation &a, void *ptr)
-    {
-        bool small = a.rounded <= kSmallSize;
-        d.allocation.sub(small, 1);
-        d.allocated_bytes.sub(small, static_cast<int64_t>(a.rounded));
-        d.requested_bytes.sub(small, static_cast<int64_t>(a.requested));
-        if (ptr != nullptr)
-            c10::reportMemoryUsageToProfiler(
-                ptr, -static_cast<int64_t>(a.rounded),
-                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
-                    std::memory_order_relaxed)),
-                static_cast<size_t>(reserved_of(a.device)),
-                c10::Device(c10::DeviceType::CUDA, a.device));
-    }
-
-    // defer_pluggable_alloc_status, under a relaxed capture mode while any
-    // allocate-to-pool section is open (this thread may be capturing in
-    // global mode, where cudefer's cudaMalloc would break the capture).
-    cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
-                              cudaStream_t stream)
-    {
-        if (C10_UNLIKELY(sections_anywhere.load(std::memory_order_acquire) >
-                         0)) {
-            c10::cuda::CUDAStreamCaptureModeGuard relaxed(
-                cudaStreamCaptureModeRelaxed);
-            return fns_.alloc_status(ptr, size, device, stream);
-        }
-        return fns_.alloc_status(ptr, size, device, stream);
-    }
-
-    // Whether device is the only one this allocator has served, so that
-    // cudefer's process-wide counters are that device's.
-    bool device_used_alone(int device) const
-    {
-        uint64_t used = used_devices_.load(std::memory_order_relaxed);
-        return (used & ~(1ull << device)) == 0;
-    }
-
-    // Whether cudefer counts per device (defer_device_stats_get_sized):
-    // then every figure below is the device's own.
-    bool per_device() const
-    {
-        return fns_.device_stats_get_sized != nullptr &&
-               fns_.dstat_cache_bytes >= 0;
-    }
-
-    // cudefer's blocks made and released on device, sampled: its own
-    // counts, else the process's while the device was used alone, else 0.
-    int64_t sampled_mallocs(int device) const
-    {
-        if (per_device())
-            return devices_[device]->sample.cache_mallocs.load();
-        return device_used_alone(device) ? sample_.cache_mallocs.load() : 0;
-    }
-    int64_t sampled_releases(int device) const
-    {
-        if (per_device())
-            return devices_[device]->sample.cache_releases.load();
-        return device_used_alone(device) ? sample_.cache_releases.load() : 0;
-    }
-
-    // Reserved bytes of device: cudefer's cache there (with a library that
-    // counts per device; else the process's while the device was used
-    // alone, else the bytes of cudefer's blocks live there, a lower bound);
-    // plus the private pools'.  Never below the allocated bytes.
-    int64_t reserved_of(int device)
-    {
-        DeviceState &d = *devices_[device];
-        int64_t live = d.allocated_bytes.s[0].current.load() -
-                       d.pool_allocated.load();
-        int64_t cudefer_part = live;
-        if (per_device())
-            cudefer_part = std::max(d.sample.cache_bytes.load(), live);
-        else if (device_used_alone(device))
-            cudefer_part = std::max(sample_.cache_bytes.load(), live);
-        return cudefer_part + d.pool_bytes.s[0].current.load();
-    }
-
-    // words[i] of a counters struct into *to, for each index known (>= 0).
-    static void store_sample(CudeferSample &to, const uint64_t *words,
-                             int64_t bytes, int64_t mallocs, int64_t releases)
-    {
-        to.cache_bytes.store(static_cast<int64_t>(words[bytes]));
-        if (mallocs >= 0)
-            to.cache_mallocs.store(static_cast<int64_t>(words[mallocs]));
-        if (releases >= 0)
-            to.cache_releases.store(static_cast<int64_t>(words[releases]));
-    }
-
-    void sample_reserved(int device)
-    {
-        uint64_t words[kStatsWords] = {};
-        if (per_device()) {
-            if (fns_.device_stats_get_sized(device, words, sizeof words) ==
-                cudaSuccess)
-                store_sample(devices_[device]->sample, words,
-                             fns_.dstat_cache_bytes, fns_.dstat_cache_mallocs,
-                             fns_.dstat_cache_releases);
-        } else if (fns_.stats_get_sized != nullptr &&
-                   fns_.stat_cache_bytes >= 0) {
-            fns_.stats_get_sized(words, sizeof words);
-            store_sample(sample_, words, fns_.stat_cache_bytes,
-                         fns_.stat_cache_mallocs, fns_.stat_cache_releases);
-        }
-        DeviceState &d = *devices_[device];
-        int64_t now = reserved_of(device);
-        int64_t seen = d.reserved_peak.load(std::memory_order_relaxed);
-        while (now > seen && !d.reserved_peak.compare_exchange_weak(seen, now))
-            ;
-    }
-
-    [[noreturn]] void out_of_memory(int device, size_t rounded,
-                                    const char *why)
-    {
-        DeviceState &d = *devices_[device];
-        d.num_ooms.fetch_add(1, std::memory_order_relaxed);
-        size_t device_free = 0, device_total = 0;
-        {
-            c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-            if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess)
-                (void)cudaGetLastError();
-        }
-        sample_reserved(device);
-        int64_t allocated = d.allocated_bytes.s[0].current.load();
-        int64_t reserved = reserved_of(device);
-        uint64_t cap = d.cap.load();
-        c10::reportOutOfMemoryToProfiler(
-            static_cast<int64_t>(rounded), static_cast<size_t>(allocated),
-            static_cast<size_t>(reserved),
-            c10::Device(c10::DeviceType::CUDA,
-                        static_cast<c10::DeviceIndex>(device)));
-        std::vector<CCA::OutOfMemoryObserver> observers;
-        {
-            std::lock_guard<std::mutex> lock(observers_mu_);
-            observers = observers_;
-        }
-        for (auto &o : observers)
-            o(device, rounded, cap != kNoCap ? cap : device_total,
-              device_free);
-        // It opens as PyTorch's own does ("CUDA out of memory. Tried to
-        // allocate"): tools that retry with smaller batches look for
-        // "CUDA out of memory." in the message.
-        TORCH_CHECK_WITH(
-            OutOfMemoryError, false, "CUDA out of memory. Tried to "
-            "allocate ", format_size(rounded), " on device ", device,
-            why != nullptr ? " beyond " : "", why != nullptr ? why : "",
-            cap != kNoCap ? " (" + format_size(cap) + " allowed)" : "",
-            "; the device has ", format_size(device_total), " of which ",
-            format_size(device_free), " is free; PyTorch has ",
-            format_size(static_cast<uint64_t>(allocated)),
-            " allocated and cudefer ",
-            format_size(static_cast<uint64_t>(reserved)), " reserved");
-    }
-
-    // ---- private pools (under the device's mutex) -----------------------
-
-    Pool &pool_incref(DeviceState &d, int device, MempoolId_t id)
-    {
-        auto &slot = d.pools[id];
-        if (!slot) {
-            slot = std::make_unique<Pool>();
-            slot->id = id;
-            slot->device = device;
-        }
-        slot->use_count++;
-        return *slot;
-    }
-
-    // An allocation of the newest open section whose filter takes stream
-    // (sections nest: an inner use_mem_pool or a capture inside one wins,
-    // as in PyTorch's allocator), or nullptr when none does (the
-    // allocation is cudefer's then).
-    // Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
-    void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,
-                      cudaStream_t stream)
-    {
-        void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
-        if (ptr == kPoolOutOfMemory)
-            out_of_memory(device, rounded, nullptr);
-        return ptr;
-    }
-
-    // pool_malloc under the device's mutex; kPoolOutOfMemory when
-    // cudaMalloc had no memory (the error is raised once it is unlocked:
-    // OOM observers may take the GIL).
-    void *pool_malloc_locked(DeviceState &d, int device, size_t size,
-                             size_t rounded, cudaStream_t stream)
-    {
-        std::lock_guard<std::mutex> lock(d.mu);
-        Pool *pool = nullptr;
-        for (auto s = d.open_sections.rbegin(); s != d.open_sections.rend();
-             ++s) {
-            if (s->filter(stream)) {
-                auto it = d.pools.find(s->id);
-                TORCH_INTERNAL_ASSERT(it != d.pools.end());
-                pool = it->second.get();
-                break;
-            }
-        }
-        if (pool == nullptr)
-            return nullptr;
-        PoolBlock *b = nullptr;
-        // The smallest free block of this stream that fits and wastes less
-        // than the request (blocks are never split).
-        auto it = pool->free_blocks.lower_bound({stream, rounded});
-        if (it != pool->free_blocks.end() && it->first.first == stream &&
-            it->first.second <= 2 * rounded) {
-            b = it->second;
-            pool->free_blocks.erase(it);
-        } else {
-            void *ptr = nullptr;
-            cudaError_t err;
-            {
-                c10::cuda::CUDAGuard guard(
-                    static_cast<c10::DeviceIndex>(device));
-                c10::cuda::CUDAStreamCaptureModeGuard relaxed(
-                    cudaStreamCaptureModeRelaxed);
-                err = cudaMalloc(&ptr, rounded);
-            }
-            if (err == cudaErrorMemoryAllocation) {
-                (void)cudaGetLastError();
-                return kPoolOutOfMemory;
-            }
-            C10_CUDA_CHECK(err);
-            auto owned = std::make_unique<PoolBlock>();
-            b = owned.get();
-            b->ptr = ptr;
-            b->size = rounded;
-            b->pool = pool;
-            pool->blocks.push_back(std::move(owned));
-            bool small = rounded <= kSmallSize;
-            d.pool_bytes.add(small, static_cast<int64_t>(rounded));
-            d.pool_segments.add(small, 1);
-            d.pool_mallocs.fetch_add(1, std::memory_order_relaxed);
-        }
-        b->allocated = true;
-        b->requested = size;
-        b->stream = stream;
+// Returns the pool to a checkpoint: every block allocated now is freed
+// (ptrs_freed; PyTorch takes their storages' deleters away), every
+// block allocated in the checkpoint is allocated again and handed back
+// as a DataPtr (dataptrs_allocd).
+CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<CCA::AllocatorState> as)
+{
+    auto *cp = dynamic_cast<PoolCheckpoint *>(as.get());
+    TORCH_CHECK(cp != nullptr, "cudefer: a checkpoint that is not "
+                "cudefer's");
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(cp->id);
+    TORCH_CHECK(it != d.pools.end() && it->second->use_count > 0,
+                "cudefer: the checkpoint's pool (", cp->id.first, ", ",
+                cp->id.second, ") is gone");
+    Pool &pool = *it->second;
+    CCA::CheckpointDelta delta;
+    std::unordered_map<void *, PoolBlock *> by_ptr;
+    for (auto &b : pool.blocks) {
+        by_ptr[b->ptr] = b.get();
+        if (!b->allocated)
+            continue;
         Allocation a;
-        a.requested = size;
-        a.rounded = rounded;
-        a.stream = stream;
+        TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
+                    " missing from the table");
+        count_free(d, a, b->ptr);
+        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+        b->uses.clear();
+        b->retired = false;
+        pool_put_free(pool, b.get());
+        delta.ptrs_freed.push_back(b->ptr);
+    }
+    for (auto &c : cp->blocks) {
+        if (!c.allocated)
+            continue;
+        auto found = by_ptr.find(c.ptr);
+        TORCH_CHECK(found != by_ptr.end() && found->second->size == c.size,
+                    "cudefer: the checkpoint's block ", c.ptr,
+                    " is no longer in its pool");
+        PoolBlock *b = found->second;
+        pool_take_free(pool, b);
+        b->allocated = true;
+        b->requested = c.requested;
+        b->stream = c.stream;
+        Allocation a;
+        a.requested = c.requested;
+        a.rounded = b->size;
+        a.stream = c.stream;
         a.block = b;
-        a.device = static_cast<int8_t>(device);
+        a.device = device;
         remember(b->ptr, a);
         count_alloc(d, a, device, b->ptr);
-        // The block's size (a reused block may be larger than rounded), as
-        // pool_free takes it off.
         d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
-        return b->ptr;
+        delta.dataptrs_allocd.emplace_back(
+            b->ptr, b->ptr, &raw_delete_fn,
+            c10::Device(c10::DeviceType::CUDA, device));
     }
+    return delta;
+}
 
-    void pool_put_free(Pool &pool, PoolBlock *b)
-    {
-        b->allocated = false;
-        pool.free_blocks.insert({{b->stream, b->size}, b});
+// ---- private pools, under the device's mutex -------------------------
+
+Pool &CudeferAllocator::pool_incref(DeviceState &d, int device,
+                                    MempoolId_t id)
+{
+    auto &slot = d.pools[id];
+    if (!slot) {
+        slot = std::make_unique<Pool>();
+        slot->id = id;
+        slot->device = device;
     }
+    slot->use_count++;
+    return *slot;
+}
 
-    void pool_take_free(Pool &pool, PoolBlock *b)
-    {
-        auto range = pool.free_blocks.equal_range({b->stream, b->size});
-        for (auto it = range.first; it != range.second; ++it) {
-            if (it->second == b) {
-                pool.free_blocks.erase(it);
-                return;
-            }
+// An allocation of the newest open section whose filter takes stream
+// (sections nest: an inner use_mem_pool or a capture inside one wins,
+// as in PyTorch's allocator), or nullptr when none does (the
+// allocation is cudefer's then).
+// Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
+void *CudeferAllocator::pool_malloc(DeviceState &d, int device,
+                                    size_t size, size_t rounded,
+                                    cudaStream_t stream)
+{
+    void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
+    if (ptr == kPoolOutOfMemory)
+        out_of_memory(device, rounded, nullptr);
+    return ptr;
+}
+
+// pool_malloc under the device's mutex; kPoolOutOfMemory when
+// cudaMalloc had no memory (the error is raised once it is unlocked:
+// OOM observers may take the GIL).
+void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
+                                           size_t size, size_t rounded,
+                                           cudaStream_t stream)
+{
+    std::lock_guard<std::mutex> lock(d.mu);
+    Pool *pool = nullptr;
+    for (auto s = d.open_sections.rbegin(); s != d.open_sections.rend();
+         ++s) {
+        if (s->filter(stream)) {
+            auto it = d.pools.find(s->id);
+            TORCH_INTERNAL_ASSERT(it != d.pools.end());
+            pool = it->second.get();
+            break;
         }
-        TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
-                    " is neither free nor retired");
-        b->retired = false;
     }
+    if (pool == nullptr)
+        return nullptr;
+    PoolBlock *b = nullptr;
+    // The smallest free block of this stream that fits and wastes less
+    // than the request (blocks are never split).
+    auto it = pool->free_blocks.lower_bound({stream, rounded});
+    if (it != pool->free_blocks.end() && it->first.first == stream &&
+        it->first.second <= 2 * rounded) {
+        b = it->second;
+        pool->free_blocks.erase(it);
+    } else {
+        void *ptr = nullptr;
+        cudaError_t err;
+        {
+            c10::cuda::CUDAGuard guard(
+                static_cast<c10::DeviceIndex>(device));
+            c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+                cudaStreamCaptureModeRelaxed);
+            err = cudaMalloc(&ptr, rounded);
+        }
+        if (err == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return kPoolOutOfMemory;
+        }
+        C10_CUDA_CHECK(err);
+        auto owned = std::make_unique<PoolBlock>();
+        b = owned.get();
+        b->ptr = ptr;
+        b->size = rounded;
+        b->pool = pool;
+        pool->blocks.push_back(std::move(owned));
+        bool small = rounded <= kSmallSize;
+        d.pool_bytes.add(small, static_cast<int64_t>(rounded));
+        d.pool_segments.add(small, 1);
+        d.pool_mallocs.fetch_add(1, std::memory_order_relaxed);
+    }
+    b->allocated = true;
+    b->requested = size;
+    b->stream = stream;
+    Allocation a;
+    a.requested = size;
+    a.rounded = rounded;
+    a.stream = stream;
+    a.block = b;
+    a.device = static_cast<int8_t>(device);
+    remember(b->ptr, a);
+    count_alloc(d, a, device, b->ptr);
+    // The block's size (a reused block may be larger than rounded), as
+    // pool_free takes it off.
+    d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+    return b->ptr;
+}
 
-    // A pool block's free: back to its pool's free blocks for its stream,
-    // unless another stream recorded a use (it is retired then: nothing
-    // tells when that stream is done, and during a capture no event can
-    // be waited for).
-    void pool_free(DeviceState &d, PoolBlock *b)
-    {
-        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
-        if (!b->uses.empty()) {
-            b->allocated = false;
-            b->retired = true;
-            b->uses.clear();
+void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
+{
+    auto range = pool.free_blocks.equal_range({b->stream, b->size});
+    for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == b) {
+            pool.free_blocks.erase(it);
             return;
         }
-        pool_put_free(*b->pool, b);
     }
+    TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
+                " is neither free nor retired");
+    b->retired = false;
+}
 
-    // Give the free and retired blocks of released pools (use count 0) of
-    // device back to CUDA (only that pool with only != nullptr), and drop
-    // pools with no blocks left.  Not while any allocate-to-pool section is
-    // open (a capture may be running: no synchronisation then).  Returns
-    // the bytes released.
-    size_t release_free_pools(int device, const MempoolId_t *only = nullptr)
-    {
-        if (sections_anywhere.load(std::memory_order_acquire) > 0)
-            return 0;
-        DeviceState &d = *devices_[device];
-        std::lock_guard<std::mutex> lock(d.mu);
-        size_t released = 0;
-        bool synced = false;
-        for (auto it = d.pools.begin(); it != d.pools.end();) {
-            Pool &pool = *it->second;
-            if (pool.use_count > 0 || (only != nullptr && pool.id != *only)) {
-                ++it;
+// Give the free and retired blocks of released pools (use count 0) of
+// device back to CUDA (only that pool with only != nullptr), and drop
+// pools with no blocks left.  Not while any allocate-to-pool section is
+// open (a capture may be running: no synchronisation then).  Returns
+// the bytes released.
+size_t CudeferAllocator::release_free_pools(int device,
+                                            const MempoolId_t *only)
+{
+    if (sections_anywhere.load(std::memory_order_acquire) > 0)
+        return 0;
+    DeviceState &d = *devices_[device];
+    std::lock_guard<std::mutex> lock(d.mu);
+    size_t released = 0;
+    bool synced = false;
+    for (auto it = d.pools.begin(); it != d.pools.end();) {
+        Pool &pool = *it->second;
+        if (pool.use_count > 0 || (only != nullptr && pool.id != *only)) {
+            ++it;
+            continue;
+        }
+        auto &blocks = pool.blocks;
+        for (auto b = blocks.begin(); b != blocks.end();) {
+            if ((*b)->allocated) {
+                ++b;
                 continue;
             }
-            auto &blocks = pool.blocks;
-            for (auto b = blocks.begin(); b != blocks.end();) {
-                if ((*b)->allocated) {
-                    ++b;
-                    continue;
-                }
-                c10::cuda::CUDAGuard guard(
-                    static_cast<c10::DeviceIndex>(device));
-                if (!synced) {
-                    // Replays of the pool's graphs may still run.
-                    C10_CUDA_CHECK(cudaDeviceSynchronize());
-                    synced = true;
-                }
-                C10_CUDA_CHECK(cudaFree((*b)->ptr));
-                bool small = (*b)->size <= kSmallSize;
-                d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
-                d.pool_segments.sub(small, 1);
-                d.pool_frees.fetch_add(1, std::memory_order_relaxed);
-                released += (*b)->size;
-                b = blocks.erase(b);
+            c10::cuda::CUDAGuard guard(
+                static_cast<c10::DeviceIndex>(device));
+            if (!synced) {
+                // Replays of the pool's graphs may still run.
+                C10_CUDA_CHECK(cudaDeviceSynchronize());
+                synced = true;
             }
-            pool.free_blocks.clear();
-            if (blocks.empty())
-                it = d.pools.erase(it);
-            else
-                ++it;
+            C10_CUDA_CHECK(cudaFree((*b)->ptr));
+            bool small = (*b)->size <= kSmallSize;
+            d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
+            d.pool_segments.sub(small, 1);
+            d.pool_frees.fetch_add(1, std::memory_order_relaxed);
+            released += (*b)->size;
+            b = blocks.erase(b);
         }
-        return released;
+        pool.free_blocks.clear();
+        if (blocks.empty())
+            it = d.pools.erase(it);
+        else
+            ++it;
     }
+    return released;
+}
 
-    static c10::cuda::CUDACachingAllocator::SegmentInfo
-    segment_of(int device, void *ptr, size_t size, size_t requested,
-               cudaStream_t stream, bool allocated, MempoolId_t pool)
-    {
-        c10::CachingDeviceAllocator::SegmentInfo s;
-        s.device = static_cast<c10::DeviceIndex>(device);
-        s.address = reinterpret_cast<size_t>(ptr);
-        s.total_size = size;
-        s.requested_size = allocated ? requested : 0;
-        s.allocated_size = allocated ? size : 0;
-        s.active_size = s.allocated_size;
-        s.stream = stream;
-        s.is_large = size > kSmallSize;
-        s.owner_private_pool_id = pool;
-        c10::CachingDeviceAllocator::BlockInfo b;
-        b.size = size;
-        b.requested_size = allocated ? requested : 0;
-        b.allocated = allocated;
-        b.active = allocated;
-        s.blocks.push_back(b);
-        return s;
+// ---- statistics ---------------------------------------------------------
+
+DeviceStats CudeferAllocator::getDeviceStats(c10::DeviceIndex device)
+{
+    check_device(device);
+    sample_reserved(device);
+    DeviceState &d = *devices_[device];
+    DeviceStats s;
+    s.allocation = d.allocation.get();
+    s.active = s.allocation;
+    s.allocated_bytes = d.allocated_bytes.get();
+    s.active_bytes = s.allocated_bytes;
+    s.requested_bytes = d.requested_bytes.get();
+    // Reserved: cudefer's cache on the device (see reserved_of) plus
+    // the private pools' segments.  The
+    // small and large pools' figures are the private pools' alone
+    // (cudefer does not sort its cache by size); the aggregate's
+    // allocated counts cudefer's part as allocated once.
+    s.reserved_bytes = d.pool_bytes.get();
+    s.segment = d.pool_segments.get();
+    int64_t reserved = reserved_of(device);
+    int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
+    Stat &r = s.reserved_bytes[0];
+    r.current = reserved;
+    // The sampled peak misses what came and went between samples; the
+    // reserved bytes are never below the allocated ones (reserved_of),
+    // so neither is their peak.
+    r.peak = std::max<int64_t>({d.reserved_peak.load(), reserved,
+                                s.allocated_bytes[0].peak});
+    r.allocated += cudefer_part;
+    int64_t mallocs = sampled_mallocs(device);
+    int64_t releases = sampled_releases(device);
+    s.segment[0].current += mallocs - releases;
+    s.segment[0].peak = std::max(s.segment[0].peak, s.segment[0].current);
+    s.num_alloc_retries = d.num_alloc_retries.load();
+    s.num_ooms = d.num_ooms.load();
+    s.num_device_alloc = d.pool_mallocs.load() + mallocs -
+                         d.device_alloc_base.load();
+    s.num_device_free = d.pool_frees.load() + releases -
+                        d.device_free_base.load();
+    s.max_split_size = static_cast<int64_t>(
+        c10::CachingAllocator::AcceleratorAllocatorConfig::
+            max_split_size());
+    return s;
+}
+
+void CudeferAllocator::resetAccumulatedStats(c10::DeviceIndex device)
+{
+    check_device(device);
+    sample_reserved(device);
+    DeviceState &d = *devices_[device];
+    for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
+                               &d.requested_bytes, &d.pool_bytes,
+                               &d.pool_segments})
+        a->reset_accumulated();
+    d.num_alloc_retries.store(0);
+    d.num_ooms.store(0);
+    d.pool_mallocs.store(0);
+    d.pool_frees.store(0);
+    d.device_alloc_base.store(sampled_mallocs(device));
+    d.device_free_base.store(sampled_releases(device));
+}
+
+void CudeferAllocator::resetPeakStats(c10::DeviceIndex device)
+{
+    check_device(device);
+    DeviceState &d = *devices_[device];
+    for (AtomicStatArray *a : {&d.allocation, &d.allocated_bytes,
+                               &d.requested_bytes, &d.pool_bytes,
+                               &d.pool_segments})
+        a->reset_peak();
+    sample_reserved(device);
+    d.reserved_peak.store(reserved_of(device));
+}
+
+// cudefer's blocks made and released on device, sampled: its own
+// counts, else the process's while the device was used alone, else 0.
+int64_t CudeferAllocator::sampled_mallocs(int device) const
+{
+    if (per_device())
+        return devices_[device]->sample.cache_mallocs.load();
+    return device_used_alone(device) ? sample_.cache_mallocs.load() : 0;
+}
+
+int64_t CudeferAllocator::sampled_releases(int device) const
+{
+    if (per_device())
+        return devices_[device]->sample.cache_releases.load();
+    return device_used_alone(device) ? sample_.cache_releases.load() : 0;
+}
+
+// words[i] of a counters struct into *to, for each index known (>= 0).
+void CudeferAllocator::store_sample(CudeferSample &to,
+                                    const uint64_t *words,
+                                    int64_t bytes, int64_t mallocs,
+                                    int64_t releases)
+{
+    to.cache_bytes.store(static_cast<int64_t>(words[bytes]));
+    if (mallocs >= 0)
+        to.cache_mallocs.store(static_cast<int64_t>(words[mallocs]));
+    if (releases >= 0)
+        to.cache_releases.store(static_cast<int64_t>(words[releases]));
+}
+
+void CudeferAllocator::sample_reserved(int device)
+{
+    uint64_t words[kStatsWords] = {};
+    if (per_device()) {
+        if (fns_.device_stats_get_sized(device, words, sizeof words) ==
+            cudaSuccess)
+            store_sample(devices_[device]->sample, words,
+                         fns_.dstat_cache_bytes, fns_.dstat_cache_mallocs,
+                         fns_.dstat_cache_releases);
+    } else if (fns_.stats_get_sized != nullptr &&
+               fns_.stat_cache_bytes >= 0) {
+        fns_.stats_get_sized(words, sizeof words);
+        store_sample(sample_, words, fns_.stat_cache_bytes,
+                     fns_.stat_cache_mallocs, fns_.stat_cache_releases);
     }
+    DeviceState &d = *devices_[device];
+    int64_t now = reserved_of(device);
+    int64_t seen = d.reserved_peak.load(std::memory_order_relaxed);
+    while (now > seen && !d.reserved_peak.compare_exchange_weak(seen, now))
+        ;
+}
 
-    CudeferFunctions fns_;
-    std::array<std::unique_ptr<DeviceState>, kMaxDevices> devices_;
-    std::array<Shard, kShards> shards_;
-    CudeferSample sample_;
-    std::atomic<uint64_t> used_devices_{0};
-    std::atomic<bool> initialized_{false};
-    // The devices init was told of (at most kMaxDevices); only grows.  Any
-    // thread reads it.
-    std::atomic<int> device_count_{0};
-    std::mutex observers_mu_;
-    std::vector<CCA::OutOfMemoryObserver> observers_;
-};
+// ---- snapshot -----------------------------------------------------------
+
+CCA::SnapshotInfo CudeferAllocator::snapshot(MempoolId_t mempool_id,
+                                             bool /*include_traces*/)
+{
+    CCA::SnapshotInfo info{};  // zeroes config_metadata's numbers
+    bool all = mempool_id.first == 0 && mempool_id.second == 0;
+    for (int dev = 0; dev < device_count_; dev++) {
+        DeviceState &d = *devices_[dev];
+        std::lock_guard<std::mutex> lock(d.mu);
+        for (auto &p : d.pools) {
+            if (!all && p.first != mempool_id)
+                continue;
+            for (auto &b : p.second->blocks)
+                info.segments.push_back(segment_of(
+                    dev, b->ptr, b->size, b->requested, b->stream,
+                    b->allocated, p.first));
+        }
+    }
+    if (all) {
+        // cudefer's live blocks, each as a segment of its own (cudefer
+        // does not say how its cache lays them out).
+        for (auto &shard : shards_) {
+            std::lock_guard<std::mutex> lock(shard.mu);
+            for (auto &e : shard.map)
+                if (e.second.block == nullptr)
+                    info.segments.push_back(segment_of(
+                        e.second.device, e.first, e.second.rounded,
+                        e.second.requested, e.second.stream, true,
+                        {0, 0}));
+        }
+    }
+    info.device_traces.resize(static_cast<size_t>(device_count_.load()));
+    info.config_metadata.max_split_size =
+        c10::CachingAllocator::AcceleratorAllocatorConfig::
+            max_split_size();
+    info.config_metadata.last_allocator_settings = "cudefer";
+    return info;
+}
+
+c10::cuda::CUDACachingAllocator::SegmentInfo
+CudeferAllocator::segment_of(int device, void *ptr, size_t size,
+                             size_t requested, cudaStream_t stream,
+                             bool allocated, MempoolId_t pool)
+{
+    c10::CachingDeviceAllocator::SegmentInfo s;
+    s.device = static_cast<c10::DeviceIndex>(device);
+    s.address = reinterpret_cast<size_t>(ptr);
+    s.total_size = size;
+    s.requested_size = allocated ? requested : 0;
+    s.allocated_size = allocated ? size : 0;
+    s.active_size = s.allocated_size;
+    s.stream = stream;
+    s.is_large = size > kSmallSize;
+    s.owner_private_pool_id = pool;
+    c10::CachingDeviceAllocator::BlockInfo b;
+    b.size = size;
+    b.requested_size = allocated ? requested : 0;
+    b.allocated = allocated;
+    b.active = allocated;
+    s.blocks.push_back(b);
+    return s;
+}
 
 void raw_delete_fn(void *ptr)
 {

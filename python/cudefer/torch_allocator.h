@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 // torch_allocator.h: cudefer as PyTorch's whole CUDA allocator: the
-// types its units share (private to the extension;
+// types its units share and the allocator class (private to the extension;
 // cudefer.torch compiles the units below together).
 //
 // A subclass of c10::cuda::CUDACachingAllocator::CUDAAllocator (PyTorch
@@ -43,9 +43,16 @@
 //
 // The units (each keeps the comments of what it defines):
 //   torch_allocator.h    the shared types (CudeferFunctions, AtomicStat,
-//                        Pool, PoolBlock, Allocation, DeviceState);
-//   torch_allocator.cpp  the allocator class, and the extern "C" entry
-//                        points Python calls (cudefer_torch_install...).
+//                        Pool, PoolBlock, Allocation, DeviceState), the
+//                        class, and inline what every allocation and
+//                        free runs: the pointer table (remember, forget,
+//                        lookup), count_alloc and count_free,
+//                        reserved_of, a pool block's free;
+//   torch_allocator.cpp  allocation and free, record_stream, the memory
+//                        fraction, out of memory, the rest of
+//                        CUDAAllocator, private pools, statistics, and the
+//                        extern "C" entry points Python calls
+//                        (cudefer_torch_install...).
 // Everything but the entry points is in namespace cudefer_torch, hidden
 // from the shared object's exports.
 
@@ -279,6 +286,302 @@ extern std::atomic<int> sections_anywhere;
 
 // The deleter of the allocator's DataPtrs (torch_allocator.cpp).
 void raw_delete_fn(void *ptr);
+
+class CudeferAllocator final : public CCA::CUDAAllocator {
+  public:
+    explicit CudeferAllocator(const CudeferFunctions &fns) : fns_(fns)
+    {
+        for (auto &d : devices_)
+            d = std::make_unique<DeviceState>();
+    }
+
+    // ---- allocation and free (torch_allocator.cpp) ----------------------
+
+    c10::DataPtr allocate(size_t size) override;
+    c10::DeleterFnPtr raw_deleter() const override { return &raw_delete_fn; }
+    void *raw_alloc(size_t nbytes) override;
+    void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
+    void *malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream);
+    void raw_delete(void *ptr) override;
+
+    // ---- record_stream, fraction, OOM observers (torch_allocator.cpp) ---
+
+    void recordStream(const c10::DataPtr &data_ptr,
+                      c10::cuda::CUDAStream stream) override;
+    void setMemoryFraction(double fraction,
+                           c10::DeviceIndex device) override;
+    double getMemoryFraction(c10::DeviceIndex device) override;
+    void attachOutOfMemoryObserver(
+        CCA::OutOfMemoryObserver observer) override;
+
+    // ---- the rest of the interface (torch_allocator.cpp) ----------------
+
+    void init(int device_count) override;
+    bool initialized() override { return initialized_.load(); }
+    void enable(bool) override {}
+    bool isEnabled() const override { return true; }
+    std::string name() override { return "cudefer"; }
+
+    std::vector<CCA::StreamSegmentSize>
+    getExpandableSegmentSizes(c10::DeviceIndex) override
+    {
+        return {};
+    }
+
+    void cacheInfo(c10::DeviceIndex device, size_t *largest) override;
+    void *getBaseAllocation(void *ptr, size_t *size) override;
+    CCA::ShareableHandle shareIpcHandle(void *) override;
+    std::shared_ptr<void> getIpcDevPtr(std::string) override;
+    bool isHistoryEnabled() override { return false; }
+    void recordHistory(bool enabled, CCA::CreateContextFn, size_t,
+                       CCA::RecordContext, bool,
+                       const std::vector<std::string> &) override;
+    void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override;
+    void enablePeerAccess(c10::DeviceIndex dev,
+                          c10::DeviceIndex dev_to_access) override;
+    cudaError_t memcpyAsync(void *dst, int, const void *src, int,
+                            size_t count, cudaStream_t stream, bool) override;
+    void copy_data(void *dest, const void *src,
+                   std::size_t count) const override;
+
+    // ---- for Python and tests (torch_allocator.cpp) ---------------------
+
+    double bookkeeping_ns(int n);
+
+    // ---- private pools, empty_cache (torch_allocator.cpp) ---------------
+
+    void emptyCache(MempoolId_t mempool_id) override;
+    void beginAllocateToPool(
+        c10::DeviceIndex device, MempoolId_t mempool_id,
+        std::function<bool(cudaStream_t)> filter) override;
+    void endAllocateToPool(c10::DeviceIndex device,
+                           MempoolId_t mempool_id) override;
+    void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override;
+    void createOrIncrefPool(
+        c10::DeviceIndex device, MempoolId_t mempool_id,
+        std::shared_ptr<CCA::CUDAAllocator> allocator) override;
+    int getPoolUseCount(c10::DeviceIndex device,
+                        MempoolId_t mempool_id) override;
+    void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override;
+    // Blocks of a private pool are never split: nothing to do.
+    void setNoSplit(c10::DeviceIndex, MempoolId_t) override {}
+
+    bool checkPoolLiveAllocations(
+        c10::DeviceIndex device, MempoolId_t mempool_id,
+        const std::unordered_set<void *> &expected) override;
+    std::shared_ptr<CCA::AllocatorState>
+    getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override;
+    CCA::CheckpointDelta setCheckpointPoolState(
+        c10::DeviceIndex device,
+        std::shared_ptr<CCA::AllocatorState> as) override;
+
+    // ---- statistics, snapshot (torch_allocator.cpp) ---------------------
+
+    DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+    void resetAccumulatedStats(c10::DeviceIndex device) override;
+    void resetPeakStats(c10::DeviceIndex device) override;
+    CCA::SnapshotInfo snapshot(MempoolId_t mempool_id,
+                               bool /*include_traces*/) override;
+
+  private:
+    struct Shard {
+        std::mutex mu;
+        std::unordered_map<void *, Allocation> map;
+    };
+
+    // ---- inline: every unit uses these, per allocation and free ---------
+
+    // A device argument must be one init was told of, as PyTorch's
+    // allocator requires (assertValidDevice): a statistics call for a GPU
+    // the process does not have raises instead of reading zeros.
+    void check_device(c10::DeviceIndex device) const
+    {
+        int count = device_count_.load();
+        TORCH_CHECK(device >= 0 && device < count,
+                    "cudefer: invalid device argument ",
+                    static_cast<int>(device), ": the process has ", count,
+                    " CUDA device(s)");
+    }
+
+    DeviceState &state(c10::DeviceIndex device)
+    {
+        check_device(device);
+        return *devices_[device];
+    }
+
+    Shard &shard_of(void *ptr)
+    {
+        auto v = reinterpret_cast<uintptr_t>(ptr) >> 9;
+        return shards_[(v ^ (v >> 7) ^ (v >> 17)) % kShards];
+    }
+
+    void remember(void *ptr, const Allocation &a)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.map[ptr] = a;
+    }
+
+    bool forget(void *ptr, Allocation *out)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        if (it == s.map.end())
+            return false;
+        *out = it->second;
+        s.map.erase(it);
+        return true;
+    }
+
+    bool lookup(void *ptr, PoolBlock **block, int *device)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        if (it == s.map.end())
+            return false;
+        *block = it->second.block;
+        *device = it->second.device;
+        return true;
+    }
+
+    void count_alloc(DeviceState &d, const Allocation &a, int device,
+                     void *ptr)
+    {
+        bool small = a.rounded <= kSmallSize;
+        d.allocation.add(small, 1);
+        d.allocated_bytes.add(small, static_cast<int64_t>(a.rounded));
+        d.requested_bytes.add(small, static_cast<int64_t>(a.requested));
+        uint64_t bit = 1ull << device;
+        if (C10_UNLIKELY(!(used_devices_.load(std::memory_order_relaxed) &
+                           bit)))
+            used_devices_.fetch_or(bit, std::memory_order_relaxed);
+        // The profiler's memory events carry the device's allocated and
+        // reserved bytes, as PyTorch's allocator reports them (reserved:
+        // reserved_of, never below allocated; tools divide by it).
+        if (ptr != nullptr)
+            c10::reportMemoryUsageToProfiler(
+                ptr, static_cast<int64_t>(a.rounded),
+                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
+                    std::memory_order_relaxed)),
+                static_cast<size_t>(reserved_of(device)),
+                c10::Device(c10::DeviceType::CUDA,
+                            static_cast<c10::DeviceIndex>(device)));
+    }
+
+    void count_free(DeviceState &d, const Allocation &a, void *ptr)
+    {
+        bool small = a.rounded <= kSmallSize;
+        d.allocation.sub(small, 1);
+        d.allocated_bytes.sub(small, static_cast<int64_t>(a.rounded));
+        d.requested_bytes.sub(small, static_cast<int64_t>(a.requested));
+        if (ptr != nullptr)
+            c10::reportMemoryUsageToProfiler(
+                ptr, -static_cast<int64_t>(a.rounded),
+                static_cast<size_t>(d.allocated_bytes.s[0].current.load(
+                    std::memory_order_relaxed)),
+                static_cast<size_t>(reserved_of(a.device)),
+                c10::Device(c10::DeviceType::CUDA, a.device));
+    }
+
+    // Whether device is the only one this allocator has served, so that
+    // cudefer's process-wide counters are that device's.
+    bool device_used_alone(int device) const
+    {
+        uint64_t used = used_devices_.load(std::memory_order_relaxed);
+        return (used & ~(1ull << device)) == 0;
+    }
+
+    // Whether cudefer counts per device (defer_device_stats_get_sized):
+    // then every figure below is the device's own.
+    bool per_device() const
+    {
+        return fns_.device_stats_get_sized != nullptr &&
+               fns_.dstat_cache_bytes >= 0;
+    }
+
+    // Reserved bytes of device: cudefer's cache there (with a library that
+    // counts per device; else the process's while the device was used
+    // alone, else the bytes of cudefer's blocks live there, a lower bound);
+    // plus the private pools'.  Never below the allocated bytes.
+    int64_t reserved_of(int device)
+    {
+        DeviceState &d = *devices_[device];
+        int64_t live = d.allocated_bytes.s[0].current.load() -
+                       d.pool_allocated.load();
+        int64_t cudefer_part = live;
+        if (per_device())
+            cudefer_part = std::max(d.sample.cache_bytes.load(), live);
+        else if (device_used_alone(device))
+            cudefer_part = std::max(sample_.cache_bytes.load(), live);
+        return cudefer_part + d.pool_bytes.s[0].current.load();
+    }
+
+    void pool_put_free(Pool &pool, PoolBlock *b)
+    {
+        b->allocated = false;
+        pool.free_blocks.insert({{b->stream, b->size}, b});
+    }
+
+    // A pool block's free: back to its pool's free blocks for its stream,
+    // unless another stream recorded a use (it is retired then: nothing
+    // tells when that stream is done, and during a capture no event can
+    // be waited for).
+    void pool_free(DeviceState &d, PoolBlock *b)
+    {
+        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+        if (!b->uses.empty()) {
+            b->allocated = false;
+            b->retired = true;
+            b->uses.clear();
+            return;
+        }
+        pool_put_free(*b->pool, b);
+    }
+
+    // ---- torch_allocator.cpp --------------------------------------------
+
+    void set_cap(int device, double fraction, size_t total);
+    cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
+                              cudaStream_t stream);
+    [[noreturn]] void out_of_memory(int device, size_t rounded,
+                                    const char *why);
+
+    // ---- private pools, under the device's mutex (torch_allocator.cpp) ---
+
+    Pool &pool_incref(DeviceState &d, int device, MempoolId_t id);
+    void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,
+                      cudaStream_t stream);
+    void *pool_malloc_locked(DeviceState &d, int device, size_t size,
+                             size_t rounded, cudaStream_t stream);
+    void pool_take_free(Pool &pool, PoolBlock *b);
+    size_t release_free_pools(int device, const MempoolId_t *only = nullptr);
+
+    // ---- torch_allocator.cpp --------------------------------------------
+
+    int64_t sampled_mallocs(int device) const;
+    int64_t sampled_releases(int device) const;
+    static void store_sample(CudeferSample &to, const uint64_t *words,
+                             int64_t bytes, int64_t mallocs,
+                             int64_t releases);
+    void sample_reserved(int device);
+    static c10::cuda::CUDACachingAllocator::SegmentInfo
+    segment_of(int device, void *ptr, size_t size, size_t requested,
+               cudaStream_t stream, bool allocated, MempoolId_t pool);
+
+    CudeferFunctions fns_;
+    std::array<std::unique_ptr<DeviceState>, kMaxDevices> devices_;
+    std::array<Shard, kShards> shards_;
+    CudeferSample sample_;
+    std::atomic<uint64_t> used_devices_{0};
+    std::atomic<bool> initialized_{false};
+    // The devices init was told of (at most kMaxDevices); only grows.  Any
+    // thread reads it.
+    std::atomic<int> device_count_{0};
+    std::mutex observers_mu_;
+    std::vector<CCA::OutOfMemoryObserver> observers_;
+};
 
 }  // namespace cudefer_torch
 
