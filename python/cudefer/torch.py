@@ -42,7 +42,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # The allocator's units, compiled together, and the private header they
 # share; all shipped as package data (torch_allocator.h says which unit
 # holds what).
-SOURCES = [os.path.join(_HERE, name) for name in ("torch_allocator.cpp",)]
+SOURCES = [os.path.join(_HERE, name) for name in
+           ("torch_allocator.cpp", "torch_pools.cpp")]
 HEADERS = [os.path.join(_HERE, "torch_allocator.h")]
 # The unit with the entry points enable() calls (cudefer_torch_install).
 SOURCE = SOURCES[0]

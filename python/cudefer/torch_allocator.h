@@ -50,9 +50,12 @@
 //                        reserved_of, a pool block's free;
 //   torch_allocator.cpp  allocation and free, record_stream, the memory
 //                        fraction, out of memory, the rest of
-//                        CUDAAllocator, private pools, statistics, and the
-//                        extern "C" entry points Python calls
-//                        (cudefer_torch_install...).
+//                        CUDAAllocator, statistics, and the extern "C"
+//                        entry points Python calls
+//                        (cudefer_torch_install...);
+//   torch_pools.cpp      private pools (CUDA graphs, MemPool,
+//                        checkpoints of torch.compile's graph trees)
+//                        and empty_cache, which releases them.
 // Everything but the entry points is in namespace cudefer_torch, hidden
 // from the shared object's exports.
 
@@ -348,7 +351,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     double bookkeeping_ns(int n);
 
-    // ---- private pools, empty_cache (torch_allocator.cpp) ---------------
+    // ---- private pools, empty_cache (torch_pools.cpp) -------------------
 
     void emptyCache(MempoolId_t mempool_id) override;
     void beginAllocateToPool(
@@ -548,7 +551,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     [[noreturn]] void out_of_memory(int device, size_t rounded,
                                     const char *why);
 
-    // ---- private pools, under the device's mutex (torch_allocator.cpp) ---
+    // ---- private pools, under the device's mutex (torch_pools.cpp) ------
 
     Pool &pool_incref(DeviceState &d, int device, MempoolId_t id);
     void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,

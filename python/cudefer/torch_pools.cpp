@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: MIT */
+// torch_pools.cpp: the allocator's private pools (CUDA graphs, MemPool,
+// torch.compile's CUDA graph trees and their checkpoints) and
+// empty_cache, which gives released pools' blocks back.  Pools are
+// guarded by their device's mutex (torch_allocator.h).
+
+#include "torch_allocator.h"
+
+namespace cudefer_torch __attribute__((visibility("hidden"))) {
+
+namespace {
+
+// pool_malloc_locked's "out of memory" (no block's address).
+void *const kPoolOutOfMemory = reinterpret_cast<void *>(uintptr_t{1});
+
+// A checkpoint of a private pool (getCheckpointState): each block's
+// address, size, stream and whether it was allocated.
+struct PoolCheckpoint : CCA::AllocatorState {
+    MempoolId_t id{0, 0};
+    struct Block {
+        void *ptr;
+        size_t size;
+        size_t requested;
+        cudaStream_t stream;
+        bool allocated;
+    };
+    std::vector<Block> blocks;
+};
+
+}  // namespace
+
+// ---- private pools: CUDA graphs, MemPool, torch.compile; empty_cache ---
+
+// Releases nothing while an allocate-to-pool section is open, as
+// PyTorch's allocator releases nothing of its default pools while one
+// is open on the device (release_cached_blocks tests captures_underway):
+// a capture may be under way in another thread, and defer_trim fails
+// then (cudaErrorStreamCaptureImplicit) when that capture's stream is a
+// blocking one and blocks freed on the legacy stream wait for their
+// event.  cudefer trims every device: a section on any device counts.
+// A section begun while defer_trim runs is not seen.
+void CudeferAllocator::emptyCache(MempoolId_t mempool_id)
+{
+    if (mempool_id.first == 0 && mempool_id.second == 0) {
+        if (sections_anywhere.load(std::memory_order_acquire) > 0)
+            return;
+        cudaError_t err = fns_.trim(nullptr);
+        TORCH_CHECK(err == cudaSuccess,
+                    "cudefer: defer_trim failed with CUDA error ",
+                    static_cast<int>(err));
+        for (int i = 0; i < device_count_; i++)
+            release_free_pools(i);
+        return;
+    }
+    for (int i = 0; i < device_count_; i++)
+        release_free_pools(i, &mempool_id);
+}
+
+void CudeferAllocator::beginAllocateToPool(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    std::function<bool(cudaStream_t)> filter)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    // One open section per pool, as PyTorch's allocator requires: two
+    // would hand one pool's blocks to two captures at once, and
+    // endAllocateToPool could not tell which of them ends.  Refused
+    // before the use count changes.
+    for (const auto &s : d.open_sections)
+        TORCH_CHECK(s.id != mempool_id, "cudefer: beginAllocateToPool: "
+                    "already recording to mempool_id (", mempool_id.first,
+                    ", ", mempool_id.second, ")");
+    pool_incref(d, device, mempool_id);
+    d.open_sections.push_back({mempool_id, std::move(filter)});
+    d.sections.fetch_add(1, std::memory_order_release);
+    sections_anywhere.fetch_add(1, std::memory_order_release);
+}
+
+void CudeferAllocator::endAllocateToPool(c10::DeviceIndex device,
+                                         MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto it = d.open_sections.begin(); it != d.open_sections.end();
+         ++it) {
+        if (it->id == mempool_id) {
+            d.open_sections.erase(it);
+            d.sections.fetch_sub(1, std::memory_order_release);
+            sections_anywhere.fetch_sub(1, std::memory_order_release);
+            return;
+        }
+    }
+    TORCH_CHECK(false, "cudefer: endAllocateToPool for pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") with no allocation to it begun");
+}
+
+void CudeferAllocator::releasePool(c10::DeviceIndex device,
+                                   MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: releasePool of pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") that does not exist");
+    TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                ") released more often than used");
+    // Its free blocks go back to CUDA at empty_cache or out of memory,
+    // as PyTorch's own allocator does: not here, where graph replays
+    // may still run.
+    it->second->use_count--;
+}
+
+void CudeferAllocator::createOrIncrefPool(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    std::shared_ptr<CCA::CUDAAllocator> allocator)
+{
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "cudefer: a MemPool with an allocator of its own is not "
+                "supported while cudefer is PyTorch's allocator");
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    pool_incref(d, device, mempool_id);
+}
+
+int CudeferAllocator::getPoolUseCount(c10::DeviceIndex device,
+                                      MempoolId_t mempool_id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    return it == d.pools.end() ? 0 : it->second->use_count;
+}
+
+void CudeferAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t,
+                                   bool use_on_oom)
+{
+    // MemPool's destructor turns it off: accepted.
+    TORCH_CHECK(!use_on_oom, "cudefer: MemPool(use_on_oom=True) is not "
+                "supported while cudefer is PyTorch's allocator");
+}
+
+bool CudeferAllocator::checkPoolLiveAllocations(
+    c10::DeviceIndex device, MempoolId_t mempool_id,
+    const std::unordered_set<void *> &expected)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(mempool_id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (",
+                mempool_id.first, ", ", mempool_id.second, ")");
+    size_t live = 0;
+    for (auto &b : it->second->blocks) {
+        if (!b->allocated)
+            continue;
+        if (expected.count(b->ptr) == 0)
+            return false;
+        live++;
+    }
+    return live == expected.size();
+}
+
+std::shared_ptr<CCA::AllocatorState>
+CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
+                                     MempoolId_t id)
+{
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(id);
+    TORCH_CHECK(it != d.pools.end(), "cudefer: no pool (", id.first,
+                ", ", id.second, ") to checkpoint");
+    TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (", id.first,
+                ", ", id.second, ") was released: no checkpoint");
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->id = id;
+    for (auto &b : it->second->blocks)
+        state->blocks.push_back(
+            {b->ptr, b->size, b->requested, b->stream, b->allocated});
+    return state;
+}
+
+// Returns the pool to a checkpoint: every block allocated now is freed
+// (ptrs_freed; PyTorch takes their storages' deleters away), every
+// block allocated in the checkpoint is allocated again and handed back
+// as a DataPtr (dataptrs_allocd).
+CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<CCA::AllocatorState> as)
+{
+    auto *cp = dynamic_cast<PoolCheckpoint *>(as.get());
+    TORCH_CHECK(cp != nullptr, "cudefer: a checkpoint that is not "
+                "cudefer's");
+    DeviceState &d = state(device);
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.pools.find(cp->id);
+    TORCH_CHECK(it != d.pools.end() && it->second->use_count > 0,
+                "cudefer: the checkpoint's pool (", cp->id.first, ", ",
+                cp->id.second, ") is gone");
+    Pool &pool = *it->second;
+    CCA::CheckpointDelta delta;
+    std::unordered_map<void *, PoolBlock *> by_ptr;
+    for (auto &b : pool.blocks) {
+        by_ptr[b->ptr] = b.get();
+        if (!b->allocated)
+            continue;
+        Allocation a;
+        TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
+                    " missing from the table");
+        count_free(d, a, b->ptr);
+        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+        b->uses.clear();
+        b->retired = false;
+        pool_put_free(pool, b.get());
+        delta.ptrs_freed.push_back(b->ptr);
+    }
+    for (auto &c : cp->blocks) {
+        if (!c.allocated)
+            continue;
+        auto found = by_ptr.find(c.ptr);
+        TORCH_CHECK(found != by_ptr.end() && found->second->size == c.size,
+                    "cudefer: the checkpoint's block ", c.ptr,
+                    " is no longer in its pool");
+        PoolBlock *b = found->second;
+        pool_take_free(pool, b);
+        b->allocated = true;
+        b->requested = c.requested;
+        b->stream = c.stream;
+        Allocation a;
+        a.requested = c.requested;
+        a.rounded = b->size;
+        a.stream = c.stream;
+        a.block = b;
+        a.device = device;
+        remember(b->ptr, a);
+        count_alloc(d, a, device, b->ptr);
+        d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+        delta.dataptrs_allocd.emplace_back(
+            b->ptr, b->ptr, &raw_delete_fn,
+            c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
+}
+
+// ---- private pools, under the device's mutex -------------------------
+
+Pool &CudeferAllocator::pool_incref(DeviceState &d, int device,
+                                    MempoolId_t id)
+{
+    auto &slot = d.pools[id];
+    if (!slot) {
+        slot = std::make_unique<Pool>();
+        slot->id = id;
+        slot->device = device;
+    }
+    slot->use_count++;
+    return *slot;
+}
+
+// An allocation of the newest open section whose filter takes stream
+// (sections nest: an inner use_mem_pool or a capture inside one wins,
+// as in PyTorch's allocator), or nullptr when none does (the
+// allocation is cudefer's then).
+// Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
+void *CudeferAllocator::pool_malloc(DeviceState &d, int device,
+                                    size_t size, size_t rounded,
+                                    cudaStream_t stream)
+{
+    void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
+    if (ptr == kPoolOutOfMemory)
+        out_of_memory(device, rounded, nullptr);
+    return ptr;
+}
+
+// pool_malloc under the device's mutex; kPoolOutOfMemory when
+// cudaMalloc had no memory (the error is raised once it is unlocked:
+// OOM observers may take the GIL).
+void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
+                                           size_t size, size_t rounded,
+                                           cudaStream_t stream)
+{
+    std::lock_guard<std::mutex> lock(d.mu);
+    Pool *pool = nullptr;
+    for (auto s = d.open_sections.rbegin(); s != d.open_sections.rend();
+         ++s) {
+        if (s->filter(stream)) {
+            auto it = d.pools.find(s->id);
+            TORCH_INTERNAL_ASSERT(it != d.pools.end());
+            pool = it->second.get();
+            break;
+        }
+    }
+    if (pool == nullptr)
+        return nullptr;
+    PoolBlock *b = nullptr;
+    // The smallest free block of this stream that fits and wastes less
+    // than the request (blocks are never split).
+    auto it = pool->free_blocks.lower_bound({stream, rounded});
+    if (it != pool->free_blocks.end() && it->first.first == stream &&
+        it->first.second <= 2 * rounded) {
+        b = it->second;
+        pool->free_blocks.erase(it);
+    } else {
+        void *ptr = nullptr;
+        cudaError_t err;
+        {
+            c10::cuda::CUDAGuard guard(
+                static_cast<c10::DeviceIndex>(device));
+            c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+                cudaStreamCaptureModeRelaxed);
+            err = cudaMalloc(&ptr, rounded);
+        }
+        if (err == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return kPoolOutOfMemory;
+        }
+        C10_CUDA_CHECK(err);
+        auto owned = std::make_unique<PoolBlock>();
+        b = owned.get();
+        b->ptr = ptr;
+        b->size = rounded;
+        b->pool = pool;
+        pool->blocks.push_back(std::move(owned));
+        bool small = rounded <= kSmallSize;
+        d.pool_bytes.add(small, static_cast<int64_t>(rounded));
+        d.pool_segments.add(small, 1);
+        d.pool_mallocs.fetch_add(1, std::memory_order_relaxed);
+    }
+    b->allocated = true;
+    b->requested = size;
+    b->stream = stream;
+    Allocation a;
+    a.requested = size;
+    a.rounded = rounded;
+    a.stream = stream;
+    a.block = b;
+    a.device = static_cast<int8_t>(device);
+    remember(b->ptr, a);
+    count_alloc(d, a, device, b->ptr);
+    // The block's size (a reused block may be larger than rounded), as
+    // pool_free takes it off.
+    d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+    return b->ptr;
+}
+
+void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
+{
+    auto range = pool.free_blocks.equal_range({b->stream, b->size});
+    for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == b) {
+            pool.free_blocks.erase(it);
+            return;
+        }
+    }
+    TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
+                " is neither free nor retired");
+    b->retired = false;
+}
+
+// Give the free and retired blocks of released pools (use count 0) of
+// device back to CUDA (only that pool with only != nullptr), and drop
+// pools with no blocks left.  Not while any allocate-to-pool section is
+// open (a capture may be running: no synchronisation then).  Returns
+// the bytes released.
+size_t CudeferAllocator::release_free_pools(int device,
+                                            const MempoolId_t *only)
+{
+    if (sections_anywhere.load(std::memory_order_acquire) > 0)
+        return 0;
+    DeviceState &d = *devices_[device];
+    std::lock_guard<std::mutex> lock(d.mu);
+    size_t released = 0;
+    bool synced = false;
+    for (auto it = d.pools.begin(); it != d.pools.end();) {
+        Pool &pool = *it->second;
+        if (pool.use_count > 0 || (only != nullptr && pool.id != *only)) {
+            ++it;
+            continue;
+        }
+        auto &blocks = pool.blocks;
+        for (auto b = blocks.begin(); b != blocks.end();) {
+            if ((*b)->allocated) {
+                ++b;
+                continue;
+            }
+            c10::cuda::CUDAGuard guard(
+                static_cast<c10::DeviceIndex>(device));
+            if (!synced) {
+                // Replays of the pool's graphs may still run.
+                C10_CUDA_CHECK(cudaDeviceSynchronize());
+                synced = true;
+            }
+            C10_CUDA_CHECK(cudaFree((*b)->ptr));
+            bool small = (*b)->size <= kSmallSize;
+            d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
+            d.pool_segments.sub(small, 1);
+            d.pool_frees.fetch_add(1, std::memory_order_relaxed);
+            released += (*b)->size;
+            b = blocks.erase(b);
+        }
+        pool.free_blocks.clear();
+        if (blocks.empty())
+            it = d.pools.erase(it);
+        else
+            ++it;
+    }
+    return released;
+}
+
+}  // namespace cudefer_torch
