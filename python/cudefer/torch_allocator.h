@@ -50,12 +50,13 @@
 //                        reserved_of, a pool block's free;
 //   torch_allocator.cpp  allocation and free, record_stream, the memory
 //                        fraction, out of memory, the rest of
-//                        CUDAAllocator, statistics, and the extern "C"
-//                        entry points Python calls
-//                        (cudefer_torch_install...);
+//                        CUDAAllocator, and the extern "C" entry points
+//                        Python calls (cudefer_torch_install...);
 //   torch_pools.cpp      private pools (CUDA graphs, MemPool,
 //                        checkpoints of torch.compile's graph trees)
-//                        and empty_cache, which releases them.
+//                        and empty_cache, which releases them;
+//   torch_stats.cpp      memory_stats, their resets, the samples of
+//                        cudefer's counters, snapshot.
 // Everything but the entry points is in namespace cudefer_torch, hidden
 // from the shared object's exports.
 
@@ -378,7 +379,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         c10::DeviceIndex device,
         std::shared_ptr<CCA::AllocatorState> as) override;
 
-    // ---- statistics, snapshot (torch_allocator.cpp) ---------------------
+    // ---- statistics, snapshot (torch_stats.cpp) -------------------------
 
     DeviceStats getDeviceStats(c10::DeviceIndex device) override;
     void resetAccumulatedStats(c10::DeviceIndex device) override;
@@ -561,7 +562,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     void pool_take_free(Pool &pool, PoolBlock *b);
     size_t release_free_pools(int device, const MempoolId_t *only = nullptr);
 
-    // ---- torch_allocator.cpp --------------------------------------------
+    // ---- torch_stats.cpp ------------------------------------------------
 
     int64_t sampled_mallocs(int device) const;
     int64_t sampled_releases(int device) const;
