@@ -166,6 +166,14 @@ CCA::SnapshotInfo CudeferAllocator::snapshot(MempoolId_t mempool_id,
                         {0, 0}));
         }
     }
+    // In PyTorch's order: device by device, each device's segments by
+    // address (memory_viz and other readers of torch.cuda.memory._snapshot
+    // lay segments out in the order given).
+    std::sort(info.segments.begin(), info.segments.end(),
+              [](const CCA::SegmentInfo &a, const CCA::SegmentInfo &b) {
+                  return a.device != b.device ? a.device < b.device
+                                              : a.address < b.address;
+              });
     info.device_traces.resize(static_cast<size_t>(device_count_.load()));
     info.config_metadata.max_split_size =
         c10::CachingAllocator::AcceleratorAllocatorConfig::

@@ -22,6 +22,10 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     before GPU 1 is done;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
+  - allocates 48 tensors and 8 more in a MemPool, then reads
+    memory_snapshot: segments must come device by device, each device's
+    by address, as PyTorch's allocator lists them, and each segment's
+    blocks must add up to its size;
   - enters torch.cuda.use_mem_pool for a MemPool already in use_mem_pool:
     it must raise RuntimeError;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
@@ -346,6 +350,35 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001
         res["nested_pool"] = "%s: %s" % (type(e).__name__, str(e)[:200])
 
+    # memory_snapshot's shape: PyTorch's order (device by device, each
+    # device's segments by address, a MemPool's among the others), which
+    # memory_viz lays out as given, and blocks that tile their segment.
+    try:
+        pool = torch.cuda.MemPool()
+        keep = [torch.empty((i % 7 + 1) << 18, dtype=torch.uint8,
+                            device=dev) for i in range(48)]
+        with torch.cuda.use_mem_pool(pool):
+            keep += [torch.empty((i % 5 + 1) << 19, dtype=torch.uint8,
+                                 device=dev) for i in range(8)]
+        segs = torch.cuda.memory_snapshot()
+        keys = [(seg["device"], seg["address"]) for seg in segs]
+        res["snapshot_order"] = (
+            "sorted" if keys == sorted(keys) else
+            "unsorted: %d of %d segments out of order" % (
+                sum(1 for x, y in zip(keys, keys[1:]) if y < x), len(keys)))
+        bad = [seg["address"] for seg in segs
+               if sum(b["size"] for b in seg["blocks"]) != seg["total_size"]
+               or seg["allocated_size"] > seg["total_size"]
+               or seg.get("segment_type") not in ("small", "large")]
+        res["snapshot_shape"] = ("ok" if segs and not bad else
+                                 "%d of %d segments malformed"
+                                 % (len(bad), len(segs)))
+        del keep, segs
+        del pool
+    except Exception as e:  # noqa: BLE001 (compared)
+        res["snapshot_order"] = res["snapshot_shape"] = "%s: %s" % (
+            type(e).__name__, str(e)[:200])
+
     # One pool in two nested use_mem_pool: the inner one is refused.
     pool = torch.cuda.MemPool()
     try:
@@ -527,6 +560,16 @@ def compare(native, mine):
           == "RuntimeError",
           "native %s, cudefer %s" % (native.get("same_pool_twice"),
                                      mine.get("same_pool_twice")))
+    check("memory_snapshot: segments by device, then by address, as "
+          "PyTorch lists them",
+          mine.get("snapshot_order") == native.get("snapshot_order")
+          == "sorted",
+          "native %s, cudefer %s" % (native.get("snapshot_order"),
+                                     mine.get("snapshot_order")))
+    check("memory_snapshot: each segment's blocks tile it",
+          mine.get("snapshot_shape") == native.get("snapshot_shape") == "ok",
+          "native %s, cudefer %s" % (native.get("snapshot_shape"),
+                                     mine.get("snapshot_shape")))
     if "cross_record" not in native:
         print("SKIP record_stream on another GPU's default stream: one GPU")
     else:
