@@ -337,15 +337,20 @@ void CudeferAllocator::cacheInfo(c10::DeviceIndex device, size_t *largest)
             *largest = std::max(*largest, f.second->size);
 }
 
-// Blocks are never parts of larger ones: a block is its own base.
+// Blocks are never parts of larger ones: a block is its own base.  A
+// pointer that is no live allocation's start raises, as PyTorch's
+// allocator does ("invalid device pointer"): callers that fall back on
+// the pointer itself catch the error.
 void *CudeferAllocator::getBaseAllocation(void *ptr, size_t *size)
 {
-    if (size != nullptr) {
-        Shard &s = shard_of(ptr);
-        std::lock_guard<std::mutex> lock(s.mu);
-        auto it = s.map.find(ptr);
-        *size = it == s.map.end() ? 0 : it->second.rounded;
-    }
+    Shard &s = shard_of(ptr);
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.map.find(ptr);
+    TORCH_CHECK(it != s.map.end(), "cudefer: getBaseAllocation of ", ptr,
+                ", which is not the start of a live allocation of "
+                "cudefer's PyTorch allocator (invalid device pointer)");
+    if (size != nullptr)
+        *size = it->second.rounded;
     return ptr;
 }
 

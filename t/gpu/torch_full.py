@@ -39,6 +39,11 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - asks memory_stats, reset_peak_memory_stats and
     reset_accumulated_memory_stats of a device index the process does not
     have (device_count()): each must raise RuntimeError;
+  - builds t/gpu/torch_probe.cpp (cpp_extension) for the allocator calls
+    the Python API does not reach: getBaseAllocation of a live tensor
+    must give a base and size that hold it, and of a pointer no
+    allocation starts at must raise c10::Error ("invalid device
+    pointer");
   - profiles (profile_memory=True) a tensor's allocation and free: each
     CUDA "[memory]" event of the exported trace must carry a Total Reserved
     above 0 and at least its Total Allocated;
@@ -142,6 +147,62 @@ def blocking_stream(torch):
         return None
     return (torch.cuda.ExternalStream(handle.value),
             lambda: rt.cudaStreamDestroy(handle))
+
+
+def allocator_probe(torch):
+    """t/gpu/torch_probe.cpp (the allocator calls PyTorch's Python API does
+    not reach) compiled with cpp_extension, which caches it, and loaded
+    with ctypes; a string saying why not when it cannot be built."""
+    import ctypes
+    import re
+    try:
+        from torch.utils import cpp_extension
+        import cudefer.torch as ct
+        include = ct._cuda_include_dir(cpp_extension)
+        if include is None:
+            return "no CUDA runtime headers"
+        saved = os.environ.get("CXX")
+        os.environ["CXX"] = ct.compilers()[0]
+        try:
+            path = cpp_extension.load(
+                name="cudefer_probe_" + re.sub(r"\W", "_", torch.__version__),
+                sources=[os.path.join(HERE, "torch_probe.cpp")],
+                extra_include_paths=[include],
+                extra_ldflags=["-lc10_cuda", "-lc10"],
+                with_cuda=False, is_python_module=False)
+        finally:
+            if saved is None:
+                del os.environ["CXX"]
+            else:
+                os.environ["CXX"] = saved
+        probe = ctypes.CDLL(path)
+    except Exception as e:  # noqa: BLE001 (reported)
+        return "%s: %s" % (type(e).__name__,
+                           (str(e).strip().splitlines() or [""])[0][:200])
+    error = [ctypes.c_char_p, ctypes.c_size_t]
+    probe.probe_base_allocation.argtypes = [
+        ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_uint64)] + error
+    return probe
+
+
+def probe_call(function, *args):
+    """function(*args, error, size) of the probe: None when it returned 0,
+    else its error ("c10::Error: message")."""
+    import ctypes
+    error = ctypes.create_string_buffer(512)
+    if function(*args, error, ctypes.sizeof(error)) == 0:
+        return None
+    return error.value.decode(errors="replace")
+
+
+def base_allocation(probe, ptr):
+    """getBaseAllocation(ptr): (base, size), or the error it raised."""
+    import ctypes
+    base, size = ctypes.c_size_t(), ctypes.c_uint64()
+    failed = probe_call(probe.probe_base_allocation, ptr, ctypes.byref(base),
+                        ctypes.byref(size))
+    return failed or (base.value, size.value)
 
 
 def empty_cache_during_capture(torch, dev):
@@ -487,6 +548,23 @@ def run(mode, lib, steps, out_path):
     except Exception as e:  # noqa: BLE001 (reported)
         res["profiler_reserved"] = "%s: %s" % (type(e).__name__, str(e)[:200])
     res["snapshot_segments"] = len(torch.cuda.memory_snapshot())
+
+    # Allocator calls beyond the Python API (t/gpu/torch_probe.cpp).
+    probe = allocator_probe(torch)
+    if isinstance(probe, str):
+        res["probe"] = probe
+    else:
+        t = torch.empty(3 << 20, dtype=torch.uint8, device=dev)
+        ptr = t.data_ptr()
+        got = base_allocation(probe, ptr)
+        res["base_known"] = (
+            "ok" if isinstance(got, tuple) and got[0] <= ptr
+            and ptr + t.numel() <= got[0] + got[1] else str(got))
+        # Inside the tensor: no allocation starts there.
+        got = base_allocation(probe, ptr + 512)
+        res["base_unknown"] = (got if isinstance(got, str) else
+                               "returned base %#x, size %d" % got)
+        del t
     if mode == "cudefer":
         import cudefer.torch
         res["bookkeeping_ns"] = cudefer.torch.bookkeeping_ns(1000000)
@@ -652,6 +730,24 @@ def compare(native, mine):
               "native %s, cudefer %s (empty_cache, capture)" % (
                   native["capture_empty_cache"],
                   mine.get("capture_empty_cache")))
+    if "probe" in native or "probe" in mine:
+        print("SKIP the allocator calls beyond the Python API: "
+              "t/gpu/torch_probe.cpp not built (native: %s; cudefer: %s)"
+              % (native.get("probe", "built"), mine.get("probe", "built")))
+    else:
+        check("getBaseAllocation of a live tensor's pointer: a base and "
+              "size that hold the tensor",
+              mine.get("base_known") == native.get("base_known") == "ok",
+              "native %s, cudefer %s" % (native.get("base_known"),
+                                         mine.get("base_known")))
+        check("getBaseAllocation of a pointer no allocation starts at "
+              "raises c10::Error (RuntimeError) saying 'invalid device "
+              "pointer'",
+              all(str(r.get("base_unknown")).startswith("c10::Error:")
+                  and "invalid device pointer" in r["base_unknown"]
+                  for r in (native, mine)),
+              "native %s; cudefer %s" % (native.get("base_unknown"),
+                                         mine.get("base_unknown")))
     check("record_stream reached cudefer", (mine.get("recorded") or 0) > 0,
           "%s calls" % mine.get("recorded"))
     steps = mine["step_ms"][1:] or mine["step_ms"]
