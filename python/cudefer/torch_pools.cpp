@@ -125,13 +125,20 @@ void CudeferAllocator::createOrIncrefPool(
     pool_incref(d, device, mempool_id);
 }
 
+// A pool the device does not have (never made, or released and its
+// blocks returned) raises, as in PyTorch's allocator: its use count is
+// not 0, there is no such pool.
 int CudeferAllocator::getPoolUseCount(c10::DeviceIndex device,
                                       MempoolId_t mempool_id)
 {
     DeviceState &d = state(device);
     std::lock_guard<std::mutex> lock(d.mu);
     auto it = d.pools.find(mempool_id);
-    return it == d.pools.end() ? 0 : it->second->use_count;
+    TORCH_CHECK(it != d.pools.end(), "cudefer: getPoolUseCount of pool (",
+                mempool_id.first, ", ", mempool_id.second,
+                "), which does not exist on device ",
+                static_cast<int>(device));
+    return it->second->use_count;
 }
 
 void CudeferAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t,

@@ -43,7 +43,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     the Python API does not reach: getBaseAllocation of a live tensor
     must give a base and size that hold it, and of a pointer no
     allocation starts at must raise c10::Error ("invalid device
-    pointer");
+    pointer"); getPoolUseCount of a MemPool must be 1, and
+    getPoolUseCount and releasePool of a pool id no pool has
+    (graph_pool_handle) must raise c10::Error;
   - profiles (profile_memory=True) a tensor's allocation and free: each
     CUDA "[memory]" event of the exported trace must carry a Total Reserved
     above 0 and at least its Total Allocated;
@@ -183,6 +185,10 @@ def allocator_probe(torch):
     probe.probe_base_allocation.argtypes = [
         ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
         ctypes.POINTER(ctypes.c_uint64)] + error
+    pool = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    probe.probe_pool_use_count.argtypes = pool + [
+        ctypes.POINTER(ctypes.c_int)] + error
+    probe.probe_release_pool.argtypes = pool + error
     return probe
 
 
@@ -203,6 +209,15 @@ def base_allocation(probe, ptr):
     failed = probe_call(probe.probe_base_allocation, ptr, ctypes.byref(base),
                         ctypes.byref(size))
     return failed or (base.value, size.value)
+
+
+def pool_use_count(probe, device, pool):
+    """getPoolUseCount(device, pool): the count, or the error it raised."""
+    import ctypes
+    count = ctypes.c_int()
+    failed = probe_call(probe.probe_pool_use_count, device, pool[0], pool[1],
+                        ctypes.byref(count))
+    return failed or count.value
 
 
 def empty_cache_during_capture(torch, dev):
@@ -565,6 +580,19 @@ def run(mode, lib, steps, out_path):
         res["base_unknown"] = (got if isinstance(got, str) else
                                "returned base %#x, size %d" % got)
         del t
+        # A MemPool's use count; a pool id never used (graph_pool_handle
+        # makes no pool): getPoolUseCount and releasePool raise.
+        pool = torch.cuda.MemPool()
+        device = torch.cuda.current_device()
+        res["pool_count_known"] = pool_use_count(probe, device, pool.id)
+        del pool
+        unknown = torch.cuda.graph_pool_handle()
+        got = pool_use_count(probe, device, unknown)
+        res["pool_count_unknown"] = (got if isinstance(got, str) else
+                                     "returned %d" % got)
+        res["release_unknown"] = probe_call(
+            probe.probe_release_pool, device, unknown[0], unknown[1]
+        ) or "returned"
     if mode == "cudefer":
         import cudefer.torch
         res["bookkeeping_ns"] = cudefer.torch.bookkeeping_ns(1000000)
@@ -748,6 +776,19 @@ def compare(native, mine):
                   for r in (native, mine)),
               "native %s; cudefer %s" % (native.get("base_unknown"),
                                          mine.get("base_unknown")))
+        check("getPoolUseCount of a MemPool: 1",
+              mine.get("pool_count_known") == native.get("pool_count_known")
+              == 1,
+              "native %s, cudefer %s" % (native.get("pool_count_known"),
+                                         mine.get("pool_count_known")))
+        for key, call in (("pool_count_unknown", "getPoolUseCount"),
+                          ("release_unknown", "releasePool")):
+            check("%s of a pool that does not exist raises c10::Error "
+                  "(RuntimeError)" % call,
+                  all(str(r.get(key)).startswith("c10::Error:")
+                      for r in (native, mine))
+                  and "pool" in str(mine.get(key)),
+                  "native %s; cudefer %s" % (native.get(key), mine.get(key)))
     check("record_stream reached cudefer", (mine.get("recorded") or 0) > 0,
           "%s calls" % mine.get("recorded"))
     steps = mine["step_ms"][1:] or mine["step_ms"]

@@ -40,6 +40,12 @@ int guarded(char *error, size_t size, F call)
     }
 }
 
+c10::MempoolId_t pool_id(uint64_t first, uint64_t second)
+{
+    return {static_cast<c10::CaptureId_t>(first),
+            static_cast<c10::CaptureId_t>(second)};
+}
+
 }  // namespace
 
 // getBaseAllocation(ptr, &size): the base into *base, the size into *size.
@@ -53,5 +59,27 @@ probe_base_allocation(uintptr_t ptr, uintptr_t *base, uint64_t *size,
             reinterpret_cast<void *>(ptr), &n);
         *base = reinterpret_cast<uintptr_t>(b);
         *size = n;
+    });
+}
+
+// getPoolUseCount(device, (first, second)) into *count.
+extern "C" __attribute__((visibility("default"))) int
+probe_pool_use_count(int device, uint64_t first, uint64_t second,
+                     int *count, char *error, size_t error_size)
+{
+    return guarded(error, error_size, [&] {
+        *count = c10::cuda::CUDACachingAllocator::getPoolUseCount(
+            static_cast<c10::DeviceIndex>(device), pool_id(first, second));
+    });
+}
+
+// releasePool(device, (first, second)).
+extern "C" __attribute__((visibility("default"))) int
+probe_release_pool(int device, uint64_t first, uint64_t second, char *error,
+                   size_t error_size)
+{
+    return guarded(error, error_size, [&] {
+        c10::cuda::CUDACachingAllocator::releasePool(
+            static_cast<c10::DeviceIndex>(device), pool_id(first, second));
     });
 }
