@@ -131,7 +131,7 @@ static void CUDART_CB graph_released(void *ptr)
         return;
     }
     /* Abandoned: the reclaimer stopped first, nobody may release it now. */
-    stats_add(&stats.failed, 1);
+    lifecycle_count_finished(false, 1);
     if (atomic_load(&exiting)) { /* the process ends: not worth a word */
         capture_entry_discard(&g->e);
         return;
@@ -375,7 +375,7 @@ static size_t drop_origins(struct graph_entry *g)
 /* A dead graph's entry that cannot be released (why): counted, said, freed. */
 static void fail_entry(struct graph_entry *g, const char *why)
 {
-    stats_add(&stats.failed, 1);
+    lifecycle_count_finished(false, 1);
     if (g->e.kind == ENTRY_CALL)
         report("graph capture: %s's callback is not run: %s (counted as "
                "failed)", g->what, why);

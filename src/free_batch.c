@@ -178,7 +178,7 @@ static void give_back_claims(int device, const struct block_claim *claims,
     pthread_mutex_unlock(&b->lock);
     atomic_fetch_add(&given_back, 1);
     if (lost > 0) {
-        stats_add(&stats.failed, lost);
+        lifecycle_count_finished(false, lost);
         report("defer_free: out of memory for %zu claims of blocks freed on "
                "the legacy stream: they stay reusable on it only, never "
                "released (counted as failed)", lost);
@@ -205,7 +205,7 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
         lifecycle_fail_device("defer_free", device, "cudaStreamSynchronize",
                               sync);
         cache_reclaim_claims_done(claims, n, false, now_ns());
-        stats_add(&stats.failed, n);
+        lifecycle_count_finished(false, n);
         return sync;
     }
     if (sync != cudaSuccess) {
@@ -216,7 +216,7 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
         return sync;
     }
     cache_reclaim_claims_done(claims, n, true, now_ns());
-    stats_add(&stats.released, n);
+    lifecycle_count_finished(true, n);
     stats_add(&stats.sync_releases, n);
     return cudaSuccess;
 }
@@ -341,7 +341,7 @@ void free_batch_add(int device, cudaStream_t stream,
      * now stays, for the next free (or a flush) to seal. */
     if (!legacy_usable(stream)) {
         if (!added) { /* out of memory, and no event can be recorded */
-            stats_add(&stats.failed, 1); /* counted deferred */
+            lifecycle_count_finished(false, 1); /* counted deferred */
             report("defer_free: out of memory for the claim of %p, freed "
                    "on the legacy stream while another thread's capture "
                    "bars it: the block stays reusable on it only, never "

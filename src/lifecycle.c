@@ -336,6 +336,18 @@ cudaError_t lifecycle_device_error(int device)
     return device_error(device);
 }
 
+void lifecycle_count_finished(bool released, uint64_t n)
+{
+    /* Either exit sees this count under way and waits for it, or this
+     * sees exit's abandon and counts nothing (exit counted the entries as
+     * failed): sequentially consistent, both sides.  A counter, not a
+     * flag: launching threads count too. */
+    atomic_fetch_add(&rs.counting, 1);
+    if (!atomic_load(&rs.abandoned))
+        stats_add(released ? &stats.released : &stats.failed, n);
+    atomic_fetch_sub(&rs.counting, 1);
+}
+
 void lifecycle_fail_device(const char *what, int device, const char *call,
                            cudaError_t err)
 {
@@ -571,11 +583,12 @@ static void at_exit(void)
             free_batch_seal_all();
         if (!closed || !request_and_wait(&q, deadline, false) ||
             !stop_and_join(deadline)) {
-            /* The reclaimer, left running, counts nothing from here on
-             * (it may be inside a count: never blocks), so that what is
-             * counted failed here is never counted released too. */
+            /* The reclaimer, left running, and a call still admitted
+             * count nothing from here on (one may be inside a count:
+             * never blocks), so that what is counted failed here is never
+             * counted released too. */
             atomic_store(&rs.abandoned, true);
-            while (atomic_load(&rs.counting))
+            while (atomic_load(&rs.counting) != 0)
                 sched_yield();
             struct defer_stats s;
             defer_stats_get(&s);

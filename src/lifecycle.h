@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <cuda_runtime_api.h>
 
 #include "cudefer.h"
@@ -63,6 +64,12 @@ cudaError_t lifecycle_device_error(int device);
  * is ignored. */
 void lifecycle_fail_device(const char *what, int device, const char *call,
                            cudaError_t err);
+
+/* Any thread; never blocks.  n entries counted deferred are over: counted
+ * released (released) or failed, unless exit gave up on them (then it
+ * counted them failed itself: at_exit, lifecycle.c).  Every count of an
+ * entry's end goes through here, so that none is counted twice. */
+void lifecycle_count_finished(bool released, uint64_t n);
 
 /* Any thread: whether it is the reclaimer thread (running a callback). */
 bool lifecycle_on_reclaimer_thread(void);

@@ -29,6 +29,7 @@
 #include "entry_slab.h"
 #include "event_pool.h"
 #include "held.h"
+#include "lifecycle.h"
 #include "pointer_set.h"
 #include "queue.h"
 #include "release.h"
@@ -164,15 +165,10 @@ void reclaimer_finish_entry(struct entry *e, cudaError_t err)
         for (size_t i = 0; i < e->nptrs; i++)
             if (!entry_claimed(e, i)) /* blocks are not in the set */
                 pointer_set_remove(&rs.deferred, e->ptrs[i]);
-    /* Members are not the caller's entries; a free batch is one per block.
-     * Either exit sees this count under way and waits for it, or this
-     * sees exit's abandon and counts nothing (exit counted the entry as
-     * failed): sequentially consistent, both sides. */
-    atomic_store(&rs.counting, true);
-    if (e->kind != ENTRY_MEMBER && !atomic_load(&rs.abandoned))
-        stats_add(err == cudaSuccess ? &stats.released : &stats.failed,
-                  e->kind == ENTRY_BLOCK ? e->nptrs : 1);
-    atomic_store(&rs.counting, false);
+    /* Members are not the caller's entries; a free batch is one per block. */
+    if (e->kind != ENTRY_MEMBER)
+        lifecycle_count_finished(err == cudaSuccess,
+                                 e->kind == ENTRY_BLOCK ? e->nptrs : 1);
     rs.tracked--;
     for (struct request **link = &rs.flushes; *link != NULL;) {
         struct request *q = *link;

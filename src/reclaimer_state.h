@@ -97,12 +97,13 @@ struct reclaimer_state {
     _Atomic bool starting;
     pthread_t thread;
 
-    /* The reclaimer's, while it counts an entry released or failed
-     * (reclaimer_finish_entry): exit waits for it to end before it counts
-     * what is left as failed (lifecycle.c, at_exit).  Written for every
-     * entry: on a line of its own, with the reclaimer's state below, not
-     * on one the launching threads read. */
-    _Alignas(64) _Atomic bool counting;
+    /* The threads counting entries released or failed now
+     * (lifecycle_count_finished): the reclaimer for every entry, a
+     * launching thread that released or gave up what it deferred itself.
+     * Exit waits for it to be 0 before it counts what is left as failed
+     * (lifecycle.c, at_exit).  On a line of its own, with the reclaimer's
+     * state below, not on one every call reads. */
+    _Alignas(64) _Atomic unsigned counting;
 
     /* The reclaimer thread's alone. */
     struct queue_batch batch;    /* entries being taken in */

@@ -118,7 +118,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     struct release_report out = {0};
     err = release_entry(&e, NULL, &out);
     cuda_switch_back(&to_device, a->what);
-    stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+    lifecycle_count_finished(err == cudaSuccess, 1);
     if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
         lifecycle_fail_device(a->what, device, out.failed_call, err);
     return cudaSuccess; /* accepted; a failed release is counted, reported */
