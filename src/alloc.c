@@ -265,12 +265,13 @@ static cudaError_t alloc_try(void **ptr, size_t bytes, cudaStream_t stream,
     return err;
 }
 
-/* defer_alloc, with the current device when the caller knows it
- * (current >= 0: the pluggable entry point made it current) and the device
- * the block must be on (expect >= 0: the one PyTorch named; a stream of
- * another device is refused). */
-static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
-                            int current, int expect)
+/* defer_alloc, what naming the caller in the size's refusal, with the
+ * current device when the caller knows it (current >= 0: the pluggable
+ * entry point made it current) and the device the block must be on
+ * (expect >= 0: the one PyTorch named; a stream of another device is
+ * refused). */
+static cudaError_t alloc_on(const char *what, void **ptr, size_t bytes,
+                            cudaStream_t stream, int current, int expect)
 {
     if (ptr == NULL) {
         stats_add(&stats.rejected, 1);
@@ -284,8 +285,8 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
         /* No device holds it, and rounding it up would wrap (to a block of
          * 0 bytes, which would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
-        report("defer_alloc: %zu bytes asked for, more than any device "
-               "holds (a negative size converted?): out of memory", bytes);
+        report("%s: %zu bytes asked for, more than any device holds (a "
+               "negative size converted?): out of memory", what, bytes);
         return cudaErrorMemoryAllocation;
     }
     /* Out of memory, the application's handler may free memory of its own
@@ -306,7 +307,7 @@ static cudaError_t alloc_on(void **ptr, size_t bytes, cudaStream_t stream,
 
 cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
-    return alloc_on(ptr, bytes, stream, -1, -1);
+    return alloc_on("defer_alloc", ptr, bytes, stream, -1, -1);
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
@@ -395,8 +396,8 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
         return err;
     }
     /* A special handle's device is now the current one. */
-    err = alloc_on(ptr, size, stream, stream_is_special(stream) ? device : -1,
-                   device);
+    err = alloc_on(what, ptr, size, stream,
+                   stream_is_special(stream) ? device : -1, device);
     cuda_switch_back(&sw, what);
     return err;
 }
@@ -419,7 +420,11 @@ void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
     cudaError_t err =
         pluggable_alloc("defer_pluggable_alloc", &ptr, size, device, stream);
     /* Said: PyTorch does not check the pointer (cudefer.h), so this line
-     * may be all the application hears before the tensor faults. */
+     * may be all the application hears before the tensor faults.  A size
+     * no device holds was said already, in one line (an out-of-memory
+     * line besides would say the one error twice). */
+    if (err == cudaErrorMemoryAllocation && size > BLOCK_MAX_REQUEST)
+        return ptr;
     if (err == cudaErrorMemoryAllocation)
         report("defer_pluggable_alloc: out of memory for %zu bytes on "
                "device %d: returning NULL", size, device);

@@ -11,6 +11,18 @@
 
 #include "helpers.h"
 
+/* How many lines of text start with "cudefer: ". */
+static int said_lines(const char *text)
+{
+    int n = 0;
+    for (const char *line = text; line != NULL && *line != '\0';) {
+        n += strncmp(line, "cudefer: ", 9) == 0;
+        line = strchr(line, '\n');
+        line = line != NULL ? line + 1 : NULL;
+    }
+    return n;
+}
+
 static void test_sizes_no_device_holds(cudaStream_t s)
 {
     uint64_t rejected = stats_now().rejected;
@@ -25,14 +37,22 @@ static void test_sizes_no_device_holds(cudaStream_t s)
        "SIZE_MAX and SIZE_MAX - 100 bytes: out of memory, NULL, rejected");
     stderr_capture_begin();
     void *none = defer_pluggable_alloc(SIZE_MAX - 100, 0, s);
-    stderr_capture_end();
+    const char *said = stderr_capture_end();
     ok(none == NULL, "defer_pluggable_alloc too: NULL");
+    /* One error, one line, in the caller's words. */
+    ok(said_lines(said) == 1 &&
+           strstr(said, "cudefer: defer_pluggable_alloc: ") == said &&
+           strstr(said, "more than any device holds") != NULL,
+       "said in one line naming defer_pluggable_alloc (%s)", said);
     void *q = &q;
     stderr_capture_begin();
     cudaError_t err = defer_pluggable_alloc_status(&q, SIZE_MAX - 100, 0, s);
-    stderr_capture_end();
+    said = stderr_capture_end();
     ok(err == cudaErrorMemoryAllocation && q == NULL,
        "defer_pluggable_alloc_status too: out of memory, NULL");
+    ok(said_lines(said) == 1 &&
+           strstr(said, "cudefer: defer_pluggable_alloc_status: ") == said,
+       "said in one line naming defer_pluggable_alloc_status (%s)", said);
 }
 
 /* defer_pluggable_alloc_status's other answers: a block and success; a
