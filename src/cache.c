@@ -290,7 +290,10 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
  * block of another device is dropped under that device's lock before the
  * new one is filed (drop_other_device); a MERGED part is no block of its
  * own (its bytes count in the block that absorbed it), so it is only
- * taken out of the map, and forgotten when its entries are done.
+ * taken out of the map, and forgotten when its entries are done.  New
+ * memory that starts inside a segment of its device's, where none of its
+ * blocks starts, or covers one, is as sure a sign: that segment is dropped
+ * whole too (drop_overlapped_locked).
  */
 
 /* Any thread, under c's lock (c: b's device's): b, a block of a segment
@@ -363,6 +366,49 @@ static void report_stale(const void *ptr, size_t size, size_t others)
                others, others == 1 ? "" : "s");
 }
 
+/* Any thread, under c's lock (c: device's), before memory of device at
+ * [ptr, ptr + size) is filed: each segment of c's that it overlaps, but
+ * one starting at ptr (the map's insert finds that one's block), is stale:
+ * its memory went back behind cudefer's back and CUDA gave part of it out
+ * again, at an address where none of its blocks may start.  Its blocks are
+ * dropped (drop_stale_locked; left, a FREE one would be handed out over
+ * the new memory) and its range leaves the index.  Returns how many
+ * segments; *blocks: how many blocks they held, *first: the first's
+ * start. */
+static size_t drop_overlapped_locked(struct device_cache *c, int device,
+                                     const void *ptr, size_t size,
+                                     struct cache_block **forget,
+                                     size_t *blocks, const void **first)
+{
+    size_t n = 0;
+    const void *old, *start;
+    *blocks = 0;
+    while ((old = cache_segments_overlap(c, ptr, size)) != NULL) {
+        if (n++ == 0)
+            *first = old;
+        /* A segment's first block keeps its start (cache_segments.c). */
+        struct cache_block *b = cache_map_find(old);
+        if (b != NULL && b->device == device && b->state != BLOCK_MERGED)
+            *blocks += drop_stale_locked(c, b, forget, &start) + 1;
+        cache_segments_unfile(c, old);
+    }
+    return n;
+}
+
+/* Any thread: says that memory just allocated at ptr overlaps segments
+ * (blocks blocks, the first segment at first) that cudefer still
+ * counted, freed with cudaFree instead of defer_free, and that they are
+ * dropped. */
+static void report_overlapped(const void *ptr, size_t segments, size_t blocks,
+                              const void *first)
+{
+    report("defer_alloc: cudaMalloc returned %p, which overlaps %zu "
+           "allocation%s that cudefer still counted (the first at %p, %zu "
+           "block%s in all): freed with cudaFree instead of defer_free; "
+           "their records are dropped", ptr, segments,
+           segments == 1 ? "" : "s", first, blocks, blocks == 1 ? "" : "s");
+}
+
 /* Any thread: forgets the blocks of forget (linked by lru_next). */
 static void forget_list(struct cache_block *forget)
 {
@@ -432,6 +478,12 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
      * is let go, so it is not touched after. */
     cache_lock(c);
     b->handout = c->next_handout++;
+    struct cache_block *forget = NULL;
+    size_t overlapped_blocks = 0;
+    const void *overlapped_first = NULL;
+    size_t overlapped =
+        drop_overlapped_locked(c, device, ptr, size, &forget,
+                               &overlapped_blocks, &overlapped_first);
     bool filed = cache_segments_file(c, ptr, size);
     bool inserted = filed && cache_map_insert(b, &stale);
     if (filed && !inserted)
@@ -442,20 +494,21 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
      * before the drop. */
     bool here = stale != NULL && !merged; /* set only when inserted */
     size_t stale_size = here ? stale->size : 0, others = 0;
-    struct cache_block *forget = NULL;
     const void *start;
     if (here)
         others = drop_stale_locked(c, stale, &forget, &start);
     if (inserted) /* counted in the hold that makes it a block */
         stats_device_new(device, size);
     pthread_mutex_unlock(&c->lock);
+    if (overlapped > 0)
+        report_overlapped(ptr, overlapped, overlapped_blocks,
+                          overlapped_first);
+    if (here)
+        report_stale(ptr, stale_size, others);
+    forget_list(forget); /* the others: the last entry naming each */
     if (!inserted) {
         free(b);
         return false;
-    }
-    if (here) {
-        report_stale(ptr, stale_size, others);
-        forget_list(forget); /* the others: the last entry naming each */
     }
     if (!atomic_load_explicit(&set.active, memory_order_relaxed))
         /* Written once: the line every call reads stays clean. */

@@ -589,6 +589,11 @@ void cache_segments_merge_pending(struct device_cache *c,
 bool cache_segments_file(struct device_cache *c, const void *ptr,
                          size_t size);
 
+/* The start of a segment of c's that [ptr, ptr + size) overlaps and that
+ * does not start at ptr, or NULL when none does. */
+const void *cache_segments_overlap(const struct device_cache *c,
+                                   const void *ptr, size_t size);
+
 /* The segment starting at ptr, handed back, leaves c's index. */
 void cache_segments_unfile(struct device_cache *c, const void *ptr);
 

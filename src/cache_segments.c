@@ -283,6 +283,20 @@ bool cache_segments_file(struct device_cache *c, const void *ptr,
     return true;
 }
 
+const void *cache_segments_overlap(const struct device_cache *c,
+                                   const void *ptr, size_t size)
+{
+    const struct segment_index *x = &c->segments;
+    uintptr_t start = (uintptr_t)ptr, end = start + size;
+    size_t at = first_above(x, start);
+    if (at > 0 && x->ranges[at - 1].end > start)
+        at--;
+    for (; at < x->count && x->ranges[at].start < end; at++)
+        if (x->ranges[at].start != start)
+            return (const void *)x->ranges[at].start;
+    return NULL;
+}
+
 void cache_segments_unfile(struct device_cache *c, const void *ptr)
 {
     struct segment_index *x = &c->segments;

@@ -475,6 +475,54 @@ static void scenario_stale_segment(void)
     cudaStreamDestroy(s3);
 }
 
+/* As scenario_stale_segment, but the new allocation starts inside the
+ * cudaFree'd one, where no block of it starts (CUDA may hand out such an
+ * address: fake_set_reuse_inside): the old allocation's blocks are dropped
+ * all the same, else its FREE piece is handed out over the new one. */
+static void scenario_stale_segment_inside(void)
+{
+    const size_t MiB = (size_t)1 << 20, KiB = 1024;
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
+    void *whole = NULL, *x = NULL, *y = NULL, *n = NULL, *z = NULL;
+    CHECK(alloc_checked(&whole, 2 * MiB, s) == cudaSuccess &&
+              defer_free(whole, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "a FREE 2 MiB block");
+    CHECK(alloc_checked(&x, MiB, s) == cudaSuccess &&
+              alloc_checked(&y, MiB, s) == cudaSuccess && y == whole &&
+              x == (char *)whole + MiB,
+          "cut in two: y at its start, x after it");
+    CHECK(defer_free(x, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "x freed, its work done: FREE");
+    CHECK(cudaFree(y) == cudaSuccess,
+          "y cudaFree'd behind cudefer's back: the whole allocation goes");
+    fake_set_reuse_inside(512 * KiB);
+    stderr_capture_begin();
+    CHECK(alloc_checked(&n, 1536 * KiB, s3) == cudaSuccess &&
+              n == (char *)whole + 512 * KiB,
+          "a new 1.5 MiB block 512 KiB inside the old allocation (n %p)", n);
+    const char *said = stderr_capture_end();
+    CHECK(has_line(said, "instead of defer_free", NULL, NULL),
+          "the stale allocation said: %s", said);
+    CHECK(stats_now().cache_bytes == 1536 * KiB &&
+              stats_now().cache_free_bytes == 0,
+          "only the new block counts (cache bytes %llu, free %llu)",
+          ULL(stats_now().cache_bytes), ULL(stats_now().cache_free_bytes));
+    fake_work *w = work_held(s3, n);
+    CHECK(alloc_checked(&z, MiB, s2) == cudaSuccess,
+          "1 MiB on s2 while n's work runs on s3");
+    CHECK(z < n || z >= (void *)((char *)n + 1536 * KiB),
+          "not x, inside n (z %p)", z);
+    fake_complete(w);
+    CHECK(defer_free(n, s3) == cudaSuccess && defer_free(z, s2) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "freed");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+    cudaStreamDestroy(s3);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -500,6 +548,9 @@ int main(void)
                   "from its allocation are dropped with it once its address "
                   "comes back",
                   "", 1, 20000, scenario_stale_segment);
+    fork_scenario("a block cudaFree'd behind cudefer's back: its allocation's "
+                  "blocks are dropped once a new one starts inside it",
+                  "", 1, 20000, scenario_stale_segment_inside);
     /* No age limit and no idle release: a slow run (sanitizers, a loaded
      * machine) must not see the application's memory released for its age,
      * or because no defer call came for 2 ms, while a test expects it held

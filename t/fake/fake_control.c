@@ -116,6 +116,7 @@ static void reset_locked(int ndev)
     fake.npool_frees = fake.cappool_frees = 0;
     fake.free_async_us = 0;
     fake.reuse_addresses = getenv("FAKE_ADDRESS_REUSE") != NULL;
+    fake.reuse_offset = 0;
     fake.addresses_reused = 0;
     memset(fake.inj, 0, sizeof fake.inj);
     memset(fake.calls, 0, sizeof fake.calls);

@@ -205,12 +205,19 @@ void fake_set_pool_granularity(size_t bytes);
  * own) whose allocation was as large and whose release is done (a
  * cudaFreeAsync once its stream reached the free; for a stream-ordered
  * allocation on that very stream, at once, as a real pool hands it out).
- * Addresses are reused whole (no allocation starts inside an old one or
- * spans two), and pool and cudaMalloc addresses mix, which a real pool
+ * Addresses are reused whole (no allocation starts inside an old one, but
+ * after fake_set_reuse_inside, or spans two), and pool and cudaMalloc addresses mix, which a real pool
  * with cudefer's release threshold does only after a trim.  Then the old
  * allocation is forgotten: fake_is_released and a second release of that
  * address concern the new one, as with CUDA. */
 void fake_set_address_reuse(int on);
+
+/* Under fake_set_address_reuse: the next allocation that reuses a released
+ * one starts offset bytes inside it (offset a multiple of 512, the old one
+ * at least offset bytes larger than the new one), as CUDA may hand out an
+ * address inside memory released before; once, then whole addresses
+ * again.  0: whole addresses (the default). */
+void fake_set_reuse_inside(size_t offset);
 
 /* How many allocations took a released address since fake_reset.  The
  * environment variable FAKE_ADDRESS_REUSE (any value) turns reuse on at

@@ -62,6 +62,13 @@ void fake_set_address_reuse(int on)
     fake_unlock();
 }
 
+void fake_set_reuse_inside(size_t offset)
+{
+    fake_lock();
+    fake.reuse_offset = offset;
+    fake_unlock();
+}
+
 size_t fake_addresses_reused(void)
 {
     fake_lock();

@@ -204,6 +204,7 @@ struct fake_state {
     size_t npool_frees, cappool_frees;
     unsigned free_async_us;  /* 0 unless fake_set_free_async_us */
     int reuse_addresses;     /* 0 unless fake_set_address_reuse */
+    size_t reuse_offset;     /* 0 unless fake_set_reuse_inside: one reuse */
     size_t addresses_reused;
     unsigned char *released_by_serial; /* [serial]: 1 once released */
     size_t nserials, capserials;       /* serials given: nserials - 1 */

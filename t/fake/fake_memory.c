@@ -56,7 +56,7 @@ static struct falloc *reusable(size_t size, enum alloc_kind kind,
 
     for (size_t i = 0; i < fake.nallocs; i++) {
         struct falloc *a = &fake.allocs[i];
-        if (a->released && a->size >= size &&
+        if (a->released && a->size >= size + fake.reuse_offset &&
             (a->kind == A_HOST) == (kind == A_HOST) &&
             (a->freed_after == NULL ||
              (s != NULL && kind == A_POOL && a->kind == A_POOL &&
@@ -76,10 +76,13 @@ static void *add_alloc(size_t size, int dev, enum alloc_kind kind,
 
     if (a != NULL) {
         /* The old record gives way (its users and blocks went with its
-         * release); a smaller size keeps it clear of its neighbours. */
-        uintptr_t addr = a->addr;
+         * release); a smaller size keeps it clear of its neighbours, and
+         * so does a start inside it (fake_set_reuse_inside): the records
+         * stay sorted by address. */
+        uintptr_t addr = a->addr + fake.reuse_offset;
         memset(a, 0, sizeof *a);
         a->addr = addr;
+        fake.reuse_offset = 0;
         fake.addresses_reused++;
     } else {
         fake.allocs = fake_grow(fake.allocs, fake.nallocs, &fake.capallocs,
