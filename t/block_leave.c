@@ -2,7 +2,7 @@
 /* The blocks that leave the block cache (src/cache_reclaim.c), on their
  * own (no reclaimer), through src/cache.h: expiry oldest first, never a
  * block an entry still names; a miss's hand-back of upstream blocks, the
- * largest first. */
+ * largest first, and what stays filed of a piece merged into one. */
 #include <stdint.h>
 #include <string.h>
 
@@ -155,6 +155,53 @@ static void test_handback_with_merged_piece(void)
     ok(left, "and leaves the cache");
 }
 
+/* As above, but the pool gives the whole segment's address out again: the
+ * new block covers the address of the piece MERGED into the segment
+ * handed back, which stays filed there until its entry is done.  A free at
+ * that address meanwhile is refused as a second free of the piece (never
+ * taken for the new block's, nor claiming anything); once the piece's
+ * entry is done, nothing is filed there, and the same free is an interior
+ * pointer of the new block. */
+static void test_merged_piece_inside_new_block(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    char *base = ADDR(120);
+    size_t size;
+    ok(cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    uint64_t hs = free_on(base, 7);
+    void *p = cache_take(0, 7, MiB, &size);
+    struct cache_block *rp = cache_test_find(p), *seg = cache_test_find(base);
+    uint64_t hp = free_on(p, 7);
+    ok(p == base + 3 * MiB && view(rp).state == BLOCK_MERGED,
+       "a piece cut on 7 and freed on 7: MERGED back");
+    struct block_memory mem[4];
+    is_int(cache_reclaim_for_miss(0, 7, UINT64_MAX, mem, 4, SIZE_MAX), 1,
+           "a miss on 7 hands the whole segment back to the pool");
+    stderr_capture_begin();
+    ok(cache_add(0, base, 4 * MiB, true),
+       "the pool gives its address out again, whole");
+    ok(strstr(stderr_capture_end(), "instead of defer_free") == NULL,
+       "no stale block said");
+    struct cache_block *fresh = cache_test_find(base);
+    struct block_claim c;
+    ok(cache_claim(p, &c) == BLOCK_NOT_LIVE && c.block == NULL &&
+           view(fresh).state == BLOCK_LIVE && view(fresh).events == 0,
+       "a free at the piece's address: refused as freed twice, the new "
+       "block untouched");
+    cache_reclaim_event_done(rp, hp, true, 10);
+    cache_reclaim_event_done(seg, hs, true, 11);
+    ok(cache_test_find(p) == NULL && claim(p) == BLOCK_INSIDE &&
+           cache_claim_inside_live(p),
+       "the piece's entry done: an interior pointer of the new block");
+    ok(give_back(base), "the new block freed");
+    struct cache_block *out[8];
+    size_t n = cache_reclaim_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
+    bool left = cache_test_find(base) == NULL;
+    for (size_t i = 0; i < n; i++)
+        cache_forget(out[i]);
+    ok(left, "and leaves the cache");
+}
+
 /* A miss's hand-back skips a FREE pool block an older entry still names
  * (as expiry does, test_expiry): the pool would lend its memory again
  * while that entry's work may still use it.  (This guards events == 0 in
@@ -290,6 +337,7 @@ int main(void)
     test_expiry();
     test_collect_largest();
     test_handback_with_merged_piece();
+    test_merged_piece_inside_new_block();
     test_handback_skips_named();
     test_expiry_waits_for_merged_piece();
     cache_destroy();
