@@ -15,7 +15,8 @@
 
 static const size_t KiB = 1024;
 
-/* The blocked call has returned. */
+/* The thread of the blocked call, and whether the call has returned. */
+static pthread_t caller;
 static atomic_int call_returned;
 
 /* Runs after cudefer's exit handler: the blocked call ends (it outlasts
@@ -25,6 +26,8 @@ static void check_counts_later(void)
     for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
         sleep_ms(1);
     CHECK(atomic_load(&call_returned), "the blocked call returned");
+    if (atomic_load(&call_returned))
+        pthread_join(caller, NULL); /* ThreadSanitizer: no thread leaked */
     struct defer_stats st;
     defer_stats_get(&st);
     diag("  deferred %llu released %llu failed %llu leaked_at_exit %llu",
@@ -60,8 +63,7 @@ static void exit_during_sync_callback(void)
     atexit(check_counts_later); /* before cudefer's: run after it */
     cudaStream_t s = stream_new();
     defer_flush(); /* cudefer started, its exit handler registered */
-    pthread_t t;
-    pthread_create(&t, NULL, call_slowly, s);
+    pthread_create(&caller, NULL, call_slowly, s);
     sleep_ms(100); /* the callback is running */
     exit(0);
 }
@@ -92,8 +94,7 @@ static void exit_during_batch_wait(void)
     atexit(check_counts_later);
     defer_flush(); /* cudefer started, its exit handler registered */
     free_batch_set_age_ns(UINT64_MAX); /* sealed when full only */
-    pthread_t t;
-    pthread_create(&t, NULL, free_on_legacy, NULL);
+    pthread_create(&caller, NULL, free_on_legacy, NULL);
     sleep_ms(100); /* the free waits for the legacy stream */
     exit(0);
 }
