@@ -167,15 +167,24 @@ static bool inside_callback(void)
     return thread_here.reclaimer || thread_here.admissions > 0;
 }
 
+/* Any thread: refuse the call what (after shutdown, or in a forked child),
+ * said in one line; cudaErrorNotPermitted.  Only the frees and callbacks
+ * (defer_free*, defer_call*) hand something to cudefer, so only their line
+ * says the caller keeps it. */
 static cudaError_t refuse(const char *what)
 {
     stats_add(&stats.rejected, 1);
+    bool hands_over = strncmp(what, "defer_free", 10) == 0 ||
+                      strncmp(what, "defer_call", 10) == 0;
+    const char *kept = hands_over ? "; the caller keeps ownership" : "";
     if (atomic_load(&rs.state) == STATE_FORKED)
         report("%s called in a forked child: refused (CUDA cannot be used "
-               "after fork; the caller keeps ownership)", what);
-    else
+               "after fork%s)", what, kept);
+    else if (hands_over)
         report("%s called after defer_shutdown: refused (the caller keeps "
                "ownership)", what);
+    else
+        report("%s called after defer_shutdown: refused", what);
     return cudaErrorNotPermitted;
 }
 

@@ -110,12 +110,21 @@ static void test_shutdown(void)
     is_int(err, cudaErrorNotPermitted, "defer_free after shutdown is refused");
     ok(strstr(msg, "defer_free called after defer_shutdown") != NULL,
        "with a message naming the problem");
+    ok(strstr(msg, "the caller keeps ownership") != NULL,
+       "and saying the pointer is still the caller's");
     is_int(fake_is_released(q), 0, "the caller still owns the pointer");
     stderr_capture_begin();
     is_int(defer_call(call_flush, NULL, s), cudaErrorNotPermitted,
            "defer_call after shutdown is refused");
-    is_int(defer_flush(), cudaErrorNotPermitted, "defer_flush after shutdown too");
     stderr_capture_end();
+    /* A call that hands nothing over says nothing of ownership. */
+    stderr_capture_begin();
+    is_int(defer_flush(), cudaErrorNotPermitted, "defer_flush after shutdown too");
+    msg = stderr_capture_end();
+    ok(strstr(msg, "defer_flush called after defer_shutdown: refused") !=
+               NULL &&
+           strstr(msg, "ownership") == NULL,
+       "its message names the problem, not an ownership it has none of");
     is_int(defer_shutdown(), cudaSuccess, "a second shutdown is harmless");
     struct defer_stats st = stats_now();
     /* These three, and test_flush_from_callback's flush and shutdown. */
