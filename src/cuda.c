@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "report.h"
 
@@ -471,6 +472,18 @@ void cuda_report_failure(const char *what, const char *call, cudaError_t err,
      * alike, and the failures are counted; a line each says nothing. */
     if (err == cudaErrorCudartUnloading)
         return;
-    report("%s: %s failed: %s (%s)%s", what, call, cudaGetErrorString(err),
-           cudaGetErrorName(err), detail);
+    /* An invalid handle from a query of the caller's stream is the
+     * caller's stream, destroyed or never one: said first, in its words. */
+    static const char *const stream_queries[] = {
+        "cudaStreamIsCapturing", "cuStreamIsCapturing", "cudaStreamGetId",
+        "cudaStreamGetDevice", "cudaStreamGetCaptureInfo"};
+    const char *whose = "";
+    for (size_t i = 0; i < sizeof stream_queries / sizeof *stream_queries;
+         i++)
+        if (err == cudaErrorInvalidResourceHandle &&
+            strcmp(call, stream_queries[i]) == 0)
+            whose = "a stream given is not a live stream (destroyed, or "
+                    "never created): ";
+    report("%s: %s%s failed: %s (%s)%s", what, whose, call,
+           cudaGetErrorString(err), cudaGetErrorName(err), detail);
 }

@@ -308,7 +308,9 @@ bool cuda_error_is_sticky(cudaError_t err);
 
 /* Any thread: prints "cudefer: <what>: <call> failed: <error string>
  * (<error name>)<detail>" (detail may be ""), nothing for
- * cudaErrorCudartUnloading. */
+ * cudaErrorCudartUnloading; an invalid handle from a query of the
+ * caller's stream (its capture status, id or device) first says that a
+ * stream given is not a live one. */
 void cuda_report_failure(const char *what, const char *call, cudaError_t err,
                          const char *detail);
 

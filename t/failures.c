@@ -34,10 +34,23 @@ static void test_destroyed_stream(void)
     void *p = device_alloc(64);
     stderr_capture_begin();
     cudaError_t err = defer_free(p, gone);
-    stderr_capture_end();
+    const char *msg = stderr_capture_end();
     ok(err != cudaSuccess, "a destroyed stream is an error (%s)",
        cudaGetErrorName(err));
+    /* Said in the caller's words: its stream, not only the CUDA call that
+     * found the handle invalid. */
+    ok(strstr(msg, "defer_free: a stream given is not a live stream") !=
+           NULL,
+       "the line says the stream is the problem (stderr: \"%s\")", msg);
     is_int(fake_is_released(p), 0, "the caller still owns the pointer");
+    void *q = NULL;
+    stderr_capture_begin();
+    err = defer_alloc(&q, 64, gone);
+    msg = stderr_capture_end();
+    ok(err != cudaSuccess &&
+           strstr(msg, "defer_alloc: a stream given is not a live "
+                       "stream") != NULL,
+       "and defer_alloc's too (stderr: \"%s\")", msg);
     cudaFree(p);
 }
 
