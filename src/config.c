@@ -299,14 +299,14 @@ static const char *syntax_of(const struct knob *k)
 {
     switch (k->kind) {
     case KIND_US:
-        return "a number with an optional unit us, ms, s, min or h; plain: "
-               "microseconds";
+        return "a whole number with an optional unit us, ms, s, min or h; "
+               "plain: microseconds";
     case KIND_MS:
-        return "a number with an optional unit us, ms, s, min or h; plain: "
-               "milliseconds";
+        return "a whole number with an optional unit us, ms, s, min or h; "
+               "plain: milliseconds";
     case KIND_SIZE:
-        return "bytes with an optional k, M, G, T or P suffix, powers of "
-               "1024";
+        return "a whole number of bytes with an optional k, M, G, T or P "
+               "suffix, powers of 1024";
     case KIND_COUNT:
     case KIND_POW2:
         return "a whole number";

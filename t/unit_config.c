@@ -167,13 +167,17 @@ static void test_env_messages(void)
     } cases[] = {
         {"CUDEFER_POLL_US", "5s",
          "cudefer: CUDEFER_POLL_US=\"5s\" is out of range: expected 1us..1s "
-         "(a number with an optional unit us, ms, s, min or h; plain: "
+         "(a whole number with an optional unit us, ms, s, min or h; plain: "
          "microseconds); using the default 50us\n"},
         {"CUDEFER_MAX_DELAY_MS", "500us",
          "cudefer: CUDEFER_MAX_DELAY_MS=\"500us\" is not a whole number of "
-         "milliseconds: expected 0ms..1h (a number with an optional unit us, "
-         "ms, s, min or h; plain: milliseconds; 0ms: no limit); using the "
-         "default 1s\n"},
+         "milliseconds: expected 0ms..1h (a whole number with an optional "
+         "unit us, ms, s, min or h; plain: milliseconds; 0ms: no limit); "
+         "using the default 1s\n"},
+        {"CUDEFER_IDLE_US", "0.5ms",
+         "cudefer: CUDEFER_IDLE_US=\"0.5ms\" is not a duration: expected "
+         "0us..10s (a whole number with an optional unit us, ms, s, min or "
+         "h; plain: microseconds); using the default 2ms\n"},
         {"CUDEFER_VERBOSE", "maybe",
          "cudefer: CUDEFER_VERBOSE=\"maybe\" is not a switch: expected 0/1, "
          "false/true, no/yes, off/on (any case); using the default 0\n"},
@@ -182,8 +186,8 @@ static void test_env_messages(void)
          "batched, eager (any case); using the default batched\n"},
         {"CUDEFER_MAX_PENDING", "1.5G",
          "cudefer: CUDEFER_MAX_PENDING=\"1.5G\" is not a size: expected "
-         "0..1P (bytes with an optional k, M, G, T or P suffix, powers of "
-         "1024; 0: auto, a sixth of what the application uses on the device, 512M..a quarter of the device); using the default "
+         "0..1P (a whole number of bytes with an optional k, M, G, T or P "
+         "suffix, powers of 1024; 0: auto, a sixth of what the application uses on the device, 512M..a quarter of the device); using the default "
          "0\n"},
         {"CUDEFER_ROUND_DIVISIONS", "24",
          "cudefer: CUDEFER_ROUND_DIVISIONS=\"24\" is not a power of two: "
@@ -245,11 +249,11 @@ static void test_env_several(void)
     is_int(invalid, 2, "two invalid values counted (the empty one is unset)");
     is_str(err,
            "cudefer: CUDEFER_POLL_US=\"abc\" is not a duration: expected "
-           "1us..1s (a number with an optional unit us, ms, s, min or h; "
-           "plain: microseconds); using the default 50us\n"
+           "1us..1s (a whole number with an optional unit us, ms, s, min or "
+           "h; plain: microseconds); using the default 50us\n"
            "cudefer: CUDEFER_MAX_DELAY_MS=\"2h\" is out of range: expected "
-           "0ms..1h (a number with an optional unit us, ms, s, min or h; "
-           "plain: milliseconds; 0ms: no limit); using the default 1s\n",
+           "0ms..1h (a whole number with an optional unit us, ms, s, min or "
+           "h; plain: milliseconds; 0ms: no limit); using the default 1s\n",
            "each reported once, in order");
     ok(cfg.poll_us == def.poll_us && cfg.idle_us == def.idle_us &&
            cfg.max_delay_ms == def.max_delay_ms &&
@@ -524,8 +528,8 @@ static void test_start(void)
        "invalid call ignored");
     is_str(msg,
            "cudefer: CUDEFER_IDLE_US=\"abc\" is not a duration: expected "
-           "0us..10s (a number with an optional unit us, ms, s, min or h; "
-           "plain: microseconds); using 89us\n"
+           "0us..10s (a whole number with an optional unit us, ms, s, min or "
+           "h; plain: microseconds); using 89us\n"
            "cudefer: CUDEFER_POLL_US=123us\n"
            "cudefer: CUDEFER_POLL_MAX_US=4567us\n"
            "cudefer: CUDEFER_IDLE_US=89us\n"
