@@ -458,6 +458,28 @@ def cases(tmp):
             and os.path.realpath(found[0]) == os.path.realpath(LIB),
             name, out)
 
+    # Installed away from a source tree (pip install ./python), found
+    # nowhere: the error lists the places searched, and no source tree's
+    # src/.libs beside site-packages, which no one built.
+    site = os.path.join(tmp, "site")
+    shutil.copytree(os.path.join(PYTHON_DIR, "cudefer"),
+                    os.path.join(site, "cudefer"))
+    nowhere = {"LD_LIBRARY_PATH": "", "PKG_CONFIG_LIBDIR": empty,
+               "PKG_CONFIG_PATH": empty}
+    name = ("an installed package that finds no library says where it "
+            "looked, no made-up source tree among them")
+    rc, out = py("import ctypes.util; "
+                 "print('LOADER', ctypes.util.find_library('cudefer'))",
+                 env=nowhere)
+    if "LOADER None" not in out:
+        skip(name, "the loader's search finds a libcudefer here")
+    else:
+        ok, out = raises("import cudefer; cudefer.load()",
+                         "FileNotFoundError",
+                         ["libcudefer not found", "make install",
+                          "the loader's search"], fakes=site, env=nowhere)
+        tap(ok and os.path.join("src", ".libs") not in out, name, out)
+
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc:
         other = os.path.join(tmp, "libother.so")

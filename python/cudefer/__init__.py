@@ -77,9 +77,9 @@ def find_library(lib=None):
 
     Order: lib; $CUDEFER_LIB; libcudefer.so in pkg-config's libdir; the
     dynamic loader's search (ctypes.util.find_library); src/.libs of the
-    source tree this package belongs to.  A lib or $CUDEFER_LIB that names
-    no file is an error, not skipped.  Raises FileNotFoundError naming every
-    place looked at.  Blocks while pkg-config runs."""
+    source tree this package sits in, if it does.  A lib or $CUDEFER_LIB
+    that names no file is an error, not skipped.  Raises FileNotFoundError
+    naming every place looked at.  Blocks while pkg-config runs."""
     for source, path in (("lib=", lib),
                          ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
         if path:
@@ -101,10 +101,12 @@ def find_library(lib=None):
     if found:
         return found
     tried.append("the loader's search")
-    path = os.path.join(_TREE, "src", ".libs", "libcudefer.so")
-    if os.path.isfile(path):
-        return path
-    tried.append(path)
+    if os.path.isfile(os.path.join(_TREE, "include", "cudefer.h")):
+        # A source tree's python/cudefer: the tree's own build.
+        path = os.path.join(_TREE, "src", ".libs", "libcudefer.so")
+        if os.path.isfile(path):
+            return path
+        tried.append(path)
     raise FileNotFoundError(
         "cudefer: libcudefer not found (install it with make install, or set "
         "$%s to its path); looked at: %s" % (LIBRARY_ENV, ", ".join(tried)))
