@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+extern char **environ; /* POSIX: the process's environment */
+
 #include "report.h"
 
 /* How a knob's value is written and what its field holds. */
@@ -448,7 +450,96 @@ static void report_refused(const struct knob *k, const char *text,
            expected, kept == k->def ? "the default " : "", value);
 }
 
-/* Any thread.  Returns the number of invalid values (each reported once). */
+/* CUDEFER_* names that are no knob of the library's but are read by the
+ * rest of cudefer: the Python package's (the library to load, the C++
+ * compiler for cudefer.torch), bench's PyTorch shims' trace file; and the
+ * test suites' own (CUDEFER_TEST_*). */
+static bool known_elsewhere(const char *name, size_t len)
+{
+    static const char *const names[] = {"CUDEFER_LIB", "CUDEFER_CXX",
+                                        "CUDEFER_TRACE_FILE"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0)
+            return true;
+    return len > 13 && memcmp(name, "CUDEFER_TEST_", 13) == 0;
+}
+
+/* The edit distance (insertions, deletions, substitutions) between a[0..n)
+ * and b, both at most 63 bytes (longer: a large number). */
+static size_t edit_distance(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b), row[64];
+    if (n >= 64 || m >= 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= m; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= m; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[m];
+}
+
+/* Any thread.  Each CUDEFER_* variable of the environment that names no
+ * knob (nor anything else of cudefer's: known_elsewhere) is a setting the
+ * user believes applied and does not: said in one line, with the knob it
+ * was likely meant to be (the nearest name, at most 3 edits away, or one
+ * it begins).  Returns how many were said. */
+static int report_unknown_names(void)
+{
+    int unknown = 0;
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        const char *var = *e, *eq = strchr(var, '=');
+        if (eq == NULL || strncmp(var, "CUDEFER_", 8) != 0)
+            continue;
+        size_t len = (size_t)(eq - var);
+        bool knob = false;
+        const struct knob *near = NULL;
+        size_t near_d = 4;
+        for (size_t i = 0; i < NKNOBS && !knob; i++) {
+            const char *name = knobs[i].name;
+            if (strlen(name) == len && memcmp(name, var, len) == 0) {
+                knob = true;
+                break;
+            }
+            size_t d = edit_distance(var, len, name);
+            if (strncmp(name, var, len) == 0 && name[len] == '_')
+                d = 0; /* CUDEFER_POLL for CUDEFER_POLL_US */
+            if (d < near_d) {
+                near_d = d;
+                near = &knobs[i];
+            }
+        }
+        if (knob || known_elsewhere(var, len))
+            continue;
+        char shown[300];
+        char name[72];
+        snprintf(name, sizeof name, "%.*s", (int)(len < 64 ? len : 64), var);
+        shown_text(name, shown, sizeof shown);
+        if (near != NULL)
+            report("%s is not a cudefer setting: ignored (did you mean %s?)",
+                   shown, near->name);
+        else
+            report("%s is not a cudefer setting: ignored (man cudefer lists "
+                   "them)", shown);
+        unknown++;
+    }
+    return unknown;
+}
+
+/* Any thread.  Returns the number of invalid values (each reported once);
+ * a variable that names no setting is said (report_unknown_names) and not
+ * counted. */
 int config_load_env(struct defer_config *cfg)
 {
     int invalid = 0;
@@ -473,6 +564,7 @@ int config_load_env(struct defer_config *cfg)
         }
     }
     raise_poll_max(cfg);
+    report_unknown_names();
     return invalid;
 }
 

@@ -296,6 +296,42 @@ static void test_poll_max_fixup(void)
        "the default poll_max raised to poll");
 }
 
+/* A CUDEFER_* variable that names no setting: said in one line each, with
+ * the knob it was likely meant to be, not counted as an invalid value and
+ * changing nothing; the names the rest of cudefer reads (the Python
+ * package's, the bench shims', the tests') are no setting's typo. */
+static void test_unknown_names(void)
+{
+    struct defer_config cfg, def;
+    config_defaults(&def);
+    set_cudefer_env("CUDEFER_POLL=5 CUDEFER_MAX_PENDNG=1G CUDEFER_FROBNICATE=1 "
+                    "CUDEFER_LIB=/opt/libcudefer.so CUDEFER_CXX=g++ "
+                    "CUDEFER_TRACE_FILE=/tmp/t CUDEFER_TEST_SCALE=2 "
+                    "CUDEFER_STATS=1");
+    config_defaults(&cfg);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    set_cudefer_env("");
+    is_int(invalid, 0, "names of no setting are not invalid values");
+    ok(strstr(err, "cudefer: CUDEFER_POLL is not a cudefer setting: ignored "
+                   "(did you mean CUDEFER_POLL_US?)\n") != NULL,
+       "a knob's name cut short: said, with the knob it begins");
+    ok(strstr(err, "cudefer: CUDEFER_MAX_PENDNG is not a cudefer setting: "
+                   "ignored (did you mean CUDEFER_MAX_PENDING?)\n") != NULL,
+       "a misspelt knob: said, with the nearest knob");
+    ok(strstr(err, "cudefer: CUDEFER_FROBNICATE is not a cudefer setting: "
+                   "ignored (man cudefer lists them)\n") != NULL,
+       "a name near no knob: said, with where the settings are listed");
+    int lines = 0;
+    for (const char *c = err; *c != '\0'; c++)
+        lines += *c == '\n';
+    is_int(lines, 3, "one line each, nothing said of CUDEFER_LIB, _CXX, "
+           "_TRACE_FILE, _TEST_* or a knob");
+    def.print_stats = 1;
+    ok(same_config(&cfg, &def), "the knobs set are applied, nothing else");
+}
+
 /* ---- printing and validation --------------------------------------------- */
 
 /* config_print of cfg into a static buffer. */
@@ -584,6 +620,7 @@ int main(void)
     test_env_messages();
     test_env_several();
     test_poll_max_fixup();
+    test_unknown_names();
     test_print();
     test_validate();
     test_defaults_api();
