@@ -464,32 +464,6 @@ static bool known_elsewhere(const char *name, size_t len)
     return len > 13 && memcmp(name, "CUDEFER_TEST_", 13) == 0;
 }
 
-/* The edit distance (insertions, deletions, substitutions) between a[0..n)
- * and b, both at most 63 bytes (longer: a large number). */
-static size_t edit_distance(const char *a, size_t n, const char *b)
-{
-    size_t m = strlen(b), row[64];
-    if (n >= 64 || m >= 64)
-        return SIZE_MAX;
-    for (size_t j = 0; j <= m; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= n; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= m; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[m];
-}
-
 /* Any thread.  Each CUDEFER_* variable of the environment that names no
  * knob (nor anything else of cudefer's: known_elsewhere) is a setting the
  * user believes applied and does not: said in one line, with the knob it
@@ -512,7 +486,7 @@ static int report_unknown_names(void)
                 knob = true;
                 break;
             }
-            size_t d = edit_distance(var, len, name);
+            size_t d = config_parse_distance(var, len, name);
             if (strncmp(name, var, len) == 0 && name[len] == '_')
                 d = 0; /* CUDEFER_POLL for CUDEFER_POLL_US */
             if (d < near_d) {

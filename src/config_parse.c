@@ -261,3 +261,28 @@ bool config_parse_policy(const char *text, enum defer_policy *out)
     const char *t = config_parse_trim(text, buf, sizeof buf);
     return t != NULL && config_parse_policy_name(t, out) == CONFIG_PARSE_OK;
 }
+
+/* Any thread; never blocks (config_parse.h). */
+size_t config_parse_distance(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b), row[64];
+    if (n >= 64 || m >= 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= m; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= m; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[m];
+}

@@ -102,4 +102,10 @@ const char *config_parse_policy_word(uint64_t i);
  * unchanged). */
 bool config_parse_time_unit(size_t i, const char **suffix, uint64_t *us);
 
+/* Any thread; never blocks.  The edit distance (insertions, deletions,
+ * substitutions) between the n bytes at a and the string b, for naming the
+ * knob a misspelt variable was likely meant to be; SIZE_MAX when either is
+ * 64 bytes or longer. */
+size_t config_parse_distance(const char *a, size_t n, const char *b);
+
 #endif

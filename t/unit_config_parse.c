@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The CUDEFER_* value parsers alone (config_parse.h): durations, sizes,
  * switches and the policy, each taken whole and within its bounds or
- * refused. */
+ * refused; and the edit distance that names the knob a misspelt variable
+ * meant. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,41 @@ static void test_bool_policy(void)
     }
 }
 
+/* The edit distance that names the knob a misspelt variable meant. */
+static void test_distance(void)
+{
+    static const struct {
+        const char *a, *b;
+        size_t want;
+    } cases[] = {
+        {"CUDEFER_STATS", "CUDEFER_STATS", 0},
+        {"CUDEFER_STAT", "CUDEFER_STATS", 1},        /* one deleted */
+        {"CUDEFER_STATSS", "CUDEFER_STATS", 1},      /* one inserted */
+        {"CUDEFER_STATZ", "CUDEFER_STATS", 1},       /* one replaced */
+        {"CUDEFER_MAX_PENDNG", "CUDEFER_MAX_PENDING", 1},
+        {"CUDEFER_POLL_SU", "CUDEFER_POLL_US", 2},   /* a swap: two */
+        {"", "abc", 3},
+        {"abc", "", 3},
+        {"kitten", "sitting", 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        is_int((long long)config_parse_distance(cases[i].a,
+                                                strlen(cases[i].a),
+                                                cases[i].b),
+               (long long)cases[i].want, "distance \"%s\" to \"%s\": %zu",
+               cases[i].a, cases[i].b, cases[i].want);
+    /* Only the first n bytes of a count (a variable's name before '='). */
+    is_int((long long)config_parse_distance("CUDEFER_STATS=1", 13,
+                                            "CUDEFER_STATS"),
+           0, "the name before '=' only");
+    char big[80];
+    memset(big, 'A', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ok(config_parse_distance(big, strlen(big), "CUDEFER_STATS") == SIZE_MAX &&
+           config_parse_distance("A", 1, big) == SIZE_MAX,
+       "64 bytes or longer: SIZE_MAX");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -170,5 +206,6 @@ int main(void)
     test_duration_ms();
     test_size();
     test_bool_policy();
+    test_distance();
     return 0;
 }
