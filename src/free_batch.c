@@ -228,10 +228,13 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
  * enqueued before the record.  Returns cudaSuccess, or the error of the
  * wait that could not replace the event: the claims are back in the
  * batch then, or abandoned with the device when the error is sticky
- * (said). */
+ * (said).  With left (exit): no event means no wait, which could last for
+ * ever; the claims are dropped, their blocks left PENDING, and counted in
+ * *left (not in the statistics, not said: exit does both). */
 static cudaError_t seal(int device, cudaStream_t stream,
                         unsigned long long id, struct block_claim *array,
-                        const struct block_claim *one, size_t n, unsigned g)
+                        const struct block_claim *one, size_t n, unsigned g,
+                        size_t *left)
 {
     const struct block_claim *claims = array != NULL ? array : one;
     struct lane_pick pick;
@@ -247,6 +250,12 @@ static cudaError_t seal(int device, cudaStream_t stream,
         stream_lane_cancel(&pick);
         event_pool_give_unused(e);
         e = NULL;
+    }
+    if (e == NULL && left != NULL) {
+        *left += n;
+        free(array);
+        land(g, n);
+        return err;
     }
     if (e == NULL) {
         err = complete_synchronously(device, stream, claims, n, call, err);
@@ -355,17 +364,19 @@ void free_batch_add(int device, cudaStream_t stream,
     size_t n = seal_now ? take_claims(b, &array, &g) : 0;
     pthread_mutex_unlock(&b->lock);
     if (n > 0)
-        seal(device, stream, stream_id, array, NULL, n, g);
+        seal(device, stream, stream_id, array, NULL, n, g, NULL);
     else
         free(array);
     if (!added) /* no room for it: alone (in flight until pushed) */
-        seal(device, stream, stream_id, NULL, claim, 1, take_off(1));
+        seal(device, stream, stream_id, NULL, claim, 1, take_off(1), NULL);
 }
 
-/* free_batch_seal_all's scan: seals what waits in each batch now.
- * Returns cudaSuccess, or the first error that left a batch's claims
- * waiting (said). */
-static cudaError_t seal_batches(void)
+/* free_batch_seal_all's scan, and free_batch_seal_at_exit's with left:
+ * seals what waits in each batch now.  Returns cudaSuccess, or the first
+ * error that left a batch's claims waiting (said); with left, nothing
+ * waits and nothing is said: what could not be sealed is dropped and
+ * counted in *left. */
+static cudaError_t seal_batches(size_t *left)
 {
     cudaError_t first = cudaSuccess;
     struct cuda_switch sw = CUDA_SWITCH_NONE;
@@ -381,16 +392,24 @@ static cudaError_t seal_batches(void)
          * device then creates no context that was not). */
         const char *call = "cudaStreamIsCapturing";
         cudaError_t err = cuda_switch_device(&sw, d, &call);
-        if (err != cudaSuccess || !legacy_usable(NULL)) {
+        if (err == cudaSuccess && !legacy_usable(NULL))
+            err = cudaErrorStreamCaptureImplicit;
+        if (err != cudaSuccess && left != NULL) {
+            /* Exit: dropped, never released (their blocks stay PENDING). */
+            pthread_mutex_lock(&b->lock);
+            *left += b->count;
+            b->count = 0;
+            pthread_mutex_unlock(&b->lock);
+            continue;
+        }
+        if (err != cudaSuccess) {
             /* Left in the batch, reusable on the stream; said. */
             cuda_report_failure(
-                "free batches", call,
-                err != cudaSuccess ? err : cudaErrorStreamCaptureImplicit,
+                "free batches", call, err,
                 "; blocks freed on the legacy stream wait there until a later "
                 "free or flush can seal their batch");
             if (first == cudaSuccess)
-                first = err != cudaSuccess ? err
-                                           : cudaErrorStreamCaptureImplicit;
+                first = err;
             continue;
         }
         struct block_claim *array = NULL;
@@ -400,7 +419,7 @@ static cudaError_t seal_batches(void)
         unsigned long long id = b->stream_id;
         pthread_mutex_unlock(&b->lock);
         if (n > 0)
-            err = seal(d, NULL, id, array, NULL, n, g);
+            err = seal(d, NULL, id, array, NULL, n, g, left);
         else
             free(array);
         if (err != cudaSuccess && first == cudaSuccess)
@@ -433,10 +452,19 @@ cudaError_t free_batch_seal_all(void)
     cudaError_t err = cudaSuccess;
     for (int round = 0; round < 2; round++) {
         unsigned long back = atomic_load(&given_back);
-        err = seal_batches();
+        err = seal_batches(NULL);
         wait_for_earlier_seals();
         if (atomic_load(&given_back) == back)
             break;
     }
     return err;
+}
+
+size_t free_batch_seal_at_exit(void)
+{
+    /* The gate is closed and every admitted call ended: no other seal is
+     * under way, nor will one give claims back. */
+    size_t left = 0;
+    seal_batches(&left);
+    return left;
 }

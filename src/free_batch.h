@@ -96,9 +96,10 @@ void free_batch_add(int device, cudaStream_t stream,
                     const struct block_claim *claim);
 
 /* Any application thread that must have every batch sealed before it goes
- * on (defer_flush, defer_trim, shutdown, exit): records an event on the
- * legacy stream of each device with claims (switching the current device
- * and back) and pushes its entry; then waits until other threads' seals
+ * on (defer_flush, defer_trim, shutdown; exit has its own,
+ * free_batch_seal_at_exit): records an event on the legacy stream of each
+ * device with claims (switching the current device and back) and pushes
+ * its entry; then waits until other threads' seals
  * that took claims before it looked have pushed theirs (not for seals
  * begun later), and seals once more where one of those gave its claims
  * back (it could neither record nor synchronize: said).  Blocks as
@@ -111,6 +112,16 @@ void free_batch_add(int device, cudaStream_t stream,
  * abandoned, counted as failed, as the reclaimer abandons the device's
  * entries). */
 cudaError_t free_batch_seal_all(void);
+
+/* Exit only, once the gate is closed and every admitted call ended: seals
+ * every batch as free_batch_seal_all does, but never waits (the process
+ * must not hang in exit): the claims of a batch that cannot get its event
+ * (or whose device cannot be made current, or whose legacy stream another
+ * thread's capture bars) are dropped, their blocks left PENDING, their
+ * frees never released.  Returns their count: neither counted in the
+ * statistics nor said (exit counts and says them with what its drain
+ * gives up on). */
+size_t free_batch_seal_at_exit(void);
 
 /* Any thread: claims waiting in batches now (takes each device's batch
  * lock; for tests). */

@@ -588,10 +588,19 @@ static void at_exit(void)
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
         bool closed = close_gate(deadline);
-        if (closed)
-            free_batch_seal_all();
-        if (!closed || !request_and_wait(&q, deadline, false) ||
-            !stop_and_join(deadline)) {
+        /* No wait for the legacy stream here: a batch that cannot get
+         * its event is left unreleased, as what the drain gives up on. */
+        size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
+        if (closed && request_and_wait(&q, deadline, false) &&
+            stop_and_join(deadline)) {
+            if (unsealed > 0) {
+                stats_add(&stats.leaked_at_exit, unsealed);
+                stats_add(&stats.failed, unsealed);
+                report("exit: %zu entries still pending (blocks freed on the "
+                       "legacy stream, whose batch could get no event): left "
+                       "unreleased", unsealed);
+            }
+        } else {
             /* The reclaimer, left running, and a call still admitted
              * count nothing from here on (one may be inside a count:
              * never blocks), so that what is counted failed here is never
@@ -603,7 +612,8 @@ static void at_exit(void)
             defer_stats_get(&s);
             stats_set(&stats.leaked_at_exit, s.pending);
             /* Abandoned, as in a fork child (cudefer.h: failed counts
-             * them; pending then reads 0). */
+             * them; pending then reads 0).  The unsealed batches' frees
+             * are among them (never counted finished). */
             stats_add(&stats.failed, s.pending);
             report("exit: %llu entries still pending after %llu ms: left "
                    "unreleased", (unsigned long long)s.pending,

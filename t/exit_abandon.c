@@ -5,10 +5,13 @@
  * later, must not count its own release as well: released + failed never
  * exceeds deferred.  Each scenario is a child that calls exit(); an exit
  * handler registered before cudefer's (so run after it) waits for the
- * blocked call to end, then checks the counts and ends the child. */
+ * blocked call to end, then checks the counts and ends the child.
+ * Last, exit's own seal of a free batch whose event cannot be recorded
+ * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "free_batch.h"
 #include "helpers.h"
@@ -99,14 +102,64 @@ static void exit_during_batch_wait(void)
     exit(0);
 }
 
+/* ---- exit's seal of a batch whose event cannot be recorded -------------- */
+
+/* Runs after cudefer's exit handler, which must have returned: the
+ * batch's frees are left unreleased (their work never ends), counted as
+ * exit counts what its drain gives up on, and said in exit's words. */
+static void check_left_unreleased(void)
+{
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    struct defer_stats st;
+    defer_stats_get(&st);
+    diag("  deferred %llu released %llu failed %llu pending %llu "
+         "leaked_at_exit %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
+         ULL(st.leaked_at_exit));
+    CHECK(st.leaked_at_exit == 2 && st.failed == 2 && st.pending == 0,
+          "the batch's 2 frees counted leaked and failed, none pending");
+    CHECK(has_line(said, "exit: 2 entries still pending", "left unreleased",
+                   NULL),
+          "said in one line, in exit's words: %s", said);
+    CHECK(strstr(said, "waiting for the legacy stream") == NULL,
+          "and no wait for the stream is announced: %s", said);
+    scenario_child_end(); /* the oracle: nothing released under work */
+}
+
+static void exit_with_unsealable_batch(void)
+{
+    atexit(check_left_unreleased); /* before cudefer's: run after it */
+    free_batch_set_age_ns(UINT64_MAX); /* sealed on demand only */
+    void *p[2];
+    for (int i = 0; i < 2; i++) {
+        if (defer_alloc(&p[i], 48 * KiB, NULL) != cudaSuccess)
+            bail("defer_alloc");
+        work_held(NULL, p[i]); /* never completes */
+    }
+    for (int i = 0; i < 2; i++)
+        if (defer_free(p[i], NULL) != cudaSuccess)
+            bail("defer_free");
+    CHECK(free_batch_waiting() == 2, "both frees wait in the batch (%zu)",
+          free_batch_waiting());
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, -1);
+    stderr_capture_begin();
+    exit(0);
+}
+
 int main(void)
 {
-    plan(2);
+    plan(3);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
     fork_scenario("exit gives up on a free batch's fallback wait: its "
                   "release is not counted too",
                   "CUDEFER_FREE_BATCH=2", 1, 20000, exit_during_batch_wait);
+    /* Killed after 10 s: exit waited for the stream without a deadline. */
+    fork_scenario("exit whose seal cannot record the batch's event leaves "
+                  "its frees unreleased, waiting for nothing",
+                  "CUDEFER_FREE_BATCH=8", 1, 10000,
+                  exit_with_unsealable_batch);
     return 0;
 }
