@@ -18,7 +18,18 @@
 #include "stream_identity.h"
 #include "submit.h"
 
-static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
+/* A request's words for the lines it says: what names the call the user
+ * made; tail ends each of its failure lines ("" where the error goes back
+ * to the caller; defer_pluggable_alloc, whose caller does not check its
+ * NULL, says there that it returns NULL); said: a failure line was
+ * written (every error but out of memory is said where it arises). */
+struct words {
+    const char *what;
+    const char *tail;
+    bool said;
+};
+
+static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
                           const char *detail);
 
 /* A new block of size bytes on stream, filed in the cache, all while
@@ -27,16 +38,18 @@ static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
  * it like any other.  Returns the allocation's error: out of memory
  * unreported (the caller hears it), any other reported and counted (a
  * refused admission by lifecycle_enter, the allocation here). */
-static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
-                                void **ptr)
+static cudaError_t malloc_filed(struct words *w, int device, size_t size,
+                                cudaStream_t stream, void **ptr)
 {
-    cudaError_t err = lifecycle_enter("defer_alloc");
-    if (err != cudaSuccess)
+    cudaError_t err = lifecycle_enter_ending(w->what, w->tail);
+    if (err != cudaSuccess) {
+        w->said = true;
         return err;
+    }
     bool upstream;
     err = cache_upstream_malloc(device, size, stream, ptr, &upstream);
     if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
-        refuse("defer_alloc", "allocating a new block", err, "");
+        refuse(w, "allocating a new block", err, "");
     if (err == cudaSuccess) {
         /* Counted as a new block once filed: one that is not is plain
          * memory, never a block of the cache (in neither cache_bytes nor
@@ -44,8 +57,8 @@ static cudaError_t malloc_filed(int device, size_t size, cudaStream_t stream,
         if (cache_add(device, *ptr, size, upstream)) {
             stats_device_count_mallocs(device, 1);
         } else {
-            report("defer_alloc: out of memory for the record of %p: it is "
-                   "released when freed, never reused", *ptr);
+            report("%s: out of memory for the record of %p: it is "
+                   "released when freed, never reused", w->what, *ptr);
             if (upstream)
                 cache_upstream_forget(device, size);
         }
@@ -78,21 +91,21 @@ static size_t fresh_size(int device, size_t bytes)
  * does not).  A callback cannot wait for the reclaimer: there the trim
  * and its retry are left out (a refused defer_trim would be said, and the
  * caller of defer_alloc never called it). */
-static cudaError_t malloc_block(int device, size_t bytes, cudaStream_t stream,
-                                void **ptr)
+static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
+                                cudaStream_t stream, void **ptr)
 {
     size_t rounded = fresh_size(device, bytes), exact = exact_size(bytes);
-    cudaError_t err = malloc_filed(device, rounded, stream, ptr);
+    cudaError_t err = malloc_filed(w, device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
     if (!lifecycle_in_callback()) {
         size_t trimmed = 0;
         defer_trim(&trimmed);
-        err = malloc_filed(device, rounded, stream, ptr);
+        err = malloc_filed(w, device, rounded, stream, ptr);
     }
     if (err != cudaErrorMemoryAllocation || exact >= rounded)
         return err;
-    return malloc_filed(device, exact, stream, ptr);
+    return malloc_filed(w, device, exact, stream, ptr);
 }
 
 /* Hand the memory of n blocks that left the cache back to device's pool,
@@ -157,27 +170,31 @@ static void hand_back_free_blocks(int device, size_t bytes,
     }
 }
 
-/* A refusal of an allocation call: counted, reported. */
-static cudaError_t refuse(const char *what, const char *call, cudaError_t err,
+/* A refusal of an allocation call: counted, said in w's words (detail,
+ * then w's tail). */
+static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
                           const char *detail)
 {
     stats_add(&stats.rejected, 1);
-    cuda_report_failure(what, call, err, detail);
+    char line[384];
+    snprintf(line, sizeof line, "%s%s", detail, w->tail);
+    cuda_report_failure(w->what, call, err, line);
+    w->said = true;
     return err;
 }
 
 /* Refuses a request on stream while it is captured (or barred by
  * another thread's capture): cudaStreamGetDevice would invalidate a
  * capture, and cudaMalloc is refused in the default capture mode. */
-static cudaError_t refuse_if_capturing(cudaStream_t stream)
+static cudaError_t refuse_if_capturing(struct words *w, cudaStream_t stream)
 {
     bool capturing = false;
     const char *call = NULL;
     cudaError_t err = capture_status(&stream, 1, &capturing, &call);
     if (err != cudaSuccess)
-        return refuse("defer_alloc", call, err, "");
+        return refuse(w, call, err, "");
     if (capturing)
-        return refuse("defer_alloc", "the stream", cudaErrorStreamCaptureUnsupported,
+        return refuse(w, "the stream", cudaErrorStreamCaptureUnsupported,
                       ": it is being captured into a graph; allocate before "
                       "the capture begins (the capture is left intact)");
     return cudaSuccess;
@@ -185,7 +202,7 @@ static cudaError_t refuse_if_capturing(cudaStream_t stream)
 
 /* defer_alloc, admitted: the cache, else cudaMalloc (current: the current
  * device when the caller knows it, else -1). */
-static cudaError_t alloc_admitted(void **ptr, size_t bytes,
+static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
                                   cudaStream_t stream, int current,
                                   int expect, int *device)
 {
@@ -196,30 +213,31 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
     cudaError_t err;
     if (legacy && current < 0 &&
         (err = cuda_get_device(&current)) != cudaSuccess)
-        return refuse("defer_alloc", "cudaGetDevice", err, "");
+        return refuse(w, "cudaGetDevice", err, "");
     unsigned long long id;
     bool cached =
         legacy && stream_identity_cached_special(stream, current, device, &id);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */
-    if (!cached && (err = refuse_if_capturing(stream)) != cudaSuccess)
+    if (!cached && (err = refuse_if_capturing(w, stream)) != cudaSuccess)
         return err;
     const char *call = NULL;
     if (!cached &&
         (err = stream_identity_lookup_on(stream, true, current, device, &id,
                                          &cached, &call)) != cudaSuccess)
-        return refuse("defer_alloc", call, err, "");
+        return refuse(w, call, err, "");
     if (expect >= 0 && *device != expect) {
         /* A block of another device would fault, or cross the link, where
          * the caller uses it. */
         stats_add(&stats.rejected, 1);
-        report("defer_pluggable_alloc: device %d asked for, but stream %p "
-               "is on device %d: refused", expect, (void *)stream, *device);
+        report("%s: device %d asked for, but stream %p is on device %d: "
+               "refused%s", w->what, expect, (void *)stream, *device,
+               w->tail);
+        w->said = true;
         return cudaErrorInvalidDevice;
     }
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
-        return refuse("defer_alloc", "an earlier CUDA call on this device", err,
-                      "");
+        return refuse(w, "an earlier CUDA call on this device", err, "");
     size_t size;
     *ptr = cache_take(*device, id, bytes, &size);
     if (*ptr != NULL)
@@ -228,7 +246,7 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
      * blocks that went FREE after the search and before this read may go
      * back to the pool too, which a later miss would have done anyway. */
     uint64_t before = now_ns();
-    if (legacy && (err = refuse_if_capturing(stream)) != cudaSuccess)
+    if (legacy && (err = refuse_if_capturing(w, stream)) != cudaSuccess)
         return err;
     /* More than the whole device can never succeed: it must not empty the
      * cache on its way to failing (the hand-back below, the trim of
@@ -248,29 +266,31 @@ static cudaError_t alloc_admitted(void **ptr, size_t bytes,
  * *device: the request's device.  *full: whether the device itself was out
  * of memory for the new block (not a request above its memory, which no
  * freeing makes fit, nor host memory). */
-static cudaError_t alloc_try(void **ptr, size_t bytes, cudaStream_t stream,
-                             int current, int expect, int *device, bool *full)
+static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
+                             cudaStream_t stream, int current, int expect,
+                             int *device, bool *full)
 {
     *device = -1;
     *full = false;
-    cudaError_t err = lifecycle_enter("defer_alloc");
-    if (err != cudaSuccess)
+    cudaError_t err = lifecycle_enter_ending(w->what, w->tail);
+    if (err != cudaSuccess) {
+        w->said = true;
         return err;
-    err = alloc_admitted(ptr, bytes, stream, current, expect, device);
+    }
+    err = alloc_admitted(w, ptr, bytes, stream, current, expect, device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err == cudaSuccess && *ptr == NULL) { /* said and counted there */
-        err = malloc_block(*device, bytes, stream, ptr);
+        err = malloc_block(w, *device, bytes, stream, ptr);
         *full = err == cudaErrorMemoryAllocation;
     }
     return err;
 }
 
-/* defer_alloc, what naming the caller in the size's refusal, with the
- * current device when the caller knows it (current >= 0: the pluggable
- * entry point made it current) and the device the block must be on
- * (expect >= 0: the one PyTorch named; a stream of another device is
- * refused). */
-static cudaError_t alloc_on(const char *what, void **ptr, size_t bytes,
+/* defer_alloc, said in w's words, with the current device when the
+ * caller knows it (current >= 0: the pluggable entry point made it
+ * current) and the device the block must be on (expect >= 0: the one
+ * PyTorch named; a stream of another device is refused). */
+static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
                             cudaStream_t stream, int current, int expect)
 {
     if (ptr == NULL) {
@@ -286,7 +306,9 @@ static cudaError_t alloc_on(const char *what, void **ptr, size_t bytes,
          * 0 bytes, which would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
         report("%s: %zu bytes asked for, more than any device holds (a "
-               "negative size converted?): out of memory", what, bytes);
+               "negative size converted?): out of memory%s", w->what, bytes,
+               w->tail);
+        w->said = true;
         return cudaErrorMemoryAllocation;
     }
     /* Out of memory, the application's handler may free memory of its own
@@ -296,8 +318,10 @@ static cudaError_t alloc_on(const char *what, void **ptr, size_t bytes,
     int device;
     bool full;
     do
-        err = alloc_try(ptr, bytes, stream, current, expect, &device, &full);
-    while (full && oom_handler_retry(bytes, device, &handler_calls));
+        err = alloc_try(w, ptr, bytes, stream, current, expect, &device,
+                        &full);
+    while (full && oom_handler_retry(bytes, device, &handler_calls, w->what,
+                                     w->tail, &w->said));
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     if (err != cudaSuccess)
@@ -307,7 +331,8 @@ static cudaError_t alloc_on(const char *what, void **ptr, size_t bytes,
 
 cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
-    return alloc_on("defer_alloc", ptr, bytes, stream, -1, -1);
+    struct words w = {.what = "defer_alloc", .tail = ""};
+    return alloc_on(&w, ptr, bytes, stream, -1, -1);
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
@@ -330,6 +355,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     cudaError_t err = lifecycle_enter("defer_record_stream");
     if (err != cudaSuccess)
         return err;
+    struct words w = {.what = "defer_record_stream", .tail = ""};
     int device;
     unsigned long long id;
     bool cached, capturing = false;
@@ -338,14 +364,14 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         !capturing)
         err = stream_identity_lookup(stream, true, &device, &id, &cached, &call);
     if (err != cudaSuccess)
-        refuse("defer_record_stream", call, err, "; nothing recorded");
+        refuse(&w, call, err, "; nothing recorded");
     else if (capturing)
-        err = refuse("defer_record_stream", "the stream",
+        err = refuse(&w, "the stream",
                      cudaErrorStreamCaptureUnsupported,
                      ": it is being captured into a graph; nothing recorded");
     else if ((err = lifecycle_device_error(device)) != cudaSuccess)
         /* A failed device's error, as every later call on it returns. */
-        refuse("defer_record_stream", "an earlier CUDA call on this device",
+        refuse(&w, "an earlier CUDA call on this device",
                err, "; nothing recorded");
     else if ((err = cache_users_add(
                   ptr, &(struct block_user){stream, id, device})) !=
@@ -366,10 +392,10 @@ static cudaError_t enter_device(struct cuda_switch *sw, int device,
                                      : cudaSuccess;
 }
 
-/* The two pluggable allocations, what naming the caller in reports: a
- * block of size bytes on device for stream in *ptr, or NULL and the error
- * (a failed switch to device reported and counted as rejected). */
-static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
+/* The two pluggable allocations, said in w's words: a block of size bytes
+ * on device for stream in *ptr, or NULL and the error (a failed switch to
+ * device said and counted as rejected). */
+static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
                                    int device, cudaStream_t stream)
 {
     *ptr = NULL;
@@ -377,28 +403,31 @@ static cudaError_t pluggable_alloc(const char *what, void **ptr, size_t size,
         /* No device: alloc_on would take it for "any" (expect < 0), and a
          * created stream would get a block of its own device. */
         stats_add(&stats.rejected, 1);
-        report("%s: device %d: no such device: refused", what, device);
+        report("%s: device %d: no such device: refused%s", w->what, device,
+               w->tail);
+        w->said = true;
         return cudaErrorInvalidDevice;
     }
     /* Refused before the switch: a forked child cannot use CUDA (a
      * 0-byte request, which has nothing to do, is never refused). */
     cudaError_t err;
-    if (size > 0 && (err = lifecycle_refused(what)) != cudaSuccess)
+    if (size > 0 &&
+        (err = lifecycle_refused_ending(w->what, w->tail)) != cudaSuccess) {
+        w->said = true;
         return err;
+    }
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     err = enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess) {
-        stats_add(&stats.rejected, 1);
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
-        cuda_report_failure(what, call, err, detail);
-        return err;
+        return refuse(w, call, err, *w->tail != '\0' ? "" : detail);
     }
     /* A special handle's device is now the current one. */
-    err = alloc_on(what, ptr, size, stream,
+    err = alloc_on(w, ptr, size, stream,
                    stream_is_special(stream) ? device : -1, device);
-    cuda_switch_back(&sw, what);
+    cuda_switch_back(&sw, w->what);
     return err;
 }
 
@@ -410,27 +439,27 @@ cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
         report("defer_pluggable_alloc_status: ptr is NULL: refused");
         return cudaErrorInvalidValue;
     }
-    return pluggable_alloc("defer_pluggable_alloc_status", ptr, size, device,
-                           stream);
+    struct words w = {.what = "defer_pluggable_alloc_status", .tail = ""};
+    return pluggable_alloc(&w, ptr, size, device, stream);
 }
 
 void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
 {
-    void *ptr;
-    cudaError_t err =
-        pluggable_alloc("defer_pluggable_alloc", &ptr, size, device, stream);
     /* Said: PyTorch does not check the pointer (cudefer.h), so this line
-     * may be all the application hears before the tensor faults.  A size
-     * no device holds was said already, in one line (an out-of-memory
-     * line besides would say the one error twice). */
-    if (err == cudaErrorMemoryAllocation && size > BLOCK_MAX_REQUEST)
-        return ptr;
-    if (err == cudaErrorMemoryAllocation)
+     * may be all the application hears before the tensor faults.  One
+     * error, one line: the line that says what failed also says that NULL
+     * is returned (two lines read as two errors). */
+    char tail[96];
+    snprintf(tail, sizeof tail, "; returning NULL for %zu bytes on device %d",
+             size, device);
+    struct words w = {.what = "defer_pluggable_alloc", .tail = tail};
+    void *ptr;
+    cudaError_t err = pluggable_alloc(&w, &ptr, size, device, stream);
+    /* Out of memory is said nowhere else (defer_alloc's caller hears it),
+     * but where the handler gave up or no device holds the size. */
+    if (err == cudaErrorMemoryAllocation && !w.said)
         report("defer_pluggable_alloc: out of memory for %zu bytes on "
                "device %d: returning NULL", size, device);
-    else if (err != cudaSuccess)
-        report("defer_pluggable_alloc: returning NULL for %zu bytes on "
-               "device %d", size, device);
     return ptr;
 }
 

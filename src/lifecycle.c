@@ -93,12 +93,13 @@ static bool device_failed(int device)
 }
 
 /* Start the reclaimer for the first call, what; life_lock held.  On
- * failure (reported) nothing stays allocated and the next call tries again. */
-static cudaError_t start_locked(const char *what)
+ * failure (reported, the line ending with tail) nothing stays allocated
+ * and the next call tries again. */
+static cudaError_t start_locked(const char *what, const char *tail)
 {
-    static const char *const kept = "; nothing was deferred (the caller "
-                                    "keeps ownership; the next call tries "
-                                    "again)";
+    char kept[256];
+    snprintf(kept, sizeof kept, "; nothing was deferred (the caller keeps "
+             "ownership; the next call tries again)%s", tail);
     config_at_start(&rs.cfg);
     rs.disabled = rs.cfg.disable != 0;
     int n;
@@ -142,7 +143,8 @@ static cudaError_t start_locked(const char *what)
     int rc = pthread_create(&rs.thread, NULL, reclaimer_main, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        report("cannot start the reclaimer thread: %s", strerror(rc));
+        report("%s: cannot start the reclaimer thread: %s%s", what,
+               strerror(rc), tail);
         stream_table_destroy(&rs.streams);
         event_pool_abandon();
         undo_start();
@@ -168,10 +170,10 @@ static bool inside_callback(void)
 }
 
 /* Any thread: refuse the call what (after shutdown, or in a forked child),
- * said in one line; cudaErrorNotPermitted.  Only the frees and callbacks
- * (defer_free*, defer_call*) hand something to cudefer, so only their line
- * says the caller keeps it. */
-static cudaError_t refuse(const char *what)
+ * counted and said in one line ending with tail; cudaErrorNotPermitted.
+ * Only the frees and callbacks (defer_free*, defer_call*) hand something
+ * to cudefer, so only their line says the caller keeps it. */
+static cudaError_t refuse_ending(const char *what, const char *tail)
 {
     stats_add(&stats.rejected, 1);
     bool hands_over = strncmp(what, "defer_free", 10) == 0 ||
@@ -179,13 +181,19 @@ static cudaError_t refuse(const char *what)
     const char *kept = hands_over ? "; the caller keeps ownership" : "";
     if (atomic_load(&rs.state) == STATE_FORKED)
         report("%s called in a forked child: refused (CUDA cannot be used "
-               "after fork%s)", what, kept);
+               "after fork%s)%s", what, kept, tail);
     else if (hands_over)
         report("%s called after defer_shutdown: refused (the caller keeps "
-               "ownership)", what);
+               "ownership)%s", what, tail);
     else
-        report("%s called after defer_shutdown: refused", what);
+        report("%s called after defer_shutdown: refused%s", what, tail);
     return cudaErrorNotPermitted;
+}
+
+/* Any thread: refuse_ending with nothing after the refusal. */
+static cudaError_t refuse(const char *what)
+{
+    return refuse_ending(what, "");
 }
 
 /* The gate: the closed flag (reclaimer_state.h) and the count of calls
@@ -241,6 +249,11 @@ static void gate_forget_admissions(void)
  * waiting for the lock would never end. */
 cudaError_t lifecycle_enter(const char *what)
 {
+    return lifecycle_enter_ending(what, "");
+}
+
+cudaError_t lifecycle_enter_ending(const char *what, const char *tail)
+{
     for (;;) {
         if (!gate_enter()) {
             /* The drain of a shutdown or exit runs callbacks; they may
@@ -252,7 +265,7 @@ cudaError_t lifecycle_enter(const char *what)
                 thread_here.admissions++;
                 return cudaSuccess;
             }
-            return refuse(what);
+            return refuse_ending(what, tail);
         }
         if (atomic_load_explicit(&rs.state, memory_order_acquire) ==
             STATE_RUNNING) {
@@ -265,11 +278,11 @@ cudaError_t lifecycle_enter(const char *what)
         int state = atomic_load(&rs.state);
         if (state == STATE_NEW) {
             atomic_store(&rs.starting, true);
-            if ((err = start_locked(what)) != cudaSuccess)
+            if ((err = start_locked(what, tail)) != cudaSuccess)
                 stats_add(&stats.rejected, 1);
             atomic_store(&rs.starting, false);
         } else if (state != STATE_RUNNING) { /* shut down while we waited */
-            err = refuse(what);
+            err = refuse_ending(what, tail);
         }
         pthread_mutex_unlock(&rs.life_lock);
         if (err != cudaSuccess)
@@ -281,12 +294,17 @@ cudaError_t lifecycle_enter(const char *what)
 
 cudaError_t lifecycle_refused(const char *what)
 {
+    return lifecycle_refused_ending(what, "");
+}
+
+cudaError_t lifecycle_refused_ending(const char *what, const char *tail)
+{
     /* As lifecycle_enter: the reclaimer's callbacks may defer during the
      * drain of a shutdown or exit. */
     if (!atomic_load(&rs.gate_closed) ||
         (thread_here.reclaimer && atomic_load(&rs.state) == STATE_RUNNING))
         return cudaSuccess;
-    return refuse(what);
+    return refuse_ending(what, tail);
 }
 
 void lifecycle_leave(void)

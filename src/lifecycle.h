@@ -25,12 +25,20 @@
  * child (reported naming the caller, what), or the start-up error. */
 cudaError_t lifecycle_enter(const char *what);
 
+/* lifecycle_enter, each line it says ending with tail (a caller that
+ * cannot hand the error back says what it does instead, in the same line:
+ * defer_pluggable_alloc's "; returning NULL ..."). */
+cudaError_t lifecycle_enter_ending(const char *what, const char *tail);
+
 /* Any thread: cudaErrorNotPermitted (said naming what, counted) where
  * lifecycle_enter would refuse for the closed gate (after defer_shutdown,
  * in a forked child), else cudaSuccess; admits nothing, starts nothing,
  * makes no CUDA call.  For a call that must make CUDA calls before it is
  * admitted (a device switch): a forked child cannot use CUDA. */
 cudaError_t lifecycle_refused(const char *what);
+
+/* lifecycle_refused, its line ending with tail (lifecycle_enter_ending). */
+cudaError_t lifecycle_refused_ending(const char *what, const char *tail);
 
 /* Any thread, between enter and leave.  Hands e to the reclaimer (which now
  * owns it) and wakes it if it sleeps.  Never blocks. */

@@ -53,7 +53,8 @@ cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
 
 /* Any thread, holding no lock or admission of cudefer's; blocks while
  * the handler runs.  Whether to try the request again (oom_handler.h). */
-bool oom_handler_retry(size_t bytes, int device, unsigned *calls)
+bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
+                       const char *what, const char *tail, bool *said)
 {
     if (in_handler)
         return false;
@@ -64,9 +65,10 @@ bool oom_handler_retry(size_t bytes, int device, unsigned *calls)
     if (fn == NULL)
         return false;
     if (*calls >= DEFER_OOM_MAX_CALLS) {
-        report("defer_alloc: out of memory for %zu bytes on device %d after "
-               "the out-of-memory handler asked for %u retries: giving up",
-               bytes, device, *calls);
+        report("%s: out of memory for %zu bytes on device %d after the "
+               "out-of-memory handler asked for %u retries: giving up%s",
+               what, bytes, device, *calls, tail);
+        *said = true;
         return false;
     }
     ++*calls;

@@ -18,8 +18,10 @@
  * is called now.  Blocks as long as the handler runs.  True when the
  * request is to be tried again: a handler is set, the thread is not inside
  * a handler call already, fewer than DEFER_OOM_MAX_CALLS calls were made
- * (at the bound: said, false) and the handler returned nonzero. */
-bool oom_handler_retry(size_t bytes, int device, unsigned *calls);
+ * (at the bound: said naming the request's call, what, the line ending
+ * with tail; *said set, false) and the handler returned nonzero. */
+bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
+                       const char *what, const char *tail, bool *said);
 
 /* Fork child only, from the library's one fork handler (lifecycle.c): the
  * pair's lock made usable again (its holder may not exist there). */

@@ -42,8 +42,10 @@ static void test_sizes_no_device_holds(cudaStream_t s)
     /* One error, one line, in the caller's words. */
     ok(said_lines(said) == 1 &&
            strstr(said, "cudefer: defer_pluggable_alloc: ") == said &&
-           strstr(said, "more than any device holds") != NULL,
-       "said in one line naming defer_pluggable_alloc (%s)", said);
+           strstr(said, "more than any device holds") != NULL &&
+           strstr(said, "returning NULL") != NULL,
+       "said in one line naming defer_pluggable_alloc, and the NULL (%s)",
+       said);
     void *q = &q;
     stderr_capture_begin();
     cudaError_t err = defer_pluggable_alloc_status(&q, SIZE_MAX - 100, 0, s);
@@ -85,12 +87,16 @@ static void test_pluggable_status(cudaStream_t s)
     said = stderr_capture_end();
     ok(err == cudaErrorInvalidValue && strstr(said, "ptr is NULL") != NULL,
        "a NULL ptr: refused, said");
+    /* One error, one line: what failed and that NULL is returned (a
+     * second line, "returning NULL", read as a second error before). */
     stderr_capture_begin();
     void *none = defer_pluggable_alloc(4096, 7, 0);
     said = stderr_capture_end();
-    ok(none == NULL && strstr(said, "defer_pluggable_alloc: returning NULL "
-                                    "for 4096 bytes on device 7") != NULL,
-       "defer_pluggable_alloc on device 7: NULL, said");
+    ok(none == NULL && said_lines(said) == 1 &&
+           has_line(said, "defer_pluggable_alloc: cudaSetDevice failed",
+                    "; returning NULL for 4096 bytes on device 7", NULL),
+       "defer_pluggable_alloc on device 7: NULL, said in one line (%s)",
+       said);
 
     /* A created stream of device 0 with another device named (7, or 1 of
      * the 2): refused and said, not a block of device 0 (it got one
@@ -184,11 +190,23 @@ static void test_other_errors(cudaStream_t s)
     stderr_capture_begin();
     cudaError_t err = defer_pluggable_alloc_status(&q, 8 << 20, 0, s);
     const char *said = stderr_capture_end();
-    ok(err == cudaErrorInvalidValue && q == NULL &&
-           strstr(said, "defer_alloc: allocating a new block failed") != NULL,
-       "an injected cudaErrorInvalidValue: returned, said (%s)", said);
+    ok(err == cudaErrorInvalidValue && q == NULL && said_lines(said) == 1 &&
+           strstr(said, "defer_pluggable_alloc_status: allocating a new "
+                        "block failed") != NULL,
+       "an injected cudaErrorInvalidValue: returned, said naming the call "
+       "(%s)", said);
     is_int(stats_now().rejected - before.rejected, 1, "counted as rejected");
     is_int(cudaGetLastError(), cudaSuccess, "the last error cleared");
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(8 << 20, 0, s);
+    said = stderr_capture_end();
+    ok(none == NULL && said_lines(said) == 1 &&
+           has_line(said, "defer_pluggable_alloc: allocating a new block "
+                          "failed",
+                    "; returning NULL for 8388608 bytes on device 0", NULL),
+       "defer_pluggable_alloc: NULL, what failed and the NULL said in one "
+       "line (%s)", said);
     fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
     fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
     cudaSetDevice(0);

@@ -161,8 +161,15 @@ static int child_after_fork(void)
     CHECK(err == cudaErrorNotPermitted && got == NULL,
           "defer_pluggable_alloc_status in the child: %s",
           cudaGetErrorName(err));
-    CHECK(defer_pluggable_alloc(4096, 0, NULL) == NULL,
-          "defer_pluggable_alloc in the child: NULL");
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(4096, 0, NULL);
+    const char *said = stderr_capture_end();
+    CHECK(none == NULL, "defer_pluggable_alloc in the child: NULL");
+    CHECK(has_line(said, "defer_pluggable_alloc called in a forked child: "
+                         "refused",
+                   "; returning NULL for 4096 bytes on device 0", NULL) &&
+              strchr(said, '\n') == strrchr(said, '\n'),
+          "said in one line, the NULL too: %s", said);
     defer_pluggable_free(q, 64, 0, NULL);
     calls = fake_calls(FAKE_GET_DEVICE) + fake_calls(FAKE_SET_DEVICE) +
             fake_driver_calls() - calls;

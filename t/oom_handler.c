@@ -320,6 +320,16 @@ static void scenario_bound(void)
               atomic_load(&eager_calls) == 2 * DEFER_OOM_MAX_CALLS,
           "the next request: %d more calls",
           atomic_load(&eager_calls) - DEFER_OOM_MAX_CALLS);
+    /* PyTorch's entry point: the one error in one line, its NULL too
+     * (an out-of-memory line followed the handler's before). */
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(MiB, 0, s);
+    said = stderr_capture_end();
+    CHECK(none == NULL && strchr(said, '\n') == strrchr(said, '\n') &&
+              has_line(said, "defer_pluggable_alloc: out of memory", want,
+                       NULL) &&
+              strstr(said, "; returning NULL for 1048576 bytes on device 0"),
+          "defer_pluggable_alloc: said in one line (%s)", said);
     fake_fail_clear();
     defer_set_oom_handler(NULL, NULL, NULL, NULL);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
