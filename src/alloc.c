@@ -469,12 +469,12 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     if (ptr == NULL)
         return;
     /* Refused before the look-up and the switch: a forked child cannot
-     * use CUDA. */
-    if (lifecycle_refused("defer_free") != cudaSuccess) {
-        report("defer_pluggable_free: %p could not be freed: it stays "
-               "allocated", ptr);
+     * use CUDA.  One line says both (PyTorch cannot hear an error). */
+    char kept[64];
+    snprintf(kept, sizeof kept, "; %p stays allocated", ptr);
+    if (lifecycle_refused_ending("defer_pluggable_free", kept) !=
+        cudaSuccess)
         return;
-    }
     /* On a special handle the device names the stream: the block's own
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */
@@ -507,11 +507,11 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  .block_known = block_known,
                                  .block_device = block_device};
         err = submit(&a, stream);
+        if (err != cudaSuccess) /* said by defer_free's checks */
+            report("defer_pluggable_free: %p could not be freed: it stays "
+                   "allocated", ptr);
     } else {
-        cuda_report_failure("defer_pluggable_free", call, err, "");
+        cuda_report_failure("defer_pluggable_free", call, err, kept);
     }
     cuda_switch_back(&sw, "defer_pluggable_free");
-    if (err != cudaSuccess) /* said by defer_free; PyTorch cannot hear it */
-        report("defer_pluggable_free: %p could not be freed: it stays "
-               "allocated", ptr);
 }

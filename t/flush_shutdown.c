@@ -2,6 +2,7 @@
 /* defer_flush waits for what was deferred before it (and only that);
  * defer_shutdown drains, stops, and refuses later calls clearly. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -125,10 +126,20 @@ static void test_shutdown(void)
                NULL &&
            strstr(msg, "ownership") == NULL,
        "its message names the problem, not an ownership it has none of");
+    /* PyTorch's free hears no error: one line says the refusal and that
+     * the memory stays allocated. */
+    stderr_capture_begin();
+    defer_pluggable_free(q, 64, 0, s);
+    msg = stderr_capture_end();
+    char want[160];
+    snprintf(want, sizeof want, "cudefer: defer_pluggable_free called after "
+             "defer_shutdown: refused; %p stays allocated\n", q);
+    is_str(msg, want, "defer_pluggable_free after shutdown: said in one line");
+    is_int(fake_is_released(q), 0, "and q stays allocated");
     is_int(defer_shutdown(), cudaSuccess, "a second shutdown is harmless");
     struct defer_stats st = stats_now();
-    /* These three, and test_flush_from_callback's flush and shutdown. */
-    is_int(st.rejected, 5, "the refused calls are counted");
+    /* These four, and test_flush_from_callback's flush and shutdown. */
+    is_int(st.rejected, 6, "the refused calls are counted");
     cudaFree(q);
     cudaStreamDestroy(s);
 }
