@@ -375,6 +375,18 @@ void lifecycle_count_finished(bool released, uint64_t n)
     atomic_fetch_sub(&rs.counting, 1);
 }
 
+void lifecycle_count_deferred(void)
+{
+    /* As lifecycle_count_finished: either exit waits for this count and
+     * its snapshot holds it (pending, then counted failed by exit), or
+     * this sees exit's abandon and counts nothing, and then neither will
+     * the entry's end (abandoned stays set). */
+    atomic_fetch_add(&rs.counting, 1);
+    if (!atomic_load(&rs.abandoned))
+        stats_count_deferred();
+    atomic_fetch_sub(&rs.counting, 1);
+}
+
 void lifecycle_fail_device(const char *what, int device, const char *call,
                            cudaError_t err)
 {

@@ -79,6 +79,15 @@ void lifecycle_fail_device(const char *what, int device, const char *call,
  * entry's end goes through here, so that none is counted twice. */
 void lifecycle_count_finished(bool released, uint64_t n);
 
+/* Any thread; never blocks.  One entry counted deferred, unless exit gave
+ * up (at_exit): then neither it nor its end is counted.  For the
+ * synchronous routes, whose wait for the stream comes before the count and
+ * may outlast exit's drain.  The other routes count with
+ * stats_count_deferred (no shared line): between their admission and that
+ * count they wait for nothing but a CUDA call's own return (an event's
+ * creation or record). */
+void lifecycle_count_deferred(void);
+
 /* Any thread: whether it is the reclaimer thread (running a callback). */
 bool lifecycle_on_reclaimer_thread(void);
 

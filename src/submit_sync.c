@@ -44,7 +44,7 @@ static bool queue_synced_call(const struct request_args *a,
     e->ptrs = &e->one_ptr;
     e->group_remaining = 1;
     e->group_err = cudaSuccess;
-    stats_count_deferred();
+    lifecycle_count_deferred(); /* after a wait: exit may have given up */
     stats_add(&stats.sync_releases, 1);
     lifecycle_push_and_wait(e);
     return true;
@@ -108,7 +108,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
                       .arg = a->arg, .nptrs = a->nptrs,
                       .ptrs = (void **)a->ptrs,
                       .claims = submit_any_claimed(a) ? a->claims : NULL};
-    stats_count_deferred();
+    lifecycle_count_deferred(); /* after a wait: exit may have given up */
     stats_add(&stats.sync_releases, 1);
     /* Memory is released on its device; where the switch fails, on the
      * caller's instead. */

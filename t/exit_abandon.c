@@ -71,6 +71,51 @@ static void exit_during_sync_callback(void)
     exit(0);
 }
 
+/* ---- a synchronous free still waiting for its stream (CUDEFER_DISABLE) -- */
+
+/* Runs after cudefer's exit handler: the free, whose wait outlasted the
+ * drain, ended after exit counted what was pending; whatever it counts
+ * then must still add up, and nothing may read pending for good. */
+static void check_nothing_left_pending(void)
+{
+    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&call_returned), "the blocked free returned");
+    if (atomic_load(&call_returned))
+        pthread_join(caller, NULL);
+    struct defer_stats st;
+    defer_stats_get(&st);
+    diag("  deferred %llu released %llu failed %llu pending %llu "
+         "leaked_at_exit %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
+         ULL(st.leaked_at_exit));
+    CHECK(st.released + st.failed == st.deferred && st.pending == 0,
+          "counted once or not at all: released %llu + failed %llu, "
+          "deferred %llu, pending %llu",
+          ULL(st.released), ULL(st.failed), ULL(st.deferred),
+          ULL(st.pending));
+    scenario_child_end();
+}
+
+static void *free_after_wait(void *arg)
+{
+    if (defer_free(arg, NULL) != cudaSuccess)
+        CHECK(false, "defer_free refused");
+    atomic_store(&call_returned, 1);
+    return NULL;
+}
+
+static void exit_during_sync_free(void)
+{
+    atexit(check_nothing_left_pending); /* before cudefer's: run after it */
+    defer_flush(); /* cudefer started, its exit handler registered */
+    void *p = device_alloc(48 * KiB);
+    work_timed(NULL, 2500000, p); /* outlasts the drain */
+    pthread_create(&caller, NULL, free_after_wait, p);
+    sleep_ms(100); /* the free waits for the legacy stream */
+    exit(0);
+}
+
 /* ---- a free batch's fallback wait (no event could be recorded) ---------- */
 
 static void *free_on_legacy(void *unused)
@@ -149,10 +194,13 @@ static void exit_with_unsealable_batch(void)
 
 int main(void)
 {
-    plan(3);
+    plan(4);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
+    fork_scenario("exit gives up on a synchronous free still waiting for "
+                  "its stream: counted once, never left pending",
+                  "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_free);
     fork_scenario("exit gives up on a free batch's fallback wait: its "
                   "release is not counted too",
                   "CUDEFER_FREE_BATCH=2", 1, 20000, exit_during_batch_wait);
