@@ -291,9 +291,10 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
  * new one is filed (drop_other_device); a MERGED part is no block of its
  * own (its bytes count in the block that absorbed it), so it is only
  * taken out of the map, and forgotten when its entries are done.  New
- * memory that starts inside a segment of its device's, where none of its
- * blocks starts, or covers one, is as sure a sign: that segment is dropped
- * whole too (drop_overlapped_locked).
+ * memory that starts inside a segment, where none of its blocks starts, or
+ * covers one, is as sure a sign: that segment is dropped whole too
+ * (drop_overlapped_locked), also another device's (drop_overlapped_elsewhere,
+ * under that device's lock before the new block is filed).
  */
 
 /* Any thread, under c's lock (c: b's device's): b, a block of a segment
@@ -366,9 +367,10 @@ static void report_stale(const void *ptr, size_t size, size_t others)
                others, others == 1 ? "" : "s");
 }
 
-/* Any thread, under c's lock (c: device's), before memory of device at
- * [ptr, ptr + size) is filed: each segment of c's that it overlaps, but
- * one starting at ptr (the map's insert finds that one's block), is stale:
+/* Any thread, under c's lock (c: device's), before memory at [ptr, ptr +
+ * size) is filed, on device or on another: each segment of c's that it
+ * overlaps, but one starting at ptr (the map's insert finds that one's
+ * block; drop_other_device another device's), is stale:
  * its memory went back behind cudefer's back and CUDA gave part of it out
  * again, at an address where none of its blocks may start.  Its blocks are
  * dropped (drop_stale_locked; left, a FREE one would be handed out over
@@ -453,6 +455,34 @@ static void drop_other_device(const void *ptr, int device)
     forget_list(forget);
 }
 
+/* Any thread holding no device's lock, before it files memory of device at
+ * [ptr, ptr + size): the segments of every other device's that the range
+ * overlaps are stale (one address space for all devices: CUDA gave part of
+ * one's released range to device), dropped under that device's lock and
+ * said, as drop_overlapped_locked does for device's own.  One starting at
+ * ptr went with drop_other_device. */
+static void drop_overlapped_elsewhere(int device, const void *ptr,
+                                      size_t size)
+{
+    if (cache_one_device())
+        return;
+    for (int d = 0; d < set.ncaches; d++) {
+        if (d == device)
+            continue;
+        struct device_cache *o = cache_of(d);
+        struct cache_block *forget = NULL;
+        size_t blocks = 0;
+        const void *first = NULL;
+        cache_lock(o);
+        size_t n = drop_overlapped_locked(o, d, ptr, size, &forget, &blocks,
+                                          &first);
+        pthread_mutex_unlock(&o->lock);
+        if (n > 0)
+            report_overlapped(ptr, n, blocks, first);
+        forget_list(forget);
+    }
+}
+
 bool cache_add(int device, void *ptr, size_t size, bool upstream)
 {
     if (device < 0 || device >= set.ncaches)
@@ -469,6 +499,7 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
     struct device_cache *c = cache_of(device);
     struct cache_block *stale = NULL;
     drop_other_device(ptr, device);
+    drop_overlapped_elsewhere(device, ptr, size);
     /* Filed, inserted and the block it replaces looked at in one hold (the
      * cache's lock, then the map's, as everywhere).  A piece MERGED into a
      * segment that a miss handed back upstream while the piece's entry was

@@ -75,6 +75,38 @@ static void test_stale_other_device(void)
            "a pointer past its end in device 1's old range is not the cache's");
 }
 
+/* New memory on device 0 that starts inside a FREE block of device 1's,
+ * where none of device 1's blocks starts (CUDA's addresses are one space
+ * for every device: device 1's allocation was cudaFree'd behind cudefer's
+ * back and part of its range given to device 0): device 1's block is
+ * dropped too, its range out of device 1's index, else device 1 hands it
+ * out over device 0's new memory. */
+static void test_stale_other_device_inside(void)
+{
+    char *q = ADDR(14);
+    size_t size = 0;
+    ok(cache_add(1, q, 8192, false) && give_back(q),
+       "a FREE 8 KiB block of device 1");
+    struct defer_stats before = stats_now();
+    stderr_capture_begin();
+    ok(cache_add(0, q + 4096, 4096, false),
+       "4 KiB inside its range allocated on device 0");
+    const char *said = stderr_capture_end();
+    ok(strstr(said, "instead of defer_free") != NULL, "said: %s", said);
+    ok(stats_now().cache_bytes == before.cache_bytes - 8192 + 4096 &&
+           stats_now().cache_free_bytes == before.cache_free_bytes - 8192,
+       "device 1's block left the accounting, its free bytes too");
+    void *got = cache_take(1, 3, 8192, &size);
+    ok(got != q, "device 1 does not hand its old block out (got %p)", got);
+    if (got != NULL)
+        give_back(got);
+    struct block_free_plan plan;
+    cache_claim_plan(q, 1, 3, &plan);
+    is_int(plan.path, BLOCK_NOT_OURS,
+           "device 1's old start is no block of the cache's any more");
+    ok(give_back(q + 4096), "device 0's block given back by its own free");
+}
+
 /* A PENDING block whose own work is done but a part merged into it is
  * not, cudaFree'd behind cudefer's back and its address allocated again:
  * the block is dropped, yet the part's entry still names it (through the
@@ -165,6 +197,7 @@ int main(void)
        "init for two devices, requests of 1 MiB or more cut from larger blocks");
     test_stale_record();
     test_stale_other_device();
+    test_stale_other_device_inside();
     test_stale_with_parts();
     test_claim_of_dropped_record();
     cache_destroy();
