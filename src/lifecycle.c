@@ -92,14 +92,26 @@ static bool device_failed(int device)
     return rs.device_errors != NULL && device_error(device) != cudaSuccess;
 }
 
+/* Any thread: whether the call what hands something to cudefer: only the
+ * frees and callbacks (defer_free*, defer_call*) do, so only their lines
+ * say that the caller keeps it. */
+static bool hands_over(const char *what)
+{
+    return strncmp(what, "defer_free", 10) == 0 ||
+           strncmp(what, "defer_call", 10) == 0;
+}
+
 /* Start the reclaimer for the first call, what; life_lock held.  On
  * failure (reported, the line ending with tail) nothing stays allocated
  * and the next call tries again. */
 static cudaError_t start_locked(const char *what, const char *tail)
 {
     char kept[256];
-    snprintf(kept, sizeof kept, "; nothing was deferred (the caller keeps "
-             "ownership; the next call tries again)%s", tail);
+    if (hands_over(what))
+        snprintf(kept, sizeof kept, "; nothing was deferred (the caller "
+                 "keeps ownership; the next call tries again)%s", tail);
+    else
+        snprintf(kept, sizeof kept, "; the next call tries again%s", tail);
     config_at_start(&rs.cfg);
     rs.disabled = rs.cfg.disable != 0;
     int n;
@@ -171,18 +183,17 @@ static bool inside_callback(void)
 
 /* Any thread: refuse the call what (after shutdown, or in a forked child),
  * counted and said in one line ending with tail; cudaErrorNotPermitted.
- * Only the frees and callbacks (defer_free*, defer_call*) hand something
- * to cudefer, so only their line says the caller keeps it. */
+ * Only a call that hands something over (hands_over) says the caller
+ * keeps it. */
 static cudaError_t refuse_ending(const char *what, const char *tail)
 {
     stats_add(&stats.rejected, 1);
-    bool hands_over = strncmp(what, "defer_free", 10) == 0 ||
-                      strncmp(what, "defer_call", 10) == 0;
-    const char *kept = hands_over ? "; the caller keeps ownership" : "";
+    bool handed = hands_over(what);
+    const char *kept = handed ? "; the caller keeps ownership" : "";
     if (atomic_load(&rs.state) == STATE_FORKED)
         report("%s called in a forked child: refused (CUDA cannot be used "
                "after fork%s)%s", what, kept, tail);
-    else if (hands_over)
+    else if (handed)
         report("%s called after defer_shutdown: refused (the caller keeps "
                "ownership)%s", what, tail);
     else

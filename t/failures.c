@@ -282,6 +282,28 @@ static void record_stream_after_failure(void)
     fake_complete(w);
 }
 
+/* A start that fails under a call that hands nothing over (an allocation)
+ * says the call's error and that the next call tries again, never that
+ * "the caller keeps ownership" (of nothing), as its refusal after
+ * defer_shutdown does not. */
+static void alloc_start_fails(void)
+{
+    fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
+    void *p = NULL;
+    stderr_capture_begin();
+    cudaError_t err = defer_alloc(&p, 64, NULL);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaErrorNoDevice, "the start's error: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "defer_alloc: cudaGetDeviceCount failed",
+                   "the next call tries again", NULL),
+          "said in one line naming the call: %s", said);
+    CHECK(strstr(said, "ownership") == NULL && strstr(said, "deferred") == NULL,
+          "no word of ownership or of deferring for an allocation: %s",
+          said);
+    fake_fail_clear();
+}
+
 static void test_start_fails(void)
 {
     fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
@@ -300,6 +322,8 @@ int main(void)
                   trim_sees_failure);
     fork_scenario("defer_record_stream on a failed device: its error", "", 1,
                   20000, record_stream_after_failure);
+    fork_scenario("defer_alloc whose start fails says so without words of "
+                  "ownership", "", 1, 20000, alloc_start_fails);
     fake_reset(1);
     test_start_fails();
     cudaStream_t s = stream_new();
