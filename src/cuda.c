@@ -480,7 +480,7 @@ void cuda_report_failure(const char *what, const char *call, cudaError_t err,
     const char *whose = "";
     for (size_t i = 0; i < sizeof stream_queries / sizeof *stream_queries;
          i++)
-        if (err == cudaErrorInvalidResourceHandle &&
+        if (err == cudaErrorInvalidResourceHandle && call != NULL &&
             strcmp(call, stream_queries[i]) == 0)
             whose = "a stream given is not a live stream (destroyed, or "
                     "never created): ";

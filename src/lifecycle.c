@@ -656,9 +656,16 @@ static void at_exit(void)
              * them; pending then reads 0).  The unsealed batches' frees
              * are among them (never counted finished). */
             stats_add(&stats.failed, s.pending);
-            report("exit: %llu entries still pending after %llu ms: left "
-                   "unreleased", (unsigned long long)s.pending,
-                   (unsigned long long)(EXIT_DRAIN_NS / 1000000));
+            unsigned long long ms = EXIT_DRAIN_NS / 1000000;
+            if (s.pending > 0)
+                report("exit: %llu entries still pending after %llu ms: "
+                       "left unreleased", (unsigned long long)s.pending, ms);
+            else if (!closed) /* a call not yet counted: nothing pending */
+                report("exit: a defer call on another thread still under "
+                       "way after %llu ms: not waited for", ms);
+            else
+                report("exit: the reclaimer did not stop within %llu ms: "
+                       "left running", ms);
         }
         atomic_store(&rs.state, STATE_STOPPED);
     }

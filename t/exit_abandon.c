@@ -94,6 +94,14 @@ static void check_nothing_left_pending(void)
           "deferred %llu, pending %llu",
           ULL(st.released), ULL(st.failed), ULL(st.deferred),
           ULL(st.pending));
+    /* Nothing was pending at exit (the free not yet counted): exit says
+     * it did not wait for a call, not that 0 entries were left. */
+    const char *said = stderr_capture_end();
+    CHECK(has_line(said, "exit: a defer call on another thread still under "
+                         "way after 2000 ms", "not waited for",
+                   NULL) &&
+              strstr(said, "0 entries") == NULL,
+          "said in one line, in exit's words: %s", said);
     scenario_child_end();
 }
 
@@ -113,6 +121,7 @@ static void exit_during_sync_free(void)
     work_timed(NULL, 2500000, p); /* outlasts the drain */
     pthread_create(&caller, NULL, free_after_wait, p);
     sleep_ms(100); /* the free waits for the legacy stream */
+    stderr_capture_begin();
     exit(0);
 }
 
