@@ -23,7 +23,7 @@
  *   cache.c           the devices' caches and their streams' bins; start
  *                     and shutdown; take (a hit) and add (a new segment);
  *                     the look-ups under a device's lock and a free's
- *                     parking; stale blocks; the tests' view.
+ *                     parking; the tests' view.
  *   cache_claim.c     a free's plan and claim (LIVE to FREEING, parked
  *                     PENDING), letting a claim go, a request's claims and
  *                     their refusals.
@@ -36,6 +36,8 @@
  *                     block structs kept for reuse.
  *   cache_segments.c  split and merge; the segment index.
  *   cache_map.c       start address -> block.
+ *   cache_stale.c     blocks freed with cudaFree behind cudefer's back,
+ *                     dropped when CUDA gives their memory out again.
  *   cache_upstream.c  the stream-ordered upstream memory pool per device.
  *
  * Threads: launching threads take, add, claim and park blocks and add

@@ -528,6 +528,43 @@ void cache_stream_unlink(struct device_cache *c, struct cache_block *b);
 void cache_make_free(struct device_cache *c, struct cache_block *b,
                      uint64_t now);
 
+/* ---- cache_stale.c: blocks cudaFree'd behind cudefer's back ------------ */
+
+/* What cache_add dropped as stale while filing memory at ptr, said and
+ * forgotten once its lock is let go (cache_stale_said).  Owned by the
+ * cache_add call that fills it; no lock. */
+struct cache_stale {
+    const void *ptr;                /* the new memory's start */
+    struct cache_block *forget;     /* dropped, to forget (via lru_next) */
+    size_t overlapped;              /* segments the new memory overlapped */
+    size_t overlapped_blocks;       /* the blocks they held */
+    const void *overlapped_first;   /* the first such segment's start */
+    bool stale;                     /* a stale block was filed at ptr */
+    size_t stale_size, others;      /* its size; its segment's other blocks */
+};
+
+/* Any thread holding no device's lock; may block on the locks.  Before
+ * memory of device at [ptr, ptr + size) is filed: another device's stale
+ * block at ptr, and other devices' segments the range overlaps, are dropped
+ * under their own device's lock and said. */
+void cache_stale_before_filing(int device, const void *ptr, size_t size);
+
+/* Any thread, under c's lock (c: device's), before st->ptr is filed: c's
+ * segments that [st->ptr, st->ptr + size) overlaps, but one starting at
+ * st->ptr, are dropped whole and leave the index; counted in *st. */
+void cache_stale_overlapped_locked(struct device_cache *c, int device,
+                                   size_t size, struct cache_stale *st);
+
+/* Any thread, under c's lock: stale, the block the new memory replaced in
+ * the map (not MERGED), is dropped with its segment; counted in *st. */
+void cache_stale_drop_locked(struct device_cache *c, struct cache_block *stale,
+                             struct cache_stale *st);
+
+/* Any thread holding no device's lock: says what *st dropped (one line
+ * each for overlapped segments and for the stale block) and forgets the
+ * dropped blocks nothing names. */
+void cache_stale_said(struct cache_stale *st);
+
 /* ---- cache_reclaim.c: spare block structs ------------------------------- */
 
 /* Spare block structs a device keeps at most (Note [Spare blocks]); more go
