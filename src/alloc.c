@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "cuda.h"
 #include "cudefer.h"
+#include "free_batch.h"
 #include "lifecycle.h"
 #include "oom_handler.h"
 #include "report.h"
@@ -200,11 +201,30 @@ static cudaError_t refuse_if_capturing(struct words *w, cudaStream_t stream)
     return cudaSuccess;
 }
 
+/* A request's current device made current where the caller left that to
+ * the request (lazy: the pluggable allocation's switch, on the legacy
+ * stream of device current; NULL: current already), before a CUDA call on
+ * the stream: a hit makes none, so it never asks for the current device.
+ * cudaSuccess, or the refusal (said and counted). */
+static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
+                                int current)
+{
+    const char *call = NULL;
+    cudaError_t err =
+        lazy == NULL ? cudaSuccess : cuda_switch_device(lazy, current, &call);
+    if (err == cudaSuccess)
+        return err;
+    char detail[48];
+    snprintf(detail, sizeof detail, " (device %d)", current);
+    return refuse(w, call, err, *w->tail != '\0' ? "" : detail);
+}
+
 /* defer_alloc, admitted: the cache, else cudaMalloc (current: the current
- * device when the caller knows it, else -1). */
+ * device when the caller knows it, else -1; lazy: make_current's). */
 static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
                                   cudaStream_t stream, int current,
-                                  int expect, int *device)
+                                  int expect, struct cuda_switch *lazy,
+                                  int *device)
 {
     /* The legacy stream cannot capture, only be barred by another thread's
      * capture, which matters only once a CUDA call uses the stream: a hit
@@ -219,7 +239,8 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
         legacy && stream_identity_cached_special(stream, current, device, &id);
     /* A first look-up asks the stream itself (cudaStreamGetId): checked
      * first, as any stream is. */
-    if (!cached && (err = refuse_if_capturing(w, stream)) != cudaSuccess)
+    if (!cached && ((err = make_current(w, lazy, current)) != cudaSuccess ||
+                    (err = refuse_if_capturing(w, stream)) != cudaSuccess))
         return err;
     const char *call = NULL;
     if (!cached &&
@@ -242,6 +263,9 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
     *ptr = cache_take(*device, id, bytes, &size);
     if (*ptr != NULL)
         return cudaSuccess;
+    /* A miss asks the stream and allocates on the device: current now. */
+    if ((err = make_current(w, lazy, current)) != cudaSuccess)
+        return err;
     /* Read on a miss only (a hit's clock read was a tenth of the call):
      * blocks that went FREE after the search and before this read may go
      * back to the pool too, which a later miss would have done anyway. */
@@ -268,6 +292,7 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
  * freeing makes fit, nor host memory). */
 static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
                              cudaStream_t stream, int current, int expect,
+                             struct cuda_switch *lazy,
                              int *device, bool *full)
 {
     *device = -1;
@@ -277,7 +302,7 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
         w->said = true;
         return err;
     }
-    err = alloc_admitted(w, ptr, bytes, stream, current, expect, device);
+    err = alloc_admitted(w, ptr, bytes, stream, current, expect, lazy, device);
     lifecycle_leave(); /* a trim below must not wait behind our admission */
     if (err == cudaSuccess && *ptr == NULL) { /* said and counted there */
         err = malloc_block(w, *device, bytes, stream, ptr);
@@ -288,10 +313,12 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
 
 /* defer_alloc, said in w's words, with the current device when the
  * caller knows it (current >= 0: the pluggable entry point made it
- * current) and the device the block must be on (expect >= 0: the one
- * PyTorch named; a stream of another device is refused). */
+ * current, or, lazy not NULL, leaves that to make_current) and the device
+ * the block must be on (expect >= 0: the one PyTorch named; a stream of
+ * another device is refused). */
 static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
-                            cudaStream_t stream, int current, int expect)
+                            cudaStream_t stream, int current, int expect,
+                            struct cuda_switch *lazy)
 {
     if (ptr == NULL) {
         stats_add(&stats.rejected, 1);
@@ -318,7 +345,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
     int device;
     bool full;
     do
-        err = alloc_try(w, ptr, bytes, stream, current, expect, &device,
+        err = alloc_try(w, ptr, bytes, stream, current, expect, lazy, &device,
                         &full);
     while (full && oom_handler_retry(bytes, device, &handler_calls, w->what,
                                      w->tail, &w->said));
@@ -332,7 +359,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
 cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
     struct words w = {.what = "defer_alloc", .tail = ""};
-    return alloc_on(&w, ptr, bytes, stream, -1, -1);
+    return alloc_on(&w, ptr, bytes, stream, -1, -1, NULL);
 }
 
 cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
@@ -416,17 +443,22 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
         w->said = true;
         return err;
     }
+    /* On the legacy stream the request makes device current only before a
+     * CUDA call (make_current), which a hit of the cache does not make:
+     * PyTorch's requests on it mostly never ask for the current device. */
+    bool lazy = stream_is_legacy(stream);
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
-    err = enter_device(&sw, device, stream, &call);
+    err = lazy ? cudaSuccess : enter_device(&sw, device, stream, &call);
     if (err != cudaSuccess) {
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
         return refuse(w, call, err, *w->tail != '\0' ? "" : detail);
     }
-    /* A special handle's device is now the current one. */
+    /* A special handle's device is now the current one (lazy: will be). */
     err = alloc_on(w, ptr, size, stream,
-                   stream_is_special(stream) ? device : -1, device);
+                   stream_is_special(stream) ? device : -1, device,
+                   lazy ? &sw : NULL);
     cuda_switch_back(&sw, w->what);
     return err;
 }
@@ -492,12 +524,20 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
         if (block_known)
             on = block_device;
     }
+    /* A block freed on the legacy stream, which may join its device's
+     * free batch: the request makes the device current only if it makes a
+     * CUDA call (request_args.h, lazy_switch), which a batched free does
+     * not (one in free_batch claims seals): most such frees never ask
+     * for the current device. */
+    bool lazy = block_known && free_batch_takes(stream);
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
-    cudaError_t err = enter_device(&sw, on, stream, &call);
+    cudaError_t err =
+        lazy ? cudaSuccess : enter_device(&sw, on, stream, &call);
     if (err == cudaSuccess) {
-        /* A special handle's device is now the current one.  The size and
-         * device PyTorch says are checked against the block's (submit.c). */
+        /* A special handle's device is now the current one (or will be,
+         * lazy).  The size and device PyTorch says are checked against the
+         * block's (submit.c). */
         int current = stream_is_special(stream) ? on : -1;
         struct request_args a = {.what = "defer_free",
                                  .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
@@ -505,7 +545,8 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  .current_device = current,
                                  .said_bytes = size, .said_device = device,
                                  .block_known = block_known,
-                                 .block_device = block_device};
+                                 .block_device = block_device,
+                                 .lazy_switch = lazy ? &sw : NULL};
         err = submit(&a, stream);
         if (err != cudaSuccess) /* said by defer_free's checks */
             report("defer_pluggable_free: %p could not be freed: it stays "

@@ -334,34 +334,43 @@ void free_batch_set_age_ns(uint64_t ns)
     atomic_store(&age_ns, ns);
 }
 
-void free_batch_add(int device, cudaStream_t stream,
-                    unsigned long long stream_id,
-                    const struct block_claim *claim)
+bool free_batch_add(int device, unsigned long long stream_id,
+                    const struct block_claim *claim, bool *due_now)
 {
     struct batch *b = &batches[device];
     uint64_t now = coarse_now_ns(); /* now_ns: ~10 % of the call, perf */
     pthread_mutex_lock(&b->lock);
     b->stream_id = stream_id;
-    bool added = append(b, claim, now), seal_now = due(b, now);
+    bool added = append(b, claim, now);
+    *due_now = due(b, now);
     pthread_mutex_unlock(&b->lock);
-    if (!seal_now && added)
-        return;
+    return added;
+}
+
+void free_batch_seal(int device, cudaStream_t stream,
+                     unsigned long long stream_id,
+                     const struct block_claim *claim, bool added,
+                     bool due_now, bool current)
+{
+    struct batch *b = &batches[device];
     /* Checked before the claims are taken: a batch that cannot be sealed
      * now stays, for the next free (or a flush) to seal. */
-    if (!legacy_usable(stream)) {
+    if (!current || !legacy_usable(stream)) {
         if (!added) { /* out of memory, and no event can be recorded */
             lifecycle_count_finished(false, 1); /* counted deferred */
             report("defer_free: out of memory for the claim of %p, freed "
-                   "on the legacy stream while another thread's capture "
-                   "bars it: the block stays reusable on it only, never "
-                   "released (counted as failed)", cache_claim_ptr(claim));
+                   "on the legacy stream while no event can be recorded "
+                   "there (another thread's capture bars it, or its device "
+                   "could not be made current): the block stays reusable "
+                   "on it only, never released (counted as failed)",
+                   cache_claim_ptr(claim));
         }
         return;
     }
     struct block_claim *array = NULL;
     unsigned g = 0;
     pthread_mutex_lock(&b->lock);
-    size_t n = seal_now ? take_claims(b, &array, &g) : 0;
+    size_t n = due_now ? take_claims(b, &array, &g) : 0;
     pthread_mutex_unlock(&b->lock);
     if (n > 0)
         seal(device, stream, stream_id, array, NULL, n, g, NULL);

@@ -85,16 +85,25 @@ void free_batch_fork_child(void);
 bool free_batch_takes(cudaStream_t stream);
 
 /* The launching thread, inside its admitted defer_free, right after the
- * claimed block was parked PENDING on stream (the legacy stream of device,
- * current on this thread; stream_id its id): adds claim to device's batch
- * and seals the batch when it is full or old.  Never fails: a claim that
- * finds no room (out of memory) is sealed alone.  Blocks only in the
- * fallback of a seal whose event could not be recorded (it synchronizes
- * the stream). */
-void free_batch_add(int device, cudaStream_t stream,
-                    unsigned long long stream_id,
-                    const struct block_claim *claim);
-
+ * claimed block was parked PENDING on the legacy stream of device
+ * (stream_id its id): adds claim to device's batch.  Makes no CUDA call:
+ * the device need not be current.  Returns whether it was added (false:
+ * out of memory); *due_now: whether the batch is now full or old.  Blocks
+ * only on the batch's mutex and in malloc. */
+bool free_batch_add(int device, unsigned long long stream_id,
+                    const struct block_claim *claim, bool *due_now);
+/* The same thread next, when free_batch_add said the batch was due or the
+ * claim not added, stream that legacy stream's handle, current: whether
+ * device is current on this thread (false: the switch to it failed, said
+ * by the caller): seals the batch when due, and a claim not added alone,
+ * both only where current and no other thread's capture bars the stream
+ * (else the batch waits for a later free or flush).  Never fails.  Blocks
+ * only in the fallback of a seal whose event could not be recorded (it
+ * synchronizes the stream). */
+void free_batch_seal(int device, cudaStream_t stream,
+                     unsigned long long stream_id,
+                     const struct block_claim *claim, bool added,
+                     bool due_now, bool current);
 /* Any application thread that must have every batch sealed before it goes
  * on (defer_flush, defer_trim, shutdown; exit has its own,
  * free_batch_seal_at_exit): records an event on the legacy stream of each
@@ -103,7 +112,7 @@ void free_batch_add(int device, cudaStream_t stream,
  * that took claims before it looked have pushed theirs (not for seals
  * begun later), and seals once more where one of those gave its claims
  * back (it could neither record nor synchronize: said).  Blocks as
- * free_batch_add does, and for those seals' CUDA calls.  Returns
+ * free_batch_seal does, and for those seals' CUDA calls.  Returns
  * cudaSuccess, or the error that left a batch it found waiting (said):
  * cudaErrorStreamCaptureImplicit while another thread captures a blocking
  * stream in the global mode, or the error of switching to the batch's

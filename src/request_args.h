@@ -12,6 +12,8 @@
 #include "cache.h"
 #include "entry.h"
 
+struct cuda_switch; /* cuda.h */
+
 struct request_args {
     const char *what; /* the public function, for messages */
     enum entry_kind kind;
@@ -39,6 +41,14 @@ struct request_args {
      * (the look-up under the lock decides). */
     bool block_known;
     int block_device;
+    /* defer_pluggable_free of a block on the legacy stream, which may join
+     * a free batch (free_batch.h): current_device is the device the handle
+     * names, not yet made current.  submit makes it current through
+     * *lazy_switch (the caller's, which switches back) before the first
+     * CUDA call of the request; a batched free that seals nothing makes
+     * none, so it never asks for the current device.  NULL: current_device,
+     * when known, is current already. */
+    struct cuda_switch *lazy_switch;
 };
 
 #endif

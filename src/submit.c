@@ -69,7 +69,7 @@
  * cannot capture; it can only be barred by another thread's capture in the
  * global mode, which matters once a call uses the stream.  So that free is
  * checked after the cache's plan, and only when it takes a route that uses
- * the stream; a batch checks before it seals (free_batch_add).
+ * the stream; a batch checks before it seals (free_batch_seal).
  *
  * A group checks all its streams once they are gathered, the caller's
  * stream again among them.
@@ -307,6 +307,28 @@ static void target_init(struct target *t, const struct request_args *a,
     t->sw = CUDA_SWITCH_NONE;
 }
 
+/* Any thread, admitted: a's current_device made current, where the caller
+ * left that to the request (a->lazy_switch, request_args.h), before a CUDA
+ * call on its special stream handle; at once where it is current already.
+ * Never blocks on the GPU.  cudaSuccess, or the switch's error, *call
+ * naming the call that failed. */
+static cudaError_t make_current(const struct request_args *a,
+                                const char **call)
+{
+    return a->lazy_switch == NULL
+               ? cudaSuccess
+               : cuda_switch_device(a->lazy_switch, a->current_device, call);
+}
+
+/* make_current on a resolving step: a failure refuses the request (said
+ * and counted). */
+static cudaError_t resolve_current(const struct request_args *a)
+{
+    const char *call = NULL;
+    cudaError_t err = make_current(a, &call);
+    return err == cudaSuccess ? err : submit_reject(a->what, call, err);
+}
+
 /* Any thread, admitted: whether a, a free of one block of the cache on the
  * legacy stream, may join a free batch (free_batch.h): t->batch, with its
  * identity from this thread's cache, asked without a CUDA call on the
@@ -342,6 +364,10 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
         err = stream_identity_lookup_on(t->handle, exact, t->current,
                                         &t->device, &t->id, &t->cached,
                                         &call);
+    /* A cached identity on a failed device is looked up afresh (usable),
+     * on the stream: its device current first. */
+    else if (lifecycle_device_error(t->device) != cudaSuccess)
+        err = make_current(a, &call);
     if (err == cudaSuccess)
         err = usable(t->handle, &t->device, &t->id, &t->cached, &call);
     return err == cudaSuccess ? err : submit_reject(a->what, call, err);
@@ -387,7 +413,10 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
 {
     target_init(t, a, stream);
     cudaError_t err = find_batch(a, t);
-    if (err == cudaSuccess && !t->batch)
+    /* Only a free that may join a batch puts off making its device
+     * current: any other asks its stream now. */
+    if (err == cudaSuccess && !t->batch &&
+        (err = resolve_current(a)) == cudaSuccess)
         err = submit_check_capture(a, t);
     if (err != cudaSuccess)
         return err;
@@ -404,8 +433,11 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
         plan_block(a, t, claimed);
     bool refused = t->plan.path == BLOCK_NOT_LIVE ||
                    t->plan.path == BLOCK_INSIDE;
+    /* Not parked for the batch: every route left records on the stream
+     * (a refusal makes no CUDA call). */
     if (t->batch && !refused && !t->plan.parked &&
-        (err = submit_check_capture(a, t)) != cudaSuccess)
+        ((err = resolve_current(a)) != cudaSuccess ||
+         (err = submit_check_capture(a, t)) != cudaSuccess))
         return err;
     if (t->plan.path == BLOCK_AFTER_STREAMS)
         return submit_group_resolve(a, &t->handle, 1, g, t);
@@ -516,13 +548,27 @@ static cudaError_t route_captured(const struct request_args *a,
 }
 
 /* Any thread, admitted: ROUTE_BATCHED: the block, parked by its plan, adds
- * its claim to its device's free batch; no event of its own.  Blocks only
- * where free_batch_add does.  Returns cudaSuccess. */
+ * its claim to its device's free batch; no event of its own, and no CUDA
+ * call unless the batch is to be sealed.  Blocks only where
+ * free_batch_seal does.  Returns cudaSuccess. */
 static cudaError_t route_batched(const struct request_args *a,
                                  const struct target *t)
 {
     stats_count_deferred();
-    free_batch_add(t->device, t->handle, t->id, &a->claims[0]);
+    bool due, added = free_batch_add(t->device, t->id, &a->claims[0], &due);
+    if (added && !due)
+        return cudaSuccess; /* no CUDA call: the device need not be current */
+    /* A seal records on the legacy stream of the device.  Where it cannot
+     * be made current (said), the batch waits for a later free or flush,
+     * as it does while a capture bars the stream. */
+    const char *call = NULL;
+    cudaError_t err = make_current(a, &call);
+    if (err != cudaSuccess)
+        cuda_report_failure(a->what, call, err,
+                            "; the free batch waits for a later free or "
+                            "flush to seal it");
+    free_batch_seal(t->device, t->handle, t->id, &a->claims[0], added, due,
+                    err == cudaSuccess);
     return cudaSuccess;
 }
 

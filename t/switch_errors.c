@@ -56,9 +56,22 @@ static void way_back_fails(void)
     CHECK(first != NULL, "a first allocation on device 1");
     defer_pluggable_free(first, 256, 1, 0);
     cudaGetLastError();
+    /* A hit on device 1's legacy stream makes no CUDA call, so device 1
+     * is never made current: no switch there, none back. */
+    unsigned long sets = fake_calls(FAKE_SET_DEVICE);
+    void *hit = defer_pluggable_alloc(256, 1, 0);
+    int now = -1;
+    cudaGetDevice(&now);
+    CHECK(hit == first && fake_calls(FAKE_SET_DEVICE) == sets && now == 0,
+          "a hit on device 1 hands out its block with no switch (%lu "
+          "cudaSetDevice), device 0 still current (%d)",
+          fake_calls(FAKE_SET_DEVICE) - sets, now);
+    defer_pluggable_free(hit, 256, 1, 0);
     stderr_capture_begin();
     fake_fail(FAKE_SET_DEVICE, cudaErrorNotPermitted, 1, 1); /* the 2nd */
-    void *p = defer_pluggable_alloc(256, 1, 0);
+    /* A miss (no cached block this large) allocates on device 1: made
+     * current, then back. */
+    void *p = defer_pluggable_alloc(4 << 20, 1, 0);
     fake_fail_clear();
     const char *said = stderr_capture_end();
     CHECK(p != NULL, "the block is handed out");
@@ -73,7 +86,7 @@ static void way_back_fails(void)
     CHECK(current == 1, "device 1 stays current, as cudefer.h says (%d)",
           current);
     cudaSetDevice(0);
-    defer_pluggable_free(p, 256, 1, 0);
+    defer_pluggable_free(p, 4 << 20, 1, 0);
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
