@@ -20,15 +20,19 @@
 #include "submit.h"
 
 /* A request's words for the lines it says: what names the call the user
- * made; tail ends each of its failure lines ("" where the error goes back
- * to the caller; defer_pluggable_alloc, whose caller does not check its
- * NULL, says there that it returns NULL); said: a failure line was
- * written (every error but out of memory is said where it arises). */
+ * made; end ends each of its failure lines (report.h; NULL where the error
+ * goes back to the caller; defer_pluggable_alloc, whose caller does not
+ * check its NULL, says there that it returns NULL), made into text only
+ * when a line is said; said: a failure line was written (every error but
+ * out of memory is said where it arises). */
 struct words {
     const char *what;
-    const char *tail;
+    const struct line_end *end;
     bool said;
 };
+
+/* w's line end as text, in buf. */
+#define W_TAIL(w, buf) report_line_end((w)->end, buf, sizeof buf)
 
 static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
                           const char *detail);
@@ -42,7 +46,7 @@ static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
 static cudaError_t malloc_filed(struct words *w, int device, size_t size,
                                 cudaStream_t stream, void **ptr)
 {
-    cudaError_t err = lifecycle_enter_ending(w->what, w->tail);
+    cudaError_t err = lifecycle_enter_ending(w->what, w->end);
     if (err != cudaSuccess) {
         w->said = true;
         return err;
@@ -177,8 +181,8 @@ static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
                           const char *detail)
 {
     stats_add(&stats.rejected, 1);
-    char line[384];
-    snprintf(line, sizeof line, "%s%s", detail, w->tail);
+    char line[384], tail[128];
+    snprintf(line, sizeof line, "%s%s", detail, W_TAIL(w, tail));
     cuda_report_failure(w->what, call, err, line);
     w->said = true;
     return err;
@@ -216,7 +220,7 @@ static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
         return err;
     char detail[48];
     snprintf(detail, sizeof detail, " (device %d)", current);
-    return refuse(w, call, err, *w->tail != '\0' ? "" : detail);
+    return refuse(w, call, err, w->end != NULL ? "" : detail);
 }
 
 /* defer_alloc, admitted: the cache, else cudaMalloc (current: the current
@@ -251,9 +255,10 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
         /* A block of another device would fault, or cross the link, where
          * the caller uses it. */
         stats_add(&stats.rejected, 1);
+        char tail[128];
         report("%s: device %d asked for, but stream %p is on device %d: "
                "refused%s", w->what, expect, (void *)stream, *device,
-               w->tail);
+               W_TAIL(w, tail));
         w->said = true;
         return cudaErrorInvalidDevice;
     }
@@ -297,7 +302,7 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
 {
     *device = -1;
     *full = false;
-    cudaError_t err = lifecycle_enter_ending(w->what, w->tail);
+    cudaError_t err = lifecycle_enter_ending(w->what, w->end);
     if (err != cudaSuccess) {
         w->said = true;
         return err;
@@ -332,9 +337,10 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
         /* No device holds it, and rounding it up would wrap (to a block of
          * 0 bytes, which would "succeed" with NULL). */
         stats_add(&stats.rejected, 1);
+        char tail[128];
         report("%s: %zu bytes asked for, more than any device holds (a "
                "negative size converted?): out of memory%s", w->what, bytes,
-               w->tail);
+               W_TAIL(w, tail));
         w->said = true;
         return cudaErrorMemoryAllocation;
     }
@@ -348,7 +354,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
         err = alloc_try(w, ptr, bytes, stream, current, expect, lazy, &device,
                         &full);
     while (full && oom_handler_retry(bytes, device, &handler_calls, w->what,
-                                     w->tail, &w->said));
+                                     w->end, &w->said));
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     if (err != cudaSuccess)
@@ -358,7 +364,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
 
 cudaError_t defer_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
-    struct words w = {.what = "defer_alloc", .tail = ""};
+    struct words w = {.what = "defer_alloc", .end = NULL};
     return alloc_on(&w, ptr, bytes, stream, -1, -1, NULL);
 }
 
@@ -382,7 +388,7 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
     cudaError_t err = lifecycle_enter("defer_record_stream");
     if (err != cudaSuccess)
         return err;
-    struct words w = {.what = "defer_record_stream", .tail = ""};
+    struct words w = {.what = "defer_record_stream", .end = NULL};
     int device;
     unsigned long long id;
     bool cached, capturing = false;
@@ -430,8 +436,9 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
         /* No device: alloc_on would take it for "any" (expect < 0), and a
          * created stream would get a block of its own device. */
         stats_add(&stats.rejected, 1);
+        char tail[128];
         report("%s: device %d: no such device: refused%s", w->what, device,
-               w->tail);
+               W_TAIL(w, tail));
         w->said = true;
         return cudaErrorInvalidDevice;
     }
@@ -439,7 +446,7 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
      * 0-byte request, which has nothing to do, is never refused). */
     cudaError_t err;
     if (size > 0 &&
-        (err = lifecycle_refused_ending(w->what, w->tail)) != cudaSuccess) {
+        (err = lifecycle_refused_ending(w->what, w->end)) != cudaSuccess) {
         w->said = true;
         return err;
     }
@@ -453,7 +460,7 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
     if (err != cudaSuccess) {
         char detail[48];
         snprintf(detail, sizeof detail, " (device %d)", device);
-        return refuse(w, call, err, *w->tail != '\0' ? "" : detail);
+        return refuse(w, call, err, w->end != NULL ? "" : detail);
     }
     /* A special handle's device is now the current one (lazy: will be). */
     err = alloc_on(w, ptr, size, stream,
@@ -471,7 +478,7 @@ cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size, int device,
         report("defer_pluggable_alloc_status: ptr is NULL: refused");
         return cudaErrorInvalidValue;
     }
-    struct words w = {.what = "defer_pluggable_alloc_status", .tail = ""};
+    struct words w = {.what = "defer_pluggable_alloc_status", .end = NULL};
     return pluggable_alloc(&w, ptr, size, device, stream);
 }
 
@@ -481,10 +488,9 @@ void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
      * may be all the application hears before the tensor faults.  One
      * error, one line: the line that says what failed also says that NULL
      * is returned (two lines read as two errors). */
-    char tail[96];
-    snprintf(tail, sizeof tail, "; returning NULL for %zu bytes on device %d",
-             size, device);
-    struct words w = {.what = "defer_pluggable_alloc", .tail = tail};
+    const struct line_end end = {.kind = LINE_END_NULL_RETURNED,
+                                 .bytes = size, .device = device};
+    struct words w = {.what = "defer_pluggable_alloc", .end = &end};
     void *ptr;
     cudaError_t err = pluggable_alloc(&w, &ptr, size, device, stream);
     /* Out of memory is said nowhere else (defer_alloc's caller hears it),
@@ -502,9 +508,9 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
         return;
     /* Refused before the look-up and the switch: a forked child cannot
      * use CUDA.  One line says both (PyTorch cannot hear an error). */
-    char kept[64];
-    snprintf(kept, sizeof kept, "; %p stays allocated", ptr);
-    if (lifecycle_refused_ending("defer_pluggable_free", kept) !=
+    const struct line_end kept = {.kind = LINE_END_STAYS_ALLOCATED,
+                                  .ptr = ptr};
+    if (lifecycle_refused_ending("defer_pluggable_free", &kept) !=
         cudaSuccess)
         return;
     /* On a special handle the device names the stream: the block's own
@@ -552,7 +558,9 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
             report("defer_pluggable_free: %p could not be freed: it stays "
                    "allocated", ptr);
     } else {
-        cuda_report_failure("defer_pluggable_free", call, err, kept);
+        char tail[64];
+        cuda_report_failure("defer_pluggable_free", call, err,
+                            report_line_end(&kept, tail, sizeof tail));
     }
     cuda_switch_back(&sw, "defer_pluggable_free");
 }

@@ -102,11 +102,12 @@ static bool hands_over(const char *what)
 }
 
 /* Start the reclaimer for the first call, what; life_lock held.  On
- * failure (reported, the line ending with tail) nothing stays allocated
+ * failure (reported, the line ending with end's text) nothing stays allocated
  * and the next call tries again. */
-static cudaError_t start_locked(const char *what, const char *tail)
+static cudaError_t start_locked(const char *what, const struct line_end *end)
 {
-    char kept[256];
+    char kept[256], tail[128];
+    report_line_end(end, tail, sizeof tail);
     if (hands_over(what))
         snprintf(kept, sizeof kept, "; nothing was deferred (the caller "
                  "keeps ownership; the next call tries again)%s", tail);
@@ -182,11 +183,14 @@ static bool inside_callback(void)
 }
 
 /* Any thread: refuse the call what (after shutdown, or in a forked child),
- * counted and said in one line ending with tail; cudaErrorNotPermitted.
+ * counted and said in one line ending with end's text;
+ * cudaErrorNotPermitted.
  * Only a call that hands something over (hands_over) says the caller
  * keeps it. */
-static cudaError_t refuse_ending(const char *what, const char *tail)
+static cudaError_t refuse_ending(const char *what, const struct line_end *end)
 {
+    char tail[128];
+    report_line_end(end, tail, sizeof tail);
     stats_add(&stats.rejected, 1);
     bool handed = hands_over(what);
     const char *kept = handed ? "; the caller keeps ownership" : "";
@@ -204,7 +208,7 @@ static cudaError_t refuse_ending(const char *what, const char *tail)
 /* Any thread: refuse_ending with nothing after the refusal. */
 static cudaError_t refuse(const char *what)
 {
-    return refuse_ending(what, "");
+    return refuse_ending(what, NULL);
 }
 
 /* The gate: the closed flag (reclaimer_state.h) and the count of calls
@@ -260,10 +264,11 @@ static void gate_forget_admissions(void)
  * waiting for the lock would never end. */
 cudaError_t lifecycle_enter(const char *what)
 {
-    return lifecycle_enter_ending(what, "");
+    return lifecycle_enter_ending(what, NULL);
 }
 
-cudaError_t lifecycle_enter_ending(const char *what, const char *tail)
+cudaError_t lifecycle_enter_ending(const char *what,
+                                   const struct line_end *end)
 {
     for (;;) {
         if (!gate_enter()) {
@@ -276,7 +281,7 @@ cudaError_t lifecycle_enter_ending(const char *what, const char *tail)
                 thread_here.admissions++;
                 return cudaSuccess;
             }
-            return refuse_ending(what, tail);
+            return refuse_ending(what, end);
         }
         if (atomic_load_explicit(&rs.state, memory_order_acquire) ==
             STATE_RUNNING) {
@@ -289,11 +294,11 @@ cudaError_t lifecycle_enter_ending(const char *what, const char *tail)
         int state = atomic_load(&rs.state);
         if (state == STATE_NEW) {
             atomic_store(&rs.starting, true);
-            if ((err = start_locked(what, tail)) != cudaSuccess)
+            if ((err = start_locked(what, end)) != cudaSuccess)
                 stats_add(&stats.rejected, 1);
             atomic_store(&rs.starting, false);
         } else if (state != STATE_RUNNING) { /* shut down while we waited */
-            err = refuse_ending(what, tail);
+            err = refuse_ending(what, end);
         }
         pthread_mutex_unlock(&rs.life_lock);
         if (err != cudaSuccess)
@@ -305,17 +310,18 @@ cudaError_t lifecycle_enter_ending(const char *what, const char *tail)
 
 cudaError_t lifecycle_refused(const char *what)
 {
-    return lifecycle_refused_ending(what, "");
+    return lifecycle_refused_ending(what, NULL);
 }
 
-cudaError_t lifecycle_refused_ending(const char *what, const char *tail)
+cudaError_t lifecycle_refused_ending(const char *what,
+                                     const struct line_end *end)
 {
     /* As lifecycle_enter: the reclaimer's callbacks may defer during the
      * drain of a shutdown or exit. */
     if (!atomic_load(&rs.gate_closed) ||
         (thread_here.reclaimer && atomic_load(&rs.state) == STATE_RUNNING))
         return cudaSuccess;
-    return refuse_ending(what, tail);
+    return refuse_ending(what, end);
 }
 
 void lifecycle_leave(void)

@@ -18,6 +18,7 @@
 
 #include "cudefer.h"
 #include "entry.h"
+#include "report.h"
 
 /* Any thread.  Starts the reclaimer on first use (settling the
  * configuration) and admits one submission.  Returns cudaSuccess (then call
@@ -25,10 +26,11 @@
  * child (reported naming the caller, what), or the start-up error. */
 cudaError_t lifecycle_enter(const char *what);
 
-/* lifecycle_enter, each line it says ending with tail (a caller that
- * cannot hand the error back says what it does instead, in the same line:
- * defer_pluggable_alloc's "; returning NULL ..."). */
-cudaError_t lifecycle_enter_ending(const char *what, const char *tail);
+/* lifecycle_enter, each line it says ending with end's text (report.h; a
+ * caller that cannot hand the error back says what it does instead, in the
+ * same line: defer_pluggable_alloc's "; returning NULL ..."; NULL: none). */
+cudaError_t lifecycle_enter_ending(const char *what,
+                                   const struct line_end *end);
 
 /* Any thread: cudaErrorNotPermitted (said naming what, counted) where
  * lifecycle_enter would refuse for the closed gate (after defer_shutdown,
@@ -37,8 +39,10 @@ cudaError_t lifecycle_enter_ending(const char *what, const char *tail);
  * admitted (a device switch): a forked child cannot use CUDA. */
 cudaError_t lifecycle_refused(const char *what);
 
-/* lifecycle_refused, its line ending with tail (lifecycle_enter_ending). */
-cudaError_t lifecycle_refused_ending(const char *what, const char *tail);
+/* lifecycle_refused, its line ending with end's text
+ * (lifecycle_enter_ending). */
+cudaError_t lifecycle_refused_ending(const char *what,
+                                     const struct line_end *end);
 
 /* Any thread, between enter and leave.  Hands e to the reclaimer (which now
  * owns it) and wakes it if it sleeps.  Never blocks. */

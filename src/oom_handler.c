@@ -54,7 +54,8 @@ cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
 /* Any thread, holding no lock or admission of cudefer's; blocks while
  * the handler runs.  Whether to try the request again (oom_handler.h). */
 bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
-                       const char *what, const char *tail, bool *said)
+                       const char *what, const struct line_end *end,
+                       bool *said)
 {
     if (in_handler)
         return false;
@@ -65,6 +66,8 @@ bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
     if (fn == NULL)
         return false;
     if (*calls >= DEFER_OOM_MAX_CALLS) {
+        char tail[128];
+        report_line_end(end, tail, sizeof tail);
         report("%s: out of memory for %zu bytes on device %d after the "
                "out-of-memory handler asked for %u retries: giving up%s",
                what, bytes, device, *calls, tail);

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "report.h"
+
 /* Any thread, holding no lock of cudefer's and no admission (the handler
  * may trim, flush or shut down).  A request of bytes on device failed out
  * of memory after cudefer's own trim and retry; *calls is how often the
@@ -19,9 +21,11 @@
  * request is to be tried again: a handler is set, the thread is not inside
  * a handler call already, fewer than DEFER_OOM_MAX_CALLS calls were made
  * (at the bound: said naming the request's call, what, the line ending
- * with tail; *said set, false) and the handler returned nonzero. */
+ * with end's text, report.h; *said set, false) and the handler returned
+ * nonzero. */
 bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
-                       const char *what, const char *tail, bool *said);
+                       const char *what, const struct line_end *end,
+                       bool *said);
 
 /* Fork child only, from the library's one fork handler (lifecycle.c): the
  * pair's lock made usable again (its holder may not exist there). */

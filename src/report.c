@@ -34,3 +34,16 @@ void report(const char *fmt, ...)
         done += (size_t)w;
     }
 }
+
+const char *report_line_end(const struct line_end *end, char *buf,
+                            size_t size)
+{
+    if (end == NULL)
+        snprintf(buf, size, "%s", "");
+    else if (end->kind == LINE_END_NULL_RETURNED)
+        snprintf(buf, size, "; returning NULL for %zu bytes on device %d",
+                 end->bytes, end->device);
+    else
+        snprintf(buf, size, "; %p stays allocated", end->ptr);
+    return buf;
+}
