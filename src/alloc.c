@@ -214,8 +214,7 @@ static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
                                 int current)
 {
     const char *call = NULL;
-    cudaError_t err =
-        lazy == NULL ? cudaSuccess : cuda_switch_device(lazy, current, &call);
+    cudaError_t err = cuda_switch_lazy(lazy, current, &call);
     if (err == cudaSuccess)
         return err;
     char detail[48];

@@ -468,19 +468,20 @@ static bool known_elsewhere(const char *name, size_t len)
  * knob (nor anything else of cudefer's: known_elsewhere) is a setting the
  * user believes applied and does not: said in one line, with the knob it
  * was likely meant to be (the nearest name, at most 3 edits away, or one
- * it begins).  Returns how many were said. */
-static int report_unknown_names(void)
+ * it begins). */
+static void report_unknown_names(void)
 {
-    int unknown = 0;
     for (char **e = environ; e != NULL && *e != NULL; e++) {
         const char *var = *e, *eq = strchr(var, '=');
         if (eq == NULL || strncmp(var, "CUDEFER_", 8) != 0)
             continue;
         size_t len = (size_t)(eq - var);
+        if (known_elsewhere(var, len))
+            continue;
         bool knob = false;
         const struct knob *near = NULL;
         size_t near_d = 4;
-        for (size_t i = 0; i < NKNOBS && !knob; i++) {
+        for (size_t i = 0; i < NKNOBS; i++) {
             const char *name = knobs[i].name;
             if (strlen(name) == len && memcmp(name, var, len) == 0) {
                 knob = true;
@@ -494,7 +495,7 @@ static int report_unknown_names(void)
                 near = &knobs[i];
             }
         }
-        if (knob || known_elsewhere(var, len))
+        if (knob)
             continue;
         char shown[300];
         char name[72];
@@ -506,9 +507,7 @@ static int report_unknown_names(void)
         else
             report("%s is not a cudefer setting: ignored (man cudefer lists "
                    "them)", shown);
-        unknown++;
     }
-    return unknown;
 }
 
 /* Any thread.  Returns the number of invalid values (each reported once);

@@ -148,6 +148,16 @@ cudaError_t cuda_switch_caller_device(struct cuda_switch *sw, int *device);
 cudaError_t cuda_switch_device(struct cuda_switch *sw, int device,
                                const char **call);
 
+/* Any thread; never blocks on the GPU: cuda_switch_device for a request
+ * that put the switch off until its first CUDA call (lazy: the caller's
+ * switch, which it switches back); nothing where lazy is NULL (device is
+ * current already). */
+static inline cudaError_t cuda_switch_lazy(struct cuda_switch *lazy,
+                                           int device, const char **call)
+{
+    return lazy == NULL ? cudaSuccess : cuda_switch_device(lazy, device, call);
+}
+
 /* Any thread; never blocks on the GPU: makes the caller's device current
  * again where another was; cudaSuccess or cudaSetDevice's error (left off
  * the last error as above), said naming what unless what is NULL.  sw may

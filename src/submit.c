@@ -307,25 +307,15 @@ static void target_init(struct target *t, const struct request_args *a,
     t->sw = CUDA_SWITCH_NONE;
 }
 
-/* Any thread, admitted: a's current_device made current, where the caller
+/* Any thread, admitted: a's current_device made current where the caller
  * left that to the request (a->lazy_switch, request_args.h), before a CUDA
- * call on its special stream handle; at once where it is current already.
- * Never blocks on the GPU.  cudaSuccess, or the switch's error, *call
- * naming the call that failed. */
-static cudaError_t make_current(const struct request_args *a,
-                                const char **call)
-{
-    return a->lazy_switch == NULL
-               ? cudaSuccess
-               : cuda_switch_device(a->lazy_switch, a->current_device, call);
-}
-
-/* make_current on a resolving step: a failure refuses the request (said
+ * call on its special stream handle; a failure refuses the request (said
  * and counted). */
 static cudaError_t resolve_current(const struct request_args *a)
 {
     const char *call = NULL;
-    cudaError_t err = make_current(a, &call);
+    cudaError_t err =
+        cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
     return err == cudaSuccess ? err : submit_reject(a->what, call, err);
 }
 
@@ -367,7 +357,7 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
     /* A cached identity on a failed device is looked up afresh (usable),
      * on the stream: its device current first. */
     else if (lifecycle_device_error(t->device) != cudaSuccess)
-        err = make_current(a, &call);
+        err = cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
     if (err == cudaSuccess)
         err = usable(t->handle, &t->device, &t->id, &t->cached, &call);
     return err == cudaSuccess ? err : submit_reject(a->what, call, err);
@@ -562,7 +552,8 @@ static cudaError_t route_batched(const struct request_args *a,
      * be made current (said), the batch waits for a later free or flush,
      * as it does while a capture bars the stream. */
     const char *call = NULL;
-    cudaError_t err = make_current(a, &call);
+    cudaError_t err =
+        cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
     if (err != cudaSuccess)
         cuda_report_failure(a->what, call, err,
                             "; the free batch waits for a later free or "
