@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: MIT
+"""The fake packages and library t/python_package.py's cases run with: a
+torch (its CUDA version and cpp_extension's compiler, ninja, CUDA headers
+and build chosen), a cupy that records the allocator it is given, and
+libcudefer linked with the fake CUDA runtime."""
+import os
+import shutil
+import subprocess
+import sys
+
+from python_package_harness import LIB
+
+FAKE_TORCH = '''
+import types
+__version__ = "2.11.0+fake"
+version = types.SimpleNamespace(cuda=%(cuda)r)
+'''
+
+FAKE_EXTENSION = '''
+import os
+CUDA_HOME = %(cuda_home)r
+def get_cxx_compiler():
+    return %(cxx)r
+def is_ninja_available():
+    return %(ninja)r
+def load(**kw):
+    # Each call's name and sources, a line in $FAKE_LOAD_LOG.
+    if os.environ.get("FAKE_LOAD_LOG"):
+        with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
+            f.write(" ".join([kw["name"]] + kw["sources"]) + "\\n")
+    # A fake compiler's "build" is the file beside it named COMPILER.so.
+    built = os.environ.get("CXX", "") + ".so"
+    if os.path.isfile(built):
+        return built
+    # cpp_extension's message: its own line, then ninja's output.
+    raise RuntimeError("Error building extension 'cudefer_torch': "
+                       + os.environ.get("FAKE_BUILD_OUTPUT", "boom"))
+'''
+
+FAKE_CUPY = '''
+import ctypes
+import os
+import types
+given = []
+pool_frees = []
+class OutOfMemoryError(MemoryError):
+    def __init__(self, size, total, limit=0):
+        super().__init__("Out of memory allocating %%d bytes" %% size)
+class _Stream:
+    ptr = %(stream)d
+_current = []
+class Stream:
+    # A created stream of the fake CUDA runtime $FAKE_CUDA_LIB, destroyed
+    # when the object goes, as CuPy's are.
+    def __init__(self):
+        self._runtime = ctypes.CDLL(os.environ["FAKE_CUDA_LIB"])
+        handle = ctypes.c_void_p()
+        assert self._runtime.cudaStreamCreate(ctypes.byref(handle)) == 0
+        self.ptr = handle.value
+    def __enter__(self):
+        _current.append(self)
+        return self
+    def __exit__(self, *exc):
+        _current.pop()
+    def __del__(self):
+        self._runtime.cudaStreamDestroy(ctypes.c_void_p(self.ptr))
+def _get_current_stream():
+    return _current[-1] if _current else _Stream()
+def _set_allocator(f):
+    given.append(f)
+class _Pool:
+    def free_all_blocks(self):
+        pool_frees.append(True)
+_pool = _Pool()
+def get_default_memory_pool():
+    return _pool
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id=-1):
+        self.ptr, self.size, self.owner = ptr, size, owner
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+cuda = types.SimpleNamespace(
+    set_allocator=_set_allocator, get_current_stream=_get_current_stream,
+    Stream=Stream, runtime=types.SimpleNamespace(getDevice=lambda: 0),
+    memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
+    UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer)
+'''
+
+
+def fake_torch(root, cuda="13.0", cuda_home=None, cxx="c++", ninja=True):
+    d = os.path.join(root, "torch")
+    os.makedirs(os.path.join(d, "utils"), exist_ok=True)
+    with open(os.path.join(d, "__init__.py"), "w") as f:
+        f.write(FAKE_TORCH % {"cuda": cuda})
+    with open(os.path.join(d, "utils", "__init__.py"), "w") as f:
+        f.write("")
+    with open(os.path.join(d, "utils", "cpp_extension.py"), "w") as f:
+        f.write(FAKE_EXTENSION % {"cuda_home": cuda_home, "cxx": cxx,
+                                  "ninja": ninja})
+    return root
+
+
+def fake_cupy(root, stream=0):
+    d = os.path.join(root, "cupy")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "__init__.py"), "w") as f:
+        f.write(FAKE_CUPY % {"stream": stream})
+    return root
+
+
+def fake_runtime_library(tmp):
+    """libcudefer with the fake CUDA runtime in it, as a shared object (from
+    make check's t/libcudefer-fake.la and t/libtap.la, beside LIB's build
+    tree), for the cases that allocate and free; (path, None), or (None,
+    why not)."""
+    top = os.path.dirname(os.path.dirname(os.path.dirname(LIB)))
+    archives = [os.path.join(top, "t", ".libs", name)
+                for name in ("libcudefer-fake.a", "libtap.a")]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, "no cc"
+    if not all(os.path.isfile(a) for a in archives):
+        return None, "%s not built" % archives[0]
+    path = os.path.join(tmp, "libcudefer-fake.so")
+    built = subprocess.run([cc, "-shared", "-o", path, "-Wl,--whole-archive",
+                            archives[0], "-Wl,--no-whole-archive",
+                            archives[1], "-lpthread", "-ldl", "-lrt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    if built.returncode != 0:
+        return None, "linking it failed"
+    probe = subprocess.run([sys.executable, "-c", "import ctypes, sys; "
+                            "ctypes.CDLL(sys.argv[1])", path],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if probe.returncode != 0:
+        return None, "python3 cannot load it"
+    return path, None

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: MIT
+"""t/python_package.py's cases of the package's library: found (by path,
+$CUDEFER_LIB, the loader's search; where it looked when nowhere), loaded
+once and read (stats, device_stats, version), and refused without
+cudefer's entry points."""
+import os
+import shutil
+import subprocess
+
+from python_package_harness import LIB, PYTHON_DIR, py, raises, skip, tap
+
+
+def library_cases(tmp):
+    ok, out = raises('import cudefer; cudefer.load("/no/such/libcudefer.so")',
+                     "FileNotFoundError", ["cudefer:", "lib=",
+                                           "/no/such/libcudefer.so",
+                                           "names no file"])
+    tap(ok, "load(lib) of a missing file names it", out)
+    ok, out = raises("import cudefer; cudefer.stats()", "FileNotFoundError",
+                     ["$CUDEFER_LIB=/no/such.so", "names no file"],
+                     env={"CUDEFER_LIB": "/no/such.so"})
+    tap(ok, "a $CUDEFER_LIB naming no file is said", out)
+
+    rc, out = py("""
+        import cudefer
+        s = cudefer.stats(%r)
+        assert list(s) == cudefer.stats_fields(), list(s)
+        assert all(isinstance(v, int) for v in s.values())
+        print("VERSION", cudefer.version(), cudefer.library())
+        """ % LIB)
+    tap(rc == 0 and "VERSION " in out and LIB in out,
+        "the library is loaded once and read: stats() and version()", out)
+    rc, out = py("""
+        import cudefer
+        s = cudefer.device_stats(1, %r, reset_peaks=True)
+        assert list(s) == cudefer.device_stats_fields(), list(s)
+        assert tuple(s) == cudefer.KNOWN_DEVICE_STATS_FIELDS, list(s)
+        assert set(s.values()) == {0}, s
+        print("DEVICE1", s)
+        """ % LIB)
+    tap(rc == 0 and "DEVICE1 " in out,
+        "device_stats(): one device's counters by the header's field names "
+        "(an unused device: all 0)", out)
+    for bad in ("-1", "64", "'0'", "True"):
+        ok, out = raises("import cudefer; cudefer.device_stats(%s, %r)"
+                         % (bad, LIB), "ValueError",
+                         ["cudefer: device", "0 .. 63"])
+        tap(ok, "device_stats(%s) is refused in one line" % bad, out)
+    rc, out = py("""
+        import cudefer
+        cudefer.load(%r)
+        try:
+            cudefer.load("/bin/sh")
+        except RuntimeError as e:
+            print("RAISED", e)
+        """ % LIB)
+    tap("RAISED cudefer: %s is already loaded; cannot use /bin/sh too" % LIB
+        in out, "a second library in the same process is refused", out)
+    rc, out = py("""
+        import cudefer
+        cudefer.load(%r)
+        print("STATS", len(cudefer.stats()), cudefer.version())
+        """ % LIB, env={"CUDEFER_LIB": "/bin/sh"})
+    tap(rc == 0 and "STATS " in out,
+        "after load(lib), stats() and version() use that library, whatever "
+        "$CUDEFER_LIB names", out)
+    # Found by the dynamic loader's search (pkg-config finding nothing):
+    # the same file named by its path afterwards is the same library.
+    empty = os.path.join(tmp, "no-pc")
+    os.makedirs(empty)
+    search = {"LD_LIBRARY_PATH": os.path.dirname(LIB),
+              "PKG_CONFIG_LIBDIR": empty, "PKG_CONFIG_PATH": empty}
+    rc, out = py("""
+        import ctypes.util, cudefer
+        if ctypes.util.find_library("cudefer") is None:
+            print("NO LOADER SEARCH")
+        else:
+            cudefer.load()
+            print("FOUND", cudefer.library())
+            cudefer.load(%r)
+            print("SAME", cudefer.library())
+        """ % LIB, env=search)
+    name = ("a library the loader found is its file: load() of its path "
+            "is the same library, library() a path")
+    if "NO LOADER SEARCH" in out:
+        skip(name, "ctypes.util.find_library does not search "
+             "LD_LIBRARY_PATH here")
+    else:
+        found = [l.split(" ", 1)[1] for l in out.splitlines()
+                 if l.startswith("FOUND ")]
+        tap(rc == 0 and "SAME " in out and found and os.sep in found[0]
+            and os.path.realpath(found[0]) == os.path.realpath(LIB),
+            name, out)
+
+    # Installed away from a source tree (pip install ./python), found
+    # nowhere: the error lists the places searched, and no source tree's
+    # src/.libs beside site-packages, which no one built.
+    site = os.path.join(tmp, "site")
+    shutil.copytree(os.path.join(PYTHON_DIR, "cudefer"),
+                    os.path.join(site, "cudefer"))
+    nowhere = {"LD_LIBRARY_PATH": "", "PKG_CONFIG_LIBDIR": empty,
+               "PKG_CONFIG_PATH": empty}
+    name = ("an installed package that finds no library says where it "
+            "looked, no made-up source tree among them")
+    rc, out = py("import ctypes.util; "
+                 "print('LOADER', ctypes.util.find_library('cudefer'))",
+                 env=nowhere)
+    if "LOADER None" not in out:
+        skip(name, "the loader's search finds a libcudefer here")
+    else:
+        ok, out = raises("import cudefer; cudefer.load()",
+                         "FileNotFoundError",
+                         ["libcudefer not found", "make install",
+                          "the loader's search"], fakes=site, env=nowhere)
+        tap(ok and os.path.join("src", ".libs") not in out, name, out)
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        other = os.path.join(tmp, "libother.so")
+        src = os.path.join(tmp, "other.c")
+        with open(src, "w") as f:
+            f.write("int other(void) { return 1; }\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", other, src], check=True)
+        ok, out = raises("import cudefer; cudefer.load(%r)" % other,
+                         "RuntimeError", ["lacks defer_pluggable_alloc_status",
+                                          "older than this package"])
+        tap(ok, "a library without cudefer's entry points is refused", out)
+    else:
+        skip("a library without cudefer's entry points is refused", "no cc")

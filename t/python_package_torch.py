@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: MIT
+"""t/python_package.py's cases of cudefer.torch without PyTorch or a GPU:
+enable() and build() say what is missing (torch, CUDA, a C++ compiler,
+ninja, CUDA headers) or that compiling failed; check_cxx_runtime refuses
+a build with a C++ runtime of its own; build() passes over a compiler
+whose builds carry one, compiles every unit of the package, names its
+build after every file's contents and names the file a failure is in."""
+import os
+import shutil
+import subprocess
+import sys
+
+from python_package_fakes import fake_torch
+from python_package_harness import LIB, PYTHON_DIR, py, raises, skip, tap
+
+
+def compiler_choice(tmp, headers, dynamic, static):
+    """build()'s choice among $CUDEFER_CXX, $CXX, g++ and c++, with fake
+    compilers whose builds are dynamic (shares PyTorch's C++ runtime) or
+    static (carries its own)."""
+    root = fake_torch(os.path.join(tmp, "choice"), cuda_home=headers)
+    bin_dir = os.path.join(tmp, "choice-bin")
+    os.makedirs(bin_dir)
+
+    def compiler(name, build):
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nexit 1\n")
+        os.chmod(path, 0o755)
+        shutil.copy(build, path + ".so")
+        return path
+    own = compiler("own-runtime-c++", static)
+    good = compiler("g++", dynamic)
+    path = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    code = "import cudefer.torch as t; print('BUILT', t.build(verbose=True))"
+    rc, out = py(code, root, dict(path, CXX=own))
+    tap(rc == 0 and "BUILT %s.so" % good in out
+        and "not using %s" % own in out,
+        "a $CXX whose build carries its own C++ runtime is passed over for "
+        "g++, and verbose says so", out)
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", [own, "a C++ runtime of its own",
+                                      "set CUDEFER_CXX"], root,
+                     dict(path, CUDEFER_CXX=own))
+    tap(ok and good not in out,
+        "$CUDEFER_CXX is the only compiler tried: its refusal is said", out)
+    shutil.copy(static, good + ".so")
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["no C++ compiler built", own, good],
+                     root, dict(path, CXX=own))
+    tap(ok, "no compiler's build shares the runtime: each one said", out)
+
+
+def allocator_files(tmp, headers, dynamic):
+    """build() with the allocator's files: it compiles every unit the
+    package has, names the build after every file's contents, says a
+    missing one and names the unit that failed to compile.  Runs on a copy
+    of the package (in front of python/ on the path), edited."""
+    rc, out = py("import cudefer.torch as t; print('FILES', t.SOURCES, "
+                 "t.HEADERS)")
+    words = out.split()
+    shipped = sorted(f for f in os.listdir(os.path.join(PYTHON_DIR, "cudefer"))
+                     if f.endswith((".cpp", ".h")))
+    listed = sorted(os.path.basename(w.strip("[]',")) for w in words[1:])
+    tap(rc == 0 and listed == shipped,
+        "SOURCES and HEADERS list every .cpp and .h of the package, each "
+        "there", "%s\nshipped %s, listed %s" % (out, shipped, listed))
+
+    root = fake_torch(os.path.join(tmp, "files"), cuda_home=headers)
+    package = os.path.join(root, "cudefer")
+    shutil.copytree(os.path.join(PYTHON_DIR, "cudefer"), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    cxx = os.path.join(tmp, "files-bin", "g++")
+    os.makedirs(os.path.dirname(cxx))
+    with open(cxx, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(cxx, 0o755)
+    shutil.copy(dynamic, cxx + ".so")
+    log = os.path.join(tmp, "files.log")
+    env = {"CUDEFER_CXX": cxx, "FAKE_LOAD_LOG": log}
+    code = ("import cudefer.torch as t; print('BUILT', t.build()); "
+            "print('SOURCES', ' '.join(t.SOURCES + t.HEADERS))")
+
+    def build():
+        """(the build's name, its sources, all files) or None."""
+        if os.path.exists(log):
+            os.remove(log)
+        rc, out = py(code, root, env)
+        files = [l.split()[1:] for l in out.splitlines()
+                 if l.startswith("SOURCES ")]
+        if rc != 0 or not files or not os.path.exists(log):
+            return None, out
+        with open(log) as f:
+            called = f.read().split()
+        return (called[0], called[1:], files[0]), out
+    base, out = build()
+    units = [] if base is None else base[1]
+    tap(base is not None and units and
+        all(u.endswith(".cpp") and os.path.dirname(u) == package
+            for u in units) and base[2] == units + [
+                p for p in base[2] if p.endswith(".h")],
+        "build() hands cpp_extension every unit, from the package", out)
+    if base is None:
+        return
+    for path in base[2]:
+        with open(path) as f:
+            saved = f.read()
+        with open(path, "a") as f:
+            f.write("\n// edited\n")
+        edited, out_edited = build()
+        with open(path, "w") as f:
+            f.write(saved)
+        again, out_again = build()
+        tap(edited is not None and edited[0] != base[0] and again == base,
+            "an edit of %s is a build of its own name"
+            % os.path.basename(path), out_edited + out_again)
+    header = [p for p in base[2] if p.endswith(".h")][0]
+    os.rename(header, header + ".away")
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["cudefer.torch:", header, "is missing"],
+                     root, env)
+    os.rename(header + ".away", header)
+    tap(ok, "a missing header is said", out)
+
+    fail = dict(env, CUDEFER_CXX=sys.executable)
+    last = units[-1]
+    stem = os.path.splitext(os.path.basename(last))[0]
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["compiling %s with" % last, "build(verbose=True)"], root,
+        dict(fail, FAKE_BUILD_OUTPUT="[2/4] c++ -c %s -o %s.o\nFAILED: "
+             "%s.o\n%s:12:5: error: 'x' was not declared in this scope"
+             % (last, stem, stem, last)))
+    others = [u for u in units if u != last]
+    tap(ok and not any(u in l for u in others for l in out.splitlines()
+                       if l.startswith("RAISED")),
+        "a failed compilation names the unit the compiler blamed, only it",
+        out)
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["compiling %s with" % header], root,
+        dict(fail, FAKE_BUILD_OUTPUT="".join(
+            "FAILED: %s.o\n%s:3:1: error: expected ';'\n"
+            % (os.path.splitext(os.path.basename(u))[0], header)
+            for u in units)))
+    tap(ok and not any(u in l for u in units for l in out.splitlines()
+                       if l.startswith("RAISED")),
+        "an error in the header names the header, not the units that "
+        "include it", out)
+
+
+def torch_cases(tmp):
+    ok, out = raises("import cudefer.torch; cudefer.torch.enable(%r)" % LIB,
+                     "ImportError", ["cudefer.torch: PyTorch is not installed"],
+                     fakes=os.path.join(tmp, "none"))
+    # (an empty fakes dir: real torch absent on the machine running make
+    # check; where torch is installed this case says nothing useful)
+    have_torch = py("import torch")[0] == 0
+    if have_torch:
+        skip("without torch: ImportError naming PyTorch", "torch installed")
+    else:
+        tap(ok, "without torch: ImportError naming PyTorch", out)
+
+    root = fake_torch(os.path.join(tmp, "nocuda"), cuda=None)
+    ok, out = raises("import cudefer.torch; cudefer.torch.enable(%r)" % LIB,
+                     "RuntimeError", ["built without CUDA"], fakes=root)
+    tap(ok, "a torch without CUDA is said", out)
+    root = fake_torch(os.path.join(tmp, "nocxx"),
+                      cxx=os.path.join(tmp, "no-such-c++"))
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["no C++ compiler", "no-such-c++",
+                                      "set CUDEFER_CXX"], fakes=root,
+                     env={"CUDEFER_CXX": os.path.join(tmp, "no-such-c++")})
+    tap(ok, "no C++ compiler: said, with the name tried", out)
+    # The cases below name the "compiler" (python3: found, never run).
+    one = {"CUDEFER_CXX": sys.executable}
+    root = fake_torch(os.path.join(tmp, "noninja"), cxx=sys.executable,
+                      ninja=False)
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["needs ninja"], fakes=root, env=one)
+    tap(ok, "no ninja: said", out)
+    root = fake_torch(os.path.join(tmp, "noheaders"), cxx=sys.executable,
+                      cuda_home=os.path.join(tmp, "no-cuda"))
+    # pip's CUDA runtime package, where installed, has headers too.
+    os.makedirs(os.path.join(root, "nvidia"))
+    open(os.path.join(root, "nvidia", "__init__.py"), "w").close()
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["no CUDA runtime headers",
+                                      "set CUDA_HOME"], fakes=root, env=one)
+    tap(ok, "no CUDA headers: said", out)
+    headers = os.path.join(tmp, "cuda")
+    os.makedirs(os.path.join(headers, "include"))
+    open(os.path.join(headers, "include", "cuda_runtime_api.h"), "w").close()
+    root = fake_torch(os.path.join(tmp, "fails"), cxx=sys.executable,
+                      cuda_home=headers)
+    ok, out = raises("import cudefer.torch; cudefer.torch.enable(%r)" % LIB,
+                     "RuntimeError", ["compiling", "torch_allocator.cpp",
+                                      "boom", "build(verbose=True)"],
+                     fakes=root, env=one)
+    tap(ok, "a failed compilation: said, with the compiler's first line",
+        out)
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx:
+        src = os.path.join(tmp, "fmt.cpp")
+        with open(src, "w") as f:
+            f.write('#include <sstream>\n#include <string>\n'
+                    'extern "C" int fmt(unsigned long n, char *o) {'
+                    ' std::ostringstream s; s << n; std::string t = s.str();'
+                    ' o[t.copy(o, 30)] = 0; return 1; }\n')
+        dyn = os.path.join(tmp, "dynamic.so")
+        subprocess.run([cxx, "-shared", "-fPIC", "-o", dyn, src], check=True)
+        rc, out = py("import cudefer.torch as t; print('WHY', t.check_cxx_runtime(%r))"
+                     % dyn)
+        tap(rc == 0 and "WHY None" in out,
+            "check_cxx_runtime takes a build that links libstdc++ dynamically",
+            out)
+        allocator_files(tmp, headers, dyn)
+        plain = os.path.join(tmp, "plain.so")
+        with open(os.path.join(tmp, "plain.c"), "w") as f:
+            f.write("int plain(int x) { return x + 1; }\n")
+        subprocess.run([shutil.which("gcc") or shutil.which("cc") or cxx,
+                        "-shared", "-fPIC", "-x", "c", "-o", plain,
+                        os.path.join(tmp, "plain.c")], check=True)
+        rc, out = py("import cudefer.torch as t; print('WHY', t.check_cxx_runtime(%r))"
+                     % plain)
+        tap(rc == 0 and "WHY None" in out,
+            "check_cxx_runtime takes a build that needs no C++ runtime of "
+            "its own (its C++ calls reach torch's)", out)
+        static = os.path.join(tmp, "static.so")
+        built = subprocess.run([cxx, "-shared", "-fPIC", "-static-libstdc++",
+                                "-o", static, src], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+        if built.returncode != 0:
+            skip("check_cxx_runtime refuses a build with its own C++ runtime",
+                 "no static libstdc++")
+        else:
+            rc, out = py("import cudefer.torch as t; print('WHY', t.check_cxx_runtime(%r))"
+                         % static)
+            tap(rc == 0 and "a C++ runtime of its own" in out,
+                "check_cxx_runtime refuses a build with its own C++ runtime",
+                out)
+            compiler_choice(tmp, headers, dyn, static)
+    else:
+        skip("check_cxx_runtime", "no C++ compiler")
