@@ -59,15 +59,16 @@ and compiled outputs bit for bit identical, the fraction and observer
 behave alike, cudefer's stats are consistent (memory_stats' current
 allocated bytes are memory_allocated, reserved >= allocated), and the
 allocator's bookkeeping costs at most 1 % of a step.
+The parts of a CUDA graph and torch.compile are in torch_graphs.py beside
+this file, those of the memory fraction in torch_fraction.py, the probe's
+in torch_probe.py.
 """
 import argparse
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,125 +80,16 @@ sys.path.insert(0, HERE)
 from torch_probe import (allocator_probe, base_allocation,  # noqa: E402
                          pool_use_count, probe_call)
 
+# The CUDA graphs' and the memory fraction's parts of each process's work
+# and of the comparison.
+from torch_graphs import (check_empty_cache_during_capture,  # noqa: E402
+                          check_graphs, cuda_graphs,
+                          empty_cache_during_capture, tensor_sha)
+from torch_fraction import (check_fraction_caps,  # noqa: E402
+                            check_fraction_env_and_oom, memory_fraction,
+                            probe_env_fraction)
+
 GiB = 1 << 30
-
-
-def tensor_sha(tensors):
-    import torch
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().to(torch.float32).cpu().reshape(-1)
-                 .contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-ENV_FRACTION = "per_process_memory_fraction:0.5"
-
-
-def probe_env_fraction(mode, lib):
-    """The process env_fraction starts: prints, as JSON, the fraction read
-    and whether 60 % of the device fits."""
-    import torch
-    if mode == "cudefer":
-        import cudefer.torch
-        cudefer.torch.enable(lib)
-    res = {"fraction": torch.cuda.get_per_process_memory_fraction()
-           if hasattr(torch.cuda, "get_per_process_memory_fraction") else None}
-    total = torch.cuda.get_device_properties(0).total_memory
-    try:
-        big = torch.empty(int(total * 0.6), dtype=torch.uint8, device="cuda")
-        res["big"] = "allocated"
-        del big
-    except torch.OutOfMemoryError:
-        res["big"] = "OutOfMemoryError"
-    print(json.dumps(res))
-
-
-def env_fraction(mode, lib):
-    """What probe_env_fraction saw under PYTORCH_CUDA_ALLOC_CONF=ENV_FRACTION
-    (read when the allocator starts: a process of its own), or why it
-    failed."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ENV_FRACTION)
-    cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
-           "--probe", "env-fraction"]
-    if lib:
-        cmd += ["--lib", lib]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    found = [line for line in proc.stdout.splitlines()
-             if line.startswith("{")]
-    if proc.returncode != 0 or not found:
-        return "exit status %d: %s" % (proc.returncode,
-                                       proc.stdout.strip()[-300:])
-    return json.loads(found[-1])
-
-
-def blocking_stream(torch):
-    """A blocking stream (cudaStreamCreate's, through the libcudart the
-    process loaded) as a torch.cuda.ExternalStream, and a function that
-    destroys it; None when no libcudart.so is among the process's
-    libraries."""
-    import ctypes
-    path = None
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "libcudart.so" in line:
-                path = line.split()[-1]
-                break
-    if path is None:
-        return None
-    rt = ctypes.CDLL(path)
-    rt.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    rt.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
-    handle = ctypes.c_void_p()
-    if rt.cudaStreamCreate(ctypes.byref(handle)) != 0:
-        return None
-    return (torch.cuda.ExternalStream(handle.value),
-            lambda: rt.cudaStreamDestroy(handle))
-
-
-def empty_cache_during_capture(torch, dev):
-    """(what empty_cache did, what the capture did) when a tensor of the
-    default stream is freed and empty_cache called while another thread
-    captures a CUDA graph on a blocking stream; None when no blocking
-    stream can be made."""
-    made = blocking_stream(torch)
-    if made is None:
-        return None
-    stream, destroy = made
-    capturing, finish = threading.Event(), threading.Event()
-    outcome = {}
-
-    def capture():
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                y = torch.ones(1 << 20, device=dev) * 2
-                capturing.set()
-                finish.wait(60)
-            del graph, y
-            outcome["capture"] = "ok"
-        except Exception as e:  # noqa: BLE001 (reported, compared)
-            outcome["capture"] = "%s: %s" % (type(e).__name__, str(e)[:200])
-        finally:
-            capturing.set()
-
-    x = torch.ones(1 << 20, device=dev)  # the default stream's
-    torch.cuda.synchronize()
-    thread = threading.Thread(target=capture)
-    thread.start()
-    capturing.wait(60)
-    try:
-        del x  # a free on the default stream during the capture
-        torch.cuda.empty_cache()
-        outcome["empty_cache"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        outcome["empty_cache"] = "%s: %s" % (type(e).__name__, str(e)[:200])
-    finish.set()
-    thread.join()
-    torch.cuda.synchronize()
-    destroy()
-    return [outcome.get("empty_cache"), outcome.get("capture")]
 
 
 def profiler_reserved(torch, dev):
@@ -292,48 +184,9 @@ def run(mode, lib, steps, out_path):
                summary_ok=summary_ok, reserved_ok=reserved_ok,
                step_ms=step_ms, allocs_per_step=allocs)
 
-    # CUDA graph: capture the forward pass on a side stream, replay it.
-    model.eval()
-    static_in = torch.randn(64, 1024, device=dev, generator=gen)
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm), torch.no_grad():
-        for _ in range(3):
-            model(static_in)
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = model(static_in)
-        res["graph_allocated"] = torch.cuda.memory_allocated()
-        outs = []
-        for _ in range(3):
-            static_in.copy_(torch.randn(64, 1024, device=dev, generator=gen))
-            graph.replay()
-            outs.append(static_out.clone())
-        torch.cuda.synchronize()
-        res["graph_sha"] = tensor_sha(outs)
-        del graph, static_out
-        torch.cuda.empty_cache()
-        res["after_graph_allocated"] = torch.cuda.memory_allocated()
-    except Exception as e:  # noqa: BLE001 (reported, compared)
-        res["graph_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
-
-    # torch.compile's CUDA graphs (graph trees, private pools, checkpoints).
-    try:
-        import triton  # noqa: F401
-        compiled = torch.compile(model, mode="reduce-overhead")
-        outs = []
-        with torch.no_grad():
-            for _ in range(6):
-                inp = torch.randn(64, 1024, device=dev, generator=gen)
-                outs.append(compiled(inp).clone())
-        torch.cuda.synchronize()
-        res["compile_sha"] = tensor_sha(outs)
-    except ImportError:
-        res["compile_skip"] = "no triton"
-    except Exception as e:  # noqa: BLE001
-        res["compile_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
+    # CUDA graph capture and replay, torch.compile (torch_graphs.py); what
+    # they leave bound stays alive until this function returns.
+    graphs_held = cuda_graphs(torch, dev, model, gen, res)
 
     # A peak between two statistics calls: max_memory_reserved sees it.
     torch.cuda.empty_cache()
@@ -439,60 +292,9 @@ def run(mode, lib, steps, out_path):
         except Exception as e:  # noqa: BLE001 (compared)
             res["stats_beyond"].append(type(e).__name__)
 
-    # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction.
-    res["env_fraction"] = env_fraction(mode, lib)
-
-    # set_per_process_memory_fraction and an OOM observer.
-    seen = []
-    try:
-        torch._C._cuda_attach_out_of_memory_observer(
-            lambda device, alloc, total, free: seen.append(alloc))
-    except Exception as e:  # noqa: BLE001
-        res["observer_error"] = "%s: %s" % (type(e).__name__, e)
-    torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(0).total_memory
-    cap = torch.cuda.memory_reserved() + GiB
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-    res["fraction_read"] = torch.cuda.get_per_process_memory_fraction() \
-        if hasattr(torch.cuda, "get_per_process_memory_fraction") else None
-    try:
-        big = torch.empty(2 * GiB, dtype=torch.uint8, device=dev)
-        res["fraction_big"] = "allocated"
-        del big
-    except torch.OutOfMemoryError as e:
-        res["fraction_big"] = "OutOfMemoryError"
-        res["fraction_message"] = str(e).splitlines()[0][:200]
-        # What accelerate's find_executable_batch_size (and HF Trainer's
-        # auto_find_batch_size) takes for an out of memory to retry.
-        res["oom_retryable"] = (len(e.args) == 1 and
-                                "CUDA out of memory." in e.args[0])
-    try:
-        small = torch.empty(GiB // 4, dtype=torch.uint8, device=dev)
-        res["fraction_small"] = "allocated"
-        del small
-    except torch.OutOfMemoryError:
-        res["fraction_small"] = "OutOfMemoryError"
-    # The cap holds inside a MemPool (a private pool) too.
-    pool = torch.cuda.MemPool()
-    try:
-        with torch.cuda.use_mem_pool(pool):
-            big = torch.empty(2 * GiB, dtype=torch.uint8, device=dev)
-        res["fraction_pool"] = "allocated"
-        del big
-    except torch.OutOfMemoryError:
-        res["fraction_pool"] = "OutOfMemoryError"
-    del pool
-    # A fraction of 0 allows no new memory (PyTorch's cache emptied first).
-    torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(0.0)
-    try:
-        zero = torch.empty(GiB, dtype=torch.uint8, device=dev)
-        res["fraction_zero"] = "allocated"
-        del zero
-    except torch.OutOfMemoryError:
-        res["fraction_zero"] = "OutOfMemoryError"
-    torch.cuda.set_per_process_memory_fraction(1.0)
-    res["observer_calls"] = len(seen)
+    # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction,
+    # set_per_process_memory_fraction and an OOM observer (torch_fraction.py).
+    memory_fraction(torch, dev, mode, lib, res)
     res["capture_empty_cache"] = empty_cache_during_capture(torch, dev)
     try:
         res["profiler_reserved"] = profiler_reserved(torch, dev)
@@ -535,6 +337,7 @@ def run(mode, lib, steps, out_path):
         res["recorded"] = cudefer.torch.recorded()
     with open(out_path, "w") as f:
         json.dump(res, f)
+    del graphs_held
 
 
 def compare(native, mine):
@@ -563,30 +366,7 @@ def compare(native, mine):
           mine["stats_ok"] and mine["summary_ok"] and mine["reserved_ok"],
           "stats %s summary %s reserved>=allocated %s" % (
               mine["stats_ok"], mine["summary_ok"], mine["reserved_ok"]))
-    if "graph_error" in mine or "graph_error" in native:
-        check("torch.cuda.graph capture and replay", False,
-              "native: %s; cudefer: %s" % (native.get("graph_error", "ok"),
-                                          mine.get("graph_error", "ok")))
-    else:
-        check("torch.cuda.graph capture and replay: identical outputs",
-              native["graph_sha"] == mine["graph_sha"])
-        check("memory_allocated identical after capture and after the graph",
-              native["graph_allocated"] == mine["graph_allocated"] and
-              native["after_graph_allocated"] == mine["after_graph_allocated"],
-              "%s/%s vs %s/%s" % (native["graph_allocated"],
-                                  native["after_graph_allocated"],
-                                  mine["graph_allocated"],
-                                  mine["after_graph_allocated"]))
-    if "compile_skip" in native:
-        print("SKIP torch.compile(mode='reduce-overhead'): %s"
-              % native["compile_skip"])
-    elif "compile_error" in mine or "compile_error" in native:
-        check("torch.compile(mode='reduce-overhead')", False,
-              "native: %s; cudefer: %s" % (native.get("compile_error", "ok"),
-                                          mine.get("compile_error", "ok")))
-    else:
-        check("torch.compile(mode='reduce-overhead'): identical outputs",
-              native["compile_sha"] == mine["compile_sha"])
+    check_graphs(native, mine, check)
     spikes = [native.get("spike_peaks"), mine.get("spike_peaks")]
     check("max_memory_reserved >= max_memory_allocated >= 1 GiB after a "
           "freed 1 GiB tensor",
@@ -620,26 +400,7 @@ def compare(native, mine):
               mine.get("cross_record") == native["cross_record"] == "kept",
               "native %s, cudefer %s" % (native["cross_record"],
                                          mine.get("cross_record")))
-    check("set_per_process_memory_fraction: beyond the cap raises "
-          "OutOfMemoryError, below it fits",
-          mine["fraction_big"] == native["fraction_big"] == "OutOfMemoryError"
-          and mine["fraction_small"] == native["fraction_small"] == "allocated",
-          "native %s/%s, cudefer %s/%s (%s)" % (
-              native["fraction_big"], native["fraction_small"],
-              mine["fraction_big"], mine["fraction_small"],
-              mine.get("fraction_message", "")))
-    check("set_per_process_memory_fraction: beyond the cap in a MemPool "
-          "raises OutOfMemoryError",
-          mine.get("fraction_pool") == native.get("fraction_pool")
-          == "OutOfMemoryError",
-          "native %s, cudefer %s" % (native.get("fraction_pool"),
-                                     mine.get("fraction_pool")))
-    check("set_per_process_memory_fraction(0): allocating raises "
-          "OutOfMemoryError",
-          mine.get("fraction_zero") == native.get("fraction_zero")
-          == "OutOfMemoryError",
-          "native %s, cudefer %s" % (native.get("fraction_zero"),
-                                     mine.get("fraction_zero")))
+    check_fraction_caps(native, mine, check)
     check("memory_stats and the resets of a device the process does not "
           "have raise RuntimeError",
           mine.get("stats_beyond") == native.get("stats_beyond")
@@ -647,26 +408,7 @@ def compare(native, mine):
           "native %s, cudefer %s" % (native.get("stats_beyond"),
                                      mine.get("stats_beyond")))
 
-    def env_capped(r):
-        return (isinstance(r, dict) and r.get("big") == "OutOfMemoryError"
-                and (r.get("fraction") is None
-                     or abs(r["fraction"] - 0.5) < 1e-6))
-    check("PYTORCH_CUDA_ALLOC_CONF=%s caps from the start" % ENV_FRACTION,
-          env_capped(native.get("env_fraction"))
-          and env_capped(mine.get("env_fraction")),
-          "native %s, cudefer %s" % (native.get("env_fraction"),
-                                     mine.get("env_fraction")))
-    check("the OutOfMemoryError's message opens with 'CUDA out of memory.'",
-          mine.get("oom_retryable") is native.get("oom_retryable") is True,
-          "native %s, cudefer %s (%s)" % (native.get("oom_retryable"),
-                                          mine.get("oom_retryable"),
-                                          mine.get("fraction_message", "")))
-    check("OOM observer called as under PyTorch's allocator",
-          mine.get("observer_calls") == native.get("observer_calls")
-          and mine.get("observer_calls", 0) > 0,
-          "native %s, cudefer %s %s" % (native.get("observer_calls"),
-                                        mine.get("observer_calls"),
-                                        mine.get("observer_error", "")))
+    check_fraction_env_and_oom(native, mine, check)
 
     def reserved_ok(events):
         return isinstance(events, list) and all(
@@ -683,17 +425,7 @@ def compare(native, mine):
               "native %s, cudefer %s ([allocated, reserved] each event)" % (
                   native["profiler_reserved"][:4],
                   str(mine.get("profiler_reserved"))[:200]))
-    if native.get("capture_empty_cache") is None:
-        print("SKIP empty_cache during another thread's capture: no "
-              "libcudart.so to make a blocking stream with")
-    else:
-        check("empty_cache while another thread captures a CUDA graph: no "
-              "error, and the capture succeeds",
-              mine.get("capture_empty_cache")
-              == native["capture_empty_cache"] == ["ok", "ok"],
-              "native %s, cudefer %s (empty_cache, capture)" % (
-                  native["capture_empty_cache"],
-                  mine.get("capture_empty_cache")))
+    check_empty_cache_during_capture(native, mine, check)
     if "probe" in native or "probe" in mine:
         print("SKIP the allocator calls beyond the Python API: "
               "t/gpu/torch_probe.cpp not built (native: %s; cudefer: %s)"
