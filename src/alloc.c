@@ -544,7 +544,8 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
          * lazy).  The size and device PyTorch says are checked against the
          * block's (submit.c). */
         int current = stream_is_special(stream) ? on : -1;
-        struct request_args a = {.what = "defer_free",
+        struct request_args a = {.what = "defer_pluggable_free",
+                                 .end = &kept,
                                  .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
                                  .nptrs = 1, .current_known = current >= 0,
                                  .current_device = current,
@@ -552,10 +553,7 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  .block_known = block_known,
                                  .block_device = block_device,
                                  .lazy_switch = lazy ? &sw : NULL};
-        err = submit(&a, stream);
-        if (err != cudaSuccess) /* said by defer_free's checks */
-            report("defer_pluggable_free: %p could not be freed: it stays "
-                   "allocated", ptr);
+        (void)submit(&a, stream); /* a refusal is said, in one line */
     } else {
         char tail[64];
         cuda_report_failure("defer_pluggable_free", call, err,

@@ -108,7 +108,7 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     void **copy = NULL;
     if (live != n) {
         if ((copy = malloc(live * sizeof *copy)) == NULL)
-            return submit_reject("defer_free_n", "malloc",
+            return submit_reject("defer_free_n", NULL, "malloc",
                                  cudaErrorMemoryAllocation);
         for (size_t i = 0, k = 0; i < n; i++)
             if (ptrs[i] != NULL)
@@ -123,7 +123,7 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     if (err != cudaSuccess || twice != NULL) {
         free(copy);
         if (err != cudaSuccess)
-            return submit_reject("defer_free_n", "malloc", err);
+            return submit_reject("defer_free_n", NULL, "malloc", err);
         stats_add(&stats.rejected, 1);
         report("defer_free_n: %p is named more than once: refused; nothing "
                "was deferred", twice);

@@ -13,9 +13,14 @@
 #include "entry.h"
 
 struct cuda_switch; /* cuda.h */
+struct line_end;   /* report.h */
 
 struct request_args {
     const char *what; /* the public function, for messages */
+    /* The end of a refusal's line (report.h) where the entry point's
+     * caller hears nothing else (defer_pluggable_free: "PTR stays
+     * allocated"); NULL: "nothing was deferred". */
+    const struct line_end *end;
     enum entry_kind kind;
     void *const *ptrs; /* the caller's; ptrs[0..nptrs), none NULL */
     size_t nptrs;

@@ -30,8 +30,10 @@ cudaError_t submit_streams(const struct request_args *given,
                            const cudaStream_t *streams, size_t n);
 
 /* Any thread: what (the public function) is refused because call failed
- * with err: said ("nothing was deferred"), counted in rejected.  Returns
- * err. */
-cudaError_t submit_reject(const char *what, const char *call, cudaError_t err);
+ * with err: said in one line, which ends with end's text (report.h) or,
+ * for a NULL end, "nothing was deferred"; counted in rejected.  Never
+ * blocks.  Returns err. */
+cudaError_t submit_reject(const char *what, const struct line_end *end,
+                          const char *call, cudaError_t err);
 
 #endif

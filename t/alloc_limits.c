@@ -484,6 +484,32 @@ static void test_rounding_knob(void)
                   scenario_coarse_beyond_device);
 }
 
+/* defer_pluggable_free refused by defer_free's own checks (here its
+ * stream's capture check fails): one error, one line, naming the entry
+ * point PyTorch called and saying that the pointer stays allocated;
+ * nothing released, the block the caller's to free again. */
+static void test_pluggable_free_refused(cudaStream_t s)
+{
+    void *p = defer_pluggable_alloc(4096, 0, s);
+    uint64_t rejected = stats_now().rejected;
+    fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorUnknown, 0, 1);
+    stderr_capture_begin();
+    defer_pluggable_free(p, 4096, 0, s);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    char at[32];
+    snprintf(at, sizeof at, "%p stays allocated", p);
+    ok(p != NULL && said_lines(said) == 1 &&
+           strstr(said, "cudefer: defer_pluggable_free: ") == said &&
+           strstr(said, "cudaStreamIsCapturing") != NULL &&
+           strstr(said, at) != NULL,
+       "a refused pluggable free: one line naming defer_pluggable_free, the "
+       "failed call and the pointer kept (%s)", said);
+    ok(stats_now().rejected == rejected + 1, "counted rejected once");
+    defer_pluggable_free(p, 4096, 0, s);
+    is_int(defer_flush(), cudaSuccess, "the block freed again: flushed");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -509,6 +535,7 @@ int main(void)
     cudaStream_t s = stream_new();
     test_sizes_no_device_holds(s);
     test_pluggable_status(s);
+    test_pluggable_free_refused(s);
     test_beyond_device(s);
     test_other_errors(s);
     test_out_of_memory(s);
