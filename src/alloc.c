@@ -555,6 +555,8 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
                                  .lazy_switch = lazy ? &sw : NULL};
         (void)submit(&a, stream); /* a refusal is said, in one line */
     } else {
+        /* A refused call, counted as each is (cudefer.h: rejected). */
+        stats_add(&stats.rejected, 1);
         char tail[64];
         cuda_report_failure("defer_pluggable_free", call, err,
                             report_line_end(&kept, tail, sizeof tail));
