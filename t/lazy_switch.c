@@ -8,8 +8,10 @@
  * leaves the batch for the flush; a free after defer_record_stream waits
  * for the recorded stream too.  A switch that fails refuses the free in
  * one line naming defer_pluggable_free and saying the memory stays
- * allocated, counted once in rejected (cudaStreamPerThread, whose switch
- * comes first); an allocation's the same, saying NULL is returned. */
+ * allocated, counted once in rejected, whether the switch came first (a
+ * created handle's special stream, cudaStreamPerThread) or was put off (the
+ * legacy stream, on a thread that has not asked for its identity yet); an
+ * allocation's the same, saying NULL is returned. */
 #include <pthread.h>
 #include <string.h>
 
@@ -157,6 +159,19 @@ static void check_free_refused(void *p, cudaStream_t stream)
     CHECK(fake_is_released(p) == 0, "p stays allocated");
 }
 
+/* The switch put off (the legacy stream, on a thread that has no identity
+ * of it cached: the request's first CUDA call asks the stream). */
+static void lazy_free_switch_fails(void)
+{
+    cudaSetDevice(1);
+    void *p = defer_pluggable_alloc(256 * KiB, 0, 0);
+    CHECK(p != NULL && current() == 1, "a block of device 0");
+    check_free_refused(p, 0);
+    defer_pluggable_free(p, 256 * KiB, 0, 0);
+    CHECK(defer_flush() == cudaSuccess && current() == 1, "a free after it "
+          "works");
+}
+
 /* The switch made first (cudaStreamPerThread). */
 static void per_thread_free_switch_fails(void)
 {
@@ -200,6 +215,8 @@ int main(void)
                   "CUDEFER_FREE_BATCH=2", 2, 30000, seal_switch_fails);
     fork_scenario("a free from another device after defer_record_stream",
                   "", 2, 30000, recorded_from_other_device);
+    fork_scenario("a put-off switch that fails refuses the free in one line",
+                  "", 2, 30000, lazy_free_switch_fails);
     fork_scenario("a first switch that fails refuses the free, counted",
                   "", 2, 30000, per_thread_free_switch_fails);
     fork_scenario("an allocation's put-off switch that fails, in one line",
