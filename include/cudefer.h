@@ -234,9 +234,9 @@ typedef int (*defer_oom_handler)(size_t bytes, int device, void *arg);
  * called at any time, the handler included, also after defer_shutdown.
  * The handler runs on the allocating thread (the reclaimer, for a
  * defer_call callback: a callback's rules apply), with no lock of cudefer's
- * held, so it may call any defer_* function, defer_alloc too; it must leave
- * the thread's current device as it found it.  Nonzero: the whole request
- * is tried again (the cache, where a block the handler freed on the
+ * held, so it may call any defer_* function, defer_alloc too; the device
+ * current before it is made current again after it.  Nonzero: the whole
+ * request is tried again (the cache, where a block the handler freed on the
  * request's stream serves it at once; then a new block, out of memory
  * after a trim), and if that fails the handler is called again.  Memory it
  * frees with defer_free comes back once its work is done (defer_flush in

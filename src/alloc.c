@@ -315,6 +315,39 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
     return err;
 }
 
+/* Any thread, holding no lock or admission of cudefer's; blocks while the
+ * application's out-of-memory handler runs (oom_handler.h): whether to
+ * try the request of bytes on device again.  The device current before
+ * the handler is current after it, whatever the handler left: the retry's
+ * CUDA calls, and the caller's switch back, count on it.  A failure to
+ * make it current again is said and ends the retries. */
+static bool handler_retry(struct words *w, size_t bytes, int device,
+                          unsigned *calls)
+{
+    int before = -1;
+    if (cuda_get_device(&before) != cudaSuccess)
+        before = -1;
+    bool again = oom_handler_retry(bytes, device, calls, w->what, w->end,
+                                   &w->said);
+    /* A switch of its own, never switched back: to before, where the
+     * handler left another device current. */
+    struct cuda_switch back = CUDA_SWITCH_NONE;
+    const char *call = NULL;
+    cudaError_t err;
+    if (*calls > 0 && before >= 0 &&
+        (err = cuda_switch_device(&back, before, &call)) != cudaSuccess) {
+        char tail[192], end[128];
+        snprintf(tail, sizeof tail,
+                 "; device %d, current before the out-of-memory handler, "
+                 "could not be made current again: out of memory%s",
+                 before, report_line_end(w->end, end, sizeof end));
+        cuda_report_failure(w->what, call, err, tail);
+        w->said = true;
+        return false;
+    }
+    return again;
+}
+
 /* defer_alloc, said in w's words, with the current device when the
  * caller knows it (current >= 0: the pluggable entry point made it
  * current, or, lazy not NULL, leaves that to make_current) and the device
@@ -352,8 +385,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
     do
         err = alloc_try(w, ptr, bytes, stream, current, expect, lazy, &device,
                         &full);
-    while (full && oom_handler_retry(bytes, device, &handler_calls, w->what,
-                                     w->end, &w->said));
+    while (full && handler_retry(w, bytes, device, &handler_calls));
     if (err == cudaErrorMemoryAllocation)
         stats_add(&stats.rejected, 1); /* the caller sees it: no report */
     if (err != cudaSuccess)

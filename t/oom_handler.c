@@ -164,6 +164,45 @@ static void scenario_retry_fits(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* A handler that leaves another device current (it freed memory there,
+ * say): the retry still allocates on the request's device, and the
+ * caller's current device is as it was before the call. */
+static int switching_handler(size_t bytes, int device, void *arg)
+{
+    (void)bytes, (void)device, (void)arg;
+    atomic_fetch_add(&freeing_calls, 1);
+    if (mine != NULL && cudaFree(mine) == cudaSuccess)
+        mine = NULL;
+    cudaSetDevice(1);
+    return 1;
+}
+
+static void scenario_handler_switches_device(void)
+{
+    void *warm = defer_pluggable_alloc(4096, 0, 0);
+    CHECK(warm != NULL, "a first block");
+    defer_pluggable_free(warm, 4096, 0, 0);
+    mine = device_alloc(8 * MiB);
+    leave_room(0, 4 * MiB);
+    cudaSetDevice(0);
+    defer_set_oom_handler(switching_handler, NULL, NULL, NULL);
+    void *p = defer_pluggable_alloc(8 * MiB, 0, 0);
+    int current = -1;
+    cudaGetDevice(&current);
+    struct cudaPointerAttributes at = {0};
+    CHECK(p != NULL && cudaPointerGetAttributes(&at, p) == cudaSuccess &&
+              at.device == 0,
+          "8 MiB on device 0 with 4 MiB free, the handler freeing 8 and "
+          "switching to device 1: %p on device %d", p, at.device);
+    CHECK(atomic_load(&freeing_calls) == 1, "called once (%d)",
+          atomic_load(&freeing_calls));
+    CHECK(current == 0, "device 0 current after the call (%d)", current);
+    defer_pluggable_free(p, 8 * MiB, 0, 0);
+    CHECK(defer_flush() == cudaSuccess, "flushed");
+    CHECK(fake_violations() == 0, "oracle: nothing released or reused early");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 /* A handler that uses cudefer itself: defer_free of a block whose work on
  * another stream is still running, defer_flush (waits for that work),
  * defer_trim, and a nested defer_alloc that runs out of memory too (fails
@@ -538,6 +577,9 @@ int main(void)
                   ENV, 2, 30000, scenario_told);
     fork_scenario("a handler that frees and answers 1: the retry fits", ENV,
                   1, 30000, scenario_retry_fits);
+    fork_scenario("a handler that leaves another device current: the retry "
+                  "on the request's device, the caller's device kept", ENV, 2,
+                  30000, scenario_handler_switches_device);
     fork_scenario("a handler that frees, flushes, trims and allocates: no "
                   "deadlock, no recursion, the retry fits", ENV, 1, 30000,
                   scenario_handler_uses_cudefer);
