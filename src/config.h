@@ -48,8 +48,9 @@ void config_at_start(struct defer_config *out);
  * defer_configure returns cudaErrorNotPermitted: nothing will use it. */
 void config_refuse_from_now(void);
 
-/* Fork child only, from the library's one fork handler (lifecycle.c): the
- * configuration lock made usable again (its holder may not exist there). */
+/* Fork child only, from the library's one fork handler
+ * (lifecycle_hooks.c): the configuration lock made usable again (its
+ * holder may not exist there). */
 void config_fork_child(void);
 
 /* What the documentation says of a knob, as the environment spells it. */

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The library's lifecycle: lazy start, admission of defer calls (the gate),
- * flush and trim requests, shutdown, process exit and fork (see
- * lifecycle.h). */
+ * flush and trim requests, shutdown (see lifecycle.h); process exit and fork
+ * are the process hooks' (lifecycle_hooks.c), which use the gate, the
+ * request and the stop from here (lifecycle_hooks.h). */
 #define _GNU_SOURCE
 #include "lifecycle.h"
+#include "lifecycle_hooks.h"
 #include "reclaimer_state.h"
 
 #include <errno.h>
@@ -21,33 +23,9 @@
 #include "cuda.h"
 #include "event_pool.h"
 #include "free_batch.h"
-#include "oom_handler.h"
 #include "report.h"
 #include "stats.h"
 #include "stream_lane.h"
-
-/* At process exit, how long to wait for pending work before giving up on it
- * (the process must never hang in exit). */
-#define EXIT_DRAIN_NS (UINT64_C(2) * 1000000000)
-
-static void at_exit(void);
-static void fork_child(void);
-
-/* Note [Fork]
- * A fork child has no reclaimer thread and cannot use CUDA, so every defer
- * call in it is refused and what was pending is abandoned (fork_child).
- * The handler must run in every child: glibc runs in a child only the
- * handlers registered when fork() began, and drops its atfork lock around
- * each prepare handler, so a handler registered by a first defer call
- * could miss a fork() that races that call, and the child would believe
- * the reclaimer runs (a flush or trim there would wait for ever).  So it
- * is registered when the library is loaded, before main.  A child forked
- * while a start is under way (rs.starting) is refused too: the start's
- * thread and half-made state are not in the child. */
-__attribute__((constructor)) static void register_fork_hook(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
 
 /* Allocate the reclaimer's per-device state; false when out of memory. */
 static bool alloc_per_device(int n)
@@ -167,7 +145,7 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
     if (!hooks_registered) {
         /* Registered after the CUDA runtime's own exit handler (the runtime
          * is initialized by now), so ours runs first, while it still works. */
-        atexit(at_exit);
+        atexit(lifecycle_hooks_exit);
         hooks_registered = true;
     }
     atomic_store(&rs.state, STATE_RUNNING);
@@ -249,7 +227,7 @@ static bool gate_enter(void)
 /* Forget every admission (fork child: their threads are gone) but the
  * forking thread's own (a fork inside a callback run in a defer call:
  * that call still leaves, and its shard must not wrap). */
-static void gate_forget_admissions(void)
+void lifecycle_gate_forget_admissions(void)
 {
     for (int i = 0; i < THREAD_SHARDS; i++)
         atomic_store(&thread_shards[i].admitted, 0);
@@ -424,8 +402,8 @@ unsigned long lifecycle_requests_pushed(void)
  * marker) is left to the reclaimer: q must outlive it (the caller is
  * exiting).  With leave_gate, the
  * caller's admission ends once the request is pushed. */
-static bool request_and_wait(struct request *q, uint64_t deadline_ns,
-                             bool leave_gate)
+bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
+                                bool leave_gate)
 {
     struct entry *marker = &q->marker;
     *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
@@ -526,7 +504,7 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
      * shutdown or exit from closing it.  The reclaimer answers every request
      * it took before it stops. */
     struct request q = {.trim = trim, .err = cudaSuccess};
-    request_and_wait(&q, 0, true);
+    lifecycle_request_and_wait(&q, 0, true);
     if (bytes != NULL)
         *bytes = (size_t)q.bytes;
     return q.err != cudaSuccess ? q.err : unsealed;
@@ -547,7 +525,7 @@ cudaError_t lifecycle_trim(size_t *bytes)
  * deadline_ns if not 0: one may be blocked for good, e.g. in
  * cudaStreamSynchronize under CUDEFER_DISABLE.  False if it passed.  Yields
  * at first, then naps: a submission blocked in CUDA may take long. */
-static bool close_gate(uint64_t deadline_ns)
+bool lifecycle_close_gate(uint64_t deadline_ns)
 {
     atomic_store(&rs.gate_closed, true);
     for (unsigned spins = 0; gate_admitted() > thread_here.admissions; spins++) {
@@ -566,7 +544,7 @@ static bool close_gate(uint64_t deadline_ns)
 /* Ask the thread to stop once everything is released (what callbacks
  * defer meanwhile included), and join it, until deadline_ns if not 0: false
  * if that passed first (the thread is left running, its state kept). */
-static bool stop_and_join(uint64_t deadline_ns)
+bool lifecycle_stop_and_join(uint64_t deadline_ns)
 {
     atomic_store(&rs.stop, true);
     wake();
@@ -599,14 +577,14 @@ cudaError_t lifecycle_shutdown(void)
     pthread_mutex_lock(&rs.life_lock);
     cudaError_t err = cudaSuccess;
     if (atomic_load(&rs.state) == STATE_RUNNING) {
-        close_gate(0);
+        lifecycle_close_gate(0);
         /* No admitted call can add to them now; one that waits on is
          * dropped at the stop (said): the error unless a device's is. */
         cudaError_t unsealed = free_batch_seal_all();
         struct request q = {.err = cudaSuccess};
-        request_and_wait(&q, 0, false);
+        lifecycle_request_and_wait(&q, 0, false);
         err = q.err != cudaSuccess ? q.err : unsealed;
-        stop_and_join(0);
+        lifecycle_stop_and_join(0);
     } else {
         atomic_store(&rs.gate_closed, true);
         config_refuse_from_now();
@@ -614,101 +592,4 @@ cudaError_t lifecycle_shutdown(void)
     atomic_store(&rs.state, STATE_STOPPED);
     pthread_mutex_unlock(&rs.life_lock);
     return err;
-}
-
-/* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
- * does not is counted as leaked, never waited for without end.  The thread is
- * joined only when it finished, so a hung device cannot hang exit. */
-static void at_exit(void)
-{
-    /* Another thread may hold life_lock for a moment (a first call that
-     * found the reclaimer started): wait for it, within the drain's time.
-     * Inside a callback, the holder may be a shutdown waiting for this very
-     * thread: do not wait then. */
-    uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
-    struct timespec until = realtime_at(deadline);
-    if ((inside_callback() ? pthread_mutex_trylock(&rs.life_lock)
-                           : pthread_mutex_timedlock(&rs.life_lock, &until)) !=
-        0)
-        return; /* exit() from inside start or shutdown: leave it be */
-    if (atomic_load(&rs.state) == STATE_RUNNING && !thread_here.reclaimer) {
-        static struct request q; /* outlives this call if the wait gives up */
-        q = (struct request){.err = cudaSuccess};
-        bool closed = close_gate(deadline);
-        /* No wait for the legacy stream here: a batch that cannot get
-         * its event is left unreleased, as what the drain gives up on. */
-        size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
-        if (closed && request_and_wait(&q, deadline, false) &&
-            stop_and_join(deadline)) {
-            if (unsealed > 0) {
-                stats_add(&stats.leaked_at_exit, unsealed);
-                stats_add(&stats.failed, unsealed);
-                report("exit: %zu entries still pending (blocks freed on the "
-                       "legacy stream, whose batch could get no event): left "
-                       "unreleased", unsealed);
-            }
-        } else {
-            /* The reclaimer, left running, and a call still admitted
-             * count nothing from here on (one may be inside a count:
-             * never blocks), so that what is counted failed here is never
-             * counted released too. */
-            atomic_store(&rs.abandoned, true);
-            while (atomic_load(&rs.counting) != 0)
-                sched_yield();
-            struct defer_stats s;
-            defer_stats_get(&s);
-            stats_set(&stats.leaked_at_exit, s.pending);
-            /* Abandoned, as in a fork child (cudefer.h: failed counts
-             * them; pending then reads 0).  The unsealed batches' frees
-             * are among them (never counted finished). */
-            stats_add(&stats.failed, s.pending);
-            unsigned long long ms = EXIT_DRAIN_NS / 1000000;
-            if (s.pending > 0)
-                report("exit: %llu entries still pending after %llu ms: "
-                       "left unreleased", (unsigned long long)s.pending, ms);
-            else if (!closed) /* a call not yet counted: nothing pending */
-                report("exit: a defer call on another thread still under "
-                       "way after %llu ms: not waited for", ms);
-            else
-                report("exit: the reclaimer did not stop within %llu ms: "
-                       "left running", ms);
-        }
-        atomic_store(&rs.state, STATE_STOPPED);
-    }
-    if (rs.cfg.print_stats)
-        stats_print(stderr);
-    pthread_mutex_unlock(&rs.life_lock);
-}
-
-/* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
- * be used.  Every entry still pending is abandoned (counted, never freed
- * here), and every later call is refused. */
-static void fork_child(void)
-{
-    /* Whatever the state, the locks may have been held by threads that do
-     * not exist here (a start in progress, say): usable again. */
-    config_fork_child();
-    oom_handler_fork_child();
-    pthread_mutex_init(&rs.wake_lock, NULL);
-    pthread_cond_init(&rs.wake_cond, NULL);
-    pthread_mutex_init(&rs.life_lock, NULL);
-    if (atomic_load(&rs.state) != STATE_RUNNING &&
-        !atomic_load(&rs.starting)) {
-        /* Admissions of threads that are gone never end. */
-        gate_forget_admissions();
-        return;
-    }
-    atomic_store(&rs.state, STATE_FORKED);
-    atomic_store(&rs.gate_closed, true);
-    gate_forget_admissions();
-    /* First: the snapshot below reads the event pool, whose registry lock
-     * another thread (reading the statistics, say) may have held. */
-    event_pool_after_fork();
-    struct defer_stats s;
-    defer_stats_get(&s);
-    stats_add(&stats.failed, s.pending);
-    cuda_forget_entry_points();
-    cache_fork_child();
-    free_batch_fork_child();
-    cache_upstream_fork_child();
 }

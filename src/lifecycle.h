@@ -2,8 +2,9 @@
 /*
  * The library's lifecycle (lifecycle.c): lazy start of the reclaimer thread
  * (reclaimer.c), admission of every defer call (the gate), hand-over of
- * entries to the reclaimer, flush and trim requests, shutdown, process exit
- * and fork.
+ * entries to the reclaimer, flush and trim requests, shutdown; process exit
+ * and fork (lifecycle_hooks.c, whose private header lifecycle_hooks.h is
+ * what it shares with lifecycle.c).
  *
  * Launching threads bracket a submission with lifecycle_enter and
  * lifecycle_leave, so shutdown can wait for submissions already under way.
@@ -79,14 +80,15 @@ void lifecycle_fail_device(const char *what, int device, const char *call,
 
 /* Any thread; never blocks.  n entries counted deferred are over: counted
  * released (released) or failed, unless exit gave up on them (then it
- * counted them failed itself: at_exit, lifecycle.c).  Every count of an
- * entry's end goes through here, so that none is counted twice. */
+ * counted them failed itself: lifecycle_hooks_exit, lifecycle_hooks.c).
+ * Every count of an entry's end goes through here, so that none is counted
+ * twice. */
 void lifecycle_count_finished(bool released, uint64_t n);
 
 /* Any thread; never blocks.  One entry counted deferred, unless exit gave
- * up (at_exit): then neither it nor its end is counted.  For the
- * synchronous routes, whose wait for the stream comes before the count and
- * may outlast exit's drain.  The other routes count with
+ * up (lifecycle_hooks_exit): then neither it nor its end is counted.  For
+ * the synchronous routes, whose wait for the stream comes before the count
+ * and may outlast exit's drain.  The other routes count with
  * stats_count_deferred (no shared line): between their admission and that
  * count they wait for nothing but a CUDA call's own return (an event's
  * creation or record). */

@@ -21,8 +21,8 @@ static struct {
  * allocates). */
 static _Thread_local bool in_handler;
 
-/* Fork child only (lifecycle.c's fork handler); never blocks: the lock
- * re-made, the pair kept (the child's own calls are refused anyway). */
+/* Fork child only (lifecycle_hooks.c's fork handler); never blocks: the
+ * lock re-made, the pair kept (the child's own calls are refused anyway). */
 void oom_handler_fork_child(void)
 {
     pthread_mutex_init(&pair.lock, NULL);

@@ -27,8 +27,9 @@ bool oom_handler_retry(size_t bytes, int device, unsigned *calls,
                        const char *what, const struct line_end *end,
                        bool *said);
 
-/* Fork child only, from the library's one fork handler (lifecycle.c): the
- * pair's lock made usable again (its holder may not exist there). */
+/* Fork child only, from the library's one fork handler
+ * (lifecycle_hooks.c): the pair's lock made usable again (its holder may
+ * not exist there). */
 void oom_handler_fork_child(void);
 
 #endif

@@ -6,7 +6,8 @@
  * releases it now or holds it for a better moment.  With nothing pending or
  * held it sleeps on a condition variable until the next push.  Its state
  * is in reclaimer_state.h; its lifecycle (start, the gate, flush, trim,
- * shutdown, exit, fork) is in lifecycle.c (lifecycle.h).
+ * shutdown) is in lifecycle.c (lifecycle.h), exit and fork in
+ * lifecycle_hooks.c.
  */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np */
 #include "reclaimer_state.h"

@@ -2,7 +2,8 @@
 /*
  * The reclaimer's state, shared by the reclaimer thread (reclaimer.c) and
  * the library's lifecycle (lifecycle.c: start, admission, flush and trim
- * requests, shutdown, exit, fork).  Internal: nothing else includes it.
+ * requests, shutdown; lifecycle_hooks.c: exit, fork).  Internal: nothing
+ * else includes it.
  */
 #ifndef CUDEFER_RECLAIMER_STATE_H
 #define CUDEFER_RECLAIMER_STATE_H
@@ -72,6 +73,16 @@ struct reclaimer_state {
      * what they write (the gate's counts, in their thread shards:
      * thread_shard.h; the queue) and from what the reclaimer writes
      * (sleeping), each on cache lines of its own. */
+    /* Who writes them, under which lock.  The lifecycle (lifecycle.c,
+     * lifecycle_hooks.c) under life_lock, in the start, shutdown or exit:
+     * state, gate_closed, starting, thread, stop, abandoned, and, at the
+     * start and the stop only, disabled, cfg, ndevices, the device_errors
+     * array and any_device_failed's reset.  The fork child
+     * (lifecycle_hooks.c), alone in its process and holding no lock: state,
+     * gate_closed, and the three locks, made anew.  Any thread, lock-free:
+     * a device's error and any_device_failed's set
+     * (reclaimer_fail_device_in), sleeping, the queue, counting.  From
+     * counting on, the reclaimer thread's alone. */
     _Alignas(64) _Atomic int state;
     _Atomic bool gate_closed;
     bool disabled; /* cfg.disable, set at start */
@@ -93,7 +104,8 @@ struct reclaimer_state {
     pthread_cond_t wake_cond;
     pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
     /* Set under life_lock while a start is under way: a fork child of it
-     * is refused like one of a running library (Note [Fork], lifecycle.c). */
+     * is refused like one of a running library (Note [Fork],
+     * lifecycle_hooks.c). */
     _Atomic bool starting;
     pthread_t thread;
 
@@ -101,7 +113,7 @@ struct reclaimer_state {
      * (lifecycle_count_finished): the reclaimer for every entry, a
      * launching thread that released or gave up what it deferred itself.
      * Exit waits for it to be 0 before it counts what is left as failed
-     * (lifecycle.c, at_exit).  On a line of its own, with the reclaimer's
+     * (lifecycle_hooks_exit).  On a line of its own, with the reclaimer's
      * state below, not on one every call reads. */
     _Alignas(64) _Atomic unsigned counting;
 

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* Process exit that gives up on a call still admitted (src/lifecycle.c,
- * at_exit): the call blocks past the drain's limit on the calling thread,
- * exit counts what is pending as failed (leaked), and the call, ending
- * later, must not count its own release as well: released + failed never
- * exceeds deferred.  Each scenario is a child that calls exit(); an exit
- * handler registered before cudefer's (so run after it) waits for the
- * blocked call to end, then checks the counts and ends the child.
+/* Process exit that gives up on a call still admitted
+ * (src/lifecycle_hooks.c, lifecycle_hooks_exit): the call blocks past the
+ * drain's limit on the calling thread, exit counts what is pending as
+ * failed (leaked), and the call, ending later, must not count its own
+ * release as well: released + failed never exceeds deferred.  Each
+ * scenario is a child that calls exit(); an exit handler registered before
+ * cudefer's (so run after it) waits for the blocked call to end, then
+ * checks the counts and ends the child.
  * Last, exit's own seal of a free batch whose event cannot be recorded
  * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>

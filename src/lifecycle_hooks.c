@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/* The library's process hooks: the drain at process exit (atexit, registered
+ * by the start) and the fork child's handler (pthread_atfork, registered at
+ * load); the gate, the request and the stop they use are shutdown's too
+ * (lifecycle.c, lent through lifecycle_hooks.h).  The start names
+ * lifecycle_hooks_exit, so a static link that takes lifecycle.c takes this
+ * file, and the fork hook's constructor, with it. */
+#define _GNU_SOURCE
+#include "lifecycle.h"
+#include "lifecycle_hooks.h"
+#include "reclaimer_state.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "cache.h"
+#include "config.h"
+#include "cuda.h"
+#include "event_pool.h"
+#include "free_batch.h"
+#include "oom_handler.h"
+#include "report.h"
+#include "stats.h"
+
+/* At process exit, how long to wait for pending work before giving up on it
+ * (the process must never hang in exit). */
+#define EXIT_DRAIN_NS (UINT64_C(2) * 1000000000)
+
+static void fork_child(void);
+
+/* Note [Fork]
+ * A fork child has no reclaimer thread and cannot use CUDA, so every defer
+ * call in it is refused and what was pending is abandoned (fork_child).
+ * The handler must run in every child: glibc runs in a child only the
+ * handlers registered when fork() began, and drops its atfork lock around
+ * each prepare handler, so a handler registered by a first defer call
+ * could miss a fork() that races that call, and the child would believe
+ * the reclaimer runs (a flush or trim there would wait for ever).  So it
+ * is registered when the library is loaded, before main.  A child forked
+ * while a start is under way (rs.starting) is refused too: the start's
+ * thread and half-made state are not in the child. */
+__attribute__((constructor)) static void register_fork_hook(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+/* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
+ * does not is counted as leaked, never waited for without end.  The thread is
+ * joined only when it finished, so a hung device cannot hang exit. */
+void lifecycle_hooks_exit(void)
+{
+    /* Another thread may hold life_lock for a moment (a first call that
+     * found the reclaimer started): wait for it, within the drain's time.
+     * Inside a callback, the holder may be a shutdown waiting for this very
+     * thread: do not wait then. */
+    uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
+    struct timespec until = realtime_at(deadline);
+    if ((lifecycle_in_callback()
+             ? pthread_mutex_trylock(&rs.life_lock)
+             : pthread_mutex_timedlock(&rs.life_lock, &until)) != 0)
+        return; /* exit() from inside start or shutdown: leave it be */
+    if (atomic_load(&rs.state) == STATE_RUNNING && !thread_here.reclaimer) {
+        static struct request q; /* outlives this call if the wait gives up */
+        q = (struct request){.err = cudaSuccess};
+        bool closed = lifecycle_close_gate(deadline);
+        /* No wait for the legacy stream here: a batch that cannot get
+         * its event is left unreleased, as what the drain gives up on. */
+        size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
+        if (closed && lifecycle_request_and_wait(&q, deadline, false) &&
+            lifecycle_stop_and_join(deadline)) {
+            if (unsealed > 0) {
+                stats_add(&stats.leaked_at_exit, unsealed);
+                stats_add(&stats.failed, unsealed);
+                report("exit: %zu entries still pending (blocks freed on the "
+                       "legacy stream, whose batch could get no event): left "
+                       "unreleased", unsealed);
+            }
+        } else {
+            /* The reclaimer, left running, and a call still admitted
+             * count nothing from here on (one may be inside a count:
+             * never blocks), so that what is counted failed here is never
+             * counted released too. */
+            atomic_store(&rs.abandoned, true);
+            while (atomic_load(&rs.counting) != 0)
+                sched_yield();
+            struct defer_stats s;
+            defer_stats_get(&s);
+            stats_set(&stats.leaked_at_exit, s.pending);
+            /* Abandoned, as in a fork child (cudefer.h: failed counts
+             * them; pending then reads 0).  The unsealed batches' frees
+             * are among them (never counted finished). */
+            stats_add(&stats.failed, s.pending);
+            unsigned long long ms = EXIT_DRAIN_NS / 1000000;
+            if (s.pending > 0)
+                report("exit: %llu entries still pending after %llu ms: "
+                       "left unreleased", (unsigned long long)s.pending, ms);
+            else if (!closed) /* a call not yet counted: nothing pending */
+                report("exit: a defer call on another thread still under "
+                       "way after %llu ms: not waited for", ms);
+            else
+                report("exit: the reclaimer did not stop within %llu ms: "
+                       "left running", ms);
+        }
+        atomic_store(&rs.state, STATE_STOPPED);
+    }
+    if (rs.cfg.print_stats)
+        stats_print(stderr);
+    pthread_mutex_unlock(&rs.life_lock);
+}
+
+/* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
+ * be used.  Every entry still pending is abandoned (counted, never freed
+ * here), and every later call is refused. */
+static void fork_child(void)
+{
+    /* Whatever the state, the locks may have been held by threads that do
+     * not exist here (a start in progress, say): usable again. */
+    config_fork_child();
+    oom_handler_fork_child();
+    pthread_mutex_init(&rs.wake_lock, NULL);
+    pthread_cond_init(&rs.wake_cond, NULL);
+    pthread_mutex_init(&rs.life_lock, NULL);
+    if (atomic_load(&rs.state) != STATE_RUNNING &&
+        !atomic_load(&rs.starting)) {
+        /* Admissions of threads that are gone never end. */
+        lifecycle_gate_forget_admissions();
+        return;
+    }
+    atomic_store(&rs.state, STATE_FORKED);
+    atomic_store(&rs.gate_closed, true);
+    lifecycle_gate_forget_admissions();
+    /* First: the snapshot below reads the event pool, whose registry lock
+     * another thread (reading the statistics, say) may have held. */
+    event_pool_after_fork();
+    struct defer_stats s;
+    defer_stats_get(&s);
+    stats_add(&stats.failed, s.pending);
+    cuda_forget_entry_points();
+    cache_fork_child();
+    free_batch_fork_child();
+    cache_upstream_fork_child();
+}
