@@ -94,16 +94,16 @@ static size_t drop_stale_locked(struct device_cache *c,
 static void report_stale(const void *ptr, size_t size, size_t others)
 {
     if (others == 0)
-        report("defer_alloc: cudaMalloc returned %p, which cudefer still "
-               "counted as its block of %zu bytes: that block was freed with "
-               "cudaFree instead of defer_free; its record is dropped", ptr,
-               size);
+        report("defer_alloc: CUDA gave out %p as new memory, which cudefer "
+               "still counted as its block of %zu bytes: that block was "
+               "freed with cudaFree instead of defer_free; its record is "
+               "dropped", ptr, size);
     else
-        report("defer_alloc: cudaMalloc returned %p, which cudefer still "
-               "counted as its block of %zu bytes: that block was freed with "
-               "cudaFree instead of defer_free; its record is dropped, with "
-               "the %zu other block%s cut from its allocation", ptr, size,
-               others, others == 1 ? "" : "s");
+        report("defer_alloc: CUDA gave out %p as new memory, which cudefer "
+               "still counted as its block of %zu bytes: that block was "
+               "freed with cudaFree instead of defer_free; its record is "
+               "dropped, with the %zu other block%s cut from its allocation",
+               ptr, size, others, others == 1 ? "" : "s");
 }
 
 /* Any thread, under c's lock (c: device's), before memory at [ptr, ptr +
@@ -143,7 +143,7 @@ static size_t drop_overlapped_locked(struct device_cache *c, int device,
 static void report_overlapped(const void *ptr, size_t segments, size_t blocks,
                               const void *first)
 {
-    report("defer_alloc: cudaMalloc returned %p, which overlaps %zu "
+    report("defer_alloc: CUDA gave out new memory at %p, which overlaps %zu "
            "allocation%s that cudefer still counted (the first at %p, %zu "
            "block%s in all): freed with cudaFree instead of defer_free; "
            "their records are dropped", ptr, segments,

@@ -17,7 +17,7 @@ static void test_stale_record(void)
     ok(cache_add(0, ADDR(11), 512, false), "a block");
     uint64_t before = stats_now().cache_bytes;
     stderr_capture_begin();
-    ok(cache_add(0, ADDR(11), 1024, false), "cudaMalloc returned its address "
+    ok(cache_add(0, ADDR(11), 1024, false), "CUDA gave its address out "
                                            "again (it was cudaFree'd)");
     const char *said = stderr_capture_end();
     ok(strstr(said, "instead of defer_free; its record is dropped\n") !=
