@@ -41,11 +41,36 @@ def library_cases(tmp):
     tap(rc == 0 and "DEVICE1 " in out,
         "device_stats(): one device's counters by the header's field names "
         "(an unused device: all 0)", out)
-    for bad in ("-1", "64", "'0'", "True"):
+    for bad in ("-1", "64"):
         ok, out = raises("import cudefer; cudefer.device_stats(%s, %r)"
                          % (bad, LIB), "ValueError",
-                         ["cudefer: device", "0 .. 63"])
+                         ["cudefer: device %s: cudefer counts devices 0 .. 63"
+                          % bad])
         tap(ok, "device_stats(%s) is refused in one line" % bad, out)
+    for bad in ("'0'", "True", "1.0", "None"):
+        ok, out = raises("import cudefer; cudefer.device_stats(%s, %r)"
+                         % (bad, LIB), "ValueError",
+                         ["cudefer: device %s is not a device number" % bad,
+                          "0 .. 63"])
+        tap(ok, "device_stats(%s) is refused in one line: not a device "
+            "number" % bad, out)
+    # An integer of another type (numpy's, as from an array of devices) is
+    # a device number, said as one when out of range.
+    name = "device_stats() takes numpy's integers"
+    if py("import numpy")[0] != 0:
+        skip(name, "no numpy")
+    else:
+        rc, out = py("""
+            import cudefer, numpy
+            s = cudefer.device_stats(numpy.int64(1), %r)
+            print("DEVICE1", set(s.values()))
+            try:
+                cudefer.device_stats(numpy.int32(64))
+            except ValueError as e:
+                print("RAISED", e)
+            """ % LIB)
+        tap(rc == 0 and "DEVICE1 {0}" in out and "RAISED cudefer: device 64: "
+            "cudefer counts devices 0 .. 63" in out, name, out)
     rc, out = py("""
         import cudefer
         cudefer.load(%r)

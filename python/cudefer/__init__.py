@@ -16,6 +16,7 @@ imported by their modules' enable() alone.
 
 import ctypes
 import ctypes.util
+import operator
 import os
 import re
 import subprocess
@@ -224,14 +225,32 @@ def stats(lib=None):
     return {name: int(buf[i]) for i, name in enumerate(fields)}
 
 
+def _device_number(device):
+    """device as an int 0 .. 63 (any integer type: int, numpy's); raises
+    ValueError naming what is wrong with it (not an integer: a bool, a
+    float, a string; out of range)."""
+    try:
+        if isinstance(device, bool):
+            raise TypeError
+        number = operator.index(device)
+    except TypeError:
+        raise ValueError("cudefer: device %r is not a device number (an int "
+                         "0 .. 63)" % (device,)) from None
+    if not 0 <= number < 64:
+        raise ValueError("cudefer: device %d: cudefer counts devices 0 .. 63"
+                         % number)
+    return number
+
+
 def device_stats(device=0, lib=None, reset_peaks=False):
     """One device's counters (defer_device_stats_get_sized) as a dict of
     ints: the bytes of cudefer's blocks there, live and free, with their
-    peaks, held bytes, counts.  reset_peaks: afterwards set each peak to
-    its current value (defer_device_stats_reset_peaks).  Loads the library
-    if nothing did yet.  Never blocks.  Raises ValueError for a device
-    cudefer does not count, RuntimeError for a library without per-device
-    counters."""
+    peaks, held bytes, counts.  device: an integer 0 .. 63 (int, or
+    numpy's).  reset_peaks: afterwards set each peak to its current value
+    (defer_device_stats_reset_peaks).  Loads the library if nothing did
+    yet.  Never blocks.  Raises ValueError for a device that is not such
+    an integer, RuntimeError for a library without per-device counters."""
+    device = _device_number(device)
     handle = load(lib)
     try:
         get = handle.defer_device_stats_get_sized
@@ -244,10 +263,6 @@ def device_stats(device=0, lib=None, reset_peaks=False):
     reset.argtypes = [ctypes.c_int]
     fields = device_stats_fields()
     buf = (ctypes.c_uint64 * max(64, len(fields)))()
-    if not isinstance(device, int) or isinstance(device, bool) or \
-            not 0 <= device < 64:
-        raise ValueError("cudefer: device %r: cudefer counts devices 0 .. 63"
-                         % (device,))
     rc = get(device, ctypes.byref(buf), ctypes.sizeof(buf))
     if rc != 0:
         raise RuntimeError("cudefer: defer_device_stats_get_sized(%d) failed "
