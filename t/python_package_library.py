@@ -71,6 +71,19 @@ def library_cases(tmp):
             """ % LIB)
         tap(rc == 0 and "DEVICE1 {0}" in out and "RAISED cudefer: device 64: "
             "cudefer counts devices 0 .. 63" in out, name, out)
+    # After defer_shutdown (and in a fork child of a process that used
+    # cudefer) defer_trim is refused: said as such, not as a CUDA error.
+    ok, out = raises("""
+        import cudefer
+        cudefer.load(%r).defer_shutdown()
+        print("STATS", cudefer.stats()["deferred"], cudefer.device_stats(0))
+        cudefer.trim()
+        """ % LIB, "RuntimeError", ["cudefer: trim() refused",
+                                    "defer_shutdown", "fork child",
+                                    "cudaErrorNotPermitted"])
+    tap(ok and "STATS 0 " in out,
+        "after defer_shutdown, stats() and device_stats() read; trim() is "
+        "refused in words", out)
     rc, out = py("""
         import cudefer
         cudefer.load(%r)

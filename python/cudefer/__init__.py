@@ -272,15 +272,41 @@ def device_stats(device=0, lib=None, reset_peaks=False):
     return {name: int(buf[i]) for i, name in enumerate(fields)}
 
 
+# cudaErrorNotPermitted: what cudefer returns for a call it refuses after
+# defer_shutdown or in a fork child.
+_NOT_PERMITTED = 800
+
+
+def _error_name(handle, rc):
+    """The CUDA runtime's name of error rc (cudaGetErrorName of the runtime
+    libcudefer uses, which makes no CUDA call), or None."""
+    try:
+        name = handle.cudaGetErrorName
+    except AttributeError:
+        return None
+    name.restype = ctypes.c_char_p
+    name.argtypes = [ctypes.c_int]
+    text = (name(rc) or b"").decode(errors="replace")
+    return text if text.startswith("cuda") else None
+
+
 def trim(lib=None):
     """defer_trim: release every completed entry and every free cached block
-    now; return the bytes given back to CUDA.  Blocks for one pass of the
-    reclaimer.  Raises RuntimeError with the CUDA error number on failure."""
+    now; return the bytes given back to CUDA (0 before anything was
+    deferred or allocated).  Blocks for one pass of the reclaimer.  Raises
+    RuntimeError after defer_shutdown and in a fork child of a process that
+    used cudefer (refused), and with the CUDA error on a failure."""
     handle = load(lib)
     released = ctypes.c_size_t(0)
     rc = handle.defer_trim(ctypes.byref(released))
+    if rc == _NOT_PERMITTED:
+        raise RuntimeError("cudefer: trim() refused: cudefer is shut down "
+                           "(defer_shutdown), or this is a fork child of a "
+                           "process that used it (cudaErrorNotPermitted)")
     if rc != 0:
-        raise RuntimeError("cudefer: defer_trim failed with CUDA error %d" % rc)
+        name = _error_name(handle, rc)
+        raise RuntimeError("cudefer: defer_trim failed with CUDA error %d%s"
+                           % (rc, " (%s)" % name if name else ""))
     return released.value
 
 
