@@ -50,6 +50,23 @@ def compiler_choice(tmp, headers, dynamic, static):
                      root, dict(path, CXX=own))
     tap(ok, "no compiler's build shares the runtime: each one said", out)
 
+    # Compilers that are links to one wrapper (ccache's /usr/lib/ccache,
+    # which runs the compiler of its own name) are as many compilers.
+    wrap_dir = os.path.join(tmp, "choice-wrap")
+    os.makedirs(wrap_dir)
+    wrapper = os.path.join(wrap_dir, "ccache")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(wrapper, 0o755)
+    for name, build in (("clang++", static), ("g++", dynamic)):
+        os.symlink("ccache", os.path.join(wrap_dir, name))
+        shutil.copy(build, os.path.join(wrap_dir, name + ".so"))
+    rc, out = py(code, root, {"CXX": "clang++", "PATH": wrap_dir + os.pathsep
+                              + os.environ.get("PATH", "")})
+    tap(rc == 0 and "BUILT %s.so" % os.path.join(wrap_dir, "g++") in out,
+        "compilers that are links to one wrapper (ccache) are each tried",
+        out)
+
 
 def allocator_files(tmp, headers, dynamic):
     """build() with the allocator's files: it compiles every unit the

@@ -137,15 +137,19 @@ def compilers():
     """The C++ compilers build() tries, in order, each as a path: the one
     $CUDEFER_CXX names, alone, when it is set (the user's choice: no
     other is tried); else $CXX, g++ and c++, each that is found, without
-    repeats.  Raises RuntimeError when none is found."""
+    repeats (the same file run by the same name: a wrapper such as ccache,
+    which runs the compiler its name says, is a compiler per name).
+    Raises RuntimeError when none is found."""
     mine = os.environ.get(CXX_ENV, "").strip()
     names = [mine] if mine else [os.environ.get("CXX", "").strip(),
                                  "g++", "c++"]
+
+    def same(path):
+        return os.path.realpath(path), os.path.basename(path)
     found = []
     for name in names:
         path = shutil.which(name) if name else None
-        if path and os.path.realpath(path) not in (
-                os.path.realpath(f) for f in found):
+        if path and same(path) not in (same(f) for f in found):
             found.append(path)
     if not found:
         raise RuntimeError(
