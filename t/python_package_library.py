@@ -20,6 +20,15 @@ def library_cases(tmp):
                      ["$CUDEFER_LIB=/no/such.so", "names no file"],
                      env={"CUDEFER_LIB": "/no/such.so"})
     tap(ok, "a $CUDEFER_LIB naming no file is said", out)
+    # A directory (the libdir, as for LD_LIBRARY_PATH) is said as one.
+    libdir = os.path.dirname(LIB)
+    ok, out = raises("import cudefer; cudefer.stats()", "FileNotFoundError",
+                     ["$CUDEFER_LIB=%s is a directory" % libdir,
+                      "libcudefer.so"], env={"CUDEFER_LIB": libdir})
+    tap(ok, "a $CUDEFER_LIB naming a directory is said to", out)
+    ok, out = raises("import cudefer; cudefer.load(%r)" % libdir,
+                     "FileNotFoundError", ["lib=%r is a directory" % libdir])
+    tap(ok, "a lib= naming a directory is said to", out)
 
     rc, out = py("""
         import cudefer

@@ -79,15 +79,20 @@ def find_library(lib=None):
     Order: lib; $CUDEFER_LIB; libcudefer.so in pkg-config's libdir; the
     dynamic loader's search (ctypes.util.find_library); src/.libs of the
     source tree this package sits in, if it does.  A lib or $CUDEFER_LIB
-    that names no file is an error, not skipped.  Raises FileNotFoundError
-    naming every place looked at.  Blocks while pkg-config runs."""
+    that names no file (or a directory) is an error, not skipped.  Raises
+    FileNotFoundError naming every place looked at.  Blocks while
+    pkg-config runs."""
     for source, path in (("lib=", lib),
                          ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
         if path:
             if os.path.isfile(path):
                 return os.path.abspath(path)
-            raise FileNotFoundError("cudefer: %s%s names no file" % (
-                source, repr(path) if source == "lib=" else "=" + path))
+            given = source + (repr(path) if source == "lib=" else "=" + path)
+            if os.path.isdir(path):
+                raise FileNotFoundError(
+                    "cudefer: %s is a directory: name the library file in it "
+                    "(%s)" % (given, os.path.join(path, "libcudefer.so")))
+            raise FileNotFoundError("cudefer: %s names no file" % given)
     tried = ["$" + LIBRARY_ENV + " (unset)"]
     libdir = _pkg_config_libdir()
     if libdir:
