@@ -20,8 +20,10 @@ torch.OutOfMemoryError.
 
 Needs, at the first enable(): torch built with CUDA, a C++ compiler whose
 build shares PyTorch's C++ runtime ($CUDEFER_CXX; else the first of $CXX,
-g++ and c++ that does), ninja, and the CUDA toolkit's headers (CUDA_HOME, else nvcc's).  Each missing piece is a RuntimeError (or
-ImportError for torch) naming it, raised before anything changes.
+g++ and c++ that does), ninja, and the CUDA runtime's headers (the
+toolkit's: $CUDA_HOME, else nvcc's; else those of pip's nvidia runtime
+package).  Each missing piece is a RuntimeError (or ImportError for torch)
+naming it, raised before PyTorch's allocator is changed.
 """
 
 import ctypes
