@@ -4,7 +4,9 @@ enable() and build() say what is missing (torch, CUDA, a C++ compiler,
 ninja, CUDA headers) or that compiling failed; check_cxx_runtime refuses
 a build with a C++ runtime of its own; build() passes over a compiler
 whose builds carry one, compiles every unit of the package, names its
-build after every file's contents and names the file a failure is in."""
+build after every file's contents and names the file a failure is in;
+enable() on a stand-in build installs once for threads that call it
+together, and says PyTorch's refusal."""
 import os
 import shutil
 import subprocess
@@ -166,6 +168,74 @@ def allocator_files(tmp, headers, dynamic):
         "include it", out)
 
 
+# A stand-in for the compiled allocator: cudefer_torch_install counts its
+# calls (cudefer_torch_recorded reads them) and returns $FAKE_INSTALL_RC,
+# with PyTorch's refusal for 3.
+FAKE_EXTENSION_C = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static int calls;
+int cudefer_torch_install(const void *fns, char *message, size_t size)
+{
+    const char *rc = getenv("FAKE_INSTALL_RC");
+    (void)fns;
+    calls++;
+    usleep(50000); /* long enough for the other threads to arrive */
+    if (rc != NULL && atoi(rc) == 3)
+        strncpy(message, "Can't swap an already initialized allocator",
+                size - 1);
+    return rc != NULL ? atoi(rc) : 0;
+}
+unsigned long long cudefer_torch_recorded(void) { return calls; }
+double cudefer_torch_bookkeeping_ns(int n) { return n; }
+"""
+
+
+def enable_cases(tmp, headers, cc):
+    """enable() on a build that installs (a stand-in): once for threads
+    that call it together, and again after PyTorch refused."""
+    root = fake_torch(os.path.join(tmp, "enable"), cuda_home=headers)
+    cxx = os.path.join(tmp, "enable-bin", "g++")
+    os.makedirs(os.path.dirname(cxx))
+    with open(cxx, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(cxx, 0o755)
+    with open(cxx + ".c", "w") as f:
+        f.write(FAKE_EXTENSION_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", cxx + ".so", cxx + ".c"],
+                   check=True)
+    rc, out = py("""
+        import threading, cudefer.torch as t
+        got = []
+        threads = [threading.Thread(target=lambda: got.append(t.enable(%r)))
+                   for _ in range(8)]
+        [th.start() for th in threads]
+        [th.join() for th in threads]
+        print("ENABLED", len(got), set(got) == {t.enabled()},
+              "INSTALLS", t.recorded())
+        """ % LIB, root, {"CUDEFER_CXX": cxx})
+    tap(rc == 0 and "ENABLED 8 True INSTALLS 1" in out,
+        "enable() from 8 threads at once installs once, each gets the "
+        "library", out)
+    rc, out = py("""
+        import cudefer.torch as t
+        for _ in range(2):
+            try:
+                t.enable(%r)
+            except RuntimeError as e:
+                print("RAISED", e)
+        print("ENABLED", t.enabled())
+        """ % LIB, root, {"CUDEFER_CXX": cxx, "FAKE_INSTALL_RC": "3"})
+    tap(rc == 0 and out.count("RAISED cudefer.torch: call enable() before "
+                              "the first CUDA tensor: PyTorch refused to "
+                              "change its allocator (Can't swap an already "
+                              "initialized allocator)") == 2
+        and "ENABLED None" in out,
+        "enable() refused by PyTorch says so, each time, and enables nothing",
+        out)
+
+
 def torch_cases(tmp):
     ok, out = raises("import cudefer.torch; cudefer.torch.enable(%r)" % LIB,
                      "ImportError", ["cudefer.torch: PyTorch is not installed"],
@@ -233,6 +303,11 @@ def torch_cases(tmp):
             "check_cxx_runtime takes a build that links libstdc++ dynamically",
             out)
         allocator_files(tmp, headers, dyn)
+        cc = shutil.which("gcc") or shutil.which("cc")
+        if cc:
+            enable_cases(tmp, headers, cc)
+        else:
+            skip("enable() on a build that installs", "no cc")
         plain = os.path.join(tmp, "plain.so")
         with open(os.path.join(tmp, "plain.c"), "w") as f:
             f.write("int plain(int x) { return x + 1; }\n")
