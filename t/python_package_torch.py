@@ -259,6 +259,18 @@ def torch_cases(tmp):
                                       "set CUDEFER_CXX"], fakes=root,
                      env={"CUDEFER_CXX": os.path.join(tmp, "no-such-c++")})
     tap(ok, "no C++ compiler: said, with the name tried", out)
+    noexec = os.path.join(tmp, "not-executable-c++")
+    open(noexec, "w").close()
+    for value, why, what in (
+            (tmp, "is a directory", "a directory"),
+            (noexec, "is not executable", "a file not executable"),
+            ("ccache g++", "is not a command on PATH (set CUDEFER_CXX to "
+             "one program, not a command line)", "a command line")):
+        ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                         "RuntimeError", ["no C++ compiler: $CUDEFER_CXX=%r %s"
+                                          % (value, why), "set CUDEFER_CXX"],
+                         fakes=root, env={"CUDEFER_CXX": value})
+        tap(ok, "$CUDEFER_CXX naming %s is said to" % what, out)
     # The cases below name the "compiler" (python3: found, never run).
     one = {"CUDEFER_CXX": sys.executable}
     root = fake_torch(os.path.join(tmp, "noninja"), cxx=sys.executable,

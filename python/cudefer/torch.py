@@ -153,11 +153,27 @@ def compilers():
         path = shutil.which(name) if name else None
         if path and same(path) not in (same(f) for f in found):
             found.append(path)
-    if not found:
+    if not found and mine:
+        line = os.sep not in mine and mine.split()[1:]
         raise RuntimeError(
-            "cudefer.torch: no C++ compiler: %s not found (set %s to one)"
-            % (repr(mine) if mine else "$CXX, 'g++' or 'c++'", CXX_ENV))
+            "cudefer.torch: no C++ compiler: $%s=%r %s (set %s to one%s)"
+            % (CXX_ENV, mine, _not_a_program(mine), CXX_ENV,
+               " program, not a command line" if line else ""))
+    if not found:
+        raise RuntimeError("cudefer.torch: no C++ compiler: $CXX, 'g++' or "
+                           "'c++' not found (set %s to one)" % CXX_ENV)
     return found
+
+
+def _not_a_program(name):
+    """Why shutil.which found no program by name, in words."""
+    if os.sep not in name:
+        return "is not a command on PATH"
+    if os.path.isdir(name):
+        return "is a directory"
+    if not os.path.exists(name):
+        return "names no file"
+    return "is not executable"
 
 
 def _cuda_include_dir(cpp_extension):
