@@ -20,6 +20,20 @@ def library_cases(tmp):
                      ["$CUDEFER_LIB=/no/such.so", "names no file"],
                      env={"CUDEFER_LIB": "/no/such.so"})
     tap(ok, "a $CUDEFER_LIB naming no file is said", out)
+    # A lib that is not a path (a device number given to stats() or trim())
+    # is said as such, whatever fd it may name; a pathlib.Path is a path.
+    for call in ("stats(1)", "trim(0)", "version(2.0)"):
+        ok, out = raises("import cudefer; cudefer.%s" % call, "TypeError",
+                         ["cudefer: lib=%s is not a path"
+                          % call.split("(")[1].rstrip(")")])
+        tap(ok and ("device_stats(" in out) == call.startswith("stats"),
+            "cudefer.%s: lib is not a path, said in one line" % call, out)
+    rc, out = py("""
+        import pathlib, cudefer
+        print("STATS", len(cudefer.stats(pathlib.Path(%r))), cudefer.library())
+        """ % LIB)
+    tap(rc == 0 and "STATS " in out and LIB in out,
+        "a pathlib.Path is a lib", out)
     # A directory (the libdir, as for LD_LIBRARY_PATH) is said as one.
     libdir = os.path.dirname(LIB)
     ok, out = raises("import cudefer; cudefer.stats()", "FileNotFoundError",

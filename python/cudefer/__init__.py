@@ -73,6 +73,18 @@ def _pkg_config_libdir():
     return libdir if run.returncode == 0 and libdir else None
 
 
+def _path(lib, hint=""):
+    """lib as a str path (None stays None); TypeError, in one line with
+    hint after it, when it is not a path."""
+    if lib is None:
+        return None
+    try:
+        return os.fsdecode(os.fspath(lib))
+    except TypeError:
+        raise TypeError("cudefer: lib=%r is not a path to libcudefer%s"
+                        % (lib, hint)) from None
+
+
 def find_library(lib=None):
     """The path (or the loader's name) of the libcudefer to load.
 
@@ -81,7 +93,9 @@ def find_library(lib=None):
     source tree this package sits in, if it does.  A lib or $CUDEFER_LIB
     that names no file (or a directory) is an error, not skipped.  Raises
     FileNotFoundError naming every place looked at.  Blocks while
-    pkg-config runs."""
+    pkg-config runs.  Raises TypeError for a lib that is not a path (str,
+    bytes or os.PathLike)."""
+    lib = _path(lib)
     for source, path in (("lib=", lib),
                          ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
         if path:
@@ -148,9 +162,9 @@ def load(lib=None):
     one whose lib names another library raises RuntimeError (one process,
     one cudefer: its allocations must be freed by the library that made
     them).  $CUDEFER_LIB is read by the first load only.
-    Raises FileNotFoundError (not found), OSError (cannot be loaded),
-    RuntimeError (lacks an entry point: a library older than this
-    package)."""
+    Raises TypeError (lib is not a path), FileNotFoundError (not found),
+    OSError (cannot be loaded), RuntimeError (lacks an entry point: a
+    library older than this package)."""
     with _lock:
         if _loaded:
             if lib is not None:
@@ -222,6 +236,8 @@ def device_stats_fields():
 def stats(lib=None):
     """cudefer's counters (defer_stats_get_sized) as a dict of ints.  Loads
     the library (load(lib)) if nothing did yet.  Never blocks."""
+    if isinstance(lib, int) and not isinstance(lib, bool):
+        _path(lib, " (a device's counters: cudefer.device_stats(%d))" % lib)
     handle = load(lib)
     fields = stats_fields()
     # Room for fields this package does not know of, should the struct grow.
