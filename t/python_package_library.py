@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """t/python_package.py's cases of the package's library: found (by path,
-$CUDEFER_LIB, the loader's search; where it looked when nowhere), loaded
-once and read (stats, device_stats, version), and refused without
-cudefer's entry points."""
+$CUDEFER_LIB, the loader's search; where it looked when nowhere; a lib
+that is no path, a directory, said), loaded once and read (stats,
+device_stats of any integer device number, version; trim refused after
+defer_shutdown, in words), and refused without cudefer's entry points."""
 import os
 import shutil
 import subprocess
