@@ -51,48 +51,62 @@ struct var_cases {
     struct {
         const char *text;
         uint64_t want;
-    } good[10];
+    } good[14];
     struct {
         const char *text;
         const char *problem; /* NULL: "is not <noun>" */
-    } bad[8]; /* beyond the common ones */
+    } bad[12]; /* beyond the common ones */
 };
 
 static const struct var_cases var_cases[] = {
     {"CUDEFER_POLL_US", "a duration",
      {{"10", 10}, {"1", 1}, {"50us", 50}, {"1ms", 1000}, {" 7US ", 7}},
      {{"0", RANGE}, {"1000001", RANGE}, {"2s", RANGE}, {"1min", RANGE},
-      {"5ms5", NULL}, {"99999999999999999999", RANGE}}},
+      {"5ms5", NULL}, {"99999999999999999999", RANGE}, {"1001ms", RANGE},
+      {"0ms", RANGE}, {"4294967297", RANGE}, {"1000001us", RANGE}}},
     {"CUDEFER_POLL_MAX_US", "a duration",
-     {{"100", 100}, {"500ms", 500000}, {"1s", 1000000}, {"1000000", 1000000}},
-     {{"0", RANGE}, {"1000001", RANGE}, {"2s", RANGE}}},
+     {{"100", 100}, {"500ms", 500000}, {"1s", 1000000}, {"1000000", 1000000},
+      {"1000ms", 1000000}, {"1S", 1000000}},
+     {{"0", RANGE}, {"1000001", RANGE}, {"2s", RANGE}, {"1001ms", RANGE},
+      {"0us", RANGE}}},
     {"CUDEFER_IDLE_US", "a duration",
-     {{"0", 0}, {"250ms", 250000}, {"10s", 10000000}, {"7us", 7}},
-     {{"10000001", RANGE}, {"11s", RANGE}, {"1min", RANGE}}},
+     {{"0", 0}, {"250ms", 250000}, {"10s", 10000000}, {"7us", 7},
+      {"10000ms", 10000000}, {"0ms", 0}, {"0h", 0}, {"010", 10}},
+     {{"10000001", RANGE}, {"11s", RANGE}, {"1min", RANGE},
+      {"10001ms", RANGE}, {"10000001us", RANGE}}},
     {"CUDEFER_MAX_PENDING", "a size",
      {{"4G", UINT64_C(4) << 30}, {"0", 0}, {"64M", 67108864},
       {"512MiB", UINT64_C(512) << 20}, {"1T", T}, {"4096", 4096},
       {"3GB", UINT64_C(3) << 30}, {"1024T", 1024 * T}, {"1P", 1024 * T},
-      {"2g", UINT64_C(2) << 30}},
+      {"2g", UINT64_C(2) << 30}, {"1125899906842624", 1024 * T},
+      {"1048576G", 1024 * T}, {"0B", 0}, {"1kB", 1024}},
      {{"1025T", RANGE}, {"2P", RANGE}, {"G", NULL}, {"1.5G", NULL},
-      {"auto", NULL}, {"99999999999999999999", RANGE}}},
+      {"auto", NULL}, {"99999999999999999999", RANGE},
+      {"1125899906842625", RANGE}, {"1048577G", RANGE},
+      {"18446744073709551615", RANGE}, {"16384P", RANGE}, {"4GiBs", NULL},
+      {"1KiBB", NULL}}},
     {"CUDEFER_MAX_DELAY_MS", "a duration",
      {{"500", 500}, {"500ms", 500}, {"2s", 2000}, {"0", 0},
       {"3600s", 3600000}, {"1h", 3600000}, {"30min", 1800000},
-      {"2000us", 2}},
+      {"2000us", 2}, {"3600000000us", 3600000}, {"60MIN", 3600000}},
      {{"3601s", RANGE}, {"3600001", RANGE}, {"2h", RANGE}, {"61min", RANGE},
-      {"500us", WHOLE}, {"1 h", NULL}}},
+      {"500us", WHOLE}, {"1 h", NULL}, {"3600001000us", RANGE},
+      {"3600000500us", WHOLE}, {"4294967296", RANGE}}},
     {"CUDEFER_POLICY", "a policy",
      {{"batched", DEFER_POLICY_BATCHED}, {"eager", DEFER_POLICY_EAGER},
       {"EAGER", DEFER_POLICY_EAGER}, {"eager ", DEFER_POLICY_EAGER}},
-     {{"lazy", NULL}, {"1", NULL}}},
+     {{"lazy", NULL}, {"1", NULL}, {"eagerly", NULL},
+      {"batched,eager", NULL}}},
     {"CUDEFER_EVENT_POOL", "a number",
-     {{"0", 0}, {"4096", 4096}, {"1048576", 1048576}, {"12", 12}},
-     {{"1048577", RANGE}, {"4k", NULL}, {"12us", NULL}}},
+     {{"0", 0}, {"4096", 4096}, {"1048576", 1048576}, {"12", 12},
+      {"01048576", 1048576}},
+     {{"1048577", RANGE}, {"4k", NULL}, {"12us", NULL},
+      {"4294967296", RANGE}, {"99999999999999999999", RANGE}}},
     {"CUDEFER_DISABLE", "a switch",
      {{"1", 1}, {"0", 0}, {"yes", 1}, {"NO", 0}, {"true", 1}, {"off", 0},
       {"01", 1}, {" 1", 1}, {"On\n", 1}},
-     {{"2", NULL}, {"y", NULL}, {"10", NULL}}},
+     {{"2", NULL}, {"y", NULL}, {"10", NULL}, {"0x1", NULL},
+      {"1.0", NULL}, {"truee", NULL}, {"4294967297", NULL}}},
     {"CUDEFER_VERBOSE", "a switch",
      {{"1", 1}, {"on", 1}, {"False", 0}, {"01", 1}, {" 1", 1}, {"TRUE", 1}},
      {{"2", NULL}, {"verbose", NULL}}},
@@ -104,22 +118,30 @@ static const struct var_cases var_cases[] = {
      {{"2", NULL}, {"check", NULL}}},
     {"CUDEFER_CACHE_KEEP_MS", "a duration",
      {{"0", 0}, {"10s", 10000}, {"250", 250}, {"3600s", 3600000},
-      {"1h", 3600000}},
-     {{"3601s", RANGE}, {"3600001", RANGE}, {"5us", WHOLE}}},
+      {"1h", 3600000}, {"60min", 3600000}, {"0h", 0},
+      {"3600000000us", 3600000}},
+     {{"3601s", RANGE}, {"3600001", RANGE}, {"5us", WHOLE},
+      {"3600001000us", RANGE}, {"1h1", NULL}, {"4294967296", RANGE}}},
     {"CUDEFER_SPLIT_MIN", "a size",
      {{"1M", UINT64_C(1) << 20}, {"0", 0}, {"64k", 65536},
-      {"1024T", 1024 * T}, {"1P", 1024 * T}},
-     {{"1025T", RANGE}, {"1.5M", NULL}, {"never", NULL}}},
+      {"1024T", 1024 * T}, {"1P", 1024 * T}, {"1PiB", 1024 * T},
+      {"1125899906842624", 1024 * T}},
+     {{"1025T", RANGE}, {"1.5M", NULL}, {"never", NULL},
+      {"1125899906842625", RANGE}, {"99999999999999999999", RANGE}}},
     {"CUDEFER_FREE_BATCH", "a number",
      {{"1", 1}, {"32", 32}, {"4096", 4096}},
-     {{"0", RANGE}, {"4097", RANGE}, {"32k", NULL}}},
+     {{"0", RANGE}, {"4097", RANGE}, {"32k", NULL}, {"4294967297", RANGE},
+      {"99999999999999999999", RANGE}}},
     {"CUDEFER_ROUND_DIVISIONS", "a number",
-     {{"1", 1}, {"16", 16}, {"32", 32}, {"256", 256}},
+     {{"1", 1}, {"16", 16}, {"32", 32}, {"256", 256}, {"0256", 256},
+      {"2", 2}},
      {{"0", RANGE}, {"3", POW2}, {"24", POW2}, {"512", RANGE},
-      {"32k", NULL}}},
+      {"32k", NULL}, {"257", RANGE}, {"4294967312", RANGE},
+      {"99999999999999999999", RANGE}}},
     {"CUDEFER_DRIVER_CALLS", "a switch",
      {{"0", 0}, {"1", 1}, {"no", 0}, {"on", 1}},
-     {{"2", NULL}, {"driver", NULL}}},
+     {{"2", NULL}, {"driver", NULL}, {"-1", NULL},
+      {"99999999999999999999", NULL}}},
 };
 
 /* var set to nothing, or to blanks only: as if unset, said nowhere. */
@@ -141,14 +163,15 @@ static void env_unset_case(const char *var, const char *value)
 static void test_env_vars(void)
 {
     static const char *const common_bad[] = {"abc", "-5", "1e99", "5X", "+5",
-                                              "5 5"};
+                                              "5 5", "0x10", "0X1F", "-0",
+                                              "5;"};
     for (size_t i = 0; i < sizeof var_cases / sizeof *var_cases; i++) {
         const struct var_cases *v = &var_cases[i];
         char not_one[64];
         snprintf(not_one, sizeof not_one, "is not %s", v->noun);
-        for (size_t j = 0; j < 10 && v->good[j].text != NULL; j++)
+        for (size_t j = 0; j < 14 && v->good[j].text != NULL; j++)
             env_case(v->var, v->good[j].text, 1, v->good[j].want, NULL);
-        for (size_t j = 0; j < 8 && v->bad[j].text != NULL; j++)
+        for (size_t j = 0; j < 12 && v->bad[j].text != NULL; j++)
             env_case(v->var, v->bad[j].text, 0, 0,
                      v->bad[j].problem != NULL ? v->bad[j].problem : not_one);
         for (size_t j = 0; j < sizeof common_bad / sizeof *common_bad; j++)
@@ -196,6 +219,16 @@ static void test_env_messages(void)
         {"CUDEFER_FREE_BATCH", "0",
          "cudefer: CUDEFER_FREE_BATCH=\"0\" is out of range: expected 1..4096 "
          "(a whole number); using the default 32\n"},
+        /* A unit outside ASCII: refused, its bytes escaped. */
+        {"CUDEFER_IDLE_US", "5\xc2\xb5s",
+         "cudefer: CUDEFER_IDLE_US=\"5\\xc2\\xb5s\" is not a duration: expected "
+         "0us..10s (a whole number with an optional unit us, ms, s, min or "
+         "h; plain: microseconds); using the default 2ms\n"},
+        /* Overflow of 64 bits: out of range, not unreadable. */
+        {"CUDEFER_EVENT_POOL", "99999999999999999999",
+         "cudefer: CUDEFER_EVENT_POOL=\"99999999999999999999\" is out of "
+         "range: expected 0..1048576 (a whole number); using the default "
+         "4096\n"},
         /* What cannot be shown on one line is escaped. */
         {"CUDEFER_STATS", "1\n\"2\"\\",
          "cudefer: CUDEFER_STATS=\"1\\x0a\\x222\\x22\\x5c\" is not a switch: "
@@ -446,6 +479,66 @@ static void divisions_zero(struct defer_config *c) { c->round_divisions = 0; }
 static void divisions_odd(struct defer_config *c) { c->round_divisions = 24; }
 static void divisions_big(struct defer_config *c) { c->round_divisions = 512; }
 
+static void keep_big(struct defer_config *c) { c->cache_keep_ms = 3600001; }
+static void split_big(struct defer_config *c)
+{
+    c->split_min_bytes = (UINT64_C(1) << 50) + 1;
+}
+static void batch_big(struct defer_config *c) { c->free_batch = 4097; }
+static void poll_max_big(struct defer_config *c)
+{
+    c->poll_max_us = 1000001;
+}
+static void check_two(struct defer_config *c) { c->check = 2; }
+static void driver_neg(struct defer_config *c) { c->driver_calls = -1; }
+static void policy_neg(struct defer_config *c)
+{
+    c->policy = (enum defer_policy)-1;
+}
+
+/* Every field at the least, then at the most, its range documents: each
+ * taken by defer_configure's check; one past either end: the cases of
+ * test_validate. */
+static void test_validate_bounds(void)
+{
+    struct defer_config lo = {
+        .poll_us = 1, .poll_max_us = 1, .idle_us = 0, .max_pending_bytes = 0,
+        .max_delay_ms = 0, .policy = DEFER_POLICY_BATCHED,
+        .event_pool_max = 0, .disable = 0, .verbose = 0, .print_stats = 0,
+        .check = 0, .cache_keep_ms = 0, .split_min_bytes = 0,
+        .free_batch = 1, .round_divisions = 1, .driver_calls = 0,
+    };
+    struct defer_config hi = {
+        .poll_us = 1000000, .poll_max_us = 1000000, .idle_us = 10000000,
+        .max_pending_bytes = UINT64_C(1) << 50, .max_delay_ms = 3600000,
+        .policy = DEFER_POLICY_EAGER, .event_pool_max = 1048576,
+        .disable = 1, .verbose = 1, .print_stats = 1, .check = 1,
+        .cache_keep_ms = 3600000, .split_min_bytes = UINT64_C(1) << 50,
+        .free_batch = 4096, .round_divisions = 256, .driver_calls = 1,
+    };
+    char why[200] = "untouched";
+    ok(config_validate(&lo, why, sizeof why) && why[0] == '\0',
+       "every field at its least: valid");
+    if (why[0] != '\0')
+        diag("why: %s", why);
+    ok(config_validate(&hi, why, sizeof why) && why[0] == '\0',
+       "every field at its most: valid");
+    if (why[0] != '\0')
+        diag("why: %s", why);
+    validate_case(keep_big, "cache_keep_ms is 3600001 (expected "
+                            "milliseconds, 0..3600000; 0: kept until "
+                            "defer_trim)");
+    validate_case(split_big, "split_min_bytes is 1125899906842625 (expected "
+                             "bytes, 0..1125899906842624; 0: never)");
+    validate_case(batch_big, "free_batch is 4097 (expected a count, 1..4096)");
+    validate_case(poll_max_big,
+                  "poll_max_us is 1000001 (expected microseconds, "
+                  "1..1000000)");
+    validate_case(check_two, "check is 2 (expected 0 or 1)");
+    validate_case(driver_neg, "driver_calls is -1 (expected 0 or 1)");
+    validate_case(policy_neg, "policy is -1 (expected batched or eager)");
+}
+
 static void test_validate(void)
 {
     struct defer_config cfg;
@@ -623,6 +716,7 @@ int main(void)
     test_unknown_names();
     test_print();
     test_validate();
+    test_validate_bounds();
     test_defaults_api();
     test_configure_before_start();
     test_start();
