@@ -402,22 +402,30 @@ static void raise_poll_max(struct defer_config *cfg)
     cfg->poll_max_us = cfg->poll_us;
 }
 
-/* text as it may be shown inside quotes on one line: at most 64 bytes
- * (then "..."), each byte that is no printable ASCII, and a quote or a
- * backslash, written as \xNN. */
+/* The most characters of a value or name a line shows (then "..."). */
+#define SHOWN_MAX 64
+
+/* text as it may be shown inside quotes on one line, in buf (len at least
+ * SHOWN_MAX + 4): each byte that is no printable ASCII, and a quote or a
+ * backslash, written as \xNN; at most SHOWN_MAX characters so written
+ * (escapes count their four), then "..." if any is left, so that the rest
+ * of the line (what the knob takes, the value kept) always fits in
+ * report's. */
 static void shown_text(const char *text, char *buf, size_t len)
 {
     size_t n = 0;
-    for (size_t i = 0; text[i] != '\0' && n + 8 < len; i++) {
+    for (size_t i = 0; text[i] != '\0'; i++) {
         unsigned char c = (unsigned char)text[i];
-        if (i == 64) {
+        bool plain = c >= 0x20 && c <= 0x7e && c != '"' && c != '\\';
+        size_t width = plain ? 1 : 4;
+        if (n + width > SHOWN_MAX || n + width + 4 > len) {
             n += (size_t)snprintf(buf + n, len - n, "...");
             break;
         }
-        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
-            n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
-        else
+        if (plain)
             buf[n++] = (char)c;
+        else
+            n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
     }
     buf[n] = '\0';
 }
@@ -433,7 +441,7 @@ static void report_refused(const struct knob *k, const char *text,
         [KIND_POW2] = "a number", [KIND_BOOL] = "a switch",
         [KIND_POLICY] = "a policy",
     };
-    char problem[64], shown[300], expected[256], value[96];
+    char problem[64], shown[SHOWN_MAX + 4], expected[256], value[96];
     if (why == CONFIG_PARSE_OUT_OF_RANGE)
         snprintf(problem, sizeof problem, "is out of range");
     else if (why == CONFIG_PARSE_NOT_WHOLE)
@@ -497,7 +505,7 @@ static void report_unknown_names(void)
         }
         if (knob)
             continue;
-        char shown[300];
+        char shown[SHOWN_MAX + 4];
         char name[72];
         snprintf(name, sizeof name, "%.*s", (int)(len < 64 ? len : 64), var);
         shown_text(name, shown, sizeof shown);

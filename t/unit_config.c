@@ -265,6 +265,38 @@ static void test_env_messages(void)
        "a 199-byte value is refused, shown as its first 64 bytes and ...");
 }
 
+/* A value of bytes that each take four characters escaped (text in
+ * another encoding, a binary pasted by mistake) is shown cut short, so
+ * that the line still says, whole, what the knob takes and the value
+ * kept: cut at 64 bytes, 256 characters of escapes and the longest
+ * expectation (CUDEFER_MAX_PENDING's) overflowed the line and lost its
+ * end. */
+static void test_env_escaped_long(void)
+{
+    char value[101];
+    memset(value, 0xff, sizeof value - 1);
+    value[sizeof value - 1] = '\0';
+    struct defer_config cfg;
+    config_defaults(&cfg);
+    setenv("CUDEFER_MAX_PENDING", value, 1);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    unsetenv("CUDEFER_MAX_PENDING");
+    const char *tail = "; using the default 0\n";
+    size_t n = strlen(err), t = strlen(tail);
+    ok(invalid == 1 && n > t && strcmp(err + n - t, tail) == 0 &&
+           strchr(err, '\n') == err + n - 1,
+       "100 bytes of 0xff: one line, whole to its end (%zu bytes)", n);
+    char shown[80] = "";
+    for (int i = 0; i < 16; i++)
+        strcat(shown, "\\xff");
+    strcat(shown, "...");
+    char want[700];
+    refusal(want, sizeof want, "CUDEFER_MAX_PENDING", shown, "is not a size");
+    is_str(err, want, "shown as 64 characters of escapes and ...");
+}
+
 static void test_env_several(void)
 {
     struct defer_config cfg, def;
@@ -711,6 +743,7 @@ int main(void)
     set_cudefer_env("");
     test_env_vars();
     test_env_messages();
+    test_env_escaped_long();
     test_env_several();
     test_poll_max_fixup();
     test_unknown_names();
