@@ -109,6 +109,70 @@ static void test_failed_member_device(void)
     cudaFree(p);
 }
 
+/* Before test_failed_member_device, which fails device 1 for good.  The
+ * header's limits: n is 1..64 for every *_streams call (65:
+ * cudaErrorInvalidValue, said, nothing deferred, the caller keeps the
+ * pointer); and a free of a block recorded on other streams counts those
+ * too: 64 given plus one recorded is refused the same way. */
+static void test_stream_count_limits(void)
+{
+    enum { MAX = 64 };
+    cudaStream_t s[MAX + 1];
+    for (int i = 0; i <= MAX; i++)
+        s[i] = stream_new();
+    void *p = device_alloc(64), *h = host_alloc(64);
+    int before = __atomic_load_n(&calls, __ATOMIC_SEQ_CST);
+    uint64_t deferred = stats_now().deferred;
+    uint64_t rejected = stats_now().rejected;
+    stderr_capture_begin();
+    cudaError_t e1 = defer_free_streams(p, s, MAX + 1);
+    cudaError_t e2 = defer_free_host_streams(h, s, MAX + 1);
+    cudaError_t e3 = defer_call_streams(count_call, NULL, s, MAX + 1);
+    const char *msg = stderr_capture_end();
+    ok(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue &&
+           e3 == cudaErrorInvalidValue,
+       "65 streams: each *_streams call is cudaErrorInvalidValue");
+    ok(strstr(msg, "defer_free_streams: 65 streams: refused (expected "
+                   "1..64 streams)\n") != NULL &&
+           strstr(msg, "defer_free_host_streams: 65 streams") != NULL &&
+           strstr(msg, "defer_call_streams: 65 streams") != NULL,
+       "each said in a line naming the call and the count expected");
+    ok(stats_now().deferred == deferred &&
+           stats_now().rejected == rejected + 3,
+       "nothing deferred, three rejected");
+
+    is_int(defer_free_streams(p, s, MAX), cudaSuccess, "64 streams: taken");
+    is_int(defer_free_host_streams(h, s, MAX), cudaSuccess,
+           "64 streams: taken (host)");
+    is_int(defer_call_streams(count_call, NULL, s, MAX), cudaSuccess,
+           "64 streams: taken (callback)");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 && fake_is_released(h) == 1 &&
+           __atomic_load_n(&calls, __ATOMIC_SEQ_CST) == before + 1,
+       "released and called once");
+
+    void *b;
+    is_int(alloc_checked(&b, 4096, s[0]), cudaSuccess, "a block on stream 0");
+    is_int(defer_record_stream(b, s[MAX]), cudaSuccess,
+           "recorded on a 65th stream");
+    deferred = stats_now().deferred;
+    stderr_capture_begin();
+    cudaError_t e = defer_free_streams(b, s, MAX);
+    msg = stderr_capture_end();
+    is_int(e, cudaErrorInvalidValue,
+           "its free on 64 other streams: 65 in all, refused");
+    ok(strstr(msg, "more than 64 streams: refused") != NULL,
+       "said: more than 64 streams");
+    ok(stats_now().deferred == deferred, "nothing deferred");
+    is_int(defer_free_streams(b, s, MAX - 1), cudaSuccess,
+           "on 63 of them: 64 in all, taken");
+    is_int(defer_flush(), cudaSuccess, "flush: the block back in the cache");
+    is_int(defer_trim(NULL), cudaSuccess,
+           "trim: and back to CUDA");
+    for (int i = 0; i <= MAX; i++)
+        cudaStreamDestroy(s[i]);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -116,6 +180,7 @@ int main(void)
     test_waits_for_every_stream();
     test_host_and_call();
     test_failure_defers_nothing();
+    test_stream_count_limits();
     test_failed_member_device();
     struct defer_stats st = stats_now();
     ok(st.pending == 0 && st.deferred == st.released + st.failed,
