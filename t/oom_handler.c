@@ -8,6 +8,7 @@
  * while others allocate is read whole.  Each scenario in a child with a
  * deadline: a deadlock is a failure, not a hang. */
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -569,6 +570,59 @@ static void scenario_in_callback(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* The header's limit: a handler that leaves by longjmp is never called
+ * again on that thread (its out-of-memory requests fail as with no
+ * handler), while other threads still call it. */
+static jmp_buf escape;
+static atomic_int escapes;
+
+static int leave_by_longjmp(size_t bytes, int device, void *arg)
+{
+    (void)bytes, (void)device, (void)arg;
+    if (atomic_fetch_add(&escapes, 1) == 0)
+        longjmp(escape, 1);
+    return 0;
+}
+
+static void *alloc_elsewhere(void *arg)
+{
+    void *p = NULL;
+    *(cudaError_t *)arg = defer_alloc(&p, MiB, 0);
+    return NULL;
+}
+
+static void scenario_longjmp(void)
+{
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
+    fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
+    defer_set_oom_handler(leave_by_longjmp, NULL, NULL, NULL);
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    stderr_capture_begin();
+    if (setjmp(escape) == 0) {
+        defer_alloc(&p, MiB, s);
+        CHECK(0, "the handler returned");
+    }
+    CHECK(atomic_load(&escapes) == 1, "left by longjmp on its first call");
+    p = &p;
+    cudaError_t err = defer_alloc(&p, MiB, s);
+    CHECK(err == cudaErrorMemoryAllocation && p == NULL &&
+              atomic_load(&escapes) == 1,
+          "on that thread, out of memory again: not called (%s, %d calls)",
+          cudaGetErrorName(err), atomic_load(&escapes));
+    pthread_t t;
+    cudaError_t other = cudaSuccess;
+    pthread_create(&t, NULL, alloc_elsewhere, &other);
+    pthread_join(t, NULL);
+    stderr_capture_end();
+    CHECK(other == cudaErrorMemoryAllocation && atomic_load(&escapes) == 2,
+          "another thread still calls it (%s, %d calls)",
+          cudaGetErrorName(other), atomic_load(&escapes));
+    fake_fail_clear();
+    defer_set_oom_handler(NULL, NULL, NULL, NULL);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -594,5 +648,8 @@ int main(void)
                   60000, scenario_race);
     fork_scenario("in a defer_call callback: on the reclaimer, a callback's "
                   "rules", ENV, 1, 30000, scenario_in_callback);
+    fork_scenario("a handler that leaves by longjmp: never called again on "
+                  "that thread, still on others", ENV, 1, 30000,
+                  scenario_longjmp);
     return 0;
 }
