@@ -157,7 +157,8 @@ struct defer_device_stats {
  * launches done, and the stream's work from before the capture is done;
  * defer_flush does not wait for it.  A capture already invalidated is
  * cudaErrorStreamCaptureInvalidated.
- * Limit: by default a device holds a sixth of its use at most (512 MiB min).
+ * Limit: by default a device holds a sixth of its use at most (512 MiB
+ * min, a quarter of the device max: the max wins on a small device).
  * Limit: giving a cudaMalloc buffer back holds up other threads' cudaMalloc
  * and cudaFree (not their launches) for about 20 us.
  * Limit: a graph destroyed after defer_shutdown never releases ptr.
@@ -207,7 +208,7 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * its memory goes back to CUDA (its release then fails, reported).
  * Limit: a block freed on the legacy stream serves only that stream until
  * its free batch is sealed: full (free_batch), at the first free there a
- * millisecond after the oldest, or at defer_flush, defer_trim or shutdown.
+ * millisecond after the oldest (1 to 11 ms on the coarse clock), or at defer_flush, defer_trim or shutdown.
  * Limit: a block freed on a created stream may share its event with the
  * same thread's later frees there: other streams then get it once their
  * work is done too, never before its own.
