@@ -24,7 +24,8 @@ import cudefer.torch  # noqa: E402
 def main():
     if not torch.cuda.is_available():
         sys.exit("torch_allocator: no CUDA device")
-    # Before the first CUDA tensor: PyTorch cannot change an allocator in use.
+    # Before PyTorch first uses CUDA (a tensor, set_device): it cannot change
+    # an allocator it has set up.
     lib = cudefer.torch.enable()
     print("allocator: %s" % lib)
 

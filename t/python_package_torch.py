@@ -228,9 +228,11 @@ def enable_cases(tmp, headers, cc):
         print("ENABLED", t.enabled())
         """ % LIB, root, {"CUDEFER_CXX": cxx, "FAKE_INSTALL_RC": "3"})
     tap(rc == 0 and out.count("RAISED cudefer.torch: call enable() before "
-                              "the first CUDA tensor: PyTorch refused to "
-                              "change its allocator (Can't swap an already "
-                              "initialized allocator)") == 2
+                              "PyTorch first uses CUDA (a CUDA tensor, "
+                              "torch.cuda.set_device or current_device all "
+                              "do): PyTorch refused to change its allocator "
+                              "(Can't swap an already initialized "
+                              "allocator)") == 2
         and "ENABLED None" in out,
         "enable() refused by PyTorch says so, each time, and enables nothing",
         out)

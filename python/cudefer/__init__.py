@@ -3,7 +3,7 @@
 CUDA allocator of PyTorch (cudefer.torch) and CuPy (cudefer.cupy).
 
     import cudefer.torch
-    cudefer.torch.enable()        # before the first CUDA tensor
+    cudefer.torch.enable()        # before PyTorch first uses CUDA
     ...
     print(cudefer.stats()["reused"])
 

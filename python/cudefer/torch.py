@@ -2,7 +2,7 @@
 """cudefer as PyTorch's CUDA allocator.
 
     import cudefer.torch
-    cudefer.torch.enable()          # before the first CUDA tensor
+    cudefer.torch.enable()          # before PyTorch first uses CUDA
     x = torch.randn(1 << 20, device="cuda")   # allocated by cudefer
 
 enable() loads libcudefer (cudefer.load), compiles the allocator's units
@@ -325,8 +325,10 @@ def enable(lib=None, verbose=False):
 
     lib: libcudefer's path (default: cudefer.find_library's search).
     verbose: show the compiler's command and output.
-    Call once, before the first CUDA tensor and before other threads use
-    CUDA; a second call returns at once.  Raises ImportError without torch,
+    Call once, before PyTorch first uses CUDA (a CUDA tensor,
+    torch.cuda.set_device, current_device or init: each sets up PyTorch's
+    own allocator, which it then will not swap) and before other threads
+    use CUDA; a second call returns at once.  Raises ImportError without torch,
     RuntimeError for a build that cannot be made (build()), and
     RuntimeError saying to call it first when PyTorch's own allocator is in
     use already; nothing is changed then."""
@@ -369,8 +371,9 @@ def enable(lib=None, verbose=False):
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
         if rc == 3:
             raise RuntimeError(
-                "cudefer.torch: call enable() before the first CUDA tensor: "
-                "PyTorch refused to change its allocator (%s)"
+                "cudefer.torch: call enable() before PyTorch first uses CUDA "
+                "(a CUDA tensor, torch.cuda.set_device or current_device "
+                "all do): PyTorch refused to change its allocator (%s)"
                 % message.value.decode(errors="replace").strip())
         if rc not in (0, 4):
             raise RuntimeError("cudefer.torch: installing the allocator "

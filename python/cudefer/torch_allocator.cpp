@@ -481,8 +481,9 @@ using namespace cudefer_torch;
 
 // cudefer_torch_install: make cudefer PyTorch's CUDA allocator (current
 // for torch.cuda and registered for the CUDA device type), over the
-// functions in *fns.  Call once, from Python, before the first CUDA tensor
-// and before other threads use CUDA.  Returns 0 when installed; 2 for a
+// functions in *fns.  Call once, from Python, before PyTorch first uses
+// CUDA (its lazy init sets up its own allocator) and before other threads
+// use CUDA.  Returns 0 when installed; 2 for a
 // NULL function; 3 when PyTorch refused (an allocator already in use: its
 // reason is copied to message, at most size bytes, NUL-terminated); 4 when
 // installed already.  Nothing is changed unless it returns 0.  Never

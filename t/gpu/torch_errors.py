@@ -71,7 +71,7 @@ def late():
         cudefer.torch.enable()
     except RuntimeError as e:
         text = str(e)
-        if "before the first CUDA tensor" not in text:
+        if "before PyTorch first uses CUDA" not in text:
             fail("RuntimeError without the advice: %s" % text)
         step("raised: %s" % text)
     else:
