@@ -565,8 +565,17 @@ bool config_validate(const struct defer_config *cfg, char *why, size_t len)
         }
     }
     if (cfg->poll_max_us < cfg->poll_us) {
-        snprintf(why, len, "poll_max_us (%" PRIu32 ") is below poll_us (%"
-                 PRIu32 ")", cfg->poll_max_us, cfg->poll_us);
+        /* In the words of the range messages above: the most is that of
+         * poll_max_us's knob (in range here), the least poll_us. */
+        uint64_t most = 0;
+        for (size_t i = 0; i < NKNOBS; i++)
+            if (knobs[i].offset == offsetof(struct defer_config, poll_max_us))
+                most = knobs[i].max;
+        snprintf(why, len,
+                 "poll_max_us is %" PRIu32 " with poll_us %" PRIu32
+                 " (expected microseconds, at least poll_us: %" PRIu32
+                 "..%" PRIu64 ")",
+                 cfg->poll_max_us, cfg->poll_us, cfg->poll_us, most);
         return false;
     }
     if (len > 0)

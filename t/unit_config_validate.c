@@ -2,7 +2,8 @@
 /* defer_configure's check of a struct defer_config (config_validate): every
  * field at the least and the most its range documents is taken, one past
  * either end refused with one line naming the field, the value and what it
- * takes; poll_max_us below poll_us refused. */
+ * takes; poll_max_us below poll_us refused in the same words, naming both
+ * fields and values. */
 #include <stdio.h>
 #include <string.h>
 
@@ -119,7 +120,9 @@ static void test_validate(void)
                   "poll_us is 0 (expected microseconds, 1..1000000)");
     validate_case(poll_big,
                   "poll_us is 1000001 (expected microseconds, 1..1000000)");
-    validate_case(poll_max_low, "poll_max_us (10) is below poll_us (20)");
+    validate_case(poll_max_low, "poll_max_us is 10 with poll_us 20 (expected "
+                                "microseconds, at least poll_us: "
+                                "20..1000000)");
     validate_case(idle_big,
                   "idle_us is 10000001 (expected microseconds, 0..10000000)");
     validate_case(pending_big,
