@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* What a defer_call callback may call.
+/* What a defer_call callback may call, and what a long one holds up.
  *
  * A callback runs on the reclaimer thread, or on the calling thread under
  * CUDEFER_DISABLE (with no event it waits for its stream on the calling
@@ -250,6 +250,47 @@ static void s_clean_error(void)
     cudaFree(p); /* not released by cudefer: the test's own */
 }
 
+/* The header's limit: there is one reclaimer thread, so while a callback
+ * runs nothing is released, not even memory whose work is done under the
+ * eager policy (released as soon as its work completes), and a defer_flush
+ * waits for the callback; once it returns, both follow.  (A mutant that
+ * ran each callback on a thread of its own released p and h while the
+ * callback ran, and let the flush return.) */
+static int long_state; /* 1: the callback runs; 2: let it return */
+
+static void long_callback(void *unused)
+{
+    (void)unused;
+    __atomic_store_n(&long_state, 1, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&long_state, __ATOMIC_ACQUIRE) != 2)
+        sleep_ms(1);
+}
+
+static void s_long_callback_holds_releases(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    CHECK(defer_call(long_callback, NULL, s) == cudaSuccess, "defer_call");
+    CHECK(wait_flag(&long_state, 5000), "the callback runs");
+    void *p = device_alloc(4096), *h = host_alloc(64);
+    CHECK(defer_free(p, s2) == cudaSuccess &&
+              defer_free_host(h, s2) == cudaSuccess,
+          "defer_free and defer_free_host on an idle stream");
+    pthread_t t;
+    int flushed = 0;
+    flush_in_thread(&t, &flushed);
+    sleep_ms(100);
+    CHECK(fake_is_released(p) == 0 && fake_is_released(h) == 0,
+          "nothing released while the callback runs (%d, %d)",
+          fake_is_released(p), fake_is_released(h));
+    CHECK(__atomic_load_n(&flushed, __ATOMIC_ACQUIRE) == 0,
+          "a flush waits for the callback");
+    __atomic_store_n(&long_state, 2, __ATOMIC_RELEASE);
+    CHECK(wait_released(p, 5000) && wait_released(h, 5000),
+          "both released once it returned");
+    pthread_join(t, NULL);
+    CHECK(flushed == 1, "and the flush returned cudaSuccess");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -272,5 +313,9 @@ int main(void)
     fork_scenario("a callback of the exit drain defers work that never "
                   "completes: exit ends within its drain time, counts it "
                   "leaked", "", 1, 15000, s_stuck_defer_during_exit);
+    fork_scenario("a callback that runs long: nothing is released and a "
+                  "flush waits until it returns",
+                  "CUDEFER_POLICY=eager", 1, 15000,
+                  s_long_callback_holds_releases);
     return 0;
 }
