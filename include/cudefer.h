@@ -357,7 +357,11 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 /* defer_shutdown: flush, release the free blocks, stop and join the
  * reclaimer; it stops even when the flush fails, and returns that error.
  * Called again: cudaSuccess (in a forked child, cudaErrorNotPermitted).
- * Limit: a free batch that cannot get its event is lost to the cache. */
+ * Limit: a free batch it cannot seal (another thread's capture bars the
+ * legacy stream, its device cannot be made current, or its event cannot be
+ * recorded and the wait for the stream that replaces it fails too) is
+ * lost to the cache: its blocks stay allocated until exit (said, counted
+ * as failed). */
 CUDEFER_API cudaError_t defer_shutdown(void);
 
 /* Structs that grow: struct defer_config, struct defer_stats and struct

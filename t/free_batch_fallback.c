@@ -201,7 +201,8 @@ static void scenario_barred_plain_free(void)
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
  * shutdown says so in its result (not cudaSuccess).  The dropped frees
- * count as failed, not pending for good. */
+ * count as failed, not pending for good, and their blocks are lost to the
+ * cache: they stay allocated (cudefer.h's limit). */
 static void scenario_shutdown_barred(void)
 {
     pid_t pid = fork_flushed();
@@ -221,6 +222,9 @@ static void scenario_shutdown_barred(void)
         CHECK(err == cudaErrorStreamCaptureImplicit, "shutdown: %s",
               cudaGetErrorName(err));
         CHECK(strstr(said, "never sealed") != NULL, "said: %s", said);
+        for (int i = 0; i < 3; i++)
+            CHECK(fake_is_released(p[i]) == 0, "block %d stays allocated: "
+                  "lost to the cache, never released", i);
         struct defer_stats st = stats_now();
         CHECK(st.pending == 0 && st.failed == 3,
               "the dropped frees counted as failed, none pending (pending "
@@ -234,6 +238,70 @@ static void scenario_shutdown_barred(void)
        "cudaErrorStreamCaptureImplicit and says what it dropped");
 }
 
+
+/* defer_shutdown whose seal of a free batch cannot record the batch's
+ * event: as at any seal, it waits for the legacy stream instead (its work
+ * here ends 20 ms on, the oracle checking that none of it is released
+ * before) and the blocks are released, the shutdown successful.  Where
+ * that wait fails too (wait_fails), the batch is lost to the cache, as
+ * cudefer.h's limit says: shutdown returns the wait's error, drops the
+ * records (said, counted as failed) and the blocks stay allocated until
+ * exit.  (A mutant that dropped the batch whenever its record failed fails
+ * both; one that released blocks whose wait failed, the second.) */
+static void scenario_shutdown_unrecorded(bool wait_fails)
+{
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        set_cudefer_env("CUDEFER_FREE_BATCH=8");
+        void *p[3];
+        for (int i = 0; i < 3; i++) {
+            alloc_checked(&p[i], 16 * KiB, NULL);
+            work_timed(NULL, 20000, p[i]);
+            CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+        }
+        CHECK(free_batch_waiting() == 3, "the three wait in their batch");
+        const cudaError_t bad = cudaErrorLaunchOutOfResources;
+        fake_fail(FAKE_EVENT_RECORD, bad, 0, -1);
+        if (wait_fails)
+            fake_fail(FAKE_STREAM_SYNCHRONIZE, bad, 0, -1);
+        stderr_capture_begin();
+        cudaError_t err = defer_shutdown();
+        const char *said = stderr_capture_end();
+        fake_fail_clear();
+        int released = 0;
+        for (int i = 0; i < 3; i++)
+            released += fake_is_released(p[i]);
+        struct defer_stats st = stats_now();
+        CHECK(strstr(said, "cudaEventRecord") != NULL &&
+                  strstr(said, "waiting for the legacy stream") != NULL,
+              "the failed record and the wait said: %s", said);
+        if (!wait_fails) {
+            CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+            CHECK(released == 3, "the blocks released (%d of 3)", released);
+            CHECK(st.failed == 0 && st.pending == 0 &&
+                      st.sync_releases == 3,
+                  "counted as synchronous releases (failed %llu, pending "
+                  "%llu, sync %llu)", ULL(st.failed), ULL(st.pending),
+                  ULL(st.sync_releases));
+        } else {
+            CHECK(err == bad, "shutdown: %s", cudaGetErrorName(err));
+            CHECK(released == 0, "the blocks stay allocated (%d of 3 "
+                  "released)", released);
+            CHECK(strstr(said, "never sealed") != NULL, "the drop said");
+            CHECK(st.failed == 3 && st.pending == 0,
+                  "counted as failed, none pending (failed %llu, pending "
+                  "%llu)", ULL(st.failed), ULL(st.pending));
+        }
+        scenario_child_end();
+    }
+    int status;
+    ok(wait_child(pid, 20000, &status) && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0,
+       wait_fails ? "shutdown whose seal can neither record nor wait: the "
+                    "batch is lost to the cache, its blocks stay allocated"
+                  : "shutdown whose seal cannot record the batch's event "
+                    "waits for the legacy stream and releases its blocks");
+}
 
 /* A sticky error (a kernel fault: every later call on the device fails
  * with it) meets the seal's record and the wait that replaces it: the
@@ -302,6 +370,8 @@ int main(void)
     free_batch_set_age_ns(UINT64_MAX);
     scenario_shutdown_barred();
     scenario_sticky_seal();
+    scenario_shutdown_unrecorded(false);
+    scenario_shutdown_unrecorded(true);
     fork_scenario("barred legacy stream: a plain free is refused", "", 1,
                   10000, scenario_barred_plain_free);
     cudaStream_t s2 = stream_new();
