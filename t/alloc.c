@@ -425,6 +425,72 @@ static void scenario_expiry(void)
     scenario_child_end();
 }
 
+/* The cache has no cap: blocks freed and not taken again stay until they
+ * expire (cache_keep_ms, 2 s here), however much they hold: 3 GiB on a
+ * 4 GiB device, three times a quarter of it (the most the release policy
+ * holds of defer_free's memory).  None goes while younger than
+ * cache_keep_ms, though reclaimer passes (flushes) come; then they expire.
+ * (A mutant that released free blocks at the next pass, or capped the
+ * cache as the policy caps held memory, released some early.) */
+static void scenario_no_cap(void)
+{
+    enum { N = 24 };
+    const size_t size = (size_t)128 << 20;
+    fake_set_device_memory(0, (size_t)4 << 30);
+    cudaStream_t s = stream_new();
+    void *p[N];
+    for (int i = 0; i < N; i++)
+        CHECK(alloc_checked(&p[i], size, s) == cudaSuccess, "block %d", i);
+    double freed = now_ms();
+    for (int i = 0; i < N; i++)
+        defer_free(p[i], s);
+    for (int i = 0; i < 20; i++) {
+        CHECK(defer_flush() == cudaSuccess, "a pass");
+        sleep_ms(10);
+    }
+    double age = now_ms() - freed;
+    struct defer_stats st = stats_now();
+    if (age < 1900)
+        CHECK(count_released(p, N) == 0 && st.cache_releases == 0 &&
+                  st.cache_free_bytes == N * size,
+              "all %d cached at %.0f ms (%d released; %llu free bytes)", N,
+              age, count_released(p, N), ULL(st.cache_free_bytes));
+    else
+        diag("the passes ended %.0f ms after the frees: not checked", age);
+    while (count_released(p, N) == 0 && now_ms() - freed < 15000)
+        sleep_ms(1);
+    age = now_ms() - freed; /* the free stamps are on the coarse clock */
+    CHECK(age >= 1980, "the first released at %.0f ms, not before "
+          "cache_keep_ms", age);
+    for (int i = 0; i < N; i++)
+        CHECK(wait_released(p[i], 15000), "block %d expires", i);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* A block cut from a larger one (split_min_bytes, 1 MiB by default) is no
+ * allocation of CUDA's: live at defer_shutdown, it keeps its allocation
+ * (the free rest too) allocated until exit, and cudaFree refuses it, where
+ * a whole live block is the application's to cudaFree (main's end).  (A
+ * mutant that released an allocation with a live piece at shutdown
+ * released big, under the piece.) */
+static void scenario_piece_live_at_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    void *big = NULL, *piece = NULL, *base = NULL;
+    CHECK(alloc_checked(&big, 8 << 20, s) == cudaSuccess, "an 8 MiB block");
+    defer_free(big, s);
+    CHECK(defer_flush() == cudaSuccess, "freed, in the cache");
+    CHECK(alloc_checked(&piece, 2 << 20, s) == cudaSuccess, "2 MiB");
+    CHECK(piece != big && fake_allocation_of(piece, &base, NULL) == 1 &&
+              base == big,
+          "cut from it (%p in the allocation at %p)", piece, base);
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_is_released(big) == 0 && fake_live_allocations() == 1,
+          "its allocation stays (%d live)", (int)fake_live_allocations());
+    CHECK(cudaFree(piece) == cudaErrorInvalidValue,
+          "cudaFree refuses the piece: no allocation of CUDA's");
+}
+
 /* A block at the start of its allocation cudaFree'd behind cudefer's back
  * (Note [Stale blocks]), while a block cut from the same allocation waits
  * FREE in the cache: CUDA released the allocation whole, so once its
@@ -544,6 +610,12 @@ int main(void)
                   "block back once its work is done",
                   "CUDEFER_POLL_US=150ms CUDEFER_POLL_MAX_US=150ms", 1, 10000,
                   scenario_slow_reclaimer);
+    fork_scenario("the cache has no cap: 3 GiB of free blocks on a 4 GiB "
+                  "device stay until they expire",
+                  "CUDEFER_CACHE_KEEP_MS=2000", 1, 30000, scenario_no_cap);
+    fork_scenario("a block cut from a larger one, live at shutdown: its "
+                  "allocation stays allocated", "", 1, 20000,
+                  scenario_piece_live_at_shutdown);
     fork_scenario("a block cudaFree'd behind cudefer's back: the blocks cut "
                   "from its allocation are dropped with it once its address "
                   "comes back",
