@@ -374,6 +374,82 @@ static void s_dead_graph_capturing_at_shutdown(void)
     fake_complete(w);
 }
 
+/* ---- the capture's stream destroyed, its handle taken ------------------- */
+
+/* cudefer.h's limits: a stream of the capture destroyed before the
+ * reclaimer saw the capture end leaves ptr never released (reported,
+ * counted as failed); but where a new stream took its handle before the
+ * reclaimer looked again (within a poll interval), it is taken for that new
+ * stream.  The reclaimer is held in its look at s while s captures; then
+ * the capture ends, the graph dies, s is destroyed with its work from
+ * before the capture still running (old) and, with reuse, a new stream b
+ * takes its handle, with held work of its own (mine).  With reuse, p waits
+ * for b's work, not for old: it is released once mine completes, old
+ * still running, nothing failed.  Without, the entry fails, said.  (Code
+ * that told the new stream from the destroyed one, say by an id taken at
+ * the capture, would fail the entry with reuse too, and this test with
+ * it: the limit would then go from the header.) */
+static void destroyed_origin(bool reuse)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *old = work_held(s, NULL), *mine = NULL;
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    cudaStreamDestroy(s);
+    if (reuse) {
+        CHECK(fake_stream_create_reusing(s) == s, "b has s's handle");
+        mine = work_held(s, NULL);
+    }
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    atomic_store(&hold_state, 3);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    if (reuse) {
+        sleep_ms(50);
+        CHECK(fake_is_released(p) == 0, "not released while b's work runs");
+        fake_complete(mine);
+        CHECK(wait_released(p, 10000) && !fake_work_done(old),
+              "released once b's work is done, the old stream's still "
+              "running");
+    } else {
+        for (double until = now_ms() + 10000;
+             stats_now().failed == failed && now_ms() < until;)
+            sleep_ms(1);
+    }
+    const char *said = stderr_capture_end();
+    if (reuse) {
+        CHECK(stats_now().failed == failed && strstr(said, "destroyed") == NULL,
+              "nothing failed or said (failed %llu)",
+              ULL(stats_now().failed - failed));
+    } else {
+        CHECK(stats_now().failed == failed + 1 &&
+                  strstr(said, "was destroyed") != NULL &&
+                  fake_is_released(p) == 0,
+              "never released: counted as failed and said");
+        cudaFree(p);
+    }
+    fake_complete(old);
+}
+
+static void s_destroyed_origin(void)
+{
+    destroyed_origin(false);
+}
+
+static void s_destroyed_origin_handle_taken(void)
+{
+    destroyed_origin(true);
+}
+
 /* How many times what occurs in text. */
 static int lines_containing(const char *text, const char *what)
 {
@@ -581,6 +657,13 @@ int main(void)
                   "failed, not released",
                   "CUDEFER_POLICY=eager", 1, 30000,
                   s_dead_graph_capturing_at_shutdown);
+    fork_scenario("a capture's stream destroyed before the reclaimer saw "
+                  "the capture end: never released, failed, said",
+                  "CUDEFER_POLICY=eager", 1, 30000, s_destroyed_origin);
+    fork_scenario("... and its handle taken by a new stream before the "
+                  "reclaimer looked: taken for that stream",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_destroyed_origin_handle_taken);
     scenario("a dead graph's stream: the reclaimer cannot make its event: "
              "said once, released once it can", s_origin_event_create_fails);
     scenario("a dead graph's stream: the query of its event fails: the "
