@@ -164,8 +164,9 @@ struct defer_device_stats {
  * Limit: a graph destroyed after defer_shutdown never releases ptr.
  * Limit: a stream of the capture destroyed before the reclaimer saw the
  * capture end leaves ptr never released (reported, counted as failed).
- * Limit: a destroyed stream whose handle a new stream took within a poll
- * interval is taken for that new stream.
+ * Limit: such a stream whose handle a new stream took within a poll
+ * interval is taken for that new stream: ptr then waits for the new
+ * stream's work, not for the destroyed one's.
  * Limit: a capture of cudaStreamPerThread is refused, the capture left
  * intact (cudaErrorStreamCaptureUnsupported). */
 CUDEFER_API cudaError_t defer_free(void *ptr, cudaStream_t stream);
