@@ -167,8 +167,8 @@ static bool append(struct batch *b, const struct block_claim *claim,
  * blocks stay PENDING: reusable on the legacy stream only).  One that
  * finds no room (out of memory) stays so for good, its free never
  * released: reported and counted as failed (each was counted deferred). */
-static void give_back_claims(int device, const struct block_claim *claims,
-                             size_t n)
+static void give_back_claims(const char *what, int device,
+                             const struct block_claim *claims, size_t n)
 {
     struct batch *b = &batches[device];
     size_t lost = 0;
@@ -179,9 +179,9 @@ static void give_back_claims(int device, const struct block_claim *claims,
     atomic_fetch_add(&given_back, 1);
     if (lost > 0) {
         lifecycle_count_finished(false, lost);
-        report("defer_free: out of memory for %zu claims of blocks freed on "
-               "the legacy stream: they stay reusable on it only, never "
-               "released (counted as failed)", lost);
+        report("%s: out of memory for %zu claims of blocks freed on the "
+               "legacy stream: they stay reusable on it only, never released "
+               "(counted as failed)", what, lost);
     }
 }
 
@@ -192,27 +192,27 @@ static void give_back_claims(int device, const struct block_claim *claims,
  * abandons a failed device's entries (counted as failed; the device's
  * blocks are never handed out again).  Any other failed wait gives them
  * back to the batch. */
-static cudaError_t complete_synchronously(int device, cudaStream_t stream,
+static cudaError_t complete_synchronously(const char *what, int device,
+                                          cudaStream_t stream,
                                           const struct block_claim *claims,
                                           size_t n, const char *call,
                                           cudaError_t err)
 {
-    cuda_report_failure("defer_free", call, err,
+    cuda_report_failure(what, call, err,
                         "; waiting for the legacy stream to give back the "
                         "blocks freed on it");
     cudaError_t sync = cuda_stream_synchronize(stream);
     if (cuda_error_is_sticky(sync)) {
-        lifecycle_fail_device("defer_free", device, "cudaStreamSynchronize",
-                              sync);
+        lifecycle_fail_device(what, device, "cudaStreamSynchronize", sync);
         cache_reclaim_claims_done(claims, n, false, now_ns());
         lifecycle_count_finished(false, n);
         return sync;
     }
     if (sync != cudaSuccess) {
-        cuda_report_failure("defer_free", "cudaStreamSynchronize", sync,
+        cuda_report_failure(what, "cudaStreamSynchronize", sync,
                             "; the blocks freed on the legacy stream stay "
                             "reusable on it only until a later seal");
-        give_back_claims(device, claims, n);
+        give_back_claims(what, device, claims, n);
         return sync;
     }
     cache_reclaim_claims_done(claims, n, true, now_ns());
@@ -231,7 +231,7 @@ static cudaError_t complete_synchronously(int device, cudaStream_t stream,
  * (said).  With left (exit): no event means no wait, which could last for
  * ever; the claims are dropped, their blocks left PENDING, and counted in
  * *left (not in the statistics, not said: exit does both). */
-static cudaError_t seal(int device, cudaStream_t stream,
+static cudaError_t seal(const char *what, int device, cudaStream_t stream,
                         unsigned long long id, struct block_claim *array,
                         const struct block_claim *one, size_t n, unsigned g,
                         size_t *left)
@@ -258,7 +258,8 @@ static cudaError_t seal(int device, cudaStream_t stream,
         return err;
     }
     if (e == NULL) {
-        err = complete_synchronously(device, stream, claims, n, call, err);
+        err = complete_synchronously(what, device, stream, claims, n, call,
+                                     err);
         free(array);
         land(g, n);
         return err;
@@ -347,7 +348,7 @@ bool free_batch_add(int device, unsigned long long stream_id,
     return added;
 }
 
-void free_batch_seal(int device, cudaStream_t stream,
+void free_batch_seal(const char *what, int device, cudaStream_t stream,
                      unsigned long long stream_id,
                      const struct block_claim *claim, bool added,
                      bool due_now, bool current)
@@ -358,11 +359,11 @@ void free_batch_seal(int device, cudaStream_t stream,
     if (!current || !legacy_usable(stream)) {
         if (!added) { /* out of memory, and no event can be recorded */
             lifecycle_count_finished(false, 1); /* counted deferred */
-            report("defer_free: out of memory for the claim of %p, freed "
+            report("%s: out of memory for the claim of %p, freed "
                    "on the legacy stream while no event can be recorded "
                    "there (another thread's capture bars it, or its device "
                    "could not be made current): the block stays reusable "
-                   "on it only, never released (counted as failed)",
+                   "on it only, never released (counted as failed)", what,
                    cache_claim_ptr(claim));
         }
         return;
@@ -373,11 +374,12 @@ void free_batch_seal(int device, cudaStream_t stream,
     size_t n = due_now ? take_claims(b, &array, &g) : 0;
     pthread_mutex_unlock(&b->lock);
     if (n > 0)
-        seal(device, stream, stream_id, array, NULL, n, g, NULL);
+        seal(what, device, stream, stream_id, array, NULL, n, g, NULL);
     else
         free(array);
     if (!added) /* no room for it: alone (in flight until pushed) */
-        seal(device, stream, stream_id, NULL, claim, 1, take_off(1), NULL);
+        seal(what, device, stream, stream_id, NULL, claim, 1, take_off(1),
+             NULL);
 }
 
 /* free_batch_seal_all's scan, and free_batch_seal_at_exit's with left:
@@ -385,7 +387,7 @@ void free_batch_seal(int device, cudaStream_t stream,
  * error that left a batch's claims waiting (said); with left, nothing
  * waits and nothing is said: what could not be sealed is dropped and
  * counted in *left. */
-static cudaError_t seal_batches(size_t *left)
+static cudaError_t seal_batches(const char *what, size_t *left)
 {
     cudaError_t first = cudaSuccess;
     struct cuda_switch sw = CUDA_SWITCH_NONE;
@@ -414,7 +416,7 @@ static cudaError_t seal_batches(size_t *left)
         if (err != cudaSuccess) {
             /* Left in the batch, reusable on the stream; said. */
             cuda_report_failure(
-                "free batches", call, err,
+                what, call, err,
                 "; blocks freed on the legacy stream wait there until a later "
                 "free or flush can seal their batch");
             if (first == cudaSuccess)
@@ -428,13 +430,13 @@ static cudaError_t seal_batches(size_t *left)
         unsigned long long id = b->stream_id;
         pthread_mutex_unlock(&b->lock);
         if (n > 0)
-            err = seal(d, NULL, id, array, NULL, n, g, left);
+            err = seal(what, d, NULL, id, array, NULL, n, g, left);
         else
             free(array);
         if (err != cudaSuccess && first == cudaSuccess)
             first = err;
     }
-    cuda_switch_back(&sw, "free batches");
+    cuda_switch_back(&sw, what);
     return first;
 }
 
@@ -452,7 +454,7 @@ static void wait_for_earlier_seals(void)
     pthread_mutex_unlock(&turn);
 }
 
-cudaError_t free_batch_seal_all(void)
+cudaError_t free_batch_seal_all(const char *what)
 {
     /* A seal that could neither record nor wait gives its claims back to
      * the batch (reported): where one did while this call waited (its
@@ -461,7 +463,7 @@ cudaError_t free_batch_seal_all(void)
     cudaError_t err = cudaSuccess;
     for (int round = 0; round < 2; round++) {
         unsigned long back = atomic_load(&given_back);
-        err = seal_batches(NULL);
+        err = seal_batches(what, NULL);
         wait_for_earlier_seals();
         if (atomic_load(&given_back) == back)
             break;
@@ -474,6 +476,6 @@ size_t free_batch_seal_at_exit(void)
     /* The gate is closed and every admitted call ended: no other seal is
      * under way, nor will one give claims back. */
     size_t left = 0;
-    seal_batches(&left);
+    seal_batches("exit", &left);
     return left;
 }

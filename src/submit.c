@@ -562,8 +562,8 @@ static cudaError_t route_batched(const struct request_args *a,
         cuda_report_failure(a->what, call, err,
                             "; the free batch waits for a later free or "
                             "flush to seal it");
-    free_batch_seal(t->device, t->handle, t->id, &a->claims[0], added, due,
-                    err == cudaSuccess);
+    free_batch_seal(a->what, t->device, t->handle, t->id, &a->claims[0],
+                    added, due, err == cudaSuccess);
     return cudaSuccess;
 }
 

@@ -275,6 +275,11 @@ static void scenario_shutdown_unrecorded(bool wait_fails)
         CHECK(strstr(said, "cudaEventRecord") != NULL &&
                   strstr(said, "waiting for the legacy stream") != NULL,
               "the failed record and the wait said: %s", said);
+        /* In the words of the call the user made. */
+        CHECK(strstr(said, "cudefer: defer_shutdown: cudaEventRecord") !=
+                      NULL &&
+                  strstr(said, "cudefer: defer_free:") == NULL,
+              "said as defer_shutdown's: %s", said);
         if (!wait_fails) {
             CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
             CHECK(released == 3, "the blocks released (%d of 3)", released);
