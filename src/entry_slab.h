@@ -17,7 +17,7 @@
  * Limit: a slab stays mapped while any of its entries is allocated, so
  * after a burst the idle entries the pools keep (CUDEFER_EVENT_POOL a
  * device, and up to 64 in each thread's cache) may each keep a slab
- * (ENTRY_SLAB_ENTRIES entries, about 60 KiB) mapped (t/entry_slab).
+ * (ENTRY_SLAB_ENTRIES entries, about 54 KiB) mapped (t/entry_slab).
  */
 #ifndef CUDEFER_ENTRY_SLAB_H
 #define CUDEFER_ENTRY_SLAB_H
