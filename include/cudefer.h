@@ -14,7 +14,8 @@
  *   may call all but defer_flush, defer_trim and defer_shutdown (they would
  *   wait for the callback itself: cudaErrorNotPermitted).
  * - The first call that defers, allocates or records starts the reclaimer;
- *   it fails with cudaGetDeviceCount's error, or cudaErrorOperatingSystem.
+ *   it fails with cudaGetDeviceCount's error, cudaErrorMemoryAllocation (no
+ *   host memory) or cudaErrorOperatingSystem; the next call tries again.
  * - A defer call that returns cudaSuccess owns the pointer from then on;
  *   one that fails leaves it with the caller and queues nothing.
  * - After defer_shutdown, and in the child of a fork() made once cudefer
