@@ -407,9 +407,9 @@ cudaError_t defer_record_stream(void *ptr, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     if (stream == cudaStreamPerThread) {
-        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's and carries on, which
-         * would leave the block unprotected. */
+        /* Not cudaErrorInvalidValue, which says ptr is no block of
+         * cudefer's: a caller may take that for memory it need not
+         * protect, and this block is cudefer's. */
         stats_add(&stats.rejected, 1);
         report("defer_record_stream: cudaStreamPerThread names a different "
                "stream on each thread, so the thread that frees %p could not "

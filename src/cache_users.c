@@ -23,9 +23,9 @@ cudaError_t cache_users_add(void *ptr, const struct block_user *user)
     struct device_cache *c;
     struct cache_block *b = cache_find_locked(ptr, &c);
     if (b == NULL) {
-        /* python/record_stream_hook.cpp carries on after this (PyTorch's
-         * own allocator ignores memory it does not own): the message is
-         * the user's only sign. */
+        /* A caller may carry on after this, as PyTorch's own allocator
+         * does for memory it does not own: the message is then the
+         * user's only sign. */
         report("defer_record_stream: %p is not the start of a block of "
                "cudefer's (memory from elsewhere, or a pointer inside a "
                "block): nothing recorded", ptr);
@@ -43,8 +43,9 @@ cudaError_t cache_users_add(void *ptr, const struct block_user *user)
     } else if (known) {
         /* once is enough */
     } else if (b->nusers == BLOCK_MAX_USERS) {
-        /* Not cudaErrorInvalidValue: python/record_stream_hook.cpp takes
-         * that for memory that is not cudefer's, and carries on. */
+        /* Not cudaErrorInvalidValue, which says ptr is no block of
+         * cudefer's: a caller may take that for memory it need not
+         * protect, and this block is cudefer's. */
         err = cudaErrorNotSupported;
     } else {
         /* An array of the largest size at once: a block rarely has any. */

@@ -131,9 +131,8 @@ static void test_not_ours(cudaStream_t s)
 }
 
 /* defer_record_stream of memory cudefer never handed out, and of a
- * pointer inside a block: refused and said (it was refused silently while
- * python/record_stream_hook.cpp, which carries on, told its users cudefer
- * had said so), nothing recorded. */
+ * pointer inside a block: refused and said (a caller may carry on after
+ * the error, so the line is its only sign), nothing recorded. */
 static void test_record_not_a_block(cudaStream_t s, cudaStream_t side)
 {
     void *raw = NULL, *u = NULL;
