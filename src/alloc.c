@@ -2,7 +2,9 @@
 /* The allocation calls: defer_alloc, defer_record_stream and PyTorch's
  * pluggable-allocator entry points, over the block cache (cache.h):
  * a block freed on a stream goes back to a request on that stream at once,
- * to any stream once its work is done, and a miss is a cudaMalloc. */
+ * to any stream once its work is done, and a miss is a new block from the
+ * device's upstream pool (cache_upstream.c; cudaMalloc where none can be
+ * made). */
 #include <stdio.h>
 
 #include "submit.h"
@@ -222,7 +224,7 @@ static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
     return refuse(w, call, err, w->end != NULL ? "" : detail);
 }
 
-/* defer_alloc, admitted: the cache, else cudaMalloc (current: the current
+/* defer_alloc, admitted: the cache, else a new block (current: the current
  * device when the caller knows it, else -1; lazy: make_current's). */
 static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
                                   cudaStream_t stream, int current,
