@@ -5,7 +5,7 @@ callgrind (no GPU: the fake runtime), split into cudefer's own and the
 fake runtime's (whose cost is not what a GPU pays).
 
     python3 bench/callgrind_calls.py [--reps N] [--top N] [--entry FN]...
-            -- PROGRAM [ARGS...]
+            [--lines] -- PROGRAM [ARGS...]
 
 For each entry (default: defer_pluggable_alloc_status and
 defer_pluggable_free, the pair python/cudefer/torch_allocator.cpp calls),
@@ -20,6 +20,18 @@ use, PyTorch's path on the LM trace:
     python3 bench/callgrind_calls.py -- bench/replay-trace --legacy-stream \\
         --pluggable /tmp/statsum/lm.trace
 
+--lines counts cache lines instead of instructions: callgrind simulates a
+32 KiB L1 and a 1 MiB last level (--cache-sim), and a line is a miss of
+the last level, code read (ILmr), data read (DLmr) or written (DLmw), per
+call.  Under bench/cold-calls, which writes 2 MiB of its own before each
+call, each such miss is a line the call touched (the stack included),
+which on a GPU host is what a call costs after PyTorch's own work evicted
+it (bench/cold_calls.c):
+
+    python3 bench/callgrind_calls.py --reps 1 --lines \
+        --entry defer_pluggable_free --entry shim_floor_free \
+        -- bench/cold-calls --evict 2048 --cycles 2 lm6k.trace
+
 Standard library only.  Needs valgrind.
 """
 import argparse
@@ -31,11 +43,16 @@ import sys
 import tempfile
 
 ENTRIES = ["defer_pluggable_alloc_status", "defer_pluggable_free"]
+LINE_EVENTS = ("ILmr", "DLmr", "DLmw")
+CACHE_SIM = ["--cache-sim=yes", "--D1=32768,8,64", "--I1=32768,8,64",
+             "--LL=1048576,16,64"]
 
 
-def parse(path):
-    """Self cost per (function, file of the code), calls per function."""
+def parse(path, events=("Ir",)):
+    """Self cost per (function, file of the code) of the sum of events,
+    calls per function."""
     names = {"fl": {}, "fn": {}}
+    columns = [0]  # of events, in the file's events: line
     self_cost = collections.Counter()
     calls = collections.Counter()
     fn = fl = cur_file = None
@@ -53,6 +70,13 @@ def parse(path):
         for line in f:
             line = line.rstrip("\n")
             if not line or line[0] == "#":
+                continue
+            if line.startswith("events:"):
+                have = line.split()[1:]
+                columns = [have.index(e) for e in events if e in have]
+                if len(columns) != len(events):
+                    sys.exit("callgrind_calls: %s lacks events %s" %
+                             (path, ", ".join(events)))
                 continue
             key, _, rest = line.partition("=")
             if key in ("fl",):
@@ -79,7 +103,9 @@ def parse(path):
                     pending_call = None
                     continue
                 if fn is not None and len(parts) >= 2:
-                    self_cost[(fn, cur_file)] += int(parts[1])
+                    self_cost[(fn, cur_file)] += sum(
+                        int(parts[1 + c]) for c in columns
+                        if 1 + c < len(parts))
     return self_cost, calls
 
 
@@ -93,8 +119,10 @@ def group(path):
     return "other"
 
 
-def callgrind(args, out, toggle=None):
+def callgrind(args, out, toggle=None, lines=False):
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
+    if lines:
+        cmd += CACHE_SIM
     if toggle:
         cmd.append("--toggle-collect=" + toggle)
     r = subprocess.run(cmd + args, stdout=subprocess.DEVNULL,
@@ -109,12 +137,15 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--entry", action="append")
+    ap.add_argument("--lines", action="store_true")
     ap.add_argument("program", nargs=argparse.REMAINDER)
     o = ap.parse_args()
     prog = o.program[1:] if o.program[:1] == ["--"] else o.program
     if not prog:
         sys.exit("callgrind_calls: no program given")
     entries = o.entry or ENTRIES
+    events = LINE_EVENTS if o.lines else ("Ir",)
+    unit = "lines" if o.lines else "Ir"
     with tempfile.TemporaryDirectory() as tmp:
         full = os.path.join(tmp, "all.out")
         callgrind(prog, full)
@@ -124,8 +155,8 @@ def main():
         for rep in range(o.reps):
             for e in entries:
                 out = os.path.join(tmp, "%s.%d.out" % (e, rep))
-                callgrind(prog, out, toggle=e)
-                cost, _ = parse(out)
+                callgrind(prog, out, toggle=e, lines=o.lines)
+                cost, _ = parse(out, events)
                 n = calls.get(e, 0)
                 if n == 0:
                     sys.exit("callgrind_calls: %s was never called" % e)
@@ -138,8 +169,8 @@ def main():
             print("%s: %d calls" % (e, per_entry[e][0][0]))
             for i, (n, parts) in enumerate(per_entry[e]):
                 total = sum(parts.values())
-                print("  run %d: %7.1f Ir/call = cudefer %7.1f + fake %7.1f"
-                      " + other %6.1f" % (i + 1, total / n,
+                print("  run %d: %7.1f %s/call = cudefer %7.1f + fake %7.1f"
+                      " + other %6.1f" % (i + 1, total / n, unit,
                                           parts["cudefer"] / n,
                                           parts["fake"] / n,
                                           parts["other"] / n))
@@ -149,7 +180,7 @@ def main():
                 by_fn[fn] += ir
                 fn_group.setdefault(fn, group(path))
             n = per_entry[e][-1][0]
-            print("  self Ir/call, top %d:" % o.top)
+            print("  self %s/call, top %d:" % (unit, o.top))
             for fn, ir in by_fn.most_common(o.top):
                 print("    %7.1f  %-8s %s" % (ir / n, fn_group[fn], fn))
 
