@@ -28,6 +28,11 @@ def load(**kw):
     if os.environ.get("FAKE_LOAD_LOG"):
         with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
             f.write(" ".join([kw["name"]] + kw["sources"]) + "\\n")
+    # cpp_extension makes its build directory first: $FAKE_BUILD_DIR_ERRNO
+    # fails that as os.makedirs would.
+    if os.environ.get("FAKE_BUILD_DIR_ERRNO"):
+        code = int(os.environ["FAKE_BUILD_DIR_ERRNO"])
+        raise OSError(code, os.strerror(code), "/cache/torch_extensions/x")
     # A fake compiler's "build" is the file beside it named COMPILER.so.
     built = os.environ.get("CXX", "") + ".so"
     if os.path.isfile(built):

@@ -4,7 +4,8 @@ enable() and build() say what is missing (torch, CUDA, a C++ compiler,
 ninja, CUDA headers) or that compiling failed; check_cxx_runtime refuses
 a build with a C++ runtime of its own; build() passes over a compiler
 whose builds carry one, compiles every unit of the package, names its
-build after every file's contents and names the file a failure is in;
+build after every file's contents and names the file a failure is in,
+or the build directory it cannot write;
 enable() on a stand-in build installs once for threads that call it
 together, and says PyTorch's refusal."""
 import os
@@ -144,6 +145,17 @@ def allocator_files(tmp, headers, dynamic):
     fail = dict(env, CUDEFER_CXX=sys.executable)
     last = units[-1]
     stem = os.path.splitext(os.path.basename(last))[0]
+    # The build's directory cannot be written (cpp_extension's makedirs):
+    # said as that, with what to do, not as a failed compilation.
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["cudefer.torch: the allocator's build cannot be written",
+         "/cache/torch_extensions/x", "Permission denied",
+         "TORCH_EXTENSIONS_DIR"], root,
+        dict(fail, FAKE_BUILD_DIR_ERRNO="13"))
+    tap(ok and "compiling" not in out,
+        "an unwritable build directory is said as one, with "
+        "TORCH_EXTENSIONS_DIR", out)
     ok, out = raises(
         "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
         ["compiling %s with" % last, "build(verbose=True)"], root,

@@ -27,6 +27,7 @@ naming it, raised before PyTorch's allocator is changed.
 """
 
 import ctypes
+import errno
 import hashlib
 import os
 import re
@@ -273,6 +274,11 @@ def _failed_files(output):
             or SOURCES)
 
 
+# The errors of a build directory that cannot be made or written.
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+               errno.EDQUOT)
+
+
 def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     """The allocator built with the compiler at path cxx (cached by
     cpp_extension under a name of the torch version, the compiler and the
@@ -303,6 +309,14 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
             extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
             with_cuda=False, is_python_module=False, verbose=verbose)
     except Exception as e:  # cpp_extension raises several kinds
+        # Its build directory (or lock file) that cannot be made or
+        # written fails before any compiler runs.
+        if isinstance(e, OSError) and e.errno in _UNWRITABLE:
+            raise RuntimeError(
+                "cudefer.torch: the allocator's build cannot be written "
+                "(%s: %s): set TORCH_EXTENSIONS_DIR to a writable directory "
+                "with room" % (e.filename or "its directory", e.strerror)
+            ) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RuntimeError("cudefer.torch: compiling %s with %s failed (%s);"
                            " cudefer.torch.build(verbose=True) shows the "
