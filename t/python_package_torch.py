@@ -3,7 +3,7 @@
 enable() and build() say what is missing (torch, CUDA, a C++ compiler,
 ninja, CUDA headers) or that compiling failed; check_cxx_runtime refuses
 a build with a C++ runtime of its own; build() passes over a compiler
-whose builds carry one, compiles every unit of the package, names its
+whose builds carry one or whose path has a blank, compiles every unit of the package, names its
 build after every file's contents and names the file a failure is in,
 or the build directory it cannot write;
 enable() on a stand-in build installs once for threads that call it
@@ -285,6 +285,26 @@ def torch_cases(tmp):
                                           % (value, why), "set CUDEFER_CXX"],
                          fakes=root, env={"CUDEFER_CXX": value})
         tap(ok, "$CUDEFER_CXX naming %s is said to" % what, out)
+    # A compiler at a path with a blank: cpp_extension writes it unquoted
+    # into build.ninja, whose shell would split it; said before any build.
+    blank = os.path.join(tmp, "my tools")
+    os.makedirs(blank)
+    spaced = os.path.join(blank, "g++")
+    os.symlink(sys.executable, spaced)
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["$CUDEFER_CXX=%r" % spaced,
+                                      "a blank", "ninja",
+                                      "a path without one"],
+                     fakes=root, env={"CUDEFER_CXX": spaced})
+    tap(ok and "compiling" not in out,
+        "$CUDEFER_CXX at a path with a blank is said before any build", out)
+    nothing = os.path.join(tmp, "empty-path")
+    os.makedirs(nothing)
+    ok, out = raises("import cudefer.torch; cudefer.torch.build()",
+                     "RuntimeError", ["no C++ compiler at a path without a "
+                                      "blank (%s" % spaced, "CUDEFER_CXX"],
+                     fakes=root, env={"CXX": spaced, "PATH": nothing})
+    tap(ok, "$CXX at a path with a blank, and no other compiler: said", out)
     # The cases below name the "compiler" (python3: found, never run).
     one = {"CUDEFER_CXX": sys.executable}
     root = fake_torch(os.path.join(tmp, "noninja"), cxx=sys.executable,

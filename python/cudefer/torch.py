@@ -141,8 +141,10 @@ def compilers():
     $CUDEFER_CXX names, alone, when it is set (the user's choice: no
     other is tried); else $CXX, g++ and c++, each that is found, without
     repeats (the same file run by the same name: a wrapper such as ccache,
-    which runs the compiler its name says, is a compiler per name).
-    Raises RuntimeError when none is found."""
+    which runs the compiler its name says, is a compiler per name), and
+    none at a path with a blank, which cpp_extension's ninja build cannot
+    run.  Raises RuntimeError when none is found, or when $CUDEFER_CXX's
+    path has a blank."""
     mine = os.environ.get(CXX_ENV, "").strip()
     names = [mine] if mine else [os.environ.get("CXX", "").strip(),
                                  "g++", "c++"]
@@ -154,6 +156,22 @@ def compilers():
         path = shutil.which(name) if name else None
         if path and same(path) not in (same(f) for f in found):
             found.append(path)
+    # cpp_extension writes the compiler unquoted into build.ninja, whose
+    # shell splits a path with a blank: none such is run.
+    blank = [p for p in found if any(c.isspace() for c in p)]
+    if mine and blank:
+        raise RuntimeError(
+            "cudefer.torch: $%s=%r is at a path with a blank, which "
+            "torch.utils.cpp_extension writes unquoted into its ninja "
+            "build: use a path without one (a symbolic link to it)"
+            % (CXX_ENV, mine))
+    found = [p for p in found if p not in blank]
+    if not found and blank:
+        raise RuntimeError(
+            "cudefer.torch: no C++ compiler at a path without a blank (%s: "
+            "torch.utils.cpp_extension writes it unquoted into its ninja "
+            "build); set %s to one at a path without one"
+            % (", ".join(blank), CXX_ENV))
     if not found and mine:
         line = os.sep not in mine and mine.split()[1:]
         raise RuntimeError(
