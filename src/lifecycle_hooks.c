@@ -139,6 +139,7 @@ static void fork_child(void)
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
+    stats_fork_child(); /* the held entries were among them */
     cuda_forget_entry_points();
     cache_fork_child();
     free_batch_fork_child();

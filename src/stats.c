@@ -337,6 +337,14 @@ cudaError_t defer_device_stats_reset_peaks(int device)
     return cudaSuccess;
 }
 
+void stats_fork_child(void)
+{
+    stats_set(&stats.held, 0);
+    stats_set(&stats.held_bytes, 0);
+    for (int d = 0; d < DEFER_STATS_MAX_DEVICES; d++)
+        stats_set(&stats_devices[d].held_bytes, 0);
+}
+
 /* Any thread: every field of the list, "name value", on one line. */
 void stats_print(FILE *out)
 {

@@ -231,6 +231,12 @@ static inline void stats_device_held(int device, uint64_t bytes)
     stats_device_peak(&d->held_peak, bytes);
 }
 
+/* In a fork child, once the parent's pending entries are counted failed:
+ * the held ones among them are abandoned too, so nothing is held there
+ * (held, held_bytes and each device's held_bytes read 0; peaks kept).  No
+ * reclaimer runs in the child: no other writer. */
+void stats_fork_child(void);
+
 /* Reclaimer only (single writer): a pass released n entries. */
 void stats_record_batch(uint64_t n);
 

@@ -9,6 +9,7 @@
  * the cache counters the sums over the devices. */
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "helpers.h"
 
@@ -201,6 +202,42 @@ static void scenario_more_paths(void)
     cudaStreamDestroy(s2);
 }
 
+/* In a fork child, what the parent had pending is abandoned (cudefer.h:
+ * counted as failed, never released there): nothing is pending, and the
+ * policy holds nothing either, so held and held_bytes, of the process and
+ * of the device, read 0 in the child. */
+static void scenario_fork_child(void)
+{
+    cudaStream_t s = stream_new();
+    for (int i = 0; i < 3; i++)
+        CHECK(defer_free(device_alloc(KiB), s) == cudaSuccess, "free %d", i);
+    WAIT_UNTIL(stats_now().held == 3, 5000);
+    CHECK(stats_now().held == 3, "the parent holds 3");
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        failed_checks = 0;
+        struct defer_stats st = stats_now();
+        struct defer_device_stats d0;
+        defer_device_stats_get(0, &d0);
+        CHECK(st.pending == 0 && st.failed == 3,
+              "child: pending %llu, failed %llu", ULL(st.pending),
+              ULL(st.failed));
+        CHECK(st.held == 0 && st.held_bytes == 0 && d0.held_bytes == 0,
+              "child: nothing held: held %llu, held_bytes %llu, device 0's "
+              "held_bytes %llu", ULL(st.held), ULL(st.held_bytes),
+              ULL(d0.held_bytes));
+        child_end(failed_checks);
+    }
+    int status;
+    CHECK(wait_child(pid, 10000, &status) && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0,
+          "the fork child's checks");
+    CHECK(defer_flush() == cudaSuccess, "flush in the parent");
+    check_quiet("the parent after the fork");
+    defer_shutdown();
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -213,5 +250,7 @@ int main(void)
                   "refusals, failed releases, no event, a trim",
                   "CUDEFER_EVENT_POOL=0", 1,
                   30000, scenario_more_paths);
+    fork_scenario("a fork child: what the parent held is abandoned, not "
+                  "held", "", 1, 30000, scenario_fork_child);
     return 0;
 }
