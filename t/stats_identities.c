@@ -116,12 +116,21 @@ static void scenario_identities(void)
     CHECK(alloc_checked(&y, KiB, s1) == cudaSuccess, "a block on device 1");
     CHECK(defer_free(x, s1) == cudaSuccess && defer_free(y, s1) ==
               cudaSuccess, "two frees on device 1");
+    /* and one whose work is done, held by the policy (not eager) */
+    cudaStream_t s1b = stream_new();
+    CHECK(defer_free(device_alloc(KiB), s1b) == cudaSuccess, "a third");
+    WAIT_UNTIL(stats_now().held == 1, 5000);
+    bool holds = stats_now().held == 1;
     uint64_t failed0 = stats_now().failed;
     fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, 1);
-    WAIT_UNTIL(stats_now().failed >= failed0 + 2, 10000);
+    WAIT_UNTIL(stats_now().failed >= failed0 + 2 + holds, 10000);
     fake_fail_clear();
     fake_complete(w1);
-    CHECK(stats_now().failed == failed0 + 2, "both counted failed");
+    CHECK(stats_now().failed == failed0 + 2 + holds, "all counted failed");
+    struct defer_device_stats d1;
+    defer_device_stats_get(1, &d1);
+    CHECK(d1.held_bytes == 0, "device 1 holds nothing once failed (%llu)",
+          ULL(d1.held_bytes));
     CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
     defer_flush();
     check_quiet("after device 1 failed");
