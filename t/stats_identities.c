@@ -131,11 +131,43 @@ static void scenario_identities(void)
     defer_device_stats_get(1, &d1);
     CHECK(d1.held_bytes == 0, "device 1 holds nothing once failed (%llu)",
           ULL(d1.held_bytes));
+    /* Each refusal counts once in rejected, never in deferred. */
+    struct refusal {
+        const char *what;
+        cudaError_t err;
+    } refusals[4];
+    void *z = device_alloc(KiB), *nb = NULL;
+    cudaStream_t none[1] = {s1};
+    struct defer_stats r0 = stats_now();
+    refusals[0] = (struct refusal){"defer_free on failed device 1",
+                                   defer_free(z, s1)};
+    refusals[1] = (struct refusal){"defer_alloc on failed device 1",
+                                   defer_alloc(&nb, KiB, s1)};
+    refusals[2] = (struct refusal){"defer_call on failed device 1",
+                                   defer_call(callback, NULL, s1)};
+    refusals[3] = (struct refusal){"defer_free_streams with n 0",
+                                   defer_free_streams(z, none, 0)};
+    for (int i = 0; i < 4; i++) {
+        CHECK(refusals[i].err != cudaSuccess, "%s: refused", refusals[i].what);
+    }
+    struct defer_stats r1 = stats_now();
+    CHECK(r1.rejected == r0.rejected + 4 && r1.deferred == r0.deferred,
+          "4 refusals: rejected %llu -> %llu, deferred %llu -> %llu",
+          ULL(r0.rejected), ULL(r1.rejected), ULL(r0.deferred),
+          ULL(r1.deferred));
     CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
     defer_flush();
     check_quiet("after device 1 failed");
     defer_shutdown();
     check_quiet("after shutdown");
+    struct defer_stats a0 = stats_now();
+    void *after = device_alloc(KiB);
+    CHECK(defer_free(after, s) == cudaErrorNotPermitted, "after shutdown");
+    struct defer_stats a1 = stats_now();
+    CHECK(a1.rejected == a0.rejected + 1 && a1.deferred == a0.deferred,
+          "after shutdown: rejected %llu -> %llu, deferred %llu -> %llu",
+          ULL(a0.rejected), ULL(a1.rejected), ULL(a0.deferred),
+          ULL(a1.deferred));
     cudaStreamDestroy(s);
 }
 
