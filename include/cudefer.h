@@ -101,6 +101,8 @@ struct defer_stats {
     uint64_t events_in_pool; /* idle events kept for reuse */
     uint64_t held;           /* completed entries the policy holds now */
     uint64_t held_bytes;     /* their bytes */
+    /* Of the entries the policy held (not those released at once: the
+     * eager policy, cudaMallocAsync memory, callbacks, sync_releases). */
     uint64_t idle_releases;  /* entries released as the program was quiet */
     uint64_t cap_releases;   /* ... as a device held more than its cap */
     uint64_t age_releases;   /* ... as they were older than max_delay_ms */
