@@ -207,6 +207,16 @@ static cudaError_t refuse_if_capturing(struct words *w, cudaStream_t stream)
     return cudaSuccess;
 }
 
+/* A refusal because device could not be made current (call failed with
+ * err): the device said, unless w's line end says it. */
+static cudaError_t refuse_switch(struct words *w, const char *call,
+                                 cudaError_t err, int device)
+{
+    char detail[48];
+    snprintf(detail, sizeof detail, " (device %d)", device);
+    return refuse(w, call, err, w->end != NULL ? "" : detail);
+}
+
 /* A request's current device made current where the caller left that to
  * the request (lazy: the pluggable allocation's switch, on the legacy
  * stream of device current; NULL: current already), before a CUDA call on
@@ -217,11 +227,7 @@ static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
 {
     const char *call = NULL;
     cudaError_t err = cuda_switch_lazy(lazy, current, &call);
-    if (err == cudaSuccess)
-        return err;
-    char detail[48];
-    snprintf(detail, sizeof detail, " (device %d)", current);
-    return refuse(w, call, err, w->end != NULL ? "" : detail);
+    return err == cudaSuccess ? err : refuse_switch(w, call, err, current);
 }
 
 /* defer_alloc, admitted: the cache, else a new block (current: the current
@@ -490,11 +496,8 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     err = lazy ? cudaSuccess : enter_device(&sw, device, stream, &call);
-    if (err != cudaSuccess) {
-        char detail[48];
-        snprintf(detail, sizeof detail, " (device %d)", device);
-        return refuse(w, call, err, w->end != NULL ? "" : detail);
-    }
+    if (err != cudaSuccess)
+        return refuse_switch(w, call, err, device);
     /* A special handle's device is now the current one (lazy: will be). */
     err = alloc_on(w, ptr, size, stream,
                    stream_is_special(stream) ? device : -1, device,
@@ -573,27 +576,22 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
     const char *call = NULL;
     cudaError_t err =
         lazy ? cudaSuccess : enter_device(&sw, on, stream, &call);
-    if (err == cudaSuccess) {
-        /* A special handle's device is now the current one (or will be,
-         * lazy).  The size and device PyTorch says are checked against the
-         * block's (submit.c). */
-        int current = stream_is_special(stream) ? on : -1;
-        struct request_args a = {.what = "defer_pluggable_free",
-                                 .end = &kept,
-                                 .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
-                                 .nptrs = 1, .current_known = current >= 0,
-                                 .current_device = current,
-                                 .said_bytes = size, .said_device = device,
-                                 .block_known = block_known,
-                                 .block_device = block_device,
-                                 .lazy_switch = lazy ? &sw : NULL};
-        (void)submit(&a, stream); /* a refusal is said, in one line */
-    } else {
-        /* A refused call, counted as each is (cudefer.h: rejected). */
-        stats_add(&stats.rejected, 1);
-        char tail[64];
-        cuda_report_failure("defer_pluggable_free", call, err,
-                            report_line_end(&kept, tail, sizeof tail));
-    }
+    /* A special handle's device is now the current one (or will be,
+     * lazy).  The size and device PyTorch says are checked against the
+     * block's (submit.c). */
+    int current = stream_is_special(stream) ? on : -1;
+    struct request_args a = {.what = "defer_pluggable_free", .end = &kept,
+                             .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
+                             .nptrs = 1, .current_known = current >= 0,
+                             .current_device = current,
+                             .said_bytes = size, .said_device = device,
+                             .block_known = block_known,
+                             .block_device = block_device,
+                             .lazy_switch = lazy ? &sw : NULL};
+    /* A refusal, a failed switch's too, is said in one line and counted. */
+    if (err == cudaSuccess)
+        (void)submit(&a, stream);
+    else
+        submit_reject(&a, call, err);
     cuda_switch_back(&sw, "defer_pluggable_free");
 }

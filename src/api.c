@@ -92,6 +92,8 @@ static void *repeated_pointer(void *const *p, size_t n, cudaError_t *err)
  * cudaSuccess or the refusal. */
 cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
 {
+    /* Its words, for a refusal before the request is made. */
+    static const struct request_args free_n = {.what = "defer_free_n"};
     if (n == 0)
         return cudaSuccess;
     if (ptrs == NULL) {
@@ -108,7 +110,7 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     void **copy = NULL;
     if (live != n) {
         if ((copy = malloc(live * sizeof *copy)) == NULL)
-            return submit_reject("defer_free_n", NULL, "malloc",
+            return submit_reject(&free_n, "malloc",
                                  cudaErrorMemoryAllocation);
         for (size_t i = 0, k = 0; i < n; i++)
             if (ptrs[i] != NULL)
@@ -123,7 +125,7 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
     if (err != cudaSuccess || twice != NULL) {
         free(copy);
         if (err != cudaSuccess)
-            return submit_reject("defer_free_n", NULL, "malloc", err);
+            return submit_reject(&free_n, "malloc", err);
         stats_add(&stats.rejected, 1);
         report("defer_free_n: %p is named more than once: refused; nothing "
                "was deferred", twice);

@@ -99,13 +99,14 @@ enum route {
 };
 
 /* Any thread; never blocks (submit.h). */
-cudaError_t submit_reject(const char *what, const struct line_end *end,
-                          const char *call, cudaError_t err)
+cudaError_t submit_reject(const struct request_args *a, const char *call,
+                          cudaError_t err)
 {
     stats_add(&stats.rejected, 1);
     char tail[64];
-    cuda_report_failure(what, call, err,
-                        end != NULL ? report_line_end(end, tail, sizeof tail)
+    cuda_report_failure(a->what, call, err,
+                        a->end != NULL
+                            ? report_line_end(a->end, tail, sizeof tail)
                                     : "; nothing was deferred (the caller "
                                       "keeps ownership)");
     return err;
@@ -320,7 +321,7 @@ static cudaError_t resolve_current(const struct request_args *a)
     const char *call = NULL;
     cudaError_t err =
         cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
-    return err == cudaSuccess ? err : submit_reject(a->what, a->end, call, err);
+    return err == cudaSuccess ? err : submit_reject(a, call, err);
 }
 
 /* Any thread, admitted: whether a, a free of one block of the cache on the
@@ -336,7 +337,7 @@ static cudaError_t find_batch(const struct request_args *a, struct target *t)
         return cudaSuccess;
     if (t->current < 0 &&
         (err = cuda_get_device(&t->current)) != cudaSuccess)
-        return submit_reject(a->what, a->end, "cudaGetDevice", err);
+        return submit_reject(a, "cudaGetDevice", err);
     t->batch = stream_identity_cached_special(t->handle, t->current,
                                               &t->device, &t->id);
     t->cached = t->batch;
@@ -364,7 +365,7 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
         err = cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
     if (err == cudaSuccess)
         err = usable(t->handle, &t->device, &t->id, &t->cached, &call);
-    return err == cudaSuccess ? err : submit_reject(a->what, a->end, call, err);
+    return err == cudaSuccess ? err : submit_reject(a, call, err);
 }
 
 /* Any thread, admitted: the cache's plan for a's one pointer freed on t's
@@ -527,18 +528,18 @@ static cudaError_t route_captured(const struct request_args *a,
         }
     struct entry *e = capture_entry_new();
     if (e == NULL)
-        return submit_reject(a->what, a->end, "calloc", cudaErrorMemoryAllocation);
+        return submit_reject(a, "calloc", cudaErrorMemoryAllocation);
     e->kind = a->kind;
     e->fn = a->fn;
     e->arg = a->arg;
     if (!set_pointers(e, a)) {
         capture_entry_discard(e);
-        return submit_reject(a->what, a->end, "malloc", cudaErrorMemoryAllocation);
+        return submit_reject(a, "malloc", cudaErrorMemoryAllocation);
     }
     const char *call = NULL;
     cudaError_t err = capture_defer(a->what, e, t->streams, t->n, &call);
     return err == cudaSuccess ? cudaSuccess
-                              : submit_reject(a->what, a->end, call, err);
+                              : submit_reject(a, call, err);
 }
 
 /* Any thread, admitted: ROUTE_BATCHED: the block, parked by its plan, adds
@@ -642,7 +643,7 @@ static cudaError_t admit(const struct request_args *given,
         return err;
     if (!cache_claim_room(given, a, one)) {
         lifecycle_leave();
-        return submit_reject(given->what, given->end, "calloc", cudaErrorMemoryAllocation);
+        return submit_reject(given, "calloc", cudaErrorMemoryAllocation);
     }
     return cudaSuccess;
 }

@@ -29,11 +29,11 @@ cudaError_t submit(const struct request_args *given, cudaStream_t stream);
 cudaError_t submit_streams(const struct request_args *given,
                            const cudaStream_t *streams, size_t n);
 
-/* Any thread: what (the public function) is refused because call failed
- * with err: said in one line, which ends with end's text (report.h) or,
- * for a NULL end, "nothing was deferred"; counted in rejected.  Never
- * blocks.  Returns err. */
-cudaError_t submit_reject(const char *what, const struct line_end *end,
-                          const char *call, cudaError_t err);
+/* Any thread: request a (only its what and end are read) is refused
+ * because call failed with err: said in one line naming a->what, which
+ * ends with a->end's text (report.h) or, for a NULL end, "nothing was
+ * deferred"; counted in rejected.  Never blocks.  Returns err. */
+cudaError_t submit_reject(const struct request_args *a, const char *call,
+                          cudaError_t err);
 
 #endif

@@ -106,7 +106,7 @@ cudaError_t submit_group_route(const struct request_args *a,
     if (made < t->n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
             submit_discard_recorded(parts[made]);
-        return submit_reject(a->what, a->end, f.call, f.err);
+        return submit_reject(a, f.call, f.err);
     }
     parts[0]->group_remaining = (uint32_t)t->n;
     for (size_t i = 1; i < t->n; i++)

@@ -86,7 +86,7 @@ static inline cudaError_t submit_check_capture(const struct request_args *a,
 {
     const char *call = NULL;
     cudaError_t err = capture_status(t->streams, t->n, &t->capturing, &call);
-    return err == cudaSuccess ? err : submit_reject(a->what, a->end, call, err);
+    return err == cudaSuccess ? err : submit_reject(a, call, err);
 }
 
 /* ---- submit.c ----------------------------------------------------------- */

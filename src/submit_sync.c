@@ -64,7 +64,7 @@ static cudaError_t wait_for_users(const struct request_args *a,
             err = cuda_stream_synchronize(users[i].handle);
     cuda_switch_back(sw, a->what);
     return err == cudaSuccess ? cudaSuccess
-                              : submit_reject(a->what, a->end, failed, err);
+                              : submit_reject(a, failed, err);
 }
 
 /* Any thread, admitted: wait for stream (and the streams a's blocks were
@@ -87,9 +87,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
     cudaError_t err = submit_identify_usable(stream, true, -1, &device, &id,
                                              &cached, &call);
     if (err != cudaSuccess)
-        return submit_reject(a->what, a->end, call, err);
+        return submit_reject(a, call, err);
     if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
-        return submit_reject(a->what, a->end, "cudaStreamSynchronize", err);
+        return submit_reject(a, "cudaStreamSynchronize", err);
     struct block_user recorded[SUBMIT_MAX_STREAMS];
     size_t nrec = cache_users_of_free(a, recorded);
     if (nrec > SUBMIT_MAX_STREAMS) { /* only so many could be waited for */
@@ -133,7 +133,7 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
                                  const struct failure *f)
 {
     if (!f->no_event)
-        return submit_reject(a->what, a->end, f->call, f->err);
+        return submit_reject(a, f->call, f->err);
     cuda_report_failure(a->what, f->call, f->err,
                 "; waiting for the stream and releasing synchronously");
     return release_synchronously(a, t->handle);
