@@ -6,7 +6,7 @@
  * CUDA runtime (t/fake), beside the pluggable-floor pair of
  * bench/torch_shims.c:
  *
- *     bench/cold-calls [--evict KIB] [--cycles N] TRACE
+ *     bench/cold-calls [--evict KIB] [--cycles N] [--seal-when-full] TRACE
  *
  * TRACE is an allocation trace of bench/torch_shims.c (cudefer-trace; the
  * H100 traces are in bench/results/h100-traces.tar.gz).  Every
@@ -28,12 +28,19 @@
  * about 1050 allocations and 1040 frees a step), cudefer's calls took
  * about 0.71/0.92 us each and the floor's 0.24/0.19.
  *
+ * --seal-when-full: cudefer's free batches are sealed only when full, not
+ * also once their oldest free is 1 ms old.  Under valgrind, which runs the
+ * calls ~50x slower, the age seals most batches after a few frees and its
+ * count depends on the host's speed; full-only, a run's cost is the same
+ * from run to run (bench/callgrind_calls.py), so two builds compare.
+ *
  * Prints one line per row (microseconds per allocation and per free, means
  * over the counted cycles), then one JSON object with the same numbers.
  * Bad arguments or an unreadable trace: a message, exit status 2.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
+#include <stdint.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,6 +54,8 @@
 
 void *shim_floor_alloc(size_t size, int device, cudaStream_t stream);
 void shim_floor_free(void *ptr, size_t size, int device, cudaStream_t stream);
+/* src/free_batch.h, in the fake build's library */
+void free_batch_set_age_ns(uint64_t age_ns);
 
 enum row { ROW_CUDEFER, ROW_FLOOR, ROW_GET_DEVICE, NROWS };
 static const char *const row_names[NROWS] = {"cudefer", "floor",
@@ -78,7 +87,7 @@ static void evict(void)
 static _Noreturn void usage(const char *why)
 {
     fprintf(stderr, "cold-calls: %s\nusage: bench/cold-calls [--evict KIB] "
-                    "[--cycles N] TRACE\n", why);
+                    "[--cycles N] [--seal-when-full] TRACE\n", why);
     exit(2);
 }
 
@@ -209,11 +218,14 @@ int main(int argc, char **argv)
 {
     unsigned long evict_kib = 2048, cycles = 3;
     const char *path = NULL;
+    bool when_full = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--evict") == 0)
             evict_kib = number(argv[++i], 0, 1 << 20, "--evict");
         else if (strcmp(argv[i], "--cycles") == 0)
             cycles = number(argv[++i], 2, 1000, "--cycles");
+        else if (strcmp(argv[i], "--seal-when-full") == 0)
+            when_full = true;
         else if (argv[i][0] == '-')
             usage("unknown option");
         else if (path != NULL)
@@ -232,11 +244,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "cold-calls: out of memory\n");
         return 2;
     }
+    if (when_full)
+        free_batch_set_age_ns(UINT64_MAX);
     for (unsigned long c = 0; c < cycles; c++)
         for (int r = 0; r < NROWS; r++)
             cycle((enum row)r, ops, n, live, c > 0);
     printf("cold-calls: %s, %lu KiB evicted before each call, %lu cycles "
-           "counted (fake CUDA runtime)\n", path, evict_kib, cycles - 1);
+           "counted (fake CUDA runtime%s)\n", path, evict_kib, cycles - 1,
+           when_full ? ", free batches sealed when full" : "");
     for (int r = 0; r < NROWS; r++)
         printf("%-14s alloc %6.3f us  free %6.3f us  (%lu + %lu calls)\n",
                row_names[r], us[r][0] / (double)calls[r][0],
@@ -244,7 +259,8 @@ int main(int argc, char **argv)
     printf("{\"trace\": \"");
     for (const char *c = path; *c != '\0'; c++)
         printf(*c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
-    printf("\", \"evict_kib\": %lu, \"cycles\": %lu", evict_kib, cycles - 1);
+    printf("\", \"evict_kib\": %lu, \"cycles\": %lu, \"seal_when_full\": %s",
+           evict_kib, cycles - 1, when_full ? "true" : "false");
     for (int r = 0; r < NROWS; r++)
         for (int k = 0; k < 2; k++) /* null: no such call was counted */
             if (calls[r][k] > 0)
