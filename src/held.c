@@ -2,7 +2,18 @@
 /* Held lists: see held.h. */
 #include "held.h"
 
+#include "lifecycle.h"
 #include "stats.h"
+
+/* Lock held: device's held bytes are h's now, unless exit abandoned what
+ * was held (then they read 0: lifecycle_hooks_exit). */
+static void publish_bytes(struct held_list *h)
+{
+    if (lifecycle_counting_begin()) {
+        stats_device_held(h->device, h->bytes);
+        lifecycle_counting_end();
+    }
+}
 
 void held_init(struct held_list *h, int device)
 {
@@ -31,7 +42,7 @@ void held_push_locked(struct held_list *h, struct entry *e)
     h->tail = e;
     h->bytes += e->held_bytes;
     h->count++;
-    stats_device_held(h->device, h->bytes);
+    publish_bytes(h);
 }
 
 struct entry *held_pop_locked(struct held_list *h)
@@ -46,7 +57,7 @@ struct entry *held_pop_locked(struct held_list *h)
         h->tail = NULL;
     h->bytes -= e->held_bytes;
     h->count--;
-    stats_device_held(h->device, h->bytes);
+    publish_bytes(h);
     e->fifo_next = e->held_prev = NULL;
     return e;
 }

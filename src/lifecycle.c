@@ -358,28 +358,41 @@ cudaError_t lifecycle_device_error(int device)
     return device_error(device);
 }
 
-void lifecycle_count_finished(bool released, uint64_t n)
+bool lifecycle_counting_begin(void)
 {
-    /* Either exit sees this count under way and waits for it, or this
-     * sees exit's abandon and counts nothing (exit counted the entries as
-     * failed): sequentially consistent, both sides.  A counter, not a
-     * flag: launching threads count too. */
+    /* Either exit sees this write under way and waits for it, or this
+     * sees exit's abandon and writes nothing: sequentially consistent,
+     * both sides.  A counter, not a flag: launching threads count too. */
     atomic_fetch_add(&rs.counting, 1);
     if (!atomic_load(&rs.abandoned))
-        stats_add(released ? &stats.released : &stats.failed, n);
+        return true;
     atomic_fetch_sub(&rs.counting, 1);
+    return false;
+}
+
+void lifecycle_counting_end(void)
+{
+    atomic_fetch_sub(&rs.counting, 1);
+}
+
+void lifecycle_count_finished(bool released, uint64_t n)
+{
+    /* Exit counted the entries as failed if it gave up first. */
+    if (lifecycle_counting_begin()) {
+        stats_add(released ? &stats.released : &stats.failed, n);
+        lifecycle_counting_end();
+    }
 }
 
 void lifecycle_count_deferred(void)
 {
-    /* As lifecycle_count_finished: either exit waits for this count and
-     * its snapshot holds it (pending, then counted failed by exit), or
-     * this sees exit's abandon and counts nothing, and then neither will
-     * the entry's end (abandoned stays set). */
-    atomic_fetch_add(&rs.counting, 1);
-    if (!atomic_load(&rs.abandoned))
+    /* Either exit waits for this count and its snapshot holds it (pending,
+     * then counted failed by exit), or this counts nothing, and then
+     * neither will the entry's end (abandoned stays set). */
+    if (lifecycle_counting_begin()) {
         stats_count_deferred();
-    atomic_fetch_sub(&rs.counting, 1);
+        lifecycle_counting_end();
+    }
 }
 
 void lifecycle_fail_device(const char *what, int device, const char *call,

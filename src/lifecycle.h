@@ -94,6 +94,13 @@ void lifecycle_count_finished(bool released, uint64_t n);
  * creation or record). */
 void lifecycle_count_deferred(void);
 
+/* Any thread; never blocks.  Begin a write of counters that exit resets
+ * when it gives up (lifecycle_hooks_exit: the held counts): true, and then
+ * lifecycle_counting_end once written; false once exit gave up, and then
+ * nothing is written (what was held is abandoned, counted failed). */
+bool lifecycle_counting_begin(void);
+void lifecycle_counting_end(void);
+
 /* Any thread: whether it is the reclaimer thread (running a callback). */
 bool lifecycle_on_reclaimer_thread(void);
 

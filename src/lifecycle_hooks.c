@@ -92,8 +92,10 @@ void lifecycle_hooks_exit(void)
             stats_set(&stats.leaked_at_exit, s.pending);
             /* Abandoned, as in a fork child (cudefer.h: failed counts
              * them; pending then reads 0).  The unsealed batches' frees
-             * are among them (never counted finished). */
+             * are among them (never counted finished), and so are the
+             * entries the policy held: none reads held from now on. */
             stats_add(&stats.failed, s.pending);
+            stats_abandon_held();
             unsigned long long ms = EXIT_DRAIN_NS / 1000000;
             if (s.pending > 0)
                 report("exit: %llu entries still pending after %llu ms: "
@@ -139,7 +141,7 @@ static void fork_child(void)
     struct defer_stats s;
     defer_stats_get(&s);
     stats_add(&stats.failed, s.pending);
-    stats_fork_child(); /* the held entries were among them */
+    stats_abandon_held(); /* the held entries were among them */
     cuda_forget_entry_points();
     cache_fork_child();
     free_batch_fork_child();

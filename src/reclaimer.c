@@ -521,8 +521,11 @@ static void end_pass(void)
         held_bytes += rs.held[d].bytes;
         held_unlock(&rs.held[d]);
     }
-    stats_set(&stats.held, held);
-    stats_set(&stats.held_bytes, held_bytes);
+    if (lifecycle_counting_begin()) { /* none once exit abandoned them */
+        stats_set(&stats.held, held);
+        stats_set(&stats.held_bytes, held_bytes);
+        lifecycle_counting_end();
+    }
     reclaimer_frees_sync(); /* before the requests: the memory back now */
     if (rs.pass_released > 0)
         stats_record_batch(rs.pass_released);

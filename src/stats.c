@@ -337,7 +337,7 @@ cudaError_t defer_device_stats_reset_peaks(int device)
     return cudaSuccess;
 }
 
-void stats_fork_child(void)
+void stats_abandon_held(void)
 {
     stats_set(&stats.held, 0);
     stats_set(&stats.held_bytes, 0);

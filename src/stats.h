@@ -231,11 +231,13 @@ static inline void stats_device_held(int device, uint64_t bytes)
     stats_device_peak(&d->held_peak, bytes);
 }
 
-/* In a fork child, once the parent's pending entries are counted failed:
- * the held ones among them are abandoned too, so nothing is held there
- * (held, held_bytes and each device's held_bytes read 0; peaks kept).  No
- * reclaimer runs in the child: no other writer. */
-void stats_fork_child(void);
+/* Once the pending entries are counted failed, in a fork child or by an
+ * exit that gave up its drain: the held ones among them are abandoned too,
+ * so nothing reads held (held, held_bytes and each device's held_bytes
+ * read 0; peaks kept).  No other writer: no reclaimer runs in the child,
+ * and exit's reclaimer writes none of them once abandoned
+ * (lifecycle_counting_begin). */
+void stats_abandon_held(void);
 
 /* Reclaimer only (single writer): a pass released n entries. */
 void stats_record_batch(uint64_t n);

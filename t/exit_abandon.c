@@ -7,6 +7,8 @@
  * scenario is a child that calls exit(); an exit handler registered before
  * cudefer's (so run after it) waits for the blocked call to end, then
  * checks the counts and ends the child.
+ * Then the frees the policy holds while the reclaimer is stuck in a
+ * callback: exit abandons them with the rest, so none reads held after.
  * Last, exit's own seal of a free batch whose event cannot be recorded
  * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>
@@ -157,6 +159,70 @@ static void exit_during_batch_wait(void)
     exit(0);
 }
 
+/* ---- the policy holds completed frees while the reclaimer is stuck ------ */
+
+/* Runs after cudefer's exit handler, once the stuck callback has returned
+ * and the reclaimer's pass has ended: exit counted the held frees among
+ * what it left unreleased (failed), so none reads held any more, of the
+ * process or of the device, however that pass ended. */
+static void check_nothing_held(void)
+{
+    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&call_returned), "the stuck callback returned");
+    sleep_ms(200); /* the reclaimer's pass that ran it ends */
+    struct defer_stats st;
+    defer_stats_get(&st);
+    struct defer_device_stats d0;
+    defer_device_stats_get(0, &d0);
+    diag("  deferred %llu released %llu failed %llu pending %llu "
+         "leaked_at_exit %llu held %llu held_bytes %llu device 0's "
+         "held_bytes %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
+         ULL(st.leaked_at_exit), ULL(st.held), ULL(st.held_bytes),
+         ULL(d0.held_bytes));
+    CHECK(st.leaked_at_exit == 5 && st.pending == 0 &&
+              st.released + st.failed == st.deferred,
+          "the 3 held frees, the stuck one and the callback left "
+          "unreleased, counted once");
+    CHECK(st.held == 0 && st.held_bytes == 0 && d0.held_bytes == 0,
+          "nothing reads held: held %llu, held_bytes %llu, device 0's "
+          "held_bytes %llu", ULL(st.held), ULL(st.held_bytes),
+          ULL(d0.held_bytes));
+    scenario_child_end();
+}
+
+static void stuck_callback(void *arg)
+{
+    (void)arg;
+    sleep_ms(2500); /* the drain gives up after 2 s */
+    atomic_store(&call_returned, 1);
+}
+
+static void exit_while_held(void)
+{
+    atexit(check_nothing_held); /* before cudefer's: run after it */
+    /* Work that never completes keeps the program busy: the policy holds
+     * what completes (no idle release; CUDEFER_MAX_DELAY_MS=0: no age). */
+    cudaStream_t busy = stream_new(), s = stream_new(), s2 = stream_new();
+    void *stuck = device_alloc(KiB);
+    work_held(busy, stuck);
+    if (defer_free(stuck, busy) != cudaSuccess)
+        bail("defer_free");
+    for (int i = 0; i < 3; i++)
+        if (defer_free(device_alloc(KiB), s) != cudaSuccess)
+            bail("defer_free");
+    for (int i = 0; i < 5000 && stats_now().held < 3; i++)
+        sleep_ms(1);
+    CHECK(stats_now().held == 3, "the policy holds 3 frees");
+    /* The reclaimer runs the callback (no work before it on s2) and is
+     * stuck in it past exit's drain. */
+    if (defer_call(stuck_callback, NULL, s2) != cudaSuccess)
+        bail("defer_call");
+    sleep_ms(100);
+    exit(0);
+}
+
 /* ---- exit's seal of a batch whose event cannot be recorded -------------- */
 
 /* Runs after cudefer's exit handler, which must have returned: the
@@ -204,7 +270,7 @@ static void exit_with_unsealable_batch(void)
 
 int main(void)
 {
-    plan(4);
+    plan(5);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -214,6 +280,9 @@ int main(void)
     fork_scenario("exit gives up on a free batch's fallback wait: its "
                   "release is not counted too",
                   "CUDEFER_FREE_BATCH=2", 1, 20000, exit_during_batch_wait);
+    fork_scenario("exit gives up while the policy holds completed frees: "
+                  "they are abandoned, not held",
+                  "CUDEFER_MAX_DELAY_MS=0", 1, 20000, exit_while_held);
     /* Killed after 10 s: exit waited for the stream without a deadline. */
     fork_scenario("exit whose seal cannot record the batch's event leaves "
                   "its frees unreleased, waiting for nothing",
