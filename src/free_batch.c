@@ -51,6 +51,21 @@ static pthread_mutex_t turn = PTHREAD_MUTEX_INITIALIZER;
  * that saw some come back while it waited seals once more. */
 static _Atomic unsigned long given_back;
 
+/* Set by shutdown's seal (free_batch_seal_all with last): no free or
+ * flush comes after it, so what it leaves in a batch is dropped at the
+ * stop (free_batch_destroy, said), never sealed later; its lines say so.
+ * Read and written by the shutting-down thread only: the gate is closed
+ * and every admitted call ended, so no other thread seals then. */
+static bool sealing_last;
+
+/* What becomes of the claims a seal leaves in their batch, for its line. */
+static const char *left_in_batch(const char *later)
+{
+    return sealing_last ? "; blocks freed on the legacy stream are dropped "
+                          "at the stop, never released"
+                        : later;
+}
+
 /* Tests: called between reading the generation and counting. */
 static void (*_Atomic take_hook)(void);
 
@@ -105,6 +120,7 @@ bool free_batch_init(int ndevices, uint32_t max)
         pthread_mutex_init(&batches[d].lock, NULL);
     nbatches = ndevices;
     max_claims = max;
+    sealing_last = false;
     reset_flights();
     return true;
 }
@@ -210,8 +226,9 @@ static cudaError_t complete_synchronously(const char *what, int device,
     }
     if (sync != cudaSuccess) {
         cuda_report_failure(what, "cudaStreamSynchronize", sync,
-                            "; the blocks freed on the legacy stream stay "
-                            "reusable on it only until a later seal");
+                            left_in_batch("; the blocks freed on the legacy "
+                                          "stream stay reusable on it only "
+                                          "until a later seal"));
         give_back_claims(what, device, claims, n);
         return sync;
     }
@@ -417,8 +434,9 @@ static cudaError_t seal_batches(const char *what, size_t *left)
             /* Left in the batch, reusable on the stream; said. */
             cuda_report_failure(
                 what, call, err,
-                "; blocks freed on the legacy stream wait there until a later "
-                "free or flush can seal their batch");
+                left_in_batch("; blocks freed on the legacy stream wait "
+                              "there until a later free or flush can seal "
+                              "their batch"));
             if (first == cudaSuccess)
                 first = err;
             continue;
@@ -454,14 +472,17 @@ static void wait_for_earlier_seals(void)
     pthread_mutex_unlock(&turn);
 }
 
-cudaError_t free_batch_seal_all(const char *what)
+cudaError_t free_batch_seal_all(const char *what, bool last)
 {
     /* A seal that could neither record nor wait gives its claims back to
      * the batch (reported): where one did while this call waited (its
      * claims may be of frees that returned before this call), seal once
-     * more. */
+     * more.  Not the last seal: no other thread seals then, so only its
+     * own claims could have come back, and a second try would fail and
+     * say so again. */
+    sealing_last = last;
     cudaError_t err = cudaSuccess;
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < (last ? 1 : 2); round++) {
         unsigned long back = atomic_load(&given_back);
         err = seal_batches(what, NULL);
         wait_for_earlier_seals();

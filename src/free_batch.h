@@ -106,7 +106,8 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
                      const struct block_claim *claim, bool added,
                      bool due_now, bool current);
 /* Any application thread that must have every batch sealed before it goes
- * on (defer_flush, defer_trim, shutdown, each its what for messages; exit
+ * on (defer_flush, defer_trim, shutdown with last, each its what for
+ * messages; exit
  * has its own, free_batch_seal_at_exit): records an event on the legacy
  * stream of each device with claims (switching the current device and
  * back) and pushes its entry; then waits until other threads' seals that
@@ -120,8 +121,10 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
  * device or of the wait that replaces a failed record (a sticky error of
  * that wait fails the device: the frees it could not wait for are then
  * abandoned, counted as failed, as the reclaimer abandons the device's
- * entries). */
-cudaError_t free_batch_seal_all(const char *what);
+ * entries).  With last (shutdown: the gate closed, every admitted call
+ * ended, and no free or flush to come) it seals once, and says that what
+ * it leaves waiting is dropped at the stop. */
+cudaError_t free_batch_seal_all(const char *what, bool last);
 
 /* Exit only, once the gate is closed and every admitted call ended: seals
  * every batch as free_batch_seal_all does, but never waits (the process

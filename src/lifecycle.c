@@ -512,7 +512,7 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
     /* Blocks freed on the legacy stream wait for no event yet: their
      * batches get one now, before the request (free_batch.h).  One that
      * cannot have it waits on: the request's error unless a device's is. */
-    cudaError_t unsealed = free_batch_seal_all(what);
+    cudaError_t unsealed = free_batch_seal_all(what, false);
     /* The gate is held only while pushing: a waiting flush must not keep
      * shutdown or exit from closing it.  The reclaimer answers every request
      * it took before it stops. */
@@ -593,7 +593,7 @@ cudaError_t lifecycle_shutdown(void)
         lifecycle_close_gate(0);
         /* No admitted call can add to them now; one that waits on is
          * dropped at the stop (said): the error unless a device's is. */
-        cudaError_t unsealed = free_batch_seal_all("defer_shutdown");
+        cudaError_t unsealed = free_batch_seal_all("defer_shutdown", true);
         struct request q = {.err = cudaSuccess};
         lifecycle_request_and_wait(&q, 0, false);
         err = q.err != cudaSuccess ? q.err : unsealed;

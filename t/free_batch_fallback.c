@@ -222,6 +222,9 @@ static void scenario_shutdown_barred(void)
         CHECK(err == cudaErrorStreamCaptureImplicit, "shutdown: %s",
               cudaGetErrorName(err));
         CHECK(strstr(said, "never sealed") != NULL, "said: %s", said);
+        /* No free or flush comes after shutdown: none is promised. */
+        CHECK(strstr(said, "until a later") == NULL,
+              "no later seal promised: %s", said);
         for (int i = 0; i < 3; i++)
             CHECK(fake_is_released(p[i]) == 0, "block %d stays allocated: "
                   "lost to the cache, never released", i);
@@ -293,6 +296,14 @@ static void scenario_shutdown_unrecorded(bool wait_fails)
             CHECK(released == 0, "the blocks stay allocated (%d of 3 "
                   "released)", released);
             CHECK(strstr(said, "never sealed") != NULL, "the drop said");
+            /* Tried once (nothing else seals during shutdown), and no
+             * later seal promised: none comes after shutdown. */
+            const char *record = strstr(said, "cudaEventRecord");
+            CHECK(record != NULL &&
+                      strstr(record + 1, "cudaEventRecord") == NULL,
+                  "the failed record said once: %s", said);
+            CHECK(strstr(said, "until a later") == NULL,
+                  "no later seal promised: %s", said);
             CHECK(st.failed == 3 && st.pending == 0,
                   "counted as failed, none pending (failed %llu, pending "
                   "%llu)", ULL(st.failed), ULL(st.pending));
