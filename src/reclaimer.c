@@ -244,6 +244,13 @@ static void learn_device_after_callback(void)
 
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
 {
+    /* Exit gave up its drain while this pass was under way (in a callback
+     * that outlasted it, say) and counted e failed, left unreleased, as it
+     * said: neither released (a free, a callback run, while the process
+     * and the CUDA runtime end) nor finished; the thread ends at the top
+     * of its loop. */
+    if (atomic_load(&rs.abandoned))
+        return cudaErrorCudartUnloading;
     cudaError_t err = device_error(e->device);
     if (err == cudaSuccess && reclaimer_use_device(e->device)) {
         trace_push(e->kind == ENTRY_CALL ? "cudefer: callback"

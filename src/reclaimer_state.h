@@ -175,7 +175,8 @@ void reclaimer_frees_destroy(void);
 
 /* Reclaimer thread only (reclaimer.c): release one completed entry now
  * (making its device current) and finish it; returns the release's error
- * (reported and counted as failed). */
+ * (reported and counted as failed).  Once exit gave up (rs.abandoned), it
+ * releases nothing and leaves e as it is: cudaErrorCudartUnloading. */
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now);
 
 /* Reclaimer thread only (reclaimer.c): entry e is done with (its release

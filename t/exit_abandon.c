@@ -8,7 +8,9 @@
  * cudefer's (so run after it) waits for the blocked call to end, then
  * checks the counts and ends the child.
  * Then the frees the policy holds while the reclaimer is stuck in a
- * callback: exit abandons them with the rest, so none reads held after.
+ * callback: exit abandons them with the rest, so none reads held after;
+ * and what follows that callback in the reclaimer's pass, which exit
+ * abandoned too, is neither run nor released once the callback returns.
  * Last, exit's own seal of a free batch whose event cannot be recorded
  * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>
@@ -223,6 +225,52 @@ static void exit_while_held(void)
     exit(0);
 }
 
+/* ---- what follows the stuck callback in the reclaimer's pass ------------- */
+
+static atomic_int later_ran;
+static void *later_free;
+
+/* Runs after cudefer's exit handler, once the stuck callback returned and
+ * the reclaimer's pass ended: exit said the callback and the free after it
+ * are left unreleased (counted failed), so neither runs nor is released. */
+static void check_nothing_after(void)
+{
+    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&call_returned), "the stuck callback returned");
+    sleep_ms(200); /* the reclaimer's pass that ran it ends */
+    struct defer_stats st;
+    defer_stats_get(&st);
+    diag("  deferred %llu released %llu failed %llu leaked_at_exit %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed),
+         ULL(st.leaked_at_exit));
+    CHECK(st.leaked_at_exit == 3, "the 2 callbacks and the free left "
+          "unreleased (%llu)", ULL(st.leaked_at_exit));
+    CHECK(!atomic_load(&later_ran), "the callback after it never ran");
+    CHECK(fake_is_released(later_free) == 0, "the free after it never "
+          "released");
+    scenario_child_end();
+}
+
+static void later_callback(void *arg)
+{
+    (void)arg;
+    atomic_store(&later_ran, 1);
+}
+
+static void exit_then_nothing_released(void)
+{
+    atexit(check_nothing_after); /* before cudefer's: run after it */
+    cudaStream_t s = stream_new();
+    later_free = device_alloc(KiB);
+    if (defer_call(stuck_callback, NULL, s) != cudaSuccess ||
+        defer_call(later_callback, NULL, s) != cudaSuccess ||
+        defer_free(later_free, s) != cudaSuccess)
+        bail("defer");
+    sleep_ms(100); /* the reclaimer is stuck in the first callback */
+    exit(0);
+}
+
 /* ---- exit's seal of a batch whose event cannot be recorded -------------- */
 
 /* Runs after cudefer's exit handler, which must have returned: the
@@ -270,7 +318,7 @@ static void exit_with_unsealable_batch(void)
 
 int main(void)
 {
-    plan(5);
+    plan(6);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -283,6 +331,10 @@ int main(void)
     fork_scenario("exit gives up while the policy holds completed frees: "
                   "they are abandoned, not held",
                   "CUDEFER_MAX_DELAY_MS=0", 1, 20000, exit_while_held);
+    fork_scenario("exit gives up while the reclaimer is stuck in a callback: "
+                  "what follows it in the pass is neither run nor released",
+                  "CUDEFER_POLICY=eager", 1, 20000,
+                  exit_then_nothing_released);
     /* Killed after 10 s: exit waited for the stream without a deadline. */
     fork_scenario("exit whose seal cannot record the batch's event leaves "
                   "its frees unreleased, waiting for nothing",
