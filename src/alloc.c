@@ -578,20 +578,18 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
         lazy ? cudaSuccess : enter_device(&sw, on, stream, &call);
     /* A special handle's device is now the current one (or will be,
      * lazy).  The size and device PyTorch says are checked against the
-     * block's (submit.c). */
-    int current = stream_is_special(stream) ? on : -1;
-    struct request_args a = {.what = "defer_pluggable_free", .end = &kept,
-                             .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
-                             .nptrs = 1, .current_known = current >= 0,
-                             .current_device = current,
-                             .said_bytes = size, .said_device = device,
-                             .block_known = block_known,
-                             .block_device = block_device,
-                             .lazy_switch = lazy ? &sw : NULL};
-    /* A refusal, a failed switch's too, is said in one line and counted. */
+     * block's (submit.c).  A refusal, a failed switch's too, is said in one
+     * line and counted. */
     if (err == cudaSuccess)
-        (void)submit(&a, stream);
+        (void)submit_pluggable_free(&(struct pluggable_free){
+            .ptr = ptr, .stream = stream,
+            .current = stream_is_special(stream) ? on : -1,
+            .said_bytes = size, .said_device = device,
+            .block_known = block_known, .block_device = block_device,
+            .end = &kept, .lazy = lazy ? &sw : NULL});
     else
-        submit_reject(&a, call, err);
+        submit_reject(&(struct request_args){.what = "defer_pluggable_free",
+                                             .end = &kept},
+                      call, err);
     cuda_switch_back(&sw, "defer_pluggable_free");
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* What a defer call asks for, before it becomes an entry: the entry
- * points (api.c, alloc.c) build it, submit.c routes it, the cache
+ * points (api.c, alloc.c; defer_pluggable_free's: submit_pluggable.c)
+ * build it, submit.c routes it, the cache
  * (cache_claim.c) fills in a free's claims.  On the calling thread's
  * stack. */
 #ifndef CUDEFER_REQUEST_ARGS_H

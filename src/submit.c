@@ -27,7 +27,8 @@
  * Note [The submit route]
  *
  * Every defer call that defers something is one request (struct
- * request_args, built by api.c or alloc.c) and takes one route:
+ * request_args, built by api.c, alloc.c and submit_pluggable.c) and takes
+ * one route:
  *
  *   1. admit: the reclaimer's gate (lifecycle_enter), and room for the
  *      claims a free makes on blocks of the cache (cache_claim_room, cache.h);
@@ -52,7 +53,9 @@
  * (stream_lane.h, event_pool.h).  A free on a created stream then makes two
  * CUDA calls, the capture check and cudaEventRecord (and cudaStreamGetId
  * where its identity must be exact); a block freed on the legacy stream
- * and batched makes none (free_batch.h).
+ * and batched makes none (free_batch.h).  That free, most of PyTorch's,
+ * takes these steps the short way (Note [The short way],
+ * submit_pluggable.c): with no request_args or target on the stack.
  *
  *
  * Note [Capture check]
@@ -161,98 +164,7 @@ cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
                               : err;
 }
 
-/* ---- entries ------------------------------------------------------------ */
-
-/* Any thread: copies a's pointers and claims into e (arrays, owned by e,
- * only for several).  Blocks only in malloc.  False when out of memory
- * (e then carries none). */
-static bool set_pointers(struct entry *e, const struct request_args *a)
-{
-    e->nptrs = a->nptrs;
-    e->ptrs = &e->one_ptr;
-    e->claims = NULL;
-    if (submit_any_claimed(a) && a->nptrs == 1) {
-        e->one_claim = a->claims[0];
-        e->claims = &e->one_claim;
-    } else if (submit_any_claimed(a)) {
-        e->claims = malloc(a->nptrs * sizeof *e->claims);
-        if (e->claims == NULL) {
-            e->nptrs = 0;
-            return false;
-        }
-        memcpy(e->claims, a->claims, a->nptrs * sizeof *e->claims);
-    }
-    if (a->nptrs == 1) {
-        e->one_ptr = a->ptrs[0];
-    } else if (a->nptrs > 1) {
-        e->ptrs = malloc(a->nptrs * sizeof *e->ptrs);
-        if (e->ptrs == NULL) {
-            e->ptrs = &e->one_ptr;
-            e->nptrs = 0;
-            if (e->claims != &e->one_claim)
-                free(e->claims);
-            e->claims = NULL;
-            return false;
-        }
-        memcpy(e->ptrs, a->ptrs, a->nptrs * sizeof *e->ptrs);
-    }
-    return true;
-}
-
-/* Any thread, admitted: a pooled entry for a on stream (device, id), its
- * event from the thread's lane of kind lane (stream_lane.h), recorded on
- * the stream.  Never blocks but where the lane makes an event.  The entry,
- * or NULL with f->err and f->call, and f->no_event set when it was the
- * event or the entry that could not be had (f->no_event is never cleared
- * here). */
-struct entry *submit_record(const struct request_args *a,
-                            cudaStream_t stream, int device,
-                            unsigned long long id, enum lane_share lane,
-                            struct failure *f)
-{
-    struct lane_pick pick;
-    if ((f->err = stream_lane_pick(device, id, lane, &pick, &f->call)) !=
-        cudaSuccess) {
-        f->no_event = true;
-        return NULL;
-    }
-    struct entry *e = event_pool_take_entry(device, &f->err, &f->call);
-    if (e == NULL) {
-        stream_lane_cancel(&pick);
-        f->no_event = true;
-        return NULL;
-    }
-    entry_begin(e, a->kind, id);
-    e->fn = a->fn;
-    e->arg = a->arg;
-    if (!set_pointers(e, a)) {
-        stream_lane_cancel(&pick);
-        event_pool_give_unused(e);
-        f->err = cudaErrorMemoryAllocation;
-        f->call = "malloc";
-        return NULL;
-    }
-    if ((f->err = cuda_event_record(pick.ev->event, stream)) !=
-        cudaSuccess) {
-        stream_lane_cancel(&pick);
-        release_forget_pointers(e);
-        event_pool_give_unused(e);
-        f->call = "cudaEventRecord";
-        return NULL;
-    }
-    stream_lane_commit(&pick, e);
-    return e;
-}
-
-/* Any thread: a recorded entry that will not be pushed after all: its
- * reference to its event goes, and it goes back to the pool.  Never
- * blocks. */
-void submit_discard_recorded(struct entry *e)
-{
-    release_forget_pointers(e);
-    stream_lane_uncommit(e);
-    event_pool_give_unused(e);
-}
+/* ---- entries (submit_record.c makes them) ------------------------------ */
 
 /* Any thread, admitted: the first record on t's stream failed (f): when
  * t's identity was cached and the stream's handle is unknown now, the
@@ -368,12 +280,25 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
     return err == cudaSuccess ? err : submit_reject(a, call, err);
 }
 
+/* Any thread: a size or device that defer_pluggable_free says (said_bytes
+ * 0: none said) and plan's claimed block does not have, reported (the
+ * block is freed all the same).  Its size is the one when claimed (a
+ * parked block may have merged since, and be another thread's to cut);
+ * its device never changes.  Never blocks. */
+void submit_said_mismatch(const void *ptr, const struct block_free_plan *plan,
+                          size_t said_bytes, int said_device)
+{
+    if (said_bytes > 0 &&
+        (plan->size < said_bytes || plan->device != said_device))
+        report("defer_pluggable_free: %p is a block of %zu bytes on device "
+               "%d, freed as %zu bytes on device %d: freed all the same",
+               ptr, plan->size, plan->device, said_bytes, said_device);
+}
+
 /* Any thread, admitted: the cache's plan for a's one pointer freed on t's
  * stream, which claims a live block (a batch's is parked in the same lock
- * hold); a->claims[0] then carries the claim, *claimed says so.  A size or
- * device that defer_pluggable_free says and the block does not have is
- * reported (the block is freed all the same).  Never blocks but on the
- * device's mutex. */
+ * hold); a->claims[0] then carries the claim, *claimed says so.  Never
+ * blocks but on the device's mutex. */
 static void plan_block(struct request_args *a, struct target *t,
                        bool *claimed)
 {
@@ -385,14 +310,27 @@ static void plan_block(struct request_args *a, struct target *t,
         return;
     *claimed = true;
     a->claims[0] = (struct block_claim){plan->block, plan->handout};
-    /* Its size when claimed (a parked block may have merged since, and be
-     * another thread's to cut); its device never changes. */
-    if (a->said_bytes > 0 && (plan->size < a->said_bytes ||
-                              plan->device != a->said_device))
-        report("defer_pluggable_free: %p is a block of %zu bytes on device "
-               "%d, freed as %zu bytes on device %d: freed all the same",
-               a->ptrs[0], plan->size, plan->device, a->said_bytes,
-               a->said_device);
+    submit_said_mismatch(a->ptrs[0], plan, a->said_bytes, a->said_device);
+}
+
+/* Any thread, admitted: what resolving a free of one pointer asks once the
+ * plan is made (t->plan): a free not parked for a batch records on its
+ * stream (the device current, the capture checked: a refusal makes no CUDA
+ * call), a block recorded on other streams gathers them.  Never blocks.
+ * cudaSuccess, or the refusal. */
+static cudaError_t after_plan(const struct request_args *a, struct target *t,
+                              struct group_streams *g)
+{
+    cudaError_t err;
+    bool refused = t->plan.path == BLOCK_NOT_LIVE ||
+                   t->plan.path == BLOCK_INSIDE;
+    if (t->batch && !refused && !t->plan.parked &&
+        ((err = resolve_current(a)) != cudaSuccess ||
+         (err = submit_check_capture(a, t)) != cudaSuccess))
+        return err;
+    if (t->plan.path == BLOCK_AFTER_STREAMS)
+        return submit_group_resolve(a, &t->handle, 1, g, t);
+    return cudaSuccess;
 }
 
 /* Any thread, admitted: a's stream resolved into *t (Note [The submit
@@ -426,17 +364,7 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
         return err;
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL)
         plan_block(a, t, claimed);
-    bool refused = t->plan.path == BLOCK_NOT_LIVE ||
-                   t->plan.path == BLOCK_INSIDE;
-    /* Not parked for the batch: every route left records on the stream
-     * (a refusal makes no CUDA call). */
-    if (t->batch && !refused && !t->plan.parked &&
-        ((err = resolve_current(a)) != cudaSuccess ||
-         (err = submit_check_capture(a, t)) != cudaSuccess))
-        return err;
-    if (t->plan.path == BLOCK_AFTER_STREAMS)
-        return submit_group_resolve(a, &t->handle, 1, g, t);
-    return cudaSuccess;
+    return after_plan(a, t, g);
 }
 
 /* Any thread, admitted: the group streams[0..n) resolved into *t: every
@@ -532,7 +460,7 @@ static cudaError_t route_captured(const struct request_args *a,
     e->kind = a->kind;
     e->fn = a->fn;
     e->arg = a->arg;
-    if (!set_pointers(e, a)) {
+    if (!submit_record_pointers(e, a)) {
         capture_entry_discard(e);
         return submit_reject(a, "malloc", cudaErrorMemoryAllocation);
     }
@@ -542,29 +470,39 @@ static cudaError_t route_captured(const struct request_args *a,
                               : submit_reject(a, call, err);
 }
 
-/* Any thread, admitted: ROUTE_BATCHED: the block, parked by its plan, adds
- * its claim to its device's free batch; no event of its own, and no CUDA
- * call unless the batch is to be sealed.  Blocks only where
- * free_batch_seal does.  Returns cudaSuccess. */
-static cudaError_t route_batched(const struct request_args *a,
-                                 const struct target *t)
+/* Any thread, admitted: a block parked by its plan (claim) joins the
+ * free batch of device, whose legacy stream is handle (id); no event of its
+ * own, and no CUDA call unless the batch is to be sealed, which first makes
+ * current the device through *lazy (request_args.lazy_switch; NULL: it is
+ * current).  Blocks only where free_batch_seal does. */
+void submit_join_batch(const char *what, struct cuda_switch *lazy,
+                       int current, int device, cudaStream_t handle,
+                       unsigned long long id, const struct block_claim *claim)
 {
     stats_count_deferred();
-    bool due, added = free_batch_add(t->device, t->id, &a->claims[0], &due);
+    bool due, added = free_batch_add(device, id, claim, &due);
     if (added && !due)
-        return cudaSuccess; /* no CUDA call: the device need not be current */
+        return; /* no CUDA call: the device need not be current */
     /* A seal records on the legacy stream of the device.  Where it cannot
      * be made current (said), the batch waits for a later free or flush,
      * as it does while a capture bars the stream. */
     const char *call = NULL;
-    cudaError_t err =
-        cuda_switch_lazy(a->lazy_switch, a->current_device, &call);
+    cudaError_t err = cuda_switch_lazy(lazy, current, &call);
     if (err != cudaSuccess)
-        cuda_report_failure(a->what, call, err,
+        cuda_report_failure(what, call, err,
                             "; the free batch waits for a later free or "
                             "flush to seal it");
-    free_batch_seal(a->what, t->device, t->handle, t->id, &a->claims[0],
-                    added, due, err == cudaSuccess);
+    free_batch_seal(what, device, handle, id, claim, added, due,
+                    err == cudaSuccess);
+}
+
+/* Any thread, admitted: ROUTE_BATCHED: submit_join_batch.  Returns
+ * cudaSuccess. */
+static cudaError_t route_batched(const struct request_args *a,
+                                 const struct target *t)
+{
+    submit_join_batch(a->what, a->lazy_switch, a->current_device, t->device,
+                      t->handle, t->id, &a->claims[0]);
     return cudaSuccess;
 }
 
@@ -581,14 +519,14 @@ static cudaError_t route_block(const struct request_args *a, struct target *t)
     struct entry *e = record_on(&block, t, stream_lane_share_of(ENTRY_BLOCK),
                                 &f);
     if (e != NULL && e->device != t->plan.device) {
-        submit_discard_recorded(e);
+        submit_record_discard(e);
         block.kind = ENTRY_FREE_DEVICE;
         e = submit_record(&block, t->handle, t->device, t->id, LANE_SOLO, &f);
     }
     if (e == NULL)
         return submit_sync_no_entry(&block, t, &f);
     if (e->kind == ENTRY_BLOCK && !cache_claim_park(&t->plan, t->id)) {
-        submit_discard_recorded(e);
+        submit_record_discard(e);
         return cache_claim_refuse_freed(&block, block.ptrs[0]);
     }
     return push(e);
@@ -682,6 +620,37 @@ static cudaError_t run(const struct request_args *given, cudaStream_t stream,
     if (err == cudaSuccess)
         err = take_route(&a, &t);
     return leave(&a, &one, claimed, err);
+}
+
+/* Any thread, admitted, a's claims room one (a->claims == one): the rest of
+ * a free of one pointer on a stream whose plan was made outside resolve_one
+ * (t, made as resolve_one would have; *one the claim when claimed):
+ * resolved, routed, left, as run does.  Blocks where the route does.
+ * cudaSuccess, or the refusal (said and counted). */
+cudaError_t submit_after_plan(struct request_args *a, struct target *t,
+                              struct block_claim *one, bool claimed)
+{
+    struct group_streams g;
+    cudaError_t err = after_plan(a, t, &g);
+    if (err == cudaSuccess)
+        err = take_route(a, t);
+    return leave(a, one, claimed, err);
+}
+
+/* Any thread, admitted: *t for a free a on stream, resolved by its caller
+ * as far as its plan (stream's identity device and id, from this thread's
+ * cache, the free batch's: submit_pluggable.c). */
+void submit_target_planned(struct target *t, const struct request_args *a,
+                           cudaStream_t stream, int device,
+                           unsigned long long id,
+                           const struct block_free_plan *plan)
+{
+    target_init(t, a, stream);
+    t->disabled = false; /* as its caller saw, before the plan */
+    t->batch = t->cached = true;
+    t->device = device;
+    t->id = id;
+    t->plan = *plan;
 }
 
 /* Any thread; blocks where the route does (submit.h). */

@@ -6,6 +6,7 @@
 #ifndef CUDEFER_SUBMIT_H
 #define CUDEFER_SUBMIT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <cuda_runtime_api.h>
 
@@ -28,6 +29,31 @@ cudaError_t submit(const struct request_args *given, cudaStream_t stream);
  * pushed, so that a refusal leaves nothing behind. */
 cudaError_t submit_streams(const struct request_args *given,
                            const cudaStream_t *streams, size_t n);
+
+/* defer_pluggable_free's arguments, checked (alloc.c): its request. */
+struct pluggable_free {
+    void *ptr;           /* not NULL */
+    cudaStream_t stream; /* PyTorch's; a special handle names current */
+    int current;         /* the device a special handle names (current, or
+                            made so through lazy); -1: a created stream */
+    size_t said_bytes;   /* the size and device PyTorch says (checked
+                            against the block's) */
+    int said_device;
+    bool block_known;    /* block_device: ptr's block's (a look-up) */
+    int block_device;
+    const struct line_end *end; /* its refusals' line end */
+    /* A block on the legacy stream, which may join its device's free
+     * batch: the caller's switch to current, made only before a CUDA call
+     * (request_args.lazy_switch); NULL: current is current already. */
+    struct cuda_switch *lazy;
+};
+
+/* Any thread, current made current unless f->lazy says otherwise:
+ * defer_pluggable_free's request, submitted as submit does, a free that
+ * joins a free batch the short way (submit_pluggable.c, Note [The short
+ * way]).  Blocks where submit does.  cudaSuccess, or the refusal (said and
+ * counted): the caller keeps the pointer. */
+cudaError_t submit_pluggable_free(const struct pluggable_free *f);
 
 /* Any thread: request a (only its what and end are read) is refused
  * because call failed with err: said in one line naming a->what, which

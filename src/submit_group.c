@@ -105,7 +105,7 @@ cudaError_t submit_group_route(const struct request_args *a,
     cuda_switch_back(&t->sw, a->what);
     if (made < t->n) {
         while (made-- > 0) /* the newest first (stream_lane_uncommit) */
-            submit_discard_recorded(parts[made]);
+            submit_record_discard(parts[made]);
         return submit_reject(a, f.call, f.err);
     }
     parts[0]->group_remaining = (uint32_t)t->n;

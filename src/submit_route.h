@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The submit route's one private header (the interface is submit.h): the
- * types and functions its three files share.  submit.c holds the common
- * path in one unit, from admit to leave (the refused, captured, batched,
- * block and entry routes), and the Notes [The submit route], [Capture
- * check] and [Stale identity]; submit_sync.c the synchronous release;
- * submit_group.c the group route.  Only these three include it.
+ * types and functions its files share.  submit.c holds the common path in
+ * one unit, from admit to leave (the refused, captured, batched, block and
+ * entry routes), and the Notes [The submit route], [Capture check] and
+ * [Stale identity]; submit_record.c makes an entry and records its event;
+ * submit_sync.c the synchronous release; submit_group.c the group route;
+ * submit_pluggable.c defer_pluggable_free's request and the short way of
+ * a batched free (Note [The short way]).  Only these include it.
  *
  * Threads: everything here runs on the calling thread of a defer call,
  * admitted (between admit and leave, submit.c); a struct target and a
@@ -91,18 +93,36 @@ static inline cudaError_t submit_check_capture(const struct request_args *a,
 
 /* ---- submit.c ----------------------------------------------------------- */
 
-/* A stream's identity (Note [Stale identity]); an entry made, recorded on
- * its stream, or given back unpushed. */
+/* A stream's identity (Note [Stale identity]). */
 cudaError_t submit_identify_again(cudaStream_t stream, int *device,
                                   unsigned long long *id, const char **failed);
 cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
                                    int current, int *device,
                                    unsigned long long *id, bool *cached,
                                    const char **failed);
+/* The common path's steps that the short way of a batched free
+ * (submit_pluggable.c) shares: a said size checked, a parked block joining
+ * its batch, and the common path's rest where the short way ends. */
+void submit_said_mismatch(const void *ptr, const struct block_free_plan *plan,
+                          size_t said_bytes, int said_device);
+void submit_join_batch(const char *what, struct cuda_switch *lazy,
+                       int current, int device, cudaStream_t handle,
+                       unsigned long long id, const struct block_claim *claim);
+void submit_target_planned(struct target *t, const struct request_args *a,
+                           cudaStream_t stream, int device,
+                           unsigned long long id,
+                           const struct block_free_plan *plan);
+cudaError_t submit_after_plan(struct request_args *a, struct target *t,
+                              struct block_claim *one, bool claimed);
+
+/* ---- submit_record.c ---------------------------------------------------- */
+
+/* An entry made, recorded on its stream, or given back unpushed. */
+bool submit_record_pointers(struct entry *e, const struct request_args *a);
 struct entry *submit_record(const struct request_args *a, cudaStream_t stream,
                             int device, unsigned long long id,
                             enum lane_share lane, struct failure *f);
-void submit_discard_recorded(struct entry *e);
+void submit_record_discard(struct entry *e);
 
 /* ---- submit_sync.c ------------------------------------------------------ */
 
