@@ -450,7 +450,10 @@ bool capture_poll(void)
     deaths_seen = died;
     taken_since_poll = false;
     size_t open = 0;
-    for (struct graph_entry **link = &waiting; *link != NULL;) {
+    /* A graph settled is taken in, and may run a callback that outlasts
+     * exit's drain: no stream is asked about from then on. */
+    for (struct graph_entry **link = &waiting;
+         *link != NULL && !reclaimer_abandoned();) {
         struct graph_entry *g = *link;
         size_t left = origins_open_in(g, true);
         if (left == 0 && atomic_load(&g->owner) == GRAPH_DEAD) {

@@ -83,7 +83,9 @@ void lifecycle_hooks_exit(void)
             /* The reclaimer, left running, and a call still admitted
              * count nothing from here on (one may be inside a count:
              * never blocks), so that what is counted failed here is never
-             * counted released too. */
+             * counted released too; the reclaimer makes no CUDA call
+             * either, its pass under way left unfinished
+             * (reclaimer_abandoned). */
             atomic_store(&rs.abandoned, true);
             while (atomic_load(&rs.counting) != 0)
                 sched_yield();

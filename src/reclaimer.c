@@ -234,12 +234,15 @@ bool reclaimer_use_device(int device)
  * switched the thread's device, so learn which one is current (a cheap
  * cudaGetDevice) rather than forget it, which cost a cudaSetDevice before
  * the next query or callback: one per callback in a drain of callbacks
- * (W6).  Unknown (-1) if even that fails.  Never blocks. */
+ * (W6).  Unknown (-1) if even that fails, or if exit gave up while the
+ * callback ran (no CUDA call then).  Never blocks. */
 static void learn_device_after_callback(void)
 {
     int device;
-    rs.current_device =
-        cuda_get_device_runtime(&device) == cudaSuccess ? device : -1;
+    rs.current_device = !reclaimer_abandoned() &&
+                                cuda_get_device_runtime(&device) == cudaSuccess
+                            ? device
+                            : -1;
 }
 
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
@@ -247,9 +250,9 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
     /* Exit gave up its drain while this pass was under way (in a callback
      * that outlasted it, say) and counted e failed, left unreleased, as it
      * said: neither released (a free, a callback run, while the process
-     * and the CUDA runtime end) nor finished; the thread ends at the top
-     * of its loop. */
-    if (atomic_load(&rs.abandoned))
+     * and the CUDA runtime end) nor finished; the thread ends at its next
+     * look at the abandon (reclaimer_abandoned), its pass unfinished. */
+    if (reclaimer_abandoned())
         return cudaErrorCudartUnloading;
     cudaError_t err = device_error(e->device);
     if (err == cudaSuccess && reclaimer_use_device(e->device)) {
@@ -481,7 +484,9 @@ static size_t take_pushed(void)
     if (!queue_take_all_sc(&rs.queue, batch))
         return 0;
     struct queue_node *node = batch->first;
-    while (node != NULL) {
+    /* An entry taken in may run a callback: exit may give up meanwhile,
+     * and the rest is then left as it is. */
+    while (node != NULL && !reclaimer_abandoned()) {
         /* Read the link first: a completed request may be gone. */
         struct queue_node *next = queue_batch_next(batch, node);
         struct entry *e = entry_of_node(node);
@@ -575,7 +580,9 @@ static void release_cache_blocks(uint64_t now, bool stopping)
     if (!all && (keep_ns == 0 || now <= keep_ns))
         return;
     uint64_t before = all ? UINT64_MAX : now - keep_ns;
-    for (int d = 0; d < rs.ndevices; d++) {
+    /* A release may block (cudaFree, the wait for the frees): once exit
+     * gave up meanwhile, no other device's is made. */
+    for (int d = 0; d < rs.ndevices && !reclaimer_abandoned(); d++) {
         uint64_t oldest = cache_reclaim_oldest_free_ns(d);
         bool blocks = oldest != UINT64_MAX && oldest <= before;
         bool upstream = all && cache_upstream_exists(d);
@@ -589,7 +596,7 @@ static void release_cache_blocks(uint64_t now, bool stopping)
         /* The pool's unused memory back to CUDA too, once the segments
          * handed back on async reached it: that wait fails as the wait
          * after a pass's frees does (a sticky error fails the device). */
-        if (upstream) {
+        if (upstream && !reclaimer_abandoned()) {
             reclaimer_frees_wait(d);
             if (device_error(d) == cudaSuccess)
                 rs.pass_released_bytes +=
@@ -610,15 +617,8 @@ void *reclaimer_main(void *unused)
     rs.nap_us = rs.cfg.poll_us;
     bool stop_seen = false;
     for (;;) {
-        /* Exit gave up on the drain and counted what is left as failed:
-         * nothing more is released, no CUDA call made.  Nobody joins this
-         * thread (exit's join, if it tried, had timed out before the
-         * abandon), so it detaches itself: a thread that ends unjoined and
-         * undetached is a leak to the thread sanitizer. */
-        if (atomic_load(&rs.abandoned)) {
-            pthread_detach(pthread_self());
-            return NULL;
-        }
+        if (reclaimer_abandoned())
+            goto abandoned;
         /* Read once, first: the pass that ends the loop has seen it all
          * through (the cache is emptied only by a pass that knew). */
         bool stopping = atomic_load(&rs.stop);
@@ -631,11 +631,21 @@ void *reclaimer_main(void *unused)
         if (arrived > 0)
             rs.last_activity_ns = now;
         size_t done = rs.incomplete > 0 ? reclaimer_poll_streams(now) : 0;
+        /* Between the stages: a callback run, or a CUDA call that blocked,
+         * may have outlasted exit's drain. */
+        if (reclaimer_abandoned())
+            goto abandoned;
         reclaimer_held_release(now);
+        if (reclaimer_abandoned())
+            goto abandoned;
         release_cache_blocks(now, stopping);
         cache_reclaim_collect();
+        if (reclaimer_abandoned())
+            goto abandoned;
         if (!stopping)
             event_pool_refill(); /* what the lanes found missing */
+        if (reclaimer_abandoned())
+            goto abandoned;
         end_pass();
         /* Graph entries still waiting are given up (or, dead and ready
          * just now, pushed: then one more pass), but for dead graphs
@@ -647,8 +657,21 @@ void *reclaimer_main(void *unused)
         reclaimer_wait_for_work(arrived + done > 0, now);
         stats_add(&stats.wakeups, 1);
     }
+    /* The last pass may have outlasted exit's join: no stream nor event
+     * destroyed then. */
+    if (reclaimer_abandoned())
+        goto abandoned;
     reclaimer_frees_destroy();
     event_pool_destroy_all();
+    return NULL;
+abandoned:
+    /* Exit gave up on the drain and counted what is left as failed:
+     * nothing more is released, no CUDA call made, the pass under way
+     * left unfinished (reclaimer_abandoned).  Nobody joins this thread
+     * (exit's join, if it tried, had timed out before the abandon), so it
+     * detaches itself: a thread that ends unjoined and undetached is a
+     * leak to the thread sanitizer. */
+    pthread_detach(pthread_self());
     return NULL;
 }
 

@@ -45,7 +45,9 @@ static const char *reason_name(enum release_reason reason)
 void reclaimer_held_release(uint64_t now)
 {
     struct policy_view view = reclaimer_view_now(now);
-    for (int d = 0; d < rs.ndevices; d++) {
+    /* A release may block (cudaFree): once exit gave up meanwhile, no
+     * device is asked for its memory, and what is held stays held. */
+    for (int d = 0; d < rs.ndevices && !reclaimer_abandoned(); d++) {
         struct held_list *h = &rs.held[d];
         if (h->head != NULL && release_policy_cap_follows_use(&rs.cfg) &&
             now - h->cap_at_ns >= RELEASE_POLICY_CAP_REFRESH_NS &&
@@ -60,7 +62,8 @@ void reclaimer_held_release(uint64_t now)
         trace_push(reason_name(reason));
         for (;;) {
             /* An idle-time batch yields as soon as the application is back. */
-            if (reason == RELEASE_IDLE && !queue_is_empty(&rs.queue))
+            if ((reason == RELEASE_IDLE && !queue_is_empty(&rs.queue)) ||
+                reclaimer_abandoned())
                 break;
             held_lock(h);
             struct entry *e = release_policy_continue(&rs.cfg, h, reason, now)

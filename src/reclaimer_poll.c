@@ -82,7 +82,8 @@ static size_t trim_behind_head(struct stream_fifo *f, uint64_t now)
 {
     size_t done = 0;
     const struct shared_event *not_ready = f->head->ev;
-    for (struct entry *prev = f->head; prev->fifo_next != NULL;) {
+    for (struct entry *prev = f->head;
+         prev->fifo_next != NULL && !reclaimer_abandoned();) {
         struct entry *e = prev->fifo_next;
         cudaError_t err = e->ev == NULL || e->ev == not_ready
                               ? cudaErrorNotReady
@@ -113,14 +114,17 @@ size_t reclaimer_poll_streams(uint64_t now)
 {
     size_t done = 0;
     bool any_failed = false, demand = reclaimer_demand_now();
-    for (size_t i = 0; i < rs.streams.count;) {
+    /* Each entry completed may run a callback, or a cudaFree that blocks:
+     * once exit gave up meanwhile, nothing more is queried. */
+    for (size_t i = 0; i < rs.streams.count && !reclaimer_abandoned();) {
         struct stream_fifo *f = rs.streams.fifos[i];
         bool emptied = false;
         if (!stream_table_due(f, now)) {
             i++;
             continue;
         }
-        while (!emptied && device_error(f->device) == cudaSuccess &&
+        while (!emptied && !reclaimer_abandoned() &&
+               device_error(f->device) == cudaSuccess &&
                reclaimer_use_device(f->device)) {
             /* A synced entry (no event) is complete once it heads its FIFO. */
             cudaError_t err = f->head->ev == NULL ? cudaSuccess

@@ -96,8 +96,9 @@ struct reclaimer_state {
     _Alignas(64) _Atomic bool sleeping;
     _Atomic bool stop;
     /* Set once by exit when it gives up on the drain and counts every entry
-     * still pending as failed: from then on the reclaimer counts nothing
-     * and ends at its next pass, releasing nothing more. */
+     * still pending as failed: from then on the reclaimer counts nothing,
+     * releases nothing and makes no CUDA call; it ends where it finds it
+     * set (reclaimer_abandoned), in the middle of a pass too. */
     _Atomic bool abandoned;
     _Alignas(64) struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
@@ -221,6 +222,18 @@ static inline cudaError_t device_error(int device)
     if (!atomic_load_explicit(&rs.any_device_failed, memory_order_acquire))
         return cudaSuccess;
     return atomic_load_explicit(&rs.device_errors[device], memory_order_relaxed);
+}
+
+/* Reclaimer thread only: whether exit gave up its drain (rs.abandoned).
+ * Read at the top of each pass, between its stages and between the entries
+ * of a stage, since what outlasted the drain (a callback, a blocking CUDA
+ * call) may end in the middle of one: once it is set the thread makes no
+ * CUDA call, frees nothing (the process and the CUDA runtime are ending,
+ * and exit said what was pending is left unreleased), and returns from
+ * reclaimer_main without ending its pass.  Never blocks. */
+static inline bool reclaimer_abandoned(void)
+{
+    return atomic_load(&rs.abandoned);
 }
 
 #endif

@@ -10,7 +10,9 @@
  * Then the frees the policy holds while the reclaimer is stuck in a
  * callback: exit abandons them with the rest, so none reads held after;
  * and what follows that callback in the reclaimer's pass, which exit
- * abandoned too, is neither run nor released once the callback returns.
+ * abandoned too, is neither run nor released once the callback returns,
+ * and the rest of that pass makes no CUDA call (a trim's release of the
+ * cache's free block not made).
  * Last, exit's own seal of a free batch whose event cannot be recorded
  * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>
@@ -271,6 +273,94 @@ static void exit_then_nothing_released(void)
     exit(0);
 }
 
+/* ---- the rest of the pass: the cache's expiry and every CUDA call ------- */
+
+static void *trimmed_block;
+
+/* The CUDA calls made so far by threads other than the calling one (the
+ * runtime's and the graph calls): the reclaimer's, in check_no_cuda_after,
+ * whose own calls (none) would not count. */
+static unsigned long others_calls(unsigned long per_call[FAKE_NCALLS])
+{
+    unsigned long n = 0;
+    for (int c = 0; c < FAKE_NCALLS; c++) {
+        per_call[c] = fake_calls(c) - fake_thread_calls(c);
+        n += per_call[c];
+    }
+    for (int c = 0; c < FAKE_GRAPH_NCALLS; c++)
+        n += fake_graph_calls(c);
+    return n;
+}
+
+/* Runs after cudefer's exit handler, which gave up while the reclaimer was
+ * stuck in a callback: once the callback returned and the pass that ran it
+ * ended, the reclaimer made no CUDA call (no device asked for, no stream
+ * synchronized) and freed nothing, though a trim taken in that pass asks
+ * for the cache's free block: the process and the CUDA runtime are
+ * ending. */
+static void check_no_cuda_after(void)
+{
+    unsigned long before[FAKE_NCALLS], after[FAKE_NCALLS];
+    unsigned long calls = others_calls(before);
+    size_t live = fake_live_allocations();
+    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&call_returned), "the stuck callback returned");
+    sleep_ms(300); /* the reclaimer's pass that ran it ends */
+    unsigned long calls_after = others_calls(after);
+    for (int c = 0; c < FAKE_NCALLS; c++)
+        if (after[c] != before[c])
+            diag("  %s: %lu calls after the abandon",
+                 fake_call_name(c), after[c] - before[c]);
+    CHECK(calls_after == calls, "no CUDA call after exit gave up: %lu made",
+          calls_after - calls);
+    CHECK(fake_is_released(trimmed_block) == 0 &&
+              fake_live_allocations() == live,
+          "nothing freed after exit gave up: the trimmed block %s, %zu "
+          "allocations live of %zu", fake_is_released(trimmed_block)
+              ? "released" : "kept", fake_live_allocations(), live);
+    scenario_child_end();
+}
+
+static void busy_callback(void *arg)
+{
+    (void)arg;
+    sleep_ms(200); /* the stuck callback and the trim arrive meanwhile */
+}
+
+static void *trim_forever(void *unused)
+{
+    (void)unused;
+    defer_trim(NULL); /* served in the abandoned pass: never returns */
+    return NULL;
+}
+
+static void exit_then_no_cuda_calls(void)
+{
+    atexit(check_no_cuda_after); /* before cudefer's: run after it */
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    if (alloc_checked(&trimmed_block, 4096, s) != cudaSuccess)
+        bail("defer_alloc");
+    /* Free in the cache from now: a trim releases it. */
+    if (defer_free(trimmed_block, s) != cudaSuccess ||
+        defer_flush() != cudaSuccess)
+        bail("defer_free");
+    /* While the reclaimer runs the busy callback, the stuck callback and a
+     * trim arrive: the next pass takes both in, runs the stuck one, and
+     * then (exit gave up meanwhile) would release the cache's free blocks
+     * for the trim. */
+    if (defer_call(busy_callback, NULL, s) != cudaSuccess)
+        bail("defer_call");
+    sleep_ms(50);
+    if (defer_call(stuck_callback, NULL, s2) != cudaSuccess)
+        bail("defer_call");
+    pthread_t trimmer;
+    pthread_create(&trimmer, NULL, trim_forever, NULL);
+    pthread_detach(trimmer);
+    sleep_ms(300); /* the reclaimer is stuck in the second callback */
+    exit(0);
+}
+
 /* ---- exit's seal of a batch whose event cannot be recorded -------------- */
 
 /* Runs after cudefer's exit handler, which must have returned: the
@@ -318,7 +408,7 @@ static void exit_with_unsealable_batch(void)
 
 int main(void)
 {
-    plan(6);
+    plan(7);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -335,6 +425,10 @@ int main(void)
                   "what follows it in the pass is neither run nor released",
                   "CUDEFER_POLICY=eager", 1, 20000,
                   exit_then_nothing_released);
+    fork_scenario("exit gives up while the reclaimer is stuck in a callback: "
+                  "the rest of its pass makes no CUDA call, frees nothing",
+                  "CUDEFER_POLICY=eager", 1, 20000,
+                  exit_then_no_cuda_calls);
     /* Killed after 10 s: exit waited for the stream without a deadline. */
     fork_scenario("exit whose seal cannot record the batch's event leaves "
                   "its frees unreleased, waiting for nothing",
