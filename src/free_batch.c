@@ -128,13 +128,15 @@ bool free_batch_init(int ndevices, uint32_t max)
 void free_batch_destroy(void)
 {
     for (int d = 0; d < nbatches; d++) {
-        /* Each was counted deferred (route_batched): abandoned, as at exit
-         * or in a fork child, so that none stays pending for good. */
+        /* Each was counted deferred (submit_join_batch): abandoned, as at
+         * exit or in a fork child, so that none stays pending for good.
+         * Only defer_shutdown leaves any (exit's seal drops and counts its
+         * own; a failed start had no free yet). */
         if (batches[d].count > 0) {
             stats_add(&stats.failed, batches[d].count);
-            report("shutdown: %zu blocks freed on device %d's legacy stream "
-                   "were never sealed: their records are dropped (counted "
-                   "as failed)", batches[d].count, d);
+            report("defer_shutdown: %zu blocks freed on device %d's legacy "
+                   "stream were never sealed: their records are dropped "
+                   "(counted as failed)", batches[d].count, d);
         }
         free(batches[d].claims);
         pthread_mutex_destroy(&batches[d].lock);

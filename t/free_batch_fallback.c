@@ -222,6 +222,10 @@ static void scenario_shutdown_barred(void)
         CHECK(err == cudaErrorStreamCaptureImplicit, "shutdown: %s",
               cudaGetErrorName(err));
         CHECK(strstr(said, "never sealed") != NULL, "said: %s", said);
+        /* Every line names the call the caller made. */
+        CHECK(strstr(said, "cudefer: shutdown:") == NULL &&
+                  strstr(said, "cudefer: defer_shutdown: 3 blocks") != NULL,
+              "the drop said as defer_shutdown's: %s", said);
         /* No free or flush comes after shutdown: none is promised. */
         CHECK(strstr(said, "until a later") == NULL,
               "no later seal promised: %s", said);
