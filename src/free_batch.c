@@ -50,6 +50,10 @@ static pthread_mutex_t turn = PTHREAD_MUTEX_INITIALIZER;
 /* Claims given back by a seal that could not be pushed, ever: a flush
  * that saw some come back while it waited seals once more. */
 static _Atomic unsigned long given_back;
+/* The calling thread's own give-backs among them: a seal_all's own failed
+ * seal is no reason for a second round, which would fail and say so
+ * again. */
+static _Thread_local unsigned long given_back_mine;
 
 /* Set by shutdown's seal (free_batch_seal_all with last): no free or
  * flush comes after it, so what it leaves in a batch is dropped at the
@@ -195,6 +199,7 @@ static void give_back_claims(const char *what, int device,
         lost += !append(b, &claims[i], coarse_now_ns());
     pthread_mutex_unlock(&b->lock);
     atomic_fetch_add(&given_back, 1);
+    given_back_mine++;
     if (lost > 0) {
         lifecycle_count_finished(false, lost);
         report("%s: out of memory for %zu claims of blocks freed on the "
@@ -477,18 +482,19 @@ static void wait_for_earlier_seals(void)
 cudaError_t free_batch_seal_all(const char *what, bool last)
 {
     /* A seal that could neither record nor wait gives its claims back to
-     * the batch (reported): where one did while this call waited (its
-     * claims may be of frees that returned before this call), seal once
-     * more.  Not the last seal: no other thread seals then, so only its
-     * own claims could have come back, and a second try would fail and
-     * say so again. */
+     * the batch (reported): where another thread's did while this call
+     * waited (its claims may be of frees that returned before this call),
+     * seal once more.  This call's own gave back what it just failed to
+     * seal: a second try would fail and say so again.  Not the last seal:
+     * no other thread seals then. */
     sealing_last = last;
     cudaError_t err = cudaSuccess;
     for (int round = 0; round < (last ? 1 : 2); round++) {
         unsigned long back = atomic_load(&given_back);
+        unsigned long mine = given_back_mine;
         err = seal_batches(what, NULL);
         wait_for_earlier_seals();
-        if (atomic_load(&given_back) == back)
+        if (atomic_load(&given_back) - back == given_back_mine - mine)
             break;
     }
     return err;

@@ -119,6 +119,15 @@ static void test_barred_legacy(cudaStream_t s2)
  * fails: the claims go back to the batch, their blocks still reusable on
  * the legacy stream only (not FREE, reusable by any stream while their
  * work may still run); a flush then seals them. */
+/* How many times needle occurs in text. */
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, needle)) != NULL; at++)
+        n++;
+    return n;
+}
+
 static void test_sync_fails(cudaStream_t s2)
 {
     void *p[BATCH];
@@ -150,8 +159,13 @@ static void test_sync_fails(cudaStream_t s2)
     stderr_capture_begin();
     is_int(defer_flush(), cudaErrorLaunchOutOfResources,
            "a flush whose seal fails says which error");
-    stderr_capture_end();
+    said = stderr_capture_end();
     fake_fail_clear();
+    /* Tried once: only another thread's claims given back meanwhile would
+     * be worth a second try, and it would fail and say so again. */
+    ok(count_of(said, "defer_flush: cudaEventRecord failed") == 1 &&
+           count_of(said, "defer_flush: cudaStreamSynchronize failed") == 1,
+       "the flush's failed seal said once: %s", said);
     ok(free_batch_waiting() >= 1, "they still wait (%zu)",
        free_batch_waiting());
     defer_free(q, s2);
