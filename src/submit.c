@@ -571,12 +571,14 @@ static cudaError_t take_route(struct request_args *a, struct target *t)
 /* Any thread: a request's start: admitted by the reclaimer's gate
  * (lifecycle_enter, which starts the reclaimer on first use) and *a made
  * from given with room for its claims (*one: a single pointer's).
- * cudaSuccess, or the refusal (said and counted; nothing held).  Every
- * request that began ends with leave. */
+ * cudaSuccess, or the refusal (said and counted, its line ending with
+ * given->end's text as every refusal of the request does: a gate closed
+ * since the entry point's own check too; nothing held).  Every request
+ * that began ends with leave. */
 static cudaError_t admit(const struct request_args *given,
                          struct request_args *a, struct block_claim *one)
 {
-    cudaError_t err = lifecycle_enter(given->what);
+    cudaError_t err = lifecycle_enter_ending(given->what, given->end);
     if (err != cudaSuccess)
         return err;
     if (!cache_claim_room(given, a, one)) {

@@ -90,7 +90,7 @@ cudaError_t submit_pluggable_free(const struct pluggable_free *f)
     /* f->lazy: a block on the legacy stream that may join a batch
      * (alloc.c), current its device. */
     if (f->lazy != NULL) {
-        cudaError_t err = lifecycle_enter(what);
+        cudaError_t err = lifecycle_enter_ending(what, f->end); /* admit's */
         if (err != cudaSuccess)
             return err;
         if (cache_active() && !lifecycle_disabled() &&

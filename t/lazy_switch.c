@@ -11,8 +11,11 @@
  * allocated, counted once in rejected, whether the switch came first (a
  * created handle's special stream, cudaStreamPerThread) or was put off (the
  * legacy stream, on a thread that has not asked for its identity yet); an
- * allocation's the same, saying NULL is returned. */
+ * allocation's the same, saying NULL is returned.  A shutdown during the
+ * switch refuses the free at its admission in the line its own check
+ * would have said. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -205,6 +208,41 @@ static void lazy_alloc_switch_fails(void)
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
+/* The hook of the switch's cudaSetDevice: defer_shutdown, once, between
+ * defer_pluggable_free's own shutdown check and its admission. */
+static void shut_down_in_switch(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)r;
+    (void)arg;
+    fake_set_return_hook(FAKE_SET_DEVICE, NULL, NULL);
+    defer_shutdown();
+}
+
+/* A shutdown that closes the gate during the switch (cudaStreamPerThread,
+ * switched first): the free refused at its admission in the one line its
+ * own check says, naming the memory it leaves allocated. */
+static void shutdown_during_switch(void)
+{
+    cudaSetDevice(1);
+    void *p = defer_pluggable_alloc(256 * KiB, 0, cudaStreamPerThread);
+    CHECK(p != NULL && current() == 1, "a block of device 0");
+    uint64_t rejected = stats_now().rejected;
+    fake_set_return_hook(FAKE_SET_DEVICE, shut_down_in_switch, NULL);
+    stderr_capture_begin();
+    defer_pluggable_free(p, 256 * KiB, 0, cudaStreamPerThread);
+    const char *said = stderr_capture_end();
+    fake_set_return_hook(FAKE_SET_DEVICE, NULL, NULL);
+    char want[160];
+    snprintf(want, sizeof want, "cudefer: defer_pluggable_free called after "
+             "defer_shutdown: refused; %p stays allocated\n", p);
+    CHECK(strcmp(said, want) == 0, "said in one line, naming p (%s)", said);
+    CHECK(stats_now().rejected == rejected + 1, "counted once in rejected "
+          "(%llu)", ULL(stats_now().rejected - rejected));
+    CHECK(fake_is_released(p) == 0, "p stays allocated");
+    CHECK(current() == 1, "device 1 current (%d)", current());
+}
+
 int main(void)
 {
     plan_lazy();
@@ -221,5 +259,7 @@ int main(void)
                   "", 2, 30000, per_thread_free_switch_fails);
     fork_scenario("an allocation's put-off switch that fails, in one line",
                   "", 2, 30000, lazy_alloc_switch_fails);
+    fork_scenario("a shutdown during the switch: the refusal names the "
+                  "memory", "", 2, 30000, shutdown_during_switch);
     return 0;
 }
