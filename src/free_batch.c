@@ -55,19 +55,22 @@ static _Atomic unsigned long given_back;
  * again. */
 static _Thread_local unsigned long given_back_mine;
 
-/* Set by shutdown's seal (free_batch_seal_all with last): no free or
- * flush comes after it, so what it leaves in a batch is dropped at the
- * stop (free_batch_destroy, said), never sealed later; its lines say so.
- * Read and written by the shutting-down thread only: the gate is closed
- * and every admitted call ended, so no other thread seals then. */
-static bool sealing_last;
+/* Set by shutdown's seal (free_batch_seal_all with last), false from
+ * free_batch_init until then: no free or flush comes after it, so what it
+ * leaves in a batch is dropped at the stop (free_batch_destroy, said),
+ * never sealed later; its lines say so.  Written only by the shutting-down
+ * thread, once the gate is closed and every admitted call ended; read by
+ * any thread's seal (atomic: a seal of another thread may read it while a
+ * flush runs; relaxed, as nothing else is published through it). */
+static _Atomic bool sealing_last;
 
 /* What becomes of the claims a seal leaves in their batch, for its line. */
 static const char *left_in_batch(const char *later)
 {
-    return sealing_last ? "; blocks freed on the legacy stream are dropped "
-                          "at the stop, never released"
-                        : later;
+    if (atomic_load_explicit(&sealing_last, memory_order_relaxed))
+        return "; blocks freed on the legacy stream are dropped at the stop, "
+               "never released";
+    return later;
 }
 
 /* Tests: called between reading the generation and counting. */
@@ -124,7 +127,7 @@ bool free_batch_init(int ndevices, uint32_t max)
         pthread_mutex_init(&batches[d].lock, NULL);
     nbatches = ndevices;
     max_claims = max;
-    sealing_last = false;
+    atomic_store_explicit(&sealing_last, false, memory_order_relaxed);
     reset_flights();
     return true;
 }
@@ -487,7 +490,8 @@ cudaError_t free_batch_seal_all(const char *what, bool last)
      * seal once more.  This call's own gave back what it just failed to
      * seal: a second try would fail and say so again.  Not the last seal:
      * no other thread seals then. */
-    sealing_last = last;
+    if (last)
+        atomic_store_explicit(&sealing_last, true, memory_order_relaxed);
     cudaError_t err = cudaSuccess;
     for (int round = 0; round < (last ? 1 : 2); round++) {
         unsigned long back = atomic_load(&given_back);
