@@ -23,14 +23,18 @@ use, PyTorch's path on the LM trace:
 --lines counts cache lines instead of instructions: callgrind simulates a
 32 KiB L1 and a 1 MiB last level (--cache-sim), and a line is a miss of
 the last level, code read (ILmr), data read (DLmr) or written (DLmw), per
-call.  Under bench/cold-calls, which writes 2 MiB of its own before each
-call, each such miss is a line the call touched (the stack included),
-which on a GPU host is what a call costs after PyTorch's own work evicted
-it (bench/cold_calls.c):
+call; each run's line also gives those three apart.  Under
+bench/cold-calls, which writes 2 MiB of its own before each call, each
+data miss is a line the call touched, the stack's included; that is what a
+call costs after PyTorch's own work evicted it (bench/cold_calls.c), with
+two differences: PyTorch's work keeps the stack's lines at the call's
+depth warm, and evicts the code, which the eviction (data only) leaves in
+the simulated L1.  --seal-when-full makes two builds comparable:
 
     python3 bench/callgrind_calls.py --reps 1 --lines \
         --entry defer_pluggable_free --entry shim_floor_free \
-        -- bench/cold-calls --evict 2048 --cycles 2 lm6k.trace
+        -- bench/cold-calls --evict 2048 --cycles 2 --seal-when-full \
+        lm6k.trace
 
 Standard library only.  Needs valgrind.
 """
@@ -163,17 +167,25 @@ def main():
                 parts = collections.Counter()
                 for (fn, path), ir in cost.items():
                     parts[group(path)] += ir
+                if o.lines:  # each kind of line apart: code, read, written
+                    for ev in LINE_EVENTS:
+                        one, _ = parse(out, (ev,))
+                        parts[ev] = sum(one.values())
                 per_entry[e].append((n, parts))
                 last[e] = cost
         for e in entries:
             print("%s: %d calls" % (e, per_entry[e][0][0]))
             for i, (n, parts) in enumerate(per_entry[e]):
-                total = sum(parts.values())
+                total = parts["cudefer"] + parts["fake"] + parts["other"]
                 print("  run %d: %7.1f %s/call = cudefer %7.1f + fake %7.1f"
                       " + other %6.1f" % (i + 1, total / n, unit,
                                           parts["cudefer"] / n,
                                           parts["fake"] / n,
                                           parts["other"] / n))
+                if o.lines:
+                    print("         = code %7.1f + data read %7.1f + data "
+                          "written %6.1f" % tuple(parts[ev] / n
+                                                  for ev in LINE_EVENTS))
             by_fn = collections.Counter()
             fn_group = {}
             for (fn, path), ir in last[e].items():
