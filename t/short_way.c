@@ -6,7 +6,9 @@
  * a parked block joins the batch with no CUDA call of the calling thread
  * and is reusable on the stream at once; a block freed twice, a pointer
  * inside a block, a block recorded on another stream, memory that is not
- * a block, a size PyTorch says wrongly, CUDEFER_DISABLE. */
+ * a block, a size PyTorch says wrongly, CUDEFER_DISABLE; and where it is
+ * not taken (a thread's first free, a callback's free) the same outcome. */
+#include <pthread.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -170,6 +172,84 @@ static void wrong_size(void)
           "freed, nothing refused");
 }
 
+/* A thread with no identity of the legacy stream cached takes the common
+ * path for its first free and the short way for its second: both parked,
+ * neither says anything, both reused at once on the stream. */
+struct fresh {
+    void *p[2];
+    bool reused[2];
+    const char *said;
+};
+
+static void *free_on_fresh_thread(void *arg)
+{
+    struct fresh *f = arg;
+    stderr_capture_begin();
+    for (int i = 0; i < 2; i++) {
+        defer_pluggable_free(f->p[i], 256 * KiB, 0, 0);
+        void *q = NULL;
+        f->reused[i] =
+            alloc_checked(&q, 256 * KiB, 0) == cudaSuccess && q == f->p[i];
+        f->p[i] = q;
+    }
+    f->said = stderr_capture_end();
+    return NULL;
+}
+
+static void fresh_thread(void)
+{
+    warm();
+    struct fresh f = {{NULL, NULL}, {false, false}, NULL};
+    fake_work *w[2];
+    for (int i = 0; i < 2; i++) {
+        f.p[i] = defer_pluggable_alloc(256 * KiB, 0, 0);
+        w[i] = work_held(0, f.p[i]);
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, free_on_fresh_thread, &f) != 0)
+        bail("pthread_create");
+    pthread_join(t, NULL);
+    CHECK(f.said[0] == '\0', "nothing said (%s)", f.said);
+    CHECK(f.reused[0] && f.reused[1],
+          "both reused on the legacy stream at once (%d, %d)", f.reused[0],
+          f.reused[1]);
+    for (int i = 0; i < 2; i++) {
+        defer_pluggable_free(f.p[i], 256 * KiB, 0, 0);
+        fake_complete(w[i]);
+    }
+    CHECK(defer_flush() == cudaSuccess && stats_now().pending == 0 &&
+              stats_now().rejected == 0,
+          "released, nothing refused");
+}
+
+/* A callback's free (the reclaimer thread, which joins no batch: the
+ * common path, an event of its own) of a block on the legacy stream:
+ * released once its stream's work is done, as any. */
+static void *callback_block;
+
+static void free_in_callback(void *arg)
+{
+    (void)arg;
+    defer_pluggable_free(callback_block, 256 * KiB, 0, 0);
+}
+
+static void in_callback(void)
+{
+    warm();
+    callback_block = defer_pluggable_alloc(256 * KiB, 0, 0);
+    fake_work *w = work_held(0, callback_block);
+    uint64_t deferred = stats_now().deferred;
+    CHECK(defer_call(free_in_callback, NULL, 0) == cudaSuccess,
+          "the callback deferred");
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(defer_flush() == cudaSuccess, "flush its free");
+    struct defer_stats st = stats_now();
+    CHECK(st.deferred == deferred + 2 && st.pending == 0 && st.rejected == 0,
+          "the callback's free deferred and released (deferred +%llu, "
+          "pending %llu)", ULL(st.deferred - deferred), ULL(st.pending));
+}
+
 /* CUDEFER_DISABLE: the free is released at the call, after the stream's
  * work, as the common path releases it. */
 static void disabled(void)
@@ -199,6 +279,11 @@ int main(void)
                   30000, not_a_block);
     fork_scenario("short way: a wrong size said, freed all the same", "", 1,
                   30000, wrong_size);
+    fork_scenario("short way: a thread's first free takes the common path, "
+                  "its second the short way, both parked", "", 1, 30000,
+                  fresh_thread);
+    fork_scenario("short way: not taken by a callback's free", "", 1, 30000,
+                  in_callback);
     fork_scenario("short way: CUDEFER_DISABLE releases at the call",
                   "CUDEFER_DISABLE=1", 1, 30000, disabled);
     return 0;
