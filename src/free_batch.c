@@ -488,12 +488,12 @@ cudaError_t free_batch_seal_all(const char *what, bool last)
      * the batch (reported): where another thread's did while this call
      * waited (its claims may be of frees that returned before this call),
      * seal once more.  This call's own gave back what it just failed to
-     * seal: a second try would fail and say so again.  Not the last seal:
-     * no other thread seals then. */
+     * seal: a second try would fail and say so again.  (The last seal is
+     * then sealed once: no other thread seals during shutdown.) */
     if (last)
         atomic_store_explicit(&sealing_last, true, memory_order_relaxed);
     cudaError_t err = cudaSuccess;
-    for (int round = 0; round < (last ? 1 : 2); round++) {
+    for (int round = 0; round < 2; round++) {
         unsigned long back = atomic_load(&given_back);
         unsigned long mine = given_back_mine;
         err = seal_batches(what, NULL);

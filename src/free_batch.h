@@ -93,37 +93,34 @@ bool free_batch_takes(cudaStream_t stream);
 bool free_batch_add(int device, unsigned long long stream_id,
                     const struct block_claim *claim, bool *due_now);
 /* The same thread next, when free_batch_add said the batch was due or the
- * claim not added, what its call (for messages), stream that legacy
- * stream's handle, current: whether
- * device is current on this thread (false: the switch to it failed, said
- * by the caller): seals the batch when due, and a claim not added alone,
- * both only where current and no other thread's capture bars the stream
- * (else the batch waits for a later free or flush).  Never fails.  Blocks
- * only in the fallback of a seal whose event could not be recorded (it
- * synchronizes the stream). */
+ * claim not added, what its call (for messages), stream that legacy stream's
+ * handle, current: whether device is current on this thread (false: the
+ * switch to it failed, said by the caller): seals the batch when due, and a
+ * claim not added alone, both only where current and no other thread's
+ * capture bars the stream (else the batch waits for a later free or flush).
+ * Never fails.  Blocks only in the fallback of a seal whose event could not
+ * be recorded (it synchronizes the stream). */
 void free_batch_seal(const char *what, int device, cudaStream_t stream,
                      unsigned long long stream_id,
                      const struct block_claim *claim, bool added,
                      bool due_now, bool current);
-/* Any application thread that must have every batch sealed before it goes
- * on (defer_flush, defer_trim, shutdown with last, each its what for
- * messages; exit
- * has its own, free_batch_seal_at_exit): records an event on the legacy
- * stream of each device with claims (switching the current device and
- * back) and pushes its entry; then waits until other threads' seals that
- * took claims before it looked have pushed theirs (not for seals begun
- * later), and seals once more where one of those gave its claims
- * back (it could neither record nor synchronize: said).  Blocks as
- * free_batch_seal does, and for those seals' CUDA calls.  Returns
- * cudaSuccess, or the error that left a batch it found waiting (said):
- * cudaErrorStreamCaptureImplicit while another thread captures a blocking
- * stream in the global mode, or the error of switching to the batch's
- * device or of the wait that replaces a failed record (a sticky error of
- * that wait fails the device: the frees it could not wait for are then
- * abandoned, counted as failed, as the reclaimer abandons the device's
- * entries).  With last (shutdown: the gate closed, every admitted call
- * ended, and no free or flush to come) it seals once, and says that what
- * it leaves waiting is dropped at the stop. */
+/* Any application thread that must have every batch sealed before it goes on
+ * (defer_flush, defer_trim, shutdown with last, each its what for messages;
+ * exit has its own, free_batch_seal_at_exit): records an event on the legacy
+ * stream of each device with claims (switching the current device and back)
+ * and pushes its entry; then waits until other threads' seals that took
+ * claims before it looked have pushed theirs (not for seals begun later),
+ * and seals once more where one of those gave its claims back (it could
+ * neither record nor synchronize: said).  Blocks as free_batch_seal does,
+ * and for those seals' CUDA calls.  Returns cudaSuccess, or the error that
+ * left a batch it found waiting (said): cudaErrorStreamCaptureImplicit while
+ * another thread captures a blocking stream in the global mode, or the error
+ * of switching to the batch's device or of the wait that replaces a failed
+ * record (a sticky error of that wait fails the device: the frees it could
+ * not wait for are then abandoned, counted as failed, as the reclaimer
+ * abandons the device's entries).  With last (shutdown: the gate closed,
+ * every admitted call ended, and no free or flush to come) its lines say
+ * that what it leaves waiting is dropped at the stop. */
 cudaError_t free_batch_seal_all(const char *what, bool last);
 
 /* Exit only, once the gate is closed and every admitted call ended: seals

@@ -280,19 +280,27 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
     return err == cudaSuccess ? err : submit_reject(a, call, err);
 }
 
-/* Any thread: a size or device that defer_pluggable_free says (said_bytes
- * 0: none said) and plan's claimed block does not have, reported (the
- * block is freed all the same).  Its size is the one when claimed (a
- * parked block may have merged since, and be another thread's to cut);
- * its device never changes.  Never blocks. */
-void submit_said_mismatch(const void *ptr, const struct block_free_plan *plan,
-                          size_t said_bytes, int said_device)
+/* Any thread: whether plan claimed the block at ptr (a live block: not
+ * refused, not memory from elsewhere); then *claim carries the claim, and
+ * a size or device that defer_pluggable_free says (said_bytes 0: none
+ * said) and the block does not have is reported (it is freed all the
+ * same).  Its size is the one when claimed (a parked block may have merged
+ * since, and be another thread's to cut); its device never changes.
+ * Never blocks. */
+bool submit_plan_claim(const void *ptr, const struct block_free_plan *plan,
+                       size_t said_bytes, int said_device,
+                       struct block_claim *claim)
 {
+    if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
+        plan->path == BLOCK_NOT_OURS)
+        return false;
+    *claim = (struct block_claim){plan->block, plan->handout};
     if (said_bytes > 0 &&
         (plan->size < said_bytes || plan->device != said_device))
         report("defer_pluggable_free: %p is a block of %zu bytes on device "
                "%d, freed as %zu bytes on device %d: freed all the same",
                ptr, plan->size, plan->device, said_bytes, said_device);
+    return true;
 }
 
 /* Any thread, admitted: the cache's plan for a's one pointer freed on t's
@@ -302,15 +310,11 @@ void submit_said_mismatch(const void *ptr, const struct block_free_plan *plan,
 static void plan_block(struct request_args *a, struct target *t,
                        bool *claimed)
 {
-    struct block_free_plan *plan = &t->plan;
     cache_claim_plan_on(a->ptrs[0], a->block_known ? a->block_device : -1,
-                        t->device, t->id, t->batch, plan);
-    if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
-        plan->path == BLOCK_NOT_OURS)
-        return;
-    *claimed = true;
-    a->claims[0] = (struct block_claim){plan->block, plan->handout};
-    submit_said_mismatch(a->ptrs[0], plan, a->said_bytes, a->said_device);
+                        t->device, t->id, t->batch, &t->plan);
+    if (submit_plan_claim(a->ptrs[0], &t->plan, a->said_bytes,
+                          a->said_device, &a->claims[0]))
+        *claimed = true;
 }
 
 /* Any thread, admitted: what resolving a free of one pointer asks once the

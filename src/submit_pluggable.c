@@ -61,13 +61,9 @@ static cudaError_t planned(const struct pluggable_free *f, int device,
 {
     struct block_free_plan plan;
     cache_claim_plan_on(f->ptr, f->block_device, device, id, true, &plan);
-    bool claimed = plan.path != BLOCK_NOT_LIVE &&
-                   plan.path != BLOCK_INSIDE && plan.path != BLOCK_NOT_OURS;
     struct block_claim one = {NULL, 0};
-    if (claimed) {
-        one = (struct block_claim){plan.block, plan.handout};
-        submit_said_mismatch(f->ptr, &plan, f->said_bytes, f->said_device);
-    }
+    bool claimed = submit_plan_claim(f->ptr, &plan, f->said_bytes,
+                                     f->said_device, &one);
     if (plan.parked) {
         submit_join_batch(what, f->lazy, f->current, device, f->stream, id,
                           &one);

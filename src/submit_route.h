@@ -101,10 +101,11 @@ cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
                                    unsigned long long *id, bool *cached,
                                    const char **failed);
 /* The common path's steps that the short way of a batched free
- * (submit_pluggable.c) shares: a said size checked, a parked block joining
+ * (submit_pluggable.c) shares: a plan's claim taken, a parked block joining
  * its batch, and the common path's rest where the short way ends. */
-void submit_said_mismatch(const void *ptr, const struct block_free_plan *plan,
-                          size_t said_bytes, int said_device);
+bool submit_plan_claim(const void *ptr, const struct block_free_plan *plan,
+                       size_t said_bytes, int said_device,
+                       struct block_claim *claim);
 void submit_join_batch(const char *what, struct cuda_switch *lazy,
                        int current, int device, cudaStream_t handle,
                        unsigned long long id, const struct block_claim *claim);
