@@ -29,6 +29,17 @@ static const size_t KiB = 1024;
 static pthread_t caller;
 static atomic_int call_returned;
 
+/* In an exit handler that runs after cudefer's: wait up to 5 s for the
+ * stuck callback to return (CHECKed), then settle_ms for the reclaimer's
+ * pass that ran it to end. */
+static void wait_stuck_callback(unsigned settle_ms)
+{
+    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&call_returned), "the stuck callback returned");
+    sleep_ms(settle_ms);
+}
+
 /* Runs after cudefer's exit handler: the blocked call ends (it outlasts
  * the drain by half a second), then the counts are checked. */
 static void check_counts_later(void)
@@ -171,10 +182,7 @@ static void exit_during_batch_wait(void)
  * process or of the device, however that pass ended. */
 static void check_nothing_held(void)
 {
-    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
-        sleep_ms(1);
-    CHECK(atomic_load(&call_returned), "the stuck callback returned");
-    sleep_ms(200); /* the reclaimer's pass that ran it ends */
+    wait_stuck_callback(200);
     struct defer_stats st;
     defer_stats_get(&st);
     struct defer_device_stats d0;
@@ -237,10 +245,7 @@ static void *later_free;
  * are left unreleased (counted failed), so neither runs nor is released. */
 static void check_nothing_after(void)
 {
-    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
-        sleep_ms(1);
-    CHECK(atomic_load(&call_returned), "the stuck callback returned");
-    sleep_ms(200); /* the reclaimer's pass that ran it ends */
+    wait_stuck_callback(200);
     struct defer_stats st;
     defer_stats_get(&st);
     diag("  deferred %llu released %llu failed %llu leaked_at_exit %llu",
@@ -303,10 +308,7 @@ static void check_no_cuda_after(void)
     unsigned long before[FAKE_NCALLS], after[FAKE_NCALLS];
     unsigned long calls = others_calls(before);
     size_t live = fake_live_allocations();
-    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
-        sleep_ms(1);
-    CHECK(atomic_load(&call_returned), "the stuck callback returned");
-    sleep_ms(300); /* the reclaimer's pass that ran it ends */
+    wait_stuck_callback(300);
     unsigned long calls_after = others_calls(after);
     for (int c = 0; c < FAKE_NCALLS; c++)
         if (after[c] != before[c])

@@ -24,6 +24,19 @@ static void callback(void *arg)
     (void)arg;
 }
 
+/* Since before: n calls refused, each counted in rejected and none in
+ * deferred (what names them on failure). */
+static void check_refused(const struct defer_stats *before, uint64_t n,
+                          const char *what)
+{
+    struct defer_stats now = stats_now();
+    CHECK(now.rejected == before->rejected + n &&
+              now.deferred == before->deferred,
+          "%s: rejected %llu -> %llu, deferred %llu -> %llu", what,
+          ULL(before->rejected), ULL(now.rejected), ULL(before->deferred),
+          ULL(now.deferred));
+}
+
 /* The identities of a quiet program: the numbers said on failure. */
 static void check_quiet(const char *step)
 {
@@ -94,11 +107,7 @@ static void scenario_identities(void)
     struct defer_stats mid = stats_now();
     CHECK(defer_alloc(NULL, KiB, s) != cudaSuccess, "defer_alloc(NULL) "
           "refused");
-    struct defer_stats ref = stats_now();
-    CHECK(ref.rejected == mid.rejected + 1 && ref.deferred == mid.deferred,
-          "refused: rejected %llu -> %llu, deferred %llu -> %llu",
-          ULL(mid.rejected), ULL(ref.rejected), ULL(mid.deferred),
-          ULL(ref.deferred));
+    check_refused(&mid, 1, "refused");
     CHECK(defer_flush() == cudaSuccess, "flush");
     check_quiet("after the frees and a flush");
     size_t trimmed = 0;
@@ -150,11 +159,7 @@ static void scenario_identities(void)
     for (int i = 0; i < 4; i++) {
         CHECK(refusals[i].err != cudaSuccess, "%s: refused", refusals[i].what);
     }
-    struct defer_stats r1 = stats_now();
-    CHECK(r1.rejected == r0.rejected + 4 && r1.deferred == r0.deferred,
-          "4 refusals: rejected %llu -> %llu, deferred %llu -> %llu",
-          ULL(r0.rejected), ULL(r1.rejected), ULL(r0.deferred),
-          ULL(r1.deferred));
+    check_refused(&r0, 4, "4 refusals");
     CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
     defer_flush();
     check_quiet("after device 1 failed");
@@ -163,11 +168,7 @@ static void scenario_identities(void)
     struct defer_stats a0 = stats_now();
     void *after = device_alloc(KiB);
     CHECK(defer_free(after, s) == cudaErrorNotPermitted, "after shutdown");
-    struct defer_stats a1 = stats_now();
-    CHECK(a1.rejected == a0.rejected + 1 && a1.deferred == a0.deferred,
-          "after shutdown: rejected %llu -> %llu, deferred %llu -> %llu",
-          ULL(a0.rejected), ULL(a1.rejected), ULL(a0.deferred),
-          ULL(a1.deferred));
+    check_refused(&a0, 1, "after shutdown");
     cudaStreamDestroy(s);
 }
 
@@ -190,11 +191,7 @@ static void scenario_more_paths(void)
     CHECK(defer_free(a, s) == cudaSuccess, "freed");
     struct defer_stats mid = stats_now();
     CHECK(defer_free(a, s) == cudaErrorInvalidValue, "freed twice: refused");
-    struct defer_stats ref = stats_now();
-    CHECK(ref.rejected == mid.rejected + 1 && ref.deferred == mid.deferred,
-          "the second free: rejected %llu -> %llu, deferred %llu -> %llu",
-          ULL(mid.rejected), ULL(ref.rejected), ULL(mid.deferred),
-          ULL(ref.deferred));
+    check_refused(&mid, 1, "the second free");
     static char host_buf[64];
     CHECK(defer_free(host_buf, s) == cudaSuccess, "a host pointer");
     fake_complete(w);
