@@ -29,8 +29,9 @@
  *   are abandoned (counted as failed); later calls on it and defer_flush
  *   return that error.
  * - At exit, pending entries are drained for at most 2 s; the rest is never
- *   released (leaked_at_exit); a callback still running then is left to
- *   end, and after it cudefer releases nothing and makes no CUDA call.
+ *   released (leaked_at_exit); a callback or a free (cudaFree) still
+ *   running then is left to end, and after it cudefer releases nothing and
+ *   makes no CUDA call.
  * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",
  *   but for defer_alloc's out of memory (the caller's to handle).
  * - Stream 0 is the legacy stream, cudaStreamPerThread the calling thread's

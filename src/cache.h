@@ -373,13 +373,19 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
  * back to the pool, ordered on stream (NULL: with cudaFree), another with
  * cudaFree (which drains the device); each is then forgotten.  A sticky
  * error is handed to fail (device, the call by name, the error); another is
- * reported.  Counts the segments released (cache_releases) and returns the
- * bytes that left the device: an upstream segment's leave it only when the
- * pool's reserve shrinks (cache_upstream_trim). */
+ * reported.  stop (NULL: none) is asked before each segment after the
+ * first: once it says true (exit gave up its drain while a release
+ * blocked), no further segment is released nor taken, and no CUDA call is
+ * made (the ones taken stay out of the cache, unreleased: the process is
+ * ending).  Counts the
+ * segments released (cache_releases) and returns the bytes that left the
+ * device: an upstream segment's leave it only when the pool's reserve
+ * shrinks (cache_upstream_trim). */
 size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                              cudaStream_t stream,
                              void (*fail)(int device, const char *call,
-                                          cudaError_t err));
+                                          cudaError_t err),
+                             bool (*stop)(void));
 
 /* The memory of a block that left the cache. */
 struct block_memory {

@@ -235,14 +235,21 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
 size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                              cudaStream_t stream,
                              void (*fail)(int device, const char *call,
-                                          cudaError_t err))
+                                          cudaError_t err),
+                             bool (*stop)(void))
 {
     struct cache_block *batch[64];
     uint64_t released = 0;
     size_t bytes = 0, n;
-    while ((n = cache_reclaim_expired(device, freed_before_ns, batch, 64,
-                                      SIZE_MAX)) > 0) {
+    size_t tried = 0;
+    bool stopped = false;
+    while (!stopped && (n = cache_reclaim_expired(device, freed_before_ns,
+                                                  batch, 64, SIZE_MAX)) > 0) {
         for (size_t i = 0; i < n; i++) {
+            if (tried++ > 0 && stop != NULL && stop()) {
+                stopped = true;
+                break;
+            }
             /* Upstream segments go back to the pool at no cost; others (no
              * pool could be made) drain the device. */
             struct cache_block *b = batch[i];

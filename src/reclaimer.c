@@ -245,6 +245,13 @@ static void learn_device_after_callback(void)
                             : -1;
 }
 
+/* Reclaimer only: reclaimer_abandoned, for the release loops that ask
+ * between their CUDA calls (release_entry, cache_reclaim_release). */
+static bool abandoned(void)
+{
+    return reclaimer_abandoned();
+}
+
 cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
 {
     /* Exit gave up its drain while this pass was under way (in a callback
@@ -264,7 +271,8 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         if (e->kind == ENTRY_CALL)
             cuda_clear_last_error();
         struct release_report out = {0};
-        err = release_entry(e, reclaimer_frees_stream_of(e), &out);
+        err = release_entry(e, reclaimer_frees_stream_of(e), abandoned,
+                            &out);
         reclaimer_frees_queued(e->device, out.queued);
         trace_pop();
         if (e->kind == ENTRY_CALL)
@@ -592,7 +600,8 @@ static void release_cache_blocks(uint64_t now, bool stopping)
         trace_push(all ? "cudefer: cache trim" : "cudefer: cache expiry");
         cudaStream_t async = reclaimer_frees_stream(d);
         rs.pass_released_bytes +=
-            cache_reclaim_release(d, before, async, reclaimer_fail_device);
+            cache_reclaim_release(d, before, async, reclaimer_fail_device,
+                                  abandoned);
         /* The pool's unused memory back to CUDA too, once the segments
          * handed back on async reached it: that wait fails as the wait
          * after a pass's frees does (a sticky error fails the device). */

@@ -114,7 +114,7 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
 }
 
 cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
-                          struct release_report *out)
+                          bool (*stop)(void), struct release_report *out)
 {
     struct release_report ignored = {0};
     if (out == NULL)
@@ -124,7 +124,8 @@ cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
         return cudaSuccess;
     }
     cudaError_t first = cudaSuccess;
-    for (size_t i = 0; i < e->nptrs; i++) {
+    for (size_t i = 0; i < e->nptrs && (i == 0 || stop == NULL || !stop());
+         i++) {
         cudaError_t err = release_pointer(e, i, async_stream, out);
         if (first == cudaSuccess)
             first = err;

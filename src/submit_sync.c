@@ -116,7 +116,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if (a->kind != ENTRY_CALL)
         cuda_switch_device(&to_device, device, NULL);
     struct release_report out = {0};
-    err = release_entry(&e, NULL, &out);
+    err = release_entry(&e, NULL, NULL, &out);
     cuda_switch_back(&to_device, a->what);
     lifecycle_count_finished(err == cudaSuccess, 1);
     if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */

@@ -284,7 +284,7 @@ static void test_release(void)
     uint64_t releases = stats_now().cache_releases;
     void *p = device_alloc(MiB);
     ok(cache_add(0, p, MiB, false) && give_back(p), "a FREE cudaMalloc segment");
-    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail), MiB,
+    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL), MiB,
            "released: its bytes left the device");
     ok(fake_is_released(p) && cache_test_find(p) == NULL &&
            stats_now().cache_releases == releases + 1 && fails == 0,
@@ -297,7 +297,7 @@ static void test_release(void)
            upstream && cache_add(0, q, MiB, true) && give_back(q),
        "a FREE segment from the upstream pool");
     unsigned long async = fake_calls(FAKE_FREE_ASYNC);
-    is_int(cache_reclaim_release(0, UINT64_MAX, s, count_fail), 0,
+    is_int(cache_reclaim_release(0, UINT64_MAX, s, count_fail, NULL), 0,
            "released: its bytes stay with the pool until a trim");
     ok(fake_calls(FAKE_FREE_ASYNC) == async + 1 && cache_test_find(q) == NULL &&
            stats_now().cache_releases == releases + 2,
@@ -306,7 +306,7 @@ static void test_release(void)
     void *r = device_alloc(MiB);
     ok(cache_add(0, r, MiB, false) && give_back(r), "another FREE segment");
     fake_fail(FAKE_FREE, cudaErrorIllegalAddress, 0, 1);
-    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail), 0,
+    is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL), 0,
            "a sticky error: nothing released");
     ok(fails == 1 && failed_err == cudaErrorIllegalAddress &&
            strcmp(failed_call, "cudaFree") == 0 && cache_test_find(r) == NULL,
@@ -317,7 +317,7 @@ static void test_release(void)
     ok(cache_add(0, x, MiB, false) && give_back(x), "one more FREE segment");
     fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
-    cache_reclaim_release(0, UINT64_MAX, NULL, count_fail);
+    cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL);
     const char *said = stderr_capture_end();
     ok(fails == 1 && strstr(said, "is not released") != NULL &&
            cache_test_find(x) == NULL,

@@ -12,7 +12,9 @@
  * and what follows that callback in the reclaimer's pass, which exit
  * abandoned too, is neither run nor released once the callback returns,
  * and the rest of that pass makes no CUDA call (a trim's release of the
- * cache's free block not made).
+ * cache's free block not made).  So too with a cudaFree under way: the
+ * other pointers of its defer_free_n, or the other segments of a trim, are
+ * not freed after it.
  * Last, exit's own seal of a free batch whose event cannot be recorded
  * while the legacy stream's work never ends: exit must not wait for it. */
 #include <pthread.h>
@@ -22,6 +24,7 @@
 
 #include "free_batch.h"
 #include "helpers.h"
+#include "lifecycle.h"
 
 static const size_t KiB = 1024;
 
@@ -408,9 +411,99 @@ static void exit_with_unsealable_batch(void)
     exit(0);
 }
 
+/* ---- a release loop under way: one entry's pointers, a trim's segments -- */
+
+/* The reclaimer's first cudaFree (or cudaFreeAsync) returns only after
+ * exit gave up (its drain: 2 s); the rest of that loop is what is
+ * checked. */
+static atomic_int frees_held;
+static void *loop_ptrs[3];
+
+static void hold_first_free(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (!lifecycle_on_reclaimer_thread() ||
+        atomic_fetch_add(&frees_held, 1) != 0)
+        return;
+    sleep_ms(2500);
+    atomic_store(&call_returned, 1);
+}
+
+static void hold_reclaimer_frees(void)
+{
+    fake_set_return_hook(FAKE_FREE, hold_first_free, NULL);
+    fake_set_return_hook(FAKE_FREE_ASYNC, hold_first_free, NULL);
+}
+
+/* Runs after cudefer's exit handler: of the loop's three pointers, the
+ * one whose free was under way is released, the other two are not, and no
+ * CUDA call follows the held one. */
+static void check_loop_cut(void)
+{
+    unsigned long before[FAKE_NCALLS], after[FAKE_NCALLS];
+    unsigned long calls = others_calls(before);
+    wait_stuck_callback(300);
+    unsigned long calls_after = others_calls(after);
+    for (int c = 0; c < FAKE_NCALLS; c++)
+        if (after[c] != before[c])
+            diag("  %s: %lu calls after the abandon",
+                 fake_call_name(c), after[c] - before[c]);
+    int released = 0;
+    for (int i = 0; i < 3; i++)
+        released += fake_is_released(loop_ptrs[i]) != 0;
+    CHECK(released == 1, "the free under way ended, the loop's other two "
+          "were not freed after exit gave up (%d of 3 released)", released);
+    CHECK(calls_after == calls, "no CUDA call after exit gave up: %lu made",
+          calls_after - calls);
+    scenario_child_end();
+}
+
+static void exit_in_free_n_loop(void)
+{
+    atexit(check_loop_cut); /* before cudefer's: run after it */
+    cudaStream_t s = stream_new();
+    for (int i = 0; i < 3; i++)
+        loop_ptrs[i] = device_alloc(KiB);
+    hold_reclaimer_frees();
+    if (defer_free_n(loop_ptrs, 3, s) != cudaSuccess)
+        bail("defer_free_n");
+    sleep_ms(300); /* the reclaimer is held in the first pointer's free */
+    exit(0);
+}
+
+static void *trim_held(void *unused)
+{
+    (void)unused;
+    defer_trim(NULL); /* its release is held: never returns */
+    return NULL;
+}
+
+static void exit_in_trim_loop(void)
+{
+    atexit(check_loop_cut); /* before cudefer's: run after it */
+    /* No pools: the cache's segments are cudaMalloc's, each released with
+     * its own cudaFree. */
+    fake_set_memory_pools(0, 0);
+    cudaStream_t s = stream_new();
+    for (int i = 0; i < 3; i++)
+        if (defer_alloc(&loop_ptrs[i], 8 * KiB * KiB, s) != cudaSuccess)
+            bail("defer_alloc");
+    for (int i = 0; i < 3; i++)
+        if (defer_free(loop_ptrs[i], s) != cudaSuccess)
+            bail("defer_free");
+    if (defer_flush() != cudaSuccess)
+        bail("defer_flush");
+    hold_reclaimer_frees();
+    pthread_t trimmer;
+    pthread_create(&trimmer, NULL, trim_held, NULL);
+    pthread_detach(trimmer);
+    sleep_ms(300); /* the reclaimer is held in the first segment's free */
+    exit(0);
+}
+
 int main(void)
 {
-    plan(7);
+    plan(9);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -436,5 +529,11 @@ int main(void)
                   "its frees unreleased, waiting for nothing",
                   "CUDEFER_FREE_BATCH=8", 1, 10000,
                   exit_with_unsealable_batch);
+    fork_scenario("exit gives up while the reclaimer frees a defer_free_n's "
+                  "pointers: the rest are not freed, no CUDA call follows",
+                  "CUDEFER_POLICY=eager", 1, 20000, exit_in_free_n_loop);
+    fork_scenario("exit gives up while a trim frees the cache's segments: "
+                  "the rest are not freed, no CUDA call follows",
+                  "CUDEFER_POLICY=eager", 1, 20000, exit_in_trim_loop);
     return 0;
 }
