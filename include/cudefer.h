@@ -390,7 +390,8 @@ CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
 /* defer_configure_sized: use *cfg, of size bytes (knobs past it keep their
  * defaults), with the CUDEFER_* environment on top, when the reclaimer
  * starts.  Errors, each reported, nothing changed: cudaErrorNotPermitted
- * after the first defer call or defer_shutdown; cudaErrorInvalidValue for a
+ * once the reclaimer started (the first call that defers, allocates or
+ * records) or after defer_shutdown; cudaErrorInvalidValue for a
  * value out of range, a NULL cfg or a size below 0.1.0's struct.  A bad
  * CUDEFER_* value is reported and ignored.  Never blocks on the GPU. */
 CUDEFER_API cudaError_t defer_configure_sized(const struct defer_config *cfg,

@@ -638,7 +638,8 @@ void config_refuse_from_now(void)
     pthread_mutex_unlock(&state.lock);
 }
 
-/* Public, any thread, before the first defer call; never blocks on the GPU.
+/* Public, any thread, before the first call that defers, allocates or
+ * records; never blocks on the GPU.
  * *cfg is size bytes (the knobs that do not fit take their defaults).
  * Returns cudaSuccess, or the first that applies: cudaErrorInvalidValue for
  * NULL or a size below 0.1.0's fields, cudaErrorNotPermitted once started or
@@ -668,7 +669,8 @@ cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
     }
     pthread_mutex_unlock(&state.lock);
     if (started) {
-        report("defer_configure called after the first defer call: ignored");
+        report("defer_configure called after cudefer started (at the first "
+               "call that defers, allocates or records): ignored");
         return cudaErrorNotPermitted;
     }
     if (shut_down) {

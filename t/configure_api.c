@@ -62,7 +62,8 @@ int main(void)
     msg = stderr_capture_end();
     is_int(err, cudaErrorNotPermitted,
            "defer_configure after the first defer call");
-    is_str(msg, "cudefer: defer_configure called after the first defer call: "
+    is_str(msg, "cudefer: defer_configure called after cudefer started (at "
+                "the first call that defers, allocates or records): "
                 "ignored\n", "is reported");
 
     is_int(defer_shutdown(), cudaSuccess, "shutdown");

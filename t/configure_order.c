@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* defer_configure against the lifecycle and the environment: after a defer_shutdown that came before any defer call it is
- * refused (nothing will ever start to use it), and a bad CUDEFER_* value
- * keeps the value given to defer_configure, not the built-in default.
+/* defer_configure against the lifecycle and the environment: after a
+ * defer_shutdown that came before any defer call it is refused (nothing
+ * will ever start to use it); after a defer_alloc alone it is refused in
+ * words that name what started cudefer, while the calls that start nothing
+ * (defer_flush, defer_trim, the counters) leave it taken; and a bad
+ * CUDEFER_* value keeps the value given to defer_configure, not the
+ * built-in default.
  * Each scenario runs in a child process: the configuration is settled once
  * per process. */
 #include <stdlib.h>
@@ -24,6 +28,49 @@ static void s_configure_after_early_shutdown(void)
     CHECK(strstr(msg, "cudefer: defer_configure called after defer_shutdown: "
                       "ignored") != NULL,
           "the refusal is explained; stderr: %s", msg);
+}
+
+/* The first call that allocates starts cudefer as a free does: the
+ * refusal says so in words that fit a program that never freed. */
+static void s_configure_after_alloc(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 64, s);
+    CHECK(err == cudaSuccess && p != NULL, "defer_alloc: %s",
+          cudaGetErrorName(err));
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    stderr_capture_begin();
+    err = defer_configure(&cfg);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_configure after it: %s",
+          cudaGetErrorName(err));
+    CHECK(strcmp(msg, "cudefer: defer_configure called after cudefer "
+                      "started (at the first call that defers, allocates "
+                      "or records): ignored\n") == 0,
+          "the refusal names what started cudefer; stderr: %s", msg);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* defer_flush, defer_trim and the counters start nothing: defer_configure
+ * after them is still taken. */
+static void s_configure_after_calls_that_start_nothing(void)
+{
+    struct defer_stats st;
+    struct defer_device_stats ds;
+    size_t bytes = 1;
+    CHECK(defer_flush() == cudaSuccess, "defer_flush before any defer call");
+    CHECK(defer_trim(&bytes) == cudaSuccess && bytes == 0,
+          "defer_trim before any defer call");
+    defer_stats_get(&st);
+    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    cfg.poll_us = 20;
+    CHECK(defer_configure(&cfg) == cudaSuccess, "defer_configure after them");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
 static void s_bad_env_keeps_configured_value(void)
@@ -77,6 +124,10 @@ int main(void)
     plan_lazy();
     scenario("defer_configure after a defer_shutdown that came before any "
              "defer call: refused", s_configure_after_early_shutdown);
+    scenario("defer_configure after a defer_alloc alone: refused, naming "
+             "what started cudefer", s_configure_after_alloc);
+    scenario("defer_configure after defer_flush, defer_trim and the "
+             "counters: taken", s_configure_after_calls_that_start_nothing);
     scenario("a bad CUDEFER_* value keeps the defer_configure value",
              s_bad_env_keeps_configured_value);
     return 0;

@@ -593,7 +593,8 @@ static void test_start(void)
     msg = stderr_capture_end();
     is_int(err, cudaErrorNotPermitted,
            "defer_configure after start: NotPermitted");
-    is_str(msg, "cudefer: defer_configure called after the first defer call: "
+    is_str(msg, "cudefer: defer_configure called after cudefer started (at "
+                "the first call that defers, allocates or records): "
                 "ignored\n",
            "defer_configure after start says so");
     config_at_start(&again);
