@@ -7,7 +7,9 @@ record_stream.
     pip install ./python            # once, or PYTHONPATH=python
     CUDEFER_LIB=src/.libs/libcudefer.so python3 examples/torch_allocator.py
 
-(from the top of a build; without CUDEFER_LIB, cudefer looks for the
+(from the top of a tree built in place; after an out-of-tree build, give
+CUDEFER_LIB that build's src/.libs/libcudefer.so and run the tree's
+examples/torch_allocator.py.  Without CUDEFER_LIB, cudefer looks for the
 installed library, then in src/.libs of the source tree.)
 """
 import os
