@@ -395,14 +395,21 @@ void CudeferAllocator::enablePeerAccess(c10::DeviceIndex dev,
         C10_CUDA_CHECK(err);
 }
 
-// Every block is cudaMalloc'd (cudefer's pool and the private pools):
-// cudaMemcpyAsync works across devices with or without peer access.
-cudaError_t CudeferAllocator::memcpyAsync(void *dst, int, const void *src,
-                                          int, size_t count,
-                                          cudaStream_t stream, bool)
+// cudefer's blocks come from a memory pool of its own on each device
+// (cudaMallocFromPoolAsync), which peer access (cudaDeviceEnablePeerAccess)
+// does not open to other devices: cudaMemcpyAsync cannot copy them from
+// one device to another, cudaMemcpyPeerAsync can (and copies the private
+// pools' cudaMalloc'd blocks too).  Copies on one device: cudaMemcpyAsync.
+cudaError_t CudeferAllocator::memcpyAsync(void *dst, int dst_device,
+                                          const void *src, int src_device,
+                                          size_t count, cudaStream_t stream,
+                                          bool)
 {
-    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
-                           stream);
+    if (dst_device == src_device)
+        return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
+                               stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count,
+                               stream);
 }
 
 void CudeferAllocator::copy_data(void *dest, const void *src,

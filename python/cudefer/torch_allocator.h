@@ -343,8 +343,9 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override;
     void enablePeerAccess(c10::DeviceIndex dev,
                           c10::DeviceIndex dev_to_access) override;
-    cudaError_t memcpyAsync(void *dst, int, const void *src, int,
-                            size_t count, cudaStream_t stream, bool) override;
+    cudaError_t memcpyAsync(void *dst, int dst_device, const void *src,
+                            int src_device, size_t count, cudaStream_t stream,
+                            bool) override;
     void copy_data(void *dest, const void *src,
                    std::size_t count) const override;
 

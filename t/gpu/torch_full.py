@@ -19,7 +19,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     max_memory_reserved must still count it;
   - with two GPUs, records a tensor of a created stream on GPU 1's
     default stream while that is busy: its block must not come back
-    before GPU 1 is done;
+    before GPU 1 is done; and copies a tensor to GPU 1 (Tensor.to): it
+    must arrive intact;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
   - allocates 48 tensors and 8 more in a MemPool, then reads
@@ -280,6 +281,18 @@ def run(mode, lib, steps, out_path):
         del kept
         torch.cuda.synchronize(1)
         torch.cuda.synchronize()
+        # A tensor copied to the other GPU (Tensor.to: the allocator's
+        # memcpyAsync) must arrive intact.
+        try:
+            src = torch.arange(1 << 20, dtype=torch.float32, device=dev)
+            copied = src.to(torch.device("cuda", 1))
+            torch.cuda.synchronize(1)
+            res["cross_copy"] = ("identical" if torch.equal(copied.cpu(),
+                                                            src.cpu())
+                                 else "differs")
+            del src, copied
+        except Exception as e:  # noqa: BLE001 (compared)
+            res["cross_copy"] = "%s: %s" % (type(e).__name__, str(e)[:200])
 
     # Statistics of a device the process does not have: an error, not 0.
     beyond = torch.cuda.device_count()
@@ -400,6 +413,11 @@ def compare(native, mine):
               mine.get("cross_record") == native["cross_record"] == "kept",
               "native %s, cudefer %s" % (native["cross_record"],
                                          mine.get("cross_record")))
+    if "cross_copy" in native:
+        check("a tensor copied to another GPU (Tensor.to) arrives intact",
+              mine.get("cross_copy") == native["cross_copy"] == "identical",
+              "native %s, cudefer %s" % (native["cross_copy"],
+                                         mine.get("cross_copy")))
     check_fraction_caps(native, mine, check)
     check("memory_stats and the resets of a device the process does not "
           "have raise RuntimeError",
