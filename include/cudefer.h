@@ -305,6 +305,19 @@ CUDEFER_API cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size,
 CUDEFER_API void defer_pluggable_free(void *ptr, size_t size, int device,
                                       cudaStream_t stream);
 
+/* defer_peer_access: lets device peer's kernels and copies use the blocks
+ * defer_alloc makes on device, live and future: they come from a memory
+ * pool of cudefer's own (cudaMemPoolCreate), which peer access
+ * (cudaDeviceEnablePeerAccess) does not reach, so call it where peer
+ * access is enabled (PyTorch's enablePeerAccess).  cudaSuccess also where
+ * device's blocks come from cudaMalloc (no pool: peer access covers them)
+ * and for peer == device.  Starts cudefer as an allocation does.  Never
+ * blocks on the GPU.
+ * Errors: cudaErrorInvalidDevice for a device or peer that does not exist;
+ * cudaErrorPeerAccessUnsupported where peer cannot access device
+ * (cudaDeviceCanAccessPeer); cudaMemPoolSetAccess's error. */
+CUDEFER_API cudaError_t defer_peer_access(int device, int peer);
+
 /* defer_free_streams, defer_free_host_streams, defer_call_streams: as
  * defer_free, defer_free_host and defer_call, once the work enqueued so far
  * on all n streams is done, without making them wait for each other (one

@@ -537,6 +537,30 @@ void *defer_pluggable_alloc(size_t size, int device, cudaStream_t stream)
     return ptr;
 }
 
+/* Any thread; never blocks on the GPU.  Admitted: a shutdown, which
+ * destroys the pools, waits for it.  A refusal is said and counted. */
+cudaError_t defer_peer_access(int device, int peer)
+{
+    cudaError_t err = lifecycle_enter("defer_peer_access");
+    if (err != cudaSuccess)
+        return err;
+    const char *call;
+    err = cache_upstream_grant(device, peer, &call);
+    lifecycle_leave();
+    if (err == cudaSuccess)
+        return err;
+    stats_add(&stats.rejected, 1);
+    if (call == NULL)
+        report("defer_peer_access: device %d, peer %d: no such device: "
+               "refused", device, peer);
+    else if (err == cudaErrorPeerAccessUnsupported)
+        report("defer_peer_access: device %d cannot be reached from "
+               "device %d (cudaDeviceCanAccessPeer): refused", device, peer);
+    else
+        cuda_report_failure("defer_peer_access", call, err, "");
+    return err;
+}
+
 void defer_pluggable_free(void *ptr, size_t size, int device,
                           cudaStream_t stream)
 {

@@ -456,6 +456,18 @@ bool cache_upstream_beyond_device(int device, size_t bytes);
 /* Any thread: whether device has a pool (it was used for segments). */
 bool cache_upstream_exists(int device);
 
+/* Any thread, while the library is running (the pools exist).  Lets peer's
+ * kernels and copies use the memory of device's pool (cudaMemPoolSetAccess;
+ * peer access, cudaDeviceEnablePeerAccess, does not reach a pool's
+ * memory), creating the pool if it is not made yet.  cudaSuccess where
+ * device has no pool (its segments are cudaMalloc's, which peer access
+ * covers) and for peer == device; cudaErrorInvalidDevice for a device or
+ * peer the library does not know; cudaErrorPeerAccessUnsupported where
+ * peer cannot access device (cudaDeviceCanAccessPeer); else
+ * the error of the CUDA call *call names, the runtime's last error left
+ * clear for one that is not sticky.  Never blocks on the GPU. */
+cudaError_t cache_upstream_grant(int device, int peer, const char **call);
+
 /* Any thread.  Hands bytes at ptr from device's pool back to it, ordered
  * on stream (cudaFreeAsync: the memory serves the next request on stream
  * at once, any stream once stream reached the free).  Returns

@@ -187,6 +187,31 @@ size_t cache_upstream_slack(int device)
     return reserved > held ? (size_t)(reserved - held) : 0;
 }
 
+cudaError_t cache_upstream_grant(int device, int peer, const char **call)
+{
+    *call = NULL;
+    if (device < 0 || device >= nmempools || peer < 0 || peer >= nmempools)
+        return cudaErrorInvalidDevice;
+    if (peer == device || !mempool_ready(device))
+        return cudaSuccess;
+    int can = 0;
+    *call = "cudaDeviceCanAccessPeer";
+    cudaError_t err = cudaDeviceCanAccessPeer(&can, peer, device);
+    if (err == cudaSuccess && !can)
+        return cudaErrorPeerAccessUnsupported;
+    if (err == cudaSuccess) {
+        *call = "cudaMemPoolSetAccess";
+        struct cudaMemAccessDesc desc = {0};
+        desc.location.type = cudaMemLocationTypeDevice;
+        desc.location.id = peer;
+        desc.flags = cudaMemAccessFlagsProtReadWrite;
+        err = cudaMemPoolSetAccess(mempools[device].pool, &desc, 1);
+    }
+    if (err != cudaSuccess && !cuda_error_is_sticky(err))
+        cudaGetLastError(); /* not sticky: clear it for the caller */
+    return err;
+}
+
 bool cache_upstream_exists(int device)
 {
     return device >= 0 && device < nmempools &&

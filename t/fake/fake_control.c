@@ -110,6 +110,7 @@ static void reset_locked(int ndev)
     memset(fake.devused, 0, sizeof fake.devused);
     memset(fake.pool_used, 0, sizeof fake.pool_used);
     memset(fake.pool_reserved, 0, sizeof fake.pool_reserved);
+    memset(fake.pool_access, 0, sizeof fake.pool_access);
     fake.pool_granularity = 1;
     free(fake.pool_frees);
     fake.pool_frees = NULL;

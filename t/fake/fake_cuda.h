@@ -322,6 +322,10 @@ void fake_oracle_handout(const void *ptr, cudaStream_t stream);
  * ran: see fake_set_free_async_us).  NULL when dev is no device.  Any thread. */
 cudaMemPool_t fake_mem_pool(int dev);
 
+/* Whether cudaMemPoolSetAccess let device peer use device dev's pool (0
+ * for a device's own pool: its access is not listed).  Any thread. */
+int fake_mem_pool_access(int dev, int peer);
+
 /* Allocations (all kinds) not yet released. */
 size_t fake_live_allocations(void);
 

@@ -191,6 +191,23 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     return fake_leave(cudaSuccess);
 }
 
+/* Every two devices of the fake are peers; no device is its own. */
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device,
+                                    int peerDevice)
+{
+    int ndev;
+
+    if (canAccessPeer == NULL)
+        return cudaErrorInvalidValue;
+    fake_lock();
+    ndev = fake.ndev;
+    fake_unlock();
+    if (device < 0 || device >= ndev || peerDevice < 0 || peerDevice >= ndev)
+        return cudaErrorInvalidDevice;
+    *canAccessPeer = device != peerDevice;
+    return cudaSuccess;
+}
+
 /* Plausible attributes of an H100-like device; 0 for the others. */
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
                                    int device)

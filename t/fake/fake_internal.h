@@ -199,6 +199,9 @@ struct fake_state {
      * since the last trim, rounded up to pool_granularity: the release
      * threshold is kept). */
     size_t pool_used[FAKE_MAX_DEVICES], pool_reserved[FAKE_MAX_DEVICES];
+    /* Bit p of pool_access[d]: cudaMemPoolSetAccess let device p use
+     * device d's pool. */
+    unsigned pool_access[FAKE_MAX_DEVICES];
     size_t pool_granularity; /* 1 unless fake_set_pool_granularity */
     struct fpool_free *pool_frees; /* not yet run, oldest first */
     size_t npool_frees, cappool_frees;

@@ -403,6 +403,48 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool,
                                                    : cudaErrorInvalidValue;
 }
 
+/* Access from other devices: remembered per pool (fake_mem_pool_access);
+ * a device's own access is always there and not listed. */
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool,
+                                 const struct cudaMemAccessDesc *map,
+                                 size_t count)
+{
+    int dev = pool_device(pool);
+    if (dev < 0 || (map == NULL && count > 0))
+        return cudaErrorInvalidValue;
+    fake_lock();
+    for (size_t i = 0; i < count; i++) {
+        int peer = map[i].location.id;
+        if (map[i].location.type != cudaMemLocationTypeDevice || peer < 0 ||
+            peer >= fake.ndev) {
+            fake_unlock();
+            return cudaErrorInvalidDevice;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        unsigned bit = 1u << map[i].location.id;
+        if (map[i].location.id == dev)
+            continue;
+        if (map[i].flags == cudaMemAccessFlagsProtNone)
+            fake.pool_access[dev] &= ~bit;
+        else
+            fake.pool_access[dev] |= bit;
+    }
+    fake_unlock();
+    return cudaSuccess;
+}
+
+int fake_mem_pool_access(int dev, int peer)
+{
+    int on;
+
+    fake_lock();
+    on = dev >= 0 && dev < fake.ndev && peer >= 0 && peer < fake.ndev &&
+         (fake.pool_access[dev] >> peer & 1u);
+    fake_unlock();
+    return on;
+}
+
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
                                     enum cudaMemPoolAttr attr, void *value)
 {
