@@ -71,7 +71,8 @@ class _Functions(ctypes.Structure):
                 ("device_stats_get_sized", ctypes.c_void_p),
                 ("dstat_cache_bytes", ctypes.c_int64),
                 ("dstat_cache_mallocs", ctypes.c_int64),
-                ("dstat_cache_releases", ctypes.c_int64)]
+                ("dstat_cache_releases", ctypes.c_int64),
+                ("peer_access", ctypes.c_void_p)]
 
 
 def _import_torch():
@@ -398,7 +399,9 @@ def enable(lib=None, verbose=False):
             _function(handle, "defer_device_stats_get_sized")
             if per_device else None,
             index("cache_bytes", dfields) if per_device else -1,
-            index("cache_mallocs", dfields), index("cache_releases", dfields))
+            index("cache_mallocs", dfields), index("cache_releases", dfields),
+            _function(handle, "defer_peer_access")
+            if hasattr(handle, "defer_peer_access") else None)
         message = ctypes.create_string_buffer(1024)
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
         if rc == 3:

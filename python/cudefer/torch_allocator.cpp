@@ -384,6 +384,11 @@ void CudeferAllocator::attachAllocatorTraceTracker(
                 "supported while cudefer is PyTorch's allocator");
 }
 
+// Peer access reaches the private pools' cudaMalloc'd blocks, not
+// cudefer's, which come from its memory pool on dev_to_access: that pool
+// is opened to dev too (defer_peer_access).  Once this returns, PyTorch
+// copies between the two devices with kernels of dev that use the other
+// device's memory directly.
 void CudeferAllocator::enablePeerAccess(c10::DeviceIndex dev,
                                         c10::DeviceIndex dev_to_access)
 {
@@ -393,19 +398,31 @@ void CudeferAllocator::enablePeerAccess(c10::DeviceIndex dev,
         (void)cudaGetLastError();
     else
         C10_CUDA_CHECK(err);
+    if (fns_.peer_access == nullptr)
+        return;
+    err = fns_.peer_access(dev_to_access, dev);
+    TORCH_CHECK(err == cudaSuccess, "cudefer: defer_peer_access(",
+                static_cast<int>(dev_to_access), ", ", static_cast<int>(dev),
+                ") failed with CUDA error ", static_cast<int>(err), " (",
+                cudaGetErrorString(err), "): GPU ", static_cast<int>(dev),
+                " cannot use cudefer's memory of GPU ",
+                static_cast<int>(dev_to_access));
 }
 
 // cudefer's blocks come from a memory pool of its own on each device
 // (cudaMallocFromPoolAsync), which peer access (cudaDeviceEnablePeerAccess)
 // does not open to other devices: cudaMemcpyAsync cannot copy them from
-// one device to another, cudaMemcpyPeerAsync can (and copies the private
-// pools' cudaMalloc'd blocks too).  Copies on one device: cudaMemcpyAsync.
+// one device to another unless the destination's pool was opened to the
+// source's device (p2p_enabled: PyTorch called enablePeerAccess for the
+// pair, which opened it), cudaMemcpyPeerAsync can (and copies the private
+// pools' cudaMalloc'd blocks too).  As PyTorch's cudaMallocAsync backend.
 cudaError_t CudeferAllocator::memcpyAsync(void *dst, int dst_device,
                                           const void *src, int src_device,
                                           size_t count, cudaStream_t stream,
-                                          bool)
+                                          bool p2p_enabled)
 {
-    if (dst_device == src_device)
+    if (dst_device == src_device ||
+        (p2p_enabled && fns_.peer_access != nullptr))
         return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice,
                                stream);
     return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count,

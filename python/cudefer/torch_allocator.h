@@ -115,6 +115,8 @@ struct CudeferFunctions {
     int64_t dstat_cache_bytes;
     int64_t dstat_cache_mallocs;
     int64_t dstat_cache_releases;
+    // defer_peer_access (NULL: a library without it).
+    cudaError_t (*peer_access)(int device, int peer);
 };
 
 inline constexpr int kMaxDevices = 64;
@@ -345,7 +347,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                           c10::DeviceIndex dev_to_access) override;
     cudaError_t memcpyAsync(void *dst, int dst_device, const void *src,
                             int src_device, size_t count, cudaStream_t stream,
-                            bool) override;
+                            bool p2p_enabled) override;
     void copy_data(void *dest, const void *src,
                    std::size_t count) const override;
 

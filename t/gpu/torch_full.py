@@ -19,8 +19,9 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     max_memory_reserved must still count it;
   - with two GPUs, records a tensor of a created stream on GPU 1's
     default stream while that is busy: its block must not come back
-    before GPU 1 is done; and copies a tensor to GPU 1 (Tensor.to): it
-    must arrive intact;
+    before GPU 1 is done; and copies a tensor to GPU 1 (Tensor.to), a
+    transposed one (copy_) and one converted to float16: each must arrive
+    intact;
   - allocates inside two nested torch.cuda.use_mem_pool contexts: the
     tensor must land in the inner MemPool's segments;
   - allocates 48 tensors and 8 more in a MemPool, then reads
@@ -293,6 +294,27 @@ def run(mode, lib, steps, out_path):
             del src, copied
         except Exception as e:  # noqa: BLE001 (compared)
             res["cross_copy"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+        # Copies to GPU 1 that are no plain memcpy (a transpose, a dtype
+        # conversion): with peer access PyTorch runs them as kernels of
+        # GPU 0 writing GPU 1's memory directly.
+        try:
+            # Whole numbers below 2048: float16 holds each exactly.
+            grid = (torch.arange(1 << 20, dtype=torch.float32, device=dev)
+                    % 2048).view(1024, 1024)
+            moved = torch.empty(1024, 1024, device=torch.device("cuda", 1))
+            moved.copy_(grid.t())
+            halves = grid.to(torch.device("cuda", 1), torch.float16)
+            torch.cuda.synchronize(1)
+            torch.cuda.synchronize()
+            ref = grid.cpu()
+            res["cross_kernel_copy"] = (
+                "identical" if torch.equal(moved.cpu(), ref.t())
+                and torch.equal(halves.cpu(), ref.to(torch.float16))
+                else "differs")
+            del grid, moved, halves
+        except Exception as e:  # noqa: BLE001 (compared)
+            res["cross_kernel_copy"] = "%s: %s" % (type(e).__name__,
+                                                   str(e)[:200])
 
     # Statistics of a device the process does not have: an error, not 0.
     beyond = torch.cuda.device_count()
@@ -418,6 +440,12 @@ def compare(native, mine):
               mine.get("cross_copy") == native["cross_copy"] == "identical",
               "native %s, cudefer %s" % (native["cross_copy"],
                                          mine.get("cross_copy")))
+        check("a transposed and a float16 copy to another GPU (kernels "
+              "with peer access) arrive intact",
+              mine.get("cross_kernel_copy")
+              == native.get("cross_kernel_copy") == "identical",
+              "native %s, cudefer %s" % (native.get("cross_kernel_copy"),
+                                         mine.get("cross_kernel_copy")))
     check_fraction_caps(native, mine, check)
     check("memory_stats and the resets of a device the process does not "
           "have raise RuntimeError",
