@@ -301,15 +301,15 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
         return nullptr;
     PoolBlock *b = nullptr;
     // The smallest free block of this stream that fits and wastes less
-    // than the request (blocks are never split).
+    // than the request (blocks are never split); else a new block; where
+    // cudaMalloc has no memory for it, the smallest free block of this
+    // stream that fits at all, its tail unused, rather than out of memory
+    // (PyTorch's allocator would split that block).
     auto it = pool->free_blocks.lower_bound({stream, rounded});
-    if (it != pool->free_blocks.end() && it->first.first == stream &&
-        it->first.second <= 2 * rounded) {
-        b = it->second;
-        pool->free_blocks.erase(it);
-    } else {
-        void *ptr = nullptr;
-        cudaError_t err;
+    bool fits = it != pool->free_blocks.end() && it->first.first == stream;
+    void *ptr = nullptr;
+    cudaError_t err = cudaErrorMemoryAllocation;  // cudaSuccess: a new block
+    if (!fits || it->first.second > 2 * rounded) {
         {
             c10::cuda::CUDAGuard guard(
                 static_cast<c10::DeviceIndex>(device));
@@ -317,11 +317,17 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
                 cudaStreamCaptureModeRelaxed);
             err = cudaMalloc(&ptr, rounded);
         }
-        if (err == cudaErrorMemoryAllocation) {
+        if (err == cudaErrorMemoryAllocation)
             (void)cudaGetLastError();
+        else
+            C10_CUDA_CHECK(err);
+    }
+    if (err != cudaSuccess) {
+        if (!fits)
             return kPoolOutOfMemory;
-        }
-        C10_CUDA_CHECK(err);
+        b = it->second;
+        pool->free_blocks.erase(it);
+    } else {
         auto owned = std::make_unique<PoolBlock>();
         b = owned.get();
         b->ptr = ptr;

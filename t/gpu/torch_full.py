@@ -30,6 +30,8 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     blocks must add up to its size;
   - enters torch.cuda.use_mem_pool for a MemPool already in use_mem_pool:
     it must raise RuntimeError;
+  - frees a 4 GiB tensor of a MemPool, fills the device but for 512 MiB
+    in it, then asks it for 1 GiB: the free block must serve it;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
     MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
@@ -257,6 +259,32 @@ def run(mode, lib, steps, out_path):
         res["same_pool_twice"] = type(e).__name__
     del pool
 
+    # A MemPool holding a free 4 GiB block, the device filled but for 512
+    # MiB: 1 GiB more in the pool fits in that block (PyTorch's allocator
+    # splits it), no out of memory.
+    try:
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            big = torch.empty(4 * GiB, dtype=torch.uint8, device=dev)
+        del big
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info()[0]
+        with torch.cuda.use_mem_pool(pool):
+            filler = torch.empty(free - GiB // 2, dtype=torch.uint8,
+                                 device=dev)
+            try:
+                small = torch.empty(GiB, dtype=torch.uint8, device=dev)
+                res["pool_tight"] = "allocated"
+                del small
+            except torch.OutOfMemoryError:
+                res["pool_tight"] = "OutOfMemoryError"
+        del filler
+        del pool
+        torch.cuda.empty_cache()
+    except Exception as e:  # noqa: BLE001 (compared)
+        res["pool_tight"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+
     # record_stream on another GPU's default stream (two GPUs): the block,
     # allocated on a created stream, must wait for that default stream,
     # busy for about 2 s, not for this GPU's.
@@ -427,6 +455,11 @@ def compare(native, mine):
           mine.get("snapshot_shape") == native.get("snapshot_shape") == "ok",
           "native %s, cudefer %s" % (native.get("snapshot_shape"),
                                      mine.get("snapshot_shape")))
+    check("a MemPool with a free 4 GiB block, the device nearly full: 1 GiB "
+          "more in it fits",
+          mine.get("pool_tight") == native.get("pool_tight") == "allocated",
+          "native %s, cudefer %s" % (native.get("pool_tight"),
+                                     mine.get("pool_tight")))
     if "cross_record" not in native:
         print("SKIP record_stream on another GPU's default stream: one GPU")
     else:
