@@ -96,8 +96,10 @@ static size_t fresh_size(int device, size_t bytes)
  * waits for the reclaimer) and that size tried again, then bytes rounded
  * up to 512 only where that is less (it may fit where the rounded size
  * does not).  A callback cannot wait for the reclaimer: there the trim
- * and its retry are left out (a refused defer_trim would be said, and the
- * caller of defer_alloc never called it). */
+ * and its retry are left out (a refused trim would be said, and the
+ * caller of defer_alloc never called it).  The trim speaks in the
+ * request's words; refused (a shutdown closed the gate meanwhile), it is
+ * the request's one refusal, said and counted once: no retry. */
 static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
                                 cudaStream_t stream, void **ptr)
 {
@@ -107,7 +109,13 @@ static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
         return err;
     if (!lifecycle_in_callback()) {
         size_t trimmed = 0;
-        defer_trim(&trimmed);
+        bool refused = false;
+        cudaError_t trim_err =
+            lifecycle_trim_for(w->what, w->end, &trimmed, &refused);
+        if (refused) {
+            w->said = true;
+            return trim_err;
+        }
         err = malloc_filed(w, device, rounded, stream, ptr);
     }
     if (err != cudaErrorMemoryAllocation || exact >= rounded)

@@ -482,8 +482,9 @@ void lifecycle_push_and_wait(struct entry *e)
     pthread_mutex_destroy(&q.lock);
 }
 
-/* Checks shared by flush and trim; cudaSuccess when they may go on. */
-static cudaError_t may_wait(const char *what)
+/* Checks shared by flush and trim (what's lines ending with end's text);
+ * cudaSuccess when they may go on. */
+static cudaError_t may_wait(const char *what, const struct line_end *end)
 {
     if (inside_callback()) {
         stats_add(&stats.rejected, 1);
@@ -494,21 +495,32 @@ static cudaError_t may_wait(const char *what)
     int state = atomic_load(&rs.state);
     if (state == STATE_FORKED || state == STATE_STOPPED ||
         atomic_load(&rs.gate_closed))
-        return refuse(what);
+        return refuse_ending(what, end);
     return cudaSuccess;
 }
 
-static cudaError_t request(const char *what, bool trim, size_t *bytes)
+/* A flush or trim for a call of what's, each line it says ending with
+ * end's text; *refused (if not NULL): whether the call was refused before
+ * it asked anything of the reclaimer (said and counted). */
+static cudaError_t request(const char *what, const struct line_end *end,
+                           bool trim, size_t *bytes, bool *refused)
 {
     if (bytes != NULL)
         *bytes = 0;
-    cudaError_t err = may_wait(what);
+    if (refused != NULL)
+        *refused = true;
+    cudaError_t err = may_wait(what, end);
     if (err != cudaSuccess)
         return err;
+    if (refused != NULL)
+        *refused = false;
     if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_NEW)
         return cudaSuccess; /* nothing was ever deferred */
-    if ((err = lifecycle_enter(what)) != cudaSuccess)
+    if ((err = lifecycle_enter_ending(what, end)) != cudaSuccess) {
+        if (refused != NULL)
+            *refused = true;
         return err;
+    }
     /* Blocks freed on the legacy stream wait for no event yet: their
      * batches get one now, before the request (free_batch.h).  One that
      * cannot have it waits on: the request's error unless a device's is. */
@@ -525,12 +537,18 @@ static cudaError_t request(const char *what, bool trim, size_t *bytes)
 
 cudaError_t lifecycle_flush(void)
 {
-    return request("defer_flush", false, NULL);
+    return request("defer_flush", NULL, false, NULL, NULL);
 }
 
 cudaError_t lifecycle_trim(size_t *bytes)
 {
-    return request("defer_trim", true, bytes);
+    return request("defer_trim", NULL, true, bytes, NULL);
+}
+
+cudaError_t lifecycle_trim_for(const char *what, const struct line_end *end,
+                               size_t *bytes, bool *refused)
+{
+    return request(what, end, true, bytes, refused);
 }
 
 /* Close the gate and wait for the submissions already admitted, but for

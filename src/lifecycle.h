@@ -120,6 +120,16 @@ cudaError_t lifecycle_flush(void);
  * *bytes (if not NULL) gets the bytes released.  Errors as for flush. */
 cudaError_t lifecycle_trim(size_t *bytes);
 
+/* Any thread but the reclaimer: lifecycle_trim for a call of what's that
+ * trims on its own (defer_alloc out of memory, before its retry), each
+ * line said in its words and ending with end's text (report.h; NULL:
+ * nothing), so that none names a defer_trim the caller never made.
+ * *refused: whether it was refused (a shutdown closed the gate since the
+ * call was admitted; said and counted in rejected once, here), when its
+ * caller must give up rather than try again.  Errors as for trim. */
+cudaError_t lifecycle_trim_for(const char *what, const struct line_end *end,
+                               size_t *bytes, bool *refused);
+
 /* Any thread: flush and trim requests pushed to the reclaimer so far (a
  * waiting flush's marker is in the queue once this grew; for tests). */
 unsigned long lifecycle_requests_pushed(void);

@@ -282,9 +282,11 @@ static void test_out_of_memory(cudaStream_t s)
 }
 
 /* A shutdown between an allocation that ran out of memory and its retry
- * the retry is refused at the gate, said once by the gate; the allocation
- * says nothing of its own (not "allocating a new block failed: operation
- * not permitted" too, counted twice).
+ * the retry is refused at the gate, said once by the gate and counted once
+ * in rejected; the allocation says nothing of its own (not "allocating a
+ * new block failed: operation not permitted" too, counted twice), nor does
+ * the trim before the retry (not "defer_trim called after defer_shutdown",
+ * a call the caller never made).
  * In a child: a shutdown is for good. */
 struct slow_request {
     cudaStream_t s;
@@ -312,6 +314,7 @@ static void scenario_shutdown_before_retry(void)
     unsigned long entered = fake_entered(FAKE_MALLOC_ASYNC);
     struct slow_request r = {.s = s};
     pthread_t t;
+    uint64_t rejected = stats_now().rejected;
     stderr_capture_begin();
     pthread_create(&t, NULL, request_slowly, &r);
     for (int i = 0; i < 10000 && fake_entered(FAKE_MALLOC_ASYNC) == entered;
@@ -321,14 +324,19 @@ static void scenario_shutdown_before_retry(void)
     pthread_join(t, NULL);
     const char *said = stderr_capture_end();
     fake_set_latency(FAKE_MALLOC_ASYNC, 0);
+    uint64_t counted = stats_now().rejected - rejected;
     int ok_all = warm != NULL && shut == cudaSuccess &&
                  r.err == cudaErrorNotPermitted && r.p == NULL &&
+                 said_lines(said) == 1 &&
                  strstr(said, "allocating a new block") == NULL &&
+                 strstr(said, "defer_trim") == NULL &&
                  strstr(said, "defer_alloc called after defer_shutdown") !=
-                     NULL;
+                     NULL &&
+                 counted == 1;
     if (!ok_all)
-        printf("# shutdown %s, request %s, said: %s\n", cudaGetErrorName(shut),
-               cudaGetErrorName(r.err), said);
+        printf("# shutdown %s, request %s, rejected +%llu, said: %s\n",
+               cudaGetErrorName(shut), cudaGetErrorName(r.err), ULL(counted),
+               said);
     child_end(ok_all ? 0 : 1);
 }
 
