@@ -268,6 +268,41 @@ static void test_env_messages(void)
        "a 199-byte value is refused, shown as its first 64 bytes and ...");
 }
 
+/* A value is read whole, however long: a number padded with zeros is
+ * that number, one of more digits than 64 bits hold is out of range; a
+ * value longer than the 63 characters once read into a fixed buffer was
+ * "not a duration" (a wrong reason) or, padded, refused for good. */
+static void test_env_long_numbers(void)
+{
+    char padded[100], huge[100];
+    memset(padded, '0', 70);
+    snprintf(padded + 70, sizeof padded - 70, "250");
+    env_case("CUDEFER_POLL_US", padded, 1, 250, NULL);
+    memset(padded, '0', 80);
+    snprintf(padded + 80, sizeof padded - 80, "4M");
+    env_case("CUDEFER_MAX_PENDING", padded, 1, UINT64_C(4) << 20, NULL);
+    /* Shown cut at 64 characters, as every long value. */
+    static const char *const vars[2] = {"CUDEFER_MAX_DELAY_MS",
+                                        "CUDEFER_EVENT_POOL"};
+    for (int i = 0; i < 2; i++) {
+        memset(huge, '7', 70);
+        snprintf(huge + 70, sizeof huge - 70, "%s", i == 0 ? "ms" : "");
+        struct defer_config cfg;
+        config_defaults(&cfg);
+        setenv(vars[i], huge, 1);
+        stderr_capture_begin();
+        int invalid = config_load_env(&cfg);
+        const char *err = stderr_capture_end();
+        unsetenv(vars[i]);
+        char shown[80], line[700];
+        snprintf(shown, sizeof shown, "%.64s...", huge);
+        refusal(line, sizeof line, vars[i], shown, RANGE);
+        ok(invalid == 1 && strcmp(err, line) == 0,
+           "%s=<70 digits%s> %s: reported in one line", vars[i],
+           i == 0 ? "ms" : "", RANGE);
+    }
+}
+
 /* A value of bytes that each take four characters escaped (text in
  * another encoding, a binary pasted by mistake) is shown cut short, so
  * that the line still says, whole, what the knob takes and the value
@@ -613,6 +648,7 @@ int main(void)
     test_env_vars();
     test_env_messages();
     test_env_escaped_long();
+    test_env_long_numbers();
     test_env_several();
     test_poll_max_fixup();
     test_unknown_names();
