@@ -108,6 +108,28 @@ def library_cases(tmp):
     tap(ok and "STATS 0 " in out,
         "after defer_shutdown, stats() and device_stats() read; trim() is "
         "refused in words", out)
+    # peer_access: device numbers checked before the call; a refusal or a
+    # failure raised with the CUDA error's name (here: any, as the call
+    # starts cudefer, which needs a device; on a GPU, peer 64 is checked).
+    ok, out = raises("import cudefer; cudefer.peer_access(0, 'one')",
+                     "ValueError", ["cudefer: device 'one' is not a device "
+                                    "number"])
+    tap(ok, "peer_access of a peer that is no device number is refused in "
+        "words", out)
+    rc, out = py("""
+        import cudefer
+        cudefer.load(%r)
+        try:
+            cudefer.peer_access(0, 1)
+            print("GRANTED")
+        except RuntimeError as e:
+            print("RAISED", e)
+        """ % LIB)
+    tap(rc == 0 and ("GRANTED" in out or
+                     "RAISED cudefer: defer_peer_access(0, 1) failed with "
+                     "CUDA error " in out),
+        "peer_access(0, 1) grants, or raises RuntimeError naming the call "
+        "and its CUDA error", out)
     rc, out = py("""
         import cudefer
         cudefer.load(%r)

@@ -23,7 +23,7 @@ import subprocess
 import threading
 
 __all__ = ["load", "find_library", "library", "stats", "device_stats",
-           "trim", "version", "LIBRARY_ENV", "KNOWN_STATS_FIELDS",
+           "trim", "peer_access", "version", "LIBRARY_ENV", "KNOWN_STATS_FIELDS",
            "KNOWN_DEVICE_STATS_FIELDS"]
 
 # The environment variable naming libcudefer.so (overrides the search).
@@ -329,6 +329,36 @@ def trim(lib=None):
         raise RuntimeError("cudefer: defer_trim failed with CUDA error %d%s"
                            % (rc, " (%s)" % name if name else ""))
     return released.value
+
+
+def peer_access(device, peer, lib=None):
+    """defer_peer_access: let GPU peer's kernels and copies use the memory
+    cudefer allocates on GPU device, live and future.  That memory comes
+    from a memory pool of cudefer's, which peer access
+    (cudaDeviceEnablePeerAccess, CuPy's and PyTorch's) does not reach: call
+    it before peer's kernels use arrays of device (cudefer.torch does it
+    where PyTorch enables peer access).  device, peer: integers 0 .. 63.
+    Starts cudefer as an allocation does; never blocks on the GPU.  Raises
+    ValueError for a device that is not such an integer, RuntimeError with
+    the CUDA error where it is refused (no such device, peer cannot reach
+    device, a CUDA failure: said on stderr too) or for an older libcudefer
+    without it."""
+    device, peer = _device_number(device), _device_number(peer)
+    handle = load(lib)
+    try:
+        grant = handle.defer_peer_access
+    except AttributeError:
+        raise RuntimeError("cudefer: %s has no defer_peer_access: an older "
+                           "libcudefer" % _loaded["path"]) from None
+    grant.restype = ctypes.c_int
+    grant.argtypes = [ctypes.c_int, ctypes.c_int]
+    rc = grant(device, peer)
+    if rc != 0:
+        name = _error_name(handle, rc)
+        raise RuntimeError("cudefer: defer_peer_access(%d, %d) failed with "
+                           "CUDA error %d%s" % (device, peer, rc,
+                                                " (%s)" % name if name
+                                                else ""))
 
 
 def version(lib=None):

@@ -21,6 +21,10 @@ outlive the arrays allocated on it.
 Limit: an allocation on a stream being captured into a CUDA graph
 (cupy.cuda.Stream.begin_capture) is refused (RuntimeError): allocate
 before the capture.
+Limit: a kernel of another GPU that uses an array of cudefer's (CuPy's
+peer access) needs cudefer.peer_access(array's device, kernel's device)
+first: the memory comes from a pool of cudefer's, which peer access does
+not reach.
 Limit: a CuPy array used on a stream other than its allocation stream must
 be freed only once that stream's work is ordered before the allocation
 stream (as with CuPy's own pool, which also reuses per stream).

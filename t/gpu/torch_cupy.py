@@ -22,6 +22,9 @@ cupy or a device):
     pools, is printed for reference.  (PyTorch's temporary costs it three
     times its size: sum(dtype=float64) makes a double copy; CuPy's
     reduction casts as it reads.)
+  - with two GPUs that reach each other, a CuPy kernel on GPU 1 reading an
+    array of GPU 0 gives the same result under both (cudefer's after
+    cudefer.peer_access(0, 1)).
 """
 import argparse
 import gc
@@ -118,6 +121,28 @@ def run(mode, lib, out_path):
         del kept
         cupy.cuda.Device().synchronize()
         res["freed_after_stream"] = cudefer.stats()["rejected"] == rejected
+    # Two GPUs: a CuPy kernel on GPU 1 reads an array of GPU 0 (CuPy turns
+    # peer access on); under cudefer the array's pool is opened to GPU 1
+    # first (cudefer.peer_access), which peer access does not reach.
+    if (cupy.cuda.runtime.getDeviceCount() > 1 and
+            cupy.cuda.runtime.deviceCanAccessPeer(1, 0)):
+        import numpy
+        with cupy.cuda.Device(0):
+            on0 = cupy.arange(MiB, dtype=cupy.float32) % 1024
+            cupy.cuda.Device().synchronize()
+        if mode == "cudefer":
+            cudefer.peer_access(0, 1)
+        try:
+            with cupy.cuda.Device(1):
+                doubled = on0 * 2
+                cupy.cuda.Device().synchronize()
+            want = (numpy.arange(MiB, dtype=numpy.float32) % 1024) * 2
+            res["peer_kernel"] = ("identical" if numpy.array_equal(
+                cupy.asnumpy(doubled), want) else "differs")
+            del doubled
+        except Exception as e:  # noqa: BLE001 (compared)
+            res["peer_kernel"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+        del on0
     h = hashlib.sha256()
     h.update(b.cpu().numpy().tobytes())
     h.update(acc_t.cpu().numpy().tobytes())
@@ -178,6 +203,15 @@ def main():
           mine["dlpack_cupy_to_torch_same"])
     check("a CuPy array freed after its stream object went is freed, not "
           "refused", mine.get("freed_after_stream") is True)
+    if "peer_kernel" in native:
+        check("a CuPy kernel on GPU 1 reads an array of GPU 0 (peer access; "
+              "under cudefer after cudefer.peer_access(0, 1))",
+              mine.get("peer_kernel") == native["peer_kernel"] ==
+              "identical", "native %s, cudefer %s" % (
+                  native["peer_kernel"], mine.get("peer_kernel")))
+    else:
+        print("SKIP a CuPy kernel on GPU 1 reading an array of GPU 0: one "
+              "GPU, or no peer access")
     # Above what is live (the baseline): the larger library's own peak,
     # 5 % and 64 MiB for rounding.
     larger = max(native["torch_peak"], native["cupy_peak"])
