@@ -193,9 +193,12 @@ void CudeferAllocator::recordStream(const c10::DataPtr &data_ptr,
     if (block != nullptr) {
         std::lock_guard<std::mutex> lock(devices_[device]->mu);
         if (stream.stream() != block->stream &&
-            std::find(block->uses.begin(), block->uses.end(),
-                      stream.stream()) == block->uses.end())
-            block->uses.push_back(stream.stream());
+            std::none_of(block->uses.begin(), block->uses.end(),
+                         [&](const PoolUse &u) {
+                             return u.stream == stream.stream() &&
+                                    u.device == stream.device_index();
+                         }))
+            block->uses.push_back({stream.stream(), stream.device_index()});
         recorded.fetch_add(1, std::memory_order_relaxed);
         return;
     }

@@ -23,6 +23,9 @@
 //     capturing stream.  A pool lives while its use count (graphs,
 //     MemPools, allocate-to-pool sections) is above zero; its free blocks
 //     go back to CUDA at empty_cache or out of memory once it is released.
+//     A block other streams used (Tensor.record_stream) and freed outside
+//     any section is handed out again once events recorded on those
+//     streams at its free have completed, as in PyTorch's allocator.
 //     Checkpoints of a pool (torch.compile's CUDA graph trees) and
 //     checkPoolLiveAllocations work on these blocks;
 //   - set_per_process_memory_fraction (and PYTORCH_CUDA_ALLOC_CONF's
@@ -47,14 +50,16 @@
 //                        class, and inline what every allocation and
 //                        free runs: the pointer table (remember, forget,
 //                        lookup), count_alloc and count_free,
-//                        reserved_of, a pool block's free;
+//                        reserved_of;
 //   torch_allocator.cpp  allocation and free, record_stream, the memory
 //                        fraction, out of memory, the rest of
 //                        CUDAAllocator, and the extern "C" entry points
 //                        Python calls (cudefer_torch_install...);
 //   torch_pools.cpp      private pools (CUDA graphs, MemPool,
-//                        checkpoints of torch.compile's graph trees)
-//                        and empty_cache, which releases them;
+//                        checkpoints of torch.compile's graph trees),
+//                        a pool block's free and reuse after other
+//                        streams' uses, and empty_cache, which releases
+//                        them;
 //   torch_stats.cpp      memory_stats, their resets, the samples of
 //                        cudefer's counters, snapshot.
 // Everything but the entry points is in namespace cudefer_torch, hidden
@@ -208,6 +213,13 @@ struct AtomicStatArray {
 
 struct Pool;
 
+// A stream other than its block's own that used the block
+// (record_stream), and that stream's device.
+struct PoolUse {
+    cudaStream_t stream;
+    int device;
+};
+
 // A block of a private pool: one cudaMalloc of size bytes (the rounded
 // request), on device, for use on stream.  Guarded by its device's mutex.
 struct PoolBlock {
@@ -217,10 +229,17 @@ struct PoolBlock {
     cudaStream_t stream = nullptr;
     Pool *pool = nullptr;
     bool allocated = false;
-    // Recorded on another stream (record_stream) before its free: never
-    // handed out again, returned to CUDA with its pool.
+    // Freed with uses while an allocate-to-pool section was open
+    // somewhere (a capture may be under way: no event can be recorded):
+    // never handed out again, returned to CUDA with its pool once the
+    // devices of its uses are idle.
     bool retired = false;
-    std::vector<cudaStream_t> uses;
+    // Streams other than its own that used it since it was handed out.
+    std::vector<PoolUse> uses;
+    // Freed with uses outside any section: one event on each use's
+    // stream; the block is on its pool's pending list until all have
+    // completed.
+    std::vector<cudaEvent_t> events;
 };
 
 // A private pool (a CUDA graph's, a MemPool's, torch.compile's CUDA graph
@@ -232,6 +251,9 @@ struct Pool {
     int use_count = 0;
     std::vector<std::unique_ptr<PoolBlock>> blocks;
     std::multimap<std::pair<cudaStream_t, size_t>, PoolBlock *> free_blocks;
+    // Freed blocks waiting for their events (PoolBlock::events):
+    // pool_reclaim puts those whose events completed among free_blocks.
+    std::vector<PoolBlock *> pending;
 };
 
 // What the allocator knows of a live allocation (the pointer table).
@@ -531,22 +553,6 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         pool.free_blocks.insert({{b->stream, b->size}, b});
     }
 
-    // A pool block's free: back to its pool's free blocks for its stream,
-    // unless another stream recorded a use (it is retired then: nothing
-    // tells when that stream is done, and during a capture no event can
-    // be waited for).
-    void pool_free(DeviceState &d, PoolBlock *b)
-    {
-        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
-        if (!b->uses.empty()) {
-            b->allocated = false;
-            b->retired = true;
-            b->uses.clear();
-            return;
-        }
-        pool_put_free(*b->pool, b);
-    }
-
     // ---- torch_allocator.cpp --------------------------------------------
 
     void set_cap(int device, double fraction, size_t total);
@@ -562,6 +568,10 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                       cudaStream_t stream);
     void *pool_malloc_locked(DeviceState &d, int device, size_t size,
                              size_t rounded, cudaStream_t stream);
+    void pool_free(DeviceState &d, PoolBlock *b);
+    bool pool_record_events(PoolBlock *b);
+    void pool_reclaim(Pool &pool);
+    void pool_drop_events(Pool &pool, PoolBlock *b);
     void pool_take_free(Pool &pool, PoolBlock *b);
     size_t release_free_pools(int device, const MempoolId_t *only = nullptr);
 

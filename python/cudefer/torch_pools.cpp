@@ -299,6 +299,7 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
     }
     if (pool == nullptr)
         return nullptr;
+    pool_reclaim(*pool);
     PoolBlock *b = nullptr;
     // The smallest free block of this stream that fits and wastes less
     // than the request (blocks are never split); else a new block; where
@@ -356,6 +357,10 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
     return b->ptr;
 }
 
+// Any thread, under the device's mutex: a block a checkpoint has
+// allocated, taken off its pool's free blocks; a pending one once its
+// events completed (waits for them), a retired one as it is (the
+// checkpoint's tensors are the graph tree's again).
 void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
 {
     auto range = pool.free_blocks.equal_range({b->stream, b->size});
@@ -365,16 +370,144 @@ void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
             return;
         }
     }
+    if (!b->events.empty()) {
+        pool_drop_events(pool, b);
+        b->uses.clear();
+        return;
+    }
     TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
-                " is neither free nor retired");
+                " is neither free, pending nor retired");
     b->retired = false;
+    b->uses.clear();
 }
 
-// Give the free and retired blocks of released pools (use count 0) of
-// device back to CUDA (only that pool with only != nullptr), and drop
-// pools with no blocks left.  Not while any allocate-to-pool section is
-// open (a capture may be running: no synchronisation then).  Returns
-// the bytes released.
+// Any thread, under the device's mutex; never blocks nor throws (frees
+// run in deleters): a pool block's free, back to its pool's free blocks
+// for its stream where no other stream recorded a use.  Else, with no
+// allocate-to-pool section open anywhere, an event on each use's
+// stream: the block is pending until they have completed
+// (pool_reclaim), as PyTorch's allocator frees a block other streams
+// used (insert_events); with a section open (a capture may be under
+// way: no event may be recorded or queried there) or an event CUDA
+// refused, it is retired.
+void CudeferAllocator::pool_free(DeviceState &d, PoolBlock *b)
+{
+    d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
+    if (b->uses.empty()) {
+        pool_put_free(*b->pool, b);
+        return;
+    }
+    b->allocated = false;
+    if (sections_anywhere.load(std::memory_order_acquire) == 0 &&
+        pool_record_events(b)) {
+        b->pool->pending.push_back(b);
+        return;
+    }
+    b->retired = true;
+}
+
+// Any thread, under the device's mutex; never blocks nor throws (frees
+// run in deleters): records an event on each of b's uses' streams, on
+// that stream's device (the caller's current device is put back).
+// Returns false, with no event left and CUDA's error cleared, where
+// CUDA refused one.
+bool CudeferAllocator::pool_record_events(PoolBlock *b)
+{
+    int current = 0;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    bool ok = true;
+    for (const PoolUse &u : b->uses) {
+        cudaEvent_t e = nullptr;
+        if (cudaSetDevice(u.device) != cudaSuccess ||
+            cudaEventCreateWithFlags(&e, cudaEventDisableTiming) !=
+                cudaSuccess) {
+            ok = false;
+            break;
+        }
+        b->events.push_back(e);
+        if (cudaEventRecord(e, u.stream) != cudaSuccess) {
+            ok = false;
+            break;
+        }
+    }
+    if (!ok) {
+        (void)cudaGetLastError();
+        for (cudaEvent_t e : b->events)
+            (void)cudaEventDestroy(e);
+        b->events.clear();
+    }
+    if (cudaSetDevice(current) != cudaSuccess)
+        (void)cudaGetLastError();
+    return ok;
+}
+
+// Any thread, under the device's mutex; never blocks: puts the pool's
+// pending blocks whose events have all completed among its free blocks;
+// one whose event CUDA cannot query is retired.  Only queries, under a
+// relaxed capture mode: this thread may be capturing into the pool (the
+// events were recorded outside any capture, which a relaxed mode allows
+// querying).
+void CudeferAllocator::pool_reclaim(Pool &pool)
+{
+    if (pool.pending.empty())
+        return;
+    c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+        cudaStreamCaptureModeRelaxed);
+    for (size_t i = 0; i < pool.pending.size();) {
+        PoolBlock *b = pool.pending[i];
+        cudaError_t err = cudaSuccess;
+        for (cudaEvent_t e : b->events) {
+            err = cudaEventQuery(e);
+            if (err != cudaSuccess)
+                break;
+        }
+        if (err == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            i++;
+            continue;
+        }
+        for (cudaEvent_t e : b->events)
+            (void)cudaEventDestroy(e);
+        b->events.clear();
+        pool.pending[i] = pool.pending.back();
+        pool.pending.pop_back();
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            b->retired = true;
+            continue;
+        }
+        b->uses.clear();
+        pool_put_free(pool, b);
+    }
+}
+
+// Any thread, under the device's mutex; blocks: waits for a pending
+// block's events, destroys them and takes the block off its pool's
+// pending list; its uses stay.  CUDA's errors are cleared: the caller
+// gives the block back or hands it out.
+void CudeferAllocator::pool_drop_events(Pool &pool, PoolBlock *b)
+{
+    for (cudaEvent_t e : b->events) {
+        if (cudaEventSynchronize(e) != cudaSuccess)
+            (void)cudaGetLastError();
+        (void)cudaEventDestroy(e);
+    }
+    b->events.clear();
+    auto it = std::find(pool.pending.begin(), pool.pending.end(), b);
+    if (it != pool.pending.end())
+        pool.pending.erase(it);
+}
+
+// Give the free, pending and retired blocks of released pools (use
+// count 0) of device back to CUDA (only that pool with only != nullptr),
+// and drop pools with no blocks left.  Blocks: the device synchronises
+// first, and so do the other devices whose streams used a retired block;
+// a pending block waits for its events.  Not while any allocate-to-pool
+// section is open (a capture may be running: no synchronisation then).
+// Returns the bytes released.
 size_t CudeferAllocator::release_free_pools(int device,
                                             const MempoolId_t *only)
 {
@@ -384,6 +517,7 @@ size_t CudeferAllocator::release_free_pools(int device,
     std::lock_guard<std::mutex> lock(d.mu);
     size_t released = 0;
     bool synced = false;
+    uint64_t others_synced = 0;  // other devices synchronised, by bit
     for (auto it = d.pools.begin(); it != d.pools.end();) {
         Pool &pool = *it->second;
         if (pool.use_count > 0 || (only != nullptr && pool.id != *only)) {
@@ -403,6 +537,19 @@ size_t CudeferAllocator::release_free_pools(int device,
                 C10_CUDA_CHECK(cudaDeviceSynchronize());
                 synced = true;
             }
+            if (!(*b)->events.empty())
+                pool_drop_events(pool, b->get());
+            if ((*b)->retired) {
+                for (const PoolUse &u : (*b)->uses) {
+                    uint64_t bit = 1ull << u.device;
+                    if (u.device == device || (others_synced & bit))
+                        continue;
+                    c10::cuda::CUDAGuard other(
+                        static_cast<c10::DeviceIndex>(u.device));
+                    C10_CUDA_CHECK(cudaDeviceSynchronize());
+                    others_synced |= bit;
+                }
+            }
             C10_CUDA_CHECK(cudaFree((*b)->ptr));
             bool small = (*b)->size <= kSmallSize;
             d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
@@ -412,6 +559,7 @@ size_t CudeferAllocator::release_free_pools(int device,
             b = blocks.erase(b);
         }
         pool.free_blocks.clear();
+        pool.pending.clear();
         if (blocks.empty())
             it = d.pools.erase(it);
         else
