@@ -54,14 +54,14 @@ static cudaError_t malloc_filed(struct words *w, int device, size_t size,
         return err;
     }
     bool upstream;
-    err = cache_upstream_malloc(device, size, stream, ptr, &upstream);
+    err = cache_upstream_malloc(w->what, device, size, stream, ptr, &upstream);
     if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
         refuse(w, "allocating a new block", err, "");
     if (err == cudaSuccess) {
         /* Counted as a new block once filed: one that is not is plain
          * memory, never a block of the cache (in neither cache_bytes nor
          * allocs, and its release in no cache_releases). */
-        if (cache_add(device, *ptr, size, upstream)) {
+        if (cache_add(w->what, device, *ptr, size, upstream)) {
             stats_device_count_mallocs(device, 1);
         } else {
             report("%s: out of memory for the record of %p: it is "
@@ -128,19 +128,21 @@ static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
  * instead (it drains the device, so it is safe for a block pending on
  * stream too), since it is in no cache any more and nothing else would
  * ever release it.  Returns the bytes of those released; one neither call
- * released is reported, not counted, and still lent in the pool's books. */
-static size_t give_to_pool(int device, const struct block_memory *m,
-                           size_t n, cudaStream_t stream)
+ * released is reported in w's words (the request goes on: no line end),
+ * not counted, and still lent in the pool's books. */
+static size_t give_to_pool(const struct words *w, int device,
+                           const struct block_memory *m, size_t n,
+                           cudaStream_t stream)
 {
     size_t bytes = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
         cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess) {
-            cuda_report_failure("defer_alloc", "cudaFreeAsync", err,
+            cuda_report_failure(w->what, "cudaFreeAsync", err,
                         "; the free block goes back with cudaFree");
             err = cache_upstream_free_sync(device, m[i].ptr, m[i].size);
             if (err != cudaSuccess)
-                cuda_report_failure("defer_alloc", "cudaFree", err,
+                cuda_report_failure(w->what, "cudaFree", err,
                                     "; a free block is lost to the pool");
         }
         if (err == cudaSuccess) {
@@ -166,9 +168,9 @@ static size_t give_to_pool(int device, const struct block_memory *m,
  * after it, which then take nothing from the cache; the oldest first
  * handed back many blocks that later requests missed for (t/alloc_steady:
  * 55 misses a step, 27 with the largest first, both at ~1.01x the live
- * peak).  Nothing waits. */
-static void hand_back_free_blocks(int device, size_t bytes,
-                                  cudaStream_t stream,
+ * peak).  Nothing waits.  A failed hand-back is said in w's words. */
+static void hand_back_free_blocks(const struct words *w, int device,
+                                  size_t bytes, cudaStream_t stream,
                                   unsigned long long stream_id,
                                   uint64_t before_ns)
 {
@@ -180,7 +182,7 @@ static void hand_back_free_blocks(int device, size_t bytes,
     while (lacking > 0 &&
            (n = cache_reclaim_for_miss(device, stream_id, before_ns, memory,
                                      64, lacking)) > 0) {
-        got = give_to_pool(device, memory, n, stream);
+        got = give_to_pool(w, device, memory, n, stream);
         lacking = got < lacking ? lacking - got : 0;
     }
 }
@@ -299,7 +301,7 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
      * there). */
     if (cache_upstream_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
-    hand_back_free_blocks(*device, bytes, stream, id, before);
+    hand_back_free_blocks(w, *device, bytes, stream, id, before);
     return cudaSuccess;
 }
 
@@ -375,7 +377,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
 {
     if (ptr == NULL) {
         stats_add(&stats.rejected, 1);
-        report("defer_alloc: ptr is NULL: refused");
+        report("%s: ptr is NULL: refused", w->what);
         return cudaErrorInvalidValue;
     }
     *ptr = NULL;

@@ -276,7 +276,8 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
     return b != NULL ? b->ptr : NULL;
 }
 
-bool cache_add(int device, void *ptr, size_t size, bool upstream)
+bool cache_add(const char *what, int device, void *ptr, size_t size,
+               bool upstream)
 {
     if (device < 0 || device >= set.ncaches)
         return false;
@@ -291,7 +292,7 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
     b->state = BLOCK_LIVE;
     struct device_cache *c = cache_of(device);
     struct cache_block *stale = NULL;
-    cache_stale_before_filing(device, ptr, size);
+    cache_stale_before_filing(what, device, ptr, size);
     /* Filed, inserted and the block it replaces looked at in one hold (the
      * cache's lock, then the map's, as everywhere).  A piece MERGED into a
      * segment that a miss handed back upstream while the piece's entry was
@@ -301,7 +302,7 @@ bool cache_add(int device, void *ptr, size_t size, bool upstream)
      * is let go, so it is not touched after. */
     cache_lock(c);
     b->handout = c->next_handout++;
-    struct cache_stale dropped = {.ptr = ptr};
+    struct cache_stale dropped = {.what = what, .ptr = ptr};
     cache_stale_overlapped_locked(c, device, size, &dropped);
     bool filed = cache_segments_file(c, ptr, size);
     bool inserted = filed && cache_map_insert(b, &stale);

@@ -210,10 +210,13 @@ void *cache_take(int device, unsigned long long stream_id, size_t bytes,
                  size_t *size);
 
 /* Any thread.  Files new memory fresh from upstream (upstream: from the
- * upstream pool, else cudaMalloc) as a LIVE block, a segment of its own;
- * false when no block struct could be allocated (the caller keeps plain
- * memory).  Never blocks but on the devices' mutexes. */
-bool cache_add(int device, void *ptr, size_t size, bool upstream);
+ * upstream pool, else cudaMalloc) as a LIVE block, a segment of its own,
+ * for what, the call the user made (which says any stale block the
+ * memory replaces: Note [Stale blocks]); false when no block struct could
+ * be allocated (the caller keeps plain memory).  Never blocks but on the
+ * devices' mutexes. */
+bool cache_add(const char *what, int device, void *ptr, size_t size,
+               bool upstream);
 
 /* Any thread.  Whether the cache is for one device (device 0: every block
  * is on it, so the device of a pointer that is a block needs no look-up).
@@ -442,8 +445,9 @@ void cache_upstream_fork_child(void);
  * from cudaMalloc.  Returns the CUDA error; an error that is not sticky
  * (out of memory, a bad argument) leaves the runtime's last error clear.
  * The first call on a device creates its pool, under a lock that only
- * that creation takes. */
-cudaError_t cache_upstream_malloc(int device, size_t bytes,
+ * that creation takes.  what: the call the user made (defer_alloc,
+ * defer_pluggable_alloc...), which says a failure here. */
+cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
                                   cudaStream_t stream, void **ptr,
                                   bool *upstream);
 

@@ -534,6 +534,7 @@ void cache_make_free(struct device_cache *c, struct cache_block *b,
  * forgotten once its lock is let go (cache_stale_said).  Owned by the
  * cache_add call that fills it; no lock. */
 struct cache_stale {
+    const char *what;               /* the call the user made (said) */
     const void *ptr;                /* the new memory's start */
     struct cache_block *forget;     /* dropped, to forget (via lru_next) */
     size_t overlapped;              /* segments the new memory overlapped */
@@ -546,8 +547,10 @@ struct cache_stale {
 /* Any thread holding no device's lock; may block on the locks.  Before
  * memory of device at [ptr, ptr + size) is filed: another device's stale
  * block at ptr, and other devices' segments the range overlaps, are dropped
- * under their own device's lock and said. */
-void cache_stale_before_filing(int device, const void *ptr, size_t size);
+ * under their own device's lock and said in the words of what, the call
+ * the user made. */
+void cache_stale_before_filing(const char *what, int device, const void *ptr,
+                               size_t size);
 
 /* Any thread, under c's lock (c: device's), before st->ptr is filed: c's
  * segments that [st->ptr, st->ptr + size) overlaps, but one starting at

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Stale blocks (Note [Stale blocks]): blocks of defer_alloc's whose memory
+/* Stale blocks (Note [Stale blocks]): blocks of the cache whose memory
  * the application gave back with cudaFree behind cudefer's back, found
  * when CUDA hands the address out again and cache_add files the new
  * memory.  Each is dropped with the rest of its segment, said in one line,
@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cache_block.h"
 #include "report.h"
@@ -88,22 +89,32 @@ static size_t drop_stale_locked(struct device_cache *c,
     return others;
 }
 
-/* Any thread: says that the block of size bytes at ptr was freed with
- * cudaFree instead of defer_free, and that it is dropped with the others
- * (other blocks cut from its allocation). */
-static void report_stale(const void *ptr, size_t size, size_t others)
+/* The free that goes with what, the allocation call the user made: the
+ * one its blocks should have gone back through. */
+static const char *free_of(const char *what)
+{
+    return strncmp(what, "defer_pluggable_", 16) == 0 ? "defer_pluggable_free"
+                                                      : "defer_free";
+}
+
+/* Any thread: says, in the words of what (the call the user made), that
+ * the block of size bytes at ptr was freed with cudaFree instead of its
+ * free, and that it is dropped with the others (other blocks cut from its
+ * allocation). */
+static void report_stale(const char *what, const void *ptr, size_t size,
+                         size_t others)
 {
     if (others == 0)
-        report("defer_alloc: CUDA gave out %p as new memory, which cudefer "
-               "still counted as its block of %zu bytes: that block was "
-               "freed with cudaFree instead of defer_free; its record is "
-               "dropped", ptr, size);
+        report("%s: CUDA gave out %p as new memory, which cudefer still "
+               "counted as its block of %zu bytes: that block was freed "
+               "with cudaFree instead of %s; its record is dropped", what,
+               ptr, size, free_of(what));
     else
-        report("defer_alloc: CUDA gave out %p as new memory, which cudefer "
-               "still counted as its block of %zu bytes: that block was "
-               "freed with cudaFree instead of defer_free; its record is "
-               "dropped, with the %zu other block%s cut from its allocation",
-               ptr, size, others, others == 1 ? "" : "s");
+        report("%s: CUDA gave out %p as new memory, which cudefer still "
+               "counted as its block of %zu bytes: that block was freed "
+               "with cudaFree instead of %s; its record is dropped, with "
+               "the %zu other block%s cut from its allocation", what, ptr,
+               size, free_of(what), others, others == 1 ? "" : "s");
 }
 
 /* Any thread, under c's lock (c: device's), before memory at [ptr, ptr +
@@ -136,18 +147,20 @@ static size_t drop_overlapped_locked(struct device_cache *c, int device,
     return n;
 }
 
-/* Any thread: says that memory just allocated at ptr overlaps segments
- * (blocks blocks, the first segment at first) that cudefer still
- * counted, freed with cudaFree instead of defer_free, and that they are
- * dropped. */
-static void report_overlapped(const void *ptr, size_t segments, size_t blocks,
+/* Any thread: says, in the words of what, that memory just allocated at
+ * ptr overlaps segments (blocks blocks, the first segment at first) that
+ * cudefer still counted, freed with cudaFree instead of their free, and
+ * that they are dropped. */
+static void report_overlapped(const char *what, const void *ptr,
+                              size_t segments, size_t blocks,
                               const void *first)
 {
-    report("defer_alloc: CUDA gave out new memory at %p, which overlaps %zu "
+    report("%s: CUDA gave out new memory at %p, which overlaps %zu "
            "allocation%s that cudefer still counted (the first at %p, %zu "
-           "block%s in all): freed with cudaFree instead of defer_free; "
-           "their records are dropped", ptr, segments,
-           segments == 1 ? "" : "s", first, blocks, blocks == 1 ? "" : "s");
+           "block%s in all): freed with cudaFree instead of %s; their "
+           "records are dropped", what, ptr, segments,
+           segments == 1 ? "" : "s", first, blocks, blocks == 1 ? "" : "s",
+           free_of(what));
 }
 
 /* Any thread: forgets the blocks of forget (linked by lru_next). */
@@ -162,9 +175,9 @@ static void forget_list(struct cache_block *forget)
 /* Any thread holding no device's lock, before it files memory of device at
  * ptr: a stale block of another device's filed under ptr is dropped under
  * that device's lock with its segment, taken out of the map and reported
- * (Note [Stale blocks]).  A block of device itself is left to the caller's
- * hold. */
-static void drop_other_device(const void *ptr, int device)
+ * (Note [Stale blocks]) in the words of what.  A block of device itself is
+ * left to the caller's hold. */
+static void drop_other_device(const char *what, const void *ptr, int device)
 {
     struct device_cache *o;
     struct cache_block *x = cache_find_locked(ptr, &o);
@@ -190,7 +203,7 @@ static void drop_other_device(const void *ptr, int device)
      * left of it would be refused as a pointer inside a block. */
     cache_segments_unfile(o, start);
     pthread_mutex_unlock(&o->lock);
-    report_stale(ptr, size, others);
+    report_stale(what, ptr, size, others);
     forget_list(forget);
 }
 
@@ -198,10 +211,10 @@ static void drop_other_device(const void *ptr, int device)
  * [ptr, ptr + size): the segments of every other device's that the range
  * overlaps are stale (one address space for all devices: CUDA gave part of
  * one's released range to device), dropped under that device's lock and
- * said, as drop_overlapped_locked does for device's own.  One starting at
- * ptr went with drop_other_device. */
-static void drop_overlapped_elsewhere(int device, const void *ptr,
-                                      size_t size)
+ * said in the words of what, as drop_overlapped_locked does for device's
+ * own.  One starting at ptr went with drop_other_device. */
+static void drop_overlapped_elsewhere(const char *what, int device,
+                                      const void *ptr, size_t size)
 {
     if (cache_one_device())
         return;
@@ -217,17 +230,18 @@ static void drop_overlapped_elsewhere(int device, const void *ptr,
                                           &first);
         pthread_mutex_unlock(&o->lock);
         if (n > 0)
-            report_overlapped(ptr, n, blocks, first);
+            report_overlapped(what, ptr, n, blocks, first);
         forget_list(forget);
     }
 }
 
 /* ---- cache_add's steps -------------------------------------------------- */
 
-void cache_stale_before_filing(int device, const void *ptr, size_t size)
+void cache_stale_before_filing(const char *what, int device, const void *ptr,
+                               size_t size)
 {
-    drop_other_device(ptr, device);
-    drop_overlapped_elsewhere(device, ptr, size);
+    drop_other_device(what, ptr, device);
+    drop_overlapped_elsewhere(what, device, ptr, size);
 }
 
 void cache_stale_overlapped_locked(struct device_cache *c, int device,
@@ -250,10 +264,10 @@ void cache_stale_drop_locked(struct device_cache *c, struct cache_block *stale,
 void cache_stale_said(struct cache_stale *st)
 {
     if (st->overlapped > 0)
-        report_overlapped(st->ptr, st->overlapped, st->overlapped_blocks,
-                          st->overlapped_first);
+        report_overlapped(st->what, st->ptr, st->overlapped,
+                          st->overlapped_blocks, st->overlapped_first);
     if (st->stale)
-        report_stale(st->ptr, st->stale_size, st->others);
+        report_stale(st->what, st->ptr, st->stale_size, st->others);
     forget_list(st->forget); /* the others: the last entry naming each */
     st->forget = NULL;
 }

@@ -50,9 +50,9 @@ void cache_upstream_fork_child(void)
 }
 
 /* Under create_lock: makes p's pool for device, its release threshold the
- * maximum; false when CUDA cannot (said: the device's blocks come from
- * cudaMalloc). */
-static bool mempool_create(struct mempool *p, int device)
+ * maximum; false when CUDA cannot (said in the words of what, the call
+ * the user made: the device's blocks come from cudaMalloc). */
+static bool mempool_create(struct mempool *p, int device, const char *what)
 {
     struct cudaMemPoolProps props = {0};
     props.allocType = cudaMemAllocationTypePinned;
@@ -67,18 +67,19 @@ static bool mempool_create(struct mempool *p, int device)
         cudaMemPoolDestroy(p->pool);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        cuda_report_failure("defer_alloc", "cudaMemPoolCreate", err,
+        cuda_report_failure(what, "cudaMemPoolCreate", err,
                             "; blocks come from cudaMalloc on this device");
     }
     return err == cudaSuccess;
 }
 
-/* Create device's pool, once; false when there is none.  A device without
+/* Create device's pool, once, for what (the call the user made, which
+ * says a failure); false when there is none.  A device without
  * memory pools (cudaDevAttrMemoryPoolsSupported 0) has none quietly:
  * nothing failed, cudaMalloc is its way (cudefer(7)).  The only CUDA calls
  * under a lock of the cache's (Note [Locks]): the first miss of each
  * device, once. */
-static bool mempool_ready(int device)
+static bool mempool_ready(int device, const char *what)
 {
     struct mempool *p = &mempools[device];
     int state = atomic_load_explicit(&p->state, memory_order_acquire);
@@ -86,7 +87,7 @@ static bool mempool_ready(int device)
         return state == MEMPOOL_READY;
     pthread_mutex_lock(&create_lock);
     if ((state = atomic_load(&p->state)) == MEMPOOL_UNTRIED) {
-        state = cuda_device_has_pools(device) && mempool_create(p, device)
+        state = cuda_device_has_pools(device) && mempool_create(p, device, what)
                     ? MEMPOOL_READY
                     : MEMPOOL_NONE;
         atomic_store_explicit(&p->state, state, memory_order_release);
@@ -115,9 +116,10 @@ bool cache_upstream_beyond_device(int device, size_t bytes)
 }
 
 /* cudaMalloc on device from any thread, restoring its current device; a
- * failed switch back frees the block and returns that error (said, where
- * cudaMalloc's error is the one returned). */
-static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
+ * failed switch back frees the block and returns that error (said in the
+ * words of what, where cudaMalloc's error is the one returned). */
+static cudaError_t malloc_on(const char *what, int device, void **ptr,
+                             size_t bytes)
 {
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     cudaError_t err = cuda_switch_device(&sw, device, NULL);
@@ -125,7 +127,7 @@ static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
         return err;
     err = cudaMalloc(ptr, bytes);
     cudaError_t back =
-        cuda_switch_back(&sw, err == cudaSuccess ? NULL : "defer_alloc");
+        cuda_switch_back(&sw, err == cudaSuccess ? NULL : what);
     if (err == cudaSuccess && back != cudaSuccess) {
         cudaFree(*ptr);
         *ptr = NULL;
@@ -134,14 +136,15 @@ static cudaError_t malloc_on(int device, void **ptr, size_t bytes)
     return err;
 }
 
-cudaError_t cache_upstream_malloc(int device, size_t bytes,
+cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
                                   cudaStream_t stream, void **ptr,
                                   bool *upstream)
 {
-    *upstream = device >= 0 && device < nmempools && mempool_ready(device);
+    *upstream =
+        device >= 0 && device < nmempools && mempool_ready(device, what);
     cudaError_t err = *upstream ? cudaMallocFromPoolAsync(
                                       ptr, bytes, mempools[device].pool, stream)
-                                : malloc_on(device, ptr, bytes);
+                                : malloc_on(what, device, ptr, bytes);
     if (err != cudaSuccess && !cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
     else if (err == cudaSuccess && *upstream)
@@ -192,7 +195,7 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call)
     *call = NULL;
     if (device < 0 || device >= nmempools || peer < 0 || peer >= nmempools)
         return cudaErrorInvalidDevice;
-    if (peer == device || !mempool_ready(device))
+    if (peer == device || !mempool_ready(device, "defer_peer_access"))
         return cudaSuccess;
     int can = 0;
     *call = "cudaDeviceCanAccessPeer";

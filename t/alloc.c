@@ -589,6 +589,32 @@ static void scenario_stale_segment_inside(void)
     cudaStreamDestroy(s3);
 }
 
+/* A block of defer_pluggable_alloc's cudaFree'd behind cudefer's back,
+ * found when its address comes back to defer_pluggable_alloc: said in the
+ * words of the calls the application made, defer_pluggable_alloc and its
+ * free, defer_pluggable_free, never defer_alloc's. */
+static void scenario_stale_said_as_pluggable(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new();
+    void *p = defer_pluggable_alloc(2 * MiB, 0, s);
+    CHECK(p != NULL, "a 2 MiB block");
+    CHECK(cudaFree(p) == cudaSuccess, "cudaFree'd behind cudefer's back");
+    stderr_capture_begin();
+    void *q = defer_pluggable_alloc(2 * MiB, 0, s);
+    const char *said = stderr_capture_end();
+    CHECK(q == p, "its address comes back (q %p, p %p)", q, p);
+    CHECK(has_line(said, "cudefer: defer_pluggable_alloc: CUDA gave out",
+                   "instead of defer_pluggable_free;", NULL) &&
+              strstr(said, "defer_alloc") == NULL,
+          "said in the words of defer_pluggable_alloc (stderr: \"%s\")",
+          said);
+    defer_pluggable_free(q, 2 * MiB, 0, s);
+    CHECK(defer_flush() == cudaSuccess, "freed");
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -623,6 +649,9 @@ int main(void)
     fork_scenario("a block cudaFree'd behind cudefer's back: its allocation's "
                   "blocks are dropped once a new one starts inside it",
                   "", 1, 20000, scenario_stale_segment_inside);
+    fork_scenario("a block of defer_pluggable_alloc's cudaFree'd behind "
+                  "cudefer's back: said in its words", "", 1, 20000,
+                  scenario_stale_said_as_pluggable);
     /* No age limit and no idle release: a slow run (sanitizers, a loaded
      * machine) must not see the application's memory released for its age,
      * or because no defer call came for 2 ms, while a test expects it held

@@ -187,6 +187,55 @@ static void test_failed_hand_back(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
+/* The failed hand-back of test_failed_hand_back under PyTorch's entry
+ * points: said in the words of the call the application made
+ * (defer_pluggable_alloc, defer_pluggable_alloc_status), never
+ * defer_alloc's, a call it never made. */
+static void test_failed_hand_back_words(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = defer_pluggable_alloc(1 << 20, 0, s), *b = NULL;
+    ok(a != NULL, "defer_pluggable_alloc: a block");
+    defer_pluggable_free(a, 1 << 20, 0, s);
+    defer_flush(); /* FREE; the pool lends all it has */
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    b = defer_pluggable_alloc(3 << 19, 0, s); /* a miss: a goes back */
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    ok(b != NULL &&
+           has_line(said, "cudefer: defer_pluggable_alloc: cudaFreeAsync "
+                    "failed", "goes back with cudaFree", NULL) &&
+           strstr(said, "defer_alloc") == NULL,
+       "a failed hand-back under defer_pluggable_alloc is said in its "
+       "words (stderr: \"%s\")", said);
+    defer_pluggable_free(b, 3 << 19, 0, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+
+    defer_trim(&trimmed);
+    ok(defer_pluggable_alloc_status(&a, 1 << 20, 0, s) == cudaSuccess,
+       "defer_pluggable_alloc_status: a block");
+    defer_pluggable_free(a, 1 << 20, 0, s);
+    defer_flush();
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
+    stderr_capture_begin();
+    cudaError_t err = defer_pluggable_alloc_status(&b, 3 << 19, 0, s);
+    said = stderr_capture_end();
+    fake_fail_clear();
+    ok(err == cudaSuccess &&
+           has_line(said, "cudefer: defer_pluggable_alloc_status: cudaFree "
+                    "failed", "lost to the pool", NULL) &&
+           strstr(said, "defer_alloc") == NULL,
+       "a block neither call released, under "
+       "defer_pluggable_alloc_status: said in its words (stderr: \"%s\")",
+       said);
+    cudaFree(a); /* the test's now: the oracle's count of live memory */
+    defer_pluggable_free(b, 3 << 19, 0, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 static void test_trim(cudaStream_t s)
 {
     void *p = NULL;
@@ -330,6 +379,38 @@ static void no_pool_mallocs_on_the_stream_device(void)
     fake_fail_clear();
 }
 
+/* No pool could be made, found by the calls that create a device's pool
+ * other than defer_alloc: the failure is said in the words of the call
+ * the application made (defer_peer_access, defer_pluggable_alloc_status),
+ * never defer_alloc's. */
+static void no_pool_said_in_the_callers_words(void)
+{
+    fake_fail(FAKE_MEM_POOL_CREATE, cudaErrorNotSupported, 0, -1);
+    stderr_capture_begin();
+    cudaError_t err = defer_peer_access(1, 0);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_peer_access: %s (no pool: nothing to "
+          "grant)", cudaGetErrorName(err));
+    CHECK(has_line(said, "cudefer: defer_peer_access: cudaMemPoolCreate "
+                   "failed", NULL, NULL) &&
+              strstr(said, "defer_alloc") == NULL,
+          "said as defer_peer_access's (stderr: \"%s\")", said);
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    stderr_capture_begin();
+    err = defer_pluggable_alloc_status(&p, 1 << 20, 0, s);
+    said = stderr_capture_end();
+    CHECK(err == cudaSuccess && p != NULL, "defer_pluggable_alloc_status: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "cudefer: defer_pluggable_alloc_status: "
+                   "cudaMemPoolCreate failed", NULL, NULL) &&
+              strstr(said, "defer_alloc:") == NULL,
+          "said as defer_pluggable_alloc_status's (stderr: \"%s\")", said);
+    defer_pluggable_free(p, 1 << 20, 0, s);
+    CHECK(defer_flush() == cudaSuccess, "freed");
+    fake_fail_clear();
+}
+
 /* A device without memory pools (cudaDevAttrMemoryPoolsSupported 0): its
  * blocks come from cudaMalloc without a word (nothing failed: cudefer.h
  * says such a device uses cudaMalloc and cudaFree), and go back with
@@ -456,6 +537,9 @@ int main(void)
     fork_scenario("no pool: blocks from cudaMalloc on the stream's device, "
                   "the caller's device restored", "", 2, 20000,
                   no_pool_mallocs_on_the_stream_device);
+    fork_scenario("no pool: said in the words of the call that made it "
+                  "(defer_peer_access, defer_pluggable_alloc_status)", "", 2,
+                  20000, no_pool_said_in_the_callers_words);
     fork_scenario("a device without memory pools: blocks from cudaMalloc, "
                   "nothing said, back with cudaFree", "", 1, 20000,
                   no_pool_support_quiet);
@@ -475,6 +559,7 @@ int main(void)
     test_hand_back_outlives_blocks(s);
     test_reused_handle();
     test_failed_hand_back(s);
+    test_failed_hand_back_words(s);
     test_trim(s);
     test_shutdown_during_malloc(s);
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");

@@ -15,7 +15,7 @@ static void test_stream_order(void)
 {
     size_t size = 0;
     ok(cache_take(0, 7, 1000, &size) == NULL, "empty: nothing to take");
-    ok(cache_add(0, ADDR(1), 1024, false), "a fresh block is filed");
+    ok(add_block(0, ADDR(1), 1024, false), "a fresh block is filed");
     ok(cache_active(), "the cache is active from the first block");
     struct cache_block *b = cache_test_find(ADDR(1));
     ok(b != NULL && view(b).state == BLOCK_LIVE, "it is LIVE");
@@ -42,14 +42,14 @@ static void test_stream_order(void)
 static void test_fit(void)
 {
     size_t size;
-    ok(cache_add(0, ADDR(2), 4096, false) && give_back(ADDR(2)),
+    ok(add_block(0, ADDR(2), 4096, false) && give_back(ADDR(2)),
        "a 4096-byte block, adopted back: FREE");
     ok(cache_take(0, 1, 1000, &size) == NULL,
        "too big for 1000 bytes (more than 1/8 over)");
     ok(cache_take(0, 1, 4097, &size) == NULL, "too small for 4097");
     ok(cache_take(0, 1, 3700, &size) == ADDR(2) && size == 4096,
        "3700 takes it (4096 <= 3700 + 3700/8)");
-    ok(cache_add(0, ADDR(3), 1088, false) && cache_add(0, ADDR(4), 1024, false),
+    ok(add_block(0, ADDR(3), 1088, false) && add_block(0, ADDR(4), 1024, false),
        "two neighbours");
     give_back(ADDR(3));
     give_back(ADDR(4));
@@ -57,7 +57,7 @@ static void test_fit(void)
        "best fit: 1024 before 1088");
     ok(cache_take(0, 1, 1000, &size) == ADDR(3), "then 1088");
     /* An exact-size block (the out-of-memory fallback) between classes. */
-    ok(cache_add(0, ADDR(5), 614400, false) && give_back(ADDR(5)),
+    ok(add_block(0, ADDR(5), 614400, false) && give_back(ADDR(5)),
        "an exact-size block of 600 KiB");
     ok(cache_take(0, 1, 614401, &size) == NULL, "not for one byte more");
     ok(cache_take(0, 1, 614400, &size) == ADDR(5),
@@ -66,7 +66,7 @@ static void test_fit(void)
 
 static void test_double_free(void)
 {
-    ok(cache_add(0, ADDR(6), 512, false), "a block");
+    ok(add_block(0, ADDR(6), 512, false), "a block");
     free_on(ADDR(6), 3);
     struct block_free_plan plan;
     cache_claim_plan(ADDR(6), 0, 3, &plan);
@@ -93,7 +93,7 @@ static void test_double_free(void)
 
 static void test_devices(void)
 {
-    ok(cache_add(1, ADDR(8), 512, false), "a block of device 1");
+    ok(add_block(1, ADDR(8), 512, false), "a block of device 1");
     struct block_free_plan plan;
     cache_claim_plan(ADDR(8), 0, 3, &plan);
     is_int(plan.path, BLOCK_AFTER_EVENT,
@@ -123,7 +123,7 @@ static void test_split_merge(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(40);
     size_t size = 0;
-    ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
+    ok(add_block(0, base, 4 * MiB, true) && give_back(base),
        "a FREE 4 MiB pool segment");
     ok(cache_take(0, 1, 512 * 1024, &size) == NULL,
        "a request below 1 MiB is never cut from it");
@@ -207,7 +207,7 @@ static void test_merge_with_free(void)
     size_t size = 0;
     /* A FREE left neighbour absorbs the freed block. */
     char *base = ADDR(300);
-    ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
+    ok(add_block(0, base, 4 * MiB, true) && give_back(base),
        "merge with free: a FREE 4 MiB pool segment");
     void *p = cache_take(0, 7, 2 * MiB, &size);
     struct cache_block *rest = cache_test_find(base), *piece = cache_test_find(p);
@@ -234,7 +234,7 @@ static void test_merge_with_free(void)
 
     /* A FREE right neighbour is absorbed by the freed block. */
     char *two = ADDR(310);
-    ok(cache_add(0, two, 4 * MiB, true) && give_back(two),
+    ok(add_block(0, two, 4 * MiB, true) && give_back(two),
        "another FREE 4 MiB pool segment");
     void *q = cache_take(0, 7, 2 * MiB, &size);
     void *r = cache_take(0, 7, 2 * MiB, &size);
@@ -268,7 +268,7 @@ static void test_pending_neighbours_apart(void)
     size_t size = 0;
     /* The left half freed last: it must not absorb its right neighbour. */
     char *one = ADDR(320);
-    ok(cache_add(0, one, 6 * MiB, true) && give_back(one),
+    ok(add_block(0, one, 6 * MiB, true) && give_back(one),
        "apart: a FREE 6 MiB pool segment");
     void *right = cache_take(0, 7, 3 * MiB, &size);
     void *left = cache_take(0, 8, 3 * MiB, &size);
@@ -292,7 +292,7 @@ static void test_pending_neighbours_apart(void)
 
     /* The right half freed last: its left neighbour must not absorb it. */
     char *two = ADDR(330);
-    ok(cache_add(0, two, 6 * MiB, true) && give_back(two),
+    ok(add_block(0, two, 6 * MiB, true) && give_back(two),
        "apart: another FREE 6 MiB pool segment");
     right = cache_take(0, 7, 3 * MiB, &size);
     left = cache_take(0, 8, 3 * MiB, &size);
@@ -327,7 +327,7 @@ static void test_merged_chain_middle_first(void)
     const size_t MiB = (size_t)1 << 20;
     size_t size = 0;
     char *base = ADDR(340);
-    ok(cache_add(0, base, 3 * MiB, true) && give_back(base),
+    ok(add_block(0, base, 3 * MiB, true) && give_back(base),
        "chain: a FREE 3 MiB pool segment");
     void *a = cache_take(0, 9, MiB, &size);
     void *m = cache_take(0, 9, MiB, &size);
@@ -369,7 +369,7 @@ static void test_cut_segment_stays(void)
     char *base = ADDR(60);
     size_t size = 0;
     struct cache_block *out[4];
-    ok(cache_add(1, base, 4 * MiB, false) && give_back(base),
+    ok(add_block(1, base, 4 * MiB, false) && give_back(base),
        "a FREE 4 MiB segment of device 1, on the age list");
     void *p = cache_take(1, 1, 2 * MiB, &size);
     ok(p == base + 2 * MiB, "2 MiB cut from its end, LIVE");
@@ -410,7 +410,7 @@ static void test_cut_at_merged(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(50);
     size_t size = 0;
-    ok(cache_add(0, base, 2 * MiB, false) && give_back(base),
+    ok(add_block(0, base, 2 * MiB, false) && give_back(base),
        "a FREE 2 MiB segment");
     void *a = cache_take(0, 9, MiB, &size);
     void *rest = cache_take(0, 9, MiB, &size);
@@ -440,7 +440,7 @@ static void test_adopt_unclaimed(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(56);
     size_t size = 0;
-    ok(cache_add(0, base, 2 * MiB, false), "a LIVE segment");
+    ok(add_block(0, base, 2 * MiB, false), "a LIVE segment");
     stderr_capture_begin();
     ok(cache_reclaim_unclaimed_is_block(base) &&
            view(cache_test_find(base)).state == BLOCK_LIVE,
@@ -481,7 +481,7 @@ static void test_parked_plan_and_claims_done(void)
     unsigned long long stream[4] = {40, 40, 50, 41};
     for (int i = 0; i < 4; i++) {
         struct block_free_plan plan;
-        ok(cache_add(device[i], p[i], 24576, false), "block %d", i);
+        ok(add_block(device[i], p[i], 24576, false), "block %d", i);
         cache_claim_plan_parked(p[i], device[i], stream[i], &plan);
         ok(plan.path == BLOCK_STREAM_ORDERED && plan.parked &&
                view(plan.block).state == BLOCK_PENDING,
@@ -499,7 +499,7 @@ static void test_parked_plan_and_claims_done(void)
         ok(give_back(other_free), "which goes back");
     void *q = ADDR(84);
     struct block_free_plan other;
-    ok(cache_add(1, q, 24576, false), "a block of device 1");
+    ok(add_block(1, q, 24576, false), "a block of device 1");
     cache_claim_plan_parked(q, 0, 40, &other);
     ok(other.path == BLOCK_AFTER_EVENT && !other.parked &&
            view(other.block).state == BLOCK_FREEING,
@@ -529,7 +529,7 @@ static void test_parked_plan_and_claims_done(void)
     struct block_claim twice[2], chain[3];
     struct block_free_plan plan;
     void *seg = ADDR(1000);
-    ok(cache_add(0, seg, 4 * piece, false), "a 256 MiB segment");
+    ok(add_block(0, seg, 4 * piece, false), "a 256 MiB segment");
     cache_claim_plan_parked(seg, 0, 61, &plan);
     chain[2] = (struct block_claim){plan.block, plan.handout};
     void *a = cache_take(0, 61, piece, &size);
@@ -553,7 +553,7 @@ static void test_parked_plan_and_claims_done(void)
            view(whole).whole,
        "the chain's claims done in one call: one whole FREE segment");
     void *x = ADDR(100);
-    ok(cache_add(0, x, 3 * mib, false), "a 3 MiB block");
+    ok(add_block(0, x, 3 * mib, false), "a 3 MiB block");
     cache_claim_plan_parked(x, 0, 60, &plan);
     twice[0] = (struct block_claim){plan.block, plan.handout};
     ok(cache_take(0, 60, 3 * mib, &size) == x, "taken again on 60");
@@ -570,7 +570,7 @@ static void test_parked_plan_and_claims_done(void)
  * a wrong device or a pointer that is no block plans as without it. */
 static void test_plan_with_device(void)
 {
-    ok(cache_add(1, ADDR(600), 512, false) && cache_add(0, ADDR(601), 512, false),
+    ok(add_block(1, ADDR(600), 512, false) && add_block(0, ADDR(601), 512, false),
        "a block on device 1, one on device 0");
     struct block_free_plan plan;
     cache_claim_plan_on(ADDR(600), 0, 1, 3, false, &plan);

@@ -13,10 +13,10 @@
 /* Expiry on device 1: FREE blocks no entry names, oldest first. */
 static void test_expiry(void)
 {
-    ok(cache_add(1, ADDR(8), 512, false) && give_back(ADDR(8)),
+    ok(add_block(1, ADDR(8), 512, false) && give_back(ADDR(8)),
        "a FREE block of device 1");
     /* Two more: one FREE, one still named by an older entry. */
-    ok(cache_add(1, ADDR(9), 512, false) && cache_add(1, ADDR(10), 512, false),
+    ok(add_block(1, ADDR(9), 512, false) && add_block(1, ADDR(10), 512, false),
        "two more");
     give_back(ADDR(9));
     struct cache_block *named = cache_test_find(ADDR(10));
@@ -55,16 +55,16 @@ static void test_collect_largest(void)
     unsigned long long streams[5] = {7, 7, 7, 7, 8};
     size_t sizes[5] = {4096, 1024, 2048, 4096, 4096};
     for (int i = 0; i < 5; i++) {
-        ok(cache_add(0, ADDR(14 + i), sizes[i], i != 3), "block %d", i);
+        ok(add_block(0, ADDR(14 + i), sizes[i], i != 3), "block %d", i);
         cache_claim_plan(ADDR(14 + i), 0, streams[i], &plan[i < 4 ? i : 3]);
         ok(cache_claim_park(&plan[i < 4 ? i : 3], streams[i]),
            "PENDING on its stream");
     }
     /* 19: a FREE pool block, free at time >= 1; 20: a FREE cudaMalloc
      * block, the largest (its cudaFree would drain the device). */
-    ok(cache_add(0, ADDR(19), 3072, true) && give_back(ADDR(19)),
+    ok(add_block(0, ADDR(19), 3072, true) && give_back(ADDR(19)),
        "a FREE pool block");
-    ok(cache_add(0, ADDR(20), 8192, false) && give_back(ADDR(20)),
+    ok(add_block(0, ADDR(20), 8192, false) && give_back(ADDR(20)),
        "a FREE cudaMalloc block");
     struct cache_block *b14 = cache_test_find(ADDR(14));
     struct cache_block *b15 = cache_test_find(ADDR(15));
@@ -117,7 +117,7 @@ static void test_handback_with_merged_piece(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(40);
     size_t size;
-    ok(cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    ok(add_block(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
     uint64_t hs = free_on(base, 7);
     void *p = cache_take(0, 7, MiB, &size);
     ok(p == base + 3 * MiB, "1 MiB cut on stream 7 from its PENDING self");
@@ -131,7 +131,7 @@ static void test_handback_with_merged_piece(void)
     is_int(cache_reclaim_for_miss(0, 7, UINT64_MAX, mem, 4, SIZE_MAX), 1,
            "a miss on 7 hands the whole PENDING segment back to the pool");
     stderr_capture_begin();
-    ok(cache_add(0, p, 2 * MiB, true), "a new pool block at p's address");
+    ok(add_block(0, p, 2 * MiB, true), "a new pool block at p's address");
     const char *said = stderr_capture_end();
     ok(strstr(said, "instead of defer_free") == NULL,
        "no report of a cudaFree behind cudefer's back");
@@ -167,7 +167,7 @@ static void test_merged_piece_inside_new_block(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(120);
     size_t size;
-    ok(cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    ok(add_block(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
     uint64_t hs = free_on(base, 7);
     void *p = cache_take(0, 7, MiB, &size);
     struct cache_block *rp = cache_test_find(p), *seg = cache_test_find(base);
@@ -178,7 +178,7 @@ static void test_merged_piece_inside_new_block(void)
     is_int(cache_reclaim_for_miss(0, 7, UINT64_MAX, mem, 4, SIZE_MAX), 1,
            "a miss on 7 hands the whole segment back to the pool");
     stderr_capture_begin();
-    ok(cache_add(0, base, 4 * MiB, true),
+    ok(add_block(0, base, 4 * MiB, true),
        "the pool gives its address out again, whole");
     ok(strstr(stderr_capture_end(), "instead of defer_free") == NULL,
        "no stale block said");
@@ -208,7 +208,7 @@ static void test_merged_piece_inside_new_block(void)
  * may_hand_back.) */
 static void test_handback_skips_named(void)
 {
-    ok(cache_add(0, ADDR(60), 8192, true) && give_back(ADDR(60)),
+    ok(add_block(0, ADDR(60), 8192, true) && give_back(ADDR(60)),
        "a FREE pool block");
     struct cache_block *named = cache_test_find(ADDR(60));
     cache_test_add_events(named, 1); /* as if an older entry still named it */
@@ -236,7 +236,7 @@ static void test_expiry_waits_for_merged_piece(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(80);
     size_t size;
-    ok(cache_add(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
+    ok(add_block(0, base, 4 * MiB, true), "a 4 MiB pool segment, LIVE");
     uint64_t hs = free_on(base, 7);
     void *p = cache_take(0, 7, MiB, &size);
     struct cache_block *rp = cache_test_find(p), *seg = cache_test_find(base);
@@ -283,7 +283,7 @@ static void test_release(void)
     ok(cache_upstream_init(2), "the upstream pools");
     uint64_t releases = stats_now().cache_releases;
     void *p = device_alloc(MiB);
-    ok(cache_add(0, p, MiB, false) && give_back(p), "a FREE cudaMalloc segment");
+    ok(add_block(0, p, MiB, false) && give_back(p), "a FREE cudaMalloc segment");
     is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL), MiB,
            "released: its bytes left the device");
     ok(fake_is_released(p) && cache_test_find(p) == NULL &&
@@ -293,8 +293,9 @@ static void test_release(void)
     cudaStream_t s = stream_new();
     void *q = NULL;
     bool upstream = false;
-    ok(cache_upstream_malloc(0, MiB, s, &q, &upstream) == cudaSuccess &&
-           upstream && cache_add(0, q, MiB, true) && give_back(q),
+    ok(cache_upstream_malloc("defer_alloc", 0, MiB, s, &q,
+                             &upstream) == cudaSuccess &&
+           upstream && add_block(0, q, MiB, true) && give_back(q),
        "a FREE segment from the upstream pool");
     unsigned long async = fake_calls(FAKE_FREE_ASYNC);
     is_int(cache_reclaim_release(0, UINT64_MAX, s, count_fail, NULL), 0,
@@ -304,7 +305,7 @@ static void test_release(void)
        "back to the pool with cudaFreeAsync, forgotten, counted");
 
     void *r = device_alloc(MiB);
-    ok(cache_add(0, r, MiB, false) && give_back(r), "another FREE segment");
+    ok(add_block(0, r, MiB, false) && give_back(r), "another FREE segment");
     fake_fail(FAKE_FREE, cudaErrorIllegalAddress, 0, 1);
     is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL), 0,
            "a sticky error: nothing released");
@@ -314,7 +315,7 @@ static void test_release(void)
     cudaFree(r);
 
     void *x = device_alloc(MiB);
-    ok(cache_add(0, x, MiB, false) && give_back(x), "one more FREE segment");
+    ok(add_block(0, x, MiB, false) && give_back(x), "one more FREE segment");
     fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
     cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL);

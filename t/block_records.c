@@ -118,7 +118,7 @@ static void test_cache_reuses(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(40);
     size_t size;
-    ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
+    ok(add_block(0, base, 4 * MiB, true) && give_back(base),
        "a FREE 4 MiB segment");
     size_t before = cache_test_spares(0);
     void *p = cache_take(0, 1, MiB, &size);
@@ -183,7 +183,7 @@ static void test_found_then_retired(void)
     const size_t MiB = (size_t)1 << 20;
     char *base = ADDR(80);
     size_t size;
-    ok(cache_add(0, base, 4 * MiB, true) && give_back(base),
+    ok(add_block(0, base, 4 * MiB, true) && give_back(base),
        "another FREE 4 MiB segment");
     void *p = cache_take(0, 1, MiB, &size);
     struct cache_block *found = cache_test_find(p);

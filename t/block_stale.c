@@ -14,10 +14,10 @@
 
 static void test_stale_record(void)
 {
-    ok(cache_add(0, ADDR(11), 512, false), "a block");
+    ok(add_block(0, ADDR(11), 512, false), "a block");
     uint64_t before = stats_now().cache_bytes;
     stderr_capture_begin();
-    ok(cache_add(0, ADDR(11), 1024, false), "CUDA gave its address out "
+    ok(add_block(0, ADDR(11), 1024, false), "CUDA gave its address out "
                                            "again (it was cudaFree'd)");
     const char *said = stderr_capture_end();
     ok(strstr(said, "instead of defer_free; its record is dropped\n") !=
@@ -40,11 +40,11 @@ static void test_stale_other_device(void)
 {
     void *p = ADDR(12);
     size_t size;
-    ok(cache_add(1, p, 2048, false) && give_back(p),
+    ok(add_block(1, p, 2048, false) && give_back(p),
        "a FREE block of device 1");
     struct defer_stats before = stats_now();
     stderr_capture_begin();
-    ok(cache_add(0, p, 4096, false),
+    ok(add_block(0, p, 4096, false),
        "its address allocated again on device 0");
     ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
        "reported");
@@ -62,13 +62,13 @@ static void test_stale_other_device(void)
      * index kept it, and a free there was refused as a pointer inside a
      * block). */
     void *q = ADDR(13);
-    ok(cache_add(1, q, 8192, false) && give_back(q),
+    ok(add_block(1, q, 8192, false) && give_back(q),
        "a FREE 8 KiB block of device 1");
     struct block_free_plan plan;
     cache_claim_plan((char *)q + 4096, 1, 3, &plan);
     is_int(plan.path, BLOCK_INSIDE, "inside it: the cache's memory");
     stderr_capture_begin();
-    ok(cache_add(0, q, 2048, false), "2 KiB at its address on device 0");
+    ok(add_block(0, q, 2048, false), "2 KiB at its address on device 0");
     stderr_capture_end();
     cache_claim_plan((char *)q + 4096, 1, 3, &plan);
     is_int(plan.path, BLOCK_NOT_OURS,
@@ -85,11 +85,11 @@ static void test_stale_other_device_inside(void)
 {
     char *q = ADDR(14);
     size_t size = 0;
-    ok(cache_add(1, q, 8192, false) && give_back(q),
+    ok(add_block(1, q, 8192, false) && give_back(q),
        "a FREE 8 KiB block of device 1");
     struct defer_stats before = stats_now();
     stderr_capture_begin();
-    ok(cache_add(0, q + 4096, 4096, false),
+    ok(add_block(0, q + 4096, 4096, false),
        "4 KiB inside its range allocated on device 0");
     const char *said = stderr_capture_end();
     ok(strstr(said, "instead of defer_free") != NULL, "said: %s", said);
@@ -117,7 +117,7 @@ static void test_stale_with_parts(void)
     const size_t MiB = (size_t)1 << 20;
     size_t size = 0;
     char *base = ADDR(350);
-    ok(cache_add(0, base, 2 * MiB, false) && give_back(base),
+    ok(add_block(0, base, 2 * MiB, false) && give_back(base),
        "stale parts: a FREE 2 MiB segment");
     void *a = cache_take(0, 9, MiB, &size);
     void *first = cache_take(0, 9, MiB, &size);
@@ -130,7 +130,7 @@ static void test_stale_with_parts(void)
            view(rf).outstanding == 1,
        "one PENDING block, its own work done, its MERGED part's not");
     stderr_capture_begin();
-    ok(cache_add(0, base, 4096, false),
+    ok(add_block(0, base, 4096, false),
        "its address allocated again (it was cudaFree'd)");
     ok(strstr(stderr_capture_end(), "instead of defer_free") != NULL,
        "reported");
@@ -148,11 +148,11 @@ static void test_stale_with_parts(void)
 
     /* The same for a block named by its own free's entry alone. */
     void *x = ADDR(360);
-    ok(cache_add(0, x, 4096, false), "stale entry: a block");
+    ok(add_block(0, x, 4096, false), "stale entry: a block");
     struct cache_block *rx = cache_test_find(x);
     uint64_t hx = free_on(x, 9);
     stderr_capture_begin();
-    ok(view(rx).state == BLOCK_PENDING && cache_add(0, x, 8192, false),
+    ok(view(rx).state == BLOCK_PENDING && add_block(0, x, 8192, false),
        "freed on 9, its entry pending, its address allocated again");
     stderr_capture_end();
     kept = cache_test_spares(0);
@@ -172,11 +172,11 @@ static void test_stale_with_parts(void)
 static void test_claim_of_dropped_record(void)
 {
     char *p = ADDR(70);
-    ok(cache_add(0, p, 4096, false), "a LIVE block");
+    ok(add_block(0, p, 4096, false), "a LIVE block");
     struct block_claim c;
     ok(cache_claim(p, &c) == BLOCK_AFTER_EVENT, "claimed by a free");
     stderr_capture_begin();
-    ok(cache_add(0, p, 8192, false), "its address allocated again");
+    ok(add_block(0, p, 8192, false), "its address allocated again");
     stderr_capture_end();
     struct cache_block *fresh = cache_test_find(p);
     ok(fresh != c.block && view(fresh).state == BLOCK_LIVE, "filed as a new block");

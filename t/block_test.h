@@ -15,6 +15,14 @@
 /* Made-up addresses: the cache never dereferences them. */
 #define ADDR(n) ((void *)(uintptr_t)(UINT64_C(0x7f0000000000) + (n) * 0x100000))
 
+/* New memory filed as a block, as defer_alloc's miss files it (a stale
+ * block it replaces is said in defer_alloc's words). */
+static inline bool add_block(int device, void *ptr, size_t size,
+                             bool upstream)
+{
+    return cache_add("defer_alloc", device, ptr, size, upstream);
+}
+
 /* block's fields (cache_test_view). */
 static inline struct block_view view(const struct cache_block *block)
 {

@@ -22,7 +22,7 @@ static const struct block_user *user(cudaStream_t x, unsigned long long id)
 static void test_recorded(void)
 {
     size_t size;
-    ok(cache_add(0, ADDR(7), 2048, false), "a block");
+    ok(add_block(0, ADDR(7), 2048, false), "a block");
     cudaStream_t x = (cudaStream_t)(uintptr_t)0x1234;
     is_int(cache_users_add(ADDR(7), user(x, 9)), cudaSuccess,
            "recorded on stream 9");
@@ -77,7 +77,7 @@ static void test_recorded(void)
  * apart by device too (as the free's device switch is: cache_users_enter). */
 static void test_recorded_devices(void)
 {
-    ok(cache_add(0, ADDR(500), 2048, false), "a block");
+    ok(add_block(0, ADDR(500), 2048, false), "a block");
     struct block_user on0 = {0, 9, 0}, on1 = {0, 9, 1};
     ok(cache_users_add(ADDR(500), &on0) == cudaSuccess &&
            cache_users_add(ADDR(500), &on1) == cudaSuccess,

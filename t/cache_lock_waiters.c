@@ -71,7 +71,7 @@ static void park_claims(int first)
     for (int i = 0; i < CLAIMS; i++) {
         void *p = ADDR(first + i);
         struct block_free_plan plan;
-        if (!cache_add(0, p, BLOCK_BYTES, false))
+        if (!add_block(0, p, BLOCK_BYTES, false))
             bail("cache_add");
         cache_claim_plan_parked(p, 0, 7, &plan);
         if (plan.path != BLOCK_STREAM_ORDERED || !plan.parked)
