@@ -132,7 +132,7 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     struct request_args a = {.what = "defer_free_n", .kind = ENTRY_FREE_DEVICE,
-                             .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
+                             .caller = ENTRY_BY_N, .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
     err = submit(&a, stream);
     free(copy);
     return err;
@@ -161,7 +161,8 @@ cudaError_t defer_free_streams(void *ptr, const cudaStream_t *streams,
     if (!streams_taken("defer_free_streams", streams, n))
         return cudaErrorInvalidValue;
     struct request_args a = {.what = "defer_free_streams",
-                             .kind = ENTRY_FREE_DEVICE, .ptrs = &ptr,
+                             .kind = ENTRY_FREE_DEVICE,
+                             .caller = ENTRY_BY_STREAMS, .ptrs = &ptr,
                              .nptrs = 1};
     return submit_streams(&a, streams, n);
 }
@@ -176,7 +177,8 @@ cudaError_t defer_free_host_streams(void *ptr, const cudaStream_t *streams,
     if (!streams_taken("defer_free_host_streams", streams, n))
         return cudaErrorInvalidValue;
     struct request_args a = {.what = "defer_free_host_streams",
-                             .kind = ENTRY_FREE_HOST, .ptrs = &ptr,
+                             .kind = ENTRY_FREE_HOST,
+                             .caller = ENTRY_BY_STREAMS, .ptrs = &ptr,
                              .nptrs = 1};
     return submit_streams(&a, streams, n);
 }

@@ -28,6 +28,16 @@ enum entry_kind {
                           cache.h): FREE once the event completes */
 };
 
+/* Which defer call made an entry that frees: with its kind, the name its
+ * release's failures are said in (entry_caller_name), the call the user
+ * made.  Every other entry is ENTRY_BY_PLAIN. */
+enum entry_caller {
+    ENTRY_BY_PLAIN,     /* defer_free, defer_free_host */
+    ENTRY_BY_N,         /* defer_free_n */
+    ENTRY_BY_STREAMS,   /* defer_free_streams, defer_free_host_streams */
+    ENTRY_BY_PLUGGABLE, /* defer_pluggable_free */
+};
+
 struct request;
 struct cache_block;
 struct shared_event;
@@ -63,6 +73,10 @@ struct entry {
                               before the push: complete once it heads its
                               stream's FIFO (in order behind the earlier
                               entries; a callback with no event) */
+    uint8_t caller;        /* enum entry_caller of a free's entry, set
+                              from its request (not by entry_begin: an
+                              ENTRY_BLOCK's is left as it was, unused); in
+                              padding, so the size stays */
     uint64_t seq;          /* order of arrival at the reclaimer */
     uint64_t completed_ns; /* when the reclaimer saw the event complete */
     uint64_t held_bytes;   /* memory it keeps from the application */
@@ -117,6 +131,28 @@ static inline void entry_begin(struct entry *e, enum entry_kind kind,
     e->claims = NULL;
     e->nptrs = 0;
     e->ptrs = &e->one_ptr;
+}
+
+/* On a 64-bit platform an entry is 216 bytes, as cudefer(7) says ("about
+ * 220"): caller must stay in padding. */
+_Static_assert(sizeof(void *) != 8 || sizeof(struct entry) <= 216,
+               "struct entry outgrew the size cudefer(7) gives");
+
+/* The call that made e, a free: the user's words for its release. */
+static inline const char *entry_caller_name(const struct entry *e)
+{
+    bool host = e->kind == ENTRY_FREE_HOST;
+    switch ((enum entry_caller)e->caller) {
+    case ENTRY_BY_N:
+        return "defer_free_n";
+    case ENTRY_BY_STREAMS:
+        return host ? "defer_free_host_streams" : "defer_free_streams";
+    case ENTRY_BY_PLUGGABLE:
+        return "defer_pluggable_free";
+    case ENTRY_BY_PLAIN:
+        break;
+    }
+    return host ? "defer_free_host" : "defer_free";
 }
 
 /* Whether the free of e's pointer i claimed a block (cache.h). */

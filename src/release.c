@@ -10,32 +10,37 @@
 #include "report.h"
 
 /* A release of ptr by e refused as an invalid value: said in the words of
- * the call that deferred it when CUDA can tell what ptr is (not memory of
- * its own, memory of the other kind, a pointer inside an allocation);
- * false when it cannot (the caller says what the call returned). */
+ * the call that deferred it (entry_caller_name: "defer_free_streams(PTR)";
+ * "defer_free_n: PTR", whose argument is an array) when CUDA can tell what
+ * ptr is (not memory of its own, memory of the other kind, a pointer
+ * inside an allocation); false when it cannot (the caller says what the
+ * call returned). */
 static bool report_not_releasable(const struct entry *e, const void *ptr,
                                   const char *call)
 {
     bool host = e->kind == ENTRY_FREE_HOST;
-    const char *api = host ? "defer_free_host" : "defer_free";
+    char api[64];
+    snprintf(api, sizeof api,
+             e->caller == ENTRY_BY_N ? "%s: %p" : "%s(%p)",
+             entry_caller_name(e), ptr);
     const void *start;
     enum cuda_memory_kind kind = cuda_memory_kind_of(ptr, &start);
     if (kind == CUDA_MEMORY_UNKNOWN) {
-        report("%s(%p): not memory CUDA allocated (a host pointer, a freed or "
+        report("%s: not memory CUDA allocated (a host pointer, a freed or "
                "made-up address): %s refused it, so it is not released "
-               "(counted in failed)", api, ptr, call);
+               "(counted in failed)", api, call);
     } else if (kind == CUDA_MEMORY_HOST && !host) {
-        report("%s(%p): pinned host memory, which defer_free_host releases: "
+        report("%s: pinned host memory, which defer_free_host releases: "
                "%s refused it, so it is not released (counted in failed)",
-               api, ptr, call);
+               api, call);
     } else if (kind == CUDA_MEMORY_DEVICE && host) {
-        report("%s(%p): device memory, which defer_free releases: %s "
+        report("%s: device memory, which defer_free releases: %s "
                "refused it, so it is not released (counted in failed)",
-               api, ptr, call);
+               api, call);
     } else if (kind != CUDA_MEMORY_UNSURE && start != ptr) {
-        report("%s(%p): points %zu bytes inside the allocation at %p, not at "
+        report("%s: points %zu bytes inside the allocation at %p, not at "
                "its start: %s refused it, so it is not released (counted "
-               "in failed)", api, ptr,
+               "in failed)", api,
                (size_t)((const char *)ptr - (const char *)start), start, call);
     } else {
         return false;

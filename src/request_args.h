@@ -23,6 +23,7 @@ struct request_args {
      * allocated"); NULL: "nothing was deferred". */
     const struct line_end *end;
     enum entry_kind kind;
+    enum entry_caller caller; /* the free call, for its entry (entry.h) */
     void *const *ptrs; /* the caller's; ptrs[0..nptrs), none NULL */
     size_t nptrs;
     void (*fn)(void *arg);

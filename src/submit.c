@@ -462,6 +462,7 @@ static cudaError_t route_captured(const struct request_args *a,
     if (e == NULL)
         return submit_reject(a, "calloc", cudaErrorMemoryAllocation);
     e->kind = a->kind;
+    e->caller = a->caller;
     e->fn = a->fn;
     e->arg = a->arg;
     if (!submit_record_pointers(e, a)) {

@@ -42,7 +42,8 @@ static const char what[] = "defer_pluggable_free";
 static void request_of(const struct pluggable_free *f, struct request_args *a)
 {
     *a = (struct request_args){.what = what, .end = f->end,
-                               .kind = ENTRY_FREE_DEVICE, .ptrs = &f->ptr,
+                               .kind = ENTRY_FREE_DEVICE,
+                               .caller = ENTRY_BY_PLUGGABLE, .ptrs = &f->ptr,
                                .nptrs = 1, .current_known = f->current >= 0,
                                .current_device = f->current,
                                .said_bytes = f->said_bytes,

@@ -73,6 +73,7 @@ struct entry *submit_record(const struct request_args *a,
         return NULL;
     }
     entry_begin(e, a->kind, id);
+    e->caller = a->caller;
     e->fn = a->fn;
     e->arg = a->arg;
     if (!submit_record_pointers(e, a)) {

@@ -104,7 +104,8 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
         queue_synced_call(a, stream))
         return cudaSuccess;
-    struct entry e = {.kind = a->kind, .device = device, .fn = a->fn,
+    struct entry e = {.kind = a->kind, .caller = a->caller,
+                      .device = device, .fn = a->fn,
                       .arg = a->arg, .nptrs = a->nptrs,
                       .ptrs = (void **)a->ptrs,
                       .claims = submit_any_claimed(a) ? a->claims : NULL};

@@ -168,6 +168,51 @@ static void test_not_cuda_memory_to_defer_free(cudaStream_t s)
                     want);
 }
 
+/* A made-up address deferred through each call that frees but defer_free
+ * and defer_free_host, its release refused by CUDA: the one line names
+ * the call the application made (before, defer_free(PTR) for all, since
+ * the entry did not record its call). */
+enum free_call { BY_FREE_N, BY_FREE_STREAMS, BY_FREE_HOST_STREAMS,
+                 BY_PLUGGABLE_FREE };
+
+static void refused_release_by(enum free_call by, cudaStream_t s)
+{
+    static const char *const names[] = {
+        "defer_free_n", "defer_free_streams", "defer_free_host_streams",
+        "defer_pluggable_free"};
+    void *made_up = (void *)0x1;
+    char want[512];
+    snprintf(want, sizeof want, "cudefer: %s%s%p%s: not memory CUDA "
+             "allocated (a host pointer, a freed or made-up address): %s "
+             "refused it, so it is not released (counted in failed)\n",
+             names[by], by == BY_FREE_N ? ": " : "(", made_up,
+             by == BY_FREE_N ? "" : ")",
+             by == BY_FREE_HOST_STREAMS ? "cudaFreeHost" : "cudaFreeAsync");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    cudaError_t err = cudaSuccess;
+    switch (by) {
+    case BY_FREE_N:
+        err = defer_free_n(&made_up, 1, s);
+        break;
+    case BY_FREE_STREAMS:
+        err = defer_free_streams(made_up, &s, 1);
+        break;
+    case BY_FREE_HOST_STREAMS:
+        err = defer_free_host_streams(made_up, &s, 1);
+        break;
+    case BY_PLUGGABLE_FREE:
+        defer_pluggable_free(made_up, 64, 0, s);
+        break;
+    }
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    is_int(err, cudaSuccess, "%s: accepted at the call", names[by]);
+    is_int(stats_now().failed - failed, 1, "%s: its release fails, counted",
+           names[by]);
+    is_str(msg, want, "%s: said in one line naming it", names[by]);
+}
+
 static void test_host_pointer_to_defer_free(cudaStream_t s)
 {
     void *h = host_alloc(64);
@@ -257,6 +302,22 @@ static void trim_sees_failure(void)
     fake_complete(w);
 }
 
+/* A refused release on the synchronous route (CUDEFER_DISABLE: released
+ * on the calling thread) names the call made, as the reclaimer's does. */
+static void sync_release_names_the_call(void)
+{
+    cudaStream_t s = stream_new();
+    void *made_up = (void *)0x1;
+    stderr_capture_begin();
+    cudaError_t err = defer_free_streams(made_up, &s, 1);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_free_streams: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "cudefer: defer_free_streams(0x1): not memory CUDA "
+                   "allocated", "cudaFree refused it", NULL),
+          "said naming defer_free_streams (stderr: \"%s\")", said);
+}
+
 /* A block's defer_record_stream on a device that failed since it was
  * handed out: the device's sticky error, as every later call on it
  * returns, and nothing recorded (not recorded with cudaSuccess). */
@@ -320,6 +381,8 @@ int main(void)
     fork_scenario("a device failing in a trim's pass is the trim's error",
                   "CUDEFER_POLL_US=1s CUDEFER_POLL_MAX_US=1s", 1, 20000,
                   trim_sees_failure);
+    fork_scenario("CUDEFER_DISABLE: a refused release names the call made",
+                  "CUDEFER_DISABLE=1", 1, 20000, sync_release_names_the_call);
     fork_scenario("defer_record_stream on a failed device: its error", "", 1,
                   20000, record_stream_after_failure);
     fork_scenario("defer_alloc whose start fails says so without words of "
@@ -332,6 +395,10 @@ int main(void)
     test_event_create_fails(s);
     test_free_fails(s);
     test_not_cuda_memory_to_defer_free(s);
+    refused_release_by(BY_FREE_N, s);
+    refused_release_by(BY_FREE_STREAMS, s);
+    refused_release_by(BY_FREE_HOST_STREAMS, s);
+    refused_release_by(BY_PLUGGABLE_FREE, s);
     test_host_pointer_to_defer_free(s);
     test_device_pointer_to_defer_free_host(s);
     test_interior_pointer_to_defer_free(s);
