@@ -346,9 +346,10 @@ void cache_reclaim_event_done(struct cache_block *block, uint64_t handout,
  * synchronous release), of a free that claimed a block (claim->block not
  * NULL); blocks on the device's mutex: that block is FREE now, reusable by
  * any stream.  A block dropped meanwhile (its memory was cudaFree'd behind
- * cudefer's back and its address allocated again) is reported and let go.
- * Either way the pointer must not be cudaFree'd. */
-void cache_reclaim_adopt(const struct block_claim *claim);
+ * cudefer's back and its address allocated again) is reported, naming
+ * what, the free call the user made, and let go.  Either way the pointer
+ * must not be cudaFree'd. */
+void cache_reclaim_adopt(const struct block_claim *claim, const char *what);
 
 /* Any thread releasing a pointer whose free claimed no block (it was none
  * when the free was accepted); blocks on the device's mutex.  True

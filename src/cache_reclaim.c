@@ -145,7 +145,7 @@ void cache_reclaim_event_done(struct cache_block *b, uint64_t handout,
     cache_reclaim_claims_done(&claim, 1, ok, now);
 }
 
-void cache_reclaim_adopt(const struct block_claim *claim)
+void cache_reclaim_adopt(const struct block_claim *claim, const char *what)
 {
     struct cache_block *b = claim->block;
     struct device_cache *c = cache_device(b->device);
@@ -164,7 +164,7 @@ void cache_reclaim_adopt(const struct block_claim *claim)
     if (!mine)
         report("release: %p (device %d) was a block of cudefer's whose "
                "memory was freed with cudaFree behind cudefer's back while "
-               "its defer_free waited: the release is ignored", ptr, device);
+               "its %s waited: the release is ignored", ptr, device, what);
 }
 
 bool cache_reclaim_unclaimed_is_block(void *ptr)

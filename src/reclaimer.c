@@ -302,7 +302,7 @@ static bool give_back_blocks(struct entry *e)
             release_move_pointer(e, i, kept++);
             continue;
         }
-        cache_reclaim_adopt(&e->claims[i]);
+        cache_reclaim_adopt(&e->claims[i], entry_caller_name(e));
     }
     e->nptrs = kept;
     return kept > 0;

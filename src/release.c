@@ -61,7 +61,7 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the block that may start there now (another owner's). */
     if (e->kind != ENTRY_FREE_HOST && e->claims != NULL &&
         e->claims[i].block != NULL) {
-        cache_reclaim_adopt(&e->claims[i]);
+        cache_reclaim_adopt(&e->claims[i], entry_caller_name(e));
         return cudaSuccess;
     }
     if (e->kind != ENTRY_FREE_HOST && cache_reclaim_unclaimed_is_block(ptr))

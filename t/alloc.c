@@ -615,6 +615,39 @@ static void scenario_stale_said_as_pluggable(void)
     cudaStreamDestroy(s);
 }
 
+/* A block freed with defer_free_streams, cudaFree'd behind cudefer's back
+ * while its free waits, its address given out again: the free's release
+ * says so naming defer_free_streams, the call the application made, not
+ * defer_free. */
+static void scenario_dropped_claim_said_as_streams(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
+    void *p = NULL, *n = NULL;
+    CHECK(alloc_checked(&p, 2 * MiB, s) == cudaSuccess, "a 2 MiB block");
+    void *other = device_alloc(64);
+    fake_work *w = work_held(s, other); /* the free waits; p unused */
+    cudaStream_t both[2] = {s, s2};
+    CHECK(defer_free_streams(p, both, 2) == cudaSuccess,
+          "freed with defer_free_streams, waiting for s");
+    CHECK(cudaFree(p) == cudaSuccess, "cudaFree'd behind cudefer's back");
+    stderr_capture_begin();
+    CHECK(alloc_checked(&n, 2 * MiB, s3) == cudaSuccess && n == p,
+          "its address given out again (n %p)", n);
+    stderr_capture_end();
+    stderr_capture_begin();
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    const char *said = stderr_capture_end();
+    CHECK(has_line(said, "behind cudefer's back while its "
+                   "defer_free_streams waited", NULL, NULL),
+          "the release names defer_free_streams (stderr: \"%s\")", said);
+    CHECK(defer_free(n, s3) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    cudaFree(other);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -652,6 +685,9 @@ int main(void)
     fork_scenario("a block of defer_pluggable_alloc's cudaFree'd behind "
                   "cudefer's back: said in its words", "", 1, 20000,
                   scenario_stale_said_as_pluggable);
+    fork_scenario("a block of a waiting defer_free_streams cudaFree'd "
+                  "behind cudefer's back: its release names the call", "", 1,
+                  20000, scenario_dropped_claim_said_as_streams);
     /* No age limit and no idle release: a slow run (sanitizers, a loaded
      * machine) must not see the application's memory released for its age,
      * or because no defer call came for 2 ms, while a test expects it held

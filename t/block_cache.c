@@ -106,7 +106,8 @@ static void test_devices(void)
            !cache_device_of((char *)ADDR(8) + 512, &device) &&
            !cache_device_of(ADDR(99), &device),
        "the device of a block's start; none past it nor elsewhere");
-    cache_reclaim_adopt(&(struct block_claim){plan.block, plan.handout});
+    cache_reclaim_adopt(&(struct block_claim){plan.block, plan.handout},
+                        "defer_free");
     size_t size;
     int never = 1;
     for (int i = 0; i < 4; i++)
@@ -464,7 +465,7 @@ static void test_adopt_unclaimed(void)
        "a release no free claimed (an interior pointer deferred before the "
        "piece was cut) leaves the owner's claimed block alone, not FREE "
        "while the owner's work runs");
-    cache_reclaim_adopt(&owner);
+    cache_reclaim_adopt(&owner, "defer_free");
     ok(cache_test_find(piece) == NULL && view(cache_test_find(base)).size == 2 * MiB,
        "its owner's release: FREE, merged back into the segment");
 }
@@ -505,7 +506,7 @@ static void test_parked_plan_and_claims_done(void)
            view(other.block).state == BLOCK_FREEING,
        "freed on another device's stream: claimed, not parked");
     struct block_claim oc = {other.block, other.handout};
-    cache_reclaim_adopt(&oc);
+    cache_reclaim_adopt(&oc, "defer_free");
     /* p[0] and p[1] were handed out again: their claims are stale. */
     cache_reclaim_claims_done(claims, 4, true, 77);
     struct cache_block *b2 = cache_test_find(p[2]), *b3 = cache_test_find(p[3]);

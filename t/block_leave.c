@@ -146,7 +146,7 @@ static void test_handback_with_merged_piece(void)
            "cache_bytes still right");
     struct block_claim c;
     ok(cache_claim(p, &c) == BLOCK_AFTER_EVENT, "freed");
-    cache_reclaim_adopt(&c);
+    cache_reclaim_adopt(&c, "defer_free");
     struct cache_block *out[8];
     size_t n = cache_reclaim_expired(0, UINT64_MAX, out, 8, SIZE_MAX);
     bool left = cache_test_find(p) == NULL;

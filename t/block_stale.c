@@ -181,7 +181,7 @@ static void test_claim_of_dropped_record(void)
     struct cache_block *fresh = cache_test_find(p);
     ok(fresh != c.block && view(fresh).state == BLOCK_LIVE, "filed as a new block");
     stderr_capture_begin();
-    cache_reclaim_adopt(&c);
+    cache_reclaim_adopt(&c, "defer_free");
     ok(strstr(stderr_capture_end(), "behind cudefer's back") != NULL,
        "the claim's release reports the dropped record");
     ok(cache_test_find(p) == fresh && view(fresh).state == BLOCK_LIVE,

@@ -37,7 +37,7 @@ static inline bool give_back(void *p)
     if (cache_claim(p, &claim) != BLOCK_AFTER_EVENT ||
         claim.block != cache_test_find(p))
         return false;
-    cache_reclaim_adopt(&claim);
+    cache_reclaim_adopt(&claim, "defer_free");
     return cache_test_find(p) != NULL;
 }
 
