@@ -173,7 +173,7 @@ cudaError_t cache_claim_refuse_freed(const struct request_args *a,
                                      const void *ptr)
 {
     stats_add(&stats.rejected, 1);
-    report("%s: %p is a block of defer_alloc's that is already free or being "
+    report("%s: %p is a block of cudefer's that is already free or being "
            "freed (freed twice?): refused; nothing was deferred",
            a->what, ptr);
     return cudaErrorInvalidValue;
@@ -188,12 +188,12 @@ cudaError_t cache_claim_refuse_inside(const struct request_args *a,
 {
     stats_add(&stats.rejected, 1);
     if (cache_claim_inside_live(ptr))
-        report("%s: %p points inside a live block of defer_alloc's, not at "
+        report("%s: %p points inside a live block of cudefer's, not at "
                "its start (an interior pointer): refused; nothing was "
                "deferred",
                a->what, ptr);
     else
-        report("%s: %p points inside memory of defer_alloc's that is free or "
+        report("%s: %p points inside memory of cudefer's that is free or "
                "being freed, where no block starts (freed twice, after its "
                "first free's work was done and the block merged with a free "
                "neighbour?): refused; nothing was deferred", a->what, ptr);

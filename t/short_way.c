@@ -87,6 +87,8 @@ static void freed_twice(void)
     CHECK(lines_of(said) == 1 &&
               has_line(said, "defer_pluggable_free", "freed twice", NULL),
           "one line naming defer_pluggable_free (%s)", said);
+    CHECK(strstr(said, "defer_alloc") == NULL,
+          "and no call PyTorch never made (%s)", said);
     CHECK(stats_now().rejected == rejected + 1, "counted in rejected");
     fake_complete(w);
     CHECK(defer_flush() == cudaSuccess, "flush");
@@ -107,6 +109,8 @@ static void inside(void)
               has_line(said, "defer_pluggable_free", "inside a live block",
                        NULL),
           "one line saying it points inside a block (%s)", said);
+    CHECK(strstr(said, "defer_alloc") == NULL,
+          "and no call PyTorch never made (%s)", said);
     CHECK(stats_now().rejected == rejected + 1, "counted in rejected");
     defer_pluggable_free(p, 256 * KiB, 0, 0);
     CHECK(defer_flush() == cudaSuccess && stats_now().pending == 0,
