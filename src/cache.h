@@ -464,7 +464,8 @@ bool cache_upstream_exists(int device);
 /* Any thread, while the library is running (the pools exist).  Lets peer's
  * kernels and copies use the memory of device's pool (cudaMemPoolSetAccess;
  * peer access, cudaDeviceEnablePeerAccess, does not reach a pool's
- * memory), creating the pool if it is not made yet.  cudaSuccess where
+ * memory), creating the pool if it is not made yet (a failure said as
+ * defer_peer_access's, the call that asks).  cudaSuccess where
  * device has no pool (its segments are cudaMalloc's, which peer access
  * covers) and for peer == device; cudaErrorInvalidDevice for a device or
  * peer the library does not know; cudaErrorPeerAccessUnsupported where
