@@ -132,7 +132,8 @@ cudaError_t defer_free_n(void *const *ptrs, size_t n, cudaStream_t stream)
         return cudaErrorInvalidValue;
     }
     struct request_args a = {.what = "defer_free_n", .kind = ENTRY_FREE_DEVICE,
-                             .caller = ENTRY_BY_N, .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
+                             .caller = ENTRY_BY_N,
+                             .ptrs = copy != NULL ? copy : ptrs, .nptrs = live};
     err = submit(&a, stream);
     free(copy);
     return err;
