@@ -535,7 +535,13 @@ void s_pointer_attributes_fail(const struct scenario *sc)
 /* ---- reclaimer: cudaMemGetInfo (the cap) ----------------------------------- */
 
 /* A 4 MiB device: its cap is 1 MiB, unless cudaMemGetInfo fails (count 0:
- * the control run, where it works). */
+ * the control run, where it works).  Failed once, the cap assumes 80 GiB
+ * until the reclaimer asks again (every RELEASE_POLICY_CAP_REFRESH_NS,
+ * 10 ms, while it holds memory): a run that got past that before the
+ * counters settled (a loaded machine: 10 runs in 20 at nice 15 beside two
+ * busy loops) has learned the 1 MiB cap, and is checked for that instead.
+ * Whether it asked again is read after the counters, so that counters read
+ * with one call made are those of the assumed cap. */
 void s_mem_get_info(const struct scenario *sc)
 {
     enum { N = 12, SIZE = 256 << 10 };
@@ -555,9 +561,24 @@ void s_mem_get_info(const struct scenario *sc)
     WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
     wait_stats_settled(10000);
     struct defer_stats st = stats_now();
+    unsigned long asked = fake_calls(FAKE_MEM_GET_INFO);
+    if (sc->count == ONCE && asked > 1) {
+        diag("  cudaMemGetInfo asked %lu times before the counters settled: "
+             "the cap was learned again", asked);
+        WAIT_UNTIL(stats_now().cap_releases > 0 &&
+                       stats_now().held_bytes <= (1 << 20), 10000);
+        wait_stats_settled(10000);
+        st = stats_now();
+    }
     const char *msg = capture_end();
     fake_fail_clear();
-    if (sc->count != 0) {
+    if (sc->count == ONCE && asked > 1) {
+        CHECK(st.cap_releases > 0 && st.held_bytes <= (1 << 20),
+              "asked again, the 1 MiB cap releases (cap_releases %llu, "
+              "held_bytes %llu)", ULL(st.cap_releases), ULL(st.held_bytes));
+        CHECK(lines_with(msg, "cudaMemGetInfo failed", EN(sc->err), NULL) == 1,
+              "one line names cudaMemGetInfo and %s", EN(sc->err));
+    } else if (sc->count != 0) {
         CHECK(st.held == N && st.held_bytes == (uint64_t)N * SIZE &&
                   st.cap_releases == 0,
               "the cap is 20 GiB: all held (%llu, %llu bytes), no cap release "
