@@ -113,8 +113,10 @@ static void reclaimer_sync_fails_child(void)
     cudaStream_t s3 = stream_new();
     static long at = 0;
     void *p[2] = {device_alloc(1 << 20), device_alloc(1 << 20)};
-    fake_launch(s2, 2000, &p[0], 1);
-    fake_launch(s3, 2000, &p[1], 1);
+    /* Held, not timed: work done before the reclaimer looks (a stall of a
+     * few ms under load) needs no cudaEventSynchronize. */
+    fake_work *w[2] = {fake_launch_held(s2, &p[0], 1),
+                       fake_launch_held(s3, &p[1], 1)};
     stderr_capture_begin();
     CHECK(defer_call(arm_reclaimer, &at, s) == cudaSuccess &&
               defer_flush() == cudaSuccess,
@@ -137,6 +139,8 @@ static void reclaimer_sync_fails_child(void)
           stats_now().failed - failed);
     CHECK(!fake_is_released(p[0]) && !fake_is_released(p[1]),
           "and never released");
+    fake_complete(w[0]);
+    fake_complete(w[1]);
     stderr_capture_begin();
     defer_shutdown();
     stderr_capture_end();
