@@ -529,26 +529,21 @@ int config_load_env(struct defer_config *cfg)
         const char *text = getenv(k->name);
         if (text == NULL)
             continue;
-        /* Read whole, however long: a number padded with zeros is that
-         * number, one with more digits than 64 bits hold is out of range
-         * (a fixed buffer would call either unreadable).  Without memory
-         * for a long one, it is refused as unreadable. */
-        char buf[64], *big = NULL;
+        /* Read whole, however long: zero-padded, a number; too many
+         * digits, out of range.  Without memory, refused as unreadable. */
         size_t need = strlen(text) + 1;
-        if (need > sizeof buf)
-            big = malloc(need);
+        char *buf = malloc(need);
         const char *value_text =
-            big != NULL ? config_parse_trim(text, big, need)
-                        : config_parse_trim(text, buf, sizeof buf);
+            buf != NULL ? config_parse_trim(text, buf, need) : NULL;
         if (value_text != NULL && value_text[0] == '\0') {
-            free(big);
+            free(buf);
             continue; /* set to nothing (or blanks): as if unset */
         }
         uint64_t value;
         enum config_parse_result r =
             value_text != NULL ? parse_knob(k, value_text, &value)
                                : CONFIG_PARSE_NOT_UNDERSTOOD;
-        free(big);
+        free(buf);
         if (r == CONFIG_PARSE_OK) {
             field_set(cfg, k, value);
         } else {
