@@ -18,6 +18,7 @@
 extern char **environ; /* POSIX: the process's environment */
 
 #include "report.h"
+#include "stats.h"
 
 /* How a knob's value is written and what its field holds. */
 enum kind {
@@ -138,6 +139,7 @@ void defer_config_defaults_sized(struct defer_config *cfg, size_t size)
     if (cfg == NULL)
         return;
     if (size < CONFIG_END_0_1_0) {
+        stats_add(&stats.rejected, 1);
         report("defer_config_defaults_sized: size %zu is smaller than any "
                "struct defer_config (%zu bytes in cudefer 0.1.0): nothing "
                "written", size, (size_t)CONFIG_END_0_1_0);
@@ -655,10 +657,12 @@ void config_refuse_from_now(void)
 cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
 {
     if (cfg == NULL) {
+        stats_add(&stats.rejected, 1);
         report("defer_configure: cfg is NULL: ignored");
         return cudaErrorInvalidValue;
     }
     if (size < CONFIG_END_0_1_0) {
+        stats_add(&stats.rejected, 1);
         report("defer_configure: size %zu is smaller than any struct "
                "defer_config (%zu bytes in cudefer 0.1.0): ignored",
                size, (size_t)CONFIG_END_0_1_0);
@@ -675,6 +679,8 @@ cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
         state.configured = true;
     }
     pthread_mutex_unlock(&state.lock);
+    if (started || shut_down || !valid)
+        stats_add(&stats.rejected, 1);
     if (started) {
         report("defer_configure called after cudefer started (at the first "
                "call that defers, allocates or records): ignored");

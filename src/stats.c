@@ -219,6 +219,7 @@ void defer_stats_get_sized(struct defer_stats *out, size_t size)
     if (out == NULL)
         return;
     if (size < STATS_END_0_1_0) {
+        stats_add(&stats.rejected, 1);
         report("defer_stats_get_sized: size %zu is smaller than any struct "
                "defer_stats (%zu bytes in cudefer 0.1.0): nothing written",
                size, (size_t)STATS_END_0_1_0);
@@ -249,6 +250,7 @@ static bool device_in_range(const char *who, int device, const char *also)
 {
     if (device >= 0 && device < DEFER_STATS_MAX_DEVICES)
         return true;
+    stats_add(&stats.rejected, 1);
     report("%s: device %d is out of range: cudefer counts devices 0 .. %d "
            "(DEFER_STATS_MAX_DEVICES - 1)%s: refused", who, device,
            DEFER_STATS_MAX_DEVICES - 1, also);
@@ -292,10 +294,12 @@ cudaError_t defer_device_stats_get_sized(int device,
 {
     static const char who[] = "defer_device_stats_get_sized";
     if (out == NULL) {
+        stats_add(&stats.rejected, 1);
         report("%s: out is NULL: refused", who);
         return cudaErrorInvalidValue;
     }
     if (size < sizeof(uint64_t)) {
+        stats_add(&stats.rejected, 1);
         report("%s: size %zu holds no field of struct defer_device_stats "
                "(%zu bytes): refused", who, size,
                sizeof(struct defer_device_stats));

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* defer_configure through the library: the values given before the first
  * defer call are the ones the reclaimer starts with (shown by
- * CUDEFER_VERBOSE=1, the environment on top), and a later call is refused. */
+ * CUDEFER_VERBOSE=1, the environment on top), and a later call is refused.
+ * Every refusal, of these calls and of the sized struct calls, is counted
+ * in rejected, as every other call's is. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,10 +15,40 @@ static void expect_line(const char *text, const char *line)
        (int)strcspn(line, "\n"), line);
 }
 
+static uint64_t rejected_now(void)
+{
+    struct defer_stats st;
+    defer_stats_get(&st);
+    return st.rejected;
+}
+
+/* Refusals before anything started: each said (stderr not checked here:
+ * t/unit_config does) and counted once. */
+static void test_counted_before_start(void)
+{
+    struct defer_config cfg;
+    uint64_t before = rejected_now();
+    stderr_capture_begin();
+    cudaError_t null_err = defer_configure(NULL);
+    cudaError_t small_err = defer_configure_sized(&cfg, 4);
+    defer_config_defaults_sized(&cfg, 4);
+    struct defer_stats st;
+    defer_stats_get_sized(&st, 4);
+    (void)stderr_capture_end();
+    is_int(null_err, cudaErrorInvalidValue, "defer_configure(NULL) refused");
+    is_int(small_err, cudaErrorInvalidValue,
+           "defer_configure_sized of 4 bytes refused");
+    is_int((int)(rejected_now() - before), 4,
+           "defer_configure(NULL), defer_configure_sized, "
+           "defer_config_defaults_sized and defer_stats_get_sized of 4 bytes: "
+           "4 counted in rejected");
+}
+
 int main(void)
 {
     plan_lazy();
     fake_reset(1);
+    test_counted_before_start();
 
     struct defer_config cfg;
     defer_config_defaults(&cfg);
@@ -30,12 +62,14 @@ int main(void)
     is_int(defer_configure(&cfg), cudaSuccess,
            "defer_configure before any defer call");
     cfg.poll_us = 0;
+    uint64_t before = rejected_now();
     stderr_capture_begin();
     cudaError_t err = defer_configure(&cfg);
     const char *msg = stderr_capture_end();
     is_int(err, cudaErrorInvalidValue, "an invalid configuration is refused");
     is_str(msg, "cudefer: defer_configure: poll_us is 0 (expected "
                 "microseconds, 1..1000000)\n", "and reported");
+    is_int((int)(rejected_now() - before), 1, "and counted in rejected");
 
     setenv("CUDEFER_VERBOSE", "1", 1);
     setenv("CUDEFER_MAX_DELAY_MS", "2s", 1);
@@ -57,6 +91,7 @@ int main(void)
     ok(wait_released(p, 10000), "the buffer is released");
 
     defer_config_defaults(&cfg);
+    before = rejected_now();
     stderr_capture_begin();
     err = defer_configure(&cfg);
     msg = stderr_capture_end();
@@ -65,6 +100,7 @@ int main(void)
     is_str(msg, "cudefer: defer_configure called after cudefer started (at "
                 "the first call that defers, allocates or records): "
                 "ignored\n", "is reported");
+    is_int((int)(rejected_now() - before), 1, "and counted in rejected");
 
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     cudaStreamDestroy(s);

@@ -121,10 +121,18 @@ static void said_once(const char *text, const char *what, const char *name)
        "%s: said in one line naming it", name);
 }
 
+static uint64_t rejected_now(void)
+{
+    struct defer_stats st;
+    defer_stats_get(&st);
+    return st.rejected;
+}
+
 static void test_refusals(void)
 {
     struct defer_device_stats s;
     memset(&s, 0xA5, sizeof s);
+    uint64_t before = rejected_now();
     stderr_capture_begin();
     cudaError_t err = defer_device_stats_get(-1, &s);
     const char *text = stderr_capture_end();
@@ -171,6 +179,8 @@ static void test_refusals(void)
     text = stderr_capture_end();
     is_int(err, cudaErrorInvalidValue, "reset, device 64: refused");
     said_once(text, "device 64 is out of range", "reset, device 64");
+    is_int((int)(rejected_now() - before), 6,
+           "the six refusals: 6 counted in rejected");
 }
 
 #define CANARY 0xA5
