@@ -101,7 +101,6 @@ static struct stream_bins *stream_bins_get(struct device_cache *c,
         return NULL;
     }
     s->stream_id = id;
-    s->order.oldest = s->order.newest = NULL;
     struct stream_bins **bucket = &c->streams[id % STREAM_BUCKETS];
     s->next = *bucket; /* first: no walk to the bucket's end */
     *bucket = s;
@@ -122,7 +121,6 @@ void cache_stream_unlink(struct device_cache *c, struct cache_block *b)
     if (s == NULL)
         return;
     bins_unlink(&s->bins, b);
-    order_unlink(&s->order, b);
     if (!bins_empty(&s->bins))
         return;
     *stream_slot(c, s->stream_id) = s->next;
@@ -369,10 +367,8 @@ void cache_park_locked(struct device_cache *c, struct cache_block *b,
      * like any other block. */
     struct stream_bins *s = stream_bins_get(c, stream_id);
     b->stream = s;
-    if (s != NULL) {
+    if (s != NULL)
         bins_push(&s->bins, b);
-        order_append(&s->order, b);
-    }
     stats_device_freed(b->device, b->size);
     cache_segments_merge_pending(c, b);
 }

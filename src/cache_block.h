@@ -121,8 +121,7 @@ struct cache_block {
     int bin;                         /* the largest class not above size */
     enum block_state state;          /* Note [Block states] */
     /* Second line. */
-    struct cache_block *lru_prev;    /* FREE whole: the device's age list;
-                                        PENDING: its stream's free order */
+    struct cache_block *lru_prev;    /* FREE whole: the device's age list */
     struct cache_block *lru_next;    /* also a spare stack's or a forget
                                         list's link */
     struct cache_block *seg_prev;    /* its neighbours in address order in
@@ -236,8 +235,7 @@ struct bins {
 };
 
 /* A list in the order blocks joined it, through their lru links: a
- * device's FREE whole segments (oldest free first), a stream's PENDING
- * blocks (oldest freed first).  A block is on one such list at most. */
+ * device's FREE whole segments (oldest free first). */
 struct order_list {
     struct cache_block *oldest, *newest;
 };
@@ -351,12 +349,10 @@ static inline void *block_zalloc(size_t n)
     return p;
 }
 
-/* The blocks PENDING on one stream of a device, by size and, through their
- * lru links, in the order they were freed. */
+/* The blocks PENDING on one stream of a device, by size. */
 struct stream_bins {
     unsigned long long stream_id;
     struct stream_bins *next;
-    struct order_list order;
     _Alignas(64) struct bins bins; /* its bitmap on a line of its own */
 };
 

@@ -148,7 +148,6 @@ static void absorb_pending(struct stream_bins *s, struct cache_block *keep,
 {
     /* keep stays in s, so s is never emptied here. */
     bins_unlink(&s->bins, gone);
-    order_unlink(&s->order, gone);
     bins_unlink(&s->bins, keep);
     grow_over(keep, gone);
     bins_push(&s->bins, keep);
@@ -182,7 +181,6 @@ static void pend(struct device_cache *c, struct stream_bins *s,
     b->stream = s;
     b->ready = true;
     bins_push(&s->bins, b);
-    order_append(&s->order, b);
 }
 
 /*
