@@ -32,10 +32,6 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     it must raise RuntimeError;
   - frees a 4 GiB tensor of a MemPool, fills the device but for 512 MiB
     in it, then asks it for 1 GiB: the free block must serve it;
-  - frees MemPool tensors a side stream reads (Tensor.record_stream)
-    outside use_mem_pool: a block must not come back while the side
-    stream, held busy, has yet to read it, and must once the side stream
-    is done: 300 such rounds of 4 MiB may grow the pool by 64 MiB at most;
   - sets set_per_process_memory_fraction to what it holds plus 1 GiB: 2 GiB
     more must raise torch.OutOfMemoryError (an OOM observer sees it), 256
     MiB must fit; 2 GiB inside a MemPool must raise it too, and so must
@@ -69,7 +65,8 @@ allocated bytes are memory_allocated, reserved >= allocated), and the
 allocator's bookkeeping costs at most 1 % of a step.
 The parts of a CUDA graph and torch.compile are in torch_graphs.py beside
 this file, those of the memory fraction in torch_fraction.py, the probe's
-in torch_probe.py.
+in torch_probe.py; MemPool tensors a side stream reads
+(Tensor.record_stream) are torch_pools.py's, a script of its own.
 """
 import argparse
 import json
@@ -121,70 +118,6 @@ def profiler_reserved(torch, dev):
             found.append([args.get("Total Allocated"),
                           args.get("Total Reserved")])
     return found or "no CUDA memory events"
-
-
-def pool_record_stream(torch, dev, res):
-    """A MemPool's tensors read on a side stream (Tensor.record_stream),
-    freed outside use_mem_pool: PyTorch's allocator hands such a block out
-    again once events on the side stream have completed, never before.
-    Puts what came of it in res: pool_record_intact (a block the side
-    stream, held busy, has yet to read) and pool_record_reuse (how many
-    MiB 300 rounds of 4 MiB grew the pool's segments by, and how many
-    values the side stream read wrong)."""
-    n = 1 << 20  # float32: a block of 4 MiB
-    pool = torch.cuda.MemPool()
-    side = torch.cuda.Stream()
-    pool_id = tuple(pool.id)
-
-    def pool_bytes():
-        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-                   if tuple(seg.get("segment_pool_id", ())) == pool_id)
-
-    # The side stream reads x after about 1 s of sleep; a tensor of the
-    # pool allocated meanwhile on x's stream must not get x's block.
-    with torch.cuda.use_mem_pool(pool):
-        x = torch.full((n,), 7.0, device=dev)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(2000000000)
-        y = x * 2
-    x.record_stream(side)
-    old = x.data_ptr()
-    del x
-    with torch.cuda.use_mem_pool(pool):
-        z = torch.full((n,), -1.0, device=dev)
-    busy = not side.query()
-    side.synchronize()
-    res["pool_record_intact"] = (
-        "overwritten" if not bool((y == 14).all()) else
-        "handed out while read" if z.data_ptr() == old else
-        "intact" if busy else "inconclusive (side stream done too soon)")
-    del y, z
-    torch.cuda.synchronize()
-
-    # Many rounds, synchronised every 4th: the blocks come back.  Counted
-    # in segments' bytes: PyTorch's allocator serves 4 MiB from segments
-    # of 20 MiB it splits, cudefer from a segment of 4 MiB each.
-    with torch.cuda.stream(side):
-        wrong = torch.zeros((), dtype=torch.int64, device=dev)
-    before = pool_bytes()
-    rounds = 300
-    for i in range(rounds):
-        with torch.cuda.use_mem_pool(pool):
-            x = torch.full((n,), float(i), device=dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            wrong += (x * 2 != 2 * i).sum()
-        x.record_stream(side)
-        del x
-        if i % 4 == 3:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    res["pool_record_reuse"] = {
-        "rounds": rounds, "grown_mib": (pool_bytes() - before) >> 20,
-        "wrong": int(wrong.item())}
-    del wrong, pool
-    torch.cuda.empty_cache()
 
 
 def run(mode, lib, steps, out_path):
@@ -352,12 +285,6 @@ def run(mode, lib, steps, out_path):
         torch.cuda.empty_cache()
     except Exception as e:  # noqa: BLE001 (compared)
         res["pool_tight"] = "%s: %s" % (type(e).__name__, str(e)[:200])
-
-    try:
-        pool_record_stream(torch, dev, res)
-    except Exception as e:  # noqa: BLE001 (compared)
-        res["pool_record_intact"] = res["pool_record_reuse"] = "%s: %s" % (
-            type(e).__name__, str(e)[:200])
 
     # record_stream on another GPU's default stream (two GPUs): the block,
     # allocated on a created stream, must wait for that default stream,
@@ -534,24 +461,6 @@ def compare(native, mine):
           mine.get("pool_tight") == native.get("pool_tight") == "allocated",
           "native %s, cudefer %s" % (native.get("pool_tight"),
                                      mine.get("pool_tight")))
-    check("record_stream on a MemPool's tensor freed outside "
-          "use_mem_pool: its block is not handed out while the side "
-          "stream has yet to read it",
-          mine.get("pool_record_intact")
-          == native.get("pool_record_intact") == "intact",
-          "native %s, cudefer %s" % (native.get("pool_record_intact"),
-                                     mine.get("pool_record_intact")))
-
-    def reused(r):
-        return (isinstance(r, dict) and r["grown_mib"] <= 64
-                and r["wrong"] == 0)
-    check("record_stream on a MemPool's tensor freed outside "
-          "use_mem_pool: its block comes back once the side stream is "
-          "done (300 rounds of 4 MiB grow the pool by 64 MiB at most)",
-          reused(native.get("pool_record_reuse"))
-          and reused(mine.get("pool_record_reuse")),
-          "native %s, cudefer %s" % (native.get("pool_record_reuse"),
-                                     mine.get("pool_record_reuse")))
     if "cross_record" not in native:
         print("SKIP record_stream on another GPU's default stream: one GPU")
     else:

@@ -5,6 +5,9 @@
 #                        graph, torch.compile(mode="reduce-overhead") and a
 #                        memory fraction under PyTorch's allocator and under
 #                        cudefer.torch.enable(), compared;
+#   t/gpu/torch_pools.py a MemPool's tensors read on a side stream
+#                        (Tensor.record_stream) and freed outside
+#                        use_mem_pool, under both, compared;
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
 #                        ways), compared with each library's own allocator.
 # Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
@@ -40,7 +43,7 @@ PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR PYTHONUNBUFFERED
 unset CUDEFER_LIB PYTORCH_CUDA_ALLOC_CONF
 
-for script in torch_full torch_cupy; do
+for script in torch_full torch_pools torch_cupy; do
   "$PYTHON" "$srcdir/t/gpu/$script.py" --lib "$lib" > "$out/$script.log" 2>&1 9>&-
   echo "rc $?" >> "$out/$script.log"
 done
@@ -52,4 +55,5 @@ awk '
   /^rc 77$/ { next }
   /^rc [0-9]+$/ { if ($2 != 0 && $2 != 1) { n++; print "not ok " n " - " FILENAME " exited " $2 } next }
   { print "# " $0 }
-  END { print "1.." n }' "$out/torch_full.log" "$out/torch_cupy.log"
+  END { print "1.." n }' "$out/torch_full.log" "$out/torch_pools.log" \
+  "$out/torch_cupy.log"

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""torch_pools.py: a MemPool's tensors read on a side stream
+(Tensor.record_stream) and freed, under PyTorch's own allocator and under
+cudefer.torch.enable(), each in its own process, then compared.
+
+    python3 t/gpu/torch_pools.py [--lib PATH]
+
+prints one "PASS name: detail" or "FAIL name: detail" line per check and
+exits 1 if any failed, 77 without torch or a CUDA device
+(t/gpu/torch_python.sh runs it as TAP in make check).  PyTorch's
+allocator hands such a block out again once events recorded on the side
+stream at its free outside torch.cuda.use_mem_pool have completed, never
+before.  Each process frees such tensors outside use_mem_pool:
+  - a block the side stream, held busy, has yet to read must not be
+    handed out to the pool's next tensor of its size and stream;
+  - 300 rounds of 4 MiB, synchronised every 4th, may grow the pool by
+    64 MiB at most (its blocks come back once the side stream is done),
+    and the side stream must read every value right.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "python"))
+
+N = 1 << 20  # float32 elements: a block of 4 MiB
+ROUNDS = 300
+
+
+def pool_bytes(torch, pool_id):
+    """Bytes of the segments of the pool pool_id (memory_snapshot):
+    PyTorch's allocator serves 4 MiB from segments of 20 MiB it splits,
+    cudefer from a segment of 4 MiB each."""
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == pool_id)
+
+
+def intact(y, z, old, busy):
+    """What came of a block the side stream read (y: twice its 7.0s)
+    while z, the pool's next tensor, was allocated."""
+    return ("overwritten" if not bool((y == 14).all()) else
+            "handed out while read" if z.data_ptr() == old else
+            "intact" if busy else "inconclusive (side stream done too soon)")
+
+
+def freed_outside(torch, dev, res):
+    """Frees outside use_mem_pool; puts pool_record_intact and
+    pool_record_reuse in res."""
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    pool_id = tuple(pool.id)
+
+    # The side stream reads x after about 1 s of sleep; a tensor of the
+    # pool allocated meanwhile on x's stream must not get x's block.
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.full((N,), 7.0, device=dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2000000000)
+        y = x * 2
+    x.record_stream(side)
+    old = x.data_ptr()
+    del x
+    with torch.cuda.use_mem_pool(pool):
+        z = torch.full((N,), -1.0, device=dev)
+    busy = not side.query()
+    side.synchronize()
+    res["pool_record_intact"] = intact(y, z, old, busy)
+    del y, z
+    torch.cuda.synchronize()
+
+    # Many rounds, synchronised every 4th: the blocks come back.
+    with torch.cuda.stream(side):
+        wrong = torch.zeros((), dtype=torch.int64, device=dev)
+    before = pool_bytes(torch, pool_id)
+    for i in range(ROUNDS):
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.full((N,), float(i), device=dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            wrong += (x * 2 != 2 * i).sum()
+        x.record_stream(side)
+        del x
+        if i % 4 == 3:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    grown = (pool_bytes(torch, pool_id) - before) >> 20
+    res["pool_record_reuse"] = {"rounds": ROUNDS, "grown_mib": grown,
+                                "wrong": int(wrong.item())}
+    del wrong, pool
+    torch.cuda.empty_cache()
+
+
+def run(mode, lib, out_path):
+    """One process's work under mode ("native" or "cudefer"); writes its
+    JSON to out_path."""
+    import torch
+    res = {"mode": mode}
+    if mode == "cudefer":
+        import cudefer.torch
+        res["library"] = cudefer.torch.enable(lib)
+    dev = torch.device("cuda")
+    for part, keys in ((freed_outside, ("pool_record_intact",
+                                        "pool_record_reuse")),):
+        try:
+            part(torch, dev, res)
+        except Exception as e:  # noqa: BLE001 (compared)
+            for key in keys:
+                res[key] = "%s: %s" % (type(e).__name__, str(e)[:200])
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+
+
+def compare(native, mine):
+    """PASS/FAIL lines; returns the number of failures."""
+    failures = 0
+
+    def check(name, ok, detail=""):
+        nonlocal failures
+        print("%s %s%s" % ("PASS" if ok else "FAIL", name,
+                           ": " + detail if detail else ""), flush=True)
+        failures += 0 if ok else 1
+
+    def reused(r):
+        return (isinstance(r, dict) and r["grown_mib"] <= 64
+                and r["wrong"] == 0)
+
+    for where, intact_key, reuse_key, comes_back in (
+            ("outside", "pool_record_intact", "pool_record_reuse",
+             "once the side stream is done (300 rounds of 4 MiB grow the "
+             "pool by 64 MiB at most)"),):
+        check("record_stream on a MemPool's tensor freed %s "
+              "use_mem_pool: its block is not handed out while the side "
+              "stream has yet to read it" % where,
+              mine.get(intact_key) == native.get(intact_key) == "intact",
+              "native %s, cudefer %s" % (native.get(intact_key),
+                                         mine.get(intact_key)))
+        check("record_stream on a MemPool's tensor freed %s use_mem_pool: "
+              "its block comes back %s" % (where, comes_back),
+              reused(native.get(reuse_key)) and reused(mine.get(reuse_key)),
+              "native %s, cudefer %s" % (native.get(reuse_key),
+                                         mine.get(reuse_key)))
+    return failures
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", help="libcudefer.so (default: cudefer's search)")
+    p.add_argument("--run", choices=["native", "cudefer"],
+                   help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.run:
+        run(args.run, args.lib, args.out)
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("SKIP no torch")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIP no CUDA device")
+        return 77
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("native", "cudefer"):
+            out = os.path.join(tmp, mode + ".json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
+                   "--out", out] + (["--lib", args.lib] if args.lib else [])
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            if proc.returncode != 0 or not os.path.exists(out):
+                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
+                print("\n".join("  " + line for line in
+                                proc.stdout.splitlines()[-30:]))
+                return 1
+            with open(out) as f:
+                results[mode] = json.load(f)
+    return 1 if compare(results["native"], results["cudefer"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
