@@ -110,6 +110,13 @@ void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
         void *p = pool_malloc(d, device, size, rounded, stream);
         if (p != nullptr)
             return p;
+    } else if (C10_UNLIKELY(d.has_deferred.load(std::memory_order_relaxed)) &&
+               sections_anywhere.load(std::memory_order_acquire) == 0) {
+        // Pool blocks freed with uses while a section was open: their
+        // events are recorded now that none is, as PyTorch's allocator
+        // records them at an allocation with no capture under way.
+        std::lock_guard<std::mutex> lock(d.mu);
+        pool_undefer(d);
     }
     void *ptr = nullptr;
     cudaError_t err = cudefer_alloc(&ptr, size, device, stream);

@@ -23,9 +23,12 @@
 //     capturing stream.  A pool lives while its use count (graphs,
 //     MemPools, allocate-to-pool sections) is above zero; its free blocks
 //     go back to CUDA at empty_cache or out of memory once it is released.
-//     A block other streams used (Tensor.record_stream) and freed outside
-//     any section is handed out again once events recorded on those
-//     streams at its free have completed, as in PyTorch's allocator.
+//     A block other streams used (Tensor.record_stream) is handed out
+//     again once events recorded on those streams have completed, as in
+//     PyTorch's allocator: recorded at its free, or, freed while a
+//     section was open somewhere (a capture may be under way), at the
+//     device's first allocation, pool block free or empty_cache once
+//     none is.
 //     Checkpoints of a pool (torch.compile's CUDA graph trees) and
 //     checkPoolLiveAllocations work on these blocks;
 //   - set_per_process_memory_fraction (and PYTORCH_CUDA_ALLOC_CONF's
@@ -41,8 +44,10 @@
 // Threads: any thread may allocate and free.  The hot path (allocation and
 // free outside any allocate-to-pool section) takes no lock but one shard
 // of the pointer table (64 shards, by address): statistics are per-device
-// atomics.  Pools, captures and observers are guarded by a per-device
-// mutex; lock order: device mutex, then a table shard.
+// atomics.  (The first allocation on a device once no section is open
+// also takes the device's mutex where pool blocks were deferred.)
+// Pools, captures and observers are guarded by a per-device mutex; lock
+// order: device mutex, then a table shard.
 //
 // The units (each keeps the comments of what it defines):
 //   torch_allocator.h    the shared types (CudeferFunctions, AtomicStat,
@@ -231,12 +236,17 @@ struct PoolBlock {
     bool allocated = false;
     // Freed with uses while an allocate-to-pool section was open
     // somewhere (a capture may be under way: no event can be recorded):
-    // never handed out again, returned to CUDA with its pool once the
-    // devices of its uses are idle.
+    // on its pool's deferred list until none is (pool_undefer records
+    // its events then: it is pending).
+    bool deferred = false;
+    // Freed with uses where CUDA refused an event (or its query): never
+    // handed out again (but to a checkpoint that holds it allocated),
+    // returned to CUDA with its pool once the devices of its uses are
+    // idle.
     bool retired = false;
     // Streams other than its own that used it since it was handed out.
     std::vector<PoolUse> uses;
-    // Freed with uses outside any section: one event on each use's
+    // Freed with uses and no section open: one event on each use's
     // stream; the block is on its pool's pending list until all have
     // completed.
     std::vector<cudaEvent_t> events;
@@ -254,6 +264,9 @@ struct Pool {
     // Freed blocks waiting for their events (PoolBlock::events):
     // pool_reclaim puts those whose events completed among free_blocks.
     std::vector<PoolBlock *> pending;
+    // Freed blocks waiting for no section to be open anywhere
+    // (PoolBlock::deferred): pool_undefer moves them to pending.
+    std::vector<PoolBlock *> deferred;
 };
 
 // What the allocator knows of a live allocation (the pointer table).
@@ -296,6 +309,10 @@ struct alignas(64) DeviceState {
     std::atomic<double> fraction{1.0};
     // Allocate-to-pool sections open on this device (hot-path test).
     std::atomic<int> sections{0};
+    // Set (under mu) when a block of this device's pools is deferred,
+    // cleared by pool_undefer once it emptied every deferred list; every
+    // allocation reads it without the lock (hot-path test).
+    std::atomic<bool> has_deferred{false};
     // cudefer's own counters of this device, sampled (per_device()).
     CudeferSample sample;
 
@@ -569,6 +586,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     void *pool_malloc_locked(DeviceState &d, int device, size_t size,
                              size_t rounded, cudaStream_t stream);
     void pool_free(DeviceState &d, PoolBlock *b);
+    void pool_undefer(DeviceState &d);
     bool pool_record_events(PoolBlock *b);
     void pool_reclaim(Pool &pool);
     void pool_drop_events(Pool &pool, PoolBlock *b);

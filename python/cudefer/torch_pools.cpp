@@ -180,6 +180,8 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
                 ", ", id.second, ") to checkpoint");
     TORCH_CHECK(it->second->use_count > 0, "cudefer: pool (", id.first,
                 ", ", id.second, ") was released: no checkpoint");
+    // As PyTorch's allocator, which records deferred frees' events here.
+    pool_undefer(d);
     auto state = std::make_shared<PoolCheckpoint>();
     state->id = id;
     for (auto &b : it->second->blocks)
@@ -191,7 +193,9 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
 // Returns the pool to a checkpoint: every block allocated now is freed
 // (ptrs_freed; PyTorch takes their storages' deleters away), every
 // block allocated in the checkpoint is allocated again and handed back
-// as a DataPtr (dataptrs_allocd).
+// as a DataPtr (dataptrs_allocd).  Deferred blocks get their events
+// first where no section is open, so that one the checkpoint holds
+// allocated waits for its uses as a pending one does.
 CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
     c10::DeviceIndex device, std::shared_ptr<CCA::AllocatorState> as)
 {
@@ -204,6 +208,7 @@ CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
     TORCH_CHECK(it != d.pools.end() && it->second->use_count > 0,
                 "cudefer: the checkpoint's pool (", cp->id.first, ", ",
                 cp->id.second, ") is gone");
+    pool_undefer(d);
     Pool &pool = *it->second;
     CCA::CheckpointDelta delta;
     std::unordered_map<void *, PoolBlock *> by_ptr;
@@ -359,8 +364,10 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
 
 // Any thread, under the device's mutex: a block a checkpoint has
 // allocated, taken off its pool's free blocks; a pending one once its
-// events completed (waits for them), a retired one as it is (the
-// checkpoint's tensors are the graph tree's again).
+// events completed (waits for them); a deferred one (a section is
+// open: no event may be recorded) off its pool's deferred list, and a
+// retired one, as they are (the checkpoint's tensors are the graph
+// tree's again).
 void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
 {
     auto range = pool.free_blocks.equal_range({b->stream, b->size});
@@ -375,8 +382,16 @@ void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
         b->uses.clear();
         return;
     }
+    if (b->deferred) {
+        auto it = std::find(pool.deferred.begin(), pool.deferred.end(), b);
+        if (it != pool.deferred.end())
+            pool.deferred.erase(it);
+        b->deferred = false;
+        b->uses.clear();
+        return;
+    }
     TORCH_CHECK(b->retired, "cudefer: the checkpoint's block ", b->ptr,
-                " is neither free, pending nor retired");
+                " is neither free, pending, deferred nor retired");
     b->retired = false;
     b->uses.clear();
 }
@@ -387,23 +402,57 @@ void CudeferAllocator::pool_take_free(Pool &pool, PoolBlock *b)
 // allocate-to-pool section open anywhere, an event on each use's
 // stream: the block is pending until they have completed
 // (pool_reclaim), as PyTorch's allocator frees a block other streams
-// used (insert_events); with a section open (a capture may be under
-// way: no event may be recorded or queried there) or an event CUDA
-// refused, it is retired.
+// used (insert_events); where CUDA refused an event, it is retired.
+// With a section open (a capture may be under way: no event may be
+// recorded or queried there), it is deferred until none is
+// (pool_undefer), as PyTorch's allocator defers it
+// (needs_events_deferred_until_no_capture).  Blocks deferred before
+// get their events first once no section is open.
 void CudeferAllocator::pool_free(DeviceState &d, PoolBlock *b)
 {
+    pool_undefer(d);
     d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
     if (b->uses.empty()) {
         pool_put_free(*b->pool, b);
         return;
     }
     b->allocated = false;
-    if (sections_anywhere.load(std::memory_order_acquire) == 0 &&
-        pool_record_events(b)) {
-        b->pool->pending.push_back(b);
+    if (sections_anywhere.load(std::memory_order_acquire) > 0) {
+        b->deferred = true;
+        b->pool->deferred.push_back(b);
+        d.has_deferred.store(true, std::memory_order_relaxed);
         return;
     }
-    b->retired = true;
+    if (pool_record_events(b))
+        b->pool->pending.push_back(b);
+    else
+        b->retired = true;
+}
+
+// Any thread, under the device's mutex; never blocks nor throws (frees
+// run in deleters): once no allocate-to-pool section is open anywhere,
+// the deferred blocks of the device's pools (freed with uses while one
+// was) get an event on each use's stream and are pending (retired
+// where CUDA refused one), as PyTorch's allocator records such blocks'
+// events once no capture is under way on the device.  Does nothing
+// while a section is open or where no block is deferred.
+void CudeferAllocator::pool_undefer(DeviceState &d)
+{
+    if (!d.has_deferred.load(std::memory_order_relaxed) ||
+        sections_anywhere.load(std::memory_order_acquire) > 0)
+        return;
+    for (auto &entry : d.pools) {
+        Pool &pool = *entry.second;
+        for (PoolBlock *b : pool.deferred) {
+            b->deferred = false;
+            if (pool_record_events(b))
+                pool.pending.push_back(b);
+            else
+                b->retired = true;
+        }
+        pool.deferred.clear();
+    }
+    d.has_deferred.store(false, std::memory_order_relaxed);
 }
 
 // Any thread, under the device's mutex; never blocks nor throws (frees
@@ -501,11 +550,14 @@ void CudeferAllocator::pool_drop_events(Pool &pool, PoolBlock *b)
         pool.pending.erase(it);
 }
 
-// Give the free, pending and retired blocks of released pools (use
-// count 0) of device back to CUDA (only that pool with only != nullptr),
-// and drop pools with no blocks left.  Blocks: the device synchronises
-// first, and so do the other devices whose streams used a retired block;
-// a pending block waits for its events.  Not while any allocate-to-pool
+// Give the free, pending, deferred and retired blocks of released pools
+// (use count 0) of device back to CUDA (only that pool with only !=
+// nullptr), and drop pools with no blocks left.  Blocks: deferred
+// blocks (of every pool of the device) get their events first, as
+// PyTorch's allocator records them before it synchronises; the device
+// synchronises, and so do the other devices whose streams used a
+// retired block (or one still deferred: a section begun since); a
+// pending block waits for its events.  Not while any allocate-to-pool
 // section is open (a capture may be running: no synchronisation then).
 // Returns the bytes released.
 size_t CudeferAllocator::release_free_pools(int device,
@@ -515,6 +567,7 @@ size_t CudeferAllocator::release_free_pools(int device,
         return 0;
     DeviceState &d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mu);
+    pool_undefer(d);
     size_t released = 0;
     bool synced = false;
     uint64_t others_synced = 0;  // other devices synchronised, by bit
@@ -539,7 +592,7 @@ size_t CudeferAllocator::release_free_pools(int device,
             }
             if (!(*b)->events.empty())
                 pool_drop_events(pool, b->get());
-            if ((*b)->retired) {
+            if ((*b)->retired || (*b)->deferred) {
                 for (const PoolUse &u : (*b)->uses) {
                     uint64_t bit = 1ull << u.device;
                     if (u.device == device || (others_synced & bit))
@@ -560,6 +613,7 @@ size_t CudeferAllocator::release_free_pools(int device,
         }
         pool.free_blocks.clear();
         pool.pending.clear();
+        pool.deferred.clear();
         if (blocks.empty())
             it = d.pools.erase(it);
         else

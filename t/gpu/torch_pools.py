@@ -10,13 +10,20 @@ prints one "PASS name: detail" or "FAIL name: detail" line per check and
 exits 1 if any failed, 77 without torch or a CUDA device
 (t/gpu/torch_python.sh runs it as TAP in make check).  PyTorch's
 allocator hands such a block out again once events recorded on the side
-stream at its free outside torch.cuda.use_mem_pool have completed, never
-before.  Each process frees such tensors outside use_mem_pool:
+stream have completed, never before: recorded at the free outside
+torch.cuda.use_mem_pool, or, for a free inside it (where a CUDA graph
+capture may be under way), at its first allocation once no use_mem_pool
+is open.  Each process frees such tensors outside use_mem_pool, then
+inside it (each round then also allocates a tensor outside, as a program
+does between two use_mem_pool):
   - a block the side stream, held busy, has yet to read must not be
     handed out to the pool's next tensor of its size and stream;
   - 300 rounds of 4 MiB, synchronised every 4th, may grow the pool by
     64 MiB at most (its blocks come back once the side stream is done),
-    and the side stream must read every value right.
+    and the side stream must read every value right; inside, the pool
+    must hold no segment once it is gone (del and empty_cache), the
+    block of the last round, freed inside and never followed by an
+    allocation outside, included.
 """
 import argparse
 import json
@@ -97,6 +104,61 @@ def freed_outside(torch, dev, res):
     torch.cuda.empty_cache()
 
 
+def freed_inside(torch, dev, res):
+    """Frees inside use_mem_pool (the side stream's work too, its
+    temporaries the pool's); puts pool_inside_intact and
+    pool_inside_reuse in res."""
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    pool_id = tuple(pool.id)
+
+    # As freed_outside's first part, x freed inside use_mem_pool; the
+    # allocation outside is where PyTorch's allocator records x's event.
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.full((N,), 7.0, device=dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(2000000000)
+            y = x * 2
+        x.record_stream(side)
+        old = x.data_ptr()
+        del x
+    outside = torch.empty(256, device=dev)
+    with torch.cuda.use_mem_pool(pool):
+        z = torch.full((N,), -1.0, device=dev)
+    busy = not side.query()
+    side.synchronize()
+    res["pool_inside_intact"] = intact(y, z, old, busy)
+    del y, z, outside
+    torch.cuda.synchronize()
+
+    # Many rounds, each opened by an allocation outside use_mem_pool and
+    # synchronised every 4th: the blocks come back.  The last round's
+    # block is still waiting for an allocation outside when the pool goes.
+    with torch.cuda.stream(side):
+        wrong = torch.zeros((), dtype=torch.int64, device=dev)
+    before = pool_bytes(torch, pool_id)
+    for i in range(ROUNDS):
+        outside = torch.empty(256, device=dev)
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.full((N,), float(i), device=dev)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                wrong += (x * 2 != 2 * i).sum()
+            x.record_stream(side)
+            del x
+        if i % 4 == 3:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    grown = (pool_bytes(torch, pool_id) - before) >> 20
+    wrong = int(wrong.item())
+    del outside, pool
+    torch.cuda.empty_cache()
+    res["pool_inside_reuse"] = {
+        "rounds": ROUNDS, "grown_mib": grown, "wrong": wrong,
+        "left_mib": pool_bytes(torch, pool_id) >> 20}
+
+
 def run(mode, lib, out_path):
     """One process's work under mode ("native" or "cudefer"); writes its
     JSON to out_path."""
@@ -107,7 +169,9 @@ def run(mode, lib, out_path):
         res["library"] = cudefer.torch.enable(lib)
     dev = torch.device("cuda")
     for part, keys in ((freed_outside, ("pool_record_intact",
-                                        "pool_record_reuse")),):
+                                        "pool_record_reuse")),
+                       (freed_inside, ("pool_inside_intact",
+                                       "pool_inside_reuse"))):
         try:
             part(torch, dev, res)
         except Exception as e:  # noqa: BLE001 (compared)
@@ -129,12 +193,16 @@ def compare(native, mine):
 
     def reused(r):
         return (isinstance(r, dict) and r["grown_mib"] <= 64
-                and r["wrong"] == 0)
+                and r["wrong"] == 0 and r.get("left_mib", 0) == 0)
 
     for where, intact_key, reuse_key, comes_back in (
             ("outside", "pool_record_intact", "pool_record_reuse",
              "once the side stream is done (300 rounds of 4 MiB grow the "
-             "pool by 64 MiB at most)"),):
+             "pool by 64 MiB at most)"),
+            ("inside", "pool_inside_intact", "pool_inside_reuse",
+             "once the side stream is done and no use_mem_pool is open "
+             "(300 rounds of 4 MiB grow the pool by 64 MiB at most; the "
+             "pool, once gone, holds no segment)")):
         check("record_stream on a MemPool's tensor freed %s "
               "use_mem_pool: its block is not handed out while the side "
               "stream has yet to read it" % where,

@@ -6,8 +6,8 @@
 #                        memory fraction under PyTorch's allocator and under
 #                        cudefer.torch.enable(), compared;
 #   t/gpu/torch_pools.py a MemPool's tensors read on a side stream
-#                        (Tensor.record_stream) and freed outside
-#                        use_mem_pool, under both, compared;
+#                        (Tensor.record_stream) and freed outside and
+#                        inside use_mem_pool, under both, compared;
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
 #                        ways), compared with each library's own allocator.
 # Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
