@@ -8,16 +8,18 @@ cudefer.torch.enable(), each in its own process, then compared.
 
 prints one "PASS name: detail" or "FAIL name: detail" line per check and
 exits 1 if any failed, 77 without torch or a CUDA device
-(t/gpu/torch_python.sh runs it as TAP in make check).  PyTorch's
-allocator hands such a block out again once events recorded on the side
-stream have completed, never before: recorded at the free outside
+(t/gpu/torch_python.sh runs it as TAP in make check).  cudefer hands
+such a block out again once events recorded on the side stream have
+completed, never before: recorded at the free outside
 torch.cuda.use_mem_pool, or, for a free inside it (where a CUDA graph
-capture may be under way), at its first allocation once no use_mem_pool
+capture may be under way), at the first allocation once no use_mem_pool
 is open.  Each process frees such tensors outside use_mem_pool, then
 inside it (each round then also allocates a tensor outside, as a program
 does between two use_mem_pool):
   - a block the side stream, held busy, has yet to read must not be
-    handed out to the pool's next tensor of its size and stream;
+    handed out to the pool's next tensor of its size and stream (inside,
+    PyTorch 2.11's own allocator was seen to hand it out: only
+    cudefer's is checked there);
   - 300 rounds of 4 MiB, synchronised every 4th, may grow the pool by
     64 MiB at most (its blocks come back once the side stream is done),
     and the side stream must read every value right; inside, the pool
@@ -50,10 +52,34 @@ def pool_bytes(torch, pool_id):
 
 def intact(y, z, old, busy):
     """What came of a block the side stream read (y: twice its 7.0s)
-    while z, the pool's next tensor, was allocated."""
+    while z, the pool's next tensor, was allocated.  A side stream found
+    done after z may have been done before it too: then a hand-out is no
+    fault, and nothing is proved."""
     return ("overwritten" if not bool((y == 14).all()) else
-            "handed out while read" if z.data_ptr() == old else
-            "intact" if busy else "inconclusive (side stream done too soon)")
+            "inconclusive (side stream done too soon)" if not busy else
+            "handed out while read" if z.data_ptr() == old else "intact")
+
+
+def warm_up(torch, dev):
+    """Runs once every kernel the parts time, so that none is loaded
+    (CUDA's lazy loading) while the side stream sleeps: a load may wait
+    for the device, and the side stream would be done too soon."""
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.full((N,), 7.0, device=dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        y = x * 2
+        wrong = (y != 14).sum()
+        wrong += (y != 14).sum()
+    x.record_stream(side)
+    del x
+    torch.cuda.synchronize()
+    assert int(wrong.item()) == 0 and bool((y == 14).all())
+    del y, wrong, pool
+    torch.cuda.empty_cache()
 
 
 def freed_outside(torch, dev, res):
@@ -168,6 +194,7 @@ def run(mode, lib, out_path):
         import cudefer.torch
         res["library"] = cudefer.torch.enable(lib)
     dev = torch.device("cuda")
+    warm_up(torch, dev)
     for part, keys in ((freed_outside, ("pool_record_intact",
                                         "pool_record_reuse")),
                        (freed_inside, ("pool_inside_intact",
@@ -203,10 +230,14 @@ def compare(native, mine):
              "once the side stream is done and no use_mem_pool is open "
              "(300 rounds of 4 MiB grow the pool by 64 MiB at most; the "
              "pool, once gone, holds no segment)")):
+        # Inside, PyTorch 2.11's own allocator hands the block out while
+        # the side stream has yet to read it ("overwritten"): cudefer must
+        # not, whatever native does.
         check("record_stream on a MemPool's tensor freed %s "
               "use_mem_pool: its block is not handed out while the side "
               "stream has yet to read it" % where,
-              mine.get(intact_key) == native.get(intact_key) == "intact",
+              mine.get(intact_key) == "intact" and
+              (where == "inside" or native.get(intact_key) == "intact"),
               "native %s, cudefer %s" % (native.get(intact_key),
                                          mine.get(intact_key)))
         check("record_stream on a MemPool's tensor freed %s use_mem_pool: "
