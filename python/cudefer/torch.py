@@ -46,7 +46,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # share; all shipped as package data (torch_allocator.h says which unit
 # holds what).
 SOURCES = [os.path.join(_HERE, name) for name in
-           ("torch_allocator.cpp", "torch_pools.cpp", "torch_stats.cpp")]
+           ("torch_allocator.cpp", "torch_pools.cpp", "torch_stats.cpp",
+            "torch_history.cpp")]
 HEADERS = [os.path.join(_HERE, "torch_allocator.h")]
 # The unit with the entry points enable() calls (cudefer_torch_install).
 SOURCE = SOURCES[0]

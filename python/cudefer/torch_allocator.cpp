@@ -34,6 +34,13 @@ std::string format_size(uint64_t bytes)
     return text;
 }
 
+CudeferAllocator *the_allocator = nullptr;  // set once, before it is current
+std::atomic<unsigned long long> recorded{0};
+
+}  // namespace
+
+std::atomic<int> sections_anywhere{0};
+
 // PyTorch's own allocator's rounding of a request (round_size of
 // CUDACachingAllocator.cpp): at least 512 bytes, a multiple of 512, or the
 // next of roundup_power2_divisions' steps where configured.
@@ -58,13 +65,6 @@ size_t torch_round_size(size_t size)
     return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
 }
 
-CudeferAllocator *the_allocator = nullptr;  // set once, before it is current
-std::atomic<unsigned long long> recorded{0};
-
-}  // namespace
-
-std::atomic<int> sections_anywhere{0};
-
 c10::DataPtr CudeferAllocator::allocate(size_t size)
 {
     c10::DeviceIndex device = c10::cuda::current_device();
@@ -87,7 +87,9 @@ void *CudeferAllocator::raw_alloc_with_stream(size_t nbytes,
     return malloc(nbytes, c10::cuda::current_device(), stream);
 }
 
-// Any thread; blocks only where cudefer does (out of memory: a trim).
+// Any thread; blocks only where cudefer does (out of memory: a trim), and
+// while memory history records stacks, for the GIL (the recorder takes
+// it, before any lock of the allocator's).  Raises OutOfMemoryError.
 void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
                                cudaStream_t stream)
 {
@@ -96,6 +98,16 @@ void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
     TORCH_CHECK(device >= 0 && device < kMaxDevices, "cudefer: device ",
                 static_cast<int>(device), " is beyond the ", kMaxDevices,
                 " devices cudefer's PyTorch allocator keeps");
+    if (C10_UNLIKELY(tracing()))
+        return malloc_traced(size, device, stream);
+    return malloc_untraced(size, device, stream);
+}
+
+// malloc once its arguments are checked, without memory history.  Any
+// thread; blocks only where cudefer does.  Raises OutOfMemoryError.
+void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
+                                        cudaStream_t stream)
+{
     DeviceState &d = *devices_[device];
     size_t rounded = torch_round_size(size);
     // The cap covers private pools' allocations too, as PyTorch's
@@ -151,17 +163,40 @@ void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
     return ptr;
 }
 
+// Any thread; blocks only while memory history records the stacks of
+// frees (the recorder takes the GIL, before any lock of the allocator's).
+// Raises for a pointer it did not allocate.
 void CudeferAllocator::raw_delete(void *ptr)
 {
     if (ptr == nullptr)
         return;
+    if (C10_UNLIKELY(tracing())) {
+        raw_delete_traced(ptr);
+        return;
+    }
+    give_back(ptr, take(ptr));
+}
+
+// The live allocation at ptr, taken off the table and the statistics.
+// Any thread; takes ptr's table shard.  Raises for a pointer this
+// allocator did not allocate.
+Allocation CudeferAllocator::take(void *ptr)
+{
     Allocation a;
     TORCH_CHECK(forget(ptr, &a), "cudefer: freeing ", ptr,
                 ", which cudefer's PyTorch allocator did not allocate "
                 "(or freed already)");
-    DeviceState &d = *devices_[a.device];
-    count_free(d, a, ptr);
+    count_free(*devices_[a.device], a, ptr);
+    return a;
+}
+
+// A taken allocation's memory back to its private pool, or to cudefer on
+// the stream it was allocated on.  Any thread; takes the device's mutex
+// for a pool block.  Never blocks otherwise, never throws.
+void CudeferAllocator::give_back(void *ptr, const Allocation &a)
+{
     if (a.block != nullptr) {
+        DeviceState &d = *devices_[a.device];
         std::lock_guard<std::mutex> lock(d.mu);
         pool_free(d, a.block);
         return;
@@ -378,20 +413,18 @@ std::shared_ptr<void> CudeferAllocator::getIpcDevPtr(std::string)
                 "PyTorch's allocator");
 }
 
-void CudeferAllocator::recordHistory(bool enabled, CCA::CreateContextFn,
-                                     size_t, CCA::RecordContext, bool,
-                                     const std::vector<std::string> &)
-{
-    TORCH_CHECK(!enabled, "cudefer: memory history "
-                "(torch.cuda.memory._record_memory_history) is not "
-                "recorded while cudefer is PyTorch's allocator");
-}
-
+// A tracker follows the allocator's segments (NCCL's registration hook
+// registers each segment_alloc's memory and unregisters it at its
+// segment_free): cudefer's cache owns its segments and says nothing of
+// them, so a tracker would keep memory registered after cudefer gave it
+// back.  Raises.
 void CudeferAllocator::attachAllocatorTraceTracker(
     CCA::AllocatorTraceTracker)
 {
-    TORCH_CHECK(false, "cudefer: allocator trace trackers are not "
-                "supported while cudefer is PyTorch's allocator");
+    TORCH_CHECK(false, "cudefer: allocator trace trackers (NCCL's "
+                "register hook) are not supported while cudefer is "
+                "PyTorch's allocator: cudefer's cache does not report its "
+                "segments");
 }
 
 // Peer access reaches the private pools' cudaMalloc'd blocks, not

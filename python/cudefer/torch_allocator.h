@@ -33,9 +33,13 @@
 //     checkPoolLiveAllocations work on these blocks;
 //   - set_per_process_memory_fraction (and PYTORCH_CUDA_ALLOC_CONF's
 //     per_process_memory_fraction, from the start) caps the bytes allocated
-//     on a device.
-// What it cannot serve (IPC, memory history, trace trackers, a MemPool with
-// its own allocator, use_on_oom pools) raises an error naming cudefer.
+//     on a device;
+//   - memory history (torch.cuda.memory._record_memory_history): each
+//     allocation, free and out of memory as a trace entry of its device,
+//     with its stack, for torch.cuda.memory._snapshot; no segment entries
+//     (cudefer's cache owns its segments).
+// What it cannot serve (IPC, trace trackers, a MemPool with its own
+// allocator, use_on_oom pools) raises an error naming cudefer.
 //
 // It does not link libcudefer: Python passes the addresses of the functions
 // of the library it loaded (cudefer_torch_install), so allocator and
@@ -47,7 +51,8 @@
 // atomics.  (The first allocation on a device once no section is open
 // also takes the device's mutex where pool blocks were deferred.)
 // Pools, captures and observers are guarded by a per-device mutex; lock
-// order: device mutex, then a table shard.
+// order: device mutex, then a table shard.  A device's trace entries have
+// a lock of their own, a leaf (none is taken under it).
 //
 // The units (each keeps the comments of what it defines):
 //   torch_allocator.h    the shared types (CudeferFunctions, AtomicStat,
@@ -66,7 +71,10 @@
 //                        streams' uses, and empty_cache, which releases
 //                        them;
 //   torch_stats.cpp      memory_stats, their resets, the samples of
-//                        cudefer's counters, snapshot.
+//                        cudefer's counters, snapshot;
+//   torch_history.cpp    memory history: recordHistory, the trace entries
+//                        of allocations, frees and out of memory, the
+//                        snapshot's traces.
 // Everything but the entry points is in namespace cudefer_torch, hidden
 // from the shared object's exports.
 
@@ -79,6 +87,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 
 #include <cuda_runtime_api.h>
@@ -323,6 +332,19 @@ struct alignas(64) DeviceState {
         std::function<bool(cudaStream_t)> filter;
     };
     std::vector<Section> open_sections;
+
+    // Memory history (torch_history.cpp): this device's trace entries, at
+    // most trace_max, in order, the oldest at trace_next once there are
+    // trace_max; and the stacks of its live allocations made while it
+    // kept stacks, by address (the snapshot's block frames).  Guarded by
+    // trace_mu, a leaf lock.  Never destroyed (nor is the allocator): a
+    // stack may hold Python objects, gone in the interpreter's exit.
+    std::mutex trace_mu;
+    std::vector<CCA::TraceEntry> trace;
+    size_t trace_next = 0;
+    size_t trace_max = 1;
+    std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>>
+        contexts;
 };
 
 class CudeferAllocator;
@@ -331,6 +353,10 @@ extern std::atomic<int> sections_anywhere;
 
 // The deleter of the allocator's DataPtrs (torch_allocator.cpp).
 void raw_delete_fn(void *ptr);
+
+// The size PyTorch's own allocator rounds a request of size bytes to
+// (torch_allocator.cpp).  Any thread; never blocks.
+size_t torch_round_size(size_t size);
 
 class CudeferAllocator final : public CCA::CUDAAllocator {
   public:
@@ -377,10 +403,6 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     void *getBaseAllocation(void *ptr, size_t *size) override;
     CCA::ShareableHandle shareIpcHandle(void *) override;
     std::shared_ptr<void> getIpcDevPtr(std::string) override;
-    bool isHistoryEnabled() override { return false; }
-    void recordHistory(bool enabled, CCA::CreateContextFn, size_t,
-                       CCA::RecordContext, bool,
-                       const std::vector<std::string> &) override;
     void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override;
     void enablePeerAccess(c10::DeviceIndex dev,
                           c10::DeviceIndex dev_to_access) override;
@@ -389,6 +411,18 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                             bool p2p_enabled) override;
     void copy_data(void *dest, const void *src,
                    std::size_t count) const override;
+
+    // ---- memory history (torch_history.cpp) -----------------------------
+
+    bool isHistoryEnabled() override { return tracing(); }
+    void recordHistory(bool enabled, CCA::CreateContextFn context_recorder,
+                       size_t alloc_trace_max_entries, CCA::RecordContext when,
+                       bool clearHistory,
+                       const std::vector<std::string> &skip_actions) override;
+    void pushCompileContext(std::string &md) override;
+    void popCompileContext() override;
+    void setUserMetadata(const std::string &metadata) override;
+    std::string getUserMetadata() override;
 
     // ---- for Python and tests (torch_allocator.cpp) ---------------------
 
@@ -572,6 +606,10 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     // ---- torch_allocator.cpp --------------------------------------------
 
+    void *malloc_untraced(size_t size, c10::DeviceIndex device,
+                          cudaStream_t stream);
+    Allocation take(void *ptr);
+    void give_back(void *ptr, const Allocation &a);
     void set_cap(int device, double fraction, size_t total);
     cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
                               cudaStream_t stream);
@@ -592,6 +630,34 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     void pool_drop_events(Pool &pool, PoolBlock *b);
     void pool_take_free(Pool &pool, PoolBlock *b);
     size_t release_free_pools(int device, const MempoolId_t *only = nullptr);
+
+    // ---- memory history (torch_history.cpp) -----------------------------
+
+    // Whether memory history is recorded.  While it is not, memory history
+    // costs an allocation or a free this relaxed load, nothing else: the
+    // hot path is measured (bookkeeping_ns, torch_full.py's share of a
+    // step).  Any thread; never blocks.
+    bool tracing() const
+    {
+        return history_on_.load(std::memory_order_relaxed);
+    }
+    std::shared_ptr<c10::GatheredContext>
+    gather_context(CCA::RecordContext level) const;
+    void *malloc_traced(size_t size, c10::DeviceIndex device,
+                        cudaStream_t stream);
+    void raw_delete_traced(void *ptr);
+    MempoolId_t pool_of(void *ptr);
+    CCA::TraceEntry entry(int device, CCA::TraceEntry::Action action,
+                          size_t addr, size_t size, cudaStream_t stream,
+                          MempoolId_t pool,
+                          std::shared_ptr<c10::GatheredContext> context) const;
+    bool skipped(CCA::TraceEntry::Action action) const;
+    void record_locked(DeviceState &d, CCA::TraceEntry e);
+    void trace(int device, CCA::TraceEntry::Action action, size_t addr,
+               size_t size, cudaStream_t stream, MempoolId_t pool,
+               std::shared_ptr<c10::GatheredContext> context);
+    void trace_snapshot(CCA::SnapshotInfo &info, MempoolId_t mempool_id,
+                        bool include_traces);
 
     // ---- torch_stats.cpp ------------------------------------------------
 
@@ -616,6 +682,20 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     std::atomic<int> device_count_{0};
     std::mutex observers_mu_;
     std::vector<CCA::OutOfMemoryObserver> observers_;
+
+    // Memory history's settings (recordHistory): whether it is recorded,
+    // the stack recorder, when stacks are kept (a RecordContext), the
+    // actions not recorded (a bit per TraceEntry::Action).  Any thread
+    // reads them without a lock; recordHistory changes them under
+    // history_mu_.
+    std::atomic<bool> history_on_{false};
+    std::atomic<CCA::CreateContextFn> history_recorder_{nullptr};
+    std::atomic<int> history_when_{0};
+    std::atomic<uint32_t> history_skip_{0};
+    std::mutex history_mu_;
+    // Turns the entries' approximate times into microseconds since the
+    // epoch (the snapshot's time_us), as PyTorch's allocator does.
+    c10::ApproximateClockToUnixTimeConverter clock_;
 };
 
 }  // namespace cudefer_torch

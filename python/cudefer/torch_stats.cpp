@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 // torch_stats.cpp: the allocator's statistics (torch.cuda.memory_stats
 // and their resets), its samples of cudefer's own counters, and
-// torch.cuda.memory_snapshot.  The counters are per-device atomics
-// (torch_allocator.h): any thread reads them without a lock.
+// torch.cuda.memory_snapshot (its traces: torch_history.cpp).  The
+// counters are per-device atomics (torch_allocator.h): any thread reads
+// them without a lock.
 
 #include "torch_allocator.h"
 
@@ -136,8 +137,11 @@ void CudeferAllocator::sample_reserved(int device)
 
 // ---- snapshot -----------------------------------------------------------
 
+// Any thread; takes each device's mutex and the table's shards in turn,
+// then each device's trace lock (trace_snapshot, torch_history.cpp: the
+// traces, the stacks of the live blocks' allocations).
 CCA::SnapshotInfo CudeferAllocator::snapshot(MempoolId_t mempool_id,
-                                             bool /*include_traces*/)
+                                             bool include_traces)
 {
     CCA::SnapshotInfo info{};  // zeroes config_metadata's numbers
     bool all = mempool_id.first == 0 && mempool_id.second == 0;
@@ -174,7 +178,7 @@ CCA::SnapshotInfo CudeferAllocator::snapshot(MempoolId_t mempool_id,
                   return a.device != b.device ? a.device < b.device
                                               : a.address < b.address;
               });
-    info.device_traces.resize(static_cast<size_t>(device_count_.load()));
+    trace_snapshot(info, mempool_id, include_traces);
     info.config_metadata.max_split_size =
         c10::CachingAllocator::AcceleratorAllocatorConfig::
             max_split_size();
