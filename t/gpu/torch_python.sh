@@ -9,7 +9,10 @@
 #                        (Tensor.record_stream) and freed outside and
 #                        inside use_mem_pool, under both, compared;
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
-#                        ways), compared with each library's own allocator.
+#                        ways), compared with each library's own allocator;
+#   t/gpu/torch_history.py  memory history (_record_memory_history,
+#                        _snapshot, _dump_snapshot, _memory_viz), the same
+#                        checks under PyTorch's allocator and under cudefer.
 # Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
 # top of the build tree (src/.libs holds the library just built) with
 # $srcdir naming the source tree; $PYTHON picks the interpreter (python3).
@@ -43,7 +46,7 @@ PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR PYTHONUNBUFFERED
 unset CUDEFER_LIB PYTORCH_CUDA_ALLOC_CONF
 
-for script in torch_full torch_pools torch_cupy; do
+for script in torch_full torch_pools torch_cupy torch_history; do
   "$PYTHON" "$srcdir/t/gpu/$script.py" --lib "$lib" > "$out/$script.log" 2>&1 9>&-
   echo "rc $?" >> "$out/$script.log"
 done
@@ -56,4 +59,4 @@ awk '
   /^rc [0-9]+$/ { if ($2 != 0 && $2 != 1) { n++; print "not ok " n " - " FILENAME " exited " $2 } next }
   { print "# " $0 }
   END { print "1.." n }' "$out/torch_full.log" "$out/torch_pools.log" \
-  "$out/torch_cupy.log"
+  "$out/torch_cupy.log" "$out/torch_history.log"
