@@ -5,7 +5,9 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cache.h"
@@ -21,14 +23,27 @@
 #include "stream_lane.h"
 
 /* One device's batch: the claims of blocks parked PENDING on its legacy
- * stream that no event covers yet, oldest first. */
+ * stream that no event covers yet, oldest first.  Aligned, its first line
+ * holds what every free reads and writes (the lock, the array, the counts
+ * and the age): under PyTorch each line a free touches is a miss
+ * (cache_block.h, Note [Cache lines]).  32-bit counts keep them on it: a
+ * batch that would pass 2^31 claims is out of memory (append). */
 struct batch {
-    pthread_mutex_t lock;
+    _Alignas(64) pthread_mutex_t lock;
     struct block_claim *claims;
-    size_t count, room;
-    unsigned long long stream_id; /* the legacy stream's, once known */
-    uint64_t oldest_ns;           /* when claims[0] was added */
+    uint32_t count, room;
+    uint64_t oldest_ns; /* when claims[0] was added */
+    /* The legacy stream's id, written by the free that adds a batch's first
+     * claim (every free of the batch names the same stream: its device's
+     * legacy one), read by a seal of the whole batch (seal_batches). */
+    unsigned long long stream_id;
 };
+
+/* Where pthread_mutex_t is larger than glibc's 40 bytes on x86-64 (48 on
+ * aarch64), the age spills onto the next line. */
+_Static_assert(sizeof(pthread_mutex_t) > 40 ||
+                   offsetof(struct batch, oldest_ns) + sizeof(uint64_t) <= 64,
+               "a batch's lock, claims, counts and age share one cache line");
 
 static struct batch *batches;
 static int nbatches;
@@ -120,9 +135,11 @@ static void reset_flights(void)
 
 bool free_batch_init(int ndevices, uint32_t max)
 {
-    batches = calloc((size_t)(ndevices > 0 ? ndevices : 1), sizeof *batches);
+    size_t bytes = (size_t)(ndevices > 0 ? ndevices : 1) * sizeof *batches;
+    batches = aligned_alloc(64, bytes); /* a multiple of 64: _Alignas */
     if (batches == NULL)
         return false;
+    memset(batches, 0, bytes);
     for (int d = 0; d < ndevices; d++)
         pthread_mutex_init(&batches[d].lock, NULL);
     nbatches = ndevices;
@@ -141,7 +158,7 @@ void free_batch_destroy(void)
          * own; a failed start had no free yet). */
         if (batches[d].count > 0) {
             stats_add(&stats.failed, batches[d].count);
-            report("defer_shutdown: %zu blocks freed on device %d's legacy "
+            report("defer_shutdown: %u blocks freed on device %d's legacy "
                    "stream were never sealed: their records are dropped "
                    "(counted as failed)", batches[d].count, d);
         }
@@ -325,7 +342,9 @@ static bool append(struct batch *b, const struct block_claim *claim,
                    uint64_t now)
 {
     if (b->count == b->room) {
-        size_t room = b->room > 0 ? b->room * 2 : max_claims;
+        if (b->room > UINT32_MAX / 2) /* 32-bit counts (struct batch) */
+            return false;
+        uint32_t room = b->room > 0 ? b->room * 2 : max_claims;
         struct block_claim *grown = realloc(b->claims, room * sizeof *grown);
         if (grown == NULL)
             return false;
@@ -368,7 +387,8 @@ bool free_batch_add(int device, unsigned long long stream_id,
     struct batch *b = &batches[device];
     uint64_t now = coarse_now_ns(); /* now_ns: ~10 % of the call, perf */
     pthread_mutex_lock(&b->lock);
-    b->stream_id = stream_id;
+    if (b->count == 0) /* only then: it is on the batch's second line */
+        b->stream_id = stream_id;
     bool added = append(b, claim, now);
     *due_now = due(b, now);
     pthread_mutex_unlock(&b->lock);
