@@ -172,6 +172,10 @@ static size_t give_to_pool(const struct words *w, int device,
 static void hand_back_free_blocks(const struct words *w, int device,
                                   size_t bytes, cudaStream_t stream,
                                   unsigned long long stream_id,
+                                  uint64_t before_ns) FRAME_OF_ITS_OWN;
+static void hand_back_free_blocks(const struct words *w, int device,
+                                  size_t bytes, cudaStream_t stream,
+                                  unsigned long long stream_id,
                                   uint64_t before_ns)
 {
     if (!cache_upstream_exists(device))
@@ -227,6 +231,54 @@ static cudaError_t refuse_switch(struct words *w, const char *call,
     return refuse(w, call, err, w->end != NULL ? "" : detail);
 }
 
+/* The refusals of a request that no device could serve, said in w's
+ * words: more bytes than any device holds (no device holds it, and
+ * rounding it up would wrap, to a block of 0 bytes, which would "succeed"
+ * with NULL); a stream of another device than the one asked for (a block
+ * of that device would fault, or cross the link, where the caller uses
+ * it); no device at all (alloc_on would take a negative one for "any",
+ * and a created stream would get a block of its own device).  Counted and
+ * said; the error. */
+static cudaError_t refuse_beyond_devices(struct words *w, size_t bytes)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_beyond_devices(struct words *w, size_t bytes)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[128];
+    report("%s: %zu bytes asked for, more than any device holds (a "
+           "negative size converted?): out of memory%s", w->what, bytes,
+           W_TAIL(w, tail));
+    w->said = true;
+    return cudaErrorMemoryAllocation;
+}
+
+static cudaError_t refuse_other_device(struct words *w, int expect,
+                                       cudaStream_t stream, int device)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_other_device(struct words *w, int expect,
+                                       cudaStream_t stream, int device)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[128];
+    report("%s: device %d asked for, but stream %p is on device %d: "
+           "refused%s", w->what, expect, (void *)stream, device,
+           W_TAIL(w, tail));
+    w->said = true;
+    return cudaErrorInvalidDevice;
+}
+
+static cudaError_t refuse_no_device(struct words *w, int device)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_no_device(struct words *w, int device)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[128];
+    report("%s: device %d: no such device: refused%s", w->what, device,
+           W_TAIL(w, tail));
+    w->said = true;
+    return cudaErrorInvalidDevice;
+}
+
 /* A request's current device made current where the caller left that to
  * the request (lazy: the pluggable allocation's switch, on the legacy
  * stream of device current; NULL: current already), before a CUDA call on
@@ -268,17 +320,8 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
         (err = stream_identity_lookup_on(stream, true, current, device, &id,
                                          &cached, &call)) != cudaSuccess)
         return refuse(w, call, err, "");
-    if (expect >= 0 && *device != expect) {
-        /* A block of another device would fault, or cross the link, where
-         * the caller uses it. */
-        stats_add(&stats.rejected, 1);
-        char tail[128];
-        report("%s: device %d asked for, but stream %p is on device %d: "
-               "refused%s", w->what, expect, (void *)stream, *device,
-               W_TAIL(w, tail));
-        w->said = true;
-        return cudaErrorInvalidDevice;
-    }
+    if (expect >= 0 && *device != expect)
+        return refuse_other_device(w, expect, stream, *device);
     if ((err = lifecycle_device_error(*device)) != cudaSuccess)
         return refuse(w, "an earlier CUDA call on this device", err, "");
     size_t size;
@@ -340,6 +383,8 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
  * CUDA calls, and the caller's switch back, count on it.  A failure to
  * make it current again is said and ends the retries. */
 static bool handler_retry(struct words *w, size_t bytes, int device,
+                          unsigned *calls) FRAME_OF_ITS_OWN;
+static bool handler_retry(struct words *w, size_t bytes, int device,
                           unsigned *calls)
 {
     int before = -1;
@@ -383,17 +428,8 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
     *ptr = NULL;
     if (bytes == 0)
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
-    if (bytes > BLOCK_MAX_REQUEST) {
-        /* No device holds it, and rounding it up would wrap (to a block of
-         * 0 bytes, which would "succeed" with NULL). */
-        stats_add(&stats.rejected, 1);
-        char tail[128];
-        report("%s: %zu bytes asked for, more than any device holds (a "
-               "negative size converted?): out of memory%s", w->what, bytes,
-               W_TAIL(w, tail));
-        w->said = true;
-        return cudaErrorMemoryAllocation;
-    }
+    if (bytes > BLOCK_MAX_REQUEST)
+        return refuse_beyond_devices(w, bytes);
     /* Out of memory, the application's handler may free memory of its own
      * and ask for the whole request again (its calls are bounded there). */
     cudaError_t err;
@@ -481,16 +517,8 @@ static cudaError_t pluggable_alloc(struct words *w, void **ptr, size_t size,
                                    int device, cudaStream_t stream)
 {
     *ptr = NULL;
-    if (device < 0) {
-        /* No device: alloc_on would take it for "any" (expect < 0), and a
-         * created stream would get a block of its own device. */
-        stats_add(&stats.rejected, 1);
-        char tail[128];
-        report("%s: device %d: no such device: refused%s", w->what, device,
-               W_TAIL(w, tail));
-        w->said = true;
-        return cudaErrorInvalidDevice;
-    }
+    if (device < 0)
+        return refuse_no_device(w, device);
     /* Refused before the switch: a forked child cannot use CUDA (a
      * 0-byte request, which has nothing to do, is never refused). */
     cudaError_t err;
@@ -571,6 +599,19 @@ cudaError_t defer_peer_access(int device, int peer)
     return err;
 }
 
+/* defer_pluggable_free refused because call failed with err (a switch to
+ * the block's device): said in one line ending with kept's text,
+ * counted. */
+static void reject_free(const struct line_end *kept, const char *call,
+                        cudaError_t err) FRAME_OF_ITS_OWN;
+static void reject_free(const struct line_end *kept, const char *call,
+                        cudaError_t err)
+{
+    submit_reject(&(struct request_args){.what = "defer_pluggable_free",
+                                         .end = kept},
+                  call, err);
+}
+
 void defer_pluggable_free(void *ptr, size_t size, int device,
                           cudaStream_t stream)
 {
@@ -622,8 +663,6 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
             .block_known = block_known, .block_device = block_device,
             .end = &kept, .lazy = lazy ? &sw : NULL});
     else
-        submit_reject(&(struct request_args){.what = "defer_pluggable_free",
-                                             .end = &kept},
-                      call, err);
+        reject_free(&kept, call, err);
     cuda_switch_back(&sw, "defer_pluggable_free");
 }

@@ -12,6 +12,15 @@
 
 #include "request_args.h"
 
+/* Marks a function off the common path of defer_pluggable_alloc and
+ * defer_pluggable_free (a miss, a refusal, the full route of a free)
+ * whose locals (text buffers, a request's structs, an array of blocks)
+ * would, inlined, widen the frame of every such call: each cache line of
+ * the stack a call touches is a miss when PyTorch's own work ran between
+ * two calls (cache_block.h, Note [Cache lines]; an allocation's frame
+ * spanned 1.3 KiB, for a hit too). */
+#define FRAME_OF_ITS_OWN __attribute__((noinline))
+
 /* The most streams one request waits for: those a defer_*_streams call
  * names, with the streams its blocks were recorded on. */
 #define SUBMIT_MAX_STREAMS 64

@@ -53,6 +53,39 @@ static void request_of(const struct pluggable_free *f, struct request_args *a)
                                .lazy_switch = f->lazy};
 }
 
+/* Any thread, admitted: the common path's rest for f after a plan that
+ * did not park its block (Note [The short way]); one the claim that
+ * plan made, if claimed.  Leaves the gate.  Blocks where the route taken
+ * does.  cudaSuccess, or the refusal. */
+static cudaError_t after_plan(const struct pluggable_free *f, int device,
+                              unsigned long long id,
+                              const struct block_free_plan *plan,
+                              struct block_claim *one, bool claimed)
+    FRAME_OF_ITS_OWN;
+static cudaError_t after_plan(const struct pluggable_free *f, int device,
+                              unsigned long long id,
+                              const struct block_free_plan *plan,
+                              struct block_claim *one, bool claimed)
+{
+    struct request_args a;
+    request_of(f, &a);
+    a.claims = one;
+    struct target t;
+    submit_target_planned(&t, &a, f->stream, device, id, plan);
+    return submit_after_plan(&a, &t, one, claimed);
+}
+
+/* Any thread, not admitted: f's request on the common path from the start
+ * (Note [The short way]).  Blocks where submit does.  cudaSuccess, or the
+ * refusal. */
+static cudaError_t common(const struct pluggable_free *f) FRAME_OF_ITS_OWN;
+static cudaError_t common(const struct pluggable_free *f)
+{
+    struct request_args a;
+    request_of(f, &a);
+    return submit(&a, f->stream);
+}
+
 /* Any thread, admitted, f a block's free on the legacy stream with its
  * identity (device, id) from this thread's cache: the cache's plan, then
  * the batch or the common path's rest (Note [The short way]).  Leaves the
@@ -71,12 +104,7 @@ static cudaError_t planned(const struct pluggable_free *f, int device,
         lifecycle_leave();
         return cudaSuccess;
     }
-    struct request_args a;
-    request_of(f, &a);
-    a.claims = &one;
-    struct target t;
-    submit_target_planned(&t, &a, f->stream, device, id, &plan);
-    return submit_after_plan(&a, &t, &one, claimed);
+    return after_plan(f, device, id, &plan, &one, claimed);
 }
 
 /* Any thread (submit.h). */
@@ -97,7 +125,5 @@ cudaError_t submit_pluggable_free(const struct pluggable_free *f)
             return planned(f, device, id);
         lifecycle_leave();
     }
-    struct request_args a;
-    request_of(f, &a);
-    return submit(&a, f->stream);
+    return common(f);
 }
