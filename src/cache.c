@@ -25,13 +25,13 @@ _Static_assert(offsetof(struct cache_block, lru_prev) == 64 &&
                "list, segment and counts the next 64");
 
 /* Where pthread_mutex_t is larger than glibc's 40 bytes on x86-64 (48 on
- * aarch64), the spare blocks' pointer spills onto the next line. */
+ * aarch64), the recent stream's id spills onto the next line. */
 _Static_assert(sizeof(pthread_mutex_t) > 40 ||
-                   offsetof(struct device_cache, spare_blocks) +
-                           sizeof(void *) <=
+                   offsetof(struct device_cache, recent_id) +
+                           sizeof(unsigned long long) <=
                        64,
-               "a device's lock, hand-out counter, recent stream and spare "
-               "blocks share one cache line");
+               "a device's lock, hand-out counter and recent stream share "
+               "one cache line");
 
 /* ---- per-device state --------------------------------------------------- */
 
@@ -79,10 +79,12 @@ static struct stream_bins *stream_find(struct device_cache *c,
                                        unsigned long long id)
 {
     struct stream_bins *s = c->recent;
-    if (s != NULL && s->stream_id == id)
+    if (s != NULL && c->recent_id == id)
         return s;
-    if ((s = *stream_slot(c, id)) != NULL)
+    if ((s = *stream_slot(c, id)) != NULL) {
         c->recent = s;
+        c->recent_id = id;
+    }
     return s;
 }
 
@@ -105,6 +107,7 @@ static struct stream_bins *stream_bins_get(struct device_cache *c,
     s->next = *bucket; /* first: no walk to the bucket's end */
     *bucket = s;
     c->recent = s;
+    c->recent_id = id;
     return s;
 }
 

@@ -97,7 +97,8 @@
  * own work runs between two calls), so the hot data is laid out by line:
  * a block's first 64 bytes are what a hit, a free's look-up and the bins
  * touch; a device cache puts the lock with the hand-out counter (written in
- * the same hold by every hit), then the rarely written rest, then the
+ * the same hold by every hit) and the stream looked up last, then the
+ * rest (the spare structs: a merge's or a cut's), then the
  * atomics written outside the lock, the stream buckets and the FREE bins.
  * Aligned block structs cost more in aligned_alloc than they saved, so a
  * block spans at most two lines wherever malloc places it.
@@ -377,11 +378,15 @@ struct segment_index {
 struct device_cache {
     _Alignas(64) pthread_mutex_t lock;
     uint64_t next_handout; /* unique per hand-out on this device, from 1 */
-    struct stream_bins *recent; /* the bins looked up last (PyTorch works on
-                                   one stream: no bucket to read) */
-    struct cache_block *spare_blocks; /* kept for reuse: Note [Spare blocks] */
+    /* The bins looked up last (NULL: none) and their stream's id, here so
+     * that a hit or a free on that stream reads no line of the bins but
+     * the bitmap and a bin (PyTorch works on one stream: no bucket to
+     * read either). */
+    struct stream_bins *recent;
+    unsigned long long recent_id;
     _Alignas(64) struct stream_bins *spare_bins; /* emptied, for reuse */
     int nspare_bins;
+    struct cache_block *spare_blocks; /* kept for reuse: Note [Spare blocks] */
     struct order_list lru; /* FREE whole segments, oldest first */
     struct segment_index segments;
     /* Written outside the lock (so on a line of their own): the threads in
