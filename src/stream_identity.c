@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "cuda.h"
+#include "thread_shard.h"
 
 /* A 4-way set-associative cache of 16 sets: a thread that round-robins 16
  * streams (W6) or alternates a few streams and stream 0 (PyTorch) finds
@@ -46,6 +47,15 @@ static struct slot *find(cudaStream_t handle, int key_device)
     return NULL;
 }
 
+/* The special handle found last (thread_shard.h: struct thread_here): a
+ * copy of a slot that is in the cache with those values, so that a hit on
+ * it answers as find would.  Set where stream_identity_cached_special
+ * finds a slot; dropped where that slot is overwritten or forgotten. */
+static struct thread_special *last_special(void)
+{
+    return &thread_here.special;
+}
+
 static void store(cudaStream_t handle, int key_device, int device,
                   unsigned long long id)
 {
@@ -55,6 +65,10 @@ static void store(cudaStream_t handle, int key_device, int device,
         slot = &cache.set[s][cache.next[s]];
         cache.next[s] = (unsigned char)((cache.next[s] + 1) % WAYS);
     }
+    struct thread_special *last = last_special();
+    if (last->key_device == slot->key_device &&
+        last->handle == (void *)slot->handle)
+        last->key_device = -1;
     *slot = (struct slot){.handle = handle, .key_device = key_device,
                           .device = device, .id = id, .valid = true};
 }
@@ -116,16 +130,27 @@ cudaError_t stream_identity_lookup_on(cudaStream_t stream, bool exact,
 bool stream_identity_cached_special(cudaStream_t stream, int current,
                                     int *device, unsigned long long *id)
 {
-    struct slot *slot = find(stream, current);
-    if (slot == NULL)
-        return false;
-    *device = slot->device;
-    *id = slot->id;
+    struct thread_special *last = last_special();
+    /* current >= 0 (the callers know it): never the key of none. */
+    if (current < 0 || last->key_device != current ||
+        last->handle != (void *)stream) {
+        struct slot *slot = find(stream, current);
+        if (slot == NULL)
+            return false;
+        *last = (struct thread_special){.handle = stream,
+                                        .key_device = current,
+                                        .device = slot->device,
+                                        .id = slot->id};
+    }
+    *device = last->device;
+    *id = last->id;
     return true;
 }
 
 void stream_identity_forget(cudaStream_t stream)
 {
+    if (last_special()->handle == (void *)stream)
+        last_special()->key_device = -1;
     for (int s = 0; s < SETS; s++)
         for (int w = 0; w < WAYS; w++)
             if (cache.set[s][w].handle == stream)

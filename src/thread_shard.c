@@ -3,7 +3,8 @@
 #include "thread_shard.h"
 
 struct thread_shard thread_shards[THREAD_SHARDS];
-_Thread_local struct thread_here thread_here = {.shard = -1};
+_Thread_local struct thread_here thread_here = {.shard = -1,
+                                               .special.key_device = -1};
 static _Atomic unsigned next_shard;
 
 struct thread_shard *thread_shard_take(void)

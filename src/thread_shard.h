@@ -33,12 +33,27 @@ struct thread_shard {
 
 extern struct thread_shard thread_shards[THREAD_SHARDS];
 
+/* The identity of the special stream handle (stream_identity.h) this
+ * thread found last in its identity cache (stream_identity.c), kept with
+ * the rest of its state: PyTorch calls on one such handle, whose look-up
+ * then reads no line of that cache.  key_device -1: none. */
+struct thread_special {
+    const void *handle; /* the cudaStream_t */
+    int key_device;     /* the current device it was looked up on */
+    int device;
+    unsigned long long id;
+};
+
 /* The calling thread's own state, together on one thread-local line. */
 struct thread_here {
-    int shard;           /* its shard; -1 until its first call */
-    unsigned admissions; /* admissions it holds now (lifecycle.c) */
-    bool reclaimer;      /* it is the reclaimer thread */
+    _Alignas(64) int shard; /* its shard; -1 until its first call */
+    unsigned admissions;    /* admissions it holds now (lifecycle.c) */
+    bool reclaimer;         /* it is the reclaimer thread */
+    struct thread_special special; /* stream_identity.c's alone */
 };
+
+_Static_assert(sizeof(struct thread_here) == 64,
+               "a thread's own state fills one cache line");
 
 extern _Thread_local struct thread_here thread_here;
 

@@ -212,6 +212,28 @@ static void test_cached_special(void)
        "then cached: the look-up's device and id");
     ok(!stream_identity_cached_special(cudaStreamLegacy, 0, &device, &id),
        "device 0's legacy stream is another: not cached");
+    /* Answered as the cache would, the thread's copy of the last one found
+     * included (thread_shard.h, struct thread_special): gone once
+     * forgotten, or once its slot went to other streams. */
+    stream_identity_forget(cudaStreamLegacy);
+    ok(!stream_identity_cached_special(cudaStreamLegacy, 1, &device, &id),
+       "forgotten: not cached");
+    stream_identity_lookup_on(cudaStreamLegacy, true, 1, &looked_device,
+                              &looked_id, &cached, &call);
+    ok(stream_identity_cached_special(cudaStreamLegacy, 1, &device, &id),
+       "looked up again: cached");
+    enum { MANY = 256 }; /* four times the cache's 64 slots */
+    cudaStream_t many[MANY];
+    for (int i = 0; i < MANY; i++) {
+        cudaStreamCreate(&many[i]);
+        stream_identity_lookup(many[i], false, &looked_device, &looked_id,
+                               &cached, &call);
+    }
+    ok(!stream_identity_cached_special(cudaStreamLegacy, 1, &device, &id),
+       "after %d other streams' look-ups its slot went to one of them: "
+       "not cached", MANY);
+    for (int i = 0; i < MANY; i++)
+        cudaStreamDestroy(many[i]);
     is_int(cudaSetDevice(0), cudaSuccess, "device 0 current again");
 }
 
