@@ -241,15 +241,19 @@ struct order_list {
     struct cache_block *oldest, *newest;
 };
 
-/* File b in its bin of s, first. */
+/* File b in its bin of s, first.  A bin's bit is set exactly while its list
+ * is non-empty (here and in bins_unlink), so it is set only by the block
+ * that makes the bin non-empty: a free into a bin in use leaves the
+ * bitmap's line untouched (Note [Cache lines]). */
 static inline void bins_push(struct bins *s, struct cache_block *b)
 {
     b->prev = NULL;
     b->next = s->head[b->bin];
     if (b->next != NULL)
         b->next->prev = b;
+    else
+        s->nonempty[b->bin / 64] |= UINT64_C(1) << (b->bin % 64);
     s->head[b->bin] = b;
-    s->nonempty[b->bin / 64] |= UINT64_C(1) << (b->bin % 64);
 }
 
 /* Take b out of its bin of s. */
