@@ -617,13 +617,10 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
 {
     if (ptr == NULL)
         return;
-    /* Refused before the look-up and the switch: a forked child cannot
-     * use CUDA.  One line says both (PyTorch cannot hear an error). */
+    /* A refusal (after defer_shutdown, in a forked child) is said in one
+     * line with what becomes of ptr (PyTorch cannot hear an error). */
     const struct line_end kept = {.kind = LINE_END_STAYS_ALLOCATED,
                                   .ptr = ptr};
-    if (lifecycle_refused_ending("defer_pluggable_free", &kept) !=
-        cudaSuccess)
-        return;
     /* On a special handle the device names the stream: the block's own
      * device decides, never the caller's word, which would have the free
      * wait for another device's legacy stream.  The free says a mismatch. */
@@ -647,6 +644,14 @@ void defer_pluggable_free(void *ptr, size_t size, int device,
      * not (one in free_batch claims seals): most such frees never ask
      * for the current device. */
     bool lazy = block_known && free_batch_takes(stream);
+    /* Refused before the switch: a forked child cannot use CUDA.  A lazy
+     * free makes no switch before its admission (submit_pluggable_free),
+     * which refuses it in the same line and count: so the gate is read
+     * once.  The look-up above makes no CUDA call: it reads the address
+     * map, which a fork child and a shutdown empty. */
+    if (!lazy && lifecycle_refused_ending("defer_pluggable_free", &kept) !=
+                     cudaSuccess)
+        return;
     struct cuda_switch sw = CUDA_SWITCH_NONE;
     const char *call = NULL;
     cudaError_t err =
