@@ -8,19 +8,13 @@
 
 #include "helpers.h"
 
-/* A block at the start of its allocation cudaFree'd behind cudefer's back
- * (Note [Stale blocks]), while a block cut from the same allocation waits
- * FREE in the cache: CUDA released the allocation whole, so once its
- * address comes back, the other block goes with the stale one.  Left in
- * the cache, it was handed out over the new allocation at that address
- * while work on another stream used it (the oracle), and its bytes stayed
- * counted. */
-static void scenario_stale_segment(void)
+/* Both stale-segment scenarios' start, on s: a 2 MiB allocation cut in
+ * two, its second half x freed (FREE), its first half y cudaFree'd behind
+ * cudefer's back, which frees the whole allocation.  Returns its start. */
+static void *stale_whole(cudaStream_t s)
 {
     const size_t MiB = (size_t)1 << 20;
-    fake_set_address_reuse(1);
-    cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
-    void *whole = NULL, *x = NULL, *y = NULL, *n = NULL, *z = NULL;
+    void *whole = NULL, *x = NULL, *y = NULL;
     CHECK(alloc_checked(&whole, 2 * MiB, s) == cudaSuccess &&
               defer_free(whole, s) == cudaSuccess &&
               defer_flush() == cudaSuccess,
@@ -33,6 +27,22 @@ static void scenario_stale_segment(void)
           "x freed, its work done: FREE");
     CHECK(cudaFree(y) == cudaSuccess,
           "y cudaFree'd behind cudefer's back: the whole allocation goes");
+    return whole;
+}
+
+/* A block at the start of its allocation cudaFree'd behind cudefer's back
+ * (Note [Stale blocks]), while a block cut from the same allocation waits
+ * FREE in the cache: CUDA released the allocation whole, so once its
+ * address comes back, the other block goes with the stale one.  Left in
+ * the cache, it was handed out over the new allocation at that address
+ * while work on another stream used it (the oracle), and its bytes stayed
+ * counted. */
+static void scenario_stale_segment(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
+    void *whole = stale_whole(s), *n = NULL, *z = NULL;
     stderr_capture_begin();
     CHECK(alloc_checked(&n, 2 * MiB, s3) == cudaSuccess && n == whole,
           "a new 2 MiB block gets the address back (n %p)", n);
@@ -67,19 +77,7 @@ static void scenario_stale_segment_inside(void)
     const size_t MiB = (size_t)1 << 20, KiB = 1024;
     fake_set_address_reuse(1);
     cudaStream_t s = stream_new(), s2 = stream_new(), s3 = stream_new();
-    void *whole = NULL, *x = NULL, *y = NULL, *n = NULL, *z = NULL;
-    CHECK(alloc_checked(&whole, 2 * MiB, s) == cudaSuccess &&
-              defer_free(whole, s) == cudaSuccess &&
-              defer_flush() == cudaSuccess,
-          "a FREE 2 MiB block");
-    CHECK(alloc_checked(&x, MiB, s) == cudaSuccess &&
-              alloc_checked(&y, MiB, s) == cudaSuccess && y == whole &&
-              x == (char *)whole + MiB,
-          "cut in two: y at its start, x after it");
-    CHECK(defer_free(x, s) == cudaSuccess && defer_flush() == cudaSuccess,
-          "x freed, its work done: FREE");
-    CHECK(cudaFree(y) == cudaSuccess,
-          "y cudaFree'd behind cudefer's back: the whole allocation goes");
+    void *whole = stale_whole(s), *n = NULL, *z = NULL;
     fake_set_reuse_inside(512 * KiB);
     stderr_capture_begin();
     CHECK(alloc_checked(&n, 1536 * KiB, s3) == cudaSuccess &&
