@@ -2,7 +2,7 @@
 /*
  * Configuration: the built-in defaults, the application's defer_configure,
  * the CUDEFER_* environment variables on top, and the values in force.  The
- * environment is read once, when the reclaimer starts (config_at_start).
+ * environment is read once, when the reclaimer starts (configure.h).
  */
 #ifndef CUDEFER_CONFIG_H
 #define CUDEFER_CONFIG_H
@@ -38,20 +38,21 @@ bool config_validate(const struct defer_config *cfg, char *why, size_t len);
  * per knob, to out. */
 void config_print(const struct defer_config *cfg, FILE *out);
 
-/* The reclaimer, when it starts (any thread, any number of times).  The first
- * call settles the configuration in force: the one given to defer_configure
- * (or the defaults), then the environment on top, printed when verbose; from
- * then on defer_configure is refused.  Every call copies it into *out. */
-void config_at_start(struct defer_config *out);
+/* Any thread.  *full = the defaults, then the value of every knob of the
+ * caller's cfg (size bytes, at least 0.1.0's fields: CONFIG_END_0_1_0)
+ * whose field fits in size bytes. */
+void config_from_caller(struct defer_config *full,
+                        const struct defer_config *cfg, size_t size);
 
-/* Any thread (defer_shutdown, when nothing was started).  From then on
- * defer_configure returns cudaErrorNotPermitted: nothing will use it. */
-void config_refuse_from_now(void);
-
-/* Fork child only, from the library's one fork handler
- * (lifecycle_hooks.c): the configuration lock made usable again (its
- * holder may not exist there). */
-void config_fork_child(void);
+/* Where the fields of cudefer 0.1.0's struct defer_config end (check was
+ * its last): the plain 0.1.0 symbols read and write no further, and a
+ * smaller size is refused.  (0.1.0's sizeof is larger: cache_keep_ms went
+ * into its tail padding, which is why the end of the fields is used.)  A new
+ * knob goes at the end of struct defer_config, at or past the sizeof of the
+ * last release's struct (add an explicit padding field if need be): the
+ * size a caller passes must never cover a field lying in its padding. */
+#define CONFIG_END_0_1_0 \
+    (offsetof(struct defer_config, check) + sizeof(((struct defer_config *)0)->check))
 
 /* What the documentation says of a knob, as the environment spells it. */
 struct config_knob_text {

@@ -20,6 +20,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "configure.h"
 #include "cuda.h"
 #include "event_pool.h"
 #include "free_batch.h"
@@ -91,7 +92,7 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
                  "keeps ownership; the next call tries again)%s", tail);
     else
         snprintf(kept, sizeof kept, "; the next call tries again%s", tail);
-    config_at_start(&rs.cfg);
+    configure_at_start(&rs.cfg);
     rs.disabled = rs.cfg.disable != 0;
     int n;
     cudaError_t err = cuda_device_count(&n);
@@ -618,7 +619,7 @@ cudaError_t lifecycle_shutdown(void)
         lifecycle_stop_and_join(0);
     } else {
         atomic_store(&rs.gate_closed, true);
-        config_refuse_from_now();
+        configure_refuse_from_now();
     }
     atomic_store(&rs.state, STATE_STOPPED);
     pthread_mutex_unlock(&rs.life_lock);

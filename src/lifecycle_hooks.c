@@ -19,6 +19,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "configure.h"
 #include "cuda.h"
 #include "event_pool.h"
 #include "free_batch.h"
@@ -123,7 +124,7 @@ static void fork_child(void)
 {
     /* Whatever the state, the locks may have been held by threads that do
      * not exist here (a start in progress, say): usable again. */
-    config_fork_child();
+    configure_fork_child();
     oom_handler_fork_child();
     pthread_mutex_init(&rs.wake_lock, NULL);
     pthread_cond_init(&rs.wake_cond, NULL);

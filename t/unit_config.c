@@ -4,13 +4,14 @@
  * t/unit_config_parse.c; the README's and cudefer(7)'s tables against the
  * knobs: t/unit_config_docs.c; defer_configure's range check:
  * t/unit_config_validate.c).  Then defer_configure and the
- * configuration settled at start-up (config_at_start, called directly:
+ * configuration settled at start-up (configure_at_start, called directly:
  * once per process, so last). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "unit_config.h"
+#include "configure.h"
 
 #define T (UINT64_C(1) << 40)
 
@@ -584,7 +585,7 @@ static void test_start(void)
     struct defer_config got;
     memset(&got, 0, sizeof got);
     stderr_capture_begin();
-    config_at_start(&got);
+    configure_at_start(&got);
     const char *msg = stderr_capture_end();
     set_cudefer_env("");
     ok(same_config(&got, &want),
@@ -616,11 +617,11 @@ static void test_start(void)
     setenv("CUDEFER_EVENT_POOL", "99", 1);
     struct defer_config again;
     stderr_capture_begin();
-    config_at_start(&again);
+    configure_at_start(&again);
     msg = stderr_capture_end();
     set_cudefer_env("");
     ok(same_config(&again, &want) && msg[0] == '\0',
-       "a second config_at_start: the same values, nothing read or printed");
+       "a second configure_at_start: the same values, nothing read or printed");
 
     struct defer_config c = configured();
     stderr_capture_begin();
@@ -632,7 +633,7 @@ static void test_start(void)
                 "the first call that defers, allocates or records): "
                 "ignored\n",
            "defer_configure after start says so");
-    config_at_start(&again);
+    configure_at_start(&again);
     ok(same_config(&again, &want), "and changes nothing");
     stderr_capture_begin();
     err = defer_configure(NULL);

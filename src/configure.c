@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/* defer_configure and the configuration in force (configure.h). */
+#include "configure.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "report.h"
+#include "stats.h"
+
+static struct {
+    pthread_mutex_t lock;
+    bool configured;              /* defer_configure stored app */
+    bool started;                 /* in_force settled: too late to configure */
+    bool shut_down;               /* defer_shutdown came first: never starts */
+    struct defer_config app;      /* from defer_configure */
+    struct defer_config in_force; /* app or defaults, then the environment */
+} state = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void configure_fork_child(void)
+{
+    pthread_mutex_init(&state.lock, NULL);
+}
+
+/* Take state.lock (a fork child gets it unlocked: configure_fork_child). */
+static void state_lock(void)
+{
+    pthread_mutex_lock(&state.lock);
+}
+
+/* state.lock held.  The first start: settle in_force, once. */
+static void settle_locked(void)
+{
+    if (state.configured)
+        state.in_force = state.app;
+    else
+        config_defaults(&state.in_force);
+    config_load_env(&state.in_force);
+    if (state.in_force.verbose)
+        config_print(&state.in_force, stderr);
+    state.started = true;
+}
+
+/* The reclaimer's start-up, any number of times.  Returns nothing: the
+ * configuration in force is copied into *out. */
+void configure_at_start(struct defer_config *out)
+{
+    state_lock();
+    if (!state.started)
+        settle_locked();
+    *out = state.in_force;
+    pthread_mutex_unlock(&state.lock);
+}
+
+/* defer_shutdown before any start: from now on defer_configure is refused
+ * (the reclaimer will never start to use it). */
+void configure_refuse_from_now(void)
+{
+    state_lock();
+    state.shut_down = true;
+    pthread_mutex_unlock(&state.lock);
+}
+
+/* Public, any thread, before the first call that defers, allocates or
+ * records; never blocks on the GPU.
+ * *cfg is size bytes (the knobs that do not fit take their defaults).
+ * Returns cudaSuccess, or the first that applies: cudaErrorInvalidValue for
+ * NULL or a size below 0.1.0's fields, cudaErrorNotPermitted once started or
+ * after defer_shutdown, cudaErrorInvalidValue when out of range; each
+ * reported. */
+cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
+{
+    if (cfg == NULL) {
+        stats_add(&stats.rejected, 1);
+        report("defer_configure: cfg is NULL: ignored");
+        return cudaErrorInvalidValue;
+    }
+    if (size < CONFIG_END_0_1_0) {
+        stats_add(&stats.rejected, 1);
+        report("defer_configure: size %zu is smaller than any struct "
+               "defer_config (%zu bytes in cudefer 0.1.0): ignored",
+               size, (size_t)CONFIG_END_0_1_0);
+        return cudaErrorInvalidValue;
+    }
+    struct defer_config full;
+    config_from_caller(&full, cfg, size);
+    char why[256];
+    bool valid = config_validate(&full, why, sizeof why);
+    state_lock();
+    bool started = state.started, shut_down = state.shut_down;
+    if (!started && !shut_down && valid) {
+        state.app = full;
+        state.configured = true;
+    }
+    pthread_mutex_unlock(&state.lock);
+    if (started || shut_down || !valid)
+        stats_add(&stats.rejected, 1);
+    if (started) {
+        report("defer_configure called after cudefer started (at the first "
+               "call that defers, allocates or records): ignored");
+        return cudaErrorNotPermitted;
+    }
+    if (shut_down) {
+        report("defer_configure called after defer_shutdown: ignored");
+        return cudaErrorNotPermitted;
+    }
+    if (!valid) {
+        report("defer_configure: %s", why);
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+/* Public, any thread: cudefer 0.1.0's symbol (programs built against it,
+ * callers that bypass the header's macro).  Reads 0.1.0's fields only; the
+ * later knobs take their defaults.  Returns as defer_configure_sized. */
+cudaError_t (defer_configure)(const struct defer_config *cfg)
+{
+    return defer_configure_sized(cfg, CONFIG_END_0_1_0);
+}

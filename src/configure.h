@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * defer_configure and the configuration's life: what the application gave
+ * before the start, settled with the environment on top at the start (the
+ * values in force from then on), and refused once started or shut down.
+ * The knobs, their parsing and validation are config.h's.
+ */
+#ifndef CUDEFER_CONFIGURE_H
+#define CUDEFER_CONFIGURE_H
+
+#include "cudefer.h"
+
+/* The reclaimer, when it starts (any thread, any number of times).  The first
+ * call settles the configuration in force: the one given to defer_configure
+ * (or the defaults), then the environment on top, printed when verbose; from
+ * then on defer_configure is refused.  Every call copies it into *out. */
+void configure_at_start(struct defer_config *out);
+
+/* Any thread (defer_shutdown, when nothing was started).  From then on
+ * defer_configure returns cudaErrorNotPermitted: nothing will use it. */
+void configure_refuse_from_now(void);
+
+/* Fork child only, from the library's one fork handler
+ * (lifecycle_hooks.c): the configuration lock made usable again (its
+ * holder may not exist there). */
+void configure_fork_child(void);
+
+#endif
