@@ -26,6 +26,9 @@ does between two use_mem_pool):
     must hold no segment once it is gone (del and empty_cache), the
     block of the last round, freed inside and never followed by an
     allocation outside, included.
+Then a tensor freed by a return to a checkpoint of its pool (as
+torch.compile's graph trees return): its block must not be handed out
+while the side stream has yet to read it, and must come back after.
 """
 import argparse
 import json
@@ -185,6 +188,47 @@ def freed_inside(torch, dev, res):
         "left_mib": pool_bytes(torch, pool_id) >> 20}
 
 
+def freed_by_checkpoint(torch, dev, res):
+    """A block freed by a return to a checkpoint of its pool
+    (torch.compile's graph trees do this between recordings; here the
+    allocator's own calls, with the checkpoint taken while the pool was
+    empty); puts pool_checkpoint_intact and pool_checkpoint_back in
+    res."""
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    index = dev.index if dev.index is not None else \
+        torch.cuda.current_device()
+    state = torch._C._cuda_getCheckpointState(index, pool.id)
+
+    # x, read on the side stream after about 1 s of sleep, is freed by
+    # the return to the checkpoint (its storage given as stale: PyTorch
+    # takes its deleter away); a tensor of the pool allocated meanwhile
+    # must not get x's block.
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.full((N,), 7.0, device=dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2000000000)
+        y = x * 2
+    x.record_stream(side)
+    old = x.data_ptr()
+    torch._C._cuda_setCheckpointPoolState(
+        index, state, [x.untyped_storage()._cdata], [])
+    with torch.cuda.use_mem_pool(pool):
+        z = torch.full((N,), -1.0, device=dev)
+    busy = not side.query()
+    side.synchronize()
+    res["pool_checkpoint_intact"] = intact(y, z, old, busy)
+
+    # Once the side stream is done, the block is the pool's again.
+    with torch.cuda.use_mem_pool(pool):
+        w = torch.full((N,), 1.0, device=dev)
+    res["pool_checkpoint_back"] = w.data_ptr() == old
+    del x, y, z, w, pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def run(mode, lib, out_path):
     """One process's work under mode ("native" or "cudefer"); writes its
     JSON to out_path."""
@@ -198,7 +242,9 @@ def run(mode, lib, out_path):
     for part, keys in ((freed_outside, ("pool_record_intact",
                                         "pool_record_reuse")),
                        (freed_inside, ("pool_inside_intact",
-                                       "pool_inside_reuse"))):
+                                       "pool_inside_reuse")),
+                       (freed_by_checkpoint, ("pool_checkpoint_intact",
+                                              "pool_checkpoint_back"))):
         try:
             part(torch, dev, res)
         except Exception as e:  # noqa: BLE001 (compared)
@@ -245,6 +291,17 @@ def compare(native, mine):
               reused(native.get(reuse_key)) and reused(mine.get(reuse_key)),
               "native %s, cudefer %s" % (native.get(reuse_key),
                                          mine.get(reuse_key)))
+    check("record_stream on a MemPool's tensor freed by a return to a "
+          "checkpoint: its block is not handed out while the side stream "
+          "has yet to read it, and comes back once it is done",
+          all(r.get("pool_checkpoint_intact") == "intact" and
+              r.get("pool_checkpoint_back") is True
+              for r in (native, mine)),
+          "native %s, back %s; cudefer %s, back %s" % (
+              native.get("pool_checkpoint_intact"),
+              native.get("pool_checkpoint_back"),
+              mine.get("pool_checkpoint_intact"),
+              mine.get("pool_checkpoint_back")))
     return failures
 
 

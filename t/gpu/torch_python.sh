@@ -7,7 +7,8 @@
 #                        cudefer.torch.enable(), compared;
 #   t/gpu/torch_pools.py a MemPool's tensors read on a side stream
 #                        (Tensor.record_stream) and freed outside and
-#                        inside use_mem_pool, under both, compared;
+#                        inside use_mem_pool and by a return to a
+#                        checkpoint, under both, compared;
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
 #                        ways), compared with each library's own allocator;
 #   t/gpu/torch_history.py  memory history (_record_memory_history,
