@@ -191,7 +191,9 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
 }
 
 // Returns the pool to a checkpoint: every block allocated now is freed
-// (ptrs_freed; PyTorch takes their storages' deleters away), every
+// as a tensor's free frees it (ptrs_freed; PyTorch takes their
+// storages' deleters away), so that one other streams used
+// (record_stream) is pending or deferred until they are done; every
 // block allocated in the checkpoint is allocated again and handed back
 // as a DataPtr (dataptrs_allocd).  Deferred blocks get their events
 // first where no section is open, so that one the checkpoint holds
@@ -220,10 +222,7 @@ CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
         TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
                     " missing from the table");
         count_free(d, a, b->ptr);
-        d.pool_allocated.fetch_sub(static_cast<int64_t>(b->size));
-        b->uses.clear();
-        b->retired = false;
-        pool_put_free(pool, b.get());
+        pool_free(d, b.get());
         delta.ptrs_freed.push_back(b->ptr);
     }
     for (auto &c : cp->blocks) {
