@@ -47,6 +47,8 @@ static _Alignas(64) struct {
     /* Tests: runs between the address map's look-up and the lock (NULL:
      * none); here, so that a free reads no other line for it. */
     void (*_Atomic find_hook)(void);
+    /* Tests: runs in cache_device_of's look-up, the map's lock held. */
+    void (*_Atomic map_hook)(void);
 } set = {.round_shift = STEPS_SHIFT}; /* the default until init */
 
 size_t cache_round(size_t bytes)
@@ -336,7 +338,10 @@ bool cache_one_device(void)
 
 bool cache_device_of(const void *ptr, int *device)
 {
-    return cache_map_find_device(ptr, device) != NULL;
+    return cache_map_find_device_held(
+               ptr, device,
+               atomic_load_explicit(&set.map_hook, memory_order_relaxed)) !=
+           NULL;
 }
 
 void cache_forget(struct cache_block *b)
@@ -481,6 +486,11 @@ unsigned cache_test_waiting(int device)
 void cache_test_set_waiting(int device, unsigned n)
 {
     atomic_store(&cache_of(device)->waiting, n);
+}
+
+void cache_test_set_map_hook(void (*hook)(void))
+{
+    atomic_store(&set.map_hook, hook);
 }
 
 void cache_test_set_find_hook(void (*hook)(void))

@@ -224,7 +224,8 @@ bool cache_add(const char *what, int device, void *ptr, size_t size,
  * shutdown, so it only spares a look-up that an admitted one repeats. */
 bool cache_one_device(void);
 
-/* Any thread: whether ptr starts a block, and then *device its device.
+/* Any thread, before its admission too (cache_map_clear waits for the
+ * look-up): whether ptr starts a block, and then *device its device.
  * Never blocks but on the address map's mutex. */
 bool cache_device_of(const void *ptr, int *device);
 
@@ -552,5 +553,9 @@ void cache_test_set_waiting(int device, unsigned n);
  * before the lock and the one look-up under it), so that a test can
  * retire and reuse the block found there. */
 void cache_test_set_find_hook(void (*hook)(void));
+/* hook (NULL: none) runs in cache_device_of's look-up (defer_pluggable_free
+ * before its admission) while it holds the address map's lock, so that a
+ * test can shut down meanwhile. */
+void cache_test_set_map_hook(void (*hook)(void));
 
 #endif

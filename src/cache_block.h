@@ -667,6 +667,10 @@ struct cache_block *cache_map_find(const void *ptr);
  * that lock).  Only a holder of that device's lock may go on to use the
  * block (cache_find_locked). */
 struct cache_block *cache_map_find_device(const void *ptr, int *device);
+/* As cache_map_find_device; held (NULL: none) runs while the map's lock is
+ * held, after the look-up (tests: cache_test_set_map_hook). */
+struct cache_block *cache_map_find_device_held(const void *ptr, int *device,
+                                               void (*held)(void));
 
 /* Any thread holding the lock of the one device of a one-device cache
  * (set.ncaches == 1).  As cache_map_find, without the shard's lock: every
@@ -687,8 +691,10 @@ bool cache_map_insert(struct cache_block *b, struct cache_block **stale);
 /* Any thread, holding b's device's lock.  Removes b. */
 void cache_map_remove(struct cache_block *b);
 
-/* Shutdown, no other thread using the map: removes every block and hands
- * it to dispose. */
+/* Shutdown, once every admitted call ended: removes every block and hands
+ * it to dispose.  A call not yet admitted may still look a pointer up
+ * (defer_pluggable_free's device, cache_device_of): each shard is emptied
+ * under its lock, so such a look-up sees a block whole, or none. */
 void cache_map_clear(void (*dispose)(struct cache_block *b));
 
 /* Fork child: forgets every block (the structs belong to the cache);

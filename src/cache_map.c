@@ -77,16 +77,32 @@ struct cache_block *cache_map_find(const void *ptr)
     return cache_map_find_device(ptr, &device);
 }
 
-struct cache_block *cache_map_find_device(const void *ptr, int *device)
+/* cache_map_find_device and cache_map_find_device_held: held, where not
+ * NULL, runs with the shard's lock held, after the block was found. */
+static inline struct cache_block *find_device(const void *ptr, int *device,
+                                              void (*held)(void))
 {
     uint64_t h = hash_of(ptr);
     struct shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     struct cache_block *b = s->nbuckets ? *slot_of(s, h, ptr) : NULL;
+    if (held != NULL)
+        held();
     if (b != NULL)
         *device = b->device;
     pthread_mutex_unlock(&s->lock);
     return b;
+}
+
+struct cache_block *cache_map_find_device(const void *ptr, int *device)
+{
+    return find_device(ptr, device, NULL);
+}
+
+struct cache_block *cache_map_find_device_held(const void *ptr, int *device,
+                                               void (*held)(void))
+{
+    return find_device(ptr, device, held);
 }
 
 struct cache_block *cache_map_find_held(const void *ptr)
@@ -140,15 +156,21 @@ void cache_map_remove(struct cache_block *b)
 void cache_map_clear(void (*dispose)(struct cache_block *b))
 {
     for (int i = 0; i < SHARDS; i++) {
+        /* Emptied under the shard's lock, disposed of after: a look-up
+         * not admitted (cache_block.h) finds each block whole or none. */
         struct shard *s = &shards[i];
-        for (size_t j = 0; j < s->nbuckets; j++)
-            for (struct cache_block *x = s->buckets[j], *next; x; x = next) {
+        pthread_mutex_lock(&s->lock);
+        struct cache_block **buckets = s->buckets;
+        size_t n = s->nbuckets;
+        s->buckets = NULL;
+        s->nbuckets = s->count = 0;
+        pthread_mutex_unlock(&s->lock);
+        for (size_t j = 0; j < n; j++)
+            for (struct cache_block *x = buckets[j], *next; x; x = next) {
                 next = x->map_next;
                 dispose(x);
             }
-        free(s->buckets);
-        s->buckets = NULL;
-        s->nbuckets = s->count = 0;
+        free(buckets);
     }
 }
 

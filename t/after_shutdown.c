@@ -4,11 +4,13 @@
  * counted; the caller keeps its pointers; the no-ops stay no-ops.  Each
  * scenario runs in a child (a shutdown is for good), forked before this
  * process uses cudefer.  (Out of t/lifecycle.c, whose scenarios exit.) */
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/wait.h>
 
 #include "helpers.h"
+#include "cache.h"
 
 static void never_called(void *arg)
 {
@@ -107,6 +109,53 @@ static int s_shutdown_first(void)
     return failed_checks;
 }
 
+/* s_free_during_shutdown: the free's look-up, paused with the address
+ * map's lock held, and what it found once it went on. */
+static atomic_bool in_lookup, shutdown_returned, cleared_meanwhile;
+
+static void pause_in_lookup(void)
+{
+    atomic_store(&in_lookup, true);
+    sleep_ms(200);
+    /* defer_shutdown empties the map: it must wait for this lock. */
+    if (atomic_load(&shutdown_returned))
+        atomic_store(&cleared_meanwhile, true);
+}
+
+static void *free_on_legacy(void *ptr)
+{
+    defer_pluggable_free(ptr, 256, 0, NULL);
+    return NULL;
+}
+
+/* defer_pluggable_free looks the block's device up before its admission
+ * (with two devices, on a special stream), which defer_shutdown does not
+ * wait for: shutdown must not free the map under that look-up. */
+static int s_free_during_shutdown(void)
+{
+    fake_reset(2);
+    void *p = defer_pluggable_alloc(256, 0, NULL);
+    CHECK(p != NULL, "defer_pluggable_alloc");
+    cache_test_set_map_hook(pause_in_lookup);
+    pthread_t t;
+    pthread_create(&t, NULL, free_on_legacy, p);
+    while (!atomic_load(&in_lookup))
+        sleep_ms(1);
+    cache_test_set_map_hook(NULL);
+    stderr_capture_begin();
+    cudaError_t err = defer_shutdown();
+    atomic_store(&shutdown_returned, true);
+    pthread_join(t, NULL);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+    CHECK(!atomic_load(&cleared_meanwhile),
+          "defer_shutdown emptied the address map only once the free's "
+          "look-up had let go of it");
+    CHECK(has_line(msg, "defer_pluggable_free", "shutdown", NULL),
+          "the free, admitted after the shutdown, is refused and said");
+    return failed_checks;
+}
+
 static void scenario(const char *title, int (*fn)(void))
 {
     pid_t pid = fork_flushed();
@@ -130,5 +179,8 @@ int main(void)
     scenario("calls after shutdown are refused", s_after_shutdown);
     scenario("shutdown before any defer call: later calls refused",
              s_shutdown_first);
+    scenario("a pluggable free's look-up of its block's device while "
+             "defer_shutdown empties the address map: shutdown waits for it",
+             s_free_during_shutdown);
     return 0;
 }
