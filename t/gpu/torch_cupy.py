@@ -26,14 +26,13 @@ cupy or a device):
     array of GPU 0 gives the same result under both (cudefer's after
     cudefer.peer_access(0, 1)).
 """
-import argparse
 import gc
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
+
+import side_by_side
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
@@ -153,48 +152,10 @@ def run(mode, lib, out_path):
         json.dump(res, f)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib")
-    p.add_argument("--run", choices=["native", "cudefer"],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.run:
-        run(args.run, args.lib, args.out)
-        return 0
-    try:
-        import torch
-        import cupy  # noqa: F401
-    except ImportError as e:
-        print("SKIP %s" % e)
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP no CUDA device")
-        return 77
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("native", "cudefer"):
-            out = os.path.join(tmp, mode + ".json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
-                   "--out", out] + (["--lib", args.lib] if args.lib else [])
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0 or not os.path.exists(out):
-                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
-                print("\n".join("  " + line for line in
-                                proc.stdout.splitlines()[-30:]))
-                return 1
-            with open(out) as f:
-                results[mode] = json.load(f)
-    native, mine = results["native"], results["cudefer"]
-    failures = 0
-
-    def check(name, ok, detail=""):
-        nonlocal failures
-        print("%s %s%s" % ("PASS" if ok else "FAIL", name,
-                           ": " + detail if detail else ""), flush=True)
-        failures += 0 if ok else 1
+def compare(native, mine):
+    """PASS/FAIL lines; returns the number of failures."""
+    checks = side_by_side.Checks()
+    check = checks.check
 
     check("PyTorch and CuPy on one cudefer pool: results identical to each "
           "library's own allocator", native["sha"] == mine["sha"])
@@ -222,7 +183,13 @@ def main():
           "%d MiB); two pools %d MiB" % (
               mine["peak"] // MiB, bound // MiB, native["torch_peak"] // MiB,
               native["cupy_peak"] // MiB, native["peak"] // MiB))
-    return 1 if failures else 0
+    return checks.failures
+
+
+def main():
+    return side_by_side.main(
+        __file__, lambda mode, args: run(mode, args.lib, args.out), compare,
+        needs=("cupy",))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,6 @@ in torch_probe.py; MemPool tensors a side stream reads
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +79,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+
+import side_by_side  # noqa: E402  (what the GPU suite's scripts share)
 
 # The allocator calls beyond the Python API, through t/gpu/torch_probe.cpp.
 from torch_probe import (allocator_probe, base_allocation,  # noqa: E402
@@ -406,13 +407,8 @@ def run(mode, lib, steps, out_path):
 
 def compare(native, mine):
     """PASS/FAIL lines; returns the number of failures."""
-    failures = 0
-
-    def check(name, ok, detail=""):
-        nonlocal failures
-        print("%s %s%s" % ("PASS" if ok else "FAIL", name,
-                           ": " + detail if detail else ""), flush=True)
-        failures += 0 if ok else 1
+    checks = side_by_side.Checks()
+    check = checks.check
 
     a, b = native["allocated"], mine["allocated"]
     bad = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
@@ -552,51 +548,24 @@ def compare(native, mine):
     # it, which overstates it for real models.
     check("bookkeeping at most 1% of a step", cost <= 0.01 * step_ms,
           "%.3f%%" % (100 * cost / step_ms))
-    return failures
+    return checks.failures
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib", help="libcudefer.so (default: cudefer's search)")
+    p = side_by_side.parser()
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--run", choices=["native", "cudefer"],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--probe", choices=["env-fraction"],
                    help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.probe == "env-fraction":
-        probe_env_fraction(args.run, args.lib)
-        return 0
-    if args.run:
-        run(args.run, args.lib, args.steps, args.out)
-        return 0
-    try:
-        import torch
-    except ImportError:
-        print("SKIP no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP no CUDA device")
-        return 77
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("native", "cudefer"):
-            out = os.path.join(tmp, mode + ".json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
-                   "--out", out, "--steps", str(args.steps)]
-            if args.lib:
-                cmd += ["--lib", args.lib]
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0 or not os.path.exists(out):
-                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
-                print("\n".join("  " + line for line in
-                                proc.stdout.splitlines()[-30:]))
-                return 1
-            with open(out) as f:
-                results[mode] = json.load(f)
-    return 1 if compare(results["native"], results["cudefer"]) else 0
+
+    def probe(args):
+        if args.probe == "env-fraction":
+            probe_env_fraction(args.run, args.lib)
+            return 0
+        return None
+    return side_by_side.main(
+        __file__, lambda mode, args: run(mode, args.lib, args.steps,
+                                         args.out),
+        compare, p=p, forward=("steps",), before=probe)
 
 
 if __name__ == "__main__":

@@ -37,15 +37,15 @@ it as TAP in make check.)  Each process, as a user would:
 And across the two: the first workload's alloc, free_requested and
 free_completed entries come in the same order under both.
 """
-import argparse
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+import side_by_side
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
@@ -459,17 +459,16 @@ def check_mode(res, check):
 
 
 def compare(native, mine):
-    """PASS/FAIL lines; returns the number of failures."""
-    failures = 0
+    """PASS/FAIL lines, after what each run's parts raised; returns the
+    number of failures."""
+    for mode, res in (("native", native), ("cudefer", mine)):
+        for name, err in sorted(res.get("errors", {}).items()):
+            print("%s %s raised %s" % (mode, name, err))
+    checks = side_by_side.Checks()
 
     def checker(prefix):
-        def check(name, ok, detail=""):
-            nonlocal failures
-            print("%s %s: %s%s" % ("PASS" if ok else "FAIL", prefix, name,
-                                   ": " + detail if detail else ""),
-                  flush=True)
-            failures += 0 if ok else 1
-        return check
+        return lambda name, ok, detail="": checks.check(name, ok, detail,
+                                                       prefix)
     check_mode(native, checker("native"))
     check_mode(mine, checker("cudefer"))
 
@@ -483,47 +482,12 @@ def compare(native, mine):
         "the workload's alloc, free_requested and free_completed entries in "
         "the same order under cudefer as under PyTorch's allocator",
         bool(a) and a == b, "native %s, cudefer %s" % (a, b))
-    return failures
+    return checks.failures
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib", help="libcudefer.so (default: cudefer's search)")
-    p.add_argument("--run", choices=["native", "cudefer"],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.run:
-        run(args.run, args.lib, args.out)
-        return 0
-    try:
-        import torch
-    except ImportError:
-        print("SKIP no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP no CUDA device")
-        return 77
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("native", "cudefer"):
-            out = os.path.join(tmp, mode + ".json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
-                   "--out", out]
-            if args.lib:
-                cmd += ["--lib", args.lib]
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0 or not os.path.exists(out):
-                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
-                print("\n".join("  " + line for line in
-                                proc.stdout.splitlines()[-30:]))
-                return 1
-            with open(out) as f:
-                results[mode] = json.load(f)
-            for name, err in sorted(results[mode].get("errors", {}).items()):
-                print("%s %s raised %s" % (mode, name, err))
-    return 1 if compare(results["native"], results["cudefer"]) else 0
+    return side_by_side.main(
+        __file__, lambda mode, args: run(mode, args.lib, args.out), compare)
 
 
 if __name__ == "__main__":

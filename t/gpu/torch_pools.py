@@ -30,12 +30,11 @@ Then a tensor freed by a return to a checkpoint of its pool (as
 torch.compile's graph trees return): its block must not be handed out
 while the side stream has yet to read it, and must come back after.
 """
-import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
+
+import side_by_side
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
@@ -256,13 +255,8 @@ def run(mode, lib, out_path):
 
 def compare(native, mine):
     """PASS/FAIL lines; returns the number of failures."""
-    failures = 0
-
-    def check(name, ok, detail=""):
-        nonlocal failures
-        print("%s %s%s" % ("PASS" if ok else "FAIL", name,
-                           ": " + detail if detail else ""), flush=True)
-        failures += 0 if ok else 1
+    checks = side_by_side.Checks()
+    check = checks.check
 
     def reused(r):
         return (isinstance(r, dict) and r["grown_mib"] <= 64
@@ -302,43 +296,12 @@ def compare(native, mine):
               native.get("pool_checkpoint_back"),
               mine.get("pool_checkpoint_intact"),
               mine.get("pool_checkpoint_back")))
-    return failures
+    return checks.failures
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--lib", help="libcudefer.so (default: cudefer's search)")
-    p.add_argument("--run", choices=["native", "cudefer"],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.run:
-        run(args.run, args.lib, args.out)
-        return 0
-    try:
-        import torch
-    except ImportError:
-        print("SKIP no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP no CUDA device")
-        return 77
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("native", "cudefer"):
-            out = os.path.join(tmp, mode + ".json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--run", mode,
-                   "--out", out] + (["--lib", args.lib] if args.lib else [])
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0 or not os.path.exists(out):
-                print("FAIL %s run: exit status %d" % (mode, proc.returncode))
-                print("\n".join("  " + line for line in
-                                proc.stdout.splitlines()[-30:]))
-                return 1
-            with open(out) as f:
-                results[mode] = json.load(f)
-    return 1 if compare(results["native"], results["cudefer"]) else 0
+    return side_by_side.main(
+        __file__, lambda mode, args: run(mode, args.lib, args.out), compare)
 
 
 if __name__ == "__main__":

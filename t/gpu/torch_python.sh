@@ -14,7 +14,8 @@
 #   t/gpu/torch_history.py  memory history (_record_memory_history,
 #                        _snapshot, _dump_snapshot, _memory_viz), the same
 #                        checks under PyTorch's allocator and under cudefer.
-# Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
+# Each runs its workload under both allocators, a process each, and compares
+# (t/gpu/side_by_side.py).  Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
 # top of the build tree (src/.libs holds the library just built) with
 # $srcdir naming the source tree; $PYTHON picks the interpreter (python3).
 # "1..0 # SKIP" when that python has no torch or torch sees no GPU; the
