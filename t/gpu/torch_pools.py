@@ -33,6 +33,7 @@ while the side stream has yet to read it, and must come back after.
 import json
 import os
 import sys
+from contextlib import nullcontext
 
 import side_by_side
 
@@ -60,6 +61,38 @@ def intact(y, z, old, busy):
     return ("overwritten" if not bool((y == 14).all()) else
             "inconclusive (side stream done too soon)" if not busy else
             "handed out while read" if z.data_ptr() == old else "intact")
+
+
+def read_while_freed(torch, dev, pool, side, free=None, inside=False):
+    """x, a tensor of pool, read on side after about 1 s of sleep
+    (record_stream), then freed: by free(x) where given, and its del
+    (inside: all of it inside use_mem_pool, then a tensor allocated
+    outside, where PyTorch's allocator records x's event); then z, the
+    pool's next tensor of x's size and stream, allocated while side has
+    yet to read x.  Returns what came of x's block (intact) and its
+    address; side is synchronised."""
+    outside = None
+    whole = torch.cuda.use_mem_pool(pool) if inside else nullcontext()
+    with whole:
+        with nullcontext() if inside else torch.cuda.use_mem_pool(pool):
+            x = torch.full((N,), 7.0, device=dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(2000000000)
+            y = x * 2
+        x.record_stream(side)
+        old = x.data_ptr()
+        if free is not None:
+            free(x)
+        del x
+    if inside:
+        outside = torch.empty(256, device=dev)
+    with torch.cuda.use_mem_pool(pool):
+        z = torch.full((N,), -1.0, device=dev)
+    busy = not side.query()
+    side.synchronize()
+    del outside
+    return intact(y, z, old, busy), old
 
 
 def warm_up(torch, dev):
@@ -91,23 +124,9 @@ def freed_outside(torch, dev, res):
     side = torch.cuda.Stream()
     pool_id = tuple(pool.id)
 
-    # The side stream reads x after about 1 s of sleep; a tensor of the
-    # pool allocated meanwhile on x's stream must not get x's block.
-    with torch.cuda.use_mem_pool(pool):
-        x = torch.full((N,), 7.0, device=dev)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(2000000000)
-        y = x * 2
-    x.record_stream(side)
-    old = x.data_ptr()
-    del x
-    with torch.cuda.use_mem_pool(pool):
-        z = torch.full((N,), -1.0, device=dev)
-    busy = not side.query()
-    side.synchronize()
-    res["pool_record_intact"] = intact(y, z, old, busy)
-    del y, z
+    # A tensor of the pool allocated while the side stream has yet to
+    # read x, freed, must not get x's block.
+    res["pool_record_intact"], _ = read_while_freed(torch, dev, pool, side)
     torch.cuda.synchronize()
 
     # Many rounds, synchronised every 4th: the blocks come back.
@@ -140,24 +159,9 @@ def freed_inside(torch, dev, res):
     side = torch.cuda.Stream()
     pool_id = tuple(pool.id)
 
-    # As freed_outside's first part, x freed inside use_mem_pool; the
-    # allocation outside is where PyTorch's allocator records x's event.
-    with torch.cuda.use_mem_pool(pool):
-        x = torch.full((N,), 7.0, device=dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(2000000000)
-            y = x * 2
-        x.record_stream(side)
-        old = x.data_ptr()
-        del x
-    outside = torch.empty(256, device=dev)
-    with torch.cuda.use_mem_pool(pool):
-        z = torch.full((N,), -1.0, device=dev)
-    busy = not side.query()
-    side.synchronize()
-    res["pool_inside_intact"] = intact(y, z, old, busy)
-    del y, z, outside
+    # As freed_outside's first part, x freed inside use_mem_pool.
+    res["pool_inside_intact"], _ = read_while_freed(torch, dev, pool, side,
+                                                    inside=True)
     torch.cuda.synchronize()
 
     # Many rounds, each opened by an allocation outside use_mem_pool and
@@ -199,31 +203,19 @@ def freed_by_checkpoint(torch, dev, res):
         torch.cuda.current_device()
     state = torch._C._cuda_getCheckpointState(index, pool.id)
 
-    # x, read on the side stream after about 1 s of sleep, is freed by
-    # the return to the checkpoint (its storage given as stale: PyTorch
-    # takes its deleter away); a tensor of the pool allocated meanwhile
-    # must not get x's block.
-    with torch.cuda.use_mem_pool(pool):
-        x = torch.full((N,), 7.0, device=dev)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(2000000000)
-        y = x * 2
-    x.record_stream(side)
-    old = x.data_ptr()
-    torch._C._cuda_setCheckpointPoolState(
-        index, state, [x.untyped_storage()._cdata], [])
-    with torch.cuda.use_mem_pool(pool):
-        z = torch.full((N,), -1.0, device=dev)
-    busy = not side.query()
-    side.synchronize()
-    res["pool_checkpoint_intact"] = intact(y, z, old, busy)
+    # x is freed by the return to the checkpoint (its storage given as
+    # stale: PyTorch takes its deleter away, so its del frees nothing).
+    def to_checkpoint(x):
+        torch._C._cuda_setCheckpointPoolState(
+            index, state, [x.untyped_storage()._cdata], [])
+    res["pool_checkpoint_intact"], old = read_while_freed(
+        torch, dev, pool, side, to_checkpoint)
 
     # Once the side stream is done, the block is the pool's again.
     with torch.cuda.use_mem_pool(pool):
         w = torch.full((N,), 1.0, device=dev)
     res["pool_checkpoint_back"] = w.data_ptr() == old
-    del x, y, z, w, pool
+    del w, pool
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 
