@@ -11,6 +11,7 @@
 
 #include "helpers.h"
 #include "cache.h"
+#include "lifecycle.h"
 
 static void never_called(void *arg)
 {
@@ -156,6 +157,55 @@ static int s_free_during_shutdown(void)
     return failed_checks;
 }
 
+/* s_alloc_miss_during_shutdown: the device's size, asked (with
+ * cudaGetDeviceProperties) for a miss's new block, and a shutdown run from
+ * that call wherever it is not admitted. */
+static pthread_t alloc_thread;
+static atomic_bool size_asked, size_asked_admitted;
+
+static void shut_down_in_size_query(enum fake_call c, cudaError_t r,
+                                    void *arg)
+{
+    (void)c;
+    (void)arg;
+    /* cudaGetDeviceProperties counts as cudaDeviceGetAttribute: the miss's
+     * first one fails (injected), so its size is asked again. */
+    if (r != cudaSuccess || !pthread_equal(pthread_self(), alloc_thread) ||
+        atomic_exchange(&size_asked, true))
+        return;
+    atomic_store(&size_asked_admitted, lifecycle_in_callback());
+    /* Not admitted, nothing keeps defer_shutdown from freeing the device
+     * pools' records, which the call goes on to write (the size it got). */
+    if (!lifecycle_in_callback())
+        defer_shutdown();
+}
+
+/* A miss of defer_alloc leaves its admission before its new block (a trim
+ * there must not wait behind it): what it reads of the cache's upstream
+ * pools, which defer_shutdown destroys, must be read while admitted. */
+static int s_alloc_miss_during_shutdown(void)
+{
+    cudaStream_t s = stream_new();
+    alloc_thread = pthread_self();
+    fake_fail(FAKE_DEVICE_GET_ATTRIBUTE, cudaErrorInvalidValue, 0, 1);
+    fake_set_return_hook(FAKE_DEVICE_GET_ATTRIBUTE, shut_down_in_size_query,
+                         NULL);
+    void *p = NULL;
+    stderr_capture_begin();
+    cudaError_t err = defer_alloc(&p, 1 << 20, s);
+    stderr_capture_end();
+    fake_set_return_hook(FAKE_DEVICE_GET_ATTRIBUTE, NULL, NULL);
+    CHECK(atomic_load(&size_asked),
+          "the device's size was asked again after the failed query");
+    CHECK(atomic_load(&size_asked_admitted),
+          "the miss asked the device's size while admitted");
+    CHECK(err == cudaSuccess && p != NULL, "defer_alloc: %s",
+          cudaGetErrorName(err));
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    return failed_checks;
+}
+
 static void scenario(const char *title, int (*fn)(void))
 {
     pid_t pid = fork_flushed();
@@ -182,5 +232,8 @@ int main(void)
     scenario("a pluggable free's look-up of its block's device while "
              "defer_shutdown empties the address map: shutdown waits for it",
              s_free_during_shutdown);
+    scenario("a defer_alloc miss sizes its new block while admitted, so "
+             "defer_shutdown cannot free the pools' records under it",
+             s_alloc_miss_during_shutdown);
     return 0;
 }
