@@ -91,7 +91,9 @@ static size_t fresh_size(int device, size_t bytes)
                                                      : rounded;
 }
 
-/* A fresh block for a request of bytes on stream: fresh_size; out of
+/* A fresh block for a request of bytes on stream, of rounded bytes (its
+ * fresh_size, found while the request was admitted: it reads the device's
+ * pool, which a shutdown destroys once no call is admitted); out of
  * memory, everything cudefer holds is trimmed (not admitted: the trim
  * waits for the reclaimer) and that size tried again, then bytes rounded
  * up to 512 only where that is less (it may fit where the rounded size
@@ -101,9 +103,10 @@ static size_t fresh_size(int device, size_t bytes)
  * request's words; refused (a shutdown closed the gate meanwhile), it is
  * the request's one refusal, said and counted once: no retry. */
 static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
-                                cudaStream_t stream, void **ptr)
+                                size_t rounded, cudaStream_t stream,
+                                void **ptr)
 {
-    size_t rounded = fresh_size(device, bytes), exact = exact_size(bytes);
+    size_t exact = exact_size(bytes);
     cudaError_t err = malloc_filed(w, device, rounded, stream, ptr);
     if (err != cudaErrorMemoryAllocation)
         return err;
@@ -154,13 +157,14 @@ static size_t give_to_pool(const struct words *w, int device,
     return bytes;
 }
 
-/* A request for bytes on stream (id stream_id) missed.  When the device's
- * pool lacks that much memory, cached pool blocks go back to it, ordered
- * on the request's stream, until it has enough: FREE ones (free before
- * before_ns, so none that turned free during the search) or ones PENDING
- * on this very stream (freed on it, so a free ordered on it is safe), the
- * largest first.  Their memory then serves this request whatever its size,
- * and the pool does not grow while the cache holds memory nobody asks for.
+/* A request on stream (id stream_id) missed; its new block is of need
+ * bytes (fresh_size).  When the device's pool lacks that much memory,
+ * cached pool blocks go back to it, ordered on the request's stream, until
+ * it has enough: FREE ones (free before before_ns, so none that turned
+ * free during the search) or ones PENDING on this very stream (freed on
+ * it, so a free ordered on it is safe), the largest first.  Their memory
+ * then serves this request whatever its size, and the pool does not grow
+ * while the cache holds memory nobody asks for.
  * Only what is lacking goes back: the rest stays cached for the requests
  * that follow (handing back every free block made ~700 requests of a
  * ResNet-50 step miss on the H100).  Why the largest: a large block covers
@@ -170,17 +174,17 @@ static size_t give_to_pool(const struct words *w, int device,
  * 55 misses a step, 27 with the largest first, both at ~1.01x the live
  * peak).  Nothing waits.  A failed hand-back is said in w's words. */
 static void hand_back_free_blocks(const struct words *w, int device,
-                                  size_t bytes, cudaStream_t stream,
+                                  size_t need, cudaStream_t stream,
                                   unsigned long long stream_id,
                                   uint64_t before_ns) FRAME_OF_ITS_OWN;
 static void hand_back_free_blocks(const struct words *w, int device,
-                                  size_t bytes, cudaStream_t stream,
+                                  size_t need, cudaStream_t stream,
                                   unsigned long long stream_id,
                                   uint64_t before_ns)
 {
     if (!cache_upstream_exists(device))
         return;
-    size_t need = fresh_size(device, bytes), slack = cache_upstream_slack(device);
+    size_t slack = cache_upstream_slack(device);
     size_t lacking = need > slack ? need - slack : 0, n, got;
     struct block_memory memory[64];
     while (lacking > 0 &&
@@ -293,11 +297,13 @@ static cudaError_t make_current(struct words *w, struct cuda_switch *lazy,
 }
 
 /* defer_alloc, admitted: the cache, else a new block (current: the current
- * device when the caller knows it, else -1; lazy: make_current's). */
+ * device when the caller knows it, else -1; lazy: make_current's), of
+ * *fresh bytes (fresh_size: sized here, admitted, since it reads the
+ * device's pool, which defer_shutdown frees once no call is admitted). */
 static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
                                   cudaStream_t stream, int current,
                                   int expect, struct cuda_switch *lazy,
-                                  int *device)
+                                  int *device, size_t *fresh)
 {
     /* The legacy stream cannot capture, only be barred by another thread's
      * capture, which matters only once a CUDA call uses the stream: a hit
@@ -344,7 +350,8 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
      * there). */
     if (cache_upstream_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
-    hand_back_free_blocks(w, *device, bytes, stream, id, before);
+    *fresh = fresh_size(*device, bytes);
+    hand_back_free_blocks(w, *device, *fresh, stream, id, before);
     return cudaSuccess;
 }
 
@@ -367,10 +374,15 @@ static cudaError_t alloc_try(struct words *w, void **ptr, size_t bytes,
         w->said = true;
         return err;
     }
-    err = alloc_admitted(w, ptr, bytes, stream, current, expect, lazy, device);
-    lifecycle_leave(); /* a trim below must not wait behind our admission */
+    size_t fresh = 0;
+    err = alloc_admitted(w, ptr, bytes, stream, current, expect, lazy, device,
+                         &fresh);
+    /* A trim below must not wait behind our admission; from here on
+     * nothing of the cache or its pools is read but by malloc_filed, which
+     * is admitted again (a shutdown may have freed them meanwhile). */
+    lifecycle_leave();
     if (err == cudaSuccess && *ptr == NULL) { /* said and counted there */
-        err = malloc_block(w, *device, bytes, stream, ptr);
+        err = malloc_block(w, *device, bytes, fresh, stream, ptr);
         *full = err == cudaErrorMemoryAllocation;
     }
     return err;
