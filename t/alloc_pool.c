@@ -187,6 +187,39 @@ static void test_failed_hand_back(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
+/* A hand-back whose blocks neither cudaFreeAsync nor cudaFree releases:
+ * the first block lost stops it.  Before the fix the miss went on taking
+ * the next largest block for the bytes it still lacked, and lost it the
+ * same way, until no block was left: here a 0.5 MiB miss lost all three
+ * free 1 MiB blocks of the cache. */
+static void test_failed_hand_back_stops(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a[3], *b = NULL;
+    for (int i = 0; i < 3; i++)
+        alloc_checked(&a[i], 1 << 20, s);
+    for (int i = 0; i < 3; i++)
+        defer_free(a[i], s);
+    defer_flush(); /* FREE; the pool lends all it has */
+    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, -1);
+    fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, -1);
+    stderr_capture_begin();
+    alloc_checked(&b, 1 << 19, s); /* a miss: the pool lacks 0.5 MiB */
+    stderr_capture_end();
+    fake_fail_clear();
+    int left = 0;
+    for (int i = 0; i < 3; i++)
+        left += cache_test_find(a[i]) != NULL;
+    is_int(left, 2, "one lost block stops the hand-back: the other two stay "
+           "cached");
+    for (int i = 0; i < 3; i++)
+        if (cache_test_find(a[i]) == NULL && fake_is_released(a[i]) == 0)
+            cudaFree(a[i]); /* the test's now: the oracle's live memory */
+    defer_free(b, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 /* The failed hand-back of test_failed_hand_back under PyTorch's entry
  * points: said in the words of the call the application made
  * (defer_pluggable_alloc, defer_pluggable_alloc_status), never
@@ -559,6 +592,7 @@ int main(void)
     test_hand_back_outlives_blocks(s);
     test_reused_handle();
     test_failed_hand_back(s);
+    test_failed_hand_back_stops(s);
     test_failed_hand_back_words(s);
     test_trim(s);
     test_shutdown_during_malloc(s);
