@@ -172,7 +172,8 @@ static size_t give_to_pool(const struct words *w, int device,
  * after it, which then take nothing from the cache; the oldest first
  * handed back many blocks that later requests missed for (t/alloc_steady:
  * 55 misses a step, 27 with the largest first, both at ~1.01x the live
- * peak).  Nothing waits.  A failed hand-back is said in w's words. */
+ * peak).  Nothing waits.  A failed hand-back is said in w's words; a
+ * block lost to the pool ends the hand-back. */
 static void hand_back_free_blocks(const struct words *w, int device,
                                   size_t need, cudaStream_t stream,
                                   unsigned long long stream_id,
@@ -190,7 +191,16 @@ static void hand_back_free_blocks(const struct words *w, int device,
     while (lacking > 0 &&
            (n = cache_reclaim_for_miss(device, stream_id, before_ns, memory,
                                      64, lacking)) > 0) {
+        size_t handed = 0;
+        for (size_t i = 0; i < n; i++)
+            handed += memory[i].size;
         got = give_to_pool(w, device, memory, n, stream);
+        /* A block neither call released is lost (said): the next would
+         * most likely go the same way, so the hand-back stops at the first
+         * loss rather than empty the cache; the request goes on to its new
+         * block (out of memory, its trim still has the cache's rest). */
+        if (got < handed)
+            break;
         lacking = got < lacking ? lacking - got : 0;
     }
 }
