@@ -262,6 +262,17 @@ static void scenario_disable_recorded(void)
           "disabled: a second free is refused: defer_free %s, defer_free_n "
           "%s, defer_free_streams %s", cudaGetErrorName(again),
           cudaGetErrorName(again_n), cudaGetErrorName(again_streams));
+    /* The size PyTorch says is checked on this route too (cudefer.h,
+     * defer_pluggable_free): a mismatch is said, the block freed. */
+    void *m = defer_pluggable_alloc(2000, 0, s);
+    stderr_capture_begin();
+    defer_pluggable_free(m, 4000, 0, s);
+    const char *said = stderr_capture_end();
+    CHECK(m != NULL && strstr(said, "freed as 4000 bytes") != NULL,
+          "disabled: a size that does not match the block is reported");
+    CHECK(defer_alloc(&p, 2000, s) == cudaSuccess && p == m,
+          "and the block freed all the same");
+    defer_free(p, s);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
     scenario_child_end();
 }
@@ -390,6 +401,20 @@ static void test_capture(void)
     is_int(cudaStreamEndCapture(c, &g), cudaSuccess,
            "and the capture is left intact");
     cudaGraphDestroy(g);
+    /* A pluggable free into a capture: the size PyTorch says is checked
+     * there too (a mismatch said, the block freed with the graph). */
+    void *m = defer_pluggable_alloc(2000, 0, c);
+    cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal);
+    stderr_capture_begin();
+    defer_pluggable_free(m, 4000, 0, c);
+    const char *said = stderr_capture_end();
+    ok(m != NULL && strstr(said, "freed as 4000 bytes") != NULL,
+       "a size that does not match the block is reported in a capture");
+    is_int(cudaStreamEndCapture(c, &g), cudaSuccess, "the capture ends");
+    cudaGraphDestroy(g);
+    void *back = take_when_done(2000, c, m);
+    ok(back == m, "the block is freed all the same, once the graph is gone");
+    defer_free(back, c);
     cudaStreamDestroy(c);
 }
 
