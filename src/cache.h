@@ -285,6 +285,14 @@ bool cache_claim_park(const struct block_free_plan *plan,
  * blocks but on the devices' mutexes. */
 enum block_free_path cache_claim(void *ptr, struct block_claim *claim);
 
+/* Any thread: a block of size bytes on device at ptr, just claimed by
+ * defer_pluggable_free, which said it has said_bytes (0: not said) on
+ * said_device: a size above the block's or another device is reported
+ * (the block is freed all the same).  Every route of that free checks its
+ * claim here, so that none lets a mismatch go unsaid.  Never blocks. */
+void cache_claim_check_said(const void *ptr, size_t size, int device,
+                            size_t said_bytes, int said_device);
+
 /* Any thread, the free that made claim (cache_claim, or a plan's block and
  * hand-out), refused after all: the block is LIVE again (the
  * application's).  Nothing when claim->block is NULL. */
@@ -308,8 +316,10 @@ void cache_claim_room_free(struct request_args *a, struct block_claim *one);
 /* Launching thread, the free paths but the single stream-ordered one
  * (whose plan claims its block, cache_claim_plan): claims every block among
  * a's pointers (FREEING) before anything is recorded, so that a block
- * freed twice, by any paths, is refused at the second free.  cudaSuccess
- * (*claimed: whether any pointer was a block), or cudaErrorInvalidValue
+ * freed twice, by any paths, is refused at the second free; a block that
+ * defer_pluggable_free said otherwise is reported (cache_claim_check_said).
+ * cudaSuccess (*claimed: whether any pointer was a block), or
+ * cudaErrorInvalidValue
  * (reported, counted; nothing claimed) when one is already being freed or
  * free, or starts no block inside the cache's memory. */
 cudaError_t cache_claim_all(const struct request_args *a, bool *claimed);

@@ -106,10 +106,16 @@ bool cache_claim_park(const struct block_free_plan *plan,
     return mine;
 }
 
-enum block_free_path cache_claim(void *ptr, struct block_claim *claim)
+/* cache_claim's work; a claimed block's size and device (neither changes
+ * while it is FREEING), read in the same lock hold, go to *size and
+ * *device (0 and -1 when nothing was claimed). */
+static enum block_free_path claim_one(void *ptr, struct block_claim *claim,
+                                      size_t *size, int *device)
 {
     claim->block = NULL;
     claim->handout = 0;
+    *size = 0;
+    *device = -1;
     struct device_cache *c;
     struct cache_block *b = cache_find_locked(ptr, &c);
     bool inside_live;
@@ -122,9 +128,18 @@ enum block_free_path cache_claim(void *ptr, struct block_claim *claim)
         b->events++; /* the claim names it */
         claim->block = b;
         claim->handout = b->handout;
+        *size = b->size;
+        *device = b->device;
     }
     pthread_mutex_unlock(&c->lock);
     return live ? BLOCK_AFTER_EVENT : BLOCK_NOT_LIVE;
+}
+
+enum block_free_path cache_claim(void *ptr, struct block_claim *claim)
+{
+    size_t size;
+    int device;
+    return claim_one(ptr, claim, &size, &device);
 }
 
 void *cache_claim_ptr(const struct block_claim *claim)
@@ -208,13 +223,25 @@ void cache_claim_undo_all(const struct request_args *a)
     }
 }
 
+void cache_claim_check_said(const void *ptr, size_t size, int device,
+                            size_t said_bytes, int said_device)
+{
+    if (said_bytes > 0 && (size < said_bytes || device != said_device))
+        report("defer_pluggable_free: %p is a block of %zu bytes on device "
+               "%d, freed as %zu bytes on device %d: freed all the same",
+               ptr, size, device, said_bytes, said_device);
+}
+
 cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
 {
     *claimed = false;
     if (a->kind != ENTRY_FREE_DEVICE || a->claims == NULL)
         return cudaSuccess;
     for (size_t i = 0; i < a->nptrs; i++) {
-        enum block_free_path path = cache_claim(a->ptrs[i], &a->claims[i]);
+        size_t size;
+        int device;
+        enum block_free_path path =
+            claim_one(a->ptrs[i], &a->claims[i], &size, &device);
         if (path == BLOCK_NOT_LIVE || path == BLOCK_INSIDE) {
             cache_claim_undo_all(a);
             *claimed = false;
@@ -222,6 +249,10 @@ cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
                        ? cache_claim_refuse_inside(a, a->ptrs[i])
                        : cache_claim_refuse_freed(a, a->ptrs[i]);
         }
+        /* said_bytes: defer_pluggable_free's one pointer (0 otherwise). */
+        if (path != BLOCK_NOT_OURS)
+            cache_claim_check_said(a->ptrs[i], size, device, a->said_bytes,
+                                   a->said_device);
         *claimed |= path != BLOCK_NOT_OURS;
     }
     return cudaSuccess;

@@ -295,11 +295,8 @@ bool submit_plan_claim(const void *ptr, const struct block_free_plan *plan,
         plan->path == BLOCK_NOT_OURS)
         return false;
     *claim = (struct block_claim){plan->block, plan->handout};
-    if (said_bytes > 0 &&
-        (plan->size < said_bytes || plan->device != said_device))
-        report("defer_pluggable_free: %p is a block of %zu bytes on device "
-               "%d, freed as %zu bytes on device %d: freed all the same",
-               ptr, plan->size, plan->device, said_bytes, said_device);
+    cache_claim_check_said(ptr, plan->size, plan->device, said_bytes,
+                           said_device);
     return true;
 }
 
