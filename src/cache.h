@@ -285,13 +285,22 @@ bool cache_claim_park(const struct block_free_plan *plan,
  * blocks but on the devices' mutexes. */
 enum block_free_path cache_claim(void *ptr, struct block_claim *claim);
 
+/* cache_claim_check_said's line, for a mismatch it found. */
+void cache_claim_report_said(const void *ptr, size_t size, int device,
+                             size_t said_bytes, int said_device);
 /* Any thread: a block of size bytes on device at ptr, just claimed by
  * defer_pluggable_free, which said it has said_bytes (0: not said) on
  * said_device: a size above the block's or another device is reported
  * (the block is freed all the same).  Every route of that free checks its
  * claim here, so that none lets a mismatch go unsaid.  Never blocks. */
-void cache_claim_check_said(const void *ptr, size_t size, int device,
-                            size_t said_bytes, int said_device);
+static inline void cache_claim_check_said(const void *ptr, size_t size,
+                                          int device, size_t said_bytes,
+                                          int said_device)
+{
+    /* Inline: every pluggable free runs the test, one in many reports. */
+    if (said_bytes > 0 && (size < said_bytes || device != said_device))
+        cache_claim_report_said(ptr, size, device, said_bytes, said_device);
+}
 
 /* Any thread, the free that made claim (cache_claim, or a plan's block and
  * hand-out), refused after all: the block is LIVE again (the
@@ -319,9 +328,9 @@ void cache_claim_room_free(struct request_args *a, struct block_claim *one);
  * freed twice, by any paths, is refused at the second free; a block that
  * defer_pluggable_free said otherwise is reported (cache_claim_check_said).
  * cudaSuccess (*claimed: whether any pointer was a block), or
- * cudaErrorInvalidValue
- * (reported, counted; nothing claimed) when one is already being freed or
- * free, or starts no block inside the cache's memory. */
+ * cudaErrorInvalidValue (reported, counted; nothing claimed) when one is
+ * already being freed or free, or starts no block inside the cache's
+ * memory. */
 cudaError_t cache_claim_all(const struct request_args *a, bool *claimed);
 
 /* Launching thread, once a's free is refused after its blocks were

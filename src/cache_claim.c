@@ -223,13 +223,12 @@ void cache_claim_undo_all(const struct request_args *a)
     }
 }
 
-void cache_claim_check_said(const void *ptr, size_t size, int device,
-                            size_t said_bytes, int said_device)
+void cache_claim_report_said(const void *ptr, size_t size, int device,
+                             size_t said_bytes, int said_device)
 {
-    if (said_bytes > 0 && (size < said_bytes || device != said_device))
-        report("defer_pluggable_free: %p is a block of %zu bytes on device "
-               "%d, freed as %zu bytes on device %d: freed all the same",
-               ptr, size, device, said_bytes, said_device);
+    report("defer_pluggable_free: %p is a block of %zu bytes on device %d, "
+           "freed as %zu bytes on device %d: freed all the same",
+           ptr, size, device, said_bytes, said_device);
 }
 
 cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
