@@ -75,8 +75,16 @@ static void test_failure_defers_nothing(void)
     cudaFree(p);
     stderr_capture_begin();
     is_int(defer_free_streams(p, NULL, 2), cudaErrorInvalidValue, "NULL streams");
+    msg = stderr_capture_end();
+    ok(has_line(msg, "defer_free_streams", "streams is NULL", NULL) &&
+           strstr(msg, "expected 1..64") == NULL,
+       "a NULL list is said as such, not as a count out of range");
+    stderr_capture_begin();
     is_int(defer_free_streams(p, s, 0), cudaErrorInvalidValue, "no streams");
-    stderr_capture_end();
+    msg = stderr_capture_end();
+    ok(has_line(msg, "defer_free_streams: 0 streams", "expected 1..64",
+                NULL),
+       "no streams: the count and the range said");
     is_int(defer_free_streams(NULL, s, 2), cudaSuccess, "NULL ptr: a no-op");
     cudaStreamDestroy(good);
 }
