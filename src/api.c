@@ -24,8 +24,11 @@ static bool streams_taken(const char *what, const cudaStream_t *streams,
     if (streams != NULL && n > 0 && n <= SUBMIT_MAX_STREAMS)
         return true;
     stats_add(&stats.rejected, 1);
-    report("%s: %zu streams%s: refused (expected 1..64 streams)", what, n,
-           streams == NULL ? " (NULL)" : "");
+    if (streams == NULL)
+        report("%s: streams is NULL (with n = %zu): refused", what, n);
+    else
+        report("%s: %zu streams: refused (expected 1..%d streams)", what, n,
+               SUBMIT_MAX_STREAMS);
     return false;
 }
 
