@@ -500,9 +500,62 @@ static void exit_in_trim_loop(void)
     exit(0);
 }
 
+/* ---- exit while defer_shutdown waits on another thread ------------------ */
+
+static void *shutdown_thread(void *unused)
+{
+    (void)unused;
+    defer_shutdown(); /* holds the lifecycle's lock through its drain */
+    return NULL;
+}
+
+/* Runs after cudefer's exit handler, which could not take the lock the
+ * shutdown holds while it waits for the stuck callback: exit must give up
+ * all the same, as when its own drain outlasts its limit.  Once the
+ * callback returned, nothing more is released and no CUDA call is made
+ * (the free after the callback included), and both entries are counted
+ * leaked, none left pending. */
+static void check_exit_during_shutdown(void)
+{
+    const char *said = stderr_capture_end();
+    unsigned long made = calls_after_abandon(300);
+    struct defer_stats st;
+    defer_stats_get(&st);
+    diag("  deferred %llu released %llu failed %llu pending %llu "
+         "leaked_at_exit %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
+         ULL(st.leaked_at_exit));
+    CHECK(made == 0, "no CUDA call after exit gave up: %lu made", made);
+    CHECK(fake_is_released(later_free) == 0,
+          "the free behind the stuck callback was not released after exit");
+    CHECK(st.leaked_at_exit == 2 && st.pending == 0 &&
+              st.released + st.failed == st.deferred,
+          "the callback and the free left unreleased, counted once");
+    CHECK(has_line(said, "exit: 2 entries still pending", "left unreleased",
+                   NULL),
+          "exit said so: %s", said);
+    scenario_child_end();
+}
+
+static void exit_during_shutdown(void)
+{
+    atexit(check_exit_during_shutdown); /* before cudefer's: run after it */
+    cudaStream_t s = stream_new();
+    later_free = device_alloc(KiB);
+    if (defer_call(stuck_callback, NULL, s) != cudaSuccess ||
+        defer_free(later_free, s) != cudaSuccess)
+        bail("defer");
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, NULL);
+    pthread_detach(t);
+    sleep_ms(100); /* the shutdown waits for the stuck callback */
+    stderr_capture_begin();
+    exit(0);
+}
+
 int main(void)
 {
-    plan(9);
+    plan(10);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -534,5 +587,8 @@ int main(void)
     fork_scenario("exit gives up while a trim frees the cache's segments: "
                   "the rest are not freed, no CUDA call follows",
                   "CUDEFER_POLICY=eager", 1, 20000, exit_in_trim_loop);
+    fork_scenario("exit while defer_shutdown waits on another thread for a "
+                  "stuck callback: exit gives up, nothing released after",
+                  "CUDEFER_POLICY=eager", 1, 20000, exit_during_shutdown);
     return 0;
 }
