@@ -376,6 +376,9 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 /* defer_shutdown: flush, release the free blocks, stop and join the
  * reclaimer; it stops even when the flush fails, and returns that error.
  * Called again: cudaSuccess (in a forked child, cudaErrorNotPermitted).
+ * Where another thread's exit() gives up its drain meanwhile (the work
+ * waited for outlasts it), cudaErrorCudartUnloading: what was left is
+ * never released, as at exit.
  * Limit: a free batch it cannot seal (another thread's capture bars the
  * legacy stream, its device cannot be made current, or its event cannot be
  * recorded and the wait for the stream that replaces it fails too) is

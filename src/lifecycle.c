@@ -126,6 +126,7 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
         held_init(&rs.held[d], d);
     rs.ndevices = n;
     rs.current_device = -1;
+    atomic_store(&rs.reaper, REAPER_NONE);
     queue_init(&rs.queue);
 
     /* The thread inherits a full signal mask: signals go to the app. */
@@ -403,6 +404,9 @@ void lifecycle_fail_device(const char *what, int device, const char *call,
         reclaimer_fail_device_in(what, device, call, err);
 }
 
+/* How often an abandonable wait (shutdown's) looks whether exit gave up. */
+#define ABANDON_POLL_NS UINT64_C(10000000)
+
 /* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
 static _Atomic unsigned long requests_pushed;
 
@@ -439,19 +443,26 @@ bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
     wake(); /* do not wait for a napping reclaimer's next pass */
     pthread_mutex_lock(&q->lock);
     while (!q->done) {
-        if (deadline_ns == 0) {
+        if (deadline_ns == 0 && !q->abandonable) {
             pthread_cond_wait(&q->cond, &q->lock);
             continue;
         }
-        struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
-                              .tv_nsec = (long)(deadline_ns % 1000000000u)};
-        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
-            !q->done) {
-            pthread_mutex_unlock(&q->lock);
-            if (!q->trim)
-                stream_lane_waiter(-1);
-            return false;
+        /* An abandonable wait (shutdown's) looks at the abandon every
+         * ABANDON_POLL_NS: exit, giving up while a shutdown holds
+         * life_lock, cannot signal the shutdown's request. */
+        uint64_t until = deadline_ns;
+        if (q->abandonable) {
+            if (atomic_load(&rs.abandoned))
+                goto give_up;
+            uint64_t slice = now_ns() + ABANDON_POLL_NS;
+            if (until == 0 || slice < until)
+                until = slice;
         }
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                              .tv_nsec = (long)(until % 1000000000u)};
+        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
+            !q->done && until == deadline_ns)
+            goto give_up;
     }
     pthread_mutex_unlock(&q->lock);
     if (!q->trim)
@@ -459,6 +470,11 @@ bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
     pthread_cond_destroy(&q->cond);
     pthread_mutex_destroy(&q->lock);
     return true;
+give_up:
+    pthread_mutex_unlock(&q->lock);
+    if (!q->trim)
+        stream_lane_waiter(-1);
+    return false;
 }
 
 void lifecycle_push_and_wait(struct entry *e)
@@ -580,13 +596,28 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns)
 {
     atomic_store(&rs.stop, true);
     wake();
+    /* The thread is joined only while it has not detached itself (exit
+     * gave up: nobody joins it, its state is left as it is). */
+    int none = REAPER_NONE;
+    if (!atomic_compare_exchange_strong(&rs.reaper, &none, REAPER_JOIN))
+        return false;
     if (deadline_ns == 0) {
         pthread_join(rs.thread, NULL);
     } else {
         struct timespec until = realtime_at(deadline_ns);
-        if (pthread_timedjoin_np(rs.thread, NULL, &until) != 0)
+        if (pthread_timedjoin_np(rs.thread, NULL, &until) != 0) {
+            atomic_store(&rs.reaper, REAPER_NONE); /* before any abandon */
             return false;
+        }
     }
+    /* Exit gave up while this shutdown joined (it could not take
+     * life_lock): the thread ended its pass unfinished, and from now on
+     * cudefer makes no CUDA call and counts nothing (the destruction
+     * below would destroy memory pools and count the unsealed batches'
+     * frees failed a second time): its state is left to the process's
+     * end. */
+    if (atomic_load(&rs.abandoned))
+        return false;
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
     free_batch_destroy();
@@ -608,15 +639,30 @@ cudaError_t lifecycle_shutdown(void)
         return refuse("defer_shutdown");
     pthread_mutex_lock(&rs.life_lock);
     cudaError_t err = cudaSuccess;
-    if (atomic_load(&rs.state) == STATE_RUNNING) {
+    bool running = atomic_load(&rs.state) == STATE_RUNNING;
+    if (running)
         lifecycle_close_gate(0);
+    if (running && atomic_load(&rs.abandoned)) {
+        /* Exit gave up while the gate waited for a call under way (it
+         * could not take life_lock, held here): no seal, no CUDA call. */
+        err = cudaErrorCudartUnloading;
+    } else if (running) {
         /* No admitted call can add to them now; one that waits on is
          * dropped at the stop (said): the error unless a device's is. */
         cudaError_t unsealed = free_batch_seal_all("defer_shutdown", true);
-        struct request q = {.err = cudaSuccess};
-        lifecycle_request_and_wait(&q, 0, false);
-        err = q.err != cudaSuccess ? q.err : unsealed;
-        lifecycle_stop_and_join(0);
+        /* Static: exit on another thread may give up while this waits
+         * (it cannot take life_lock, held here), and the reclaimer may
+         * answer q after this call returned.  One shutdown ever pushes
+         * it: after it the state is STOPPED. */
+        static struct request q;
+        q = (struct request){.err = cudaSuccess, .abandonable = true};
+        if (lifecycle_request_and_wait(&q, 0, false)) {
+            err = q.err != cudaSuccess ? q.err : unsealed;
+            if (!lifecycle_stop_and_join(0))
+                err = cudaErrorCudartUnloading; /* exit gave up meanwhile */
+        } else {
+            err = cudaErrorCudartUnloading; /* exit gave up meanwhile */
+        }
     } else {
         atomic_store(&rs.gate_closed, true);
         configure_refuse_from_now();

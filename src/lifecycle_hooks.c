@@ -49,6 +49,35 @@ __attribute__((constructor)) static void register_fork_hook(void)
     pthread_atfork(NULL, NULL, fork_child);
 }
 
+/* Exit gives up: the reclaimer, left running, and a call still admitted
+ * count nothing from here on (one may be inside a count: never blocks), so
+ * that what is counted failed here is never counted released too; the
+ * reclaimer makes no CUDA call either, its pass under way left unfinished
+ * (reclaimer_abandoned), and a shutdown waiting for it returns
+ * (lifecycle_shutdown).  Said: what is left pending, else why nothing
+ * was: "exit: <why> <the drain's ms> ms: <fate>". */
+static void give_up(const char *why, const char *fate)
+{
+    atomic_store(&rs.abandoned, true);
+    while (atomic_load(&rs.counting) != 0)
+        sched_yield();
+    struct defer_stats s;
+    defer_stats_get(&s);
+    stats_set(&stats.leaked_at_exit, s.pending);
+    /* Abandoned, as in a fork child (cudefer.h: failed counts them;
+     * pending then reads 0).  The unsealed batches' frees are among them
+     * (never counted finished), and so are the entries the policy held:
+     * none reads held from now on. */
+    stats_add(&stats.failed, s.pending);
+    stats_abandon_held();
+    unsigned long long ms = EXIT_DRAIN_NS / 1000000;
+    if (s.pending > 0)
+        report("exit: %llu entries still pending after %llu ms: left "
+               "unreleased", (unsigned long long)s.pending, ms);
+    else
+        report("exit: %s %llu ms: %s", why, ms, fate);
+}
+
 /* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
  * does not is counted as leaked, never waited for without end.  The thread is
  * joined only when it finished, so a hung device cannot hang exit. */
@@ -60,10 +89,26 @@ void lifecycle_hooks_exit(void)
      * thread: do not wait then. */
     uint64_t deadline = now_ns() + EXIT_DRAIN_NS;
     struct timespec until = realtime_at(deadline);
-    if ((lifecycle_in_callback()
-             ? pthread_mutex_trylock(&rs.life_lock)
-             : pthread_mutex_timedlock(&rs.life_lock, &until)) != 0)
-        return; /* exit() from inside start or shutdown: leave it be */
+    bool inside = lifecycle_in_callback();
+    if ((inside ? pthread_mutex_trylock(&rs.life_lock)
+                : pthread_mutex_timedlock(&rs.life_lock, &until)) != 0) {
+        /* exit() from inside start or shutdown: leave it be.  Else a
+         * defer_shutdown on another thread held the lock for the whole
+         * drain (it waits for work that outlasts it): exit gives up as
+         * its own drain would, so that the reclaimer releases nothing and
+         * makes no CUDA call once the process and the CUDA runtime end.
+         * Without the lock: the shutdown closed the gate and no longer
+         * writes state until its wait (which the abandon ends) returns;
+         * the state stays RUNNING to this call, the gate closed. */
+        if (!inside && atomic_load(&rs.state) == STATE_RUNNING &&
+            atomic_load(&rs.gate_closed)) {
+            give_up("defer_shutdown on another thread still under way "
+                    "after", "not waited for");
+            if (rs.cfg.print_stats)
+                stats_print(stderr);
+        }
+        return;
+    }
     if (atomic_load(&rs.state) == STATE_RUNNING && !thread_here.reclaimer) {
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
@@ -81,34 +126,11 @@ void lifecycle_hooks_exit(void)
                        "unreleased", unsealed);
             }
         } else {
-            /* The reclaimer, left running, and a call still admitted
-             * count nothing from here on (one may be inside a count:
-             * never blocks), so that what is counted failed here is never
-             * counted released too; the reclaimer makes no CUDA call
-             * either, its pass under way left unfinished
-             * (reclaimer_abandoned). */
-            atomic_store(&rs.abandoned, true);
-            while (atomic_load(&rs.counting) != 0)
-                sched_yield();
-            struct defer_stats s;
-            defer_stats_get(&s);
-            stats_set(&stats.leaked_at_exit, s.pending);
-            /* Abandoned, as in a fork child (cudefer.h: failed counts
-             * them; pending then reads 0).  The unsealed batches' frees
-             * are among them (never counted finished), and so are the
-             * entries the policy held: none reads held from now on. */
-            stats_add(&stats.failed, s.pending);
-            stats_abandon_held();
-            unsigned long long ms = EXIT_DRAIN_NS / 1000000;
-            if (s.pending > 0)
-                report("exit: %llu entries still pending after %llu ms: "
-                       "left unreleased", (unsigned long long)s.pending, ms);
-            else if (!closed) /* a call not yet counted: nothing pending */
-                report("exit: a defer call on another thread still under "
-                       "way after %llu ms: not waited for", ms);
+            if (!closed) /* a call not yet counted: nothing pending */
+                give_up("a defer call on another thread still under way "
+                        "after", "not waited for");
             else
-                report("exit: the reclaimer did not stop within %llu ms: "
-                       "left running", ms);
+                give_up("the reclaimer did not stop within", "left running");
         }
         atomic_store(&rs.state, STATE_STOPPED);
     }

@@ -41,13 +41,17 @@ bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
 /* Under life_lock, not on the reclaimer thread (shutdown, exit): ask the
  * reclaimer to stop once everything is released, join it and free its
  * state, until deadline_ns if not 0.  Blocks.  False if the deadline passed
- * first (the thread is left running, its state kept). */
+ * first (the thread is left running, its state kept), or if exit gave up
+ * (rs.abandoned: the thread detached itself, or was joined; its state is
+ * kept, as it may be mid-pass and no CUDA call is to follow). */
 bool lifecycle_stop_and_join(uint64_t deadline_ns);
 
 /* Process exit only: the atexit handler, registered once by the first
  * start (lifecycle.c).  Drains what completes within its limit and stops
  * the reclaimer; what does not is counted as leaked.  Blocks at most the
- * drain's limit; never hangs exit. */
+ * drain's limit; never hangs exit.  A shutdown on another thread that
+ * holds life_lock for the whole limit is given up on the same way
+ * (rs.abandoned, without the lock): it returns. */
 void lifecycle_hooks_exit(void);
 
 #endif

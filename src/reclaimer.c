@@ -679,8 +679,13 @@ abandoned:
      * left unfinished (reclaimer_abandoned).  Nobody joins this thread
      * (exit's join, if it tried, had timed out before the abandon), so it
      * detaches itself: a thread that ends unjoined and undetached is a
-     * leak to the thread sanitizer. */
-    pthread_detach(pthread_self());
+     * leak to the thread sanitizer.  But for a shutdown on another
+     * thread that took the join first (exit gave up while it joined):
+     * it joins this thread, and a detach would leave it joining a thread
+     * that is gone (rs.reaper). */
+    int none = REAPER_NONE;
+    if (atomic_compare_exchange_strong(&rs.reaper, &none, REAPER_DETACHED))
+        pthread_detach(pthread_self());
     return NULL;
 }
 

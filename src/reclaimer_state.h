@@ -32,7 +32,11 @@ enum state {
     STATE_FORKED,  /* in a fork child: every call is refused */
 };
 
-/* A defer_flush or defer_trim caller waits on one of these, on its stack. */
+enum reaper { REAPER_NONE, REAPER_JOIN, REAPER_DETACHED };
+
+/* A defer_flush or defer_trim caller waits on one of these, on its stack;
+ * shutdown and exit on one of their own, static (it outlives their wait
+ * when exit gives up: the reclaimer may still answer it). */
 struct request {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -42,6 +46,8 @@ struct request {
     uint64_t barrier;   /* flush: entries with seq < barrier must finish */
     uint64_t remaining; /* flush: of those, how many have not */
     uint64_t bytes;     /* trim: bytes released */
+    bool abandonable;   /* shutdown's: the wait also ends (unanswered)
+                           once exit gave up (rs.abandoned) */
     struct request *next;
     struct entry marker; /* what travels through the queue */
 };
@@ -75,7 +81,9 @@ struct reclaimer_state {
      * (sleeping), each on cache lines of its own. */
     /* Who writes them, under which lock.  The lifecycle (lifecycle.c,
      * lifecycle_hooks.c) under life_lock, in the start, shutdown or exit:
-     * state, gate_closed, starting, thread, stop, abandoned, and, at the
+     * state, gate_closed, starting, thread, stop, abandoned (also without
+     * it, by an exit that a shutdown's hold of it kept out:
+     * lifecycle_hooks_exit), and, at the
      * start and the stop only, disabled, cfg, ndevices, the device_errors
      * array and any_device_failed's reset.  The fork child
      * (lifecycle_hooks.c), alone in its process and holding no lock: state,
@@ -100,6 +108,14 @@ struct reclaimer_state {
      * releases nothing and makes no CUDA call; it ends where it finds it
      * set (reclaimer_abandoned), in the middle of a pass too. */
     _Atomic bool abandoned;
+    /* Who ends the reclaimer thread: REAPER_NONE until the stop takes it
+     * to join the thread (REAPER_JOIN), or the thread, abandoned, takes it
+     * to detach itself (REAPER_DETACHED), each with a compare-and-swap:
+     * so a shutdown's join never meets a thread that detached itself,
+     * which it would join after its end (exit may give up while a
+     * shutdown on another thread stops the reclaimer).  A timed join that
+     * gives up (exit's) puts REAPER_NONE back before the abandon. */
+    _Atomic int reaper;
     _Alignas(64) struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;

@@ -502,10 +502,13 @@ static void exit_in_trim_loop(void)
 
 /* ---- exit while defer_shutdown waits on another thread ------------------ */
 
+static atomic_int shutdown_result = -1; /* -1: not returned yet */
+
 static void *shutdown_thread(void *unused)
 {
     (void)unused;
-    defer_shutdown(); /* holds the lifecycle's lock through its drain */
+    /* Holds the lifecycle's lock through its drain. */
+    atomic_store(&shutdown_result, (int)defer_shutdown());
     return NULL;
 }
 
@@ -534,6 +537,9 @@ static void check_exit_during_shutdown(void)
     CHECK(has_line(said, "exit: 2 entries still pending", "left unreleased",
                    NULL),
           "exit said so: %s", said);
+    CHECK(atomic_load(&shutdown_result) == cudaErrorCudartUnloading,
+          "the shutdown returned cudaErrorCudartUnloading (%d)",
+          atomic_load(&shutdown_result));
     scenario_child_end();
 }
 
