@@ -559,9 +559,67 @@ static void exit_during_shutdown(void)
     exit(0);
 }
 
+/* ---- a callback of the drain defers while exit gives up ---------------- */
+
+static atomic_int exiting, record_held;
+static void *drain_free;
+
+/* The reclaimer's first cudaEventRecord (the drain callback's defer_free)
+ * returns only after exit gave up. */
+static void hold_reclaimer_record(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (!lifecycle_on_reclaimer_thread() ||
+        atomic_fetch_add(&record_held, 1) != 0)
+        return;
+    sleep_ms(2500);
+    atomic_store(&call_returned, 1);
+}
+
+/* Run by exit's drain: defers a free, whose record outlasts the drain. */
+static void defer_in_drain(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < 5000 && !atomic_load(&exiting); i++)
+        sleep_ms(1);
+    sleep_ms(50); /* exit's drain has begun */
+    defer_free(drain_free, stream_new());
+}
+
+/* Runs after cudefer's exit handler, once the callback's defer_free
+ * returned: exit counted what was pending then (the callback) failed, and
+ * the free it accepted meanwhile must count in nothing, as a synchronous
+ * free's does: not left pending for good. */
+static void check_drain_defer_counted(void)
+{
+    wait_stuck_callback(200);
+    struct defer_stats st;
+    defer_stats_get(&st);
+    diag("  deferred %llu released %llu failed %llu pending %llu "
+         "leaked_at_exit %llu",
+         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
+         ULL(st.leaked_at_exit));
+    CHECK(st.pending == 0 && st.released + st.failed == st.deferred,
+          "nothing pending for good: released %llu + failed %llu, deferred "
+          "%llu", ULL(st.released), ULL(st.failed), ULL(st.deferred));
+    scenario_child_end();
+}
+
+static void exit_while_drain_callback_defers(void)
+{
+    atexit(check_drain_defer_counted); /* before cudefer's: run after it */
+    drain_free = device_alloc(KiB);
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_reclaimer_record, NULL);
+    if (defer_call(defer_in_drain, NULL, stream_new()) != cudaSuccess)
+        bail("defer_call");
+    sleep_ms(50); /* the reclaimer runs the callback, which waits */
+    atomic_store(&exiting, 1);
+    exit(0);
+}
+
 int main(void)
 {
-    plan(10);
+    plan(11);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -596,5 +654,9 @@ int main(void)
     fork_scenario("exit while defer_shutdown waits on another thread for a "
                   "stuck callback: exit gives up, nothing released after",
                   "CUDEFER_POLICY=eager", 1, 20000, exit_during_shutdown);
+    fork_scenario("exit gives up while a callback of its drain defers: "
+                  "that free counts in nothing, not pending for good",
+                  "CUDEFER_POLICY=eager", 1, 20000,
+                  exit_while_drain_callback_defers);
     return 0;
 }
