@@ -247,7 +247,7 @@ cudaError_t capture_defer(const char *what, struct entry *e,
     /* From here on the entry is the reclaimer's (the destructor may even
      * have marked it dead already, if another thread ended the capture and
      * destroyed the graph); we are admitted, so the reclaimer runs. */
-    stats_count_deferred();
+    lifecycle_count_admitted();
     lifecycle_push(e);
     return cudaSuccess;
 }

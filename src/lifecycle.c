@@ -254,9 +254,11 @@ cudaError_t lifecycle_enter_ending(const char *what,
         if (!gate_enter()) {
             /* The drain of a shutdown or exit runs callbacks; they may
              * defer until the reclaimer stops (it finishes what they add
-             * before it does). */
+             * before it does), but not once exit gave up (rs.abandoned:
+             * nothing is released, no CUDA call made from then on). */
             if (thread_here.reclaimer &&
-                atomic_load(&rs.state) == STATE_RUNNING) {
+                atomic_load(&rs.state) == STATE_RUNNING &&
+                !atomic_load(&rs.abandoned)) {
                 atomic_fetch_add(gate_shard_count(), 1);
                 thread_here.admissions++;
                 return cudaSuccess;
@@ -299,7 +301,8 @@ cudaError_t lifecycle_refused_ending(const char *what,
     /* As lifecycle_enter: the reclaimer's callbacks may defer during the
      * drain of a shutdown or exit. */
     if (!atomic_load(&rs.gate_closed) ||
-        (thread_here.reclaimer && atomic_load(&rs.state) == STATE_RUNNING))
+        (thread_here.reclaimer && atomic_load(&rs.state) == STATE_RUNNING &&
+         !atomic_load(&rs.abandoned)))
         return cudaSuccess;
     return refuse_ending(what, end);
 }
@@ -406,6 +409,16 @@ void lifecycle_fail_device(const char *what, int device, const char *call,
 
 /* How often an abandonable wait (shutdown's) looks whether exit gave up. */
 #define ABANDON_POLL_NS UINT64_C(10000000)
+
+void lifecycle_count_admitted(void)
+{
+    /* The gate closes before exit's drain begins, let alone gives up;
+     * gate_closed is on the line every call reads. */
+    if (!atomic_load(&rs.gate_closed))
+        stats_count_deferred();
+    else
+        lifecycle_count_deferred();
+}
 
 /* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
 static _Atomic unsigned long requests_pushed;

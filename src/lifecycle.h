@@ -89,10 +89,17 @@ void lifecycle_count_finished(bool released, uint64_t n);
  * up (lifecycle_hooks_exit): then neither it nor its end is counted.  For
  * the synchronous routes, whose wait for the stream comes before the count
  * and may outlast exit's drain.  The other routes count with
- * stats_count_deferred (no shared line): between their admission and that
- * count they wait for nothing but a CUDA call's own return (an event's
- * creation or record). */
+ * lifecycle_count_admitted. */
 void lifecycle_count_deferred(void);
+
+/* Any thread, admitted; never blocks.  One entry counted deferred, by the
+ * routes that wait for nothing but a CUDA call's own return (an event's
+ * creation or record) between their admission and the count: while the
+ * gate is open, with stats_count_deferred (no shared line); once it is
+ * closed, as lifecycle_count_deferred, since exit may give up meanwhile
+ * (a callback of its drain, admitted past the closed gate, is waited for
+ * by nobody; so is a call whose CUDA call outlasted the gate's wait). */
+void lifecycle_count_admitted(void);
 
 /* Any thread; never blocks.  Begin a write of counters that exit resets
  * when it gives up (lifecycle_hooks_exit: the held counts): true, and then

@@ -202,7 +202,7 @@ static inline struct entry *record_on(const struct request_args *a,
  * Never blocks.  Returns cudaSuccess. */
 static cudaError_t push(struct entry *e)
 {
-    stats_count_deferred();
+    lifecycle_count_admitted();
     lifecycle_push(e);
     return cudaSuccess;
 }
@@ -481,7 +481,7 @@ void submit_join_batch(const char *what, struct cuda_switch *lazy,
                        int current, int device, cudaStream_t handle,
                        unsigned long long id, const struct block_claim *claim)
 {
-    stats_count_deferred();
+    lifecycle_count_admitted();
     bool due, added = free_batch_add(device, id, claim, &due);
     if (added && !due)
         return; /* no CUDA call: the device need not be current */

@@ -111,7 +111,7 @@ cudaError_t submit_group_route(const struct request_args *a,
     parts[0]->group_remaining = (uint32_t)t->n;
     for (size_t i = 1; i < t->n; i++)
         parts[i]->group = parts[0];
-    stats_count_deferred();
+    lifecycle_count_admitted();
     /* Any order would do: the payload completes only once every part has,
      * whichever the reclaimer takes in first. */
     for (size_t i = t->n; i-- > 0;)
