@@ -269,6 +269,67 @@ static void test_failed_hand_back_words(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
+/* A miss on a plain stream while a graph capture runs, begun Global on
+ * another thread or on this one: the hand-back's cudaFreeAsync is one of
+ * CUDA's "potentially unsafe" calls, which in the calling thread's default
+ * (Global) mode is refused and invalidates that capture.  A miss that
+ * cudaMallocAsync would serve without touching the capture must leave it
+ * intact, and still hand the free block back to the pool.  Before the fix
+ * the capture was invalidated and the block went back with cudaFree. */
+static cudaStream_t begun_elsewhere;
+
+static void *begin_global_capture(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)cudaStreamBeginCapture(
+        begun_elsewhere, cudaStreamCaptureModeGlobal);
+}
+
+static void test_hand_back_during_capture(cudaStream_t s)
+{
+    cudaStream_t cap = stream_new();
+    for (int own = 0; own < 2; own++) {
+        size_t trimmed = 0;
+        defer_trim(&trimmed);
+        void *a = NULL, *b = NULL;
+        alloc_checked(&a, 1 << 20, s);
+        defer_free(a, s);
+        defer_flush(); /* FREE; the pool lends all it has */
+        unsigned long frees = fake_calls(FAKE_FREE);
+        if (own) {
+            is_int(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal),
+                   cudaSuccess, "this thread captures another stream");
+        } else {
+            pthread_t t;
+            void *began;
+            begun_elsewhere = cap;
+            pthread_create(&t, NULL, begin_global_capture, NULL);
+            pthread_join(t, &began);
+            is_int((intptr_t)began, cudaSuccess,
+                   "another thread captures, Global");
+        }
+        stderr_capture_begin();
+        cudaError_t err = defer_alloc(&b, 3 << 19, s); /* a goes back */
+        const char *said = stderr_capture_end();
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(cap, &st);
+        is_int(st, cudaStreamCaptureStatusActive,
+               "%s: the capture is intact after the miss's hand-back",
+               own ? "own capture" : "another thread's");
+        ok(err == cudaSuccess && said[0] == '\0' &&
+               fake_is_released(a) == 1 && fake_calls(FAKE_FREE) == frees,
+           "the block went back with cudaFreeAsync, nothing said "
+           "(stderr: \"%s\")", said);
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(cap, &g);
+        if (g != NULL)
+            cudaGraphDestroy(g);
+        defer_free(b, s);
+        is_int(defer_flush(), cudaSuccess, "flush");
+    }
+    cudaStreamDestroy(cap);
+}
+
 static void test_trim(cudaStream_t s)
 {
     void *p = NULL;
@@ -594,6 +655,7 @@ int main(void)
     test_failed_hand_back(s);
     test_failed_hand_back_stops(s);
     test_failed_hand_back_words(s);
+    test_hand_back_during_capture(s);
     test_trim(s);
     test_shutdown_during_malloc(s);
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
