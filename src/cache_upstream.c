@@ -125,11 +125,17 @@ static cudaError_t malloc_on(const char *what, int device, void **ptr,
     cudaError_t err = cuda_switch_device(&sw, device, NULL);
     if (err != cudaSuccess)
         return err;
+    /* Relaxed (struct cuda_capture_mode): new memory, which no capture
+     * uses, as cudaMallocFromPoolAsync would be in any mode. */
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     err = cudaMalloc(ptr, bytes);
+    cuda_capture_mode_put_back(mode);
     cudaError_t back =
         cuda_switch_back(&sw, err == cudaSuccess ? NULL : what);
     if (err == cudaSuccess && back != cudaSuccess) {
+        mode = cuda_capture_mode_relax();
         cudaFree(*ptr);
+        cuda_capture_mode_put_back(mode);
         *ptr = NULL;
         err = back;
     }
@@ -152,10 +158,17 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
     return err;
 }
 
+/* Both frees in the relaxed capture mode (struct cuda_capture_mode): a
+ * miss on an application thread hands cached blocks back while another
+ * thread may capture, or while the thread captures another stream; the
+ * blocks are in no capture (a free into one waits for its graph before the
+ * block is cached again) and the stream was checked not to capture. */
 cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     cudaError_t err = cudaFreeAsync(ptr, stream);
+    cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
     return err;
@@ -169,7 +182,9 @@ void cache_upstream_forget(int device, size_t bytes)
 
 cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
 {
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     cudaError_t err = cudaFree(ptr);
+    cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess)
         cache_upstream_forget(device, bytes);
     return err;

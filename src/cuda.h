@@ -181,16 +181,43 @@ static inline cudaError_t cuda_event_query(cudaEvent_t event)
     return cudaEventQuery(event);
 }
 
+/* A thread's capture mode while cudefer makes a "potentially unsafe" call
+ * of CUDA's (a query, a free, cudaMalloc) on an application thread: in the
+ * thread's own mode (Global by default) such a call is refused, and
+ * invalidates the capture, while another thread captures in the global
+ * mode or the thread captures a stream itself.  cudefer makes such a call
+ * only where no capture could be hurt by it (a stream checked not to
+ * capture, memory no capture can use), so it makes it in the relaxed mode,
+ * as the reclaimer makes all of its calls.  Same thread: relax, the call,
+ * then put back; nothing else in between. */
+struct cuda_capture_mode {
+    enum cudaStreamCaptureMode mode; /* the thread's own, put back */
+    bool exchanged;                  /* false: nothing to put back */
+};
+
+/* Any thread: the thread's capture mode made Relaxed; its own returned. */
+static inline struct cuda_capture_mode cuda_capture_mode_relax(void)
+{
+    struct cuda_capture_mode m = {cudaStreamCaptureModeRelaxed, false};
+    m.exchanged = cudaThreadExchangeStreamCaptureMode(&m.mode) == cudaSuccess;
+    return m;
+}
+
+/* The same thread: its own capture mode put back. */
+static inline void cuda_capture_mode_put_back(struct cuda_capture_mode m)
+{
+    if (m.exchanged)
+        cudaThreadExchangeStreamCaptureMode(&m.mode);
+}
+
 /* Any thread; never blocks: cudaEventQuery in the relaxed capture mode (the
  * thread's own put back after), a not-ready answer left off the thread's
  * last error. */
 static inline cudaError_t cuda_event_query_relaxed(cudaEvent_t event)
 {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     cudaError_t err = cudaEventQuery(event);
-    if (exchanged)
-        cudaThreadExchangeStreamCaptureMode(&mode);
+    cuda_capture_mode_put_back(mode);
     if (err == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady)
         cudaGetLastError();
     return err;
