@@ -7,6 +7,8 @@
  * used it ends or at shutdown: the failed device's work is not known to be
  * over, and an abandoned free's memory stays the application's (live in
  * the block's device's counts), as a plain pointer's stays allocated. */
+#include <string.h>
+
 #include "helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -51,9 +53,57 @@ static void scenario_block_freed_on_failed_device(void)
     cudaStreamDestroy(s0);
 }
 
+/* Blocks freed on the legacy streams of two devices wait in their free
+ * batches; a flush seals both, and device 0's check of its legacy stream
+ * (cudaStreamIsCapturing) meets a sticky error: device 0 fails there.  Its
+ * batch's block is abandoned as every pending entry of a failed device is
+ * (counted as failed, never handed out again), the error said as what it
+ * is, and device 1's batch is sealed and released as before.  Before the
+ * fix the check took any error for another thread's capture: said as
+ * cudaErrorStreamCaptureImplicit, the device not failed, and the block left
+ * in its batch, pending after the flush. */
+static void scenario_batch_check_fails_sticky(void)
+{
+    const cudaError_t bad = cudaErrorIllegalAddress;
+    void *b0 = NULL, *b1 = NULL;
+    CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
+    CHECK(defer_alloc(&b1, MiB, 0) == cudaSuccess &&
+              defer_free(b1, 0) == cudaSuccess,
+          "a block of device 1 freed on its legacy stream");
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
+    CHECK(defer_alloc(&b0, MiB, 0) == cudaSuccess &&
+              defer_free(b0, 0) == cudaSuccess,
+          "a block of device 0 freed on its legacy stream");
+    fake_fail(FAKE_STREAM_IS_CAPTURING, bad, 0, 1); /* device 0's, first */
+    stderr_capture_begin();
+    cudaError_t err = defer_flush();
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    CHECK(err == bad, "flush: device 0's error (%d)", (int)err);
+    CHECK(strstr(said, "CaptureImplicit") == NULL &&
+              strstr(said, "cudaErrorIllegalAddress") != NULL,
+          "the error said as it is (stderr: \"%s\")", said);
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.failed == 1 && st.released == 1,
+          "device 0's block abandoned, device 1's released: pending %llu "
+          "failed %llu released %llu", ULL(st.pending), ULL(st.failed),
+          ULL(st.released));
+    void *c = NULL;
+    CHECK(defer_alloc(&c, MiB, 0) == bad, "device 0 failed");
+    CHECK(cudaSetDevice(1) == cudaSuccess &&
+              defer_alloc(&c, MiB, 0) == cudaSuccess && c == b1,
+          "device 1 works on, its block reused");
+    CHECK(defer_free(c, 0) == cudaSuccess, "freed");
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
+    CHECK(defer_shutdown() == bad, "shutdown: device 0's error");
+    CHECK(fake_is_released(b0) == 0, "the abandoned block is never released");
+}
+
 int main(void)
 {
     plan_lazy();
+    fork_scenario("a free batch's check of the legacy stream meets a sticky "
+                  "error", "", 2, 20000, scenario_batch_check_fails_sticky);
     fork_scenario("a block freed on another device's stream, that device "
                   "failing", "", 2, 20000,
                   scenario_block_freed_on_failed_device);
