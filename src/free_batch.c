@@ -357,14 +357,36 @@ static bool append(struct batch *b, const struct block_claim *claim,
     return true;
 }
 
-/* Whether an event may be recorded on the legacy stream now: not while
- * another thread captures a blocking stream in the global mode (the record
- * would fail and invalidate that capture; the check does not). */
-static bool legacy_usable(cudaStream_t stream)
+/* Whether an event may be recorded on the legacy stream (the current
+ * device's) now: cudaSuccess; not while another thread captures a blocking
+ * stream in the global mode (cudaErrorStreamCaptureImplicit: the record
+ * would fail and invalidate that capture; the check does not); or the
+ * check's own error, which, sticky, is the device's. */
+static cudaError_t legacy_check(cudaStream_t stream)
 {
     bool capturing = false;
     const char *call;
-    return capture_status(&stream, 1, &capturing, &call) == cudaSuccess;
+    return capture_status(&stream, 1, &capturing, &call);
+}
+
+/* Any thread, admitted; b is the batch of a device that failed: its
+ * claims are abandoned as the reclaimer abandons a failed device's
+ * entries (the device's work on their blocks is not known to be over):
+ * their blocks never handed out again nor released, counted as failed.
+ * No CUDA call. */
+static void abandon_batch(struct batch *b)
+{
+    struct block_claim *array = NULL;
+    unsigned g = 0;
+    pthread_mutex_lock(&b->lock);
+    size_t n = take_claims(b, &array, &g);
+    pthread_mutex_unlock(&b->lock);
+    if (n > 0) {
+        cache_reclaim_claims_done(array, n, false, now_ns());
+        lifecycle_count_finished(false, n);
+    }
+    free(array);
+    land(g, n);
 }
 
 /* Lock held.  Whether b is to be sealed now: full, or its oldest claim
@@ -403,7 +425,7 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
     struct batch *b = &batches[device];
     /* Checked before the claims are taken: a batch that cannot be sealed
      * now stays, for the next free (or a flush) to seal. */
-    if (!current || !legacy_usable(stream)) {
+    if (!current || legacy_check(stream) != cudaSuccess) {
         if (!added) { /* out of memory, and no event can be recorded */
             lifecycle_count_finished(false, 1); /* counted deferred */
             report("%s: out of memory for the claim of %p, freed "
@@ -448,16 +470,37 @@ static cudaError_t seal_batches(const char *what, size_t *left)
         /* The legacy stream (NULL) is the current device's: switched
          * only when another is current (a switch back to the caller's
          * device then creates no context that was not). */
+        /* A device that failed seals nothing: its batch is abandoned with
+         * its other entries, and no CUDA call is made on it. */
+        cudaError_t err =
+            left != NULL ? cudaSuccess : lifecycle_device_error(d);
+        if (err != cudaSuccess) {
+            abandon_batch(b);
+            if (first == cudaSuccess)
+                first = err;
+            continue;
+        }
         const char *call = "cudaStreamIsCapturing";
-        cudaError_t err = cuda_switch_device(&sw, d, &call);
-        if (err == cudaSuccess && !legacy_usable(NULL))
-            err = cudaErrorStreamCaptureImplicit;
+        err = cuda_switch_device(&sw, d, &call);
+        if (err == cudaSuccess)
+            err = legacy_check(NULL); /* call stays cudaStreamIsCapturing */
         if (err != cudaSuccess && left != NULL) {
             /* Exit: dropped, never released (their blocks stay PENDING). */
             pthread_mutex_lock(&b->lock);
             *left += b->count;
             b->count = 0;
             pthread_mutex_unlock(&b->lock);
+            continue;
+        }
+        if (cuda_error_is_sticky(err)) {
+            /* The device's error, not a capture's: the device fails (said
+             * once) and its batch is abandoned with it.  Taken for a
+             * capture, the batch would wait for a seal that can never be
+             * made, said as a capture's, the device taking calls on. */
+            lifecycle_fail_device(what, d, call, err);
+            abandon_batch(b);
+            if (first == cudaSuccess)
+                first = err;
             continue;
         }
         if (err != cudaSuccess) {
