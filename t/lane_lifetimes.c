@@ -14,6 +14,8 @@
  *  - defer_call_streams refused after recording two parts on one stream:
  *    the lane forgets both records (else it waits for them for good, full,
  *    and shares one event among all later callbacks).
+ *  - A refused group's labels, given again to later entries, are not
+ *    complete by a lane's query of the refused records.
  *  - A thread with lanes forks and exits in the child: its lanes let go
  *    into the pools without a CUDA call (none may be made after fork).
  *
@@ -334,6 +336,64 @@ static void s_sweeps_inside_refused_groups(void)
           fake_live_events());
 }
 
+/* A refused group's records are forgotten by taking their labels back
+ * (stream_lane_uncommit), and the next entries get those labels again.
+ * With no idle event (CUDEFER_EVENT_POOL=0) a part's pick asks its lane's
+ * newest itself, and its query, seeing the previous part's record done,
+ * raises the event's completed label to that record's.  Once the group is
+ * refused, that label is given to a later entry recorded behind held
+ * work: it must not count as completed already (else the free is released
+ * while its work runs, and the callback runs before its work). */
+static atomic_int label_ran;
+
+static void count_label(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&label_ran, 1);
+}
+
+static void s_refused_labels_are_not_completed(void)
+{
+    cudaStream_t s = stream_new();
+    cudaStream_t thrice[3] = {s, s, s};
+    void *first = device_alloc(256);
+    /* The lane's event, recorded once, its entry done. */
+    CHECK(defer_free(first, s) == cudaSuccess, "first free");
+    CHECK(defer_flush() == cudaSuccess, "first flush");
+    void *refused = device_alloc(256);
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported, 2, 1);
+    CHECK(defer_free_streams(refused, thrice, 3) != cudaSuccess,
+          "defer_free_streams refused (its third record failed)");
+    fake_fail_clear();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported, 2, 1);
+    CHECK(defer_call_streams(count_label, NULL, thrice, 3) != cudaSuccess,
+          "defer_call_streams refused (its third record failed)");
+    fake_fail_clear();
+    stderr_capture_end();
+    /* The next free and callback behind work that is held. */
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "free behind held work");
+    CHECK(defer_call(count_label, NULL, s) == cudaSuccess,
+          "callback behind held work");
+    sleep_ms(100);
+    CHECK(fake_is_released(p) == 0,
+          "the free behind held work is not released before its work "
+          "completes");
+    CHECK(atomic_load(&label_ran) == 0,
+          "the callback behind held work does not run before its work "
+          "completes");
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(p) == 1, "released once its work completed");
+    CHECK(atomic_load(&label_ran) == 1, "the callback ran once");
+    CHECK(cudaFree(refused) == cudaSuccess, "the refused free's memory");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    CHECK(fake_live_events() == 0, "every event destroyed (%zu alive)",
+          fake_live_events());
+}
+
 static void run(void (*scenario)(void), const char *env, const char *what)
 {
     pid_t pid = fork_flushed();
@@ -366,6 +426,10 @@ int main(void)
         "refused defer_call_streams on one stream thrice leave no event in "
         "the lane waiting for a record nobody takes in: later callbacks run "
         "as their work completes");
+    run(s_refused_labels_are_not_completed, "CUDEFER_EVENT_POOL=0",
+        "labels a refused group took back are given again: a lane's own "
+        "query of a refused record does not complete the later entries "
+        "that get its label");
     run(s_sweeps_inside_refused_groups, "CUDEFER_EVENT_POOL=1",
         "sweeps of the lanes between a refused group's parts: every "
         "accepted callback runs, as its work completes, no event left");
