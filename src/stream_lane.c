@@ -276,29 +276,17 @@ void stream_lane_cancel(const struct lane_pick *pick)
 
 void stream_lane_uncommit(struct entry *e)
 {
-    struct lane_table *t = event_pool_lanes();
-    unsigned s = set_of(e->device, e->stream_id);
-    /* Its event's slot, when e's record is still the slot's newest (the
-     * parts of a refused group are uncommitted newest first, so each is by
-     * then): any slot, not only the lane's newest.  A group on one stream
-     * twice takes two slots; a slot left with a label nobody takes in would
-     * never complete, and the lane would keep it for good (full at last:
-     * every callback then shares one event; t/lane_lifetimes). */
-    for (int w = 0; w < LANE_WAYS; w++) {
-        struct lane *l = &t->set[s][w];
-        if (!l->valid || l->stream_id != e->stream_id ||
-            l->device != e->device)
-            continue;
-        for (unsigned i = 0; i < l->count; i++) {
-            struct lane_slot *slot = slot_at(l, i);
-            if (slot->ev == e->ev && slot->label == e->label) {
-                slot->label--; /* its reference was never counted */
-                e->ev = NULL;
-                return;
-            }
-        }
-    }
-    /* Counted in its lane's labels (or let go already): one reference. */
+    /* Its reference goes, as an entry done's does; its label stays taken.
+     * A label names one record of its event for good, never given to a
+     * later record: the lane's own query (newest_done_now) may already
+     * have raised completed to it, seeing the discarded record done, and a
+     * label given again would then count a later record, behind work still
+     * pending, as complete.  The lane does not wait for the discarded
+     * record: refs then reaches minus the slot's label once every entry
+     * pushed with the event is done (slot_done), and its letting go adds
+     * every label, this one included (t/lane_lifetimes).  While the lane
+     * holds the event refs is at most 0, so this put is never its last;
+     * after the lane let go of it, it may be. */
     if (stream_lane_event_put(e->ev))
         event_pool_give_event(e->ev);
     e->ev = NULL;

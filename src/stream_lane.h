@@ -187,9 +187,10 @@ void stream_lane_commit(const struct lane_pick *pick, struct entry *e);
 void stream_lane_cancel(const struct lane_pick *pick);
 
 /* The calling thread: e was committed but will not be pushed; its
- * reference is dropped (and its label, when it is still its slot's newest,
- * so the lane does not wait for a record nobody takes in).  Uncommit the
- * parts of one call newest first. */
+ * reference is dropped, as an entry done drops its own.  Its label is
+ * never given again (each label names one record: the lane's own query
+ * may have seen that one complete), and the lane does not wait for it:
+ * it is counted done (slot_done). */
 void stream_lane_uncommit(struct entry *e);
 
 /* Any thread, after a query found ev complete: every record of ev up to

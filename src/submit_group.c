@@ -104,7 +104,7 @@ cudaError_t submit_group_route(const struct request_args *a,
         made++;
     cuda_switch_back(&t->sw, a->what);
     if (made < t->n) {
-        while (made-- > 0) /* the newest first (stream_lane_uncommit) */
+        while (made-- > 0)
             submit_record_discard(parts[made]);
         return submit_reject(a, f.call, f.err);
     }

@@ -336,14 +336,14 @@ static void s_sweeps_inside_refused_groups(void)
           fake_live_events());
 }
 
-/* A refused group's records are forgotten by taking their labels back
- * (stream_lane_uncommit), and the next entries get those labels again.
- * With no idle event (CUDEFER_EVENT_POOL=0) a part's pick asks its lane's
- * newest itself, and its query, seeing the previous part's record done,
- * raises the event's completed label to that record's.  Once the group is
- * refused, that label is given to a later entry recorded behind held
- * work: it must not count as completed already (else the free is released
- * while its work runs, and the callback runs before its work). */
+/* A refused group's records on one stream: with no idle event
+ * (CUDEFER_EVENT_POOL=0) a later part's pick asks its lane's newest
+ * itself, and its query, seeing the earlier part's record done, raises the
+ * event's completed label to that record's.  The group refused, the next
+ * free and callback recorded behind held work must not count as complete
+ * already: a label names one record for good, never a later one (before,
+ * the refused labels were taken back and given again, and that free was
+ * released, that callback run, while their work was pending). */
 static atomic_int label_ran;
 
 static void count_label(void *arg)
@@ -427,9 +427,8 @@ int main(void)
         "the lane waiting for a record nobody takes in: later callbacks run "
         "as their work completes");
     run(s_refused_labels_are_not_completed, "CUDEFER_EVENT_POOL=0",
-        "labels a refused group took back are given again: a lane's own "
-        "query of a refused record does not complete the later entries "
-        "that get its label");
+        "records of a refused group that the lane's own query saw done "
+        "complete no later entry recorded behind held work");
     run(s_sweeps_inside_refused_groups, "CUDEFER_EVENT_POOL=1",
         "sweeps of the lanes between a refused group's parts: every "
         "accepted callback runs, as its work completes, no event left");
