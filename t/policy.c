@@ -202,6 +202,51 @@ static int s_cap_follows_use(void)
 }
 
 
+/* Pinned host memory that defer_free_host holds counts in its device's
+ * held bytes (cudefer.h), but it is no part of the device's used memory:
+ * the auto cap must not take it out of what the application uses there.
+ * With 12 GiB of device memory in use and only pinned buffers held, the
+ * cap is a sixth of 12 GiB, so the held bytes reach 2 GiB before a
+ * batch; taking the held pinned bytes out of the device's use as well
+ * lowered the cap as they grew and released below 1.9 GiB. */
+static int s_cap_pinned_not_device_use(void)
+{
+    enum { LIVE = 48, N = 48 };
+    const size_t MiB = (size_t)1 << 20, part = 256 * MiB, size = 64 * MiB;
+    void *live[LIVE];
+    for (int i = 0; i < LIVE; i++)
+        live[i] = device_alloc(part);
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    for (int i = 0; i < N; i++) {
+        void *h = host_alloc(size);
+        work_timed(sb, 0, h);
+        cudaError_t err = defer_free_host(h, sb);
+        CHECK(err == cudaSuccess, "defer_free_host #%d: %s", i,
+              cudaGetErrorName(err));
+        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
+    }
+    wait_stats_settled(10000);
+    struct defer_stats st = stats_now();
+    struct defer_device_stats ds;
+    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
+    const uint64_t cap = (LIVE * part + 512) / 6; /* the busy buffer too */
+    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
+          ULL(st.cap_releases));
+    CHECK(ds.held_bytes_peak >= cap - size,
+          "held up to a sixth of the 12 GiB of device memory in use: peak "
+          "%llu MiB, cap %llu MiB", ULL(ds.held_bytes_peak >> 20),
+          ULL(cap >> 20));
+    CHECK(ds.held_bytes_peak <= cap + 2 * size,
+          "and no more (peak %llu MiB)", ULL(ds.held_bytes_peak >> 20));
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    for (int i = 0; i < LIVE; i++)
+        cudaFree(live[i]);
+    return 0;
+}
+
+
 static int s_cap(void)
 {
     enum { N = 32, SIZE = 16 << 10, CAP = 64 << 10 };
@@ -651,6 +696,8 @@ int main(void)
              s_batched_holds_while_busy);
     scenario("cap: by default a sixth of what the application uses",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_follows_use);
+    scenario("cap: held pinned memory is no part of the device's use",
+             "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
     scenario("cap: released down to the cap while busy",
              "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
     scenario("age: released after max_delay_ms while busy",
