@@ -41,6 +41,8 @@ void held_push_locked(struct held_list *h, struct entry *e)
         h->head = e;
     h->tail = e;
     h->bytes += e->held_bytes;
+    if (e->kind != ENTRY_FREE_HOST)
+        h->device_bytes += e->held_bytes;
     h->count++;
     publish_bytes(h);
 }
@@ -56,6 +58,8 @@ struct entry *held_pop_locked(struct held_list *h)
     else
         h->tail = NULL;
     h->bytes -= e->held_bytes;
+    if (e->kind != ENTRY_FREE_HOST)
+        h->device_bytes -= e->held_bytes;
     h->count--;
     publish_bytes(h);
     e->fifo_next = e->held_prev = NULL;

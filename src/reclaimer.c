@@ -398,8 +398,10 @@ void reclaimer_learn_cap(int device, uint64_t now)
         cuda_report_failure("reclaimer", "cudaMemGetInfo", err,
                     "; the cap assumes 80 GiB of device memory");
     }
+    /* Device memory only: what cudefer holds of the device's used memory
+     * (held pinned host memory is none of it). */
     held_lock(h);
-    uint64_t held_bytes = h->bytes;
+    uint64_t held_bytes = h->device_bytes;
     held_unlock(h);
     h->cap = release_policy_cap(&rs.cfg, total, free_bytes, held_bytes);
 }

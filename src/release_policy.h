@@ -89,9 +89,10 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * its frees hold many times its working set: cudaMalloc cannot reuse held
  * memory, so every held byte adds to the program's peak.  So by default
  * the cap follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE)
- * of the memory it uses on the device (the device's used memory less what
- * cudefer holds), at least RELEASE_POLICY_CAP_FLOOR and at most a
- * quarter of the device.  The floor is for a program whose working set is
+ * of the memory it uses on the device (the device's used memory less the
+ * device memory cudefer holds there: held pinned host memory is not in
+ * it, though it counts against the cap), at least RELEASE_POLICY_CAP_FLOOR
+ * and at most a quarter of the device.  The floor is for a program whose working set is
  * small but whose frees are many: each batch over the cap is a release.
  * Where a release drains the device (cudaFree, on a device without memory
  * pools) a floor of a quarter GiB cost a loop of 1 MiB frees 40 % of its run
@@ -110,7 +111,8 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
 #define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)
 
 /* The cap of a device under cfg (Note [The cap]): of total_bytes memory,
- * free_bytes of them free, held_bytes of them held by cudefer. */
+ * free_bytes of them free, held_bytes of them device memory held by
+ * cudefer. */
 uint64_t release_policy_cap(const struct defer_config *cfg,
                             uint64_t total_bytes, uint64_t free_bytes,
                             uint64_t held_bytes);
