@@ -685,9 +685,12 @@ abandoned:
      * thread that took the join first (exit gave up while it joined):
      * it joins this thread, and a detach would leave it joining a thread
      * that is gone (rs.reaper). */
-    int none = REAPER_NONE;
-    if (atomic_compare_exchange_strong(&rs.reaper, &none, REAPER_DETACHED))
-        pthread_detach(pthread_self());
+    {
+        int none = REAPER_NONE; /* a label takes no declaration in C11 */
+        if (atomic_compare_exchange_strong(&rs.reaper, &none,
+                                           REAPER_DETACHED))
+            pthread_detach(pthread_self());
+    }
     return NULL;
 }
 
