@@ -220,7 +220,8 @@ static cudaError_t refuse(struct words *w, const char *call, cudaError_t err,
 
 /* Refuses a request on stream while it is captured (or barred by
  * another thread's capture): cudaStreamGetDevice would invalidate a
- * capture, and cudaMalloc is refused in the default capture mode. */
+ * capture, and the new block's cudaMallocFromPoolAsync, or a hand-back's
+ * cudaFreeAsync, on that stream would be captured into its graph. */
 static cudaError_t refuse_if_capturing(struct words *w, cudaStream_t stream)
 {
     bool capturing = false;

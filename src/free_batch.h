@@ -118,7 +118,10 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
  * of switching to the batch's device or of the wait that replaces a failed
  * record (a sticky error of that wait fails the device: the frees it could
  * not wait for are then abandoned, counted as failed, as the reclaimer
- * abandons the device's entries).  With last (shutdown: the gate closed,
+ * abandons the device's entries).  A device that failed, or whose capture
+ * check meets a sticky error (which fails it, said), has its batch
+ * abandoned the same way, with no CUDA call, and its error returned.  With
+ * last (shutdown: the gate closed,
  * every admitted call ended, and no free or flush to come) its lines say
  * that what it leaves waiting is dropped at the stop. */
 cudaError_t free_batch_seal_all(const char *what, bool last);

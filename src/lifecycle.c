@@ -429,9 +429,9 @@ unsigned long lifecycle_requests_pushed(void)
 }
 
 /* Push a request and wait for it (at most until deadline_ns, if not 0);
- * false if the deadline passed first, and then the request (with its queue
- * marker) is left to the reclaimer: q must outlive it (the caller is
- * exiting).  With leave_gate, the
+ * false if the deadline passed first, or, for an abandonable request
+ * (shutdown's), once exit gave up: the request (with its queue marker) is
+ * then left to the reclaimer, so q must outlive it.  With leave_gate, the
  * caller's admission ends once the request is pushed. */
 bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
                                 bool leave_gate)
@@ -604,7 +604,8 @@ bool lifecycle_close_gate(uint64_t deadline_ns)
 
 /* Ask the thread to stop once everything is released (what callbacks
  * defer meanwhile included), and join it, until deadline_ns if not 0: false
- * if that passed first (the thread is left running, its state kept). */
+ * if that passed first (the thread is left running, its state kept), or
+ * where exit gave up (rs.reaper, rs.abandoned: its state kept). */
 bool lifecycle_stop_and_join(uint64_t deadline_ns)
 {
     atomic_store(&rs.stop, true);

@@ -142,9 +142,10 @@ cudaError_t lifecycle_trim_for(const char *what, const struct line_end *end,
 unsigned long lifecycle_requests_pushed(void);
 
 /* Any thread but the reclaimer.  Refuses new submissions, drains, stops and
- * joins the thread.  Blocks, until exit on another thread gives up its
- * drain at most (then cudaErrorCudartUnloading).  A second call returns
- * cudaSuccess. */
+ * joins the thread.  Blocks.  Where exit on another thread gives up its
+ * drain while this waits for the reclaimer's answer, returns then
+ * (cudaErrorCudartUnloading); its wait for admitted calls and its join are
+ * not cut short.  A second call returns cudaSuccess. */
 cudaError_t lifecycle_shutdown(void);
 
 #endif

@@ -97,9 +97,11 @@ void lifecycle_hooks_exit(void)
          * drain (it waits for work that outlasts it): exit gives up as
          * its own drain would, so that the reclaimer releases nothing and
          * makes no CUDA call once the process and the CUDA runtime end.
-         * Without the lock: the shutdown closed the gate and no longer
-         * writes state until its wait (which the abandon ends) returns;
-         * the state stays RUNNING to this call, the gate closed. */
+         * Without the lock: the shutdown closed the gate and writes no
+         * state while it waits for the reclaimer's answer (a wait the
+         * abandon ends).  A shutdown already past that wait, between its
+         * join and its stop, may finish meanwhile: a narrow window, left
+         * open (its destruction then follows exit's give-up). */
         if (!inside && atomic_load(&rs.state) == STATE_RUNNING &&
             atomic_load(&rs.gate_closed)) {
             give_up("defer_shutdown on another thread still under way "
