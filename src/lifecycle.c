@@ -602,6 +602,14 @@ bool lifecycle_close_gate(uint64_t deadline_ns)
     return true;
 }
 
+/* Tests: lifecycle_test_set_stop_hook's. */
+static void (*_Atomic stop_hook)(void);
+
+void lifecycle_test_set_stop_hook(void (*hook)(void))
+{
+    atomic_store(&stop_hook, hook);
+}
+
 /* Ask the thread to stop once everything is released (what callbacks
  * defer meanwhile included), and join it, until deadline_ns if not 0: false
  * if that passed first (the thread is left running, its state kept), or
@@ -632,6 +640,9 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns)
      * end. */
     if (atomic_load(&rs.abandoned))
         return false;
+    void (*hook)(void) = atomic_load(&stop_hook);
+    if (hook != NULL)
+        hook();
     stream_table_destroy(&rs.streams);
     pointer_set_destroy(&rs.deferred);
     free_batch_destroy();

@@ -148,4 +148,9 @@ unsigned long lifecycle_requests_pushed(void);
  * not cut short.  A second call returns cudaSuccess. */
 cudaError_t lifecycle_shutdown(void);
 
+/* Tests: hook (NULL: none) runs in the stop, once it joined the reclaimer
+ * and took the library's end from exit (rs.ending), before it frees the
+ * state; so that a test can have exit run meanwhile. */
+void lifecycle_test_set_stop_hook(void (*hook)(void));
+
 #endif

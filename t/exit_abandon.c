@@ -559,6 +559,59 @@ static void exit_during_shutdown(void)
     exit(0);
 }
 
+/* ---- exit while a shutdown on another thread is past its join ---------- */
+
+static atomic_int in_stop;
+
+/* Between the shutdown's join and its stop: longer than exit's drain. */
+static void slow_stop(void)
+{
+    atomic_store(&in_stop, 1);
+    sleep_ms(2500);
+}
+
+/* Runs after cudefer's exit handler, which could not take the lock the
+ * shutdown holds: that shutdown had joined the reclaimer and ends the
+ * library itself, so exit must leave it be, not give up on it too (both
+ * would count what is left, and exit would say a shutdown was not waited
+ * for that then finished). */
+static void check_exit_after_shutdown_joined(void)
+{
+    const char *said = stderr_capture_end();
+    for (int i = 0; i < 3000 && atomic_load(&shutdown_result) == -1; i++)
+        sleep_ms(1);
+    struct defer_stats st;
+    defer_stats_get(&st);
+    CHECK(!has_line(said, "exit:", "under way", NULL),
+          "exit did not give up on a shutdown past its join: %s", said);
+    CHECK(atomic_load(&shutdown_result) == cudaSuccess,
+          "the shutdown finished: %d", atomic_load(&shutdown_result));
+    CHECK(st.leaked_at_exit == 0 && st.pending == 0 &&
+              st.released + st.failed == st.deferred,
+          "counted once: deferred %llu released %llu failed %llu leaked "
+          "%llu", ULL(st.deferred), ULL(st.released), ULL(st.failed),
+          ULL(st.leaked_at_exit));
+    scenario_child_end();
+}
+
+static void exit_after_shutdown_joined(void)
+{
+    atexit(check_exit_after_shutdown_joined); /* runs after cudefer's */
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(KiB);
+    work_timed(s, 100, p);
+    if (defer_free(p, s) != cudaSuccess)
+        bail("defer_free");
+    lifecycle_test_set_stop_hook(slow_stop);
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, NULL);
+    pthread_detach(t);
+    while (!atomic_load(&in_stop))
+        sleep_ms(1);
+    stderr_capture_begin();
+    exit(0);
+}
+
 /* ---- a callback of the drain defers while exit gives up ---------------- */
 
 static atomic_int exiting, record_held;
@@ -619,7 +672,7 @@ static void exit_while_drain_callback_defers(void)
 
 int main(void)
 {
-    plan(11);
+    plan(12);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -654,6 +707,9 @@ int main(void)
     fork_scenario("exit while defer_shutdown waits on another thread for a "
                   "stuck callback: exit gives up, nothing released after",
                   "CUDEFER_POLICY=eager", 1, 20000, exit_during_shutdown);
+    fork_scenario("exit while defer_shutdown on another thread is past its "
+                  "join: the shutdown ends the library, exit leaves it be",
+                  "", 1, 20000, exit_after_shutdown_joined);
     fork_scenario("exit gives up while a callback of its drain defers: "
                   "that free counts in nothing, not pending for good",
                   "CUDEFER_POLICY=eager", 1, 20000,
