@@ -127,6 +127,7 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
     rs.ndevices = n;
     rs.current_device = -1;
     atomic_store(&rs.reaper, REAPER_NONE);
+    atomic_store(&rs.ending, ENDING_OPEN);
     queue_init(&rs.queue);
 
     /* The thread inherits a full signal mask: signals go to the app. */
@@ -632,13 +633,15 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns)
             return false;
         }
     }
-    /* Exit gave up while this shutdown joined (it could not take
-     * life_lock): the thread ended its pass unfinished, and from now on
-     * cudefer makes no CUDA call and counts nothing (the destruction
-     * below would destroy memory pools and count the unsealed batches'
-     * frees failed a second time): its state is left to the process's
-     * end. */
-    if (atomic_load(&rs.abandoned))
+    /* The library's end, taken from exit (rs.ending).  Where exit gave
+     * up first, while this shutdown joined (it could not take life_lock),
+     * the thread ended its pass unfinished, and cudefer makes no CUDA call
+     * and counts nothing from then on (the destruction below would
+     * destroy memory pools and count the unsealed batches' frees failed a
+     * second time): the state is left to the process's end.  Taken here,
+     * exit leaves this shutdown to finish. */
+    int open = ENDING_OPEN;
+    if (!atomic_compare_exchange_strong(&rs.ending, &open, ENDING_STOP))
         return false;
     void (*hook)(void) = atomic_load(&stop_hook);
     if (hook != NULL)

@@ -99,11 +99,13 @@ void lifecycle_hooks_exit(void)
          * makes no CUDA call once the process and the CUDA runtime end.
          * Without the lock: the shutdown closed the gate and writes no
          * state while it waits for the reclaimer's answer (a wait the
-         * abandon ends).  A shutdown already past that wait, between its
-         * join and its stop, may finish meanwhile: a narrow window, left
-         * open (its destruction then follows exit's give-up). */
+         * abandon ends).  A shutdown that joined the reclaimer took the
+         * library's end first (rs.ending): it is left to finish. */
+        int open = ENDING_OPEN;
         if (!inside && atomic_load(&rs.state) == STATE_RUNNING &&
-            atomic_load(&rs.gate_closed)) {
+            atomic_load(&rs.gate_closed) &&
+            atomic_compare_exchange_strong(&rs.ending, &open,
+                                           ENDING_GIVE_UP)) {
             give_up("defer_shutdown on another thread still under way "
                     "after", "not waited for");
             if (rs.cfg.print_stats)

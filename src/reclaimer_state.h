@@ -34,6 +34,9 @@ enum state {
 
 enum reaper { REAPER_NONE, REAPER_JOIN, REAPER_DETACHED };
 
+/* Who ends the library (reclaimer_state.ending). */
+enum ending { ENDING_OPEN, ENDING_STOP, ENDING_GIVE_UP };
+
 /* A defer_flush or defer_trim caller waits on one of these, on its stack;
  * shutdown and exit on one of their own, static (it outlives their wait
  * when exit gives up: the reclaimer may still answer it). */
@@ -116,6 +119,12 @@ struct reclaimer_state {
      * shutdown on another thread stops the reclaimer).  A timed join that
      * gives up (exit's) puts REAPER_NONE back before the abandon. */
     _Atomic int reaper;
+    /* Who ends the library: ENDING_OPEN from the start until the stop
+     * that joined the reclaimer takes it (ENDING_STOP: it frees the state
+     * then), or exit, kept out of life_lock by a shutdown, gives up
+     * (ENDING_GIVE_UP), each with a compare-and-swap: so exit never gives
+     * up on a shutdown that went on to end the library itself. */
+    _Atomic int ending;
     _Alignas(64) struct defer_config cfg;
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;
