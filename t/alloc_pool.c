@@ -139,6 +139,19 @@ static void test_reused_handle(void)
     is_int(defer_flush(), cudaSuccess, "flush");
 }
 
+/* One free block of 1 MiB cached on s, FREE, and the pool lending all it
+ * has (no slack): the next miss hands that block back.  Returns it. */
+static void *one_free_block(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed);
+    void *a = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    defer_free(a, s);
+    defer_flush();
+    return a;
+}
+
 /* A block whose hand-back fails has left the cache: nothing else would
  * ever release it, so it goes with cudaFree instead (counted as released
  * otherwise, it would stay allocated past the shutdown).  When that fails
@@ -146,12 +159,7 @@ static void test_reused_handle(void)
  * pool's slack does not count memory it never got back. */
 static void test_failed_hand_back(cudaStream_t s)
 {
-    size_t trimmed = 0;
-    defer_trim(&trimmed);
-    void *a = NULL, *b = NULL;
-    alloc_checked(&a, 1 << 20, s);
-    defer_free(a, s);
-    defer_flush(); /* FREE; the pool lends all it has */
+    void *a = one_free_block(s), *b = NULL;
     is_int(cache_upstream_slack(0), 0, "the pool has no slack");
     uint64_t releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
@@ -166,10 +174,7 @@ static void test_failed_hand_back(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "flush");
 
     /* Both fail. */
-    defer_trim(&trimmed);
-    alloc_checked(&a, 1 << 20, s);
-    defer_free(a, s);
-    defer_flush();
+    a = one_free_block(s);
     releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
@@ -289,12 +294,7 @@ static void test_hand_back_during_capture(cudaStream_t s)
 {
     cudaStream_t cap = stream_new();
     for (int own = 0; own < 2; own++) {
-        size_t trimmed = 0;
-        defer_trim(&trimmed);
-        void *a = NULL, *b = NULL;
-        alloc_checked(&a, 1 << 20, s);
-        defer_free(a, s);
-        defer_flush(); /* FREE; the pool lends all it has */
+        void *a = one_free_block(s), *b = NULL;
         unsigned long frees = fake_calls(FAKE_FREE);
         if (own) {
             is_int(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal),

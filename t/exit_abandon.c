@@ -426,11 +426,14 @@ static void exit_with_unsealable_batch(void)
 static atomic_int frees_held;
 static void *loop_ptrs[3];
 
-static void hold_first_free(enum fake_call c, cudaError_t r, void *arg)
+/* A return hook: the reclaimer's first call of those hooked (counted in
+ * *arg, an atomic_int) returns only after 2.5 s, past exit's drain. */
+static void hold_first_on_reclaimer(enum fake_call c, cudaError_t r,
+                                    void *arg)
 {
-    (void)c, (void)r, (void)arg;
+    (void)c, (void)r;
     if (!lifecycle_on_reclaimer_thread() ||
-        atomic_fetch_add(&frees_held, 1) != 0)
+        atomic_fetch_add((atomic_int *)arg, 1) != 0)
         return;
     sleep_ms(2500);
     atomic_store(&call_returned, 1);
@@ -438,8 +441,9 @@ static void hold_first_free(enum fake_call c, cudaError_t r, void *arg)
 
 static void hold_reclaimer_frees(void)
 {
-    fake_set_return_hook(FAKE_FREE, hold_first_free, NULL);
-    fake_set_return_hook(FAKE_FREE_ASYNC, hold_first_free, NULL);
+    fake_set_return_hook(FAKE_FREE, hold_first_on_reclaimer, &frees_held);
+    fake_set_return_hook(FAKE_FREE_ASYNC, hold_first_on_reclaimer,
+                         &frees_held);
 }
 
 /* Runs after cudefer's exit handler: of the loop's three pointers, the
@@ -617,17 +621,6 @@ static void exit_after_shutdown_joined(void)
 static atomic_int exiting, record_held;
 static void *drain_free;
 
-/* The reclaimer's first cudaEventRecord (the drain callback's defer_free)
- * returns only after exit gave up. */
-static void hold_reclaimer_record(enum fake_call c, cudaError_t r, void *arg)
-{
-    (void)c, (void)r, (void)arg;
-    if (!lifecycle_on_reclaimer_thread() ||
-        atomic_fetch_add(&record_held, 1) != 0)
-        return;
-    sleep_ms(2500);
-    atomic_store(&call_returned, 1);
-}
 
 /* Run by exit's drain: defers a free, whose record outlasts the drain. */
 static void defer_in_drain(void *unused)
@@ -662,7 +655,10 @@ static void exit_while_drain_callback_defers(void)
 {
     atexit(check_drain_defer_counted); /* before cudefer's: run after it */
     drain_free = device_alloc(KiB);
-    fake_set_return_hook(FAKE_EVENT_RECORD, hold_reclaimer_record, NULL);
+    /* The reclaimer's first cudaEventRecord (the drain callback's
+     * defer_free) returns only after exit gave up. */
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_first_on_reclaimer,
+                         &record_held);
     if (defer_call(defer_in_drain, NULL, stream_new()) != cudaSuccess)
         bail("defer_call");
     sleep_ms(50); /* the reclaimer runs the callback, which waits */

@@ -157,17 +157,33 @@ static int s_batched_holds_while_busy(void)
 
 /* ---- 2. cap --------------------------------------------------------------- */
 
+/* The scenarios of the auto cap: 12 GiB of the application's own in use
+ * (live[USE_PARTS] of 256 MiB), freed by use_end. */
+enum { USE_PARTS = 48 };
+static const size_t USE_PART = (size_t)256 << 20;
+
+static void use_begin(void *live[USE_PARTS])
+{
+    for (int i = 0; i < USE_PARTS; i++)
+        live[i] = device_alloc(USE_PART);
+}
+
+static void use_end(void *live[USE_PARTS])
+{
+    for (int i = 0; i < USE_PARTS; i++)
+        cudaFree(live[i]);
+}
+
 /* The default cap follows the application (release_policy.h, Note [The
  * cap]): with 12 GiB of its own in use, frees of 64 MiB buffers behind a
  * busy stream are held up to about a sixth of that, then released in
  * batches, never up to a quarter of the device (20 GiB here). */
 static int s_cap_follows_use(void)
 {
-    enum { LIVE = 48, N = 64 };
-    const size_t MiB = (size_t)1 << 20, part = 256 * MiB, size = 64 * MiB;
-    void *live[LIVE];
-    for (int i = 0; i < LIVE; i++)
-        live[i] = device_alloc(part);
+    enum { N = 64 };
+    const size_t size = (size_t)64 << 20;
+    void *live[USE_PARTS];
+    use_begin(live);
     struct busy a = busy_begin();
     cudaStream_t sb = stream_new();
     uint64_t max_held_bytes = 0;
@@ -181,7 +197,7 @@ static int s_cap_follows_use(void)
     }
     wait_stats_settled(10000);
     struct defer_stats st = stats_now();
-    const uint64_t cap = (LIVE * part + size) / 6; /* the busy buffer's too */
+    const uint64_t cap = (USE_PARTS * USE_PART + size) / 6; /* and busy's */
     CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
           ULL(st.cap_releases));
     CHECK(max_held_bytes <= cap + 2 * size,
@@ -196,8 +212,7 @@ static int s_cap_follows_use(void)
           ULL(st.demand_releases));
     busy_end(&a);
     CHECK(defer_flush() == cudaSuccess, "flush");
-    for (int i = 0; i < LIVE; i++)
-        cudaFree(live[i]);
+    use_end(live);
     return 0;
 }
 
@@ -211,11 +226,10 @@ static int s_cap_follows_use(void)
  * lowered the cap as they grew and released below 1.9 GiB. */
 static int s_cap_pinned_not_device_use(void)
 {
-    enum { LIVE = 48, N = 48 };
-    const size_t MiB = (size_t)1 << 20, part = 256 * MiB, size = 64 * MiB;
-    void *live[LIVE];
-    for (int i = 0; i < LIVE; i++)
-        live[i] = device_alloc(part);
+    enum { N = 48 };
+    const size_t size = (size_t)64 << 20;
+    void *live[USE_PARTS];
+    use_begin(live);
     struct busy a = busy_begin();
     cudaStream_t sb = stream_new();
     for (int i = 0; i < N; i++) {
@@ -230,7 +244,7 @@ static int s_cap_pinned_not_device_use(void)
     struct defer_stats st = stats_now();
     struct defer_device_stats ds;
     CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
-    const uint64_t cap = (LIVE * part + 512) / 6; /* the busy buffer too */
+    const uint64_t cap = (USE_PARTS * USE_PART + 512) / 6; /* and busy's */
     CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
           ULL(st.cap_releases));
     CHECK(ds.held_bytes_peak >= cap - size,
@@ -241,8 +255,7 @@ static int s_cap_pinned_not_device_use(void)
           "and no more (peak %llu MiB)", ULL(ds.held_bytes_peak >> 20));
     busy_end(&a);
     CHECK(defer_flush() == cudaSuccess, "flush");
-    for (int i = 0; i < LIVE; i++)
-        cudaFree(live[i]);
+    use_end(live);
     return 0;
 }
 
