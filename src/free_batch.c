@@ -228,6 +228,18 @@ static void give_back_claims(const char *what, int device,
     }
 }
 
+/* Claims of a device that failed, abandoned as the reclaimer abandons a
+ * failed device's entries (the device's work on their blocks is not known
+ * to be over): their blocks never handed out again nor released, counted
+ * as failed. */
+static void abandon_claims(const struct block_claim *claims, size_t n)
+{
+    if (n == 0)
+        return;
+    cache_reclaim_claims_done(claims, n, false, now_ns());
+    lifecycle_count_finished(false, n);
+}
+
 /* The claims of the block frees an event could not cover: the caller
  * waits for stream here, after which their work is done (counted as
  * released).  A sticky error of the wait is the device's: the device
@@ -247,8 +259,7 @@ static cudaError_t complete_synchronously(const char *what, int device,
     cudaError_t sync = cuda_stream_synchronize(stream);
     if (cuda_error_is_sticky(sync)) {
         lifecycle_fail_device(what, device, "cudaStreamSynchronize", sync);
-        cache_reclaim_claims_done(claims, n, false, now_ns());
-        lifecycle_count_finished(false, n);
+        abandon_claims(claims, n);
         return sync;
     }
     if (sync != cudaSuccess) {
@@ -370,10 +381,7 @@ static cudaError_t legacy_check(cudaStream_t stream)
 }
 
 /* Any thread, admitted; b is the batch of a device that failed: its
- * claims are abandoned as the reclaimer abandons a failed device's
- * entries (the device's work on their blocks is not known to be over):
- * their blocks never handed out again nor released, counted as failed.
- * No CUDA call. */
+ * claims are abandoned (abandon_claims).  No CUDA call. */
 static void abandon_batch(struct batch *b)
 {
     struct block_claim *array = NULL;
@@ -381,10 +389,7 @@ static void abandon_batch(struct batch *b)
     pthread_mutex_lock(&b->lock);
     size_t n = take_claims(b, &array, &g);
     pthread_mutex_unlock(&b->lock);
-    if (n > 0) {
-        cache_reclaim_claims_done(array, n, false, now_ns());
-        lifecycle_count_finished(false, n);
-    }
+    abandon_claims(array, n);
     free(array);
     land(g, n);
 }
@@ -467,63 +472,56 @@ static cudaError_t seal_batches(const char *what, size_t *left)
         pthread_mutex_unlock(&b->lock);
         if (!any)
             continue;
-        /* The legacy stream (NULL) is the current device's: switched
-         * only when another is current (a switch back to the caller's
-         * device then creates no context that was not). */
         /* A device that failed seals nothing: its batch is abandoned with
-         * its other entries, and no CUDA call is made on it. */
+         * its other entries, and no CUDA call is made on it.  Else the
+         * legacy stream (NULL) is the current device's: switched only
+         * when another is current (a switch back to the caller's device
+         * then creates no context that was not). */
+        const char *call = "cudaStreamIsCapturing";
         cudaError_t err =
             left != NULL ? cudaSuccess : lifecycle_device_error(d);
-        if (err != cudaSuccess) {
+        bool failed = err != cudaSuccess;
+        if (!failed) {
+            err = cuda_switch_device(&sw, d, &call);
+            if (err == cudaSuccess)
+                err = legacy_check(NULL); /* call: cudaStreamIsCapturing */
+            if (err != cudaSuccess && left != NULL) {
+                /* Exit: dropped, never released (blocks stay PENDING). */
+                pthread_mutex_lock(&b->lock);
+                *left += b->count;
+                b->count = 0;
+                pthread_mutex_unlock(&b->lock);
+                continue;
+            }
+            /* A sticky error is the device's, not a capture's: the
+             * device fails (said once) and its batch goes with it.  Taken
+             * for a capture, the batch would wait for a seal that can
+             * never be made, the device taking calls on. */
+            failed = cuda_error_is_sticky(err);
+            if (failed)
+                lifecycle_fail_device(what, d, call, err);
+        }
+        if (failed) {
             abandon_batch(b);
-            if (first == cudaSuccess)
-                first = err;
-            continue;
-        }
-        const char *call = "cudaStreamIsCapturing";
-        err = cuda_switch_device(&sw, d, &call);
-        if (err == cudaSuccess)
-            err = legacy_check(NULL); /* call stays cudaStreamIsCapturing */
-        if (err != cudaSuccess && left != NULL) {
-            /* Exit: dropped, never released (their blocks stay PENDING). */
-            pthread_mutex_lock(&b->lock);
-            *left += b->count;
-            b->count = 0;
-            pthread_mutex_unlock(&b->lock);
-            continue;
-        }
-        if (cuda_error_is_sticky(err)) {
-            /* The device's error, not a capture's: the device fails (said
-             * once) and its batch is abandoned with it.  Taken for a
-             * capture, the batch would wait for a seal that can never be
-             * made, said as a capture's, the device taking calls on. */
-            lifecycle_fail_device(what, d, call, err);
-            abandon_batch(b);
-            if (first == cudaSuccess)
-                first = err;
-            continue;
-        }
-        if (err != cudaSuccess) {
+        } else if (err != cudaSuccess) {
             /* Left in the batch, reusable on the stream; said. */
             cuda_report_failure(
                 what, call, err,
                 left_in_batch("; blocks freed on the legacy stream wait "
                               "there until a later free or flush can seal "
                               "their batch"));
-            if (first == cudaSuccess)
-                first = err;
-            continue;
+        } else {
+            struct block_claim *array = NULL;
+            unsigned g = 0;
+            pthread_mutex_lock(&b->lock);
+            size_t n = take_claims(b, &array, &g);
+            unsigned long long id = b->stream_id;
+            pthread_mutex_unlock(&b->lock);
+            if (n > 0)
+                err = seal(what, d, NULL, id, array, NULL, n, g, left);
+            else
+                free(array);
         }
-        struct block_claim *array = NULL;
-        unsigned g = 0;
-        pthread_mutex_lock(&b->lock);
-        size_t n = take_claims(b, &array, &g);
-        unsigned long long id = b->stream_id;
-        pthread_mutex_unlock(&b->lock);
-        if (n > 0)
-            err = seal(what, d, NULL, id, array, NULL, n, g, left);
-        else
-            free(array);
         if (err != cudaSuccess && first == cudaSuccess)
             first = err;
     }
