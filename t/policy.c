@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The release policy, one scenario per process (the configuration is read
  * once per process): completed memory is held while the application is
- * busy and released in batches when it is quiet, over the cap, too old, or
- * on flush/trim; pool memory and the eager policy release at once; the
+ * busy and released in batches when it is quiet, too old, or on
+ * flush/trim (over the cap: t/policy_cap.c); pool memory and the eager policy release at once; the
  * reclaimer backs off while it waits and sleeps when there is nothing. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -14,94 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "helpers.h"
-
-/* ---- scenario runner ------------------------------------------------------ */
-
-/* Poll cond every millisecond, for at most ms milliseconds. */
-#define WAIT_UNTIL(cond, ms)                                                   \
-    for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
-    sleep_ms(1)
-
-#define SCENARIO_TIMEOUT_MS 20000
-
-/* Run fn in a child process with the CUDEFER_* settings of env; the child
- * shuts cudefer down (fn must leave no work held), checks the oracle and
- * exits with its number of failed checks. */
-static void scenario(const char *name, const char *env, int (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env(env);
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        cudaError_t err = defer_shutdown();
-        CHECK(err == cudaSuccess, "defer_shutdown at the end: %s",
-              cudaGetErrorName(err));
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, SCENARIO_TIMEOUT_MS, &status);
-    if (!ended)
-        diag("%s: no end after %d s: killed", name, SCENARIO_TIMEOUT_MS / 1000);
-    else if (WIFSIGNALED(status))
-        diag("%s: killed by signal %d", name, WTERMSIG(status));
-    else if (WEXITSTATUS(status) != 0)
-        diag("%s: %d check(s) failed", name, WEXITSTATUS(status));
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]", name,
-       env != NULL && *env != '\0' ? env : "defaults");
-}
-
-/* ---- helpers -------------------------------------------------------------- */
-
-/* A stream kept busy: an entry deferred behind work that completes only at
- * busy_end, so the reclaimer always has work pending until then. */
-struct busy {
-    cudaStream_t s;
-    void *p;
-    fake_work *w;
-};
-
-static struct busy busy_begin(void)
-{
-    struct busy b;
-    b.s = stream_new();
-    b.p = device_alloc(512);
-    b.w = work_held(b.s, b.p);
-    cudaError_t err = defer_free(b.p, b.s);
-    CHECK(err == cudaSuccess, "defer_free of the busy stream's buffer: %s",
-          cudaGetErrorName(err));
-    return b;
-}
-
-static void busy_end(struct busy *b)
-{
-    fake_complete(b->w);
-}
-
-/* n buffers of size bytes on s, each used by work that completes at once,
- * each deferred. */
-static void defer_fast(cudaStream_t s, void **p, int n, size_t size)
-{
-    for (int i = 0; i < n; i++) {
-        p[i] = device_alloc(size);
-        work_timed(s, 0, p[i]);
-        cudaError_t err = defer_free(p[i], s);
-        CHECK(err == cudaSuccess, "defer_free #%d: %s", i, cudaGetErrorName(err));
-    }
-}
-
-/* As count_released, by the allocations' serials: right under
- * FAKE_ADDRESS_REUSE, where a buffer released during the test gives its
- * address to a later one. */
-static int count_serials_released(const unsigned long long *serial, int n)
-{
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += fake_serial_released(serial[i]) == 1;
-    return k;
-}
+#include "policy_test.h"
 
 /* ---- 1. batched: held while busy, released when quiet --------------------- */
 
@@ -155,171 +68,7 @@ static int s_batched_holds_while_busy(void)
     return failed_checks;
 }
 
-/* ---- 2. cap --------------------------------------------------------------- */
-
-/* The scenarios of the auto cap: 12 GiB of the application's own in use
- * (live[USE_PARTS] of 256 MiB), freed by use_end. */
-enum { USE_PARTS = 48 };
-static const size_t USE_PART = (size_t)256 << 20;
-
-static void use_begin(void *live[USE_PARTS])
-{
-    for (int i = 0; i < USE_PARTS; i++)
-        live[i] = device_alloc(USE_PART);
-}
-
-static void use_end(void *live[USE_PARTS])
-{
-    for (int i = 0; i < USE_PARTS; i++)
-        cudaFree(live[i]);
-}
-
-/* The default cap follows the application (release_policy.h, Note [The
- * cap]): with 12 GiB of its own in use, frees of 64 MiB buffers behind a
- * busy stream are held up to about a sixth of that, then released in
- * batches, never up to a quarter of the device (20 GiB here). */
-static int s_cap_follows_use(void)
-{
-    enum { N = 64 };
-    const size_t size = (size_t)64 << 20;
-    void *live[USE_PARTS];
-    use_begin(live);
-    struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    uint64_t max_held_bytes = 0;
-    for (int i = 0; i < N; i++) {
-        void *p;
-        defer_fast(sb, &p, 1, size);
-        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
-        uint64_t hb = stats_now().held_bytes;
-        if (hb > max_held_bytes)
-            max_held_bytes = hb;
-    }
-    wait_stats_settled(10000);
-    struct defer_stats st = stats_now();
-    const uint64_t cap = (USE_PARTS * USE_PART + size) / 6; /* and busy's */
-    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
-          ULL(st.cap_releases));
-    CHECK(max_held_bytes <= cap + 2 * size,
-          "held_bytes stayed near a sixth of the 12 GiB in use (max seen "
-          "%llu MiB)", ULL(max_held_bytes >> 20));
-    CHECK(max_held_bytes >= cap / 2,
-          "and the batches were not tiny (max seen %llu MiB)",
-          ULL(max_held_bytes >> 20));
-    CHECK(st.idle_releases + st.age_releases + st.demand_releases == 0,
-          "no other reason (idle %llu age %llu demand %llu)",
-          ULL(st.idle_releases), ULL(st.age_releases),
-          ULL(st.demand_releases));
-    busy_end(&a);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    use_end(live);
-    return 0;
-}
-
-
-/* Pinned host memory that defer_free_host holds counts in its device's
- * held bytes (cudefer.h), but it is no part of the device's used memory:
- * the auto cap must not take it out of what the application uses there.
- * With 12 GiB of device memory in use and only pinned buffers held, the
- * cap is a sixth of 12 GiB, so the held bytes reach 2 GiB before a
- * batch; taking the held pinned bytes out of the device's use as well
- * lowered the cap as they grew and released below 1.9 GiB. */
-static int s_cap_pinned_not_device_use(void)
-{
-    enum { N = 48 };
-    const size_t size = (size_t)64 << 20;
-    void *live[USE_PARTS];
-    use_begin(live);
-    struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    for (int i = 0; i < N; i++) {
-        void *h = host_alloc(size);
-        work_timed(sb, 0, h);
-        cudaError_t err = defer_free_host(h, sb);
-        CHECK(err == cudaSuccess, "defer_free_host #%d: %s", i,
-              cudaGetErrorName(err));
-        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
-    }
-    wait_stats_settled(10000);
-    struct defer_stats st = stats_now();
-    struct defer_device_stats ds;
-    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
-    const uint64_t cap = (USE_PARTS * USE_PART + 512) / 6; /* and busy's */
-    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
-          ULL(st.cap_releases));
-    CHECK(ds.held_bytes_peak >= cap - size,
-          "held up to a sixth of the 12 GiB of device memory in use: peak "
-          "%llu MiB, cap %llu MiB", ULL(ds.held_bytes_peak >> 20),
-          ULL(cap >> 20));
-    CHECK(ds.held_bytes_peak <= cap + 2 * size,
-          "and no more (peak %llu MiB)", ULL(ds.held_bytes_peak >> 20));
-    busy_end(&a);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    use_end(live);
-    return 0;
-}
-
-
-static int s_cap(void)
-{
-    enum { N = 32, SIZE = 16 << 10, CAP = 64 << 10 };
-    struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    void *p[N];
-    unsigned long long serial[N];
-    uint64_t max_held_bytes = 0;
-    for (int i = 0; i < N; i++) {
-        /* A pause: the cap releases while later buffers are allocated
-         * (under FAKE_ADDRESS_REUSE at the addresses it released; CI saw
-         * the test count by address and miss two). */
-        sleep_ms(3);
-        defer_fast(sb, &p[i], 1, SIZE);
-        serial[i] = fake_allocation_serial(p[i]); /* no later one yet */
-        uint64_t hb = stats_now().held_bytes;
-        if (hb > max_held_bytes)
-            max_held_bytes = hb;
-    }
-    /* Settled: every B entry is released or held. */
-    WAIT_UNTIL(count_serials_released(serial, N) + (int)stats_now().held == N,
-               10000);
-    wait_stats_settled(10000);
-    struct defer_stats st = stats_now();
-    int released = count_serials_released(serial, N);
-    CHECK(st.cap_releases > 0, "released because of the cap (cap_releases %llu)",
-          ULL(st.cap_releases));
-    CHECK(st.held_bytes <= CAP, "held_bytes %llu <= the cap %d after settling",
-          ULL(st.held_bytes), CAP);
-    CHECK(st.held_bytes == st.held * SIZE, "held_bytes %llu == held %llu x %d",
-          ULL(st.held_bytes), ULL(st.held), SIZE);
-    CHECK(max_held_bytes <= CAP + SIZE,
-          "held_bytes never far above the cap (max seen %llu)",
-          ULL(max_held_bytes));
-    CHECK(released + (int)st.held == N, "%d released + %llu held == %d",
-          released, ULL(st.held), N);
-    CHECK(st.cap_releases == (uint64_t)released,
-          "every release was for the cap (cap_releases %llu, released %d)",
-          ULL(st.cap_releases), released);
-    CHECK(st.idle_releases + st.age_releases + st.demand_releases == 0,
-          "no other reason (idle %llu age %llu demand %llu)",
-          ULL(st.idle_releases), ULL(st.age_releases), ULL(st.demand_releases));
-    CHECK(st.held >= 1, "some entries stay held (%llu)", ULL(st.held));
-    /* Oldest first: the released ones are the first ones. */
-    bool fifo = true;
-    for (int i = 0; i < N; i++)
-        fifo &= fake_serial_released(serial[i]) == (i < released);
-    CHECK(fifo, "the oldest entries are released first");
-    CHECK(fake_is_released(a.p) == 0, "the busy buffer is not released");
-
-    busy_end(&a);
-    WAIT_UNTIL(count_serials_released(serial, N) == N &&
-                   fake_is_released(a.p) == 1, 10000);
-    CHECK(count_serials_released(serial, N) == N &&
-              fake_is_released(a.p) == 1,
-          "the rest is released once quiet");
-    return failed_checks;
-}
-
-/* ---- 3. age --------------------------------------------------------------- */
+/* ---- 2. age --------------------------------------------------------------- */
 
 static int s_age(void)
 {
@@ -356,7 +105,7 @@ static int s_age(void)
     return failed_checks;
 }
 
-/* ---- 4. pool memory ------------------------------------------------------- */
+/* ---- 3. pool memory ------------------------------------------------------- */
 
 static int s_pool(void)
 {
@@ -403,7 +152,7 @@ static int s_pool(void)
     return failed_checks;
 }
 
-/* ---- 5. eager ------------------------------------------------------------- */
+/* ---- 4. eager ------------------------------------------------------------- */
 
 static int s_eager(void)
 {
@@ -436,7 +185,7 @@ static int s_eager(void)
     return failed_checks;
 }
 
-/* ---- 6. trim -------------------------------------------------------------- */
+/* ---- 5. trim -------------------------------------------------------------- */
 
 static int s_trim(void)
 {
@@ -503,7 +252,7 @@ static int s_trim(void)
     return failed_checks;
 }
 
-/* ---- 7. flush ------------------------------------------------------------- */
+/* ---- 6. flush ------------------------------------------------------------- */
 
 enum { FLUSH_N = 3 };
 static struct busy flush_busy;
@@ -558,7 +307,7 @@ static int s_flush(void)
     return failed_checks;
 }
 
-/* ---- 8. an idle batch yields to the application -------------------------- */
+/* ---- 7. an idle batch yields to the application -------------------------- */
 
 static int s_idle_batch_yields(void)
 {
@@ -603,7 +352,7 @@ static int s_idle_batch_yields(void)
     return failed_checks;
 }
 
-/* ---- 9. CUDEFER_DISABLE --------------------------------------------------- */
+/* ---- 8. CUDEFER_DISABLE --------------------------------------------------- */
 
 static pthread_t disable_caller;
 static int disable_call_on_caller;
@@ -648,7 +397,7 @@ static int s_disable(void)
     return failed_checks;
 }
 
-/* ---- 10. no wake-ups when idle -------------------------------------------- */
+/* ---- 9. no wake-ups when idle -------------------------------------------- */
 
 static int s_idle_no_wakeups(void)
 {
@@ -671,7 +420,7 @@ static int s_idle_no_wakeups(void)
     return failed_checks;
 }
 
-/* ---- 11. polling backs off ------------------------------------------------ */
+/* ---- 10. polling backs off ------------------------------------------------ */
 
 static int s_adaptive_polling(void)
 {
@@ -707,12 +456,6 @@ int main(void)
     scenario("batched: held while another stream is busy, released when quiet",
              "CUDEFER_IDLE_US=2000 CUDEFER_MAX_DELAY_MS=0",
              s_batched_holds_while_busy);
-    scenario("cap: by default a sixth of what the application uses",
-             "CUDEFER_MAX_DELAY_MS=0", s_cap_follows_use);
-    scenario("cap: held pinned memory is no part of the device's use",
-             "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
-    scenario("cap: released down to the cap while busy",
-             "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
     scenario("age: released after max_delay_ms while busy",
              "CUDEFER_MAX_DELAY_MS=50", s_age);
     scenario("pool memory: released at once with cudaFreeAsync, never held",
