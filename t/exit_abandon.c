@@ -16,32 +16,19 @@
  * other pointers of its defer_free_n, or the other segments of a trim, are
  * not freed after it.
  * Last, exit's own seal of a free batch whose event cannot be recorded
- * while the legacy stream's work never ends: exit must not wait for it. */
+ * while the legacy stream's work never ends: exit must not wait for it.
+ * Exit beside a defer_shutdown on another thread, and a callback of the
+ * drain that defers: t/exit_shutdown.c. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "exit_test.h"
 #include "free_batch.h"
-#include "helpers.h"
-#include "lifecycle.h"
 
-static const size_t KiB = 1024;
-
-/* The thread of the blocked call, and whether the call has returned. */
+/* The thread of the blocked call. */
 static pthread_t caller;
-static atomic_int call_returned;
-
-/* In an exit handler that runs after cudefer's: wait up to 5 s for the
- * stuck callback to return (CHECKed), then settle_ms for the reclaimer's
- * pass that ran it to end. */
-static void wait_stuck_callback(unsigned settle_ms)
-{
-    for (int i = 0; i < 5000 && !atomic_load(&call_returned); i++)
-        sleep_ms(1);
-    CHECK(atomic_load(&call_returned), "the stuck callback returned");
-    sleep_ms(settle_ms);
-}
 
 /* Runs after cudefer's exit handler: the blocked call ends (it outlasts
  * the drain by half a second), then the counts are checked. */
@@ -207,13 +194,6 @@ static void check_nothing_held(void)
     scenario_child_end();
 }
 
-static void stuck_callback(void *arg)
-{
-    (void)arg;
-    sleep_ms(2500); /* the drain gives up after 2 s */
-    atomic_store(&call_returned, 1);
-}
-
 static void exit_while_held(void)
 {
     atexit(check_nothing_held); /* before cudefer's: run after it */
@@ -284,36 +264,6 @@ static void exit_then_nothing_released(void)
 /* ---- the rest of the pass: the cache's expiry and every CUDA call ------- */
 
 static void *trimmed_block;
-
-/* The CUDA calls made so far by threads other than the calling one (the
- * runtime's and the graph calls): the reclaimer's, in check_no_cuda_after,
- * whose own calls (none) would not count. */
-static unsigned long others_calls(unsigned long per_call[FAKE_NCALLS])
-{
-    unsigned long n = 0;
-    for (int c = 0; c < FAKE_NCALLS; c++) {
-        per_call[c] = fake_calls(c) - fake_thread_calls(c);
-        n += per_call[c];
-    }
-    for (int c = 0; c < FAKE_GRAPH_NCALLS; c++)
-        n += fake_graph_calls(c);
-    return n;
-}
-
-/* The CUDA calls other threads (the reclaimer) made while the stuck call
- * returned and settle_ms passed (wait_stuck_callback), each kind said. */
-static unsigned long calls_after_abandon(unsigned settle_ms)
-{
-    unsigned long before[FAKE_NCALLS], after[FAKE_NCALLS];
-    unsigned long calls = others_calls(before);
-    wait_stuck_callback(settle_ms);
-    unsigned long calls_after = others_calls(after);
-    for (int c = 0; c < FAKE_NCALLS; c++)
-        if (after[c] != before[c])
-            diag("  %s: %lu calls after the abandon",
-                 fake_call_name(c), after[c] - before[c]);
-    return calls_after - calls;
-}
 
 /* Runs after cudefer's exit handler, which gave up while the reclaimer was
  * stuck in a callback: once the callback returned and the pass that ran it
@@ -426,19 +376,6 @@ static void exit_with_unsealable_batch(void)
 static atomic_int frees_held;
 static void *loop_ptrs[3];
 
-/* A return hook: the reclaimer's first call of those hooked (counted in
- * *arg, an atomic_int) returns only after 2.5 s, past exit's drain. */
-static void hold_first_on_reclaimer(enum fake_call c, cudaError_t r,
-                                    void *arg)
-{
-    (void)c, (void)r;
-    if (!lifecycle_on_reclaimer_thread() ||
-        atomic_fetch_add((atomic_int *)arg, 1) != 0)
-        return;
-    sleep_ms(2500);
-    atomic_store(&call_returned, 1);
-}
-
 static void hold_reclaimer_frees(void)
 {
     fake_set_return_hook(FAKE_FREE, hold_first_on_reclaimer, &frees_held);
@@ -504,171 +441,9 @@ static void exit_in_trim_loop(void)
     exit(0);
 }
 
-/* ---- exit while defer_shutdown waits on another thread ------------------ */
-
-static atomic_int shutdown_result = -1; /* -1: not returned yet */
-
-static void *shutdown_thread(void *unused)
-{
-    (void)unused;
-    /* Holds the lifecycle's lock through its drain. */
-    atomic_store(&shutdown_result, (int)defer_shutdown());
-    return NULL;
-}
-
-/* Runs after cudefer's exit handler, which could not take the lock the
- * shutdown holds while it waits for the stuck callback: exit must give up
- * all the same, as when its own drain outlasts its limit.  Once the
- * callback returned, nothing more is released and no CUDA call is made
- * (the free after the callback included), and both entries are counted
- * leaked, none left pending. */
-static void check_exit_during_shutdown(void)
-{
-    const char *said = stderr_capture_end();
-    unsigned long made = calls_after_abandon(300);
-    struct defer_stats st;
-    defer_stats_get(&st);
-    diag("  deferred %llu released %llu failed %llu pending %llu "
-         "leaked_at_exit %llu",
-         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
-         ULL(st.leaked_at_exit));
-    CHECK(made == 0, "no CUDA call after exit gave up: %lu made", made);
-    CHECK(fake_is_released(later_free) == 0,
-          "the free behind the stuck callback was not released after exit");
-    CHECK(st.leaked_at_exit == 2 && st.pending == 0 &&
-              st.released + st.failed == st.deferred,
-          "the callback and the free left unreleased, counted once");
-    CHECK(has_line(said, "exit: 2 entries still pending", "left unreleased",
-                   NULL),
-          "exit said so: %s", said);
-    CHECK(atomic_load(&shutdown_result) == cudaErrorCudartUnloading,
-          "the shutdown returned cudaErrorCudartUnloading (%d)",
-          atomic_load(&shutdown_result));
-    scenario_child_end();
-}
-
-static void exit_during_shutdown(void)
-{
-    atexit(check_exit_during_shutdown); /* before cudefer's: run after it */
-    cudaStream_t s = stream_new();
-    later_free = device_alloc(KiB);
-    if (defer_call(stuck_callback, NULL, s) != cudaSuccess ||
-        defer_free(later_free, s) != cudaSuccess)
-        bail("defer");
-    pthread_t t;
-    pthread_create(&t, NULL, shutdown_thread, NULL);
-    pthread_detach(t);
-    sleep_ms(100); /* the shutdown waits for the stuck callback */
-    stderr_capture_begin();
-    exit(0);
-}
-
-/* ---- exit while a shutdown on another thread is past its join ---------- */
-
-static atomic_int in_stop;
-
-/* Between the shutdown's join and its stop: longer than exit's drain. */
-static void slow_stop(void)
-{
-    atomic_store(&in_stop, 1);
-    sleep_ms(2500);
-}
-
-/* Runs after cudefer's exit handler, which could not take the lock the
- * shutdown holds: that shutdown had joined the reclaimer and ends the
- * library itself, so exit must leave it be, not give up on it too (both
- * would count what is left, and exit would say a shutdown was not waited
- * for that then finished). */
-static void check_exit_after_shutdown_joined(void)
-{
-    const char *said = stderr_capture_end();
-    for (int i = 0; i < 3000 && atomic_load(&shutdown_result) == -1; i++)
-        sleep_ms(1);
-    struct defer_stats st;
-    defer_stats_get(&st);
-    CHECK(!has_line(said, "exit:", "under way", NULL),
-          "exit did not give up on a shutdown past its join: %s", said);
-    CHECK(atomic_load(&shutdown_result) == cudaSuccess,
-          "the shutdown finished: %d", atomic_load(&shutdown_result));
-    CHECK(st.leaked_at_exit == 0 && st.pending == 0 &&
-              st.released + st.failed == st.deferred,
-          "counted once: deferred %llu released %llu failed %llu leaked "
-          "%llu", ULL(st.deferred), ULL(st.released), ULL(st.failed),
-          ULL(st.leaked_at_exit));
-    scenario_child_end();
-}
-
-static void exit_after_shutdown_joined(void)
-{
-    atexit(check_exit_after_shutdown_joined); /* runs after cudefer's */
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(KiB);
-    work_timed(s, 100, p);
-    if (defer_free(p, s) != cudaSuccess)
-        bail("defer_free");
-    lifecycle_test_set_stop_hook(slow_stop);
-    pthread_t t;
-    pthread_create(&t, NULL, shutdown_thread, NULL);
-    pthread_detach(t);
-    while (!atomic_load(&in_stop))
-        sleep_ms(1);
-    stderr_capture_begin();
-    exit(0);
-}
-
-/* ---- a callback of the drain defers while exit gives up ---------------- */
-
-static atomic_int exiting, record_held;
-static void *drain_free;
-
-
-/* Run by exit's drain: defers a free, whose record outlasts the drain. */
-static void defer_in_drain(void *unused)
-{
-    (void)unused;
-    for (int i = 0; i < 5000 && !atomic_load(&exiting); i++)
-        sleep_ms(1);
-    sleep_ms(50); /* exit's drain has begun */
-    defer_free(drain_free, stream_new());
-}
-
-/* Runs after cudefer's exit handler, once the callback's defer_free
- * returned: exit counted what was pending then (the callback) failed, and
- * the free it accepted meanwhile must count in nothing, as a synchronous
- * free's does: not left pending for good. */
-static void check_drain_defer_counted(void)
-{
-    wait_stuck_callback(200);
-    struct defer_stats st;
-    defer_stats_get(&st);
-    diag("  deferred %llu released %llu failed %llu pending %llu "
-         "leaked_at_exit %llu",
-         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
-         ULL(st.leaked_at_exit));
-    CHECK(st.pending == 0 && st.released + st.failed == st.deferred,
-          "nothing pending for good: released %llu + failed %llu, deferred "
-          "%llu", ULL(st.released), ULL(st.failed), ULL(st.deferred));
-    scenario_child_end();
-}
-
-static void exit_while_drain_callback_defers(void)
-{
-    atexit(check_drain_defer_counted); /* before cudefer's: run after it */
-    drain_free = device_alloc(KiB);
-    /* The reclaimer's first cudaEventRecord (the drain callback's
-     * defer_free) returns only after exit gave up. */
-    fake_set_return_hook(FAKE_EVENT_RECORD, hold_first_on_reclaimer,
-                         &record_held);
-    if (defer_call(defer_in_drain, NULL, stream_new()) != cudaSuccess)
-        bail("defer_call");
-    sleep_ms(50); /* the reclaimer runs the callback, which waits */
-    atomic_store(&exiting, 1);
-    exit(0);
-}
-
 int main(void)
 {
-    plan(12);
+    plan(9);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -700,15 +475,5 @@ int main(void)
     fork_scenario("exit gives up while a trim frees the cache's segments: "
                   "the rest are not freed, no CUDA call follows",
                   "CUDEFER_POLICY=eager", 1, 20000, exit_in_trim_loop);
-    fork_scenario("exit while defer_shutdown waits on another thread for a "
-                  "stuck callback: exit gives up, nothing released after",
-                  "CUDEFER_POLICY=eager", 1, 20000, exit_during_shutdown);
-    fork_scenario("exit while defer_shutdown on another thread is past its "
-                  "join: the shutdown ends the library, exit leaves it be",
-                  "", 1, 20000, exit_after_shutdown_joined);
-    fork_scenario("exit gives up while a callback of its drain defers: "
-                  "that free counts in nothing, not pending for good",
-                  "CUDEFER_POLICY=eager", 1, 20000,
-                  exit_while_drain_callback_defers);
     return 0;
 }
