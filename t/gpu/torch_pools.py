@@ -69,8 +69,10 @@ def read_while_freed(torch, dev, pool, side, free=None, inside=False):
     (inside: all of it inside use_mem_pool, then a tensor allocated
     outside, where PyTorch's allocator records x's event); then z, the
     pool's next tensor of x's size and stream, allocated while side has
-    yet to read x.  Returns what came of x's block (intact) and its
-    address; side is synchronised."""
+    yet to read x.  Returns what came of x's block (intact), its address,
+    and z: a caller that asks whether x's block comes back keeps z alive
+    meanwhile, or z's own block, freed, could be the one handed out;
+    side is synchronised."""
     outside = None
     whole = torch.cuda.use_mem_pool(pool) if inside else nullcontext()
     with whole:
@@ -92,7 +94,7 @@ def read_while_freed(torch, dev, pool, side, free=None, inside=False):
     busy = not side.query()
     side.synchronize()
     del outside
-    return intact(y, z, old, busy), old
+    return intact(y, z, old, busy), old, z
 
 
 def warm_up(torch, dev):
@@ -126,7 +128,8 @@ def freed_outside(torch, dev, res):
 
     # A tensor of the pool allocated while the side stream has yet to
     # read x, freed, must not get x's block.
-    res["pool_record_intact"], _ = read_while_freed(torch, dev, pool, side)
+    res["pool_record_intact"], _, _ = read_while_freed(torch, dev, pool,
+                                                       side)
     torch.cuda.synchronize()
 
     # Many rounds, synchronised every 4th: the blocks come back.
@@ -160,8 +163,8 @@ def freed_inside(torch, dev, res):
     pool_id = tuple(pool.id)
 
     # As freed_outside's first part, x freed inside use_mem_pool.
-    res["pool_inside_intact"], _ = read_while_freed(torch, dev, pool, side,
-                                                    inside=True)
+    res["pool_inside_intact"], _, _ = read_while_freed(torch, dev, pool,
+                                                       side, inside=True)
     torch.cuda.synchronize()
 
     # Many rounds, each opened by an allocation outside use_mem_pool and
@@ -208,14 +211,15 @@ def freed_by_checkpoint(torch, dev, res):
     def to_checkpoint(x):
         torch._C._cuda_setCheckpointPoolState(
             index, state, [x.untyped_storage()._cdata], [])
-    res["pool_checkpoint_intact"], old = read_while_freed(
+    res["pool_checkpoint_intact"], old, z = read_while_freed(
         torch, dev, pool, side, to_checkpoint)
 
-    # Once the side stream is done, the block is the pool's again.
+    # Once the side stream is done, the block is the pool's again (z,
+    # still alive, holds the pool's other block of that size).
     with torch.cuda.use_mem_pool(pool):
         w = torch.full((N,), 1.0, device=dev)
     res["pool_checkpoint_back"] = w.data_ptr() == old
-    del w, pool
+    del w, z, pool
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 
