@@ -128,8 +128,9 @@ def freed_outside(torch, dev, res):
 
     # A tensor of the pool allocated while the side stream has yet to
     # read x, freed, must not get x's block.
-    res["pool_record_intact"], _, _ = read_while_freed(torch, dev, pool,
+    res["pool_record_intact"], _, z = read_while_freed(torch, dev, pool,
                                                        side)
+    del z  # the pool's: its segments go with the pool
     torch.cuda.synchronize()
 
     # Many rounds, synchronised every 4th: the blocks come back.
@@ -163,8 +164,9 @@ def freed_inside(torch, dev, res):
     pool_id = tuple(pool.id)
 
     # As freed_outside's first part, x freed inside use_mem_pool.
-    res["pool_inside_intact"], _, _ = read_while_freed(torch, dev, pool,
+    res["pool_inside_intact"], _, z = read_while_freed(torch, dev, pool,
                                                        side, inside=True)
+    del z  # the pool's: left alive, it would hold a segment past the pool
     torch.cuda.synchronize()
 
     # Many rounds, each opened by an allocation outside use_mem_pool and
