@@ -19,13 +19,15 @@ typedef cudaError_t (*call_fn)(void);
 static cudaMemPool_t pool;
 static void *block;
 
-static cudaError_t pool_create(void)
+static cudaMemPool_t spare; // made by the probe of cudaMemPoolCreate
+static cudaError_t make_pool(cudaMemPool_t *to)
 {
   cudaMemPoolProps p; memset(&p, 0, sizeof p);
   p.allocType = cudaMemAllocationTypePinned;
   p.location.type = cudaMemLocationTypeDevice; p.location.id = 0;
-  return cudaMemPoolCreate(&pool, &p);
+  return cudaMemPoolCreate(to, &p);
 }
+static cudaError_t pool_create(void) { return make_pool(&spare); }
 static cudaError_t pool_set(void)
 {
   unsigned long long v = ~0ULL;
@@ -36,18 +38,32 @@ static cudaError_t pool_get(void)
   unsigned long long v = 0;
   return cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v);
 }
+static cudaStream_t own; // B's, created and synchronised outside the captures
+static cudaEvent_t ev;
 static cudaError_t pool_alloc(void)
 {
-  cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaError_t e = cudaMallocFromPoolAsync(&block, 1 << 20, pool, s);
-  cudaStreamSynchronize(s); cudaStreamDestroy(s);
+  return cudaMallocFromPoolAsync(&block, 1 << 20, pool, own);
+}
+static cudaError_t pool_free(void) { return cudaFreeAsync(block, own); }
+static cudaError_t pool_access(void)
+{
+  cudaMemAccessDesc d; memset(&d, 0, sizeof d);
+  d.location.type = cudaMemLocationTypeDevice; d.location.id = 0;
+  d.flags = cudaMemAccessFlagsProtReadWrite;
+  return cudaMemPoolSetAccess(pool, &d, 1);
+}
+static cudaError_t record_own(void) { return cudaEventRecord(ev, own); }
+static cudaError_t record_legacy(void) { return cudaEventRecord(ev, 0); }
+static cudaError_t stream_create(void)
+{
+  cudaStream_t s; cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamDestroy(s);
   return e;
 }
-static cudaError_t pool_free(void)
+static cudaError_t event_create(void)
 {
-  cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaError_t e = cudaFreeAsync(block, s);
-  cudaStreamSynchronize(s); cudaStreamDestroy(s);
+  cudaEvent_t x; cudaError_t e = cudaEventCreateWithFlags(&x, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventDestroy(x);
   return e;
 }
 static cudaError_t pool_trim(void) { return cudaMemPoolTrimTo(pool, 0); }
@@ -65,8 +81,15 @@ static const struct probe_call calls[] = {
   {"cudaMemPoolCreate", pool_create, false},
   {"cudaMemPoolSetAttribute(ReleaseThreshold)", pool_set, false},
   {"cudaMemPoolGetAttribute(ReservedMemCurrent)", pool_get, false},
+  {"cudaMemPoolSetAccess", pool_access, false},
   {"cudaMallocFromPoolAsync (B's own stream)", pool_alloc, false},
   {"cudaFreeAsync (B's own stream)", pool_free, false},
+  {"cudaMallocFromPoolAsync (B relaxed)", pool_alloc, true},
+  {"cudaFreeAsync (B relaxed)", pool_free, true},
+  {"cudaEventRecord (B's own stream)", record_own, false},
+  {"cudaEventRecord (legacy stream)", record_legacy, false},
+  {"cudaStreamCreate + Destroy", stream_create, false},
+  {"cudaEventCreate + Destroy", event_create, false},
   {"cudaMemPoolTrimTo", pool_trim, false},
   {"cudaMemPoolDestroy", pool_destroy, false},
   {"cudaGetDeviceProperties", props, false},
@@ -96,6 +119,9 @@ int main()
 {
   cudaFree(0);
   cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+  cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (make_pool(&pool) != cudaSuccess) { printf("no memory pool\n"); return 1; }
   for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
     now_call = &calls[i];
     phase.store(-1);
@@ -117,6 +143,7 @@ int main()
            cudaGetErrorName(begin), cudaGetErrorName(launch),
            cudaGetErrorName(end));
     cudaStreamSynchronize(cap);
+    cudaStreamSynchronize(own);
     cudaGetLastError();
   }
   return 0;

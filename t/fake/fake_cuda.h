@@ -87,7 +87,10 @@
  *       captures, whatever the modes;
  *     - the "potentially unsafe" cudaFree, cudaFreeHost, cudaFreeAsync,
  *       cudaEventQuery, cudaEventSynchronize, cudaStreamQuery,
- *       cudaStreamSynchronize, cudaMalloc and cudaMallocHost/cudaHostAlloc:
+ *       cudaStreamSynchronize, cudaMalloc, cudaMallocHost/cudaHostAlloc,
+ *       and the memory pool's cudaMemPoolCreate, cudaMemPoolDestroy,
+ *       cudaMemPoolSetAttribute, cudaMemPoolGetAttribute and
+ *       cudaMemPoolTrimTo (bench/probes/capture_unsafe.cu):
  *       refused unless the calling thread's mode
  *       (cudaThreadExchangeStreamCaptureMode; Global by default) is
  *       Relaxed, when the thread has a capture of its own not begun Relaxed,

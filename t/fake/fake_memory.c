@@ -354,10 +354,24 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
  * pool_frees_settle), 0 for the others. */
 #define FAKE_POOL_BASE 0x7e000
 
+/* The memory pool calls below that take no ENTER of their own: "potentially
+ * unsafe" (THE MODEL), refused by the thread's mode as cudaMalloc is.
+ * cudaSuccess when allowed. */
+static cudaError_t pool_call_allowed(void)
+{
+    fake_lock();
+    cudaError_t err = fake_capture_unsafe_call();
+    if (err != cudaSuccess)
+        fake_thread.last_error = err;
+    fake_unlock();
+    return err;
+}
+
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
                               const struct cudaMemPoolProps *props)
 {
     ENTER(FAKE_MEM_POOL_CREATE);
+    UNSAFE_CALL();
     if (pool == NULL || props == NULL ||
         props->location.type != cudaMemLocationTypeDevice ||
         props->location.id < 0 || props->location.id >= fake.ndev)
@@ -392,6 +406,9 @@ cudaMemPool_t fake_mem_pool(int dev)
 
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
 {
+    cudaError_t err = pool_call_allowed();
+    if (err != cudaSuccess)
+        return err;
     return pool_device(pool) >= 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -399,6 +416,9 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool,
                                     enum cudaMemPoolAttr attr, void *value)
 {
     (void)attr;
+    cudaError_t err = pool_call_allowed();
+    if (err != cudaSuccess)
+        return err;
     return pool_device(pool) >= 0 && value != NULL ? cudaSuccess
                                                    : cudaErrorInvalidValue;
 }
@@ -448,6 +468,9 @@ int fake_mem_pool_access(int dev, int peer)
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
                                     enum cudaMemPoolAttr attr, void *value)
 {
+    cudaError_t err = pool_call_allowed();
+    if (err != cudaSuccess)
+        return err;
     if (pool_device(pool) < 0 || value == NULL)
         return cudaErrorInvalidValue;
     int dev = pool_device(pool);
@@ -484,6 +507,7 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
 {
     int dev = pool_device(pool);
     ENTER(FAKE_MEM_POOL_TRIM);
+    UNSAFE_CALL();
     if (dev < 0)
         return fake_leave(cudaErrorInvalidValue);
     pool_frees_settle(NULL, dev, 0); /* what is freed but not run stays */
