@@ -1,7 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* The block cache's upstream: one stream-ordered memory pool of cudefer's
  * own per device (cudaMemPoolCreate), where new segments come from (cache.h
- * says which file holds what, and what each function does). */
+ * says which file holds what, and what each function does).
+ *
+ * Every call on a pool, and each cudaMalloc and cudaFree here, is made in
+ * the relaxed capture mode (struct cuda_capture_mode): CUDA counts them
+ * "potentially unsafe", so in the calling thread's default Global mode,
+ * while another thread captures in Global mode, each is refused and
+ * invalidates that capture (bench/probes/capture_unsafe.cu).  None of them
+ * touches a capture: the stream they are ordered on was checked not to
+ * capture, and the memory they make or release is in no graph. */
 #include "cache.h"
 
 #include <pthread.h>
@@ -34,9 +42,11 @@ bool cache_upstream_init(int ndevices)
 
 void cache_upstream_destroy(void)
 {
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     for (int d = 0; d < nmempools; d++)
         if (atomic_load(&mempools[d].state) == MEMPOOL_READY)
             cudaMemPoolDestroy(mempools[d].pool);
+    cuda_capture_mode_put_back(mode);
     free(mempools);
     mempools = NULL;
     nmempools = 0;
@@ -58,6 +68,7 @@ static bool mempool_create(struct mempool *p, int device, const char *what)
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     cudaError_t err = cudaMemPoolCreate(&p->pool, &props);
     uint64_t keep = UINT64_MAX;
     if (err == cudaSuccess &&
@@ -65,6 +76,7 @@ static bool mempool_create(struct mempool *p, int device, const char *what)
                                        cudaMemPoolAttrReleaseThreshold,
                                        &keep)) != cudaSuccess)
         cudaMemPoolDestroy(p->pool);
+    cuda_capture_mode_put_back(mode);
     if (err != cudaSuccess) {
         cudaGetLastError();
         cuda_report_failure(what, "cudaMemPoolCreate", err,
@@ -125,8 +137,6 @@ static cudaError_t malloc_on(const char *what, int device, void **ptr,
     cudaError_t err = cuda_switch_device(&sw, device, NULL);
     if (err != cudaSuccess)
         return err;
-    /* Relaxed (struct cuda_capture_mode): new memory, which no capture
-     * uses, as cudaMallocFromPoolAsync would be in any mode. */
     struct cuda_capture_mode mode = cuda_capture_mode_relax();
     err = cudaMalloc(ptr, bytes);
     cuda_capture_mode_put_back(mode);
@@ -148,9 +158,15 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
 {
     *upstream =
         device >= 0 && device < nmempools && mempool_ready(device, what);
-    cudaError_t err = *upstream ? cudaMallocFromPoolAsync(
-                                      ptr, bytes, mempools[device].pool, stream)
-                                : malloc_on(what, device, ptr, bytes);
+    cudaError_t err;
+    if (*upstream) {
+        struct cuda_capture_mode mode = cuda_capture_mode_relax();
+        err = cudaMallocFromPoolAsync(ptr, bytes, mempools[device].pool,
+                                      stream);
+        cuda_capture_mode_put_back(mode);
+    } else {
+        err = malloc_on(what, device, ptr, bytes);
+    }
     if (err != cudaSuccess && !cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
     else if (err == cudaSuccess && *upstream)
@@ -158,11 +174,10 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
     return err;
 }
 
-/* Both frees in the relaxed capture mode (struct cuda_capture_mode): a
- * miss on an application thread hands cached blocks back while another
- * thread may capture, or while the thread captures another stream; the
- * blocks are in no capture (a free into one waits for its graph before the
- * block is cached again) and the stream was checked not to capture. */
+/* Both frees relaxed (above): a miss on an application thread hands
+ * cached blocks back while another thread may capture, or while the thread
+ * captures another stream; the blocks are in no capture (a free into one
+ * waits for its graph before the block is cached again). */
 cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
@@ -195,9 +210,11 @@ size_t cache_upstream_slack(int device)
     if (!cache_upstream_exists(device))
         return 0;
     uint64_t reserved = 0;
-    if (cudaMemPoolGetAttribute(mempools[device].pool,
-                                cudaMemPoolAttrReservedMemCurrent,
-                                &reserved) != cudaSuccess) {
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMemPoolGetAttribute(
+        mempools[device].pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    cuda_capture_mode_put_back(mode);
+    if (err != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -223,7 +240,9 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call)
         desc.location.type = cudaMemLocationTypeDevice;
         desc.location.id = peer;
         desc.flags = cudaMemAccessFlagsProtReadWrite;
+        struct cuda_capture_mode mode = cuda_capture_mode_relax();
         err = cudaMemPoolSetAccess(mempools[device].pool, &desc, 1);
+        cuda_capture_mode_put_back(mode);
     }
     if (err != cudaSuccess && !cuda_error_is_sticky(err))
         cudaGetLastError(); /* not sticky: clear it for the caller */
@@ -245,14 +264,17 @@ size_t cache_upstream_trim(int device,
         return 0;
     cudaMemPool_t pool = mempools[device].pool;
     uint64_t before = 0, after = 0;
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);
+    cudaError_t got = cudaMemPoolGetAttribute(
+        pool, cudaMemPoolAttrReservedMemCurrent, &after);
+    cuda_capture_mode_put_back(mode);
     if (cuda_error_is_sticky(err)) /* the device's, not the pool's */
         fail(device, "cudaMemPoolTrimTo", err);
     else if (err != cudaSuccess)
         cuda_report_failure("release", "cudaMemPoolTrimTo", err, "");
-    if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent,
-                                &after) != cudaSuccess)
+    if (got != cudaSuccess)
         after = before;
     return before > after ? (size_t)(before - after) : 0;
 }
