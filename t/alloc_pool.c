@@ -361,6 +361,53 @@ static void trim_counts_once(void)
     CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
 }
 
+/* In a fresh process, while another thread captures in Global mode: the
+ * first miss creates cudefer's pool (cudaMemPoolCreate, its release
+ * threshold) and takes its block from it, and a trim reads and trims the
+ * pool; each is one of CUDA's "potentially unsafe" calls, which in this
+ * thread's default Global mode would be refused and invalidate that
+ * capture (and the block would come from cudaMalloc, said).  The capture
+ * must stay intact, the block come from the pool, nothing be said. */
+static void *begin_global(void *stream)
+{
+    return (void *)(intptr_t)cudaStreamBeginCapture(
+        (cudaStream_t)stream, cudaStreamCaptureModeGlobal);
+}
+
+static void pool_calls_leave_capture(void)
+{
+    cudaStream_t s = stream_new(), cap = stream_new();
+    pthread_t t;
+    void *began;
+    pthread_create(&t, NULL, begin_global, cap);
+    pthread_join(t, &began);
+    CHECK((intptr_t)began == cudaSuccess, "another thread captures, Global");
+    unsigned long mallocs = fake_calls(FAKE_MALLOC);
+    stderr_capture_begin();
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 1 << 20, s);
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    size_t bytes = 0;
+    cudaError_t trimmed = defer_trim(&bytes);
+    const char *said = stderr_capture_end();
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(cap, &st);
+    CHECK(st == cudaStreamCaptureStatusActive,
+          "the capture is intact after the miss and the trim: status %d",
+          (int)st);
+    CHECK(err == cudaSuccess && fake_calls(FAKE_MALLOC) == mallocs,
+          "the block came from the pool: defer_alloc %d, %lu cudaMalloc",
+          (int)err, fake_calls(FAKE_MALLOC) - mallocs);
+    CHECK(trimmed == cudaSuccess && bytes == (1 << 20),
+          "the trim gave the pool's memory back: %zu bytes", bytes);
+    CHECK(said[0] == '\0', "nothing said (stderr: \"%s\")", said);
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(cap, &g);
+    if (g != NULL)
+        cudaGraphDestroy(g);
+}
+
 /* The bytes cudefer's pool on device 0 reserves now. */
 static uint64_t pool_reserve(void)
 {
@@ -628,6 +675,9 @@ int main(void)
                   trim_counts_once);
     fork_scenario("a trim waits for the frees it trims after", "", 1, 20000,
                   trim_waits_for_frees);
+    fork_scenario("the pool's creation, allocation and trim leave another "
+                  "thread's Global capture intact", "", 1, 20000,
+                  pool_calls_leave_capture);
     fork_scenario("no pool: blocks from cudaMalloc on the stream's device, "
                   "the caller's device restored", "", 2, 20000,
                   no_pool_mallocs_on_the_stream_device);
