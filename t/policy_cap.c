@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The release policy's cap, one scenario per process (t/policy_test.h):
  * by default a sixth of what the application uses on the device, held
- * pinned memory no part of that use, and a set cap released down to while
- * another stream is busy. */
+ * pinned memory and another device's memory no part of that use, and a set
+ * cap released down to while another stream is busy. */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
@@ -113,6 +113,49 @@ static int s_cap_pinned_not_device_use(void)
     return 0;
 }
 
+/* Memory of device 1 freed on a stream of device 0 counts in device 0's
+ * held bytes and against its cap (cudefer.h), but it is no part of device
+ * 0's used memory: the auto cap must not take it out of what the
+ * application uses there.  With 12 GiB in use on device 0 and only device
+ * 1's buffers held there, the cap is a sixth of 12 GiB; taking the held
+ * bytes out of device 0's use lowered the cap as they grew and released
+ * below 1.9 GiB. */
+static int s_cap_other_device_not_use(void)
+{
+    enum { N = 48 };
+    const size_t size = (size_t)64 << 20;
+    fake_reset(2);
+    void *live[USE_PARTS];
+    use_begin(live);
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    for (int i = 0; i < N; i++) {
+        cudaSetDevice(1);
+        void *p = device_alloc(size);
+        cudaSetDevice(0);
+        work_timed(sb, 0, p);
+        cudaError_t err = defer_free(p, sb);
+        CHECK(err == cudaSuccess, "defer_free #%d: %s", i,
+              cudaGetErrorName(err));
+        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
+    }
+    wait_stats_settled(10000);
+    struct defer_stats st = stats_now();
+    struct defer_device_stats ds;
+    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
+    const uint64_t cap = (USE_PARTS * USE_PART + 512) / 6; /* and busy's */
+    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
+          ULL(st.cap_releases));
+    CHECK(ds.held_bytes_peak >= cap - size,
+          "held up to a sixth of the 12 GiB in use on device 0: peak %llu "
+          "MiB, cap %llu MiB", ULL(ds.held_bytes_peak >> 20), ULL(cap >> 20));
+    CHECK(ds.held_bytes_peak <= cap + 2 * size,
+          "and no more (peak %llu MiB)", ULL(ds.held_bytes_peak >> 20));
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    use_end(live);
+    return 0;
+}
 
 static int s_cap(void)
 {
@@ -180,6 +223,8 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=0", s_cap_follows_use);
     scenario("cap: held pinned memory is no part of the device's use",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
+    scenario("cap: another device's memory is no part of the device's use",
+             "CUDEFER_MAX_DELAY_MS=0", s_cap_other_device_not_use);
     scenario("cap: released down to the cap while busy",
              "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
     return 0;
