@@ -374,20 +374,25 @@ static const char *result_name(CUresult res)
     }
 }
 
-bool cuda_allocation_of(const void *ptr, struct cuda_allocation *a)
+bool cuda_allocation_of(const void *ptr, bool device_memory,
+                        struct cuda_allocation *a)
 {
     a->bytes = 0;
     a->pool = false;
+    a->device = -1;
     pointer_attributes_fn get =
         atomic_load_explicit(&pointer_attributes, memory_order_acquire);
     if (get == NULL)
         return false;
     size_t bytes = 0;
     CUmemoryPool pool = NULL;
+    int device = -1;
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                   CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
-    void *data[] = {&bytes, &pool};
-    CUresult res = get(2, attrs, data, (CUdeviceptr)(uintptr_t)ptr);
+                                   CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[] = {&bytes, &pool, &device};
+    CUresult res = get(device_memory ? 3 : 2, attrs, data,
+                       (CUdeviceptr)(uintptr_t)ptr);
     if (res != CUDA_SUCCESS) {
         report("reclaimer: the size of %p is unknown: cuPointerGetAttributes "
                "failed: %s; it is released all the same, and the cap does not "
@@ -401,6 +406,7 @@ bool cuda_allocation_of(const void *ptr, struct cuda_allocation *a)
         return false;
     a->bytes = bytes;
     a->pool = pool != NULL;
+    a->device = device_memory ? device : -1;
     return true;
 }
 

@@ -310,13 +310,16 @@ cudaError_t cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 struct cuda_allocation {
     size_t bytes; /* size of the allocation containing ptr; 0 if unknown */
     bool pool;    /* from cudaMallocAsync / cudaMallocFromPoolAsync */
+    int device;   /* the device whose memory it is; -1: not asked, unknown */
 };
 
 /* Reclaimer only (a driver call, kept off the launching path): the
- * allocation containing ptr; false, zero bytes and not pool when CUDA knows
- * none there (said nowhere: its release says it), the query failed (said)
- * or is not available. */
-bool cuda_allocation_of(const void *ptr, struct cuda_allocation *a);
+ * allocation containing ptr, its device too when device memory (a device
+ * pointer's attribute, not asked of pinned host memory); false, zero bytes,
+ * not pool and device -1 when CUDA knows none there (said nowhere: its
+ * release says it), the query failed (said) or is not available. */
+bool cuda_allocation_of(const void *ptr, bool device_memory,
+                        struct cuda_allocation *a);
 
 /* What CUDA says a pointer is, for a message about it. */
 enum cuda_memory_kind {

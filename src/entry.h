@@ -83,6 +83,10 @@ struct entry {
     bool pool;             /* every pointer is stream-ordered pool memory */
     bool cache_blocks;     /* every pointer is a block of the cache: given
                               back to it, never released, never held */
+    bool held_here;        /* its held bytes are memory of its own device,
+                              part of that device's use (cudaMemGetInfo):
+                              not pinned host memory, nor another device's
+                              memory freed on this device's streams */
     /* The block each pointer's free claimed (cache.h; block NULL:
      * none), which its release acts on: claims[0..nptrs) of an
      * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or
@@ -127,6 +131,7 @@ static inline void entry_begin(struct entry *e, enum entry_kind kind,
     e->group_remaining = 1; /* its own event */
     e->group_err = cudaSuccess;
     e->cache_blocks = false;
+    e->held_here = false;
     e->one_claim = (struct block_claim){NULL, 0};
     e->claims = NULL;
     e->nptrs = 0;

@@ -41,7 +41,7 @@ void held_push_locked(struct held_list *h, struct entry *e)
         h->head = e;
     h->tail = e;
     h->bytes += e->held_bytes;
-    if (e->kind != ENTRY_FREE_HOST)
+    if (e->held_here)
         h->device_bytes += e->held_bytes;
     h->count++;
     publish_bytes(h);
@@ -58,7 +58,7 @@ struct entry *held_pop_locked(struct held_list *h)
     else
         h->tail = NULL;
     h->bytes -= e->held_bytes;
-    if (e->kind != ENTRY_FREE_HOST)
+    if (e->held_here)
         h->device_bytes -= e->held_bytes;
     h->count--;
     publish_bytes(h);

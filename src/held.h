@@ -21,10 +21,12 @@ struct held_list {
     pthread_mutex_t lock;
     struct entry *head, *tail; /* oldest first */
     uint64_t bytes;
-    /* Of bytes, those of device memory: all but the pinned host memory of
-     * defer_free_host, which counts in bytes (the device's held bytes, and
-     * against its cap) but is no part of the device's used memory, so the
-     * auto cap takes only these out of it (Note [The cap]).  Invariant:
+    /* Of bytes, those of this device's own memory (entry.held_here): not
+     * the pinned host memory of defer_free_host, nor another device's
+     * memory freed on this device's streams, which count in bytes (the
+     * device's held bytes, and against its cap) but are no part of the
+     * device's used memory, so the auto cap takes only these out of it
+     * (Note [The cap]).  Invariant:
      * device_bytes <= bytes; both change together, under the lock. */
     uint64_t device_bytes;
     uint64_t count;

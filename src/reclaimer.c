@@ -357,12 +357,16 @@ void reclaimer_event_done(struct entry *e, cudaError_t err, uint64_t now)
     }
 }
 
-/* Learn what a free entry holds: its bytes, whether it is pool memory, and
- * whether every pointer is a block of the cache (given back, never held). */
+/* Learn what a free entry holds: its bytes, whether it is pool memory,
+ * whether it is all memory of its own device (held_here: what the auto cap
+ * takes out of the device's use), and whether every pointer is a block of
+ * the cache (given back, never held).  A pointer whose device is not known
+ * counts as its entry's device's. */
 static void size_up(struct entry *e)
 {
     e->held_bytes = 0;
     e->pool = e->kind == ENTRY_FREE_DEVICE;
+    e->held_here = e->kind == ENTRY_FREE_DEVICE;
     e->cache_blocks = false;
     if (e->kind != ENTRY_FREE_DEVICE && e->kind != ENTRY_FREE_HOST)
         return;
@@ -373,8 +377,9 @@ static void size_up(struct entry *e)
             continue;
         }
         struct cuda_allocation info;
-        cuda_allocation_of(e->ptrs[i], &info);
+        cuda_allocation_of(e->ptrs[i], e->kind == ENTRY_FREE_DEVICE, &info);
         e->pool &= info.pool;
+        e->held_here &= info.device < 0 || info.device == e->device;
         e->held_bytes += info.bytes;
     }
     e->cache_blocks = blocks > 0 && blocks == e->nptrs;

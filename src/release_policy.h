@@ -90,9 +90,10 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * memory, so every held byte adds to the program's peak.  So by default
  * the cap follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE)
  * of the memory it uses on the device (the device's used memory less the
- * device memory cudefer holds there: held pinned host memory is not in
- * it, though it counts against the cap), at least RELEASE_POLICY_CAP_FLOOR
- * and at most a quarter of the device.  The floor is for a program whose working set is
+ * device's own memory cudefer holds there: held pinned host memory, and
+ * another device's memory freed on its streams, are not in it, though they
+ * count against the cap), at least RELEASE_POLICY_CAP_FLOOR and at most a
+ * quarter of the device.  The floor is for a program whose working set is
  * small but whose frees are many: each batch over the cap is a release.
  * Where a release drains the device (cudaFree, on a device without memory
  * pools) a floor of a quarter GiB cost a loop of 1 MiB frees 40 % of its run
