@@ -164,10 +164,17 @@ static void test_failed_hand_back(cudaStream_t s)
     uint64_t releases = stats_now().cache_releases;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
-    alloc_checked(&b, 3 << 19, s); /* a miss: a goes back, and that fails */
+    cudaGetLastError();
+    cudaError_t err = alloc_checked(&b, 3 << 19, s); /* a miss: a goes back,
+                                                        and that fails */
+    cudaError_t last = cudaGetLastError();
     ok(strstr(stderr_capture_end(), "goes back with cudaFree") != NULL,
        "the failed hand-back is reported");
     fake_fail_clear();
+    ok(err == cudaSuccess && last == cudaSuccess,
+       "the request succeeds and leaves the thread's last error clear (the "
+       "failed cudaFreeAsync is cudefer's business; PyTorch's next launch "
+       "check would raise it): %d, last %d", (int)err, (int)last);
     ok(fake_is_released(a) == 1, "and its block released with cudaFree");
     ok(stats_now().cache_releases == releases + 1, "counted once");
     defer_free(b, s);
@@ -179,10 +186,14 @@ static void test_failed_hand_back(cudaStream_t s)
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
-    alloc_checked(&b, 3 << 19, s);
+    err = alloc_checked(&b, 3 << 19, s);
+    last = cudaGetLastError();
     ok(strstr(stderr_capture_end(), "lost to the pool") != NULL,
        "a block neither call released is reported lost");
     fake_fail_clear();
+    ok(err == cudaSuccess && last == cudaSuccess,
+       "the request succeeds, the last error clear: %d, last %d", (int)err,
+       (int)last);
     ok(fake_is_released(a) == 0 && stats_now().cache_releases == releases,
        "and not counted as released");
     is_int(cache_upstream_slack(0), 0,
