@@ -497,7 +497,8 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call);
 /* Any thread.  Hands bytes at ptr from device's pool back to it, ordered
  * on stream (cudaFreeAsync: the memory serves the next request on stream
  * at once, any stream once stream reached the free).  Returns
- * cudaFreeAsync's error (the memory is then lost to the pool). */
+ * cudaFreeAsync's error (the memory is then lost to the pool), the
+ * runtime's last error left clear for one that is not sticky. */
 cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                                 cudaStream_t stream);
 /* The same with cudaFree (which drains the device), for a caller that has

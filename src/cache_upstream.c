@@ -177,7 +177,10 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
 /* Both frees relaxed (above): a miss on an application thread hands
  * cached blocks back while another thread may capture, or while the thread
  * captures another stream; the blocks are in no capture (a free into one
- * waits for its graph before the block is cached again). */
+ * waits for its graph before the block is cached again).  A failure is
+ * returned to cudefer's caller, never to the application's: a miss goes on
+ * to its block, so the error it left (not a sticky one) is cleared, or the
+ * application's next cudaGetLastError would take it for its own (cuda.h). */
 cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
@@ -186,6 +189,8 @@ cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
     cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
+    else if (!cuda_error_is_sticky(err))
+        cudaGetLastError();
     return err;
 }
 
@@ -202,6 +207,8 @@ cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
     cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess)
         cache_upstream_forget(device, bytes);
+    else if (!cuda_error_is_sticky(err))
+        cudaGetLastError(); /* as cache_upstream_free's */
     return err;
 }
 
