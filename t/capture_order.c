@@ -374,6 +374,74 @@ static void s_dead_graph_capturing_at_shutdown(void)
     fake_complete(w);
 }
 
+/* The reclaimer held in its look at s while s captures (hold_state 2);
+ * set to 3, its next look (s no longer captures then) waits in the hook
+ * (4) until the test began a new capture of s (5): that capture begins
+ * between the reclaimer's check and its next call on s. */
+static void capture_after_check(enum fake_call c, cudaError_t r, void *arg)
+{
+    char name[16] = "";
+    int armed = 3;
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0)
+        return;
+    if (atomic_compare_exchange_strong(&hold_state, &armed, 4)) {
+        while (atomic_load(&hold_state) == 4)
+            sleep_ms(1);
+        return;
+    }
+    hold_reclaimer(c, r, arg);
+}
+
+/* A dead graph's stream begins another capture right after the reclaimer
+ * saw the first one end, before it asked the stream's device: that is a
+ * stream still there, capturing again, not one destroyed.  The entry
+ * waits for that capture to end and then for the work from before the
+ * first one, as it does when the reclaimer sees the new capture at once;
+ * never failed as "destroyed" and left unreleased. */
+static void s_captures_again_after_check(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, capture_after_check, NULL);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    atomic_store(&hold_state, 3);
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 4 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 4,
+          "the reclaimer saw s not capturing");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
+              cudaSuccess,
+          "s captures again");
+    atomic_store(&hold_state, 5);
+    sleep_ms(50); /* the reclaimer goes on with s */
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    cudaGraph_t second = NULL;
+    cudaStreamEndCapture(s, &second); /* intact or not: the stream lives */
+    if (second != NULL)
+        cudaGraphDestroy(second);
+    sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
+    const char *said = stderr_capture_end();
+    CHECK(stats_now().failed == failed && strstr(said, "destroyed") == NULL,
+          "nothing failed or said (failed %llu, stderr: \"%s\")",
+          ULL(stats_now().failed - failed), said);
+}
+
 /* ---- the capture's stream destroyed, its handle taken ------------------- */
 
 /* cudefer.h's limits: a stream of the capture destroyed before the
@@ -657,6 +725,11 @@ int main(void)
                   "failed, not released",
                   "CUDEFER_POLICY=eager", 1, 30000,
                   s_dead_graph_capturing_at_shutdown);
+    fork_scenario("a dead graph's stream captures again between the "
+                  "reclaimer's check and its look at the stream's device: "
+                  "waited for, not failed as destroyed",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_captures_again_after_check);
     fork_scenario("a capture's stream destroyed before the reclaimer saw "
                   "the capture end: never released, failed, said",
                   "CUDEFER_POLICY=eager", 1, 30000, s_destroyed_origin);
