@@ -300,8 +300,13 @@ static void record_origin(struct origin *o)
             o->state = ORIGIN_LOST;
         return;
     }
-    if (cuda_stream_get_device(o->stream, &device) != cudaSuccess ||
-        device < 0 || device >= rs.ndevices ||
+    /* A capture begun since the check refuses the look-up (and CUDA
+     * invalidates it): the stream lives, so it is looked at again later,
+     * as one seen capturing is; any other failure means it is gone. */
+    cudaError_t err = cuda_stream_get_device(o->stream, &device);
+    if (capture_error(err))
+        return;
+    if (err != cudaSuccess || device < 0 || device >= rs.ndevices ||
         device_error(device) != cudaSuccess) {
         o->state = ORIGIN_LOST;
         return;
@@ -310,7 +315,6 @@ static void record_origin(struct origin *o)
         o->state = ORIGIN_LOST;
         return;
     }
-    cudaError_t err;
     bool had_event = o->event != NULL;
     if (!had_event &&
         (err = cuda_event_create_runtime(&o->event)) != cudaSuccess) {
