@@ -8,7 +8,12 @@
  * cudaErrorNotPermitted left for the application), and a free after it
  * works.  A pluggable allocation on device 1 (its stream the legacy one)
  * whose switch back to device 0 fails: the block is handed out, the
- * failure said, no error left. */
+ * failure said, no error left.  A release made on the calling thread
+ * (CUDEFER_DISABLE, or no event to be had) that CUDA refuses (a made-up
+ * address, memory of the other kind): accepted, said, counted as failed,
+ * and no error of that release left as the thread's last one. */
+#include <string.h>
+
 #include "helpers.h"
 
 /* bytes on device d, device 0 current again after. */
@@ -90,6 +95,37 @@ static void way_back_fails(void)
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
+/* Each release refused by CUDA on the calling thread: said, failed, the
+ * call accepted, and cudaGetLastError finds nothing. */
+static void sync_release_refused(void)
+{
+    cudaStream_t s = stream_new();
+    void *made_up = (void *)0x1, *dev = device_alloc(256);
+    uint64_t failed = stats_now().failed;
+    cudaGetLastError();
+    stderr_capture_begin();
+    cudaError_t e1 = defer_free(made_up, s);
+    cudaError_t last1 = cudaGetLastError();
+    cudaError_t e2 = defer_free_host(dev, s);
+    cudaError_t last2 = cudaGetLastError();
+    const char *said = stderr_capture_end();
+    CHECK(e1 == cudaSuccess && e2 == cudaSuccess, "accepted (%d, %d)",
+          (int)e1, (int)e2);
+    CHECK(stats_now().failed == failed + 2, "counted as failed (%llu)",
+          (unsigned long long)(stats_now().failed - failed));
+    CHECK(strstr(said, "not memory CUDA allocated") != NULL &&
+              strstr(said, "device memory, which defer_free releases") !=
+                  NULL,
+          "said (stderr: \"%s\")", said);
+    CHECK(last1 == cudaSuccess, "no error left by the refused cudaFree (%s)",
+          cudaGetErrorName(last1));
+    CHECK(last2 == cudaSuccess,
+          "no error left by the refused cudaFreeHost (%s)",
+          cudaGetErrorName(last2));
+    CHECK(fake_is_released(dev) == 0, "the device memory stays allocated");
+    cudaFree(dev);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -97,5 +133,7 @@ int main(void)
                   "CUDEFER_EVENT_POOL=0", 2, 30000, event_switch_fails);
     fork_scenario("a failed way back from a pluggable allocation's device",
                   "", 2, 30000, way_back_fails);
+    fork_scenario("a synchronous release refused by CUDA leaves no error",
+                  "CUDEFER_DISABLE=1", 1, 30000, sync_release_refused);
     return 0;
 }
