@@ -354,6 +354,17 @@ bool cuda_error_is_sticky(cudaError_t err);
 void cuda_report_failure(const char *what, const char *call, cudaError_t err,
                          const char *detail);
 
+/* Any thread, right after a CUDA call of cudefer's own failed with err
+ * (said and counted by its caller, not returned to the application): err
+ * cleared from the thread's last error, but for a sticky error, which is
+ * the device's (the application's pending error, if any, the runtime had
+ * overwritten already). */
+static inline void cuda_forget_failure(cudaError_t err)
+{
+    if (err != cudaSuccess && !cuda_error_is_sticky(err))
+        cudaGetLastError();
+}
+
 /* Reclaimer only, before a callback: the thread's last error cleared, so
  * that the callback finds its own CUDA errors, not the reclaimer's. */
 static inline void cuda_clear_last_error(void)

@@ -118,6 +118,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
         cuda_switch_device(&to_device, device, NULL);
     struct release_report out = {0};
     err = release_entry(&e, NULL, NULL, &out);
+    /* A refused release is said and counted, the call accepted: not an
+     * error for the application's next cudaGetLastError to find. */
+    cuda_forget_failure(err);
     cuda_switch_back(&to_device, a->what);
     lifecycle_count_finished(err == cudaSuccess, 1);
     if (cuda_error_is_sticky(err)) /* the device's error, not ptr's */
