@@ -126,6 +126,32 @@ static void sync_release_refused(void)
     cudaFree(dev);
 }
 
+/* The runtime's calls only, every free making its event: a creation that
+ * fails has the free wait for its stream and release at once (said); the
+ * call is accepted, and the failed creation is no error of the
+ * application's to find. */
+static void event_create_fails(void)
+{
+    cudaStream_t s = stream_new();
+    void *first = device_alloc(256), *p = device_alloc(256);
+    CHECK(defer_free(first, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "a first free, flushed");
+    cudaStream_t fresh = stream_new(); /* no event of its own yet */
+    cudaGetLastError();
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaError_t err = defer_free(p, fresh);
+    fake_fail_clear();
+    cudaError_t last = cudaGetLastError();
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess, "accepted (%s)", cudaGetErrorName(err));
+    CHECK(fake_is_released(p) == 1 &&
+              strstr(said, "releasing synchronously") != NULL,
+          "released synchronously, said (stderr: \"%s\")", said);
+    CHECK(last == cudaSuccess, "no error left by the failed creation (%s)",
+          cudaGetErrorName(last));
+}
+
 int main(void)
 {
     plan_lazy();
@@ -135,5 +161,8 @@ int main(void)
                   "", 2, 30000, way_back_fails);
     fork_scenario("a synchronous release refused by CUDA leaves no error",
                   "CUDEFER_DISABLE=1", 1, 30000, sync_release_refused);
+    fork_scenario("an event creation that fails leaves no error",
+                  "CUDEFER_DRIVER_CALLS=0 CUDEFER_EVENT_POOL=0", 1, 30000,
+                  event_create_fails);
     return 0;
 }
