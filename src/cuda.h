@@ -365,6 +365,17 @@ static inline void cuda_forget_failure(cudaError_t err)
         cudaGetLastError();
 }
 
+/* Any thread, right after cudefer's own call failed with err and the
+ * defer call goes on another way (said, not returned): err cleared from
+ * the thread's last error where that call left it there (a runtime call;
+ * a driver call or a host allocation leaves none), but for a sticky
+ * error. */
+static inline void cuda_forget_failure_left(cudaError_t err)
+{
+    if (err != cudaSuccess && cudaPeekAtLastError() == err)
+        cuda_forget_failure(err);
+}
+
 /* Reclaimer only, before a callback: the thread's last error cleared, so
  * that the callback finds its own CUDA errors, not the reclaimer's. */
 static inline void cuda_clear_last_error(void)

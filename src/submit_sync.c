@@ -140,6 +140,9 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
         return submit_reject(a, f->call, f->err);
     cuda_report_failure(a->what, f->call, f->err,
                 "; waiting for the stream and releasing synchronously");
+    /* The call is accepted: no error of its for the application's next
+     * cudaGetLastError (the runtime's event creation leaves one). */
+    cuda_forget_failure_left(f->err);
     return release_synchronously(a, t->handle);
 }
 
