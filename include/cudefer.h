@@ -172,6 +172,10 @@ struct defer_device_stats {
  * Limit: such a stream whose handle a new stream took within a poll
  * interval is taken for that new stream: ptr then waits for the new
  * stream's work, not for the destroyed one's.
+ * Limit: a new capture of that stream begun just as the reclaimer, its
+ * graph gone, looks up the stream's device (a window of microseconds) is
+ * invalidated: CUDA refuses that look-up on a capturing stream.  ptr then
+ * waits for the new capture's end.
  * Limit: a capture of cudaStreamPerThread is refused, the capture left
  * intact (cudaErrorStreamCaptureUnsupported). */
 CUDEFER_API cudaError_t defer_free(void *ptr, cudaStream_t stream);

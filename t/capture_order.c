@@ -428,8 +428,13 @@ static void s_captures_again_after_check(void)
     atomic_store(&hold_state, 5);
     sleep_ms(50); /* the reclaimer goes on with s */
     fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(s, &st);
+    CHECK(st == cudaStreamCaptureStatusInvalidated,
+          "the limit cudefer.h states: the reclaimer's look at the stream's "
+          "device invalidated the new capture (status %d)", (int)st);
     cudaGraph_t second = NULL;
-    cudaStreamEndCapture(s, &second); /* intact or not: the stream lives */
+    cudaStreamEndCapture(s, &second);
     if (second != NULL)
         cudaGraphDestroy(second);
     sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
