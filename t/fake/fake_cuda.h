@@ -89,8 +89,10 @@
  *       cudaEventQuery, cudaEventSynchronize, cudaStreamQuery,
  *       cudaStreamSynchronize, cudaMalloc, cudaMallocHost/cudaHostAlloc,
  *       and the memory pool's cudaMemPoolCreate, cudaMemPoolDestroy,
- *       cudaMemPoolSetAttribute, cudaMemPoolGetAttribute and
- *       cudaMemPoolTrimTo (bench/probes/capture_unsafe.cu):
+ *       cudaMemPoolSetAttribute, cudaMemPoolGetAttribute,
+ *       cudaMemPoolSetAccess, cudaMemPoolTrimTo and cudaMallocFromPoolAsync
+ *       (bench/probes/capture_unsafe.cu, on a stream of the caller's own
+ *       that does not capture):
  *       refused unless the calling thread's mode
  *       (cudaThreadExchangeStreamCaptureMode; Global by default) is
  *       Relaxed, when the thread has a capture of its own not begun Relaxed,

@@ -430,6 +430,9 @@ cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool,
                                  size_t count)
 {
     int dev = pool_device(pool);
+    cudaError_t err = pool_call_allowed();
+    if (err != cudaSuccess)
+        return err;
     if (dev < 0 || (map == NULL && count > 0))
         return cudaErrorInvalidValue;
     fake_lock();
@@ -526,6 +529,7 @@ cudaError_t cudaMallocFromPoolAsync(void **devPtr, size_t size,
     struct fstream *s;
 
     ENTER(FAKE_MALLOC_ASYNC);
+    UNSAFE_CALL();
     int dev = pool_device(pool);
     if (dev < 0)
         return fake_leave(cudaErrorInvalidValue);
