@@ -393,6 +393,73 @@ static void scenario_sticky_seal(void)
        "a sticky error in a seal's fallback wait fails the device");
 }
 
+/* Through the runtime's calls (CUDEFER_DRIVER_CALLS=0, or a thread with
+ * no current context), a seal whose record fails leaves that failure as
+ * the thread's last error (the driver's call leaves none).  The free that
+ * seals, and a flush that seals, wait for the legacy stream instead and
+ * succeed: the failed record is cudefer's own business, said, and no error
+ * for the application's next cudaGetLastError (PyTorch's launch check) to
+ * find.  Nor is the capture check that bars a due batch's seal. */
+static void scenario_runtime_record_fails(void)
+{
+    free_batch_set_age_ns(UINT64_MAX);
+    void *p[BATCH + 1];
+    for (int i = 0; i < BATCH + 1; i++)
+        alloc_checked(&p[i], 16 * KiB, NULL);
+    for (int i = 0; i < BATCH - 1; i++)
+        CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+    cudaGetLastError();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p[BATCH - 1], NULL);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    cudaError_t last = cudaGetLastError();
+    CHECK(err == cudaSuccess, "the free that seals is accepted (%s)",
+          cudaGetErrorName(err));
+    CHECK(strstr(said, "waiting for the legacy stream") != NULL,
+          "the failed record said (stderr: \"%s\")", said);
+    CHECK(last == cudaSuccess, "the free leaves no error of the failed "
+          "record (%s)", cudaGetErrorName(last));
+    CHECK(defer_free(p[BATCH], NULL) == cudaSuccess, "one more free");
+    cudaGetLastError();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+    stderr_capture_begin();
+    err = defer_flush();
+    said = stderr_capture_end();
+    fake_fail_clear();
+    last = cudaGetLastError();
+    CHECK(err == cudaSuccess, "the flush that seals succeeds (%s)",
+          cudaGetErrorName(err));
+    CHECK(strstr(said, "waiting for the legacy stream") != NULL,
+          "its failed record said (stderr: \"%s\")", said);
+    CHECK(last == cudaSuccess, "the flush leaves no error of the failed "
+          "record (%s)", cudaGetErrorName(last));
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.failed == 0,
+          "every free released (pending %llu, failed %llu)", ULL(st.pending),
+          ULL(st.failed));
+    /* While another thread's global capture bars the legacy stream, the
+     * free that finds its batch due leaves it waiting (accepted): the
+     * refused capture check is no error of the application's either. */
+    void *q[BATCH];
+    for (int i = 0; i < BATCH; i++)
+        alloc_checked(&q[i], 16 * KiB, NULL);
+    cudaGetLastError();
+    fake_fail(FAKE_STREAM_IS_CAPTURING, cudaErrorStreamCaptureImplicit, 0, -1);
+    stderr_capture_begin();
+    for (int i = 0; i < BATCH; i++)
+        CHECK(defer_free(q[i], NULL) == cudaSuccess, "barred free %d", i);
+    said = stderr_capture_end();
+    last = cudaGetLastError();
+    fake_fail_clear();
+    CHECK(last == cudaSuccess, "frees on the barred legacy stream leave no "
+          "error of the refused check (%s; stderr: \"%s\")",
+          cudaGetErrorName(last), said);
+    CHECK(defer_flush() == cudaSuccess && free_batch_waiting() == 0,
+          "a flush once unbarred seals them");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -408,6 +475,9 @@ int main(void)
     scenario_shutdown_unrecorded(true);
     fork_scenario("barred legacy stream: a plain free is refused", "", 1,
                   10000, scenario_barred_plain_free);
+    fork_scenario("a seal whose record fails through the runtime leaves no "
+                  "error", "CUDEFER_FREE_BATCH=4 CUDEFER_DRIVER_CALLS=0", 1,
+                  10000, scenario_runtime_record_fails);
     cudaStream_t s2 = stream_new();
     test_record_fails(s2);
     test_barred_legacy(s2);
