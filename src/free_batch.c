@@ -256,6 +256,10 @@ static cudaError_t complete_synchronously(const char *what, int device,
     cuda_report_failure(what, call, err,
                         "; waiting for the legacy stream to give back the "
                         "blocks freed on it");
+    /* The seal goes on another way: the failed creation or record (a
+     * runtime call's, where the driver's was not made) is no error of the
+     * application's next cudaGetLastError to find. */
+    cuda_forget_failure_left(err);
     cudaError_t sync = cuda_stream_synchronize(stream);
     if (cuda_error_is_sticky(sync)) {
         lifecycle_fail_device(what, device, "cudaStreamSynchronize", sync);
@@ -430,7 +434,12 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
     struct batch *b = &batches[device];
     /* Checked before the claims are taken: a batch that cannot be sealed
      * now stays, for the next free (or a flush) to seal. */
-    if (!current || legacy_check(stream) != cudaSuccess) {
+    cudaError_t barred = current ? legacy_check(stream) : cudaSuccess;
+    /* The free is accepted, its batch left waiting: a check refused (a
+     * runtime call's, where the driver's was not made) leaves no error
+     * for the application's next cudaGetLastError to find. */
+    cuda_forget_failure_left(barred);
+    if (!current || barred != cudaSuccess) {
         if (!added) { /* out of memory, and no event can be recorded */
             lifecycle_count_finished(false, 1); /* counted deferred */
             report("%s: out of memory for the claim of %p, freed "
@@ -447,13 +456,16 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
     pthread_mutex_lock(&b->lock);
     size_t n = due_now ? take_claims(b, &array, &g) : 0;
     pthread_mutex_unlock(&b->lock);
+    /* The free is accepted whatever its seal met (said): a wait that
+     * failed is no error of the application's to find either. */
     if (n > 0)
-        seal(what, device, stream, stream_id, array, NULL, n, g, NULL);
+        cuda_forget_failure_left(
+            seal(what, device, stream, stream_id, array, NULL, n, g, NULL));
     else
         free(array);
     if (!added) /* no room for it: alone (in flight until pushed) */
-        seal(what, device, stream, stream_id, NULL, claim, 1, take_off(1),
-             NULL);
+        cuda_forget_failure_left(seal(what, device, stream, stream_id, NULL,
+                                      claim, 1, take_off(1), NULL));
 }
 
 /* free_batch_seal_all's scan, and free_batch_seal_at_exit's with left:
