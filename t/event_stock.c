@@ -421,6 +421,34 @@ static void test_completed_only_rises(void)
        "%llu)", ULL(after_lower), ULL(atomic_load(&ev.completed)));
 }
 
+/* Through the runtime's calls (CUDEFER_DRIVER_CALLS=0, or a thread with no
+ * current context), a creation of the first miss's stock that fails (made
+ * on the launching thread, after the free's own event was made) ends the
+ * stock, said once; the free is accepted, and the failed creation, which
+ * the runtime leaves as the thread's last error, is cudefer's own business:
+ * no error for the application's next cudaGetLastError (PyTorch's launch
+ * check) to find. */
+static void s_stock_failure_leaves_no_error(void)
+{
+    void *p = device_alloc(64);
+    cudaStream_t s = stream_new();
+    cudaGetLastError();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 1, 1);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, s);
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    cudaError_t last = cudaGetLastError();
+    CHECK(err == cudaSuccess, "defer_free accepted (%s)",
+          cudaGetErrorName(err));
+    CHECK(strstr(said, "fewer idle events made ahead") != NULL,
+          "the stock's failed creation said (stderr: \"%s\")", said);
+    CHECK(last == cudaSuccess, "no error left by the stock's failed creation "
+          "(%s)", cudaGetErrorName(last));
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(fake_is_released(p) == 1, "released");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -434,6 +462,9 @@ int main(void)
                       "most", "", 1, 30000, s_short_stock_small_reserve);
     else
         skip_block(1, "callbacks share no event (LANE_SHARE_CALLBACKS 0)");
+    fork_scenario("a failed creation of the stock leaves no error",
+                  "CUDEFER_DRIVER_CALLS=0", 1, 30000,
+                  s_stock_failure_leaves_no_error);
     fork_scenario("the stock stays within the pool", "CUDEFER_EVENT_POOL=10",
                   1, 30000, s_stock_within_pool);
     fork_scenario("a lane with no idle event at hand asks its newest before "
