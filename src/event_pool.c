@@ -427,6 +427,11 @@ static size_t make_ahead(int device, size_t n, uint64_t until)
         const char *call;
         struct shared_event *ev = create_event(device, &err, &call);
         if (ev == NULL) { /* the next take that finds none asks again */
+            /* Made ahead, on a launching thread inside its defer call (the
+             * stock) or on the reclaimer: the failure (a runtime call's,
+             * where the driver's was not made) is no error of the
+             * application's next cudaGetLastError to find. */
+            cuda_forget_failure_left(err);
             static _Atomic bool reported;
             if (!atomic_exchange(&reported, true))
                 cuda_report_failure("event pool", call, err,
