@@ -436,6 +436,32 @@ static void test_unknown_names(void)
     ok(same_config(&cfg, &def), "the knobs set are applied, nothing else");
 }
 
+/* A name of no setting longer than a line shows is cut as a long value
+ * is: its first 64 characters, then "...", so the line never passes a cut
+ * name off as the whole one the user set. */
+static void test_unknown_long_name(void)
+{
+    char name[120];
+    memset(name, 'X', sizeof name - 1);
+    memcpy(name, "CUDEFER_", 8);
+    name[sizeof name - 1] = '\0';
+    set_cudefer_env("");
+    setenv(name, "1", 1);
+    struct defer_config cfg;
+    config_defaults(&cfg);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    unsetenv(name);
+    char want[256];
+    snprintf(want, sizeof want,
+             "cudefer: %.64s... is not a cudefer setting: ignored (man "
+             "cudefer lists them)\n", name);
+    is_int(invalid, 0, "a long name of no setting is no invalid value");
+    is_str(err, want, "a 119-character name of no setting is shown as its "
+           "first 64 characters and ...");
+}
+
 /* ---- printing ------------------------------------------------------------- */
 
 /* config_print of cfg into a static buffer. */
@@ -653,6 +679,7 @@ int main(void)
     test_env_several();
     test_poll_max_fixup();
     test_unknown_names();
+    test_unknown_long_name();
     test_print();
     test_defaults_api();
     test_configure_before_start();
