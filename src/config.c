@@ -495,9 +495,12 @@ static void report_unknown_names(void)
         }
         if (knob)
             continue;
+        /* One character more than a line shows, so that shown_text sees a
+         * longer name and marks the cut with "...". */
         char shown[SHOWN_MAX + 4];
-        char name[72];
-        snprintf(name, sizeof name, "%.*s", (int)(len < 64 ? len : 64), var);
+        char name[SHOWN_MAX + 2];
+        snprintf(name, sizeof name, "%.*s",
+                 (int)(len < SHOWN_MAX + 1 ? len : SHOWN_MAX + 1), var);
         shown_text(name, shown, sizeof shown);
         if (near != NULL)
             report("%s is not a cudefer setting: ignored (did you mean %s?)",
