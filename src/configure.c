@@ -79,7 +79,7 @@ cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
     }
     if (size < CONFIG_END_0_1_0) {
         stats_add(&stats.rejected, 1);
-        report("defer_configure: size %zu is smaller than any struct "
+        report("defer_configure_sized: size %zu is smaller than any struct "
                "defer_config (%zu bytes in cudefer 0.1.0): ignored",
                size, (size_t)CONFIG_END_0_1_0);
         return cudaErrorInvalidValue;
