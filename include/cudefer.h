@@ -372,8 +372,9 @@ CUDEFER_API cudaError_t defer_flush(void);
 /* defer_trim: release every completed entry and every free block now,
  * whatever the policy, and trim cudefer's pools: call it when cudaMalloc
  * fails, before retrying.  Blocks for one reclaimer pass, not for running
- * work.  *released_bytes (if not NULL) gets the bytes given back to CUDA,
- * cudaMallocAsync memory not counted.  Errors as for defer_flush.
+ * work.  *released_bytes (if not NULL) gets the bytes that pass gave back
+ * to CUDA, cudaMallocAsync memory not counted: trims served by one pass
+ * each get its total.  Errors as for defer_flush.
  * Limit: what shares an event completes when its newest record does. */
 CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 
