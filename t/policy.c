@@ -152,6 +152,50 @@ static int s_pool(void)
     return failed_checks;
 }
 
+/* ---- 3b. pool memory freed with a block of the cache ----------------------- */
+
+/* defer_free_n of a defer_alloc block and pool memory: the block goes back
+ * to the cache, and the pool memory is still pool memory, released at once
+ * with cudaFreeAsync, never held (nor counted in held_bytes). */
+static int s_pool_with_block(void)
+{
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    void *ptrs[2];
+    cudaError_t err = defer_alloc(&ptrs[0], 4096, sb);
+    if (err != cudaSuccess)
+        bail("defer_alloc: %s", cudaGetErrorName(err));
+    err = cudaMallocAsync(&ptrs[1], 4096, sb);
+    if (err != cudaSuccess)
+        bail("cudaMallocAsync: %s", cudaGetErrorName(err));
+    work_timed(sb, 0, ptrs[1]);
+    unsigned long frees = fake_calls(FAKE_FREE);
+    err = defer_free_n(ptrs, 2, sb);
+    CHECK(err == cudaSuccess, "defer_free_n of a block and pool memory: %s",
+          cudaGetErrorName(err));
+    uint64_t max_held = 0, max_held_bytes = 0;
+    double t0 = now_ms();
+    while (fake_is_released(ptrs[1]) != 1 && now_ms() - t0 < 2000) {
+        struct defer_stats st = stats_now();
+        if (st.held > max_held)
+            max_held = st.held;
+        if (st.held_bytes > max_held_bytes)
+            max_held_bytes = st.held_bytes;
+        sleep_ms(1);
+    }
+    CHECK(fake_is_released(ptrs[1]) == 1,
+          "the pool memory is released while busy (with no age limit, "
+          "held memory waits for the busy stream)");
+    CHECK(max_held == 0 && max_held_bytes == 0,
+          "the pool memory is never held (max held seen %llu, %llu bytes)",
+          ULL(max_held), ULL(max_held_bytes));
+    CHECK(fake_calls(FAKE_FREE) == frees, "not with cudaFree (%lu calls)",
+          fake_calls(FAKE_FREE) - frees);
+    busy_end(&a);
+    CHECK(wait_released(a.p, 10000), "the busy buffer is released after");
+    return failed_checks;
+}
+
 /* ---- 4. eager ------------------------------------------------------------- */
 
 static int s_eager(void)
@@ -460,6 +504,8 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=50", s_age);
     scenario("pool memory: released at once with cudaFreeAsync, never held",
              "CUDEFER_MAX_DELAY_MS=0", s_pool);
+    scenario("pool memory freed with a block: released at once, never held",
+             "CUDEFER_MAX_DELAY_MS=0", s_pool_with_block);
     scenario("eager: released at once while busy",
              "CUDEFER_POLICY=eager CUDEFER_MAX_DELAY_MS=0", s_eager);
     scenario("trim: releases what completed, reports its bytes",
