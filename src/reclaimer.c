@@ -383,7 +383,11 @@ static void size_up(struct entry *e)
         e->held_bytes += info.bytes;
     }
     e->cache_blocks = blocks > 0 && blocks == e->nptrs;
-    if (blocks > 0)
+    /* pool says what the pointers that are not blocks are: those go back
+     * with cudaFreeAsync once the blocks went back to the cache
+     * (give_back_blocks), never held.  An entry of blocks only frees
+     * nothing, and needs no stream of the reclaimer's. */
+    if (e->cache_blocks)
         e->pool = false;
     if (e->pool)
         e->held_bytes = 0; /* cudaFreeAsync costs nothing: never held */
