@@ -54,6 +54,20 @@ def library_cases(tmp):
         """ % LIB)
     tap(rc == 0 and "VERSION " in out and LIB in out,
         "the library is loaded once and read: stats() and version()", out)
+    # From the source tree the field names come from cudefer.h, a UTF-8
+    # file: read as such whatever the locale's encoding (here ASCII: the C
+    # locale without Python's UTF-8 mode).
+    rc, out = py("""
+        import cudefer
+        s = cudefer.stats(%r)
+        d = cudefer.device_stats(0)
+        assert tuple(s) == cudefer.KNOWN_STATS_FIELDS, list(s)
+        assert tuple(d) == cudefer.KNOWN_DEVICE_STATS_FIELDS, list(d)
+        print("READ", len(s), len(d))
+        """ % LIB, env={"LC_ALL": "C", "PYTHONUTF8": "0"})
+    tap(rc == 0 and "READ " in out,
+        "stats() and device_stats() read cudefer.h's field names under a "
+        "locale whose encoding is not UTF-8", out)
     rc, out = py("""
         import cudefer
         s = cudefer.device_stats(1, %r, reset_peaks=True)
