@@ -210,7 +210,10 @@ def _struct_fields(name, known):
     picked up), else known."""
     header = os.path.join(_TREE, "include", "cudefer.h")
     try:
-        with open(header) as f:
+        # UTF-8 (its comments are), whatever the locale's encoding: the
+        # field names are ASCII, so any byte that does not decode is in a
+        # comment and may become U+FFFD.
+        with open(header, encoding="utf-8", errors="replace") as f:
             text = f.read()
         body = re.search(r"struct %s\s*\{(.*?)\};" % name, text,
                          re.S).group(1)
