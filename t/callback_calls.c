@@ -8,6 +8,9 @@
  * cudaErrorNotPermitted; exit() inside it must not wait for it either.
  * Each scenario runs in a child process, killed if it hangs. */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -291,6 +294,83 @@ static void s_long_callback_holds_releases(void)
     CHECK(flushed == 1, "and the flush returned cudaSuccess");
 }
 
+/* ---- fork() inside a callback on the reclaimer thread ------------------- */
+
+/* The fork child's one thread is the reclaimer's: once the callback
+ * returns there, the child must not go on as a reclaimer (it has no CUDA:
+ * no CUDA call, nothing released, nothing counted again) but end. */
+static void *fork_pending;          /* a free pending when the child forks */
+static _Atomic pid_t fork_child_pid; /* set by the callback in the parent */
+static struct defer_stats fork_child_stats; /* the child's, at the fork */
+
+static void die_on_cuda_call(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)r;
+    (void)arg;
+    fprintf(stderr, "# the fork child made %s after its callback returned\n",
+            fake_call_name(c));
+    child_end(3);
+}
+
+/* The child's exit handler: it ended, and counted the parent's pending
+ * free once (failed), never released. */
+static void judge_fork_child(void)
+{
+    struct defer_stats st;
+    defer_stats_get(&st);
+    int bad = !(st.released == fork_child_stats.released &&
+                st.failed == fork_child_stats.failed &&
+                st.pending == 0);
+    if (bad)
+        fprintf(stderr, "# the fork child counted on: released %llu -> %llu, "
+                "failed %llu -> %llu, pending %llu\n",
+                ULL(fork_child_stats.released), ULL(st.released),
+                ULL(fork_child_stats.failed), ULL(st.failed),
+                ULL(st.pending));
+    child_end(bad);
+}
+
+static void fork_in_callback(void *unused)
+{
+    (void)unused;
+    pid_t pid = fork_flushed();
+    if (pid != 0) {
+        atomic_store(&fork_child_pid, pid);
+        return;
+    }
+    defer_stats_get(&fork_child_stats);
+    atexit(judge_fork_child);
+    for (int c = 0; c < FAKE_NCALLS; c++)
+        fake_set_return_hook((enum fake_call)c, die_on_cuda_call, NULL);
+}
+
+static void s_fork_in_callback(void)
+{
+    cudaStream_t s = stream_new();
+    fork_pending = device_alloc(4096);
+    work_timed(s, 100000, fork_pending); /* completes 100 ms later */
+    CHECK(defer_free(fork_pending, s) == cudaSuccess, "defer_free");
+    CHECK(defer_call(fork_in_callback, NULL, stream_new()) == cudaSuccess,
+          "defer_call");
+    double until = now_ms() + 5000;
+    while (atomic_load(&fork_child_pid) == 0 && now_ms() < until)
+        sleep_ms(1);
+    pid_t pid = atomic_load(&fork_child_pid);
+    CHECK(pid > 0, "the callback forked");
+    if (pid > 0) {
+        int status = 0;
+        bool ended = wait_child(pid, 3000, &status);
+        CHECK(ended, "the fork child ended once its callback returned: it "
+              "ran on as a reclaimer (CUDA calls, the parent's free "
+              "released there)");
+        CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the fork child made no CUDA call and counted nothing again "
+              "(status %d)", status);
+    }
+    CHECK(defer_flush() == cudaSuccess, "the parent flushes");
+    CHECK(fake_is_released(fork_pending) == 1, "released in the parent");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -317,5 +397,8 @@ int main(void)
                   "flush waits until it returns",
                   "CUDEFER_POLICY=eager", 1, 15000,
                   s_long_callback_holds_releases);
+    fork_scenario("fork() in a callback on the reclaimer thread: the child "
+                  "ends when the callback returns, no CUDA call there",
+                  "CUDEFER_POLICY=eager", 1, 20000, s_fork_in_callback);
     return 0;
 }
