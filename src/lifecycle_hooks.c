@@ -164,6 +164,14 @@ static void fork_child(void)
     atomic_store(&rs.state, STATE_FORKED);
     atomic_store(&rs.gate_closed, true);
     lifecycle_gate_forget_admissions();
+    /* Forked by a callback on the reclaimer thread: the child's one thread
+     * is the reclaimer's, which goes on once the callback returns.  It
+     * must make no CUDA call, release nothing and count nothing (what was
+     * pending is counted failed below): abandoned, as after exit's
+     * give-up, it leaves its pass and returns, and the child ends with
+     * its last thread (exit status 0). */
+    if (thread_here.reclaimer)
+        atomic_store(&rs.abandoned, true);
     /* First: the snapshot below reads the event pool, whose registry lock
      * another thread (reading the statistics, say) may have held. */
     event_pool_after_fork();

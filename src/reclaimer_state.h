@@ -109,7 +109,9 @@ struct reclaimer_state {
     /* Set once by exit when it gives up on the drain and counts every entry
      * still pending as failed: from then on the reclaimer counts nothing,
      * releases nothing and makes no CUDA call; it ends where it finds it
-     * set (reclaimer_abandoned), in the middle of a pass too. */
+     * set (reclaimer_abandoned), in the middle of a pass too.  Also set
+     * by the fork child's handler where the reclaimer thread forked (a
+     * callback): the child's one thread must not go on reclaiming. */
     _Atomic bool abandoned;
     /* Who ends the reclaimer thread: REAPER_NONE until the stop takes it
      * to join the thread (REAPER_JOIN), or the thread, abandoned, takes it
