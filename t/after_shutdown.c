@@ -7,6 +7,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 
 #include "helpers.h"
@@ -206,6 +208,34 @@ static int s_alloc_miss_during_shutdown(void)
     return failed_checks;
 }
 
+/* An exit handler run after cudefer's (registered before its start): a
+ * call there is refused in words that say exit stopped cudefer, not a
+ * defer_shutdown the program never called. */
+static cudaStream_t exit_stream;
+
+static void call_after_exit(void)
+{
+    void *p = device_alloc(64);
+    stderr_capture_begin();
+    cudaError_t err = defer_free(p, exit_stream);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_free after exit: %s",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "defer_free called after exit", "refused", NULL) &&
+              strstr(said, "defer_shutdown") == NULL,
+          "refused as after exit, naming no defer_shutdown: %s", said);
+    scenario_child_end();
+}
+
+static int s_after_exit(void)
+{
+    atexit(call_after_exit); /* before cudefer's: runs after it */
+    exit_stream = stream_new();
+    void *p = device_alloc(64);
+    CHECK(defer_free(p, exit_stream) == cudaSuccess, "defer_free");
+    exit(0);
+}
+
 static void scenario(const char *title, int (*fn)(void))
 {
     pid_t pid = fork_flushed();
@@ -235,5 +265,7 @@ int main(void)
     scenario("a defer_alloc miss sizes its new block while admitted, so "
              "defer_shutdown cannot free the pools' records under it",
              s_alloc_miss_during_shutdown);
+    scenario("a call in an exit handler after cudefer's is refused as after "
+             "exit, not after a defer_shutdown never called", s_after_exit);
     return 0;
 }
