@@ -163,7 +163,8 @@ static bool inside_callback(void)
     return thread_here.reclaimer || thread_here.admissions > 0;
 }
 
-/* Any thread: refuse the call what (after shutdown, or in a forked child),
+/* Any thread: refuse the call what (after shutdown or exit, or in a forked
+ * child),
  * counted and said in one line ending with end's text;
  * cudaErrorNotPermitted.
  * Only a call that hands something over (hands_over) says the caller
@@ -178,6 +179,9 @@ static cudaError_t refuse_ending(const char *what, const struct line_end *end)
     if (atomic_load(&rs.state) == STATE_FORKED)
         report("%s called in a forked child: refused (CUDA cannot be used "
                "after fork%s)%s", what, kept, tail);
+    else if (atomic_load(&rs.exiting)) /* exit closed the gate */
+        report("%s called after exit began: refused%s%s", what,
+               handed ? " (the caller keeps ownership)" : "", tail);
     else if (handed)
         report("%s called after defer_shutdown: refused (the caller keeps "
                "ownership)%s", what, tail);

@@ -116,6 +116,7 @@ void lifecycle_hooks_exit(void)
     if (atomic_load(&rs.state) == STATE_RUNNING && !thread_here.reclaimer) {
         static struct request q; /* outlives this call if the wait gives up */
         q = (struct request){.err = cudaSuccess};
+        atomic_store(&rs.exiting, true); /* before the gate closes */
         bool closed = lifecycle_close_gate(deadline);
         /* No wait for the legacy stream here: a batch that cannot get
          * its event is left unreleased, as what the drain gives up on. */

@@ -121,6 +121,9 @@ struct reclaimer_state {
      * shutdown on another thread stops the reclaimer).  A timed join that
      * gives up (exit's) puts REAPER_NONE back before the abandon. */
     _Atomic int reaper;
+    /* Set by exit under life_lock before it closes the gate: a refusal
+     * from then on says that exit stopped cudefer, not defer_shutdown. */
+    _Atomic bool exiting;
     /* Who ends the library: ENDING_OPEN from the start until the stop
      * that joined the reclaimer takes it (ENDING_STOP: it frees the state
      * then), or exit, kept out of life_lock by a shutdown, gives up
