@@ -164,8 +164,7 @@ static bool inside_callback(void)
 }
 
 /* Any thread: refuse the call what (after shutdown or exit, or in a forked
- * child),
- * counted and said in one line ending with end's text;
+ * child), counted and said in one line ending with end's text;
  * cudaErrorNotPermitted.
  * Only a call that hands something over (hands_over) says the caller
  * keeps it. */
