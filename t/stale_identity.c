@@ -180,6 +180,60 @@ static void s_failed_device_looked_up_again(void)
     cudaFree(q);
 }
 
+/* The handle reused on a failed device: the thread cached the destroyed
+ * stream's identity (device 0, healthy), and the handle now names a stream
+ * of device 1, which failed.  The record fails, the stream is looked up
+ * afresh, and the fresh device's error refuses the call as any later call
+ * on a failed device is refused (include/cudefer.h): the caller keeps the
+ * pointer, nothing is queued on the failed device to be abandoned there,
+ * and the refusal is counted once. */
+static void s_reused_on_failed_device(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    void *p1 = device_alloc(64), *p = device_alloc(64);
+    cudaSetDevice(0);
+    cudaStream_t s = stream_new();
+    cache_stream(s);
+    CHECK(defer_flush() == cudaSuccess, "flush before device 1 fails");
+    fake_work *w = work_held(s1, p1);
+    CHECK(defer_free(p1, s1) == cudaSuccess, "defer_free on device 1");
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorIllegalAddress, 0, -1);
+    stderr_capture_begin();
+    cudaError_t err = defer_flush();
+    fake_fail_clear();
+    CHECK(err == cudaErrorIllegalAddress, "device 1 failed: %s",
+          cudaGetErrorName(err));
+    fake_complete(w);
+    cudaStreamDestroy(s);
+    cudaSetDevice(1);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    void *h = host_alloc(64);
+    cudaSetDevice(0);
+    CHECK(b == s, "device 1's new stream has the destroyed stream's handle");
+    uint64_t rejected = stats_now().rejected;
+    uint64_t failed = stats_now().failed;
+    err = defer_free(p, b);
+    CHECK(err == cudaErrorIllegalAddress, "defer_free on the reused handle "
+          "is refused with device 1's error: %s", cudaGetErrorName(err));
+    err = defer_free_host(h, b);
+    CHECK(err == cudaErrorIllegalAddress, "defer_free_host likewise: %s",
+          cudaGetErrorName(err));
+    defer_flush();
+    const char *msg = stderr_capture_end();
+    CHECK(stats_now().rejected - rejected == 2, "both refusals counted "
+          "(%llu)", ULL(stats_now().rejected - rejected));
+    CHECK(stats_now().failed == failed, "nothing queued on the failed "
+          "device to be abandoned (failed %llu -> %llu)", ULL(failed),
+          ULL(stats_now().failed));
+    CHECK(strstr(msg, "nothing was deferred") != NULL, "the refusal said");
+    CHECK(fake_is_released(p) == 0 && fake_is_released(h) == 0,
+          "the caller keeps p and h");
+    cudaFree(p);
+    cudaFreeHost(h);
+    cudaFree(p1);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -195,6 +249,8 @@ int main(void)
     ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
        "a cached identity whose device failed is looked up again before the "
        "call is refused");
+    fork_scenario("a reused handle whose fresh device failed refuses the "
+                  "call", "", 2, 15000, s_reused_on_failed_device);
     fake_reset(2);
     test_group_retries();
     test_handle_reused_on_another_device();
