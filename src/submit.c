@@ -168,18 +168,24 @@ cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
 
 /* Any thread, admitted: the first record on t's stream failed (f): when
  * t's identity was cached and the stream's handle is unknown now, the
- * identity may be stale: looked up afresh and recorded once more.  Never
- * blocks but as submit_record may.  The entry, or NULL as submit_record
- * says (f->no_event cleared when the fresh look-up failed: a refusal). */
+ * identity may be stale: looked up afresh and recorded once more, unless
+ * the fresh device has failed (an entry there would be abandoned, the call
+ * accepted; it is refused as any call on that device is).  Never blocks
+ * but as submit_record may.  The entry, or NULL as the second
+ * submit_record says (f->no_event cleared first: a failed look-up or a
+ * failed device is a refusal). */
 static struct entry *record_again(const struct request_args *a,
                                   struct target *t, enum lane_share lane,
                                   struct failure *f)
 {
     if (!t->cached || f->err != cudaErrorInvalidResourceHandle)
         return NULL;
+    f->no_event = false;
     if ((f->err = submit_identify_again(t->handle, &t->device, &t->id,
-                                        &f->call)) != cudaSuccess) {
-        f->no_event = false;
+                                        &f->call)) != cudaSuccess)
+        return NULL;
+    if ((f->err = lifecycle_device_error(t->device)) != cudaSuccess) {
+        f->call = "an earlier CUDA call on this device";
         return NULL;
     }
     return submit_record(a, t->handle, t->device, t->id, lane, f);
@@ -189,7 +195,7 @@ static struct entry *record_again(const struct request_args *a,
  * once more after a stale cached identity (Note [Stale identity]; t's
  * device and id are then the fresh ones).  Never blocks but as
  * submit_record may.  The entry, or NULL as submit_record says
- * (f->no_event cleared when the fresh look-up failed: a refusal). */
+ * (record_again: a failed fresh look-up or device is a refusal). */
 static inline struct entry *record_on(const struct request_args *a,
                                       struct target *t, enum lane_share lane,
                                       struct failure *f)
