@@ -113,6 +113,64 @@ static void test_handle_reused_on_another_device(void)
     cudaStreamDestroy(b);
 }
 
+/* A stream of device 0 whose identity this thread cached, destroyed, its
+ * handle now naming a new stream of device 1; device 0 current. */
+static cudaStream_t reused_on_device_1(void)
+{
+    cudaStream_t s = stream_new();
+    cache_stream(s);
+    cudaStreamDestroy(s);
+    cudaSetDevice(1);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    cudaSetDevice(0);
+    return b;
+}
+
+/* The stale identity's record failing through the runtime (no current
+ * context: the runtime's cudaEventRecord stands in for the driver's) is
+ * cudefer's own business: the fresh look-up's record succeeds and the call
+ * returns cudaSuccess, so the thread's last error must be as it was, not
+ * the failed record's cudaErrorInvalidResourceHandle (PyTorch's launch
+ * checks read it after every kernel). */
+static void test_retry_leaves_last_error(void)
+{
+    cudaStream_t b = reused_on_device_1();
+    cudaSetDevice(1);
+    void *p = device_alloc(64);
+    cudaSetDevice(0);
+    fake_work *w = work_held(b, p);
+    cudaGetLastError();
+    fake_set_no_context(1);
+    is_int(defer_free(p, b), cudaSuccess,
+           "defer_free, runtime record on a stale identity, retried");
+    cudaError_t last = cudaGetLastError();
+    fake_set_no_context(0);
+    is_int(last, cudaSuccess, "and no error left for cudaGetLastError (%s)",
+           cudaGetErrorName(last));
+    cudaStreamDestroy(b);
+
+    cudaStream_t c = reused_on_device_1();
+    cudaSetDevice(1);
+    void *q = device_alloc(64);
+    cudaSetDevice(0);
+    fake_work *v = work_held(c, q);
+    cudaStream_t streams[1] = {c};
+    cudaGetLastError();
+    fake_set_no_context(1);
+    is_int(defer_free_streams(q, streams, 1), cudaSuccess,
+           "defer_free_streams likewise");
+    last = cudaGetLastError();
+    fake_set_no_context(0);
+    is_int(last, cudaSuccess, "and no error left for cudaGetLastError (%s)",
+           cudaGetErrorName(last));
+    fake_complete(w);
+    fake_complete(v);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 && fake_is_released(q) == 1,
+       "released once their work on device 1 is done");
+    cudaStreamDestroy(c);
+}
+
 /* The handle reused on the same device: the thread's stale identity names
  * the old stream, whose work is still held; the new stream's callbacks
  * keep their order and run after the new stream's own work only. */
@@ -255,6 +313,7 @@ int main(void)
     test_group_retries();
     test_handle_reused_on_another_device();
     test_handle_reused_on_the_same_device();
+    test_retry_leaves_last_error();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "no allocation left");
     is_int(fake_violations(), 0, "oracle: nothing released early or twice");
