@@ -181,6 +181,10 @@ static struct entry *record_again(const struct request_args *a,
     if (!t->cached || f->err != cudaErrorInvalidResourceHandle)
         return NULL;
     f->no_event = false;
+    /* The failed record is cudefer's own: the runtime's (no current
+     * context) left its error, which a retry that succeeds must not leave
+     * for the application; one that fails leaves its own. */
+    cuda_forget_failure_left(f->err);
     if ((f->err = submit_identify_again(t->handle, &t->device, &t->id,
                                         &f->call)) != cudaSuccess)
         return NULL;

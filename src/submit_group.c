@@ -75,6 +75,7 @@ static struct entry *record_part(const struct request_args *a,
     struct entry *e = submit_record(part, stream, device, id, lane, f);
     if (e != NULL || !cached || f->err != cudaErrorInvalidResourceHandle)
         return e;
+    cuda_forget_failure_left(f->err); /* as record_again, submit.c */
     if ((f->err = submit_identify_again(stream, &device, &id, &f->call)) !=
         cudaSuccess)
         return NULL;
