@@ -290,6 +290,22 @@ static void hold_reclaimer(enum fake_call c, cudaError_t r, void *arg)
         sleep_ms(1);
 }
 
+/* p freed in a capture of s begun now, with hook on the reclaimer's
+ * cudaStreamIsCapturing (hold_reclaimer, or one that holds as it does):
+ * returns once the reclaimer is held in its look at s (hold_state 2). */
+static void free_in_capture_held(cudaStream_t s, void *p,
+                                 fake_return_hook hook)
+{
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hook, NULL);
+    begin_capture(s);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+}
+
 /* cudaStreamIsCapturing calls of other threads than this one. */
 static unsigned long others_is_capturing(void)
 {
@@ -306,14 +322,7 @@ static unsigned long others_is_capturing(void)
 static fake_work *capture_again_before_death(cudaStream_t s, void *p)
 {
     fake_work *w = work_held(s, p);
-    atomic_store(&hold_state, 1);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 2 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    free_in_capture_held(s, p, hold_reclaimer);
     cudaGraph_t first = end_capture(s);
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
               cudaSuccess,
@@ -404,14 +413,7 @@ static void s_captures_again_after_check(void)
     cudaStream_t s = stream_new();
     void *p = device_alloc(256);
     fake_work *w = work_held(s, p);
-    atomic_store(&hold_state, 1);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, capture_after_check, NULL);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 2 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    free_in_capture_held(s, p, capture_after_check);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_no_user_objects(2000), "the graph is gone");
     uint64_t failed = stats_now().failed;
@@ -467,14 +469,7 @@ static void destroyed_origin(bool reuse)
     cudaStream_t s = stream_new();
     void *p = device_alloc(256);
     fake_work *old = work_held(s, NULL), *mine = NULL;
-    atomic_store(&hold_state, 1);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 2 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    free_in_capture_held(s, p, hold_reclaimer);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_no_user_objects(2000), "the graph is gone");
     cudaStreamDestroy(s);

@@ -337,6 +337,16 @@ static void scenario_shutdown_unrecorded(bool wait_fails)
                     "waits for the legacy stream and releases its blocks");
 }
 
+/* BATCH + 1 blocks of 16 KiB on the legacy stream, the first BATCH - 1
+ * freed: the next free fills the batch and seals it, one more is left. */
+static void batch_but_one(void *p[BATCH + 1])
+{
+    for (int i = 0; i < BATCH + 1; i++)
+        alloc_checked(&p[i], 16 * KiB, NULL);
+    for (int i = 0; i < BATCH - 1; i++)
+        CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+}
+
 /* A sticky error (a kernel fault: every later call on the device fails
  * with it) meets the seal's record and the wait that replaces it: the
  * device fails, as where the reclaimer or a synchronous release meets one
@@ -352,10 +362,7 @@ static void scenario_sticky_seal(void)
         set_cudefer_env("CUDEFER_FREE_BATCH=4");
         free_batch_set_age_ns(UINT64_MAX);
         void *p[BATCH + 1];
-        for (int i = 0; i < BATCH + 1; i++)
-            alloc_checked(&p[i], 16 * KiB, NULL);
-        for (int i = 0; i < BATCH - 1; i++)
-            CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+        batch_but_one(p);
         const cudaError_t bad = cudaErrorIllegalAddress;
         fake_fail(FAKE_EVENT_RECORD, bad, 0, -1);
         fake_fail(FAKE_STREAM_SYNCHRONIZE, bad, 0, -1);
@@ -404,10 +411,7 @@ static void scenario_runtime_record_fails(void)
 {
     free_batch_set_age_ns(UINT64_MAX);
     void *p[BATCH + 1];
-    for (int i = 0; i < BATCH + 1; i++)
-        alloc_checked(&p[i], 16 * KiB, NULL);
-    for (int i = 0; i < BATCH - 1; i++)
-        CHECK(defer_free(p[i], NULL) == cudaSuccess, "free %d", i);
+    batch_but_one(p);
     cudaGetLastError();
     fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
     stderr_capture_begin();

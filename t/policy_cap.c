@@ -71,14 +71,17 @@ static int s_cap_follows_use(void)
 }
 
 
-/* Pinned host memory that defer_free_host holds counts in its device's
- * held bytes (cudefer.h), but it is no part of the device's used memory:
- * the auto cap must not take it out of what the application uses there.
- * With 12 GiB of device memory in use and only pinned buffers held, the
- * cap is a sixth of 12 GiB, so the held bytes reach 2 GiB before a
- * batch; taking the held pinned bytes out of the device's use as well
- * lowered the cap as they grew and released below 1.9 GiB. */
-static int s_cap_pinned_not_device_use(void)
+/* Memory that counts in device 0's held bytes and against its cap
+ * (cudefer.h) but is no part of its used memory must not be taken out of
+ * what the application uses there: with 12 GiB in use on device 0 and only
+ * such buffers held, the cap is a sixth of 12 GiB, so the held bytes reach
+ * about 2 GiB before a batch; taking them out of the use as well lowered
+ * the cap as they grew and released below 1.9 GiB.  Each of the N buffers
+ * of 64 MiB comes from make, is used on a stream of device 0 and is
+ * deferred there by defer (named what). */
+static void held_is_no_use(void *(*make)(size_t),
+                           cudaError_t (*defer)(void *, cudaStream_t),
+                           const char *what)
 {
     enum { N = 48 };
     const size_t size = (size_t)64 << 20;
@@ -87,55 +90,10 @@ static int s_cap_pinned_not_device_use(void)
     struct busy a = busy_begin();
     cudaStream_t sb = stream_new();
     for (int i = 0; i < N; i++) {
-        void *h = host_alloc(size);
-        work_timed(sb, 0, h);
-        cudaError_t err = defer_free_host(h, sb);
-        CHECK(err == cudaSuccess, "defer_free_host #%d: %s", i,
-              cudaGetErrorName(err));
-        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
-    }
-    wait_stats_settled(10000);
-    struct defer_stats st = stats_now();
-    struct defer_device_stats ds;
-    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
-    const uint64_t cap = (USE_PARTS * USE_PART + 512) / 6; /* and busy's */
-    CHECK(st.cap_releases > 0, "released for the cap (cap_releases %llu)",
-          ULL(st.cap_releases));
-    CHECK(ds.held_bytes_peak >= cap - size,
-          "held up to a sixth of the 12 GiB of device memory in use: peak "
-          "%llu MiB, cap %llu MiB", ULL(ds.held_bytes_peak >> 20),
-          ULL(cap >> 20));
-    CHECK(ds.held_bytes_peak <= cap + 2 * size,
-          "and no more (peak %llu MiB)", ULL(ds.held_bytes_peak >> 20));
-    busy_end(&a);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    use_end(live);
-    return 0;
-}
-
-/* Memory of device 1 freed on a stream of device 0 counts in device 0's
- * held bytes and against its cap (cudefer.h), but it is no part of device
- * 0's used memory: the auto cap must not take it out of what the
- * application uses there.  With 12 GiB in use on device 0 and only device
- * 1's buffers held there, the cap is a sixth of 12 GiB; taking the held
- * bytes out of device 0's use lowered the cap as they grew and released
- * below 1.9 GiB. */
-static int s_cap_other_device_not_use(void)
-{
-    enum { N = 48 };
-    const size_t size = (size_t)64 << 20;
-    fake_reset(2);
-    void *live[USE_PARTS];
-    use_begin(live);
-    struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    for (int i = 0; i < N; i++) {
-        cudaSetDevice(1);
-        void *p = device_alloc(size);
-        cudaSetDevice(0);
+        void *p = make(size);
         work_timed(sb, 0, p);
-        cudaError_t err = defer_free(p, sb);
-        CHECK(err == cudaSuccess, "defer_free #%d: %s", i,
+        cudaError_t err = defer(p, sb);
+        CHECK(err == cudaSuccess, "%s #%d: %s", what, i,
               cudaGetErrorName(err));
         sleep_ms(2); /* the reclaimer takes it in and asks the use again */
     }
@@ -154,6 +112,28 @@ static int s_cap_other_device_not_use(void)
     busy_end(&a);
     CHECK(defer_flush() == cudaSuccess, "flush");
     use_end(live);
+}
+
+/* Pinned host memory, held by defer_free_host. */
+static int s_cap_pinned_not_device_use(void)
+{
+    held_is_no_use(host_alloc, defer_free_host, "defer_free_host");
+    return 0;
+}
+
+/* Device 1's memory, freed on a stream of device 0. */
+static void *other_device_alloc(size_t size)
+{
+    cudaSetDevice(1);
+    void *p = device_alloc(size);
+    cudaSetDevice(0);
+    return p;
+}
+
+static int s_cap_other_device_not_use(void)
+{
+    fake_reset(2);
+    held_is_no_use(other_device_alloc, defer_free, "defer_free");
     return 0;
 }
 

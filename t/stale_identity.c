@@ -76,6 +76,22 @@ static void test_group_retries(void)
     cudaStreamDestroy(s[1]);
 }
 
+/* A stream of device 0 whose identity this thread cached, destroyed, its
+ * handle now naming a new stream of device 1 (returned; the destroyed
+ * one's handle in *old, if not NULL); device 0 current. */
+static cudaStream_t reused_on_device_1(cudaStream_t *old)
+{
+    cudaStream_t s = stream_new();
+    cache_stream(s);
+    cudaStreamDestroy(s);
+    cudaSetDevice(1);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    cudaSetDevice(0);
+    if (old != NULL)
+        *old = s;
+    return b;
+}
+
 /* The real thing, now that the fake can give a destroyed stream's handle
  * to a new stream (fake_stream_create_reusing): the thread cached the old
  * stream's identity, and the handle now names a stream of device 1.  The
@@ -83,11 +99,9 @@ static void test_group_retries(void)
  * again and the free goes through; nothing is released before its work. */
 static void test_handle_reused_on_another_device(void)
 {
-    cudaStream_t s = stream_new();
-    cache_stream(s);
-    cudaStreamDestroy(s);
+    cudaStream_t s;
+    cudaStream_t b = reused_on_device_1(&s);
     cudaSetDevice(1);
-    cudaStream_t b = fake_stream_create_reusing(s);
     void *p = device_alloc(64);
     cudaSetDevice(0);
     ok(b == s, "device 1's new stream has the destroyed stream's handle");
@@ -113,19 +127,6 @@ static void test_handle_reused_on_another_device(void)
     cudaStreamDestroy(b);
 }
 
-/* A stream of device 0 whose identity this thread cached, destroyed, its
- * handle now naming a new stream of device 1; device 0 current. */
-static cudaStream_t reused_on_device_1(void)
-{
-    cudaStream_t s = stream_new();
-    cache_stream(s);
-    cudaStreamDestroy(s);
-    cudaSetDevice(1);
-    cudaStream_t b = fake_stream_create_reusing(s);
-    cudaSetDevice(0);
-    return b;
-}
-
 /* The stale identity's record failing through the runtime (no current
  * context: the runtime's cudaEventRecord stands in for the driver's) is
  * cudefer's own business: the fresh look-up's record succeeds and the call
@@ -134,7 +135,7 @@ static cudaStream_t reused_on_device_1(void)
  * checks read it after every kernel). */
 static void test_retry_leaves_last_error(void)
 {
-    cudaStream_t b = reused_on_device_1();
+    cudaStream_t b = reused_on_device_1(NULL);
     cudaSetDevice(1);
     void *p = device_alloc(64);
     cudaSetDevice(0);
@@ -149,7 +150,7 @@ static void test_retry_leaves_last_error(void)
            cudaGetErrorName(last));
     cudaStreamDestroy(b);
 
-    cudaStream_t c = reused_on_device_1();
+    cudaStream_t c = reused_on_device_1(NULL);
     cudaSetDevice(1);
     void *q = device_alloc(64);
     cudaSetDevice(0);
