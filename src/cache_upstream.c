@@ -167,9 +167,8 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
     } else {
         err = malloc_on(what, device, ptr, bytes);
     }
-    if (err != cudaSuccess && !cuda_error_is_sticky(err))
-        cudaGetLastError(); /* not sticky: clear it for the caller */
-    else if (err == cudaSuccess && *upstream)
+    cuda_forget_failure(err); /* the caller's to say */
+    if (err == cudaSuccess && *upstream)
         atomic_fetch_add(&mempools[device].held, bytes);
     return err;
 }
@@ -189,8 +188,7 @@ cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
     cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
-    else if (!cuda_error_is_sticky(err))
-        cudaGetLastError();
+    cuda_forget_failure(err);
     return err;
 }
 
@@ -207,8 +205,7 @@ cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
     cuda_capture_mode_put_back(mode);
     if (err == cudaSuccess)
         cache_upstream_forget(device, bytes);
-    else if (!cuda_error_is_sticky(err))
-        cudaGetLastError(); /* as cache_upstream_free's */
+    cuda_forget_failure(err); /* as cache_upstream_free's */
     return err;
 }
 
@@ -251,8 +248,7 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call)
         err = cudaMemPoolSetAccess(mempools[device].pool, &desc, 1);
         cuda_capture_mode_put_back(mode);
     }
-    if (err != cudaSuccess && !cuda_error_is_sticky(err))
-        cudaGetLastError(); /* not sticky: clear it for the caller */
+    cuda_forget_failure(err); /* the caller's to say */
     return err;
 }
 

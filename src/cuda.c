@@ -212,8 +212,7 @@ cudaError_t cuda_switch_caller_device(struct cuda_switch *sw, int *device)
 static cudaError_t switch_to(int device)
 {
     cudaError_t err = cudaSetDevice(device);
-    if (err != cudaSuccess && !cuda_error_is_sticky(err))
-        cudaGetLastError();
+    cuda_forget_failure(err);
     return err;
 }
 
