@@ -136,6 +136,7 @@ cudaError_t cudaSetDevice(int device)
         fake_touch(device);
     }
     fake_thread.dev = device;
+    fake_no_context = 0; /* as CUDA's: the device's context made current */
     return fake_leave(cudaSuccess);
 }
 

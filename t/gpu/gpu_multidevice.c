@@ -6,15 +6,19 @@
  * the calling thread's current device is the other one: every call succeeds,
  * the current device is left as it was, a callback still waits for the
  * other device's kernel, and after defer_flush all buffers are released and
- * device memory is back on both devices.
+ * device memory is back on both devices.  A thread with no current context
+ * that frees and calls back on a device-1 stream has none after, and
+ * cudaGetDevice still answers 0.
  * Skipped unless at least two CUDA devices are present.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "cudefer.h"
@@ -171,6 +175,61 @@ static void test_call_on_other_device(void)
     CHECK(cudaFreeHost(flag));
 }
 
+/* What a thread with no current context saw (bare_thread). */
+struct bare {
+    void *buf;
+    CUresult (*get_current)(CUcontext *);
+    int bare_before, bare_free, bare_call, device_after;
+    cudaError_t freed, called;
+};
+
+static int is_bare(struct bare *b)
+{
+    CUcontext c = (CUcontext)1;
+    return b->get_current(&c) == CUDA_SUCCESS && c == NULL;
+}
+
+static void *bare_thread(void *arg)
+{
+    struct bare *b = arg;
+    b->bare_before = is_bare(b);
+    b->freed = defer_free(b->buf, streams[1]);
+    b->bare_free = is_bare(b);
+    b->called = defer_call(noop, NULL, streams[1]);
+    b->bare_call = is_bare(b);
+    b->device_after = -1;
+    cudaGetDevice(&b->device_after);
+    return NULL;
+}
+
+/* 4 tests: a thread that never chose a device frees and calls back on a
+ * device-1 stream. */
+static void test_bare_thread(void)
+{
+    struct bare b = {0};
+    enum cudaDriverEntryPointQueryResult found;
+    pthread_t t;
+
+    CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent",
+                                           (void **)&b.get_current, 12000,
+                                           cudaEnableDefault, &found));
+    CHECK(cudaSetDevice(1));
+    CHECK(cudaMalloc(&b.buf, BUF_BYTES));
+    CHECK(gpu_spin_fill(streams[1], 5 * MS_NS, b.buf, BUF_BYTES, 3));
+    CHECK(cudaSetDevice(0));
+    if (pthread_create(&t, NULL, bare_thread, &b) != 0)
+        bail("pthread_create failed");
+    pthread_join(t, NULL);
+    ok(b.bare_before, "a new thread has no current context");
+    ok(b.freed == cudaSuccess && b.called == cudaSuccess,
+       "it frees and calls back on a device-1 stream (%s, %s)",
+       cudaGetErrorName(b.freed), cudaGetErrorName(b.called));
+    ok(b.bare_free && b.bare_call, "with no context current after each "
+       "(%d, %d)", b.bare_free, b.bare_call);
+    is_int(b.device_after, 0, "cudaGetDevice still answers 0 there");
+    CHECK(defer_flush());
+}
+
 int main(void)
 {
     int count = 0;
@@ -180,10 +239,11 @@ int main(void)
         skip_all("needs 2 CUDA devices");
     gpu_tests_serialize();
 
-    plan(13);
+    plan(17);
     setup();
     test_free_on_other_device();  /* 9 */
     test_call_on_other_device();  /* 3 */
+    test_bare_thread();           /* 4 */
     is_int(defer_shutdown(), cudaSuccess, "defer_shutdown succeeds");
     for (int d = 0; d < DEVICES; d++) {
         CHECK(cudaSetDevice(d));
