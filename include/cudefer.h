@@ -37,6 +37,10 @@
  *   but for defer_alloc's out of memory (the caller's to handle).
  * - Stream 0 is the legacy stream, cudaStreamPerThread the calling thread's
  *   (but see the end for --default-stream per-thread).
+ * - Limit: on a thread with no current CUDA context (one that never chose a
+ *   device), a call that makes a CUDA call leaves the context of the
+ *   thread's runtime device (device 0 unless it set one) current, as the
+ *   runtime's own calls do; cudaGetDevice answers as before.
  */
 #ifndef CUDEFER_H
 #define CUDEFER_H

@@ -18,8 +18,6 @@ typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
 typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
 typedef CUresult (*ctx_get_device_fn)(CUdevice *);
-typedef CUresult (*ctx_get_current_fn)(CUcontext *);
-typedef CUresult (*ctx_set_current_fn)(CUcontext);
 
 /* Whether a start looked the entry points up (a start that failed later
  * and is tried again looks nothing up, and says nothing, again). */
@@ -31,8 +29,6 @@ static _Atomic(is_capturing_fn) is_capturing;
 static _Atomic(event_record_fn) event_record;
 static _Atomic(event_create_fn) event_create;
 static _Atomic(ctx_get_device_fn) ctx_get_device;
-static _Atomic(ctx_get_current_fn) ctx_get_current; /* a bare caller's */
-static _Atomic(ctx_set_current_fn) ctx_set_current; /* switch back */
 
 /* The legacy-stream flavour of symbol (as the library's runtime calls
  * read stream 0), or NULL with *err the reason (the runtime's error, or
@@ -68,15 +64,6 @@ void cuda_resolve_entry_points(const char *what, bool fast)
                  "not see these bytes");
     atomic_store_explicit(&pointer_attributes, (pointer_attributes_fn)fn,
                           memory_order_release);
-    /* Either not found: a caller with no current context is switched
-     * back to its device's (as before cudefer knew of bare callers). */
-    ctx_get_current_fn g = (ctx_get_current_fn)entry_point("cuCtxGetCurrent",
-                                                            &err);
-    ctx_set_current_fn sc = (ctx_set_current_fn)entry_point("cuCtxSetCurrent",
-                                                             &err);
-    atomic_store_explicit(&ctx_get_current, g != NULL && sc != NULL ? g : NULL,
-                          memory_order_release);
-    atomic_store_explicit(&ctx_set_current, sc, memory_order_release);
     if (!fast)
         return;
     /* One not found leaves its call to the runtime, silently. */
@@ -100,8 +87,6 @@ void cuda_forget_entry_points(void)
     atomic_store(&event_record, NULL);
     atomic_store(&event_create, NULL);
     atomic_store(&ctx_get_device, NULL);
-    atomic_store(&ctx_get_current, NULL);
-    atomic_store(&ctx_set_current, NULL);
 }
 
 cudaError_t cuda_device_count(int *count)
@@ -231,16 +216,6 @@ static cudaError_t switch_to(int device)
     return err;
 }
 
-/* Whether the thread has no current context (the driver says so; not
- * asked, or not answered: false). */
-static bool is_bare(void)
-{
-    ctx_get_current_fn fn =
-        atomic_load_explicit(&ctx_get_current, memory_order_acquire);
-    CUcontext c;
-    return fn != NULL && fn(&c) == CUDA_SUCCESS && c == NULL;
-}
-
 cudaError_t cuda_switch_device(struct cuda_switch *sw, int device,
                                const char **call)
 {
@@ -253,8 +228,6 @@ cudaError_t cuda_switch_device(struct cuda_switch *sw, int device,
     }
     if (sw->on == device)
         return cudaSuccess;
-    if (sw->on == sw->caller)
-        sw->bare = is_bare();
     /* A failed cudaSetDevice leaves the current device as it was. */
     if ((err = switch_to(device)) == cudaSuccess)
         sw->on = device;
@@ -268,18 +241,6 @@ cudaError_t cuda_switch_back(struct cuda_switch *sw, const char *what)
     if (sw->caller < 0 || sw->on == sw->caller)
         return cudaSuccess;
     cudaError_t err = switch_to(sw->caller);
-    if (err == cudaSuccess && sw->bare) {
-        /* See Note [Bare callers]. */
-        ctx_set_current_fn fn =
-            atomic_load_explicit(&ctx_set_current, memory_order_acquire);
-        err = (cudaError_t)fn(NULL);
-        if (err != cudaSuccess && what != NULL)
-            cuda_report_failure(what, "cuCtxSetCurrent (back to no context)",
-                                err, "");
-        sw->bare = false; /* failed: the caller's device is current */
-        sw->on = sw->caller;
-        return err;
-    }
     if (err == cudaSuccess)
         sw->on = sw->caller;
     else if (what != NULL)

@@ -51,23 +51,13 @@
  * driver), nothing is switched where the device is current already, and
  * the caller's device is made current again before the call returns
  * (cuda_switch_back): a thread that works on one device makes no
- * cudaSetDevice, and no context becomes current that was not (Note [Bare
- * callers]).  The reclaimer keeps its own current device
- * (reclaimer_state.h) and never switches back (cuda_set_device).
- *
- * Note [Bare callers].  A thread with no current context (it never chose
- * a device, or called cuCtxSetCurrent(NULL)) is bare: cudaGetDevice
- * answers the runtime's device for it (0 until one is set) while no
- * context is current.  Switched to another device's context for a call,
- * it is switched back in two steps: cudaSetDevice(the device it had), so
- * that its next runtime call goes where it would have gone, then
- * cuCtxSetCurrent(NULL), so that it is bare again (measured on two H200s:
- * bench/results/h200x2-stream-ids.txt).  The first step makes that
- * device's primary context (initialized, if it was not, as the thread's
- * next runtime call would), which the second takes off the thread.  Only
- * a switch asks whether the caller is bare (one cuCtxGetCurrent): a call
- * on the caller's own device makes no switch, and its runtime calls make
- * the device's context current as the application's own would.
+ * cudaSetDevice.  A thread with no current context is not given back
+ * "none": the runtime's calls make its runtime device's context current
+ * (measured: bench/results/h200x2-stream-ids.txt), as the application's
+ * own would, and telling would cost every call a cuCtxGetCurrent
+ * (cudefer.h's limit).  The
+ * reclaimer keeps its own current device (reclaimer_state.h) and never
+ * switches back (cuda_set_device).
  *
  * Capture modes.  A query on a launching thread runs in the relaxed mode
  * (cuda_event_query_relaxed): in the thread's own mode (global by default)
@@ -93,9 +83,7 @@
 
 /* Any thread, at the start (its lock held, before any call is admitted;
  * what names the defer call): looks up cuPointerGetAttributes (not found:
- * said; allocation facts unknown), cuCtxGetCurrent and cuCtxSetCurrent
- * (Note [Bare callers]; not found: silently, a bare caller is switched
- * back to its device's context) and, when fast (CUDEFER_DRIVER_CALLS),
+ * said; allocation facts unknown) and, when fast (CUDEFER_DRIVER_CALLS),
  * the four launching-path calls (one not found: the runtime's, silently).
  * Once until cuda_forget_entry_points; never blocks on the GPU. */
 void cuda_resolve_entry_points(const char *what, bool fast);
@@ -150,9 +138,8 @@ cudaError_t cuda_get_device_runtime(int *device);
  * stack. */
 struct cuda_switch {
     int caller, on;
-    bool bare; /* the caller had no current context (Note [Bare callers]) */
 };
-#define CUDA_SWITCH_NONE ((struct cuda_switch){-1, -1, false})
+#define CUDA_SWITCH_NONE ((struct cuda_switch){-1, -1})
 
 /* Any thread; never blocks on the GPU: the caller's device in *device,
  * asked the first time only; cudaSuccess or the query's error. */
@@ -176,10 +163,9 @@ static inline cudaError_t cuda_switch_lazy(struct cuda_switch *lazy,
 }
 
 /* Any thread; never blocks on the GPU: makes the caller's device current
- * again where another was, and a bare caller bare again (Note [Bare
- * callers]); cudaSuccess or cudaSetDevice's or cuCtxSetCurrent's error
- * (left off the last error as above), said naming what unless what is
- * NULL.  sw may be used again after it. */
+ * again where another was; cudaSuccess or cudaSetDevice's error (left off
+ * the last error as above), said naming what unless what is NULL.  sw may
+ * be used again after it. */
 cudaError_t cuda_switch_back(struct cuda_switch *sw, const char *what);
 
 /* Reclaimer only (its own current device, never switched back); never

@@ -137,8 +137,9 @@ static void runtime_only(void)
 static void note_ran(void *arg) { *(int *)arg = 1; }
 
 /* A thread with no current context whose free, allocation and callback go
- * to a stream of device 1: each is accepted and leaves the thread with no
- * context current, its runtime device still 0 (Note [Bare callers]). */
+ * to a stream of device 1: each is accepted, its runtime device still 0
+ * after (cudefer.h's limit: the context the runtime's calls make current
+ * is that device's), and released once the work is done. */
 static void bare_on_device_1(void)
 {
     cudaSetDevice(1);
@@ -149,21 +150,15 @@ static void bare_on_device_1(void)
     int ran = 0, dev = -1;
     fake_set_no_context(1);
     cudaError_t freed = defer_free(p, s1);
-    int bare_free = !fake_has_context();
     cudaError_t called = defer_call(note_ran, &ran, s1);
-    int bare_call = !fake_has_context();
     void *b = NULL;
     cudaError_t got = alloc_checked(&b, 4096, s1);
-    int bare_alloc = !fake_has_context();
     cudaGetDevice(&dev);
     fake_set_no_context(0);
     CHECK(freed == cudaSuccess && called == cudaSuccess && got == cudaSuccess,
           "free, callback and allocation accepted (%s, %s, %s)",
           cudaGetErrorName(freed), cudaGetErrorName(called),
           cudaGetErrorName(got));
-    CHECK(bare_free && bare_call && bare_alloc,
-          "no context current after each (%d, %d, %d)", bare_free, bare_call,
-          bare_alloc);
     CHECK(dev == 0, "the runtime's device still 0 (%d)", dev);
     CHECK(defer_free(b, s1) == cudaSuccess, "the block freed");
     fake_complete(w);
@@ -175,10 +170,10 @@ static void bare_on_device_1(void)
 int main(void)
 {
     plan_lazy();
-    fork_scenario("no current context, a stream of device 1: none after",
+    fork_scenario("no current context, a stream of device 1",
                   "", 2, 10000, bare_on_device_1);
     fork_scenario("no current context, a stream of device 1, through the "
-                  "runtime: none after", "CUDEFER_DRIVER_CALLS=0", 2, 10000,
+                  "runtime", "CUDEFER_DRIVER_CALLS=0", 2, 10000,
                   bare_on_device_1);
     fork_scenario("CUDEFER_DRIVER_CALLS=0: the runtime's calls only",
                   "CUDEFER_DRIVER_CALLS=0", 1, 10000, runtime_only);

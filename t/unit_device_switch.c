@@ -152,43 +152,14 @@ static void driver_query_keeps_pending_error(void)
     is_int(current(), 0, "device 0 is current");
 }
 
-/* A caller with no current context (Note [Bare callers]), through the
- * driver's query (fast) or the runtime's: switched to device 1 and back,
- * it has none again and the runtime's device is still 0; a caller with a
- * context keeps one. */
-static void bare_caller(bool fast)
-{
-    fake_reset(2);
-    cuda_forget_entry_points();
-    cuda_resolve_entry_points("unit_device_switch", fast);
-    const char *how = fast ? "fast" : "runtime";
-    fake_set_no_context(1);
-    struct cuda_switch sw = CUDA_SWITCH_NONE;
-    is_int(cuda_switch_device(&sw, 1, NULL), cudaSuccess,
-           "%s: bare, to device 1", how);
-    ok(fake_has_context(), "%s: a context current for the call", how);
-    is_int(cuda_switch_back(&sw, NULL), cudaSuccess, "%s: and back", how);
-    ok(!fake_has_context(), "%s: no context current again", how);
-    is_int(current(), 0, "%s: the runtime's device is still 0", how);
-    fake_set_no_context(0);
-    sw = CUDA_SWITCH_NONE;
-    is_int(cuda_switch_device(&sw, 1, NULL), cudaSuccess,
-           "%s: with a context, to device 1", how);
-    is_int(cuda_switch_back(&sw, NULL), cudaSuccess, "%s: and back", how);
-    ok(fake_has_context() && current() == 0,
-       "%s: device 0's context current again", how);
-}
-
 int main(void)
 {
-    plan(62);
+    plan(46);
     same_device();
     other_device();
     failed_query();
     failed_switch();
     failed_back();
     driver_query_keeps_pending_error();
-    bare_caller(true);
-    bare_caller(false);
     return 0;
 }

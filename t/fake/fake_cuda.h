@@ -363,20 +363,13 @@ int fake_allocation_of(const void *p, void **base, size_t *size);
 /* Events created and not yet destroyed. */
 size_t fake_live_events(void);
 
-/* The driver calls cudefer makes, handed out by
- * cudaGetDriverEntryPointByVersion: how many the fake answered since the
- * process began (a test takes differences).  A thread with no current
- * context (fake_set_no_context(1), or cuCtxSetCurrent(NULL)): the
- * launching path's driver calls answer CUDA_ERROR_INVALID_CONTEXT and are
- * not counted, cuCtxGetCurrent answers NULL, cudaGetDevice the device last
- * made current; cudaSetDevice, as CUDA's, or cuCtxSetCurrent of a device's
- * context makes one current again (fake_has_context says which).  The
- * fake's other runtime calls leave the thread with none, where CUDA's
- * would make the current device's context current: a test sees every call
- * of a defer call made in that state. */
+/* The driver calls cudefer makes on the launching thread's path, handed out
+ * by cudaGetDriverEntryPointByVersion: how many the fake answered since the
+ * process began (a test takes differences); while the calling thread has
+ * set fake_set_no_context(1) they answer CUDA_ERROR_INVALID_CONTEXT, as on
+ * a thread with no current context, and are not counted. */
 unsigned long fake_driver_calls(void);
 void fake_set_no_context(int on);
-int fake_has_context(void);
 
 /* ---- Failure injection ------------------------------------------------ */
 

@@ -136,7 +136,6 @@ cudaError_t cudaSetDevice(int device)
         fake_touch(device);
     }
     fake_thread.dev = device;
-    fake_no_context = 0; /* as CUDA's: the device's context made current */
     return fake_leave(cudaSuccess);
 }
 

@@ -75,22 +75,15 @@ static CUresult fake_cuPointerGetAttributes(unsigned int n,
  * call (FAKE_STREAM_IS_CAPTURING, FAKE_EVENT_RECORD, FAKE_EVENT_CREATE,
  * FAKE_GET_DEVICE), its cudaError_t returned as the CUresult of the same
  * number, but, as the driver, leaving the thread's last error as it was.
- * While the thread has no current context (fake_no_context) each answers
- * CUDA_ERROR_INVALID_CONTEXT without being counted or made. */
-_Thread_local int fake_no_context;
+ * While the thread has set fake_set_no_context(1) each answers
+ * CUDA_ERROR_INVALID_CONTEXT (a thread with no current context) without
+ * being counted or made. */
+static _Thread_local int no_context;
 static _Atomic unsigned long driver_answers;
-
-/* One context per device: its handle is the address of its byte. */
-static char contexts[FAKE_MAX_DEVICES];
 
 void fake_set_no_context(int on)
 {
-    fake_no_context = on;
-}
-
-int fake_has_context(void)
-{
-    return !fake_no_context;
+    no_context = on;
 }
 
 unsigned long fake_driver_calls(void)
@@ -108,7 +101,7 @@ static CUresult driver_result(cudaError_t r, cudaError_t last)
 
 static CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 {
-    if (fake_no_context)
+    if (no_context)
         return CUDA_ERROR_INVALID_CONTEXT;
     cudaError_t last = fake_thread.last_error;
     return driver_result(cudaStreamIsCapturing(
@@ -118,7 +111,7 @@ static CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 
 static CUresult fake_cuEventRecord(CUevent e, CUstream s)
 {
-    if (fake_no_context)
+    if (no_context)
         return CUDA_ERROR_INVALID_CONTEXT;
     cudaError_t last = fake_thread.last_error;
     return driver_result(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s),
@@ -127,7 +120,7 @@ static CUresult fake_cuEventRecord(CUevent e, CUstream s)
 
 static CUresult fake_cuEventCreate(CUevent *e, unsigned int flags)
 {
-    if (fake_no_context)
+    if (no_context)
         return CUDA_ERROR_INVALID_CONTEXT;
     cudaError_t last = fake_thread.last_error;
     return driver_result(cudaEventCreateWithFlags((cudaEvent_t *)e, flags),
@@ -136,7 +129,7 @@ static CUresult fake_cuEventCreate(CUevent *e, unsigned int flags)
 
 static CUresult fake_cuCtxGetDevice(CUdevice *d)
 {
-    if (fake_no_context)
+    if (no_context)
         return CUDA_ERROR_INVALID_CONTEXT;
     cudaError_t last = fake_thread.last_error;
     int dev = 0;
@@ -146,49 +139,12 @@ static CUresult fake_cuCtxGetDevice(CUdevice *d)
     return driver_result(r, last);
 }
 
-/* cuCtxGetCurrent: NULL while the thread has none, else its device's. */
-static CUresult fake_cuCtxGetCurrent(CUcontext *c)
-{
-    if (c == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    fake_lock();
-    int dev = fake_thread.dev;
-    fake_unlock();
-    *c = fake_no_context ? NULL : (CUcontext)&contexts[dev];
-    atomic_fetch_add(&driver_answers, 1);
-    return CUDA_SUCCESS;
-}
-
-/* cuCtxSetCurrent: NULL takes the thread's context away (the runtime's
- * device, which cudaGetDevice answers, stays as it was); a device's makes
- * that device current. */
-static CUresult fake_cuCtxSetCurrent(CUcontext c)
-{
-    atomic_fetch_add(&driver_answers, 1);
-    if (c == NULL) {
-        fake_no_context = 1;
-        return CUDA_SUCCESS;
-    }
-    char *h = (char *)c;
-    fake_lock();
-    if (h < contexts || h >= contexts + fake.ndev) {
-        fake_unlock();
-        return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    fake_thread.dev = (int)(h - contexts);
-    fake_unlock();
-    fake_no_context = 0;
-    return CUDA_SUCCESS;
-}
-
 static const struct { const char *name; void *fn; } entry_points[] = {
     {"cuPointerGetAttributes", (void *)fake_cuPointerGetAttributes},
     {"cuStreamIsCapturing", (void *)fake_cuStreamIsCapturing},
     {"cuEventRecord", (void *)fake_cuEventRecord},
     {"cuEventCreate", (void *)fake_cuEventCreate},
     {"cuCtxGetDevice", (void *)fake_cuCtxGetDevice},
-    {"cuCtxGetCurrent", (void *)fake_cuCtxGetCurrent},
-    {"cuCtxSetCurrent", (void *)fake_cuCtxSetCurrent},
 };
 
 /* The symbols above are known; anything else is not found. */

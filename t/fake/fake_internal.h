@@ -268,10 +268,6 @@ struct fake_thread_state {
 };
 extern _Thread_local struct fake_thread_state fake_thread;
 
-/* The thread has no current context (fake_driver.c; fake_set_no_context,
- * cuCtxSetCurrent(NULL)); cudaSetDevice makes one current again. */
-extern _Thread_local int fake_no_context;
-
 /* ---- fake_control.c ---------------------------------------------------- */
 
 /* Print "fake_cuda: msg" and abort (out of memory, misuse).  Anyone. */

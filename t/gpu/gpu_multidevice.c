@@ -7,7 +7,8 @@
  * the current device is left as it was, a callback still waits for the
  * other device's kernel, and after defer_flush all buffers are released and
  * device memory is back on both devices.  A thread with no current context
- * that frees and calls back on a device-1 stream has none after, and
+ * that frees and calls back on a device-1 stream is left with device 0's
+ * context current, as a runtime call leaves it (cudefer.h's limit), and
  * cudaGetDevice still answers 0.
  * Skipped unless at least two CUDA devices are present.
  */
@@ -179,24 +180,30 @@ static void test_call_on_other_device(void)
 struct bare {
     void *buf;
     CUresult (*get_current)(CUcontext *);
-    int bare_before, bare_free, bare_call, device_after;
+    CUresult (*get_device)(CUdevice *);
+    int bare_before, on_free, on_call, device_after;
     cudaError_t freed, called;
 };
 
-static int is_bare(struct bare *b)
+/* The device whose context is current; -1: none. */
+static int context_device(struct bare *b)
 {
-    CUcontext c = (CUcontext)1;
-    return b->get_current(&c) == CUDA_SUCCESS && c == NULL;
+    CUcontext c = NULL;
+    CUdevice d = -1;
+    if (b->get_current(&c) != CUDA_SUCCESS || c == NULL ||
+        b->get_device(&d) != CUDA_SUCCESS)
+        return -1;
+    return (int)d;
 }
 
 static void *bare_thread(void *arg)
 {
     struct bare *b = arg;
-    b->bare_before = is_bare(b);
+    b->bare_before = context_device(b) == -1;
     b->freed = defer_free(b->buf, streams[1]);
-    b->bare_free = is_bare(b);
+    b->on_free = context_device(b);
     b->called = defer_call(noop, NULL, streams[1]);
-    b->bare_call = is_bare(b);
+    b->on_call = context_device(b);
     b->device_after = -1;
     cudaGetDevice(&b->device_after);
     return NULL;
@@ -213,6 +220,9 @@ static void test_bare_thread(void)
     CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent",
                                            (void **)&b.get_current, 12000,
                                            cudaEnableDefault, &found));
+    CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetDevice",
+                                           (void **)&b.get_device, 12000,
+                                           cudaEnableDefault, &found));
     CHECK(cudaSetDevice(1));
     CHECK(cudaMalloc(&b.buf, BUF_BYTES));
     CHECK(gpu_spin_fill(streams[1], 5 * MS_NS, b.buf, BUF_BYTES, 3));
@@ -224,8 +234,9 @@ static void test_bare_thread(void)
     ok(b.freed == cudaSuccess && b.called == cudaSuccess,
        "it frees and calls back on a device-1 stream (%s, %s)",
        cudaGetErrorName(b.freed), cudaGetErrorName(b.called));
-    ok(b.bare_free && b.bare_call, "with no context current after each "
-       "(%d, %d)", b.bare_free, b.bare_call);
+    ok(b.on_free == 0 && b.on_call == 0, "leaving device 0's context "
+       "current after each, as a runtime call would (%d, %d)", b.on_free,
+       b.on_call);
     is_int(b.device_after, 0, "cudaGetDevice still answers 0 there");
     CHECK(defer_flush());
 }
