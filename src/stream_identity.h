@@ -28,9 +28,8 @@
  * with one cudaStreamGetId call (a stream's id is unique for the life of
  * the process, across its devices, and never given again: measured on two
  * H200s, bench/results/h200x2-stream-ids.txt, so the id alone tells a new
- * stream of another device) and looked up afresh if it changed (a special
- * handle's
- * cannot go stale).  Callbacks, which keep an order per stream, ask this
+ * stream of another device) and looked up afresh if it changed (a
+ * special handle's cannot go stale).  Callbacks, which keep an order per stream, ask this
  * way, and so does the block cache: a stale identity there would hand a
  * block pending on a destroyed stream's work to the new stream that got
  * its handle. */
