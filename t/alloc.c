@@ -3,9 +3,10 @@
  * freed on a stream goes back to that stream at once, to other streams only
  * once its work is done (the oracle checks every hand-out), record_stream,
  * groups, capture, devices, the PyTorch entry points, expiry and shutdown
- * (double frees: t/alloc_double_free.c; misses and trims: t/alloc_pool.c;
- * blocks cudaFree'd behind cudefer's back: t/alloc_stale.c;
- * sizes no device holds and out of memory: t/alloc_limits.c). */
+ * (double frees: t/alloc_double_free.c; misses and trims: t/alloc_pool.c,
+ * t/alloc_pool_trim.c; blocks cudaFree'd behind cudefer's back:
+ * t/alloc_stale.c; sizes no device holds and out of memory:
+ * t/alloc_limits.c). */
 #include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>

@@ -2,34 +2,17 @@
 /* A defer call on a capturing stream waits for the graph (t/capture.c) and
  * also for the work enqueued on the stream before the capture began: that
  * work may still use the memory when the graph dies, e.g. when the graph
- * was never launched on that stream.  And a graph that
- * dies while process exit drains is released by the drain, not dropped.  A graph that dies while its stream captures again still
- * waits for the work before its own capture, and fails at shutdown
- * rather than be released under it. */
-#define _GNU_SOURCE /* pthread_getname_np */
+ * was never launched on that stream.  Also what the reclaimer does on a
+ * dead graph's stream (its event, its calls failing, a death inside a
+ * poll), and a graph dead at the shutdown or dying while exit drains:
+ * released by the drain, not dropped. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
-#include "helpers.h"
-
-static void begin_capture(cudaStream_t s)
-{
-    cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-    if (err != cudaSuccess)
-        bail("cudaStreamBeginCapture: %s", cudaGetErrorName(err));
-}
-
-static cudaGraph_t end_capture(cudaStream_t s)
-{
-    cudaGraph_t graph = NULL;
-    cudaError_t err = cudaStreamEndCapture(s, &graph);
-    if (err != cudaSuccess)
-        bail("cudaStreamEndCapture: %s", cudaGetErrorName(err));
-    return graph;
-}
+#include "capture_order.h"
 
 /* Device memory at *p, used by held work on s (returned) and freed with
  * defer_free in a capture that s begins: the capture's entry, which waits
@@ -41,17 +24,6 @@ static fake_work *free_in_capture(cudaStream_t s, void **p)
     begin_capture(s);
     CHECK(defer_free(*p, s) == cudaSuccess, "defer_free in a capture");
     return w;
-}
-
-/* Poll until fake_live_user_objects() == 0, at most timeout_ms. */
-static bool wait_no_user_objects(unsigned timeout_ms)
-{
-    for (unsigned waited = 0; fake_live_user_objects() > 0; waited++) {
-        if (waited >= timeout_ms)
-            return false;
-        sleep_ms(1);
-    }
-    return true;
 }
 
 static int called;
@@ -269,254 +241,7 @@ static void s_death_during_poll(void)
           ULL(woke));
 }
 
-/* ---- the stream captures again when its graph dies ------------------------ */
-
-/* The reclaimer held inside one cudaStreamIsCapturing call of its own:
- * 1 arms, 2 while held, 3 lets it go. */
-static _Atomic int hold_state;
-
-static void hold_reclaimer(enum fake_call c, cudaError_t r, void *arg)
-{
-    (void)c;
-    (void)r;
-    (void)arg;
-    char name[16] = "";
-    int armed = 1;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
-        !atomic_compare_exchange_strong(&hold_state, &armed, 2))
-        return;
-    while (atomic_load(&hold_state) == 2)
-        sleep_ms(1);
-}
-
-/* p freed in a capture of s begun now, with hook on the reclaimer's
- * cudaStreamIsCapturing (hold_reclaimer, or one that holds as it does):
- * returns once the reclaimer is held in its look at s (hold_state 2). */
-static void free_in_capture_held(cudaStream_t s, void *p,
-                                 fake_return_hook hook)
-{
-    atomic_store(&hold_state, 1);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hook, NULL);
-    begin_capture(s);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free in a capture");
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 2 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
-}
-
-/* cudaStreamIsCapturing calls of other threads than this one. */
-static unsigned long others_is_capturing(void)
-{
-    return fake_calls(FAKE_STREAM_IS_CAPTURING) -
-           fake_thread_calls(FAKE_STREAM_IS_CAPTURING);
-}
-
-/* Work w on s uses p; p is freed in a capture of s.  While the reclaimer
- * is held in its look at s (still capturing), the capture ends, s begins
- * another (relaxed: it bars nobody's calls) and the first graph dies; then
- * the reclaimer goes on.  So it never saw s between the two captures: the
- * origin is still capturing, no event recorded after w.  Returns w; s
- * still captures. */
-static fake_work *capture_again_before_death(cudaStream_t s, void *p)
-{
-    fake_work *w = work_held(s, p);
-    free_in_capture_held(s, p, hold_reclaimer);
-    cudaGraph_t first = end_capture(s);
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
-              cudaSuccess,
-          "s captures again");
-    cudaGraphDestroy(first);
-    CHECK(wait_no_user_objects(2000), "the first graph is gone");
-    atomic_store(&hold_state, 3);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
-    return w;
-}
-
-/* The graph is dead, its origin stream captures again: the entry waits
- * (for the capture to end, then for the work before the first capture),
- * not released as if the origin had settled.  (A mutation test that
- * counted only origins with an event recorded as open survived the
- * suite.) */
-static void s_dead_graph_stream_captures_again(void)
-{
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = capture_again_before_death(s, p);
-    unsigned long calls = others_is_capturing();
-    for (double until = now_ms() + 10000; fake_is_released(p) == 0 &&
-                                          others_is_capturing() < calls + 2 &&
-                                          now_ms() < until;)
-        sleep_ms(1);
-    CHECK(others_is_capturing() >= calls + 2 || fake_is_released(p) != 0,
-          "the reclaimer looked again");
-    CHECK(fake_is_released(p) == 0,
-          "not released: s captures again, and w still runs");
-    cudaGraph_t second = end_capture(s);
-    cudaGraphDestroy(second);
-    sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
-    CHECK(fake_is_released(p) == 0, "not released while w runs");
-    fake_complete(w);
-    CHECK(wait_released(p, 10000), "released once w completed");
-}
-
-/* The same at shutdown: the origin is still capturing, so the work before
- * the first capture cannot be waited for; the entry fails (said), its
- * memory never released.  (A mutation test that pushed it as complete,
- * released under w, survived the suite.) */
-static void s_dead_graph_capturing_at_shutdown(void)
-{
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = capture_again_before_death(s, p);
-    uint64_t failed = stats_now().failed;
-    stderr_capture_begin();
-    defer_shutdown();
-    const char *said = stderr_capture_end();
-    CHECK(fake_is_released(p) == 0, "not released at shutdown: w runs");
-    CHECK(stats_now().failed == failed + 1 &&
-              strstr(said, "not done at shutdown") != NULL,
-          "counted as failed and said (failed %llu)",
-          ULL(stats_now().failed - failed));
-    cudaGraphDestroy(end_capture(s));
-    fake_complete(w);
-}
-
-/* The reclaimer held in its look at s while s captures (hold_state 2);
- * set to 3, its next look (s no longer captures then) waits in the hook
- * (4) until the test began a new capture of s (5): that capture begins
- * between the reclaimer's check and its next call on s. */
-static void capture_after_check(enum fake_call c, cudaError_t r, void *arg)
-{
-    char name[16] = "";
-    int armed = 3;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0)
-        return;
-    if (atomic_compare_exchange_strong(&hold_state, &armed, 4)) {
-        while (atomic_load(&hold_state) == 4)
-            sleep_ms(1);
-        return;
-    }
-    hold_reclaimer(c, r, arg);
-}
-
-/* A dead graph's stream begins another capture right after the reclaimer
- * saw the first one end, before it asked the stream's device: that is a
- * stream still there, capturing again, not one destroyed.  The entry
- * waits for that capture to end and then for the work from before the
- * first one, as it does when the reclaimer sees the new capture at once;
- * never failed as "destroyed" and left unreleased. */
-static void s_captures_again_after_check(void)
-{
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    free_in_capture_held(s, p, capture_after_check);
-    cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
-    uint64_t failed = stats_now().failed;
-    stderr_capture_begin();
-    atomic_store(&hold_state, 3);
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 4 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 4,
-          "the reclaimer saw s not capturing");
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
-              cudaSuccess,
-          "s captures again");
-    atomic_store(&hold_state, 5);
-    sleep_ms(50); /* the reclaimer goes on with s */
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
-    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(s, &st);
-    CHECK(st == cudaStreamCaptureStatusInvalidated,
-          "the limit cudefer.h states: the reclaimer's look at the stream's "
-          "device invalidated the new capture (status %d)", (int)st);
-    cudaGraph_t second = NULL;
-    cudaStreamEndCapture(s, &second);
-    if (second != NULL)
-        cudaGraphDestroy(second);
-    sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
-    CHECK(fake_is_released(p) == 0, "not released while w runs");
-    fake_complete(w);
-    CHECK(wait_released(p, 10000), "released once w completed");
-    const char *said = stderr_capture_end();
-    CHECK(stats_now().failed == failed && strstr(said, "destroyed") == NULL,
-          "nothing failed or said (failed %llu, stderr: \"%s\")",
-          ULL(stats_now().failed - failed), said);
-}
-
-/* ---- the capture's stream destroyed, its handle taken ------------------- */
-
-/* cudefer.h's limits: a stream of the capture destroyed before the
- * reclaimer saw the capture end leaves ptr never released (reported,
- * counted as failed); but where a new stream took its handle before the
- * reclaimer looked again (within a poll interval), it is taken for that new
- * stream.  The reclaimer is held in its look at s while s captures; then
- * the capture ends, the graph dies, s is destroyed with its work from
- * before the capture still running (old) and, with reuse, a new stream b
- * takes its handle, with held work of its own (mine).  With reuse, p waits
- * for b's work, not for old: it is released once mine completes, old
- * still running, nothing failed.  Without, the entry fails, said.  (Code
- * that told the new stream from the destroyed one, say by an id taken at
- * the capture, would fail the entry with reuse too, and this test with
- * it: the limit would then go from the header.) */
-static void destroyed_origin(bool reuse)
-{
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(256);
-    fake_work *old = work_held(s, NULL), *mine = NULL;
-    free_in_capture_held(s, p, hold_reclaimer);
-    cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
-    cudaStreamDestroy(s);
-    if (reuse) {
-        CHECK(fake_stream_create_reusing(s) == s, "b has s's handle");
-        mine = work_held(s, NULL);
-    }
-    uint64_t failed = stats_now().failed;
-    stderr_capture_begin();
-    atomic_store(&hold_state, 3);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
-    if (reuse) {
-        sleep_ms(50);
-        CHECK(fake_is_released(p) == 0, "not released while b's work runs");
-        fake_complete(mine);
-        CHECK(wait_released(p, 10000) && !fake_work_done(old),
-              "released once b's work is done, the old stream's still "
-              "running");
-    } else {
-        for (double until = now_ms() + 10000;
-             stats_now().failed == failed && now_ms() < until;)
-            sleep_ms(1);
-    }
-    const char *said = stderr_capture_end();
-    if (reuse) {
-        CHECK(stats_now().failed == failed && strstr(said, "destroyed") == NULL,
-              "nothing failed or said (failed %llu)",
-              ULL(stats_now().failed - failed));
-    } else {
-        CHECK(stats_now().failed == failed + 1 &&
-                  strstr(said, "was destroyed") != NULL &&
-                  fake_is_released(p) == 0,
-              "never released: counted as failed and said");
-        cudaFree(p);
-    }
-    fake_complete(old);
-}
-
-static void s_destroyed_origin(void)
-{
-    destroyed_origin(false);
-}
-
-static void s_destroyed_origin_handle_taken(void)
-{
-    destroyed_origin(true);
-}
+/* ---- the reclaimer's calls on a dead graph's stream ----------------------- */
 
 /* How many times what occurs in text. */
 static int lines_containing(const char *text, const char *what)
@@ -643,9 +368,6 @@ static void s_origin_set_device_fails(void)
     CHECK(fake_calls(FAKE_SET_DEVICE) > sets, "the reclaimer switched");
 }
 
-/* ---- a graph that dies while exit drains -------------------------------- */
-
-static cudaGraph_t exit_graph;
 /* The event the reclaimer makes for a captured entry's stream, and its
  * queries, count in events_created and event_queries as every event and
  * query of cudefer's do: the test makes and queries none, so the counters
@@ -671,6 +393,9 @@ static void s_origin_event_counted(void)
           ULL(st.event_queries), queried);
 }
 
+/* ---- a graph that dies while exit drains -------------------------------- */
+
+static cudaGraph_t exit_graph;
 static void *exit_ptr;
 
 /* Run by the exit drain: destroy the graph and wait for its user object's
@@ -717,26 +442,6 @@ int main(void)
              s_dead_graph_at_shutdown);
     scenario("a graph that dies during the poll that settles it: the "
              "reclaimer sleeps after", s_death_during_poll);
-    fork_scenario("a dead graph whose stream captures again: its entry "
-                  "waits for the work before the first capture",
-                  "CUDEFER_POLICY=eager", 1, 30000,
-                  s_dead_graph_stream_captures_again);
-    fork_scenario("a dead graph whose stream captures again at shutdown: "
-                  "failed, not released",
-                  "CUDEFER_POLICY=eager", 1, 30000,
-                  s_dead_graph_capturing_at_shutdown);
-    fork_scenario("a dead graph's stream captures again between the "
-                  "reclaimer's check and its look at the stream's device: "
-                  "waited for, not failed as destroyed",
-                  "CUDEFER_POLICY=eager", 1, 30000,
-                  s_captures_again_after_check);
-    fork_scenario("a capture's stream destroyed before the reclaimer saw "
-                  "the capture end: never released, failed, said",
-                  "CUDEFER_POLICY=eager", 1, 30000, s_destroyed_origin);
-    fork_scenario("... and its handle taken by a new stream before the "
-                  "reclaimer looked: taken for that stream",
-                  "CUDEFER_POLICY=eager", 1, 30000,
-                  s_destroyed_origin_handle_taken);
     scenario("a dead graph's stream: the reclaimer cannot make its event: "
              "said once, released once it can", s_origin_event_create_fails);
     scenario("a dead graph's stream: the query of its event fails: the "
