@@ -42,6 +42,20 @@ static const char *reason_name(enum release_reason reason)
     }
 }
 
+void reclaimer_held_abandon(int device)
+{
+    struct held_list *h = &rs.held[device];
+    cudaError_t err = device_error(device);
+    for (;;) {
+        held_lock(h);
+        struct entry *e = held_pop_locked(h);
+        held_unlock(h);
+        if (e == NULL)
+            break;
+        reclaimer_finish_entry(e, err);
+    }
+}
+
 void reclaimer_held_release(uint64_t now)
 {
     struct policy_view view = reclaimer_view_now(now);
@@ -49,6 +63,13 @@ void reclaimer_held_release(uint64_t now)
      * device is asked for its memory, and what is held stays held. */
     for (int d = 0; d < rs.ndevices && !reclaimer_abandoned(); d++) {
         struct held_list *h = &rs.held[d];
+        /* A failed device releases nothing: what it holds is abandoned in
+         * the first pass that sees it failed, however it failed (a
+         * launching thread's call, or this loop's own release). */
+        if (device_error(d) != cudaSuccess) {
+            reclaimer_held_abandon(d);
+            continue;
+        }
         if (h->head != NULL && release_policy_cap_follows_use(&rs.cfg) &&
             now - h->cap_at_ns >= RELEASE_POLICY_CAP_REFRESH_NS &&
             reclaimer_use_device(d))

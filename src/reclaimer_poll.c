@@ -9,7 +9,6 @@
 #include "clock.h"
 #include "cuda.h"
 #include "event_pool.h"
-#include "held.h"
 #include "stats.h"
 #include "stream_lane.h"
 #include "stream_table.h"
@@ -31,16 +30,9 @@ static void abandon_failed_devices(void)
                                  err, now_ns());
         }
     }
-    for (int d = 0; d < rs.ndevices; d++) {
-        while (device_error(d) != cudaSuccess) {
-            held_lock(&rs.held[d]);
-            struct entry *e = held_pop_locked(&rs.held[d]);
-            held_unlock(&rs.held[d]);
-            if (e == NULL)
-                break;
-            reclaimer_finish_entry(e, device_error(d));
-        }
-    }
+    for (int d = 0; d < rs.ndevices; d++)
+        if (device_error(d) != cudaSuccess)
+            reclaimer_held_abandon(d);
 }
 
 /* Reclaimer only.  Whether e's work is done, as far as its event says:
