@@ -304,8 +304,9 @@ CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
  * defer_pluggable_free: defer_free of ptr on stream (0: the legacy stream
  * of device).  PyTorch passes the allocation's stream: record the others
  * with defer_record_stream.  A size or device that does not match the block
- * is reported, the block freed all the same; a block that cannot be freed
- * is reported and stays allocated. */
+ * is reported, the block freed all the same (size 0 fits any block; the
+ * device is checked whatever the size); a block that cannot be freed is
+ * reported and stays allocated. */
 CUDEFER_API void *defer_pluggable_alloc(size_t size, int device,
                                         cudaStream_t stream);
 CUDEFER_API cudaError_t defer_pluggable_alloc_status(void **ptr, size_t size,

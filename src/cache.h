@@ -289,16 +289,18 @@ enum block_free_path cache_claim(void *ptr, struct block_claim *claim);
 void cache_claim_report_said(const void *ptr, size_t size, int device,
                              size_t said_bytes, int said_device);
 /* Any thread: a block of size bytes on device at ptr, just claimed by
- * defer_pluggable_free, which said it has said_bytes (0: not said) on
- * said_device: a size above the block's or another device is reported
- * (the block is freed all the same).  Every route of that free checks its
- * claim here, so that none lets a mismatch go unsaid.  Never blocks. */
+ * defer_pluggable_free, which said it has said_bytes on said_device: a
+ * size above the block's or another device is reported (the block is
+ * freed all the same).  Size 0 fits every block, but its device is checked
+ * all the same: the device is said whatever the size.  Every route of that
+ * free checks its claim here, so that none lets a mismatch go unsaid; no
+ * other free calls it (they say neither).  Never blocks. */
 static inline void cache_claim_check_said(const void *ptr, size_t size,
                                           int device, size_t said_bytes,
                                           int said_device)
 {
     /* Inline: every pluggable free runs the test, one in many reports. */
-    if (said_bytes > 0 && (size < said_bytes || device != said_device))
+    if (size < said_bytes || device != said_device)
         cache_claim_report_said(ptr, size, device, said_bytes, said_device);
 }
 

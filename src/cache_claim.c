@@ -248,8 +248,8 @@ cudaError_t cache_claim_all(const struct request_args *a, bool *claimed)
                        ? cache_claim_refuse_inside(a, a->ptrs[i])
                        : cache_claim_refuse_freed(a, a->ptrs[i]);
         }
-        /* said_bytes: defer_pluggable_free's one pointer (0 otherwise). */
-        if (path != BLOCK_NOT_OURS)
+        /* Only defer_pluggable_free (one pointer) says a size and device. */
+        if (path != BLOCK_NOT_OURS && a->caller == ENTRY_BY_PLUGGABLE)
             cache_claim_check_said(a->ptrs[i], size, device, a->said_bytes,
                                    a->said_device);
         *claimed |= path != BLOCK_NOT_OURS;

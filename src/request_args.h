@@ -37,9 +37,10 @@ struct request_args {
      * handle's look-up need not ask for it again. */
     bool current_known;
     int current_device;
-    /* defer_pluggable_free: the size PyTorch says the block has (0: not
-     * given) and its device, checked against the block (a mismatch is
-     * reported; the block is freed all the same). */
+    /* defer_pluggable_free (caller ENTRY_BY_PLUGGABLE; unused otherwise):
+     * the size PyTorch says the block has (0 fits any block) and its
+     * device, checked against the block (a mismatch is reported; the block
+     * is freed all the same). */
     size_t said_bytes;
     int said_device;
     /* The device of ptrs[0]'s block if it is one, when the entry point

@@ -292,21 +292,22 @@ static cudaError_t identify(const struct request_args *a, struct target *t)
 
 /* Any thread: whether plan claimed the block at ptr (a live block: not
  * refused, not memory from elsewhere); then *claim carries the claim, and
- * a size or device that defer_pluggable_free says (said_bytes 0: none
- * said) and the block does not have is reported (it is freed all the
- * same).  Its size is the one when claimed (a parked block may have merged
- * since, and be another thread's to cut); its device never changes.
- * Never blocks. */
+ * a size or device that defer_pluggable_free says (said: that free's
+ * request; no other says one) and the block does not have is reported (it
+ * is freed all the same).  Its size is the one when claimed (a parked
+ * block may have merged since, and be another thread's to cut); its device
+ * never changes.  Never blocks. */
 bool submit_plan_claim(const void *ptr, const struct block_free_plan *plan,
-                       size_t said_bytes, int said_device,
+                       bool said, size_t said_bytes, int said_device,
                        struct block_claim *claim)
 {
     if (plan->path == BLOCK_NOT_LIVE || plan->path == BLOCK_INSIDE ||
         plan->path == BLOCK_NOT_OURS)
         return false;
     *claim = (struct block_claim){plan->block, plan->handout};
-    cache_claim_check_said(ptr, plan->size, plan->device, said_bytes,
-                           said_device);
+    if (said)
+        cache_claim_check_said(ptr, plan->size, plan->device, said_bytes,
+                               said_device);
     return true;
 }
 
@@ -319,7 +320,8 @@ static void plan_block(struct request_args *a, struct target *t,
 {
     cache_claim_plan_on(a->ptrs[0], a->block_known ? a->block_device : -1,
                         t->device, t->id, t->batch, &t->plan);
-    if (submit_plan_claim(a->ptrs[0], &t->plan, a->said_bytes,
+    if (submit_plan_claim(a->ptrs[0], &t->plan,
+                          a->caller == ENTRY_BY_PLUGGABLE, a->said_bytes,
                           a->said_device, &a->claims[0]))
         *claimed = true;
 }

@@ -96,7 +96,7 @@ static cudaError_t planned(const struct pluggable_free *f, int device,
     struct block_free_plan plan;
     cache_claim_plan_on(f->ptr, f->block_device, device, id, true, &plan);
     struct block_claim one = {NULL, 0};
-    bool claimed = submit_plan_claim(f->ptr, &plan, f->said_bytes,
+    bool claimed = submit_plan_claim(f->ptr, &plan, true, f->said_bytes,
                                      f->said_device, &one);
     if (plan.parked) {
         submit_join_batch(what, f->lazy, f->current, device, f->stream, id,

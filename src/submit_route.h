@@ -104,7 +104,7 @@ cudaError_t submit_identify_usable(cudaStream_t stream, bool exact,
  * (submit_pluggable.c) shares: a plan's claim taken, a parked block joining
  * its batch, and the common path's rest where the short way ends. */
 bool submit_plan_claim(const void *ptr, const struct block_free_plan *plan,
-                       size_t said_bytes, int said_device,
+                       bool said, size_t said_bytes, int said_device,
                        struct block_claim *claim);
 void submit_join_batch(const char *what, struct cuda_switch *lazy,
                        int current, int device, cudaStream_t handle,

@@ -273,6 +273,14 @@ static void scenario_disable_recorded(void)
           "disabled: a size that does not match the block is reported");
     CHECK(defer_alloc(&p, 2000, s) == cudaSuccess && p == m,
           "and the block freed all the same");
+    /* Size 0 says no size, but the device is still checked. */
+    stderr_capture_begin();
+    defer_pluggable_free(p, 0, 1, s);
+    said = stderr_capture_end();
+    CHECK(has_line(said, "defer_pluggable_free", "on device 1", NULL),
+          "disabled: size 0 with a wrong device is reported: [%s]", said);
+    CHECK(defer_alloc(&p, 2000, s) == cudaSuccess && p == m,
+          "and the block freed all the same");
     defer_free(p, s);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
     scenario_child_end();
@@ -366,6 +374,35 @@ static void test_other_device(cudaStream_t s0)
     cudaStreamDestroy(s1);
 }
 
+/* defer_pluggable_free with size 0 (no size said: PyTorch never passes
+ * it, a C caller may): the size fits any block, the device must still be
+ * the block's.  A created stream takes the common path, the legacy stream
+ * the short way. */
+static void test_pluggable_size_zero(cudaStream_t s0)
+{
+    void *m = defer_pluggable_alloc(2000, 0, s0);
+    stderr_capture_begin();
+    defer_pluggable_free(m, 0, 1, s0);
+    const char *said = stderr_capture_end();
+    ok(m != NULL && has_line(said, "defer_pluggable_free",
+                             "freed as 0 bytes on device 1", NULL),
+       "size 0, a wrong device, a created stream: the mismatch said");
+    void *l = defer_pluggable_alloc(2000, 0, 0);
+    stderr_capture_begin();
+    defer_pluggable_free(l, 0, 1, 0);
+    said = stderr_capture_end();
+    ok(l != NULL && has_line(said, "defer_pluggable_free",
+                             "freed as 0 bytes on device 1", NULL),
+       "size 0, a wrong device, the legacy stream: the mismatch said");
+    void *r = defer_pluggable_alloc(2000, 0, s0);
+    stderr_capture_begin();
+    defer_pluggable_free(r, 0, 0, s0);
+    said = stderr_capture_end();
+    ok(r != NULL && strstr(said, "defer_pluggable_free") == NULL,
+       "size 0 on the block's device: nothing said");
+    defer_flush();
+}
+
 /* A pluggable free on the legacy stream (PyTorch's) is checked against
  * the block's own size, not the size it has once it merged with a
  * neighbour freed before it (bcd684e checked after the merge). */
@@ -404,13 +441,20 @@ static void test_capture(void)
     cudaGraphDestroy(g);
     /* A pluggable free into a capture: the size PyTorch says is checked
      * there too (a mismatch said, the block freed with the graph). */
-    void *m = defer_pluggable_alloc(2000, 0, c);
+    void *m = defer_pluggable_alloc(2000, 0, c),
+         *z = defer_pluggable_alloc(2000, 0, c);
     cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal);
     stderr_capture_begin();
     defer_pluggable_free(m, 4000, 0, c);
     const char *said = stderr_capture_end();
     ok(m != NULL && strstr(said, "freed as 4000 bytes") != NULL,
        "a size that does not match the block is reported in a capture");
+    stderr_capture_begin();
+    defer_pluggable_free(z, 0, 1, c);
+    said = stderr_capture_end();
+    ok(z != NULL && has_line(said, "defer_pluggable_free",
+                             "freed as 0 bytes on device 1", NULL),
+       "size 0 with a wrong device is reported in a capture");
     is_int(cudaStreamEndCapture(c, &g), cudaSuccess, "the capture ends");
     cudaGraphDestroy(g);
     void *back = take_when_done(2000, c, m);
@@ -567,6 +611,7 @@ int main(void)
     test_mixed_free_n(s, s2);
     test_foreign(s);
     test_other_device(s);
+    test_pluggable_size_zero(s);
     test_capture();
     test_pluggable_size_on_legacy();
     void *live = NULL;
