@@ -7,7 +7,7 @@ whose builds carry one or whose path has a blank, compiles every unit of the pac
 build after every file's contents and names the file a failure is in,
 or the build directory it cannot write;
 enable() on a stand-in build installs once for threads that call it
-together, and says PyTorch's refusal."""
+together, says PyTorch's refusal, and names another failure's cause."""
 import os
 import shutil
 import subprocess
@@ -182,7 +182,7 @@ def allocator_files(tmp, headers, dynamic):
 
 # A stand-in for the compiled allocator: cudefer_torch_install counts its
 # calls (cudefer_torch_recorded reads them) and returns $FAKE_INSTALL_RC,
-# with PyTorch's refusal for 3.
+# with $FAKE_INSTALL_MESSAGE as its reason, else PyTorch's refusal for 3.
 FAKE_EXTENSION_C = r"""
 #include <stdlib.h>
 #include <string.h>
@@ -194,7 +194,10 @@ int cudefer_torch_install(const void *fns, char *message, size_t size)
     (void)fns;
     calls++;
     usleep(50000); /* long enough for the other threads to arrive */
-    if (rc != NULL && atoi(rc) == 3)
+    const char *why = getenv("FAKE_INSTALL_MESSAGE");
+    if (why != NULL)
+        strncpy(message, why, size - 1);
+    else if (rc != NULL && atoi(rc) == 3)
         strncpy(message, "Can't swap an already initialized allocator",
                 size - 1);
     return rc != NULL ? atoi(rc) : 0;
@@ -248,6 +251,17 @@ def enable_cases(tmp, headers, cc):
         and "ENABLED None" in out,
         "enable() refused by PyTorch says so, each time, and enables nothing",
         out)
+    # Another failure of the install (5: not PyTorch's refusal to swap an
+    # allocator in use) names its own cause, in one line, never the advice
+    # to call enable() first, which would not help.
+    ok, out = raises("import cudefer.torch as t; t.enable(%r)" % LIB,
+                     "RuntimeError", ["cudefer.torch: installing the allocator "
+                                      "failed: std::bad_alloc"], root,
+                     {"CUDEFER_CXX": cxx, "FAKE_INSTALL_RC": "5",
+                      "FAKE_INSTALL_MESSAGE": "std::bad_alloc\nmore"})
+    tap(ok and "before PyTorch first uses CUDA" not in out
+        and "more" not in out,
+        "enable() failing for another cause names it, in one line", out)
 
 
 def torch_cases(tmp):

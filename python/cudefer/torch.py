@@ -363,9 +363,10 @@ def enable(lib=None, verbose=False):
     torch.cuda.set_device, current_device or init: each sets up PyTorch's
     own allocator, which it then will not swap) and before other threads
     use CUDA; a second call returns at once.  Raises ImportError without torch,
-    RuntimeError for a build that cannot be made (build()), and
+    RuntimeError for a build that cannot be made (build()),
     RuntimeError saying to call it first when PyTorch's own allocator is in
-    use already; nothing is changed then."""
+    use already, and RuntimeError naming the cause when installing fails
+    otherwise; nothing is changed then."""
     with _lock:
         if _state:
             load(lib)  # the same library, or RuntimeError
@@ -405,12 +406,18 @@ def enable(lib=None, verbose=False):
             if hasattr(handle, "defer_peer_access") else None)
         message = ctypes.create_string_buffer(1024)
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
+        # The reason's first line: a C++ exception's text may add context
+        # on lines of its own, and the error is said in one line.
+        why = (message.value.decode(errors="replace").strip().splitlines()
+               or ["no reason given"])[0]
         if rc == 3:
             raise RuntimeError(
                 "cudefer.torch: call enable() before PyTorch first uses CUDA "
                 "(a CUDA tensor, torch.cuda.set_device or current_device "
-                "all do): PyTorch refused to change its allocator (%s)"
-                % message.value.decode(errors="replace").strip())
+                "all do): PyTorch refused to change its allocator (%s)" % why)
+        if rc == 5:
+            raise RuntimeError("cudefer.torch: installing the allocator "
+                               "failed: %s" % why)
         if rc not in (0, 4):
             raise RuntimeError("cudefer.torch: installing the allocator "
                                "failed (%d)" % rc)

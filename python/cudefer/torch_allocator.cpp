@@ -539,6 +539,18 @@ void put_message(char *message, size_t size, const char *what)
 
 std::shared_ptr<CudeferAllocator> installed;
 
+// cudefer_torch_install's code for an exception: 3 when it is PyTorch's
+// refusal to swap an allocator already in use (changeCurrentAllocator
+// throws only while PyTorch's own allocator is initialized, that is once
+// PyTorch first used CUDA), which calling enable() first avoids; 5 for any
+// other cause, which that advice would not fix.
+int install_failure(bool swapping)
+{
+    return swapping && c10::cuda::CUDACachingAllocator::get()->initialized()
+               ? 3
+               : 5;
+}
+
 }  // namespace
 
 }  // namespace cudefer_torch
@@ -551,10 +563,10 @@ using namespace cudefer_torch;
 // functions in *fns.  Call once, from Python, before PyTorch first uses
 // CUDA (its lazy init sets up its own allocator) and before other threads
 // use CUDA.  Returns 0 when installed; 2 for a
-// NULL function; 3 when PyTorch refused (an allocator already in use: its
-// reason is copied to message, at most size bytes, NUL-terminated); 4 when
-// installed already.  Nothing is changed unless it returns 0.  Never
-// blocks.
+// NULL function; 3 when PyTorch refused (an allocator already in use); 4
+// when installed already; 5 when it failed for another cause.  For 3 and 5
+// the reason is copied to message, at most size bytes, NUL-terminated.
+// Nothing is changed unless it returns 0.  Never blocks.
 extern "C" __attribute__((visibility("default"))) int
 cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
 {
@@ -564,6 +576,7 @@ cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
         return 2;
     if (installed)
         return 4;
+    bool swapping = false;  // in changeCurrentAllocator
     try {
         // Never destroyed: tensors may be freed during the interpreter's
         // teardown, after this library's static destructors ran.
@@ -573,7 +586,9 @@ cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
         // more): count the devices now.
         allocator->init(static_cast<int>(c10::cuda::device_count()));
         the_allocator = allocator.get();
+        swapping = true;
         torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+        swapping = false;
         // Also for c10::GetAllocator(kCUDA): storages made from Python and
         // torch.accelerator's memory calls (same priority as PyTorch's own
         // registration, which it replaces).
@@ -584,11 +599,11 @@ cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
         // (without the C++ backtrace what() appends).
         the_allocator = installed.get();
         put_message(message, size, e.what_without_backtrace());
-        return 3;
+        return install_failure(swapping);
     } catch (const std::exception &e) {
         the_allocator = installed.get();
         put_message(message, size, e.what());
-        return 3;
+        return install_failure(swapping);
     }
     return 0;
 }
