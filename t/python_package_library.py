@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """t/python_package.py's cases of the package's library: found (by path,
-$CUDEFER_LIB, the loader's search; where it looked when nowhere; a lib
+$CUDEFER_LIB, pkg-config's libdir whatever its bytes and the locale's
+encoding, the loader's search; where it looked when nowhere; a lib
 that is no path, a directory, said), loaded once and read (stats,
 device_stats of any integer device number, version; trim refused after
 defer_shutdown, in words), and refused without cudefer's entry points."""
@@ -9,6 +10,35 @@ import shutil
 import subprocess
 
 from python_package_harness import LIB, PYTHON_DIR, py, raises, skip, tap
+
+
+def pkg_config_bytes(tmp):
+    """pkg-config's libdir is bytes, a path in no encoding in particular:
+    found whatever the locale's encoding, as the file system names it."""
+    for i, (name, libdir, env) in enumerate((
+            ("UTF-8 under a locale whose encoding is not UTF-8",
+             b"lib-\xc3\xa9", {"LC_ALL": "C", "PYTHONUTF8": "0"}),
+            ("not UTF-8 under a UTF-8 locale", b"lib-\xe9",
+             {"PYTHONUTF8": "1"}))):
+        top = os.path.join(os.fsencode(tmp), b"pc-%d" % i)
+        bin_dir = os.path.join(top, b"bin")
+        os.makedirs(bin_dir)
+        os.makedirs(os.path.join(top, libdir))
+        os.symlink(os.fsencode(LIB),
+                   os.path.join(top, libdir, b"libcudefer.so"))
+        fake = os.path.join(bin_dir, b"pkg-config")
+        with open(fake, "wb") as f:
+            f.write(b"#!/bin/sh\nprintf '%s\\n' '" +
+                    os.path.join(top, libdir) + b"'\n")
+        os.chmod(fake, 0o755)
+        path = os.fsdecode(bin_dir) + os.pathsep + os.environ.get("PATH", "")
+        rc, out = py("""
+            import os, cudefer
+            cudefer.load()
+            print("FOUND", os.path.samefile(cudefer.library(), %r))
+            """ % LIB, env=dict(env, PATH=path))
+        tap(rc == 0 and "FOUND True" in out,
+            "pkg-config's libdir %s: the library is found there" % name, out)
 
 
 def library_cases(tmp):
@@ -68,6 +98,7 @@ def library_cases(tmp):
     tap(rc == 0 and "READ " in out,
         "stats() and device_stats() read cudefer.h's field names under a "
         "locale whose encoding is not UTF-8", out)
+    pkg_config_bytes(tmp)
     rc, out = py("""
         import cudefer
         s = cudefer.device_stats(1, %r, reset_peaks=True)

@@ -66,10 +66,14 @@ def _pkg_config_libdir():
     try:
         run = subprocess.run(["pkg-config", "--variable=libdir", "cudefer"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, timeout=10)
+                             timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    libdir = run.stdout.strip()
+    # A path is bytes in no encoding in particular: decoded as the file
+    # system's names are (os.fsdecode), it names the same file whatever the
+    # locale's encoding, where a strict decoding in that encoding (text=True)
+    # would raise on a byte it cannot decode.
+    libdir = os.fsdecode(run.stdout.strip())
     return libdir if run.returncode == 0 and libdir else None
 
 
