@@ -17,6 +17,32 @@ from python_package_fakes import fake_torch
 from python_package_harness import LIB, PYTHON_DIR, py, raises, skip, tap
 
 
+
+def tool_output_bytes(tmp, static):
+    """objdump prints the file's path, bytes in no encoding in particular:
+    check_cxx_runtime reads its output as the file system names it, so a
+    path that is not UTF-8 under a UTF-8 locale is no error (readelf left
+    out of PATH, so that objdump is the tool asked)."""
+    top = os.path.join(os.fsencode(tmp), b"tools-\xe9")
+    bin_dir = os.path.join(top, b"bin")
+    os.makedirs(bin_dir)
+    missing = [t for t in ("objdump", "nm") if not shutil.which(t)]
+    if missing:
+        skip("check_cxx_runtime reads objdump's output as bytes",
+             "no " + ", ".join(missing))
+        return
+    for t in ("objdump", "nm"):
+        os.symlink(os.fsencode(shutil.which(t)), os.path.join(bin_dir,
+                                                             os.fsencode(t)))
+    lib = os.path.join(top, b"static.so")
+    shutil.copy(os.fsencode(static), lib)
+    rc, out = py("import cudefer.torch as t, os; "
+                 "print('WHY', t.check_cxx_runtime(os.fsdecode(%r)))" % lib,
+                 env={"PYTHONUTF8": "1", "PATH": os.fsdecode(bin_dir)})
+    tap(rc == 0 and "a C++ runtime of its own" in out,
+        "check_cxx_runtime reads objdump's output of a path that is not "
+        "UTF-8 under a UTF-8 locale", out)
+
 def compiler_choice(tmp, headers, dynamic, static):
     """build()'s choice among $CUDEFER_CXX, $CXX, g++ and c++, with fake
     compilers whose builds are dynamic (shares PyTorch's C++ runtime) or
@@ -392,6 +418,7 @@ def torch_cases(tmp):
             tap(rc == 0 and "a C++ runtime of its own" in out,
                 "check_cxx_runtime refuses a build with its own C++ runtime",
                 out)
+            tool_output_bytes(tmp, static)
             compiler_choice(tmp, headers, dyn, static)
     else:
         skip("check_cxx_runtime", "no C++ compiler")

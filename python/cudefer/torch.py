@@ -90,19 +90,27 @@ def _import_torch():
     return torch
 
 
+def _tool_output(cmd):
+    """cmd's output, or None when it cannot run or fails.  Read as the file
+    system names things (os.fsdecode): tools print paths and library
+    names, bytes in no encoding in particular, which a strict decoding in
+    the locale's encoding (text=True) would refuse."""
+    try:
+        run = subprocess.run(cmd, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return os.fsdecode(run.stdout) if run.returncode == 0 else None
+
+
 def _needed_libraries(path):
     """The DT_NEEDED entries of the shared object at path, as readelf or
     objdump prints them; None when neither tool is there."""
     for cmd in (["readelf", "-d", path], ["objdump", "-p", path]):
-        try:
-            run = subprocess.run(cmd, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True,
-                                 timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if run.returncode == 0:
+        out = _tool_output(cmd)
+        if out is not None:
             return re.findall(r"NEEDED\)?\s+(?:Shared library: \[)?([^\]\s]+)",
-                              run.stdout)
+                              out)
     return None
 
 
@@ -110,15 +118,11 @@ def _defines_cxx_runtime(path):
     """Whether the shared object at path carries a copy of the C++ runtime
     (defines its exception machinery, as a -static-libstdc++ build does);
     None when nm is not there to tell."""
-    try:
-        run = subprocess.run(["nm", path], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if run.returncode != 0:
+    out = _tool_output(["nm", path])
+    if out is None:
         return None
     return re.search(r"^\S*\s+[TtWw]\s+(__gxx_personality_v0|__cxa_throw)$",
-                     run.stdout, re.M) is not None
+                     out, re.M) is not None
 
 
 def check_cxx_runtime(path):
