@@ -91,8 +91,10 @@ struct defer_config {
 };
 
 /* Counters since the reclaimer started: a snapshot, read field by field,
- * so under load they may disagree by the entries in flight.  The struct
- * only grows, at its end ("Structs that grow"). */
+ * so under load they may disagree by the entries in flight.  An accepted
+ * call is one entry, however many pointers it names, and ends counted
+ * once: in failed when the release of any of its pointers failed.  The
+ * struct only grows, at its end ("Structs that grow"). */
 struct defer_stats {
     uint64_t deferred;       /* entries accepted by the defer_* calls */
     uint64_t released;       /* entries released (or callbacks run) */

@@ -262,6 +262,7 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
     if (reclaimer_abandoned())
         return cudaErrorCudartUnloading;
     cudaError_t err = device_error(e->device);
+    struct release_report out = {0};
     if (err == cudaSuccess && reclaimer_use_device(e->device)) {
         trace_push(e->kind == ENTRY_CALL ? "cudefer: callback"
                                          : "cudefer: release");
@@ -270,7 +271,6 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
          * application destroyed; PyTorch's launch checks read it). */
         if (e->kind == ENTRY_CALL)
             cuda_clear_last_error();
-        struct release_report out = {0};
         err = release_entry(e, reclaimer_frees_stream_of(e), abandoned,
                             &out);
         reclaimer_frees_queued(e->device, out.queued);
@@ -286,6 +286,15 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
     if (err == cudaSuccess) { /* batches: passes that released something */
         rs.pass_released++;
         rs.pass_released_bytes += e->held_bytes;
+    } else if (!cuda_error_is_sticky(err) &&
+               device_error(e->device) == cudaSuccess) {
+        /* Failed for some of its pointers (counted once, in failed):
+         * the others were given back, and a trim counts their bytes
+         * (release_report, failed_bytes).  After a device's error nothing
+         * is known given back. */
+        rs.pass_released_bytes += e->held_bytes > out.failed_bytes
+                                      ? e->held_bytes - out.failed_bytes
+                                      : 0;
     }
     reclaimer_finish_entry(e, err);
     return err;

@@ -2,6 +2,7 @@
 /* Release of one completed entry. */
 #include "release.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,6 +49,29 @@ static bool report_not_releasable(const struct entry *e, const void *ptr,
     return true;
 }
 
+/* The release of ptr of e failed with err: out->failed_bytes gets ptr's
+ * share of e->held_bytes, so that the bytes of e's other pointers still
+ * count as given back.  A pointer refused as an invalid value (the
+ * pointer's own mistake: CUDA frees nothing of it, the rest goes on) has
+ * the bytes size_up (reclaimer.c) counted for it, asked again the same
+ * way.  Any other error (the runtime unloading, say) leaves unknown what
+ * was given back: all of e's bytes count as failed, so a trim never says
+ * more than it gave back, and no CUDA call is added to a failing runtime.
+ * An entry never sized (a synchronous release: held_bytes 0) asks
+ * nothing: cuda_allocation_of is the reclaimer's. */
+static void note_failed_bytes(const struct entry *e, const void *ptr,
+                              cudaError_t err, struct release_report *out)
+{
+    struct cuda_allocation info;
+    if (e->held_bytes == 0)
+        return;
+    if (err != cudaErrorInvalidValue)
+        out->failed_bytes = UINT64_MAX;
+    else if (cuda_allocation_of(ptr, e->kind == ENTRY_FREE_DEVICE, &info) &&
+             out->failed_bytes < UINT64_MAX - info.bytes)
+        out->failed_bytes += info.bytes;
+}
+
 /* Free pointer i of e; report a failure with the pointer named. */
 static cudaError_t release_pointer(const struct entry *e, size_t i,
                                    cudaStream_t async_stream,
@@ -88,6 +112,7 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
         if (refused && !e->pool) {
             if (out->failed_call == NULL)
                 out->failed_call = call;
+            note_failed_bytes(e, ptr, err, out);
             return err;
         }
         if (err != cudaSuccess && !refused && !cuda_error_is_sticky(err)) {
@@ -107,6 +132,8 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * what the pointer is. */
     if (err != cudaSuccess && out->failed_call == NULL)
         out->failed_call = call;
+    if (err != cudaSuccess)
+        note_failed_bytes(e, ptr, err, out);
     if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr, call))
         return err;
     if (err != cudaSuccess && !cuda_error_is_sticky(err)) {

@@ -7,6 +7,8 @@
 #ifndef CUDEFER_RELEASE_H
 #define CUDEFER_RELEASE_H
 
+#include <stdint.h>
+
 #include "entry.h"
 
 /* What release_entry did besides its return value. */
@@ -15,13 +17,17 @@ struct release_report {
                                 back once the caller synchronizes it */
     const char *failed_call; /* the call that returned the first error;
                                 set whenever release_entry fails */
+    uint64_t failed_bytes;   /* of the entry's held_bytes, those of the
+                                pointers whose release failed (all of
+                                them when that is not known): the rest
+                                was given back */
 };
 
 /* The reclaimer (or a launching thread, in the synchronous fallback), once
  * the entry's work is complete.  async_stream is where device memory is
  * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer_frees.c);
  * NULL frees it with cudaFree.  out, when not NULL, says what was queued on
- * async_stream and which call failed.  stop, when not NULL, is asked
+ * async_stream, which call failed and the bytes of what failed.  stop, when not NULL, is asked
  * before each pointer after the first: once it says true (exit gave up its
  * drain while a free blocked), the rest are left unfreed and no CUDA call
  * is made.  Blocks as long as the release does.  Returns the first CUDA

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/* What the counters and defer_trim's released_bytes say of releases that
+ * do not go as planned:
+ * - an entry of several pointers (defer_free_n, with and without blocks
+ *   of defer_alloc's) or of several streams (defer_free_streams) whose
+ *   release partly fails: the entry counts once, in failed (the counters
+ *   count entries, as deferred does: one a call), pending goes back to 0,
+ *   and the bytes of the pointers that were released count in
+ *   released_bytes, those of the one refused do not. */
+#include <stdint.h>
+#include <string.h>
+
+#include "helpers.h"
+
+#define KiB ((size_t)1024)
+
+#define WAIT_UNTIL(cond, ms)                                                   \
+    for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
+    sleep_ms(1)
+
+/* deferred = released + failed + pending, pending 0, nothing held: the
+ * identities of a quiet program (step names the check). */
+static void check_quiet(const char *step)
+{
+    ok(wait_stats_settled(5000), "%s: the statistics settle", step);
+    struct defer_stats s = stats_now();
+    ok(s.deferred == s.released + s.failed + s.pending && s.pending == 0 &&
+           s.held == 0 && s.held_bytes == 0,
+       "%s: deferred %llu = released %llu + failed %llu + pending %llu, "
+       "none pending or held (%llu, %llu bytes)",
+       step, ULL(s.deferred), ULL(s.released), ULL(s.failed),
+       ULL(s.pending), ULL(s.held), ULL(s.held_bytes));
+}
+
+/* ---- entries whose release partly fails ---------------------------------- */
+
+/* Trim what is completed and held now (count entries held), the counters
+ * before in *before; what the trim gave back in *released. */
+static void trim_held(uint64_t count, struct defer_stats *before,
+                      size_t *released, const char **said)
+{
+    WAIT_UNTIL(stats_now().held == count, 10000);
+    is_int(stats_now().held, count, "%llu entries held", ULL(count));
+    *before = stats_now();
+    stderr_capture_begin();
+    is_int(defer_trim(released), cudaSuccess, "trim");
+    *said = stderr_capture_end();
+    wait_stats_settled(5000);
+}
+
+/* Three pointers in one call, the middle one pinned host memory, which
+ * defer_free_n's cudaFreeAsync (and cudaFree) refuse. */
+static void test_free_n_part_fails(void)
+{
+    cudaStream_t s = stream_new();
+    void *p0 = device_alloc(3 * KiB), *h = host_alloc(7 * KiB),
+         *p1 = device_alloc(5 * KiB);
+    void *ptrs[3] = {p0, h, p1};
+    fake_work *w = fake_launch_held(s, ptrs, 3);
+    struct defer_stats start = stats_now();
+    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
+    fake_complete(w);
+    struct defer_stats before;
+    size_t released = 0;
+    const char *said;
+    trim_held(1, &before, &released, &said);
+    struct defer_stats after = stats_now();
+    ok(has_line(said, "defer_free_n", "pinned host memory", NULL),
+       "the refused pointer said: %s", said);
+    ok(fake_is_released(p0) == 1 && fake_is_released(p1) == 1 &&
+           fake_is_released(h) == 0,
+       "the device pointers released, the host one not");
+    ok(after.deferred - start.deferred == 1 &&
+           after.failed - before.failed == 1 &&
+           after.released == before.released,
+       "one entry, counted once, in failed (deferred +%llu, failed +%llu, "
+       "released +%llu)",
+       ULL(after.deferred - start.deferred),
+       ULL(after.failed - before.failed),
+       ULL(after.released - before.released));
+    is_int(released, 8 * KiB,
+           "released_bytes: the two device pointers' bytes, not the host "
+           "one's");
+    check_quiet("defer_free_n, one pointer refused");
+    cudaFreeHost(h);
+}
+
+/* A block of defer_alloc's, plain memory and a refused pointer in one
+ * call: the block back in the cache, the plain memory released and
+ * counted in released_bytes, the entry failed once. */
+static void test_free_n_block_part_fails(void)
+{
+    cudaStream_t s = stream_new();
+    void *b = NULL;
+    is_int(alloc_checked(&b, 64 * KiB, s), cudaSuccess, "a block");
+    struct defer_device_stats ds;
+    defer_device_stats_get(0, &ds);
+    uint64_t live = ds.live_bytes;
+    void *p = device_alloc(3 * KiB), *h = host_alloc(7 * KiB);
+    void *ptrs[3] = {b, h, p};
+    fake_work *w = fake_launch_held(s, ptrs, 3);
+    struct defer_stats start = stats_now();
+    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
+    fake_complete(w);
+    struct defer_stats before;
+    size_t released = 0;
+    const char *said;
+    trim_held(1, &before, &released, &said);
+    struct defer_stats after = stats_now();
+    defer_device_stats_get(0, &ds);
+    ok(fake_is_released(p) == 1 && fake_is_released(h) == 0,
+       "the plain pointer released, the host one not");
+    ok(ds.live_bytes < live, "the block back in the cache (live %llu -> "
+       "%llu)", ULL(live), ULL(ds.live_bytes));
+    ok(after.deferred - start.deferred == 1 &&
+           after.failed - before.failed == 1 &&
+           after.released == before.released,
+       "one entry, counted once, in failed (deferred +%llu, failed +%llu, "
+       "released +%llu)",
+       ULL(after.deferred - start.deferred),
+       ULL(after.failed - before.failed),
+       ULL(after.released - before.released));
+    /* The block's segment went back to the pool and the pool was trimmed
+     * in the same pass: its bytes count too. */
+    ok(released >= 3 * KiB + 64 * KiB && released < 3 * KiB + 128 * KiB,
+       "released_bytes %zu: the plain pointer's and the block's segment, "
+       "not the host one's", released);
+    check_quiet("defer_free_n with a block, one pointer refused");
+    cudaFreeHost(h);
+}
+
+/* defer_free_streams of a pointer refused, on two streams: one entry (its
+ * parts are not the caller's), failed once; and one released, once. */
+static void test_free_streams_once(void)
+{
+    cudaStream_t st[2] = {stream_new(), stream_new()};
+    void *h = host_alloc(7 * KiB), *p = device_alloc(3 * KiB);
+    fake_work *w0 = work_held(st[0], p), *w1 = work_held(st[1], p);
+    struct defer_stats start = stats_now();
+    is_int(defer_free_streams(h, st, 2), cudaSuccess,
+           "defer_free_streams of a host pointer");
+    is_int(defer_free_streams(p, st, 2), cudaSuccess,
+           "defer_free_streams of device memory");
+    fake_complete(w0);
+    fake_complete(w1);
+    struct defer_stats before;
+    size_t released = 0;
+    const char *said;
+    trim_held(2, &before, &released, &said);
+    struct defer_stats after = stats_now();
+    ok(fake_is_released(p) == 1 && fake_is_released(h) == 0,
+       "the device memory released, the host one not");
+    ok(after.deferred - start.deferred == 2 &&
+           after.failed - before.failed == 1 &&
+           after.released - before.released == 1,
+       "two entries: one failed, one released (deferred +%llu, failed "
+       "+%llu, released +%llu)",
+       ULL(after.deferred - start.deferred),
+       ULL(after.failed - before.failed),
+       ULL(after.released - before.released));
+    is_int(released, 3 * KiB, "released_bytes: the device memory's");
+    check_quiet("defer_free_streams");
+    cudaFreeHost(h);
+}
+
+int main(void)
+{
+    plan_lazy();
+    /* Completed frees stay held until the trim releases them: no release
+     * at a quiet moment nor for their age. */
+    set_cudefer_env("CUDEFER_IDLE_US=10s CUDEFER_MAX_DELAY_MS=0");
+    fake_reset(1);
+    test_free_n_part_fails();
+    test_free_n_block_part_fails();
+    test_free_streams_once();
+    is_int(defer_shutdown(), cudaSuccess, "shutdown");
+    is_int(fake_violations(), 0, "oracle: nothing released twice or early");
+    return 0;
+}
