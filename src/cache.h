@@ -468,7 +468,8 @@ void cache_upstream_fork_child(void);
  * from cudaMalloc.  Returns the CUDA error; an error that is not sticky
  * (out of memory, a bad argument) leaves the runtime's last error clear.
  * The first call on a device creates its pool, under a lock that only
- * that creation takes.  what: the call the user made (defer_alloc,
+ * that creation takes; an allocation from a pool waits for a trim under
+ * way (cache_upstream_trim).  what: the call the user made (defer_alloc,
  * defer_pluggable_alloc...), which says a failure here. */
 cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
                                   cudaStream_t stream, void **ptr,
@@ -527,7 +528,7 @@ size_t cache_upstream_slack(int device);
  * first (and says a failed wait).  A sticky error of the trim is handed to
  * fail (device, the call by name, the error); another is reported.
  * Returns the bytes by which the pool's reserve shrank (0 without a
- * pool). */
+ * pool), exact: no allocation from the pool is made meanwhile. */
 size_t cache_upstream_trim(int device,
                            void (*fail)(int device, const char *call,
                                         cudaError_t err));

@@ -85,9 +85,11 @@
  *   it (cache_find_locked).  With one device, that lock alone keeps the
  *   map still: a free's look-up is made once, under it, without a
  *   shard's lock (cache_map_find_held).
- * - The upstream pool's creation lock (cache_upstream.c) is the one lock
- *   of the module under which a CUDA call is made (cudaMemPoolCreate, once
- *   a device); it is taken under no other lock of the module's.
+ * - The upstream pool's creation lock (cache_upstream.c) and its trim
+ *   lock are the locks of the module under which a CUDA call is made
+ *   (cudaMemPoolCreate, once a device; an allocation from a pool, shared,
+ *   or a trim's calls, alone); each is taken under no other lock of the
+ *   module's.
  */
 
 /*

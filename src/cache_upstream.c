@@ -32,6 +32,15 @@ struct mempool {
 static struct mempool *mempools;
 static int nmempools;
 static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A trim measures what it released as the shrink of a pool's reserve
+ * across cudaMemPoolTrimTo; an allocation from the pool in between may grow
+ * that reserve and hide released bytes.  Only cudefer allocates from its
+ * pools (their handles are its own), so allocations (readers) and trims
+ * (the writer) exclude each other, and the measure is exact: a miss waits
+ * for the three calls of a trim under way, a trim for the allocations
+ * under way.  Taken under no other lock; the child of a fork makes it
+ * anew, as create_lock. */
+static pthread_rwlock_t trim_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 bool cache_upstream_init(int ndevices)
 {
@@ -55,6 +64,7 @@ void cache_upstream_destroy(void)
 void cache_upstream_fork_child(void)
 {
     pthread_mutex_init(&create_lock, NULL);
+    pthread_rwlock_init(&trim_lock, NULL);
     mempools = NULL; /* the child has no CUDA: the parent's are of no use */
     nmempools = 0;
 }
@@ -88,9 +98,9 @@ static bool mempool_create(struct mempool *p, int device, const char *what)
 /* Create device's pool, once, for what (the call the user made, which
  * says a failure); false when there is none.  A device without
  * memory pools (cudaDevAttrMemoryPoolsSupported 0) has none quietly:
- * nothing failed, cudaMalloc is its way (cudefer(7)).  The only CUDA calls
- * under a lock of the cache's (Note [Locks]): the first miss of each
- * device, once. */
+ * nothing failed, cudaMalloc is its way (cudefer(7)).  Its CUDA calls,
+ * made under create_lock (Note [Locks]): the first miss of each device,
+ * once. */
 static bool mempool_ready(int device, const char *what)
 {
     struct mempool *p = &mempools[device];
@@ -161,8 +171,10 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
     cudaError_t err;
     if (*upstream) {
         struct cuda_capture_mode mode = cuda_capture_mode_relax();
+        pthread_rwlock_rdlock(&trim_lock);
         err = cudaMallocFromPoolAsync(ptr, bytes, mempools[device].pool,
                                       stream);
+        pthread_rwlock_unlock(&trim_lock);
         cuda_capture_mode_put_back(mode);
     } else {
         err = malloc_on(what, device, ptr, bytes);
@@ -268,10 +280,12 @@ size_t cache_upstream_trim(int device,
     cudaMemPool_t pool = mempools[device].pool;
     uint64_t before = 0, after = 0;
     struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    pthread_rwlock_wrlock(&trim_lock); /* no allocation grows it meanwhile */
     cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
     cudaError_t err = cudaMemPoolTrimTo(pool, 0);
     cudaError_t got = cudaMemPoolGetAttribute(
         pool, cudaMemPoolAttrReservedMemCurrent, &after);
+    pthread_rwlock_unlock(&trim_lock);
     cuda_capture_mode_put_back(mode);
     if (cuda_error_is_sticky(err)) /* the device's, not the pool's */
         fail(device, "cudaMemPoolTrimTo", err);

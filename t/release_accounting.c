@@ -1,18 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /* What the counters and defer_trim's released_bytes say of releases that
  * do not go as planned:
+ * - a trim of cudefer's memory pool while another thread's defer_alloc
+ *   makes that pool grow: released_bytes is what the trim gave back, not
+ *   less by the new block;
  * - an entry of several pointers (defer_free_n, with and without blocks
  *   of defer_alloc's) or of several streams (defer_free_streams) whose
  *   release partly fails: the entry counts once, in failed (the counters
  *   count entries, as deferred does: one a call), pending goes back to 0,
  *   and the bytes of the pointers that were released count in
  *   released_bytes, those of the one refused do not. */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "helpers.h"
 
 #define KiB ((size_t)1024)
+#define MiB ((size_t)1 << 20)
 
 #define WAIT_UNTIL(cond, ms)                                                   \
     for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
@@ -30,6 +35,70 @@ static void check_quiet(const char *step)
        "none pending or held (%llu, %llu bytes)",
        step, ULL(s.deferred), ULL(s.released), ULL(s.failed),
        ULL(s.pending), ULL(s.held), ULL(s.held_bytes));
+}
+
+/* ---- a trim while the pool grows ---------------------------------------- */
+
+/* A thread that allocates a block once told to, as a defer_alloc of the
+ * application may run while the reclaimer trims. */
+struct grower {
+    cudaStream_t s;
+    size_t bytes;
+    void *p;
+    cudaError_t err;
+    int go, done;
+};
+
+static void *grow(void *arg)
+{
+    struct grower *g = arg;
+    wait_flag(&g->go, 10000);
+    g->err = alloc_checked(&g->p, g->bytes, g->s);
+    __atomic_store_n(&g->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* On the reclaimer, just after its cudaMemPoolTrimTo returned, before it
+ * reads what the pool holds now: let the grower allocate, and give its
+ * allocation time to land (it may wait for the trim to end instead, and
+ * then lands after it). */
+static void trim_returned(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)r;
+    struct grower *g = arg;
+    fake_set_return_hook(FAKE_MEM_POOL_TRIM, NULL, NULL); /* once */
+    __atomic_store_n(&g->go, 1, __ATOMIC_RELEASE);
+    wait_flag(&g->done, 300);
+}
+
+static void test_trim_while_pool_grows(void)
+{
+    cudaStream_t s = stream_new();
+    void *a = NULL;
+    is_int(alloc_checked(&a, 8 * MiB, s), cudaSuccess, "an 8 MiB block");
+    struct defer_device_stats ds;
+    defer_device_stats_get(0, &ds);
+    size_t segment = ds.cache_bytes;
+    is_int(defer_free(a, s), cudaSuccess, "freed");
+    is_int(defer_flush(), cudaSuccess, "flush: the block back in the cache");
+    struct grower g = {.s = stream_new(), .bytes = 1 * MiB};
+    pthread_t t;
+    ok(pthread_create(&t, NULL, grow, &g) == 0, "the growing thread");
+    fake_set_return_hook(FAKE_MEM_POOL_TRIM, trim_returned, &g);
+    size_t released = 0;
+    is_int(defer_trim(&released), cudaSuccess, "trim");
+    pthread_join(t, NULL);
+    fake_set_return_hook(FAKE_MEM_POOL_TRIM, NULL, NULL);
+    is_int(g.err, cudaSuccess, "the other thread's block, made meanwhile");
+    ok(released == segment,
+       "released_bytes %zu: the %zu bytes the trim gave back, not less "
+       "by the block the pool grew for meanwhile", released, segment);
+    is_int(defer_free(g.p, g.s), cudaSuccess, "its block freed");
+    is_int(defer_trim(&released), cudaSuccess, "a trim on a quiet pool");
+    ok(released >= g.bytes,
+       "it gives that block's memory back (%zu bytes)", released);
+    check_quiet("trim while the pool grows");
 }
 
 /* ---- entries whose release partly fails ---------------------------------- */
@@ -173,6 +242,7 @@ int main(void)
     test_free_n_part_fails();
     test_free_n_block_part_fails();
     test_free_streams_once();
+    test_trim_while_pool_grows();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_violations(), 0, "oracle: nothing released twice or early");
     return 0;
