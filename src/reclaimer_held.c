@@ -6,6 +6,7 @@
 
 #include <stdatomic.h>
 
+#include "cuda.h"
 #include "held.h"
 #include "queue.h"
 #include "release_policy.h"
@@ -73,7 +74,7 @@ void reclaimer_held_release(uint64_t now)
         if (h->head != NULL && release_policy_cap_follows_use(&rs.cfg) &&
             now - h->cap_at_ns >= RELEASE_POLICY_CAP_REFRESH_NS &&
             reclaimer_use_device(d))
-            reclaimer_learn_cap(d, now);
+            reclaimer_held_learn_cap(d, now);
         held_lock(h);
         enum release_reason reason = release_policy_decide(&rs.cfg, h, &view);
         held_unlock(h);
@@ -100,4 +101,26 @@ void reclaimer_held_release(uint64_t now)
         trace_pop();
         stats_add(reason_counter(reason), n);
     }
+}
+
+void reclaimer_held_learn_cap(int device, uint64_t now)
+{
+    struct held_list *h = &rs.held[device];
+    size_t free_bytes = 0, total = 0;
+    cudaError_t err = cuda_memory_info(&free_bytes, &total);
+    h->cap_at_ns = now;
+    if (err != cudaSuccess) {
+        if (h->cap != 0)
+            return; /* the cap learned before stays */
+        total = (size_t)80 << 30; /* what today's large GPUs have */
+        free_bytes = total;
+        cuda_report_failure("reclaimer", "cudaMemGetInfo", err,
+                    "; the cap assumes 80 GiB of device memory");
+    }
+    /* Device memory only: what cudefer holds of the device's used memory
+     * (held pinned host memory is none of it). */
+    held_lock(h);
+    uint64_t held_bytes = h->device_bytes;
+    held_unlock(h);
+    h->cap = release_policy_cap(&rs.cfg, total, free_bytes, held_bytes);
 }

@@ -172,8 +172,8 @@ struct reclaimer_state {
 
 extern struct reclaimer_state rs;
 
-/* Reclaimer only: take in a pushed entry (reclaimer.c; capture.c takes in
- * a graph entry this way once it is complete). */
+/* Reclaimer only: take in a pushed entry (reclaimer_take.c; capture.c
+ * takes in a graph entry this way once it is complete). */
 void reclaimer_take_in(struct entry *e);
 
 /* Reclaimer thread only (reclaimer.c): make device current (false, the
@@ -242,7 +242,7 @@ void reclaimer_held_abandon(int device);
  * from its memory now (Note [The cap], release_policy.h).  A failed query
  * keeps the cap learned before (the first is reported, and assumes a
  * device of 80 GiB).  Does not block beyond the query. */
-void reclaimer_learn_cap(int device, uint64_t now);
+void reclaimer_held_learn_cap(int device, uint64_t now);
 
 /* Reclaimer thread, after a pass (progress: it completed or took in
  * something): naps while entries are pending, waits for the release
