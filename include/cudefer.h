@@ -32,7 +32,9 @@
  * - At exit, pending entries are drained for at most 2 s; the rest is never
  *   released (leaked_at_exit); a callback or a free (cudaFree) still
  *   running then is left to end, and after it cudefer releases nothing and
- *   makes no CUDA call.
+ *   makes no CUDA call.  A first call still starting the reclaimer (its
+ *   cudaGetDeviceCount) is waited for as long; it returns
+ *   cudaErrorNotPermitted and starts nothing.
  * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",
  *   but for defer_alloc's out of memory (the caller's to handle).
  * - Stream 0 is the legacy stream, cudaStreamPerThread the calling thread's

@@ -80,11 +80,29 @@ static bool hands_over(const char *what)
            strncmp(what, "defer_call", 10) == 0;
 }
 
+static cudaError_t say_refused(const char *what, const struct line_end *end);
+
 /* Start the reclaimer for the first call, what; life_lock held.  On
  * failure (reported, the line ending with end's text) nothing stays allocated
- * and the next call tries again. */
+ * and the next call tries again.  Once exit began (rs.exiting, which exit
+ * may set without life_lock while this start holds it:
+ * lifecycle_hooks_exit_starting) the start is refused, said as any call
+ * after exit is: read before the first CUDA call, after
+ * cudaGetDeviceCount (the runtime's initialization, which may hang for
+ * good) and before the thread, so that neither the entry points' queries
+ * nor the thread follow an exit that gave up waiting for that call. */
 static cudaError_t start_locked(const char *what, const struct line_end *end)
 {
+    if (atomic_load(&rs.exiting))
+        return say_refused(what, end);
+    static bool exit_hook_registered;
+    if (!exit_hook_registered) {
+        /* Before the first CUDA call: an exit while it hangs finds this
+         * start (lifecycle_hooks_exit_starting).  Run after the drain's
+         * handler registered below. */
+        atexit(lifecycle_hooks_exit_starting);
+        exit_hook_registered = true;
+    }
     char kept[256], tail[128];
     report_line_end(end, tail, sizeof tail);
     if (hands_over(what))
@@ -100,6 +118,8 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
         cuda_report_failure(what, "cudaGetDeviceCount", err, kept);
         return err;
     }
+    if (atomic_load(&rs.exiting))
+        return say_refused(what, end);
     /* The runtime is up: its entry points. */
     cuda_resolve_entry_points(what, rs.cfg.driver_calls != 0);
     if (!alloc_per_device(n) ||
@@ -121,6 +141,12 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
         undo_start();
         cuda_report_failure(what, "calloc", cudaErrorMemoryAllocation, kept);
         return cudaErrorMemoryAllocation;
+    }
+    if (atomic_load(&rs.exiting)) {
+        stream_table_destroy(&rs.streams);
+        event_pool_abandon();
+        undo_start();
+        return say_refused(what, end);
     }
     for (int d = 0; d < n; d++)
         held_init(&rs.held[d], d);
@@ -170,9 +196,16 @@ static bool inside_callback(void)
  * keeps it. */
 static cudaError_t refuse_ending(const char *what, const struct line_end *end)
 {
+    stats_add(&stats.rejected, 1);
+    return say_refused(what, end);
+}
+
+/* Any thread: refuse_ending's line, not counted (a refused start: its
+ * caller counts it, as every failed start). */
+static cudaError_t say_refused(const char *what, const struct line_end *end)
+{
     char tail[128];
     report_line_end(end, tail, sizeof tail);
-    stats_add(&stats.rejected, 1);
     bool handed = hands_over(what);
     const char *kept = handed ? "; the caller keeps ownership" : "";
     if (atomic_load(&rs.state) == STATE_FORKED)

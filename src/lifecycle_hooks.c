@@ -144,6 +144,38 @@ void lifecycle_hooks_exit(void)
     pthread_mutex_unlock(&rs.life_lock);
 }
 
+/* Process exit before cudefer started: a first call's start may hold
+ * life_lock in a CUDA call that hangs (cudaGetDeviceCount), before the
+ * drain's handler is registered.  Exit began: from here every call is
+ * refused ("called after exit began"), and a start under way starts no
+ * thread and, once its cudaGetDeviceCount returned, makes no CUDA call
+ * more (start_locked reads rs.exiting, under life_lock, after that call
+ * and before the thread).  So exit waits for it only as long as its
+ * drain would, then says it gave up.
+ * Registered by the first start before its first CUDA call, so run after
+ * the drain's handler, which a start that succeeded registers; nothing to
+ * do then (the state is no longer STATE_NEW).  exiting and gate_closed
+ * are written without life_lock, which the start may hold for good: with
+ * the state STATE_NEW no call is admitted and no reclaimer runs, so they
+ * only refuse.  A start that read exiting unset before the thread, just
+ * before it was set, is past its last CUDA call and ends at once: this
+ * wait then takes life_lock and leaves the library to the drain's
+ * handler, which that start registered (run next). */
+void lifecycle_hooks_exit_starting(void)
+{
+    if (atomic_load(&rs.state) != STATE_NEW)
+        return;
+    atomic_store(&rs.exiting, true); /* before the gate closes */
+    atomic_store(&rs.gate_closed, true);
+    struct timespec until = realtime_at(now_ns() + EXIT_DRAIN_NS);
+    if (pthread_mutex_timedlock(&rs.life_lock, &until) == 0) {
+        pthread_mutex_unlock(&rs.life_lock);
+        return;
+    }
+    give_up("a defer call on another thread still starting cudefer after",
+            "not waited for (it starts nothing)");
+}
+
 /* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
  * be used.  Every entry still pending is abandoned (counted, never freed
  * here), and every later call is refused. */

@@ -55,4 +55,12 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns);
  * (rs.abandoned, without the lock): it returns. */
 void lifecycle_hooks_exit(void);
 
+/* Process exit only: the atexit handler that the first start registers
+ * before its first CUDA call (lifecycle.c), for an exit before cudefer
+ * started: sets rs.exiting and closes the gate without life_lock, so that
+ * a start under way refuses once its CUDA call returns; waits for that
+ * start at most the drain's limit, then says it gave up.  Does nothing
+ * once a start succeeded (lifecycle_hooks_exit's, run first). */
+void lifecycle_hooks_exit_starting(void);
+
 #endif

@@ -86,7 +86,9 @@ struct reclaimer_state {
      * lifecycle_hooks.c) under life_lock, in the start, shutdown or exit:
      * state, gate_closed, starting, thread, stop, abandoned (also without
      * it, by an exit that a shutdown's hold of it kept out:
-     * lifecycle_hooks_exit), and, at the
+     * lifecycle_hooks_exit; and, with exiting, by an exit before any start
+     * succeeded, which a start's hold of it may keep out:
+     * lifecycle_hooks_exit_starting), and, at the
      * start and the stop only, disabled, cfg, ndevices, the device_errors
      * array and any_device_failed's reset.  The fork child
      * (lifecycle_hooks.c), alone in its process and holding no lock: state,
@@ -121,8 +123,10 @@ struct reclaimer_state {
      * shutdown on another thread stops the reclaimer).  A timed join that
      * gives up (exit's) puts REAPER_NONE back before the abandon. */
     _Atomic int reaper;
-    /* Set by exit under life_lock before it closes the gate: a refusal
-     * from then on says that exit stopped cudefer, not defer_shutdown. */
+    /* Set by exit under life_lock before it closes the gate, or, before
+     * any start succeeded, without it (lifecycle_hooks_exit_starting): a
+     * refusal from then on says that exit stopped cudefer, not
+     * defer_shutdown, and a start under way refuses (start_locked). */
     _Atomic bool exiting;
     /* Who ends the library: ENDING_OPEN from the start until the stop
      * that joined the reclaimer takes it (ENDING_STOP: it frees the state
