@@ -114,7 +114,8 @@ static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
         size_t trimmed = 0;
         bool refused = false;
         cudaError_t trim_err =
-            lifecycle_trim_for(w->what, w->end, &trimmed, &refused);
+            lifecycle_requests_trim_for(w->what, w->end, &trimmed,
+                                        &refused);
         if (refused) {
             w->said = true;
             return trim_err;

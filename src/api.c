@@ -207,14 +207,14 @@ cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * deferred before the call was released or failed. */
 cudaError_t defer_flush(void)
 {
-    return lifecycle_flush();
+    return lifecycle_requests_flush();
 }
 
 /* Any thread but the reclaimer (lifecycle.h): blocks while every
  * completed entry is released, whatever the policy. */
 cudaError_t defer_trim(size_t *released_bytes)
 {
-    return lifecycle_trim(released_bytes);
+    return lifecycle_requests_trim(released_bytes);
 }
 
 /* Any thread but the reclaimer (lifecycle.h): refuses new calls, drains,

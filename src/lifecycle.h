@@ -2,9 +2,10 @@
 /*
  * The library's lifecycle (lifecycle.c): lazy start of the reclaimer thread
  * (reclaimer.c), admission of every defer call (the gate), hand-over of
- * entries to the reclaimer, flush and trim requests, shutdown; process exit
- * and fork (lifecycle_hooks.c, whose private header lifecycle_hooks.h is
- * what it shares with lifecycle.c).
+ * entries to the reclaimer, shutdown; flush and trim requests and the
+ * waits for the reclaimer (lifecycle_requests.c); process exit and fork
+ * (lifecycle_hooks.c, whose private header lifecycle_hooks.h is what it
+ * shares with lifecycle.c).
  *
  * Launching threads bracket a submission with lifecycle_enter and
  * lifecycle_leave, so shutdown can wait for submissions already under way.
@@ -56,12 +57,21 @@ void lifecycle_leave(void);
  * if it sleeps.  Never blocks for long. */
 void lifecycle_wake(void);
 
+/* Any thread: signal the reclaimer's wake condition whether or not it
+ * sleeps (a request just pushed).  Never blocks for long. */
+void lifecycle_wake_now(void);
+
+/* Any thread: refuse the call what (after shutdown or exit, or in a
+ * forked child), counted and said in one line ending with end's text
+ * (NULL: nothing); cudaErrorNotPermitted. */
+cudaError_t lifecycle_refuse(const char *what, const struct line_end *end);
+
 /* Any thread, between enter and leave.  Hands the synced entry e (see
  * entry.h: no event, its stream already synchronized) to the reclaimer and
  * blocks until the reclaimer has finished it, behind the earlier entries of
  * its stream; on the reclaimer thread (a callback) it only pushes e, which
  * then runs after the callback. */
-void lifecycle_push_and_wait(struct entry *e);
+void lifecycle_requests_push_and_wait(struct entry *e);
 
 /* Any thread, between enter and leave: the configuration in force (its
  * disable field also alone, from the line every call reads), and the
@@ -120,22 +130,24 @@ bool lifecycle_in_callback(void);
  * call has been released or has failed.  Returns cudaSuccess, the error of a
  * failed device, or cudaErrorNotPermitted (on the reclaimer thread, after
  * shutdown, in a forked child). */
-cudaError_t lifecycle_flush(void);
+cudaError_t lifecycle_requests_flush(void);
 
 /* Any thread but the reclaimer.  Blocks while the reclaimer polls every
  * stream once and releases every completed entry, whatever the policy;
  * *bytes (if not NULL) gets the bytes released.  Errors as for flush. */
-cudaError_t lifecycle_trim(size_t *bytes);
+cudaError_t lifecycle_requests_trim(size_t *bytes);
 
-/* Any thread but the reclaimer: lifecycle_trim for a call of what's that
- * trims on its own (defer_alloc out of memory, before its retry), each
- * line said in its words and ending with end's text (report.h; NULL:
- * nothing), so that none names a defer_trim the caller never made.
- * *refused: whether it was refused (a shutdown closed the gate since the
- * call was admitted; said and counted in rejected once, here), when its
- * caller must give up rather than try again.  Errors as for trim. */
-cudaError_t lifecycle_trim_for(const char *what, const struct line_end *end,
-                               size_t *bytes, bool *refused);
+/* Any thread but the reclaimer: lifecycle_requests_trim for a call of
+ * what's that trims on its own (defer_alloc out of memory, before its
+ * retry), each line said in its words and ending with end's text
+ * (report.h; NULL: nothing), so that none names a defer_trim the caller
+ * never made.  *refused: whether it was refused (a shutdown closed the gate
+ * since the call was admitted; said and counted in rejected once, here),
+ * when its caller must give up rather than try again.  Errors as for
+ * trim. */
+cudaError_t lifecycle_requests_trim_for(const char *what,
+                                        const struct line_end *end,
+                                        size_t *bytes, bool *refused);
 
 /* Any thread: flush and trim requests pushed to the reclaimer so far (a
  * waiting flush's marker is in the queue once this grew; for tests). */

@@ -121,7 +121,7 @@ void lifecycle_hooks_exit(void)
         /* No wait for the legacy stream here: a batch that cannot get
          * its event is left unreleased, as what the drain gives up on. */
         size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
-        if (closed && lifecycle_request_and_wait(&q, deadline, false) &&
+        if (closed && lifecycle_requests_wait(&q, deadline, false) &&
             lifecycle_stop_and_join(deadline)) {
             if (unsealed > 0) {
                 stats_add(&stats.leaked_at_exit, unsealed);

@@ -36,8 +36,8 @@ void lifecycle_gate_forget_admissions(void);
  * or, q abandonable (shutdown's), once exit gave up: q, left to the
  * reclaimer, must outlive it.  With leave_gate, the caller's admission
  * ends once q is pushed. */
-bool lifecycle_request_and_wait(struct request *q, uint64_t deadline_ns,
-                                bool leave_gate);
+bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
+                             bool leave_gate);
 
 /* Under life_lock, not on the reclaimer thread (shutdown, exit): ask the
  * reclaimer to stop once everything is released, join it and free its

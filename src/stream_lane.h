@@ -204,8 +204,8 @@ void stream_lane_raise_completed(struct shared_event *ev, uint64_t label);
 bool stream_lane_event_put(struct shared_event *ev);
 
 /* Any thread: a defer_flush (or shutdown's flush, or a callback queued
- * with no event, lifecycle_push_and_wait) begins to wait (delta 1, before
- * it pushes its request) or has stopped (-1).  While any waits, no lane
+ * with no event, lifecycle_requests_push_and_wait) begins to wait (delta
+ * 1, before it pushes its request) or has stopped (-1).  While any waits, no lane
  * records a pending event again: what it waits for completes with the
  * work deferred before it began, not with work deferred later.  Never
  * blocks. */

@@ -46,7 +46,7 @@ static bool queue_synced_call(const struct request_args *a,
     e->group_err = cudaSuccess;
     lifecycle_count_deferred(); /* after a wait: exit may have given up */
     stats_add(&stats.sync_releases, 1);
-    lifecycle_push_and_wait(e);
+    lifecycle_requests_push_and_wait(e);
     return true;
 }
 

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/* Waiting for the reclaimer (lifecycle.h): a flush or trim request and
+ * its wait, and a synced entry pushed and waited for.  The request's
+ * marker goes through the same queue as every entry, so the reclaimer
+ * answers it after everything pushed before it; the caller waits on the
+ * request's own condition variable.  Any thread but the reclaimer (which
+ * would wait for itself), but where a function says otherwise. */
+#include "lifecycle.h"
+#include "lifecycle_hooks.h"
+#include "reclaimer_state.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "clock.h"
+#include "free_batch.h"
+#include "report.h"
+#include "stats.h"
+#include "stream_lane.h"
+
+/* How often an abandonable wait (shutdown's) looks whether exit gave up. */
+#define ABANDON_POLL_NS UINT64_C(10000000)
+
+/* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
+static _Atomic unsigned long requests_pushed;
+
+unsigned long lifecycle_requests_pushed(void)
+{
+    return atomic_load(&requests_pushed);
+}
+
+/* Push a request and wait for it (at most until deadline_ns, if not 0);
+ * false if the deadline passed first, or, for an abandonable request
+ * (shutdown's), once exit gave up: the request (with its queue marker) is
+ * then left to the reclaimer, so q must outlive it.  With leave_gate, the
+ * caller's admission ends once the request is pushed. */
+bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
+                             bool leave_gate)
+{
+    struct entry *marker = &q->marker;
+    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    /* A flush waits for callbacks that share events: while it does, no
+     * lane records a pending event again (stream_lane.h), so it waits for
+     * no work deferred after it began. */
+    if (!q->trim)
+        stream_lane_waiter(1);
+    lifecycle_push(marker);
+    atomic_fetch_add(&requests_pushed, 1);
+    if (leave_gate)
+        lifecycle_leave();
+    lifecycle_wake_now(); /* do not wait for a napping reclaimer's next pass */
+    pthread_mutex_lock(&q->lock);
+    while (!q->done) {
+        if (deadline_ns == 0 && !q->abandonable) {
+            pthread_cond_wait(&q->cond, &q->lock);
+            continue;
+        }
+        /* An abandonable wait (shutdown's) looks at the abandon every
+         * ABANDON_POLL_NS: exit, giving up while a shutdown holds
+         * life_lock, cannot signal the shutdown's request. */
+        uint64_t until = deadline_ns;
+        if (q->abandonable) {
+            if (atomic_load(&rs.abandoned))
+                goto give_up;
+            uint64_t slice = now_ns() + ABANDON_POLL_NS;
+            if (until == 0 || slice < until)
+                until = slice;
+        }
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                              .tv_nsec = (long)(until % 1000000000u)};
+        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
+            !q->done && until == deadline_ns)
+            goto give_up;
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (!q->trim)
+        stream_lane_waiter(-1);
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+    return true;
+give_up:
+    pthread_mutex_unlock(&q->lock);
+    if (!q->trim)
+        stream_lane_waiter(-1);
+    return false;
+}
+
+void lifecycle_requests_push_and_wait(struct entry *e)
+{
+    /* On the reclaimer thread e runs once this callback returns. */
+    if (lifecycle_on_reclaimer_thread()) {
+        e->request = NULL;
+        lifecycle_push(e);
+        return;
+    }
+    struct request q = {.err = cudaSuccess};
+    pthread_mutex_init(&q.lock, NULL);
+    pthread_cond_init(&q.cond, NULL);
+    e->request = &q;
+    stream_lane_waiter(1); /* it waits behind callbacks: as a flush does */
+    lifecycle_push(e);
+    pthread_mutex_lock(&q.lock);
+    while (!q.done)
+        pthread_cond_wait(&q.cond, &q.lock);
+    pthread_mutex_unlock(&q.lock);
+    stream_lane_waiter(-1);
+    pthread_cond_destroy(&q.cond);
+    pthread_mutex_destroy(&q.lock);
+}
+
+/* Checks shared by flush and trim (what's lines ending with end's text);
+ * cudaSuccess when they may go on. */
+static cudaError_t may_wait(const char *what, const struct line_end *end)
+{
+    if (lifecycle_in_callback()) {
+        stats_add(&stats.rejected, 1);
+        report("%s called from a defer_call callback: refused (it would wait "
+               "for itself)", what);
+        return cudaErrorNotPermitted;
+    }
+    int state = atomic_load(&rs.state);
+    if (state == STATE_FORKED || state == STATE_STOPPED ||
+        atomic_load(&rs.gate_closed))
+        return lifecycle_refuse(what, end);
+    return cudaSuccess;
+}
+
+/* A flush or trim for a call of what's, each line it says ending with
+ * end's text; *refused (if not NULL): whether the call was refused before
+ * it asked anything of the reclaimer (said and counted). */
+static cudaError_t request(const char *what, const struct line_end *end,
+                           bool trim, size_t *bytes, bool *refused)
+{
+    if (bytes != NULL)
+        *bytes = 0;
+    if (refused != NULL)
+        *refused = true;
+    cudaError_t err = may_wait(what, end);
+    if (err != cudaSuccess)
+        return err;
+    if (refused != NULL)
+        *refused = false;
+    if (atomic_load_explicit(&rs.state, memory_order_acquire) == STATE_NEW)
+        return cudaSuccess; /* nothing was ever deferred */
+    if ((err = lifecycle_enter_ending(what, end)) != cudaSuccess) {
+        if (refused != NULL)
+            *refused = true;
+        return err;
+    }
+    /* Blocks freed on the legacy stream wait for no event yet: their
+     * batches get one now, before the request (free_batch.h).  One that
+     * cannot have it waits on: the request's error unless a device's is. */
+    cudaError_t unsealed = free_batch_seal_all(what, false);
+    /* The gate is held only while pushing: a waiting flush must not keep
+     * shutdown or exit from closing it.  The reclaimer answers every request
+     * it took before it stops. */
+    struct request q = {.trim = trim, .err = cudaSuccess};
+    lifecycle_requests_wait(&q, 0, true);
+    if (bytes != NULL)
+        *bytes = (size_t)q.bytes;
+    return q.err != cudaSuccess ? q.err : unsealed;
+}
+
+cudaError_t lifecycle_requests_flush(void)
+{
+    return request("defer_flush", NULL, false, NULL, NULL);
+}
+
+cudaError_t lifecycle_requests_trim(size_t *bytes)
+{
+    return request("defer_trim", NULL, true, bytes, NULL);
+}
+
+cudaError_t lifecycle_requests_trim_for(const char *what,
+                                        const struct line_end *end,
+                                        size_t *bytes, bool *refused)
+{
+    return request(what, end, true, bytes, refused);
+}
