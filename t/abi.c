@@ -12,8 +12,8 @@
 
 #include "helpers.h"
 
-/* cudefer 0.1.0's structs, as its header declared them (git show
- * 00c0c0e:include/cudefer.h). */
+/* cudefer 0.1.0's structs, as that release's include/cudefer.h declared
+ * them. */
 struct defer_config_0_1_0 {
     uint32_t poll_us;
     uint32_t poll_max_us;
