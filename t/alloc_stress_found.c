@@ -28,10 +28,9 @@
  *    being freed (FREEING, its own free waiting for its work), for its
  *    own: FREE early, handed to another stream while its work ran.  Fixed
  *    when each entry carries the block its free claimed (or none) to the
- *    release; CUDEFER_CHECK, keyed by address,
- *    dropped the owner's free as a second free of the interior pointer
- *    (the block stayed claimed for good) until claimed pointers were left
- *    out of its set.  Since then an interior pointer of defer_alloc's
+ *    release; CUDEFER_CHECK, keyed by address, dropped the owner's free as
+ *    a second free of the interior pointer (the block stayed claimed for
+ *    good) until claimed pointers were left out of its set.  Since then an interior pointer of defer_alloc's
  *    memory is refused at the call: the scenario checks that too.
  */
 #include <string.h>
