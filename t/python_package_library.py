@@ -250,9 +250,50 @@ def library_cases(tmp):
         with open(src, "w") as f:
             f.write("int other(void) { return 1; }\n")
         subprocess.run([cc, "-shared", "-fPIC", "-o", other, src], check=True)
+        # A library that is no cudefer at all (no defer_free) is said to
+        # be none, not an older one.
         ok, out = raises("import cudefer; cudefer.load(%r)" % other,
+                         "RuntimeError", ["cudefer: %s is not libcudefer" % other,
+                                          "no defer_free"])
+        tap(ok and "older" not in out,
+            "a library without cudefer's entry points is refused: not "
+            "libcudefer", out)
+        # A cudefer older than the package (0.1.0's calls only) is said
+        # to be one, with the calls it lacks.
+        old = os.path.join(tmp, "libold.so")
+        with open(src, "w") as f:
+            f.write("int defer_free(void) { return 0; }\n"
+                    "const char *defer_version(void) { return \"0.1.0\"; }\n"
+                    "int defer_trim(void) { return 0; }\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", old, src], check=True)
+        ok, out = raises("import cudefer; cudefer.load(%r)" % old,
                          "RuntimeError", ["lacks defer_pluggable_alloc_status",
                                           "older than this package"])
-        tap(ok, "a library without cudefer's entry points is refused", out)
+        tap(ok and "defer_trim" not in out.split("lacks")[-1],
+            "an older libcudefer is refused, naming the calls it lacks", out)
+        # Found through $CUDEFER_LIB, a file that is no cudefer, or no
+        # library at all, is said with the variable that named it.
+        text = os.path.join(tmp, "notlib.so")
+        with open(text, "w") as f:
+            f.write("not a library\n")
+        for path, kind, words, what in (
+                (other, "RuntimeError", ["is not libcudefer"], "no cudefer"),
+                (old, "RuntimeError", ["older than this package"],
+                 "an older cudefer"),
+                (text, "OSError", ["cannot load"], "no library")):
+            ok, out = raises("import cudefer; cudefer.stats()", kind,
+                             words + ["$CUDEFER_LIB=%s" % path],
+                             env={"CUDEFER_LIB": path})
+            tap(ok, "a $CUDEFER_LIB naming %s is said with the variable"
+                % what, out)
     else:
         skip("a library without cudefer's entry points is refused", "no cc")
+    # Blanks around $CUDEFER_LIB are ignored, as around $CUDEFER_CXX and
+    # the library's own CUDEFER_* variables: a path with a stray blank was
+    # said to name no file, the blank unseen.
+    rc, out = py("""
+        import cudefer
+        print("STATS", len(cudefer.stats()), cudefer.library())
+        """, env={"CUDEFER_LIB": " %s \n" % LIB})
+    tap(rc == 0 and "STATS " in out and LIB in out,
+        "blanks around $CUDEFER_LIB are ignored", out)

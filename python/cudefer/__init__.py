@@ -95,16 +95,29 @@ def find_library(lib=None):
     Order: lib; $CUDEFER_LIB; libcudefer.so in pkg-config's libdir; the
     dynamic loader's search (ctypes.util.find_library); src/.libs of the
     source tree this package sits in, if it does.  A lib or $CUDEFER_LIB
-    that names no file (or a directory) is an error, not skipped.  Raises
+    that names no file (or a directory) is an error, not skipped; blanks
+    around $CUDEFER_LIB are ignored.  Raises
     FileNotFoundError naming every place looked at.  Blocks while
     pkg-config runs.  Raises TypeError for a lib that is not a path (str,
     bytes or os.PathLike)."""
+    return _find(lib)[0]
+
+
+def _env_library():
+    """$CUDEFER_LIB without the blanks around it (as around $CUDEFER_CXX
+    and the library's own variables), or None when unset or empty."""
+    return os.environ.get(LIBRARY_ENV, "").strip() or None
+
+
+def _find(lib):
+    """find_library(lib), and the name of the variable that named it
+    ("$CUDEFER_LIB") or None."""
     lib = _path(lib)
-    for source, path in (("lib=", lib),
-                         ("$" + LIBRARY_ENV, os.environ.get(LIBRARY_ENV))):
+    for source, path in (("lib=", lib), ("$" + LIBRARY_ENV, _env_library())):
         if path:
             if os.path.isfile(path):
-                return os.path.abspath(path)
+                return (os.path.abspath(path),
+                        source if source != "lib=" else None)
             given = source + (repr(path) if source == "lib=" else "=" + path)
             if os.path.isdir(path):
                 raise FileNotFoundError(
@@ -117,19 +130,19 @@ def find_library(lib=None):
         for name in ("libcudefer.so", "libcudefer.so.0"):
             path = os.path.join(libdir, name)
             if os.path.isfile(path):
-                return path
+                return path, None
         tried.append("pkg-config's libdir " + libdir)
     else:
         tried.append("pkg-config (no cudefer.pc)")
     found = ctypes.util.find_library("cudefer")
     if found:
-        return found
+        return found, None
     tried.append("the loader's search")
     if os.path.isfile(os.path.join(_TREE, "include", "cudefer.h")):
         # A source tree's python/cudefer: the tree's own build.
         path = os.path.join(_TREE, "src", ".libs", "libcudefer.so")
         if os.path.isfile(path):
-            return path
+            return path, None
         tried.append(path)
     raise FileNotFoundError(
         "cudefer: libcudefer not found (install it with make install, or set "
@@ -167,8 +180,9 @@ def load(lib=None):
     one cudefer: its allocations must be freed by the library that made
     them).  $CUDEFER_LIB is read by the first load only.
     Raises TypeError (lib is not a path), FileNotFoundError (not found),
-    OSError (cannot be loaded), RuntimeError (lacks an entry point: a
-    library older than this package)."""
+    OSError (cannot be loaded), RuntimeError (not libcudefer, or lacks
+    an entry point: a library older than this package); each names
+    $CUDEFER_LIB when that variable named the file."""
     with _lock:
         if _loaded:
             if lib is not None:
@@ -179,15 +193,21 @@ def load(lib=None):
                         "cudefer: %s is already loaded; cannot use %s too"
                         % (_loaded["path"], wanted))
             return _loaded["handle"]
-        path = find_library(lib)
+        path, variable = _find(lib)
+        # The file as the user named it: through $CUDEFER_LIB, said so.
+        named = "%s=%s" % (variable, path) if variable else path
         try:
             handle = ctypes.CDLL(path)
         except OSError as e:
-            raise OSError("cudefer: cannot load %s: %s" % (path, e)) from None
+            raise OSError("cudefer: cannot load %s: %s" % (named, e)) from None
+        if not hasattr(handle, "defer_free"):
+            # cudefer's first call, in every version: some other library.
+            raise RuntimeError("cudefer: %s is not libcudefer (it has no "
+                               "defer_free)" % named)
         missing = [n for n in _NEEDED if not hasattr(handle, n)]
         if missing:
             raise RuntimeError("cudefer: %s lacks %s (a library older than "
-                               "this package)" % (path, ", ".join(missing)))
+                               "this package)" % (named, ", ".join(missing)))
         if os.sep not in path:
             # Found by the loader's search: name the file it chose, so that
             # library() is a path and a later load of it is the same one.
