@@ -41,6 +41,44 @@ def pkg_config_bytes(tmp):
             "pkg-config's libdir %s: the library is found there" % name, out)
 
 
+def header_shapes(tmp):
+    """From a source tree the field names come from cudefer.h: each name
+    at its word in the struct, whatever shape later fields take (an array,
+    several names in one declaration, a // comment); none past a field of
+    another size, whose words cannot be told."""
+    with open(os.path.join(os.path.dirname(PYTHON_DIR), "include",
+                           "cudefer.h"), encoding="utf-8") as f:
+        text = f.read()
+    end = "    uint64_t cache_releases; /* blocks released: expired, trim, shutdown */\n};"
+    for name, added, expected in (
+            ("an array, two names in a declaration and a // comment",
+             "    uint64_t latency_hist_us[4]; /* buckets */\n"
+             "    // uint64_t commented_out;\n"
+             "    uint64_t hits, misses;\n    uint64_t later;\n",
+             ["latency_hist_us[%d]" % i for i in range(4)]
+             + ["hits", "misses", "later"]),
+            ("a field of another size",
+             "    uint32_t flags;\n    uint32_t spare;\n"
+             "    uint64_t later;\n", [])):
+        top = os.path.join(tmp, "tree-%d" % len(expected))
+        os.makedirs(os.path.join(top, "include"))
+        shutil.copytree(os.path.join(PYTHON_DIR, "cudefer"),
+                        os.path.join(top, "python", "cudefer"))
+        with open(os.path.join(top, "include", "cudefer.h"), "w",
+                  encoding="utf-8") as f:
+            f.write(text.replace(end, end[:-2] + added + "};", 1))
+        rc, out = py("""
+            import cudefer
+            known = list(cudefer.KNOWN_STATS_FIELDS)
+            fields = cudefer.stats_fields()
+            print("FIELDS", fields[:len(known)] == known, fields[len(known):])
+            print("STATS", len(cudefer.stats(%r)))
+            """ % LIB, fakes=os.path.join(top, "python"))
+        tap(rc == 0 and "FIELDS True %r" % expected in out,
+            "cudefer.h's struct with %s: each field name at its word"
+            % name, out)
+
+
 def library_cases(tmp):
     ok, out = raises('import cudefer; cudefer.load("/no/such/libcudefer.so")',
                      "FileNotFoundError", ["cudefer:", "lib=",
@@ -98,6 +136,7 @@ def library_cases(tmp):
     tap(rc == 0 and "READ " in out,
         "stats() and device_stats() read cudefer.h's field names under a "
         "locale whose encoding is not UTF-8", out)
+    header_shapes(tmp)
     pkg_config_bytes(tmp)
     rc, out = py("""
         import cudefer

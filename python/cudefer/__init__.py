@@ -229,9 +229,11 @@ def library():
 
 
 def _struct_fields(name, known):
-    """struct name's uint64_t field names, in order: read from cudefer.h
-    when this package sits in a source tree (so fields added later are
-    picked up), else known."""
+    """struct name's fields, one name a uint64_t word, in order: read from
+    cudefer.h when this package sits in a source tree (so fields added
+    later are picked up; an array's words are NAME[0], NAME[1], ...), else
+    known.  Read up to the first field that is not uint64_t (its words
+    cannot be told)."""
     header = os.path.join(_TREE, "include", "cudefer.h")
     try:
         # UTF-8 (its comments are), whatever the locale's encoding: the
@@ -241,13 +243,24 @@ def _struct_fields(name, known):
             text = f.read()
         body = re.search(r"struct %s\s*\{(.*?)\};" % name, text,
                          re.S).group(1)
-        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
-        fields = re.findall(r"uint64_t\s+(\w+)\s*;", body)
-        if fields:
-            return fields
     except (OSError, AttributeError):
-        pass
-    return list(known)
+        return list(known)
+    body = re.sub(r"/\*.*?\*/|//[^\n]*", " ", body, flags=re.S)
+    fields = []
+    for declaration in body.split(";")[:-1]:
+        m = re.fullmatch(r"\s*uint64_t\s+(.*?)\s*", declaration, re.S)
+        words = [] if m is None else [
+            re.fullmatch(r"(\w+)\s*(?:\[\s*(\d+)\s*\])?", d.strip())
+            for d in m.group(1).split(",")]
+        if not words or None in words:
+            break
+        for w in words:
+            if w.group(2) is None:
+                fields.append(w.group(1))
+            else:
+                fields.extend("%s[%d]" % (w.group(1), i)
+                              for i in range(int(w.group(2))))
+    return fields or list(known)
 
 
 def stats_fields():
