@@ -182,6 +182,17 @@ def allocator_files(tmp, headers, dynamic):
     tap(ok and "compiling" not in out,
         "an unwritable build directory is said as one, with "
         "TORCH_EXTENSIONS_DIR", out)
+    # $TORCH_EXTENSIONS_DIR naming a file (cpp_extension's makedirs of
+    # the build directory under it: ENOTDIR) is no failed compilation.
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["cudefer.torch: the allocator's build cannot be written",
+         "/cache/torch_extensions/x", "Not a directory",
+         "TORCH_EXTENSIONS_DIR"], root,
+        dict(fail, FAKE_BUILD_DIR_ERRNO="20"))
+    tap(ok and "compiling" not in out,
+        "a build directory under a file is said as one, with "
+        "TORCH_EXTENSIONS_DIR", out)
     ok, out = raises(
         "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
         ["compiling %s with" % last, "build(verbose=True)"], root,

@@ -298,9 +298,11 @@ def _failed_files(output):
             or SOURCES)
 
 
-# The errors of a build directory that cannot be made or written.
+# The errors of a build directory that cannot be made or written
+# ($TORCH_EXTENSIONS_DIR naming a file, or under one, is ENOTDIR).
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
-               errno.EDQUOT)
+               errno.EDQUOT, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG,
+               errno.ELOOP)
 
 
 def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
