@@ -33,9 +33,13 @@ def load(**kw):
     if os.environ.get("FAKE_BUILD_DIR_ERRNO"):
         code = int(os.environ["FAKE_BUILD_DIR_ERRNO"])
         raise OSError(code, os.strerror(code), "/cache/torch_extensions/x")
-    # A fake compiler's "build" is the file beside it named COMPILER.so.
+    # A fake compiler's "build" is the file beside it named COMPILER.so,
+    # loaded as cpp_extension loads a build that is no Python module
+    # (torch.ops.load_library: ctypes.CDLL, its OSError raised as is).
     built = os.environ.get("CXX", "") + ".so"
     if os.path.isfile(built):
+        import ctypes
+        ctypes.CDLL(built)
         return built
     # cpp_extension's message: its own line, then ninja's output.
     raise RuntimeError("Error building extension 'cudefer_torch': "

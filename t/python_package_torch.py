@@ -193,6 +193,22 @@ def allocator_files(tmp, headers, dynamic):
     tap(ok and "compiling" not in out,
         "a build directory under a file is said as one, with "
         "TORCH_EXTENSIONS_DIR", out)
+    # A cached build that cannot be loaded (cut short by a killed build,
+    # a full disk): cpp_extension's ninja sees it up to date and loads it.
+    # Said as that, with the directory to delete; no compilation failed.
+    damaged = os.path.join(tmp, "damaged-bin", "g++")
+    os.makedirs(os.path.dirname(damaged))
+    shutil.copy(cxx, damaged)
+    with open(damaged + ".so", "w") as f:
+        f.write("cut short\n")
+    ok, out = raises(
+        "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
+        ["cudefer.torch: the allocator's build %s.so cannot be loaded"
+         % damaged, "delete %s" % os.path.dirname(damaged)], root,
+        dict(env, CUDEFER_CXX=damaged))
+    tap(ok and "compiling" not in out,
+        "a damaged cached build is said as one, with the directory to "
+        "delete", out)
     ok, out = raises(
         "import cudefer.torch; cudefer.torch.build()", "RuntimeError",
         ["compiling %s with" % last, "build(verbose=True)"], root,

@@ -228,7 +228,8 @@ def build(verbose=False):
     for a torch version).  Raises RuntimeError naming what is missing: no
     C++ compiler, no ninja, no CUDA headers, a failed compilation (its
     output is shown with verbose=True), a build that carries its own C++
-    runtime."""
+    runtime, a build directory that cannot be written, a build that
+    cannot be loaded (a damaged cached one: its directory said)."""
     torch = _import_torch()
     from torch.utils import cpp_extension
     for path in SOURCES + HEADERS:
@@ -343,6 +344,20 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
                 "(%s: %s): set TORCH_EXTENSIONS_DIR to a writable directory "
                 "with room" % (e.filename or "its directory", e.strerror)
             ) from None
+        # cpp_extension loads what it built or found cached
+        # (torch.ops.load_library: ctypes.CDLL, whose OSError says the
+        # file first): a damaged build, or one for another torch of the
+        # same version, stays cached, ninja seeing it up to date, and no
+        # compiler ran.
+        loading = isinstance(e, OSError) and e.errno is None and re.match(
+            r"(/.*?\.so): (.+)", str(e).strip().splitlines()[0]
+            if str(e).strip() else "")
+        if loading:
+            raise RuntimeError(
+                "cudefer.torch: the allocator's build %s cannot be loaded "
+                "(%s): a damaged or stale build; delete %s to have it built "
+                "again" % (loading.group(1), loading.group(2),
+                           os.path.dirname(loading.group(1)))) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RuntimeError("cudefer.torch: compiling %s with %s failed (%s);"
                            " cudefer.torch.build(verbose=True) shows the "
