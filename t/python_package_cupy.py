@@ -24,6 +24,18 @@ def cupy_cases(tmp):
                      fakes=root,
                      env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"})
     tap(ok, "CuPy's per-thread default stream is refused", out)
+    # CuPy reads the variable as an integer (int(value) != 0): a value it
+    # reads as 0 leaves its default stream the legacy one, not refused.
+    for value in ("00", " 0 "):
+        rc, out = py("""
+            import cupy, cudefer.cupy
+            print("ENABLED", cudefer.cupy.enable(%r) is not None,
+                  cupy.given == [cudefer.cupy.allocate])
+            """ % LIB, fakes=root,
+            env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": value})
+        tap(rc == 0 and "ENABLED True True" in out,
+            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=%r, off for CuPy, is not "
+            "refused" % value, out)
     rc, out = py("""
         import cupy, cudefer.cupy
         cudefer.cupy.enable(%r)

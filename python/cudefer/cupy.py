@@ -126,6 +126,18 @@ def allocate(size):
     return cupy.cuda.MemoryPointer(mem, 0)
 
 
+def _ptds_value(value):
+    """Whether CuPy takes value of CUPY_CUDA_PER_THREAD_DEFAULT_STREAM as
+    its per-thread default stream: an integer other than 0, as CuPy reads
+    it (int(value) != 0; "00" and " 0" are 0).  A value CuPy cannot read
+    fails its import; here it is not refused (allocate() refuses the
+    per-thread stream itself)."""
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False
+
+
 def enable(lib=None):
     """Make cudefer CuPy's allocator; return the library's path.  lib: as
     cudefer.load's.  Call before CuPy allocates what should come from
@@ -137,10 +149,11 @@ def enable(lib=None):
             load(lib)
             return _state["library"]
         cupy = _import_cupy()
-        if os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") != "0":
+        value = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
+        if _ptds_value(value):
             raise RuntimeError("cudefer.cupy: CuPy's per-thread default "
-                               "stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM) "
-                               "is not supported")
+                               "stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="
+                               "%s) is not supported" % value.strip())
         handle = load(lib)
         alloc = handle.defer_pluggable_alloc_status
         alloc.restype = ctypes.c_int
