@@ -75,6 +75,7 @@ static struct entry *record_part(const struct request_args *a,
     struct entry *e = submit_record(part, stream, device, id, lane, f);
     if (e != NULL || !cached || f->err != cudaErrorInvalidResourceHandle)
         return e;
+    f->no_event = false; /* a failed fresh look-up is a refusal */
     cuda_forget_failure_left(f->err); /* as record_again, submit.c */
     if ((f->err = submit_identify_again(stream, &device, &id, &f->call)) !=
         cudaSuccess)
@@ -89,8 +90,12 @@ static struct entry *record_part(const struct request_args *a,
 /* Any thread, admitted: ROUTE_GROUP: one entry per stream of t, all
  * recorded before any is pushed, so that a failure leaves nothing behind.
  * The first stream's entry is the payload; the others are members that
- * count down the payload's group.  Never blocks.  cudaSuccess, or the
- * refusal. */
+ * count down the payload's group.  Where no event (or entry) could be had
+ * for a part, the group is released synchronously, as a single stream's
+ * request is (submit_sync_no_entry): the contract of defer_free (no event:
+ * wait and release at once) is every free's, a block's recorded streams
+ * and the *_streams calls' included.  Never blocks but then.  cudaSuccess,
+ * or the refusal. */
 cudaError_t submit_group_route(const struct request_args *a,
                                struct target *t)
 {
@@ -107,7 +112,7 @@ cudaError_t submit_group_route(const struct request_args *a,
     if (made < t->n) {
         while (made-- > 0)
             submit_record_discard(parts[made]);
-        return submit_reject(a, f.call, f.err);
+        return submit_sync_no_entry(a, t, &f);
     }
     parts[0]->group_remaining = (uint32_t)t->n;
     for (size_t i = 1; i < t->n; i++)

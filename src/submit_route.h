@@ -130,8 +130,7 @@ void submit_record_discard(struct entry *e);
 /* No entry could be had: released synchronously, or refused; and
  * ROUTE_SYNCHRONOUS. */
 cudaError_t submit_sync_no_entry(const struct request_args *a,
-                                 const struct target *t,
-                                 const struct failure *f);
+                                 struct target *t, const struct failure *f);
 cudaError_t submit_sync_route(const struct request_args *a, struct target *t);
 
 /* ---- submit_group.c ----------------------------------------------------- */

@@ -128,22 +128,26 @@ static cudaError_t release_synchronously(const struct request_args *a,
     return cudaSuccess; /* accepted; a failed release is counted, reported */
 }
 
-/* Any thread, admitted: no entry could be made for a on t's stream (f).
- * Without an event, wait for the stream and release here (blocks); else
- * the refusal.  Returns what release_synchronously or submit_reject
- * does. */
+/* Any thread, admitted: no entry could be made for a on t's stream, or on
+ * one of a group's (f; the group's entries made so far discarded).
+ * Without an event, wait for the stream (every stream of a group, each on
+ * its device) and release here (blocks); else the refusal.  Returns what
+ * release_synchronously, submit_sync_route or submit_reject does. */
 cudaError_t submit_sync_no_entry(const struct request_args *a,
-                                 const struct target *t,
-                                 const struct failure *f)
+                                 struct target *t, const struct failure *f)
 {
     if (!f->no_event)
         return submit_reject(a, f->call, f->err);
     cuda_report_failure(a->what, f->call, f->err,
-                "; waiting for the stream and releasing synchronously");
+                        t->group ? "; waiting for the streams and releasing "
+                                   "synchronously"
+                                 : "; waiting for the stream and releasing "
+                                   "synchronously");
     /* The call is accepted: no error of its for the application's next
      * cudaGetLastError (the runtime's event creation leaves one). */
     cuda_forget_failure_left(f->err);
-    return release_synchronously(a, t->handle);
+    return t->group ? submit_sync_route(a, t)
+                    : release_synchronously(a, t->handle);
 }
 
 /* Any thread, admitted: ROUTE_SYNCHRONOUS: a group's other streams waited
