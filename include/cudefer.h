@@ -289,6 +289,9 @@ CUDEFER_API cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
  * not name it) or a 64th stream; cudaErrorStreamCaptureUnsupported on a
  * capturing stream; those of defer_free.
  * Limit: a block takes at most 63 streams.
+ * Limit: a recorded stream destroyed before the free has the free refused
+ * (cudaErrorInvalidResourceHandle, said), the block still the caller's,
+ * until a new stream takes its handle: the free then waits for that one.
  * Limit: a free whose blocks were recorded on over 64 streams in all is
  * refused (cudaErrorInvalidValue), and so is one into a graph capture
  * (cudaErrorStreamCaptureUnsupported). */

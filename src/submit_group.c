@@ -19,10 +19,33 @@
  * given[0..n), then those its blocks were recorded on, each once, then
  * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
  * than SUBMIT_MAX_STREAMS in all). */
+/* Any thread: a's refusal because a stream its blocks were recorded on
+ * (defer_record_stream) is no live stream, the streams the caller gave
+ * being live: said in those words (cuda_report_failure would say it of "a
+ * stream given"), counted.  Returns err. */
+static cudaError_t refuse_recorded_gone(const struct request_args *a,
+                                        const char *call, cudaError_t err)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_recorded_gone(const struct request_args *a,
+                                        const char *call, cudaError_t err)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[64];
+    report("%s: a stream its block was recorded on (defer_record_stream) is "
+           "not a live stream (destroyed since the record): %s failed: %s "
+           "(%s)%s", a->what, call, cudaGetErrorString(err),
+           cudaGetErrorName(err),
+           a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
+                          : "; nothing was deferred (the caller keeps "
+                            "ownership)");
+    return err;
+}
+
 cudaError_t submit_group_resolve(const struct request_args *a,
                                  const cudaStream_t *given, size_t n,
                                  struct group_streams *g, struct target *t)
 {
+    const size_t ngiven = n;
     for (size_t i = 0; i < n; i++) {
         g->streams[i] = given[i];
         g->users[i] = (struct block_user){given[i], 0, -1};
@@ -49,7 +72,20 @@ cudaError_t submit_group_resolve(const struct request_args *a,
     t->users = g->users;
     t->n = n;
     t->group = true;
-    return submit_check_capture(a, t);
+    const char *call = NULL;
+    cudaError_t err = capture_status(t->streams, t->n, &t->capturing, &call);
+    if (err == cudaSuccess)
+        return err;
+    /* An unknown handle among the recorded streams, the given ones live:
+     * the caller's streams are fine, a recorded one was destroyed (the
+     * given ones asked again, on this error only). */
+    bool capturing;
+    const char *again = NULL;
+    if (err == cudaErrorInvalidResourceHandle && ngiven < n &&
+        capture_status(given, ngiven, &capturing, &again) !=
+            cudaErrorInvalidResourceHandle)
+        return refuse_recorded_gone(a, call, err);
+    return submit_reject(a, call, err);
 }
 
 /* Any thread, admitted: part (a, or a member) of a group recorded on t's
