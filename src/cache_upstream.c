@@ -10,6 +10,7 @@
  * invalidates that capture (bench/probes/capture_unsafe.cu).  None of them
  * touches a capture: the stream they are ordered on was checked not to
  * capture, and the memory they make or release is in no graph. */
+#define _GNU_SOURCE /* PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP */
 #include "cache.h"
 
 #include <pthread.h>
@@ -39,8 +40,13 @@ static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
  * (the writer) exclude each other, and the measure is exact: a miss waits
  * for the three calls of a trim under way, a trim for the allocations
  * under way.  Taken under no other lock; the child of a fork makes it
- * anew, as create_lock. */
-static pthread_rwlock_t trim_lock = PTHREAD_RWLOCK_INITIALIZER;
+ * anew, as create_lock.  Writers first: misses on several threads may
+ * overlap without a gap, and a trim that let new readers pass it would
+ * wait until they all stopped, the reclaimer stuck with it.  So no thread
+ * takes it for reading twice (a second read would wait behind the trim
+ * that waits for the first). */
+static pthread_rwlock_t trim_lock =
+    PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 
 bool cache_upstream_init(int ndevices)
 {
@@ -64,7 +70,12 @@ void cache_upstream_destroy(void)
 void cache_upstream_fork_child(void)
 {
     pthread_mutex_init(&create_lock, NULL);
-    pthread_rwlock_init(&trim_lock, NULL);
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr,
+                                  PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&trim_lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
     mempools = NULL; /* the child has no CUDA: the parent's are of no use */
     nmempools = 0;
 }
