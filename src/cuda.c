@@ -373,8 +373,11 @@ static const char *result_name(CUresult res)
     }
 }
 
-bool cuda_allocation_of(const void *ptr, bool device_memory,
-                        struct cuda_allocation *a)
+/* cuda_allocation_of's query, said nowhere: CUDA_SUCCESS with *a filled
+ * (bytes 0: CUDA knows no allocation there), else the query's failure
+ * (CUDA_ERROR_NOT_SUPPORTED where it is not available), *a zero. */
+static CUresult query_allocation(const void *ptr, bool device_memory,
+                                 struct cuda_allocation *a)
 {
     a->bytes = 0;
     a->pool = false;
@@ -382,7 +385,7 @@ bool cuda_allocation_of(const void *ptr, bool device_memory,
     pointer_attributes_fn get =
         atomic_load_explicit(&pointer_attributes, memory_order_acquire);
     if (get == NULL)
-        return false;
+        return CUDA_ERROR_NOT_SUPPORTED;
     size_t bytes = 0;
     CUmemoryPool pool = NULL;
     int device = -1;
@@ -392,21 +395,32 @@ bool cuda_allocation_of(const void *ptr, bool device_memory,
     void *data[] = {&bytes, &pool, &device};
     CUresult res = get(device_memory ? 3 : 2, attrs, data,
                        (CUdeviceptr)(uintptr_t)ptr);
-    if (res != CUDA_SUCCESS) {
-        report("reclaimer: the size of %p is unknown: cuPointerGetAttributes "
-               "failed: %s; it is released all the same, and the cap does not "
-               "count it", ptr, result_name(res));
-        return false;
-    }
     /* The driver answers a pointer it knows nothing of with every
      * attribute 0 (cuPointerGetAttributes' documentation): its release
      * will fail, and says so. */
-    if (bytes == 0)
-        return false;
+    if (res != CUDA_SUCCESS || bytes == 0)
+        return res;
     a->bytes = bytes;
     a->pool = pool != NULL;
     a->device = device_memory ? device : -1;
-    return true;
+    return CUDA_SUCCESS;
+}
+
+bool cuda_allocation_of(const void *ptr, bool device_memory,
+                        struct cuda_allocation *a)
+{
+    CUresult res = query_allocation(ptr, device_memory, a);
+    if (res != CUDA_SUCCESS && res != CUDA_ERROR_NOT_SUPPORTED)
+        report("reclaimer: the size of %p is unknown: cuPointerGetAttributes "
+               "failed: %s; it is released all the same, and the cap does not "
+               "count it", ptr, result_name(res));
+    return a->bytes > 0;
+}
+
+bool cuda_allocation_known(const void *ptr, bool device_memory,
+                           struct cuda_allocation *a)
+{
+    return query_allocation(ptr, device_memory, a) == CUDA_SUCCESS;
 }
 
 enum cuda_memory_kind cuda_memory_kind_of(const void *ptr, const void **start)

@@ -325,6 +325,13 @@ struct cuda_allocation {
 bool cuda_allocation_of(const void *ptr, bool device_memory,
                         struct cuda_allocation *a);
 
+/* Reclaimer only: cuda_allocation_of, said nowhere, for a pointer whose
+ * release failed: true when CUDA answered (a->bytes 0: it knows no
+ * allocation there), false when the query failed or is not available
+ * (nothing known). */
+bool cuda_allocation_known(const void *ptr, bool device_memory,
+                           struct cuda_allocation *a);
+
 /* What CUDA says a pointer is, for a message about it. */
 enum cuda_memory_kind {
     CUDA_MEMORY_UNKNOWN, /* no allocation of CUDA's there: host memory it

@@ -53,22 +53,23 @@ static bool report_not_releasable(const struct entry *e, const void *ptr,
  * share of e->held_bytes, so that the bytes of e's other pointers still
  * count as given back.  A pointer refused as an invalid value (the
  * pointer's own mistake: CUDA frees nothing of it, the rest goes on) has
- * the bytes size_up (reclaimer.c) counted for it, asked again the same
- * way.  Any other error (the runtime unloading, say) leaves unknown what
- * was given back: all of e's bytes count as failed, so a trim never says
- * more than it gave back, and no CUDA call is added to a failing runtime.
- * An entry never sized (a synchronous release: held_bytes 0) asks
- * nothing: cuda_allocation_of is the reclaimer's. */
+ * the bytes size_up (reclaimer_take.c) counted for it, asked again the
+ * same way, quietly (its refusal is said).  Any other error (the runtime
+ * unloading, say), or that query failing, leaves unknown what was given
+ * back: all of e's bytes count as failed, so a trim never says more than
+ * it gave back, and no CUDA call is added to a failing runtime.  An entry
+ * never sized (a synchronous release: held_bytes 0) asks nothing:
+ * cuda_allocation_known is the reclaimer's. */
 static void note_failed_bytes(const struct entry *e, const void *ptr,
                               cudaError_t err, struct release_report *out)
 {
     struct cuda_allocation info;
     if (e->held_bytes == 0)
         return;
-    if (err != cudaErrorInvalidValue)
+    if (err != cudaErrorInvalidValue ||
+        !cuda_allocation_known(ptr, e->kind == ENTRY_FREE_DEVICE, &info))
         out->failed_bytes = UINT64_MAX;
-    else if (cuda_allocation_of(ptr, e->kind == ENTRY_FREE_DEVICE, &info) &&
-             out->failed_bytes < UINT64_MAX - info.bytes)
+    else if (out->failed_bytes < UINT64_MAX - info.bytes)
         out->failed_bytes += info.bytes;
 }
 

@@ -9,7 +9,8 @@
  *   release partly fails: the entry counts once, in failed (the counters
  *   count entries, as deferred does: one a call), pending goes back to 0,
  *   and the bytes of the pointers that were released count in
- *   released_bytes, those of the one refused do not. */
+ *   released_bytes, those of the one refused do not (none do where its
+ *   size cannot be asked again: nothing is said released that was not). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -154,6 +155,40 @@ static void test_free_n_part_fails(void)
     cudaFreeHost(h);
 }
 
+/* As test_free_n_part_fails, but the size of the refused pointer cannot
+ * be asked again once its release failed (cuPointerGetAttributes fails
+ * then): the trim does not count it given back, and says nothing that
+ * claims it was released. */
+static void test_free_n_part_fails_unsized(void)
+{
+    cudaStream_t s = stream_new();
+    void *p0 = device_alloc(3 * KiB), *h = host_alloc(7 * KiB),
+         *p1 = device_alloc(5 * KiB);
+    void *ptrs[3] = {p0, h, p1};
+    fake_work *w = fake_launch_held(s, ptrs, 3);
+    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
+    fake_complete(w);
+    WAIT_UNTIL(stats_now().held == 1, 10000);
+    is_int(stats_now().held, 1, "1 entry held");
+    /* The release's calls: what h is (said refused), then its size. */
+    fake_fail(FAKE_CU_POINTER_GET_ATTRIBUTES, cudaErrorUnknown, 1, 1);
+    stderr_capture_begin();
+    size_t released = 0;
+    is_int(defer_trim(&released), cudaSuccess, "trim");
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    ok(fake_is_released(p0) == 1 && fake_is_released(p1) == 1 &&
+           fake_is_released(h) == 0,
+       "the device pointers released, the host one not");
+    ok(released <= 8 * KiB,
+       "released_bytes %zu: at most the two device pointers' bytes, never "
+       "the refused one's", released);
+    ok(strstr(said, "released all the same") == NULL,
+       "nothing says the refused pointer is released: %s", said);
+    check_quiet("defer_free_n, one pointer refused, its size not known");
+    cudaFreeHost(h);
+}
+
 /* A block of defer_alloc's, plain memory and a refused pointer in one
  * call: the block back in the cache, the plain memory released and
  * counted in released_bytes, the entry failed once. */
@@ -240,6 +275,7 @@ int main(void)
     set_cudefer_env("CUDEFER_IDLE_US=10s CUDEFER_MAX_DELAY_MS=0");
     fake_reset(1);
     test_free_n_part_fails();
+    test_free_n_part_fails_unsized();
     test_free_n_block_part_fails();
     test_free_streams_once();
     test_trim_while_pool_grows();
