@@ -55,9 +55,12 @@ static bool report_not_releasable(const struct entry *e, const void *ptr,
  * pointer's own mistake: CUDA frees nothing of it, the rest goes on) has
  * the bytes size_up (reclaimer_take.c) counted for it, asked again the
  * same way, quietly (its refusal is said).  Any other error (the runtime
- * unloading, say), or that query failing, leaves unknown what was given
- * back: all of e's bytes count as failed, so a trim never says more than
- * it gave back, and no CUDA call is added to a failing runtime.  An entry
+ * unloading, say), that query failing, or CUDA knowing no allocation there
+ * now, leaves unknown what was given back: all of e's bytes count as
+ * failed, so a trim never says more than it gave back, and no CUDA call
+ * is added to a failing runtime.  (No allocation there now may be one that
+ * size_up counted and another pointer of e freed since: the same pointer
+ * twice, or the start of the allocation this one points inside.)  An entry
  * never sized (a synchronous release: held_bytes 0) asks nothing:
  * cuda_allocation_known is the reclaimer's. */
 static void note_failed_bytes(const struct entry *e, const void *ptr,
@@ -67,7 +70,8 @@ static void note_failed_bytes(const struct entry *e, const void *ptr,
     if (e->held_bytes == 0)
         return;
     if (err != cudaErrorInvalidValue ||
-        !cuda_allocation_known(ptr, e->kind == ENTRY_FREE_DEVICE, &info))
+        !cuda_allocation_known(ptr, e->kind == ENTRY_FREE_DEVICE, &info) ||
+        info.bytes == 0)
         out->failed_bytes = UINT64_MAX;
     else if (out->failed_bytes < UINT64_MAX - info.bytes)
         out->failed_bytes += info.bytes;

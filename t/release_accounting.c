@@ -10,7 +10,9 @@
  *   count entries, as deferred does: one a call), pending goes back to 0,
  *   and the bytes of the pointers that were released count in
  *   released_bytes, those of the one refused do not (none do where its
- *   size cannot be asked again: nothing is said released that was not). */
+ *   size cannot be asked again, nor where a pointer inside an allocation
+ *   is refused after another pointer of the call released that
+ *   allocation: nothing is said released that was not). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -189,6 +191,30 @@ static void test_free_n_part_fails_unsized(void)
     cudaFreeHost(h);
 }
 
+/* One allocation named twice in one call, at its start and inside it:
+ * its memory goes back once, the pointer inside is refused, and
+ * released_bytes never says the allocation's bytes twice (with
+ * cudaFreeAsync, and with cudaFree on a device without memory pools). */
+static void test_free_n_inside(void)
+{
+    cudaStream_t s = stream_new();
+    char *b = device_alloc(64 * KiB);
+    void *ptrs[2] = {b, b + 4 * KiB};
+    fake_work *w = fake_launch_held(s, ptrs, 1);
+    is_int(defer_free_n(ptrs, 2, s), cudaSuccess,
+           "defer_free_n of a pointer and one inside it");
+    fake_complete(w);
+    struct defer_stats before;
+    size_t released = 0;
+    const char *said;
+    trim_held(1, &before, &released, &said);
+    ok(fake_is_released(b) == 1, "the allocation released");
+    ok(released <= 64 * KiB,
+       "released_bytes %zu: at most the allocation's 64 KiB, once",
+       released);
+    check_quiet("defer_free_n naming one allocation twice");
+}
+
 /* A block of defer_alloc's, plain memory and a refused pointer in one
  * call: the block back in the cache, the plain memory released and
  * counted in released_bytes, the entry failed once. */
@@ -276,6 +302,10 @@ int main(void)
     fake_reset(1);
     test_free_n_part_fails();
     test_free_n_part_fails_unsized();
+    test_free_n_inside();
+    fake_set_memory_pools(0, 0);
+    test_free_n_inside();
+    fake_set_memory_pools(0, 1);
     test_free_n_block_part_fails();
     test_free_streams_once();
     test_trim_while_pool_grows();
