@@ -135,8 +135,12 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the device failed and says so once.  A pointer refused as an invalid
      * value is the caller's mistake, said in its words where CUDA can tell
      * what the pointer is. */
-    if (err != cudaSuccess && out->failed_call == NULL)
+    if (err != cudaSuccess &&
+        (out->failed_call == NULL ||
+         (cuda_error_is_sticky(err) && !out->failed_sticky))) {
         out->failed_call = call;
+        out->failed_sticky = cuda_error_is_sticky(err);
+    }
     if (err != cudaSuccess)
         note_failed_bytes(e, ptr, err, out);
     if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr, call))
@@ -160,11 +164,15 @@ cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
         e->fn(e->arg);
         return cudaSuccess;
     }
+    /* The entry's error: its first pointer's, but for a sticky one met
+     * later, which is the device's and must reach the caller, that fails
+     * the device (out->failed_call names its call). */
     cudaError_t first = cudaSuccess;
     for (size_t i = 0; i < e->nptrs && (i == 0 || stop == NULL || !stop());
          i++) {
         cudaError_t err = release_pointer(e, i, async_stream, out);
-        if (first == cudaSuccess)
+        if (first == cudaSuccess ||
+            (cuda_error_is_sticky(err) && !cuda_error_is_sticky(first)))
             first = err;
     }
     return first;

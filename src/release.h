@@ -7,6 +7,7 @@
 #ifndef CUDEFER_RELEASE_H
 #define CUDEFER_RELEASE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "entry.h"
@@ -15,8 +16,10 @@
 struct release_report {
     unsigned queued;         /* cudaMalloc pointers freed on async_stream:
                                 back once the caller synchronizes it */
-    const char *failed_call; /* the call that returned the first error;
-                                set whenever release_entry fails */
+    const char *failed_call; /* the call that returned the error
+                                release_entry returns (the first, or a
+                                later sticky one); set whenever it fails */
+    bool failed_sticky;      /* failed_call's error was sticky */
     uint64_t failed_bytes;   /* of the entry's held_bytes, those of the
                                 pointers whose release failed (all of
                                 them when that is not known): the rest

@@ -149,6 +149,10 @@ static const struct scenario scenarios[] = {
      "works: the entry failed", "CUDEFER_MAX_DELAY_MS=0", 1,
      s_free_n_first_fails, FAKE_FREE, cudaErrorInvalidValue, ONCE,
      cudaSuccess, NULL},
+    {"defer_free_n: the first pointer refused, the second meets a sticky "
+     "error: the device fails", "CUDEFER_MAX_DELAY_MS=0", 1,
+     s_free_n_sticky_after_refused, FAKE_FREE, cudaErrorIllegalAddress, ONCE,
+     cudaErrorIllegalAddress, NULL},
     {"cudaFreeHost fails once", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
      FAKE_FREE_HOST, cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"cudaFreeHost fails persistently", "CUDEFER_MAX_DELAY_MS=0", 1,

@@ -159,6 +159,7 @@ void s_free_async_fails(const struct scenario *sc);
 void s_malloc_free_sync_fails(const struct scenario *sc);
 void s_free_async_rejected(const struct scenario *sc);
 void s_free_n_first_fails(const struct scenario *sc);
+void s_free_n_sticky_after_refused(const struct scenario *sc);
 void s_free_stream_fails(const struct scenario *sc);
 void s_entry_point_fails(const struct scenario *sc);
 void s_pointer_attributes_fail(const struct scenario *sc);

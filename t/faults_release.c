@@ -261,6 +261,43 @@ void s_free_n_first_fails(const struct scenario *sc)
     CHECK_STATS();
 }
 
+/* A defer_free_n whose first pointer's cudaFree is refused as an invalid
+ * value (the application freed it behind cudefer's back) and whose second
+ * meets a sticky error: the sticky error is the device's whatever came
+ * before it in the entry, so the device fails (said once, in the device's
+ * line), and a flush and later calls return it. */
+void s_free_n_sticky_after_refused(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[2] = {device_alloc(1024), device_alloc(2048)};
+    work_timed(sb, 0, p[0]);
+    work_timed(sb, 0, p[1]);
+    CHECK(defer_free_n(p, 2, sb) == cudaSuccess, "defer_free_n of two");
+    WAIT_UNTIL(stats_now().held == 1, 10000);
+    CHECK(stats_now().held == 1, "held %llu, want 1", ULL(stats_now().held));
+    CHECK(cudaFree(p[0]) == cudaSuccess, "the first freed behind cudefer");
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 1, ONCE); /* the second pointer's cudaFree */
+    defer_trim(NULL);
+    fake_oracle_forgive(); /* the first pointer's release, provoked */
+    fake_complete(w); /* a flush need not wait for it, failed or not */
+    cudaError_t f = defer_flush();
+    void *q = device_alloc(64);
+    cudaError_t later = defer_free(q, sb);
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(f == bad, "flush returns %s (%s)", EN(bad), EN(f));
+    CHECK(later == bad, "a later defer_free returns it (%s)", EN(later));
+    CHECK(lines_with(msg, "device 0: cudaFree failed", EN(bad), NULL) == 1,
+          "one line names the device, cudaFree and %s", EN(bad));
+    CHECK(stats_now().failed >= 1, "the entry counted failed");
+    cudaFree(q);
+}
+
 /* ---- reclaimer: pool memory (cudaFreeAsync, its stream) ------------------- */
 
 /* A flush that returned f released all n of p, and nothing failed. */
