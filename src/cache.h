@@ -3,8 +3,9 @@
  * The block cache: the device memory defer_alloc hands out, and what comes
  * back to it.  This header is the module's interface to the rest of src/.
  * Its one private header, cache_block.h, holds the block (struct
- * cache_block), its states and every transition, the per-device cache, the
- * size classes and the lock rules; only the module's own files include it.
+ * cache_block), its states and every transition, the per-device cache and
+ * the lock rules, and includes the pure size classes (block_size.h); only
+ * the module's own files include them.
  *
  * Memory comes in segments, each one allocation of cudefer's own from the
  * upstream pool (or cudaMalloc where there is none); a block is a segment

@@ -55,9 +55,8 @@
  * "none": the runtime's calls make its runtime device's context current
  * (measured: bench/results/h200x2-stream-ids.txt), as the application's
  * own would, and telling would cost every call a cuCtxGetCurrent
- * (cudefer.h's limit).  The
- * reclaimer keeps its own current device (reclaimer_state.h) and never
- * switches back (cuda_set_device).
+ * (cudefer.h's limit).  The reclaimer keeps its own current device
+ * (reclaimer_state.h) and never switches back (cuda_set_device).
  *
  * Capture modes.  A query on a launching thread runs in the relaxed mode
  * (cuda_event_query_relaxed): in the thread's own mode (global by default)

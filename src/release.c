@@ -77,6 +77,21 @@ static void note_failed_bytes(const struct entry *e, const void *ptr,
         out->failed_bytes += info.bytes;
 }
 
+/* The release of ptr of e failed with err in call: out names the call of
+ * the error release_entry returns (the first, or a later sticky one: the
+ * device's) and counts ptr's bytes as not given back. */
+static void note_failure(const struct entry *e, const void *ptr,
+                         const char *call, cudaError_t err,
+                         struct release_report *out)
+{
+    bool sticky = cuda_error_is_sticky(err);
+    if (out->failed_call == NULL || (sticky && !out->failed_sticky)) {
+        out->failed_call = call;
+        out->failed_sticky = sticky;
+    }
+    note_failed_bytes(e, ptr, err, out);
+}
+
 /* Free pointer i of e; report a failure with the pointer named. */
 static cudaError_t release_pointer(const struct entry *e, size_t i,
                                    cudaStream_t async_stream,
@@ -115,9 +130,7 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
         bool refused = err == cudaErrorInvalidValue &&
                        (e->pool || report_not_releasable(e, ptr, call));
         if (refused && !e->pool) {
-            if (out->failed_call == NULL)
-                out->failed_call = call;
-            note_failed_bytes(e, ptr, err, out);
+            note_failure(e, ptr, call, err, out);
             return err;
         }
         if (err != cudaSuccess && !refused && !cuda_error_is_sticky(err)) {
@@ -135,14 +148,8 @@ static cudaError_t release_pointer(const struct entry *e, size_t i,
      * the device failed and says so once.  A pointer refused as an invalid
      * value is the caller's mistake, said in its words where CUDA can tell
      * what the pointer is. */
-    if (err != cudaSuccess &&
-        (out->failed_call == NULL ||
-         (cuda_error_is_sticky(err) && !out->failed_sticky))) {
-        out->failed_call = call;
-        out->failed_sticky = cuda_error_is_sticky(err);
-    }
     if (err != cudaSuccess)
-        note_failed_bytes(e, ptr, err, out);
+        note_failure(e, ptr, call, err, out);
     if (err == cudaErrorInvalidValue && report_not_releasable(e, ptr, call))
         return err;
     if (err != cudaSuccess && !cuda_error_is_sticky(err)) {

@@ -30,11 +30,12 @@ struct release_report {
  * the entry's work is complete.  async_stream is where device memory is
  * freed with cudaFreeAsync (Note [Releasing without a drain], reclaimer_frees.c);
  * NULL frees it with cudaFree.  out, when not NULL, says what was queued on
- * async_stream, which call failed and the bytes of what failed.  stop, when not NULL, is asked
- * before each pointer after the first: once it says true (exit gave up its
- * drain while a free blocked), the rest are left unfreed and no CUDA call
- * is made.  Blocks as long as the release does.  Returns the first CUDA
- * error (each one already reported); cudaSuccess for calls and for
+ * async_stream, which call failed and the bytes of what failed.  stop,
+ * when not NULL, is asked before each pointer after the first: once it
+ * says true (exit gave up its drain while a free blocked), the rest are
+ * left unfreed and no CUDA call is made.  Blocks as long as the release
+ * does.  Returns the first CUDA error, or a later sticky one (the
+ * device's; each one already reported); cudaSuccess for calls and for
  * pointers left by stop. */
 cudaError_t release_entry(const struct entry *e, cudaStream_t async_stream,
                           bool (*stop)(void), struct release_report *out);

@@ -15,10 +15,6 @@
 #include "stats.h"
 #include "stream_lane.h"
 
-/* Any thread, admitted: a's streams gathered into *t (a group, in g): the
- * given[0..n), then those its blocks were recorded on, each once, then
- * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
- * than SUBMIT_MAX_STREAMS in all). */
 /* Any thread: a's refusal because a stream its blocks were recorded on
  * (defer_record_stream) is no live stream, the streams the caller gave
  * being live: said in those words (cuda_report_failure would say it of "a
@@ -41,6 +37,10 @@ static cudaError_t refuse_recorded_gone(const struct request_args *a,
     return err;
 }
 
+/* Any thread, admitted: a's streams gathered into *t (a group, in g): the
+ * given[0..n), then those its blocks were recorded on, each once, then
+ * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
+ * than SUBMIT_MAX_STREAMS in all). */
 cudaError_t submit_group_resolve(const struct request_args *a,
                                  const cudaStream_t *given, size_t n,
                                  struct group_streams *g, struct target *t)

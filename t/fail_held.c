@@ -8,6 +8,7 @@
  * and CUDEFER_MAX_DELAY_MS=0).  Each scenario fails its device on a
  * launching thread, so that no failed query of the reclaimer's abandons
  * them on the way. */
+#include <stdint.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -19,22 +20,26 @@
     for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
     sleep_ms(1)
 
-/* Device 0's held frees, and on it: a defer_free that gets no event
- * (CUDEFER_EVENT_POOL=0, event creation failing) releases synchronously,
- * and its cudaFree meets a sticky error, which fails device 0 with no
- * entry of its pending. */
-static void scenario_held_on_failed_device(void)
+/* n frees of 1 MiB each deferred on a new stream of the current device
+ * (p gets them), completed and held by the policy; holds: the check's
+ * words. */
+static void hold(void **p, int n, const char *holds)
 {
-    enum { N = 3 };
-    const cudaError_t bad = cudaErrorIllegalAddress;
     cudaStream_t s = stream_new();
-    void *p[N];
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         p[i] = device_alloc(MiB);
         CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
     }
-    WAIT_UNTIL(stats_now().held == N, 10000);
-    CHECK(stats_now().held == N, "the %d frees are held", N);
+    WAIT_UNTIL(stats_now().held == (uint64_t)n, 10000);
+    CHECK(stats_now().held == (uint64_t)n, "%s", holds);
+}
+
+/* Device 0 fails on this thread with bad, none of its entries pending: a
+ * defer_free that gets no event (CUDEFER_EVENT_POOL=0, event creation
+ * failing) releases synchronously, and its cudaFree meets bad.  What was
+ * said on stderr meanwhile. */
+static const char *fail_device_0(cudaError_t bad)
+{
     cudaStream_t s2 = stream_new();
     void *q = device_alloc(MiB);
     fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
@@ -43,6 +48,18 @@ static void scenario_held_on_failed_device(void)
     CHECK(defer_free(q, s2) == cudaSuccess, "q released synchronously");
     const char *said = stderr_capture_end();
     fake_fail_clear();
+    return said;
+}
+
+/* Device 0's held frees, then device 0 failed with no entry of its
+ * pending (fail_device_0). */
+static void scenario_held_on_failed_device(void)
+{
+    enum { N = 3 };
+    const cudaError_t bad = cudaErrorIllegalAddress;
+    void *p[N];
+    hold(p, N, "the 3 frees are held");
+    const char *said = fail_device_0(bad);
     CHECK(has_line(said, "device 0: cudaFree failed",
                    "cudaErrorIllegalAddress", NULL),
           "device 0 failed, said (stderr: \"%s\")", said);
@@ -82,22 +99,9 @@ static void scenario_held_other_device_busy(void)
     fake_work *w = work_held(s1, busy);
     CHECK(defer_free(busy, s1) == cudaSuccess, "device 1's free waits");
     CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
-    cudaStream_t s = stream_new();
     void *p[N];
-    for (int i = 0; i < N; i++) {
-        p[i] = device_alloc(MiB);
-        CHECK(defer_free(p[i], s) == cudaSuccess, "defer_free #%d", i);
-    }
-    WAIT_UNTIL(stats_now().held == N, 10000);
-    CHECK(stats_now().held == N, "device 0's %d frees are held", N);
-    cudaStream_t s2 = stream_new();
-    void *q = device_alloc(MiB);
-    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
-    fake_fail(FAKE_FREE, bad, 0, 1);
-    stderr_capture_begin();
-    CHECK(defer_free(q, s2) == cudaSuccess, "q released synchronously");
-    stderr_capture_end();
-    fake_fail_clear();
+    hold(p, N, "device 0's 2 frees are held");
+    fail_device_0(bad);
     WAIT_UNTIL(stats_now().held == 0 && stats_now().failed == N + 1, 2000);
     struct defer_stats st = stats_now();
     CHECK(st.held == 0 && st.failed == N + 1 && st.pending == 1,

@@ -21,11 +21,33 @@
     for (unsigned wait_ = 0; !(cond) && wait_ < (unsigned)(ms); wait_++)       \
     sleep_ms(1)
 
+/* Device 1 failed with bad, abandoning the free of device 0's block b
+ * (1 MiB, allocated on s0): device 0 counts b live, never hands it out
+ * again nor releases it, and goes on serving and releasing other blocks;
+ * flush, trim and shutdown return device 1's error. */
+static void device_0_goes_on(void *b, cudaStream_t s0, cudaError_t bad)
+{
+    void *c = NULL;
+    struct defer_device_stats d0 = {0};
+    CHECK(defer_device_stats_get(0, &d0) == cudaSuccess, "device 0's stats");
+    CHECK(d0.live_bytes == MiB && d0.cache_free_bytes == 0,
+          "device 0 counts the block live (%llu), not free (%llu)",
+          ULL(d0.live_bytes), ULL(d0.cache_free_bytes));
+    CHECK(alloc_checked(&c, MiB, s0) == cudaSuccess && c != b,
+          "a request on device 0 never gets the abandoned block");
+    CHECK(defer_free(c, s0) == cudaSuccess, "freed");
+    CHECK(defer_flush() == bad, "flush: device 1's error");
+    CHECK(defer_trim(NULL) == bad && defer_shutdown() == bad,
+          "trim and shutdown: device 1's error");
+    CHECK(fake_is_released(b) == 0, "the abandoned block is never released");
+    CHECK(fake_is_released(c) == 1, "device 0's other block is");
+}
+
 static void scenario_block_freed_on_failed_device(void)
 {
     const cudaError_t bad = cudaErrorIllegalAddress;
     cudaStream_t s0 = stream_new();
-    void *b = NULL, *c = NULL;
+    void *b = NULL;
     CHECK(alloc_checked(&b, MiB, s0) == cudaSuccess, "1 MiB on device 0");
     CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
     cudaStream_t s1 = stream_new();
@@ -40,19 +62,7 @@ static void scenario_block_freed_on_failed_device(void)
           ULL(st.pending));
     fake_complete(w);
     CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
-    struct defer_device_stats d0;
-    CHECK(defer_device_stats_get(0, &d0) == cudaSuccess, "device 0's stats");
-    CHECK(d0.live_bytes == MiB && d0.cache_free_bytes == 0,
-          "device 0 counts the block live (%llu), not free (%llu)",
-          ULL(d0.live_bytes), ULL(d0.cache_free_bytes));
-    CHECK(alloc_checked(&c, MiB, s0) == cudaSuccess && c != b,
-          "a request on device 0 never gets the abandoned block");
-    CHECK(defer_free(c, s0) == cudaSuccess, "freed");
-    CHECK(defer_flush() == bad, "flush: device 1's error");
-    CHECK(defer_trim(NULL) == bad && defer_shutdown() == bad,
-          "trim and shutdown: device 1's error");
-    CHECK(fake_is_released(b) == 0, "the abandoned block is never released");
-    CHECK(fake_is_released(c) == 1, "device 0's other block is");
+    device_0_goes_on(b, s0, bad);
     cudaStreamDestroy(s0);
 }
 
@@ -115,7 +125,7 @@ static void block_free_on_two_devices(void (*free_on_both)(void *b,
 {
     const cudaError_t bad = cudaErrorIllegalAddress;
     cudaStream_t s0 = stream_new();
-    void *b = NULL, *c = NULL;
+    void *b = NULL;
     CHECK(alloc_checked(&b, MiB, s0) == cudaSuccess, "1 MiB on device 0");
     CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
     cudaStream_t s1 = stream_new();
@@ -140,19 +150,7 @@ static void block_free_on_two_devices(void (*free_on_both)(void *b,
           "the free is abandoned with device 1: failed %llu pending %llu "
           "released %llu", ULL(st.failed), ULL(st.pending), ULL(st.released));
     fake_complete(w);
-    struct defer_device_stats d0 = {0};
-    CHECK(defer_device_stats_get(0, &d0) == cudaSuccess, "device 0's stats");
-    CHECK(d0.live_bytes == MiB && d0.cache_free_bytes == 0,
-          "device 0 counts the block live (%llu), not free (%llu)",
-          ULL(d0.live_bytes), ULL(d0.cache_free_bytes));
-    CHECK(alloc_checked(&c, MiB, s0) == cudaSuccess && c != b,
-          "a request on device 0 never gets the abandoned block");
-    CHECK(defer_free(c, s0) == cudaSuccess, "freed");
-    CHECK(defer_flush() == bad, "flush: device 1's error");
-    CHECK(defer_trim(NULL) == bad && defer_shutdown() == bad,
-          "trim and shutdown: device 1's error");
-    CHECK(fake_is_released(b) == 0, "the abandoned block is never released");
-    CHECK(fake_is_released(c) == 1, "device 0's other block is");
+    device_0_goes_on(b, s0, bad);
     CHECK(stats_now().failed == 1, "counted as failed once");
     cudaStreamDestroy(s0);
 }

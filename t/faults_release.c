@@ -223,6 +223,26 @@ void s_free_fails(const struct scenario *sc)
     CHECK_STATS();
 }
 
+/* A free on *sb of two pointers p (1 and 2 KiB) in one defer_free_n,
+ * completed and held, while another free (of 512 bytes) waits on a stream
+ * of its own for the work returned, so that the program is not quiet. */
+static fake_work *free_two_held(void *p[2], cudaStream_t *sb)
+{
+    cudaStream_t sa = stream_new();
+    *sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    p[0] = device_alloc(1024);
+    p[1] = device_alloc(2048);
+    work_timed(*sb, 0, p[0]);
+    work_timed(*sb, 0, p[1]);
+    CHECK(defer_free_n(p, 2, *sb) == cudaSuccess, "defer_free_n of two");
+    WAIT_UNTIL(stats_now().held == 1, 10000);
+    CHECK(stats_now().held == 1, "held %llu, want 1", ULL(stats_now().held));
+    return w;
+}
+
 /* A defer_free_n whose first pointer's cudaFree fails and whose last one's
  * works failed: counted failed, not released, its pointer named.  (The
  * entry's error is its first pointer's: a mutant that kept the last one's
@@ -230,16 +250,9 @@ void s_free_fails(const struct scenario *sc)
 void s_free_n_first_fails(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
-    cudaStream_t sa = stream_new(), sb = stream_new();
-    void *busy = device_alloc(512);
-    fake_work *w = work_held(sa, busy);
-    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
-    void *p[2] = {device_alloc(1024), device_alloc(2048)};
-    work_timed(sb, 0, p[0]);
-    work_timed(sb, 0, p[1]);
-    CHECK(defer_free_n(p, 2, sb) == cudaSuccess, "defer_free_n of two");
-    WAIT_UNTIL(stats_now().held == 1, 10000);
-    CHECK(stats_now().held == 1, "held %llu, want 1", ULL(stats_now().held));
+    cudaStream_t sb;
+    void *p[2];
+    fake_work *w = free_two_held(p, &sb);
     stderr_capture_begin();
     fake_fail(sc->call, bad, 0, ONCE); /* the first pointer's cudaFree */
     CHECK(defer_trim(NULL) == cudaSuccess, "defer_trim");
@@ -269,16 +282,9 @@ void s_free_n_first_fails(const struct scenario *sc)
 void s_free_n_sticky_after_refused(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
-    cudaStream_t sa = stream_new(), sb = stream_new();
-    void *busy = device_alloc(512);
-    fake_work *w = work_held(sa, busy);
-    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
-    void *p[2] = {device_alloc(1024), device_alloc(2048)};
-    work_timed(sb, 0, p[0]);
-    work_timed(sb, 0, p[1]);
-    CHECK(defer_free_n(p, 2, sb) == cudaSuccess, "defer_free_n of two");
-    WAIT_UNTIL(stats_now().held == 1, 10000);
-    CHECK(stats_now().held == 1, "held %llu, want 1", ULL(stats_now().held));
+    cudaStream_t sb;
+    void *p[2];
+    fake_work *w = free_two_held(p, &sb);
     CHECK(cudaFree(p[0]) == cudaSuccess, "the first freed behind cudefer");
     stderr_capture_begin();
     fake_fail(sc->call, bad, 1, ONCE); /* the second pointer's cudaFree */

@@ -120,18 +120,45 @@ static void trim_held(uint64_t count, struct defer_stats *before,
     wait_stats_settled(5000);
 }
 
+/* The counters of one call deferred since start whose entry failed since
+ * before (after: now): counted once, in failed, not released. */
+static void check_one_failed(const struct defer_stats *start,
+                             const struct defer_stats *before,
+                             const struct defer_stats *after)
+{
+    ok(after->deferred - start->deferred == 1 &&
+           after->failed - before->failed == 1 &&
+           after->released == before->released,
+       "one entry, counted once, in failed (deferred +%llu, failed +%llu, "
+       "released +%llu)",
+       ULL(after->deferred - start->deferred),
+       ULL(after->failed - before->failed),
+       ULL(after->released - before->released));
+}
+
+/* p0 (3 KiB), pinned host memory h (7 KiB) and p1 (5 KiB) freed on s in
+ * one defer_free_n (ptrs gets them), their work completed; the counters
+ * just before the call in *start. */
+static void free_three(cudaStream_t s, void *ptrs[3],
+                       struct defer_stats *start)
+{
+    ptrs[0] = device_alloc(3 * KiB);
+    ptrs[1] = host_alloc(7 * KiB);
+    ptrs[2] = device_alloc(5 * KiB);
+    fake_work *w = fake_launch_held(s, ptrs, 3);
+    *start = stats_now();
+    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
+    fake_complete(w);
+}
+
 /* Three pointers in one call, the middle one pinned host memory, which
  * defer_free_n's cudaFreeAsync (and cudaFree) refuse. */
 static void test_free_n_part_fails(void)
 {
-    cudaStream_t s = stream_new();
-    void *p0 = device_alloc(3 * KiB), *h = host_alloc(7 * KiB),
-         *p1 = device_alloc(5 * KiB);
-    void *ptrs[3] = {p0, h, p1};
-    fake_work *w = fake_launch_held(s, ptrs, 3);
-    struct defer_stats start = stats_now();
-    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
-    fake_complete(w);
+    void *ptrs[3];
+    struct defer_stats start;
+    free_three(stream_new(), ptrs, &start);
+    void *p0 = ptrs[0], *h = ptrs[1], *p1 = ptrs[2];
     struct defer_stats before;
     size_t released = 0;
     const char *said;
@@ -142,14 +169,7 @@ static void test_free_n_part_fails(void)
     ok(fake_is_released(p0) == 1 && fake_is_released(p1) == 1 &&
            fake_is_released(h) == 0,
        "the device pointers released, the host one not");
-    ok(after.deferred - start.deferred == 1 &&
-           after.failed - before.failed == 1 &&
-           after.released == before.released,
-       "one entry, counted once, in failed (deferred +%llu, failed +%llu, "
-       "released +%llu)",
-       ULL(after.deferred - start.deferred),
-       ULL(after.failed - before.failed),
-       ULL(after.released - before.released));
+    check_one_failed(&start, &before, &after);
     is_int(released, 8 * KiB,
            "released_bytes: the two device pointers' bytes, not the host "
            "one's");
@@ -163,13 +183,10 @@ static void test_free_n_part_fails(void)
  * claims it was released. */
 static void test_free_n_part_fails_unsized(void)
 {
-    cudaStream_t s = stream_new();
-    void *p0 = device_alloc(3 * KiB), *h = host_alloc(7 * KiB),
-         *p1 = device_alloc(5 * KiB);
-    void *ptrs[3] = {p0, h, p1};
-    fake_work *w = fake_launch_held(s, ptrs, 3);
-    is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
-    fake_complete(w);
+    void *ptrs[3];
+    struct defer_stats start;
+    free_three(stream_new(), ptrs, &start);
+    void *p0 = ptrs[0], *h = ptrs[1], *p1 = ptrs[2];
     WAIT_UNTIL(stats_now().held == 1, 10000);
     is_int(stats_now().held, 1, "1 entry held");
     /* The release's calls: what h is (said refused), then its size. */
@@ -242,14 +259,7 @@ static void test_free_n_block_part_fails(void)
        "the plain pointer released, the host one not");
     ok(ds.live_bytes < live, "the block back in the cache (live %llu -> "
        "%llu)", ULL(live), ULL(ds.live_bytes));
-    ok(after.deferred - start.deferred == 1 &&
-           after.failed - before.failed == 1 &&
-           after.released == before.released,
-       "one entry, counted once, in failed (deferred +%llu, failed +%llu, "
-       "released +%llu)",
-       ULL(after.deferred - start.deferred),
-       ULL(after.failed - before.failed),
-       ULL(after.released - before.released));
+    check_one_failed(&start, &before, &after);
     /* The block's segment went back to the pool and the pool was trimmed
      * in the same pass: its bytes count too. */
     ok(released >= 3 * KiB + 64 * KiB && released < 3 * KiB + 128 * KiB,
