@@ -43,7 +43,9 @@ static const char *reason_name(enum release_reason reason)
     }
 }
 
-void reclaimer_held_abandon(int device)
+/* Device failed (device_error): every entry it holds finished as failed
+ * with the device's error.  No CUDA call. */
+static void abandon(int device)
 {
     struct held_list *h = &rs.held[device];
     cudaError_t err = device_error(device);
@@ -68,7 +70,7 @@ void reclaimer_held_release(uint64_t now)
          * the first pass that sees it failed, however it failed (a
          * launching thread's call, or this loop's own release). */
         if (device_error(d) != cudaSuccess) {
-            reclaimer_held_abandon(d);
+            abandon(d);
             continue;
         }
         if (h->head != NULL && release_policy_cap_follows_use(&rs.cfg) &&

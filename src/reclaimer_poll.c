@@ -13,7 +13,8 @@
 #include "stream_lane.h"
 #include "stream_table.h"
 
-/* Drop every pending and held entry of failed devices, as failed. */
+/* Drop every pending entry of failed devices, as failed (their held ones:
+ * reclaimer_held_release, later in the same pass). */
 static void abandon_failed_devices(void)
 {
     for (size_t i = 0; i < rs.streams.count;) {
@@ -30,9 +31,6 @@ static void abandon_failed_devices(void)
                                  err, now_ns());
         }
     }
-    for (int d = 0; d < rs.ndevices; d++)
-        if (device_error(d) != cudaSuccess)
-            reclaimer_held_abandon(d);
 }
 
 /* Reclaimer only.  Whether e's work is done, as far as its event says:

@@ -231,16 +231,11 @@ size_t reclaimer_poll_streams(uint64_t now);
 
 /* Reclaimer thread only (reclaimer_held.c): release what the policy says
  * of each device's held entries, a batch per device and reason; a failed
- * device's are abandoned instead (reclaimer_held_abandon), every pass.
- * Never blocks but in a release. */
+ * device's are abandoned instead, every pass: finished as failed with the
+ * device's error (counted in failed, their held bytes gone from the
+ * counts), never released, as memory on a failed device cannot be given
+ * back.  Never blocks but in a release. */
 void reclaimer_held_release(uint64_t now);
-
-/* Reclaimer thread only (reclaimer_held.c), device failed (device_error):
- * every entry it holds is finished as failed with the device's error
- * (counted in failed, its held bytes gone from the counts), never
- * released: memory on a failed device cannot be given back.  Makes no CUDA
- * call, never blocks. */
-void reclaimer_held_abandon(int device);
 
 /* Reclaimer only, on device (reclaimer_use_device): learn device's cap
  * from its memory now (Note [The cap], release_policy.h).  A failed query
