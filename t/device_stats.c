@@ -351,10 +351,15 @@ int main(void)
     expect(2, none, "still 0");
 
     /* A miss that the pool lacks memory for hands back the block pending
-     * on its stream first (released), then makes a new one. */
+     * on its stream first (released), then makes a new one.  The block's
+     * work is held until then: done, the reclaimer could make it FREE
+     * between the miss's clock read and its hand-back, and a block that
+     * turned FREE after that read stays cached (alloc.c). */
     cudaSetDevice(0);
+    fake_work *on_d = work_held(s0, d);
     free_on(d, s0);
     void *g = alloc_on(256 * KIB, s0);
+    fake_complete(on_d);
     expect(0, (struct want){.cache = 256 * KIB, .cache_peak = 256 * KIB,
                             .live = 256 * KIB, .live_peak = 256 * KIB,
                             .mallocs = 3, .releases = 2, .allocs = 5,
