@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct fake_state fake = {
     .lock = PTHREAD_MUTEX_INITIALIZER, .next_stream_id = 1,
@@ -30,6 +31,9 @@ static _Atomic unsigned long call_entered[NCALLS];
 static _Atomic(fake_return_hook) return_hook[FAKE_NCALLS];
 static void *_Atomic return_hook_arg[FAKE_NCALLS];
 static pthread_once_t init_once_flag = PTHREAD_ONCE_INIT;
+/* FAKE_JITTER_US's bound, read once (jitter). */
+static pthread_once_t jitter_once = PTHREAD_ONCE_INIT;
+static unsigned jitter_max_us;
 
 /* Print "fake_cuda: msg" and abort.  Anyone. */
 void fake_die(const char *msg)
@@ -215,11 +219,39 @@ static const char *call_name(int c);
  * fake_graph_call): emulate its latency, take the lock, count it and apply
  * failure injection.  On an injected error the lock is released and the
  * error returned; otherwise cudaSuccess, lock held. */
+static void jitter_read(void)
+{
+    const char *v = getenv("FAKE_JITTER_US");
+    jitter_max_us = v != NULL ? (unsigned)strtoul(v, NULL, 10) : 0;
+}
+
+/* Under FAKE_JITTER_US=N (fake_cuda.h): one call in four sleeps up to N
+ * microseconds, outside the lock, so that the library's threads and the
+ * test's interleave in orders a quiet machine rarely shows.  Anyone. */
+static void jitter(void)
+{
+    static _Thread_local uint64_t x;
+    pthread_once(&jitter_once, jitter_read);
+    if (jitter_max_us == 0)
+        return;
+    if (x == 0) { /* each thread its own sequence */
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        x = ((uint64_t)t.tv_nsec << 20) ^ (uint64_t)(uintptr_t)&x ^ 1;
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+    if ((x & 3) != 0)
+        return;
+    struct timespec d = {0, (long)((x >> 8) % jitter_max_us) * 1000};
+    nanosleep(&d, NULL);
+}
+
 cudaError_t fake_enter(int c)
 {
     unsigned lat = atomic_load(&call_latency_ns[c]);
     struct injection *in;
 
+    jitter();
     atomic_fetch_add(&call_entered[c], 1);
     fake_thread.call_begun = c + 1;
     if (lat != 0) {
@@ -267,6 +299,7 @@ cudaError_t fake_leave(cudaError_t r)
     fake_unlock();
     if (hook != NULL)
         hook((enum fake_call)c, r, arg);
+    jitter();
     return r;
 }
 

@@ -151,6 +151,10 @@
  *   busy-wait (outside the fake's lock) to emulate their cost.
  *   fake_set_free_async_us makes each cudaFreeAsync take time on its
  *   stream, not on the caller's thread (a trim must wait for the frees).
+ *   The environment variable FAKE_JITTER_US=N makes one call in four, at
+ *   random, sleep up to N microseconds as it enters and as it leaves
+ *   (outside the lock): a run of the suite under it shows the tests that
+ *   rely on one thread's timing against another's (.ci/flakes).
  *
  * Everything here is thread-safe.
  */
