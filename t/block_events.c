@@ -54,10 +54,13 @@ static void test_frees_share_behind_a_held_stream(void)
         if (defer_alloc(&p[i], BYTES, s) != cudaSuccess)
             bail("defer_alloc #%d refused", i);
     struct defer_stats before = stats_now();
+    cudaEvent_t ev[N];
+    (void)fake_take_last_recorded();
     for (int i = 0; i < N; i++) {
         w[i] = work_held(s, p[i]);
         if (defer_free(p[i], s) != cudaSuccess)
             bail("defer_free #%d refused", i);
+        ev[i] = fake_take_last_recorded(); /* the event it was filed on */
     }
     struct defer_stats after = stats_now();
     /* Taken: the idle ones before, and those made since, less those idle
@@ -71,20 +74,34 @@ static void test_frees_share_behind_a_held_stream(void)
      * LANE_EVENTS-th on they share the newest, recorded again by the
      * last free.  Half the work done: those with their own event go to
      * another stream, the sharing ones (though some of their work is done
-     * too) wait for the last record. */
+     * too) wait for the last record.  Which free got which event is read
+     * from the fake, not assumed: a lane that finds no idle event above
+     * the pool's reserve shares sooner (a stock its deadline cut short on
+     * a loaded machine). */
+    int done = 0; /* frees whose event's newest record is in the done half */
+    for (int i = 0; i < N; i++) {
+        int newest = i;
+        for (int j = i + 1; j < N; j++)
+            if (ev[j] == ev[i])
+                newest = j;
+        done += newest < N / 2;
+    }
+    if (done != LANE_EVENTS - 1)
+        diag("the lane shared sooner: %d frees with a done event", done);
+    ok(done >= 1, "a free's event is done with the first half of the work");
     uint64_t r0 = stats_now().released;
     for (int i = 0; i < N / 2; i++)
         fake_complete(w[i]);
-    for (int k = 0; k < 5000 && stats_now().released < r0 + LANE_EVENTS - 1;
+    for (int k = 0; k < 5000 && stats_now().released < r0 + (uint64_t)done;
          k++)
         sleep_ms(1);
     sleep_ms(20); /* time for more, were there any */
     wait_stats_settled(1000);
-    is_int((int)(stats_now().released - r0), LANE_EVENTS - 1,
+    is_int((int)(stats_now().released - r0), done,
            "the reclaimer took back the frees whose own event completed, "
            "not those sharing a pending one");
     int mine = take_on(other, got, p, N);
-    is_int(mine, LANE_EVENTS - 1, "and another stream got those blocks");
+    is_int(mine, done, "and another stream got those blocks");
     give_back(other, got, N);
 
     /* All done: the cache holds the N blocks and the N - mine made for
@@ -115,7 +132,8 @@ static void test_frees_share_behind_a_held_stream(void)
  * need more events than the device's first stock (32 with
  * CUDEFER_EVENT_POOL=64, 16 of them its reserve): the calling thread makes
  * none (the fake counts its cudaEventCreate calls), and the reclaimer makes
- * the missing ones. */
+ * the missing ones.  A stock cut short leaves some streams' first frees
+ * to make their own: the check allows those and no more. */
 static void s_no_event_made_on_the_launching_thread(void)
 {
     enum { STREAMS = 8, PER = 3 * LANE_EVENTS, SLOW_NS = 20000000 };
@@ -123,7 +141,15 @@ static void s_no_event_made_on_the_launching_thread(void)
     void *p[STREAMS][PER];
     fake_work *w[STREAMS][PER];
     void *first = device_alloc(64); /* the first miss stocks the pool */
+    unsigned long stocked = fake_thread_calls(FAKE_EVENT_CREATE);
     CHECK(defer_free(first, 0) == cudaSuccess, "the first free");
+    /* Less its own event.  A stock its deadline cut short (a loaded
+     * machine) may leave a stream's first free none to take: it makes
+     * its own, the stock's documented price. */
+    stocked = fake_thread_calls(FAKE_EVENT_CREATE) - stocked - 1;
+    unsigned long may_make = stocked < STREAMS ? STREAMS - stocked : 0;
+    if (may_make > 0)
+        diag("the stock was cut short: %lu made", stocked);
     for (int k = 0; k < STREAMS; k++) {
         s[k] = stream_new();
         for (int i = 0; i < PER; i++)
@@ -138,8 +164,9 @@ static void s_no_event_made_on_the_launching_thread(void)
             CHECK(defer_free(p[k][i], s[k]) == cudaSuccess, "defer_free");
         }
     own = fake_thread_calls(FAKE_EVENT_CREATE) - own;
-    CHECK(own == 0, "%d frees of blocks on %d held streams, events slow to "
-          "make: %lu made on the calling thread", STREAMS * PER, STREAMS, own);
+    CHECK(own <= may_make, "%d frees of blocks on %d held streams, events "
+          "slow to make: %lu made on the calling thread (%lu at most)",
+          STREAMS * PER, STREAMS, own, may_make);
     uint64_t made = stats_now().events_created;
     for (int i = 0; i < 2000 && stats_now().events_created == made; i++)
         sleep_ms(1);

@@ -278,13 +278,31 @@ static void test_stale_handle_shares_nothing(void)
 {
     cudaStream_t s = stream_new();
     fake_work *gate = work_held(s, NULL);
+    cudaEvent_t ev[OLD]; /* the event each callback was filed on */
+    (void)fake_take_last_recorded();
     for (int i = 0; i < OLD; i++) {
         if (i >= LANE_EVENTS - 1)
             old_work[i] = work_held(s, NULL);
         if (defer_call(check_old_work, (void *)(unsigned long)i, s) !=
             cudaSuccess)
             bail("defer_call on s refused");
+        ev[i] = fake_take_last_recorded();
     }
+    /* Those whose event's newest record is before the first held work of
+     * their own run once the gate opens: LANE_EVENTS - 1 when the lane
+     * found an idle event each time; more share when it found none above
+     * the pool's reserve (a stock its deadline cut short). */
+    int free_to_run = 0;
+    for (int i = 0; i < OLD; i++) {
+        int newest = i;
+        for (int j = i + 1; j < OLD; j++)
+            if (ev[j] == ev[i])
+                newest = j;
+        free_to_run += newest < LANE_EVENTS - 1;
+    }
+    if (free_to_run != LANE_EVENTS - 1)
+        diag("the lane shared sooner: %d callbacks free to run",
+             free_to_run);
     cudaStreamDestroy(s);
     cudaStream_t b = fake_stream_create_reusing(s);
     work_timed(b, 100, NULL);
@@ -295,10 +313,10 @@ static void test_stale_handle_shares_nothing(void)
         sleep_ms(1);
     is_int(atomic_load(&new_ran), 1, "the new stream's callback ran after its "
            "own work");
-    for (int k = 0; k < 2000 && atomic_load(&old_ran) < LANE_EVENTS - 1; k++)
+    for (int k = 0; k < 2000 && atomic_load(&old_ran) < free_to_run; k++)
         sleep_ms(1);
     sleep_ms(50);
-    is_int(atomic_load(&old_ran), LANE_EVENTS - 1,
+    is_int(atomic_load(&old_ran), free_to_run,
            "the old stream's ran as far as its work is done");
     is_int(atomic_load(&old_early), 0, "none before its work");
     for (int i = LANE_EVENTS - 1; i < OLD; i++)
@@ -518,8 +536,12 @@ static void s_reuse_bound(void)
         CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
               "defer_call %d", i);
     fake_set_latency(FAKE_EVENT_CREATE, SLOW_NS);
+    double start = now_ms();
+    bool late = false; /* the bound reached after the refill could end */
     int made = 0, first_made = -1;
     for (int i = 0; i < N; i++) {
+        if (i == LANE_REUSE_MAX - 1)
+            late = now_ms() - start > SLOW_NS / 1e6 * 0.8;
         unsigned long own = fake_thread_calls(FAKE_EVENT_CREATE);
         CHECK(defer_call(count_slow, NULL, s) == cudaSuccess,
               "defer_call %d", i + 2);
@@ -530,8 +552,14 @@ static void s_reuse_bound(void)
     }
     fake_set_latency(FAKE_EVENT_CREATE, 0);
     /* The second callback's event got label 1; calls 0..MAX-2 here record
-     * it again up to label MAX; call MAX-1 makes one. */
-    CHECK(made == 1 && first_made == LANE_REUSE_MAX - 1,
+     * it again up to label MAX; call MAX-1 makes one.  On a machine so
+     * loaded that the calls before the bound outlast the refill's slow
+     * creation, the refilled event may be taken at the bound instead. */
+    if (late && made == 0)
+        diag("the bound came after %.0f ms: the refill may have ended",
+             SLOW_NS / 1e6 * 0.8);
+    else
+        CHECK(made == 1 && first_made == LANE_REUSE_MAX - 1,
           "%d calls made an event, the first at call %d of the records "
           "again (one expected, at %d)", made, first_made,
           LANE_REUSE_MAX - 1);
