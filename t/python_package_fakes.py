@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """The fake packages and library t/python_package.py's cases run with: a
 torch (its CUDA version and cpp_extension's compiler, ninja, CUDA headers
-and build chosen), a cupy that records the allocator it is given, and
-libcudefer linked with the fake CUDA runtime."""
+and build chosen; torch.cuda initialized lazily, as PyTorch's), a cupy
+that records the allocator it is given, and libcudefer linked with the
+fake CUDA runtime."""
 import os
 import shutil
 import subprocess
@@ -14,6 +15,44 @@ FAKE_TORCH = '''
 import types
 __version__ = "2.11.0+fake"
 version = types.SimpleNamespace(cuda=%(cuda)r)
+from . import cuda
+'''
+
+# torch.cuda as PyTorch 2.x has it: CUDA is initialized lazily, at the
+# first use (a CUDA tensor, init, current_device, set_device), and
+# is_initialized() says so from then on, except in a fork child of a process
+# that initialized it (a bad fork: CUDA cannot be used there);
+# is_available() initializes nothing.  The lazy init sets up PyTorch's own
+# allocator, which its changeCurrentAllocator then refuses to swap: the
+# stand-in install (FAKE_INSTALL_RC, read when it is called) refuses as it
+# would, with 3.
+FAKE_TORCH_CUDA = '''
+import os
+_initialized = False
+_in_bad_fork = False
+def _after_fork():
+    global _in_bad_fork
+    if _initialized:
+        _in_bad_fork = True
+os.register_at_fork(after_in_child=_after_fork)
+def is_available():
+    return True
+def is_initialized():
+    return _initialized and not _in_bad_fork
+def _lazy_init():
+    global _initialized
+    if _in_bad_fork:
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
+    if not _initialized:
+        os.environ["FAKE_INSTALL_RC"] = "3"
+        _initialized = True
+def init():
+    _lazy_init()
+def current_device():
+    _lazy_init()
+    return 0
+def set_device(device):
+    _lazy_init()
 '''
 
 FAKE_EXTENSION = '''
@@ -104,6 +143,8 @@ def fake_torch(root, cuda="13.0", cuda_home=None, cxx="c++", ninja=True):
         f.write(FAKE_TORCH % {"cuda": cuda})
     with open(os.path.join(d, "utils", "__init__.py"), "w") as f:
         f.write("")
+    with open(os.path.join(d, "cuda.py"), "w") as f:
+        f.write(FAKE_TORCH_CUDA)
     with open(os.path.join(d, "utils", "cpp_extension.py"), "w") as f:
         f.write(FAKE_EXTENSION % {"cuda_home": cuda_home, "cxx": cxx,
                                   "ninja": ninja})

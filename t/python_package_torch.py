@@ -7,7 +7,8 @@ whose builds carry one or whose path has a blank, compiles every unit of the pac
 build after every file's contents and names the file a failure is in,
 or the build directory it cannot write;
 enable() on a stand-in build installs once for threads that call it
-together, says PyTorch's refusal, and names another failure's cause."""
+together, says PyTorch's refusal, and names another failure's cause;
+after PyTorch initialized CUDA it says so before any build."""
 import os
 import shutil
 import subprocess
@@ -304,6 +305,32 @@ def enable_cases(tmp, headers, cc):
         and "ENABLED None" in out,
         "enable() refused by PyTorch says so, each time, and enables nothing",
         out)
+    # After PyTorch initialized CUDA (its allocator then set up for good)
+    # enable() says so before it builds anything: the build, a compilation
+    # at the first use, would only end in PyTorch's refusal.
+    log = os.path.join(tmp, "enable-initialized.log")
+    for use in ("torch.cuda.init()", "torch.cuda.current_device()",
+                "torch.cuda.set_device(0)"):
+        ok, out = raises("import torch, cudefer.torch as t; %s; t.enable(%r)"
+                         % (use, LIB), "RuntimeError",
+                         ["cudefer.torch: call enable() before PyTorch first "
+                          "uses CUDA", "torch.cuda.is_initialized()"], root,
+                         {"CUDEFER_CXX": cxx, "FAKE_LOAD_LOG": log})
+        tap(ok and not os.path.exists(log),
+            "enable() after %s says so in one line, before any build" % use,
+            out + ("built: %s\n" % log if os.path.exists(log) else ""))
+        if os.path.exists(log):
+            os.remove(log)
+    # What PyTorch accepts is not refused: is_available() initializes
+    # nothing.
+    rc, out = py("""
+        import torch, cudefer.torch as t
+        print("AVAILABLE", torch.cuda.is_available())
+        print("ENABLED", t.enable(%r) == t.enabled(), t.recorded())
+        """ % LIB, root, {"CUDEFER_CXX": cxx})
+    tap(rc == 0 and "AVAILABLE True" in out and "ENABLED True 1" in out,
+        "enable() after torch.cuda.is_available() installs", out)
+
     # Another failure of the install (5: not PyTorch's refusal to swap an
     # allocator in use) names its own cause, in one line, never the advice
     # to call enable() first, which would not help.

@@ -386,13 +386,26 @@ def enable(lib=None, verbose=False):
     use CUDA; a second call returns at once.  Raises ImportError without torch,
     RuntimeError for a build that cannot be made (build()),
     RuntimeError saying to call it first when PyTorch's own allocator is in
-    use already, and RuntimeError naming the cause when installing fails
+    use already (said before any build once torch.cuda.is_initialized()),
+    and RuntimeError naming the cause when installing fails
     otherwise; nothing is changed then."""
     with _lock:
         if _state:
             load(lib)  # the same library, or RuntimeError
             return _state["library"]
-        _import_torch()
+        torch = _import_torch()
+        # PyTorch's first use of CUDA (its lazy init) sets up its own
+        # allocator, which it then refuses to swap: said now, before a
+        # build that could only end in that refusal (is_available()
+        # initializes nothing).
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and getattr(cuda, "is_initialized",
+                                        lambda: False)():
+            raise RuntimeError(
+                "cudefer.torch: call enable() before PyTorch first uses CUDA "
+                "(a CUDA tensor, torch.cuda.set_device or current_device "
+                "all do): PyTorch has set up its own allocator already "
+                "(torch.cuda.is_initialized())")
         handle = load(lib)
         extension = ctypes.CDLL(build(verbose))
         install = extension.cudefer_torch_install
