@@ -57,21 +57,47 @@ def set_device(device):
 
 FAKE_EXTENSION = '''
 import os
+import time
 CUDA_HOME = %(cuda_home)r
 def get_cxx_compiler():
     return %(cxx)r
 def is_ninja_available():
     return %(ninja)r
+def _get_build_directory(name, verbose):
+    # $TORCH_EXTENSIONS_DIR/NAME, else one beside this fake; made.
+    # $FAKE_BUILD_DIR_ERRNO fails its os.makedirs.
+    if os.environ.get("FAKE_BUILD_DIR_ERRNO"):
+        code = int(os.environ["FAKE_BUILD_DIR_ERRNO"])
+        raise OSError(code, os.strerror(code), "/cache/torch_extensions/x")
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "torch_extensions")
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    return path
 def load(**kw):
     # Each call's name and sources, a line in $FAKE_LOAD_LOG.
     if os.environ.get("FAKE_LOAD_LOG"):
         with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
             f.write(" ".join([kw["name"]] + kw["sources"]) + "\\n")
-    # cpp_extension makes its build directory first: $FAKE_BUILD_DIR_ERRNO
-    # fails that as os.makedirs would.
-    if os.environ.get("FAKE_BUILD_DIR_ERRNO"):
-        code = int(os.environ["FAKE_BUILD_DIR_ERRNO"])
-        raise OSError(code, os.strerror(code), "/cache/torch_extensions/x")
+    directory = kw.get("build_directory") or _get_build_directory(
+        kw["name"], kw.get("verbose", False))
+    # The build holds the directory's file 'lock', made exclusively and
+    # removed once done, as torch.utils.file_baton.FileBaton's; another
+    # process's load waits while that file is there, for good.  A build
+    # takes $FAKE_BUILD_SECONDS.
+    lock = os.path.join(directory, "lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        while os.path.exists(lock):
+            time.sleep(0.1)
+    else:
+        try:
+            time.sleep(float(os.environ.get("FAKE_BUILD_SECONDS", "0")))
+        finally:
+            os.close(fd)
+            os.remove(lock)
     # A fake compiler's "build" is the file beside it named COMPILER.so,
     # loaded as cpp_extension loads a build that is no Python module
     # (torch.ops.load_library: ctypes.CDLL, its OSError raised as is).

@@ -5,7 +5,8 @@ ninja, CUDA headers) or that compiling failed; check_cxx_runtime refuses
 a build with a C++ runtime of its own; build() passes over a compiler
 whose builds carry one or whose path has a blank, compiles every unit of the package, names its
 build after every file's contents and names the file a failure is in,
-or the build directory it cannot write;
+or the build directory it cannot write; removes the lock file a killed build
+left, and waits for a build under way in another process;
 enable() on a stand-in build installs once for threads that call it
 together, says PyTorch's refusal, and names another failure's cause;
 after PyTorch initialized CUDA it says so before any build."""
@@ -98,6 +99,73 @@ def compiler_choice(tmp, headers, dynamic, static):
         out)
 
 
+# Two builds of the allocator by processes of their own: the first,
+# FIRST_SECONDS long, is killed (SIGKILL) once it holds cpp_extension's
+# lock file when KILL is True; the second starts then, and is given 30 s.
+# Prints each one's outcome and output, and the build directory's files.
+BUILD_RACE = """
+import glob, os, signal, subprocess, sys, time
+root = os.environ["TORCH_EXTENSIONS_DIR"]
+code = "import cudefer.torch as t; print('BUILT', t.build())"
+def start(seconds):
+    return subprocess.Popen([sys.executable, "-c", code],
+                            env=dict(os.environ, FAKE_BUILD_SECONDS=seconds),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+first = start(%(first_seconds)r)
+for _ in range(400):
+    if glob.glob(os.path.join(root, "*", "lock")):
+        break
+    time.sleep(0.05)
+print("LOCKED", glob.glob(os.path.join(root, "*", "lock")))
+if %(kill)r:
+    first.kill()
+second = start("0")
+try:
+    out, _ = second.communicate(timeout=30)
+    print("SECOND", second.returncode, out.replace("\\n", " | "))
+except subprocess.TimeoutExpired:
+    second.kill()
+    print("SECOND HUNG", second.communicate()[0].replace("\\n", " | "))
+out, _ = first.communicate()
+print("FIRST", first.returncode, out.replace("\\n", " | "))
+print("LEFT", sorted(os.path.basename(f)
+                     for f in glob.glob(os.path.join(root, "*", "*"))))
+"""
+
+
+def interrupted_build(tmp, root, env):
+    """A build killed while it holds cpp_extension's lock file leaves that
+    file, on which cpp_extension's next build waits for good: build()
+    removes it, said, and builds; a build under way in another process
+    is waited for, its lock file left alone (its removal at the end would
+    fail)."""
+    for kill, name in ((True, "a build killed"), (False, "a build under way")):
+        extensions = os.path.join(tmp, "race-%s" % kill)
+        rc, out = py(BUILD_RACE % {"first_seconds": "30" if kill else "3",
+                                   "kill": kill}, root,
+                     dict(env, TORCH_EXTENSIONS_DIR=extensions))
+        locked = [l for l in out.splitlines() if l.startswith("LOCKED ")]
+        lock = locked[0][len("LOCKED ['"):-2] if locked else "?"
+        second = [l for l in out.splitlines() if l.startswith("SECOND ")]
+        if kill:
+            ok = (second and second[0].startswith("SECOND 0 ")
+                  and "BUILT " in second[0]
+                  and "cudefer.torch: removed %s, left by an interrupted "
+                  "build of the allocator" % lock in second[0])
+        else:
+            ok = (second and second[0].startswith("SECOND 0 ")
+                  and "BUILT " in second[0] and "removed" not in second[0]
+                  and "FIRST 0 " in out and "waiting for another process's "
+                  "build of the allocator in %s" % os.path.dirname(lock)
+                  in second[0])
+        tap(rc == 0 and ok and "'lock'" not in out.split("LEFT")[-1],
+            "%s in another process: build() %s" % (
+                name, "removes its lock file, says so, and builds" if kill
+                else "waits for it, says so, and leaves its lock file alone"),
+            out)
+
+
 def allocator_files(tmp, headers, dynamic):
     """build() with the allocator's files: it compiles every unit the
     package has, names the build after every file's contents, says a
@@ -161,6 +229,7 @@ def allocator_files(tmp, headers, dynamic):
         tap(edited is not None and edited[0] != base[0] and again == base,
             "an edit of %s is a build of its own name"
             % os.path.basename(path), out_edited + out_again)
+    interrupted_build(tmp, root, env)
     header = [p for p in base[2] if p.endswith(".h")][0]
     os.rename(header, header + ".away")
     ok, out = raises("import cudefer.torch; cudefer.torch.build()",

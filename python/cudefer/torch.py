@@ -26,8 +26,10 @@ package).  Each missing piece is a RuntimeError (or ImportError for torch)
 naming it, raised before PyTorch's allocator is changed.
 """
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -225,11 +227,14 @@ def build(verbose=False):
     """Compile the allocator for the torch in use, unless
     torch.utils.cpp_extension has it cached; return the shared object's
     path.  Blocks while the compiler runs (a few seconds, at the first use
-    for a torch version).  Raises RuntimeError naming what is missing: no
-    C++ compiler, no ninja, no CUDA headers, a failed compilation (its
-    output is shown with verbose=True), a build that carries its own C++
-    runtime, a build directory that cannot be written, a build that
-    cannot be loaded (a damaged cached one: its directory said)."""
+    for a torch version), and while another process builds the same
+    allocator (said on stderr); removes, said, the lock file a build killed
+    there left, which cpp_extension alone would wait on for good.  Raises
+    RuntimeError naming what is missing: no C++ compiler, no ninja, no
+    CUDA headers, a failed compilation (its output is shown with
+    verbose=True), a build that carries its own C++ runtime, a build
+    directory that cannot be written, a build that cannot be loaded (a
+    damaged cached one: its directory said)."""
     torch = _import_torch()
     from torch.utils import cpp_extension
     for path in SOURCES + HEADERS:
@@ -306,6 +311,48 @@ _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
                errno.ELOOP)
 
 
+@contextlib.contextmanager
+def _building(cpp_extension, name, verbose):
+    """Hold this build's directory for cpp_extension.load(name), yielding
+    it (None where cpp_extension does not say it: then nothing is held).
+
+    cpp_extension's build holds the file 'lock' there while it runs
+    (torch.utils.file_baton.FileBaton) and waits, for good, while another
+    build does; a build killed (SIGKILL, the OOM killer, a cancelled job)
+    leaves that file, and every later build waits on it.  Each of cudefer's
+    builds holds an flock(2) on the directory's file cudefer.lock through
+    cpp_extension's, which the kernel lets go when the process ends: with
+    it held, a 'lock' file there is one no build of the allocator holds,
+    and is removed, said.  A build under way in another process is waited
+    for, said.  The directory is made (cpp_extension's OSError where it
+    cannot be)."""
+    get = getattr(cpp_extension, "_get_build_directory", None)
+    if get is None:
+        yield None
+        return
+    directory = get(name, verbose)
+    fd = os.open(os.path.join(directory, "cudefer.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("cudefer.torch: waiting for another process's build of "
+                  "the allocator in %s" % directory, file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        lock = os.path.join(directory, "lock")
+        try:
+            os.remove(lock)
+        except FileNotFoundError:
+            pass
+        else:
+            print("cudefer.torch: removed %s, left by an interrupted build "
+                  "of the allocator" % lock, file=sys.stderr)
+        yield directory
+    finally:
+        os.close(fd)  # lets the flock go
+
+
 def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     """The allocator built with the compiler at path cxx (cached by
     cpp_extension under a name of the torch version, the compiler and the
@@ -330,11 +377,13 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     try:
         # No CUDA source: no nvcc, no GPU architectures (with_cuda would
         # ask the GPU for them); libcudart comes with libtorch_cuda.
-        return cpp_extension.load(
-            name=name, sources=list(SOURCES), extra_cflags=["-O2"],
-            extra_include_paths=[cuda_include],
-            extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
-            with_cuda=False, is_python_module=False, verbose=verbose)
+        with _building(cpp_extension, name, verbose) as directory:
+            return cpp_extension.load(
+                name=name, sources=list(SOURCES), extra_cflags=["-O2"],
+                extra_include_paths=[cuda_include],
+                extra_ldflags=["-lc10_cuda", "-ltorch_cuda"],
+                with_cuda=False, is_python_module=False,
+                build_directory=directory, verbose=verbose)
     except Exception as e:  # cpp_extension raises several kinds
         # Its build directory (or lock file) that cannot be made or
         # written fails before any compiler runs.
