@@ -137,6 +137,30 @@ def library_cases(tmp):
         "stats() and device_stats() read cudefer.h's field names under a "
         "locale whose encoding is not UTF-8", out)
     header_shapes(tmp)
+    # cudefer.h is read once a process (the library loaded is too): a
+    # later call takes the names read then, counted by the interpreter's
+    # audit events of opening it.
+    rc, out = py("""
+        import os, sys, cudefer
+        header = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(cudefer.__file__)))), "include",
+            "cudefer.h")
+        opened = []
+        def hook(event, args):
+            if event == "open" and isinstance(args[0], str) and \\
+                    os.path.abspath(args[0]) == header:
+                opened.append(event)
+        sys.addaudithook(hook)
+        first = list(cudefer.stats(%r))
+        again = [list(cudefer.stats()) for _ in range(3)]
+        fields = cudefer.stats_fields()
+        fields.append("changed by the caller")
+        print("OPENED", len(opened), all(a == first for a in again),
+              cudefer.stats_fields() == first)
+        """ % LIB)
+    tap(rc == 0 and "OPENED 1 True True" in out,
+        "stats() reads cudefer.h once, at its first call; stats_fields() "
+        "hands out a copy", out)
     pkg_config_bytes(tmp)
     rc, out = py("""
         import cudefer

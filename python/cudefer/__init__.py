@@ -228,13 +228,27 @@ def library():
     return _loaded.get("path")
 
 
+# _struct_fields' answers, by (header path, struct name): the header is
+# read once a process, as the library it describes is loaded once.
+_fields_read = {}
+
+
 def _struct_fields(name, known):
     """struct name's fields, one name a uint64_t word, in order: read from
     cudefer.h when this package sits in a source tree (so fields added
     later are picked up; an array's words are NAME[0], NAME[1], ...), else
     known.  Read up to the first field that is not uint64_t (its words
-    cannot be told)."""
+    cannot be told).  The header is read at the first call only; each call
+    returns a list of its own."""
     header = os.path.join(_TREE, "include", "cudefer.h")
+    key = (header, name)
+    if key not in _fields_read:
+        _fields_read[key] = tuple(_read_struct_fields(header, name, known))
+    return list(_fields_read[key])
+
+
+def _read_struct_fields(header, name, known):
+    """_struct_fields(name, known) read from the file header."""
     try:
         # UTF-8 (its comments are), whatever the locale's encoding: the
         # field names are ASCII, so any byte that does not decode is in a
