@@ -4,7 +4,8 @@ $CUDEFER_LIB, pkg-config's libdir whatever its bytes and the locale's
 encoding, the loader's search; where it looked when nowhere; a lib
 that is no path, a directory, said), loaded once and read (stats,
 device_stats of any integer device number, version; trim refused after
-defer_shutdown, in words), and refused without cudefer's entry points."""
+defer_shutdown, in words), and refused without cudefer's entry points
+or without defer_version."""
 import os
 import shutil
 import subprocess
@@ -334,6 +335,25 @@ def library_cases(tmp):
                                           "older than this package"])
         tap(ok and "defer_trim" not in out.split("lacks")[-1],
             "an older libcudefer is refused, naming the calls it lacks", out)
+        # A library with every call the package needs but defer_version,
+        # which every libcudefer has (a stub, say), is refused at its load
+        # in one line naming it, not with ctypes' AttributeError.
+        partial = os.path.join(tmp, "libpartial.so")
+        with open(src, "w") as f:
+            f.write("".join("int %s(void) { return 0; }\n" % name for name in
+                            ("defer_pluggable_alloc_status",
+                             "defer_pluggable_free", "defer_record_stream",
+                             "defer_trim", "defer_stats_get_sized",
+                             "defer_alloc", "defer_free")))
+        subprocess.run([cc, "-shared", "-fPIC", "-o", partial, src],
+                       check=True)
+        for call in ("load", "version", "stats"):
+            ok, out = raises("import cudefer; cudefer.%s(%r)" % (call, partial),
+                             "RuntimeError",
+                             ["cudefer: %s is not a whole libcudefer" % partial,
+                              "no defer_version"])
+            tap(ok, "cudefer.%s() of a library without defer_version says so "
+                "in one line" % call, out)
         # Found through $CUDEFER_LIB, a file that is no cudefer, or no
         # library at all, is said with the variable that named it.
         text = os.path.join(tmp, "notlib.so")

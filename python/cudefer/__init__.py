@@ -180,9 +180,9 @@ def load(lib=None):
     one cudefer: its allocations must be freed by the library that made
     them).  $CUDEFER_LIB is read by the first load only.
     Raises TypeError (lib is not a path), FileNotFoundError (not found),
-    OSError (cannot be loaded), RuntimeError (not libcudefer, or lacks
-    an entry point: a library older than this package); each names
-    $CUDEFER_LIB when that variable named the file."""
+    OSError (cannot be loaded), RuntimeError (not libcudefer, not a whole
+    one, or lacks an entry point: a library older than this package); each
+    names $CUDEFER_LIB when that variable named the file."""
     with _lock:
         if _loaded:
             if lib is not None:
@@ -208,6 +208,12 @@ def load(lib=None):
         if missing:
             raise RuntimeError("cudefer: %s lacks %s (a library older than "
                                "this package)" % (named, ", ".join(missing)))
+        if not hasattr(handle, "defer_version"):
+            # In every libcudefer: a library without it is no older one but
+            # one cut short (a stub, say).
+            raise RuntimeError("cudefer: %s is not a whole libcudefer (it has "
+                               "no defer_version, which every version has)"
+                               % named)
         if os.sep not in path:
             # Found by the loader's search: name the file it chose, so that
             # library() is a path and a later load of it is the same one.
