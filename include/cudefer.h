@@ -216,7 +216,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * handler (defer_set_oom_handler).  bytes == 0 gives
  * *ptr = NULL and cudaSuccess.  Errors (each counted in rejected):
  * cudaErrorInvalidValue for a NULL ptr; cudaErrorMemoryAllocation when out
- * of memory (not reported); cudaErrorStreamCaptureUnsupported on a
+ * of memory (not reported, and, unlike cudaMalloc's, not left as the
+ * thread's last error: cudaGetLastError answers cudaSuccess after it, an
+ * error pending before gone); cudaErrorStreamCaptureUnsupported on a
  * capturing stream (allocate before the capture); a bad stream's error;
  * another allocation error (reported).
  * Limit: a request above the device's memory is out of memory at once.

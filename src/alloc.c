@@ -452,20 +452,30 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
     *ptr = NULL;
     if (bytes == 0)
         return cudaSuccess; /* like cudaMalloc: nothing to allocate */
-    if (bytes > BLOCK_MAX_REQUEST)
-        return refuse_beyond_devices(w, bytes);
-    /* Out of memory, the application's handler may free memory of its own
-     * and ask for the whole request again (its calls are bounded there). */
     cudaError_t err;
-    unsigned handler_calls = 0;
-    int device;
-    bool full;
-    do
-        err = alloc_try(w, ptr, bytes, stream, current, expect, lazy, &device,
-                        &full);
-    while (full && handler_retry(w, bytes, device, &handler_calls));
+    if (bytes > BLOCK_MAX_REQUEST) {
+        err = refuse_beyond_devices(w, bytes);
+    } else {
+        /* Out of memory, the application's handler may free memory of its
+         * own and ask for the whole request again (its calls are bounded
+         * there). */
+        unsigned handler_calls = 0;
+        int device;
+        bool full;
+        do
+            err = alloc_try(w, ptr, bytes, stream, current, expect, lazy,
+                            &device, &full);
+        while (full && handler_retry(w, bytes, device, &handler_calls));
+        if (err == cudaErrorMemoryAllocation)
+            stats_add(&stats.rejected, 1); /* the caller sees it: no report */
+    }
+    /* Out of memory is the return value's alone (cudefer.h): the thread's
+     * last error is left clear however it was found, by a failed
+     * allocation (whose error cache_upstream_malloc cleared) or by a size
+     * no allocation was tried for (an error pending before goes too, as a
+     * failed cudaMalloc replaces it). */
     if (err == cudaErrorMemoryAllocation)
-        stats_add(&stats.rejected, 1); /* the caller sees it: no report */
+        cudaGetLastError();
     if (err != cudaSuccess)
         *ptr = NULL; /* whatever a failed allocation call left there */
     return err;

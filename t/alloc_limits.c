@@ -518,6 +518,62 @@ static void test_pluggable_free_refused(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "the block freed again: flushed");
 }
 
+/* Out of memory is the return value's alone (cudefer.h): whether a failed
+ * allocation found it or no allocation was tried (a size above the device,
+ * or above any device), the thread's last error is clear after it, so a
+ * caller that handles the error is not told it again by its next
+ * cudaGetLastError (PyTorch's launch check).  An error pending before the
+ * call goes, as a failed cudaMalloc replaces it.  Before, a size no
+ * allocation was tried for left the pending error, one tried for cleared
+ * it: the answer hung on a path the caller cannot see. */
+static void test_out_of_memory_last_error(cudaStream_t s)
+{
+    size_t free_b, total;
+    cudaMemGetInfo(&free_b, &total);
+    fake_fail(FAKE_MALLOC_ASYNC, cudaErrorMemoryAllocation, 0, -1);
+    fake_fail(FAKE_MALLOC, cudaErrorMemoryAllocation, 0, -1);
+    const struct {
+        const char *what;
+        size_t bytes;
+        bool pluggable;
+    } cases[] = {
+        {"defer_alloc, a failed allocation", 1 << 20, false},
+        {"defer_alloc, above the device", total + 1, false},
+        {"defer_alloc, above any device", SIZE_MAX, false},
+        {"defer_pluggable_alloc_status, a failed allocation", 1 << 20, true},
+        {"defer_pluggable_alloc_status, above the device", total + 1, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (int pending = 0; pending < 2; pending++) {
+            cudaGetLastError();
+            if (pending)
+                cudaSetDevice(99); /* the application's error, pending */
+            void *p = &p;
+            stderr_capture_begin();
+            cudaError_t err =
+                cases[i].pluggable
+                    ? defer_pluggable_alloc_status(&p, cases[i].bytes, 0, s)
+                    : defer_alloc(&p, cases[i].bytes, s);
+            stderr_capture_end();
+            cudaError_t last = cudaGetLastError();
+            ok(err == cudaErrorMemoryAllocation && p == NULL &&
+                   last == cudaSuccess,
+               "%s%s: out of memory, the last error clear (%s, last %s)",
+               cases[i].what, pending ? ", an error pending before" : "",
+               cudaGetErrorName(err), cudaGetErrorName(last));
+        }
+    }
+    cudaSetDevice(99);
+    stderr_capture_begin();
+    void *none = defer_pluggable_alloc(total + 1, 0, s);
+    stderr_capture_end();
+    cudaError_t last = cudaGetLastError();
+    ok(none == NULL && last == cudaSuccess,
+       "defer_pluggable_alloc above the device, an error pending before: "
+       "NULL, the last error clear (last %s)", cudaGetErrorName(last));
+    fake_fail_clear();
+}
+
 int main(void)
 {
     plan_lazy();
@@ -547,6 +603,7 @@ int main(void)
     test_beyond_device(s);
     test_other_errors(s);
     test_out_of_memory(s);
+    test_out_of_memory_last_error(s);
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "nothing left");
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
