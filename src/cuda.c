@@ -380,6 +380,7 @@ static CUresult query_allocation(const void *ptr, bool device_memory,
                                  struct cuda_allocation *a)
 {
     a->bytes = 0;
+    a->start = NULL;
     a->pool = false;
     a->device = -1;
     pointer_attributes_fn get =
@@ -387,13 +388,15 @@ static CUresult query_allocation(const void *ptr, bool device_memory,
     if (get == NULL)
         return CUDA_ERROR_NOT_SUPPORTED;
     size_t bytes = 0;
+    CUdeviceptr start = 0;
     CUmemoryPool pool = NULL;
     int device = -1;
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
                                    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
-    void *data[] = {&bytes, &pool, &device};
-    CUresult res = get(device_memory ? 3 : 2, attrs, data,
+    void *data[] = {&bytes, &start, &pool, &device};
+    CUresult res = get(device_memory ? 4 : 3, attrs, data,
                        (CUdeviceptr)(uintptr_t)ptr);
     /* The driver answers a pointer it knows nothing of with every
      * attribute 0 (cuPointerGetAttributes' documentation): its release
@@ -401,6 +404,7 @@ static CUresult query_allocation(const void *ptr, bool device_memory,
     if (res != CUDA_SUCCESS || bytes == 0)
         return res;
     a->bytes = bytes;
+    a->start = (const void *)(uintptr_t)start;
     a->pool = pool != NULL;
     a->device = device_memory ? device : -1;
     return CUDA_SUCCESS;

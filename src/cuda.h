@@ -312,6 +312,7 @@ cudaError_t cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 /* What the release policy needs to know of an allocation. */
 struct cuda_allocation {
     size_t bytes; /* size of the allocation containing ptr; 0 if unknown */
+    const void *start; /* where that allocation begins; NULL if unknown */
     bool pool;    /* from cudaMallocAsync / cudaMallocFromPoolAsync */
     int device;   /* the device whose memory it is; -1: not asked, unknown */
 };

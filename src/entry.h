@@ -87,6 +87,10 @@ struct entry {
                               part of that device's use (cudaMemGetInfo):
                               not pinned host memory, nor another device's
                               memory freed on this device's streams */
+    bool interior;         /* a pointer that is no block lay inside an
+                              allocation, not at its start, when the entry
+                              was sized: another pointer's release may
+                              free its allocation first */
     /* The block each pointer's free claimed (cache.h; block NULL:
      * none), which its release acts on: claims[0..nptrs) of an
      * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or

@@ -29,6 +29,7 @@ static void size_up(struct entry *e)
     e->pool = e->kind == ENTRY_FREE_DEVICE;
     e->held_here = e->kind == ENTRY_FREE_DEVICE;
     e->cache_blocks = false;
+    e->interior = false;
     if (e->kind != ENTRY_FREE_DEVICE && e->kind != ENTRY_FREE_HOST)
         return;
     size_t blocks = 0;
@@ -42,6 +43,7 @@ static void size_up(struct entry *e)
         e->pool &= info.pool;
         e->held_here &= info.device < 0 || info.device == e->device;
         e->held_bytes += info.bytes;
+        e->interior |= info.bytes > 0 && info.start != e->ptrs[i];
     }
     e->cache_blocks = blocks > 0 && blocks == e->nptrs;
     /* pool says what the pointers that are not blocks are: those go back

@@ -54,15 +54,19 @@ static bool report_not_releasable(const struct entry *e, const void *ptr,
  * count as given back.  A pointer refused as an invalid value (the
  * pointer's own mistake: CUDA frees nothing of it, the rest goes on) has
  * the bytes size_up (reclaimer_take.c) counted for it, asked again the
- * same way, quietly (its refusal is said).  Any other error (the runtime
- * unloading, say), that query failing, or CUDA knowing no allocation there
- * now, leaves unknown what was given back: all of e's bytes count as
- * failed, so a trim never says more than it gave back, and no CUDA call
- * is added to a failing runtime.  (No allocation there now may be one that
- * size_up counted and another pointer of e freed since: the same pointer
- * twice, or the start of the allocation this one points inside.)  An entry
- * never sized (a synchronous release: held_bytes 0) asks nothing:
- * cuda_allocation_known is the reclaimer's. */
+ * same way, quietly (its refusal is said).  CUDA knowing no allocation
+ * there now, in an entry with no pointer inside an allocation
+ * (e->interior), means none there when size_up asked either (it counted
+ * none: a plain host pointer, say): e owns its pointers, and an
+ * allocation's start is freed by its own release only, which just failed.
+ * In an entry with one, no allocation there now may be one that size_up
+ * counted and that the release of its start, another pointer of e, freed
+ * since.  That case, any other error (the runtime unloading, say), and
+ * the query failing leave unknown what was given back: all of e's bytes
+ * count as failed, so a trim never says more than it gave back, and no
+ * CUDA call is added to a failing runtime.  An entry never sized (a
+ * synchronous release: held_bytes 0) asks nothing: cuda_allocation_known
+ * is the reclaimer's. */
 static void note_failed_bytes(const struct entry *e, const void *ptr,
                               cudaError_t err, struct release_report *out)
 {
@@ -71,7 +75,7 @@ static void note_failed_bytes(const struct entry *e, const void *ptr,
         return;
     if (err != cudaErrorInvalidValue ||
         !cuda_allocation_known(ptr, e->kind == ENTRY_FREE_DEVICE, &info) ||
-        info.bytes == 0)
+        (info.bytes == 0 && e->interior))
         out->failed_bytes = UINT64_MAX;
     else if (out->failed_bytes < UINT64_MAX - info.bytes)
         out->failed_bytes += info.bytes;

@@ -15,6 +15,7 @@
  *   allocation: nothing is said released that was not). */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -136,19 +137,28 @@ static void check_one_failed(const struct defer_stats *start,
        ULL(after->released - before->released));
 }
 
-/* p0 (3 KiB), pinned host memory h (7 KiB) and p1 (5 KiB) freed on s in
- * one defer_free_n (ptrs gets them), their work completed; the counters
- * just before the call in *start. */
-static void free_three(cudaStream_t s, void *ptrs[3],
-                       struct defer_stats *start)
+/* p0 (3 KiB), h (7 KiB: pinned host memory, or plain host memory of
+ * malloc's where plain) and p1 (5 KiB) freed on s in one defer_free_n
+ * (ptrs gets them), their work completed; the counters just before the
+ * call in *start. */
+static void free_three_of(cudaStream_t s, void *ptrs[3],
+                          struct defer_stats *start, bool plain)
 {
     ptrs[0] = device_alloc(3 * KiB);
-    ptrs[1] = host_alloc(7 * KiB);
+    ptrs[1] = plain ? malloc(7 * KiB) : host_alloc(7 * KiB);
+    if (ptrs[1] == NULL)
+        bail("out of host memory");
     ptrs[2] = device_alloc(5 * KiB);
     fake_work *w = fake_launch_held(s, ptrs, 3);
     *start = stats_now();
     is_int(defer_free_n(ptrs, 3, s), cudaSuccess, "defer_free_n of 3");
     fake_complete(w);
+}
+
+static void free_three(cudaStream_t s, void *ptrs[3],
+                       struct defer_stats *start)
+{
+    free_three_of(s, ptrs, start, false);
 }
 
 /* Three pointers in one call, the middle one pinned host memory, which
@@ -175,6 +185,32 @@ static void test_free_n_part_fails(void)
            "one's");
     check_quiet("defer_free_n, one pointer refused");
     cudaFreeHost(h);
+}
+
+/* As test_free_n_part_fails, the middle pointer plain host memory
+ * (malloc's), which CUDA never knew: it held no bytes of the entry, so the
+ * device pointers' bytes all count as given back. */
+static void test_free_n_plain_host_fails(void)
+{
+    void *ptrs[3];
+    struct defer_stats start;
+    free_three_of(stream_new(), ptrs, &start, true);
+    void *p0 = ptrs[0], *h = ptrs[1], *p1 = ptrs[2];
+    struct defer_stats before;
+    size_t released = 0;
+    const char *said;
+    trim_held(1, &before, &released, &said);
+    struct defer_stats after = stats_now();
+    ok(has_line(said, "defer_free_n", "not memory CUDA allocated", NULL),
+       "the refused pointer said: %s", said);
+    ok(fake_is_released(p0) == 1 && fake_is_released(p1) == 1,
+       "the device pointers released");
+    check_one_failed(&start, &before, &after);
+    is_int(released, 8 * KiB,
+           "released_bytes: the two device pointers' bytes (the plain host "
+           "pointer held none)");
+    check_quiet("defer_free_n, a plain host pointer refused");
+    free(h);
 }
 
 /* As test_free_n_part_fails, but the size of the refused pointer cannot
@@ -311,6 +347,7 @@ int main(void)
     set_cudefer_env("CUDEFER_IDLE_US=10s CUDEFER_MAX_DELAY_MS=0");
     fake_reset(1);
     test_free_n_part_fails();
+    test_free_n_plain_host_fails();
     test_free_n_part_fails_unsized();
     test_free_n_inside();
     fake_set_memory_pools(0, 0);
