@@ -294,8 +294,10 @@ CUDEFER_API cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
  * Limit: a recorded stream destroyed before the free has the free refused
  * (cudaErrorInvalidResourceHandle, said), the block still the caller's,
  * until a new stream takes its handle: the free then waits for that one.
- * Limit: a free whose blocks were recorded on over 64 streams in all is
- * refused (cudaErrorInvalidValue), and so is one into a graph capture
+ * Limit: a free that would wait for over 64 streams in all, its own (or
+ * the _streams call's) and those its blocks were recorded on, each counted
+ * once, is refused (cudaErrorInvalidValue), also under CUDEFER_DISABLE;
+ * a free of a recorded block into a graph capture is refused too
  * (cudaErrorStreamCaptureUnsupported). */
 CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
 

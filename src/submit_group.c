@@ -37,6 +37,14 @@ static cudaError_t refuse_recorded_gone(const struct request_args *a,
     return err;
 }
 
+cudaError_t submit_group_refuse_too_many(const struct request_args *a)
+{
+    stats_add(&stats.rejected, 1);
+    report("%s: with the streams its blocks were recorded on, more than 64 "
+           "streams: refused", a->what);
+    return cudaErrorInvalidValue;
+}
+
 /* Any thread, admitted: a's streams gathered into *t (a group, in g): the
  * given[0..n), then those its blocks were recorded on, each once, then
  * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
@@ -56,13 +64,8 @@ cudaError_t submit_group_resolve(const struct request_args *a,
         bool seen = false;
         for (size_t j = 0; j < n && !seen && i < SUBMIT_MAX_STREAMS; j++)
             seen = cache_users_same(&recorded[i], &g->users[j], &t->sw);
-        if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS)) {
-            stats_add(&stats.rejected, 1);
-            report("%s: with the streams its blocks were recorded on, more "
-                   "than 64 streams: refused",
-                   a->what);
-            return cudaErrorInvalidValue;
-        }
+        if (!seen && (i >= SUBMIT_MAX_STREAMS || n == SUBMIT_MAX_STREAMS))
+            return submit_group_refuse_too_many(a);
         if (!seen) {
             g->users[n] = recorded[i];
             g->streams[n++] = recorded[i].handle;

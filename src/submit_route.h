@@ -142,4 +142,9 @@ cudaError_t submit_group_resolve(const struct request_args *a,
 cudaError_t submit_group_route(const struct request_args *a,
                                struct target *t);
 
+/* Any thread: a's refusal because its streams and those its blocks were
+ * recorded on are more than SUBMIT_MAX_STREAMS in all, a stream counted
+ * once (every route counts so): said, counted; cudaErrorInvalidValue. */
+cudaError_t submit_group_refuse_too_many(const struct request_args *a);
+
 #endif

@@ -90,15 +90,22 @@ static cudaError_t release_synchronously(const struct request_args *a,
         return submit_reject(a, call, err);
     if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
         return submit_reject(a, "cudaStreamSynchronize", err);
+    /* stream and the recorded ones, each once, are SUBMIT_MAX_STREAMS at
+     * most, as a group of the other routes holds (submit_group_resolve):
+     * a free is refused alike whether CUDEFER_DISABLE is set or not. */
     struct block_user recorded[SUBMIT_MAX_STREAMS];
     size_t nrec = cache_users_of_free(a, recorded);
-    if (nrec > SUBMIT_MAX_STREAMS) { /* only so many could be waited for */
-        stats_add(&stats.rejected, 1);
-        report("%s: its blocks were recorded on more than 64 streams: "
-               "refused", a->what);
-        return cudaErrorInvalidValue;
-    }
     struct cuda_switch sw = CUDA_SWITCH_NONE;
+    bool own_recorded = false;
+    const struct block_user own = {stream, 0, -1};
+    for (size_t i = 0; i < nrec && i < SUBMIT_MAX_STREAMS && !own_recorded;
+         i++)
+        own_recorded = cache_users_same(&recorded[i], &own, &sw);
+    if (nrec > SUBMIT_MAX_STREAMS ||
+        (nrec == SUBMIT_MAX_STREAMS && !own_recorded)) {
+        cuda_switch_back(&sw, a->what);
+        return submit_group_refuse_too_many(a);
+    }
     if ((err = wait_for_users(a, recorded, nrec, &sw)) != cudaSuccess)
         return err;
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&

@@ -573,6 +573,43 @@ static void scenario_piece_live_at_shutdown(void)
           "cudaFree refuses the piece: no allocation of CUDA's");
 }
 
+/* A free waits for at most 64 streams in all: its own and those its
+ * blocks were recorded on, a stream counted once (cudefer.h).  Two blocks
+ * recorded on 63 streams and 1 more, 64 other than the free's: refused,
+ * said, both still the caller's; freed on one of those 64, taken.
+ * CUDEFER_DISABLE, which waits here, counts as the default route does. */
+static void scenario_record_stream_limit(void)
+{
+    enum { RECORDED = 64 };
+    cudaStream_t s = stream_new(), r[RECORDED];
+    for (int i = 0; i < RECORDED; i++)
+        r[i] = stream_new();
+    void *b[2] = {NULL, NULL};
+    alloc_checked(&b[0], 4096, s);
+    alloc_checked(&b[1], 4096, s);
+    for (int i = 0; i < RECORDED - 1; i++)
+        defer_record_stream(b[0], r[i]);
+    CHECK(defer_record_stream(b[1], r[RECORDED - 1]) == cudaSuccess,
+          "64 streams recorded");
+    uint64_t deferred = stats_now().deferred;
+    stderr_capture_begin();
+    cudaError_t err = defer_free_n(b, 2, s);
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaErrorInvalidValue,
+          "freed on a 65th stream: refused (%s)", cudaGetErrorName(err));
+    CHECK(strstr(said, "defer_free_n: with the streams its blocks were "
+                       "recorded on, more than 64 streams: refused") != NULL,
+          "said in the caller's words: %s", said);
+    CHECK(stats_now().deferred == deferred, "nothing deferred");
+    CHECK(defer_free_n(b, 2, r[0]) == cudaSuccess,
+          "freed on one of the 64: 64 in all, taken");
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(stats_now().cache_free_bytes >= 2 * 4096,
+          "both blocks back in the cache");
+    for (int i = 0; i < RECORDED; i++)
+        cudaStreamDestroy(r[i]);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -590,6 +627,11 @@ int main(void)
            WEXITSTATUS(status) == 0,
        "CUDEFER_DISABLE: a free waits for the recorded streams; a second "
        "free is refused");
+    fork_scenario("a free waits for 64 streams at most, its own counted",
+                  "", 1, 20000, scenario_record_stream_limit);
+    fork_scenario("a free waits for 64 streams at most, its own counted",
+                  "CUDEFER_DISABLE=1", 1, 20000,
+                  scenario_record_stream_limit);
     fork_scenario("a reclaimer polling every 150 ms: another stream gets a "
                   "block back once its work is done",
                   "CUDEFER_POLL_US=150ms CUDEFER_POLL_MAX_US=150ms", 1, 10000,
