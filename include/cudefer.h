@@ -298,7 +298,8 @@ CUDEFER_API cudaError_t defer_set_oom_handler(defer_oom_handler fn, void *arg,
  * the _streams call's) and those its blocks were recorded on, each counted
  * once, is refused (cudaErrorInvalidValue), also under CUDEFER_DISABLE;
  * a free of a recorded block into a graph capture is refused too
- * (cudaErrorStreamCaptureUnsupported). */
+ * (cudaErrorStreamCaptureUnsupported), and so is one while a stream it was
+ * recorded on captures (free it once that capture ends). */
 CUDEFER_API cudaError_t defer_record_stream(void *ptr, cudaStream_t stream);
 
 /* PyTorch's pluggable allocator: CUDAPluggableAllocator(path_to_libcudefer,

@@ -37,6 +37,48 @@ static cudaError_t refuse_recorded_gone(const struct request_args *a,
     return err;
 }
 
+/* Any thread, admitted: a refused because t's given streams (the first
+ * ngiven) and the streams its blocks were recorded on do not all capture
+ * or all not: said in those words, naming a recorded stream that captures
+ * where the given ones do not (the caller gave one stream: "some of the
+ * streams" would say nothing it knows), counted.  Returns
+ * cudaErrorStreamCaptureUnsupported. */
+static cudaError_t refuse_recorded_capture(const struct request_args *a,
+                                           const struct target *t,
+                                           size_t ngiven,
+                                           bool given_capture)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_recorded_capture(const struct request_args *a,
+                                           const struct target *t,
+                                           size_t ngiven,
+                                           bool given_capture)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[64];
+    const char *end = a->end != NULL
+                          ? report_line_end(a->end, tail, sizeof tail)
+                          : " (the caller keeps ownership)";
+    cudaStream_t capturing = NULL;
+    for (size_t i = ngiven; i < t->n && capturing == NULL && !given_capture;
+         i++) {
+        bool is = false;
+        const char *call;
+        if (capture_status(&t->streams[i], 1, &is, &call) == cudaSuccess &&
+            is)
+            capturing = t->streams[i];
+    }
+    if (capturing != NULL)
+        report("%s: stream %p, which its block was recorded on "
+               "(defer_record_stream), is capturing into a graph, whose "
+               "work a free cannot wait for: refused; free the block once "
+               "that capture ends%s", a->what, (void *)capturing, end);
+    else
+        report("%s: a block recorded on other streams (defer_record_stream) "
+               "cannot be freed into a graph capture, which would not wait "
+               "for them: refused%s", a->what, end);
+    return cudaErrorStreamCaptureUnsupported;
+}
+
 cudaError_t submit_group_refuse_too_many(const struct request_args *a)
 {
     stats_add(&stats.rejected, 1);
@@ -88,6 +130,11 @@ cudaError_t submit_group_resolve(const struct request_args *a,
         capture_status(given, ngiven, &capturing, &again) !=
             cudaErrorInvalidResourceHandle)
         return refuse_recorded_gone(a, call, err);
+    /* Given streams that agree, and recorded ones that do not agree with
+     * them: the records are what the caller must hear of. */
+    if (err == cudaErrorStreamCaptureUnsupported && ngiven < n &&
+        capture_status(given, ngiven, &capturing, &again) == cudaSuccess)
+        return refuse_recorded_capture(a, t, ngiven, capturing);
     return submit_reject(a, call, err);
 }
 

@@ -8,6 +8,7 @@
  * t/alloc_stale.c; sizes no device holds and out of memory:
  * t/alloc_limits.c). */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -192,10 +193,46 @@ static void test_recorded_paths(cudaStream_t s, cudaStream_t side)
            "a recorded block cannot be freed into a capture");
     ok(strstr(stderr_capture_end(), "recorded on other streams") != NULL,
        "saying why");
+    stderr_capture_begin();
+    cudaError_t into = defer_free_streams(c, &cap, 1);
+    const char *why = stderr_capture_end();
+    ok(into == cudaErrorStreamCaptureUnsupported &&
+           strstr(why, "cudefer: defer_free_streams: a block recorded on "
+                       "other streams (defer_record_stream) cannot be freed "
+                       "into a graph capture") == why,
+       "defer_free_streams into a capture: the same words (%s)", why);
     cudaGraph_t g = NULL;
     cudaStreamEndCapture(cap, &g);
     cudaGraphDestroy(g);
     cudaStreamDestroy(cap);
+    /* The recorded stream capturing, the free's own not: refused in one
+     * line that names the recorded stream and what to do (it said "stream
+     * capture (some of the streams capture, some do not) failed" of a call
+     * given one stream).  Every call that frees the block says it alike. */
+    cudaStreamBeginCapture(side, cudaStreamCaptureModeGlobal);
+    void *one[1] = {c};
+    for (int i = 0; i < 3; i++) {
+        const char *call[] = {"defer_free", "defer_free_n",
+                              "defer_free_streams"};
+        stderr_capture_begin();
+        cudaError_t err = i == 0   ? defer_free(c, s)
+                          : i == 1 ? defer_free_n(one, 1, s)
+                                   : defer_free_streams(c, &s, 1);
+        const char *said = stderr_capture_end();
+        char want[160];
+        snprintf(want, sizeof want,
+                 "cudefer: %s: stream %p, which its block was recorded on "
+                 "(defer_record_stream), is capturing into a graph",
+                 call[i], (void *)side);
+        ok(err == cudaErrorStreamCaptureUnsupported &&
+               strstr(said, want) == said &&
+               strstr(said, "free the block once that capture ends") != NULL &&
+               strchr(said, '\n') == said + strlen(said) - 1,
+           "%s with a recorded stream capturing: refused, said in one line "
+           "naming that stream and what to do (%s)", call[i], said);
+    }
+    cudaStreamEndCapture(side, &g);
+    cudaGraphDestroy(g);
     fake_complete(w);
     defer_free(c, s);
     defer_flush();
