@@ -87,10 +87,27 @@ static void test_miss_hands_back_pending(cudaStream_t s, cudaStream_t s2)
 
 /* The pending blocks a miss hands back go with their entries, on the
  * reclaimer, maybe while the miss is still handing the memory back: here
- * every cudaFreeAsync takes 50 ms and the blocks' work completes
- * meanwhile.  The miss must not read the blocks then (it copies their
- * memory first: cache_reclaim_for_miss); a read would be a use after free,
- * which ASan sees here and TSan in t/stress. */
+ * the blocks' work completes as the first cudaFreeAsync of the hand-back
+ * returns, and the miss waits there while the reclaimer sees it.  The
+ * miss must not read the blocks then (it copies their memory first:
+ * cache_reclaim_for_miss); a read would be a use after free, which ASan
+ * sees here and TSan in t/stress.  (Work timed to end during the hand-back
+ * could end before the miss's clock read on a loaded machine, when the
+ * blocks stay cached: alloc.c.) */
+static fake_work *outlive_work[2];
+
+static void complete_on_first_free(enum fake_call c, cudaError_t r,
+                                   void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (outlive_work[0] == NULL)
+        return;
+    fake_complete(outlive_work[0]);
+    fake_complete(outlive_work[1]);
+    outlive_work[0] = outlive_work[1] = NULL;
+    wait_stats_settled(1000); /* the reclaimer takes the entries back */
+}
+
 static void test_hand_back_outlives_blocks(cudaStream_t s)
 {
     size_t trimmed = 0;
@@ -98,14 +115,15 @@ static void test_hand_back_outlives_blocks(cudaStream_t s)
     void *a = NULL, *b = NULL, *c = NULL;
     alloc_checked(&a, 1 << 20, s);
     alloc_checked(&b, 1 << 20, s);
-    work_timed(s, 5000, a);
-    work_timed(s, 5000, b);
+    outlive_work[0] = work_held(s, a);
+    outlive_work[1] = work_held(s, b);
     defer_free(a, s);
-    defer_free(b, s); /* PENDING on s for 5 ms more */
-    fake_set_latency(FAKE_FREE_ASYNC, 50000000);
+    defer_free(b, s); /* PENDING on s until the hand-back's first free */
+    fake_set_return_hook(FAKE_FREE_ASYNC, complete_on_first_free, NULL);
     alloc_checked(&c, 3 << 19, s);
-    fake_set_latency(FAKE_FREE_ASYNC, 0);
-    ok(c != NULL && fake_is_released(a) == 1 && fake_is_released(b) == 1,
+    fake_set_return_hook(FAKE_FREE_ASYNC, NULL, NULL);
+    ok(c != NULL && fake_is_released(a) == 1 && fake_is_released(b) == 1 &&
+           outlive_work[0] == NULL,
        "both pending blocks went back to the pool while their entries "
        "completed");
     is_int(defer_flush(), cudaSuccess, "flush");

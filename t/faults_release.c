@@ -584,10 +584,14 @@ void s_pointer_attributes_fail(const struct scenario *sc)
  * counters settled (a loaded machine: 10 runs in 20 at nice 15 beside two
  * busy loops) has learned the 1 MiB cap, and is checked for that instead.
  * Whether it asked again is read after the counters, so that counters read
- * with one call made are those of the assumed cap. */
+ * with one call made are those of the assumed cap.  The buffers are told
+ * apart by address: a release while they are still being made must not
+ * give a later one a released address (FAKE_ADDRESS_REUSE), which would
+ * name two of them. */
 void s_mem_get_info(const struct scenario *sc)
 {
     enum { N = 12, SIZE = 256 << 10 };
+    fake_set_address_reuse(0);
     fake_set_device_memory(0, (size_t)4 << 20);
     stderr_capture_begin();
     if (sc->count != 0)
