@@ -369,10 +369,16 @@ static cudaError_t resolve_one(struct request_args *a, cudaStream_t stream,
     if ((a->nptrs != 1 || t->capturing || t->disabled) &&
         (err = cache_claim_all(a, claimed)) != cudaSuccess)
         return err;
-    if (t->capturing || t->disabled) /* their routes ask no more */
+    if (t->capturing) /* its route asks no more */
         return cudaSuccess;
-    if (a->nptrs > 1 && *claimed && cache_users_of_free(a, NULL) > 0)
+    /* Blocks recorded on other streams: those streams checked too, before
+     * any wait (CUDEFER_DISABLE's included): one that captures or is gone
+     * refuses the free, as it does every route, the capture left intact. */
+    if ((a->nptrs > 1 || t->disabled) && *claimed &&
+        cache_users_of_free(a, NULL) > 0)
         return submit_group_resolve(a, &t->handle, 1, g, t);
+    if (t->disabled) /* its route asks no more */
+        return cudaSuccess;
     if ((err = identify(a, t)) != cudaSuccess)
         return err;
     if (a->kind == ENTRY_FREE_DEVICE && a->nptrs == 1 && a->claims != NULL)

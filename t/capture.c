@@ -6,6 +6,7 @@
  * capture model and its oracle, on which the rest relies. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -535,6 +536,153 @@ static void s_disable(void)
     CHECK(wait_released(p, 10000), "not released after the graph");
 }
 
+/* Whether stream captures (and its capture is not invalidated). */
+static bool capture_intact(cudaStream_t stream)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusActive;
+}
+
+/* Whether said is one line that begins "cudefer: <call>: <words>". */
+static bool said_alike(const char *said, const char *call, const char *words)
+{
+    char want[320];
+    snprintf(want, sizeof want, "cudefer: %s: %s", call, words);
+    return strstr(said, want) == said &&
+           strchr(said, '\n') == said + strlen(said) - 1;
+}
+
+/* Run by default and under CUDEFER_DISABLE, to the same checks: what the
+ * deferred route refuses about a capture is refused alike, in the same
+ * words, before any call that would invalidate the capture (no stream
+ * synchronized, no event recorded); what it takes into a capture is the
+ * graph's, released once the graph is gone. */
+static void s_capture_alike(void)
+{
+    cudaStream_t s = stream_new(), side = stream_new(), cap = stream_new();
+    const char *const calls[] = {"defer_free", "defer_free_n",
+                                 "defer_free_streams"};
+    char words[200];
+    void *c = NULL, *b = NULL;
+    CHECK(alloc_checked(&c, 512, s) == cudaSuccess &&
+              alloc_checked(&b, 1024, s) == cudaSuccess,
+          "defer_alloc");
+    CHECK(defer_record_stream(c, side) == cudaSuccess, "record_stream");
+    void *one[1] = {c};
+    /* Allocated before any capture: cudaMalloc would invalidate one. */
+    void *p = device_alloc(64), *q = device_alloc(64), *r = device_alloc(64),
+         *h = host_alloc(64);
+    unsigned long syncs = fake_calls(FAKE_STREAM_SYNCHRONIZE),
+                  records = fake_calls(FAKE_EVENT_RECORD);
+
+    /* The recorded stream captures, the free's own stream not. */
+    begin_capture(side);
+    snprintf(words, sizeof words,
+             "stream %p, which its block was recorded on "
+             "(defer_record_stream), is capturing into a graph, whose work "
+             "a free cannot wait for: refused; free the block once that "
+             "capture ends", (void *)side);
+    for (int i = 0; i < 3; i++) {
+        stderr_capture_begin();
+        cudaError_t err = i == 0   ? defer_free(c, s)
+                          : i == 1 ? defer_free_n(one, 1, s)
+                                   : defer_free_streams(c, &s, 1);
+        const char *said = stderr_capture_end();
+        CHECK(err == cudaErrorStreamCaptureUnsupported &&
+                  said_alike(said, calls[i], words),
+              "%s with the recorded stream capturing: refused in the "
+              "deferred route's words (%s: %s)", calls[i],
+              cudaGetErrorName(err), said);
+        CHECK(capture_intact(side),
+              "%s left the recorded stream's capture intact", calls[i]);
+    }
+    cudaGraphDestroy(end_capture(side));
+
+    /* Freed into a capture, recorded on a stream that does not capture. */
+    begin_capture(cap);
+    for (int i = 0; i < 3; i++) {
+        stderr_capture_begin();
+        cudaError_t err = i == 0   ? defer_free(c, cap)
+                          : i == 1 ? defer_free_n(one, 1, cap)
+                                   : defer_free_streams(c, &cap, 1);
+        const char *said = stderr_capture_end();
+        CHECK(err == cudaErrorStreamCaptureUnsupported &&
+                  said_alike(said, calls[i],
+                             "a block recorded on other streams "
+                             "(defer_record_stream) cannot be freed into a "
+                             "graph capture, which would not wait for them: "
+                             "refused"),
+              "%s of a recorded block into a capture: refused in the "
+              "deferred route's words (%s: %s)", calls[i],
+              cudaGetErrorName(err), said);
+    }
+
+    /* A capturing stream among streams that do not capture, first or
+     * not. */
+    cudaStream_t mixes[2][2] = {{cap, s}, {s, cap}};
+    const char *const group_calls[] = {"defer_free_streams",
+                                       "defer_call_streams",
+                                       "defer_free_host_streams"};
+    for (int m = 0; m < 2; m++)
+        for (int i = 0; i < 3; i++) {
+            stderr_capture_begin();
+            cudaError_t err =
+                i == 0   ? defer_free_streams(p, mixes[m], 2)
+                : i == 1 ? defer_call_streams(noop, NULL, mixes[m], 2)
+                         : defer_free_host_streams(h, mixes[m], 2);
+            const char *said = stderr_capture_end();
+            CHECK(err == cudaErrorStreamCaptureUnsupported &&
+                      said_alike(said, group_calls[i],
+                                 "stream capture (some of the streams "
+                                 "capture, some do not) failed"),
+                  "%s, a capturing stream %s: refused in the deferred "
+                  "route's words (%s: %s)", group_calls[i],
+                  m == 0 ? "first" : "second", cudaGetErrorName(err), said);
+        }
+    CHECK(capture_intact(cap), "the refusals left the capture intact");
+    CHECK(fake_calls(FAKE_STREAM_SYNCHRONIZE) == syncs &&
+              fake_calls(FAKE_EVENT_RECORD) == records,
+          "no refusal synchronized a stream (%lu) or recorded an event (%lu)",
+          fake_calls(FAKE_STREAM_SYNCHRONIZE) - syncs,
+          fake_calls(FAKE_EVENT_RECORD) - records);
+
+    /* Into the capture: the graph's, whatever the route. */
+    captured_work(cap, p);
+    void *two[2] = {q, r};
+    int called = __atomic_load_n(&noop_calls, __ATOMIC_SEQ_CST);
+    CHECK(defer_free(p, cap) == cudaSuccess, "defer_free into a capture");
+    CHECK(defer_free_n(two, 2, cap) == cudaSuccess,
+          "defer_free_n into a capture");
+    CHECK(defer_free(b, cap) == cudaSuccess,
+          "defer_free of a block into a capture");
+    CHECK(defer_free_host(h, cap) == cudaSuccess,
+          "defer_free_host into a capture");
+    CHECK(defer_call(noop, NULL, cap) == cudaSuccess,
+          "defer_call into a capture");
+    CHECK(capture_intact(cap), "the capture is intact");
+    CHECK(fake_calls(FAKE_STREAM_SYNCHRONIZE) == syncs &&
+              stats_now().sync_releases == 0,
+          "nothing waited for or released at the call");
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0 && fake_is_released(q) == 0 &&
+              fake_is_released(h) == 0 &&
+              __atomic_load_n(&noop_calls, __ATOMIC_SEQ_CST) == called,
+          "nothing released or called while the graph lives");
+    cudaGraphDestroy(end_capture(cap));
+    CHECK(wait_released(p, 10000) && wait_released(q, 10000) &&
+              wait_released(r, 10000) && wait_released(h, 10000),
+          "released once the graph is gone");
+    CHECK(wait_flag(&noop_calls, 10000), "the callback ran");
+
+    /* The captures over, the recorded block is freed as any is. */
+    CHECK(defer_free(c, s) == cudaSuccess, "the recorded block freed");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(side);
+    cudaStreamDestroy(cap);
+}
+
 /* defer_shutdown while a graph holds entries: shutdown does not wait for the
  * graph; when it dies, its entries are reported and counted as failed. */
 static void s_shutdown_first(void)
@@ -627,6 +775,11 @@ int main(void)
      * cudefer refuses every call. */
     fork_scenario("CUDEFER_DISABLE: a capturing stream takes the capture path",
                   "CUDEFER_DISABLE=1", 1, 30000, s_disable);
+    fork_scenario("what a capture refuses or takes, in the same words, the "
+                  "capture intact", "", 1, 30000, s_capture_alike);
+    fork_scenario("what a capture refuses or takes, in the same words, the "
+                  "capture intact", "CUDEFER_DISABLE=1", 1, 30000,
+                  s_capture_alike);
     fork_scenario("shutdown before the graph dies: no crash, reported, "
                   "counted as failed", "", 1, 30000, s_shutdown_first);
     test_fake_model();

@@ -10,7 +10,7 @@
 
 #include "helpers.h"
 
-static void destroyed_then_freed(bool pluggable)
+static void destroyed_then_freed(bool pluggable, bool disabled)
 {
     const char *how = pluggable ? "defer_pluggable_free" : "defer_free";
     cudaStream_t s = stream_new(), side = stream_new();
@@ -42,6 +42,8 @@ static void destroyed_then_freed(bool pluggable)
     cudaStream_t other = stream_new();
     CHECK(defer_record_stream(p, other) == cudaSuccess,
           "%s: still a live block of the caller's", how);
+    if (disabled) /* a free would wait for the held work below */
+        return;
     /* A new stream given the handle: the free waits for it. */
     cudaStream_t reused = fake_stream_create_reusing(side);
     fake_work *w = work_held(reused, p);
@@ -58,8 +60,10 @@ static void destroyed_then_freed(bool pluggable)
     cudaStreamDestroy(s);
 }
 
-static void plain(void) { destroyed_then_freed(false); }
-static void pluggable(void) { destroyed_then_freed(true); }
+static void plain(void) { destroyed_then_freed(false, false); }
+static void pluggable(void) { destroyed_then_freed(true, false); }
+static void plain_disabled(void) { destroyed_then_freed(false, true); }
+static void pluggable_disabled(void) { destroyed_then_freed(true, true); }
 
 int main(void)
 {
@@ -68,5 +72,10 @@ int main(void)
                   "said of that stream", "", 1, 20000, plain);
     fork_scenario("... through defer_pluggable_free", "", 1, 20000,
                   pluggable);
+    fork_scenario("a recorded stream destroyed before the free: refused, "
+                  "said of that stream", "CUDEFER_DISABLE=1", 1, 20000,
+                  plain_disabled);
+    fork_scenario("... through defer_pluggable_free", "CUDEFER_DISABLE=1", 1,
+                  20000, pluggable_disabled);
     return 0;
 }
