@@ -50,6 +50,20 @@ static bool queue_synced_call(const struct request_args *a,
     return true;
 }
 
+/* Any thread: cudaStreamSynchronize of a stream checked not to capture
+ * (the capture check of its request), in the relaxed capture mode (struct
+ * cuda_capture_mode, cuda.h): in the thread's own mode the wait is refused,
+ * and invalidates the capture, while this thread captures another stream
+ * or another thread captures in the global mode; the deferred route, an
+ * event recorded on the stream, leaves such a capture alone.  Blocks. */
+static cudaError_t synchronize_relaxed(cudaStream_t stream)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cuda_stream_synchronize(stream);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
 /* Any thread, admitted: wait for each of users[0..n), each on its device
  * (sw: the caller's device, restored before the return).  Blocks.
  * cudaSuccess, or the refusal of a's call naming the call that failed. */
@@ -61,7 +75,7 @@ static cudaError_t wait_for_users(const struct request_args *a,
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < n && err == cudaSuccess; i++)
         if ((err = cache_users_enter(&users[i], sw, &failed)) == cudaSuccess)
-            err = cuda_stream_synchronize(users[i].handle);
+            err = synchronize_relaxed(users[i].handle);
     cuda_switch_back(sw, a->what);
     return err == cudaSuccess ? cudaSuccess
                               : submit_reject(a, failed, err);
@@ -88,7 +102,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
                                              &cached, &call);
     if (err != cudaSuccess)
         return submit_reject(a, call, err);
-    if ((err = cuda_stream_synchronize(stream)) != cudaSuccess)
+    if ((err = synchronize_relaxed(stream)) != cudaSuccess)
         return submit_reject(a, "cudaStreamSynchronize", err);
     /* stream and the recorded ones, each once, are SUBMIT_MAX_STREAMS at
      * most, as a group of the other routes holds (submit_group_resolve):
@@ -124,7 +138,14 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if (a->kind != ENTRY_CALL)
         cuda_switch_device(&to_device, device, NULL);
     struct release_report out = {0};
+    /* Memory waited for is in no capture: released in the relaxed mode, as
+     * the reclaimer releases it (cudaFree and cudaFreeHost are refused as
+     * the wait is); a callback runs in the caller's own mode. */
+    struct cuda_capture_mode mode = {cudaStreamCaptureModeRelaxed, false};
+    if (a->kind != ENTRY_CALL)
+        mode = cuda_capture_mode_relax();
     err = release_entry(&e, NULL, NULL, &out);
+    cuda_capture_mode_put_back(mode);
     /* A refused release is said and counted, the call accepted: not an
      * error for the application's next cudaGetLastError to find. */
     cuda_forget_failure(err);

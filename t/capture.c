@@ -683,6 +683,104 @@ static void s_capture_alike(void)
     cudaStreamDestroy(cap);
 }
 
+/* A capture of another thread's, in the global mode, held open until
+ * *release becomes 1; *begun becomes 1 once it began, -1 if it could not. */
+struct held_capture {
+    cudaStream_t stream;
+    int begun, release, intact;
+};
+
+static void *hold_capture(void *arg)
+{
+    struct held_capture *c = arg;
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal) !=
+        cudaSuccess) {
+        __atomic_store_n(&c->begun, -1, __ATOMIC_SEQ_CST);
+        return NULL;
+    }
+    __atomic_store_n(&c->begun, 1, __ATOMIC_SEQ_CST);
+    wait_flag(&c->release, 30000);
+    cudaGraph_t graph = NULL;
+    c->intact = capture_intact(c->stream) &&
+                cudaStreamEndCapture(c->stream, &graph) == cudaSuccess;
+    cudaGraphDestroy(graph);
+    return NULL;
+}
+
+/* Each synchronous call, on streams that do not capture, while a capture
+ * runs elsewhere (caps: what is capturing): accepted, released (or
+ * called) before it returns, the capture intact.  The deferred route
+ * records an event there, which no capture forbids. */
+static void sync_calls_beside(const char *caps, cudaStream_t cap)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(64), *q = device_alloc(64), *r = device_alloc(64),
+         *h = host_alloc(64), *b = NULL;
+    CHECK(alloc_checked(&b, 1024, s) == cudaSuccess, "defer_alloc");
+    work_timed(s, 2000, p);
+    struct held_capture other = {cap, 0, 0, 0};
+    pthread_t t;
+    if (caps[0] == 'a') { /* another thread's */
+        if (pthread_create(&t, NULL, hold_capture, &other) != 0)
+            bail("pthread_create");
+        CHECK(wait_flag(&other.begun, 10000) && other.begun == 1,
+              "the other thread's capture began");
+    } else {
+        begin_capture(cap);
+    }
+    void *two[2] = {q, r};
+    cudaStream_t both[2] = {s, s2};
+    const char *const calls[] = {"defer_free", "defer_free_n",
+                                 "defer_free_streams", "defer_free_host",
+                                 "defer_free of a block", "defer_call"};
+    int called = __atomic_load_n(&noop_calls, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 6; i++) {
+        stderr_capture_begin();
+        cudaError_t err = i == 0   ? defer_free(p, s)
+                          : i == 1 ? defer_free_n(two, 1, s)
+                          : i == 2 ? defer_free_streams(r, both, 2)
+                          : i == 3 ? defer_free_host(h, s)
+                          : i == 4 ? defer_free(b, s)
+                                   : defer_call(noop, NULL, s);
+        const char *said = stderr_capture_end();
+        bool done = i == 0   ? fake_is_released(p) == 1
+                    : i == 1 ? fake_is_released(q) == 1
+                    : i == 2 ? fake_is_released(r) == 1
+                    : i == 3 ? fake_is_released(h) == 1
+                    : i == 4 ? true
+                             : __atomic_load_n(&noop_calls,
+                                               __ATOMIC_SEQ_CST) == called + 1;
+        CHECK(err == cudaSuccess && done && *said == '\0',
+              "%s beside %s: accepted, done at once (%s, %s)", calls[i], caps,
+              cudaGetErrorName(err), said);
+        CHECK(caps[0] == 'a' || capture_intact(cap),
+              "%s left %s intact", calls[i], caps);
+    }
+    if (caps[0] == 'a') {
+        __atomic_store_n(&other.release, 1, __ATOMIC_SEQ_CST);
+        pthread_join(t, NULL);
+        CHECK(other.intact, "the other thread's capture was left intact");
+    } else {
+        cudaGraphDestroy(end_capture(cap));
+    }
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+}
+
+/* CUDEFER_DISABLE: a synchronous release on streams that do not capture,
+ * while this thread or another captures another stream, leaves that
+ * capture intact. */
+static void s_disable_beside_capture(void)
+{
+    cudaStream_t cap = stream_new();
+    sync_calls_beside("this thread's capture", cap);
+    sync_calls_beside("another thread's global capture", cap);
+    CHECK(stats_now().sync_releases >= 12, "%llu synchronous releases",
+          ULL(stats_now().sync_releases));
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+    cudaStreamDestroy(cap);
+}
+
 /* defer_shutdown while a graph holds entries: shutdown does not wait for the
  * graph; when it dies, its entries are reported and counted as failed. */
 static void s_shutdown_first(void)
@@ -780,6 +878,9 @@ int main(void)
     fork_scenario("what a capture refuses or takes, in the same words, the "
                   "capture intact", "CUDEFER_DISABLE=1", 1, 30000,
                   s_capture_alike);
+    fork_scenario("CUDEFER_DISABLE: a release on other streams leaves a "
+                  "capture intact", "CUDEFER_DISABLE=1", 1, 30000,
+                  s_disable_beside_capture);
     fork_scenario("shutdown before the graph dies: no crash, reported, "
                   "counted as failed", "", 1, 30000, s_shutdown_first);
     test_fake_model();
