@@ -58,10 +58,12 @@
  * (cudefer.h's limit).  The reclaimer keeps its own current device
  * (reclaimer_state.h) and never switches back (cuda_set_device).
  *
- * Capture modes.  A query on a launching thread runs in the relaxed mode
- * (cuda_event_query_relaxed): in the thread's own mode (global by default)
- * it is refused while any thread captures in the global mode, and
- * invalidates that capture.  The reclaimer runs relaxed throughout.
+ * Capture modes.  A query or a wait on a launching thread runs in the
+ * relaxed mode (cuda_event_query_relaxed, cuda_stream_synchronize_relaxed):
+ * in the thread's own mode (global by default) it is refused while the
+ * thread captures another stream or any thread captures in the global
+ * mode, and invalidates that capture.  The reclaimer runs relaxed
+ * throughout.
  */
 #ifndef CUDEFER_CUDA_H
 #define CUDEFER_CUDA_H
@@ -253,6 +255,19 @@ static inline cudaError_t cuda_stream_get_device(cudaStream_t stream,
 /* Any thread; blocks until the stream's work is done:
  * cudaStreamSynchronize. */
 cudaError_t cuda_stream_synchronize(cudaStream_t stream);
+
+/* Any thread, on a stream its caller checked not to capture; blocks until
+ * the stream's work is done: cudaStreamSynchronize in the relaxed capture
+ * mode (the thread's own put back after), as a wait in the thread's own
+ * mode is refused, and invalidates the capture, while the thread captures
+ * another stream or another thread captures in the global mode. */
+static inline cudaError_t cuda_stream_synchronize_relaxed(cudaStream_t stream)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cuda_stream_synchronize(stream);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
 
 /* Any thread; never blocks on the GPU: whether device has memory pools
  * (cudaDevAttrMemoryPoolsSupported), the condition of cudaFreeAsync and of

@@ -246,7 +246,10 @@ static void abandon_claims(const struct block_claim *claims, size_t n)
  * fails (said once), and the claims are abandoned as the reclaimer
  * abandons a failed device's entries (counted as failed; the device's
  * blocks are never handed out again).  Any other failed wait gives them
- * back to the batch. */
+ * back to the batch.  The wait is relaxed (cuda.h): stream, the legacy
+ * stream, passed the seal's capture check (legacy_check), and a capture
+ * this thread runs elsewhere, or another thread's global one, is left
+ * intact. */
 static cudaError_t complete_synchronously(const char *what, int device,
                                           cudaStream_t stream,
                                           const struct block_claim *claims,
@@ -260,7 +263,7 @@ static cudaError_t complete_synchronously(const char *what, int device,
      * runtime call's, where the driver's was not made) is no error of the
      * application's next cudaGetLastError to find. */
     cuda_forget_failure_left(err);
-    cudaError_t sync = cuda_stream_synchronize(stream);
+    cudaError_t sync = cuda_stream_synchronize_relaxed(stream);
     if (cuda_error_is_sticky(sync)) {
         lifecycle_fail_device(what, device, "cudaStreamSynchronize", sync);
         abandon_claims(claims, n);

@@ -50,22 +50,9 @@ static bool queue_synced_call(const struct request_args *a,
     return true;
 }
 
-/* Any thread: cudaStreamSynchronize of a stream checked not to capture
- * (the capture check of its request), in the relaxed capture mode (struct
- * cuda_capture_mode, cuda.h): in the thread's own mode the wait is refused,
- * and invalidates the capture, while this thread captures another stream
- * or another thread captures in the global mode; the deferred route, an
- * event recorded on the stream, leaves such a capture alone.  Blocks. */
-static cudaError_t synchronize_relaxed(cudaStream_t stream)
-{
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    cudaError_t err = cuda_stream_synchronize(stream);
-    cuda_capture_mode_put_back(mode);
-    return err;
-}
-
 /* Any thread, admitted: wait for each of users[0..n), each on its device
- * (sw: the caller's device, restored before the return).  Blocks.
+ * (sw: the caller's device, restored before the return), each checked not
+ * to capture by its request, so waited for relaxed (cuda.h).  Blocks.
  * cudaSuccess, or the refusal of a's call naming the call that failed. */
 static cudaError_t wait_for_users(const struct request_args *a,
                                   const struct block_user *users, size_t n,
@@ -75,7 +62,7 @@ static cudaError_t wait_for_users(const struct request_args *a,
     const char *failed = "cudaStreamSynchronize";
     for (size_t i = 0; i < n && err == cudaSuccess; i++)
         if ((err = cache_users_enter(&users[i], sw, &failed)) == cudaSuccess)
-            err = synchronize_relaxed(users[i].handle);
+            err = cuda_stream_synchronize_relaxed(users[i].handle);
     cuda_switch_back(sw, a->what);
     return err == cudaSuccess ? cudaSuccess
                               : submit_reject(a, failed, err);
@@ -102,7 +89,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
                                              &cached, &call);
     if (err != cudaSuccess)
         return submit_reject(a, call, err);
-    if ((err = synchronize_relaxed(stream)) != cudaSuccess)
+    if ((err = cuda_stream_synchronize_relaxed(stream)) != cudaSuccess)
         return submit_reject(a, "cudaStreamSynchronize", err);
     /* stream and the recorded ones, each once, are SUBMIT_MAX_STREAMS at
      * most, as a group of the other routes holds (submit_group_resolve):

@@ -7,8 +7,11 @@
  * sticky error there fails the device; while another thread's global
  * capture bars the legacy stream, frees wait in their batch unsealed, a
  * flush, trim or shutdown that cannot seal them says so in its result, and
- * a free that joins no batch is refused.  Seals that can be made:
- * t/free_batch_seals.c.  The oracle checks every hand-out and release. */
+ * a free that joins no batch is refused; a seal that waits for the
+ * legacy stream leaves a capture elsewhere intact.  Seals that can be
+ * made: t/free_batch_seals.c.  The oracle checks every hand-out and
+ * release. */
+#include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -464,6 +467,109 @@ static void scenario_runtime_record_fails(void)
           "a flush once unbarred seals them");
 }
 
+/* Whether stream captures (and its capture is not invalidated). */
+static bool capture_intact(cudaStream_t stream)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusActive;
+}
+
+/* A capture of another thread's, in the global mode, held open until
+ * release becomes 1; begun becomes 1 once it began, -1 if it could not;
+ * intact: whether it ended well. */
+struct held_capture {
+    cudaStream_t stream;
+    int begun, release, intact;
+};
+
+static void *hold_capture(void *arg)
+{
+    struct held_capture *c = arg;
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal) !=
+        cudaSuccess) {
+        __atomic_store_n(&c->begun, -1, __ATOMIC_SEQ_CST);
+        return NULL;
+    }
+    __atomic_store_n(&c->begun, 1, __ATOMIC_SEQ_CST);
+    wait_flag(&c->release, 30000);
+    cudaGraph_t graph = NULL;
+    c->intact = capture_intact(c->stream) &&
+                cudaStreamEndCapture(c->stream, &graph) == cudaSuccess;
+    cudaGraphDestroy(graph);
+    return NULL;
+}
+
+/* The seal of a free, then of a flush, whose event cannot be recorded,
+ * while cap captures (in this thread, or another thread's in the global
+ * mode; caps says which): each waits for the legacy stream instead, which
+ * does not capture, and releases its blocks at once, the capture left
+ * intact.  A wait in the thread's own mode is refused there, and
+ * invalidates that capture. */
+static void seal_fails_beside(const char *caps, cudaStream_t cap)
+{
+    bool other = caps[0] == 'a';
+    void *p[BATCH + 1];
+    batch_but_one(p);
+    struct held_capture held = {cap, 0, 0, 0};
+    pthread_t t;
+    if (other) {
+        if (pthread_create(&t, NULL, hold_capture, &held) != 0)
+            bail("pthread_create");
+        CHECK(wait_flag(&held.begun, 10000) && held.begun == 1,
+              "the other thread's capture began");
+    } else if (cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal) !=
+               cudaSuccess) {
+        bail("cudaStreamBeginCapture");
+    }
+    for (int round = 0; round < 2; round++) {
+        const char *call = round == 0 ? "defer_free" : "defer_flush";
+        uint64_t sync = stats_now().sync_releases;
+        if (round == 1)
+            CHECK(defer_free(p[BATCH], NULL) == cudaSuccess, "one more free");
+        fake_fail(FAKE_EVENT_RECORD, cudaErrorLaunchOutOfResources, 0, 1);
+        stderr_capture_begin();
+        cudaError_t err =
+            round == 0 ? defer_free(p[BATCH - 1], NULL) : defer_flush();
+        const char *said = stderr_capture_end();
+        fake_fail_clear();
+        uint64_t synced = stats_now().sync_releases - sync;
+        CHECK(err == cudaSuccess &&
+                  strstr(said, "cudaStreamSynchronize") == NULL,
+              "%s whose seal waits beside %s: accepted, the wait made (%s; "
+              "stderr: \"%s\")", call, caps, cudaGetErrorName(err), said);
+        CHECK(synced == (round == 0 ? BATCH : 1),
+              "%s beside %s: its blocks released at once (%llu of %d)", call,
+              caps, ULL(synced), round == 0 ? BATCH : 1);
+        CHECK(free_batch_waiting() == 0, "%s beside %s: nothing waits (%zu)",
+              call, caps, free_batch_waiting());
+        CHECK(capture_intact(cap), "%s left %s intact", call, caps);
+    }
+    if (other) {
+        __atomic_store_n(&held.release, 1, __ATOMIC_SEQ_CST);
+        pthread_join(t, NULL);
+        CHECK(held.intact, "the other thread's capture ended well");
+    } else {
+        cudaGraph_t graph = NULL;
+        CHECK(cudaStreamEndCapture(cap, &graph) == cudaSuccess,
+              "this thread's capture ended well");
+        cudaGraphDestroy(graph);
+    }
+}
+
+static void scenario_seal_fails_beside_capture(void)
+{
+    free_batch_set_age_ns(UINT64_MAX);
+    cudaStream_t cap = stream_new();
+    seal_fails_beside("this thread's capture", cap);
+    seal_fails_beside("another thread's global capture", cap);
+    struct defer_stats st = stats_now();
+    CHECK(st.pending == 0 && st.failed == 0,
+          "every free released (pending %llu, failed %llu)", ULL(st.pending),
+          ULL(st.failed));
+    cudaStreamDestroy(cap);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -482,6 +588,9 @@ int main(void)
     fork_scenario("a seal whose record fails through the runtime leaves no "
                   "error", "CUDEFER_FREE_BATCH=4 CUDEFER_DRIVER_CALLS=0", 1,
                   10000, scenario_runtime_record_fails);
+    fork_scenario("a seal that waits for the legacy stream leaves a capture "
+                  "elsewhere intact", "CUDEFER_FREE_BATCH=4", 1, 10000,
+                  scenario_seal_fails_beside_capture);
     cudaStream_t s2 = stream_new();
     test_record_fails(s2);
     test_barred_legacy(s2);
