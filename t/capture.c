@@ -155,6 +155,52 @@ static void test_fake_model(void)
     cudaStreamDestroy(s);
 }
 
+/* The fake's legacy stream while a blocking stream of its device captures
+ * (CUDA documents it for cudaStreamIsCapturing and cudaStreamGetCaptureInfo):
+ * its capture status is cudaErrorStreamCaptureImplicit, the capture left
+ * intact; a non-blocking stream's capture, or one on another device, leaves
+ * it alone. */
+static void test_fake_legacy_implicit(void)
+{
+    cudaStream_t blocking, nonblocking = stream_new();
+    if (cudaStreamCreate(&blocking) != cudaSuccess)
+        bail("cudaStreamCreate");
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+    begin_capture(nonblocking);
+    ok(cudaStreamIsCapturing(NULL, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusNone,
+       "fake: a non-blocking stream's capture leaves the legacy stream none");
+    cudaGraphDestroy(end_capture(nonblocking));
+    begin_capture(blocking);
+    is_int(cudaStreamIsCapturing(NULL, &st), cudaErrorStreamCaptureImplicit,
+           "fake: a blocking stream's capture: the legacy stream's status is "
+           "cudaErrorStreamCaptureImplicit");
+    is_int(cudaStreamIsCapturing(cudaStreamLegacy, &st),
+           cudaErrorStreamCaptureImplicit, "fake: ... named cudaStreamLegacy");
+    is_int(cudaStreamGetCaptureInfo(NULL, &st, NULL, NULL, NULL, NULL, NULL),
+           cudaErrorStreamCaptureImplicit, "fake: ... its capture info too");
+    cudaGetLastError();
+    cudaSetDevice(1);
+    ok(cudaStreamIsCapturing(NULL, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusNone,
+       "fake: ... another device's legacy stream: none");
+    cudaSetDevice(0);
+    ok(cudaStreamIsCapturing(blocking, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusActive,
+       "fake: ... the capture left intact");
+    cudaGraphDestroy(end_capture(blocking));
+    ok(cudaStreamIsCapturing(NULL, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusNone,
+       "fake: none once it ended");
+    begin_capture(cudaStreamPerThread);
+    is_int(cudaStreamIsCapturing(NULL, &st), cudaErrorStreamCaptureImplicit,
+           "fake: a per-thread default stream's capture is a blocking one");
+    cudaGetLastError();
+    cudaGraphDestroy(end_capture(cudaStreamPerThread));
+    cudaStreamDestroy(blocking);
+    cudaStreamDestroy(nonblocking);
+}
+
 /* ---- defer calls on a capturing stream ------------------------------------ */
 
 /* The issue's case: released only after the graph, the executable graph
@@ -884,6 +930,7 @@ int main(void)
     fork_scenario("shutdown before the graph dies: no crash, reported, "
                   "counted as failed", "", 1, 30000, s_shutdown_first);
     test_fake_model();
+    test_fake_legacy_implicit();
     test_free_waits_for_graph();
     test_call_waits_for_graph();
     test_graph_orders();

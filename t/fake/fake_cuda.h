@@ -73,10 +73,16 @@
  *   cudaStreamEndCapture of an invalidated capture destroys its graph and
  *   returns cudaErrorStreamCaptureInvalidated.  fake_capture_join makes
  *   another stream join a capture (what an event recorded on the capturing
- *   stream and waited for on the other one does in CUDA).  Not modeled
- *   (the call returns an error): cudaStreamWaitEvent, cudaMallocAsync,
- *   cudaFreeAsync and cudaGraphLaunch on a capturing stream; the legacy
- *   stream's implicit dependency on capturing blocking streams.
+ *   stream and waited for on the other one does in CUDA).  While a
+ *   blocking stream captures (one created without cudaStreamNonBlocking,
+ *   or a per-thread default stream), in any thread and mode,
+ *   cudaStreamIsCapturing and cudaStreamGetCaptureInfo on its device's
+ *   legacy stream return cudaErrorStreamCaptureImplicit, the capture left
+ *   intact, as CUDA documents; other uses of the legacy stream then are
+ *   not refused (CUDA's implicit dependency on the capture is not
+ *   modeled).  Not modeled (the call returns an error):
+ *   cudaStreamWaitEvent, cudaMallocAsync, cudaFreeAsync and
+ *   cudaGraphLaunch on a capturing stream.
  *
  *   What may be called during a capture, as measured on an H200 with CUDA
  *   13.0 (each refusal returns cudaErrorStreamCaptureUnsupported and

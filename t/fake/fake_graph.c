@@ -72,6 +72,22 @@ cudaError_t fake_capture_unsafe_call(void)
     return refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
 }
 
+int fake_capture_implicit(const struct fstream *s)
+{
+    size_t i;
+
+    if (s->kind != S_LEGACY)
+        return 0;
+    for (i = 0; i < fake.nstreams; i++) {
+        const struct fstream *o = fake.streams[i];
+
+        if (o->dev == s->dev && o->kind != S_LEGACY && !o->nonblocking &&
+            !o->destroyed && o->capture != NULL)
+            return 1;
+    }
+    return 0;
+}
+
 /* The capture status of s.  Lock held. */
 enum cudaStreamCaptureStatus fake_capture_status(const struct fstream *s)
 {
@@ -407,6 +423,8 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
         return fake_leave(cudaErrorInvalidValue);
     if ((s = fake_stream_resolve(stream)) == NULL)
         return fake_leave(cudaErrorInvalidResourceHandle);
+    if (fake_capture_implicit(s))
+        return fake_leave(cudaErrorStreamCaptureImplicit);
     *captureStatus_out = fake_capture_status(s);
     if (*captureStatus_out != cudaStreamCaptureStatusActive)
         return fake_leave(cudaSuccess);

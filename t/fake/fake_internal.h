@@ -79,6 +79,7 @@ struct fstream {
     unsigned long long reported_id; /* cudaStreamGetId's (fake_set_stream_id) */
     int dev;
     enum stream_kind kind;
+    int nonblocking;              /* created with cudaStreamNonBlocking */
     int destroyed;
     struct fstream *reused_by;    /* destroyed: the stream its handle now
                                      names (fake_stream_create_reusing) */
@@ -401,6 +402,12 @@ cudaError_t fake_capture_unsafe_call(void);
 
 /* The capture status of s: None, Active or Invalidated.  Lock held. */
 enum cudaStreamCaptureStatus fake_capture_status(const struct fstream *s);
+
+/* Whether s is a legacy stream while a blocking stream of its device (one
+ * not created with cudaStreamNonBlocking, or a per-thread default stream)
+ * captures, in any thread and mode: its capture status is then
+ * cudaErrorStreamCaptureImplicit.  Lock held. */
+int fake_capture_implicit(const struct fstream *s);
 
 /* References to user objects may have dropped: make sure the destructor
  * thread runs, and wake it.  Lock held. */

@@ -96,6 +96,7 @@ cudaStream_t fake_stream_create_reusing(cudaStream_t destroyed)
         fake_die("fake_stream_create_reusing: not a destroyed user stream "
                  "whose handle is free");
     s = fake_stream_new(fake_thread.dev, S_USER);
+    s->nonblocking = old->nonblocking;
     old->reused_by = s;
     fake_unlock();
     return destroyed;
@@ -321,17 +322,21 @@ size_t fake_live_events(void)
 
 /* ---- cudart: streams -------------------------------------------------- */
 
-/* Create a stream on the current device (flags and priority ignored). */
+/* Create a stream on the current device (priority ignored; flags:
+ * cudaStreamNonBlocking or not, for the legacy stream's capture status). */
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream,
                                          unsigned int flags, int priority)
 {
-    (void)flags;
+    struct fstream *s;
+
     (void)priority;
     ENTER(FAKE_STREAM_CREATE);
     if (pStream == NULL)
         return fake_leave(cudaErrorInvalidValue);
     fake_touch(fake_thread.dev);
-    *pStream = stream_handle(fake_stream_new(fake_thread.dev, S_USER));
+    s = fake_stream_new(fake_thread.dev, S_USER);
+    s->nonblocking = (flags & cudaStreamNonBlocking) != 0;
+    *pStream = stream_handle(s);
     return fake_leave(cudaSuccess);
 }
 
@@ -442,6 +447,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
         return fake_leave(cudaErrorInvalidValue);
     if ((s = fake_stream_resolve(stream)) == NULL)
         return fake_leave(cudaErrorInvalidResourceHandle);
+    if (fake_capture_implicit(s))
+        return fake_leave(cudaErrorStreamCaptureImplicit);
     *pCaptureStatus = fake_capture_status(s);
     return fake_leave(cudaSuccess);
 }
