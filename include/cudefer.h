@@ -381,8 +381,9 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
  * policy; blocks of defer_alloc's are back in the cache.  Errors: a device's
  * sticky error; cudaErrorStreamCaptureImplicit (or the failed call's error)
  * when a free batch could not get its event on the legacy stream because
- * another thread captures a blocking stream globally (said; the batch waits
- * on).  A release that failed for its pointer alone is no flush error.
+ * a blocking stream of its device captures, in any thread or mode (said;
+ * the batch waits on).  A release that failed for its pointer alone is no
+ * flush error.
  * Limit: a thread with no device chosen that seals another device's free
  * batch is left with device 0 current. */
 CUDEFER_API cudaError_t defer_flush(void);

@@ -114,7 +114,8 @@ void free_batch_seal(const char *what, int device, cudaStream_t stream,
  * neither record nor synchronize: said).  Blocks as free_batch_seal does,
  * and for those seals' CUDA calls.  Returns cudaSuccess, or the error that
  * left a batch it found waiting (said): cudaErrorStreamCaptureImplicit while
- * another thread captures a blocking stream in the global mode, or the error
+ * a blocking stream of the batch's device captures (any thread, any mode:
+ * the legacy stream is then unusable), or the error
  * of switching to the batch's device or of the wait that replaces a failed
  * record (a sticky error of that wait fails the device: the frees it could
  * not wait for are then abandoned, counted as failed, as the reclaimer
