@@ -13,9 +13,10 @@
  * - Any thread may call any function, concurrently.  A defer_call callback
  *   may call all but defer_flush, defer_trim and defer_shutdown (they would
  *   wait for the callback itself: cudaErrorNotPermitted).
- * - The first call that defers, allocates or records starts the reclaimer;
- *   it fails with cudaGetDeviceCount's error, cudaErrorMemoryAllocation (no
- *   host memory) or cudaErrorOperatingSystem; the next call tries again.
+ * - The first call that defers, allocates or records (or defer_peer_access)
+ *   starts the reclaimer; it fails with cudaGetDeviceCount's error,
+ *   cudaErrorMemoryAllocation (no host memory) or cudaErrorOperatingSystem;
+ *   the next call tries again.
  * - A defer call that returns cudaSuccess owns the pointer from then on;
  *   one that fails leaves it with the caller and queues nothing.
  * - After defer_shutdown, and in the child of a fork() made once cudefer
@@ -431,7 +432,7 @@ CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
  * defaults), with the CUDEFER_* environment on top, when the reclaimer
  * starts.  Errors, each reported, nothing changed: cudaErrorNotPermitted
  * once the reclaimer started (the first call that defers, allocates or
- * records) or after defer_shutdown; cudaErrorInvalidValue for a
+ * records, or defer_peer_access) or after defer_shutdown; cudaErrorInvalidValue for a
  * value out of range, a NULL cfg or a size below 0.1.0's struct.  A bad
  * CUDEFER_* value is reported and ignored.  Never blocks on the GPU. */
 CUDEFER_API cudaError_t defer_configure_sized(const struct defer_config *cfg,

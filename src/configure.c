@@ -64,7 +64,7 @@ void configure_refuse_from_now(void)
 }
 
 /* Public, any thread, before the first call that defers, allocates or
- * records; never blocks on the GPU.
+ * records, or defer_peer_access; never blocks on the GPU.
  * *cfg is size bytes (the knobs that do not fit take their defaults).
  * Returns cudaSuccess, or the first that applies: cudaErrorInvalidValue for
  * NULL or a size below 0.1.0's fields, cudaErrorNotPermitted once started or
@@ -99,7 +99,8 @@ cudaError_t defer_configure_sized(const struct defer_config *cfg, size_t size)
         stats_add(&stats.rejected, 1);
     if (started) {
         report("defer_configure called after cudefer started (at the first "
-               "call that defers, allocates or records): ignored");
+               "call that defers, allocates or records, or defer_peer_access): "
+               "ignored");
         return cudaErrorNotPermitted;
     }
     if (shut_down) {

@@ -98,8 +98,8 @@ int main(void)
     is_int(err, cudaErrorNotPermitted,
            "defer_configure after the first defer call");
     is_str(msg, "cudefer: defer_configure called after cudefer started (at "
-                "the first call that defers, allocates or records): "
-                "ignored\n", "is reported");
+                "the first call that defers, allocates or records, or "
+                "defer_peer_access): ignored\n", "is reported");
     is_int((int)(rejected_now() - before), 1, "and counted in rejected");
 
     is_int(defer_shutdown(), cudaSuccess, "shutdown");

@@ -3,7 +3,9 @@
  * defer_shutdown that came before any defer call it is refused (nothing
  * will ever start to use it); after a defer_alloc alone it is refused in
  * words that name what started cudefer, while the calls that start nothing
- * (defer_flush, defer_trim, the counters) leave it taken; and a bad
+ * (defer_flush, defer_trim, the counters) leave it taken; defer_peer_access
+ * starts cudefer as an allocation does, and the refusal after it says so;
+ * and a bad
  * CUDEFER_* value keeps the value given to defer_configure, not the
  * built-in default.
  * Each scenario runs in a child process: the configuration is settled once
@@ -48,9 +50,30 @@ static void s_configure_after_alloc(void)
           cudaGetErrorName(err));
     CHECK(strcmp(msg, "cudefer: defer_configure called after cudefer "
                       "started (at the first call that defers, allocates "
-                      "or records): ignored\n") == 0,
+                      "or records, or defer_peer_access): ignored\n") == 0,
           "the refusal names what started cudefer; stderr: %s", msg);
     CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* defer_peer_access starts cudefer (it makes the device's memory pool):
+ * the refusal after it names it among the calls that start cudefer, in
+ * words that fit a program that never deferred, allocated or recorded. */
+static void s_configure_after_peer_access(void)
+{
+    cudaError_t err = defer_peer_access(0, 0);
+    CHECK(err == cudaSuccess, "defer_peer_access: %s", cudaGetErrorName(err));
+    struct defer_config cfg;
+    defer_config_defaults(&cfg);
+    stderr_capture_begin();
+    err = defer_configure(&cfg);
+    const char *msg = stderr_capture_end();
+    CHECK(err == cudaErrorNotPermitted, "defer_configure after it: %s",
+          cudaGetErrorName(err));
+    CHECK(strcmp(msg, "cudefer: defer_configure called after cudefer "
+                      "started (at the first call that defers, allocates "
+                      "or records, or defer_peer_access): ignored\n") == 0,
+          "the refusal names what started cudefer; stderr: %s", msg);
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
@@ -126,6 +149,8 @@ int main(void)
              "defer call: refused", s_configure_after_early_shutdown);
     scenario("defer_configure after a defer_alloc alone: refused, naming "
              "what started cudefer", s_configure_after_alloc);
+    scenario("defer_configure after a defer_peer_access alone: refused, "
+             "naming what started cudefer", s_configure_after_peer_access);
     scenario("defer_configure after defer_flush, defer_trim and the "
              "counters: taken", s_configure_after_calls_that_start_nothing);
     scenario("a bad CUDEFER_* value keeps the defer_configure value",

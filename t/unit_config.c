@@ -656,8 +656,8 @@ static void test_start(void)
     is_int(err, cudaErrorNotPermitted,
            "defer_configure after start: NotPermitted");
     is_str(msg, "cudefer: defer_configure called after cudefer started (at "
-                "the first call that defers, allocates or records): "
-                "ignored\n",
+                "the first call that defers, allocates or records, or "
+                "defer_peer_access): ignored\n",
            "defer_configure after start says so");
     configure_at_start(&again);
     ok(same_config(&again, &want), "and changes nothing");
