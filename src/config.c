@@ -10,9 +10,11 @@
 #include "config.h"
 #include "config_parse.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 extern char **environ; /* POSIX: the process's environment */
 
@@ -462,20 +464,27 @@ static bool known_elsewhere(const char *name, size_t len)
     return len > 13 && memcmp(name, "CUDEFER_TEST_", 13) == 0;
 }
 
-/* Any thread.  Each CUDEFER_* variable of the environment that names no
- * knob (nor anything else of cudefer's: known_elsewhere) is a setting the
- * user believes applied and does not: said in one line, with the knob it
- * was likely meant to be (the nearest name, at most 3 edits away, or one
- * it begins). */
+/* Any thread.  Each CUDEFER_* variable of the environment (its name in
+ * any case) that names no knob (nor anything else of cudefer's:
+ * known_elsewhere) is a setting the user believes applied and does not:
+ * said in one line, with the knob it was likely meant to be (the nearest
+ * name, at most 3 edits away, or one it begins, in any case). */
 static void report_unknown_names(void)
 {
     for (char **e = environ; e != NULL && *e != NULL; e++) {
         const char *var = *e, *eq = strchr(var, '=');
-        if (eq == NULL || strncmp(var, "CUDEFER_", 8) != 0)
+        if (eq == NULL || strncasecmp(var, "CUDEFER_", 8) != 0)
             continue;
         size_t len = (size_t)(eq - var);
         if (known_elsewhere(var, len))
             continue;
+        /* The name in capitals, as the knobs are spelt, to find the knob
+         * meant (a longer one is near none). */
+        char upper[64];
+        size_t n = len < sizeof upper ? len : sizeof upper - 1;
+        for (size_t i = 0; i < n; i++)
+            upper[i] = (char)toupper((unsigned char)var[i]);
+        upper[n] = '\0';
         bool knob = false;
         const struct knob *near = NULL;
         size_t near_d = 4;
@@ -485,8 +494,8 @@ static void report_unknown_names(void)
                 knob = true;
                 break;
             }
-            size_t d = config_parse_distance(var, len, name);
-            if (strncmp(name, var, len) == 0 && name[len] == '_')
+            size_t d = config_parse_distance(upper, len, name);
+            if (len == n && strncmp(name, upper, len) == 0 && name[len] == '_')
                 d = 0; /* CUDEFER_POLL for CUDEFER_POLL_US */
             if (d < near_d) {
                 near_d = d;

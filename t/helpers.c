@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -250,7 +251,7 @@ void set_cudefer_env(const char *env)
     for (bool again = true; again;) {
         again = false;
         for (char **e = environ; e != NULL && *e != NULL; e++) {
-            if (strncmp(*e, "CUDEFER_", 8) != 0)
+            if (strncasecmp(*e, "CUDEFER_", 8) != 0)
                 continue;
             char name[256];
             size_t len = strcspn(*e, "=");

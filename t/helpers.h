@@ -103,7 +103,7 @@ _Noreturn void child_end(int failures);
  * scenario child only, once its scenario is over. */
 _Noreturn void scenario_child_end(void);
 
-/* Unset every CUDEFER_* variable, then set those of env
+/* Unset every CUDEFER_* variable (in any case), then set those of env
  * ("CUDEFER_X=1 CUDEFER_Y=2"; NULL or "" sets none); bails on a word with
  * no '='.  Only where cudefer has not read its configuration yet: in a
  * scenario child before its first cudefer call, between fork and exec, or

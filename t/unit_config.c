@@ -411,7 +411,8 @@ static void test_unknown_names(void)
     set_cudefer_env("CUDEFER_POLL=5 CUDEFER_MAX_PENDNG=1G CUDEFER_FROBNICATE=1 "
                     "CUDEFER_LIB=/opt/libcudefer.so CUDEFER_CXX=g++ "
                     "CUDEFER_TRACE_FILE=/tmp/t CUDEFER_TEST_SCALE=2 "
-                    "CUDEFER_STATS=1");
+                    "CUDEFER_STATS=1 CUDEFER_poll_us=5 "
+                    "cudefer_max_pending=1G");
     config_defaults(&cfg);
     stderr_capture_begin();
     int invalid = config_load_env(&cfg);
@@ -430,7 +431,13 @@ static void test_unknown_names(void)
     int lines = 0;
     for (const char *c = err; *c != '\0'; c++)
         lines += *c == '\n';
-    is_int(lines, 3, "one line each, nothing said of CUDEFER_LIB, _CXX, "
+    ok(strstr(err, "cudefer: CUDEFER_poll_us is not a cudefer setting: "
+                   "ignored (did you mean CUDEFER_POLL_US?)\n") != NULL,
+       "a knob's name in the wrong case: said, with the knob");
+    ok(strstr(err, "cudefer: cudefer_max_pending is not a cudefer setting: "
+                   "ignored (did you mean CUDEFER_MAX_PENDING?)\n") != NULL,
+       "a knob's name in lower case: said, with the knob");
+    is_int(lines, 5, "one line each, nothing said of CUDEFER_LIB, _CXX, "
            "_TRACE_FILE, _TEST_* or a knob");
     def.print_stats = 1;
     ok(same_config(&cfg, &def), "the knobs set are applied, nothing else");
