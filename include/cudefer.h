@@ -432,9 +432,11 @@ CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
  * defaults), with the CUDEFER_* environment on top, when the reclaimer
  * starts.  Errors, each reported, nothing changed: cudaErrorNotPermitted
  * once the reclaimer started (the first call that defers, allocates or
- * records, or defer_peer_access) or after defer_shutdown; cudaErrorInvalidValue for a
- * value out of range, a NULL cfg or a size below 0.1.0's struct.  A bad
- * CUDEFER_* value is reported and ignored.  Never blocks on the GPU. */
+ * records, or defer_peer_access) or after defer_shutdown;
+ * cudaErrorInvalidValue for a value out of range, a poll_max_us below
+ * poll_us, a NULL cfg or a size below 0.1.0's struct.  A bad CUDEFER_*
+ * value is reported and ignored (a CUDEFER_POLL_MAX_US below poll_us is
+ * raised to it, said).  Never blocks on the GPU. */
 CUDEFER_API cudaError_t defer_configure_sized(const struct defer_config *cfg,
                                               size_t size);
 /* defer_configure(cfg): defer_configure_sized with this header's struct. */
