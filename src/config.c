@@ -381,16 +381,35 @@ void config_print(const struct defer_config *cfg, FILE *out)
 
 /* ---- the environment, checks -------------------------------------------- */
 
-/* poll_max_us below poll_us: reported and raised. */
-static void raise_poll_max(struct defer_config *cfg)
+/* Knob k's value v as a poll message names it, by where it came from:
+ * "CUDEFER_POLL_US (2ms)" from the environment, "CUDEFER_POLL_MAX_US (the
+ * default 1ms)", "poll_max_us (200us, given to defer_configure)". */
+static void poll_named(const struct knob *k, uint64_t v, bool from_env,
+                       char *buf, size_t len)
+{
+    char d[48];
+    format_duration(v, 1, d, sizeof d);
+    if (from_env)
+        snprintf(buf, len, "%s (%s)", k->name, d);
+    else if (v == k->def)
+        snprintf(buf, len, "%s (the default %s)", k->name, d);
+    else
+        snprintf(buf, len, "%s (%s, given to defer_configure)", k->field, d);
+}
+
+/* poll_max_us below poll_us: reported and raised.  poll and poll_max are
+ * their knobs; each from_env when its variable set it. */
+static void raise_poll_max(struct defer_config *cfg, const struct knob *poll,
+                           bool poll_env, const struct knob *poll_max,
+                           bool poll_max_env)
 {
     if (cfg->poll_max_us >= cfg->poll_us)
         return;
-    char lo[48], hi[48];
-    format_duration(cfg->poll_max_us, 1, lo, sizeof lo);
-    format_duration(cfg->poll_us, 1, hi, sizeof hi);
-    report("CUDEFER_POLL_MAX_US (%s) is below CUDEFER_POLL_US (%s): using %s",
-           lo, hi, hi);
+    char lo[96], hi[96], value[48];
+    poll_named(poll_max, cfg->poll_max_us, poll_max_env, lo, sizeof lo);
+    poll_named(poll, cfg->poll_us, poll_env, hi, sizeof hi);
+    format_duration(cfg->poll_us, 1, value, sizeof value);
+    report("%s is below %s: using %s", lo, hi, value);
     cfg->poll_max_us = cfg->poll_us;
 }
 
@@ -526,6 +545,7 @@ static void report_unknown_names(void)
 int config_load_env(struct defer_config *cfg)
 {
     int invalid = 0;
+    bool from_env[NKNOBS] = {false};
     for (size_t i = 0; i < NKNOBS; i++) {
         const struct knob *k = &knobs[i];
         const char *text = getenv(k->name);
@@ -548,12 +568,20 @@ int config_load_env(struct defer_config *cfg)
         free(buf);
         if (r == CONFIG_PARSE_OK) {
             field_set(cfg, k, value);
+            from_env[i] = true;
         } else {
             report_refused(k, text, r, field_get(cfg, k));
             invalid++;
         }
     }
-    raise_poll_max(cfg);
+    size_t p = 0, m = 0;
+    for (size_t i = 0; i < NKNOBS; i++) {
+        if (knobs[i].offset == offsetof(struct defer_config, poll_us))
+            p = i;
+        if (knobs[i].offset == offsetof(struct defer_config, poll_max_us))
+            m = i;
+    }
+    raise_poll_max(cfg, &knobs[p], from_env[p], &knobs[m], from_env[m]);
     report_unknown_names();
     return invalid;
 }

@@ -393,11 +393,28 @@ static void test_poll_max_fixup(void)
     err = stderr_capture_end();
     set_cudefer_env("");
     is_str(err,
-           "cudefer: CUDEFER_POLL_MAX_US (1ms) is below CUDEFER_POLL_US "
-           "(2ms): using 2ms\n",
-           "poll above the default poll_max is reported");
+           "cudefer: CUDEFER_POLL_MAX_US (the default 1ms) is below "
+           "CUDEFER_POLL_US (2ms): using 2ms\n",
+           "poll above the default poll_max is reported, as the default");
     ok(cfg.poll_us == 2000 && cfg.poll_max_us == 2000,
        "the default poll_max raised to poll");
+
+    /* A poll_max_us of defer_configure's is named as the field given, not
+     * as a variable the user did not set. */
+    config_defaults(&cfg);
+    cfg.poll_us = 100;
+    cfg.poll_max_us = 200;
+    setenv("CUDEFER_POLL_US", "300", 1);
+    stderr_capture_begin();
+    config_load_env(&cfg);
+    err = stderr_capture_end();
+    set_cudefer_env("");
+    is_str(err,
+           "cudefer: poll_max_us (200us, given to defer_configure) is below "
+           "CUDEFER_POLL_US (300us): using 300us\n",
+           "poll above defer_configure's poll_max is reported, as that field");
+    ok(cfg.poll_us == 300 && cfg.poll_max_us == 300,
+       "defer_configure's poll_max raised to poll");
 }
 
 /* A CUDEFER_* variable that names no setting: said in one line each, with
