@@ -142,6 +142,9 @@ struct deleter {
         if (err != cudaSuccess && detail::release_now_after(err))
             detail::free_device_now(raw, stream);
     }
+
+    /* std::shared_ptr<T>(nullptr, d) calls d(nullptr): nothing to free. */
+    void operator()(std::nullptr_t) const noexcept {}
 };
 
 /* host_deleter: defer_free_host(p, stream) — pinned host memory; otherwise
@@ -161,6 +164,8 @@ struct host_deleter {
         if (err != cudaSuccess && detail::release_now_after(err))
             detail::free_host_now(raw, stream);
     }
+
+    void operator()(std::nullptr_t) const noexcept {}
 };
 
 /* Owners of n objects of T in device memory and in pinned host memory. */

@@ -184,6 +184,15 @@ static void test_shared_ptr(cudaStream_t s)
     is_int(stats_now().deferred - before, 1,
            "shared_ptr: dropped last on another thread, deferred there");
     check_deferred(raw2, w2, "shared_ptr dropped on another thread");
+
+    /* shared_ptr(nullptr, d) calls d with a std::nullptr_t: nothing to do. */
+    before = stats_now().deferred;
+    {
+        std::shared_ptr<float> none(nullptr, cudefer::deleter{s});
+        std::shared_ptr<char> hnone(nullptr, cudefer::host_deleter{s});
+    }
+    is_int(stats_now().deferred - before, 0,
+           "shared_ptr(nullptr, deleter): nothing deferred");
 }
 
 static void test_host(cudaStream_t s)
