@@ -35,6 +35,11 @@
  * cudaErrorStreamCaptureUnsupported (a capture cudefer cannot defer into,
  * which waiting would break: the memory stays allocated).  Every refusal is
  * explained on stderr by cudefer.
+ *
+ * Not for blocks of defer_alloc: where cudefer refuses one for another
+ * cause (after defer_shutdown, on a destroyed stream), the fallback's
+ * cudaFree releases memory of cudefer's cache, the blocks cut from the same
+ * allocation with it, while others own them.  Free blocks with defer_free.
  */
 #ifndef CUDEFER_HPP
 #define CUDEFER_HPP
