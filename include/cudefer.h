@@ -498,7 +498,7 @@ CUDEFER_API const char *defer_version(void);
     !defined(CUDEFER_NO_STREAM_MACROS)
 static inline cudaStream_t cudefer_per_thread_(cudaStream_t stream)
 {
-    return stream == 0 ? cudaStreamPerThread : stream;
+    return !stream ? cudaStreamPerThread : stream;
 }
 #define defer_free(ptr, stream) defer_free((ptr), cudefer_per_thread_(stream))
 #define defer_free_host(ptr, stream) \

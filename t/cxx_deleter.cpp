@@ -360,6 +360,28 @@ static void test_fallback(cudaStream_t s)
            "after defer_shutdown: device memory freed at once");
 }
 
+/* t/cxx_per_thread.cpp's defer_free(p, 0), built per-thread. */
+cudaError_t cxx_per_thread_free(void *p);
+
+/* A pointer freed with stream 0 by a per-thread translation unit is
+ * deferred on the thread's per-thread stream: held behind work there,
+ * released once it is done. */
+static void test_per_thread_unit()
+{
+    void *p = nullptr;
+    if (cudaMalloc(&p, 4096) != cudaSuccess)
+        bail("cudaMalloc");
+    fake_work *w = fake_launch_held(cudaStreamPerThread, &p, 1);
+    is_int(cxx_per_thread_free(p), cudaSuccess,
+           "a per-thread unit's defer_free(p, 0)");
+    std::size_t released = 0;
+    is_int(defer_trim(&released), cudaSuccess, "trim");
+    ok(fake_is_released(p) == 0, "... held behind its per-thread stream");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1, "... released once that work is done");
+}
+
 int main()
 {
     plan_lazy();
@@ -383,7 +405,8 @@ int main()
     test_make_unique(s1);
     test_bad_alloc();
     test_trim_retry(s2);
-    test_fallback(s1);
+    test_per_thread_unit();
+    test_fallback(s1); /* last: it shuts cudefer down */
 
     struct defer_stats st = stats_now();
     is_int((long long)st.failed, 0, "nothing failed");
