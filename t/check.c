@@ -19,6 +19,16 @@ static void set_flag(void *flag)
     __atomic_store_n((int *)flag, 1, __ATOMIC_SEQ_CST);
 }
 
+/* A callback that keeps the reclaimer until *go is set (10 s at most):
+ * entries pushed meanwhile wait in its queue. */
+static int held_ran, held_go;
+static void hold_reclaimer(void *arg)
+{
+    (void)arg;
+    set_flag(&held_ran);
+    wait_flag(&held_go, 10000);
+}
+
 /* p pending on device 0; deferred again on device 1, which fails (the
  * reclaimer cannot make it current for a callback pushed just before)
  * before the reclaimer takes that free in; then deferred again on device
@@ -32,11 +42,13 @@ static void scenario_failed_device_keeps_others(void)
     void *p = device_alloc(256);
     fake_work *w = work_held(s0, p);
     CHECK(defer_free(p, s0) == cudaSuccess, "defer_free(p) on device 0");
-    /* Once a callback pushed after it ran, the reclaimer took p's free in
-     * and works on device 0: only device 1's switch can fail below. */
-    static int ran;
-    CHECK(defer_call(set_flag, &ran, stream_new()) == cudaSuccess &&
-              wait_flag(&ran, 5000),
+    /* Once a callback pushed after it runs, the reclaimer took p's free in
+     * and works on device 0: only device 1's switch can fail below.  The
+     * callback keeps it there until both frees on device 1 are accepted:
+     * a reclaimer that failed device 1 at the first would refuse the
+     * second at the call. */
+    CHECK(defer_call(hold_reclaimer, NULL, stream_new()) == cudaSuccess &&
+              wait_flag(&held_ran, 5000),
           "the reclaimer took p's free in");
     CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
     cudaStream_t s1 = stream_new();
@@ -46,6 +58,7 @@ static void scenario_failed_device_keeps_others(void)
     CHECK(defer_call(noop, NULL, s1) == cudaSuccess, "a callback on device 1");
     CHECK(defer_free(p, s1) == cudaSuccess,
           "p again on device 1 (accepted at the call)");
+    set_flag(&held_go);
     double deadline = now_ms() + 5000;
     while (stats_now().failed < failed + 2 && now_ms() < deadline)
         sleep_ms(1);
