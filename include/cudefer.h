@@ -44,6 +44,11 @@
  *   device), a call that makes a CUDA call leaves the context of the
  *   thread's runtime device (device 0 unless it set one) current, as the
  *   runtime's own calls do; cudaGetDevice answers as before.
+ * - A call that makes another device current for its work there (an event
+ *   for that device's stream, a free batch sealed, memory of its pool)
+ *   makes the caller's device current again after it, on every path.
+ *   Limit: a cudaSetDevice that fails on that way back is said, and leaves
+ *   the other device current.
  */
 #ifndef CUDEFER_H
 #define CUDEFER_H

@@ -95,6 +95,47 @@ static void way_back_fails(void)
     CHECK(defer_flush() == cudaSuccess, "flush");
 }
 
+/* A free on another device's stream whose event is made there
+ * (CUDEFER_EVENT_POOL=0): device 1 made current, then back, the way back
+ * failing: the free is accepted and released (synchronously, as for a
+ * failed switch there), the failure said, no error left, and device 1
+ * stays current (cudefer.h's limit). */
+static void free_way_back_fails(void)
+{
+    cudaSetDevice(1);
+    cudaStream_t s1 = stream_new();
+    cudaSetDevice(0);
+    void *first = device_alloc_on(1, 256), *p = device_alloc_on(1, 256);
+    CHECK(defer_free(first, s1) == cudaSuccess && defer_flush() == cudaSuccess,
+          "a first free, flushed (the library started)");
+    cudaSetDevice(1);
+    cudaStream_t s2 = stream_new(); /* no event of its own yet */
+    cudaSetDevice(0);
+    cudaGetLastError();
+    unsigned long sets = fake_calls(FAKE_SET_DEVICE);
+    stderr_capture_begin();
+    fake_fail(FAKE_SET_DEVICE, cudaErrorNotPermitted, 1, 1); /* the 2nd */
+    cudaError_t err = defer_free(p, s2);
+    fake_fail_clear();
+    const char *said = stderr_capture_end();
+    CHECK(err == cudaSuccess, "accepted (%d)", (int)err);
+    CHECK(fake_calls(FAKE_SET_DEVICE) - sets == 2,
+          "device 1 made current for the event, then back (%lu calls)",
+          fake_calls(FAKE_SET_DEVICE) - sets);
+    CHECK(has_line(said, "cudaSetDevice", NULL, NULL),
+          "the failed way back is said (stderr: \"%s\")", said);
+    cudaError_t last = cudaGetLastError();
+    CHECK(last == cudaSuccess, "no error left as the last one (%d)",
+          (int)last);
+    int current = -1;
+    cudaGetDevice(&current);
+    CHECK(current == 1, "device 1 stays current, as cudefer.h says (%d)",
+          current);
+    cudaSetDevice(0);
+    CHECK(defer_flush() == cudaSuccess && fake_is_released(p) == 1,
+          "released");
+}
+
 /* Each release refused by CUDA on the calling thread: said, failed, the
  * call accepted, and cudaGetLastError finds nothing. */
 static void sync_release_refused(void)
@@ -159,6 +200,8 @@ int main(void)
                   "CUDEFER_EVENT_POOL=0", 2, 30000, event_switch_fails);
     fork_scenario("a failed way back from a pluggable allocation's device",
                   "", 2, 30000, way_back_fails);
+    fork_scenario("a failed way back from a free's event on another device",
+                  "CUDEFER_EVENT_POOL=0", 2, 30000, free_way_back_fails);
     fork_scenario("a synchronous release refused by CUDA leaves no error",
                   "CUDEFER_DISABLE=1", 1, 30000, sync_release_refused);
     fork_scenario("an event creation that fails leaves no error",
