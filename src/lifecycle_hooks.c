@@ -78,28 +78,6 @@ static void give_up(const char *why, const char *fate)
         report("exit: %s %llu ms: %s", why, ms, fate);
 }
 
-/* Exit's drain ended and the reclaimer is joined: what is still pending
- * is never released, and counts in leaked_at_exit and failed, as give_up
- * counts what it leaves: the frees of the batches exit could not seal
- * (unsealed of them, said) and the entries of graphs still alive
- * (capture_stop left them to their destructors).  From here on nothing
- * counts (rs.abandoned, as after give_up), so that such a graph destroyed
- * later does not count its entries failed a second time. */
-static void leave_pending(size_t unsealed)
-{
-    atomic_store(&rs.abandoned, true);
-    while (atomic_load(&rs.counting) != 0)
-        sched_yield();
-    struct defer_stats s;
-    defer_stats_get(&s);
-    stats_add(&stats.leaked_at_exit, s.pending);
-    stats_add(&stats.failed, s.pending);
-    if (unsealed > 0)
-        report("exit: %zu entries still pending (blocks freed on the "
-               "legacy stream, whose batch could get no event): left "
-               "unreleased", unsealed);
-}
-
 /* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
  * does not is counted as leaked, never waited for without end.  The thread is
  * joined only when it finished, so a hung device cannot hang exit. */
@@ -145,7 +123,13 @@ void lifecycle_hooks_exit(void)
         size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
         if (closed && lifecycle_requests_wait(&q, deadline, false) &&
             lifecycle_stop_and_join(deadline)) {
-            leave_pending(unsealed);
+            if (unsealed > 0) {
+                stats_add(&stats.leaked_at_exit, unsealed);
+                stats_add(&stats.failed, unsealed);
+                report("exit: %zu entries still pending (blocks freed on the "
+                       "legacy stream, whose batch could get no event): left "
+                       "unreleased", unsealed);
+            }
         } else {
             if (!closed) /* a call not yet counted: nothing pending */
                 give_up("a defer call on another thread still under way "

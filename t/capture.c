@@ -7,7 +7,6 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -862,61 +861,6 @@ static void s_shutdown_first(void)
     cudaFree(p);
 }
 
-/* Process exit while a graph holds entries: the drain does not wait for
- * the graph, so its entries are still pending at exit and count in
- * leaked_at_exit and failed, once: the graph destroyed after exit counts
- * them in nothing more.  exit_graph_alive_checks runs after cudefer's exit
- * handler (registered before cudefer's first call). */
-static struct defer_stats exit_before;
-static cudaGraph_t exit_graph;
-
-static void exit_graph_alive_checks(void)
-{
-    struct defer_stats st = stats_now();
-    diag("  deferred %llu released %llu failed %llu pending %llu "
-         "leaked_at_exit %llu",
-         ULL(st.deferred), ULL(st.released), ULL(st.failed), ULL(st.pending),
-         ULL(st.leaked_at_exit));
-    CHECK(st.leaked_at_exit == 2 && st.pending == 0 &&
-              st.failed - exit_before.failed == 2 &&
-              st.released + st.failed == st.deferred,
-          "the graph's 2 entries left at exit: leaked_at_exit %llu (want "
-          "2), pending %llu, %llu more failed",
-          ULL(st.leaked_at_exit), ULL(st.pending),
-          ULL(st.failed - exit_before.failed));
-    cudaGraphDestroy(exit_graph);
-    bool died = wait_user_objects(0, 2000);
-    struct defer_stats after = stats_now();
-    CHECK(died, "the graph's user objects died");
-    CHECK(after.failed == st.failed && after.pending == 0 &&
-              after.leaked_at_exit == 2,
-          "the graph destroyed after exit counts nothing more: failed "
-          "%llu -> %llu, pending %llu", ULL(st.failed), ULL(after.failed),
-          ULL(after.pending));
-    CHECK(noop_calls == 0, "the callback did not run");
-    scenario_child_end();
-}
-
-static void s_exit_graph_alive(void)
-{
-    atexit(exit_graph_alive_checks); /* before cudefer's: runs after it */
-    cudaStream_t s = stream_new();
-    void *p = device_alloc(64);
-    void *q = device_alloc(64);
-    CHECK(defer_free(q, s) == cudaSuccess, "a plain free");
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    begin_capture(s);
-    captured_work(s, p);
-    CHECK(defer_free(p, s) == cudaSuccess, "defer_free refused");
-    CHECK(defer_call(noop, NULL, s) == cudaSuccess, "defer_call refused");
-    exit_graph = end_capture(s);
-    exit_before = stats_now();
-    CHECK(exit_before.pending == 2 && exit_before.leaked_at_exit == 0,
-          "the graph's entries pending before exit (%llu)",
-          ULL(exit_before.pending));
-    exit(0);
-}
-
 /* The reclaimer polls and frees while another thread captures in the global
  * mode: that must neither fail the reclaimer nor invalidate the capture. */
 static void test_global_capture_elsewhere(void)
@@ -985,9 +929,6 @@ int main(void)
                   s_disable_beside_capture);
     fork_scenario("shutdown before the graph dies: no crash, reported, "
                   "counted as failed", "", 1, 30000, s_shutdown_first);
-    fork_scenario("exit while a graph holds entries: leaked_at_exit and "
-                  "failed count them, once", "", 1, 30000,
-                  s_exit_graph_alive);
     test_fake_model();
     test_fake_legacy_implicit();
     test_free_waits_for_graph();
