@@ -82,7 +82,8 @@ enum defer_policy {
 struct defer_config {
     uint32_t poll_us;           /* first wait between polls */
     uint32_t poll_max_us;       /* longest wait while nothing completes */
-    uint32_t idle_us;           /* quiet time before an idle-time release */
+    uint32_t idle_us;           /* quiet time before an idle-time release
+                                   (0: once no deferred work is pending) */
     uint64_t max_pending_bytes; /* held bytes a device releases while busy */
     uint32_t max_delay_ms;      /* completed entries this old are released */
     enum defer_policy policy;
