@@ -582,14 +582,6 @@ static void s_disable(void)
     CHECK(wait_released(p, 10000), "not released after the graph");
 }
 
-/* Whether stream captures (and its capture is not invalidated). */
-static bool capture_intact(cudaStream_t stream)
-{
-    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing(stream, &st) == cudaSuccess &&
-           st == cudaStreamCaptureStatusActive;
-}
-
 /* Whether said is one line that begins "cudefer: <call>: <words>". */
 static bool said_alike(const char *said, const char *call, const char *words)
 {
@@ -727,30 +719,6 @@ static void s_capture_alike(void)
     cudaStreamDestroy(s);
     cudaStreamDestroy(side);
     cudaStreamDestroy(cap);
-}
-
-/* A capture of another thread's, in the global mode, held open until
- * *release becomes 1; *begun becomes 1 once it began, -1 if it could not. */
-struct held_capture {
-    cudaStream_t stream;
-    int begun, release, intact;
-};
-
-static void *hold_capture(void *arg)
-{
-    struct held_capture *c = arg;
-    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal) !=
-        cudaSuccess) {
-        __atomic_store_n(&c->begun, -1, __ATOMIC_SEQ_CST);
-        return NULL;
-    }
-    __atomic_store_n(&c->begun, 1, __ATOMIC_SEQ_CST);
-    wait_flag(&c->release, 30000);
-    cudaGraph_t graph = NULL;
-    c->intact = capture_intact(c->stream) &&
-                cudaStreamEndCapture(c->stream, &graph) == cudaSuccess;
-    cudaGraphDestroy(graph);
-    return NULL;
 }
 
 /* Each synchronous call, on streams that do not capture, while a capture

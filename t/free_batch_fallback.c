@@ -54,7 +54,6 @@ static void test_record_fails(cudaStream_t s2)
     defer_flush();
 }
 
-
 /* While the legacy stream is barred (another thread captures a blocking
  * stream in the global mode: cudaStreamIsCapturing on it fails), frees on
  * it are still batched and a due batch waits, since recording there would
@@ -117,7 +116,6 @@ static void test_barred_legacy(cudaStream_t s2)
     defer_flush();
 }
 
-
 /* The seal's event cannot be recorded and even waiting for the stream
  * fails: the claims go back to the batch, their blocks still reusable on
  * the legacy stream only (not FREE, reusable by any stream while their
@@ -178,7 +176,6 @@ static void test_sync_fails(cudaStream_t s2)
     ok(st.pending == 0, "every free released (pending %llu)", ULL(st.pending));
 }
 
-
 /* While another thread's global capture bars the legacy stream, a free
  * there that joins no batch (plain cudaMalloc memory, the block cache in
  * use) is refused at the call, with no event recorded there (it would
@@ -213,7 +210,6 @@ static void scenario_barred_plain_free(void)
     CHECK(fake_is_released(p) == 1, "released");
     cudaStreamDestroy(s);
 }
-
 
 /* defer_shutdown while another thread's global capture bars the legacy
  * stream: the batch cannot be sealed, its records are dropped (said), and
@@ -261,7 +257,6 @@ static void scenario_shutdown_barred(void)
        "shutdown while the legacy stream is barred returns "
        "cudaErrorStreamCaptureImplicit and says what it dropped");
 }
-
 
 /* defer_shutdown whose seal of a free batch cannot record the batch's
  * event: as at any seal, it waits for the legacy stream instead (its work
@@ -465,39 +460,6 @@ static void scenario_runtime_record_fails(void)
           cudaGetErrorName(last), said);
     CHECK(defer_flush() == cudaSuccess && free_batch_waiting() == 0,
           "a flush once unbarred seals them");
-}
-
-/* Whether stream captures (and its capture is not invalidated). */
-static bool capture_intact(cudaStream_t stream)
-{
-    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing(stream, &st) == cudaSuccess &&
-           st == cudaStreamCaptureStatusActive;
-}
-
-/* A capture of another thread's, in the global mode, held open until
- * release becomes 1; begun becomes 1 once it began, -1 if it could not;
- * intact: whether it ended well. */
-struct held_capture {
-    cudaStream_t stream;
-    int begun, release, intact;
-};
-
-static void *hold_capture(void *arg)
-{
-    struct held_capture *c = arg;
-    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal) !=
-        cudaSuccess) {
-        __atomic_store_n(&c->begun, -1, __ATOMIC_SEQ_CST);
-        return NULL;
-    }
-    __atomic_store_n(&c->begun, 1, __ATOMIC_SEQ_CST);
-    wait_flag(&c->release, 30000);
-    cudaGraph_t graph = NULL;
-    c->intact = capture_intact(c->stream) &&
-                cudaStreamEndCapture(c->stream, &graph) == cudaSuccess;
-    cudaGraphDestroy(graph);
-    return NULL;
 }
 
 /* The seal of a free, then of a flush, whose event cannot be recorded,

@@ -342,3 +342,27 @@ size_t read_until(int fd, double deadline_ms, char *buf, size_t cap)
     buf[len] = '\0';
     return len;
 }
+
+bool capture_intact(cudaStream_t stream)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusActive;
+}
+
+void *hold_capture(void *arg)
+{
+    struct held_capture *c = arg;
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal) !=
+        cudaSuccess) {
+        __atomic_store_n(&c->begun, -1, __ATOMIC_SEQ_CST);
+        return NULL;
+    }
+    __atomic_store_n(&c->begun, 1, __ATOMIC_SEQ_CST);
+    wait_flag(&c->release, 30000);
+    cudaGraph_t graph = NULL;
+    c->intact = capture_intact(c->stream) &&
+                cudaStreamEndCapture(c->stream, &graph) == cudaSuccess;
+    cudaGraphDestroy(graph);
+    return NULL;
+}

@@ -131,4 +131,17 @@ void fork_scenario(const char *title, const char *env, int ndevices,
  * length kept. */
 size_t read_until(int fd, double deadline_ms, char *buf, size_t cap);
 
+/* Whether stream captures (and its capture is not invalidated). */
+bool capture_intact(cudaStream_t stream);
+
+/* A capture of another thread's, in the global mode, on stream, held open
+ * until release becomes 1 (30 s at most); begun becomes 1 once it began,
+ * -1 if it could not; intact: whether it was intact then and ended well.
+ * hold_capture(&c) is that thread's function (pthread_create). */
+struct held_capture {
+    cudaStream_t stream;
+    int begun, release, intact;
+};
+void *hold_capture(void *arg);
+
 #endif
