@@ -31,9 +31,11 @@
  *   are abandoned (counted as failed); later calls on it and defer_flush
  *   return that error.
  * - At exit, pending entries are drained for at most 2 s; the rest is never
- *   released (leaked_at_exit); a callback or a free (cudaFree) still
- *   running then is left to end, and after it cudefer releases nothing and
- *   makes no CUDA call.  A first call still starting the reclaimer (its
+ *   released (leaked_at_exit, failed): a graph's entries too, the graph
+ *   not yet destroyed (the drain does not wait for a graph), but not the
+ *   call that runs exit() itself from a callback; a callback or a free
+ *   (cudaFree) still running then is left to end, and after it cudefer
+ *   releases nothing and makes no CUDA call.  A first call still starting the reclaimer (its
  *   cudaGetDeviceCount) is waited for as long; it returns
  *   cudaErrorNotPermitted and starts nothing.
  * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",

@@ -33,6 +33,37 @@
 
 static void fork_child(void);
 
+/* The entries exit leaves unreleased: every one still pending (those a
+ * graph still alive holds among them: the drain does not wait for a
+ * graph, and capture_stop leaves them to its destructor), but for those
+ * the exiting thread is releasing itself, on the synchronous route: exit()
+ * from a callback run there (CUDEFER_DISABLE) leaves its own entry
+ * running, not leaked.  Read once nothing counts any more (rs.abandoned
+ * set, rs.counting 0), so that none is counted both ways. */
+static uint64_t left_pending(void)
+{
+    struct defer_stats s;
+    defer_stats_get(&s);
+    return s.pending > thread_here.releasing
+               ? s.pending - thread_here.releasing
+               : 0;
+}
+
+/* Exit's end: from here nothing counts (a call still admitted, the
+ * reclaimer left running, a graph destroyed later), and what is left
+ * pending counts in leaked_at_exit and failed: once, for what counts
+ * after this would count it a second time.  Returns how many. */
+static uint64_t abandon_pending(void)
+{
+    atomic_store(&rs.abandoned, true);
+    while (atomic_load(&rs.counting) != 0)
+        sched_yield();
+    uint64_t left = left_pending();
+    stats_add(&stats.leaked_at_exit, left);
+    stats_add(&stats.failed, left);
+    return left;
+}
+
 /* Note [Fork]
  * A fork child has no reclaimer thread and cannot use CUDA, so every defer
  * call in it is refused and what was pending is abandoned (fork_child).
@@ -58,22 +89,16 @@ __attribute__((constructor)) static void register_fork_hook(void)
  * was: "exit: <why> <the drain's ms> ms: <fate>". */
 static void give_up(const char *why, const char *fate)
 {
-    atomic_store(&rs.abandoned, true);
-    while (atomic_load(&rs.counting) != 0)
-        sched_yield();
-    struct defer_stats s;
-    defer_stats_get(&s);
-    stats_set(&stats.leaked_at_exit, s.pending);
-    /* Abandoned, as in a fork child (cudefer.h: failed counts them;
-     * pending then reads 0).  The unsealed batches' frees are among them
-     * (never counted finished), and so are the entries the policy held:
-     * none reads held from now on. */
-    stats_add(&stats.failed, s.pending);
+    /* Abandoned, as in a fork child (cudefer.h: failed counts them).
+     * The unsealed batches' frees are among them (never counted
+     * finished), and so are the entries the policy held: none reads held
+     * from now on. */
+    uint64_t left = abandon_pending();
     stats_abandon_held();
     unsigned long long ms = EXIT_DRAIN_NS / 1000000;
-    if (s.pending > 0)
+    if (left > 0)
         report("exit: %llu entries still pending after %llu ms: left "
-               "unreleased", (unsigned long long)s.pending, ms);
+               "unreleased", (unsigned long long)left, ms);
     else
         report("exit: %s %llu ms: %s", why, ms, fate);
 }
@@ -123,13 +148,16 @@ void lifecycle_hooks_exit(void)
         size_t unsealed = closed ? free_batch_seal_at_exit() : 0;
         if (closed && lifecycle_requests_wait(&q, deadline, false) &&
             lifecycle_stop_and_join(deadline)) {
-            if (unsealed > 0) {
-                stats_add(&stats.leaked_at_exit, unsealed);
-                stats_add(&stats.failed, unsealed);
+            /* The unsealed batches' frees are among what is left. */
+            uint64_t left = abandon_pending();
+            if (unsealed > 0)
                 report("exit: %zu entries still pending (blocks freed on the "
                        "legacy stream, whose batch could get no event): left "
                        "unreleased", unsealed);
-            }
+            if (left > unsealed)
+                report("exit: %llu entries still pending (captured into a "
+                       "graph not destroyed): left unreleased",
+                       (unsigned long long)(left - unsealed));
         } else {
             if (!closed) /* a call not yet counted: nothing pending */
                 give_up("a defer call on another thread still under way "

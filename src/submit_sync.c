@@ -15,6 +15,7 @@
 #include "report.h"
 #include "stats.h"
 #include "stream_identity.h"
+#include "thread_shard.h"
 
 /* Any thread, admitted: a callback whose stream the caller has just
  * synchronized, when no event could be had: queued in its stream's FIFO
@@ -131,7 +132,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
     struct cuda_capture_mode mode = {cudaStreamCaptureModeRelaxed, false};
     if (a->kind != ENTRY_CALL)
         mode = cuda_capture_mode_relax();
+    thread_here.releasing++;
     err = release_entry(&e, NULL, NULL, &out);
+    thread_here.releasing--;
     cuda_capture_mode_put_back(mode);
     /* A refused release is said and counted, the call accepted: not an
      * error for the application's next cudaGetLastError to find. */

@@ -48,6 +48,10 @@ struct thread_special {
 struct thread_here {
     _Alignas(64) int shard; /* its shard; -1 until its first call */
     unsigned admissions;    /* admissions it holds now (lifecycle.c) */
+    unsigned releasing;     /* entries counted deferred that it releases
+                             * now, on the synchronous route (submit_sync.c):
+                             * exit() from a callback there leaves them
+                             * running, not leaked (lifecycle_hooks.c) */
     bool reclaimer;         /* it is the reclaimer thread */
     struct thread_special special; /* stream_identity.c's alone */
 };

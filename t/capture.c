@@ -11,33 +11,6 @@
 
 #include "helpers.h"
 
-/* Poll until fake_live_user_objects() <= n, at most timeout_ms. */
-static bool wait_user_objects(size_t n, unsigned timeout_ms)
-{
-    for (unsigned waited = 0; fake_live_user_objects() > n; waited++) {
-        if (waited >= timeout_ms)
-            return false;
-        sleep_ms(1);
-    }
-    return true;
-}
-
-static void begin_capture(cudaStream_t s)
-{
-    cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-    if (err != cudaSuccess)
-        bail("cudaStreamBeginCapture: %s", cudaGetErrorName(err));
-}
-
-static cudaGraph_t end_capture(cudaStream_t s)
-{
-    cudaGraph_t graph = NULL;
-    cudaError_t err = cudaStreamEndCapture(s, &graph);
-    if (err != cudaSuccess)
-        bail("cudaStreamEndCapture: %s", cudaGetErrorName(err));
-    return graph;
-}
-
 static cudaGraphExec_t instantiate(cudaGraph_t graph)
 {
     cudaGraphExec_t exec = NULL;
@@ -45,13 +18,6 @@ static cudaGraphExec_t instantiate(cudaGraph_t graph)
     if (err != cudaSuccess)
         bail("cudaGraphInstantiate: %s", cudaGetErrorName(err));
     return exec;
-}
-
-/* Work on s that uses p: in a capture, it joins the graph. */
-static void captured_work(cudaStream_t s, void *p)
-{
-    if (fake_launch(s, 200, &p, 1) == NULL)
-        bail("fake_launch on an invalid stream");
 }
 
 static int noop_calls;

@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "capture_order.h"
+#include "helpers.h"
 
 /* ---- the stream captures again when its graph dies ------------------------ */
 
@@ -70,7 +70,7 @@ static fake_work *capture_again_before_death(cudaStream_t s, void *p)
               cudaSuccess,
           "s captures again");
     cudaGraphDestroy(first);
-    CHECK(wait_no_user_objects(2000), "the first graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the first graph is gone");
     atomic_store(&hold_state, 3);
     fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
     return w;
@@ -157,7 +157,7 @@ static void s_captures_again_after_check(void)
     fake_work *w = work_held(s, p);
     free_in_capture_held(s, p, capture_after_check);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     uint64_t failed = stats_now().failed;
     stderr_capture_begin();
     atomic_store(&hold_state, 3);
@@ -213,7 +213,7 @@ static void destroyed_origin(bool reuse)
     fake_work *old = work_held(s, NULL), *mine = NULL;
     free_in_capture_held(s, p, hold_reclaimer);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     cudaStreamDestroy(s);
     if (reuse) {
         CHECK(fake_stream_create_reusing(s) == s, "b has s's handle");

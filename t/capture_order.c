@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "capture_order.h"
+#include "helpers.h"
 
 /* Device memory at *p, used by held work on s (returned) and freed with
  * defer_free in a capture that s begins: the capture's entry, which waits
@@ -44,7 +44,7 @@ static void test_free_waits_for_work_before_capture(void)
     fake_launch(s, 100, &p, 1);
     is_int(defer_free(p, s), cudaSuccess, "defer_free on a capturing stream");
     cudaGraphDestroy(end_capture(s));
-    ok(wait_no_user_objects(2000), "the graph is gone");
+    ok(wait_user_objects(0, 2000), "the graph is gone");
     defer_flush();
     sleep_ms(20);
     is_int(fake_is_released(p), 0, "held: the work enqueued before the "
@@ -61,7 +61,7 @@ static void test_call_waits_for_work_before_capture(void)
     begin_capture(s);
     is_int(defer_call(mark, NULL, s), cudaSuccess, "defer_call in a capture");
     cudaGraphDestroy(end_capture(s));
-    ok(wait_no_user_objects(2000), "the graph is gone");
+    ok(wait_user_objects(0, 2000), "the graph is gone");
     sleep_ms(20);
     is_int(__atomic_load_n(&called, __ATOMIC_ACQUIRE), 0,
            "not called: the work enqueued before the capture still runs");
@@ -84,7 +84,7 @@ static void test_group_waits_for_every_stream(void)
     cudaGraph_t graph = NULL;
     is_int(cudaStreamEndCapture(s, &graph), cudaSuccess, "end the capture");
     cudaGraphDestroy(graph);
-    ok(wait_no_user_objects(2000), "the graph is gone");
+    ok(wait_user_objects(0, 2000), "the graph is gone");
     sleep_ms(20);
     is_int(fake_is_released(p), 0, "held: s2's earlier work still runs");
     fake_complete(before);
@@ -134,7 +134,7 @@ static void test_stream_destroyed_after_capture(void)
     stderr_capture_begin();
     cudaStreamDestroy(s);
     cudaGraphDestroy(graph);
-    ok(wait_no_user_objects(2000), "the graph is gone");
+    ok(wait_user_objects(0, 2000), "the graph is gone");
     sleep_ms(20);
     is_int(fake_is_released(p), 0, "not released while the earlier work "
            "runs");
@@ -190,7 +190,7 @@ static void s_dead_graph_at_shutdown(void)
     void *p;
     fake_work *w = free_in_capture(s, &p);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     sleep_ms(20); /* the reclaimer saw the end: its event is recorded */
     pthread_t t;
     pthread_create(&t, NULL, complete_later, w);
@@ -217,7 +217,7 @@ static void destroy_in_query(enum fake_call c, cudaError_t r, void *arg)
                                                             &armed, 0))
         return;
     cudaGraphDestroy(racing_graph);
-    wait_no_user_objects(2000);
+    wait_user_objects(0, 2000);
 }
 
 static void s_death_during_poll(void)
@@ -296,7 +296,7 @@ static void s_origin_event_create_fails(void)
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     for (double until = now_ms() + 10000;
          fake_calls(FAKE_EVENT_CREATE) < creates + 3 && now_ms() < until;)
         sleep_ms(1);
@@ -327,7 +327,7 @@ static void s_origin_query_fails(void)
     fake_work *w = free_in_capture(s, &p);
     unsigned long records = fake_calls(FAKE_EVENT_RECORD);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     for (double until = now_ms() + 10000;
          fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
         sleep_ms(1);
@@ -362,7 +362,7 @@ static void s_origin_set_device_fails(void)
     stderr_capture_begin();
     fake_fail(FAKE_SET_DEVICE, cudaErrorDevicesUnavailable, 0, 1);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     check_device_failed(failed, "device 1", "cudaSetDevice",
                         cudaErrorDevicesUnavailable, p, w);
     CHECK(fake_calls(FAKE_SET_DEVICE) > sets, "the reclaimer switched");
@@ -378,7 +378,7 @@ static void s_origin_event_counted(void)
     void *p;
     fake_work *before = free_in_capture(s, &p);
     cudaGraphDestroy(end_capture(s));
-    CHECK(wait_no_user_objects(2000), "the graph is gone");
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
     sleep_ms(20); /* its stream's event recorded and queried, not ready */
     fake_complete(before);
     CHECK(wait_released(p, 10000), "released");

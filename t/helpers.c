@@ -343,6 +343,38 @@ size_t read_until(int fd, double deadline_ms, char *buf, size_t cap)
     return len;
 }
 
+bool wait_user_objects(size_t n, unsigned timeout_ms)
+{
+    for (unsigned waited = 0; fake_live_user_objects() > n; waited++) {
+        if (waited >= timeout_ms)
+            return false;
+        sleep_ms(1);
+    }
+    return true;
+}
+
+void begin_capture(cudaStream_t s)
+{
+    cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    if (err != cudaSuccess)
+        bail("cudaStreamBeginCapture: %s", cudaGetErrorName(err));
+}
+
+cudaGraph_t end_capture(cudaStream_t s)
+{
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(s, &graph);
+    if (err != cudaSuccess)
+        bail("cudaStreamEndCapture: %s", cudaGetErrorName(err));
+    return graph;
+}
+
+void captured_work(cudaStream_t s, void *p)
+{
+    if (fake_launch(s, 200, &p, 1) == NULL)
+        bail("fake_launch on an invalid stream");
+}
+
 bool capture_intact(cudaStream_t stream)
 {
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -131,6 +131,19 @@ void fork_scenario(const char *title, const char *env, int ndevices,
  * length kept. */
 size_t read_until(int fd, double deadline_ms, char *buf, size_t cap);
 
+/* Poll until fake_live_user_objects() <= n, at most timeout_ms; whether it
+ * got there. */
+bool wait_user_objects(size_t n, unsigned timeout_ms);
+
+/* Begin a capture of s in the global mode / end it and return its graph;
+ * each bails on an error. */
+void begin_capture(cudaStream_t s);
+cudaGraph_t end_capture(cudaStream_t s);
+
+/* Work on s that uses p (fake_launch, 200 us): in a capture, it joins the
+ * graph.  Bails on an invalid stream. */
+void captured_work(cudaStream_t s, void *p);
+
 /* Whether stream captures (and its capture is not invalidated). */
 bool capture_intact(cudaStream_t stream);
 
