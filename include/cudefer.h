@@ -127,7 +127,8 @@ struct defer_stats {
     uint64_t cap_releases;   /* ... as a device held more than its cap */
     uint64_t age_releases;   /* ... as they were older than max_delay_ms */
     uint64_t demand_releases;/* ... by defer_flush, defer_trim or shutdown */
-    uint64_t latency_p50_us; /* completion to release, median (2^k bound) */
+    uint64_t latency_p50_us; /* completion to release, median (2^k bound,
+                              * at most latency_max_us) */
     uint64_t latency_max_us; /* ... and the largest */
     uint64_t leaked_at_exit; /* entries still pending at process exit */
     uint64_t reused;         /* blocks handed out again by defer_alloc */

@@ -37,8 +37,11 @@ void stats_record_latency(uint64_t latency_ns)
         stats_set(&stats.latency_max_us, us);
 }
 
-/* The upper bound of the bucket holding the median latency. */
-static uint64_t latency_p50_us(void)
+/* The upper bound of the bucket holding the median latency, at most max_us
+ * (the largest latency seen): the bound is above every latency its bucket
+ * holds, so where the median's bucket holds the largest (one release, say)
+ * it alone would read above the largest. */
+static uint64_t latency_p50_us(uint64_t max_us)
 {
     uint64_t total = 0, seen = 0;
     for (int i = 0; i < LATENCY_BUCKETS; i++)
@@ -46,7 +49,7 @@ static uint64_t latency_p50_us(void)
     for (int i = 0; i < LATENCY_BUCKETS && total > 0; i++) {
         seen += read(&stats.latency[i]);
         if (2 * seen >= total)
-            return UINT64_C(1) << i;
+            return (UINT64_C(1) << i) < max_us ? UINT64_C(1) << i : max_us;
     }
     return 0;
 }
@@ -92,10 +95,12 @@ static uint64_t stats_gauge_events_in_pool(const struct defer_stats *snap)
     return event_pool_idle_count();
 }
 
+/* Clamped to the snapshot's own latency_max_us, read before it: a latency
+ * recorded in between counts in the histogram, not in that maximum, and
+ * still the median never reads above the maximum beside it. */
 static uint64_t stats_gauge_latency_p50_us(const struct defer_stats *snap)
 {
-    (void)snap;
-    return latency_p50_us();
+    return latency_p50_us(snap->latency_max_us);
 }
 
 /* ---- the overflow slot: devices without a slot of their own ------------ */

@@ -5,8 +5,9 @@
  * on a stream of their own and on the legacy stream (a free batch), singly
  * and several in one call, a callback, a pinned host free, a refused call,
  * a device that fails with its frees pending, and a trim.  Once quiet:
- * deferred = released + failed + pending with pending 0, nothing held, and
- * the cache counters the sums over the devices. */
+ * deferred = released + failed + pending with pending 0, nothing held,
+ * the median latency no more than the largest, and the cache counters the
+ * sums over the devices. */
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -50,6 +51,9 @@ static void check_quiet(const char *step)
           ULL(s.pending));
     CHECK(s.held == 0 && s.held_bytes == 0, "%s: nothing held (%llu, %llu)",
           step, ULL(s.held), ULL(s.held_bytes));
+    CHECK(s.latency_p50_us <= s.latency_max_us,
+          "%s: latency_p50_us %llu <= latency_max_us %llu", step,
+          ULL(s.latency_p50_us), ULL(s.latency_max_us));
     uint64_t bytes = 0, free_bytes = 0, mallocs = 0, releases = 0,
              reused = 0;
     for (int d = 0; d < 2; d++) {
@@ -276,6 +280,30 @@ static void scenario_fork_child(void)
     cudaStreamDestroy(s);
 }
 
+/* One release: its latency is the only one seen, the median and the
+ * largest at once, so latency_p50_us reads latency_max_us.  The median's
+ * histogram bucket bounds it by a power of two above every latency the
+ * bucket holds (a latency of 3 us is in the bucket below 4), which the
+ * observed largest clamps: a median never reads above the largest. */
+static void scenario_latency_one(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(KiB);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "one free");
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush: released");
+    struct defer_stats st = stats_now();
+    CHECK(st.released == 1, "one release (%llu)", ULL(st.released));
+    CHECK(st.latency_p50_us == st.latency_max_us,
+          "its latency is the median and the largest: latency_p50_us %llu, "
+          "latency_max_us %llu", ULL(st.latency_p50_us),
+          ULL(st.latency_max_us));
+    check_quiet("after one release");
+    defer_shutdown();
+    cudaStreamDestroy(s);
+}
+
 /* The policy holds completed frees until a flush, trim or shutdown. */
 #define HOLDS "CUDEFER_IDLE_US=10s CUDEFER_MAX_DELAY_MS=0"
 
@@ -296,5 +324,8 @@ int main(void)
                   scenario_more_paths);
     fork_scenario("a fork child: what the parent held is abandoned, not "
                   "held", HOLDS, 1, 30000, scenario_fork_child);
+    fork_scenario("one release: latency_p50_us is its latency, the "
+                  "largest, not the power of two above it", "", 1, 30000,
+                  scenario_latency_one);
     return 0;
 }
