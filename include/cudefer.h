@@ -104,8 +104,13 @@ struct defer_config {
 /* Counters since the reclaimer started: a snapshot, read field by field,
  * so under load they may disagree by the entries in flight.  An accepted
  * call is one entry, however many pointers it names, and ends counted
- * once: in failed when the release of any of its pointers failed.  The
- * struct only grows, at its end ("Structs that grow"). */
+ * once: in failed when the release of any of its pointers failed.  A
+ * block of defer_alloc's whose release fails (its cudaFree or cudaFreeAsync
+ * returns an error: expired, trim, shutdown, a miss's hand-back) is said
+ * and counted in cache_release_failures, never in cache_releases nor in
+ * failed (its entry ended released when the block went back to the cache);
+ * it has left the cache, its memory not given back.  The struct only
+ * grows, at its end ("Structs that grow"). */
 struct defer_stats {
     uint64_t deferred;       /* entries accepted by the defer_* calls */
     uint64_t released;       /* entries released (or callbacks run) */
@@ -137,6 +142,7 @@ struct defer_stats {
     uint64_t cache_free_bytes; /* ... of them free, waiting for reuse */
     uint64_t cache_mallocs;  /* new blocks defer_alloc made */
     uint64_t cache_releases; /* blocks released: expired, trim, shutdown */
+    uint64_t cache_release_failures; /* ... whose release failed: lost */
 };
 
 /* Devices 0 .. DEFER_STATS_MAX_DEVICES - 1 have counters of their own
@@ -162,6 +168,7 @@ struct defer_device_stats {
     uint64_t cache_releases;   /* blocks released: expired, trim, shutdown */
     uint64_t allocs;           /* requests defer_alloc served with a block */
     uint64_t reused;           /* ... of them with a block from the cache */
+    uint64_t cache_release_failures; /* blocks whose release failed: lost */
 };
 
 /* defer_free: cudaFree(ptr) once all work enqueued on stream so far is done.
@@ -466,9 +473,9 @@ CUDEFER_API void defer_stats_get(struct defer_stats *out);
  * bytes (whole fields; bytes past this library's struct get 0).  A device
  * cudefer never used reads all 0; so does every device before the first
  * defer call.  Its cache_bytes, cache_free_bytes, cache_mallocs,
- * cache_releases and reused add up over the devices to defer_stats'
- * fields of those names; held_bytes is current, where defer_stats' is
- * published once a reclaimer pass.  live_bytes counts a freed block until
+ * cache_releases, cache_release_failures and reused add up over the
+ * devices to defer_stats' fields of those names; held_bytes is current,
+ * where defer_stats' is published once a reclaimer pass.  live_bytes counts a freed block until
  * it is back in the cache: at once for a free on its own stream, once the
  * work is done for one that waits for other streams.  Takes no lock, makes
  * no CUDA call, never blocks; works before the first call, after

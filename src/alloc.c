@@ -133,12 +133,13 @@ static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
  * stream too), since it is in no cache any more and nothing else would
  * ever release it.  Returns the bytes of those released; one neither call
  * released is reported in w's words (the request goes on: no line end),
- * not counted, and still lent in the pool's books. */
+ * counted as a failed release (never as released), and still lent in the
+ * pool's books. */
 static size_t give_to_pool(const struct words *w, int device,
                            const struct block_memory *m, size_t n,
                            cudaStream_t stream)
 {
-    size_t bytes = 0, released = 0;
+    size_t bytes = 0, released = 0, failures = 0;
     for (size_t i = 0; i < n; i++) {
         cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess) {
@@ -152,9 +153,12 @@ static size_t give_to_pool(const struct words *w, int device,
         if (err == cudaSuccess) {
             bytes += m[i].size;
             released++;
+        } else {
+            failures++;
         }
     }
     stats_device_count_releases(device, released);
+    stats_device_count_release_failures(device, failures);
     return bytes;
 }
 

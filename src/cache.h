@@ -404,10 +404,11 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
  * first: once it says true (exit gave up its drain while a release
  * blocked), no further segment is released nor taken, and no CUDA call is
  * made (the ones taken stay out of the cache, unreleased: the process is
- * ending).  Counts the
- * segments released (cache_releases) and returns the bytes that left the
- * device: an upstream segment's leave it only when the pool's reserve
- * shrinks (cache_upstream_trim). */
+ * ending).  Counts the segments released (cache_releases) and those whose
+ * release failed, out of the cache with their memory not given back
+ * (cache_release_failures), and returns the bytes that left the device:
+ * an upstream segment's leave it only when the pool's reserve shrinks
+ * (cache_upstream_trim). */
 size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                              cudaStream_t stream,
                              void (*fail)(int device, const char *call,

@@ -232,6 +232,16 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
     return n;
 }
 
+/* A release of b that failed with err, not sticky: said, naming call. */
+static void report_not_released(const struct cache_block *b,
+                                const char *call, cudaError_t err)
+{
+    char detail[96];
+    snprintf(detail, sizeof detail, "; block %p (device %d) is not released",
+             b->ptr, b->device);
+    cuda_report_failure("release", call, err, detail);
+}
+
 size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                              cudaStream_t stream,
                              void (*fail)(int device, const char *call,
@@ -239,7 +249,7 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                              bool (*stop)(void))
 {
     struct cache_block *batch[64];
-    uint64_t released = 0;
+    uint64_t released = 0, failures = 0;
     size_t bytes = 0, n;
     size_t tried = 0;
     bool stopped = false;
@@ -267,19 +277,20 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
                  * there once). */
                 if (!b->upstream)
                     bytes += b->size;
-            } else if (cuda_error_is_sticky(err)) {
-                fail(device, call, err);
             } else {
-                char detail[96];
-                snprintf(detail, sizeof detail,
-                         "; block %p (device %d) is not released", b->ptr,
-                         device);
-                cuda_report_failure("release", call, err, detail);
+                /* Out of the cache, its memory not given back: a failed
+                 * release, never a released one. */
+                failures++;
+                if (cuda_error_is_sticky(err))
+                    fail(device, call, err);
+                else
+                    report_not_released(b, call, err);
             }
             cache_forget(b);
         }
     }
     stats_device_count_releases(device, released);
+    stats_device_count_release_failures(device, failures);
     return bytes;
 }
 

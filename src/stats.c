@@ -159,6 +159,7 @@ static void slot_read(struct stats_device *d, struct defer_stats *one)
     slot_bytes(d, &one->cache_bytes, &one->cache_free_bytes);
     one->cache_mallocs = read(&d->mallocs);
     one->cache_releases = read(&d->releases);
+    one->cache_release_failures = read(&d->release_failures);
     one->reused_same_stream = read(&d->reused_same_stream);
     one->reused = read(&d->reused);
 }
@@ -168,7 +169,7 @@ static void slot_read(struct stats_device *d, struct defer_stats *one)
 #define STATS_ONE(name) +1
 enum { STATS_SUMMED = 0 STATS_FIELDS(STATS_NONE, STATS_NONE, STATS_NONE,
                                      STATS_ONE) };
-_Static_assert(STATS_SUMMED == 6,
+_Static_assert(STATS_SUMMED == 7,
                "slot_read and the DEVICE fields of stats_counters.h disagree");
 #undef STATS_NONE
 #undef STATS_ONE
@@ -288,6 +289,7 @@ static void device_snapshot(int device, struct defer_device_stats *snap)
     snap->cache_releases = read(&d->releases);
     snap->allocs = read(&d->allocs);
     snap->reused = read(&d->reused);
+    snap->cache_release_failures = read(&d->release_failures);
 }
 
 /* Public, any thread; takes no lock, never blocks.  The whole fields of

@@ -69,9 +69,9 @@ static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)
  * guard), for devices 0 .. DEFER_STATS_MAX_DEVICES - 1, and one overflow
  * slot past them that takes the counts of every higher device.  They are
  * the only count of the block cache: defer_stats' cache_bytes,
- * cache_free_bytes, cache_mallocs, cache_releases, reused and
- * reused_same_stream are their sums over all the slots, the overflow slot
- * included (stats.c, stats_sum_devices), so that a hit or a free touches
+ * cache_free_bytes, cache_mallocs, cache_releases, cache_release_failures,
+ * reused and reused_same_stream are their sums over all the slots, the
+ * overflow slot included (stats.c, stats_sum_devices), so that a hit or a free touches
  * its own device's line and no line every launching thread shares.
  * Each field of a device's own slot has one kind of writer:
  * - the holder of the device's cache lock (cache_block.h, Note [Locks]):
@@ -79,8 +79,8 @@ static inline void stats_set(_Atomic uint64_t *counter, uint64_t v)
  *   relaxed load and store (no locked instruction: the lock makes the
  *   writer one at a time);
  * - the reclaimer, holding the device's held lock (held.h): held_bytes;
- * - any thread, by read-modify-write: mallocs and releases (counted after
- *   the CUDA call, outside any lock).
+ * - any thread, by read-modify-write: mallocs, releases and
+ *   release_failures (counted after the CUDA call, outside any lock).
  * The overflow slot is written under the cache locks of several devices
  * at once: every field of it by read-modify-write.  Its peaks and
  * held_bytes are not kept (no device reads them, defer_stats has none).
@@ -101,6 +101,7 @@ struct stats_device {
     _Atomic uint64_t held_peak;
     _Atomic uint64_t mallocs; /* any thread's */
     _Atomic uint64_t releases;
+    _Atomic uint64_t release_failures;
 };
 
 /* The overflow slot is stats_devices[DEFER_STATS_MAX_DEVICES]. */
@@ -210,7 +211,9 @@ static inline void stats_device_left(int device, uint64_t size,
         stats_device_bump(&d->free_bytes, -size);
 }
 
-/* Any thread: n more new blocks made, or blocks released, on device. */
+/* Any thread: n more new blocks made, blocks released, or blocks whose
+ * release failed (out of the cache, their memory not given back), on
+ * device. */
 static inline void stats_device_count_mallocs(int device, uint64_t n)
 {
     stats_add(&stats_device_of(device)->mallocs, n);
@@ -218,6 +221,11 @@ static inline void stats_device_count_mallocs(int device, uint64_t n)
 static inline void stats_device_count_releases(int device, uint64_t n)
 {
     stats_add(&stats_device_of(device)->releases, n);
+}
+static inline void stats_device_count_release_failures(int device,
+                                                       uint64_t n)
+{
+    stats_add(&stats_device_of(device)->release_failures, n);
 }
 
 /* Reclaimer only, holding device's held lock: it holds bytes now (not kept

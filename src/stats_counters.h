@@ -50,7 +50,8 @@
     DEVICE(cache_bytes)                        \
     DEVICE(cache_free_bytes)                   \
     DEVICE(cache_mallocs)                      \
-    DEVICE(cache_releases)
+    DEVICE(cache_releases)                     \
+    DEVICE(cache_release_failures)
 
 /* The last field of struct defer_stats in cudefer 0.1.0: callers built
  * against 0.1.0 have room up to its end, and no further. */

@@ -173,13 +173,15 @@ static void *one_free_block(cudaStream_t s)
 /* A block whose hand-back fails has left the cache: nothing else would
  * ever release it, so it goes with cudaFree instead (counted as released
  * otherwise, it would stay allocated past the shutdown).  When that fails
- * too, it is reported, not counted as released, and the
- * pool's slack does not count memory it never got back. */
+ * too, it is reported, counted in cache_release_failures and not as
+ * released, and the pool's slack does not count memory it never got
+ * back. */
 static void test_failed_hand_back(cudaStream_t s)
 {
     void *a = one_free_block(s), *b = NULL;
     is_int(cache_upstream_slack(0), 0, "the pool has no slack");
     uint64_t releases = stats_now().cache_releases;
+    uint64_t failures = stats_now().cache_release_failures;
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
     stderr_capture_begin();
     cudaGetLastError();
@@ -194,7 +196,9 @@ static void test_failed_hand_back(cudaStream_t s)
        "failed cudaFreeAsync is cudefer's business; PyTorch's next launch "
        "check would raise it): %d, last %d", (int)err, (int)last);
     ok(fake_is_released(a) == 1, "and its block released with cudaFree");
-    ok(stats_now().cache_releases == releases + 1, "counted once");
+    ok(stats_now().cache_releases == releases + 1 &&
+           stats_now().cache_release_failures == failures,
+       "counted once, as released");
     defer_free(b, s);
     is_int(defer_flush(), cudaSuccess, "flush");
 
@@ -214,6 +218,10 @@ static void test_failed_hand_back(cudaStream_t s)
        (int)last);
     ok(fake_is_released(a) == 0 && stats_now().cache_releases == releases,
        "and not counted as released");
+    ok(stats_now().cache_release_failures == failures + 1,
+       "counted in cache_release_failures: %llu -> %llu",
+       (unsigned long long)failures,
+       (unsigned long long)stats_now().cache_release_failures);
     is_int(cache_upstream_slack(0), 0,
            "the pool still counts that memory as lent");
     cudaFree(a); /* the test's now: the oracle's count of live memory */

@@ -276,12 +276,14 @@ static void count_fail(int device, const char *call, cudaError_t err)
  * segment goes with cudaFree, its bytes leaving the device; an upstream
  * one goes back to the pool on the stream given, its bytes leaving only
  * with the pool's trim; a sticky error is handed to the caller's fail, any
- * other reported; either way the block is forgotten. */
+ * other reported; either way the block is forgotten and counted in
+ * cache_release_failures, not in cache_releases. */
 static void test_release(void)
 {
     const size_t MiB = (size_t)1 << 20;
     ok(cache_upstream_init(2), "the upstream pools");
     uint64_t releases = stats_now().cache_releases;
+    uint64_t failures = stats_now().cache_release_failures;
     void *p = device_alloc(MiB);
     ok(add_block(0, p, MiB, false) && give_back(p), "a FREE cudaMalloc segment");
     is_int(cache_reclaim_release(0, UINT64_MAX, NULL, count_fail, NULL), MiB,
@@ -312,6 +314,9 @@ static void test_release(void)
     ok(fails == 1 && failed_err == cudaErrorIllegalAddress &&
            strcmp(failed_call, "cudaFree") == 0 && cache_test_find(r) == NULL,
        "handed to fail with the call by name; the block forgotten");
+    ok(stats_now().cache_releases == releases + 2 &&
+           stats_now().cache_release_failures == failures + 1,
+       "counted as a failed release, not as released");
     cudaFree(r);
 
     void *x = device_alloc(MiB);
@@ -323,6 +328,9 @@ static void test_release(void)
     ok(fails == 1 && strstr(said, "is not released") != NULL &&
            cache_test_find(x) == NULL,
        "another error is reported, not handed to fail; the block forgotten");
+    ok(stats_now().cache_releases == releases + 2 &&
+           stats_now().cache_release_failures == failures + 2,
+       "counted as a failed release, not as released");
     fake_fail_clear();
     cudaFree(x);
     cudaStreamDestroy(s);

@@ -18,7 +18,7 @@
 /* The fields, in the struct's order: what a test expects of one device. */
 struct want {
     uint64_t cache, cache_peak, live, live_peak, free, held, held_peak,
-        mallocs, releases, allocs, reused;
+        mallocs, releases, allocs, reused, release_failures;
 };
 
 /* device's counters equal w, field by field (one test, the wrong fields
@@ -43,6 +43,8 @@ static void expect(int device, struct want w, const char *step)
         {"cache_releases", s.cache_releases, w.releases},
         {"allocs", s.allocs, w.allocs},
         {"reused", s.reused, w.reused},
+        {"cache_release_failures", s.cache_release_failures,
+         w.release_failures},
     };
     _Static_assert(sizeof f / sizeof f[0] ==
                        sizeof(struct defer_device_stats) / sizeof(uint64_t),
@@ -61,7 +63,8 @@ static void expect(int device, struct want w, const char *step)
 static void expect_sums(const char *step)
 {
     struct defer_stats g = stats_now();
-    uint64_t bytes = 0, free_bytes = 0, mallocs = 0, releases = 0, reused = 0;
+    uint64_t bytes = 0, free_bytes = 0, mallocs = 0, releases = 0, reused = 0,
+             failures = 0;
     for (int d = 0; d < 3; d++) {
         struct defer_device_stats s;
         defer_device_stats_get(d, &s);
@@ -70,10 +73,11 @@ static void expect_sums(const char *step)
         mallocs += s.cache_mallocs;
         releases += s.cache_releases;
         reused += s.reused;
+        failures += s.cache_release_failures;
     }
     ok(g.cache_bytes == bytes && g.cache_free_bytes == free_bytes &&
            g.cache_mallocs == mallocs && g.cache_releases == releases &&
-           g.reused == reused,
+           g.reused == reused && g.cache_release_failures == failures,
        "%s: defer_stats' cache_bytes %llu, cache_free_bytes %llu, "
        "cache_mallocs %llu, cache_releases %llu, reused %llu are the sums "
        "over the devices (%llu, %llu, %llu, %llu, %llu)", step,

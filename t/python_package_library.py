@@ -50,7 +50,8 @@ def header_shapes(tmp):
     with open(os.path.join(os.path.dirname(PYTHON_DIR), "include",
                            "cudefer.h"), encoding="utf-8") as f:
         text = f.read()
-    end = "    uint64_t cache_releases; /* blocks released: expired, trim, shutdown */\n};"
+    end = ("    uint64_t cache_release_failures; /* ... whose release failed: "
+           "lost */\n};")
     for name, added, expected in (
             ("an array, two names in a declaration and a // comment",
              "    uint64_t latency_hist_us[4]; /* buckets */\n"

@@ -55,7 +55,7 @@ static void check_quiet(const char *step)
           "%s: latency_p50_us %llu <= latency_max_us %llu", step,
           ULL(s.latency_p50_us), ULL(s.latency_max_us));
     uint64_t bytes = 0, free_bytes = 0, mallocs = 0, releases = 0,
-             reused = 0;
+             reused = 0, failures = 0;
     for (int d = 0; d < 2; d++) {
         struct defer_device_stats ds;
         CHECK(defer_device_stats_get(d, &ds) == cudaSuccess, "device %d", d);
@@ -64,6 +64,7 @@ static void check_quiet(const char *step)
         mallocs += ds.cache_mallocs;
         releases += ds.cache_releases;
         reused += ds.reused;
+        failures += ds.cache_release_failures;
         CHECK(ds.reused <= ds.allocs && ds.live_bytes <= ds.cache_bytes &&
                   ds.cache_bytes <= ds.cache_bytes_peak &&
                   ds.live_bytes <= ds.live_bytes_peak &&
@@ -72,7 +73,7 @@ static void check_quiet(const char *step)
     }
     CHECK(s.cache_bytes == bytes && s.cache_free_bytes == free_bytes &&
               s.cache_mallocs == mallocs && s.cache_releases == releases &&
-              s.reused == reused,
+              s.reused == reused && s.cache_release_failures == failures,
           "%s: the cache counters are the sums over the devices", step);
     CHECK(s.reused_same_stream <= s.reused, "%s: reused_same_stream %llu "
           "<= reused %llu", step, ULL(s.reused_same_stream), ULL(s.reused));

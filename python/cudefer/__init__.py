@@ -47,12 +47,13 @@ KNOWN_STATS_FIELDS = (
     "events_in_pool", "held", "held_bytes", "idle_releases", "cap_releases",
     "age_releases", "demand_releases", "latency_p50_us", "latency_max_us",
     "leaked_at_exit", "reused", "reused_same_stream", "cache_bytes",
-    "cache_free_bytes", "cache_mallocs", "cache_releases")
+    "cache_free_bytes", "cache_mallocs", "cache_releases",
+    "cache_release_failures")
 
 KNOWN_DEVICE_STATS_FIELDS = (
     "cache_bytes", "cache_bytes_peak", "live_bytes", "live_bytes_peak",
     "cache_free_bytes", "held_bytes", "held_bytes_peak", "cache_mallocs",
-    "cache_releases", "allocs", "reused")
+    "cache_releases", "allocs", "reused", "cache_release_failures")
 
 # The entry points the Python side and the PyTorch allocator call.
 _NEEDED = ("defer_pluggable_alloc_status", "defer_pluggable_free",
