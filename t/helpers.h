@@ -135,6 +135,11 @@ size_t read_until(int fd, double deadline_ms, char *buf, size_t cap);
  * got there. */
 bool wait_user_objects(size_t n, unsigned timeout_ms);
 
+/* A callback (defer_call) that does nothing but add 1 to noop_counted_calls,
+ * atomically.  Anyone. */
+extern int noop_counted_calls;
+void noop_counted(void *arg);
+
 /* Begin a capture of s in the global mode / end it and return its graph;
  * each bails on an error. */
 void begin_capture(cudaStream_t s);
