@@ -458,14 +458,6 @@ int main(void)
     test_kinds();
     test_capture_rules();
     test_groups();
-    ok(wait_user_objects(0, 2000), "no user object left");
-    is_int(fake_live_graphs(), 0, "no graph left");
-    is_int(defer_flush(), cudaSuccess, "flush");
-    struct defer_stats st = stats_now();
-    ok(st.pending == 0 && st.deferred == st.released + st.failed,
-       "stats agree: deferred %llu = released %llu + failed %llu",
-       ULL(st.deferred), ULL(st.released), ULL(st.failed));
-    is_int(fake_live_allocations(), 0, "no allocation left");
-    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+    captures_all_gone();
     return 0;
 }

@@ -318,5 +318,6 @@ int main(void)
                   s_disable_beside_capture);
     test_global_capture_elsewhere();
     test_per_thread_capture();
+    captures_all_gone();
     return 0;
 }

@@ -134,5 +134,6 @@ int main(void)
     test_invalidated();
     test_setup_failures();
     test_entry_device();
+    captures_all_gone();
     return 0;
 }

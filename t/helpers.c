@@ -383,6 +383,19 @@ void captured_work(cudaStream_t s, void *p)
         bail("fake_launch on an invalid stream");
 }
 
+void captures_all_gone(void)
+{
+    ok(wait_user_objects(0, 2000), "no user object left");
+    is_int(fake_live_graphs(), 0, "no graph left");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    struct defer_stats st = stats_now();
+    ok(st.pending == 0 && st.deferred == st.released + st.failed,
+       "stats agree: deferred %llu = released %llu + failed %llu",
+       ULL(st.deferred), ULL(st.released), ULL(st.failed));
+    is_int(fake_live_allocations(), 0, "no allocation left");
+    is_int(fake_violations(), 0, "oracle: nothing released early or twice");
+}
+
 bool capture_intact(cudaStream_t stream)
 {
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -149,6 +149,11 @@ cudaGraph_t end_capture(cudaStream_t s);
  * graph.  Bails on an invalid stream. */
 void captured_work(cudaStream_t s, void *p);
 
+/* A capture test's end, in the process that ran it: no user object, graph
+ * or allocation left, the stats agreeing once flushed, no oracle
+ * violation (6 TAP results). */
+void captures_all_gone(void);
+
 /* Whether stream captures (and its capture is not invalidated). */
 bool capture_intact(cudaStream_t stream);
 
