@@ -360,7 +360,8 @@ CUDEFER_API cudaError_t defer_peer_access(int device, int peer);
 /* defer_free_streams, defer_free_host_streams, defer_call_streams: as
  * defer_free, defer_free_host and defer_call, once the work enqueued so far
  * on all n streams is done, without making them wait for each other (one
- * event each; the callback runs once).  cudaErrorInvalidValue for a NULL
+ * event each; the callback runs once).  A handle given twice is one
+ * stream (one event), counted once.  cudaErrorInvalidValue for a NULL
  * streams.  Streams that all capture into one graph: as one capturing
  * stream; a mix, or several graphs: cudaErrorStreamCaptureUnsupported.
  * Limit: n is 1 .. 64 (cudaErrorInvalidValue otherwise). */

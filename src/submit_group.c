@@ -88,18 +88,31 @@ cudaError_t submit_group_refuse_too_many(const struct request_args *a)
 }
 
 /* Any thread, admitted: a's streams gathered into *t (a group, in g): the
- * given[0..n), then those its blocks were recorded on, each once, then
+ * given[0..count), then those its blocks were recorded on, each once, then
  * their capture check.  Never blocks.  cudaSuccess, or the refusal (more
  * than SUBMIT_MAX_STREAMS in all). */
 cudaError_t submit_group_resolve(const struct request_args *a,
-                                 const cudaStream_t *given, size_t n,
+                                 const cudaStream_t *given, size_t count,
                                  struct group_streams *g, struct target *t)
 {
-    const size_t ngiven = n;
-    for (size_t i = 0; i < n; i++) {
-        g->streams[i] = given[i];
-        g->users[i] = (struct block_user){given[i], 0, -1};
+    /* A handle given twice is one stream: one part, one event, counted
+     * once against SUBMIT_MAX_STREAMS, as the header says.  Equal handles
+     * are one stream: a special handle among the given names the caller's
+     * device, the same for all of them.  (0 and cudaStreamLegacy, two
+     * handles of one stream, stay two parts on one lane, which a group
+     * allows.)  At most 64 given: a quadratic look costs less than one
+     * event record. */
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < n && !seen; j++)
+            seen = g->streams[j] == given[i];
+        if (!seen) {
+            g->streams[n] = given[i];
+            g->users[n++] = (struct block_user){given[i], 0, -1};
+        }
     }
+    const size_t ngiven = n;
     struct block_user recorded[SUBMIT_MAX_STREAMS];
     size_t nrec = cache_users_of_free(a, recorded);
     for (size_t i = 0; i < nrec; i++) {
@@ -123,17 +136,17 @@ cudaError_t submit_group_resolve(const struct request_args *a,
         return err;
     /* An unknown handle among the recorded streams, the given ones live:
      * the caller's streams are fine, a recorded one was destroyed (the
-     * given ones asked again, on this error only). */
+     * given ones, g's first ngiven, asked again, on this error only). */
     bool capturing;
     const char *again = NULL;
     if (err == cudaErrorInvalidResourceHandle && ngiven < n &&
-        capture_status(given, ngiven, &capturing, &again) !=
+        capture_status(g->streams, ngiven, &capturing, &again) !=
             cudaErrorInvalidResourceHandle)
         return refuse_recorded_gone(a, call, err);
     /* Given streams that agree, and recorded ones that do not agree with
      * them: the records are what the caller must hear of. */
     if (err == cudaErrorStreamCaptureUnsupported && ngiven < n &&
-        capture_status(given, ngiven, &capturing, &again) == cudaSuccess)
+        capture_status(g->streams, ngiven, &capturing, &again) == cudaSuccess)
         return refuse_recorded_capture(a, t, ngiven, capturing);
     return submit_reject(a, call, err);
 }

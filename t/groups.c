@@ -181,6 +181,68 @@ static void test_stream_count_limits(void)
         cudaStreamDestroy(s[i]);
 }
 
+/* A stream named twice in one call is one stream: one event, and counted
+ * once against the 64 a free may wait for.  A block recorded on a 65th
+ * stream, freed on 64 names of 63 streams: 64 in all, taken. */
+static void test_stream_named_twice(void)
+{
+    enum { MAX = 64 };
+    cudaStream_t s[MAX + 1];
+    for (int i = 0; i <= MAX; i++)
+        s[i] = stream_new();
+    void *b;
+    is_int(alloc_checked(&b, 4096, s[0]), cudaSuccess, "a block on stream 0");
+    is_int(defer_record_stream(b, s[MAX]), cudaSuccess,
+           "recorded on a 65th stream");
+    fake_work *w = work_held(s[MAX], b);
+    cudaStream_t named[MAX];
+    named[0] = s[0];
+    for (int i = 1; i < MAX; i++)
+        named[i] = s[i - 1]; /* s[0] twice, then s[1..62] */
+    uint64_t rejected = stats_now().rejected;
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    stderr_capture_begin();
+    cudaError_t e = defer_free_streams(b, named, MAX);
+    stderr_capture_end();
+    is_int(e, cudaSuccess,
+           "64 names of 63 streams and the recorded one: 64 in all, taken");
+    ok(stats_now().rejected == rejected &&
+           fake_calls(FAKE_EVENT_RECORD) - records == MAX,
+       "nothing rejected; one event a stream (%lu)",
+       fake_calls(FAKE_EVENT_RECORD) - records);
+    void *again;
+    is_int(alloc_checked(&again, 4096, s[0]), cudaSuccess,
+           "an allocation on stream 0 while the recorded stream works");
+    ok(again != b, "it is not the block (its recorded work is pending)");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+
+    void *p = device_alloc(64);
+    w = work_held(s[1], p);
+    cudaStream_t twice[3] = {s[1], s[2], s[1]};
+    records = fake_calls(FAKE_EVENT_RECORD);
+    is_int(defer_free_streams(p, twice, 3), cudaSuccess,
+           "a plain pointer on s1, s2, s1");
+    is_int(fake_calls(FAKE_EVENT_RECORD) - records, 2, "two events");
+    int before = __atomic_load_n(&calls, __ATOMIC_SEQ_CST);
+    is_int(defer_call_streams(count_call, NULL, twice, 3), cudaSuccess,
+           "a callback on s1, s2, s1");
+    sleep_ms(20);
+    ok(fake_is_released(p) == 0 &&
+           __atomic_load_n(&calls, __ATOMIC_SEQ_CST) == before,
+       "neither released nor called while s1 works");
+    fake_complete(w);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    ok(fake_is_released(p) == 1 &&
+           __atomic_load_n(&calls, __ATOMIC_SEQ_CST) == before + 1,
+       "released, and called once");
+    is_int(defer_free(again, s[0]), cudaSuccess, "the other block freed");
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(defer_trim(NULL), cudaSuccess, "trim: the blocks back to CUDA");
+    for (int i = 0; i <= MAX; i++)
+        cudaStreamDestroy(s[i]);
+}
+
 int main(void)
 {
     plan_lazy();
@@ -189,6 +251,7 @@ int main(void)
     test_host_and_call();
     test_failure_defers_nothing();
     test_stream_count_limits();
+    test_stream_named_twice();
     test_failed_member_device();
     struct defer_stats st = stats_now();
     ok(st.pending == 0 && st.deferred == st.released + st.failed,

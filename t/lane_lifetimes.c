@@ -11,9 +11,10 @@
  *    lanes' ones included, with CUDEFER_EVENT_POOL=0 (a full pool: what the
  *    lanes let go of would overflow it and be destroyed, saying the
  *    device's error once more).
- *  - defer_call_streams refused after recording two parts on one stream:
- *    the lane forgets both records (else it waits for them for good, full,
- *    and shares one event among all later callbacks).
+ *  - defer_call_streams refused after recording two parts on one stream
+ *    (its two handles, 0 and cudaStreamLegacy: a handle given twice is
+ *    one part): the lane forgets both records (else it waits for them for
+ *    good, full, and shares one event among all later callbacks).
  *  - A refused group's labels, given again to later entries, are not
  *    complete by a lane's query of the refused records.
  *  - A thread with lanes forks and exits in the child: its lanes let go
@@ -201,10 +202,11 @@ static void count_step(void *arg)
     atomic_fetch_add(&step_ran, 1);
 }
 
-/* defer_call_streams on one stream three times over, its third record
- * failing: the first two parts each took an event of the thread's lane
- * for the stream (the second a fresh one, the first's record being
- * pending), and both are discarded.  Neither event may stay in the lane as
+/* defer_call_streams on the legacy stream twice over (0 and
+ * cudaStreamLegacy, two handles of one stream: one lane) and on another
+ * stream, its third record failing: the first two parts each took an
+ * event of the thread's lane for the legacy stream (the second a fresh
+ * one, the first's record being pending), and both are discarded.  Neither event may stay in the lane as
  * if a record of it were pending: nothing would ever complete it, and with
  * LANE_EVENTS - 1 such events the lane is full for good, every later
  * callback sharing its newest event, so a thread that keeps deferring
@@ -212,8 +214,8 @@ static void count_step(void *arg)
  * the newest work) until it stops. */
 static void s_failed_groups_leave_no_stale_event(void)
 {
-    cudaStream_t s = stream_new();
-    cudaStream_t thrice[3] = {s, s, s};
+    cudaStream_t s = 0; /* the lane the refused groups leave behind */
+    cudaStream_t thrice[3] = {s, cudaStreamLegacy, stream_new()};
     stderr_capture_begin();
     for (int i = 0; i < LANE_EVENTS; i++) {
         fake_fail(FAKE_EVENT_RECORD, cudaErrorNotSupported, 2, 1);
@@ -354,8 +356,8 @@ static void count_label(void *arg)
 
 static void s_refused_labels_are_not_completed(void)
 {
-    cudaStream_t s = stream_new();
-    cudaStream_t thrice[3] = {s, s, s};
+    cudaStream_t s = 0; /* two parts on its lane, as above */
+    cudaStream_t thrice[3] = {s, cudaStreamLegacy, stream_new()};
     void *first = device_alloc(256);
     /* The lane's event, recorded once, its entry done. */
     CHECK(defer_free(first, s) == cudaSuccess, "first free");
@@ -423,7 +425,7 @@ int main(void)
         "a forking thread with lanes exits in the fork child: its events go "
         "back to the pools, none destroyed (no CUDA call after fork)");
     run(s_failed_groups_leave_no_stale_event, NULL,
-        "refused defer_call_streams on one stream thrice leave no event in "
+        "refused defer_call_streams on one stream twice leave no event in "
         "the lane waiting for a record nobody takes in: later callbacks run "
         "as their work completes");
     run(s_refused_labels_are_not_completed, "CUDEFER_EVENT_POOL=0",
