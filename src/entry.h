@@ -91,6 +91,10 @@ struct entry {
                               allocation, not at its start, when the entry
                               was sized: another pointer's release may
                               free its allocation first */
+    bool some_pool;        /* some of its pointers, not all, are pool
+                              memory: released once its work is done,
+                              never held (reclaimer.c, release_pool_part);
+                              in padding, so the size stays */
     /* The block each pointer's free claimed (cache.h; block NULL:
      * none), which its release acts on: claims[0..nptrs) of an
      * ENTRY_FREE_DEVICE, NULL when no pointer was a block; &one_claim or

@@ -140,6 +140,7 @@ static void drop_event(struct entry *e)
 static void recycle(struct entry *e)
 {
     drop_event(e);
+    e->some_pool = false; /* size_up sets it again, or its device failed */
     if (!e->pooled || device_error(e->device) != cudaSuccess) {
         entry_slab_free(e);
         return;
@@ -274,6 +275,10 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         err = release_entry(e, reclaimer_frees_stream_of(e), abandoned,
                             &out);
         reclaimer_frees_queued(e->device, out.queued);
+        /* Its pool memory's release, made before (release_pool_part),
+         * failed: e failed (its other pointers released all the same). */
+        if (err == cudaSuccess)
+            err = e->group_err;
         trace_pop();
         if (e->kind == ENTRY_CALL)
             learn_device_after_callback();
@@ -317,6 +322,64 @@ static bool give_back_blocks(struct entry *e)
     return kept > 0;
 }
 
+/* Pointers i and j of e (and their claims) trade places. */
+static void swap_pointers(struct entry *e, size_t i, size_t j)
+{
+    void *p = e->ptrs[i];
+    e->ptrs[i] = e->ptrs[j];
+    e->ptrs[j] = p;
+    if (e->claims != NULL) {
+        struct block_claim c = e->claims[i];
+        e->claims[i] = e->claims[j];
+        e->claims[j] = c;
+    }
+}
+
+/* A completed entry of several pointers, some of them pool memory
+ * (cudaMallocAsync's) and some not (some_pool): the pool memory is
+ * released now, with cudaFreeAsync as defer_free releases it (as soon as
+ * its work is done, never held: size_up left its bytes out of held_bytes),
+ * the rest stays in e for the policy.  Pool memory is told apart by asking
+ * CUDA again, only for such entries.  A release that failed is e's
+ * failure: kept in group_err (done with once e completed) for e's end to
+ * count, and a sticky one fails the device.  False when nothing is left
+ * in e. */
+static bool release_pool_part(struct entry *e)
+{
+    if (reclaimer_abandoned() || device_error(e->device) != cudaSuccess ||
+        !reclaimer_use_device(e->device))
+        return true; /* released, or failed, with the rest */
+    size_t kept = 0;
+    for (size_t i = 0; i < e->nptrs; i++) {
+        struct cuda_allocation info;
+        if (entry_claimed(e, i) ||
+            !cuda_allocation_of(e->ptrs[i], true, &info) || !info.pool)
+            swap_pointers(e, i, kept++);
+    }
+    if (kept == e->nptrs)
+        return true;
+    /* The pool pointers, e->ptrs[kept..nptrs), none a block. */
+    struct entry part = *e;
+    part.ptrs = e->ptrs + kept;
+    part.nptrs = e->nptrs - kept;
+    part.claims = NULL;
+    part.pool = true;
+    part.held_bytes = 0;
+    struct release_report out = {0};
+    cudaError_t err = release_entry(&part, reclaimer_frees_stream_of(&part),
+                                    abandoned, &out);
+    reclaimer_frees_queued(e->device, out.queued);
+    if (rs.cfg.check) /* finishing e takes out only what e still holds */
+        for (size_t i = 0; i < part.nptrs; i++)
+            pointer_set_remove(&rs.deferred, part.ptrs[i]);
+    e->nptrs = kept;
+    if (err != cudaSuccess && e->group_err == cudaSuccess)
+        e->group_err = err;
+    if (cuda_error_is_sticky(err))
+        reclaimer_fail_device(e->device, out.failed_call, err);
+    return kept > 0;
+}
+
 /* A completed entry: released at once or held, as the policy says. */
 static void completed(struct entry *e, uint64_t now)
 {
@@ -327,6 +390,12 @@ static void completed(struct entry *e, uint64_t now)
         /* Counted as released counts them: a free batch's blocks each. */
         rs.pass_released += e->kind == ENTRY_BLOCK ? e->nptrs : 1;
         reclaimer_finish_entry(e, cudaSuccess);
+        return;
+    }
+    if (e->kind == ENTRY_FREE_DEVICE && e->some_pool &&
+        !release_policy_release_at_once(&rs.cfg, e) && !release_pool_part(e)) {
+        rs.pass_released += e->group_err == cudaSuccess;
+        reclaimer_finish_entry(e, e->group_err);
         return;
     }
     if (release_policy_release_at_once(&rs.cfg, e)) {

@@ -18,15 +18,19 @@
 #include "report.h"
 #include "stream_table.h"
 
-/* Learn what a free entry holds: its bytes, whether it is pool memory,
- * whether it is all memory of its own device (held_here: what the auto cap
- * takes out of the device's use), and whether every pointer is a block of
- * the cache (given back, never held).  A pointer whose device is not known
+/* Learn what a free entry holds: its bytes, whether it is pool memory (all
+ * of it, or some: some_pool), whether it is all memory of its own device
+ * (held_here: what the auto cap takes out of the device's use), and whether
+ * every pointer is a block of the cache (given back, never held).  Pool
+ * memory's bytes are never held bytes: cudaFreeAsync costs nothing, so it
+ * is released once its work is done, in an entry with other memory too
+ * (release_pool_part, reclaimer.c).  A pointer whose device is not known
  * counts as its entry's device's. */
 static void size_up(struct entry *e)
 {
     e->held_bytes = 0;
     e->pool = e->kind == ENTRY_FREE_DEVICE;
+    e->some_pool = false;
     e->held_here = e->kind == ENTRY_FREE_DEVICE;
     e->cache_blocks = false;
     e->interior = false;
@@ -41,8 +45,9 @@ static void size_up(struct entry *e)
         struct cuda_allocation info;
         cuda_allocation_of(e->ptrs[i], e->kind == ENTRY_FREE_DEVICE, &info);
         e->pool &= info.pool;
+        e->some_pool |= info.pool;
         e->held_here &= info.device < 0 || info.device == e->device;
-        e->held_bytes += info.bytes;
+        e->held_bytes += info.pool ? 0 : info.bytes;
         e->interior |= info.bytes > 0 && info.start != e->ptrs[i];
     }
     e->cache_blocks = blocks > 0 && blocks == e->nptrs;
@@ -52,8 +57,7 @@ static void size_up(struct entry *e)
      * nothing, and needs no stream of the reclaimer's. */
     if (e->cache_blocks)
         e->pool = false;
-    if (e->pool)
-        e->held_bytes = 0; /* cudaFreeAsync costs nothing: never held */
+    e->some_pool &= !e->pool;
 }
 
 /* CUDEFER_CHECK: drop (and report) the pointers of e that are already

@@ -71,9 +71,71 @@ static void test_named_twice(cudaStream_t s)
        "40 distinct ones: each released once");
 }
 
+/* Pool memory (cudaMallocAsync's) beside cudaMalloc memory in one
+ * defer_free_n: released as defer_free releases it, once its work is done,
+ * while the policy holds the rest, and its bytes are no held bytes (work
+ * pending on another stream all along: no idle-time release; no age
+ * limit).  Its address handed out again and deferred is no second free
+ * (CUDEFER_CHECK).  A pool pointer whose release fails (one inside its
+ * allocation) fails its entry, once, the rest released all the same. */
+static void scenario_pool_memory_not_held(void)
+{
+    fake_set_address_reuse(1);
+    cudaStream_t s = stream_new(), busy = stream_new();
+    void *other = device_alloc(256);
+    fake_work *keep = work_held(busy, other);
+    CHECK(defer_free(other, busy) == cudaSuccess, "work pending elsewhere");
+    void *q = NULL, *p = device_alloc(4096);
+    CHECK(cudaMallocAsync(&q, 4096, s) == cudaSuccess, "pool memory");
+    void *both[2] = {p, q};
+    fake_work *w = fake_launch_held(s, both, 2);
+    CHECK(defer_free_n(both, 2, s) == cudaSuccess,
+          "defer_free_n of cudaMalloc and pool memory");
+    CHECK(fake_is_released(q) == 0, "nothing released before its work");
+    fake_complete(w);
+    CHECK(wait_released(q, 10000),
+          "the pool memory is released once its work is done");
+    CHECK(wait_stats_settled(2000), "the counters settle");
+    struct defer_stats st = stats_now();
+    CHECK(fake_is_released(p) == 0 && st.held == 1 && st.held_bytes == 4096,
+          "the cudaMalloc memory is held, its bytes alone (held %llu, "
+          "%llu bytes)", ULL(st.held), ULL(st.held_bytes));
+    void *again = NULL;
+    CHECK(cudaMallocAsync(&again, 4096, s) == cudaSuccess && again == q,
+          "the pool memory's address handed out again");
+    stderr_capture_begin();
+    CHECK(defer_free(again, s) == cudaSuccess, "and deferred");
+    void *p2 = device_alloc(4096), *q2 = NULL;
+    CHECK(cudaMallocAsync(&q2, 4096, s) == cudaSuccess, "more pool memory");
+    void *inside[2] = {p2, (char *)q2 + 512};
+    CHECK(defer_free_n(inside, 2, s) == cudaSuccess,
+          "defer_free_n of cudaMalloc memory and a pointer inside pool "
+          "memory");
+    fake_complete(keep);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    const char *msg = stderr_capture_end();
+    CHECK(strstr(msg, "CUDEFER_CHECK") == NULL,
+          "the address deferred again is no second free");
+    CHECK(has_line(msg, "defer_free_n", "inside the allocation", NULL),
+          "the pointer inside pool memory is said");
+    CHECK(fake_is_released(p) == 1 && fake_is_released(again) == 1 &&
+              fake_is_released(p2) == 1 && fake_is_released(other) == 1,
+          "the rest released");
+    CHECK(cudaFreeAsync(q2, s) == cudaSuccess, "the caller's pool memory");
+    st = stats_now();
+    CHECK(st.deferred == 4 && st.released == 3 && st.failed == 1 &&
+              st.pending == 0,
+          "four entries: three released, the one with a pointer inside pool "
+          "memory failed (deferred %llu released %llu failed %llu)",
+          ULL(st.deferred), ULL(st.released), ULL(st.failed));
+}
+
 int main(void)
 {
     plan_lazy();
+    fork_scenario("pool memory in defer_free_n is released once its work is "
+                  "done, never held", "CUDEFER_CHECK=1 CUDEFER_MAX_DELAY_MS=0",
+                  1, 30000, scenario_pool_memory_not_held);
     fake_reset(1);
     cudaStream_t s = stream_new();
     test_one_event(s);
