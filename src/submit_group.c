@@ -79,6 +79,39 @@ static cudaError_t refuse_recorded_capture(const struct request_args *a,
     return cudaErrorStreamCaptureUnsupported;
 }
 
+/* Any thread: a's refusal because a stream the caller gave (given[0..n),
+ * the caller's array) is no live stream, the capture check's err: said
+ * naming the first such one by its place in the array and its handle (the
+ * caller may give 64), else as submit_reject says it; counted.  Asks each
+ * given stream again, the refusal's path only.  Returns err. */
+static cudaError_t refuse_given_gone(const struct request_args *a,
+                                     const cudaStream_t *given, size_t n,
+                                     const char *call, cudaError_t err)
+    FRAME_OF_ITS_OWN;
+static cudaError_t refuse_given_gone(const struct request_args *a,
+                                     const cudaStream_t *given, size_t n,
+                                     const char *call, cudaError_t err)
+{
+    for (size_t i = 0; i < n; i++) {
+        bool capturing;
+        const char *again = NULL;
+        if (capture_status(&given[i], 1, &capturing, &again) !=
+            cudaErrorInvalidResourceHandle)
+            continue;
+        stats_add(&stats.rejected, 1);
+        char tail[64];
+        report("%s: streams[%zu] (%p) is not a live stream (destroyed, or "
+               "never created): %s failed: %s (%s)%s", a->what, i,
+               (void *)given[i], call, cudaGetErrorString(err),
+               cudaGetErrorName(err),
+               a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
+                              : "; nothing was deferred (the caller keeps "
+                                "ownership)");
+        return err;
+    }
+    return submit_reject(a, call, err);
+}
+
 cudaError_t submit_group_refuse_too_many(const struct request_args *a)
 {
     stats_add(&stats.rejected, 1);
@@ -148,6 +181,10 @@ cudaError_t submit_group_resolve(const struct request_args *a,
     if (err == cudaErrorStreamCaptureUnsupported && ngiven < n &&
         capture_status(g->streams, ngiven, &capturing, &again) == cudaSuccess)
         return refuse_recorded_capture(a, t, ngiven, capturing);
+    /* A given stream unknown, among several given (a caller that gave one
+     * knows which): named by its place in the caller's array. */
+    if (err == cudaErrorInvalidResourceHandle && count > 1)
+        return refuse_given_gone(a, given, count, call, err);
     return submit_reject(a, call, err);
 }
 

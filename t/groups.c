@@ -2,6 +2,7 @@
 /* Memory used by several streams (defer_free_streams and its host and call
  * variants): released only after the work of every stream, without the
  * streams waiting for each other; a failure on any stream defers nothing. */
+#include <stdio.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -67,7 +68,27 @@ static void test_failure_defers_nothing(void)
     const char *msg = stderr_capture_end();
     ok(err != cudaSuccess, "a bad second stream is an error (%s)",
        cudaGetErrorName(err));
-    ok(strstr(msg, "defer_free_streams") != NULL, "named on stderr");
+    char which[64];
+    snprintf(which, sizeof which, "streams[1] (%p) is not a live stream",
+             (void *)gone);
+    ok(has_line(msg, "defer_free_streams: ", which, NULL),
+       "said in one line naming the call and which stream: its place in "
+       "the array and its handle");
+    uint64_t rejected = stats_now().rejected;
+    cudaStream_t first_gone[3] = {good, good, gone};
+    stderr_capture_begin();
+    cudaError_t e2 = defer_call_streams(count_call, NULL, first_gone, 3);
+    cudaError_t e3 = defer_free_host_streams(p, first_gone, 3);
+    msg = stderr_capture_end();
+    snprintf(which, sizeof which, "streams[2] (%p) is not a live stream",
+             (void *)gone);
+    ok(e2 == cudaErrorInvalidResourceHandle &&
+           e3 == cudaErrorInvalidResourceHandle &&
+           has_line(msg, "defer_call_streams: ", which, NULL) &&
+           has_line(msg, "defer_free_host_streams: ", which, NULL) &&
+           stats_now().rejected == rejected + 2,
+       "defer_call_streams and defer_free_host_streams likewise, each "
+       "counted once");
     is_int(stats_now().deferred - deferred, 0, "nothing deferred");
     is_int(stats_now().events_in_pool, idle, "the first stream's event went back");
     is_int(defer_flush(), cudaSuccess, "flush");
