@@ -412,7 +412,10 @@ CUDEFER_API cudaError_t defer_flush(void);
  * work.  *released_bytes (if not NULL) gets the bytes that pass gave back
  * to CUDA, cudaMallocAsync memory not counted: trims served by one pass
  * each get its total.  Errors as for defer_flush.
- * Limit: what shares an event completes when its newest record does. */
+ * Limit: what shares an event completes when its newest record does.
+ * Limit: only whole allocations go back: a free block cut from a larger
+ * one (split_min_bytes) stays cached while another piece of its
+ * allocation is live or its work pending. */
 CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 
 /* defer_shutdown: flush, release the free blocks, stop and join the

@@ -364,6 +364,60 @@ static void test_trim(cudaStream_t s)
     ok(fake_allocation_of(p, NULL, NULL) == 0, "with cudaFree");
 }
 
+static struct defer_device_stats device_now(void)
+{
+    struct defer_device_stats d;
+    memset(&d, 0, sizeof d);
+    defer_device_stats_get(0, &d);
+    return d;
+}
+
+/* Only whole allocations go back to CUDA (include/cudefer.h, defer_trim's
+ * limit): of two 1 MiB blocks cut from one free 4 MiB block (splitting, 1
+ * MiB by default), one freed, a trim releases nothing while the other is
+ * live; once that one is freed too, the whole allocation goes. */
+static void test_trim_keeps_cut_piece(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed); /* nothing free cached */
+    struct defer_device_stats d0 = device_now();
+    void *whole = NULL, *a = NULL, *b = NULL;
+    alloc_checked(&whole, 4 << 20, s);
+    defer_free(whole, s);
+    defer_flush(); /* its work done: FREE */
+    uint64_t mallocs = device_now().cache_mallocs;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, 1 << 20, s);
+    void *base_a = NULL, *base_b = NULL;
+    fake_allocation_of(a, &base_a, NULL);
+    fake_allocation_of(b, &base_b, NULL);
+    ok(a != NULL && b != NULL && base_a == whole && base_b == whole &&
+           device_now().cache_mallocs == mallocs,
+       "two 1 MiB blocks cut from one 4 MiB allocation (%p, %p of %p)", a,
+       b, whole);
+    defer_free(a, s);
+    defer_flush();
+    is_int(defer_trim(&trimmed), cudaSuccess, "trim with one piece live");
+    struct defer_device_stats d = device_now();
+    ok(fake_allocation_of(whole, NULL, NULL) == 1 &&
+           d.cache_bytes - d0.cache_bytes == (4 << 20) &&
+           d.cache_free_bytes - d0.cache_free_bytes == (3 << 20) &&
+           d.live_bytes - d0.live_bytes == (1 << 20),
+       "the freed piece stays cached, free, with the rest of its "
+       "allocation: %llu bytes cached, %llu free, %llu live",
+       ULL(d.cache_bytes - d0.cache_bytes),
+       ULL(d.cache_free_bytes - d0.cache_free_bytes),
+       ULL(d.live_bytes - d0.live_bytes));
+    defer_free(b, s);
+    defer_flush();
+    is_int(defer_trim(&trimmed), cudaSuccess, "trim with no piece live");
+    d = device_now();
+    ok(fake_allocation_of(whole, NULL, NULL) == 0 &&
+           d.cache_bytes == d0.cache_bytes,
+       "the whole allocation goes: %llu bytes cached",
+       ULL(d.cache_bytes - d0.cache_bytes));
+}
+
 /* A shutdown while a request allocates a new block (here the allocation
  * takes 50 ms): the shutdown waits for it, since it destroys the pools the
  * allocation counts in (else a write to freed memory: ASan). */
@@ -420,6 +474,7 @@ int main(void)
     test_failed_hand_back_words(s);
     test_hand_back_during_capture(s);
     test_trim(s);
+    test_trim_keeps_cut_piece(s);
     test_shutdown_during_malloc(s);
     is_int(fake_violations(), 0, "oracle: nothing released or reused early");
     return 0;
