@@ -206,12 +206,13 @@ static void count_step(void *arg)
  * cudaStreamLegacy, two handles of one stream: one lane) and on another
  * stream, its third record failing: the first two parts each took an
  * event of the thread's lane for the legacy stream (the second a fresh
- * one, the first's record being pending), and both are discarded.  Neither event may stay in the lane as
- * if a record of it were pending: nothing would ever complete it, and with
- * LANE_EVENTS - 1 such events the lane is full for good, every later
- * callback sharing its newest event, so a thread that keeps deferring
- * behind its work runs none of them (each records that event again after
- * the newest work) until it stops. */
+ * one, the first's record being pending), and both are discarded.
+ * Neither event may stay in the lane as if a record of it were pending:
+ * nothing would ever complete it, and with LANE_EVENTS - 1 such events
+ * the lane is full for good, every later callback sharing its newest
+ * event, so a thread that keeps deferring behind its work runs none of
+ * them (each records that event again after the newest work) until it
+ * stops. */
 static void s_failed_groups_leave_no_stale_event(void)
 {
     cudaStream_t s = 0; /* the lane the refused groups leave behind */
