@@ -139,7 +139,7 @@ static size_t give_to_pool(const struct words *w, int device,
                            const struct block_memory *m, size_t n,
                            cudaStream_t stream)
 {
-    size_t bytes = 0, released = 0, failures = 0;
+    size_t bytes = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
         cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
         if (err != cudaSuccess) {
@@ -153,12 +153,10 @@ static size_t give_to_pool(const struct words *w, int device,
         if (err == cudaSuccess) {
             bytes += m[i].size;
             released++;
-        } else {
-            failures++;
         }
     }
     stats_device_count_releases(device, released);
-    stats_device_count_release_failures(device, failures);
+    stats_device_count_release_failures(device, n - released);
     return bytes;
 }
 

@@ -62,6 +62,20 @@ static void *free_block(cudaStream_t s)
     return p;
 }
 
+/* defer_trim with the next cudaFreeAsync failing with fail; *said (said
+ * may be NULL): what it said on stderr. */
+static cudaError_t trim_failing(cudaError_t fail, const char **said)
+{
+    stderr_capture_begin();
+    fake_fail(FAKE_FREE_ASYNC, fail, 0, 1);
+    cudaError_t err = defer_trim(NULL);
+    const char *text = stderr_capture_end();
+    fake_fail_clear();
+    if (said != NULL)
+        *said = text;
+    return err;
+}
+
 /* A trim whose cudaFreeAsync of a FREE block fails for that block alone:
  * one failure, said; the next trim releases the next block, one release. */
 static void trim_fails(void)
@@ -69,11 +83,8 @@ static void trim_fails(void)
     cudaStream_t s = stream_new();
     void *p = free_block(s);
     struct counts before = counts_now();
-    stderr_capture_begin();
-    fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
-    cudaError_t err = defer_trim(NULL);
-    const char *said = stderr_capture_end();
-    fake_fail_clear();
+    const char *said;
+    cudaError_t err = trim_failing(cudaErrorInvalidValue, &said);
     CHECK(err == cudaSuccess, "defer_trim: %s (not sticky)",
           cudaGetErrorName(err));
     CHECK(has_line(said, "cudaFreeAsync failed", "not released", NULL),
@@ -97,11 +108,7 @@ static void trim_fails_sticky(void)
     cudaStream_t s = stream_new();
     void *p = free_block(s);
     struct counts before = counts_now();
-    stderr_capture_begin();
-    fake_fail(FAKE_FREE_ASYNC, cudaErrorLaunchFailure, 0, 1);
-    cudaError_t err = defer_trim(NULL);
-    stderr_capture_end();
-    fake_fail_clear();
+    cudaError_t err = trim_failing(cudaErrorLaunchFailure, NULL);
     CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
           "error", cudaGetErrorName(err));
     expect_counts(&before, 0, 1, "a sticky failed release");
