@@ -4,10 +4,10 @@
  * a block freed on a stream goes back to a request on that stream at once,
  * to any stream once its work is done, and a miss is a new block from the
  * device's upstream pool (cache_upstream.c; cudaMalloc where none can be
- * made). */
+ * made), once the cached segments the pool lacks for it went back to the
+ * pool (cache_hand_back.c). */
 #include <stdio.h>
 
-#include "submit.h"
 #include "cache.h"
 #include "capture.h"
 #include "clock.h"
@@ -125,87 +125,6 @@ static cudaError_t malloc_block(struct words *w, int device, size_t bytes,
     if (err != cudaErrorMemoryAllocation || exact >= rounded)
         return err;
     return malloc_filed(w, device, exact, stream, ptr);
-}
-
-/* Hand the memory of n blocks that left the cache back to device's pool,
- * ordered on stream; a block whose cudaFreeAsync fails goes with cudaFree
- * instead (it drains the device, so it is safe for a block pending on
- * stream too), since it is in no cache any more and nothing else would
- * ever release it.  Returns the bytes of those released; one neither call
- * released is reported in w's words (the request goes on: no line end),
- * counted as a failed release (never as released), and still lent in the
- * pool's books. */
-static size_t give_to_pool(const struct words *w, int device,
-                           const struct block_memory *m, size_t n,
-                           cudaStream_t stream)
-{
-    size_t bytes = 0, released = 0;
-    for (size_t i = 0; i < n; i++) {
-        cudaError_t err = cache_upstream_free(device, m[i].ptr, m[i].size, stream);
-        if (err != cudaSuccess) {
-            cuda_report_failure(w->what, "cudaFreeAsync", err,
-                        "; the free block goes back with cudaFree");
-            err = cache_upstream_free_sync(device, m[i].ptr, m[i].size);
-            if (err != cudaSuccess)
-                cuda_report_failure(w->what, "cudaFree", err,
-                                    "; a free block is lost to the pool");
-        }
-        if (err == cudaSuccess) {
-            bytes += m[i].size;
-            released++;
-        }
-    }
-    stats_device_count_releases(device, released);
-    stats_device_count_release_failures(device, n - released);
-    return bytes;
-}
-
-/* A request on stream (id stream_id) missed; its new block is of need
- * bytes (fresh_size).  When the device's pool lacks that much memory,
- * cached pool blocks go back to it, ordered on the request's stream, until
- * it has enough: FREE ones (free before before_ns, so none that turned
- * free during the search) or ones PENDING on this very stream (freed on
- * it, so a free ordered on it is safe), the largest first.  Their memory
- * then serves this request whatever its size, and the pool does not grow
- * while the cache holds memory nobody asks for.
- * Only what is lacking goes back: the rest stays cached for the requests
- * that follow (handing back every free block made ~700 requests of a
- * ResNet-50 step miss on the H100).  Why the largest: a large block covers
- * this request in one hand-back and leaves slack in the pool for the misses
- * after it, which then take nothing from the cache; the oldest first
- * handed back many blocks that later requests missed for (t/alloc_steady:
- * 55 misses a step, 27 with the largest first, both at ~1.01x the live
- * peak).  Nothing waits.  A failed hand-back is said in w's words; a
- * block lost to the pool ends the hand-back. */
-static void hand_back_free_blocks(const struct words *w, int device,
-                                  size_t need, cudaStream_t stream,
-                                  unsigned long long stream_id,
-                                  uint64_t before_ns) FRAME_OF_ITS_OWN;
-static void hand_back_free_blocks(const struct words *w, int device,
-                                  size_t need, cudaStream_t stream,
-                                  unsigned long long stream_id,
-                                  uint64_t before_ns)
-{
-    if (!cache_upstream_exists(device))
-        return;
-    size_t slack = cache_upstream_slack(device);
-    size_t lacking = need > slack ? need - slack : 0, n, got;
-    struct block_memory memory[64];
-    while (lacking > 0 &&
-           (n = cache_reclaim_for_miss(device, stream_id, before_ns, memory,
-                                     64, lacking)) > 0) {
-        size_t handed = 0;
-        for (size_t i = 0; i < n; i++)
-            handed += memory[i].size;
-        got = give_to_pool(w, device, memory, n, stream);
-        /* A block neither call released is lost (said): the next would
-         * most likely go the same way, so the hand-back stops at the first
-         * loss rather than empty the cache; the request goes on to its new
-         * block (out of memory, its trim still has the cache's rest). */
-        if (got < handed)
-            break;
-        lacking = got < lacking ? lacking - got : 0;
-    }
 }
 
 /* A refusal of an allocation call: counted, said in w's words (detail,
@@ -365,7 +284,7 @@ static cudaError_t alloc_admitted(struct words *w, void **ptr, size_t bytes,
     if (cache_upstream_beyond_device(*device, bytes))
         return cudaErrorMemoryAllocation;
     *fresh = fresh_size(*device, bytes);
-    hand_back_free_blocks(w, *device, *fresh, stream, id, before);
+    cache_hand_back(w->what, *device, *fresh, stream, id, before);
     return cudaSuccess;
 }
 

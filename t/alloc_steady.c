@@ -8,7 +8,7 @@
  * it measures, per step, the misses (new blocks from the pool) and the
  * blocks handed back to the pool, and the pool's reserved bytes against the
  * peak of the bytes the trace itself holds live.  It pins what a miss hands
- * back to the pool (src/alloc.c, hand_back_free_blocks) between two
+ * back to the pool (src/cache_hand_back.c) between two
  * regressions, both seen on an H100 with ResNet-50:
  *   (1) handing back EVERY free block at each miss: each miss empties the
  *       cache of blocks the next requests need, so they miss too (churn:
