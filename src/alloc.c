@@ -396,7 +396,7 @@ static cudaError_t alloc_on(struct words *w, void **ptr, size_t bytes,
      * no allocation was tried for (an error pending before goes too, as a
      * failed cudaMalloc replaces it). */
     if (err == cudaErrorMemoryAllocation)
-        cudaGetLastError();
+        cuda_clear_last_error();
     if (err != cudaSuccess)
         *ptr = NULL; /* whatever a failed allocation call left there */
     return err;

@@ -3,13 +3,11 @@
  * own per device (cudaMemPoolCreate), where new segments come from (cache.h
  * says which file holds what, and what each function does).
  *
- * Every call on a pool, and each cudaMalloc and cudaFree here, is made in
- * the relaxed capture mode (struct cuda_capture_mode): CUDA counts them
- * "potentially unsafe", so in the calling thread's default Global mode,
- * while another thread captures in Global mode, each is refused and
- * invalidates that capture (bench/probes/capture_unsafe.cu).  None of them
- * touches a capture: the stream they are ordered on was checked not to
- * capture, and the memory they make or release is in no graph. */
+ * Every call on a pool, and each cudaMalloc and cudaFree here, goes through
+ * the CUDA layer's relaxed calls (cuda.h, "the block cache's memory"): CUDA
+ * counts them "potentially unsafe", so in the calling thread's default
+ * Global mode, while another thread captures in Global mode, each would be
+ * refused and invalidate that capture (bench/probes/capture_unsafe.cu). */
 #define _GNU_SOURCE /* PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP */
 #include "cache.h"
 
@@ -57,11 +55,9 @@ bool cache_upstream_init(int ndevices)
 
 void cache_upstream_destroy(void)
 {
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     for (int d = 0; d < nmempools; d++)
         if (atomic_load(&mempools[d].state) == MEMPOOL_READY)
-            cudaMemPoolDestroy(mempools[d].pool);
-    cuda_capture_mode_put_back(mode);
+            cuda_pool_destroy(mempools[d].pool);
     free(mempools);
     mempools = NULL;
     nmempools = 0;
@@ -85,22 +81,11 @@ void cache_upstream_fork_child(void)
  * the user made: the device's blocks come from cudaMalloc). */
 static bool mempool_create(struct mempool *p, int device, const char *what)
 {
-    struct cudaMemPoolProps props = {0};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    cudaError_t err = cudaMemPoolCreate(&p->pool, &props);
-    uint64_t keep = UINT64_MAX;
-    if (err == cudaSuccess &&
-        (err = cudaMemPoolSetAttribute(p->pool,
-                                       cudaMemPoolAttrReleaseThreshold,
-                                       &keep)) != cudaSuccess)
-        cudaMemPoolDestroy(p->pool);
-    cuda_capture_mode_put_back(mode);
+    const char *call;
+    cudaError_t err = cuda_pool_create(device, &p->pool, &call);
     if (err != cudaSuccess) {
-        cudaGetLastError();
-        cuda_report_failure(what, "cudaMemPoolCreate", err,
+        cuda_forget_failure(err);
+        cuda_report_failure(what, call, err,
                             "; blocks come from cudaMalloc on this device");
     }
     return err == cudaSuccess;
@@ -136,12 +121,8 @@ bool cache_upstream_beyond_device(int device, size_t bytes)
     uint64_t total = atomic_load_explicit(&mempools[device].device_bytes,
                                           memory_order_relaxed);
     if (total == 0) {
-        struct cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-            cudaGetLastError(); /* not known: no guard, asked again later */
-            return false;
-        }
-        total = prop.totalGlobalMem;
+        if (cuda_device_memory(device, &total) != cudaSuccess)
+            return false; /* not known: no guard, asked again later */
         atomic_store_explicit(&mempools[device].device_bytes, total,
                               memory_order_relaxed);
     }
@@ -158,15 +139,11 @@ static cudaError_t malloc_on(const char *what, int device, void **ptr,
     cudaError_t err = cuda_switch_device(&sw, device, NULL);
     if (err != cudaSuccess)
         return err;
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    err = cudaMalloc(ptr, bytes);
-    cuda_capture_mode_put_back(mode);
+    err = cuda_malloc_relaxed(ptr, bytes);
     cudaError_t back =
         cuda_switch_back(&sw, err == cudaSuccess ? NULL : what);
     if (err == cudaSuccess && back != cudaSuccess) {
-        mode = cuda_capture_mode_relax();
-        cudaFree(*ptr);
-        cuda_capture_mode_put_back(mode);
+        cuda_free_relaxed(*ptr);
         *ptr = NULL;
         err = back;
     }
@@ -181,12 +158,9 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
         device >= 0 && device < nmempools && mempool_ready(device, what);
     cudaError_t err;
     if (*upstream) {
-        struct cuda_capture_mode mode = cuda_capture_mode_relax();
         pthread_rwlock_rdlock(&trim_lock);
-        err = cudaMallocFromPoolAsync(ptr, bytes, mempools[device].pool,
-                                      stream);
+        err = cuda_pool_malloc(ptr, bytes, mempools[device].pool, stream);
         pthread_rwlock_unlock(&trim_lock);
-        cuda_capture_mode_put_back(mode);
     } else {
         err = malloc_on(what, device, ptr, bytes);
     }
@@ -206,9 +180,7 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
 cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
                             cudaStream_t stream)
 {
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    cudaError_t err = cudaFreeAsync(ptr, stream);
-    cuda_capture_mode_put_back(mode);
+    cudaError_t err = cuda_free_async_relaxed(ptr, stream);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
     cuda_forget_failure(err);
@@ -223,9 +195,7 @@ void cache_upstream_forget(int device, size_t bytes)
 
 cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
 {
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    cudaError_t err = cudaFree(ptr);
-    cuda_capture_mode_put_back(mode);
+    cudaError_t err = cuda_free_relaxed(ptr);
     if (err == cudaSuccess)
         cache_upstream_forget(device, bytes);
     cuda_forget_failure(err); /* as cache_upstream_free's */
@@ -237,12 +207,9 @@ size_t cache_upstream_slack(int device)
     if (!cache_upstream_exists(device))
         return 0;
     uint64_t reserved = 0;
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
-    cudaError_t err = cudaMemPoolGetAttribute(
-        mempools[device].pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    cuda_capture_mode_put_back(mode);
+    cudaError_t err = cuda_pool_reserved(mempools[device].pool, &reserved);
     if (err != cudaSuccess) {
-        cudaGetLastError();
+        cuda_forget_failure(err);
         return 0;
     }
     uint64_t held = atomic_load(&mempools[device].held);
@@ -256,20 +223,14 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call)
         return cudaErrorInvalidDevice;
     if (peer == device || !mempool_ready(device, "defer_peer_access"))
         return cudaSuccess;
-    int can = 0;
+    bool can = false;
     *call = "cudaDeviceCanAccessPeer";
-    cudaError_t err = cudaDeviceCanAccessPeer(&can, peer, device);
+    cudaError_t err = cuda_can_access_peer(device, peer, &can);
     if (err == cudaSuccess && !can)
         return cudaErrorPeerAccessUnsupported;
     if (err == cudaSuccess) {
         *call = "cudaMemPoolSetAccess";
-        struct cudaMemAccessDesc desc = {0};
-        desc.location.type = cudaMemLocationTypeDevice;
-        desc.location.id = peer;
-        desc.flags = cudaMemAccessFlagsProtReadWrite;
-        struct cuda_capture_mode mode = cuda_capture_mode_relax();
-        err = cudaMemPoolSetAccess(mempools[device].pool, &desc, 1);
-        cuda_capture_mode_put_back(mode);
+        err = cuda_pool_grant(mempools[device].pool, peer);
     }
     cuda_forget_failure(err); /* the caller's to say */
     return err;
@@ -290,14 +251,11 @@ size_t cache_upstream_trim(int device,
         return 0;
     cudaMemPool_t pool = mempools[device].pool;
     uint64_t before = 0, after = 0;
-    struct cuda_capture_mode mode = cuda_capture_mode_relax();
     pthread_rwlock_wrlock(&trim_lock); /* no allocation grows it meanwhile */
-    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
-    cudaError_t err = cudaMemPoolTrimTo(pool, 0);
-    cudaError_t got = cudaMemPoolGetAttribute(
-        pool, cudaMemPoolAttrReservedMemCurrent, &after);
+    cuda_pool_reserved(pool, &before);
+    cudaError_t err = cuda_pool_trim(pool);
+    cudaError_t got = cuda_pool_reserved(pool, &after);
     pthread_rwlock_unlock(&trim_lock);
-    cuda_capture_mode_put_back(mode);
     if (cuda_error_is_sticky(err)) /* the device's, not the pool's */
         fail(device, "cudaMemPoolTrimTo", err);
     else if (err != cudaSuccess)

@@ -352,6 +352,120 @@ cudaError_t cuda_memory_info(size_t *free_bytes, size_t *total_bytes)
     return cudaMemGetInfo(free_bytes, total_bytes);
 }
 
+/* ---- the block cache's memory -------------------------------------------- */
+
+cudaError_t cuda_pool_create(int device, cudaMemPool_t *pool,
+                             const char **call)
+{
+    struct cudaMemPoolProps props = {0};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    uint64_t keep = UINT64_MAX;
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    *call = "cudaMemPoolCreate";
+    cudaError_t err = cudaMemPoolCreate(pool, &props);
+    if (err == cudaSuccess) {
+        *call = "cudaMemPoolSetAttribute";
+        err = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold,
+                                      &keep);
+        if (err != cudaSuccess)
+            cudaMemPoolDestroy(*pool);
+    }
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_pool_destroy(cudaMemPool_t pool)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMemPoolDestroy(pool);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_pool_malloc(void **ptr, size_t bytes, cudaMemPool_t pool,
+                             cudaStream_t stream)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_pool_reserved(cudaMemPool_t pool, uint64_t *bytes)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMemPoolGetAttribute(
+        pool, cudaMemPoolAttrReservedMemCurrent, bytes);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_pool_trim(cudaMemPool_t pool)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMemPoolTrimTo(pool, 0);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_pool_grant(cudaMemPool_t pool, int peer)
+{
+    struct cudaMemAccessDesc desc = {0};
+    desc.location.type = cudaMemLocationTypeDevice;
+    desc.location.id = peer;
+    desc.flags = cudaMemAccessFlagsProtReadWrite;
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMemPoolSetAccess(pool, &desc, 1);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_malloc_relaxed(void **ptr, size_t bytes)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaMalloc(ptr, bytes);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_free_relaxed(void *ptr)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaFree(ptr);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_free_async_relaxed(void *ptr, cudaStream_t stream)
+{
+    struct cuda_capture_mode mode = cuda_capture_mode_relax();
+    cudaError_t err = cudaFreeAsync(ptr, stream);
+    cuda_capture_mode_put_back(mode);
+    return err;
+}
+
+cudaError_t cuda_device_memory(int device, uint64_t *bytes)
+{
+    struct cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, device);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return err;
+    }
+    *bytes = prop.totalGlobalMem;
+    return cudaSuccess;
+}
+
+cudaError_t cuda_can_access_peer(int device, int peer, bool *can)
+{
+    int yes = 0;
+    cudaError_t err = cudaDeviceCanAccessPeer(&yes, peer, device);
+    *can = err == cudaSuccess && yes;
+    return err;
+}
+
 /* ---- allocation facts ---------------------------------------------------- */
 
 /* The name of a driver result (the common ones; others by number). */

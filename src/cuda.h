@@ -79,6 +79,7 @@
 #include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* ---- start and fork ------------------------------------------------------ */
 
@@ -322,6 +323,64 @@ cudaError_t cuda_free_async(void *ptr, cudaStream_t stream);
  * device's free and total bytes (cudaMemGetInfo). */
 cudaError_t cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 
+/* ---- the block cache's memory -------------------------------------------- */
+
+/* The calls of the block cache's upstream (cache_upstream.c): its memory
+ * pools and its segments.  CUDA counts each of them "potentially unsafe",
+ * so each is made in the relaxed capture mode (struct cuda_capture_mode;
+ * the thread's own put back after): a miss on an application thread makes
+ * them while another thread may capture, or while the thread captures
+ * another stream, and none touches a capture (the stream a segment is
+ * ordered on was checked not to capture; no graph uses the memory they
+ * make or release).  Each returns CUDA's error, said nowhere; the runtime's
+ * last error is as the call left it (the caller says and clears). */
+
+/* Any thread; never blocks on the GPU: a memory pool of device's memory
+ * (cudaMemPoolCreate) that keeps what it reserved until trimmed (its
+ * release threshold the maximum); *call: the call that failed (the pool
+ * created, if it was, destroyed again). */
+cudaError_t cuda_pool_create(int device, cudaMemPool_t *pool,
+                             const char **call);
+
+/* Start-up failure or shutdown: cudaMemPoolDestroy (memory still allocated
+ * from the pool is released by CUDA once freed). */
+cudaError_t cuda_pool_destroy(cudaMemPool_t pool);
+
+/* Any thread; never blocks on the GPU: bytes of pool's memory on stream
+ * (cudaMallocFromPoolAsync; stream's device is the pool's). */
+cudaError_t cuda_pool_malloc(void **ptr, size_t bytes, cudaMemPool_t pool,
+                             cudaStream_t stream);
+
+/* Any thread; never blocks on the GPU: the memory pool reserved from CUDA
+ * (cudaMemPoolAttrReservedMemCurrent). */
+cudaError_t cuda_pool_reserved(cudaMemPool_t pool, uint64_t *bytes);
+
+/* Any thread (the reclaimer); may wait for the device: the pool's unused
+ * memory released to CUDA (cudaMemPoolTrimTo 0). */
+cudaError_t cuda_pool_trim(cudaMemPool_t pool);
+
+/* Any thread; never blocks on the GPU: lets peer's kernels and copies read
+ * and write pool's memory (cudaMemPoolSetAccess). */
+cudaError_t cuda_pool_grant(cudaMemPool_t pool, int peer);
+
+/* Any thread, the device current; may wait for the device: cudaMalloc. */
+cudaError_t cuda_malloc_relaxed(void **ptr, size_t bytes);
+
+/* Any thread; may wait for the device: cudaFree. */
+cudaError_t cuda_free_relaxed(void *ptr);
+
+/* Any thread; never blocks on the GPU: cudaFreeAsync on stream. */
+cudaError_t cuda_free_async_relaxed(void *ptr, cudaStream_t stream);
+
+/* Any thread; never blocks on the GPU: *bytes, device's memory
+ * (cudaGetDeviceProperties' totalGlobalMem); a failure is left off the
+ * thread's last error (not known: the caller asks again later). */
+cudaError_t cuda_device_memory(int device, uint64_t *bytes);
+
+/* Any thread; never blocks on the GPU: whether peer can access device's
+ * memory (cudaDeviceCanAccessPeer). */
+cudaError_t cuda_can_access_peer(int device, int peer, bool *can);
+
 /* ---- allocation facts ---------------------------------------------------- */
 
 /* What the release policy needs to know of an allocation. */
@@ -402,8 +461,10 @@ static inline void cuda_forget_failure_left(cudaError_t err)
         cuda_forget_failure(err);
 }
 
-/* Reclaimer only, before a callback: the thread's last error cleared, so
- * that the callback finds its own CUDA errors, not the reclaimer's. */
+/* Any thread: the thread's last error cleared: on the reclaimer before a
+ * callback, so that the callback finds its own CUDA errors, not the
+ * reclaimer's; after an allocation call's out of memory, which is its
+ * return value's alone (cudefer.h). */
 static inline void cuda_clear_last_error(void)
 {
     cudaGetLastError();
