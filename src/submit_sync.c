@@ -5,6 +5,7 @@
  * event.  Note [The submit route], submit.c. */
 #include "submit_route.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "cache.h"
@@ -17,37 +18,52 @@
 #include "stream_identity.h"
 #include "thread_shard.h"
 
-/* Any thread, admitted: a callback whose stream the caller has just
- * synchronized, when no event could be had: queued in its stream's FIFO
- * with no event, so that it runs on the reclaimer thread after the
- * stream's earlier callbacks, and waited for, so that it has run when the
- * call returns, as a synchronous release has.  Blocks until it ran.  False
- * when it could not be queued (the caller runs it). */
+/* Any thread, admitted: a callback whose streams[0..n) the caller has
+ * just synchronized, when no event could be had: queued with no event in
+ * each stream's FIFO (the first entry the payload, the others members of
+ * its group, as the group route makes them), so that it runs on the
+ * reclaimer thread after the earlier callbacks of every one of its
+ * streams, and waited for, so that it has run when the call returns, as a
+ * synchronous release has.  Blocks until it ran.  False when it could not
+ * be queued (the caller runs it). */
 static bool queue_synced_call(const struct request_args *a,
-                              cudaStream_t stream)
+                              const cudaStream_t *streams, size_t n)
 {
-    int device;
-    unsigned long long id;
-    bool cached;
-    const char *call;
-    if (stream_identity_lookup(stream, true, &device, &id, &cached, &call) !=
-        cudaSuccess)
+    struct entry *parts[SUBMIT_MAX_STREAMS] = {NULL};
+    size_t made = 0;
+    for (; made < n; made++) {
+        int device;
+        unsigned long long id;
+        bool cached;
+        const char *call;
+        if (stream_identity_lookup(streams[made], true, &device, &id, &cached,
+                                   &call) != cudaSuccess)
+            break;
+        /* event NULL: freed when done */
+        struct entry *e = parts[made] = calloc(1, sizeof *e);
+        if (e == NULL)
+            break;
+        e->kind = made == 0 ? ENTRY_CALL : ENTRY_MEMBER;
+        e->device = device;
+        e->stream_id = id;
+        e->synced = true;
+        e->ptrs = &e->one_ptr;
+        e->group = made == 0 ? NULL : parts[0];
+    }
+    if (made < n) {
+        while (made-- > 0)
+            free(parts[made]);
         return false;
-    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
-    if (e == NULL)
-        return false;
-    e->kind = ENTRY_CALL;
-    e->device = device;
-    e->stream_id = id;
-    e->synced = true;
-    e->fn = a->fn;
-    e->arg = a->arg;
-    e->ptrs = &e->one_ptr;
-    e->group_remaining = 1;
-    e->group_err = cudaSuccess;
+    }
+    parts[0]->fn = a->fn;
+    parts[0]->arg = a->arg;
+    parts[0]->group_remaining = (uint32_t)n;
+    parts[0]->group_err = cudaSuccess;
     lifecycle_count_deferred(); /* after a wait: exit may have given up */
     stats_add(&stats.sync_releases, 1);
-    lifecycle_requests_push_and_wait(e);
+    for (size_t i = n; i-- > 1;)
+        lifecycle_push(parts[i]);
+    lifecycle_requests_push_and_wait(parts[0]);
     return true;
 }
 
@@ -69,10 +85,11 @@ static cudaError_t wait_for_users(const struct request_args *a,
                               : submit_reject(a, failed, err);
 }
 
-/* Any thread, admitted: wait for stream (and the streams a's blocks were
- * recorded on) here and release at once.  Blocks.  Callbacks run on the
- * calling thread, but for one that can be queued behind its stream's
- * earlier callbacks (queue_synced_call).  The stream is looked up first,
+/* Any thread, admitted: wait for t's first stream (and the streams a's
+ * blocks were recorded on; a group's others the caller waited for) here
+ * and release at once.  Blocks.  Callbacks run on the calling thread, but
+ * for one that can be queued behind the earlier callbacks of each of t's
+ * streams (queue_synced_call).  The stream is looked up first,
  * as for any route that uses it: a device that failed refuses the call
  * before any wait.  Memory is released with its device current, as the
  * reclaimer releases it, so that a sticky error the release meets is that
@@ -80,8 +97,9 @@ static cudaError_t wait_for_users(const struct request_args *a,
  * cudaSuccess once accepted (a failed release is counted and reported),
  * else the refusal. */
 static cudaError_t release_synchronously(const struct request_args *a,
-                                         cudaStream_t stream)
+                                         const struct target *t)
 {
+    cudaStream_t stream = t->streams[0];
     int device;
     unsigned long long id;
     bool cached;
@@ -111,7 +129,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if ((err = wait_for_users(a, recorded, nrec, &sw)) != cudaSuccess)
         return err;
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
-        queue_synced_call(a, stream))
+        queue_synced_call(a, t->streams, t->n))
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .caller = a->caller,
                       .device = device, .fn = a->fn,
@@ -165,7 +183,7 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
      * cudaGetLastError (the runtime's event creation leaves one). */
     cuda_forget_failure_left(f->err);
     return t->group ? submit_sync_route(a, t)
-                    : release_synchronously(a, t->handle);
+                    : release_synchronously(a, t);
 }
 
 /* Any thread, admitted: ROUTE_SYNCHRONOUS: a group's other streams waited
@@ -178,5 +196,5 @@ cudaError_t submit_sync_route(const struct request_args *a, struct target *t)
                           : cudaSuccess;
     if (err != cudaSuccess)
         return err;
-    return release_synchronously(a, t->streams[0]);
+    return release_synchronously(a, t);
 }

@@ -96,6 +96,38 @@ static void s_sync_fallback_keeps_order(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* No event for a callback deferred on two streams: it waits for both on
+ * the calling thread, and must still run after the earlier callbacks of
+ * each (1 on s, 2 on s2), which the reclaimer (polling slowly here) has
+ * not run yet. */
+static void s_group_sync_fallback_keeps_order(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    fake_work *a = work_held(s, NULL), *b = work_held(s2, NULL);
+    CHECK(defer_call(note, (void *)1, s) == cudaSuccess, "defer_call 1");
+    CHECK(defer_call(note, (void *)2, s2) == cudaSuccess, "defer_call 2");
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, complete_later, a);
+    pthread_create(&tb, NULL, complete_later, b);
+    cudaStream_t both[2] = {s, s2};
+    stderr_capture_begin();
+    cudaError_t err = defer_call_streams(note, (void *)3, both, 2);
+    stderr_capture_end();
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK(err == cudaSuccess, "defer_call_streams 3 (no event): %s",
+          cudaGetErrorName(err));
+    CHECK(stats_now().sync_releases == 1, "it waited for the streams (%llu "
+          "synchronous releases)", ULL(stats_now().sync_releases));
+    fake_fail_clear();
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(strcmp(order_text(), "1,2,3") == 0 ||
+              strcmp(order_text(), "2,1,3") == 0,
+          "callbacks ran in the order %s, want 3 last", order_text());
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 /* Every defer_call looks its stream up afresh: a thread's cached identity
  * can name a destroyed stream whose handle now names a new one (on the
  * same device its entry would join the old stream's FIFO, out of order
@@ -337,6 +369,11 @@ int main(void)
                   "CUDEFER_POLL_US=200000 CUDEFER_POLL_MAX_US=400000 "
                   "CUDEFER_EVENT_POOL=0", 2, 15000,
                   s_sync_fallback_keeps_order);
+    fork_scenario("a callback on two streams with no event waits for both "
+                  "and still runs after the earlier callbacks of each",
+                  "CUDEFER_POLL_US=200000 CUDEFER_POLL_MAX_US=400000 "
+                  "CUDEFER_EVENT_POOL=0", 2, 15000,
+                  s_group_sync_fallback_keeps_order);
     fake_reset(2);
     test_callbacks_identify_afresh();
     test_group_callbacks_identify_afresh();
