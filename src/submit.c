@@ -448,6 +448,34 @@ static cudaError_t route_refused(const struct request_args *a,
                : cache_claim_refuse_freed(a, a->ptrs[0]);
 }
 
+/* Any thread: a's refusal by the captured route (route_captured): a block
+ * recorded on other streams, or (per_thread) a capture of
+ * cudaStreamPerThread; said in one line ending with a->end's text as
+ * every refusal of the request does, counted.  Returns
+ * cudaErrorStreamCaptureUnsupported. */
+static cudaError_t refuse_captured(const struct request_args *a,
+                                   bool per_thread) FRAME_OF_ITS_OWN;
+static cudaError_t refuse_captured(const struct request_args *a,
+                                   bool per_thread)
+{
+    stats_add(&stats.rejected, 1);
+    char tail[64];
+    if (per_thread)
+        report("%s: a capture of cudaStreamPerThread: refused (the "
+               "reclaimer could not wait for the work this thread "
+               "enqueued on it before the capture; capture a created "
+               "stream; the capture is intact%s)", a->what,
+               a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
+                              : "; the caller keeps ownership");
+    else
+        report("%s: a block recorded on other streams (defer_record_stream) "
+               "cannot be freed into a graph capture, which would not wait "
+               "for them: refused%s", a->what,
+               a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
+                              : " (the caller keeps ownership)");
+    return cudaErrorStreamCaptureUnsupported;
+}
+
 /* Any thread, admitted: ROUTE_CAPTURED (capture.h): a's entry is tied to
  * the graph t's streams capture into.  Never blocks.  cudaSuccess, or the
  * refusal: blocks recorded on other streams, which the graph would not
@@ -456,23 +484,11 @@ static cudaError_t route_refused(const struct request_args *a,
 static cudaError_t route_captured(const struct request_args *a,
                                   const struct target *t)
 {
-    if (cache_users_of_free(a, NULL) > 0) {
-        stats_add(&stats.rejected, 1);
-        report("%s: a block recorded on other streams (defer_record_stream) "
-               "cannot be freed into a graph capture, which would not wait "
-               "for them: refused (the caller keeps ownership)", a->what);
-        return cudaErrorStreamCaptureUnsupported;
-    }
+    if (cache_users_of_free(a, NULL) > 0)
+        return refuse_captured(a, false);
     for (size_t i = 0; i < t->n; i++)
-        if (t->streams[i] == cudaStreamPerThread) {
-            stats_add(&stats.rejected, 1);
-            report("%s: a capture of cudaStreamPerThread: refused (the "
-                   "reclaimer could not wait for the work this thread "
-                   "enqueued on it before the capture; capture a created "
-                   "stream; the caller keeps ownership, the capture is "
-                   "intact)", a->what);
-            return cudaErrorStreamCaptureUnsupported;
-        }
+        if (t->streams[i] == cudaStreamPerThread)
+            return refuse_captured(a, true);
     struct entry *e = capture_entry_new();
     if (e == NULL)
         return submit_reject(a, "calloc", cudaErrorMemoryAllocation);

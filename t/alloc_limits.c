@@ -518,6 +518,37 @@ static void test_pluggable_free_refused(cudaStream_t s)
     is_int(defer_flush(), cudaSuccess, "the block freed again: flushed");
 }
 
+/* defer_pluggable_free of a block recorded on another stream, into a
+ * capture: refused (the graph would not wait for the recorded stream) in
+ * one line that says, as every refusal of that call does, that the
+ * pointer stays allocated (PyTorch hears no error). */
+static void test_pluggable_free_into_capture(cudaStream_t s)
+{
+    cudaStream_t side = stream_new(), cap = stream_new();
+    void *p = defer_pluggable_alloc(4096, 0, s);
+    is_int(defer_record_stream(p, side), cudaSuccess, "recorded on side");
+    uint64_t rejected = stats_now().rejected;
+    cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal);
+    stderr_capture_begin();
+    defer_pluggable_free(p, 4096, 0, cap);
+    const char *said = stderr_capture_end();
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(cap, &g);
+    cudaGraphDestroy(g);
+    char at[32];
+    snprintf(at, sizeof at, "%p stays allocated", p);
+    ok(p != NULL && said_lines(said) == 1 &&
+           strstr(said, "cudefer: defer_pluggable_free: ") == said &&
+           strstr(said, "capture") != NULL && strstr(said, at) != NULL,
+       "a recorded block's pluggable free into a capture: one line naming "
+       "defer_pluggable_free and the pointer kept (%s)", said);
+    ok(stats_now().rejected == rejected + 1, "counted rejected once");
+    defer_pluggable_free(p, 4096, 0, s);
+    is_int(defer_flush(), cudaSuccess, "the block freed again: flushed");
+    cudaStreamDestroy(cap);
+    cudaStreamDestroy(side);
+}
+
 /* Out of memory is the return value's alone (cudefer.h): whether a failed
  * allocation found it or no allocation was tried (a size above the device,
  * or above any device), the thread's last error is clear after it, so a
@@ -600,6 +631,7 @@ int main(void)
     test_sizes_no_device_holds(s);
     test_pluggable_status(s);
     test_pluggable_free_refused(s);
+    test_pluggable_free_into_capture(s);
     test_beyond_device(s);
     test_other_errors(s);
     test_out_of_memory(s);
