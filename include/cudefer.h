@@ -116,7 +116,8 @@ struct defer_stats {
     uint64_t released;       /* entries released (or callbacks run) */
     uint64_t pending;        /* accepted, not yet released or failed */
     uint64_t failed;         /* entries whose release failed, or abandoned */
-    uint64_t rejected;       /* calls refused, each said (any call) */
+    uint64_t rejected;       /* calls refused (any call), each said but
+                              * defer_alloc's out of memory */
     uint64_t sync_releases;  /* entries whose stream the caller waited for */
     uint64_t event_queries;  /* cudaEventQuery calls made */
     uint64_t wakeups;        /* times the reclaimer thread woke up */
