@@ -108,9 +108,15 @@ void reclaimer_held_release(uint64_t now)
 void reclaimer_held_learn_cap(int device, uint64_t now)
 {
     struct held_list *h = &rs.held[device];
+    h->cap_at_ns = now;
+    /* A set cap (max_pending_bytes) owes nothing to the device's memory:
+     * no query, so none to fail and be said. */
+    if (!release_policy_cap_follows_use(&rs.cfg)) {
+        h->cap = release_policy_cap(&rs.cfg, 0, 0, 0);
+        return;
+    }
     size_t free_bytes = 0, total = 0;
     cudaError_t err = cuda_memory_info(&free_bytes, &total);
-    h->cap_at_ns = now;
     if (err != cudaSuccess) {
         if (h->cap != 0)
             return; /* the cap learned before stays */

@@ -238,9 +238,10 @@ size_t reclaimer_poll_streams(uint64_t now);
 void reclaimer_held_release(uint64_t now);
 
 /* Reclaimer only, on device (reclaimer_use_device): learn device's cap
- * from its memory now (Note [The cap], release_policy.h).  A failed query
- * keeps the cap learned before (the first is reported, and assumes a
- * device of 80 GiB).  Does not block beyond the query. */
+ * from its memory now (Note [The cap], release_policy.h); a set cap
+ * (max_pending_bytes) asks nothing.  A failed query keeps the cap learned
+ * before (the first is reported, and assumes a device of 80 GiB).  Does
+ * not block beyond the query. */
 void reclaimer_held_learn_cap(int device, uint64_t now);
 
 /* Reclaimer thread, after a pass (progress: it completed or took in

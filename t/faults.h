@@ -164,6 +164,7 @@ void s_free_stream_fails(const struct scenario *sc);
 void s_entry_point_fails(const struct scenario *sc);
 void s_pointer_attributes_fail(const struct scenario *sc);
 void s_mem_get_info(const struct scenario *sc);
+void s_mem_get_info_set_cap(const struct scenario *sc);
 void s_event_destroy_at_shutdown(const struct scenario *sc);
 void s_event_destroy_overflow(const struct scenario *sc);
 void s_stream_destroy_at_shutdown(const struct scenario *sc);

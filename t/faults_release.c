@@ -645,3 +645,42 @@ void s_mem_get_info(const struct scenario *sc)
           "all released by the flush (%d of %d)", count_released(p, N), N);
     CHECK_STATS();
 }
+
+/* A cap set by CUDEFER_MAX_PENDING (1 MiB here) does not follow the
+ * device's use: cudaMemGetInfo, failing for good, is never asked, and no
+ * line says that a cap assumes 80 GiB of device memory.  The 1 MiB cap
+ * releases as it would with the query working. */
+void s_mem_get_info_set_cap(const struct scenario *sc)
+{
+    enum { N = 12, SIZE = 256 << 10 };
+    fake_set_address_reuse(0);
+    stderr_capture_begin();
+    fake_fail(FAKE_MEM_GET_INFO, sc->err, 0, sc->count);
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    void *busy = device_alloc(512);
+    fake_work *w = work_held(sa, busy);
+    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = busy_buffer(sb, SIZE, 0);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
+    }
+    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
+    wait_stats_settled(10000);
+    struct defer_stats st = stats_now();
+    unsigned long asked = fake_calls(FAKE_MEM_GET_INFO);
+    const char *msg = capture_end();
+    fake_fail_clear();
+    CHECK(st.cap_releases > 0 && st.held_bytes <= (1 << 20),
+          "the set 1 MiB cap releases (cap_releases %llu, held_bytes %llu)",
+          ULL(st.cap_releases), ULL(st.held_bytes));
+    CHECK(asked == 0, "cudaMemGetInfo not asked (%lu calls)", asked);
+    CHECK(lines_with(msg, "cudaMemGetInfo", NULL, NULL) == 0,
+          "no line names cudaMemGetInfo (%d): %s",
+          lines_with(msg, "cudaMemGetInfo", NULL, NULL), msg);
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
+          "all released by the flush (%d of %d)", count_released(p, N), N);
+    CHECK_STATS();
+}
