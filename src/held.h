@@ -5,8 +5,10 @@
  * deferred: blocks of defer_alloc go back to the block cache instead), per
  * device, oldest first.
  *
- * The reclaimer pushes and releases; the lock per device lets other threads
- * read the counts.  No CUDA call is made under it.
+ * Reclaimer only: it pushes, releases and reads the lists, under the
+ * lock per device; other threads read no list, only the device's held
+ * bytes as published to the statistics under that lock (stats_device_held,
+ * stats.h).  No CUDA call is made under it.
  */
 #ifndef CUDEFER_HELD_H
 #define CUDEFER_HELD_H
