@@ -402,12 +402,14 @@ static void abandon_batch(struct batch *b)
 }
 
 /* Lock held.  Whether b is to be sealed now: full, or its oldest claim
- * old. */
+ * old.  now was read before the lock: another thread may have started the
+ * batch since, at a later reading (its claim is then not old). */
 static bool due(const struct batch *b, uint64_t now)
 {
     return b->count >= max_claims ||
-           now - b->oldest_ns >=
-               atomic_load_explicit(&age_ns, memory_order_relaxed);
+           (now >= b->oldest_ns &&
+            now - b->oldest_ns >=
+                atomic_load_explicit(&age_ns, memory_order_relaxed));
 }
 
 void free_batch_set_age_ns(uint64_t ns)
