@@ -240,6 +240,9 @@ struct PoolBlock {
     void *ptr = nullptr;
     size_t size = 0;
     size_t requested = 0;
+    // While allocated: the size its allocation counts in the statistics
+    // (the request's rounding, which a reused block may exceed).
+    size_t rounded = 0;
     cudaStream_t stream = nullptr;
     Pool *pool = nullptr;
     bool allocated = false;

@@ -14,13 +14,15 @@ namespace {
 void *const kPoolOutOfMemory = reinterpret_cast<void *>(uintptr_t{1});
 
 // A checkpoint of a private pool (getCheckpointState): each block's
-// address, size, stream and whether it was allocated.
+// address, size, stream and whether it was allocated (then its
+// allocation's request and the size the statistics count it at).
 struct PoolCheckpoint : CCA::AllocatorState {
     MempoolId_t id{0, 0};
     struct Block {
         void *ptr;
         size_t size;
         size_t requested;
+        size_t rounded;
         cudaStream_t stream;
         bool allocated;
     };
@@ -186,7 +188,8 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
     state->id = id;
     for (auto &b : it->second->blocks)
         state->blocks.push_back(
-            {b->ptr, b->size, b->requested, b->stream, b->allocated});
+            {b->ptr, b->size, b->requested, b->rounded, b->stream,
+             b->allocated});
     return state;
 }
 
@@ -194,8 +197,9 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
 // as a tensor's free frees it (ptrs_freed; PyTorch takes their
 // storages' deleters away), so that one other streams used
 // (record_stream) is pending or deferred until they are done; every
-// block allocated in the checkpoint is allocated again and handed back
-// as a DataPtr (dataptrs_allocd).  Deferred blocks get their events
+// block allocated in the checkpoint is allocated again, counted in the
+// statistics as it was then, and handed back as a DataPtr
+// (dataptrs_allocd).  Deferred blocks get their events
 // first where no section is open, so that one the checkpoint holds
 // allocated waits for its uses as a pending one does.
 CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
@@ -236,10 +240,11 @@ CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
         pool_take_free(pool, b);
         b->allocated = true;
         b->requested = c.requested;
+        b->rounded = c.rounded;
         b->stream = c.stream;
         Allocation a;
         a.requested = c.requested;
-        a.rounded = b->size;
+        a.rounded = c.rounded;
         a.stream = c.stream;
         a.block = b;
         a.device = device;
@@ -346,6 +351,7 @@ void *CudeferAllocator::pool_malloc_locked(DeviceState &d, int device,
     }
     b->allocated = true;
     b->requested = size;
+    b->rounded = rounded;
     b->stream = stream;
     Allocation a;
     a.requested = size;

@@ -28,7 +28,9 @@ does between two use_mem_pool):
     allocation outside, included.
 Then a tensor freed by a return to a checkpoint of its pool (as
 torch.compile's graph trees return): its block must not be handed out
-while the side stream has yet to read it, and must come back after.
+while the side stream has yet to read it, and must come back after; and
+a return to a checkpoint must leave memory_allocated as it was, a tensor
+in a larger block of the pool counted at its own rounding.
 """
 import json
 import os
@@ -226,6 +228,33 @@ def freed_by_checkpoint(torch, dev, res):
     torch.cuda.empty_cache()
 
 
+def restored_counts(torch, dev, res):
+    """memory_allocated before and after a return to a checkpoint that
+    holds a tensor of 3 MiB in a block freed by one of 4 MiB (cudefer
+    hands it out again, a block of the pool never being split); puts
+    pool_checkpoint_allocated in res: the two figures, which must be
+    equal."""
+    pool = torch.cuda.MemPool()
+    index = dev.index if dev.index is not None else \
+        torch.cuda.current_device()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(4 << 20, dtype=torch.uint8, device=dev)
+        del x
+        y = torch.empty(3 << 20, dtype=torch.uint8, device=dev)
+    before = torch.cuda.memory_allocated(dev)
+    state = torch._C._cuda_getCheckpointState(index, pool.id)
+    # y's block is freed and allocated again (y's storage given as stale:
+    # PyTorch takes its deleter away; the block allocated again is given
+    # to no storage, so it stays allocated, counted, with the process).
+    torch._C._cuda_setCheckpointPoolState(
+        index, state, [y.untyped_storage()._cdata], [])
+    res["pool_checkpoint_allocated"] = [before,
+                                        torch.cuda.memory_allocated(dev)]
+    del y, state, pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def run(mode, lib, out_path):
     """One process's work under mode ("native" or "cudefer"); writes its
     JSON to out_path."""
@@ -241,7 +270,8 @@ def run(mode, lib, out_path):
                        (freed_inside, ("pool_inside_intact",
                                        "pool_inside_reuse")),
                        (freed_by_checkpoint, ("pool_checkpoint_intact",
-                                              "pool_checkpoint_back"))):
+                                              "pool_checkpoint_back")),
+                       (restored_counts, ("pool_checkpoint_allocated",))):
         try:
             part(torch, dev, res)
         except Exception as e:  # noqa: BLE001 (compared)
@@ -294,6 +324,15 @@ def compare(native, mine):
               native.get("pool_checkpoint_back"),
               mine.get("pool_checkpoint_intact"),
               mine.get("pool_checkpoint_back")))
+
+    def unchanged(r):
+        return isinstance(r, list) and r[0] == r[1]
+    check("a return to a checkpoint leaves memory_allocated as it was "
+          "(a 3 MiB tensor in a 4 MiB block of the pool counts 3 MiB)",
+          unchanged(native.get("pool_checkpoint_allocated")) and
+          unchanged(mine.get("pool_checkpoint_allocated")),
+          "native %s, cudefer %s" % (native.get("pool_checkpoint_allocated"),
+                                     mine.get("pool_checkpoint_allocated")))
     return checks.failures
 
 
