@@ -35,7 +35,7 @@ import gc
 import os
 import threading
 
-from . import load, library
+from . import load, library, device_stats
 
 __all__ = ["enable", "enabled", "allocate"]
 
@@ -86,7 +86,9 @@ def allocate(size):
     memory, it collects garbage (gc.collect) and empties CuPy's own pool
     on the device (free_all_blocks), as CuPy's pool does, and tries once
     more; it blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
-    when cudefer has no memory even then, RuntimeError before enable(),
+    when cudefer has no memory even then (its "allocated so far": the
+    bytes of cudefer's blocks handed out on the device, PyTorch's too),
+    RuntimeError before enable(),
     on a capturing stream, for another CUDA error or on the per-thread
     default stream."""
     cupy = _import_cupy()
@@ -112,7 +114,7 @@ def allocate(size):
         cupy.get_default_memory_pool().free_all_blocks()
         err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
-        raise cupy.cuda.memory.OutOfMemoryError(size, -1)
+        raise cupy.cuda.memory.OutOfMemoryError(size, _live_bytes(device))
     if err == _CAPTURING:
         raise RuntimeError("cudefer.cupy: allocating %d bytes on a stream "
                            "being captured into a CUDA graph is not "
@@ -124,6 +126,16 @@ def allocate(size):
     owner = _Block(ptr.value, size, device, stream, free)
     mem = cupy.cuda.UnownedMemory(ptr.value, size, owner, device)
     return cupy.cuda.MemoryPointer(mem, 0)
+
+
+def _live_bytes(device):
+    """The bytes of cudefer's blocks handed out on device (PyTorch's
+    too), for an out of memory's "allocated so far"; 0 where the library
+    does not count them per device."""
+    try:
+        return device_stats(device)["live_bytes"]
+    except (RuntimeError, ValueError, KeyError):
+        return 0
 
 
 def _ptds_value(value):
