@@ -36,17 +36,18 @@ static void fork_child(void);
 /* The entries exit leaves unreleased: every one still pending (those a
  * graph still alive holds among them: the drain does not wait for a
  * graph, and capture_stop leaves them to its destructor), but for those
- * the exiting thread is releasing itself, on the synchronous route: exit()
- * from a callback run there (CUDEFER_DISABLE) leaves its own entry
- * running, not leaked.  Read once nothing counts any more (rs.abandoned
- * set, rs.counting 0), so that none is counted both ways. */
+ * the exiting thread is releasing itself: exit() from a callback run on
+ * the synchronous route (CUDEFER_DISABLE) leaves its own entries running,
+ * not leaked, and so does exit() from a callback on the reclaimer thread
+ * (the one entry it runs: nothing else of its calls user code).  Read once
+ * nothing counts any more (rs.abandoned set, rs.counting 0), so that none
+ * is counted both ways. */
 static uint64_t left_pending(void)
 {
     struct defer_stats s;
     defer_stats_get(&s);
-    return s.pending > thread_here.releasing
-               ? s.pending - thread_here.releasing
-               : 0;
+    uint64_t running = thread_here.releasing + (thread_here.reclaimer ? 1 : 0);
+    return s.pending > running ? s.pending - running : 0;
 }
 
 /* Exit's end: from here nothing counts (a call still admitted, the
@@ -103,11 +104,46 @@ static void give_up(const char *why, const char *fate)
         report("exit: %s %llu ms: %s", why, ms, fate);
 }
 
+/* exit() from a callback on the reclaimer thread: no drain can run, the
+ * thread that would run it being this one, which never goes back to its
+ * pass.  Exit gives up at once: the gate closes (waiting, as the drain
+ * does, for the calls under way), and what is left pending but the
+ * callback's own entry counts in leaked_at_exit and failed; from here
+ * nothing counts, and a graph destroyed later counts nothing more.  With
+ * or without life_lock (a shutdown on another thread holding it waits for
+ * this thread, and writes no state until the abandon ends its wait); a
+ * shutdown that joined first cannot have (this thread has not ended), and
+ * a fork child (no longer STATE_RUNNING) counted its pending already. */
+static void exit_on_reclaimer(uint64_t deadline)
+{
+    int open = ENDING_OPEN;
+    if (atomic_load(&rs.state) != STATE_RUNNING ||
+        !atomic_compare_exchange_strong(&rs.ending, &open, ENDING_GIVE_UP))
+        return;
+    atomic_store(&rs.exiting, true); /* before the gate closes */
+    lifecycle_close_gate(deadline);
+    uint64_t left = abandon_pending();
+    stats_abandon_held(); /* the held entries were among them */
+    if (left > 0)
+        report("exit: %llu entries still pending (exit() was called from a "
+               "callback on the reclaimer thread, which releases nothing "
+               "from then on): left unreleased", (unsigned long long)left);
+}
+
 /* Process exit: release what completes within EXIT_DRAIN_NS and stop; what
  * does not is counted as leaked, never waited for without end.  The thread is
  * joined only when it finished, so a hung device cannot hang exit. */
 void lifecycle_hooks_exit(void)
 {
+    if (thread_here.reclaimer) {
+        bool locked = pthread_mutex_trylock(&rs.life_lock) == 0;
+        exit_on_reclaimer(now_ns() + EXIT_DRAIN_NS);
+        if (rs.cfg.print_stats)
+            stats_print(stderr);
+        if (locked)
+            pthread_mutex_unlock(&rs.life_lock);
+        return;
+    }
     /* Another thread may hold life_lock for a moment (a first call that
      * found the reclaimer started): wait for it, within the drain's time.
      * Inside a callback, the holder may be a shutdown waiting for this very

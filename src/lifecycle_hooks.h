@@ -52,7 +52,9 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns);
  * the reclaimer; what does not is counted as leaked.  Blocks at most the
  * drain's limit; never hangs exit.  A shutdown on another thread that
  * holds life_lock for the whole limit is given up on the same way
- * (rs.abandoned, without the lock): it returns. */
+ * (rs.abandoned, without the lock): it returns.  Run on the reclaimer
+ * thread (exit() from a callback), which no drain can wait for, it gives
+ * up at once. */
 void lifecycle_hooks_exit(void);
 
 /* Process exit only: the atexit handler that the first start registers

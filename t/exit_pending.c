@@ -4,7 +4,9 @@
  * drain does not wait for, count in leaked_at_exit and failed, once (the
  * graph destroyed after exit counts nothing more); an entry the exiting
  * thread is itself releasing on the synchronous route (exit() from a
- * callback run under CUDEFER_DISABLE) is running, not leaked.  Each
+ * callback run under CUDEFER_DISABLE) is running, not leaked; so is the
+ * callback that calls exit() on the reclaimer thread, where no drain can
+ * run, and what else is pending counts as leaked at once.  Each
  * scenario is a child that calls exit(); an exit handler registered before
  * cudefer's (so run after it) checks.  Exit giving up on a stuck call:
  * t/exit_abandon.c, t/exit_shutdown.c. */
@@ -112,9 +114,35 @@ static void s_exit_in_sync_callback(void)
     CHECK(false, "exit() in the callback returned");
 }
 
+/* ---- and exit() from a callback on the reclaimer thread ----------------- */
+
+static void *held_ptr;
+
+static void check_exit_on_reclaimer(void)
+{
+    CHECK(fake_is_released(held_ptr) == 0, "the free whose work runs is "
+          "not released");
+    check_left(3, 1);
+}
+
+static void s_exit_on_reclaimer(void)
+{
+    atexit(check_exit_on_reclaimer); /* before cudefer's: runs after it */
+    cudaStream_t s = stream_new(), other = stream_new();
+    held_ptr = device_alloc(64);
+    work_held(other, held_ptr);
+    CHECK(defer_free(held_ptr, other) == cudaSuccess, "a free, work held");
+    capture_two(s);
+    CHECK(defer_call(exit_in_callback, NULL, stream_new()) == cudaSuccess,
+          "defer_call");
+    sleep_ms(10000);
+    CHECK(false, "exit() in the callback did not end the process");
+    scenario_child_end();
+}
+
 int main(void)
 {
-    plan(2);
+    plan(3);
     fork_scenario("exit while a graph holds entries: leaked_at_exit and "
                   "failed count them, once",
                   "", 1, 30000, s_graph_alive);
@@ -122,5 +150,9 @@ int main(void)
                   "entries: the graph's counted leaked, the callback's own "
                   "entry not",
                   "CUDEFER_DISABLE=1", 1, 30000, s_exit_in_sync_callback);
+    fork_scenario("exit() from a callback on the reclaimer thread while a "
+                  "graph and a free hold entries: both counted leaked, the "
+                  "callback's own entry not",
+                  "", 1, 30000, s_exit_on_reclaimer);
     return 0;
 }
