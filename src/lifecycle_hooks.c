@@ -242,7 +242,8 @@ void lifecycle_hooks_exit_starting(void)
 
 /* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
  * be used.  Every entry still pending is abandoned (counted, never freed
- * here), and every later call is refused. */
+ * here), but for the callback the forking thread runs itself on the
+ * synchronous route, and every later call is refused. */
 static void fork_child(void)
 {
     /* Whatever the state, the locks may have been held by threads that do
@@ -272,9 +273,14 @@ static void fork_child(void)
     /* First: the snapshot below reads the event pool, whose registry lock
      * another thread (reading the statistics, say) may have held. */
     event_pool_after_fork();
+    /* But for those the forking thread releases itself (fork() from a
+     * callback run on the synchronous route): it goes on in the child,
+     * and counts their end there. */
     struct defer_stats s;
     defer_stats_get(&s);
-    stats_add(&stats.failed, s.pending);
+    stats_add(&stats.failed, s.pending > thread_here.releasing
+                                 ? s.pending - thread_here.releasing
+                                 : 0);
     stats_abandon_held(); /* the held entries were among them */
     cuda_forget_entry_points();
     cache_fork_child();

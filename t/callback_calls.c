@@ -371,6 +371,46 @@ static void s_fork_in_callback(void)
     CHECK(fake_is_released(fork_pending) == 1, "released in the parent");
 }
 
+/* ---- fork() inside a callback run synchronously -------------------------- */
+
+/* The child's thread goes on with the callback, and its defer_call ends
+ * it there: the entry counts once, as released (it ran), never also as
+ * failed by the fork (the counts add up: pending 0, deferred = released +
+ * failed).  The parent's counts are its own. */
+static pid_t sync_fork_pid;
+
+static void fork_in_sync_callback(void *unused)
+{
+    (void)unused;
+    sync_fork_pid = fork_flushed();
+}
+
+static void s_fork_in_sync_callback(void)
+{
+    cudaStream_t s = stream_new();
+    CHECK(defer_call(fork_in_sync_callback, NULL, s) == cudaSuccess,
+          "defer_call");
+    struct defer_stats st = stats_now();
+    if (sync_fork_pid == 0) {
+        int bad = !(st.deferred == 1 && st.released == 1 && st.failed == 0 &&
+                    st.pending == 0);
+        if (bad)
+            fprintf(stderr, "# the fork child: deferred %llu released %llu "
+                    "failed %llu pending %llu (want 1 1 0 0)\n",
+                    ULL(st.deferred), ULL(st.released), ULL(st.failed),
+                    ULL(st.pending));
+        child_end(bad);
+    }
+    CHECK(sync_fork_pid > 0, "the callback forked");
+    int status = 0;
+    bool ended = sync_fork_pid > 0 && wait_child(sync_fork_pid, 3000, &status);
+    CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the fork child counted its callback's entry once, released "
+          "(status %d)", status);
+    CHECK(st.deferred == 1 && st.released == 1 && st.pending == 0,
+          "the parent counted it released");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -400,5 +440,8 @@ int main(void)
     fork_scenario("fork() in a callback on the reclaimer thread: the child "
                   "ends when the callback returns, no CUDA call there",
                   "CUDEFER_POLICY=eager", 1, 20000, s_fork_in_callback);
+    fork_scenario("fork() in a callback run synchronously (CUDEFER_DISABLE): "
+                  "the child counts the callback's entry once, released",
+                  "CUDEFER_DISABLE=1", 1, 20000, s_fork_in_sync_callback);
     return 0;
 }
