@@ -54,7 +54,8 @@ bool lifecycle_stop_and_join(uint64_t deadline_ns);
  * holds life_lock for the whole limit is given up on the same way
  * (rs.abandoned, without the lock): it returns.  Run on the reclaimer
  * thread (exit() from a callback), which no drain can wait for, it gives
- * up at once. */
+ * up at once.  After defer_shutdown, what graphs alive hold counts as
+ * leaked. */
 void lifecycle_hooks_exit(void);
 
 /* Process exit only: the atexit handler that the first start registers

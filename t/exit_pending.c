@@ -89,6 +89,22 @@ static void s_graph_alive(void)
     exit(0);
 }
 
+/* ---- a graph still alive at exit after defer_shutdown ------------------- */
+
+static void s_graph_alive_after_shutdown(void)
+{
+    atexit(check_graph_alive); /* before cudefer's: runs after it */
+    cudaStream_t s = stream_new();
+    capture_two(s);
+    CHECK(defer_shutdown() == cudaSuccess, "defer_shutdown");
+    before_exit = stats_now();
+    say("before exit", &before_exit);
+    CHECK(before_exit.pending == 2 && before_exit.leaked_at_exit == 0,
+          "the graph's 2 entries pending before exit (%llu)",
+          ULL(before_exit.pending));
+    exit(0);
+}
+
 /* ---- and exit() from a synchronous callback ----------------------------- */
 
 static void check_exit_in_callback(void)
@@ -142,10 +158,13 @@ static void s_exit_on_reclaimer(void)
 
 int main(void)
 {
-    plan(3);
+    plan(4);
     fork_scenario("exit while a graph holds entries: leaked_at_exit and "
                   "failed count them, once",
                   "", 1, 30000, s_graph_alive);
+    fork_scenario("exit after defer_shutdown while a graph holds entries: "
+                  "leaked_at_exit and failed count them, once",
+                  "", 1, 30000, s_graph_alive_after_shutdown);
     fork_scenario("exit() from a synchronous callback while a graph holds "
                   "entries: the graph's counted leaked, the callback's own "
                   "entry not",
