@@ -34,6 +34,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True   # no __pycache__ in the source tree
+from run_matrix import set_identical  # noqa: E402
 from run_summary import summarize  # noqa: E402
 from run_workloads import WORKLOADS  # noqa: E402
 from table import PARTS  # noqa: E402
@@ -191,12 +192,22 @@ def choose(runs):
 
 def summaries(workloads, pool):
     """run_summary's records of these workloads over the pooled runs'
-    repetitions, in the first run's row order."""
+    repetitions, in the first run's row order.  Training's identity to
+    native is compared again from the hashes, inside each run, as
+    bench/run.py compares it (a record's own flags say what the run.py
+    that wrote it compared)."""
     results = {}
     for run in pool:
+        natives = {}
         for r in run.reps:
-            if r['workload'] in workloads:
-                results.setdefault((r['workload'], r['strategy']), []).append(r)
+            if r['workload'] not in workloads:
+                continue
+            if BY_NAME[r['workload']].is_train and r['ok']:
+                r = dict(r)
+                set_identical(r, natives.get(r['workload'], []))
+                if r['strategy'] == 'native':
+                    natives.setdefault(r['workload'], []).append(r)
+            results.setdefault((r['workload'], r['strategy']), []).append(r)
     info = {k: v for k, v in pool[0].header.items()
             if k not in ('record', 'options', 'workloads')}
     return summarize([BY_NAME[w] for w in workloads], results, info)

@@ -12,6 +12,28 @@ from run_process import child_env, echo_stderr, last_json_object, progress, run_
 from run_summary import median_min_max
 from run_workloads import Strategy
 
+def set_identical(rec, natives):
+    """rec's losses_identical and weights_identical, from the hashes: to
+    native of the same repetition; native itself: to its first earlier
+    repetition (so that its row checks that training is deterministic),
+    None for its first (compared with itself, it said "identical" having
+    checked nothing).  natives: the workload's good native records that ran
+    before rec, in run order."""
+    if rec['strategy'] != 'native':
+        natives = [r for r in natives if r['rep'] == rec['rep']] or natives
+    else:
+        natives = [r for r in natives if r['rep'] < rec['rep']]
+    ref = natives[0] if natives else {}
+    # Under DDP every rank's against native's same rank (rank 0's alone hid
+    # a difference on another rank).
+    for what in ('losses', 'weights'):
+        mine, theirs = rec.get(what + '_sha256'), ref.get(what + '_sha256')
+        ranks = rec.get(what + '_sha256_ranks'), ref.get(what + '_sha256_ranks')
+        if all(ranks):
+            mine, theirs = ranks
+        rec[what + '_identical'] = mine == theirs if mine and theirs else None
+
+
 class Runner:
     """The matrix: which runs, in which order, and their results."""
 
@@ -92,24 +114,8 @@ class Runner:
             ok = all(isinstance(v, (int, float)) and v == v for v in (num, den))
             rec[key] = num / den if ok and den > 0 else None
         if wl.is_train:
-            # native of the same repetition; native itself: its first
-            # earlier repetition (so that its row checks that training is
-            # deterministic), none for its first (compared with itself, it
-            # said "identical" having checked nothing)
-            natives = [r for r in self.results.get((wl.name, 'native'), []) if r['ok']]
-            if rec['strategy'] != 'native':
-                natives = [r for r in natives if r['rep'] == rec['rep']] or natives
-            else:
-                natives = [r for r in natives if r['rep'] < rec['rep']]
-            ref = natives[0] if natives else {}
-            # Under DDP every rank's against native's same rank (rank 0's
-            # alone hid a difference on another rank).
-            for what in ('losses', 'weights'):
-                mine, theirs = rec.get(what + '_sha256'), ref.get(what + '_sha256')
-                ranks = rec.get(what + '_sha256_ranks'), ref.get(what + '_sha256_ranks')
-                if all(ranks):
-                    mine, theirs = ranks
-                rec[what + '_identical'] = mine == theirs if mine and theirs else None
+            set_identical(rec, [r for r in self.results.get((wl.name, 'native'), [])
+                                if r['ok']])
 
     def make_record(self, wl, st, rep, status, out, seconds):
         """The JSON line of one run (ok or not), with the run's facts."""

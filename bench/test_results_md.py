@@ -105,8 +105,7 @@ def test_results_md():
                     'NVIDIA H200', 2,
                     [('train-lm-ddp', st, st, 0, dict(dict(ms_per_step=ms, ms_per_step_ratio=ms / 40,
                                                            peak_mib=1000.0, peak_ratio=1.0,
-                                                           losses_identical=st != 'native' or None,
-                                                           weights_identical=st != 'native' or None),
+                                                           losses_sha256='l', weights_sha256='w'),
                                                       **calls))
                      for st, ms, calls in (('native', 40.0, {}),
                                            ('cudefer', 42.0,
@@ -158,6 +157,38 @@ def test_results_md():
         assert 'is not what the results files give' in err.getvalue()
         assert '+![One NVIDIA H100' in err.getvalue(), err.getvalue()
         assert '![One NVIDIA H100 80GB HBM3' in results_md.render(res, out)[0]
+    finally:
+        shutil.rmtree(tmp)
+
+
+def test_results_md_identity_from_hashes():
+    """The identity column is computed again from the repetitions' hashes,
+    as run.py compares them now: native's first repetition, which an older
+    run.py compared with itself, counts as no comparison, and every rank
+    counts."""
+    import results_md
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        res = os.path.join(tmp, 'results')
+        os.makedirs(res)
+        reps = []
+        for rep in (0, 1):
+            for st in ('native', 'cudefer'):
+                # cudefer's rank 1 differs in rep 1; the stored flags say
+                # identical everywhere (rank 0 alone, native with itself)
+                ranks = ['a', 'X' if st == 'cudefer' and rep == 1 else 'b']
+                reps.append(('train-lm-ddp', st, st, rep, dict(
+                    ms_per_step=40.0, ms_per_step_ratio=1.0, peak_mib=1000.0,
+                    peak_ratio=1.0, losses_sha256='a', losses_sha256_ranks=ranks,
+                    weights_sha256='w', weights_sha256_ranks=['w', 'w'],
+                    losses_identical=True, weights_identical=True)))
+        results_run(os.path.join(res, 'ddp.jsonl'), '2026-01-05T00:00:00Z',
+                    'c4' * 20, 'NVIDIA H200', 2, reps)
+        text = results_md.render(res, os.path.join(tmp, 'RESULTS.md'))[0]
+        row = lambda name: next(l for l in text.splitlines()
+                                if l.startswith('| `%s`' % name))
+        assert '| yes, 2 of 2 |' in row('native'), row('native')
+        assert '| **no**, 3 of 4 |' in row('cudefer'), row('cudefer')
     finally:
         shutil.rmtree(tmp)
 
