@@ -243,12 +243,13 @@ def pair(s, keys, prec):
 
 
 def reps(s):
+    """Repetitions with a result; those that failed, and those whose
+    result counts but whose program then exited nonzero, said."""
     if not s:
         return '-'
-    text = '%d' % s['reps']
-    if s.get('reps_failed'):
-        text += ' (%d failed)' % s['reps_failed']
-    return text
+    notes = (['%d failed' % s['reps_failed']] if s.get('reps_failed') else []) + \
+        (['%d exit≠0' % s['reps_exit_nonzero']] if s.get('reps_exit_nonzero') else [])
+    return '%d (%s)' % (s['reps'], ', '.join(notes)) if notes else '%d' % s['reps']
 
 
 def row_name(s, bounds):

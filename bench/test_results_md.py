@@ -193,6 +193,17 @@ def test_results_md_identity_from_hashes():
         shutil.rmtree(tmp)
 
 
+def test_results_md_reps_exit_nonzero():
+    """The reps cell says which repetitions failed and which gave their
+    result but then exited nonzero, as run.py's table does."""
+    import results_md
+    assert results_md.reps(dict(reps=3, reps_failed=0, reps_exit_nonzero=0)) == '3'
+    assert results_md.reps(dict(reps=3, reps_failed=0, reps_exit_nonzero=1)) == \
+        '3 (1 exit≠0)'
+    assert results_md.reps(dict(reps=2, reps_failed=1, reps_exit_nonzero=1)) == \
+        '2 (1 failed, 1 exit≠0)'
+
+
 def test_results_md_committed():
     """bench/RESULTS.md is what bench/results_md.py writes from the
     committed results."""
