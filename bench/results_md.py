@@ -73,7 +73,10 @@ every column; this page gives the current run of each GPU kind.
 - **Repetitions are interleaved.** Repetition 0 of every row, then
   repetition 1, and so on; in each, a workload's bound rows run first and
   its other rows follow in an order rotated by one each repetition, so
-  that a machine whose speed drifts favours no row.
+  that no row always runs last, furthest from the bounds (on a machine
+  whose speed drifts, its ratios would always lean one way; with fewer
+  repetitions than rows, some rows still run closer to the bounds than
+  others on average).
 - **Peers run beside cudefer:** inline `cudaFree`, inline
   `cudaFreeAsync`, a naive reclaimer thread with no library, and in
   training PyTorch's own allocators, pluggable `cudaMallocAsync` and the
