@@ -347,8 +347,9 @@ def table_loops(workloads, sums):
         rows.append(cells)
     return grid(header, rows) + (
         '\nDone: from the start of the timed loop until all GPU work is done; '
-        '× limit and (× floor, `malloc-never-free`): median [min–max] of the '
-        'repetitions\' ratios; peak: device memory in use at its highest.\n')
+        '× limit: median [min–max] of the repetitions\' ratios; (× floor, '
+        '`malloc-never-free`): the median of the ratios to it; peak: device '
+        'memory in use at its highest.\n')
 
 
 def table_call(workloads, sums):
