@@ -32,12 +32,14 @@
  *   return that error.
  * - At exit, pending entries are drained for at most 2 s; the rest is never
  *   released (leaked_at_exit, failed): a graph's entries too, the graph
- *   not yet destroyed (the drain does not wait for a graph), but not the
- *   call that runs exit() itself from a callback; a callback or a free
+ *   not yet destroyed (the drain does not wait for a graph; after
+ *   defer_shutdown too), but not the call that runs exit() itself from a
+ *   callback; exit() from a callback on the reclaimer thread drains
+ *   nothing (no thread is left to release).  A callback or a free
  *   (cudaFree) still running then is left to end, and after it cudefer
- *   releases nothing and makes no CUDA call.  A first call still starting the reclaimer (its
- *   cudaGetDeviceCount) is waited for as long; it returns
- *   cudaErrorNotPermitted and starts nothing.
+ *   releases nothing and makes no CUDA call.  A first call still starting
+ *   the reclaimer (its cudaGetDeviceCount) is waited for as long; it
+ *   returns cudaErrorNotPermitted and starts nothing.
  * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",
  *   but for defer_alloc's out of memory (the caller's to handle).
  * - Stream 0 is the legacy stream, cudaStreamPerThread the calling thread's
@@ -179,11 +181,11 @@ struct defer_device_stats {
  * as soon as its work is done, both with cudaFreeAsync on the reclaimer's
  * own stream (no device drain; cudaFree on a device without memory pools
  * and when the call releases at once); a block of defer_alloc's goes back
- * to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of recording
- * the event or reading the stream; cudaErrorMemoryAllocation when no entry
- * could be had; cudaErrorInvalidValue for a block of defer_alloc's already
- * freed, or a pointer inside one.  A host pointer is accepted: its release
- * fails (reported, counted in failed).
+ * to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of
+ * recording the event or reading the stream; cudaErrorMemoryAllocation
+ * when no entry could be had; cudaErrorInvalidValue for a block of
+ * defer_alloc's already freed, or a pointer inside one.  A host pointer
+ * is accepted: its release fails (reported, counted in failed).
  * On a capturing stream the call belongs to the graph: ptr is released once
  * that graph and every executable graph made from it are destroyed, their
  * launches done, and the stream's work from before the capture is done;
@@ -247,7 +249,8 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * its memory goes back to CUDA (its release then fails, reported).
  * Limit: a block freed on the legacy stream serves only that stream until
  * its free batch is sealed: full (free_batch), at the first free there a
- * millisecond after the oldest (1 to 11 ms on the coarse clock), or at defer_flush, defer_trim or shutdown.
+ * millisecond after the oldest (1 to 11 ms on the coarse clock), or at
+ * defer_flush, defer_trim or shutdown.
  * Limit: a block freed on a created stream may share its event with the
  * same thread's later frees there: other streams then get it once their
  * work is done too, never before its own.
@@ -480,9 +483,10 @@ CUDEFER_API void defer_stats_get(struct defer_stats *out);
  * defer call.  Its cache_bytes, cache_free_bytes, cache_mallocs,
  * cache_releases, cache_release_failures and reused add up over the
  * devices to defer_stats' fields of those names; held_bytes is current,
- * where defer_stats' is published once a reclaimer pass.  live_bytes counts a freed block until
- * it is back in the cache: at once for a free on its own stream, once the
- * work is done for one that waits for other streams.  Takes no lock, makes
+ * where defer_stats' is published once a reclaimer pass.  live_bytes
+ * counts a freed block until it is back in the cache: at once for a free
+ * on its own stream, once the work is done for one that waits for other
+ * streams.  Takes no lock, makes
  * no CUDA call, never blocks; works before the first call, after
  * defer_shutdown and in a fork child.  Errors (said, nothing written):
  * cudaErrorInvalidValue for a NULL out, a size that holds no field, or a
