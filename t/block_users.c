@@ -2,8 +2,9 @@
 /* The streams recorded on a block of the cache (src/cache_users.c), on its
  * own (no reclaimer), through src/cache.h: a record counts once, a claimed
  * or freed block takes none, at most BLOCK_MAX_USERS, a free on another
- * stream waits for them all, and the legacy streams of two devices are two
- * users though they share an id. */
+ * stream waits for them all, the legacy streams of two devices are two
+ * users though they share an id, and a block its stream takes back has no
+ * stream recorded. */
 #include <stdint.h>
 #include <string.h>
 
@@ -93,6 +94,32 @@ static void test_recorded_devices(void)
     ok(give_back(ADDR(500)), "given back");
 }
 
+/* A block recorded on the stream it is freed on parks PENDING on that
+ * stream with its record; the request on that stream that takes it back
+ * owns it with no stream recorded, so that its new owner's free on another
+ * stream is stream-ordered, not a wait for the old owner's stream. */
+static void test_reuse_forgets_users(void)
+{
+    size_t size;
+    cudaStream_t x = (cudaStream_t)(uintptr_t)0x5678;
+    ok(add_block(0, ADDR(600), 2048, false), "a block");
+    is_int(cache_users_add(ADDR(600), user(x, 21)), cudaSuccess,
+           "recorded on stream 21");
+    struct block_free_plan plan;
+    ok(park_free(ADDR(600), 0, 21, &plan),
+       "freed on stream 21 itself: parked PENDING there");
+    ok(cache_take(0, 21, 2048, &size) == ADDR(600),
+       "taken back at once by a request on stream 21");
+    is_int(view(cache_test_find(ADDR(600))).nusers, 0,
+           "its new owner has no stream recorded");
+    cache_claim_plan(ADDR(600), 0, 22, &plan);
+    ok(plan.path == BLOCK_STREAM_ORDERED && plan.nstreams == 1,
+       "freed on stream 22: stream-ordered, waiting for no other stream "
+       "(path %d, %zu streams)", (int)plan.path, plan.nstreams);
+    cache_claim_undo(&(struct block_claim){plan.block, plan.handout});
+    ok(give_back(ADDR(600)), "given back");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -100,6 +127,7 @@ int main(void)
     ok(cache_init(2, (size_t)1 << 20, 16), "init for two devices");
     test_recorded();
     test_recorded_devices();
+    test_reuse_forgets_users();
     cache_destroy();
     return 0;
 }
