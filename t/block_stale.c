@@ -151,10 +151,20 @@ static void test_stale_with_parts(void)
     ok(add_block(0, x, 4096, false), "stale entry: a block");
     struct cache_block *rx = cache_test_find(x);
     uint64_t hx = free_on(x, 9);
+    struct defer_stats before = stats_now();
     stderr_capture_begin();
     ok(view(rx).state == BLOCK_PENDING && add_block(0, x, 8192, false),
        "freed on 9, its entry pending, its address allocated again");
     stderr_capture_end();
+    struct defer_stats after = stats_now();
+    ok(after.cache_bytes == before.cache_bytes - 4096 + 8192 &&
+           after.cache_free_bytes == before.cache_free_bytes - 4096,
+       "the PENDING record left the accounting as the free bytes it was: "
+       "cache_bytes %llu -> %llu, cache_free_bytes %llu -> %llu",
+       (unsigned long long)before.cache_bytes,
+       (unsigned long long)after.cache_bytes,
+       (unsigned long long)before.cache_free_bytes,
+       (unsigned long long)after.cache_free_bytes);
     kept = cache_test_spares(0);
     cache_reclaim_event_done(rx, hx, true, 42);
     is_int(cache_test_spares(0), kept + 1,
