@@ -54,6 +54,47 @@ static void test_miss_hands_back(cudaStream_t s)
     defer_free(h, s);
 }
 
+/* The pool's reserved bytes on device 0. */
+static uint64_t pool_reserved(void)
+{
+    uint64_t v = 0;
+    cudaMemPoolGetAttribute(fake_mem_pool(0),
+                            cudaMemPoolAttrReservedMemCurrent, &v);
+    return v;
+}
+
+/* What a miss lacks is its new block's size (the request rounded up), not
+ * the bytes asked for: free blocks go back until the pool holds that, so
+ * that it serves the new block without growing.  2 MiB + 64 KiB asked
+ * makes a block of 2 MiB + 128 KiB; the two largest free blocks hold only
+ * 2 MiB + 64 KiB, so the third goes back too. */
+static void test_miss_hands_back_fresh_size(cudaStream_t s)
+{
+    size_t trimmed = 0;
+    defer_trim(&trimmed); /* the pool reserves what is in use, no more */
+    void *a = NULL, *b = NULL, *c = NULL, *e = NULL;
+    alloc_checked(&a, 1 << 20, s);
+    alloc_checked(&b, (1 << 20) + (64 << 10), s);
+    alloc_checked(&c, 1 << 20, s);
+    void *order[] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        defer_free(order[i], s);
+        defer_flush(); /* its work done: FREE */
+    }
+    uint64_t reserved = pool_reserved();
+    alloc_checked(&e, (2 << 20) + (64 << 10), s); /* no free block fits */
+    ok(fake_is_released(a) == 1 && fake_is_released(b) == 1 &&
+           fake_is_released(c) == 1,
+       "a miss for 2 MiB + 64 KiB gives back free blocks until the pool "
+       "has its new block's 2 MiB + 128 KiB: all three (released: %d %d %d)",
+       fake_is_released(a), fake_is_released(b), fake_is_released(c));
+    ok(pool_reserved() == reserved,
+       "and the pool serves it without growing (reserved %llu, then %llu)",
+       (unsigned long long)reserved, (unsigned long long)pool_reserved());
+    defer_free(e, s);
+    is_int(defer_flush(), cudaSuccess, "flush");
+}
+
 /* A miss on stream s when the pool lacks memory and nothing is FREE: the
  * blocks PENDING on s itself go back to the pool, ordered on s (the oracle
  * checks the free comes after the work that uses them), never those of
@@ -466,6 +507,7 @@ int main(void)
     fake_reset(1);
     cudaStream_t s = stream_new(), s2 = stream_new();
     test_miss_hands_back(s);
+    test_miss_hands_back_fresh_size(s);
     test_miss_hands_back_pending(s, s2);
     test_hand_back_outlives_blocks(s);
     test_reused_handle();
