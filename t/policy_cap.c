@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The release policy's cap, one scenario per process (t/policy_test.h):
  * by default a sixth of what the application uses on the device, held
- * pinned memory and another device's memory no part of that use, and a set
- * cap released down to while another stream is busy. */
+ * pinned memory and another device's memory no part of that use, released
+ * bytes none of what is held, and a set cap released down to while another
+ * stream is busy. */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
@@ -64,6 +65,63 @@ static int s_cap_follows_use(void)
           "no other reason (idle %llu age %llu demand %llu)",
           ULL(st.idle_releases), ULL(st.age_releases),
           ULL(st.demand_releases));
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    use_end(live);
+    return 0;
+}
+
+/* The cap stays a sixth of the use after batches released: the held bytes
+ * taken out of the used memory are those held now, not every byte ever
+ * held there (a held list that kept the bytes of released entries in its
+ * device count took them out of the use too, and the cap fell with each
+ * batch, toward the floor).  With 12 GiB in use, 5 GiB deferred first
+ * (several cap batches, 3 GiB or more released), then, from just after
+ * the next cap batch, the held bytes climb to about 2 GiB again before a
+ * batch. */
+static int s_cap_stays_after_batches(void)
+{
+    enum { FIRST = 80, MORE = 120 };
+    const size_t size = (size_t)64 << 20;
+    void *live[USE_PARTS];
+    use_begin(live);
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    for (int i = 0; i < FIRST; i++) {
+        void *p;
+        defer_fast(sb, &p, 1, size);
+        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
+    }
+    wait_stats_settled(10000);
+    uint64_t batches = stats_now().cap_releases, reset_at = 0;
+    CHECK(batches >= 2, "the first 5 GiB released in cap batches (%llu)",
+          ULL(batches));
+    for (int i = 0; i < MORE; i++) {
+        void *p;
+        defer_fast(sb, &p, 1, size);
+        sleep_ms(2);
+        uint64_t now = stats_now().cap_releases;
+        if (reset_at == 0 && now > batches) { /* just after a batch */
+            CHECK(defer_device_stats_reset_peaks(0) == cudaSuccess,
+                  "reset the peaks");
+            reset_at = now;
+        }
+        if (reset_at != 0 && now > reset_at)
+            break; /* the next batch: the held bytes reached the cap */
+    }
+    wait_stats_settled(10000);
+    struct defer_device_stats ds;
+    CHECK(defer_device_stats_get(0, &ds) == cudaSuccess, "device stats");
+    const uint64_t cap = (USE_PARTS * USE_PART + 512) / 6; /* and busy's */
+    CHECK(reset_at != 0 && stats_now().cap_releases > reset_at,
+          "two more cap batches (%llu, the peaks reset at %llu)",
+          ULL(stats_now().cap_releases), ULL(reset_at));
+    CHECK(ds.held_bytes_peak >= cap - 2 * size,
+          "after 3 GiB or more released, held up to a sixth of the 12 GiB "
+          "in use again: peak %llu MiB, cap %llu MiB",
+          ULL(ds.held_bytes_peak >> 20), ULL(cap >> 20));
+    CHECK(ds.held_bytes_peak <= cap + 2 * size, "and no more (peak %llu MiB)",
+          ULL(ds.held_bytes_peak >> 20));
     busy_end(&a);
     CHECK(defer_flush() == cudaSuccess, "flush");
     use_end(live);
@@ -201,6 +259,8 @@ int main(void)
     plan_lazy();
     scenario("cap: by default a sixth of what the application uses",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_follows_use);
+    scenario("cap: a sixth of the use still after batches released",
+             "CUDEFER_MAX_DELAY_MS=0", s_cap_stays_after_batches);
     scenario("cap: held pinned memory is no part of the device's use",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
     scenario("cap: another device's memory is no part of the device's use",
