@@ -341,6 +341,47 @@ static void s_origin_query_fails(void)
     cudaFree(p);
 }
 
+/* The query of the event recorded on a dead graph's stream after its
+ * capture meets a capture's error (cudaErrorCapturedEvent: a capture the
+ * stream began between the reclaimer's look and its record took the
+ * record, which the real runtime captures where the fake refuses it): no
+ * completion, nor the device's failure; the event is recorded again once
+ * the stream no longer captures, and the entry is released only once the
+ * work before the capture is done. */
+static void s_origin_query_captured(void)
+{
+    cudaStream_t s = stream_new();
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
+          "the reclaimer recorded an event after the capture");
+    unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
+    records = fake_calls(FAKE_EVENT_RECORD);
+    fake_fail(FAKE_EVENT_QUERY, cudaErrorCapturedEvent, 0, 1);
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_QUERY) > queries &&
+              fake_calls(FAKE_EVENT_RECORD) > records,
+          "the query met the capture's error, and the event was recorded "
+          "again (queries %lu, records %lu)",
+          fake_calls(FAKE_EVENT_QUERY) - queries,
+          fake_calls(FAKE_EVENT_RECORD) - records);
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
+    cudaError_t err = defer_flush();
+    CHECK(err == cudaSuccess, "no device failed: flush %s",
+          cudaGetErrorName(err));
+}
+
 /* The reclaimer's cudaSetDevice to the device of a dead graph's stream
  * (device 1, the reclaimer on device 0) fails: what any failed switch of
  * the reclaimer's is (reclaimer_use_device): that device fails, said once
@@ -446,6 +487,9 @@ int main(void)
              "said once, released once it can", s_origin_event_create_fails);
     scenario("a dead graph's stream: the query of its event fails: the "
              "device fails, said", s_origin_query_fails);
+    scenario("a dead graph's stream: the query of its event meets a "
+             "capture's error: recorded again, released after the work",
+             s_origin_query_captured);
     fork_scenario("a dead graph's stream on device 1: the reclaimer's "
                   "cudaSetDevice to it fails: the device fails, said", "", 2,
                   30000, s_origin_set_device_fails);
