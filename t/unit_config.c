@@ -369,6 +369,54 @@ static void test_env_several(void)
     ok(same_config(&cfg, &def), "no variable set: the defaults");
 }
 
+/* A variable set to nothing (or blanks) is as if unset over any value,
+ * not only the default: what defer_configure gave stays, every knob. */
+static void test_env_empty_keeps_configured(void)
+{
+    struct defer_config cfg, want;
+    config_defaults(&cfg);
+    cfg.poll_us = 123;
+    cfg.poll_max_us = 4567;
+    cfg.idle_us = 89;
+    cfg.max_pending_bytes = UINT64_C(64) << 20;
+    cfg.max_delay_ms = 250;
+    cfg.policy = DEFER_POLICY_EAGER;
+    cfg.event_pool_max = 12;
+    cfg.disable = 1;
+    cfg.verbose = 1;
+    cfg.print_stats = 1;
+    cfg.check = 1;
+    cfg.cache_keep_ms = 77;
+    cfg.split_min_bytes = 4096;
+    cfg.free_batch = 5;
+    cfg.round_divisions = 4;
+    cfg.driver_calls = 0;
+    want = cfg;
+    static const char *const vars[] = {
+        "CUDEFER_POLL_US", "CUDEFER_POLL_MAX_US", "CUDEFER_IDLE_US",
+        "CUDEFER_MAX_PENDING", "CUDEFER_MAX_DELAY_MS", "CUDEFER_POLICY",
+        "CUDEFER_EVENT_POOL", "CUDEFER_DISABLE", "CUDEFER_VERBOSE",
+        "CUDEFER_STATS", "CUDEFER_CHECK", "CUDEFER_CACHE_KEEP_MS",
+        "CUDEFER_SPLIT_MIN", "CUDEFER_FREE_BATCH", "CUDEFER_ROUND_DIVISIONS",
+        "CUDEFER_DRIVER_CALLS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        setenv(vars[i], i % 2 == 0 ? "" : " \t ", 1);
+    stderr_capture_begin();
+    int invalid = config_load_env(&cfg);
+    const char *err = stderr_capture_end();
+    set_cudefer_env("");
+    is_int(invalid, 0, "every knob set to nothing: none invalid");
+    is_str(err, "", "every knob set to nothing: quietly");
+    ok(same_config(&cfg, &want),
+       "every knob set to nothing: the values given before kept (not the "
+       "defaults)");
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (field_of(&cfg, vars[i]) != field_of(&want, vars[i]))
+            diag("%s is %llu, was %llu", vars[i],
+                 (unsigned long long)field_of(&cfg, vars[i]),
+                 (unsigned long long)field_of(&want, vars[i]));
+}
+
 static void test_poll_max_fixup(void)
 {
     struct defer_config cfg;
@@ -701,6 +749,7 @@ int main(void)
     test_env_escaped_long();
     test_env_long_numbers();
     test_env_several();
+    test_env_empty_keeps_configured();
     test_poll_max_fixup();
     test_unknown_names();
     test_unknown_long_name();
