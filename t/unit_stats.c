@@ -264,9 +264,39 @@ static void overflow_shared(void)
            "slots");
 }
 
+/* latency_p50_us: the upper bound of the bucket that holds the median
+ * (bucket i: latencies below 2^i us; 8us is in [8, 16)), no more than
+ * latency_max_us; a median on a bucket's last latency (half the count
+ * exactly) is that bucket's.  Latencies recorded directly, as the
+ * reclaimer records them: nothing else here records any. */
+static void latency_median(void)
+{
+    struct defer_stats st;
+    defer_stats_get(&st);
+    is_int((long long)st.latency_p50_us, 0, "no latency: latency_p50_us 0");
+    for (int i = 0; i < 3; i++)
+        stats_record_latency(10 * 1000); /* 10us: [8, 16) */
+    stats_record_latency(8 * 1000);      /* 8us: [8, 16) too */
+    for (int i = 0; i < 3; i++)
+        stats_record_latency(1000 * 1000); /* 1000us: [512, 1024) */
+    defer_stats_get(&st);
+    is_int((long long)st.latency_max_us, 1000, "latency_max_us 1000");
+    is_int((long long)st.latency_p50_us, 16,
+           "4 of 7 latencies in [8us, 16us): latency_p50_us 16");
+    stats_record_latency(1000 * 1000);
+    defer_stats_get(&st);
+    is_int((long long)st.latency_p50_us, 16,
+           "4 of 8 in [8us, 16us): the median's bucket is still theirs: 16");
+    stats_record_latency(3000 * 1000); /* [2048, 4096) */
+    defer_stats_get(&st);
+    is_int((long long)st.latency_p50_us, 1024,
+           "4 of 9 below 16us, 8 below 1024us: latency_p50_us 1024");
+}
+
 int main(void)
 {
     plan_lazy();
+    latency_median();
     expect_model("before any count");
     only_its_slot();
     expect_model("after devices 3 and 70");
