@@ -153,6 +153,10 @@ static const struct scenario scenarios[] = {
      "error: the device fails", "CUDEFER_MAX_DELAY_MS=0", 1,
      s_free_n_sticky_after_refused, FAKE_FREE, cudaErrorIllegalAddress, ONCE,
      cudaErrorIllegalAddress, NULL},
+    {"defer_free_n: the first pointer refused, the second meets a "
+     "device-side assert (sticky, as an illegal address): the device fails",
+     "CUDEFER_MAX_DELAY_MS=0", 1, s_free_n_sticky_after_refused, FAKE_FREE,
+     cudaErrorAssert, ONCE, cudaErrorAssert, NULL},
     {"cudaFreeHost fails once", "CUDEFER_MAX_DELAY_MS=0", 1, s_free_fails,
      FAKE_FREE_HOST, cudaErrorInvalidValue, ONCE, cudaSuccess, NULL},
     {"cudaFreeHost fails persistently", "CUDEFER_MAX_DELAY_MS=0", 1,

@@ -292,6 +292,7 @@ static const struct { cudaError_t code; const char *name, *text; } errtab[] = {
     E(cudaErrorNotReady, "device not ready"),
     E(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
     E(cudaErrorLaunchTimeout, "the launch timed out and was terminated"),
+    E(cudaErrorAssert, "device-side assert triggered"),
     E(cudaErrorContextIsDestroyed, "context is destroyed"),
     E(cudaErrorLaunchFailure, "unspecified launch failure"),
     E(cudaErrorNotPermitted, "operation not permitted"),
