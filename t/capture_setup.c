@@ -99,9 +99,11 @@ static void test_setup_failures(void)
  * attributes cannot be had, the caller's current device. */
 static void test_entry_device(void)
 {
+    cudaGetLastError(); /* the refusals above left theirs, as CUDA does */
     cudaSetDevice(1);
     cudaStream_t s1 = stream_new();
-    void *p1 = device_alloc(64), *q1 = device_alloc(64);
+    void *p1 = device_alloc(64), *q1 = device_alloc(64),
+         *r1 = device_alloc(64);
     cudaSetDevice(0);
     begin_capture(s1);
     captured_work(s1, p1);
@@ -111,6 +113,18 @@ static void test_entry_device(void)
     is_int(defer_free(q1, s1), cudaSuccess,
            "pointer attributes failing: the current device is used");
     fake_fail_clear();
+    is_int(cudaPeekAtLastError(), cudaSuccess,
+           "the failed query left the caller no error to find");
+    /* The caller's own error, pending: cudefer's failed query must not
+     * clear it (the caller would never hear of it). */
+    is_int(cudaSetDevice(99), cudaErrorInvalidDevice,
+           "the caller's cudaSetDevice(99) fails: its error pending");
+    fake_fail(FAKE_POINTER_GET_ATTRIBUTES, cudaErrorInvalidValue, 0, 1);
+    is_int(defer_free(r1, s1), cudaSuccess,
+           "pointer attributes failing with the caller's error pending");
+    fake_fail_clear();
+    ok(cudaGetLastError() != cudaSuccess,
+       "the caller still finds an error pending (not cleared by cudefer)");
     unsigned long ids = fake_calls(FAKE_STREAM_GET_ID),
                   devices = fake_calls(FAKE_STREAM_GET_DEVICE);
     is_int(defer_call(noop_counted, NULL, s1), cudaSuccess,
@@ -120,8 +134,9 @@ static void test_entry_device(void)
        "the capturing stream was not asked for its device or id");
     cudaGraph_t graph = end_capture(s1);
     cudaGraphDestroy(graph);
-    ok(wait_released(p1, 10000) && wait_released(q1, 10000),
-       "both released once the graph is gone");
+    ok(wait_released(p1, 10000) && wait_released(q1, 10000) &&
+           wait_released(r1, 10000),
+       "all three released once the graph is gone");
     ok(wait_flag(&noop_counted_calls, 10000), "the callback ran");
     __atomic_store_n(&noop_counted_calls, 0, __ATOMIC_SEQ_CST);
     cudaStreamDestroy(s1);
