@@ -51,15 +51,27 @@ static void test_named_twice(cudaStream_t s)
     void *many[41] = {NULL};
     for (int i = 0; i < 40; i++)
         many[i] = device_alloc(4096);
-    for (size_t n = 3; n <= 41; n += 38) {
+    /* The long list's lowest address, which sorts first: a repeat there is
+     * the sorted list's first pair. */
+    int lowest = 0;
+    for (int i = 1; i < 40; i++)
+        if ((uintptr_t)many[i] < (uintptr_t)many[lowest])
+            lowest = i;
+    const struct {
+        size_t n;
+        int twice;
+    } cases[] = {{3, 0}, {41, 17}, {41, lowest}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t n = cases[c].n;
         void *keep = many[n - 1];
-        many[n - 1] = many[n == 3 ? 0 : 17];
+        many[n - 1] = many[cases[c].twice];
         uint64_t rejected = stats_now().rejected,
                  deferred = stats_now().deferred;
         stderr_capture_begin();
         cudaError_t err = defer_free_n(many, n, s);
         ok(strstr(stderr_capture_end(), "named more than once") != NULL,
-           "%zu pointers, one twice: said", n);
+           "%zu pointers, one twice (%s): said", n,
+           c == 2 ? "the lowest address" : "another");
         ok(err == cudaErrorInvalidValue &&
                stats_now().rejected - rejected == 1 &&
                stats_now().deferred == deferred,
