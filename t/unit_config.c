@@ -12,6 +12,7 @@
 
 #include "unit_config.h"
 #include "configure.h"
+#include "report.h"
 
 #define T (UINT64_C(1) << 40)
 
@@ -740,6 +741,25 @@ static void test_start(void)
            "defer_configure(NULL) after start: InvalidValue");
 }
 
+/* A message longer than report's line (512 bytes) is cut, and is still
+ * one whole line: "cudefer: ", as much of it as fits, a newline, 511
+ * bytes in all, no NUL byte among them. */
+static void test_report_long_line(void)
+{
+    char text[700];
+    memset(text, 'a', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    stderr_capture_begin();
+    report("%s", text);
+    const char *err = stderr_capture_end();
+    size_t len = strlen(err);
+    is_int((long long)len, 511, "a 699-character message: 511 bytes written "
+           "(as many before any NUL byte)");
+    ok(len > 0 && err[len - 1] == '\n' && strncmp(err, "cudefer: aaa", 12) == 0 &&
+           strspn(err + 9, "a") == len - 10,
+       "\"cudefer: \", the message cut, then its newline");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -753,6 +773,7 @@ int main(void)
     test_poll_max_fixup();
     test_unknown_names();
     test_unknown_long_name();
+    test_report_long_line();
     test_print();
     test_defaults_api();
     test_configure_before_start();
