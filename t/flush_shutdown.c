@@ -94,13 +94,38 @@ static void test_defer_from_callback(void)
     cudaStreamDestroy(s);
 }
 
+static int shut_down;
+static cudaError_t shutdown_err = cudaErrorUnknown;
+
+static void *shutdown_thread(void *unused)
+{
+    (void)unused;
+    shutdown_err = defer_shutdown();
+    __atomic_store_n(&shut_down, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
 static void test_shutdown(void)
 {
     cudaStream_t s = stream_new();
     void *p = device_alloc(64);
-    work_timed(s, 5000, p);
+    fake_work *w = work_held(s, p);
     defer_free(p, s);
-    is_int(defer_shutdown(), cudaSuccess, "shutdown drains and stops");
+    /* Shutdown waits for the pending entry however long it takes: held
+     * until the shutdown's request is queued and for a while after (its
+     * wait looks at exit's abandon every 10 ms: none of those looks may
+     * end it). */
+    unsigned long pushed = lifecycle_requests_pushed();
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, NULL);
+    for (int i = 0; i < 10000 && lifecycle_requests_pushed() == pushed; i++)
+        sleep_ms(1);
+    ok(lifecycle_requests_pushed() > pushed, "the shutdown's request is queued");
+    bool early = wait_flag(&shut_down, 200);
+    ok(!early, "shutdown blocks while the entry is pending (200 ms)");
+    fake_complete(w);
+    pthread_join(t, NULL);
+    is_int(shutdown_err, cudaSuccess, "shutdown drains and stops");
     is_int(fake_is_released(p), 1, "the pending entry was released first");
     is_int(fake_live_events(), 0, "all events destroyed");
 
