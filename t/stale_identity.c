@@ -200,6 +200,48 @@ static void test_handle_reused_on_the_same_device(void)
     cudaStreamDestroy(b);
 }
 
+/* The handle reused on the same device while a callback of the old stream
+ * waits: a callback is looked up exactly (the thread's cached id checked
+ * against the stream's), so the new stream's callbacks are not queued
+ * behind the old stream's under its stale id. */
+static int old_calls;
+
+static void count_old_call(void *arg)
+{
+    (void)arg;
+    __atomic_fetch_add(&old_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void test_handle_reused_behind_a_callback(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64);
+    fake_work *old = work_held(s, p);
+    old_calls = 0;
+    is_int(defer_call(count_old_call, NULL, s), cudaSuccess,
+           "defer_call on s, its work held");
+    cudaStreamDestroy(s);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    calls = 0;
+    for (int i = 0; i < 3; i++)
+        is_int(defer_call(count_call, NULL, b), cudaSuccess,
+               "defer_call %d on the new stream (a callback of s waits)", i);
+    for (int i = 0; i < 10000 && __atomic_load_n(&calls, __ATOMIC_SEQ_CST) < 3;
+         i++)
+        sleep_ms(1);
+    is_int(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 3,
+           "the new stream's callbacks ran while the old stream's callback "
+           "waits: not queued behind it under the old stream's id");
+    is_int(__atomic_load_n(&old_calls, __ATOMIC_SEQ_CST), 0,
+           "the old stream's callback still waits for its work");
+    fake_complete(old);
+    is_int(defer_flush(), cudaSuccess, "flush");
+    is_int(__atomic_load_n(&old_calls, __ATOMIC_SEQ_CST), 1,
+           "and runs once its work is done");
+    cudaFree(p);
+    cudaStreamDestroy(b);
+}
+
 /* A cached identity whose device has failed is not trusted: the stream is
  * looked up again before the call is refused with that device's error (a
  * destroyed stream's handle may now name a stream of a healthy device;
@@ -314,6 +356,7 @@ int main(void)
     test_group_retries();
     test_handle_reused_on_another_device();
     test_handle_reused_on_the_same_device();
+    test_handle_reused_behind_a_callback();
     test_retry_leaves_last_error();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "no allocation left");
