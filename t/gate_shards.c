@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "helpers.h"
+#include "thread_shard.h"
 
 #define THREADS 80 /* more than THREAD_SHARDS (64) */
 #define PER_THREAD 200
@@ -41,9 +42,100 @@ static void *freer_main(void *arg)
     return NULL;
 }
 
+/* Every shard counts, the last one too: a free under way on the thread
+ * whose shard is the last (THREAD_SHARDS - 1), held inside its event
+ * record, keeps defer_shutdown waiting until it ends; then it is released
+ * by the drain.  Threads take shards in turn: one at a time until one has
+ * the last. */
+static _Thread_local bool blocker;
+static atomic_int held, release_it, shut_down;
+static cudaError_t last_err = cudaErrorUnknown, shut_err = cudaErrorUnknown;
+static cudaStream_t last_stream;
+static void *last_ptr;
+
+static void hold_record(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (!blocker)
+        return;
+    atomic_store(&held, 1);
+    while (!atomic_load(&release_it))
+        sleep_ms(1);
+}
+
+static void *shard_taker(void *arg)
+{
+    atomic_int *shard = arg;
+    thread_shard_mine();
+    int mine = thread_here.shard;
+    if (mine == THREAD_SHARDS - 1)
+        blocker = true;
+    atomic_store(shard, mine);
+    if (mine == THREAD_SHARDS - 1) {
+        last_err = defer_free(last_ptr, last_stream);
+    }
+    return NULL;
+}
+
+static void *shutdown_main(void *arg)
+{
+    (void)arg;
+    shut_err = defer_shutdown();
+    atomic_store(&shut_down, 1);
+    return NULL;
+}
+
+static void s_last_shard_counts(void)
+{
+    void *first = device_alloc(64);
+    CHECK(defer_free(first, 0) == cudaSuccess, "defer_free starts cudefer");
+    last_stream = stream_new();
+    last_ptr = device_alloc(64);
+    work_timed(last_stream, 50, last_ptr);
+    fake_set_return_hook(FAKE_EVENT_RECORD, hold_record, NULL);
+    pthread_t blocking;
+    atomic_int shard = -1;
+    for (int i = 0; i <= THREAD_SHARDS; i++) {
+        atomic_store(&shard, -1);
+        if (pthread_create(&blocking, NULL, shard_taker, &shard))
+            bail("pthread_create");
+        while (atomic_load(&shard) < 0)
+            sleep_ms(1);
+        if (atomic_load(&shard) == THREAD_SHARDS - 1)
+            break;
+        pthread_join(blocking, NULL);
+    }
+    CHECK(atomic_load(&shard) == THREAD_SHARDS - 1,
+          "a thread took the last shard (%d)", atomic_load(&shard));
+    for (int i = 0; i < 30000 && !atomic_load(&held); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&held), "its defer_free is held in its event record");
+    pthread_t shutter;
+    if (pthread_create(&shutter, NULL, shutdown_main, NULL))
+        bail("pthread_create");
+    /* Never returns while the free is under way: any wait shows it. */
+    for (int i = 0; i < 200 && !atomic_load(&shut_down); i++)
+        sleep_ms(1);
+    CHECK(!atomic_load(&shut_down),
+          "defer_shutdown waits for the free under way in the last shard");
+    atomic_store(&release_it, 1);
+    pthread_join(blocking, NULL);
+    pthread_join(shutter, NULL);
+    fake_set_return_hook(FAKE_EVENT_RECORD, NULL, NULL);
+    CHECK(last_err == cudaSuccess, "the held free was accepted (%d)",
+          (int)last_err);
+    CHECK(shut_err == cudaSuccess, "defer_shutdown (%d)", (int)shut_err);
+    CHECK(fake_is_released(last_ptr) == 1,
+          "the held free was released by shutdown's drain");
+    CHECK(fake_is_released(first) == 1, "the first free too");
+    cudaStreamDestroy(last_stream);
+}
+
 int main(void)
 {
     plan_lazy();
+    fork_scenario("a free under way in the last shard holds defer_shutdown",
+                  "", 1, 60000, s_last_shard_counts);
     fake_reset(1);
     for (int t = 0; t < THREADS; t++) {
         freers[t].stream = stream_new();
