@@ -315,16 +315,13 @@ static void s_origin_event_create_fails(void)
     CHECK(wait_released(p, 10000), "released once w completed");
 }
 
-/* The query of the event recorded on a dead graph's stream after its
- * capture fails: what a failed query of any entry's event is
- * (reclaimer_poll.c): never completion, so the device fails, said once
- * naming the device and the call, and a flush returns the error; the
- * entry is counted failed, never released. */
-static void s_origin_query_fails(void)
+/* A free of *p captured on a new stream behind work w (returned, held),
+ * the graph then destroyed: returns once the reclaimer recorded the event
+ * it queries for the work before the capture. */
+static fake_work *dead_graph_recorded(void **p)
 {
     cudaStream_t s = stream_new();
-    void *p;
-    fake_work *w = free_in_capture(s, &p);
+    fake_work *w = free_in_capture(s, p);
     unsigned long records = fake_calls(FAKE_EVENT_RECORD);
     cudaGraphDestroy(end_capture(s));
     CHECK(wait_user_objects(0, 2000), "the graph is gone");
@@ -333,6 +330,18 @@ static void s_origin_query_fails(void)
         sleep_ms(1);
     CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
           "the reclaimer recorded an event after the capture");
+    return w;
+}
+
+/* The query of the event recorded on a dead graph's stream after its
+ * capture fails: what a failed query of any entry's event is
+ * (reclaimer_poll.c): never completion, so the device fails, said once
+ * naming the device and the call, and a flush returns the error; the
+ * entry is counted failed, never released. */
+static void s_origin_query_fails(void)
+{
+    void *p;
+    fake_work *w = dead_graph_recorded(&p);
     uint64_t failed = stats_now().failed;
     stderr_capture_begin();
     fake_fail(FAKE_EVENT_QUERY, cudaErrorInvalidResourceHandle, 0, 1);
@@ -350,19 +359,10 @@ static void s_origin_query_fails(void)
  * work before the capture is done. */
 static void s_origin_query_captured(void)
 {
-    cudaStream_t s = stream_new();
     void *p;
-    fake_work *w = free_in_capture(s, &p);
-    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
-    cudaGraphDestroy(end_capture(s));
-    CHECK(wait_user_objects(0, 2000), "the graph is gone");
-    for (double until = now_ms() + 10000;
-         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
-          "the reclaimer recorded an event after the capture");
+    fake_work *w = dead_graph_recorded(&p);
     unsigned long queries = fake_calls(FAKE_EVENT_QUERY);
-    records = fake_calls(FAKE_EVENT_RECORD);
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
     fake_fail(FAKE_EVENT_QUERY, cudaErrorCapturedEvent, 0, 1);
     for (double until = now_ms() + 10000;
          fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)

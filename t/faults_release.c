@@ -577,6 +577,36 @@ void s_pointer_attributes_fail(const struct scenario *sc)
 
 /* ---- reclaimer: cudaMemGetInfo (the cap) ----------------------------------- */
 
+/* The cap scenarios' frees: a buffer freed behind work held on one stream
+ * (*w, kept busy so the program is never quiet), then n buffers of size
+ * bytes freed on another once their own work is done; returns once each
+ * is released or held and the counters settled. */
+static void free_behind_held(fake_work **w, void **busy, void **p, int n,
+                             size_t size)
+{
+    cudaStream_t sa = stream_new(), sb = stream_new();
+    *busy = device_alloc(512);
+    *w = work_held(sa, *busy);
+    CHECK(defer_free(*busy, sa) == cudaSuccess, "defer_free (busy)");
+    for (int i = 0; i < n; i++) {
+        p[i] = busy_buffer(sb, size, 0);
+        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
+    }
+    WAIT_UNTIL(count_released(p, n) + (int)stats_now().held == n, 10000);
+    wait_stats_settled(10000);
+}
+
+/* The end of free_behind_held's scenario: w completes, and a flush
+ * releases everything. */
+static void flush_all(fake_work *w, void *busy, void **p, int n)
+{
+    fake_complete(w);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(count_released(p, n) == n && fake_is_released(busy) == 1,
+          "all released by the flush (%d of %d)", count_released(p, n), n);
+    CHECK_STATS();
+}
+
 /* A 4 MiB device: its cap is 1 MiB, unless cudaMemGetInfo fails (count 0:
  * the control run, where it works).  Failed once, the cap assumes 80 GiB
  * until the reclaimer asks again (every RELEASE_POLICY_CAP_REFRESH_NS,
@@ -596,17 +626,9 @@ void s_mem_get_info(const struct scenario *sc)
     stderr_capture_begin();
     if (sc->count != 0)
         fake_fail(FAKE_MEM_GET_INFO, sc->err, 0, sc->count);
-    cudaStream_t sa = stream_new(), sb = stream_new();
-    void *busy = device_alloc(512);
-    fake_work *w = work_held(sa, busy);
-    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
-    void *p[N];
-    for (int i = 0; i < N; i++) {
-        p[i] = busy_buffer(sb, SIZE, 0);
-        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
-    }
-    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
-    wait_stats_settled(10000);
+    fake_work *w;
+    void *busy, *p[N];
+    free_behind_held(&w, &busy, p, N, SIZE);
     struct defer_stats st = stats_now();
     unsigned long asked = fake_calls(FAKE_MEM_GET_INFO);
     if (sc->count == ONCE && asked > 1) {
@@ -640,11 +662,7 @@ void s_mem_get_info(const struct scenario *sc)
         CHECK(lines_with(msg, NULL, NULL, NULL) == 0, "control: nothing on "
               "stderr");
     }
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
-          "all released by the flush (%d of %d)", count_released(p, N), N);
-    CHECK_STATS();
+    flush_all(w, busy, p, N);
 }
 
 /* A cap set by CUDEFER_MAX_PENDING (1 MiB here) does not follow the
@@ -657,17 +675,9 @@ void s_mem_get_info_set_cap(const struct scenario *sc)
     fake_set_address_reuse(0);
     stderr_capture_begin();
     fake_fail(FAKE_MEM_GET_INFO, sc->err, 0, sc->count);
-    cudaStream_t sa = stream_new(), sb = stream_new();
-    void *busy = device_alloc(512);
-    fake_work *w = work_held(sa, busy);
-    CHECK(defer_free(busy, sa) == cudaSuccess, "defer_free (busy)");
-    void *p[N];
-    for (int i = 0; i < N; i++) {
-        p[i] = busy_buffer(sb, SIZE, 0);
-        CHECK(defer_free(p[i], sb) == cudaSuccess, "defer_free #%d", i);
-    }
-    WAIT_UNTIL(count_released(p, N) + (int)stats_now().held == N, 10000);
-    wait_stats_settled(10000);
+    fake_work *w;
+    void *busy, *p[N];
+    free_behind_held(&w, &busy, p, N, SIZE);
     struct defer_stats st = stats_now();
     unsigned long asked = fake_calls(FAKE_MEM_GET_INFO);
     const char *msg = capture_end();
@@ -679,9 +689,5 @@ void s_mem_get_info_set_cap(const struct scenario *sc)
     CHECK(lines_with(msg, "cudaMemGetInfo", NULL, NULL) == 0,
           "no line names cudaMemGetInfo (%d): %s",
           lines_with(msg, "cudaMemGetInfo", NULL, NULL), msg);
-    fake_complete(w);
-    CHECK(defer_flush() == cudaSuccess, "flush");
-    CHECK(count_released(p, N) == N && fake_is_released(busy) == 1,
-          "all released by the flush (%d of %d)", count_released(p, N), N);
-    CHECK_STATS();
+    flush_all(w, busy, p, N);
 }
