@@ -456,7 +456,8 @@ CUDEFER_API void defer_config_defaults(struct defer_config *cfg);
  * defaults), with the CUDEFER_* environment on top, when the reclaimer
  * starts.  Errors, each reported, nothing changed: cudaErrorNotPermitted
  * once the reclaimer started (the first call that defers, allocates or
- * records, or defer_peer_access) or after defer_shutdown;
+ * records, or defer_peer_access; a start that failed leaves it open) or
+ * after defer_shutdown;
  * cudaErrorInvalidValue for a value out of range, a poll_max_us below
  * poll_us, a NULL cfg or a size below 0.1.0's struct.  A bad CUDEFER_*
  * value is reported and ignored (a CUDEFER_POLL_MAX_US below poll_us is

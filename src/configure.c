@@ -13,7 +13,8 @@
 static struct {
     pthread_mutex_t lock;
     bool configured;              /* defer_configure stored app */
-    bool started;                 /* in_force settled: too late to configure */
+    bool started; /* in_force settled by a start that succeeded or is under
+                     way: too late to configure */
     bool shut_down;               /* defer_shutdown came first: never starts */
     struct defer_config app;      /* from defer_configure */
     struct defer_config in_force; /* app or defaults, then the environment */
@@ -51,6 +52,15 @@ void configure_at_start(struct defer_config *out)
     if (!state.started)
         settle_locked();
     *out = state.in_force;
+    pthread_mutex_unlock(&state.lock);
+}
+
+/* A start that failed: the configuration is open again (defer_configure
+ * accepted), and the next start settles it anew. */
+void configure_start_failed(void)
+{
+    state_lock();
+    state.started = false;
     pthread_mutex_unlock(&state.lock);
 }
 

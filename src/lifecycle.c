@@ -84,7 +84,8 @@ static cudaError_t say_refused(const char *what, const struct line_end *end);
 
 /* Start the reclaimer for the first call, what; life_lock held.  On
  * failure (reported, the line ending with end's text) nothing stays allocated
- * and the next call tries again.  Once exit began (rs.exiting, which exit
+ * and the next call tries again (the caller opens the configuration again:
+ * configure_start_failed).  Once exit began (rs.exiting, which exit
  * may set without life_lock while this start holds it:
  * lifecycle_hooks_exit_starting) the start is refused, said as any call
  * after exit is: read before the first CUDA call, after
@@ -318,8 +319,10 @@ cudaError_t lifecycle_enter_ending(const char *what,
         int state = atomic_load(&rs.state);
         if (state == STATE_NEW) {
             atomic_store(&rs.starting, true);
-            if ((err = start_locked(what, end)) != cudaSuccess)
+            if ((err = start_locked(what, end)) != cudaSuccess) {
+                configure_start_failed();
                 stats_add(&stats.rejected, 1);
+            }
             atomic_store(&rs.starting, false);
         } else if (state != STATE_RUNNING) { /* shut down while we waited */
             err = refuse_ending(what, end);

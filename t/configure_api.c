@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* defer_configure through the library: the values given before the first
- * defer call are the ones the reclaimer starts with (shown by
- * CUDEFER_VERBOSE=1, the environment on top), and a later call is refused.
+ * defer call whose start succeeds are the ones the reclaimer starts with
+ * (shown by CUDEFER_VERBOSE=1, the environment on top), and a later call is
+ * refused.
  * Every refusal, of these calls and of the sized struct calls, is counted
  * in rejected, as every other call's is. */
 #include <stdlib.h>
@@ -44,11 +45,26 @@ static void test_counted_before_start(void)
            "4 counted in rejected");
 }
 
+/* A start that failed (cudaGetDeviceCount) started nothing: defer_configure
+ * is still accepted afterwards, and the next start uses what it gave (the
+ * start-up print below). */
+static void test_failed_start_leaves_it_open(void)
+{
+    fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
+    void *p = NULL;
+    stderr_capture_begin();
+    cudaError_t err = defer_alloc(&p, 64, NULL);
+    (void)stderr_capture_end();
+    fake_fail_clear();
+    is_int(err, cudaErrorNoDevice, "a first call whose start fails");
+}
+
 int main(void)
 {
     plan_lazy();
     fake_reset(1);
     test_counted_before_start();
+    test_failed_start_leaves_it_open();
 
     struct defer_config cfg;
     defer_config_defaults(&cfg);
@@ -60,7 +76,8 @@ int main(void)
     cfg.policy = DEFER_POLICY_EAGER;
     cfg.event_pool_max = 8;
     is_int(defer_configure(&cfg), cudaSuccess,
-           "defer_configure before any defer call");
+           "defer_configure after a start that failed, before any other "
+           "defer call");
     cfg.poll_us = 0;
     uint64_t before = rejected_now();
     stderr_capture_begin();
