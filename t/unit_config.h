@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* What t/unit_config and t/unit_config_docs share: every CUDEFER_*
- * variable, the field each sets, and the line a refused value is said in
- * (config_knob_text's words). */
+/* What t/unit_config, t/unit_config_report, t/unit_config_docs and
+ * t/unit_config_validate share: every CUDEFER_* variable, the field each
+ * sets, and the line a refused value is said in (config_knob_text's
+ * words). */
 #ifndef CUDEFER_T_UNIT_CONFIG_H
 #define CUDEFER_T_UNIT_CONFIG_H
 
