@@ -114,20 +114,33 @@ class Run:
         self.commit = header.get('commit') or 'unknown'
 
 
+class BadFile(Exception):
+    """A results file this script cannot read as one run; its text says
+    which file and why."""
+
+
 def read_run(path):
     """A Run, or None when the file is not a bench/run.py results file (no
     "run" header first), is an A/B file of bench/ab.sh, or is a run of an
     experiment build (its header's "experiment" says which: rows named as
     main's that are not main's library).  Lines that are not JSON (a run
     killed while writing) are skipped."""
-    records = []
+    records, headers = [], []
     with open(path, encoding='utf-8') as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
                 try:
                     records.append(json.loads(line))
                 except ValueError:
                     continue
+                if isinstance(records[-1], dict) and \
+                        records[-1].get('record') == 'run':
+                    headers.append(number)
+    if len(headers) > 1:
+        raise BadFile('%s holds %d runs ("run" headers on lines %s): give '
+                      'each run a file of its own' % (
+                          path, len(headers),
+                          ', '.join(str(n) for n in headers)))
     if not records or not isinstance(records[0], dict) or \
             records[0].get('record') != 'run' or 'ab' in records[0] or \
             'experiment' in records[0]:
@@ -509,7 +522,11 @@ def main(argv=None):
     if not os.path.isdir(o.results):
         sys.stderr.write('results_md.py: %s: no such folder\n' % o.results)
         return 2
-    text, figures = render(o.results, o.out)
+    try:
+        text, figures = render(o.results, o.out)
+    except BadFile as e:
+        sys.stderr.write('results_md.py: %s\n' % e)
+        return 1
     if o.plots:
         import plot
         for kind, rows, title, png in figures:

@@ -204,6 +204,34 @@ def test_results_md_reps_exit_nonzero():
         '2 (1 failed, 1 exit≠0)'
 
 
+def test_results_md_two_runs_in_a_file():
+    """A file holding two runs (two outputs put together) is refused, named
+    with the lines of its headers, rather than read as one run."""
+    import results_md
+    tmp = tempfile.mkdtemp(prefix='cudefer-test-run.')
+    try:
+        res = os.path.join(tmp, 'results')
+        os.makedirs(res)
+        one, two = os.path.join(tmp, 'one'), os.path.join(tmp, 'two')
+        results_run(one, '2026-01-01T00:00:00Z', 'c1' * 20,
+                    'NVIDIA H200', 1, w1_reps([101.0]))
+        results_run(two, '2026-01-01T00:05:00Z', 'c1' * 20,
+                    'NVIDIA H200', 1, w1_reps([102.0, 103.0]))
+        both = os.path.join(res, 'both.jsonl')
+        with open(both, 'w') as f:
+            f.write(open(one).read() + open(two).read())
+        with redirect_stderr(io.StringIO()) as err:
+            rc = results_md.main(['--results', res,
+                                  '--out', os.path.join(tmp, 'RESULTS.md')])
+        assert rc == 1, rc
+        assert err.getvalue() == ('results_md.py: %s holds 2 runs ("run" '
+                                  'headers on lines 1, 4): give each run a '
+                                  'file of its own\n' % both), err.getvalue()
+        assert not os.path.exists(os.path.join(tmp, 'RESULTS.md'))
+    finally:
+        shutil.rmtree(tmp)
+
+
 def test_results_md_committed():
     """bench/RESULTS.md is what bench/results_md.py writes from the
     committed results."""
