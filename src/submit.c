@@ -2,8 +2,9 @@
 /* One request's route, on the calling thread (submit.h): admit, resolve the
  * stream once, choose the route once, take it.  Note [The submit route].
  * This file holds the common path, from admit to leave, as one unit for
- * the compiler to inline; the synchronous release is in submit_sync.c, the
- * group route in submit_group.c, what the three share in submit_route.h. */
+ * the compiler to inline; the captured route is in submit_captured.c, the
+ * synchronous release in submit_sync.c, the group route in submit_group.c,
+ * what they share in submit_route.h. */
 #include "submit.h"
 #include "submit_route.h"
 
@@ -11,7 +12,6 @@
 #include <string.h>
 
 #include "cache.h"
-#include "capture.h"
 #include "cuda.h"
 #include "entry.h"
 #include "event_pool.h"
@@ -448,64 +448,6 @@ static cudaError_t route_refused(const struct request_args *a,
                : cache_claim_refuse_freed(a, a->ptrs[0]);
 }
 
-/* Any thread: a's refusal by the captured route (route_captured): a block
- * recorded on other streams, or (per_thread) a capture of
- * cudaStreamPerThread; said in one line ending with a->end's text as
- * every refusal of the request does, counted.  Returns
- * cudaErrorStreamCaptureUnsupported. */
-static cudaError_t refuse_captured(const struct request_args *a,
-                                   bool per_thread) FRAME_OF_ITS_OWN;
-static cudaError_t refuse_captured(const struct request_args *a,
-                                   bool per_thread)
-{
-    stats_add(&stats.rejected, 1);
-    char tail[64];
-    if (per_thread)
-        report("%s: a capture of cudaStreamPerThread: refused (the "
-               "reclaimer could not wait for the work this thread "
-               "enqueued on it before the capture; capture a created "
-               "stream; the capture is intact%s)", a->what,
-               a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
-                              : "; the caller keeps ownership");
-    else
-        report("%s: a block recorded on other streams (defer_record_stream) "
-               "cannot be freed into a graph capture, which would not wait "
-               "for them: refused%s", a->what,
-               a->end != NULL ? report_line_end(a->end, tail, sizeof tail)
-                              : " (the caller keeps ownership)");
-    return cudaErrorStreamCaptureUnsupported;
-}
-
-/* Any thread, admitted: ROUTE_CAPTURED (capture.h): a's entry is tied to
- * the graph t's streams capture into.  Never blocks.  cudaSuccess, or the
- * refusal: blocks recorded on other streams, which the graph would not
- * wait for; a capture of cudaStreamPerThread, whose earlier work the
- * reclaimer cannot wait for (there it names the reclaimer's own stream). */
-static cudaError_t route_captured(const struct request_args *a,
-                                  const struct target *t)
-{
-    if (cache_users_of_free(a, NULL) > 0)
-        return refuse_captured(a, false);
-    for (size_t i = 0; i < t->n; i++)
-        if (t->streams[i] == cudaStreamPerThread)
-            return refuse_captured(a, true);
-    struct entry *e = capture_entry_new();
-    if (e == NULL)
-        return submit_reject(a, "calloc", cudaErrorMemoryAllocation);
-    e->kind = a->kind;
-    e->caller = a->caller;
-    e->fn = a->fn;
-    e->arg = a->arg;
-    if (!submit_record_pointers(e, a)) {
-        capture_entry_discard(e);
-        return submit_reject(a, "malloc", cudaErrorMemoryAllocation);
-    }
-    const char *call = NULL;
-    cudaError_t err = capture_defer(a->what, e, t->streams, t->n, &call);
-    return err == cudaSuccess ? cudaSuccess
-                              : submit_reject(a, call, err);
-}
-
 /* Any thread, admitted: a block parked by its plan (claim) joins the
  * free batch of device, whose legacy stream is handle (id); no event of its
  * own, and no CUDA call unless the batch is to be sealed, which first makes
@@ -587,7 +529,7 @@ static cudaError_t take_route(struct request_args *a, struct target *t)
     case ROUTE_REFUSED:
         return route_refused(a, t);
     case ROUTE_CAPTURED:
-        return route_captured(a, t);
+        return submit_captured_route(a, t);
     case ROUTE_SYNCHRONOUS:
         return submit_sync_route(a, t);
     case ROUTE_GROUP:

@@ -2,12 +2,13 @@
 /*
  * The submit route's one private header (the interface is submit.h): the
  * types and functions its files share.  submit.c holds the common path in
- * one unit, from admit to leave (the refused, captured, batched, block and
- * entry routes), and the Notes [The submit route], [Capture check] and
- * [Stale identity]; submit_record.c makes an entry and records its event;
- * submit_sync.c the synchronous release; submit_group.c the group route;
- * submit_pluggable.c defer_pluggable_free's request and the short way of
- * a batched free (Note [The short way]).  Only these include it.
+ * one unit, from admit to leave (the refused, batched, block and entry
+ * routes), and the Notes [The submit route], [Capture check] and [Stale
+ * identity]; submit_record.c makes an entry and records its event;
+ * submit_captured.c the captured route; submit_sync.c the synchronous
+ * release; submit_group.c the group route; submit_pluggable.c
+ * defer_pluggable_free's request and the short way of a batched free
+ * (Note [The short way]).  Only these include it.
  *
  * Threads: everything here runs on the calling thread of a defer call,
  * admitted (between admit and leave, submit.c); a struct target and a
@@ -124,6 +125,13 @@ struct entry *submit_record(const struct request_args *a, cudaStream_t stream,
                             int device, unsigned long long id,
                             enum lane_share lane, struct failure *f);
 void submit_record_discard(struct entry *e);
+
+/* ---- submit_captured.c -------------------------------------------------- */
+
+/* ROUTE_CAPTURED: an entry tied to the graph the streams capture into, or
+ * the refusal. */
+cudaError_t submit_captured_route(const struct request_args *a,
+                                  const struct target *t);
 
 /* ---- submit_sync.c ------------------------------------------------------ */
 
