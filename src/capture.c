@@ -363,17 +363,23 @@ static void query_origin(struct origin *o)
     }
 }
 
-/* Destroy the origins' events; how many origins were lost. */
-static size_t drop_origins(struct graph_entry *g)
+/* Destroy the events of the n origins o; how many origins were lost. */
+static size_t drop_origin_events(struct origin *o, size_t n)
 {
     size_t lost = 0;
-    for (size_t i = 0; i < g->norigins; i++) {
-        if (g->origins[i].event != NULL)
-            cuda_event_destroy(g->origins[i].event);
-        g->origins[i].event = NULL;
-        lost += g->origins[i].state == ORIGIN_LOST;
+    for (size_t i = 0; i < n; i++) {
+        if (o[i].event != NULL)
+            cuda_event_destroy(o[i].event);
+        o[i].event = NULL;
+        lost += o[i].state == ORIGIN_LOST;
     }
     return lost;
+}
+
+/* Destroy g's origins' events; how many origins were lost. */
+static size_t drop_origins(struct graph_entry *g)
+{
+    return drop_origin_events(g->origins, g->norigins);
 }
 
 /* A dead graph's entry that cannot be released (why): counted, said, freed. */
@@ -405,29 +411,34 @@ static size_t origins_open_in(struct graph_entry *g, bool progress)
     return open;
 }
 
-/* Progress g's origins; true when every one is settled. */
-static bool origins_done(struct graph_entry *g)
-{
-    return origins_open_in(g, true) == 0;
-}
-
 /* A dead graph whose origins are all settled leaves the list: pushed
- * again as complete (the reclaimer releases it as its policy says), or
- * failed if an origin was lost. */
-static void settle(struct graph_entry *g)
+ * again as complete (the reclaimer releases it as its policy says; true),
+ * or failed if an origin was lost (false). */
+static bool settle(struct graph_entry *g)
 {
     if (drop_origins(g) > 0) {
         fail_entry(g, "a stream it was captured on was destroyed (or its "
                       "device failed) before cudefer saw the capture end, "
                       "so its work from before the capture could not be "
                       "waited for");
-        return;
+        return false;
     }
     free(g->origins);
     g->origins = NULL;
     g->norigins = 0;
     g->e.captured = false;
     reclaimer_take_in(&g->e); /* complete: released as the policy says */
+    return true;
+}
+
+/* Whether an origin of g still waits for its stream's capture to end (no
+ * event recorded after the work from before the capture). */
+static bool origin_capturing(const struct graph_entry *g)
+{
+    for (size_t i = 0; i < g->norigins; i++)
+        if (g->origins[i].state == ORIGIN_CAPTURING)
+            return true;
+    return false;
 }
 
 bool capture_news(void)
@@ -472,6 +483,22 @@ bool capture_poll(void)
     return open > 0;
 }
 
+/* Note [A graph dead at the stop]
+ * The reclaimer stops once nothing is tracked and no dead graph's entry
+ * waits for an event recorded on its streams (capture_dead_pending); then
+ * capture_stop hands the entries of graphs still alive to their
+ * destructor.  A graph may die after the pass's last look at its streams:
+ * a look made while a stream still captured (the capture ended since), or
+ * the graph still lived.  capture_stop looks again, and where each stream
+ * now has its event (the work from before the capture merely running)
+ * the entry stays in the list: the reclaimer makes more passes until
+ * those events complete, as the drain waits for any entry's event
+ * (without end under defer_shutdown; exit's drain gives up after its time
+ * and counts it leaked).  A stream capturing again at the stop (or with
+ * no event to be had) is not waited for: its capture may never end (its
+ * thread may be the one in defer_shutdown), so the entry fails, said,
+ * never released under that work.  A failed query fails the entry and
+ * the device (query_origin), as anywhere else. */
 bool capture_dead_pending(void)
 {
     for (struct graph_entry *g = waiting; g != NULL; g = g->next) {
@@ -490,32 +517,45 @@ bool capture_dead_pending(void)
 
 size_t capture_stop(void)
 {
-    size_t pushed = 0;
-    while (waiting != NULL) {
-        struct graph_entry *g = waiting;
-        waiting = g->next;
-        bool done = origins_done(g);
-        size_t lost = drop_origins(g);
+    size_t more = 0, open = 0;
+    for (struct graph_entry **link = &waiting; *link != NULL;) {
+        struct graph_entry *g = *link;
+        /* Read before the hand-off: once abandoned, g is the destructor's,
+         * which may free it at any time (its origins array NULL then, the
+         * events ours to destroy); back in g if the graph died first. */
+        struct graph_entry *next = g->next;
+        struct origin *origins = g->origins;
+        size_t norigins = g->norigins;
+        g->origins = NULL;
         int live = GRAPH_LIVE;
         if (atomic_compare_exchange_strong(&g->owner, &live,
-                                           GRAPH_ABANDONED))
+                                           GRAPH_ABANDONED)) {
+            *link = next;
+            drop_origin_events(origins, norigins);
+            free(origins);
             continue; /* the destructor reports and frees it */
-        /* Dead meanwhile: the reclaimer's. */
-        if (done && lost == 0) {
-            free(g->origins);
-            g->origins = NULL;
-            g->norigins = 0;
-            g->e.captured = false;
-            reclaimer_take_in(&g->e);
-            pushed++;
-        } else {
-            fail_entry(g, lost > 0 ? "a stream it was captured on was "
-                                     "destroyed before cudefer saw the "
-                                     "capture end"
-                                   : "the work its streams had before the "
-                                     "capture was not done at shutdown");
         }
+        /* Dead: the reclaimer's for good. */
+        g->origins = origins;
+        size_t left = origins_open_in(g, true);
+        if (left > 0 && !origin_capturing(g)) {
+            /* Waited for (Note [A graph dead at the stop]). */
+            open += left;
+            more++;
+            link = &g->next;
+            continue;
+        }
+        *link = next;
+        if (left == 0) {
+            more += settle(g);
+            continue;
+        }
+        drop_origins(g);
+        fail_entry(g, "a stream it was captured on was capturing again at "
+                      "shutdown (or no event could be made for it), so its "
+                      "work from before the capture could not be waited "
+                      "for");
     }
-    origins_open = 0;
-    return pushed;
+    origins_open = open;
+    return more;
 }

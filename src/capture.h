@@ -99,9 +99,12 @@ bool capture_news(void);
 bool capture_dead_pending(void);
 
 /* Reclaimer only, when it stops.  Entries whose graph lives are handed to
- * their destructor (it reports them, counted as failed); dead ones still
- * waiting for their streams fail; dead ones ready are taken in: returns
- * how many (the reclaimer makes one more pass for them). */
+ * their destructor (it reports them, counted as failed).  A dead graph's
+ * streams are looked at again: ready, it is taken in; with an event
+ * recorded on each stream not done, it keeps waiting (Note [A graph dead
+ * at the stop], capture.c); with a stream capturing again (or no event to
+ * be had) or lost, it fails (said).  Returns how many it took in or keeps
+ * waiting: the reclaimer makes more passes for them (0: it may stop). */
 size_t capture_stop(void);
 
 #endif

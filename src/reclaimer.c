@@ -609,10 +609,10 @@ void *reclaimer_main(void *unused)
         if (reclaimer_abandoned())
             goto abandoned;
         end_pass();
-        /* Graph entries still waiting are given up (or, dead and ready
-         * just now, pushed: then one more pass), but for dead graphs
-         * whose streams' earlier work has its event: waited for, as any
-         * entry's. */
+        /* Graph entries still waiting are given up, but for dead graphs
+         * whose streams' earlier work has its event (recorded by a pass
+         * or by capture_stop): waited for in more passes, as any entry's,
+         * as are those capture_stop took in. */
         if (rs.tracked == 0 && stopping && queue_is_empty(&rs.queue) &&
             !capture_dead_pending() && capture_stop() == 0)
             break;

@@ -118,7 +118,7 @@ static void s_dead_graph_capturing_at_shutdown(void)
     const char *said = stderr_capture_end();
     CHECK(fake_is_released(p) == 0, "not released at shutdown: w runs");
     CHECK(stats_now().failed == failed + 1 &&
-              strstr(said, "not done at shutdown") != NULL,
+              strstr(said, "capturing again at shutdown") != NULL,
           "counted as failed and said (failed %llu)",
           ULL(stats_now().failed - failed));
     cudaGraphDestroy(end_capture(s));

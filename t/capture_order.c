@@ -6,6 +6,7 @@
  * dead graph's stream (its event, its calls failing, a death inside a
  * poll), and a graph dead at the shutdown or dying while exit drains:
  * released by the drain, not dropped. */
+#define _GNU_SOURCE /* pthread_getname_np */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -183,7 +184,7 @@ static void *complete_later(void *w)
 
 /* Its stream's work from before the capture still runs at the shutdown:
  * the drain waits for it, as for any entry's event, and releases the
- * entry (not given up as "not done at shutdown" and failed). */
+ * entry (not given up and failed). */
 static void s_dead_graph_at_shutdown(void)
 {
     cudaStream_t s = stream_new();
@@ -200,6 +201,77 @@ static void s_dead_graph_at_shutdown(void)
     CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
     CHECK(fake_is_released(p) == 1 && st.failed == 0,
           "released by the shutdown's drain (failed %llu)", ULL(st.failed));
+}
+
+/* The reclaimer held in its cudaMemPoolTrimTo, which only the shutdown's
+ * pass makes here (no trim is asked for), after that pass polled the
+ * graphs' streams: 1 arms, 2 while held, 3 lets it go. */
+static _Atomic int stop_hold;
+
+static void hold_stopping_pass(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)r;
+    (void)arg;
+    char name[16] = "";
+    int armed = 1;
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
+        !atomic_compare_exchange_strong(&stop_hold, &armed, 2))
+        return;
+    while (atomic_load(&stop_hold) == 2)
+        sleep_ms(1);
+}
+
+static void *shutdown_thread(void *err)
+{
+    *(cudaError_t *)err = defer_shutdown();
+    return NULL;
+}
+
+/* The capture ends and its graph dies while the shutdown's last pass is
+ * under way, after that pass saw the stream still capturing: the stream's
+ * work from before the capture still runs.  The drain waits for it and
+ * releases the entry, as it does for a graph dead before the shutdown,
+ * rather than give it up as not done at shutdown. */
+static void s_graph_dies_in_stopping_pass(void)
+{
+    cudaStream_t s0 = stream_new();
+    void *block = NULL;
+    CHECK(defer_alloc(&block, 256, s0) == cudaSuccess &&
+              defer_free(block, s0) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "a block of defer_alloc's back in the cache: the shutdown trims "
+          "its pool");
+    cudaStream_t s = stream_new();
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
+    atomic_store(&stop_hold, 1);
+    fake_set_return_hook(FAKE_MEM_POOL_TRIM, hold_stopping_pass, NULL);
+    pthread_t t;
+    cudaError_t err = cudaErrorUnknown;
+    pthread_create(&t, NULL, shutdown_thread, &err);
+    for (double until = now_ms() + 10000;
+         atomic_load(&stop_hold) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&stop_hold) == 2,
+          "the shutdown's pass reached the pool's trim");
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    atomic_store(&stop_hold, 3);
+    sleep_ms(50); /* the pass ends: the reclaimer records after w */
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    pthread_join(t, NULL);
+    const char *said = stderr_capture_end();
+    fake_set_return_hook(FAKE_MEM_POOL_TRIM, NULL, NULL);
+    CHECK(err == cudaSuccess, "shutdown: %s", cudaGetErrorName(err));
+    CHECK(fake_is_released(p) == 1 && stats_now().failed == failed,
+          "released by the shutdown's drain once w completed, not failed "
+          "(failed %llu, stderr: \"%s\")",
+          ULL(stats_now().failed - failed), said);
 }
 
 /* A graph that dies while the reclaimer queries its stream's earlier
@@ -481,6 +553,9 @@ int main(void)
     scenario("a graph dead before shutdown, its stream's earlier work "
              "running: the shutdown waits and releases it",
              s_dead_graph_at_shutdown);
+    scenario("a graph that dies during the shutdown's last pass, its "
+             "stream's earlier work running: the shutdown waits and "
+             "releases it", s_graph_dies_in_stopping_pass);
     scenario("a graph that dies during the poll that settles it: the "
              "reclaimer sleeps after", s_death_during_poll);
     scenario("a dead graph's stream: the reclaimer cannot make its event: "
