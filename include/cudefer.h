@@ -91,7 +91,9 @@ struct defer_config {
     uint64_t max_pending_bytes; /* held bytes a device releases while busy */
     uint32_t max_delay_ms;      /* completed entries this old are released */
     enum defer_policy policy;
-    uint32_t event_pool_max;    /* idle events (and entries) per device */
+    uint32_t event_pool_max;    /* idle events (and entries) per device,
+                                   plus up to 64 (this many at most) in
+                                   each live thread that defers there */
     int disable;                /* 1: each call waits, releases at once */
     int verbose;                /* 1: print the configuration at start-up */
     int print_stats;            /* 1: print the statistics at exit */

@@ -20,12 +20,7 @@
 
 /* Per-thread cache: devices beyond CACHED_DEVICES use the pool directly. */
 #define CACHED_DEVICES 16
-/* Items moved between a cache and a pool at once (to measure its effect:
- * ./configure CPPFLAGS=-DEVENT_POOL_BATCH=N). */
-#ifndef EVENT_POOL_BATCH
-#define EVENT_POOL_BATCH 32
-#endif
-#define BATCH EVENT_POOL_BATCH
+#define BATCH EVENT_POOL_BATCH /* event_pool.h */
 #define REFILL 4 /* events the reclaimer makes a pass for a lane's want */
 /* A device's first miss makes STOCK events (at most half of what a pool
  * keeps, CUDEFER_EVENT_POOL), until STOCK_NS have passed; a pool keeps
@@ -61,7 +56,8 @@ struct pool {
 
 /* A thread's cache.  Only its thread writes count (plain stores, relaxed):
  * the idle count reads it, so a take moves no cache line shared with other
- * threads. */
+ * threads.  Its items are not counted against the pool's bound (Note [Idle
+ * bound]). */
 struct thread_cache {
     struct pool_link *head[KINDS][CACHED_DEVICES];
     _Atomic size_t count[KINDS][CACHED_DEVICES];
@@ -299,10 +295,34 @@ static struct pool_link *take(enum kind k, int device, enum taker who)
     return l;
 }
 
+/* Note [Idle bound]
+ * A device's pool keeps at most CUDEFER_EVENT_POOL idle items of each kind
+ * (pool_max_idle); each thread's cache keeps up to EVENT_POOL_CACHE_MAX
+ * more of each kind for the device, and no more than the pool may (give).
+ * So a device keeps at most CUDEFER_EVENT_POOL idle events (and entries),
+ * plus min(EVENT_POOL_CACHE_MAX, CUDEFER_EVENT_POOL) for each live thread
+ * that defers on it: as README.md, include/cudefer.h and cudefer(7) say,
+ * and t/event_pool_bound measures.  Once a thread exits, its cache goes to
+ * the pool, and what does not fit is freed; with CUDEFER_EVENT_POOL=0
+ * nothing is kept idle anywhere.
+ *
+ * Why the caches are not counted against CUDEFER_EVENT_POOL: a give into a
+ * cache would have to know the device's total, a count every thread's take
+ * and give writes (the shared cache line the caches exist to spare).  To
+ * keep take and give thread-local, each cache would have to take room for
+ * its items from the pool's bound ahead, a batch at a time under the
+ * pool's lock; but that room stays taken while the cache is empty (its
+ * events in the thread's lanes, or the thread gone quiet), two batches a
+ * thread: with the default 4,096, W6's 64 threads could hold all of it,
+ * the pool would then destroy every event the reclaimer gives back, and
+ * the launching threads would make events, each waiting for the driver's
+ * lock (stream_lane.h). */
+
 /* Give one item of kind k back to the thread's cache (or the pool).  A
- * cache holds at most 2 batches, and no more than a pool may (lanes give
- * their completed events back here: a thread's cache must not keep what
- * CUDEFER_EVENT_POOL says to destroy); beyond that it goes to the pool. */
+ * cache holds at most EVENT_POOL_CACHE_MAX, and no more than a pool may
+ * (lanes give their completed events back here: a thread's cache must not
+ * keep what CUDEFER_EVENT_POOL says to destroy, and with 0 keeps none);
+ * beyond that it goes to the pool.  Note [Idle bound]. */
 static void give(enum kind k, int device, struct pool_link *l)
 {
     l->next = NULL;
@@ -312,7 +332,7 @@ static void give(enum kind k, int device, struct pool_link *l)
     }
     l->next = cache.head[k][device];
     size_t n = count_of(&cache, k, device) + 1;
-    if (n > 2 * BATCH || n > pool_max_idle) {
+    if (n > EVENT_POOL_CACHE_MAX || n > pool_max_idle) {
         cache.head[k][device] = NULL;
         set_count(&cache, k, device, 0);
         give_to_pool(k, device, l);

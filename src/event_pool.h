@@ -29,6 +29,16 @@
 
 struct lane_table;
 
+/* Items moved between a thread's cache and a pool at once (to measure its
+ * effect: ./configure CPPFLAGS=-DEVENT_POOL_BATCH=N). */
+#ifndef EVENT_POOL_BATCH
+#define EVENT_POOL_BATCH 32
+#endif
+/* The most idle items of each kind a thread's cache keeps per device (two
+ * batches; no more than CUDEFER_EVENT_POOL): on top of the pool's, for the
+ * caches are not counted against it (Note [Idle bound] in event_pool.c). */
+#define EVENT_POOL_CACHE_MAX (2 * EVENT_POOL_BATCH)
+
 /* A CUDA event shared by consecutive entries of one stream (stream_lane.h).
  * Each record of it gets a label, 1, 2, ...; an entry carries the label of
  * the record made after its work.  Records are made by one thread (the
@@ -54,7 +64,9 @@ struct shared_event {
 
 /* Start-up only (one thread, before any other call).  ndevices pools of
  * each kind, each keeping at most max_idle idle items (beyond that they
- * are freed, events destroyed).  Events of a device for which
+ * are freed, events destroyed); each thread's cache keeps up to
+ * EVENT_POOL_CACHE_MAX more per device, max_idle at most (0 keeps none
+ * idle anywhere).  Events of a device for which
  * device_failed(device) is true (a sticky error, said once where it
  * surfaced) are only forgotten, never destroyed: destroying them would
  * fail and say it again.  Returns cudaSuccess or
