@@ -25,8 +25,10 @@
  *   defer_device_stats_reset_peaks and defer_version return
  *   cudaErrorNotPermitted (but for what has nothing to do: a NULL free, a
  *   0-byte defer_alloc, a second defer_shutdown); the child never releases
- *   what the parent had pending (counted as failed).  A child forked by a
- *   callback on the reclaimer thread ends when the callback returns.
+ *   what the parent had pending (counted as failed), but for the callback
+ *   that called fork(), which goes on in the child and counts as released
+ *   when it returns.  A child forked by a callback on the reclaimer thread
+ *   ends when the callback returns.
  * - After a sticky error on a device (a kernel fault), its pending entries
  *   are abandoned (counted as failed); later calls on it and defer_flush
  *   return that error.

@@ -33,16 +33,22 @@
 
 static void fork_child(void);
 
-/* The entries exit leaves unreleased: every one still pending (those a
- * graph still alive holds among them: the drain does not wait for a
- * graph, and capture_stop leaves them to its destructor), but for those
- * the exiting thread is releasing itself: exit() from a callback run on
- * the synchronous route (CUDEFER_DISABLE) leaves its own entries running,
- * not leaked, and so does exit() from a callback on the reclaimer thread
- * (the one entry it runs: nothing else of its calls user code).  Read once
- * nothing counts any more (rs.abandoned set, rs.counting 0), so that none
- * is counted both ways. */
-static uint64_t left_pending(void)
+/* Note [Running entries]
+ * What a thread abandons (exit's give-up; a fork child, whose one thread
+ * is the forking one) is what is pending but for the entries that thread
+ * runs itself at that moment: exit() or fork() called from a callback
+ * (nothing else of cudefer's runs user code) leaves that callback running,
+ * neither leaked nor failed.  On the synchronous route (CUDEFER_DISABLE,
+ * or no event) they are the entries its defer call releases
+ * (thread_here.releasing); on the reclaimer thread, the one entry whose
+ * callback it runs.  At exit they never end; in a fork child the callback
+ * returns and its entry is counted then, released: by its defer call on
+ * the synchronous route, by reclaimer_release_now on the reclaimer thread
+ * (the child counting nothing else). */
+
+/* Any thread: how many entries are pending that the calling thread is not
+ * itself running (Note [Running entries]).  Never blocks. */
+static uint64_t pending_not_running(void)
 {
     struct defer_stats s;
     defer_stats_get(&s);
@@ -52,14 +58,19 @@ static uint64_t left_pending(void)
 
 /* Exit's end: from here nothing counts (a call still admitted, the
  * reclaimer left running, a graph destroyed later), and what is left
- * pending counts in leaked_at_exit and failed: once, for what counts
- * after this would count it a second time.  Returns how many. */
+ * pending counts in leaked_at_exit and failed: every entry still pending
+ * (those a graph still alive holds among them: the drain does not wait
+ * for a graph, and capture_stop leaves them to its destructor), but for
+ * those the exiting thread runs itself (Note [Running entries]).  Read
+ * once nothing counts any more (rs.abandoned set, rs.counting 0), so that
+ * none is counted both ways, and once: what counts after this would count
+ * it a second time.  Returns how many. */
 static uint64_t abandon_pending(void)
 {
     atomic_store(&rs.abandoned, true);
     while (atomic_load(&rs.counting) != 0)
         sched_yield();
-    uint64_t left = left_pending();
+    uint64_t left = pending_not_running();
     stats_add(&stats.leaked_at_exit, left);
     stats_add(&stats.failed, left);
     return left;
@@ -250,9 +261,9 @@ void lifecycle_hooks_exit_starting(void)
 }
 
 /* In a fork child (Note [Fork]): no reclaimer thread exists and CUDA cannot
- * be used.  Every entry still pending is abandoned (counted, never freed
- * here), but for the callback the forking thread runs itself on the
- * synchronous route, and every later call is refused. */
+ * be used.  Every entry still pending is abandoned (counted failed, never
+ * freed here), but for the callback the forking thread runs itself (Note
+ * [Running entries]), and every later call is refused. */
 static void fork_child(void)
 {
     /* Whatever the state, the locks may have been held by threads that do
@@ -273,23 +284,19 @@ static void fork_child(void)
     lifecycle_gate_forget_admissions();
     /* Forked by a callback on the reclaimer thread: the child's one thread
      * is the reclaimer's, which goes on once the callback returns.  It
-     * must make no CUDA call, release nothing and count nothing (what was
-     * pending is counted failed below): abandoned, as after exit's
-     * give-up, it leaves its pass and returns, and the child ends with
-     * its last thread (exit status 0). */
+     * must make no CUDA call, release nothing and count nothing but the
+     * end of that callback (what else was pending is counted failed
+     * below): abandoned, as after exit's give-up, it leaves its pass and
+     * returns, and the child ends with its last thread (exit status 0). */
     if (thread_here.reclaimer)
         atomic_store(&rs.abandoned, true);
     /* First: the snapshot below reads the event pool, whose registry lock
      * another thread (reading the statistics, say) may have held. */
     event_pool_after_fork();
-    /* But for those the forking thread releases itself (fork() from a
-     * callback run on the synchronous route): it goes on in the child,
-     * and counts their end there. */
-    struct defer_stats s;
-    defer_stats_get(&s);
-    stats_add(&stats.failed, s.pending > thread_here.releasing
-                                 ? s.pending - thread_here.releasing
-                                 : 0);
+    /* What is pending counts failed, but for what the forking thread runs
+     * itself: it goes on with it in the child, which counts its end (Note
+     * [Running entries]). */
+    stats_add(&stats.failed, pending_not_running());
     stats_abandon_held(); /* the held entries were among them */
     cuda_forget_entry_points();
     cache_fork_child();

@@ -246,6 +246,19 @@ static void learn_device_after_callback(void)
                             : -1;
 }
 
+/* Reclaimer only, after a callback returned with err: in the child of a
+ * fork() the callback made (the child's one thread is this one), its
+ * entry, which the child left pending, ends here, counted released (it
+ * ran), as the synchronous route counts it there (Note [Running entries],
+ * lifecycle_hooks.c): reclaimer_finish_entry counts nothing in that child
+ * (rs.abandoned), nor does anything else.  In the parent, nothing.  Never
+ * blocks. */
+static void count_forked_callback(cudaError_t err)
+{
+    if (atomic_load(&rs.state) == STATE_FORKED)
+        stats_add(err == cudaSuccess ? &stats.released : &stats.failed, 1);
+}
+
 /* Reclaimer only: reclaimer_abandoned, for the release loops that ask
  * between their CUDA calls (release_entry, cache_reclaim_release). */
 static bool abandoned(void)
@@ -280,8 +293,10 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
         if (err == cudaSuccess)
             err = e->group_err;
         trace_pop();
-        if (e->kind == ENTRY_CALL)
+        if (e->kind == ENTRY_CALL) {
             learn_device_after_callback();
+            count_forked_callback(err);
+        }
         if (cuda_error_is_sticky(err))
             reclaimer_fail_device(e->device, out.failed_call, err);
         stats_record_latency(now - e->completed_ns);

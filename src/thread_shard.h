@@ -50,8 +50,9 @@ struct thread_here {
     unsigned admissions;    /* admissions it holds now (lifecycle.c) */
     unsigned releasing;     /* entries counted deferred that it releases
                              * now, on the synchronous route (submit_sync.c):
-                             * exit() from a callback there leaves them
-                             * running, not leaked (lifecycle_hooks.c) */
+                             * exit() or fork() from a callback there leaves
+                             * them running (Note [Running entries],
+                             * lifecycle_hooks.c) */
     bool reclaimer;         /* it is the reclaimer thread */
     struct thread_special special; /* stream_identity.c's alone */
 };

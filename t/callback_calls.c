@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "helpers.h"
 
@@ -298,9 +299,14 @@ static void s_long_callback_holds_releases(void)
 
 /* The fork child's one thread is the reclaimer's: once the callback
  * returns there, the child must not go on as a reclaimer (it has no CUDA:
- * no CUDA call, nothing released, nothing counted again) but end. */
-static void *fork_pending;          /* a free pending when the child forks */
+ * no CUDA call, nothing released) but end.  At the fork the child counts
+ * failed what else was pending, never the callback itself, which goes on
+ * there: its entry ends released when it returns, and the child's counts
+ * add up (pending 0).  The child writes its counts to the parent through
+ * a pipe, at its end. */
+static int fork_pipe[2];             /* the child writes, the parent reads */
 static _Atomic pid_t fork_child_pid; /* set by the callback in the parent */
+static struct defer_stats fork_before; /* the parent's, just before fork */
 static struct defer_stats fork_child_stats; /* the child's, at the fork */
 
 static void die_on_cuda_call(enum fake_call c, cudaError_t r, void *arg)
@@ -312,63 +318,102 @@ static void die_on_cuda_call(enum fake_call c, cudaError_t r, void *arg)
     child_end(3);
 }
 
-/* The child's exit handler: it ended, and counted the parent's pending
- * free once (failed), never released. */
-static void judge_fork_child(void)
+/* The child's exit handler, once its callback returned: "F R E P", failed
+ * at the fork (over the parent's count before it), then released and
+ * failed from the fork to the end, and pending at the end. */
+static void report_fork_child(void)
 {
     struct defer_stats st;
     defer_stats_get(&st);
-    int bad = !(st.released == fork_child_stats.released &&
-                st.failed == fork_child_stats.failed &&
-                st.pending == 0);
-    if (bad)
-        fprintf(stderr, "# the fork child counted on: released %llu -> %llu, "
-                "failed %llu -> %llu, pending %llu\n",
-                ULL(fork_child_stats.released), ULL(st.released),
-                ULL(fork_child_stats.failed), ULL(st.failed),
-                ULL(st.pending));
-    child_end(bad);
+    dprintf(fork_pipe[1], "%llu %llu %llu %llu\n",
+            ULL(fork_child_stats.failed - fork_before.failed),
+            ULL(st.released - fork_child_stats.released),
+            ULL(st.failed - fork_child_stats.failed), ULL(st.pending));
+    child_end(0);
 }
 
 static void fork_in_callback(void *unused)
 {
     (void)unused;
+    defer_stats_get(&fork_before);
     pid_t pid = fork_flushed();
     if (pid != 0) {
         atomic_store(&fork_child_pid, pid);
         return;
     }
     defer_stats_get(&fork_child_stats);
-    atexit(judge_fork_child);
+    atexit(report_fork_child);
     for (int c = 0; c < FAKE_NCALLS; c++)
         fake_set_return_hook((enum fake_call)c, die_on_cuda_call, NULL);
 }
 
-static void s_fork_in_callback(void)
+/* fork() in a callback on the reclaimer thread while `others` frees (3 at
+ * most) wait for work held until the child ended: the child counts them
+ * failed, never its callback. */
+static void fork_in_callback_beside(unsigned others)
 {
+    if (pipe(fork_pipe) != 0)
+        sysbail("pipe");
     cudaStream_t s = stream_new();
-    fork_pending = device_alloc(4096);
-    work_timed(s, 100000, fork_pending); /* completes 100 ms later */
-    CHECK(defer_free(fork_pending, s) == cudaSuccess, "defer_free");
+    void *pending[3];
+    fake_work *work[3];
+    for (unsigned i = 0; i < others; i++) {
+        pending[i] = device_alloc(4096);
+        work[i] = work_held(s, pending[i]);
+        CHECK(defer_free(pending[i], s) == cudaSuccess, "defer_free");
+    }
     CHECK(defer_call(fork_in_callback, NULL, stream_new()) == cudaSuccess,
           "defer_call");
     double until = now_ms() + 5000;
     while (atomic_load(&fork_child_pid) == 0 && now_ms() < until)
         sleep_ms(1);
     pid_t pid = atomic_load(&fork_child_pid);
+    close(fork_pipe[1]);
     CHECK(pid > 0, "the callback forked");
     if (pid > 0) {
+        char line[128] = "";
+        read_until(fork_pipe[0], now_ms() + 3000, line, sizeof line);
         int status = 0;
         bool ended = wait_child(pid, 3000, &status);
         CHECK(ended, "the fork child ended once its callback returned: it "
-              "ran on as a reclaimer (CUDA calls, the parent's free "
+              "ran on as a reclaimer (CUDA calls, the parent's frees "
               "released there)");
         CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the fork child made no CUDA call and counted nothing again "
-              "(status %d)", status);
+              "the fork child made no CUDA call (status %d)", status);
+        unsigned long long failed = 0, released = 0, failed_after = 0,
+                           pending_end = 0;
+        bool said = sscanf(line, "%llu %llu %llu %llu", &failed, &released,
+                           &failed_after, &pending_end) == 4;
+        CHECK(said, "the fork child wrote its counts");
+        CHECK(said && failed == others,
+              "the fork child counted failed the %u entries pending beside "
+              "its callback, not the callback (%llu)", others, failed);
+        CHECK(said && released == 1 && failed_after == 0 && pending_end == 0,
+              "the fork child counted its callback's entry released when "
+              "it returned, nothing else (released %llu, failed %llu, "
+              "pending %llu)", released, failed_after, pending_end);
     }
+    close(fork_pipe[0]);
+    for (unsigned i = 0; i < others; i++)
+        fake_complete(work[i]);
     CHECK(defer_flush() == cudaSuccess, "the parent flushes");
-    CHECK(fake_is_released(fork_pending) == 1, "released in the parent");
+    for (unsigned i = 0; i < others; i++)
+        CHECK(fake_is_released(pending[i]) == 1, "released in the parent");
+}
+
+static void s_fork_in_callback_alone(void)
+{
+    fork_in_callback_beside(0);
+}
+
+static void s_fork_in_callback(void)
+{
+    fork_in_callback_beside(1);
+}
+
+static void s_fork_in_callback_beside_3(void)
+{
+    fork_in_callback_beside(3);
 }
 
 /* ---- fork() inside a callback run synchronously -------------------------- */
@@ -440,6 +485,13 @@ int main(void)
     fork_scenario("fork() in a callback on the reclaimer thread: the child "
                   "ends when the callback returns, no CUDA call there",
                   "CUDEFER_POLICY=eager", 1, 20000, s_fork_in_callback);
+    fork_scenario("fork() in a callback on the reclaimer thread, nothing "
+                  "else pending: the child counts nothing failed",
+                  "CUDEFER_POLICY=eager", 1, 20000, s_fork_in_callback_alone);
+    fork_scenario("fork() in a callback on the reclaimer thread, 3 frees "
+                  "pending: the child counts those 3 failed, not the "
+                  "callback", "CUDEFER_POLICY=eager", 1, 20000,
+                  s_fork_in_callback_beside_3);
     fork_scenario("fork() in a callback run synchronously (CUDEFER_DISABLE): "
                   "the child counts the callback's entry once, released",
                   "CUDEFER_DISABLE=1", 1, 20000, s_fork_in_sync_callback);
