@@ -35,8 +35,9 @@
 //     per_process_memory_fraction, from the start) caps the bytes allocated
 //     on a device;
 //   - memory history (torch.cuda.memory._record_memory_history): each
-//     allocation, free and out of memory as a trace entry of its device,
-//     with its stack, for torch.cuda.memory._snapshot; no segment entries
+//     allocation, free and out of memory as a trace entry of its device
+//     (a return to a checkpoint's frees and allocations too), with its
+//     stack, for torch.cuda.memory._snapshot; no segment entries
 //     (cudefer's cache owns its segments).
 // What it cannot serve (IPC, trace trackers, a MemPool with its own
 // allocator, use_on_oom pools) raises an error naming cudefer.
@@ -656,6 +657,13 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
                           std::shared_ptr<c10::GatheredContext> context) const;
     bool skipped(CCA::TraceEntry::Action action) const;
     void record_locked(DeviceState &d, CCA::TraceEntry e);
+    void record_alloc_locked(DeviceState &d, int device, void *ptr,
+                             size_t size, cudaStream_t stream,
+                             MempoolId_t pool,
+                             std::shared_ptr<c10::GatheredContext> context);
+    void record_free_locked(DeviceState &d, void *ptr, const Allocation &a,
+                            MempoolId_t pool,
+                            std::shared_ptr<c10::GatheredContext> context);
     void trace(int device, CCA::TraceEntry::Action action, size_t addr,
                size_t size, cudaStream_t stream, MempoolId_t pool,
                std::shared_ptr<c10::GatheredContext> context);

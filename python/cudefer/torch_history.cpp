@@ -15,6 +15,13 @@
 //     owns its segments and reports none; the snapshot shows each live
 //     block as a segment of its own;
 //   - free_completed right after free_requested (see raw_delete_traced);
+//   - a return to a checkpoint of a private pool (torch.compile's graph
+//     trees; setCheckpointPoolState, torch_pools.cpp): a free of each
+//     block it frees, an alloc of each it allocates again, with the
+//     return's stack, as PyTorch's allocator records them; not the alloc
+//     and free that allocator adds of each block free in the checkpoint
+//     (it allocates every block of a checkpointed segment, then frees
+//     those free in it);
 //   - enabled=None drops the stacks of the live blocks too (PyTorch's
 //     allocator keeps them until the blocks are freed).
 // Each device's entries are a ring of at most alloc_trace_max_entries,
@@ -192,18 +199,10 @@ void *CudeferAllocator::malloc_traced(size_t size, c10::DeviceIndex device,
         throw;
     }
     MempoolId_t pool = pool_of(ptr);
-    bool skip = skipped(Action::ALLOC);
     DeviceState &d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.trace_mu);
-    // recordHistory drops the stacks when it stops: none is kept after.
-    if (!tracing())
-        return ptr;
-    if (context != nullptr)
-        d.contexts[ptr] = context;
-    if (!skip)
-        record_locked(d, entry(device, Action::ALLOC,
-                               reinterpret_cast<size_t>(ptr), size, stream,
-                               pool, std::move(context)));
+    record_alloc_locked(d, device, ptr, size, stream, pool,
+                        std::move(context));
     return ptr;
 }
 
@@ -229,29 +228,58 @@ void CudeferAllocator::raw_delete_traced(void *ptr)
     // The block is still allocated: its pool lives (see pool_of).
     MempoolId_t pool =
         a.block != nullptr ? a.block->pool->id : MempoolId_t{0, 0};
-    size_t addr = reinterpret_cast<size_t>(ptr);
-    bool skip_requested = skipped(Action::FREE_REQUESTED);
-    bool skip_completed = skipped(Action::FREE_COMPLETED);
     {
         DeviceState &d = *devices_[a.device];
         std::lock_guard<std::mutex> lock(d.trace_mu);
-        std::shared_ptr<c10::GatheredContext> allocated;
-        auto it = d.contexts.find(ptr);
-        if (it != d.contexts.end()) {
-            allocated = std::move(it->second);
-            d.contexts.erase(it);
-        }
-        if (context == nullptr)
-            context = std::move(allocated);
-        if (!skip_requested)
-            record_locked(d, entry(a.device, Action::FREE_REQUESTED, addr,
-                                   a.requested, a.stream, pool, context));
-        if (!skip_completed)
-            record_locked(d, entry(a.device, Action::FREE_COMPLETED, addr,
-                                   a.requested, a.stream, pool,
-                                   std::move(context)));
+        record_free_locked(d, ptr, a, pool, std::move(context));
     }
     give_back(ptr, a);
+}
+
+// The alloc entry of the allocation at ptr (size bytes asked on stream,
+// of pool), and its stack kept for the snapshot's blocks where there is
+// one; nothing once recordHistory stopped the recording (it drops the
+// stacks when it stops: none is kept after).  Under d's trace lock (the
+// caller may hold the device's mutex too).  Throws only std::bad_alloc.
+void CudeferAllocator::record_alloc_locked(
+    DeviceState &d, int device, void *ptr, size_t size, cudaStream_t stream,
+    MempoolId_t pool, std::shared_ptr<c10::GatheredContext> context)
+{
+    if (!tracing())
+        return;
+    if (context != nullptr)
+        d.contexts[ptr] = context;
+    if (!skipped(Action::ALLOC))
+        record_locked(d, entry(device, Action::ALLOC,
+                               reinterpret_cast<size_t>(ptr), size, stream,
+                               pool, std::move(context)));
+}
+
+// The free_requested and free_completed entries of the allocation a at
+// ptr, of pool, each with context, or where that is null with the stack
+// kept of the allocation; that stack is dropped either way.  Under d's
+// trace lock (the caller may hold the device's mutex too).  Throws only
+// std::bad_alloc.
+void CudeferAllocator::record_free_locked(
+    DeviceState &d, void *ptr, const Allocation &a, MempoolId_t pool,
+    std::shared_ptr<c10::GatheredContext> context)
+{
+    std::shared_ptr<c10::GatheredContext> allocated;
+    auto it = d.contexts.find(ptr);
+    if (it != d.contexts.end()) {
+        allocated = std::move(it->second);
+        d.contexts.erase(it);
+    }
+    if (context == nullptr)
+        context = std::move(allocated);
+    size_t addr = reinterpret_cast<size_t>(ptr);
+    if (!skipped(Action::FREE_REQUESTED))
+        record_locked(d, entry(a.device, Action::FREE_REQUESTED, addr,
+                               a.requested, a.stream, pool, context));
+    if (!skipped(Action::FREE_COMPLETED))
+        record_locked(d, entry(a.device, Action::FREE_COMPLETED, addr,
+                               a.requested, a.stream, pool,
+                               std::move(context)));
 }
 
 // The private pool of the live allocation at ptr, {0, 0} for cudefer's.

@@ -201,13 +201,30 @@ CudeferAllocator::getCheckpointState(c10::DeviceIndex device,
 // statistics as it was then, and handed back as a DataPtr
 // (dataptrs_allocd).  Deferred blocks get their events
 // first where no section is open, so that one the checkpoint holds
-// allocated waits for its uses as a pending one does.
+// allocated waits for its uses as a pending one does.  While memory
+// history is recorded, each block freed gets its free_requested and
+// free_completed entries and each allocated again its alloc entry, as
+// a tensor's free and allocation get theirs, with the return's stack
+// (torch_history.cpp).  Any thread; blocks for the GIL while memory
+// history keeps stacks (the recorder takes it, before any lock of the
+// allocator's), and for the events of a pending block the checkpoint
+// holds allocated.
 CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
     c10::DeviceIndex device, std::shared_ptr<CCA::AllocatorState> as)
 {
     auto *cp = dynamic_cast<PoolCheckpoint *>(as.get());
     TORCH_CHECK(cp != nullptr, "cudefer: a checkpoint that is not "
                 "cudefer's");
+    // The return's stack: the frees' where stacks of frees are kept
+    // (when ALL), the allocations' where stacks are kept.
+    bool traced = tracing();
+    std::shared_ptr<c10::GatheredContext> freed, allocated;
+    if (traced) {
+        freed = gather_context(CCA::RecordContext::ALL);
+        allocated = freed != nullptr
+                        ? freed
+                        : gather_context(CCA::RecordContext::STATE);
+    }
     DeviceState &d = state(device);
     std::lock_guard<std::mutex> lock(d.mu);
     auto it = d.pools.find(cp->id);
@@ -226,6 +243,10 @@ CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
         TORCH_CHECK(forget(b->ptr, &a), "cudefer: pool block ", b->ptr,
                     " missing from the table");
         count_free(d, a, b->ptr);
+        if (traced) {
+            std::lock_guard<std::mutex> ring(d.trace_mu);
+            record_free_locked(d, b->ptr, a, pool.id, freed);
+        }
         pool_free(d, b.get());
         delta.ptrs_freed.push_back(b->ptr);
     }
@@ -251,6 +272,11 @@ CCA::CheckpointDelta CudeferAllocator::setCheckpointPoolState(
         remember(b->ptr, a);
         count_alloc(d, a, device, b->ptr);
         d.pool_allocated.fetch_add(static_cast<int64_t>(b->size));
+        if (traced) {
+            std::lock_guard<std::mutex> ring(d.trace_mu);
+            record_alloc_locked(d, device, b->ptr, c.requested, c.stream,
+                                pool.id, allocated);
+        }
         delta.dataptrs_allocd.emplace_back(
             b->ptr, b->ptr, &raw_delete_fn,
             c10::Device(c10::DeviceType::CUDA, device));

@@ -32,6 +32,13 @@ it as TAP in make check.)  Each process, as a user would:
   - four threads allocating and freeing 200 tensors each: 800 alloc
     entries, and each address's entries go alloc, free_requested,
     free_completed in turn;
+  - a MemPool's tensor a of 12 MiB (a segment of its own under PyTorch's
+    allocator), a checkpoint of the pool, a tensor b, then a return to
+    the checkpoint (as torch.compile's CUDA graph trees return), which
+    frees both and allocates a's block again: a's entries must go alloc,
+    free_requested, free_completed, alloc and b's alloc,
+    free_requested, free_completed, the return's entries carry frames
+    naming the function that returned, and so must a's live block;
   - _record_memory_history(enabled=None): isHistoryEnabled is false and a
     tensor allocated (or freed) after it has no entry.
 And across the two: the first workload's alloc, free_requested and
@@ -57,6 +64,12 @@ TENSORS = [(1000, "default", True), (4096, "side", False),
            (100000, "default", False), ((1 << 20) + 7, "side", True),
            (3 << 20, "default", True), (512, "side", False)]
 FRAME = "history_workload"  # the function the frames must name
+# The function that returns a pool to its checkpoint, which that return's
+# entries must name; the bytes of each tensor of that pool (a multiple of
+# 2 MiB from 10 MiB: PyTorch's allocator gives it a segment of its own,
+# never split, so that a return allocates and frees no other block).
+RESTORE_FRAME = "history_restore"
+CHECKPOINT_BYTES = 12 << 20
 
 
 def history_workload(torch, dev, side):
@@ -103,6 +116,47 @@ def history_churn(torch, dev, rounds):
         ptrs.append(t.data_ptr())
         del t
     return ptrs
+
+
+def history_restore(torch, device, state, tensors):
+    """Returns a pool to its checkpoint state, as torch.compile's graph
+    trees do, tensors given as stale (PyTorch takes their deleters away:
+    their del frees nothing)."""
+    torch._C._cuda_setCheckpointPoolState(
+        device, state, [t.untyped_storage()._cdata for t in tensors], [])
+
+
+def history_checkpoint(torch, dev, device):
+    """a, a tensor of a MemPool, a checkpoint of the pool, b, then a
+    return to the checkpoint, which frees both and allocates a's block
+    again (given to no tensor: it stays allocated).  Returns, for a and
+    b, their entries ([action, whether its frames name RESTORE_FRAME]),
+    and a's block's frames in the snapshot."""
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.empty(CHECKPOINT_BYTES, dtype=torch.uint8, device=dev)
+    state = torch._C._cuda_getCheckpointState(device, pool.id)
+    with torch.cuda.use_mem_pool(pool):
+        b = torch.empty(CHECKPOINT_BYTES, dtype=torch.uint8, device=dev)
+    ptrs = {"a": a.data_ptr(), "b": b.data_ptr()}
+    history_restore(torch, device, state, [a, b])
+    del a, b
+    snap = torch.cuda.memory._snapshot()
+    traces = snap.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    out = {}
+    for name, ptr in ptrs.items():
+        out[name] = [[e["action"], RESTORE_FRAME in frame_names(e)]
+                     for e in trace if e.get("addr") == ptr and
+                     e["action"] in ("alloc", "free_requested",
+                                     "free_completed")]
+    blocks = [blk for seg in snap.get("segments", [])
+              if seg.get("device") == device
+              for blk in seg.get("blocks", [])
+              if blk.get("address") == ptrs["a"]]
+    out["a_block"] = frame_names(blocks[0]) if blocks else None
+    del state, pool
+    return out
 
 
 def frame_names(d):
@@ -285,6 +339,13 @@ def run(mode, lib, out_path):
         res["thread_actions"] = actions(memory._snapshot(), device)
     phase(res, "threads", threads)
 
+    # A return to a checkpoint of a MemPool.
+    def checkpoint():
+        memory._record_memory_history("all", context="all", stacks="python",
+                                      max_entries=100000, clear_history=True)
+        res["checkpoint"] = history_checkpoint(torch, dev, device)
+    phase(res, "checkpoint", checkpoint)
+
     # Stopped.
     def stopped():
         memory._record_memory_history("all", context="all",
@@ -449,6 +510,24 @@ def check_mode(res, check):
           allocs == 800 and wrong == 0 and
           all(v == 0 for v in state.values()),
           "%d allocs, %d out of turn" % (allocs, wrong))
+
+    cp = res.get("checkpoint", {})
+    a, b = cp.get("a", []), cp.get("b", [])
+    check("a return to a checkpoint: the tensor it frees and allocates "
+          "again has alloc, free_requested, free_completed, alloc; the one "
+          "it frees alloc, free_requested, free_completed",
+          [e[0] for e in a] == ["alloc", "free_requested", "free_completed",
+                                "alloc"] and
+          [e[0] for e in b] == ["alloc", "free_requested", "free_completed"],
+          "a %s, b %s" % ([e[0] for e in a], [e[0] for e in b]))
+    check("a return to a checkpoint: its entries carry frames naming %s "
+          "(the tensors' own allocs not), and so does the block it "
+          "allocated again" % RESTORE_FRAME,
+          len(a) == 4 and len(b) == 3 and
+          [e[1] for e in a + b] == [False, True, True, True,
+                                    False, True, True] and
+          RESTORE_FRAME in (cp.get("a_block") or []),
+          "a %s, b %s, a's block %s" % (a, b, cp.get("a_block")))
 
     stop = res.get("stop", {})
     check("enabled=None: isHistoryEnabled false, no entry for what is "

@@ -12,8 +12,9 @@
 #   t/gpu/torch_cupy.py  PyTorch and CuPy on one cudefer pool (DLPack both
 #                        ways), compared with each library's own allocator;
 #   t/gpu/torch_history.py  memory history (_record_memory_history,
-#                        _snapshot, _dump_snapshot, _memory_viz), the same
-#                        checks under PyTorch's allocator and under cudefer.
+#                        _snapshot, _dump_snapshot, _memory_viz; a return
+#                        to a pool's checkpoint), the same checks under
+#                        PyTorch's allocator and under cudefer.
 # Each runs its workload under both allocators, a process each, and compares
 # (t/gpu/side_by_side.py).  Each PASS/FAIL line of theirs is a TAP line.  make check runs it from the
 # top of the build tree (src/.libs holds the library just built) with
