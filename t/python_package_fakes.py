@@ -22,20 +22,26 @@ from . import cuda
 # first use (a CUDA tensor, init, current_device, set_device), and
 # is_initialized() says so from then on, except in a fork child of a process
 # that initialized it (a bad fork: CUDA cannot be used there);
-# is_available() initializes nothing.  The lazy init sets up PyTorch's own
+# is_available() initializes nothing of PyTorch's, but asks CUDA
+# (cudaGetDeviceCount, which makes a fork child a bad fork too) unless
+# $PYTORCH_NVML_BASED_CUDA_CHECK is 1.  The lazy init sets up PyTorch's own
 # allocator, which its changeCurrentAllocator then refuses to swap: the
 # stand-in install (FAKE_INSTALL_RC, read when it is called) refuses as it
 # would, with 3.
 FAKE_TORCH_CUDA = '''
 import os
 _initialized = False
+_cuda_asked = False
 _in_bad_fork = False
 def _after_fork():
     global _in_bad_fork
-    if _initialized:
+    if _initialized or _cuda_asked:
         _in_bad_fork = True
 os.register_at_fork(after_in_child=_after_fork)
 def is_available():
+    global _cuda_asked
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
+        _cuda_asked = True
     return True
 def is_initialized():
     return _initialized and not _in_bad_fork
@@ -58,7 +64,11 @@ def set_device(device):
 FAKE_EXTENSION = '''
 import os
 import time
+import torch
 CUDA_HOME = %(cuda_home)r
+# As cpp_extension's search for the CUDA toolkit, at import.
+if CUDA_HOME and not torch.cuda.is_available():
+    print("No CUDA runtime is found, using CUDA_HOME=%%r" %% CUDA_HOME)
 def get_cxx_compiler():
     return %(cxx)r
 def is_ninja_available():

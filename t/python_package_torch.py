@@ -9,7 +9,9 @@ or the build directory it cannot write; removes the lock file a killed build
 left, and waits for a build under way in another process;
 enable() on a stand-in build installs once for threads that call it
 together, says PyTorch's refusal, and names another failure's cause;
-after PyTorch initialized CUDA it says so before any build."""
+after PyTorch initialized CUDA it says so before any build; it leaves
+CUDA uninitialized (cpp_extension's import asks NVML), so that a fork
+child can use it."""
 import os
 import shutil
 import subprocess
@@ -332,7 +334,8 @@ double cudefer_torch_bookkeeping_ns(int n) { return n; }
 
 def enable_cases(tmp, headers, cc):
     """enable() on a build that installs (a stand-in): once for threads
-    that call it together, and again after PyTorch refused."""
+    that call it together, and again after PyTorch refused; a fork child
+    after it can use CUDA."""
     root = fake_torch(os.path.join(tmp, "enable"), cuda_home=headers)
     cxx = os.path.join(tmp, "enable-bin", "g++")
     os.makedirs(os.path.dirname(cxx))
@@ -399,6 +402,37 @@ def enable_cases(tmp, headers, cc):
         """ % LIB, root, {"CUDEFER_CXX": cxx})
     tap(rc == 0 and "AVAILABLE True" in out and "ENABLED True 1" in out,
         "enable() after torch.cuda.is_available() installs", out)
+
+    # cpp_extension's import calls torch.cuda.is_available(), which asks
+    # CUDA unless $PYTORCH_NVML_BASED_CUDA_CHECK is 1: then a fork child of
+    # the process could not use CUDA.  enable() sets the variable for that
+    # import alone, and leaves it as it found it (unset, or the user's).
+    for preset in (None, "0"):
+        rc, out = py("""
+            import os
+            preset = %r
+            if preset is None:
+                os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+            else:
+                os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = preset
+            import torch, cudefer.torch as t
+            t.enable(%r)
+            print("VARIABLE", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    torch.cuda.init()
+                except RuntimeError as e:
+                    print("CHILD", e, flush=True)
+                    os._exit(1)
+                os._exit(0)
+            print("CHILD EXIT", os.WEXITSTATUS(os.waitpid(pid, 0)[1]))
+            """ % (preset, LIB), root, {"CUDEFER_CXX": cxx})
+        tap(rc == 0 and "CHILD EXIT 0" in out
+            and "VARIABLE %s" % preset in out,
+            "after enable(), a fork child can use CUDA "
+            "($PYTORCH_NVML_BASED_CUDA_CHECK%s, left so)"
+            % (" unset" if preset is None else "=" + preset), out)
 
     # Another failure of the install (5: not PyTorch's refusal to swap an
     # allocator in use) names its own cause, in one line, never the advice

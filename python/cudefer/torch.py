@@ -57,7 +57,13 @@ SOURCE = SOURCES[0]
 # The environment variable that names the one C++ compiler to use.
 CXX_ENV = "CUDEFER_CXX"
 
+# PyTorch's switch for torch.cuda.is_available() through NVML, which leaves
+# CUDA uninitialized, where CUDA's own check (cudaGetDeviceCount) does not.
+_NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
 _lock = threading.Lock()
+# Held while _import_cpp_extension changes the environment.
+_env_lock = threading.Lock()
 _state = {}  # "library", "extension" once enable() succeeded
 
 
@@ -203,6 +209,28 @@ def _not_a_program(name):
     return "is not executable"
 
 
+def _import_cpp_extension():
+    """torch.utils.cpp_extension, imported without initializing CUDA.  Its
+    import looks for the CUDA toolkit and, where it finds one, calls
+    torch.cuda.is_available(), which initializes CUDA (cudaGetDeviceCount)
+    unless $PYTORCH_NVML_BASED_CUDA_CHECK is 1; a process whose CUDA is
+    initialized has fork children that cannot use CUDA ("Cannot
+    re-initialize CUDA in forked subprocess").  The variable is 1 for the
+    import alone, then as it was.  Where NVML cannot count the devices,
+    PyTorch's check falls back on CUDA's."""
+    with _env_lock:
+        saved = os.environ.get(_NVML_CHECK_ENV)
+        os.environ[_NVML_CHECK_ENV] = "1"
+        try:
+            from torch.utils import cpp_extension
+        finally:
+            if saved is None:
+                os.environ.pop(_NVML_CHECK_ENV, None)
+            else:
+                os.environ[_NVML_CHECK_ENV] = saved
+    return cpp_extension
+
+
 def _cuda_include_dir(cpp_extension):
     """A directory with cuda_runtime_api.h: the CUDA toolkit's
     (cpp_extension.CUDA_HOME: $CUDA_HOME, nvcc's, /usr/local/cuda) or that
@@ -234,9 +262,12 @@ def build(verbose=False):
     CUDA headers, a failed compilation (its output is shown with
     verbose=True), a build that carries its own C++ runtime, a build
     directory that cannot be written, a build that cannot be loaded (a
-    damaged cached one: its directory said)."""
+    damaged cached one: its directory said).  Initializes no CUDA
+    (torch.utils.cpp_extension is imported under PyTorch's NVML check,
+    where NVML can count the GPUs): the process may fork children that
+    use CUDA afterwards."""
     torch = _import_torch()
-    from torch.utils import cpp_extension
+    cpp_extension = _import_cpp_extension()
     for path in SOURCES + HEADERS:
         if not os.path.isfile(path):
             raise RuntimeError("cudefer.torch: %s is missing" % path)
@@ -432,7 +463,9 @@ def enable(lib=None, verbose=False):
     Call once, before PyTorch first uses CUDA (a CUDA tensor,
     torch.cuda.set_device, current_device or init: each sets up PyTorch's
     own allocator, which it then will not swap) and before other threads
-    use CUDA; a second call returns at once.  Raises ImportError without torch,
+    use CUDA; a second call returns at once.  Initializes no CUDA (PyTorch
+    does, at its first use): the process may fork children that use CUDA
+    afterwards, as before it.  Raises ImportError without torch,
     RuntimeError for a build that cannot be made (build()),
     RuntimeError saying to call it first when PyTorch's own allocator is in
     use already (said before any build once torch.cuda.is_initialized()),

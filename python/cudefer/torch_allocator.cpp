@@ -562,7 +562,9 @@ using namespace cudefer_torch;
 // for torch.cuda and registered for the CUDA device type), over the
 // functions in *fns.  Call once, from Python, before PyTorch first uses
 // CUDA (its lazy init sets up its own allocator) and before other threads
-// use CUDA.  Returns 0 when installed; 2 for a
+// use CUDA.  Makes no CUDA call: PyTorch's lazy init tells the allocator
+// the devices (init), and CUDA initialized here would leave the process's
+// fork children unable to use it.  Returns 0 when installed; 2 for a
 // NULL function; 3 when PyTorch refused (an allocator already in use); 4
 // when installed already; 5 when it failed for another cause.  For 3 and 5
 // the reason is copied to message, at most size bytes, NUL-terminated.
@@ -582,9 +584,6 @@ cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
         // teardown, after this library's static destructors ran.
         std::shared_ptr<CudeferAllocator> allocator(
             new CudeferAllocator(*fns), [](CudeferAllocator *) {});
-        // CUDA may be initialized already (PyTorch then calls init no
-        // more): count the devices now.
-        allocator->init(static_cast<int>(c10::cuda::device_count()));
         the_allocator = allocator.get();
         swapping = true;
         torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);

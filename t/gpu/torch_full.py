@@ -9,6 +9,9 @@ each in its own process, then compares them.
 prints one "PASS name: detail" or "FAIL name: detail" line per check and
 exits 1 if any failed, 77 without torch or a CUDA device.
 (t/gpu/torch_python.sh runs it as TAP in make check.)  Each process:
+  - before it uses CUDA (under cudefer: right after enable()), forks a
+    child that allocates a CUDA tensor and sums it: the child must exit
+    0, as a fork child of a process that has not used CUDA can;
   - trains a small MLP (AdamW, deterministic kernels) for N steps, calling
     reset_peak_memory_stats, memory_allocated, max_memory_allocated,
     memory_reserved, memory_stats and memory_summary at every step, and
@@ -71,6 +74,7 @@ in torch_probe.py; MemPool tensors a side stream reads
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -121,6 +125,40 @@ def profiler_reserved(torch, dev):
     return found or "no CUDA memory events"
 
 
+def fork_child_cuda(torch):
+    """[exit status, what it said] of a fork child that allocates a CUDA
+    tensor of 4 MiB and sums it: 0 and the sum when it could, 1 and its
+    error when not (a negative status: the signal that ended it; one
+    still running after 120 s is killed)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            total = int(torch.ones(1 << 20, device="cuda").sum().item())
+            said, status = "sum %d" % total, 0 if total == 1 << 20 else 1
+        except BaseException as e:  # noqa: BLE001 (said to the parent)
+            said = "%s: %s" % (type(e).__name__,
+                               (str(e).splitlines() or [""])[0][:200])
+            status = 1
+        os.write(write, said.encode())
+        os._exit(status)
+    os.close(write)
+    deadline = time.monotonic() + 120
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.05)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    # What it said fits in the pipe: it wrote all of it without waiting.
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode(errors="replace")
+    return [os.WEXITSTATUS(status) if os.WIFEXITED(status)
+            else -os.WTERMSIG(status), said]
+
+
 def run(mode, lib, steps, out_path):
     """One process's work under mode ("native" or "cudefer"); writes its
     JSON to out_path."""
@@ -130,6 +168,9 @@ def run(mode, lib, steps, out_path):
     if mode == "cudefer":
         import cudefer.torch
         res["library"] = cudefer.torch.enable(lib)
+    # This process has not used CUDA yet, nor has enable() initialized it:
+    # a fork child may use CUDA.
+    res["fork_child"] = fork_child_cuda(torch)
     torch.manual_seed(0)
     torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True)
@@ -410,6 +451,12 @@ def compare(native, mine):
     checks = side_by_side.Checks()
     check = checks.check
 
+    check("a fork child allocates a CUDA tensor, forked before the process "
+          "used CUDA (under cudefer: after enable())",
+          native.get("fork_child", [None])[0] == 0
+          and mine.get("fork_child", [None])[0] == 0,
+          "native %s, cudefer %s" % (native.get("fork_child"),
+                                     mine.get("fork_child")))
     a, b = native["allocated"], mine["allocated"]
     bad = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
     check("memory_allocated identical at every point", a == b,
