@@ -556,6 +556,9 @@ def recorded():
 def bookkeeping_ns(pairs=1000000):
     """Nanoseconds of the allocator's own bookkeeping (pointer table and
     statistics, no CUDA call) per allocation and free, measured over pairs
-    pairs now; None before enable()."""
+    pairs now; None before enable().  Call it while no other thread
+    allocates or frees CUDA memory: it runs on device 0's statistics, then
+    puts their peaks and freed totals back as they were, losing what
+    another thread's allocations and frees added meanwhile."""
     ext = _state.get("extension")
     return None if ext is None else ext.cudefer_torch_bookkeeping_ns(pairs)

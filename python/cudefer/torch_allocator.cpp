@@ -617,7 +617,8 @@ cudefer_torch_recorded(void)
 
 // cudefer_torch_bookkeeping_ns: nanoseconds of the allocator's own
 // bookkeeping (pointer table and statistics, no CUDA call) per allocation
-// and free, over n pairs; -1 before cudefer_torch_install.
+// and free, over n pairs; -1 before cudefer_torch_install.  Call it while
+// no other thread allocates (CudeferAllocator::bookkeeping_ns).
 extern "C" __attribute__((visibility("default"))) double
 cudefer_torch_bookkeeping_ns(int n)
 {
