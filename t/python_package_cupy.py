@@ -2,8 +2,9 @@
 """t/python_package.py's cases of cudefer.cupy with a fake cupy: without
 CuPy, on its per-thread default stream, before enable(); and on the
 library built with the fake CUDA runtime, an array that outlives its
-stream, an out of memory with CuPy holding memory, an allocation during
-a CUDA-graph capture."""
+stream, an out of memory with CuPy holding memory, an out of memory
+while the memory is freed on a stream still at work, an allocation
+during a CUDA-graph capture."""
 import os
 
 from python_package_fakes import fake_cupy, fake_runtime_library
@@ -118,6 +119,43 @@ def cupy_cases(tmp):
         tap(rc == 0 and "ALLOCATED True POOL 1" in out
             and "OOM Out of memory allocating 1099511627776 bytes" in out,
             name, out)
+
+    # The device's memory all in one array freed on a stream whose work
+    # on it still runs: that block serves no other stream until the work
+    # is done, and cudefer's trim waits for no work.  The allocation on
+    # the default stream must wait for it (defer_flush), not fail.
+    name = ("cudefer.cupy: out of memory while a block is freed on a "
+            "stream still at work, the allocation waits for that work")
+    if fake is None:
+        skip(name, why)
+    else:
+        rc, out = py("""
+            import ctypes, cupy, cudefer, cudefer.cupy
+            runtime = ctypes.CDLL(%r)
+            runtime.fake_set_device_memory.argtypes = [ctypes.c_int,
+                                                       ctypes.c_size_t]
+            runtime.fake_launch.restype = ctypes.c_void_p
+            runtime.fake_launch.argtypes = [ctypes.c_void_p, ctypes.c_uint,
+                                            ctypes.c_void_p, ctypes.c_size_t]
+            runtime.fake_work_done.argtypes = [ctypes.c_void_p]
+            runtime.fake_set_device_memory(0, 64 << 20)
+            cudefer.cupy.enable(%r)
+            side = cupy.cuda.Stream()
+            with side:
+                p = cudefer.cupy.allocate(48 << 20)
+            uses = (ctypes.c_void_p * 1)(p.ptr)
+            work = runtime.fake_launch(ctypes.c_void_p(side.ptr), 200000,
+                                       uses, 1)
+            del p
+            try:
+                q = cudefer.cupy.allocate(48 << 20)
+                print("ALLOCATED", q.ptr != 0, "WORK DONE",
+                      runtime.fake_work_done(work))
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                print("OOM", e)
+            """ % (fake, fake), fakes=root, env={"FAKE_CUDA_LIB": fake})
+        tap(rc == 0 and "ALLOCATED True WORK DONE 1" in out
+            and "cudefer:" not in out, name, out)
 
     name = ("cudefer.cupy: an allocation during a CUDA-graph capture is "
             "refused in words, the capture left intact")

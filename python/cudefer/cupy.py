@@ -84,8 +84,11 @@ def allocate(size):
     """A cupy.cuda.MemoryPointer to size bytes from cudefer on CuPy's
     current device and stream: the function enable() hands CuPy.  Out of
     memory, it collects garbage (gc.collect) and empties CuPy's own pool
-    on the device (free_all_blocks), as CuPy's pool does, and tries once
-    more; it blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
+    on the device (free_all_blocks), as CuPy's pool does, waits for the
+    frees cudefer defers to complete (defer_flush: a block freed while
+    its stream's work runs serves no other stream until then, and
+    cudefer's own retry waits for no work), and tries once more; it
+    blocks for those.  Raises cupy.cuda.memory.OutOfMemoryError
     when cudefer has no memory even then (its "allocated so far": the
     bytes of cudefer's blocks handed out on the device, PyTorch's too),
     RuntimeError before enable(),
@@ -93,7 +96,7 @@ def allocate(size):
     default stream."""
     cupy = _import_cupy()
     try:
-        alloc, free = _state["alloc"], _state["free"]
+        alloc, free, flush = _state["alloc"], _state["free"], _state["flush"]
     except KeyError:
         raise RuntimeError("cudefer.cupy: allocate() before enable(): call "
                            "cudefer.cupy.enable() first") from None
@@ -109,9 +112,14 @@ def allocate(size):
     err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
         # As CuPy's own pool does: free what only garbage cycles still
-        # hold, and the free blocks CuPy's pool kept, then try once more.
+        # hold, and the free blocks CuPy's pool kept, then try once more,
+        # once those frees and the earlier ones are back in cudefer's
+        # cache (a block whose work still runs cannot serve this stream).
+        # The flush's error is not raised: the retry's is (a device's
+        # sticky error comes back there).
         gc.collect()
         cupy.get_default_memory_pool().free_all_blocks()
+        flush()
         err = alloc(ctypes.byref(ptr), size, device, stream.ptr)
     if err == _OUT_OF_MEMORY:
         raise cupy.cuda.memory.OutOfMemoryError(size, _live_bytes(device))
@@ -175,7 +183,10 @@ def enable(lib=None):
         free.restype = None
         free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                          ctypes.c_void_p]
-        _state.update(library=library(), alloc=alloc, free=free)
+        flush = handle.defer_flush
+        flush.restype = ctypes.c_int
+        flush.argtypes = []
+        _state.update(library=library(), alloc=alloc, free=free, flush=flush)
         try:
             cupy.cuda.set_allocator(allocate)
         except Exception:
