@@ -81,7 +81,8 @@ class _Functions(ctypes.Structure):
                 ("dstat_cache_bytes", ctypes.c_int64),
                 ("dstat_cache_mallocs", ctypes.c_int64),
                 ("dstat_cache_releases", ctypes.c_int64),
-                ("peer_access", ctypes.c_void_p)]
+                ("peer_access", ctypes.c_void_p),
+                ("flush", ctypes.c_void_p)]
 
 
 def _import_torch():
@@ -519,7 +520,8 @@ def enable(lib=None, verbose=False):
             index("cache_bytes", dfields) if per_device else -1,
             index("cache_mallocs", dfields), index("cache_releases", dfields),
             _function(handle, "defer_peer_access")
-            if hasattr(handle, "defer_peer_access") else None)
+            if hasattr(handle, "defer_peer_access") else None,
+            _function(handle, "defer_flush"))
         message = ctypes.create_string_buffer(1024)
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
         # The reason's first line: a C++ exception's text may add context

@@ -87,9 +87,10 @@ void *CudeferAllocator::raw_alloc_with_stream(size_t nbytes,
     return malloc(nbytes, c10::cuda::current_device(), stream);
 }
 
-// Any thread; blocks only where cudefer does (out of memory: a trim), and
-// while memory history records stacks, for the GIL (the recorder takes
-// it, before any lock of the allocator's).  Raises OutOfMemoryError.
+// Any thread; blocks only where cudefer does (out of memory: a trim, and
+// the work its pending frees wait for), and while memory history records
+// stacks, for the GIL (the recorder takes it, before any lock of the
+// allocator's).  Raises OutOfMemoryError.
 void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
                                cudaStream_t stream)
 {
@@ -104,7 +105,9 @@ void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
 }
 
 // malloc once its arguments are checked, without memory history.  Any
-// thread; blocks only where cudefer does.  Raises OutOfMemoryError.
+// thread, holding no lock of the allocator's; blocks only where cudefer
+// does (out of memory: its trim, then defer_flush).  Raises
+// OutOfMemoryError.
 void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
                                         cudaStream_t stream)
 {
@@ -133,10 +136,27 @@ void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
     void *ptr = nullptr;
     cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
     if (err == cudaErrorMemoryAllocation) {
-        // cudefer trimmed and retried before it failed; give it what
-        // released private pools hold, and try once more.
+        // cudefer trimmed and retried before it failed, but waited for
+        // no work: a block whose free waits for work still running (of
+        // other streams that used it, Tensor.record_stream; or of its
+        // own stream, for a request on another) is not back in its
+        // cache.  Give it what released private pools hold and, with no
+        // allocate-to-pool section open anywhere, wait for those frees
+        // (defer_flush), as PyTorch's allocator synchronises its blocks'
+        // events before it frees its cache; then try once more (cudefer
+        // trims again there).  Not while a section is open, as PyTorch's
+        // allocator synchronises nothing during a capture: one may be
+        // under way, which the flush's wait on the legacy stream would
+        // fail on (as emptyCache says of defer_trim).  The flush's error
+        // is not raised: the retry's is (a sticky error comes back
+        // there).
         d.num_alloc_retries.fetch_add(1, std::memory_order_relaxed);
-        if (release_free_pools(device) > 0)
+        bool retry = release_free_pools(device) > 0;
+        if (sections_anywhere.load(std::memory_order_acquire) == 0) {
+            (void)fns_.flush();
+            retry = true;
+        }
+        if (retry)
             err = cudefer_alloc(&ptr, size, device, stream);
     }
     if (err == cudaErrorMemoryAllocation)

@@ -7,9 +7,12 @@
 // 2.11's interface, read from its headers) over cudefer:
 //   - tensors come from defer_pluggable_alloc_status and go back through
 //     defer_pluggable_free on the stream they were allocated on; out of
-//     memory raises torch.OutOfMemoryError after the OOM observers ran;
+//     memory, released private pools' free blocks go back to CUDA and,
+//     with no allocate-to-pool section open, the frees still pending are
+//     waited for (defer_flush) before one more try, then
+//     torch.OutOfMemoryError is raised after the OOM observers ran;
 //     Tensor.record_stream calls defer_record_stream; empty_cache calls
-//     defer_trim;
+//     defer_flush and defer_trim;
 //   - the statistics torch.cuda.memory_stats reads, with PyTorch's
 //     meanings: allocated bytes count each live tensor at the size PyTorch's
 //     own allocator rounds it to (512 bytes, or roundup_power2_divisions),
@@ -137,6 +140,8 @@ struct CudeferFunctions {
     int64_t dstat_cache_releases;
     // defer_peer_access (NULL: a library without it).
     cudaError_t (*peer_access)(int device, int peer);
+    // defer_flush (in every library).
+    cudaError_t (*flush)(void);
 };
 
 inline constexpr int kMaxDevices = 64;

@@ -36,17 +36,26 @@ struct PoolCheckpoint : CCA::AllocatorState {
 // Releases nothing while an allocate-to-pool section is open, as
 // PyTorch's allocator releases nothing of its default pools while one
 // is open on the device (release_cached_blocks tests captures_underway):
-// a capture may be under way in another thread, and defer_trim fails
-// then (cudaErrorStreamCaptureImplicit) when that capture's stream is a
-// blocking one and blocks freed on the legacy stream wait for their
-// event.  cudefer trims every device: a section on any device counts.
-// A section begun while defer_trim runs is not seen.
+// a capture may be under way in another thread, and defer_flush and
+// defer_trim fail then (cudaErrorStreamCaptureImplicit) when that
+// capture's stream is a blocking one and blocks freed on the legacy
+// stream wait for their event.  cudefer trims every device: a section on
+// any device counts.  A section begun while they run is not seen.
+// Otherwise blocks until the frees cudefer has pending are done
+// (defer_flush: a block other streams used, Tensor.record_stream, is
+// back in its cache then), as PyTorch's allocator synchronises its
+// blocks' events first (synchronize_and_free_events), so that the trim
+// gives those blocks back too.  Raises a failed flush's or trim's error.
 void CudeferAllocator::emptyCache(MempoolId_t mempool_id)
 {
     if (mempool_id.first == 0 && mempool_id.second == 0) {
         if (sections_anywhere.load(std::memory_order_acquire) > 0)
             return;
-        cudaError_t err = fns_.trim(nullptr);
+        cudaError_t err = fns_.flush();
+        TORCH_CHECK(err == cudaSuccess,
+                    "cudefer: defer_flush failed with CUDA error ",
+                    static_cast<int>(err));
+        err = fns_.trim(nullptr);
         TORCH_CHECK(err == cudaSuccess,
                     "cudefer: defer_trim failed with CUDA error ",
                     static_cast<int>(err));

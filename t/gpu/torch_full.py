@@ -20,6 +20,12 @@ exits 1 if any failed, 77 without torch or a CUDA device.
   - runs the model through torch.compile(mode="reduce-overhead");
   - frees and empties a 1 GiB tensor between two statistics calls:
     max_memory_reserved must still count it;
+  - frees a tensor of three quarters of the free memory while a side
+    stream, held busy, reads it (Tensor.record_stream), then allocates as
+    much again: the allocation must wait for the read, not raise
+    torch.OutOfMemoryError, and the read must see the first tensor's
+    values; frees a 1 GiB tensor so and calls empty_cache:
+    memory_reserved must drop by 1 GiB;
   - with two GPUs, records a tensor of a created stream on GPU 1's
     default stream while that is busy: its block must not come back
     before GPU 1 is done; and copies a tensor to GPU 1 (Tensor.to), a
@@ -67,8 +73,9 @@ behave alike, cudefer's stats are consistent (memory_stats' current
 allocated bytes are memory_allocated, reserved >= allocated), and the
 allocator's bookkeeping costs at most 1 % of a step.
 The parts of a CUDA graph and torch.compile are in torch_graphs.py beside
-this file, those of the memory fraction in torch_fraction.py, the probe's
-in torch_probe.py; MemPool tensors a side stream reads
+this file, those of the memory fraction in torch_fraction.py, those of
+reserved memory in torch_reserved.py, the probe's in torch_probe.py;
+MemPool tensors a side stream reads
 (Tensor.record_stream) are torch_pools.py's, a script of its own.
 """
 import argparse
@@ -98,6 +105,7 @@ from torch_graphs import (check_empty_cache_during_capture,  # noqa: E402
 from torch_fraction import (check_fraction_caps,  # noqa: E402
                             check_fraction_env_and_oom, memory_fraction,
                             probe_env_fraction)
+from torch_reserved import check_reserved, reserved_parts  # noqa: E402
 
 GiB = 1 << 30
 
@@ -244,6 +252,10 @@ def run(mode, lib, steps, out_path):
     torch.cuda.empty_cache()
     res["spike_peaks"] = [torch.cuda.max_memory_allocated(),
                           torch.cuda.max_memory_reserved()]
+
+    # Memory freed while a side stream reads it, at an out of memory and
+    # at empty_cache (torch_reserved.py).
+    reserved_parts(torch, dev, res)
 
     # Nested MemPools: the innermost use_mem_pool serves the allocation.
     try:
@@ -479,6 +491,7 @@ def compare(native, mine):
           "freed 1 GiB tensor",
           all(p and p[1] >= p[0] >= GiB for p in spikes),
           "native %s, cudefer %s (allocated, reserved)" % tuple(spikes))
+    check_reserved(native, mine, check)
     check("nested use_mem_pool: the inner MemPool serves the allocation",
           mine.get("nested_pool") == native.get("nested_pool") == "inner",
           "native %s, cudefer %s" % (native.get("nested_pool"),

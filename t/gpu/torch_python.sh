@@ -3,7 +3,8 @@
 # torch_python.sh: the cudefer Python package on a GPU, as TAP.
 #   t/gpu/torch_full.py  every memory call of a training script, a CUDA
 #                        graph, torch.compile(mode="reduce-overhead"), a
-#                        memory fraction and a fork child's CUDA tensor
+#                        memory fraction, memory freed while a side
+#                        stream reads it and a fork child's CUDA tensor
 #                        under PyTorch's allocator and under
 #                        cudefer.torch.enable(), compared;
 #   t/gpu/torch_pools.py a MemPool's tensors read on a side stream

@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: MIT
+"""The reserved-memory parts of t/gpu/torch_full.py: a tensor freed while
+a side stream still reads it (Tensor.record_stream), then an allocation
+that needs its memory, and empty_cache.  What each process saw goes into
+its results (reserved_parts), and check_reserved compares the two (check
+is compare()'s, one PASS/FAIL line each)."""
+
+MiB = 1 << 20
+GiB = 1 << 30
+# torch.cuda._sleep's cycles: about half a second at 1.7-2 GHz (an H100's
+# or H200's clock), long enough for the caller to go on while it runs.
+SLEEP_CYCLES = 1 << 30
+
+
+def read_on_side(torch, side, x):
+    """The sum of x's bytes, read on stream side once the current stream's
+    work so far is done and side slept about half a second; x is recorded
+    on side (Tensor.record_stream).  Returns at once, side still at
+    work."""
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        total = x.sum(dtype=torch.int64)
+    x.record_stream(side)
+    return total
+
+
+def oom_while_read(torch, dev, side, res):
+    """Three quarters of the device's free memory in one tensor of ones,
+    read on the busy side stream and freed, then the same size again
+    (zeros) on the default stream: it fits only in the first tensor's
+    memory.  PyTorch's allocator waits for the side stream's read (its
+    block's event) and hands that memory out; cudefer must wait too
+    (defer_flush), not raise OutOfMemoryError.  The side stream must have
+    read ones, not the new tensor's zeros."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    # A quarter (20 GiB and more on these GPUs) is left for the read's own
+    # allocations and either allocator's rounding.
+    size = free * 3 // 4 // (2 * MiB) * (2 * MiB)
+    x = torch.ones(size, dtype=torch.uint8, device=dev)
+    total = read_on_side(torch, side, x)
+    del x
+    busy = not side.query()
+    try:
+        y = torch.zeros(size, dtype=torch.uint8, device=dev)
+        res["oom_while_read"] = ("allocated" if busy else
+                                 "inconclusive (the side stream was done)")
+        del y
+    except torch.OutOfMemoryError as e:
+        res["oom_while_read"] = "OutOfMemoryError: %s" % (
+            str(e).splitlines() or [""])[0][:240]
+    side.synchronize()
+    read = total.item()
+    res["oom_while_read_sum"] = ("right" if read == size else
+                                 "%d of %d bytes read as ones" % (read, size))
+    del total
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def empty_cache_while_read(torch, dev, side, res):
+    """A 1 GiB tensor read on the busy side stream and freed, then
+    empty_cache: memory_reserved must drop by at least 1 GiB, as PyTorch's
+    allocator waits for the read (its block's event) before it releases
+    its cache."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    x = torch.ones(GiB, dtype=torch.uint8, device=dev)
+    total = read_on_side(torch, side, x)
+    del x
+    busy = not side.query()
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    dropped = before - torch.cuda.memory_reserved()
+    res["empty_cache_while_read"] = (
+        dropped if busy else "inconclusive (the side stream was done)")
+    side.synchronize()
+    res["empty_cache_read_sum"] = total.item() == GiB
+    del total
+
+
+def reserved_parts(torch, dev, res):
+    """Each part above, on a side stream of its own, into res."""
+    side = torch.cuda.Stream()
+    oom_while_read(torch, dev, side, res)
+    empty_cache_while_read(torch, dev, side, res)
+    side.synchronize()
+
+
+def check_reserved(native, mine, check):
+    """The parts' checks, each under both allocators."""
+    check("a tensor freed while a side stream reads it (record_stream): an "
+          "allocation that needs its memory waits for the read, no "
+          "OutOfMemoryError",
+          mine.get("oom_while_read") == native.get("oom_while_read")
+          == "allocated",
+          "native %s, cudefer %s" % (native.get("oom_while_read"),
+                                     mine.get("oom_while_read")))
+    check("... and the side stream read the freed tensor's values",
+          mine.get("oom_while_read_sum") == native.get("oom_while_read_sum")
+          == "right",
+          "native %s, cudefer %s" % (native.get("oom_while_read_sum"),
+                                     mine.get("oom_while_read_sum")))
+
+    def dropped(r):
+        v = r.get("empty_cache_while_read")
+        return isinstance(v, int) and v >= GiB and \
+            r.get("empty_cache_read_sum") is True
+    check("empty_cache while a freed 1 GiB tensor is read on a side stream "
+          "(record_stream): memory_reserved drops by 1 GiB",
+          dropped(native) and dropped(mine),
+          "native %s, cudefer %s (bytes dropped)" % (
+              native.get("empty_cache_while_read"),
+              mine.get("empty_cache_while_read")))
