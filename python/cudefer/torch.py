@@ -82,7 +82,9 @@ class _Functions(ctypes.Structure):
                 ("dstat_cache_mallocs", ctypes.c_int64),
                 ("dstat_cache_releases", ctypes.c_int64),
                 ("peer_access", ctypes.c_void_p),
-                ("flush", ctypes.c_void_p)]
+                ("flush", ctypes.c_void_p),
+                ("device_stats_reset_peaks", ctypes.c_void_p),
+                ("dstat_cache_bytes_peak", ctypes.c_int64)]
 
 
 def _import_torch():
@@ -521,7 +523,10 @@ def enable(lib=None, verbose=False):
             index("cache_mallocs", dfields), index("cache_releases", dfields),
             _function(handle, "defer_peer_access")
             if hasattr(handle, "defer_peer_access") else None,
-            _function(handle, "defer_flush"))
+            _function(handle, "defer_flush"),
+            _function(handle, "defer_device_stats_reset_peaks")
+            if hasattr(handle, "defer_device_stats_reset_peaks") else None,
+            index("cache_bytes_peak", dfields) if per_device else -1)
         message = ctypes.create_string_buffer(1024)
         rc = install(ctypes.byref(fns), message, ctypes.sizeof(message))
         # The reason's first line: a C++ exception's text may add context

@@ -17,7 +17,9 @@
 //     meanings: allocated bytes count each live tensor at the size PyTorch's
 //     own allocator rounds it to (512 bytes, or roundup_power2_divisions),
 //     so memory_allocated agrees with PyTorch's on the same tensors;
-//     reserved bytes are cudefer's (its cache) plus the private pools';
+//     reserved bytes are cudefer's (its cache) plus the private pools',
+//     their peak read from cudefer's own peak of its cache, which
+//     reset_peak_memory_stats resets too;
 //   - CUDA graphs: between beginAllocateToPool and endAllocateToPool, an
 //     allocation whose stream the filter accepts comes from a private pool
 //     (the newest open section's whose filter accepts it) of cudaMalloc'd
@@ -142,6 +144,10 @@ struct CudeferFunctions {
     cudaError_t (*peer_access)(int device, int peer);
     // defer_flush (in every library).
     cudaError_t (*flush)(void);
+    // defer_device_stats_reset_peaks (NULL: a library without it) and the
+    // index of struct defer_device_stats' cache_bytes_peak, -1 if unknown.
+    cudaError_t (*device_stats_reset_peaks)(int device);
+    int64_t dstat_cache_bytes_peak;
 };
 
 inline constexpr int kMaxDevices = 64;
@@ -298,9 +304,12 @@ struct Allocation {
 
 // The reserved figures of cudefer's counters, sampled (reading them costs
 // a pass over its counters: every 64th allocation of a thread and at every
-// statistics read).
+// statistics read).  cache_bytes_peak: the most cache_bytes there were
+// since cudefer's last reset of the device's peaks (a device's sample
+// only, with a library that counts it; else 0).
 struct CudeferSample {
     std::atomic<int64_t> cache_bytes{0};
+    std::atomic<int64_t> cache_bytes_peak{0};
     std::atomic<int64_t> cache_mallocs{0};
     std::atomic<int64_t> cache_releases{0};
 };
@@ -312,15 +321,22 @@ struct alignas(64) DeviceState {
     AtomicStatArray pool_bytes;       // private pools' segments' bytes
     AtomicStatArray pool_segments;    // and their count
     std::atomic<int64_t> pool_allocated{0};  // bytes of live pool blocks
+    // The most reserved bytes seen (sample_reserved) since the last reset
+    // of the peaks: never above the true peak.
     std::atomic<int64_t> reserved_peak{0};
+    // The fewest bytes the private pools' segments held since the last
+    // reset of the peaks; changed under mu, read without it.
+    std::atomic<int64_t> pool_bytes_low{0};
     std::atomic<int64_t> num_alloc_retries{0};
     std::atomic<int64_t> num_ooms{0};
     std::atomic<int64_t> pool_mallocs{0};
     std::atomic<int64_t> pool_frees{0};
-    // cudefer's cache_mallocs and cache_releases at the last reset of the
-    // accumulated counters.
+    // cudefer's cache_mallocs and cache_releases, and its part of the
+    // reserved bytes (reserved_of less the private pools'), at the last
+    // reset of the accumulated counters.
     std::atomic<int64_t> device_alloc_base{0};
     std::atomic<int64_t> device_free_base{0};
+    std::atomic<int64_t> reserved_base{0};
     // set_per_process_memory_fraction: kNoCap none, else the cap in bytes
     // (0 for a fraction of 0: nothing may be allocated).
     std::atomic<uint64_t> cap{kNoCap};
@@ -680,8 +696,8 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
     int64_t sampled_mallocs(int device) const;
     int64_t sampled_releases(int device) const;
     static void store_sample(CudeferSample &to, const uint64_t *words,
-                             int64_t bytes, int64_t mallocs,
-                             int64_t releases);
+                             int64_t bytes, int64_t bytes_peak,
+                             int64_t mallocs, int64_t releases);
     void sample_reserved(int device);
     static c10::cuda::CUDACachingAllocator::SegmentInfo
     segment_of(int device, void *ptr, size_t size, size_t requested,

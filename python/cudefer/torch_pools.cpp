@@ -599,7 +599,8 @@ void CudeferAllocator::pool_drop_events(Pool &pool, PoolBlock *b)
 // retired block (or one still deferred: a section begun since); a
 // pending block waits for its events.  Not while any allocate-to-pool
 // section is open (a capture may be running: no synchronisation then).
-// Returns the bytes released.
+// Returns the bytes released; the device's pool_bytes_low follows what
+// is left.
 size_t CudeferAllocator::release_free_pools(int device,
                                             const MempoolId_t *only)
 {
@@ -659,6 +660,9 @@ size_t CudeferAllocator::release_free_pools(int device,
         else
             ++it;
     }
+    int64_t left = d.pool_bytes.s[0].current.load();
+    if (left < d.pool_bytes_low.load())
+        d.pool_bytes_low.store(left);
     return released;
 }
 

@@ -26,19 +26,23 @@ DeviceStats CudeferAllocator::getDeviceStats(c10::DeviceIndex device)
     // the private pools' segments.  The
     // small and large pools' figures are the private pools' alone
     // (cudefer does not sort its cache by size); the aggregate's
-    // allocated counts cudefer's part as allocated once.
+    // allocated and freed count cudefer's part by how much it grew or
+    // shrank since the last reset of the accumulated counters (cudefer
+    // does not count the bytes of the blocks it made and released), so
+    // that a reset leaves both at 0, as PyTorch's does.
     s.reserved_bytes = d.pool_bytes.get();
     s.segment = d.pool_segments.get();
     int64_t reserved = reserved_of(device);
     int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
     Stat &r = s.reserved_bytes[0];
     r.current = reserved;
-    // The sampled peak misses what came and went between samples; the
-    // reserved bytes are never below the allocated ones (reserved_of),
-    // so neither is their peak.
+    // The reserved bytes are never below the allocated ones (reserved_of),
+    // so neither is their peak (reserved_peak: sample_reserved).
     r.peak = std::max<int64_t>({d.reserved_peak.load(), reserved,
                                 s.allocated_bytes[0].peak});
-    r.allocated += cudefer_part;
+    int64_t grown = cudefer_part - d.reserved_base.load();
+    r.allocated += std::max<int64_t>(grown, 0);
+    r.freed += std::max<int64_t>(-grown, 0);
     int64_t mallocs = sampled_mallocs(device);
     int64_t releases = sampled_releases(device);
     s.segment[0].current += mallocs - releases;
@@ -70,8 +74,13 @@ void CudeferAllocator::resetAccumulatedStats(c10::DeviceIndex device)
     d.pool_frees.store(0);
     d.device_alloc_base.store(sampled_mallocs(device));
     d.device_free_base.store(sampled_releases(device));
+    d.reserved_base.store(reserved_of(device) -
+                          d.pool_bytes.s[0].current.load());
 }
 
+// Resets cudefer's peaks of the device too (defer_device_stats_reset_peaks:
+// cudefer.device_stats reads them), whose cache_bytes_peak the reserved
+// peak comes from.  Any thread; takes the device's mutex.
 void CudeferAllocator::resetPeakStats(c10::DeviceIndex device)
 {
     check_device(device);
@@ -80,6 +89,13 @@ void CudeferAllocator::resetPeakStats(c10::DeviceIndex device)
                                &d.requested_bytes, &d.pool_bytes,
                                &d.pool_segments})
         a->reset_peak();
+    // Its one error is for a device beyond cudefer's 64 (kMaxDevices).
+    if (fns_.device_stats_reset_peaks != nullptr)
+        (void)fns_.device_stats_reset_peaks(device);
+    {
+        std::lock_guard<std::mutex> lock(d.mu);
+        d.pool_bytes_low.store(d.pool_bytes.s[0].current.load());
+    }
     sample_reserved(device);
     d.reserved_peak.store(reserved_of(device));
 }
@@ -103,33 +119,48 @@ int64_t CudeferAllocator::sampled_releases(int device) const
 // words[i] of a counters struct into *to, for each index known (>= 0).
 void CudeferAllocator::store_sample(CudeferSample &to,
                                     const uint64_t *words,
-                                    int64_t bytes, int64_t mallocs,
-                                    int64_t releases)
+                                    int64_t bytes, int64_t bytes_peak,
+                                    int64_t mallocs, int64_t releases)
 {
     to.cache_bytes.store(static_cast<int64_t>(words[bytes]));
+    if (bytes_peak >= 0)
+        to.cache_bytes_peak.store(static_cast<int64_t>(words[bytes_peak]));
     if (mallocs >= 0)
         to.cache_mallocs.store(static_cast<int64_t>(words[mallocs]));
     if (releases >= 0)
         to.cache_releases.store(static_cast<int64_t>(words[releases]));
 }
 
+// Samples cudefer's counters of device (or the process's) and raises the
+// device's reserved_peak to the reserved bytes now, and, with a library
+// that counts cudefer's cache_bytes_peak of the device, to that peak
+// plus the fewest bytes the private pools held since the last reset of
+// the peaks: the reserved bytes were at least that when the cache
+// peaked, however briefly, between samples.  Any thread; never blocks.
 void CudeferAllocator::sample_reserved(int device)
 {
     uint64_t words[kStatsWords] = {};
+    DeviceState &d = *devices_[device];
+    bool peak_known = false;
     if (per_device()) {
         if (fns_.device_stats_get_sized(device, words, sizeof words) ==
-            cudaSuccess)
-            store_sample(devices_[device]->sample, words,
-                         fns_.dstat_cache_bytes, fns_.dstat_cache_mallocs,
+            cudaSuccess) {
+            store_sample(d.sample, words, fns_.dstat_cache_bytes,
+                         fns_.dstat_cache_bytes_peak,
+                         fns_.dstat_cache_mallocs,
                          fns_.dstat_cache_releases);
+            peak_known = fns_.dstat_cache_bytes_peak >= 0;
+        }
     } else if (fns_.stats_get_sized != nullptr &&
                fns_.stat_cache_bytes >= 0) {
         fns_.stats_get_sized(words, sizeof words);
-        store_sample(sample_, words, fns_.stat_cache_bytes,
+        store_sample(sample_, words, fns_.stat_cache_bytes, -1,
                      fns_.stat_cache_mallocs, fns_.stat_cache_releases);
     }
-    DeviceState &d = *devices_[device];
     int64_t now = reserved_of(device);
+    if (peak_known)
+        now = std::max(now, d.sample.cache_bytes_peak.load() +
+                                d.pool_bytes_low.load());
     int64_t seen = d.reserved_peak.load(std::memory_order_relaxed);
     while (now > seen && !d.reserved_peak.compare_exchange_weak(seen, now))
         ;

@@ -25,7 +25,12 @@ exits 1 if any failed, 77 without torch or a CUDA device.
     much again: the allocation must wait for the read, not raise
     torch.OutOfMemoryError, and the read must see the first tensor's
     values; frees a 1 GiB tensor so and calls empty_cache:
-    memory_reserved must drop by 1 GiB;
+    memory_reserved must drop by 1 GiB; holds two 1 GiB blocks reserved
+    at once so, one tensor allocated at a time, between two statistics
+    calls: max_memory_reserved must count both; after
+    reset_accumulated_memory_stats and a tensor that reuses a freed
+    one's memory, memory_stats' reserved_bytes.all.allocated and
+    num_device_alloc must read as under PyTorch's allocator;
   - with two GPUs, records a tensor of a created stream on GPU 1's
     default stream while that is busy: its block must not come back
     before GPU 1 is done; and copies a tensor to GPU 1 (Tensor.to), a
@@ -254,7 +259,8 @@ def run(mode, lib, steps, out_path):
                           torch.cuda.max_memory_reserved()]
 
     # Memory freed while a side stream reads it, at an out of memory and
-    # at empty_cache (torch_reserved.py).
+    # at empty_cache; a reserved peak between statistics calls; the
+    # accumulated counters after a reset (torch_reserved.py).
     reserved_parts(torch, dev, res)
 
     # Nested MemPools: the innermost use_mem_pool serves the allocation.

@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: MIT
 """The reserved-memory parts of t/gpu/torch_full.py: a tensor freed while
 a side stream still reads it (Tensor.record_stream), then an allocation
-that needs its memory, and empty_cache.  What each process saw goes into
-its results (reserved_parts), and check_reserved compares the two (check
-is compare()'s, one PASS/FAIL line each)."""
+that needs its memory, and empty_cache; max_memory_reserved across a peak
+no statistics call saw; reserved_bytes' accumulated count after
+reset_accumulated_memory_stats.  What each process saw goes into its
+results (reserved_parts), and check_reserved compares the two (check is
+compare()'s, one PASS/FAIL line each)."""
+import threading
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -81,11 +84,62 @@ def empty_cache_while_read(torch, dev, side, res):
     del total
 
 
+def peak_between_reads(torch, dev, side, res):
+    """Two 1 GiB blocks reserved at once, one tensor at a time allocated:
+    the first tensor freed while the side stream reads it, the second
+    allocated meanwhile, both gone before max_memory_reserved is read,
+    which must count both (its peak less the reserved bytes at
+    reset_peak_memory_stats: 2 GiB at least).  The second comes from a
+    thread of its own: that thread's first allocation, which under
+    cudefer takes no sample of cudefer's counters (every 64th of a
+    thread does), so that only an exact peak shows it."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_reserved()
+    x = torch.ones(GiB, dtype=torch.uint8, device=dev)
+    total = read_on_side(torch, side, x)
+    del x
+    second = []
+    t = threading.Thread(target=lambda: second.append(
+        torch.empty(GiB, dtype=torch.uint8, device=dev)))
+    t.start()
+    t.join()
+    busy = not side.query()
+    del second[:]
+    side.synchronize()
+    del total
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    grown = torch.cuda.max_memory_reserved() - base
+    res["peak_between_reads"] = (
+        grown if busy else "inconclusive (the side stream was done)")
+
+
+def reserved_after_reset(torch, dev, res):
+    """A 64 MiB tensor freed, reset_accumulated_memory_stats, then 64 MiB
+    again (the first's block serves it under both allocators): nothing was
+    reserved since the reset, so memory_stats' reserved_bytes.all.allocated
+    and num_device_alloc must read as PyTorch's allocator's."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    x = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+    del x
+    torch.cuda.reset_accumulated_memory_stats()
+    y = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+    del y
+    s = torch.cuda.memory_stats()
+    res["reserved_after_reset"] = [s.get("reserved_bytes.all.allocated"),
+                                   s.get("num_device_alloc")]
+
+
 def reserved_parts(torch, dev, res):
     """Each part above, on a side stream of its own, into res."""
     side = torch.cuda.Stream()
     oom_while_read(torch, dev, side, res)
     empty_cache_while_read(torch, dev, side, res)
+    peak_between_reads(torch, dev, side, res)
+    reserved_after_reset(torch, dev, res)
     side.synchronize()
 
 
@@ -114,3 +168,20 @@ def check_reserved(native, mine, check):
           "native %s, cudefer %s (bytes dropped)" % (
               native.get("empty_cache_while_read"),
               mine.get("empty_cache_while_read")))
+
+    def counted(r):
+        v = r.get("peak_between_reads")
+        return isinstance(v, int) and v >= 2 * GiB
+    check("max_memory_reserved counts two 1 GiB blocks reserved at once "
+          "between two statistics calls",
+          counted(native) and counted(mine),
+          "native %s, cudefer %s (bytes above the reserved at the reset)" % (
+              native.get("peak_between_reads"),
+              mine.get("peak_between_reads")))
+    check("after reset_accumulated_memory_stats: reserved_bytes.all."
+          "allocated and num_device_alloc as under PyTorch's allocator",
+          mine.get("reserved_after_reset") is not None
+          and mine.get("reserved_after_reset")
+          == native.get("reserved_after_reset"),
+          "native %s, cudefer %s" % (native.get("reserved_after_reset"),
+                                     mine.get("reserved_after_reset")))
