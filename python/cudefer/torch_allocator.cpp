@@ -585,16 +585,18 @@ using namespace cudefer_torch;
 // use CUDA.  Makes no CUDA call: PyTorch's lazy init tells the allocator
 // the devices (init), and CUDA initialized here would leave the process's
 // fork children unable to use it.  Returns 0 when installed; 2 for a
-// NULL function; 3 when PyTorch refused (an allocator already in use); 4
-// when installed already; 5 when it failed for another cause.  For 3 and 5
-// the reason is copied to message, at most size bytes, NUL-terminated.
+// NULL function of those every library has (alloc_status, free,
+// record_stream, trim, flush); 3 when PyTorch refused (an allocator
+// already in use); 4 when installed already; 5 when it failed for another
+// cause.  For 3 and 5 the reason is copied to message, at most size
+// bytes, NUL-terminated.
 // Nothing is changed unless it returns 0.  Never blocks.
 extern "C" __attribute__((visibility("default"))) int
 cudefer_torch_install(const CudeferFunctions *fns, char *message, size_t size)
 {
     if (fns == nullptr || fns->alloc_status == nullptr ||
         fns->free == nullptr || fns->record_stream == nullptr ||
-        fns->trim == nullptr)
+        fns->trim == nullptr || fns->flush == nullptr)
         return 2;
     if (installed)
         return 4;
