@@ -408,7 +408,9 @@ static void test_groups(void)
 /* ---- scenarios in child processes ----------------------------------------- */
 
 /* defer_shutdown while a graph holds entries: shutdown does not wait for the
- * graph; when it dies, its entries are reported and counted as failed. */
+ * graph; when it dies, its entries are reported and counted as failed.  The
+ * event the reclaimer recorded on the capture's stream once the capture
+ * ended is destroyed by the shutdown, the graph still alive. */
 static void s_shutdown_first(void)
 {
     cudaStream_t s = stream_new();
@@ -422,6 +424,9 @@ static void s_shutdown_first(void)
     cudaGraphExec_t exec = instantiate(graph);
     fake_work *l = fake_graph_launch_held(exec, s);
     CHECK(defer_shutdown() == cudaSuccess, "defer_shutdown failed");
+    CHECK(stats_now().events_created > 0 && fake_live_events() == 0,
+          "the stream's event destroyed by the shutdown (%llu made, %zu "
+          "alive)", ULL(stats_now().events_created), fake_live_events());
     uint64_t failed = stats_now().failed;
     fake_complete(l);
     stderr_capture_begin();

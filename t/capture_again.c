@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* A dead graph's stream that changes while the reclaimer, held by a hook
- * inside its own cudaStreamIsCapturing call, looks at it: the stream
- * captures again (the entry still waits for the work before the first
- * capture, and fails at shutdown rather than be released under it), or is
- * destroyed and its handle taken by a new stream (cudefer.h's limits). */
+ * inside its own cudaStreamIsCapturing (or cudaStreamGetDevice) call,
+ * looks at it: the stream captures again (the entry still waits for the
+ * work before the first capture, nothing is recorded into the new
+ * capture, and the entry fails at shutdown rather than be released under
+ * it), or is destroyed and its handle taken by a new stream (cudefer.h's
+ * limits). */
 #define _GNU_SOURCE /* pthread_getname_np */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -125,6 +127,72 @@ static void s_dead_graph_capturing_at_shutdown(void)
     fake_complete(w);
 }
 
+static _Atomic int shutdown_done;
+
+static void *shutdown_thread(void *unused)
+{
+    (void)unused;
+    defer_shutdown();
+    atomic_store(&shutdown_done, 1);
+    return NULL;
+}
+
+/* The same with two streams in one capture: at shutdown one has its event
+ * recorded after its work from before the capture, that work still
+ * running, and the other captures again.  The entry cannot be released
+ * (the second stream's work cannot be waited for), so it fails at once:
+ * the shutdown does not wait for the first stream's work first. */
+static void s_dead_graph_one_stream_capturing_at_shutdown(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
+    begin_capture(s);
+    CHECK(fake_capture_join(s2, s) == cudaSuccess, "s2 joins the capture");
+    cudaStream_t both[2] = {s, s2};
+    CHECK(defer_free_streams(p, both, 2) == cudaSuccess,
+          "defer_free_streams in the capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    cudaGraph_t first = end_capture(s);
+    CHECK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeRelaxed) ==
+              cudaSuccess,
+          "s2 captures again");
+    cudaGraphDestroy(first);
+    CHECK(wait_user_objects(0, 2000), "the first graph is gone");
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    atomic_store(&hold_state, 3);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
+          "the reclaimer recorded an event on s, after w");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, NULL);
+    for (double until = now_ms() + 3000;
+         !atomic_load(&shutdown_done) && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&shutdown_done),
+          "the shutdown returned while w runs (it would wait for w, whose "
+          "entry fails anyway)");
+    fake_complete(w);
+    pthread_join(t, NULL);
+    const char *said = stderr_capture_end();
+    CHECK(fake_is_released(p) == 0, "not released at shutdown");
+    CHECK(stats_now().failed == failed + 1 &&
+              strstr(said, "capturing again at shutdown") != NULL,
+          "counted as failed and said (failed %llu)",
+          ULL(stats_now().failed - failed));
+    cudaGraphDestroy(end_capture(s2));
+}
+
 /* The reclaimer held in its look at s while s captures (hold_state 2);
  * set to 3, its next look (s no longer captures then) waits in the hook
  * (4) until the test began a new capture of s (5): that capture begins
@@ -189,6 +257,72 @@ static void s_captures_again_after_check(void)
     CHECK(stats_now().failed == failed && strstr(said, "destroyed") == NULL,
           "nothing failed or said (failed %llu, stderr: \"%s\")",
           ULL(stats_now().failed - failed), said);
+}
+
+/* The reclaimer held in its look at s while s captures (hold_state 2);
+ * set to 3, its next look finds s not capturing, and its cudaStreamGetDevice
+ * call on s, once it returned, waits in the hook (4) until the test began a
+ * new capture of s (5). */
+static void capture_after_device(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c;
+    (void)r;
+    (void)arg;
+    char name[16] = "";
+    int armed = 3;
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
+        !atomic_compare_exchange_strong(&hold_state, &armed, 4))
+        return;
+    while (atomic_load(&hold_state) == 4)
+        sleep_ms(1);
+}
+
+/* A dead graph's stream begins another capture after the reclaimer saw the
+ * first one end and asked the stream's device, before it records the
+ * event after the work from before the first capture: it looks again
+ * right before the record, so no event is recorded into the new capture
+ * (the fake's oracle counts one) and that capture stays intact.  The entry
+ * waits for it to end, then for that work. */
+static void s_captures_again_before_record(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    free_in_capture_held(s, p, hold_reclaimer);
+    fake_set_return_hook(FAKE_STREAM_GET_DEVICE, capture_after_device, NULL);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
+    atomic_store(&hold_state, 3);
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 4 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 4,
+          "the reclaimer asked the device of s, not capturing");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) ==
+              cudaSuccess,
+          "s captures again");
+    unsigned long looks = others_is_capturing(),
+                  records = fake_calls(FAKE_EVENT_RECORD);
+    atomic_store(&hold_state, 5);
+    /* The reclaimer goes on with s: its next call on s, a look or a
+     * record. */
+    for (double until = now_ms() + 10000;
+         others_is_capturing() == looks &&
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    fake_set_return_hook(FAKE_STREAM_GET_DEVICE, NULL, NULL);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(s, &st);
+    CHECK(st == cudaStreamCaptureStatusActive,
+          "the new capture is intact (status %d)", (int)st);
+    CHECK(fake_violations() == 0, "no event recorded into the new capture");
+    cudaGraphDestroy(end_capture(s));
+    sleep_ms(20); /* the reclaimer sees the capture end: an event after w */
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
 }
 
 /* ---- the capture's stream destroyed, its handle taken ------------------- */
@@ -271,11 +405,20 @@ int main(void)
                   "failed, not released",
                   "CUDEFER_POLICY=eager", 1, 30000,
                   s_dead_graph_capturing_at_shutdown);
+    fork_scenario("a dead graph, one stream's earlier work running, the "
+                  "other capturing again at shutdown: failed at once, not "
+                  "waited for", "CUDEFER_POLICY=eager", 1, 30000,
+                  s_dead_graph_one_stream_capturing_at_shutdown);
     fork_scenario("a dead graph's stream captures again between the "
                   "reclaimer's check and its look at the stream's device: "
                   "waited for, not failed as destroyed",
                   "CUDEFER_POLICY=eager", 1, 30000,
                   s_captures_again_after_check);
+    fork_scenario("a dead graph's stream captures again between the "
+                  "reclaimer's look at the stream's device and its record: "
+                  "nothing recorded into that capture, waited for",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_captures_again_before_record);
     fork_scenario("a capture's stream destroyed before the reclaimer saw "
                   "the capture end: never released, failed, said",
                   "CUDEFER_POLICY=eager", 1, 30000, s_destroyed_origin);

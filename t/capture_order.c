@@ -230,11 +230,13 @@ static void *shutdown_thread(void *err)
 }
 
 /* The capture ends and its graph dies while the shutdown's last pass is
- * under way, after that pass saw the stream still capturing: the stream's
- * work from before the capture still runs.  The drain waits for it and
- * releases the entry, as it does for a graph dead before the shutdown,
- * rather than give it up as not done at shutdown. */
-static void s_graph_dies_in_stopping_pass(void)
+ * under way, after that pass saw the stream still capturing.  Where the
+ * stream's work from before the capture still runs (running), the drain
+ * waits for it and releases the entry, as it does for a graph dead before
+ * the shutdown, rather than give it up as not done at shutdown; where that
+ * work is done, the stop's own look finds the entry complete, and the
+ * drain releases it before the reclaimer ends, not left for good. */
+static void graph_dies_in_stopping_pass(bool running)
 {
     cudaStream_t s0 = stream_new();
     void *block = NULL;
@@ -246,6 +248,8 @@ static void s_graph_dies_in_stopping_pass(void)
     cudaStream_t s = stream_new();
     void *p;
     fake_work *w = free_in_capture(s, &p);
+    if (!running)
+        fake_complete(w);
     atomic_store(&stop_hold, 1);
     fake_set_return_hook(FAKE_MEM_POOL_TRIM, hold_stopping_pass, NULL);
     pthread_t t;
@@ -261,9 +265,11 @@ static void s_graph_dies_in_stopping_pass(void)
     uint64_t failed = stats_now().failed;
     stderr_capture_begin();
     atomic_store(&stop_hold, 3);
-    sleep_ms(50); /* the pass ends: the reclaimer records after w */
-    CHECK(fake_is_released(p) == 0, "not released while w runs");
-    fake_complete(w);
+    if (running) {
+        sleep_ms(50); /* the pass ends: the reclaimer records after w */
+        CHECK(fake_is_released(p) == 0, "not released while w runs");
+        fake_complete(w);
+    }
     pthread_join(t, NULL);
     const char *said = stderr_capture_end();
     fake_set_return_hook(FAKE_MEM_POOL_TRIM, NULL, NULL);
@@ -272,6 +278,16 @@ static void s_graph_dies_in_stopping_pass(void)
           "released by the shutdown's drain once w completed, not failed "
           "(failed %llu, stderr: \"%s\")",
           ULL(stats_now().failed - failed), said);
+}
+
+static void s_graph_dies_in_stopping_pass(void)
+{
+    graph_dies_in_stopping_pass(true);
+}
+
+static void s_graph_dies_in_stopping_pass_work_done(void)
+{
+    graph_dies_in_stopping_pass(false);
 }
 
 /* A graph that dies while the reclaimer queries its stream's earlier
@@ -454,6 +470,40 @@ static void s_origin_query_captured(void)
           cudaGetErrorName(err));
 }
 
+/* The record of the event on a dead graph's stream, once its capture
+ * ended, meets a capture's error (a capture the stream began after the
+ * reclaimer's look took it; the fake would count that record a violation,
+ * so the error is injected): the stream lives, so the record is made again
+ * on a later pass, not taken for a stream gone; the entry is released
+ * once the work before the capture is done, nothing failed or said. */
+static void s_origin_record_captured(void)
+{
+    cudaStream_t s = stream_new();
+    void *p;
+    fake_work *w = free_in_capture(s, &p);
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_RECORD, cudaErrorStreamCaptureUnsupported, 0, 1);
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
+    for (double until = now_ms() + 2000;
+         fake_calls(FAKE_EVENT_RECORD) < records + 2 && now_ms() < until;)
+        sleep_ms(1);
+    fake_fail_clear();
+    CHECK(fake_calls(FAKE_EVENT_RECORD) >= records + 2,
+          "the refused record was made again (records %lu)",
+          fake_calls(FAKE_EVENT_RECORD) - records);
+    sleep_ms(20);
+    CHECK(fake_is_released(p) == 0, "not released while w runs");
+    fake_complete(w);
+    CHECK(wait_released(p, 10000), "released once w completed");
+    const char *said = stderr_capture_end();
+    CHECK(stats_now().failed == failed && strstr(said, "cudefer") == NULL,
+          "nothing failed or said (failed %llu, stderr: \"%s\")",
+          ULL(stats_now().failed - failed), said);
+}
+
 /* The reclaimer's cudaSetDevice to the device of a dead graph's stream
  * (device 1, the reclaimer on device 0) fails: what any failed switch of
  * the reclaimer's is (reclaimer_use_device): that device fails, said once
@@ -556,6 +606,9 @@ int main(void)
     scenario("a graph that dies during the shutdown's last pass, its "
              "stream's earlier work running: the shutdown waits and "
              "releases it", s_graph_dies_in_stopping_pass);
+    scenario("a graph that dies during the shutdown's last pass, its "
+             "stream's earlier work done: the drain releases it before the "
+             "reclaimer ends", s_graph_dies_in_stopping_pass_work_done);
     scenario("a graph that dies during the poll that settles it: the "
              "reclaimer sleeps after", s_death_during_poll);
     scenario("a dead graph's stream: the reclaimer cannot make its event: "
@@ -565,6 +618,9 @@ int main(void)
     scenario("a dead graph's stream: the query of its event meets a "
              "capture's error: recorded again, released after the work",
              s_origin_query_captured);
+    scenario("a dead graph's stream: the record of its event meets a "
+             "capture's error: recorded again, released after the work",
+             s_origin_record_captured);
     fork_scenario("a dead graph's stream on device 1: the reclaimer's "
                   "cudaSetDevice to it fails: the device fails, said", "", 2,
                   30000, s_origin_set_device_fails);

@@ -155,8 +155,12 @@ static cudaError_t batched_free(long n, void **mine, int *nmine)
     return err;
 }
 
-/* A free on a capturing stream: tied to the graph. */
-static cudaError_t captured_free(long n, void **mine, int *nmine)
+/* A free on a capturing stream: tied to the graph.  Where the graph
+ * refuses the user object (retain_fails: cudaGraphRetainUserObject fails),
+ * the call is refused whatever else fails, and once the object's
+ * destructor ran nothing the call allocated is left. */
+static cudaError_t captured_free_in(long n, void **mine, int *nmine,
+                                    bool retain_fails)
 {
     void *p = device_alloc(1 << 20);
     void *w = device_alloc(4096);
@@ -165,9 +169,21 @@ static cudaError_t captured_free(long n, void **mine, int *nmine)
     CHECK(defer_free(w, s) == cudaSuccess, "warm-up");
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) ==
               cudaSuccess, "capture");
+    if (retain_fails)
+        fake_graph_fail(FAKE_GRAPH_RETAIN_USER_OBJECT,
+                        cudaErrorMemoryAllocation, 0, 1);
     arm(n);
     cudaError_t err = defer_free(p, s);
     const char *said = disarm();
+    fake_fail_clear();
+    if (retain_fails) {
+        CHECK(err != cudaSuccess, "refused");
+        CHECK(wait_user_objects(0, 2000), "the user object is gone");
+        track_lock();
+        size_t left = tracked_count;
+        track_unlock();
+        CHECK(left == 0, "%zu allocations of the refused call left", left);
+    }
     if (err != cudaSuccess) {
         refused_well(err, said, p);
         CHECK(defer_free(p, s) == cudaSuccess, "the next defer_free");
@@ -177,6 +193,17 @@ static cudaError_t captured_free(long n, void **mine, int *nmine)
     cudaGraphDestroy(g);
     CHECK(wait_released(p, 5000), "released once the graph is gone");
     return err;
+}
+
+static cudaError_t captured_free(long n, void **mine, int *nmine)
+{
+    return captured_free_in(n, mine, nmine, false);
+}
+
+static cudaError_t captured_free_retain_fails(long n, void **mine,
+                                              int *nmine)
+{
+    return captured_free_in(n, mine, nmine, true);
 }
 
 /* PyTorch's first allocation and its free (the pluggable entry points:
@@ -214,6 +241,8 @@ int main(void)
         {"defer_record_stream", record_stream},
         {"a block's defer_free on the legacy stream", batched_free},
         {"a defer_free on a capturing stream", captured_free},
+        {"a defer_free on a capturing stream whose graph refuses the user "
+         "object", captured_free_retain_fails},
         {"the first defer_pluggable_alloc", pluggable},
     };
     for (size_t i = 0; i < sizeof sweeps / sizeof *sweeps; i++)
