@@ -101,6 +101,35 @@ def compiler_choice(tmp, headers, dynamic, static):
         out)
 
 
+def concurrent_builds(tmp, headers, dynamic):
+    """Two threads of one process build at once, the second starting
+    while the first builds (each fake build takes 0.5 s): $CXX, which
+    build() sets for cpp_extension while it builds, is as it was once both
+    are done, and each gets the build."""
+    root = fake_torch(os.path.join(tmp, "threads"), cuda_home=headers)
+    bin_dir = os.path.join(tmp, "threads-bin")
+    os.makedirs(bin_dir)
+    cxx = os.path.join(bin_dir, "g++")
+    with open(cxx, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(cxx, 0o755)
+    shutil.copy(dynamic, cxx + ".so")
+    code = ("import os, threading, time\n"
+            "import cudefer.torch as t\n"
+            "got = []\n"
+            "ts = [threading.Thread(target=lambda: got.append(t.build()))\n"
+            "      for _ in range(2)]\n"
+            "ts[0].start()\n"
+            "time.sleep(0.2)\n"
+            "ts[1].start()\n"
+            "[x.join() for x in ts]\n"
+            "print('GOT', len(got), 'CXX', os.environ.get('CXX'))\n")
+    rc, out = py(code, root, {"CUDEFER_CXX": cxx, "CXX": "the-users-c++",
+                              "FAKE_BUILD_SECONDS": "0.5"})
+    tap(rc == 0 and "GOT 2 CXX the-users-c++" in out,
+        "two threads building at once leave $CXX as it was", out)
+
+
 # Two builds of the allocator by processes of their own: the first,
 # FIRST_SECONDS long, is killed (SIGKILL) once it holds cpp_extension's
 # lock file when KILL is True; the second starts then, and is given 30 s.
@@ -577,5 +606,6 @@ def torch_cases(tmp):
                 out)
             tool_output_bytes(tmp, static)
             compiler_choice(tmp, headers, dyn, static)
+        concurrent_builds(tmp, headers, dyn)
     else:
         skip("check_cxx_runtime", "no C++ compiler")

@@ -62,7 +62,8 @@ CXX_ENV = "CUDEFER_CXX"
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 _lock = threading.Lock()
-# Held while _import_cpp_extension changes the environment.
+# Held while the environment is changed for torch.utils.cpp_extension:
+# $PYTORCH_NVML_BASED_CUDA_CHECK for its import, $CXX for a build.
 _env_lock = threading.Lock()
 _state = {}  # "library", "extension" once enable() succeeded
 
@@ -406,6 +407,16 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     name = "cudefer_torch_%s_%s_%s" % (
         re.sub(r"\W", "_", torch.__version__),
         re.sub(r"\W", "_", os.path.basename(cxx)), tag)
+    # $CXX is cpp_extension's compiler, read from the environment; set
+    # for this build alone, under _env_lock so that another thread's build
+    # neither reads it as this one's nor puts back this one's value.
+    with _env_lock:
+        return _load_with(cpp_extension, name, cxx, cuda_include, verbose)
+
+
+def _load_with(cpp_extension, name, cxx, cuda_include, verbose):
+    """_build_with's build, _env_lock held: cpp_extension.load with $CXX
+    set to cxx, then as it was."""
     saved = os.environ.get("CXX")
     os.environ["CXX"] = cxx
     try:
