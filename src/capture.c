@@ -431,14 +431,23 @@ static bool settle(struct graph_entry *g)
     return true;
 }
 
-/* Whether an origin of g still waits for its stream's capture to end (no
- * event recorded after the work from before the capture). */
-static bool origin_capturing(const struct graph_entry *g)
+/* Whether an origin of g is in state s. */
+static bool origin_in(const struct graph_entry *g, enum origin_state s)
 {
     for (size_t i = 0; i < g->norigins; i++)
-        if (g->origins[i].state == ORIGIN_CAPTURING)
+        if (g->origins[i].state == s)
             return true;
     return false;
+}
+
+/* Whether dead graph g's entry is worth waiting for at the stop: some
+ * origin still has its event to complete, and none captures again (its
+ * capture may never end) nor was lost (the entry fails whatever the
+ * others do).  Note [A graph dead at the stop]. */
+static bool worth_waiting(const struct graph_entry *g)
+{
+    return origin_in(g, ORIGIN_RECORDED) && !origin_in(g, ORIGIN_CAPTURING) &&
+           !origin_in(g, ORIGIN_LOST);
 }
 
 bool capture_news(void)
@@ -497,19 +506,13 @@ bool capture_poll(void)
  * and counts it leaked).  A stream capturing again at the stop (or with
  * no event to be had) is not waited for: its capture may never end (its
  * thread may be the one in defer_shutdown), so the entry fails, said,
- * never released under that work.  A failed query fails the entry and
+ * never released under that work; nor is a graph with a stream lost,
+ * whose entry fails whatever the other streams do.  A failed query fails the entry and
  * the device (query_origin), as anywhere else. */
 bool capture_dead_pending(void)
 {
     for (struct graph_entry *g = waiting; g != NULL; g = g->next) {
-        if (atomic_load(&g->owner) != GRAPH_DEAD)
-            continue;
-        bool recorded = false, capturing = false;
-        for (size_t i = 0; i < g->norigins; i++) {
-            recorded |= g->origins[i].state == ORIGIN_RECORDED;
-            capturing |= g->origins[i].state == ORIGIN_CAPTURING;
-        }
-        if (recorded && !capturing)
+        if (atomic_load(&g->owner) == GRAPH_DEAD && worth_waiting(g))
             return true;
     }
     return false;
@@ -518,7 +521,10 @@ bool capture_dead_pending(void)
 size_t capture_stop(void)
 {
     size_t more = 0, open = 0;
-    for (struct graph_entry **link = &waiting; *link != NULL;) {
+    /* A callback run by settle may outlast exit's drain: then no stream is
+     * asked about, as in capture_poll. */
+    for (struct graph_entry **link = &waiting;
+         *link != NULL && !reclaimer_abandoned();) {
         struct graph_entry *g = *link;
         /* Read before the hand-off: once abandoned, g is the destructor's,
          * which may free it at any time (its origins array NULL then, the
@@ -538,7 +544,7 @@ size_t capture_stop(void)
         /* Dead: the reclaimer's for good. */
         g->origins = origins;
         size_t left = origins_open_in(g, true);
-        if (left > 0 && !origin_capturing(g)) {
+        if (left > 0 && worth_waiting(g)) {
             /* Waited for (Note [A graph dead at the stop]). */
             open += left;
             more++;
@@ -546,8 +552,8 @@ size_t capture_stop(void)
             continue;
         }
         *link = next;
-        if (left == 0) {
-            more += settle(g);
+        if (left == 0 || origin_in(g, ORIGIN_LOST)) {
+            more += settle(g); /* fails it if an origin was lost */
             continue;
         }
         drop_origins(g);

@@ -94,8 +94,8 @@ bool capture_news(void);
 
 /* Reclaimer only, when it stops: whether a dead graph's entry waits for
  * streams whose work from before the capture has its event recorded (none
- * still captures): the drain waits for it, as for any entry's event, before
- * capture_stop.  No CUDA call. */
+ * still captures, none was lost): the drain waits for it, as for any
+ * entry's event, before capture_stop.  No CUDA call. */
 bool capture_dead_pending(void);
 
 /* Reclaimer only, when it stops.  Entries whose graph lives are handed to

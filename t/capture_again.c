@@ -193,6 +193,59 @@ static void s_dead_graph_one_stream_capturing_at_shutdown(void)
     cudaGraphDestroy(end_capture(s2));
 }
 
+/* The same with the other stream destroyed before the reclaimer saw the
+ * capture end: at shutdown one stream has its event recorded, its work
+ * still running, and the other is lost.  The entry fails whatever the
+ * first stream's work does, so it fails at once: the shutdown does not
+ * wait for that work first. */
+static void s_dead_graph_one_stream_lost_at_shutdown(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    atomic_store(&hold_state, 1);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
+    begin_capture(s);
+    CHECK(fake_capture_join(s2, s) == cudaSuccess, "s2 joins the capture");
+    cudaStream_t both[2] = {s, s2};
+    CHECK(defer_free_streams(p, both, 2) == cudaSuccess,
+          "defer_free_streams in the capture");
+    for (double until = now_ms() + 10000;
+         atomic_load(&hold_state) != 2 && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
+    cudaGraphDestroy(end_capture(s));
+    CHECK(wait_user_objects(0, 2000), "the graph is gone");
+    cudaStreamDestroy(s2);
+    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
+    atomic_store(&hold_state, 3);
+    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
+    for (double until = now_ms() + 10000;
+         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
+          "the reclaimer recorded an event on s, after w");
+    uint64_t failed = stats_now().failed;
+    stderr_capture_begin();
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, NULL);
+    for (double until = now_ms() + 3000;
+         !atomic_load(&shutdown_done) && now_ms() < until;)
+        sleep_ms(1);
+    CHECK(atomic_load(&shutdown_done),
+          "the shutdown returned while w runs (it would wait for w, whose "
+          "entry fails anyway)");
+    fake_complete(w);
+    pthread_join(t, NULL);
+    const char *said = stderr_capture_end();
+    CHECK(fake_is_released(p) == 0, "not released at shutdown");
+    CHECK(stats_now().failed == failed + 1 &&
+              strstr(said, "was destroyed") != NULL,
+          "counted as failed and said (failed %llu)",
+          ULL(stats_now().failed - failed));
+    cudaFree(p);
+}
+
 /* The reclaimer held in its look at s while s captures (hold_state 2);
  * set to 3, its next look (s no longer captures then) waits in the hook
  * (4) until the test began a new capture of s (5): that capture begins
@@ -409,6 +462,11 @@ int main(void)
                   "other capturing again at shutdown: failed at once, not "
                   "waited for", "CUDEFER_POLICY=eager", 1, 30000,
                   s_dead_graph_one_stream_capturing_at_shutdown);
+    fork_scenario("a dead graph, one stream's earlier work running, the "
+                  "other destroyed before cudefer saw the capture end: "
+                  "failed at once at shutdown, not waited for",
+                  "CUDEFER_POLICY=eager", 1, 30000,
+                  s_dead_graph_one_stream_lost_at_shutdown);
     fork_scenario("a dead graph's stream captures again between the "
                   "reclaimer's check and its look at the stream's device: "
                   "waited for, not failed as destroyed",
