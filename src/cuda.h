@@ -90,8 +90,9 @@
  * Once until cuda_forget_entry_points; never blocks on the GPU. */
 void cuda_resolve_entry_points(const char *what, bool fast);
 
-/* Any thread, in a fork child: forgets the entry points (runtime calls
- * until the next start looks them up). */
+/* Any thread, in a fork child or after a start that failed (its lock
+ * held): forgets the entry points (runtime calls until the next start
+ * looks them up). */
 void cuda_forget_entry_points(void);
 
 /* Any thread, at the start: cudaGetDeviceCount (initializes the runtime). */

@@ -320,6 +320,10 @@ cudaError_t lifecycle_enter_ending(const char *what,
         if (state == STATE_NEW) {
             atomic_store(&rs.starting, true);
             if ((err = start_locked(what, end)) != cudaSuccess) {
+                /* Nothing of it stays: the next start looks up the entry
+                 * points again, as the configuration it settles says
+                 * (CUDEFER_DRIVER_CALLS). */
+                cuda_forget_entry_points();
                 configure_start_failed();
                 stats_add(&stats.rejected, 1);
             }
