@@ -8,7 +8,8 @@
 //   - tensors come from defer_pluggable_alloc_status and go back through
 //     defer_pluggable_free on the stream they were allocated on; out of
 //     memory, released private pools' free blocks go back to CUDA and,
-//     with no allocate-to-pool section open, the frees still pending are
+//     with no allocate-to-pool section open, every free cudefer has
+//     pending, on every device and from every user of the library, is
 //     waited for (defer_flush) before one more try, then
 //     torch.OutOfMemoryError is raised after the OOM observers ran;
 //     Tensor.record_stream calls defer_record_stream; empty_cache calls
