@@ -222,17 +222,26 @@ def _import_cpp_extension():
     re-initialize CUDA in forked subprocess").  The variable is 1 for the
     import alone, then as it was.  Where NVML cannot count the devices,
     PyTorch's check falls back on CUDA's."""
+    with _env_set(_NVML_CHECK_ENV, "1"):
+        from torch.utils import cpp_extension
+    return cpp_extension
+
+
+@contextlib.contextmanager
+def _env_set(name, value):
+    """$name is value inside the block, then as it was (unset if it was),
+    _env_lock held throughout: no other thread's change of the environment
+    for cpp_extension interleaves."""
     with _env_lock:
-        saved = os.environ.get(_NVML_CHECK_ENV)
-        os.environ[_NVML_CHECK_ENV] = "1"
+        saved = os.environ.get(name)
+        os.environ[name] = value
         try:
-            from torch.utils import cpp_extension
+            yield
         finally:
             if saved is None:
-                os.environ.pop(_NVML_CHECK_ENV, None)
+                os.environ.pop(name, None)
             else:
-                os.environ[_NVML_CHECK_ENV] = saved
-    return cpp_extension
+                os.environ[name] = saved
 
 
 def _cuda_include_dir(cpp_extension):
@@ -410,15 +419,13 @@ def _build_with(torch, cpp_extension, cxx, cuda_include, verbose):
     # $CXX is cpp_extension's compiler, read from the environment; set
     # for this build alone, under _env_lock so that another thread's build
     # neither reads it as this one's nor puts back this one's value.
-    with _env_lock:
-        return _load_with(cpp_extension, name, cxx, cuda_include, verbose)
+    with _env_set("CXX", cxx):
+        return _load(cpp_extension, name, cxx, cuda_include, verbose)
 
 
-def _load_with(cpp_extension, name, cxx, cuda_include, verbose):
-    """_build_with's build, _env_lock held: cpp_extension.load with $CXX
-    set to cxx, then as it was."""
-    saved = os.environ.get("CXX")
-    os.environ["CXX"] = cxx
+def _load(cpp_extension, name, cxx, cuda_include, verbose):
+    """_build_with's build, $CXX set to cxx: cpp_extension.load, its
+    failures said as RuntimeError."""
     try:
         # No CUDA source: no nvcc, no GPU architectures (with_cuda would
         # ask the GPU for them); libcudart comes with libtorch_cuda.
@@ -458,11 +465,6 @@ def _load_with(cpp_extension, name, cxx, cuda_include, verbose):
                            "compiler's output"
                            % (", ".join(_failed_files(str(e))), cxx, first)
                            ) from None
-    finally:
-        if saved is None:
-            del os.environ["CXX"]
-        else:
-            os.environ["CXX"] = saved
 
 
 def _function(handle, name):

@@ -601,6 +601,16 @@ void CudeferAllocator::pool_drop_events(Pool &pool, PoolBlock *b)
 // section is open (a capture may be running: no synchronisation then).
 // Returns the bytes released; the device's pool_bytes_low follows what
 // is left.
+// d.mu held: pool_bytes_low follows the private pools' bytes down (the
+// least they held since the last reset of the peaks: max_memory_reserved
+// counts it beside cudefer's own peak).
+static void lower_pool_low(DeviceState &d)
+{
+    int64_t left = d.pool_bytes.s[0].current.load();
+    if (left < d.pool_bytes_low.load())
+        d.pool_bytes_low.store(left);
+}
+
 size_t CudeferAllocator::release_free_pools(int device,
                                             const MempoolId_t *only)
 {
@@ -647,6 +657,7 @@ size_t CudeferAllocator::release_free_pools(int device,
             C10_CUDA_CHECK(cudaFree((*b)->ptr));
             bool small = (*b)->size <= kSmallSize;
             d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
+            lower_pool_low(d);  // at once: a later CUDA call may throw
             d.pool_segments.sub(small, 1);
             d.pool_frees.fetch_add(1, std::memory_order_relaxed);
             released += (*b)->size;
@@ -660,9 +671,6 @@ size_t CudeferAllocator::release_free_pools(int device,
         else
             ++it;
     }
-    int64_t left = d.pool_bytes.s[0].current.load();
-    if (left < d.pool_bytes_low.load())
-        d.pool_bytes_low.store(left);
     return released;
 }
 
