@@ -325,10 +325,16 @@ static void report_fork_child(void)
 {
     struct defer_stats st;
     defer_stats_get(&st);
-    dprintf(fork_pipe[1], "%llu %llu %llu %llu\n",
-            ULL(fork_child_stats.failed - fork_before.failed),
-            ULL(st.released - fork_child_stats.released),
-            ULL(st.failed - fork_child_stats.failed), ULL(st.pending));
+    /* No allocation here (dprintf's stream would make one): the thread
+     * sanitizer's allocator is gone for this thread, which has ended. */
+    char line[128];
+    int n = snprintf(line, sizeof line, "%llu %llu %llu %llu\n",
+                     ULL(fork_child_stats.failed - fork_before.failed),
+                     ULL(st.released - fork_child_stats.released),
+                     ULL(st.failed - fork_child_stats.failed),
+                     ULL(st.pending));
+    if (n > 0 && write(fork_pipe[1], line, (size_t)n) != n)
+        child_end(4);
     child_end(0);
 }
 
