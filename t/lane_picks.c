@@ -24,6 +24,10 @@
 #include <stdatomic.h>
 
 #include "helpers.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#endif
 #include "lifecycle.h"
 #include "stream_lane.h"
 
@@ -283,9 +287,17 @@ int main(void)
                       "events finds none idle: its pending newest is not "
                       "recorded again", "CUDEFER_EVENT_POOL=1", 1, 30000,
                       s_flush_waits_no_idle_event);
+#ifdef UNDER_SANITIZER
+        /* Its counts of idle events assume the reclaimer's refill lands
+         * where the scenario waits for it; slowed down by a sanitizer it
+         * may land after the flush, and the pool is not empty there. */
+        skip("the first miss after a take sweeps the thread's other lanes "
+             "for completed events: timing under a sanitizer");
+#else
         fork_scenario("the first miss after a take sweeps the thread's other "
                       "lanes for completed events", "CUDEFER_EVENT_POOL=1", 1,
                       30000, s_first_miss_after_take_sweeps);
+#endif
     } else {
         skip_block(3, "callbacks share no event (LANE_SHARE_CALLBACKS 0)");
     }
