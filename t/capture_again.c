@@ -137,12 +137,13 @@ static void *shutdown_thread(void *unused)
     return NULL;
 }
 
-/* The same with two streams in one capture: at shutdown one has its event
- * recorded after its work from before the capture, that work still
- * running, and the other captures again.  The entry cannot be released
- * (the second stream's work cannot be waited for), so it fails at once:
- * the shutdown does not wait for the first stream's work first. */
-static void s_dead_graph_one_stream_capturing_at_shutdown(void)
+/* Two streams in one capture, the reclaimer held in its look at s: the
+ * capture ends, the graph dies and s2 is left as `lost` says (destroyed,
+ * or capturing again); at shutdown s has its event recorded after its
+ * work from before the capture, that work still running.  The entry
+ * cannot be released whatever s's work does, so it fails at once, said
+ * with `why`: the shutdown does not wait for s's work first. */
+static void dead_graph_second_stream_at_shutdown(bool lost, const char *why)
 {
     cudaStream_t s = stream_new(), s2 = stream_new();
     void *p = device_alloc(256);
@@ -159,11 +160,14 @@ static void s_dead_graph_one_stream_capturing_at_shutdown(void)
         sleep_ms(1);
     CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
     cudaGraph_t first = end_capture(s);
-    CHECK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeRelaxed) ==
-              cudaSuccess,
-          "s2 captures again");
+    if (!lost)
+        CHECK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeRelaxed) ==
+                  cudaSuccess,
+              "s2 captures again");
     cudaGraphDestroy(first);
     CHECK(wait_user_objects(0, 2000), "the first graph is gone");
+    if (lost)
+        cudaStreamDestroy(s2);
     unsigned long records = fake_calls(FAKE_EVENT_RECORD);
     atomic_store(&hold_state, 3);
     fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
@@ -186,64 +190,23 @@ static void s_dead_graph_one_stream_capturing_at_shutdown(void)
     pthread_join(t, NULL);
     const char *said = stderr_capture_end();
     CHECK(fake_is_released(p) == 0, "not released at shutdown");
-    CHECK(stats_now().failed == failed + 1 &&
-              strstr(said, "capturing again at shutdown") != NULL,
+    CHECK(stats_now().failed == failed + 1 && strstr(said, why) != NULL,
           "counted as failed and said (failed %llu)",
           ULL(stats_now().failed - failed));
-    cudaGraphDestroy(end_capture(s2));
+    if (lost)
+        cudaFree(p);
+    else
+        cudaGraphDestroy(end_capture(s2));
 }
 
-/* The same with the other stream destroyed before the reclaimer saw the
- * capture end: at shutdown one stream has its event recorded, its work
- * still running, and the other is lost.  The entry fails whatever the
- * first stream's work does, so it fails at once: the shutdown does not
- * wait for that work first. */
+static void s_dead_graph_one_stream_capturing_at_shutdown(void)
+{
+    dead_graph_second_stream_at_shutdown(false, "capturing again at shutdown");
+}
+
 static void s_dead_graph_one_stream_lost_at_shutdown(void)
 {
-    cudaStream_t s = stream_new(), s2 = stream_new();
-    void *p = device_alloc(256);
-    fake_work *w = work_held(s, p);
-    atomic_store(&hold_state, 1);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, hold_reclaimer, NULL);
-    begin_capture(s);
-    CHECK(fake_capture_join(s2, s) == cudaSuccess, "s2 joins the capture");
-    cudaStream_t both[2] = {s, s2};
-    CHECK(defer_free_streams(p, both, 2) == cudaSuccess,
-          "defer_free_streams in the capture");
-    for (double until = now_ms() + 10000;
-         atomic_load(&hold_state) != 2 && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&hold_state) == 2, "the reclaimer looked at s");
-    cudaGraphDestroy(end_capture(s));
-    CHECK(wait_user_objects(0, 2000), "the graph is gone");
-    cudaStreamDestroy(s2);
-    unsigned long records = fake_calls(FAKE_EVENT_RECORD);
-    atomic_store(&hold_state, 3);
-    fake_set_return_hook(FAKE_STREAM_IS_CAPTURING, NULL, NULL);
-    for (double until = now_ms() + 10000;
-         fake_calls(FAKE_EVENT_RECORD) == records && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(fake_calls(FAKE_EVENT_RECORD) > records,
-          "the reclaimer recorded an event on s, after w");
-    uint64_t failed = stats_now().failed;
-    stderr_capture_begin();
-    pthread_t t;
-    pthread_create(&t, NULL, shutdown_thread, NULL);
-    for (double until = now_ms() + 3000;
-         !atomic_load(&shutdown_done) && now_ms() < until;)
-        sleep_ms(1);
-    CHECK(atomic_load(&shutdown_done),
-          "the shutdown returned while w runs (it would wait for w, whose "
-          "entry fails anyway)");
-    fake_complete(w);
-    pthread_join(t, NULL);
-    const char *said = stderr_capture_end();
-    CHECK(fake_is_released(p) == 0, "not released at shutdown");
-    CHECK(stats_now().failed == failed + 1 &&
-              strstr(said, "was destroyed") != NULL,
-          "counted as failed and said (failed %llu)",
-          ULL(stats_now().failed - failed));
-    cudaFree(p);
+    dead_graph_second_stream_at_shutdown(true, "was destroyed");
 }
 
 /* The reclaimer held in its look at s while s captures (hold_state 2);
