@@ -71,8 +71,10 @@ bool stream_table_append(struct stream_table *t, struct entry *e,
 
 /* Reclaimer only.  Removes and returns the head of fifo; the next entry
  * becomes the head, due at once, since now_ns.  When that empties it, the
- * FIFO leaves the table (the caller's fifo pointer goes stale and the last
- * FIFO moves into its index). */
+ * FIFO leaves the table (the last FIFO moves into its index) and is kept
+ * spare: the caller's fifo pointer still reads as before (its device,
+ * stream and kind) until the next stream_table_append or
+ * stream_table_destroy (reclaimer_poll_streams reads its device after). */
 struct entry *stream_table_pop(struct stream_table *t, struct stream_fifo *fifo,
                                uint64_t now_ns);
 

@@ -4,6 +4,7 @@
  * looks each stream up once, not at every call; stream 0 and
  * cudaStreamPerThread still mean the stream of the caller's current device
  * and thread (also for two devices whose stream 0 shares a cache set); a
+ * thread keeps the identities of both on each of 16 devices at once; a
  * callback's stream is checked with one cudaStreamGetId
  * (callbacks keep an order per stream), never two look-up calls. */
 #include <pthread.h>
@@ -237,6 +238,70 @@ static void test_cached_special(void)
     is_int(cudaSetDevice(0), cudaSuccess, "device 0 current again");
 }
 
+/* Stream 0 and cudaStreamPerThread on each of 16 devices, looked up by a
+ * thread that knows its current device (stream_identity_lookup_on, as the
+ * pluggable entry points: no cudaGetDevice, device 0's included): 32
+ * identities, which the hash spreads over the cache's 16 sets at most 4
+ * to a set (its ways), so all stay cached; each answered as its own, not
+ * as the special handle found last on that device. */
+enum { SPECIAL_DEVICES = 16 };
+
+struct specials {
+    int wrong;            /* look-ups failed or not on their device */
+    unsigned long get_device; /* cudaGetDevice calls among them */
+    int not_cached;       /* identities not cached, or another's */
+};
+
+static void *look_up_specials(void *arg)
+{
+    struct specials *r = arg;
+    static const cudaStream_t handle[2] = {0, cudaStreamPerThread};
+    int dev[SPECIAL_DEVICES][2];
+    unsigned long long id[SPECIAL_DEVICES][2];
+    bool cached;
+    const char *call;
+    unsigned long get_device = fake_calls(FAKE_GET_DEVICE);
+    for (int d = 0; d < SPECIAL_DEVICES; d++) {
+        cudaSetDevice(d);
+        for (int h = 0; h < 2; h++)
+            if (stream_identity_lookup_on(handle[h], true, d, &dev[d][h],
+                                          &id[d][h], &cached,
+                                          &call) != cudaSuccess ||
+                dev[d][h] != d)
+                r->wrong++;
+        if (id[d][0] == id[d][1])
+            r->wrong++;
+    }
+    r->get_device = fake_calls(FAKE_GET_DEVICE) - get_device;
+    for (int d = 0; d < SPECIAL_DEVICES; d++)
+        for (int h = 0; h < 2; h++) {
+            int device = -1;
+            unsigned long long ident = 0;
+            if (!stream_identity_cached_special(handle[h], d, &device,
+                                                &ident) ||
+                device != d || ident != id[d][h])
+                r->not_cached++;
+        }
+    cudaSetDevice(0);
+    return NULL;
+}
+
+/* In a thread of its own: a cache that holds nothing else. */
+static void test_specials_of_16_devices(void)
+{
+    struct specials r = {0, 0, 0};
+    pthread_t th;
+    if (pthread_create(&th, NULL, look_up_specials, &r) != 0)
+        bail("pthread_create");
+    pthread_join(th, NULL);
+    is_int(r.wrong, 0, "stream 0 and cudaStreamPerThread of %d devices "
+           "looked up: two streams of each device", SPECIAL_DEVICES);
+    is_int((long)r.get_device, 0, "the current device known: no "
+           "cudaGetDevice");
+    is_int(r.not_cached, 0, "all %d cached at once, each its own identity",
+           2 * SPECIAL_DEVICES);
+}
+
 /* Stream 0 on device 0 and on device 7: one handle, looked up by
  * (handle, current device), and the hash puts both keys in one set of the
  * cache (device 7 is the first whose stream 0 shares device 0's set), so
@@ -279,9 +344,11 @@ static void test_stream_zero_shared_set(void)
 int main(void)
 {
     plan_lazy();
-    /* 8 devices: stream 0 of device 7 shares a cache set with device 0's. */
-    fake_reset(8);
+    /* 16 devices: stream 0 of device 7 shares a cache set with device
+     * 0's; test_specials_of_16_devices fills the cache. */
+    fake_reset(SPECIAL_DEVICES);
     test_cached_special();
+    test_specials_of_16_devices();
     test_round_robin_free();
     test_round_robin_call();
     test_stream_zero();

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "helpers.h"
+#include "stream_identity.h"
 
 static int calls;
 
@@ -242,6 +243,41 @@ static void test_handle_reused_behind_a_callback(void)
     cudaStreamDestroy(b);
 }
 
+/* An exact look-up of a handle whose cached identity went stale: the
+ * check's cudaStreamGetId gives the new stream's id, which the fresh
+ * look-up keeps (one cudaStreamGetDevice more, no second
+ * cudaStreamGetId); the next exact look-up finds it cached. */
+static void test_stale_lookup_calls(void)
+{
+    cudaStream_t s = stream_new();
+    int device = -1;
+    unsigned long long id = 0, old_id = 0;
+    bool cached = true;
+    const char *call = NULL;
+    stream_identity_lookup(s, true, &device, &old_id, &cached, &call);
+    cudaStreamDestroy(s);
+    cudaStream_t b = fake_stream_create_reusing(s);
+    unsigned long ids = fake_calls(FAKE_STREAM_GET_ID),
+                  devices = fake_calls(FAKE_STREAM_GET_DEVICE);
+    is_int(stream_identity_lookup(b, true, &device, &id, &cached, &call),
+           cudaSuccess, "exact look-up of the reused handle");
+    ok(!cached && id != old_id && device == 0,
+       "looked up afresh: the new stream's id");
+    ok(fake_calls(FAKE_STREAM_GET_ID) - ids == 1 &&
+           fake_calls(FAKE_STREAM_GET_DEVICE) - devices == 1,
+       "one cudaStreamGetId (%lu) and one cudaStreamGetDevice (%lu)",
+       fake_calls(FAKE_STREAM_GET_ID) - ids,
+       fake_calls(FAKE_STREAM_GET_DEVICE) - devices);
+    ids = fake_calls(FAKE_STREAM_GET_ID);
+    devices = fake_calls(FAKE_STREAM_GET_DEVICE);
+    unsigned long long again = 0;
+    stream_identity_lookup(b, true, &device, &again, &cached, &call);
+    ok(cached && again == id && fake_calls(FAKE_STREAM_GET_ID) - ids == 1 &&
+           fake_calls(FAKE_STREAM_GET_DEVICE) == devices,
+       "then cached: checked with one cudaStreamGetId");
+    cudaStreamDestroy(b);
+}
+
 /* A cached identity whose device has failed is not trusted: the stream is
  * looked up again before the call is refused with that device's error (a
  * destroyed stream's handle may now name a stream of a healthy device;
@@ -357,6 +393,7 @@ int main(void)
     test_handle_reused_on_another_device();
     test_handle_reused_on_the_same_device();
     test_handle_reused_behind_a_callback();
+    test_stale_lookup_calls();
     test_retry_leaves_last_error();
     is_int(defer_shutdown(), cudaSuccess, "shutdown");
     is_int(fake_live_allocations(), 0, "no allocation left");

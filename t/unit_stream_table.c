@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* The stream table (src/stream_table.c), called directly: each stream has
  * three FIFOs (callbacks, blocks of the cache, other memory) kept apart
- * and in order; a FIFO leaves the table when its last entry is popped and
- * the dense array stays packed; an entry completed out of turn unlinks
- * from the middle or the tail (a trim's pass, reclaimer_poll.c); the
- * table grows past its first 64 FIFOs; a head's poll schedule backs off
- * and a request makes every head due. */
+ * and in order; a new head's poll schedule starts over; a FIFO leaves the
+ * table when its last entry is popped and the dense array stays packed,
+ * the FIFO readable until the next append; an entry completed out of turn
+ * unlinks from the middle or the tail (a trim's pass, reclaimer_poll.c);
+ * the table grows past its first 64 FIFOs; a head's poll schedule backs
+ * off and a request makes every head due. */
 #include <string.h>
 
 #include "entry.h"
@@ -70,14 +71,21 @@ static void test_kinds_and_order(void)
        "memory: m1 then m2");
     ok(calls != NULL && calls->head == &call && calls->tail == &member,
        "callbacks in the order taken in");
+    stream_table_backoff(mem, 150, 50, 1000, false);
+    stream_table_backoff(mem, 160, 50, 1000, false);
     ok(stream_table_pop(&t, mem, 200) == &m1 && mem->head == &m2,
        "pop takes the head");
-    ok(mem->due_ns == 0 && mem->head_since_ns == 200,
-       "the new head is due at once, waiting since the pop");
+    ok(mem->due_ns == 0 && mem->backoff_us == 0 && mem->head_since_ns == 200,
+       "the new head is due at once, its wait starting over, since the pop");
+    struct stream_fifo *left = mem;
     ok(stream_table_pop(&t, mem, 300) == &m2, "pop the last");
     is_int((long)t.count, 3, "the emptied FIFO left the table");
     ok(fifo_of(&t, 0, 7, FIFO_MEMORY) == NULL && packed(&t),
        "and the dense array stays packed");
+    ok(left->head == NULL && left->device == 0 && left->stream_id == 7 &&
+           left->kind == FIFO_MEMORY,
+       "the FIFO that left stays readable until the next append "
+       "(reclaimer_poll_streams reads its device after the pop)");
     struct entry m3 = entry(ENTRY_FREE_DEVICE, 0, 7);
     ok(stream_table_append(&t, &m3, 400), "a FIFO comes back");
     mem = fifo_of(&t, 0, 7, FIFO_MEMORY);
