@@ -23,7 +23,8 @@
 #define BATCH EVENT_POOL_BATCH /* event_pool.h */
 #define REFILL 4 /* events the reclaimer makes a pass for a lane's want */
 /* A device's first miss makes STOCK events (at most half of what a pool
- * keeps, CUDEFER_EVENT_POOL), until STOCK_NS have passed; a pool keeps
+ * keeps, CUDEFER_EVENT_POOL, but a BATCH at least, the pool's bound
+ * permitting), until STOCK_NS have passed; a pool keeps
  * RESERVE of its idle events (at most a quarter) for lanes that hold none.
  * Why: on an H100 (W6: 64 threads, 16 streams each, callbacks behind a
  * gate) the sharing lanes of the first threads took every idle event (8 a
@@ -468,14 +469,14 @@ static size_t make_ahead(int device, size_t n, uint64_t until)
 }
 
 /* device's first miss: STOCK more events into its pool (at most half of
- * what it keeps), made now on the calling thread in batches that other
- * threads may take at once, for STOCK_NS at most: a device's first defer
- * calls usually come before its streams run far behind, when an event
- * costs 0.2-0.3 us (an H100), and then a thread's first entry on each
- * stream finds one idle (see RESERVE).  A program whose first call comes
- * while other threads keep the device's queues full pays the driver's wait
- * (stream_lane.h) for the first of these creations, and the deadline stops
- * the rest. */
+ * what it keeps, a BATCH at least, no more than it has room for), made
+ * now on the calling thread in batches that other threads may take at
+ * once, for STOCK_NS at most: a device's first defer calls usually come
+ * before its streams run far behind, when an event costs 0.2-0.3 us (an
+ * H100), and then a thread's first entry on each stream finds one idle
+ * (see RESERVE).  A program whose first call comes while other threads
+ * keep the device's queues full pays the driver's wait (stream_lane.h) for
+ * the first of these creations, and the deadline stops the rest. */
 static void stock(int device)
 {
     if (device >= pool_count ||

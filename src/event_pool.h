@@ -93,8 +93,9 @@ struct shared_event *event_pool_take_pooled_event(int device);
 /* Any thread, when event_pool_take_pooled_event found none: an event of
  * device made now (with the thread's current device switched to device
  * and back; at the device's first such call up to 2,048 more are made
- * into its pool, half of CUDEFER_EVENT_POOL at most, until 5 ms have
- * passed, one at least).  NULL when it could not be made, with *err and
+ * into its pool, half of CUDEFER_EVENT_POOL at most but a batch (32) at
+ * least, never more than the pool keeps, until 5 ms have passed, one at
+ * least).  NULL when it could not be made, with *err and
  * *call (the call that failed). */
 struct shared_event *event_pool_make_event(int device, cudaError_t *err,
                                            const char **call);
