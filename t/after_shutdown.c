@@ -20,7 +20,7 @@ static void never_called(void *arg)
     *(int *)arg = 1;
 }
 
-static int s_after_shutdown(void)
+static void s_after_shutdown(void)
 {
     cudaStream_t s = stream_new();
     void *p = device_alloc(64);
@@ -84,10 +84,9 @@ static int s_after_shutdown(void)
     CHECK(defer_shutdown() == cudaSuccess, "a second shutdown: cudaSuccess");
     sleep_ms(10);
     CHECK(!ran, "the refused callback never runs");
-    return failed_checks;
 }
 
-static int s_shutdown_first(void)
+static void s_shutdown_first(void)
 {
     CHECK(defer_shutdown() == cudaSuccess, "shutdown before any defer call");
     cudaStream_t s = stream_new();
@@ -109,7 +108,6 @@ static int s_shutdown_first(void)
           "nothing was started: no event created (%lu)",
           fake_calls(FAKE_EVENT_CREATE));
     cudaFree(p);
-    return failed_checks;
 }
 
 /* s_free_during_shutdown: the free's look-up, paused with the address
@@ -134,7 +132,7 @@ static void *free_on_legacy(void *ptr)
 /* defer_pluggable_free looks the block's device up before its admission
  * (with two devices, on a special stream), which defer_shutdown does not
  * wait for: shutdown must not free the map under that look-up. */
-static int s_free_during_shutdown(void)
+static void s_free_during_shutdown(void)
 {
     fake_reset(2);
     void *p = defer_pluggable_alloc(256, 0, NULL);
@@ -156,7 +154,6 @@ static int s_free_during_shutdown(void)
           "look-up had let go of it");
     CHECK(has_line(msg, "defer_pluggable_free", "shutdown", NULL),
           "the free, admitted after the shutdown, is refused and said");
-    return failed_checks;
 }
 
 /* s_alloc_miss_during_shutdown: the device's size, asked (with
@@ -185,7 +182,7 @@ static void shut_down_in_size_query(enum fake_call c, cudaError_t r,
 /* A miss of defer_alloc leaves its admission before its new block (a trim
  * there must not wait behind it): what it reads of the cache's upstream
  * pools, which defer_shutdown destroys, must be read while admitted. */
-static int s_alloc_miss_during_shutdown(void)
+static void s_alloc_miss_during_shutdown(void)
 {
     cudaStream_t s = stream_new();
     alloc_thread = pthread_self();
@@ -205,7 +202,6 @@ static int s_alloc_miss_during_shutdown(void)
           cudaGetErrorName(err));
     CHECK(defer_free(p, s) == cudaSuccess, "defer_free");
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
-    return failed_checks;
 }
 
 /* An exit handler run after cudefer's (registered before its start): a
@@ -227,7 +223,7 @@ static void call_after_exit(void)
     scenario_child_end();
 }
 
-static int s_after_exit(void)
+static void s_after_exit(void)
 {
     atexit(call_after_exit); /* before cudefer's: runs after it */
     exit_stream = stream_new();
@@ -236,36 +232,23 @@ static int s_after_exit(void)
     exit(0);
 }
 
-static void scenario(const char *title, int (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env("");
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 30000, &status);
-    if (!ended)
-        diag("no end after 30 s: killed");
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
-}
-
 int main(void)
 {
     plan_lazy();
-    scenario("calls after shutdown are refused", s_after_shutdown);
-    scenario("shutdown before any defer call: later calls refused",
-             s_shutdown_first);
-    scenario("a pluggable free's look-up of its block's device while "
-             "defer_shutdown empties the address map: shutdown waits for it",
-             s_free_during_shutdown);
-    scenario("a defer_alloc miss sizes its new block while admitted, so "
-             "defer_shutdown cannot free the pools' records under it",
-             s_alloc_miss_during_shutdown);
-    scenario("a call in an exit handler after cudefer's is refused as after "
-             "exit, not after a defer_shutdown never called", s_after_exit);
+    fork_scenario("calls after shutdown are refused", "", 1, 30000,
+                  s_after_shutdown);
+    fork_scenario("shutdown before any defer call: later calls refused", "", 1,
+                  30000, s_shutdown_first);
+    fork_scenario(
+        "a pluggable free's look-up of its block's device while "
+        "defer_shutdown empties the address map: shutdown waits for it",
+        "", 1, 30000, s_free_during_shutdown);
+    fork_scenario("a defer_alloc miss sizes its new block while admitted, so "
+                  "defer_shutdown cannot free the pools' records under it",
+                  "", 1, 30000, s_alloc_miss_during_shutdown);
+    fork_scenario(
+        "a call in an exit handler after cudefer's is refused as after "
+        "exit, not after a defer_shutdown never called",
+        "", 1, 30000, s_after_exit);
     return 0;
 }

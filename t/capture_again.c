@@ -6,7 +6,6 @@
  * capture, and the entry fails at shutdown rather than be released under
  * it), or is destroyed and its handle taken by a new stream (cudefer.h's
  * limits). */
-#define _GNU_SOURCE /* pthread_getname_np */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -24,14 +23,7 @@ static void hold_reclaimer(enum fake_call c, cudaError_t r, void *arg)
     (void)c;
     (void)r;
     (void)arg;
-    char name[16] = "";
-    int armed = 1;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
-        !atomic_compare_exchange_strong(&hold_state, &armed, 2))
-        return;
-    while (atomic_load(&hold_state) == 2)
-        sleep_ms(1);
+    hold_reclaimer_in_call(&hold_state, 1, 2);
 }
 
 /* p freed in a capture of s begun now, with hook on the reclaimer's
@@ -215,17 +207,8 @@ static void s_dead_graph_one_stream_lost_at_shutdown(void)
  * between the reclaimer's check and its next call on s. */
 static void capture_after_check(enum fake_call c, cudaError_t r, void *arg)
 {
-    char name[16] = "";
-    int armed = 3;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0)
-        return;
-    if (atomic_compare_exchange_strong(&hold_state, &armed, 4)) {
-        while (atomic_load(&hold_state) == 4)
-            sleep_ms(1);
-        return;
-    }
-    hold_reclaimer(c, r, arg);
+    if (!hold_reclaimer_in_call(&hold_state, 3, 4))
+        hold_reclaimer(c, r, arg);
 }
 
 /* A dead graph's stream begins another capture right after the reclaimer
@@ -284,14 +267,7 @@ static void capture_after_device(enum fake_call c, cudaError_t r, void *arg)
     (void)c;
     (void)r;
     (void)arg;
-    char name[16] = "";
-    int armed = 3;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
-        !atomic_compare_exchange_strong(&hold_state, &armed, 4))
-        return;
-    while (atomic_load(&hold_state) == 4)
-        sleep_ms(1);
+    hold_reclaimer_in_call(&hold_state, 3, 4);
 }
 
 /* A dead graph's stream begins another capture after the reclaimer saw the

@@ -6,7 +6,6 @@
  * dead graph's stream (its event, its calls failing, a death inside a
  * poll), and a graph dead at the shutdown or dying while exit drains:
  * released by the drain, not dropped. */
-#define _GNU_SOURCE /* pthread_getname_np */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -156,23 +155,6 @@ static void test_stream_destroyed_after_capture(void)
     }
 }
 
-/* Run fn in a child process (fresh fake); ok when it ends in time with no
- * failed check. */
-static void scenario(const char *title, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env("");
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 15000, &status);
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
-}
-
 /* ---- a graph dead before defer_shutdown ---------------------------------- */
 
 static void *complete_later(void *w)
@@ -213,14 +195,7 @@ static void hold_stopping_pass(enum fake_call c, cudaError_t r, void *arg)
     (void)c;
     (void)r;
     (void)arg;
-    char name[16] = "";
-    int armed = 1;
-    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
-        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
-        !atomic_compare_exchange_strong(&stop_hold, &armed, 2))
-        return;
-    while (atomic_load(&stop_hold) == 2)
-        sleep_ms(1);
+    hold_reclaimer_in_call(&stop_hold, 1, 2);
 }
 
 static void *shutdown_thread(void *err)
@@ -598,34 +573,41 @@ static void s_graph_dies_in_exit_drain(void)
 int main(void)
 {
     plan_lazy();
-    scenario("a graph that dies while exit drains: its entry is released",
-             s_graph_dies_in_exit_drain);
-    scenario("a graph dead before shutdown, its stream's earlier work "
-             "running: the shutdown waits and releases it",
-             s_dead_graph_at_shutdown);
-    scenario("a graph that dies during the shutdown's last pass, its "
-             "stream's earlier work running: the shutdown waits and "
-             "releases it", s_graph_dies_in_stopping_pass);
-    scenario("a graph that dies during the shutdown's last pass, its "
-             "stream's earlier work done: the drain releases it before the "
-             "reclaimer ends", s_graph_dies_in_stopping_pass_work_done);
-    scenario("a graph that dies during the poll that settles it: the "
-             "reclaimer sleeps after", s_death_during_poll);
-    scenario("a dead graph's stream: the reclaimer cannot make its event: "
-             "said once, released once it can", s_origin_event_create_fails);
-    scenario("a dead graph's stream: the query of its event fails: the "
-             "device fails, said", s_origin_query_fails);
-    scenario("a dead graph's stream: the query of its event meets a "
-             "capture's error: recorded again, released after the work",
-             s_origin_query_captured);
-    scenario("a dead graph's stream: the record of its event meets a "
-             "capture's error: recorded again, released after the work",
-             s_origin_record_captured);
+    fork_scenario("a graph that dies while exit drains: its entry is released",
+                  "", 1, 15000, s_graph_dies_in_exit_drain);
+    fork_scenario("a graph dead before shutdown, its stream's earlier work "
+                  "running: the shutdown waits and releases it",
+                  "", 1, 15000, s_dead_graph_at_shutdown);
+    fork_scenario("a graph that dies during the shutdown's last pass, its "
+                  "stream's earlier work running: the shutdown waits and "
+                  "releases it",
+                  "", 1, 15000, s_graph_dies_in_stopping_pass);
+    fork_scenario(
+        "a graph that dies during the shutdown's last pass, its "
+        "stream's earlier work done: the drain releases it before the "
+        "reclaimer ends",
+        "", 1, 15000, s_graph_dies_in_stopping_pass_work_done);
+    fork_scenario("a graph that dies during the poll that settles it: the "
+                  "reclaimer sleeps after",
+                  "", 1, 15000, s_death_during_poll);
+    fork_scenario(
+        "a dead graph's stream: the reclaimer cannot make its event: "
+        "said once, released once it can",
+        "", 1, 15000, s_origin_event_create_fails);
+    fork_scenario("a dead graph's stream: the query of its event fails: the "
+                  "device fails, said",
+                  "", 1, 15000, s_origin_query_fails);
+    fork_scenario("a dead graph's stream: the query of its event meets a "
+                  "capture's error: recorded again, released after the work",
+                  "", 1, 15000, s_origin_query_captured);
+    fork_scenario("a dead graph's stream: the record of its event meets a "
+                  "capture's error: recorded again, released after the work",
+                  "", 1, 15000, s_origin_record_captured);
     fork_scenario("a dead graph's stream on device 1: the reclaimer's "
-                  "cudaSetDevice to it fails: the device fails, said", "", 2,
-                  30000, s_origin_set_device_fails);
-    scenario("a dead graph's stream: its event and queries counted",
-             s_origin_event_counted);
+                  "cudaSetDevice to it fails: the device fails, said",
+                  "", 2, 30000, s_origin_set_device_fails);
+    fork_scenario("a dead graph's stream: its event and queries counted", "",
+                  1, 15000, s_origin_event_counted);
     fake_reset(2);
     test_free_waits_for_work_before_capture();
     test_call_waits_for_work_before_capture();

@@ -125,35 +125,23 @@ static void s_bad_env_keeps_configured_value(void)
     CHECK(fake_is_released(p) == 1, "released");
 }
 
-/* Run fn in a child process (fresh fake, no CUDEFER_* set); ok when it ends
- * in time with no failed check. */
-static void scenario(const char *title, void (*fn)(void))
-{
-    pid_t pid = fork_flushed();
-    if (pid == 0) {
-        set_cudefer_env("");
-        fake_reset(1);
-        failed_checks = 0;
-        fn();
-        scenario_child_end();
-    }
-    int status = 0;
-    bool ended = wait_child(pid, 15000, &status);
-    ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", title);
-}
-
 int main(void)
 {
     plan_lazy();
-    scenario("defer_configure after a defer_shutdown that came before any "
-             "defer call: refused", s_configure_after_early_shutdown);
-    scenario("defer_configure after a defer_alloc alone: refused, naming "
-             "what started cudefer", s_configure_after_alloc);
-    scenario("defer_configure after a defer_peer_access alone: refused, "
-             "naming what started cudefer", s_configure_after_peer_access);
-    scenario("defer_configure after defer_flush, defer_trim and the "
-             "counters: taken", s_configure_after_calls_that_start_nothing);
-    scenario("a bad CUDEFER_* value keeps the defer_configure value",
-             s_bad_env_keeps_configured_value);
+    fork_scenario(
+        "defer_configure after a defer_shutdown that came before any "
+        "defer call: refused",
+        "", 1, 15000, s_configure_after_early_shutdown);
+    fork_scenario("defer_configure after a defer_alloc alone: refused, naming "
+                  "what started cudefer",
+                  "", 1, 15000, s_configure_after_alloc);
+    fork_scenario("defer_configure after a defer_peer_access alone: refused, "
+                  "naming what started cudefer",
+                  "", 1, 15000, s_configure_after_peer_access);
+    fork_scenario("defer_configure after defer_flush, defer_trim and the "
+                  "counters: taken",
+                  "", 1, 15000, s_configure_after_calls_that_start_nothing);
+    fork_scenario("a bad CUDEFER_* value keeps the defer_configure value", "",
+                  1, 15000, s_bad_env_keeps_configured_value);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,6 +315,18 @@ void fork_scenario(const char *title, const char *env, int ndevices,
         diag("no end after %u ms: killed (a hang)", timeout_ms);
     ok(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s [%s]",
        title, env != NULL && *env != '\0' ? env : "defaults");
+}
+
+bool hold_reclaimer_in_call(_Atomic int *state, int armed, int held)
+{
+    char name[16] = "";
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+        strcmp(name, FAKE_RECLAIMER_THREAD_NAME) != 0 ||
+        !atomic_compare_exchange_strong(state, &armed, held))
+        return false;
+    while (atomic_load(state) == held)
+        sleep_ms(1);
+    return true;
 }
 
 size_t read_until(int fd, double deadline_ms, char *buf, size_t cap)

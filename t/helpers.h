@@ -126,6 +126,14 @@ bool wait_child(pid_t pid, double timeout_ms, int *status);
 void fork_scenario(const char *title, const char *env, int ndevices,
                    unsigned timeout_ms, void (*fn)(void));
 
+/* From a fake call hook (fake_set_return_hook): when the calling thread is
+ * cudefer's reclaimer and *state is armed, sets *state to held and waits
+ * there until another thread changes it; returns whether it held.  On any
+ * other thread, or not armed, returns false at once.  A test holds the
+ * reclaimer inside one of its calls this way: arm, wait for held, act,
+ * then store the next state to let it go. */
+bool hold_reclaimer_in_call(_Atomic int *state, int armed, int held);
+
 /* Anyone.  Read fd into buf (cap bytes, NUL-terminated, the rest dropped)
  * until end of file or until now_ms() passes deadline_ms; returns the
  * length kept. */
