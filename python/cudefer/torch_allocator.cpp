@@ -108,8 +108,9 @@ void *CudeferAllocator::malloc(size_t size, c10::DeviceIndex device,
 // thread, holding no lock of the allocator's; blocks only where cudefer
 // does (out of memory: its trim, then defer_flush).  Raises
 // OutOfMemoryError.
-void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
-                                        cudaStream_t stream)
+void *CudeferAllocator::malloc_untraced(
+    size_t size, c10::DeviceIndex device, cudaStream_t stream,
+    const std::shared_ptr<c10::GatheredContext> *context)
 {
     DeviceState &d = *devices_[device];
     size_t rounded = torch_round_size(size);
@@ -120,9 +121,10 @@ void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
         static_cast<uint64_t>(
             d.allocated_bytes.s[0].current.load(std::memory_order_relaxed)) +
                 rounded > cap)
-        out_of_memory(device, rounded, "the memory fraction's cap");
+        out_of_memory(device, rounded, "the memory fraction's cap", stream,
+                      context);
     if (C10_UNLIKELY(d.sections.load(std::memory_order_acquire) > 0)) {
-        void *p = pool_malloc(d, device, size, rounded, stream);
+        void *p = pool_malloc(d, device, size, rounded, stream, context);
         if (p != nullptr)
             return p;
     } else if (C10_UNLIKELY(d.has_deferred.load(std::memory_order_relaxed)) &&
@@ -160,7 +162,7 @@ void *CudeferAllocator::malloc_untraced(size_t size, c10::DeviceIndex device,
             err = cudefer_alloc(&ptr, size, device, stream);
     }
     if (err == cudaErrorMemoryAllocation)
-        out_of_memory(device, rounded, nullptr);
+        out_of_memory(device, rounded, nullptr, stream, context);
     TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
                 "cudefer: cannot allocate ", size, " bytes on a stream "
                 "being captured into a CUDA graph outside a private pool "
@@ -321,8 +323,15 @@ void CudeferAllocator::attachOutOfMemoryObserver(
     observers_.push_back(std::move(observer));
 }
 
-void CudeferAllocator::out_of_memory(int device, size_t rounded,
-                                     const char *why)
+// While memory history is recorded, the oom entry (the device's free
+// bytes, the rounded size, context's stack) goes in before the observers
+// run, as PyTorch's allocator records it: an observer that takes a
+// snapshot (torch.cuda.memory._dump_snapshot, as PyTorch's docs show)
+// finds the out of memory in it.  Any thread, holding no lock of the
+// allocator's (observers may take the GIL).
+void CudeferAllocator::out_of_memory(
+    int device, size_t rounded, const char *why, cudaStream_t stream,
+    const std::shared_ptr<c10::GatheredContext> *context)
 {
     DeviceState &d = *devices_[device];
     d.num_ooms.fetch_add(1, std::memory_order_relaxed);
@@ -332,6 +341,11 @@ void CudeferAllocator::out_of_memory(int device, size_t rounded,
         if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess)
             (void)cudaGetLastError();
     }
+    if (tracing())
+        trace(device, CCA::TraceEntry::OOM, device_free, rounded, stream,
+              {0, 0},
+              context != nullptr ? *context
+                                 : std::shared_ptr<c10::GatheredContext>());
     sample_reserved(device);
     int64_t allocated = d.allocated_bytes.s[0].current.load();
     int64_t reserved = reserved_of(device);

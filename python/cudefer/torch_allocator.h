@@ -632,21 +632,27 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
 
     // ---- torch_allocator.cpp --------------------------------------------
 
-    void *malloc_untraced(size_t size, c10::DeviceIndex device,
-                          cudaStream_t stream);
+    // context: the stack malloc_traced gathered, for the oom entry
+    // out_of_memory records (nullptr: none).
+    void *malloc_untraced(
+        size_t size, c10::DeviceIndex device, cudaStream_t stream,
+        const std::shared_ptr<c10::GatheredContext> *context = nullptr);
     Allocation take(void *ptr);
     void give_back(void *ptr, const Allocation &a);
     void set_cap(int device, double fraction, size_t total);
     cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
                               cudaStream_t stream);
-    [[noreturn]] void out_of_memory(int device, size_t rounded,
-                                    const char *why);
+    [[noreturn]] void
+    out_of_memory(int device, size_t rounded, const char *why,
+                  cudaStream_t stream,
+                  const std::shared_ptr<c10::GatheredContext> *context);
 
     // ---- private pools, under the device's mutex (torch_pools.cpp) ------
 
     Pool &pool_incref(DeviceState &d, int device, MempoolId_t id);
     void *pool_malloc(DeviceState &d, int device, size_t size, size_t rounded,
-                      cudaStream_t stream);
+                      cudaStream_t stream,
+                      const std::shared_ptr<c10::GatheredContext> *context);
     void *pool_malloc_locked(DeviceState &d, int device, size_t size,
                              size_t rounded, cudaStream_t stream);
     void pool_free(DeviceState &d, PoolBlock *b);

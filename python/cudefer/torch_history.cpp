@@ -175,29 +175,16 @@ CudeferAllocator::gather_context(CCA::RecordContext level) const
 
 // malloc while memory history is recorded: the allocation gets its alloc
 // entry and keeps its stack (where stacks are kept); an out of memory
-// gets its oom entry (the device's free bytes, the rounded size, as
-// PyTorch's allocator records it) before the error goes on.  Any thread,
-// holding no lock of the allocator's (the stack recorder takes the GIL).
-// Raises OutOfMemoryError.
+// gets its oom entry with that stack from out_of_memory, before the OOM
+// observers run (torch_allocator.cpp).  Any thread, holding no lock of
+// the allocator's (the stack recorder takes the GIL).  Raises
+// OutOfMemoryError.
 void *CudeferAllocator::malloc_traced(size_t size, c10::DeviceIndex device,
                                       cudaStream_t stream)
 {
     std::shared_ptr<c10::GatheredContext> context =
         gather_context(CCA::RecordContext::STATE);
-    void *ptr = nullptr;
-    try {
-        ptr = malloc_untraced(size, device, stream);
-    } catch (const c10::OutOfMemoryError &) {
-        size_t free_bytes = 0, total = 0;
-        {
-            c10::cuda::CUDAGuard guard(device);
-            if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
-                (void)cudaGetLastError();
-        }
-        trace(device, Action::OOM, free_bytes, torch_round_size(size),
-              stream, {0, 0}, std::move(context));
-        throw;
-    }
+    void *ptr = malloc_untraced(size, device, stream, &context);
     MempoolId_t pool = pool_of(ptr);
     DeviceState &d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.trace_mu);

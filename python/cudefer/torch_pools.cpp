@@ -313,13 +313,13 @@ Pool &CudeferAllocator::pool_incref(DeviceState &d, int device,
 // as in PyTorch's allocator), or nullptr when none does (the
 // allocation is cudefer's then).
 // Raises OutOfMemoryError when cudaMalloc has no memory for the pool.
-void *CudeferAllocator::pool_malloc(DeviceState &d, int device,
-                                    size_t size, size_t rounded,
-                                    cudaStream_t stream)
+void *CudeferAllocator::pool_malloc(
+    DeviceState &d, int device, size_t size, size_t rounded,
+    cudaStream_t stream, const std::shared_ptr<c10::GatheredContext> *context)
 {
     void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
     if (ptr == kPoolOutOfMemory)
-        out_of_memory(device, rounded, nullptr);
+        out_of_memory(device, rounded, nullptr, stream, context);
     return ptr;
 }
 
