@@ -93,7 +93,16 @@ def history_workload(torch, dev, side):
 
 def history_oom(torch, dev):
     """60 % of the device under a memory fraction of 0.5: raises
-    torch.OutOfMemoryError under both allocators, allocating nothing."""
+    torch.OutOfMemoryError under both allocators, allocating nothing.  An
+    OOM observer takes a snapshot meanwhile, as PyTorch's memory docs show:
+    how many oom entries it found (seen)."""
+    seen = []
+
+    def observer(*args):
+        snap = torch.cuda.memory._snapshot()
+        seen.append(sum(1 for trace in snap.get("device_traces") or []
+                        for e in trace if e.get("action") == "oom"))
+    torch._C._cuda_attach_out_of_memory_observer(observer)
     free, total = torch.cuda.mem_get_info()
     n = int(total * 0.6)
     torch.cuda.set_per_process_memory_fraction(0.5)
@@ -104,7 +113,7 @@ def history_oom(torch, dev):
         raised = True
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
-    return {"raised": raised, "bytes": n}
+    return {"raised": raised, "bytes": n, "seen": seen}
 
 
 def history_churn(torch, dev, rounds):
@@ -432,6 +441,8 @@ def check_mode(res, check):
           oom.get("raised") is True and len(ooms) == 1 and
           ooms[0][1] is not None and ooms[0][2] >= oom.get("bytes", 1 << 62),
           "%s, entries %s" % (oom, ooms))
+    check("out of memory: an OOM observer's snapshot has the oom entry",
+          oom.get("seen", [None])[:1] == [1], "%s" % oom.get("seen"))
 
     def untimed(facts_):
         # Each snapshot converts the clock anew: times may differ by a
