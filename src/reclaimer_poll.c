@@ -58,16 +58,20 @@ static cudaError_t query_entry(const struct entry *e)
     return err;
 }
 
-/* Reclaimer only, in a pass that serves a trim, for a memory FIFO whose
- * head was just found incomplete: the entries behind the head whose own
- * work is done complete now.  Two threads' records on one stream need not
- * reach the reclaimer in the order they were made (one thread records,
- * another records later and pushes first), so a free whose work is done
- * may wait behind a later one, and defer_trim releases every completed
- * free (t/requests).  Only memory FIFOs: callbacks keep their order, and
- * blocks of the cache complete with the newest record of a shared event.
- * Costs a query per entry behind the head (one per event: entries that
- * share one ask once), once per trim.  Returns how many completed. */
+/* Reclaimer only, in a pass that serves a trim, for a FIFO of frees (of
+ * memory, or of blocks of the cache) whose head was just found incomplete:
+ * the entries behind the head whose own work is done complete now.  Two
+ * threads' records on one stream need not reach the reclaimer in the order
+ * they were made (one thread records, another records later and pushes
+ * first), so a free whose work is done may wait behind a later one, and
+ * defer_trim releases every completed free and every free block
+ * (t/requests, t/alloc_trim_order).  A block's entry may complete out of
+ * its FIFO's order: the cache counts the entries naming a block, and turns
+ * it FREE only on its own hand-out's (cache_block.h).  Not callbacks,
+ * which keep their order.  An entry sharing its event with the head waits
+ * with it (the event's newest record decides).  Costs a query per entry
+ * behind the head (one per event: entries that share one ask once), once
+ * per trim.  Returns how many completed. */
 static size_t trim_behind_head(struct stream_fifo *f, uint64_t now)
 {
     size_t done = 0;
@@ -122,7 +126,7 @@ size_t reclaimer_poll_streams(uint64_t now)
             if (err == cudaErrorNotReady) {
                 stream_table_backoff(f, now, rs.cfg.poll_us,
                                      rs.cfg.poll_max_us, demand);
-                if (rs.trims != NULL && f->kind == FIFO_MEMORY)
+                if (rs.trims != NULL && f->kind != FIFO_CALLBACKS)
                     done += trim_behind_head(f, now);
                 break;
             }
