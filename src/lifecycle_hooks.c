@@ -277,6 +277,17 @@ static void fork_child(void)
         !atomic_load(&rs.starting)) {
         /* Admissions of threads that are gone never end. */
         lifecycle_gate_forget_admissions();
+        /* Shut down before: what is pending still is held by graphs
+         * alive at the shutdown, whose destructor (CUDA's thread) never
+         * runs here.  Abandoned as a child forked while running abandons
+         * its entries: counted failed now, and, rs.abandoned set, never
+         * again (exit's handler, a count under way).  Not after exit's
+         * drain, which abandoned them already. */
+        if (atomic_load(&rs.state) == STATE_STOPPED &&
+            !atomic_load(&rs.abandoned)) {
+            atomic_store(&rs.abandoned, true);
+            stats_add(&stats.failed, pending_not_running());
+        }
         return;
     }
     atomic_store(&rs.state, STATE_FORKED);
