@@ -389,7 +389,9 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
  * cudaErrorInvalidValue.  fn may defer more, also while shutdown or exit
  * drains (that is drained too).  Callbacks on one stream run in the order
  * deferred, by any threads; one of defer_call_streams runs after those
- * deferred before it on each of its streams.  Where the call waits for its
+ * deferred before it on each of its streams, but a callback deferred after
+ * it on some of its streams only does not wait for the others and may run
+ * first.  Where the call waits for its
  * stream (no event, CUDEFER_DISABLE) fn runs before the call returns.  On a
  * capturing stream fn runs once the graph is gone, in no set order (never
  * if that is after defer_shutdown).

@@ -167,8 +167,9 @@ static void test_group_callbacks_identify_afresh(void)
 
 /* What is ordered for a callback deferred on several streams (the
  * header's words): it runs after the callbacks deferred before it on each
- * of its streams; a callback deferred after it on one of them with
- * defer_call does not wait for the other streams, so it may run first. */
+ * of its streams; a callback deferred after it on some of them only (with
+ * defer_call or defer_call_streams) does not wait for the other streams,
+ * so it may run first. */
 static void test_group_callback_order(void)
 {
     cudaStream_t s = stream_new(), s2 = stream_new();
@@ -201,6 +202,23 @@ static void test_group_callback_order(void)
     defer_flush();
     is_str(order_text(), "5,4", "then the group");
     order_reset();
+
+    /* The same for a later group on s and s3: its part on s leaves s's
+     * callbacks once the earlier group's part there is done, that group
+     * still waiting for s2. */
+    cudaStream_t s3 = stream_new(), s_s3[2] = {s, s3};
+    b = work_held(s2, NULL);
+    defer_call_streams(note, (void *)6, both, 2);
+    defer_call_streams(note, (void *)7, s_s3, 2);
+    wait_order(1);
+    sleep_ms(10);
+    is_str(order_text(), "7", "a later group on s and s3 ran while the "
+           "earlier group waits for s2 (documented in the header)");
+    fake_complete(b);
+    defer_flush();
+    is_str(order_text(), "7,6", "then the earlier group");
+    order_reset();
+    cudaStreamDestroy(s3);
     cudaStreamDestroy(s);
     cudaStreamDestroy(s2);
 }
