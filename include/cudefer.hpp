@@ -20,8 +20,9 @@
  * memory is released; when the last use moves to another stream, change it
  * (p.get_deleter().stream = other).  The stream must still exist when the
  * deleter runs.  As with defer_free, the event is recorded on the thread that
- * runs the deleter (the one that drops the last owner): stream 0 and
- * cudaStreamPerThread mean that thread's stream.
+ * runs the deleter (the one that drops the last owner): stream 0 means the
+ * legacy stream of that thread's current device, cudaStreamPerThread that
+ * thread's own stream.
  *
  * A deleter never throws.  If defer_free (or defer_free_host) refuses the
  * pointer — after defer_shutdown, in a forked child, on a stream that cannot
