@@ -90,7 +90,8 @@ struct defer_config {
     uint32_t poll_max_us;       /* longest wait while nothing completes */
     uint32_t idle_us;           /* quiet time before an idle-time release
                                    (0: once no deferred work is pending) */
-    uint64_t max_pending_bytes; /* held bytes a device releases while busy */
+    uint64_t max_pending_bytes; /* held bytes above which a busy device
+                                   releases (0: auto, cudefer(7)) */
     uint32_t max_delay_ms;      /* completed entries this old are released */
     enum defer_policy policy;
     uint32_t event_pool_max;    /* idle events (and entries) per device,
@@ -101,7 +102,8 @@ struct defer_config {
     int print_stats;            /* 1: print the statistics at exit */
     int check;                  /* 1: report a pointer deferred twice */
     uint32_t cache_keep_ms;     /* free blocks unused this long are released */
-    uint64_t split_min_bytes;   /* defer_alloc splits blocks for this much */
+    uint64_t split_min_bytes;   /* least request defer_alloc cuts from a
+                                   larger block (0: none) */
     uint32_t free_batch;        /* legacy-stream block frees per event */
     uint32_t round_divisions;   /* new block sizes per power of two */
     int driver_calls;           /* 1: driver entry points; 0: the runtime's */
