@@ -432,7 +432,8 @@ CUDEFER_API cudaError_t defer_trim(size_t *released_bytes);
 
 /* defer_shutdown: flush, release the free blocks, stop and join the
  * reclaimer; it stops even when the flush fails, and returns that error.
- * Called again: cudaSuccess (in a forked child, cudaErrorNotPermitted).
+ * Called again: cudaSuccess (in a child forked while cudefer ran:
+ * cudaErrorNotPermitted; forked after the shutdown: cudaSuccess).
  * Where another thread's exit() gives up its drain meanwhile (the work
  * waited for outlasts it), cudaErrorCudartUnloading: what was left is
  * never released, as at exit.
