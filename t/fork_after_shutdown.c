@@ -5,7 +5,8 @@
  * had pending, and no graph's destructor runs there (CUDA cannot be used
  * after fork): that entry counts as failed in the child, as what a child
  * forked before the shutdown abandons does (include/cudefer.h), and is not
- * counted a second time at the child's exit. */
+ * counted a second time at the child's exit.  There defer_shutdown, called
+ * again, returns cudaSuccess, and other calls are refused. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,9 @@ static void s_graph_entry_after_shutdown(void)
         struct defer_stats c = stats_now();
         fprintf(stderr, "child: pending %llu failed %llu deferred %llu\n",
                 ULL(c.pending), ULL(c.failed), ULL(c.deferred));
+        /* Shut down before the fork: a second shutdown, nothing to do. */
+        fprintf(stderr, "child: defer_shutdown %d, defer_free %d\n",
+                (int)defer_shutdown(), (int)defer_free(p, s));
         exit(0);
     }
     close(fds[1]);
@@ -52,6 +56,12 @@ static void s_graph_entry_after_shutdown(void)
     CHECK(strstr(text, "child: pending 0 failed 1 deferred 1\n") != NULL,
           "in the child the graph's entry counts failed, none pending "
           "(want pending 0 failed 1 deferred 1): %s", text);
+    char want[96];
+    snprintf(want, sizeof want, "child: defer_shutdown %d, defer_free %d\n",
+             (int)cudaSuccess, (int)cudaErrorNotPermitted);
+    CHECK(strstr(text, want) != NULL,
+          "in the child defer_shutdown returns cudaSuccess, a free "
+          "cudaErrorNotPermitted (the header): %s", text);
     CHECK(strstr(text, "entries still pending") == NULL,
           "the child's exit counts it no second time: %s", text);
     cudaGraphDestroy(graph);
