@@ -16,6 +16,7 @@
  * (live[USE_PARTS] of 256 MiB), freed by use_end. */
 enum { USE_PARTS = 48 };
 static const size_t USE_PART = (size_t)256 << 20;
+#define RELEASE_FLOOR ((uint64_t)512 << 20)
 
 static void use_begin(void *live[USE_PARTS])
 {
@@ -195,6 +196,44 @@ static int s_cap_other_device_not_use(void)
     return 0;
 }
 
+/* The free blocks of defer_alloc's cache are cudefer's, not what the
+ * application uses: 12 GiB of them, and nothing else in use, leave the
+ * cap at its floor (512 MiB), not a sixth of them (2 GiB). */
+static int s_cap_cache_not_use(void)
+{
+    enum { N = 48 };
+    const size_t size = (size_t)64 << 20;
+    cudaStream_t sc = stream_new();
+    void *blocks[USE_PARTS];
+    for (int i = 0; i < USE_PARTS; i++)
+        CHECK(defer_alloc(&blocks[i], USE_PART, sc) == cudaSuccess,
+              "defer_alloc #%d", i);
+    for (int i = 0; i < USE_PARTS; i++)
+        CHECK(defer_free(blocks[i], sc) == cudaSuccess, "defer_free #%d", i);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(stats_now().cache_free_bytes >= USE_PARTS * USE_PART,
+          "12 GiB of free blocks cached (%llu MiB)",
+          ULL(stats_now().cache_free_bytes >> 20));
+    struct busy a = busy_begin();
+    cudaStream_t sb = stream_new();
+    uint64_t max_held_bytes = 0;
+    for (int i = 0; i < N; i++) {
+        void *p;
+        defer_fast(sb, &p, 1, size);
+        sleep_ms(2);
+        uint64_t hb = stats_now().held_bytes;
+        if (hb > max_held_bytes)
+            max_held_bytes = hb;
+    }
+    wait_stats_settled(10000);
+    CHECK(max_held_bytes <= RELEASE_FLOOR + 2 * size,
+          "held_bytes stayed near the 512 MiB floor (max seen %llu MiB)",
+          ULL(max_held_bytes >> 20));
+    busy_end(&a);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    return 0;
+}
+
 static int s_cap(void)
 {
     enum { N = 32, SIZE = 16 << 10, CAP = 64 << 10 };
@@ -265,6 +304,10 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
     scenario("cap: another device's memory is no part of the device's use",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_other_device_not_use);
+    scenario("cap: the cache's free blocks are no part of the device's use "
+             "# TODO the auto cap counts them as the application's use",
+             "CUDEFER_MAX_DELAY_MS=0 CUDEFER_CACHE_KEEP_MS=0",
+             s_cap_cache_not_use);
     scenario("cap: released down to the cap while busy",
              "CUDEFER_MAX_PENDING=64k CUDEFER_MAX_DELAY_MS=0", s_cap);
     return 0;
