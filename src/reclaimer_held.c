@@ -126,9 +126,14 @@ void reclaimer_held_learn_cap(int device, uint64_t now)
                     "; the cap assumes 80 GiB of device memory");
     }
     /* Device memory only: what cudefer holds of the device's used memory
-     * (held pinned host memory is none of it). */
+     * (held pinned host memory is none of it), and the block cache's free
+     * blocks there, which are cudefer's too (a device past the slots of
+     * its own shares the overflow slot's count: none taken then). */
     held_lock(h);
     uint64_t held_bytes = h->device_bytes;
     held_unlock(h);
+    if (stats_device_own(device))
+        held_bytes += atomic_load_explicit(&stats_devices[device].free_bytes,
+                                           memory_order_relaxed);
     h->cap = release_policy_cap(&rs.cfg, total, free_bytes, held_bytes);
 }

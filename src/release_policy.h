@@ -90,7 +90,8 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
  * memory, so every held byte adds to the program's peak.  So by default
  * the cap follows the application: a sixth (1 / RELEASE_POLICY_CAP_SHARE)
  * of the memory it uses on the device (the device's used memory less the
- * device's own memory cudefer holds there: held pinned host memory, and
+ * device's own memory cudefer holds there, and the free blocks of its
+ * cache, whose memory is cudefer's: held pinned host memory, and
  * another device's memory freed on its streams, are not in it, though they
  * count against the cap), at least RELEASE_POLICY_CAP_FLOOR and at most a
  * quarter of the device.  The floor is for a program whose working set is
@@ -112,8 +113,8 @@ uint64_t release_policy_wait_ns(const struct defer_config *cfg,
 #define RELEASE_POLICY_CAP_REFRESH_NS (UINT64_C(10) * 1000000)
 
 /* The cap of a device under cfg (Note [The cap]): of total_bytes memory,
- * free_bytes of them free, held_bytes of them device memory held by
- * cudefer. */
+ * free_bytes of them free, held_bytes of them cudefer's own (device memory
+ * it holds to release, and its cache's free blocks). */
 uint64_t release_policy_cap(const struct defer_config *cfg,
                             uint64_t total_bytes, uint64_t free_bytes,
                             uint64_t held_bytes);

@@ -304,8 +304,7 @@ int main(void)
              "CUDEFER_MAX_DELAY_MS=0", s_cap_pinned_not_device_use);
     scenario("cap: another device's memory is no part of the device's use",
              "CUDEFER_MAX_DELAY_MS=0", s_cap_other_device_not_use);
-    scenario("cap: the cache's free blocks are no part of the device's use "
-             "# TODO the auto cap counts them as the application's use",
+    scenario("cap: the cache's free blocks are no part of the device's use",
              "CUDEFER_MAX_DELAY_MS=0 CUDEFER_CACHE_KEEP_MS=0",
              s_cap_cache_not_use);
     scenario("cap: released down to the cap while busy",
