@@ -543,9 +543,12 @@ static void end_pass(void)
 /* Reclaimer thread only.  Releases the block cache's FREE segments that
  * nobody took for cache_keep_ms, at a quiet moment (or once 4 x
  * cache_keep_ms passed, quiet or not), and every one on a trim and when
- * stopping (then the upstream pools' unused memory too): a batch per
- * device.  Blocks are reused in the steady state, so these batches are
- * rare: each segment is released at most once. */
+ * stopping: a batch per device, then the device's pool's unused memory
+ * (a pool segment handed back stays reserved by the pool, whose release
+ * threshold is the maximum, until it is trimmed: an expiry that left it
+ * there would give the device nothing).  Blocks are reused in the steady
+ * state, so these batches are rare: each segment is released at most
+ * once. */
 static void release_cache_blocks(uint64_t now, bool stopping)
 {
     bool all = rs.trims != NULL || stopping;
@@ -561,7 +564,7 @@ static void release_cache_blocks(uint64_t now, bool stopping)
     for (int d = 0; d < rs.ndevices && !reclaimer_abandoned(); d++) {
         uint64_t oldest = cache_reclaim_oldest_free_ns(d);
         bool blocks = oldest != UINT64_MAX && oldest <= before;
-        bool upstream = all && cache_upstream_exists(d);
+        bool upstream = (all || blocks) && cache_upstream_exists(d);
         if ((!blocks && !upstream) || device_error(d) != cudaSuccess ||
             !reclaimer_use_device(d))
             continue;

@@ -281,6 +281,34 @@ static void pool_trim_fails_said(void)
     trim_call_fails(FAKE_MEM_POOL_TRIM);
 }
 
+/* In a fresh process with CUDEFER_CACHE_KEEP_MS=50: a block freed and not
+ * taken again expires, and its memory leaves cudefer, as a trim's does.
+ * Handed back to the pool alone, it stays reserved there (the pool's
+ * release threshold is the maximum), out of every count of cudefer's
+ * (cache_bytes 0) and out of the application's reach, until a defer_trim
+ * that may never come. */
+static void expiry_gives_the_pool_back(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = NULL;
+    CHECK(defer_alloc(&p, 1 << 20, s) == cudaSuccess, "a block");
+    CHECK(pool_reserve() == (1 << 20), "the pool reserves %llu bytes, want %d",
+          (unsigned long long)pool_reserve(), 1 << 20);
+    CHECK(defer_free(p, s) == cudaSuccess && defer_flush() == cudaSuccess,
+          "freed");
+    for (int waited = 0; stats_now().cache_releases == 0 && waited < 10000;
+         waited++)
+        sleep_ms(1);
+    CHECK(stats_now().cache_releases == 1 && stats_now().cache_bytes == 0,
+          "expired: cache_releases %llu, cache_bytes %llu",
+          ULL(stats_now().cache_releases), ULL(stats_now().cache_bytes));
+    for (int waited = 0; pool_reserve() != 0 && waited < 2000; waited++)
+        sleep_ms(1);
+    CHECK(pool_reserve() == 0, "the expired block's memory is still reserved "
+          "by cudefer's pool: %llu bytes, want 0",
+          (unsigned long long)pool_reserve());
+}
+
 int main(void)
 {
     plan_lazy();
@@ -306,5 +334,8 @@ int main(void)
                   "error fails the device", "", 1, 20000, trim_sync_fails_said);
     fork_scenario("the pool's failed trim is said; a sticky error fails the "
                   "device", "", 1, 20000, pool_trim_fails_said);
+    fork_scenario("an expired block's memory leaves cudefer's pool too",
+                  "CUDEFER_CACHE_KEEP_MS=50", 1, 20000,
+                  expiry_gives_the_pool_back);
     return 0;
 }
