@@ -11,6 +11,7 @@ bool release_policy_release_at_once(const struct defer_config *cfg,
                                     const struct entry *e)
 {
     return cfg->policy == DEFER_POLICY_EAGER || e->kind == ENTRY_CALL ||
+           e->synced ||
            e->cache_blocks || (e->held_bytes == 0 && e->pool);
 }
 

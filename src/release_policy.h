@@ -48,8 +48,8 @@ struct policy_view {
 };
 
 /* True when an entry that just completed should be released at once rather
- * than held (a callback, pool memory, blocks of the cache, or the eager
- * policy). */
+ * than held (a callback, pool memory, blocks of the cache, a synced entry,
+ * whose caller waits for it, or the eager policy). */
 bool release_policy_release_at_once(const struct defer_config *cfg,
                                     const struct entry *e);
 

@@ -67,6 +67,36 @@ static bool queue_synced_call(const struct request_args *a,
     return true;
 }
 
+/* Any thread, admitted, CUDEFER_CHECK: a free whose stream (device, id)
+ * and recorded streams the caller has just synchronized, when no event
+ * could be had: queued with no event in its stream's FIFO and waited for,
+ * so that the reclaimer checks its pointers against the pending set (the
+ * set is the reclaimer's alone) before it releases them: a pointer still
+ * pending from an earlier free is dropped there, never released under
+ * that free's work nor twice.  Released at once (release_policy.h: its
+ * caller waits), when the call returns but on the reclaimer thread (a
+ * callback), where it is released after the callback.  False when it
+ * could not be queued (the caller releases it). */
+static bool queue_synced_free(const struct request_args *a, int device,
+                              unsigned long long id)
+{
+    struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
+    if (e == NULL)
+        return false;
+    entry_begin(e, a->kind, id);
+    e->caller = a->caller;
+    e->device = device;
+    e->synced = true;
+    if (!submit_record_pointers(e, a)) {
+        free(e);
+        return false;
+    }
+    lifecycle_count_deferred(); /* after a wait: exit may have given up */
+    stats_add(&stats.sync_releases, 1);
+    lifecycle_requests_push_and_wait(e);
+    return true;
+}
+
 /* Any thread, admitted: wait for each of users[0..n), each on its device
  * (sw: the caller's device, restored before the return), each checked not
  * to capture by its request, so waited for relaxed (cuda.h).  Blocks.
@@ -130,6 +160,9 @@ static cudaError_t release_synchronously(const struct request_args *a,
         return err;
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
         queue_synced_call(a, t->streams, t->n))
+        return cudaSuccess;
+    if (a->kind != ENTRY_CALL && !lifecycle_disabled() &&
+        lifecycle_config()->check && queue_synced_free(a, device, id))
         return cudaSuccess;
     struct entry e = {.kind = a->kind, .caller = a->caller,
                       .device = device, .fn = a->fn,

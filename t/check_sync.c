@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT */
+/* CUDEFER_CHECK=1 and the synchronous route: a pointer deferred again while
+ * its first release is pending, in a call that could have no event (so it
+ * waits for its stream and would release on the calling thread), is
+ * reported and dropped as on every other route: released once, never while
+ * its first free's work is pending. */
+#include <stdio.h>
+#include <string.h>
+
+#include "helpers.h"
+
+/* p pending on s; freed again on an idle stream s2 with no event to be
+ * had.  Guarded against: the calling thread releases p at once, under s's
+ * pending work (premature release), and the reclaimer releases it again
+ * once that work is done (double release). */
+static void scenario_sync_free_of_pending(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free(p, s)");
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaError_t err = defer_free(p, s2);
+    fake_fail_clear();
+    CHECK(err == cudaSuccess, "p again on s2, no event (%s)",
+          cudaGetErrorName(err));
+    CHECK(stats_now().sync_releases == 1,
+          "it waited for s2 (%llu synchronous releases)",
+          ULL(stats_now().sync_releases));
+    CHECK(fake_is_released(p) == 0,
+          "p not released while s's work is pending");
+    fake_complete(w);
+    cudaError_t flushed = defer_flush();
+    const char *msg = stderr_capture_end();
+    CHECK(flushed == cudaSuccess, "flush (%s)", cudaGetErrorName(flushed));
+    char want[64];
+    snprintf(want, sizeof want, "CUDEFER_CHECK: %p", p);
+    CHECK(strstr(msg, want) != NULL, "the second free is reported");
+    CHECK(fake_is_released(p) == 1, "p released once");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* As above with defer_free_n, p beside a fresh q: q is released, p is
+ * dropped. */
+static void scenario_sync_free_n_of_pending(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = device_alloc(256), *q = device_alloc(256);
+    fake_work *w = work_held(s, p);
+    CHECK(defer_free(p, s) == cudaSuccess, "defer_free(p, s)");
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    void *pair[] = {q, p};
+    cudaError_t err = defer_free_n(pair, 2, s2);
+    fake_fail_clear();
+    CHECK(err == cudaSuccess, "q and p again on s2, no event (%s)",
+          cudaGetErrorName(err));
+    CHECK(stats_now().sync_releases == 1,
+          "it waited for s2 (%llu synchronous releases)",
+          ULL(stats_now().sync_releases));
+    CHECK(fake_is_released(p) == 0,
+          "p not released while s's work is pending");
+    fake_complete(w);
+    cudaError_t flushed = defer_flush();
+    const char *msg = stderr_capture_end();
+    CHECK(flushed == cudaSuccess, "flush (%s)", cudaGetErrorName(flushed));
+    char want[64];
+    snprintf(want, sizeof want, "CUDEFER_CHECK: %p", p);
+    CHECK(strstr(msg, want) != NULL, "the second free of p is reported");
+    CHECK(fake_is_released(p) == 1 && fake_is_released(q) == 1,
+          "p released once, q released");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+/* A free with no event of a pointer not pending is released by the time
+ * the call returns, as without CUDEFER_CHECK, whatever the policy holds. */
+static void scenario_sync_free_released_at_return(void)
+{
+    cudaStream_t s = stream_new();
+    void *q = device_alloc(256);
+    work_timed(s, 1000, q);
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaError_t err = defer_free(q, s);
+    fake_fail_clear();
+    stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_free(q), no event (%s)",
+          cudaGetErrorName(err));
+    CHECK(fake_is_released(q) == 1, "q released when the call returned");
+    CHECK(stats_now().sync_releases == 1 && stats_now().released == 1,
+          "one synchronous release, counted released (%llu, %llu)",
+          ULL(stats_now().sync_releases), ULL(stats_now().released));
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
+int main(void)
+{
+    plan(3);
+    fork_scenario("a pending pointer freed again with no event is dropped",
+                  "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0", 1, 20000, scenario_sync_free_of_pending);
+    fork_scenario("defer_free_n of a pending pointer with no event drops it",
+                  "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0", 1, 20000,
+                  scenario_sync_free_n_of_pending);
+    fork_scenario("a free with no event is released at its return",
+                  "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0 CUDEFER_POLICY=lazy",
+                  1, 20000, scenario_sync_free_released_at_return);
+    return 0;
+}
