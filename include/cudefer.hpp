@@ -29,13 +29,15 @@
  * be recorded — the deleter releases it synchronously instead: it waits for
  * the stream (cudaStreamSynchronize) and calls cudaFree (cudaFreeHost), so
  * nothing leaks — unless CUDA refuses those calls too: in a forked child, or
- * on a stream whose graph capture was invalidated.  Two refusals leave the
- * pointer alone: cudaErrorInvalidValue, where cudefer says the pointer is
- * not the caller's to give (a block of defer_alloc already freed, a pointer
- * inside one: freeing it would free memory another owner uses), and
- * cudaErrorStreamCaptureUnsupported (a capture cudefer cannot defer into,
- * which waiting would break: the memory stays allocated).  Every refusal is
- * explained on stderr by cudefer.
+ * on a stream whose graph capture was invalidated.  Three refusals leave
+ * the pointer alone: cudaErrorInvalidValue, where cudefer says the pointer
+ * is not the caller's to give (a block of defer_alloc already freed, a
+ * pointer inside one: freeing it would free memory another owner uses),
+ * and the refusals of a capture under way, which waiting or freeing would
+ * break (the memory stays allocated): cudaErrorStreamCaptureUnsupported (a
+ * capture cudefer cannot defer into) and cudaErrorStreamCaptureImplicit
+ * (the legacy stream while a blocking stream of its device captures).
+ * Every refusal is explained on stderr by cudefer.
  *
  * Not for blocks of defer_alloc: where cudefer refuses one for another
  * cause (after defer_shutdown, on a destroyed stream), the fallback's
@@ -67,11 +69,15 @@ inline void *untyped(T *p) noexcept
 /* Whether a refusal of defer_free leaves p the caller's to release now:
  * not where cudefer says p is not the caller's to give (a block of
  * defer_alloc already freed, a pointer inside one: freeing it would free
- * memory its next owner uses), nor on a capture that waiting would break. */
+ * memory its next owner uses), nor where a capture under way refused it
+ * (a capture cudefer cannot defer into; the legacy stream beside a
+ * blocking stream's capture): cudaStreamSynchronize and cudaFree would
+ * invalidate that capture. */
 inline bool release_now_after(cudaError_t refusal) noexcept
 {
     return refusal != cudaErrorInvalidValue &&
-           refusal != cudaErrorStreamCaptureUnsupported;
+           refusal != cudaErrorStreamCaptureUnsupported &&
+           refusal != cudaErrorStreamCaptureImplicit;
 }
 
 /* The fallback when cudefer refused p: wait for stream, release now. */
