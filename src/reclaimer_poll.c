@@ -65,10 +65,9 @@ static cudaError_t query_entry(const struct entry *e)
  * they were made (one thread records, another records later and pushes
  * first), so a free whose work is done may wait behind a later one, and
  * defer_trim releases every completed free and every free block
- * (t/requests, t/alloc_trim_order).  A block's entry may complete out of
- * its FIFO's order: the cache counts the entries naming a block, and turns
- * it FREE only on its own hand-out's (cache_block.h).  Not callbacks,
- * which keep their order.  An entry sharing its event with the head waits
+ * (t/requests).  A block's entry may complete out of its FIFO's order: the
+ * cache counts the entries naming a block, and turns it FREE only on its
+ * own hand-out's (cache_block.h).  Not callbacks, which keep their order.  An entry sharing its event with the head waits
  * with it (the event's newest record decides).  Costs a query per entry
  * behind the head (one per event: entries that share one ask once), once
  * per trim.  Returns how many completed. */

@@ -13,7 +13,8 @@
  *     lock;
  *   - a trim releases a completed free that reached the reclaimer behind
  *     another thread's later free on the same stream (two threads' records
- *     and pushes need not come in the same order).
+ *     and pushes need not come in the same order), and gives back a block
+ *     of defer_alloc's in the same race.
  * Each scenario is a fresh process. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -201,10 +202,11 @@ static void *free_held_after_record(void *arg)
     return NULL;
 }
 
-static void scenario_trim_behind_later_free(void)
+/* Thread A defers a, with work held on s, and is held after its record;
+ * the main thread defers b behind later work on s, pushed first; then A
+ * pushes, and a's work completes.  Returns b's work, still running. */
+static fake_work *free_behind_later_free(void *a, void *b, cudaStream_t s)
 {
-    cudaStream_t s = stream_new();
-    void *a = device_alloc(1 << 20), *b = device_alloc(2 << 20);
     fake_work *wa = work_held(s, a);
     struct late_push lp = {a, s, cudaErrorUnknown};
     pthread_t t = start_held_after_record(free_held_after_record, &lp);
@@ -215,6 +217,14 @@ static void scenario_trim_behind_later_free(void)
     let_go_after_taken_in(t, queries);
     CHECK(lp.err == cudaSuccess, "defer_free(a) after its hold");
     fake_complete(wa); /* a's work done; b's still running */
+    return wb;
+}
+
+static void scenario_trim_behind_later_free(void)
+{
+    cudaStream_t s = stream_new();
+    void *a = device_alloc(1 << 20), *b = device_alloc(2 << 20);
+    fake_work *wb = free_behind_later_free(a, b, s);
     size_t bytes = 0;
     CHECK(defer_trim(&bytes) == cudaSuccess, "defer_trim");
     CHECK(fake_is_released(a) == 1, "trim released a, whose work is done, "
@@ -227,10 +237,34 @@ static void scenario_trim_behind_later_free(void)
     cudaStreamDestroy(s);
 }
 
+/* The same race with blocks of defer_alloc's (their frees have FIFOs of
+ * their own): a's block, its work done, goes back at the trim. */
+static void scenario_trim_block_behind_later_free(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    cudaStream_t s = stream_new();
+    void *a = NULL, *b = NULL;
+    CHECK(alloc_checked(&a, MiB, s) == cudaSuccess &&
+              alloc_checked(&b, 2 * MiB, s) == cudaSuccess,
+          "two blocks on s, each a segment of its own");
+    fake_work *wb = free_behind_later_free(a, b, s);
+    CHECK(defer_trim(NULL) == cudaSuccess, "defer_trim");
+    struct defer_stats st = stats_now();
+    CHECK(st.cache_releases == 1 && st.cache_bytes == 2 * MiB,
+          "the trim gave a back, whose work is done, though b's free waits "
+          "before it (released %llu, cache bytes %llu)",
+          ULL(st.cache_releases), ULL(st.cache_bytes));
+    fake_complete(wb);
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    CHECK(defer_trim(NULL) == cudaSuccess && stats_now().cache_bytes == 0,
+          "b given back once its work is done");
+    cudaStreamDestroy(s);
+}
+
 /* The same race with callbacks: A's defer_call records first and pushes
  * last, behind B's, whose work still runs when A's is done.  A trim runs
  * no callback ahead of one before it on its stream (cudefer.h: callbacks
- * of one stream run in order): only memory FIFOs complete behind their
+ * of one stream run in order): only FIFOs of frees complete behind their
  * head (a mutant that let a trim do so for callbacks ran A first). */
 static char order[3];
 static _Atomic int nran;
@@ -291,6 +325,10 @@ int main(void)
                   "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0 "
                   "CUDEFER_MAX_PENDING=1T",
                   1, 10000, scenario_trim_behind_later_free);
+    fork_scenario("trim gives back a block whose free waits behind a "
+                  "later one",
+                  "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0", 1,
+                  10000, scenario_trim_block_behind_later_free);
     fork_scenario("trim runs no callback ahead of an earlier one",
                   "CUDEFER_IDLE_US=10000000 CUDEFER_MAX_DELAY_MS=0", 1, 10000,
                   scenario_trim_keeps_callback_order);
