@@ -30,6 +30,24 @@ static void use_end(void *live[USE_PARTS])
         cudaFree(live[i]);
 }
 
+/* n buffers of size freed on a new stream, one each 2 ms (the reclaimer
+ * takes each in and asks the use again), the caller keeping the device
+ * busy (busy_begin): the most held_bytes read meanwhile. */
+static uint64_t held_most_while_freeing(int n, size_t size)
+{
+    cudaStream_t sb = stream_new();
+    uint64_t most = 0;
+    for (int i = 0; i < n; i++) {
+        void *p;
+        defer_fast(sb, &p, 1, size);
+        sleep_ms(2);
+        uint64_t hb = stats_now().held_bytes;
+        if (hb > most)
+            most = hb;
+    }
+    return most;
+}
+
 /* The default cap follows the application (release_policy.h, Note [The
  * cap]): with 12 GiB of its own in use, frees of 64 MiB buffers behind a
  * busy stream are held up to about a sixth of that, then released in
@@ -41,16 +59,7 @@ static int s_cap_follows_use(void)
     void *live[USE_PARTS];
     use_begin(live);
     struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    uint64_t max_held_bytes = 0;
-    for (int i = 0; i < N; i++) {
-        void *p;
-        defer_fast(sb, &p, 1, size);
-        sleep_ms(2); /* the reclaimer takes it in and asks the use again */
-        uint64_t hb = stats_now().held_bytes;
-        if (hb > max_held_bytes)
-            max_held_bytes = hb;
-    }
+    uint64_t max_held_bytes = held_most_while_freeing(N, size);
     wait_stats_settled(10000);
     struct defer_stats st = stats_now();
     const uint64_t cap = (USE_PARTS * USE_PART + size) / 6; /* and busy's */
@@ -215,16 +224,7 @@ static int s_cap_cache_not_use(void)
           "12 GiB of free blocks cached (%llu MiB)",
           ULL(stats_now().cache_free_bytes >> 20));
     struct busy a = busy_begin();
-    cudaStream_t sb = stream_new();
-    uint64_t max_held_bytes = 0;
-    for (int i = 0; i < N; i++) {
-        void *p;
-        defer_fast(sb, &p, 1, size);
-        sleep_ms(2);
-        uint64_t hb = stats_now().held_bytes;
-        if (hb > max_held_bytes)
-            max_held_bytes = hb;
-    }
+    uint64_t max_held_bytes = held_most_while_freeing(N, size);
     wait_stats_settled(10000);
     CHECK(max_held_bytes <= RELEASE_FLOOR + 2 * size,
           "held_bytes stayed near the 512 MiB floor (max seen %llu MiB)",
