@@ -113,11 +113,13 @@ struct defer_config {
  * so under load they may disagree by the entries in flight.  An accepted
  * call is one entry, however many pointers it names, and ends counted
  * once: in failed when the release of any of its pointers failed.  A
- * block of defer_alloc's whose release fails (its cudaFree or cudaFreeAsync
- * returns an error: expired, trim, shutdown, a miss's hand-back) is said
- * and counted in cache_release_failures, never in cache_releases nor in
- * failed (its entry ended released when the block went back to the cache);
- * it has left the cache, its memory not given back.  The struct only
+ * block of defer_alloc's released with cudaFreeAsync (expired, trim, a
+ * miss's hand-back) whose cudaFreeAsync fails goes with cudaFree (said),
+ * but after a sticky error.  A block whose release fails (that cudaFree,
+ * or the cudaFreeAsync with a sticky error) is said and counted in
+ * cache_release_failures, never in cache_releases nor in failed (its entry
+ * ended released when the block went back to the cache); it has left the
+ * cache, its memory not given back.  The struct only
  * grows, at its end ("Structs that grow"). */
 struct defer_stats {
     uint64_t deferred;       /* entries accepted by the defer_* calls */

@@ -8,11 +8,9 @@
 #include "stats.h"
 
 /* Hand the memory of n blocks that left the cache back to device's pool,
- * ordered on stream; a block whose cudaFreeAsync fails goes with cudaFree
- * instead (it drains the device, so it is safe for a block pending on
- * stream too), since it is in no cache any more and nothing else would
- * ever release it.  Returns the bytes of those released; one neither call
- * released is reported as what's (the request goes on), counted as a
+ * ordered on stream, or with cudaFree where cudaFreeAsync fails
+ * (cache_upstream_free).  Returns the bytes of those released; one neither
+ * call released is reported as what's (the request goes on), counted as a
  * failed release (never as released), and still lent in the pool's
  * books. */
 static size_t give_to_pool(const char *what, int device,
@@ -21,16 +19,12 @@ static size_t give_to_pool(const char *what, int device,
 {
     size_t bytes = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
-        cudaError_t err =
-            cache_upstream_free(device, m[i].ptr, m[i].size, stream);
-        if (err != cudaSuccess) {
-            cuda_report_failure(what, "cudaFreeAsync", err,
-                                "; the free block goes back with cudaFree");
-            err = cache_upstream_free_sync(device, m[i].ptr, m[i].size);
-            if (err != cudaSuccess)
-                cuda_report_failure(what, "cudaFree", err,
-                                    "; a free block is lost to the pool");
-        }
+        const char *call;
+        cudaError_t err = cache_upstream_free(what, device, m[i].ptr,
+                                              m[i].size, stream, &call);
+        if (err != cudaSuccess)
+            cuda_report_failure(what, call, err,
+                                "; a free block is lost to the pool");
         if (err == cudaSuccess) {
             bytes += m[i].size;
             released++;

@@ -263,13 +263,11 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
             /* Upstream segments go back to the pool at no cost; others (no
              * pool could be made) drain the device. */
             struct cache_block *b = batch[i];
+            const char *call = "cudaFree";
             cudaError_t err =
-                !b->upstream ? cuda_free(b->ptr)
-                : stream != NULL
-                    ? cache_upstream_free(device, b->ptr, b->size, stream)
-                    : cache_upstream_free_sync(device, b->ptr, b->size);
-            const char *call =
-                b->upstream && stream != NULL ? "cudaFreeAsync" : "cudaFree";
+                b->upstream ? cache_upstream_free("release", device, b->ptr,
+                                                  b->size, stream, &call)
+                            : cuda_free(b->ptr);
             if (err == cudaSuccess) {
                 released++;
                 /* An upstream segment's bytes leave the device only when

@@ -176,11 +176,29 @@ cudaError_t cache_upstream_malloc(const char *what, int device, size_t bytes,
  * waits for its graph before the block is cached again).  A failure is
  * returned to cudefer's caller, never to the application's: a miss goes on
  * to its block, so the error it left (not a sticky one) is cleared, or the
- * application's next cudaGetLastError would take it for its own (cuda.h). */
-cudaError_t cache_upstream_free(int device, void *ptr, size_t bytes,
-                            cudaStream_t stream)
+ * application's next cudaGetLastError would take it for its own (cuda.h).
+ * The fallback to cudaFree: a block given here has left the cache, and
+ * nothing else would ever release it. */
+cudaError_t cache_upstream_free(const char *what, int device, void *ptr,
+                                size_t bytes, cudaStream_t stream,
+                                const char **call)
 {
-    cudaError_t err = cuda_free_async_relaxed(ptr, stream);
+    cudaError_t err = cudaErrorUnknown;
+    if (stream != NULL) {
+        *call = "cudaFreeAsync";
+        err = cuda_free_async_relaxed(ptr, stream);
+        if (err == cudaSuccess || cuda_error_is_sticky(err)) {
+            if (err == cudaSuccess)
+                cache_upstream_forget(device, bytes);
+            cuda_forget_failure(err);
+            return err;
+        }
+        cuda_forget_failure(err);
+        cuda_report_failure(what, *call, err,
+                            "; the block goes back with cudaFree");
+    }
+    *call = "cudaFree";
+    err = cuda_free_relaxed(ptr);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
     cuda_forget_failure(err);
@@ -191,15 +209,6 @@ void cache_upstream_forget(int device, size_t bytes)
 {
     if (device >= 0 && device < nmempools)
         atomic_fetch_sub(&mempools[device].held, bytes);
-}
-
-cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
-{
-    cudaError_t err = cuda_free_relaxed(ptr);
-    if (err == cudaSuccess)
-        cache_upstream_forget(device, bytes);
-    cuda_forget_failure(err); /* as cache_upstream_free's */
-    return err;
 }
 
 size_t cache_upstream_slack(int device)

@@ -5,7 +5,8 @@
  * counts it in cache_release_failures, of the process and of its device,
  * never in cache_releases nor in failed (its entry ended released when
  * the block went back to the cache), and its memory stays allocated.  A
- * release that works after a failed one counts in cache_releases only. */
+ * release that works after a failed one counts in cache_releases only; a
+ * block whose cudaFreeAsync fails (not sticky) goes with cudaFree. */
 #include <stdio.h>
 #include <string.h>
 
@@ -62,12 +63,16 @@ static void *free_block(cudaStream_t s)
     return p;
 }
 
-/* defer_trim with the next cudaFreeAsync failing with fail; *said (said
- * may be NULL): what it said on stderr. */
-static cudaError_t trim_failing(cudaError_t fail, const char **said)
+/* defer_trim with the next cudaFreeAsync failing with fail, and the next
+ * cudaFree too when free_fails; *said (said may be NULL): what it said on
+ * stderr. */
+static cudaError_t trim_failing(cudaError_t fail, bool free_fails,
+                                const char **said)
 {
     stderr_capture_begin();
     fake_fail(FAKE_FREE_ASYNC, fail, 0, 1);
+    if (free_fails)
+        fake_fail(FAKE_FREE, fail, 0, 1);
     cudaError_t err = defer_trim(NULL);
     const char *text = stderr_capture_end();
     fake_fail_clear();
@@ -77,17 +82,41 @@ static cudaError_t trim_failing(cudaError_t fail, const char **said)
 }
 
 /* A trim whose cudaFreeAsync of a FREE block fails for that block alone:
- * one failure, said; the next trim releases the next block, one release. */
+ * the block goes with cudaFree instead (it has left the cache: nothing
+ * else would release it), said, and counts as released. */
+static void trim_falls_back(void)
+{
+    cudaStream_t s = stream_new();
+    void *p = free_block(s);
+    struct counts before = counts_now();
+    unsigned long frees = fake_calls(FAKE_FREE);
+    const char *said;
+    cudaError_t err = trim_failing(cudaErrorInvalidValue, false, &said);
+    CHECK(err == cudaSuccess, "defer_trim: %s (not sticky)",
+          cudaGetErrorName(err));
+    CHECK(has_line(said, "cudaFreeAsync failed", "goes back with cudaFree",
+                   NULL),
+          "said (stderr: \"%s\")", said);
+    CHECK(fake_calls(FAKE_FREE) - frees == 1, "one cudaFree (%lu)",
+          fake_calls(FAKE_FREE) - frees);
+    expect_counts(&before, 1, 0, "a release by cudaFree");
+    CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
+    cudaStreamDestroy(s);
+}
+
+/* A trim whose cudaFreeAsync and then cudaFree of a FREE block fail for
+ * that block alone: one failure, said; the next trim releases the next
+ * block, one release. */
 static void trim_fails(void)
 {
     cudaStream_t s = stream_new();
     void *p = free_block(s);
     struct counts before = counts_now();
     const char *said;
-    cudaError_t err = trim_failing(cudaErrorInvalidValue, &said);
+    cudaError_t err = trim_failing(cudaErrorInvalidValue, true, &said);
     CHECK(err == cudaSuccess, "defer_trim: %s (not sticky)",
           cudaGetErrorName(err));
-    CHECK(has_line(said, "cudaFreeAsync failed", "not released", NULL),
+    CHECK(has_line(said, "cudaFree failed", "not released", NULL),
           "said (stderr: \"%s\")", said);
     expect_counts(&before, 0, 1, "a failed release");
     CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
@@ -102,24 +131,28 @@ static void trim_fails(void)
 }
 
 /* A trim whose cudaFreeAsync of a FREE block fails with a sticky error:
- * the device fails, and the block counts as a failed release. */
+ * the device fails, the block counts as a failed release, and no cudaFree
+ * is tried (it would meet the same error). */
 static void trim_fails_sticky(void)
 {
     cudaStream_t s = stream_new();
     void *p = free_block(s);
     struct counts before = counts_now();
-    cudaError_t err = trim_failing(cudaErrorLaunchFailure, NULL);
+    unsigned long frees = fake_calls(FAKE_FREE);
+    cudaError_t err = trim_failing(cudaErrorLaunchFailure, false, NULL);
     CHECK(err == cudaErrorLaunchFailure, "defer_trim: %s, want the sticky "
           "error", cudaGetErrorName(err));
+    CHECK(fake_calls(FAKE_FREE) == frees, "no cudaFree after a sticky "
+          "error (%lu)", fake_calls(FAKE_FREE) - frees);
     expect_counts(&before, 0, 1, "a sticky failed release");
     CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
 }
 
-/* A block expires (CUDEFER_CACHE_KEEP_MS=1) and its cudaFreeAsync fails.
- * Its free waits for held work, so the failure is armed before the block
- * can turn FREE, let alone expire; the reclaimer's expiry is then waited
- * for, 10 s at most. */
-static void expiry_fails(void)
+/* A block expires (CUDEFER_CACHE_KEEP_MS=1) and its cudaFreeAsync fails,
+ * and its cudaFree too when free_fails.  Its free waits for held work, so
+ * the failures are armed before the block can turn FREE, let alone
+ * expire; the reclaimer's expiry is then waited for, 10 s at most. */
+static void expiry_failing(bool free_fails)
 {
     cudaStream_t s = stream_new();
     void *p = NULL;
@@ -130,31 +163,58 @@ static void expiry_fails(void)
     unsigned long frees = fake_calls(FAKE_FREE_ASYNC);
     stderr_capture_begin();
     fake_fail(FAKE_FREE_ASYNC, cudaErrorInvalidValue, 0, 1);
+    if (free_fails)
+        fake_fail(FAKE_FREE, cudaErrorInvalidValue, 0, 1);
     fake_complete(w);
     for (double until = now_ms() + 10000;
-         counts_now().failures == before.failures && now_ms() < until;)
+         counts_now().failures == before.failures &&
+         counts_now().releases == before.releases && now_ms() < until;)
         sleep_ms(1);
     const char *said = stderr_capture_end();
     fake_fail_clear();
     CHECK(fake_calls(FAKE_FREE_ASYNC) - frees == 1,
           "the expiry made one cudaFreeAsync (%lu)",
           fake_calls(FAKE_FREE_ASYNC) - frees);
-    CHECK(has_line(said, "cudaFreeAsync failed", "not released", NULL),
-          "said (stderr: \"%s\")", said);
-    expect_counts(&before, 0, 1, "a failed release at expiry");
-    CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
-    cudaFree(p);
+    if (free_fails) {
+        CHECK(has_line(said, "cudaFree failed", "not released", NULL),
+              "said (stderr: \"%s\")", said);
+        expect_counts(&before, 0, 1, "a failed release at expiry");
+        CHECK(fake_allocation_of(p, NULL, NULL) == 1, "its memory stays");
+        cudaFree(p);
+    } else {
+        CHECK(has_line(said, "cudaFreeAsync failed",
+                       "goes back with cudaFree", NULL),
+              "said (stderr: \"%s\")", said);
+        expect_counts(&before, 1, 0, "a release by cudaFree at expiry");
+        CHECK(fake_allocation_of(p, NULL, NULL) == 0, "its memory went");
+    }
     cudaStreamDestroy(s);
+}
+
+static void expiry_falls_back(void)
+{
+    expiry_failing(false);
+}
+
+static void expiry_fails(void)
+{
+    expiry_failing(true);
 }
 
 int main(void)
 {
     plan_lazy();
+    fork_scenario("a trim's block whose cudaFreeAsync fails goes with "
+                  "cudaFree, counted in cache_releases", "", 1, 20000,
+                  trim_falls_back);
     fork_scenario("a trim's failed release of a block counts in "
                   "cache_release_failures, not cache_releases", "", 1, 20000,
                   trim_fails);
     fork_scenario("a trim's sticky failed release of a block counts in "
                   "cache_release_failures", "", 1, 20000, trim_fails_sticky);
+    fork_scenario("an expired block whose cudaFreeAsync fails goes with "
+                  "cudaFree", "CUDEFER_CACHE_KEEP_MS=1", 1, 20000,
+                  expiry_falls_back);
     fork_scenario("an expired block's failed release counts in "
                   "cache_release_failures", "CUDEFER_CACHE_KEEP_MS=1", 1,
                   20000, expiry_fails);
