@@ -183,15 +183,17 @@ struct defer_device_stats {
 };
 
 /* defer_free: cudaFree(ptr) once all work enqueued on stream so far is done.
- * Never blocks on the GPU but where no event can be had or under
- * CUDEFER_DISABLE (it then waits for stream and releases at once).  Memory
+ * Never blocks on the GPU but where no event or entry can be had (no
+ * event made, no host memory for its entry: said) or under CUDEFER_DISABLE;
+ * it then waits for stream and releases at once.  Memory
  * of cudaMalloc is released under the release policy, of cudaMallocAsync
  * as soon as its work is done, both with cudaFreeAsync on the reclaimer's
  * own stream (no device drain; cudaFree on a device without memory pools
  * and when the call releases at once); a block of defer_alloc's goes back
  * to its cache.  defer_free(NULL, s) does nothing.  Errors: the error of
  * recording the event or reading the stream; cudaErrorMemoryAllocation
- * when no entry could be had; cudaErrorInvalidValue for a block of
+ * when no host memory could be had for the call's own records (its
+ * pointers' list, a capture's); cudaErrorInvalidValue for a block of
  * defer_alloc's already freed, or a pointer inside one.  A host pointer
  * is accepted: its release fails (reported, counted in failed).
  * On a capturing stream the call belongs to the graph: ptr is released once

@@ -501,8 +501,13 @@ static cudaError_t route_block(const struct request_args *a, struct target *t)
         block.kind = ENTRY_FREE_DEVICE;
         e = submit_record(&block, t->handle, t->device, t->id, LANE_SOLO, &f);
     }
-    if (e == NULL)
+    if (e == NULL) {
+        /* Only claimed, never parked: the block goes back as a claimed
+         * block's free does (release_entry adopts the claim), not as a
+         * block's entry, whose end settles a parked block. */
+        block.kind = ENTRY_FREE_DEVICE;
         return submit_sync_no_entry(&block, t, &f);
+    }
     if (e->kind == ENTRY_BLOCK && !cache_claim_park(&t->plan, t->id)) {
         submit_record_discard(e);
         return cache_claim_refuse_freed(&block, block.ptrs[0]);

@@ -5,6 +5,7 @@
  * event.  Note [The submit route], submit.c. */
 #include "submit_route.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -80,6 +81,9 @@ static bool queue_synced_call(const struct request_args *a,
 static bool queue_synced_free(const struct request_args *a, int device,
                               unsigned long long id)
 {
+    /* A block's entry ends settling a parked block; a synced free's block
+     * is only claimed (route_block). */
+    assert(a->kind != ENTRY_BLOCK);
     struct entry *e = calloc(1, sizeof *e); /* event NULL: freed when done */
     if (e == NULL)
         return false;

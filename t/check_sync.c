@@ -3,7 +3,8 @@
  * its first release is pending, in a call that could have no event (so it
  * waits for its stream and would release on the calling thread), is
  * reported and dropped as on every other route: released once, never while
- * its first free's work is pending. */
+ * its first free's work is pending; a block of defer_alloc's freed so goes
+ * back to the cache, as without CUDEFER_CHECK. */
 #include <stdio.h>
 #include <string.h>
 
@@ -76,9 +77,38 @@ static void scenario_sync_free_released_at_return(void)
     CHECK(defer_shutdown() == cudaSuccess, "shutdown");
 }
 
+/* A block of defer_alloc's freed on its own stream with no event to be
+ * had waits for the stream and goes back to the cache, FREE: no longer
+ * live, handed to another stream's request.  Under CUDEFER_CHECK it was
+ * queued as a block's entry, whose end only settles a parked block: the
+ * block, claimed but never parked, stayed freeing for good. */
+static void scenario_sync_free_of_block(void)
+{
+    cudaStream_t s = stream_new(), s2 = stream_new();
+    void *p = NULL, *q = NULL;
+    CHECK(alloc_checked(&p, 1 << 20, s) == cudaSuccess, "defer_alloc");
+    stderr_capture_begin();
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaError_t err = defer_free(p, s);
+    fake_fail_clear();
+    stderr_capture_end();
+    CHECK(err == cudaSuccess, "defer_free(p, s), no event (%s)",
+          cudaGetErrorName(err));
+    CHECK(defer_flush() == cudaSuccess, "flush");
+    struct defer_device_stats d;
+    CHECK(defer_device_stats_get(0, &d) == cudaSuccess, "device 0's stats");
+    CHECK(d.live_bytes == 0 && d.cache_free_bytes == 1 << 20,
+          "p is free in the cache (live_bytes %llu, cache_free_bytes %llu)",
+          ULL(d.live_bytes), ULL(d.cache_free_bytes));
+    CHECK(alloc_checked(&q, 1 << 20, s2) == cudaSuccess && q == p,
+          "s2's request gets p back (p %p, q %p)", p, q);
+    CHECK(defer_free(q, s2) == cudaSuccess, "defer_free(q, s2)");
+    CHECK(defer_shutdown() == cudaSuccess, "shutdown");
+}
+
 int main(void)
 {
-    plan(3);
+    plan(5);
     fork_scenario("a pending pointer freed again with no event is dropped",
                   "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0", 1, 20000,
                   scenario_sync_free_of_pending);
@@ -89,5 +119,11 @@ int main(void)
                   "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0 "
                   "CUDEFER_POLICY=batched",
                   1, 20000, scenario_sync_free_released_at_return);
+    fork_scenario("a block freed with no event goes back to the cache",
+                  "CUDEFER_EVENT_POOL=0", 1, 20000,
+                  scenario_sync_free_of_block);
+    fork_scenario("a block freed with no event goes back to the cache",
+                  "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0", 1, 20000,
+                  scenario_sync_free_of_block);
     return 0;
 }
