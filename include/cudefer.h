@@ -39,7 +39,9 @@
  *   callback; exit() from a callback on the reclaimer thread drains
  *   nothing (no thread is left to release).  A callback or a free
  *   (cudaFree) still running then is left to end, and after it cudefer
- *   releases nothing and makes no CUDA call.  A first call still starting
+ *   releases nothing and makes no CUDA call; a call of another thread
+ *   that waits for the reclaimer (defer_flush, defer_trim, a call with no
+ *   event) returns cudaErrorCudartUnloading.  A first call still starting
  *   the reclaimer (its cudaGetDeviceCount) is waited for as long; it
  *   returns cudaErrorNotPermitted and starts nothing.
  * - Each refusal of cudefer's own is also said on stderr: "cudefer: ...",
@@ -416,8 +418,9 @@ CUDEFER_API cudaError_t defer_call(void (*fn)(void *arg), void *arg,
  * sticky error; cudaErrorStreamCaptureImplicit (or the failed call's error)
  * when a free batch could not get its event on the legacy stream because
  * a blocking stream of its device captures, in any thread or mode (said;
- * the batch waits on).  A release that failed for its pointer alone is no
- * flush error.
+ * the batch waits on); cudaErrorCudartUnloading where another thread's
+ * exit() gave up its drain meanwhile.  A release that failed for its
+ * pointer alone is no flush error.
  * Limit: a thread with no device chosen that seals another device's free
  * batch is left with device 0 current. */
 CUDEFER_API cudaError_t defer_flush(void);

@@ -70,8 +70,10 @@ cudaError_t lifecycle_refuse(const char *what, const struct line_end *end);
  * entry.h: no event, its stream already synchronized) to the reclaimer and
  * blocks until the reclaimer has finished it, behind the earlier entries of
  * its stream; on the reclaimer thread (a callback) it only pushes e, which
- * then runs after the callback. */
-void lifecycle_requests_push_and_wait(struct entry *e);
+ * then runs after the callback.  cudaSuccess; cudaErrorCudartUnloading
+ * once another thread's exit gave up its drain while this waited: e is
+ * then left to the reclaimer, never released. */
+cudaError_t lifecycle_requests_push_and_wait(struct entry *e);
 
 /* Any thread, between enter and leave: the configuration in force (its
  * disable field also alone, from the line every call reads), and the

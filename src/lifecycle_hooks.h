@@ -33,8 +33,8 @@ void lifecycle_gate_forget_admissions(void);
 /* Any thread but the reclaimer (flush, trim; shutdown and exit under
  * life_lock): push the request q and block until the reclaimer answers it,
  * at most until deadline_ns if not 0.  False if the deadline passed first,
- * or, q abandonable (shutdown's), once exit gave up: q, left to the
- * reclaimer, must outlive it.  With leave_gate, the caller's admission
+ * or, q abandonable (shutdown's, a flush's or trim's), once exit gave up:
+ * q, left to the reclaimer, must outlive it.  With leave_gate, the caller's admission
  * ends once q is pushed. */
 bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
                              bool leave_gate);

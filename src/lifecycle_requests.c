@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "clock.h"
@@ -21,7 +22,7 @@
 #include "stats.h"
 #include "stream_lane.h"
 
-/* How often an abandonable wait (shutdown's) looks whether exit gave up. */
+/* How often an abandonable wait looks whether exit gave up. */
 #define ABANDON_POLL_NS UINT64_C(10000000)
 
 /* Flush and trim requests pushed so far (lifecycle_requests_pushed). */
@@ -32,22 +33,28 @@ unsigned long lifecycle_requests_pushed(void)
     return atomic_load(&requests_pushed);
 }
 
-/* Push a request and wait for it (at most until deadline_ns, if not 0);
- * false if the deadline passed first, or, for an abandonable request
- * (shutdown's), once exit gave up: the request (with its queue marker) is
- * then left to the reclaimer, so q must outlive it.  With leave_gate, the
- * caller's admission ends once the request is pushed. */
-bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
-                             bool leave_gate)
+/* q's lock and condition, its timed waits on CLOCK_MONOTONIC (now_ns). */
+static void request_init_sync(struct request *q)
 {
-    struct entry *marker = &q->marker;
-    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, &attr);
     pthread_condattr_destroy(&attr);
+}
+
+/* Push a request and wait for it (at most until deadline_ns, if not 0);
+ * false if the deadline passed first, or, for an abandonable request,
+ * once exit gave up: the request (with its queue marker) is then left to
+ * the reclaimer, so q must outlive it.  With leave_gate, the caller's
+ * admission ends once the request is pushed. */
+bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
+                             bool leave_gate)
+{
+    struct entry *marker = &q->marker;
+    *marker = (struct entry){.kind = ENTRY_REQUEST, .request = q};
+    request_init_sync(q);
     /* A flush waits for callbacks that share events: while it does, no
      * lane records a pending event again (stream_lane.h), so it waits for
      * no work deferred after it began. */
@@ -64,9 +71,10 @@ bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
             pthread_cond_wait(&q->cond, &q->lock);
             continue;
         }
-        /* An abandonable wait (shutdown's) looks at the abandon every
-         * ABANDON_POLL_NS: exit, giving up while a shutdown holds
-         * life_lock, cannot signal the shutdown's request. */
+        /* An abandonable wait looks at the abandon every
+         * ABANDON_POLL_NS: exit, giving up, signals no request (it cannot
+         * take life_lock while a shutdown holds it, and a reclaimer left
+         * inside a callback answers nothing more). */
         uint64_t until = deadline_ns;
         if (q->abandonable) {
             if (atomic_load(&rs.abandoned))
@@ -94,27 +102,63 @@ give_up:
     return false;
 }
 
-void lifecycle_requests_push_and_wait(struct entry *e)
+/* A request for the heap, abandonable: a waiter that exit leaves behind
+ * returns, and the reclaimer may still answer it (the memory is then
+ * never freed: the process is ending).  Where there is no host memory for
+ * one, stack's (not abandonable): the wait ends only with its answer. */
+static struct request *request_new(struct request *stack)
+{
+    struct request *q = calloc(1, sizeof *q);
+    if (q == NULL) {
+        *stack = (struct request){0};
+        return stack;
+    }
+    q->abandonable = true;
+    return q;
+}
+
+/* q's end, answered (a request_new's). */
+static void request_free(struct request *q, const struct request *stack)
+{
+    if (q != stack)
+        free(q);
+}
+
+cudaError_t lifecycle_requests_push_and_wait(struct entry *e)
 {
     /* On the reclaimer thread e runs once this callback returns. */
     if (lifecycle_on_reclaimer_thread()) {
         e->request = NULL;
         lifecycle_push(e);
-        return;
+        return cudaSuccess;
     }
-    struct request q = {.err = cudaSuccess};
-    pthread_mutex_init(&q.lock, NULL);
-    pthread_cond_init(&q.cond, NULL);
-    e->request = &q;
+    struct request stack, *q = request_new(&stack);
+    q->err = cudaSuccess;
+    request_init_sync(q);
+    e->request = q;
     stream_lane_waiter(1); /* it waits behind callbacks: as a flush does */
     lifecycle_push(e);
-    pthread_mutex_lock(&q.lock);
-    while (!q.done)
-        pthread_cond_wait(&q.cond, &q.lock);
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_lock(&q->lock);
+    bool abandoned = false;
+    while (!q->done && !abandoned) {
+        if (!q->abandonable) {
+            pthread_cond_wait(&q->cond, &q->lock);
+            continue;
+        }
+        uint64_t until = now_ns() + ABANDON_POLL_NS;
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                              .tv_nsec = (long)(until % 1000000000u)};
+        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+        abandoned = !q->done && atomic_load(&rs.abandoned);
+    }
+    pthread_mutex_unlock(&q->lock);
     stream_lane_waiter(-1);
-    pthread_cond_destroy(&q.cond);
-    pthread_mutex_destroy(&q.lock);
+    if (abandoned) /* q and e are left to the reclaimer */
+        return cudaErrorCudartUnloading;
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+    request_free(q, &stack);
+    return cudaSuccess;
 }
 
 /* Checks shared by flush and trim (what's lines ending with end's text);
@@ -163,11 +207,16 @@ static cudaError_t request(const char *what, const struct line_end *end,
     /* The gate is held only while pushing: a waiting flush must not keep
      * shutdown or exit from closing it.  The reclaimer answers every request
      * it took before it stops. */
-    struct request q = {.trim = trim, .err = cudaSuccess};
-    lifecycle_requests_wait(&q, 0, true);
+    struct request stack, *q = request_new(&stack);
+    q->trim = trim;
+    q->err = cudaSuccess;
+    if (!lifecycle_requests_wait(q, 0, true))
+        return cudaErrorCudartUnloading; /* exit gave up: q is left */
     if (bytes != NULL)
-        *bytes = (size_t)q.bytes;
-    return q.err != cudaSuccess ? q.err : unsealed;
+        *bytes = (size_t)q->bytes;
+    err = q->err != cudaSuccess ? q->err : unsealed;
+    request_free(q, &stack);
+    return err;
 }
 
 cudaError_t lifecycle_requests_flush(void)

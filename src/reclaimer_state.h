@@ -49,8 +49,9 @@ struct request {
     uint64_t barrier;   /* flush: entries with seq < barrier must finish */
     uint64_t remaining; /* flush: of those, how many have not */
     uint64_t bytes;     /* trim: bytes released */
-    bool abandonable;   /* shutdown's: the wait also ends (unanswered)
-                           once exit gave up (rs.abandoned) */
+    bool abandonable;   /* static or never freed (shutdown's, a flush's,
+                           a trim's, a synced entry's): the wait also ends
+                           (unanswered) once exit gave up (rs.abandoned) */
     struct request *next;
     struct entry marker; /* what travels through the queue */
 };

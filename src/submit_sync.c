@@ -26,9 +26,11 @@
  * reclaimer thread after the earlier callbacks of every one of its
  * streams, and waited for, so that it has run when the call returns, as a
  * synchronous release has.  Blocks until it ran.  False when it could not
- * be queued (the caller runs it). */
+ * be queued (the caller runs it); else true, *err the wait's
+ * (lifecycle_requests_push_and_wait). */
 static bool queue_synced_call(const struct request_args *a,
-                              const cudaStream_t *streams, size_t n)
+                              const cudaStream_t *streams, size_t n,
+                              cudaError_t *err)
 {
     struct entry *parts[SUBMIT_MAX_STREAMS] = {NULL};
     size_t made = 0;
@@ -64,7 +66,7 @@ static bool queue_synced_call(const struct request_args *a,
     stats_add(&stats.sync_releases, 1);
     for (size_t i = n; i-- > 1;)
         lifecycle_push(parts[i]);
-    lifecycle_requests_push_and_wait(parts[0]);
+    *err = lifecycle_requests_push_and_wait(parts[0]);
     return true;
 }
 
@@ -77,9 +79,10 @@ static bool queue_synced_call(const struct request_args *a,
  * that free's work nor twice.  Released at once (release_policy.h: its
  * caller waits), when the call returns but on the reclaimer thread (a
  * callback), where it is released after the callback.  False when it
- * could not be queued (the caller releases it). */
+ * could not be queued (the caller releases it); else true, *err the
+ * wait's (lifecycle_requests_push_and_wait). */
 static bool queue_synced_free(const struct request_args *a, int device,
-                              unsigned long long id)
+                              unsigned long long id, cudaError_t *err)
 {
     /* A block's entry ends settling a parked block; a synced free's block
      * is only claimed (route_block). */
@@ -97,7 +100,7 @@ static bool queue_synced_free(const struct request_args *a, int device,
     }
     lifecycle_count_deferred(); /* after a wait: exit may have given up */
     stats_add(&stats.sync_releases, 1);
-    lifecycle_requests_push_and_wait(e);
+    *err = lifecycle_requests_push_and_wait(e);
     return true;
 }
 
@@ -128,8 +131,9 @@ static cudaError_t wait_for_users(const struct request_args *a,
  * before any wait.  Memory is released with its device current, as the
  * reclaimer releases it, so that a sticky error the release meets is that
  * device's: it fails the device, said once with its number.  Returns
- * cudaSuccess once accepted (a failed release is counted and reported),
- * else the refusal. */
+ * cudaSuccess once accepted (a failed release is counted and reported;
+ * cudaErrorCudartUnloading where it was queued and exit gave up its
+ * drain meanwhile: never released), else the refusal. */
 static cudaError_t release_synchronously(const struct request_args *a,
                                          const struct target *t)
 {
@@ -163,11 +167,11 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if ((err = wait_for_users(a, recorded, nrec, &sw)) != cudaSuccess)
         return err;
     if (a->kind == ENTRY_CALL && !lifecycle_disabled() &&
-        queue_synced_call(a, t->streams, t->n))
-        return cudaSuccess;
+        queue_synced_call(a, t->streams, t->n, &err))
+        return err;
     if (a->kind != ENTRY_CALL && !lifecycle_disabled() &&
-        lifecycle_config()->check && queue_synced_free(a, device, id))
-        return cudaSuccess;
+        lifecycle_config()->check && queue_synced_free(a, device, id, &err))
+        return err;
     struct entry e = {.kind = a->kind, .caller = a->caller,
                       .device = device, .fn = a->fn,
                       .arg = a->arg, .nptrs = a->nptrs,

@@ -293,7 +293,7 @@ static void busy_callback(void *arg)
 static void *trim_forever(void *unused)
 {
     (void)unused;
-    defer_trim(NULL); /* served in the abandoned pass: never returns */
+    defer_trim(NULL); /* its pass abandoned: returns once exit gave up */
     return NULL;
 }
 
@@ -414,7 +414,7 @@ static void exit_in_free_n_loop(void)
 static void *trim_held(void *unused)
 {
     (void)unused;
-    defer_trim(NULL); /* its release is held: never returns */
+    defer_trim(NULL); /* its release is held: returns once exit gave up */
     return NULL;
 }
 
@@ -441,9 +441,93 @@ static void exit_in_trim_loop(void)
     exit(0);
 }
 
+/* ---- a call waiting for the reclaimer when exit gives up ---------------- */
+
+static _Atomic cudaError_t waiter_err;
+static atomic_int waiter_returned;
+static pthread_t waiter;
+static cudaStream_t waiter_stream;
+
+/* Runs after cudefer's exit handler: the waiting call returns, and says
+ * that exit gave up (cudaErrorCudartUnloading), within 1 s of the moment
+ * its answer became due (its stream's work or the stuck callback done). */
+static void check_waiter_returned(void)
+{
+    for (int i = 0; i < 3000 && !atomic_load(&waiter_returned); i++)
+        sleep_ms(1);
+    CHECK(atomic_load(&waiter_returned), "the waiting call returned");
+    if (atomic_load(&waiter_returned)) {
+        pthread_join(waiter, NULL);
+        CHECK(atomic_load(&waiter_err) == cudaErrorCudartUnloading,
+              "it returned %s, want cudaErrorCudartUnloading",
+              cudaGetErrorName(atomic_load(&waiter_err)));
+    }
+    scenario_child_end();
+}
+
+static void nothing(void *arg)
+{
+    (void)arg;
+}
+
+/* 0: defer_flush; 1: defer_call; 2: defer_free of arg. */
+static int waiter_kind;
+
+static void *wait_for_reclaimer(void *arg)
+{
+    cudaError_t err = waiter_kind == 0   ? defer_flush()
+                      : waiter_kind == 1 ? defer_call(nothing, NULL,
+                                                      waiter_stream)
+                                         : defer_free(arg, waiter_stream);
+    atomic_store(&waiter_err, err);
+    atomic_store(&waiter_returned, 1);
+    return NULL;
+}
+
+/* A defer_flush waits behind a callback stuck past the drain. */
+static void exit_during_flush(void)
+{
+    atexit(check_waiter_returned); /* before cudefer's: run after it */
+    waiter_kind = 0;
+    if (defer_call(stuck_callback, NULL, stream_new()) != cudaSuccess)
+        bail("defer_call");
+    sleep_ms(50); /* the reclaimer runs it */
+    pthread_create(&waiter, NULL, wait_for_reclaimer, NULL);
+    sleep_ms(100); /* the flush waits */
+    exit(0);
+}
+
+/* With no event to be had, a defer_call (kind 1), or a defer_free under
+ * CUDEFER_CHECK (kind 2), waits for its stream, whose work outlasts the
+ * drain, then hands its entry to the reclaimer and waits for it. */
+static void exit_during_synced_wait(int kind)
+{
+    atexit(check_waiter_returned); /* before cudefer's: run after it */
+    waiter_kind = kind;
+    waiter_stream = stream_new();
+    if (defer_flush() != cudaSuccess) /* started: exit's handler is set */
+        bail("defer_flush");
+    void *p = device_alloc(64);
+    work_timed(waiter_stream, 2500000, p); /* outlasts the drain */
+    fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    pthread_create(&waiter, NULL, wait_for_reclaimer, p);
+    sleep_ms(200); /* it waits for its stream */
+    exit(0);
+}
+
+static void exit_during_synced_call(void)
+{
+    exit_during_synced_wait(1);
+}
+
+static void exit_during_synced_free(void)
+{
+    exit_during_synced_wait(2);
+}
+
 int main(void)
 {
-    plan(9);
+    plan(12);
     fork_scenario("exit gives up on a synchronous callback still running: "
                   "its release is not counted too",
                   "CUDEFER_DISABLE=1", 1, 20000, exit_during_sync_callback);
@@ -475,5 +559,15 @@ int main(void)
     fork_scenario("exit gives up while a trim frees the cache's segments: "
                   "the rest are not freed, no CUDA call follows",
                   "CUDEFER_POLICY=eager", 1, 20000, exit_in_trim_loop);
+    fork_scenario("exit gives up while a defer_flush waits: it returns "
+                  "cudaErrorCudartUnloading", "", 1, 20000,
+                  exit_during_flush);
+    fork_scenario("exit gives up while a defer_call with no event waits: it "
+                  "returns cudaErrorCudartUnloading", "CUDEFER_EVENT_POOL=0",
+                  1, 20000, exit_during_synced_call);
+    fork_scenario("exit gives up while a checked defer_free with no event "
+                  "waits: it returns cudaErrorCudartUnloading",
+                  "CUDEFER_CHECK=1 CUDEFER_EVENT_POOL=0", 1, 20000,
+                  exit_during_synced_free);
     return 0;
 }
