@@ -625,11 +625,13 @@ void event_pool_after_fork(void)
 
 void event_pool_abandon(void)
 {
+    /* First: a fork child of this moment (event_pool_after_fork) walks
+     * pool_count pools. */
+    pool_count = 0;
     for (int k = 0; k < KINDS; k++) {
         free(pools[k]);
         pools[k] = NULL;
     }
-    pool_count = 0;
     atomic_store(&idle_events, 0);
     registry = NULL;
     cache_registered = false;

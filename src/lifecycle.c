@@ -165,7 +165,7 @@ static cudaError_t start_locked(const char *what, const struct line_end *end)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
         report("%s: cannot start the reclaimer thread: %s%s", what,
-               strerror(rc), tail);
+               strerror(rc), kept);
         stream_table_destroy(&rs.streams);
         event_pool_abandon();
         undo_start();
@@ -318,7 +318,7 @@ cudaError_t lifecycle_enter_ending(const char *what,
         cudaError_t err = cudaSuccess;
         int state = atomic_load(&rs.state);
         if (state == STATE_NEW) {
-            atomic_store(&rs.starting, true);
+            atomic_store(&rs.start_tried, true);
             if ((err = start_locked(what, end)) != cudaSuccess) {
                 /* Nothing of it stays: the next start looks up the entry
                  * points again, as the configuration it settles says
@@ -327,7 +327,6 @@ cudaError_t lifecycle_enter_ending(const char *what,
                 configure_start_failed();
                 stats_add(&stats.rejected, 1);
             }
-            atomic_store(&rs.starting, false);
         } else if (state != STATE_RUNNING) { /* shut down while we waited */
             err = refuse_ending(what, end);
         }

@@ -85,8 +85,9 @@ static uint64_t abandon_pending(void)
  * could miss a fork() that races that call, and the child would believe
  * the reclaimer runs (a flush or trim there would wait for ever).  So it
  * is registered when the library is loaded, before main.  A child forked
- * while a start is under way (rs.starting) is refused too: the start's
- * thread and half-made state are not in the child. */
+ * while a start is under way is refused too (rs.start_tried): the start's
+ * thread and half-made state are not in the child; and so is one forked
+ * after a start failed, which may have initialized CUDA in the parent. */
 __attribute__((constructor)) static void register_fork_hook(void)
 {
     pthread_atfork(NULL, NULL, fork_child);
@@ -273,8 +274,9 @@ static void fork_child(void)
     pthread_mutex_init(&rs.wake_lock, NULL);
     pthread_cond_init(&rs.wake_cond, NULL);
     pthread_mutex_init(&rs.life_lock, NULL);
-    if (atomic_load(&rs.state) != STATE_RUNNING &&
-        !atomic_load(&rs.starting)) {
+    int state = atomic_load(&rs.state);
+    if (state != STATE_RUNNING &&
+        !(state == STATE_NEW && atomic_load(&rs.start_tried))) {
         /* Admissions of threads that are gone never end. */
         lifecycle_gate_forget_admissions();
         /* Shut down before: what is pending still is held by graphs

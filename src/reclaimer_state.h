@@ -139,10 +139,10 @@ struct reclaimer_state {
     pthread_mutex_t wake_lock; /* with wake_cond: only for sleeping */
     pthread_cond_t wake_cond;
     pthread_mutex_t life_lock; /* serializes start, shutdown and exit */
-    /* Set under life_lock while a start is under way: a fork child of it
-     * is refused like one of a running library (Note [Fork],
-     * lifecycle_hooks.c). */
-    _Atomic bool starting;
+    /* Set under life_lock when a first start begins, never cleared: a
+     * fork child of a start under way, or of one that failed, is refused
+     * like one of a running library (Note [Fork], lifecycle_hooks.c). */
+    _Atomic bool start_tried;
     pthread_t thread;
 
     /* The threads counting entries released or failed now

@@ -118,6 +118,34 @@ static void scenario_round(void)
     pthread_join(t, NULL);
 }
 
+/* A fork child made after a first call whose start failed (here its
+ * cudaGetDeviceCount; a failed pthread_create comes after that call, CUDA
+ * then up in the parent) refuses, as a child of a started library does:
+ * it started cudefer, and so used CUDA after fork. */
+static void scenario_after_failed_start(void)
+{
+    stream = stream_new();
+    fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 1);
+    stderr_capture_begin();
+    void *p = NULL;
+    cudaError_t err = defer_alloc(&p, 4096, stream);
+    stderr_capture_end();
+    fake_fail_clear();
+    CHECK(err == cudaErrorNoDevice, "the first call's start failed (%s)",
+          cudaGetErrorName(err));
+    unsigned long counts = fake_calls(FAKE_GET_DEVICE_COUNT);
+    pid_t pid = fork_flushed();
+    if (pid == 0) {
+        CHECK(fake_calls(FAKE_GET_DEVICE_COUNT) == counts,
+              "the child asked CUDA nothing");
+        child_calls(true);
+    }
+    int status = 0;
+    bool ended = wait_child(pid, 5000, &status);
+    CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the fork child's calls were refused, no start tried there");
+}
+
 int main(void)
 {
     plan_lazy();
@@ -128,6 +156,8 @@ int main(void)
     fake_reset(1);
     if (pthread_atfork(slow_prepare, NULL, NULL) != 0)
         bail("pthread_atfork");
+    fork_scenario("a fork child after a failed start refuses, starts "
+                  "nothing", "", 1, 20000, scenario_after_failed_start);
     fork_scenario("fork() held open while another thread's first defer call "
                   "starts the library: the child refuses, never hangs",
                   "", 1, 20000, scenario_first_call_inside_fork);
