@@ -401,10 +401,14 @@ static void poll_named(const struct knob *k, uint64_t v, bool from_env,
  * their knobs; each from_env when its variable set it. */
 static void raise_poll_max(struct defer_config *cfg, const struct knob *poll,
                            bool poll_env, const struct knob *poll_max,
-                           bool poll_max_env)
+                           bool poll_max_env, bool say)
 {
     if (cfg->poll_max_us >= cfg->poll_us)
         return;
+    if (!say) {
+        cfg->poll_max_us = cfg->poll_us;
+        return;
+    }
     char lo[96], hi[96], value[48];
     poll_named(poll_max, cfg->poll_max_us, poll_max_env, lo, sizeof lo);
     poll_named(poll, cfg->poll_us, poll_env, hi, sizeof hi);
@@ -539,10 +543,10 @@ static void report_unknown_names(void)
     }
 }
 
-/* Any thread.  Returns the number of invalid values (each reported once);
- * a variable that names no setting is said (report_unknown_names) and not
- * counted. */
-int config_load_env(struct defer_config *cfg)
+/* Any thread.  Returns the number of invalid values (each reported once,
+ * when say); a variable that names no setting is said
+ * (report_unknown_names, when say) and not counted. */
+static int load_env(struct defer_config *cfg, bool say)
 {
     int invalid = 0;
     bool from_env[NKNOBS] = {false};
@@ -570,7 +574,8 @@ int config_load_env(struct defer_config *cfg)
             field_set(cfg, k, value);
             from_env[i] = true;
         } else {
-            report_refused(k, text, r, field_get(cfg, k));
+            if (say)
+                report_refused(k, text, r, field_get(cfg, k));
             invalid++;
         }
     }
@@ -581,9 +586,29 @@ int config_load_env(struct defer_config *cfg)
         if (knobs[i].offset == offsetof(struct defer_config, poll_max_us))
             m = i;
     }
-    raise_poll_max(cfg, &knobs[p], from_env[p], &knobs[m], from_env[m]);
-    report_unknown_names();
+    raise_poll_max(cfg, &knobs[p], from_env[p], &knobs[m], from_env[m],
+                   say);
+    if (say)
+        report_unknown_names();
     return invalid;
+}
+
+int config_load_env(struct defer_config *cfg)
+{
+    return load_env(cfg, true);
+}
+
+int config_load_env_quietly(struct defer_config *cfg)
+{
+    return load_env(cfg, false);
+}
+
+bool config_equal(const struct defer_config *a, const struct defer_config *b)
+{
+    for (size_t i = 0; i < NKNOBS; i++)
+        if (field_get(a, &knobs[i]) != field_get(b, &knobs[i]))
+            return false;
+    return true;
 }
 
 /* Any thread (defer_configure).  True if valid; else false, why filled. */

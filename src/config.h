@@ -28,6 +28,12 @@ void config_defaults(struct defer_config *cfg);
  * invalid values. */
 int config_load_env(struct defer_config *cfg);
 
+/* Any thread.  As config_load_env, saying nothing. */
+int config_load_env_quietly(struct defer_config *cfg);
+
+/* Any thread.  Whether every knob of a and b has the same value. */
+bool config_equal(const struct defer_config *a, const struct defer_config *b);
+
 /* Any thread.  True when every field of *cfg is within its range, the policy
  * is known, the booleans are 0 or 1 and poll_max_us >= poll_us; otherwise
  * false with the first problem written to why (len bytes, NUL-terminated;

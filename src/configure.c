@@ -16,6 +16,8 @@ static struct {
     bool started; /* in_force settled by a start that succeeded or is under
                      way: too late to configure */
     bool shut_down;               /* defer_shutdown came first: never starts */
+    bool said; /* a start settled in_force and said what it found (in
+                  in_force, kept though the start failed) */
     struct defer_config app;      /* from defer_configure */
     struct defer_config in_force; /* app or defaults, then the environment */
 } state = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -31,16 +33,29 @@ static void state_lock(void)
     pthread_mutex_lock(&state.lock);
 }
 
-/* state.lock held.  The first start: settle in_force, once. */
+/* state.lock held.  The first start: settle in_force, once (again after a
+ * start that failed).  What the environment holds is said (its invalid
+ * values, unknown names, CUDEFER_VERBOSE's print) at the first settle, and
+ * at a later one only if it settles other values: a program that calls on
+ * while every start fails (no GPU) hears the start's failure each time,
+ * not the same warnings with it. */
 static void settle_locked(void)
 {
+    struct defer_config cfg;
     if (state.configured)
-        state.in_force = state.app;
+        cfg = state.app;
     else
-        config_defaults(&state.in_force);
-    config_load_env(&state.in_force);
-    if (state.in_force.verbose)
-        config_print(&state.in_force, stderr);
+        config_defaults(&cfg);
+    struct defer_config base = cfg;
+    config_load_env_quietly(&cfg);
+    if (!state.said || !config_equal(&cfg, &state.in_force)) {
+        cfg = base;
+        config_load_env(&cfg);
+        if (cfg.verbose)
+            config_print(&cfg, stderr);
+    }
+    state.in_force = cfg;
+    state.said = true;
     state.started = true;
 }
 

@@ -2,7 +2,7 @@
 /* defer_configure through the library: the values given before the first
  * defer call whose start succeeds are the ones the reclaimer starts with
  * (shown by CUDEFER_VERBOSE=1, the environment on top), and a later call is
- * refused.
+ * refused; starts that fail say the environment's warnings once.
  * Every refusal, of these calls and of the sized struct calls, is counted
  * in rejected, as every other call's is. */
 #include <stdlib.h>
@@ -45,6 +45,43 @@ static void test_counted_before_start(void)
            "4 counted in rejected");
 }
 
+/* Lines of text that contain needle. */
+static int lines_with(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, needle)) != NULL;
+         at += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Starts that keep failing (no GPU, say) each say their failure, and what
+ * the environment holds (an invalid value, a name that is no setting)
+ * once: each call repeated the warnings before. */
+static void test_failed_starts_say_the_environment_once(void)
+{
+    setenv("CUDEFER_POLL_US", "5s", 1);
+    setenv("CUDEFER_NO_SUCH_KNOB", "1", 1);
+    fake_fail(FAKE_GET_DEVICE_COUNT, cudaErrorNoDevice, 0, 3);
+    stderr_capture_begin();
+    int failed = 0;
+    for (int i = 0; i < 3; i++) {
+        void *p = NULL;
+        failed += defer_alloc(&p, 64, NULL) == cudaErrorNoDevice;
+    }
+    const char *said = stderr_capture_end();
+    fake_fail_clear();
+    unsetenv("CUDEFER_POLL_US");
+    unsetenv("CUDEFER_NO_SUCH_KNOB");
+    is_int(failed, 3, "three calls whose start fails");
+    is_int(lines_with(said, "cudaGetDeviceCount failed"), 3,
+           "each says its failure");
+    is_int(lines_with(said, "CUDEFER_POLL_US=\"5s\" is out of range"), 1,
+           "the invalid value is said once");
+    is_int(lines_with(said, "CUDEFER_NO_SUCH_KNOB is not a cudefer setting"),
+           1, "the unknown name is said once");
+}
+
 /* A start that failed (cudaGetDeviceCount) started nothing: defer_configure
  * is still accepted afterwards, and the next start uses what it gave (the
  * start-up print below). */
@@ -64,6 +101,7 @@ int main(void)
     plan_lazy();
     fake_reset(1);
     test_counted_before_start();
+    test_failed_starts_say_the_environment_once();
     test_failed_start_leaves_it_open();
 
     struct defer_config cfg;
