@@ -242,7 +242,9 @@ CUDEFER_API cudaError_t defer_free_n(void *const *ptrs, size_t n,
  * Return a block with defer_free (or defer_free_n, defer_free_streams,
  * defer_pluggable_free), never with cudaFree.  A free block not taken for
  * cache_keep_ms is released, and every free block by defer_trim and
- * defer_shutdown; live blocks stay the application's.  Blocks only to
+ * defer_shutdown; live blocks stay the application's (cudaFree frees a
+ * whole one; a piece cut from a larger block, split_min_bytes, cannot be
+ * freed alone: its allocation stays until exit).  Blocks only to
  * allocate and, out of memory, to trim before one retry (not in a
  * callback, which cannot wait for the trim), then in the out-of-memory
  * handler (defer_set_oom_handler).  bytes == 0 gives
