@@ -57,7 +57,8 @@ bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
     request_init_sync(q);
     /* A flush waits for callbacks that share events: while it does, no
      * lane records a pending event again (stream_lane.h), so it waits for
-     * no work deferred after it began. */
+     * no work deferred after it began (but a call's running beside its
+     * start). */
     if (!q->trim)
         stream_lane_waiter(1);
     lifecycle_push(marker);

@@ -207,8 +207,9 @@ bool stream_lane_event_put(struct shared_event *ev);
  * with no event, lifecycle_requests_push_and_wait) begins to wait (delta
  * 1, before it pushes its request) or has stopped (-1).  While any waits, no lane
  * records a pending event again: what it waits for completes with the
- * work deferred before it began, not with work deferred later.  Never
- * blocks. */
+ * work deferred before it began, not with work deferred later, but for
+ * one record per pick that read no waiter just before the count rose (a
+ * call running beside the flush's start).  Never blocks. */
 void stream_lane_waiter(int delta);
 
 /* The table's thread, at its exit, or the reclaimer at shutdown (see
