@@ -399,7 +399,7 @@ size_t cache_reclaim_expired(int device, uint64_t freed_before_ns,
 /* Reclaimer only, device current.  Releases what cache_reclaim_expired
  * takes (at most 64 at a time, until none is left): an upstream segment
  * back to the pool, ordered on stream (cache_upstream_free: with cudaFree
- * for stream NULL or where that fails), another with cudaFree (which
+ * where that fails; NULL: with cudaFree), another with cudaFree (which
  * drains the device); each is then forgotten.  A sticky
  * error is handed to fail (device, the call by name, the error); another is
  * reported.  stop (NULL: none) is asked before each segment after the
@@ -529,16 +529,19 @@ cudaError_t cache_upstream_grant(int device, int peer, const char **call);
 
 /* Any thread.  Hands bytes at ptr from device's pool back to it, ordered
  * on stream (cudaFreeAsync: the memory serves the next request on stream
- * at once, any stream once stream reached the free); stream NULL, or a
- * cudaFreeAsync that fails with an error that is not sticky (said as
- * what's), with cudaFree, which drains the device and so is safe for a
- * block pending on any stream.  Returns the error of the last call made,
- * *call its name: on an error the memory is lost to the pool, still lent
- * in its books.  The runtime's last error is left clear for an error that
- * is not sticky. */
+ * at once, any stream once stream reached the free; NULL is the legacy
+ * stream); where cudaFreeAsync fails with an error that is not sticky
+ * (said as what's), with cudaFree, which drains the device and so is safe
+ * for a block pending on any stream.  Returns the error of the last call
+ * made, *call its name: on an error the memory is lost to the pool, still
+ * lent in its books.  The runtime's last error is left clear for an error
+ * that is not sticky. */
 cudaError_t cache_upstream_free(const char *what, int device, void *ptr,
                                 size_t bytes, cudaStream_t stream,
                                 const char **call);
+/* The same with cudaFree alone, for a caller that has no stream to order
+ * the free on. */
+cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes);
 
 /* Any thread, while the library is running (the pools exist).  bytes taken
  * from device's pool are no block of the cache any more, though not handed

@@ -265,9 +265,11 @@ size_t cache_reclaim_release(int device, uint64_t freed_before_ns,
             struct cache_block *b = batch[i];
             const char *call = "cudaFree";
             cudaError_t err =
-                b->upstream ? cache_upstream_free("release", device, b->ptr,
-                                                  b->size, stream, &call)
-                            : cuda_free(b->ptr);
+                !b->upstream ? cuda_free(b->ptr)
+                : stream != NULL
+                    ? cache_upstream_free("release", device, b->ptr, b->size,
+                                          stream, &call)
+                    : cache_upstream_free_sync(device, b->ptr, b->size);
             if (err == cudaSuccess) {
                 released++;
                 /* An upstream segment's bytes leave the device only when

@@ -183,22 +183,22 @@ cudaError_t cache_upstream_free(const char *what, int device, void *ptr,
                                 size_t bytes, cudaStream_t stream,
                                 const char **call)
 {
-    cudaError_t err = cudaErrorUnknown;
-    if (stream != NULL) {
-        *call = "cudaFreeAsync";
-        err = cuda_free_async_relaxed(ptr, stream);
-        if (err == cudaSuccess || cuda_error_is_sticky(err)) {
-            if (err == cudaSuccess)
-                cache_upstream_forget(device, bytes);
-            cuda_forget_failure(err);
-            return err;
-        }
-        cuda_forget_failure(err);
-        cuda_report_failure(what, *call, err,
-                            "; the block goes back with cudaFree");
-    }
+    *call = "cudaFreeAsync";
+    cudaError_t err = cuda_free_async_relaxed(ptr, stream);
+    if (err == cudaSuccess)
+        cache_upstream_forget(device, bytes);
+    cuda_forget_failure(err);
+    if (err == cudaSuccess || cuda_error_is_sticky(err))
+        return err;
+    cuda_report_failure(what, *call, err,
+                        "; the block goes back with cudaFree");
     *call = "cudaFree";
-    err = cuda_free_relaxed(ptr);
+    return cache_upstream_free_sync(device, ptr, bytes);
+}
+
+cudaError_t cache_upstream_free_sync(int device, void *ptr, size_t bytes)
+{
+    cudaError_t err = cuda_free_relaxed(ptr);
     if (err == cudaSuccess) /* else the memory stays lent: lost to the pool */
         cache_upstream_forget(device, bytes);
     cuda_forget_failure(err);
