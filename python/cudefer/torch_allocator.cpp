@@ -127,13 +127,19 @@ void *CudeferAllocator::malloc_untraced(
         void *p = pool_malloc(d, device, size, rounded, stream, context);
         if (p != nullptr)
             return p;
-    } else if (C10_UNLIKELY(d.has_deferred.load(std::memory_order_relaxed)) &&
+    } else if (C10_UNLIKELY(
+                   d.has_deferred.load(std::memory_order_relaxed) ||
+                   d.has_deferred_frees.load(std::memory_order_relaxed)) &&
                sections_anywhere.load(std::memory_order_acquire) == 0) {
-        // Pool blocks freed with uses while a section was open: their
-        // events are recorded now that none is, as PyTorch's allocator
-        // records them at an allocation with no capture under way.
-        std::lock_guard<std::mutex> lock(d.mu);
-        pool_undefer(d);
+        // Blocks freed with uses while a section was open: their events
+        // are recorded now that none is (pool blocks), or they go to
+        // cudefer (its memory), as PyTorch's allocator records them at an
+        // allocation with no capture under way.
+        {
+            std::lock_guard<std::mutex> lock(d.mu);
+            pool_undefer(d);
+        }
+        undefer_frees(d);
     }
     void *ptr = nullptr;
     cudaError_t err = cudefer_alloc(&ptr, size, device, stream);
@@ -213,8 +219,11 @@ Allocation CudeferAllocator::take(void *ptr)
 }
 
 // A taken allocation's memory back to its private pool, or to cudefer on
-// the stream it was allocated on.  Any thread; takes the device's mutex
-// for a pool block.  Never blocks otherwise, never throws.
+// the stream it was allocated on; cudefer's memory that other streams
+// used, while an allocate-to-pool section is open anywhere, later
+// (DeviceState::deferred_frees).  Any thread; takes the device's mutex
+// for a pool block or a deferred free.  Never blocks otherwise, never
+// throws.
 void CudeferAllocator::give_back(void *ptr, const Allocation &a)
 {
     if (a.block != nullptr) {
@@ -223,7 +232,40 @@ void CudeferAllocator::give_back(void *ptr, const Allocation &a)
         pool_free(d, a.block);
         return;
     }
+    if (C10_UNLIKELY(a.recorded) &&
+        sections_anywhere.load(std::memory_order_acquire) > 0) {
+        DeviceState &d = *devices_[a.device];
+        std::lock_guard<std::mutex> lock(d.mu);
+        try {
+            d.deferred_frees.emplace_back(ptr, a);
+            d.has_deferred_frees.store(true, std::memory_order_relaxed);
+            return;
+        } catch (const std::bad_alloc &) {
+            // No memory to defer it: freed now, which cudefer may refuse
+            // (said on stderr) if a stream that used it captures.
+        }
+    }
     fns_.free(ptr, a.requested, a.device, a.stream);
+}
+
+// Any thread, holding no lock of the allocator's; never blocks nor
+// throws.  Once no allocate-to-pool section is open anywhere, the
+// deferred frees of d's tensors (DeviceState::deferred_frees) go to
+// cudefer, each on the stream it was allocated on.  Nothing while a
+// section is open.
+void CudeferAllocator::undefer_frees(DeviceState &d)
+{
+    std::vector<std::pair<void *, Allocation>> frees;
+    {
+        std::lock_guard<std::mutex> lock(d.mu);
+        if (sections_anywhere.load(std::memory_order_acquire) > 0)
+            return;
+        frees.swap(d.deferred_frees);
+        d.has_deferred_frees.store(false, std::memory_order_relaxed);
+    }
+    for (const auto &f : frees)
+        fns_.free(f.first, f.second.requested, f.second.device,
+                  f.second.stream);
 }
 
 // defer_pluggable_alloc_status, under a relaxed capture mode while any
@@ -250,10 +292,15 @@ void CudeferAllocator::recordStream(const c10::DataPtr &data_ptr,
     // A storage of no bytes has no block.
     if (ptr == nullptr)
         return;
-    PoolBlock *block = nullptr;
-    int device = 0;
-    if (!lookup(ptr, &block, &device))
+    Allocation a;
+    if (!lookup_allocation(ptr, &a, false))
         return;  // memory PyTorch did not allocate (DLPack): ignored
+    PoolBlock *block = a.block;
+    int device = a.device;
+    // A use on the stream it was allocated on needs no care, as
+    // PyTorch's allocator ignores it: its free is ordered there.
+    if (stream.stream() == a.stream && stream.device_index() == device)
+        return;
     if (block != nullptr) {
         std::lock_guard<std::mutex> lock(devices_[device]->mu);
         if (stream.stream() != block->stream &&
@@ -275,14 +322,17 @@ void CudeferAllocator::recordStream(const c10::DataPtr &data_ptr,
         c10::cuda::CUDAGuard guard(stream.device_index());
         err = fns_.record_stream(ptr, stream.stream());
     }
-    TORCH_CHECK(err != cudaErrorStreamCaptureUnsupported,
-                "cudefer: Tensor.record_stream on a stream being "
-                "captured into a CUDA graph, for memory allocated "
-                "outside the graph's pool, is not supported");
+    // A use by a stream being captured is work of the graph, which the
+    // application keeps the tensor alive for: none to wait for, as
+    // PyTorch's allocator drops the uses recorded during a capture
+    // (cudefer refuses it, the capture left intact).
+    if (err == cudaErrorStreamCaptureUnsupported)
+        return;
     TORCH_CHECK(err == cudaSuccess,
                 "cudefer: defer_record_stream failed with CUDA error ",
                 static_cast<int>(err),
                 "; the tensor's memory is not protected for that stream");
+    lookup_allocation(ptr, &a, true);
     recorded.fetch_add(1, std::memory_order_relaxed);
 }
 

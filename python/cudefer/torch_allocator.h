@@ -12,12 +12,17 @@
 //     pending, on every device and from every user of the library, is
 //     waited for (defer_flush) before one more try, then
 //     torch.OutOfMemoryError is raised after the OOM observers ran;
-//     Tensor.record_stream calls defer_record_stream; empty_cache calls
-//     defer_flush and defer_trim;
+//     Tensor.record_stream calls defer_record_stream (not for the
+//     tensor's own stream, nor a stream being captured: ignored, as
+//     PyTorch's allocator ignores them), and such a tensor freed while an
+//     allocate-to-pool section is open is given to cudefer once none is;
+//     empty_cache calls defer_flush and defer_trim;
 //   - the statistics torch.cuda.memory_stats reads, with PyTorch's
 //     meanings: allocated bytes count each live tensor at the size PyTorch's
 //     own allocator rounds it to (512 bytes, or roundup_power2_divisions),
-//     so memory_allocated agrees with PyTorch's on the same tensors;
+//     so memory_allocated agrees with PyTorch's on the same tensors (but
+//     where PyTorch hands a tensor above 1 MiB a block up to 1 MiB larger,
+//     which it splits no less off and counts whole);
 //     reserved bytes are cudefer's (its cache) plus the private pools',
 //     their peak read from cudefer's own peak of its cache, which
 //     reset_peak_memory_stats resets too;
@@ -301,6 +306,9 @@ struct Allocation {
     cudaStream_t stream = nullptr;
     PoolBlock *block = nullptr;  // nullptr: cudefer's
     int8_t device = 0;
+    // cudefer's memory that a stream other than its own used
+    // (record_stream): its free is deferred while a section is open.
+    bool recorded = false;
 };
 
 // The reserved figures of cudefer's counters, sampled (reading them costs
@@ -348,6 +356,9 @@ struct alignas(64) DeviceState {
     // cleared by pool_undefer once it emptied every deferred list; every
     // allocation reads it without the lock (hot-path test).
     std::atomic<bool> has_deferred{false};
+    // Set (under mu) when a free of cudefer's memory is deferred, cleared
+    // by undefer_frees once it emptied deferred_frees (hot-path test).
+    std::atomic<bool> has_deferred_frees{false};
     // cudefer's own counters of this device, sampled (per_device()).
     CudeferSample sample;
 
@@ -358,6 +369,14 @@ struct alignas(64) DeviceState {
         std::function<bool(cudaStream_t)> filter;
     };
     std::vector<Section> open_sections;
+    // Tensors of cudefer's memory that other streams used
+    // (Allocation::recorded), freed while an allocate-to-pool section was
+    // open somewhere: a capture may be under way on one of those streams,
+    // where cudefer refuses the free (it cannot wait for a capturing
+    // stream) and the memory would be lost.  Given to cudefer once none
+    // is open (undefer_frees), as PyTorch's allocator records such
+    // blocks' events once no capture is under way.
+    std::vector<std::pair<void *, Allocation>> deferred_frees;
 
     // Memory history (torch_history.cpp): this device's trace entries, at
     // most trace_max, in order, the oldest at trace_next once there are
@@ -540,6 +559,21 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         return true;
     }
 
+    // The live allocation at ptr, marked recorded when mark (a use by
+    // another stream).  False for a pointer not in the table.
+    bool lookup_allocation(void *ptr, Allocation *out, bool mark)
+    {
+        Shard &s = shard_of(ptr);
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.map.find(ptr);
+        if (it == s.map.end())
+            return false;
+        if (mark)
+            it->second.recorded = true;
+        *out = it->second;
+        return true;
+    }
+
     bool lookup(void *ptr, PoolBlock **block, int *device)
     {
         Shard &s = shard_of(ptr);
@@ -639,6 +673,7 @@ class CudeferAllocator final : public CCA::CUDAAllocator {
         const std::shared_ptr<c10::GatheredContext> *context = nullptr);
     Allocation take(void *ptr);
     void give_back(void *ptr, const Allocation &a);
+    void undefer_frees(DeviceState &d);
     void set_cap(int device, double fraction, size_t total);
     cudaError_t cudefer_alloc(void **ptr, size_t size, int device,
                               cudaStream_t stream);

@@ -51,6 +51,8 @@ void CudeferAllocator::emptyCache(MempoolId_t mempool_id)
     if (mempool_id.first == 0 && mempool_id.second == 0) {
         if (sections_anywhere.load(std::memory_order_acquire) > 0)
             return;
+        for (int i = 0; i < device_count_; i++)
+            undefer_frees(*devices_[i]);
         cudaError_t err = fns_.flush();
         TORCH_CHECK(err == cudaSuccess,
                     "cudefer: defer_flush failed with CUDA error ",
@@ -611,6 +613,18 @@ static void lower_pool_low(DeviceState &d)
         d.pool_bytes_low.store(left);
 }
 
+// d.mu held: b, whose memory just went back to CUDA, out of pool's free,
+// pending and deferred lists before its struct goes, so that a CUDA error
+// later in release_free_pools leaves no list naming a freed block.
+static void pool_unlist(Pool &pool, PoolBlock *b)
+{
+    auto range = pool.free_blocks.equal_range({b->stream, b->size});
+    for (auto it = range.first; it != range.second;)
+        it = it->second == b ? pool.free_blocks.erase(it) : std::next(it);
+    for (std::vector<PoolBlock *> *list : {&pool.pending, &pool.deferred})
+        list->erase(std::remove(list->begin(), list->end(), b), list->end());
+}
+
 size_t CudeferAllocator::release_free_pools(int device,
                                             const MempoolId_t *only)
 {
@@ -655,6 +669,7 @@ size_t CudeferAllocator::release_free_pools(int device,
                 }
             }
             C10_CUDA_CHECK(cudaFree((*b)->ptr));
+            pool_unlist(pool, b->get());
             bool small = (*b)->size <= kSmallSize;
             d.pool_bytes.sub(small, static_cast<int64_t>((*b)->size));
             lower_pool_low(d);  // at once: a later CUDA call may throw
@@ -663,9 +678,6 @@ size_t CudeferAllocator::release_free_pools(int device,
             released += (*b)->size;
             b = blocks.erase(b);
         }
-        pool.free_blocks.clear();
-        pool.pending.clear();
-        pool.deferred.clear();
         if (blocks.empty())
             it = d.pools.erase(it);
         else

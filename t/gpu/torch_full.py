@@ -79,7 +79,8 @@ allocated bytes are memory_allocated, reserved >= allocated), and the
 allocator's bookkeeping costs at most 1 % of a step.
 The parts of a CUDA graph and torch.compile are in torch_graphs.py beside
 this file, those of the memory fraction in torch_fraction.py, those of
-reserved memory in torch_reserved.py, the probe's in torch_probe.py;
+reserved memory in torch_reserved.py, those of record_stream and a
+graph pool's peak in torch_record.py, the probe's in torch_probe.py;
 MemPool tensors a side stream reads
 (Tensor.record_stream) are torch_pools.py's, a script of its own.
 """
@@ -111,6 +112,7 @@ from torch_fraction import (check_fraction_caps,  # noqa: E402
                             check_fraction_env_and_oom, memory_fraction,
                             probe_env_fraction)
 from torch_reserved import check_reserved, reserved_parts  # noqa: E402
+from torch_record import check_record, record_parts  # noqa: E402
 
 GiB = 1 << 30
 
@@ -262,6 +264,11 @@ def run(mode, lib, steps, out_path):
     # at empty_cache; a reserved peak between statistics calls; the
     # accumulated counters after a reset (torch_reserved.py).
     reserved_parts(torch, dev, res)
+
+    # record_stream on the tensor's own stream and on a capturing one, a
+    # recorded tensor freed during a capture, a graph pool's peak
+    # (torch_record.py).
+    record_parts(torch, dev, res)
 
     # Nested MemPools: the innermost use_mem_pool serves the allocation.
     try:
@@ -498,6 +505,7 @@ def compare(native, mine):
           all(p and p[1] >= p[0] >= GiB for p in spikes),
           "native %s, cudefer %s (allocated, reserved)" % tuple(spikes))
     check_reserved(native, mine, check)
+    check_record(native, mine, check)
     check("nested use_mem_pool: the inner MemPool serves the allocation",
           mine.get("nested_pool") == native.get("nested_pool") == "inner",
           "native %s, cudefer %s" % (native.get("nested_pool"),
