@@ -319,9 +319,16 @@ void *CudeferAllocator::pool_malloc(
     DeviceState &d, int device, size_t size, size_t rounded,
     cudaStream_t stream, const std::shared_ptr<c10::GatheredContext> *context)
 {
+    int64_t made = d.pool_mallocs.load(std::memory_order_relaxed);
     void *ptr = pool_malloc_locked(d, device, size, rounded, stream);
     if (ptr == kPoolOutOfMemory)
         out_of_memory(device, rounded, nullptr, stream, context);
+    // A pool that grew raises the reserved peak now: its growth may be
+    // released before any statistics call samples it (a graph's pool, at
+    // empty_cache once the graph is gone).  No CUDA call; next to the
+    // new block's cudaMalloc, its cost does not show.
+    if (d.pool_mallocs.load(std::memory_order_relaxed) != made)
+        sample_reserved(device);
     return ptr;
 }
 

@@ -35,14 +35,11 @@ DeviceStats CudeferAllocator::getDeviceStats(c10::DeviceIndex device)
     int64_t reserved = reserved_of(device);
     int64_t cudefer_part = reserved - s.reserved_bytes[0].current;
     Stat &r = s.reserved_bytes[0];
-    // The private pools' own peak (exact, under the device's mutex): a
-    // pool's growth released before any sample saw it counts too.
-    int64_t pool_peak = r.peak;
     r.current = reserved;
     // The reserved bytes are never below the allocated ones (reserved_of),
     // so neither is their peak (reserved_peak: sample_reserved).
     r.peak = std::max<int64_t>({d.reserved_peak.load(), reserved,
-                                s.allocated_bytes[0].peak, pool_peak});
+                                s.allocated_bytes[0].peak});
     int64_t grown = cudefer_part - d.reserved_base.load();
     r.allocated += std::max<int64_t>(grown, 0);
     r.freed += std::max<int64_t>(-grown, 0);
