@@ -393,8 +393,9 @@ CUDEFER_API cudaError_t defer_call_streams(void (*fn)(void *arg), void *arg,
                                            const cudaStream_t *streams,
                                            size_t n);
 
-/* defer_call: run fn(arg) on the reclaimer thread, signals blocked and the
- * CUDA last error clear, once all work enqueued on stream so far is done,
+/* defer_call: run fn(arg) on the reclaimer thread, signals blocked, the
+ * CUDA last error clear and the thread's capture mode relaxed (a mode fn
+ * sets ends with it), once all work enqueued on stream so far is done,
  * whatever the policy; otherwise the contract of defer_free.  A NULL fn is
  * cudaErrorInvalidValue.  fn may defer more, also while shutdown or exit
  * drains (that is drained too).  Callbacks on one stream run in the order

@@ -175,8 +175,9 @@ cudaError_t cuda_switch_back(struct cuda_switch *sw, const char *what);
  * blocks on the GPU: cudaSetDevice. */
 cudaError_t cuda_set_device(int device);
 
-/* Reclaimer only, once at its start: the thread's capture mode relaxed for
- * good (its queries and frees never invalidate another thread's capture). */
+/* Reclaimer only, at its start and after each callback (which may change
+ * it): the thread's capture mode relaxed (its queries and frees never
+ * invalidate another thread's capture). */
 void cuda_relax_capture_mode(void);
 
 /* ---- events -------------------------------------------------------------- */

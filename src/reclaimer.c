@@ -236,11 +236,18 @@ bool reclaimer_use_device(int device)
  * cudaGetDevice) rather than forget it, which cost a cudaSetDevice before
  * the next query or callback: one per callback in a drain of callbacks
  * (W6).  Unknown (-1) if even that fails, or if exit gave up while the
- * callback ran (no CUDA call then).  Never blocks. */
-static void learn_device_after_callback(void)
+ * callback ran (no CUDA call then).  The callback may have changed the
+ * thread's capture mode too: relaxed again (a thread-local exchange), or
+ * the reclaimer's next query, while another thread captures in the
+ * global mode, would be refused and invalidate that capture.  Never
+ * blocks. */
+static void settle_after_callback(void)
 {
     int device;
-    rs.current_device = !reclaimer_abandoned() &&
+    bool abandoned = reclaimer_abandoned();
+    if (!abandoned)
+        cuda_relax_capture_mode();
+    rs.current_device = !abandoned &&
                                 cuda_get_device_runtime(&device) == cudaSuccess
                             ? device
                             : -1;
@@ -294,7 +301,7 @@ cudaError_t reclaimer_release_now(struct entry *e, uint64_t now)
             err = e->group_err;
         trace_pop();
         if (e->kind == ENTRY_CALL) {
-            learn_device_after_callback();
+            settle_after_callback();
             count_forked_callback(err);
         }
         if (cuda_error_is_sticky(err))

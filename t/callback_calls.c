@@ -254,6 +254,40 @@ static void s_clean_error(void)
     cudaFree(p); /* not released by cudefer: the test's own */
 }
 
+/* A callback that sets its thread's capture mode (to Global, CUDA's
+ * default) and leaves it so: the mode ends with the callback.  Left in it,
+ * the reclaimer's next event query, while this thread captures in the
+ * global mode, was refused, which invalidated the application's capture,
+ * and taken for a failed query: the device failed for good. */
+static void global_mode(void *unused)
+{
+    (void)unused;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+}
+
+static void s_callback_capture_mode(void)
+{
+    cudaStream_t s = stream_new(), cap = stream_new(), other = stream_new();
+    CHECK(defer_call(global_mode, NULL, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "a callback that sets the global capture mode ran");
+    void *p = device_alloc(256);
+    begin_capture(cap); /* this thread, the global mode */
+    work_timed(other, 20000, p);
+    stderr_capture_begin();
+    CHECK(defer_free(p, other) == cudaSuccess, "defer_free on a stream that "
+          "does not capture");
+    sleep_ms(50); /* the reclaimer queries p's event meanwhile */
+    const char *said = stderr_capture_end();
+    CHECK(capture_intact(cap), "the application's capture is intact");
+    CHECK(strstr(said, "device 0") == NULL, "the device did not fail: %s",
+          said);
+    end_capture(cap);
+    CHECK(defer_flush() == cudaSuccess && fake_is_released(p) == 1,
+          "p released");
+}
+
 /* The header's limit: there is one reclaimer thread, so while a callback
  * runs nothing is released, not even memory whose work is done under the
  * eager policy (released as soon as its work completes), and a defer_flush
@@ -473,6 +507,9 @@ int main(void)
                   "", 1, 15000, s_no_event);
     fork_scenario("a callback does not find the reclaimer's own CUDA errors",
                   "", 1, 15000, s_clean_error);
+    fork_scenario("a capture mode a callback sets ends with it: the "
+                  "reclaimer's queries never invalidate a capture",
+                  "", 1, 15000, s_callback_capture_mode);
     fork_scenario("exit inside a callback run synchronously "
                   "(CUDEFER_DISABLE): the drain does not wait for it",
                   "CUDEFER_DISABLE=1", 1, 15000, s_exit_in_sync_callback);
