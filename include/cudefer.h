@@ -527,8 +527,8 @@ defer_device_stats_get_sized(int device, struct defer_device_stats *out,
  * meanwhile may land before or after the reset.  Takes no lock, makes no
  * CUDA call, never blocks; the errors of defer_device_stats_get_sized for
  * a device other than -1.
- * Limit: a reset racing a free and a new block on the device may leave
- * live_bytes_peak up to that block's size above any value live_bytes had,
+ * Limit: a reset racing frees and new blocks on the device may leave a
+ * peak up to those blocks' sizes above any value its counter had since,
  * until the next reset. */
 CUDEFER_API cudaError_t defer_device_stats_reset_peaks(int device);
 

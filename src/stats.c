@@ -324,13 +324,23 @@ cudaError_t defer_device_stats_get_sized(int device,
     return cudaSuccess;
 }
 
-/* Any thread: each peak of slot d becomes its current value. */
+/* Any thread: each peak of slot d becomes its current value.  A growth
+ * between a read here and its store found the old peak as high and left
+ * it (stats_device_peak), then the store put the older, lower value: each
+ * peak is raised again from fresh reads after the stores, so that it is
+ * never below its counter's value at that moment. */
 static void device_reset_peaks(struct stats_device *d)
 {
     uint64_t free_bytes = read(&d->free_bytes), bytes = read(&d->bytes);
     stats_set(&d->bytes_peak, bytes);
     stats_set(&d->live_peak, bytes > free_bytes ? bytes - free_bytes : 0);
     stats_set(&d->held_peak, read(&d->held_bytes));
+    free_bytes = read(&d->free_bytes);
+    bytes = read(&d->bytes);
+    stats_device_peak(&d->bytes_peak, bytes);
+    stats_device_peak(&d->live_peak,
+                      bytes > free_bytes ? bytes - free_bytes : 0);
+    stats_device_peak(&d->held_peak, read(&d->held_bytes));
 }
 
 /* Public, any thread; takes no lock, never blocks. */
