@@ -115,6 +115,14 @@ cudaError_t submit_reject(const struct request_args *a, const char *call,
     return err;
 }
 
+cudaError_t submit_reject_on(const struct request_args *a, int device,
+                             const char *call, cudaError_t err)
+{
+    if (device >= 0 && cuda_error_is_sticky(err))
+        lifecycle_fail_device(a->what, device, call, err);
+    return submit_reject(a, call, err);
+}
+
 /* ---- the stream's identity --------------------------------------------- */
 
 /* Any thread: the identity of stream looked up afresh, a cached one having
@@ -232,6 +240,7 @@ static void target_init(struct target *t, const struct request_args *a,
     t->batch = t->capturing = t->group = t->cached = false;
     t->plan = (struct block_free_plan){.path = BLOCK_NOT_OURS};
     t->sw = CUDA_SWITCH_NONE;
+    t->device = -1; /* not identified yet */
 }
 
 /* Any thread, admitted: a's current_device made current where the caller

@@ -71,4 +71,11 @@ cudaError_t submit_pluggable_free(const struct pluggable_free *f);
 cudaError_t submit_reject(const struct request_args *a, const char *call,
                           cudaError_t err);
 
+/* As submit_reject, for a call that failed on device (-1: not known): a
+ * sticky error there (a fault of the device's, not the call's) fails the
+ * device too, said once, as the reclaimer's calls fail it, so that later
+ * calls on it and defer_flush return it where nothing was pending. */
+cudaError_t submit_reject_on(const struct request_args *a, int device,
+                             const char *call, cudaError_t err);
+
 #endif

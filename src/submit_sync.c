@@ -147,7 +147,7 @@ static cudaError_t release_synchronously(const struct request_args *a,
     if (err != cudaSuccess)
         return submit_reject(a, call, err);
     if ((err = cuda_stream_synchronize_relaxed(stream)) != cudaSuccess)
-        return submit_reject(a, "cudaStreamSynchronize", err);
+        return submit_reject_on(a, device, "cudaStreamSynchronize", err);
     /* stream and the recorded ones, each once, are SUBMIT_MAX_STREAMS at
      * most, as a group of the other routes holds (submit_group_resolve):
      * a free is refused alike whether CUDEFER_DISABLE is set or not. */
@@ -214,7 +214,9 @@ cudaError_t submit_sync_no_entry(const struct request_args *a,
                                  struct target *t, const struct failure *f)
 {
     if (!f->no_event)
-        return submit_reject(a, f->call, f->err);
+        /* A group's failure may be of any of its streams' devices. */
+        return submit_reject_on(a, t->group ? -1 : t->device, f->call,
+                                f->err);
     cuda_report_failure(a->what, f->call, f->err,
                         t->group ? "; waiting for the streams and releasing "
                                    "synchronously"

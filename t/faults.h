@@ -141,6 +141,7 @@ static inline void *pool_alloc(cudaStream_t s, size_t size)
 void s_device_count(const struct scenario *sc);
 void s_stream_identity(const struct scenario *sc);
 void s_record(const struct scenario *sc);
+void s_record_sticky(const struct scenario *sc);
 void s_create_fails(const struct scenario *sc);
 void s_create_and_sync_fail(const struct scenario *sc);
 void s_create_other_device(const struct scenario *sc);

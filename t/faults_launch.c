@@ -388,6 +388,53 @@ void s_disable_sync_fails(const struct scenario *sc)
  * with its number; a flush returns the error and a later call on device 1
  * is refused with it, even where the runtime would let it through
  * (injected once); device 0 carries on, and is the caller's again. */
+/* A kernel faults while the device has nothing pending: the reclaimer
+ * makes no call there to meet it.  The next defer_free's own call (its
+ * cudaEventRecord, or with no event its cudaStreamSynchronize) meets the
+ * sticky error: refused with it, and the device fails (one line naming
+ * it), so that defer_flush and later calls return it, as cudefer.h says
+ * of a kernel fault.  The device was left as it was: defer_flush
+ * answered cudaSuccess. */
+static void nothing(void *unused)
+{
+    (void)unused;
+}
+
+void s_record_sticky(const struct scenario *sc)
+{
+    const cudaError_t bad = sc->err;
+    cudaStream_t s = stream_new();
+    void *p = device_alloc(64), *q = device_alloc(64);
+    /* A callback, not a free: the reclaimer then makes no wait for its
+     * frees, which would meet the failure armed below. */
+    CHECK(defer_call(nothing, NULL, s) == cudaSuccess &&
+              defer_flush() == cudaSuccess,
+          "a first callback, flushed: nothing pending");
+    stderr_capture_begin();
+    fake_fail(sc->call, bad, 0, sc->count);
+    if (sc->call == FAKE_STREAM_SYNCHRONIZE) /* no event: the wait */
+        fake_fail(FAKE_EVENT_CREATE, cudaErrorMemoryAllocation, 0, -1);
+    cudaError_t first = defer_free(p, s);
+    cudaError_t flushed = defer_flush();
+    cudaError_t later = defer_free(q, s);
+    fake_fail_clear();
+    const char *msg = capture_end();
+    CHECK(first == bad, "defer_free refused with %s (%s)", EN(bad),
+          EN(first));
+    CHECK(flushed == bad, "defer_flush returns %s (%s)", EN(bad),
+          EN(flushed));
+    CHECK(later == bad, "a later defer_free is refused with it (%s)",
+          EN(later));
+    CHECK(lines_with(msg, "device 0", fake_call_name(sc->call), EN(bad)) ==
+              1,
+          "one line names device 0, %s and %s: %s", fake_call_name(sc->call),
+          EN(bad), msg);
+    CHECK(fake_is_released(p) == 0 && fake_is_released(q) == 0,
+          "neither released");
+    cudaFree(p);
+    cudaFree(q);
+}
+
 void s_disable_free_sticky(const struct scenario *sc)
 {
     const cudaError_t bad = sc->err;
