@@ -44,6 +44,44 @@ static void request_init_sync(struct request *q)
     pthread_condattr_destroy(&attr);
 }
 
+/* Wait, holding no lock of cudefer's, until q is answered (true: its lock
+ * and condition destroyed), or until deadline_ns if not 0, or, q
+ * abandonable, once exit gave up (false: q is left to the reclaimer). */
+static bool await_answer(struct request *q, uint64_t deadline_ns)
+{
+    pthread_mutex_lock(&q->lock);
+    while (!q->done) {
+        if (deadline_ns == 0 && !q->abandonable) {
+            pthread_cond_wait(&q->cond, &q->lock);
+            continue;
+        }
+        /* An abandonable wait looks at the abandon every
+         * ABANDON_POLL_NS: exit, giving up, signals no request (it cannot
+         * take life_lock while a shutdown holds it, and a reclaimer left
+         * inside a callback answers nothing more). */
+        uint64_t until = deadline_ns;
+        if (q->abandonable) {
+            if (atomic_load(&rs.abandoned))
+                break;
+            uint64_t slice = now_ns() + ABANDON_POLL_NS;
+            if (until == 0 || slice < until)
+                until = slice;
+        }
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                              .tv_nsec = (long)(until % 1000000000u)};
+        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
+            !q->done && until == deadline_ns)
+            break;
+    }
+    bool answered = q->done;
+    pthread_mutex_unlock(&q->lock);
+    if (answered) {
+        pthread_cond_destroy(&q->cond);
+        pthread_mutex_destroy(&q->lock);
+    }
+    return answered;
+}
+
 /* Push a request and wait for it (at most until deadline_ns, if not 0);
  * false if the deadline passed first, or, for an abandonable request,
  * once exit gave up: the request (with its queue marker) is then left to
@@ -66,41 +104,10 @@ bool lifecycle_requests_wait(struct request *q, uint64_t deadline_ns,
     if (leave_gate)
         lifecycle_leave();
     lifecycle_wake_now(); /* do not wait for a napping reclaimer's next pass */
-    pthread_mutex_lock(&q->lock);
-    while (!q->done) {
-        if (deadline_ns == 0 && !q->abandonable) {
-            pthread_cond_wait(&q->cond, &q->lock);
-            continue;
-        }
-        /* An abandonable wait looks at the abandon every
-         * ABANDON_POLL_NS: exit, giving up, signals no request (it cannot
-         * take life_lock while a shutdown holds it, and a reclaimer left
-         * inside a callback answers nothing more). */
-        uint64_t until = deadline_ns;
-        if (q->abandonable) {
-            if (atomic_load(&rs.abandoned))
-                goto give_up;
-            uint64_t slice = now_ns() + ABANDON_POLL_NS;
-            if (until == 0 || slice < until)
-                until = slice;
-        }
-        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
-                              .tv_nsec = (long)(until % 1000000000u)};
-        if (pthread_cond_timedwait(&q->cond, &q->lock, &ts) == ETIMEDOUT &&
-            !q->done && until == deadline_ns)
-            goto give_up;
-    }
-    pthread_mutex_unlock(&q->lock);
+    bool answered = await_answer(q, deadline_ns);
     if (!q->trim)
         stream_lane_waiter(-1);
-    pthread_cond_destroy(&q->cond);
-    pthread_mutex_destroy(&q->lock);
-    return true;
-give_up:
-    pthread_mutex_unlock(&q->lock);
-    if (!q->trim)
-        stream_lane_waiter(-1);
-    return false;
+    return answered;
 }
 
 /* A request for the heap, abandonable: a waiter that exit leaves behind
@@ -139,25 +146,10 @@ cudaError_t lifecycle_requests_push_and_wait(struct entry *e)
     e->request = q;
     stream_lane_waiter(1); /* it waits behind callbacks: as a flush does */
     lifecycle_push(e);
-    pthread_mutex_lock(&q->lock);
-    bool abandoned = false;
-    while (!q->done && !abandoned) {
-        if (!q->abandonable) {
-            pthread_cond_wait(&q->cond, &q->lock);
-            continue;
-        }
-        uint64_t until = now_ns() + ABANDON_POLL_NS;
-        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
-                              .tv_nsec = (long)(until % 1000000000u)};
-        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
-        abandoned = !q->done && atomic_load(&rs.abandoned);
-    }
-    pthread_mutex_unlock(&q->lock);
+    bool answered = await_answer(q, 0);
     stream_lane_waiter(-1);
-    if (abandoned) /* q and e are left to the reclaimer */
+    if (!answered) /* exit gave up: q and e are left to the reclaimer */
         return cudaErrorCudartUnloading;
-    pthread_cond_destroy(&q->cond);
-    pthread_mutex_destroy(&q->lock);
     request_free(q, &stack);
     return cudaSuccess;
 }
