@@ -25,6 +25,7 @@
 
 #include "helpers.h"
 
+#include "event_pool.h"
 #include "lifecycle.h"
 #include "stream_lane.h"
 
@@ -218,31 +219,56 @@ static void wait_refill(void)
     CHECK(stats_now().events_in_pool > 0, "the reclaimer refilled the pool");
 }
 
+/* A return hook on event creation: while holding_creates, the reclaimer
+ * (any thread but the scenario's) waits after it made an event, before it
+ * gives it to the pool. */
+static pthread_t scenario_thread;
+static atomic_int holding_creates;
+
+static void hold_reclaimer_creates(enum fake_call c, cudaError_t r, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    while (!pthread_equal(pthread_self(), scenario_thread) &&
+           atomic_load(&holding_creates))
+        sleep_ms(1);
+}
+
 /* One idle event at most (CUDEFER_EVENT_POOL=1).  Stream a's lane, behind
  * held work: its first callback makes an event (the miss stocks the
- * pool, and asks for a refill, which finds the pool full: the scenario
- * waits for it, else a refill landing late would fill the pool the
- * scenario needs empty), the second takes the stocked one, the third finds none (a miss:
+ * pool), the second takes the stocked one, the third finds none (a miss:
  * it records the newest again, and the reclaimer refills), the fourth
- * takes the refilled one.  Its work done and seen complete, a's lane
- * keeps three completed events (a lane lets go of them at its next entry),
- * and the pool is empty.  Then stream b: a callback behind held work w1
- * (an event made: none idle), and one behind held work w2, whose pick
- * finds no idle event, the first miss since a's take: the sweep has a's
- * lane let go of its completed events, and the callback takes one.  So
- * the first callback runs once w1 completes, w2 still held; sharing b's
- * event, it would wait for w2. */
+ * takes the refilled one.  The reclaimer's creations are held during the
+ * third pick: it tries twice (before and after its sweep), and a refill
+ * landing between would make it a take.  A second ask may then bring a
+ * second refill, late: once the reclaimer has made two more passes, the
+ * scenario holds whatever the pool kept (given back before shutdown).
+ * Its work done and seen complete, a's lane keeps three completed events
+ * (a lane lets go of them at its next entry), and the pool is empty.
+ * Then stream b: a callback behind held work w1 (an event made: none
+ * idle), and one behind held work w2, whose pick finds no idle event, the
+ * first miss since a's take: the sweep has a's lane let go of its
+ * completed events, and the callback takes one.  So the first callback
+ * runs once w1 completes, w2 still held; sharing b's event, it would wait
+ * for w2. */
 static void s_first_miss_after_take_sweeps(void)
 {
     cudaStream_t a = stream_new(), b = stream_new();
     fake_work *wa = work_held(a, NULL);
+    scenario_thread = pthread_self();
+    fake_set_return_hook(FAKE_EVENT_CREATE, hold_reclaimer_creates, NULL);
     for (int i = 0; i < 4; i++) {
-        if (i == 1) /* the first miss asked for a refill too: the pool */
-            wait_two_queries(); /* full, it makes none; no later one does */
+        if (i == 1) /* the first pick's ask, if any, answered */
+            wait_two_queries();
+        atomic_store(&holding_creates, i == 2);
         if (i == 3)
             wait_refill();
         CHECK(defer_call(count_run, NULL, a) == cudaSuccess, "on a: %d", i);
     }
+    wait_two_queries(); /* every refill asked for is made */
+    struct shared_event *kept[4];
+    int nkept = 0;
+    while (nkept < 4 && (kept[nkept] = event_pool_take_pooled_event(0)))
+        nkept++;
     fake_complete(wa);
     CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(stats_now().events_in_pool == 0, "no idle event (%llu)",
@@ -262,6 +288,8 @@ static void s_first_miss_after_take_sweeps(void)
     CHECK(defer_flush() == cudaSuccess, "flush");
     CHECK(atomic_load(&ran) == 6, "every callback ran (%d)",
           atomic_load(&ran));
+    while (nkept > 0)
+        event_pool_give_event(kept[--nkept]);
     cudaStreamDestroy(a);
     cudaStreamDestroy(b);
     end_checks();
